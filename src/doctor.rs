@@ -1,0 +1,152 @@
+//! `mosaic doctor`: can this host run the supervisor? Every check says what it saw and,
+//! when it fails, what to do. Exit status is non-zero when a required check fails.
+
+use serde::Serialize;
+
+use crate::cgroup;
+use crate::sysdeps;
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Check {
+    pub name: &'static str,
+    pub ok: bool,
+    /// A failing required check means the supervisor cannot run here.
+    pub required: bool,
+    pub detail: String,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct Report {
+    pub can_run_supervisor: bool,
+    pub checks: Vec<Check>,
+}
+
+fn check(name: &'static str, required: bool, r: Result<String, String>) -> Check {
+    match r {
+        Ok(detail) => Check {
+            name,
+            ok: true,
+            required,
+            detail,
+        },
+        Err(detail) => Check {
+            name,
+            ok: false,
+            required,
+            detail,
+        },
+    }
+}
+
+/// Runs every check. `cgroup_root` is the root the supervisor would be configured with.
+pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
+    let mut checks = Vec::new();
+    let mount = cgroup::discover_mount();
+    checks.push(check(
+        "cgroup-v2",
+        true,
+        mount
+            .as_ref()
+            .map(|m| {
+                format!(
+                    "{} ({})",
+                    m.path.display(),
+                    if m.hybrid { "hybrid" } else { "unified" }
+                )
+            })
+            .map_err(|e| e.to_string()),
+    ));
+    if let Ok(m) = &mount {
+        let own = cgroup::cgroup_of(None).unwrap_or_default();
+        let probe_root = match cgroup_root {
+            Some(p) => Some(p.to_path_buf()),
+            None if nix::unistd::geteuid().is_root() => Some(
+                m.path
+                    .join(format!("mosaic-doctor-{}", uuid::Uuid::new_v4().simple())),
+            ),
+            None => None,
+        };
+        let created_probe = probe_root.as_ref().is_some_and(|p| !p.exists());
+        match cgroup::CgroupTree::open(m, probe_root.as_deref(), &own, false) {
+            Ok(tree) => {
+                let child = tree.at(&format!("doctor-{}", uuid::Uuid::new_v4().simple()));
+                let res = child.create_fresh().map_err(|e| e.to_string());
+                checks.push(check(
+                    "cgroup-delegation",
+                    true,
+                    res.clone()
+                        .map(|()| format!("can create cgroups under {}", tree.root().display())),
+                ));
+                if res.is_ok() {
+                    let kill = child.path().join("cgroup.kill").exists();
+                    checks.push(check("cgroup-kill", false, if kill { Ok("cgroup.kill present".into()) } else { Err("cgroup.kill missing (Linux < 5.14): the freeze + SIGKILL fallback will be used".into()) }));
+                    let freeze = child.path().join("cgroup.freeze").exists();
+                    checks.push(check("cgroup-freeze", !kill, if freeze { Ok("cgroup.freeze present".into()) } else { Err("cgroup.freeze missing: no way to stop a cgroup from forking during cleanup".into()) }));
+                    let _ = child.remove();
+                }
+                if created_probe {
+                    let _ = std::fs::remove_dir(tree.root());
+                }
+            }
+            Err(e) => checks.push(check("cgroup-delegation", true, Err(e.to_string()))),
+        }
+    }
+    let pidfd = rustix::process::pidfd_open(
+        rustix::process::getpid(),
+        rustix::process::PidfdFlags::empty(),
+    );
+    checks.push(check(
+        "pidfd",
+        true,
+        pidfd
+            .map(|_| "pidfd_open works".to_string())
+            .map_err(|e| format!("pidfd_open failed ({e}): Linux 5.3+ required")),
+    ));
+    let tmux = sysdeps::which("tmux")
+        .ok_or_else(|| "tmux not found: apt-get install tmux".to_string())
+        .and_then(|p| crate::supervisor::tmux::version(&p).map_err(|e| e.to_string()))
+        .and_then(|v| {
+            let num: f32 = v
+                .trim_start_matches("tmux ")
+                .trim_end_matches(|c: char| c.is_ascii_alphabetic())
+                .parse()
+                .unwrap_or(0.0);
+            if num >= 3.0 {
+                Ok(v)
+            } else {
+                Err(format!("{v}: tmux 3.0 or newer is needed"))
+            }
+        });
+    checks.push(check("tmux", true, tmux));
+    let pg = match (sysdeps::pg_bin("initdb"), sysdeps::pg_bin("pg_ctl"), sysdeps::pg_bin("postgres")) {
+        (Some(i), Some(_), Some(_)) => Ok(format!("PostgreSQL server binaries in {}", i.parent().map(|p| p.display().to_string()).unwrap_or_default())),
+        _ => Err("PostgreSQL server binaries not found (needed by the coordinator and the test suite): apt-get install postgresql".into()),
+    };
+    checks.push(check("postgresql", false, pg));
+    let can = checks.iter().all(|c| c.ok || !c.required);
+    Report {
+        can_run_supervisor: can,
+        checks,
+    }
+}
+
+pub fn print_human(r: &Report) {
+    for c in &r.checks {
+        let mark = if c.ok {
+            "ok  "
+        } else if c.required {
+            "FAIL"
+        } else {
+            "warn"
+        };
+        println!("{mark} {:<18} {}", c.name, c.detail);
+    }
+    println!(
+        "{}",
+        if r.can_run_supervisor {
+            "this host can run the Mosaic supervisor"
+        } else {
+            "this host cannot run the Mosaic supervisor (see FAIL lines)"
+        }
+    );
+}

@@ -1,0 +1,254 @@
+//! The fake harness: a stand-in for Claude Code, Codex, Pi and OpenCode in every test and in
+//! the `mosaic up` demo. Its behaviour is a list of whitespace-separated directives.
+//!
+//! | directive | effect |
+//! |---|---|
+//! | `spawn=N` | N long-lived descendants, cycling plain child, `setsid`, double-forked, own process group |
+//! | `ignore-term` | SIGTERM is ignored (by the harness and every descendant) |
+//! | `print=TEXT` | prints TEXT |
+//! | `exit=CODE` | exits with CODE once the above are done |
+//! | `exit-after=SECONDS` | exits 0 after SECONDS |
+//! | `crash-after=SECONDS` | calls `abort()` after SECONDS |
+//! | `hang` | runs until killed (the default) |
+//!
+//! An unknown or malformed directive is an error before anything happens.
+
+use std::time::Duration;
+
+pub const RUNTIME: &str = "fake";
+pub const VERSION: &str = "1.0.0";
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Directive {
+    Spawn(u32),
+    IgnoreTerm,
+    Print(String),
+    Exit(i32),
+    ExitAfter(f64),
+    CrashAfter(f64),
+    Hang,
+}
+
+#[derive(Debug, thiserror::Error, PartialEq)]
+pub enum DirectiveError {
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang)")]
+    Unknown(String),
+    #[error("directive {0:?} has a malformed value")]
+    BadValue(String),
+    #[error("directives {0:?} and {1:?} both decide how the harness ends; give one")]
+    Conflict(String, String),
+}
+
+/// The most descendants one directive may ask for: enough for the 1000-descendant bench,
+/// small enough that a typo cannot fork-bomb a host.
+pub const MAX_SPAWN: u32 = 5000;
+
+fn seconds(tok: &str, v: &str) -> Result<f64, DirectiveError> {
+    match v.parse::<f64>() {
+        Ok(s) if s.is_finite() && (0.0..=86_400.0).contains(&s) => Ok(s),
+        _ => Err(DirectiveError::BadValue(tok.to_string())),
+    }
+}
+
+/// Parses every whitespace-separated directive in `words` (each word may hold several).
+pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, DirectiveError> {
+    let mut out = Vec::new();
+    let mut ending: Option<String> = None;
+    for tok in words.iter().flat_map(|w| w.as_ref().split_whitespace()) {
+        let d = match tok.split_once('=') {
+            None if tok == "ignore-term" => Directive::IgnoreTerm,
+            None if tok == "hang" => Directive::Hang,
+            Some(("spawn", v)) => match v.parse::<u32>() {
+                Ok(n) if n <= MAX_SPAWN => Directive::Spawn(n),
+                _ => return Err(DirectiveError::BadValue(tok.to_string())),
+            },
+            Some(("print", v)) => Directive::Print(v.to_string()),
+            Some(("exit", v)) => Directive::Exit(
+                v.parse::<i32>()
+                    .ok()
+                    .filter(|c| (0..=255).contains(c))
+                    .ok_or_else(|| DirectiveError::BadValue(tok.to_string()))?,
+            ),
+            Some(("exit-after", v)) => Directive::ExitAfter(seconds(tok, v)?),
+            Some(("crash-after", v)) => Directive::CrashAfter(seconds(tok, v)?),
+            _ => return Err(DirectiveError::Unknown(tok.to_string())),
+        };
+        if matches!(
+            d,
+            Directive::Exit(_)
+                | Directive::ExitAfter(_)
+                | Directive::CrashAfter(_)
+                | Directive::Hang
+        ) {
+            if let Some(prev) = &ending {
+                return Err(DirectiveError::Conflict(prev.clone(), tok.to_string()));
+            }
+            ending = Some(tok.to_string());
+        }
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// Runs the fake harness. Returns the process exit code (for `exit=`), or never returns.
+pub fn run(args: Vec<String>) -> i32 {
+    if args.first().map(String::as_str) == Some("--probe-version") {
+        println!("{RUNTIME} {VERSION}");
+        return 0;
+    }
+    let directives = match parse_all(&args) {
+        Ok(d) => d,
+        Err(e) => {
+            eprintln!("mosaic-fake-harness: {e}");
+            return 2;
+        }
+    };
+    if directives.contains(&Directive::IgnoreTerm) {
+        // SAFETY: installing SIG_IGN has no handler code to run.
+        let _ = unsafe {
+            nix::sys::signal::signal(
+                nix::sys::signal::Signal::SIGTERM,
+                nix::sys::signal::SigHandler::SigIgn,
+            )
+        };
+    }
+    for d in &directives {
+        match d {
+            Directive::Print(t) => println!("{t}"),
+            Directive::Spawn(n) => {
+                for i in 0..*n {
+                    if let Err(e) = spawn_descendant(i % 4) {
+                        eprintln!("mosaic-fake-harness: spawn failed: {e}");
+                        return 3;
+                    }
+                }
+                println!("fake: spawned {n} descendants");
+            }
+            _ => {}
+        }
+    }
+    let ending = directives.iter().find(|d| {
+        matches!(
+            d,
+            Directive::Exit(_) | Directive::ExitAfter(_) | Directive::CrashAfter(_)
+        )
+    });
+    match ending {
+        Some(Directive::Exit(c)) => *c,
+        Some(Directive::ExitAfter(s)) => {
+            sleep_reaping(Duration::from_secs_f64(*s));
+            0
+        }
+        Some(Directive::CrashAfter(s)) => {
+            sleep_reaping(Duration::from_secs_f64(*s));
+            std::process::abort()
+        }
+        _ => loop {
+            sleep_reaping(Duration::from_secs(3600));
+        },
+    }
+}
+
+/// Sleeps while reaping the intermediate children of double forks.
+fn sleep_reaping(total: Duration) {
+    let end = std::time::Instant::now() + total;
+    loop {
+        while let Ok(
+            nix::sys::wait::WaitStatus::Exited(..) | nix::sys::wait::WaitStatus::Signaled(..),
+        ) = nix::sys::wait::waitpid(None, Some(nix::sys::wait::WaitPidFlag::WNOHANG))
+        {}
+        let now = std::time::Instant::now();
+        if now >= end {
+            return;
+        }
+        std::thread::sleep((end - now).min(Duration::from_millis(200)));
+    }
+}
+
+/// Forks one long-lived descendant of the given kind (0 plain, 1 setsid, 2 double fork,
+/// 3 own process group). The fake harness is single-threaded, so fork is sound; the child
+/// only makes async-signal-safe calls.
+fn spawn_descendant(kind: u32) -> nix::Result<()> {
+    use nix::unistd::{fork, setpgid, setsid, ForkResult, Pid};
+    // SAFETY: single-threaded process; the child calls only setsid/setpgid/fork/pause/_exit.
+    match unsafe { fork() }? {
+        ForkResult::Parent { .. } => Ok(()),
+        ForkResult::Child => {
+            match kind {
+                1 => {
+                    let _ = setsid();
+                }
+                2 => {
+                    // SAFETY: as above.
+                    match unsafe { fork() } {
+                        Ok(ForkResult::Child) => {
+                            let _ = setsid();
+                        }
+                        // SAFETY: _exit is async-signal-safe.
+                        _ => unsafe { libc::_exit(0) },
+                    }
+                }
+                3 => {
+                    let _ = setpgid(Pid::from_raw(0), Pid::from_raw(0));
+                }
+                _ => {}
+            }
+            loop {
+                // SAFETY: pause has no preconditions.
+                unsafe { libc::pause() };
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_every_directive() {
+        let d = parse_all(&["spawn=3 ignore-term", "print=hi exit=4"]).unwrap();
+        assert_eq!(
+            d,
+            vec![
+                Directive::Spawn(3),
+                Directive::IgnoreTerm,
+                Directive::Print("hi".into()),
+                Directive::Exit(4)
+            ]
+        );
+        assert_eq!(
+            parse_all(&["crash-after=0.5"]).unwrap(),
+            vec![Directive::CrashAfter(0.5)]
+        );
+        assert_eq!(parse_all(&["hang"]).unwrap(), vec![Directive::Hang]);
+    }
+
+    #[test]
+    fn refuses_unknown_malformed_and_conflicting() {
+        assert_eq!(
+            parse_all(&["explode"]),
+            Err(DirectiveError::Unknown("explode".into()))
+        );
+        assert_eq!(
+            parse_all(&["spawn=-1"]),
+            Err(DirectiveError::BadValue("spawn=-1".into()))
+        );
+        assert_eq!(
+            parse_all(&["spawn=999999"]),
+            Err(DirectiveError::BadValue("spawn=999999".into()))
+        );
+        assert_eq!(
+            parse_all(&["exit=300"]),
+            Err(DirectiveError::BadValue("exit=300".into()))
+        );
+        assert_eq!(
+            parse_all(&["exit-after=nan"]),
+            Err(DirectiveError::BadValue("exit-after=nan".into()))
+        );
+        assert!(matches!(
+            parse_all(&["exit=0 hang"]),
+            Err(DirectiveError::Conflict(..))
+        ));
+    }
+}

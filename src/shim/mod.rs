@@ -1,0 +1,371 @@
+//! `mosaic shim`: the first process of every generation, running in the lane's tmux pane.
+//!
+//! Order matters and is the whole point (each step depends on the one before):
+//! 1. join the generation's cgroup — before anything else, so nothing it starts can be
+//!    outside the cgroup;
+//! 2. become a child subreaper, so double-forked descendants reparent to us (and stay
+//!    reapable) instead of escaping to init;
+//! 3. make every catchable asynchronous signal harmless, so the only way to kill the shim
+//!    silently is SIGKILL — which is what lets the supervisor call a silent death `sigkill`;
+//! 4. read and delete the nonce file, then present pid, start time and nonce on the
+//!    per-generation socket;
+//! 5. only after the supervisor verified all that, fork and exec the harness;
+//! 6. reap everything, report the harness's exit, and wait to be cgroup-killed.
+//!
+//! **Never:** exits on its own after a successful launch (the supervisor ends it with the
+//! rest of the cgroup), starts the harness before verification, logs the nonce.
+
+pub mod proto;
+
+use std::io::{BufRead, BufReader, Write};
+use std::os::unix::net::UnixStream;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use nix::sys::signal::{self, SaFlags, SigAction, SigHandler, SigSet, Signal};
+use nix::sys::wait::{waitpid, WaitStatus};
+use nix::unistd::Pid;
+
+use proto::{ExitStatus, HarnessState, NonceHex, ShimMsg, SupervisorMsg};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ShimError {
+    #[error("joining the generation cgroup failed: {0}")]
+    Join(#[from] crate::cgroup::CgroupError),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("system call {what} failed: {source}")]
+    Sys {
+        what: &'static str,
+        #[source]
+        source: nix::Error,
+    },
+    #[error("supervisor rejected this generation: {0}")]
+    Rejected(String),
+    #[error("unexpected message from supervisor: {0}")]
+    Protocol(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct ShimArgs {
+    pub cgroup: PathBuf,
+    pub socket: PathBuf,
+    pub nonce_file: PathBuf,
+    pub exit_record: PathBuf,
+}
+
+struct Shared {
+    writer: Option<UnixStream>,
+    harness: Option<HarnessState>,
+}
+
+extern "C" fn ignore_signal(_: libc::c_int) {}
+
+/// Runs the shim. Returns only on failure before launch; afterwards it never returns.
+pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
+    // 1. cgroup first.
+    crate::cgroup::join_path(&args.cgroup)?;
+    // 2. subreaper.
+    nix::sys::prctl::set_child_subreaper(true).map_err(|source| ShimError::Sys {
+        what: "prctl(PR_SET_CHILD_SUBREAPER)",
+        source,
+    })?;
+    // 3. A handler (not SIG_IGN) so that the harness, after exec, gets default dispositions.
+    let act = SigAction::new(
+        SigHandler::Handler(ignore_signal),
+        SaFlags::SA_RESTART,
+        SigSet::empty(),
+    );
+    for sig in [
+        Signal::SIGTERM,
+        Signal::SIGINT,
+        Signal::SIGHUP,
+        Signal::SIGQUIT,
+        Signal::SIGUSR1,
+        Signal::SIGUSR2,
+        Signal::SIGPIPE,
+        Signal::SIGALRM,
+        Signal::SIGTSTP,
+        Signal::SIGTTIN,
+        Signal::SIGTTOU,
+    ] {
+        // SAFETY: the handler is an empty extern "C" fn: trivially async-signal-safe.
+        unsafe { signal::sigaction(sig, &act) }.map_err(|source| ShimError::Sys {
+            what: "sigaction",
+            source,
+        })?;
+    }
+    // 4. nonce: read, then delete so no later process of the generation can read it.
+    let nonce = NonceHex(
+        std::fs::read_to_string(&args.nonce_file)
+            .map_err(|source| ShimError::Io {
+                what: format!("reading nonce file {}", args.nonce_file.display()),
+                source,
+            })?
+            .trim()
+            .to_string(),
+    );
+    let _ = std::fs::remove_file(&args.nonce_file);
+    let pid = std::process::id() as i32;
+    let start_time = own_start_time()?;
+
+    let mut stream = connect(&args.socket)?;
+    send(
+        &mut stream,
+        &ShimMsg::Hello {
+            pid,
+            start_time,
+            nonce: nonce.clone(),
+            harness: None,
+        },
+    )?;
+    let mut reader = BufReader::new(clone(&stream)?);
+    let (argv, env, banner) = match recv(&mut reader)? {
+        SupervisorMsg::Launch { argv, env, banner } => (argv, env, banner),
+        SupervisorMsg::Reject { reason } => return Err(ShimError::Rejected(reason)),
+        other => return Err(ShimError::Protocol(format!("{other:?}"))),
+    };
+    println!("{banner}");
+
+    // 5. launch.
+    let child = match argv.split_first() {
+        Some((prog, rest)) => std::process::Command::new(prog)
+            .args(rest)
+            .envs(env)
+            .spawn(),
+        None => Err(std::io::Error::other("empty command")),
+    };
+    let child = match child {
+        Ok(c) => c,
+        Err(e) => {
+            let reason = format!("cannot start {:?}: {e}", argv.first());
+            let _ = send(
+                &mut stream,
+                &ShimMsg::LaunchFailed {
+                    reason: reason.clone(),
+                },
+            );
+            eprintln!("mosaic shim: {reason}");
+            std::process::exit(127);
+        }
+    };
+    let harness_pid = child.id() as i32;
+    // If the harness already exited, its start time is unreadable; 0 marks "unknown", and
+    // its exit is reported by the reaper below anyway.
+    let harness_start_time = procfs::process::Process::new(harness_pid)
+        .and_then(|p| p.stat())
+        .map(|s| s.starttime)
+        .unwrap_or(0);
+    drop(child); // reaped with waitpid(-1) below; std's handle must not wait on it
+    send(
+        &mut stream,
+        &ShimMsg::Started {
+            harness_pid,
+            harness_start_time,
+        },
+    )?;
+
+    let shared = Arc::new(Mutex::new(Shared {
+        writer: Some(stream),
+        harness: Some(HarnessState {
+            harness_pid,
+            harness_start_time,
+            exit: None,
+        }),
+    }));
+    {
+        let shared = shared.clone();
+        let socket = args.socket.clone();
+        std::thread::spawn(move || link_keeper(reader, shared, socket, pid, start_time, nonce));
+    }
+
+    // 6. reap forever.
+    loop {
+        match waitpid(Pid::from_raw(-1), None) {
+            Ok(status) => {
+                let (who, exit) = match status {
+                    WaitStatus::Exited(p, code) => (
+                        p,
+                        ExitStatus {
+                            code: Some(code),
+                            signal: None,
+                            core_dumped: false,
+                        },
+                    ),
+                    WaitStatus::Signaled(p, sig, core) => (
+                        p,
+                        ExitStatus {
+                            code: None,
+                            signal: Some(sig as i32),
+                            core_dumped: core,
+                        },
+                    ),
+                    _ => continue,
+                };
+                if who.as_raw() == harness_pid {
+                    report_exit(&shared, &args, harness_pid, harness_start_time, exit);
+                }
+            }
+            Err(nix::errno::Errno::ECHILD) => std::thread::sleep(Duration::from_secs(3600)),
+            Err(nix::errno::Errno::EINTR) => continue,
+            Err(source) => {
+                return Err(ShimError::Sys {
+                    what: "waitpid",
+                    source,
+                })
+            }
+        }
+    }
+}
+
+fn report_exit(
+    shared: &Mutex<Shared>,
+    args: &ShimArgs,
+    harness_pid: i32,
+    harness_start_time: u64,
+    exit: ExitStatus,
+) {
+    let state = HarnessState {
+        harness_pid,
+        harness_start_time,
+        exit: Some(exit),
+    };
+    // Durable first: a supervisor that restarts after the whole generation is gone can still
+    // prove how the harness ended.
+    if let Ok(bytes) = serde_json::to_vec(&state) {
+        if let Err(e) = crate::util::durable::write_atomic(&args.exit_record, &bytes) {
+            eprintln!("mosaic shim: cannot write exit record: {e}");
+        }
+    }
+    let mut g = match shared.lock() {
+        Ok(g) => g,
+        Err(p) => p.into_inner(),
+    };
+    g.harness = Some(state);
+    if let Some(w) = g.writer.as_mut() {
+        if send(
+            w,
+            &ShimMsg::Exited {
+                harness_pid,
+                status: exit,
+            },
+        )
+        .is_err()
+        {
+            g.writer = None; // the link keeper reattaches and carries the exit in Hello
+        }
+    }
+    drop(g);
+    match (exit.code, exit.signal) {
+        (Some(c), _) => println!("\r\nmosaic: harness exited with code {c}"),
+        (_, Some(s)) => println!("\r\nmosaic: harness killed by signal {s}"),
+        _ => {}
+    }
+}
+
+/// Watches the supervisor link; when it drops (supervisor restart), reconnects with backoff
+/// and re-presents identity plus what happened meanwhile.
+fn link_keeper(
+    mut reader: BufReader<UnixStream>,
+    shared: Arc<Mutex<Shared>>,
+    socket: PathBuf,
+    pid: i32,
+    start_time: u64,
+    nonce: NonceHex,
+) {
+    loop {
+        // Block until the supervisor goes away (EOF or error); it sends nothing meanwhile.
+        let mut line = String::new();
+        while matches!(reader.read_line(&mut line), Ok(n) if n > 0) {
+            line.clear();
+        }
+        if let Ok(mut g) = shared.lock() {
+            g.writer = None;
+        }
+        let mut backoff = Duration::from_millis(20);
+        reader = loop {
+            std::thread::sleep(backoff);
+            backoff = (backoff * 2).min(Duration::from_millis(250));
+            let Ok(mut s) = UnixStream::connect(&socket) else {
+                continue;
+            };
+            // A supervisor that accepts but never answers must not wedge the reaper, which
+            // needs the same lock to report an exit.
+            let _ = s.set_read_timeout(Some(Duration::from_secs(5)));
+            let mut g = match shared.lock() {
+                Ok(g) => g,
+                Err(p) => p.into_inner(),
+            };
+            let hello = ShimMsg::Hello {
+                pid,
+                start_time,
+                nonce: nonce.clone(),
+                harness: g.harness.clone(),
+            };
+            if send(&mut s, &hello).is_err() {
+                continue;
+            }
+            let Ok(rs) = s.try_clone() else { continue };
+            let mut r = BufReader::new(rs);
+            match recv(&mut r) {
+                Ok(SupervisorMsg::Adopted) => {
+                    let _ = s.set_read_timeout(None);
+                    let _ = r.get_ref().set_read_timeout(None);
+                    g.writer = Some(s);
+                    break r;
+                }
+                _ => continue,
+            }
+        };
+    }
+}
+
+fn own_start_time() -> Result<u64, ShimError> {
+    procfs::process::Process::myself()
+        .and_then(|p| p.stat())
+        .map(|s| s.starttime)
+        .map_err(|e| ShimError::Io {
+            what: "reading /proc/self/stat".into(),
+            source: std::io::Error::other(e.to_string()),
+        })
+}
+
+fn connect(path: &std::path::Path) -> Result<UnixStream, ShimError> {
+    UnixStream::connect(path).map_err(|source| ShimError::Io {
+        what: format!("connecting to {}", path.display()),
+        source,
+    })
+}
+
+fn clone(s: &UnixStream) -> Result<UnixStream, ShimError> {
+    s.try_clone().map_err(|source| ShimError::Io {
+        what: "cloning socket".into(),
+        source,
+    })
+}
+
+fn send(s: &mut UnixStream, msg: &ShimMsg) -> Result<(), ShimError> {
+    let mut line = serde_json::to_vec(msg).map_err(|e| ShimError::Protocol(e.to_string()))?;
+    line.push(b'\n');
+    s.write_all(&line).map_err(|source| ShimError::Io {
+        what: "writing to supervisor".into(),
+        source,
+    })
+}
+
+fn recv(r: &mut BufReader<UnixStream>) -> Result<SupervisorMsg, ShimError> {
+    let mut line = String::new();
+    let n = r.read_line(&mut line).map_err(|source| ShimError::Io {
+        what: "reading from supervisor".into(),
+        source,
+    })?;
+    if n == 0 {
+        return Err(ShimError::Protocol("supervisor closed the socket".into()));
+    }
+    serde_json::from_str(&line).map_err(|e| ShimError::Protocol(e.to_string()))
+}

@@ -1,0 +1,263 @@
+//! Supervisor restart: re-adopt what is provably ours, write receipts for what died while
+//! no supervisor watched, and quarantine what cannot be proven either way.
+//!
+//! A live generation is adopted only when its shim reconnects and re-presents the launch
+//! nonce from inside the generation's cgroup, with the recorded root PID, start time, boot
+//! id and executable. A PID that merely exists proves nothing.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use super::generation::{self, Link, Observation, Watcher};
+use super::receipt::StopCause;
+use super::state::{GenRecord, GenStatus, LaneStatus};
+use super::{Inner, Lane, SupervisorError};
+use crate::shim::proto::{HarnessState, ShimMsg, SupervisorMsg};
+
+#[derive(Debug, Default, Clone, serde::Serialize)]
+pub struct RecoveryReport {
+    pub lanes: usize,
+    pub adopted: usize,
+    pub receipts_written: usize,
+    pub quarantined: usize,
+}
+
+pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, SupervisorError> {
+    let mut report = RecoveryReport::default();
+    for rec in inner.store.lanes()? {
+        let name = rec.lane.clone();
+        let mut lane = Lane { rec, live: None };
+        if lane.rec.status == LaneStatus::Destroyed {
+            inner.insert_slot(&name, lane)?;
+            continue;
+        }
+        report.lanes += 1;
+        for g in inner.store.gens(&lane.rec.lane_incarnation_id)? {
+            if g.status == GenStatus::Terminated {
+                continue;
+            }
+            match reconcile(inner, g).await {
+                Outcome::Adopted(w) => {
+                    report.adopted += 1;
+                    let live = generation::spawn_watcher(w);
+                    super::spawn_applier(inner.clone(), name.clone(), &live);
+                    lane.live = Some(live);
+                }
+                Outcome::Finished(fin) => {
+                    report.receipts_written += 1;
+                    if fin.quarantine.is_some() {
+                        report.quarantined += 1;
+                    }
+                    lane.apply_finish(&inner.store, &fin);
+                }
+            }
+        }
+        if lane.rec.status == LaneStatus::Active && !inner.tmux(&name).alive(&name) {
+            report.quarantined += 1;
+            lane.settle(&inner.store, None, Some("the lane's tmux server is gone"));
+        }
+        inner.insert_slot(&name, lane)?;
+    }
+    Ok(report)
+}
+
+enum Outcome {
+    Adopted(Watcher),
+    Finished(super::Finished),
+}
+
+async fn reconcile(inner: &Arc<Inner>, g: GenRecord) -> Outcome {
+    let cg = inner.tree.at_abs(&g.cgroup);
+    let populated = cg.exists() && cg.events().map(|e| e.populated).unwrap_or(true);
+    if !populated {
+        // Dead while we were away. The shim's exit record, if it got to write one, proves
+        // how the harness ended; otherwise the reason is unknown.
+        let exit = std::fs::read(&g.exit_record)
+            .ok()
+            .and_then(|b| serde_json::from_slice::<HarnessState>(&b).ok());
+        return Outcome::Finished(
+            finish_detached(inner, g, Observation::DiedWhileAway(exit)).await,
+        );
+    }
+    match (g.status, g.identity.clone()) {
+        (GenStatus::Live, Some(_)) => match reattach(inner, &g).await {
+            Ok((w, exit)) => match exit {
+                Some(st) => {
+                    let mut w = w;
+                    let fin = generation::finish(
+                        &mut w,
+                        Observation::HarnessExited(super::receipt::ObservationSource::Shim, st),
+                    )
+                    .await;
+                    Outcome::Finished(fin)
+                }
+                None => Outcome::Adopted(w),
+            },
+            Err(detail) => {
+                inner.audit.record(
+                    "unverifiable-generation",
+                    Some(&g.lane_id),
+                    Some(g.generation),
+                    &detail,
+                );
+                let mut fin =
+                    finish_detached(inner, g, Observation::Stop(StopCause::Unverifiable)).await;
+                fin.receipt.detail = Some(detail.clone());
+                fin.quarantine.get_or_insert(format!(
+                    "could not re-verify a live generation after restart: {detail}"
+                ));
+                Outcome::Finished(fin)
+            }
+        },
+        // Still starting when the old supervisor died: its identity was never verified, so
+        // it is not adoptable, whatever runs in it.
+        _ => {
+            let mut fin =
+                finish_detached(inner, g, Observation::Stop(StopCause::Unverifiable)).await;
+            fin.receipt.detail = Some(
+                "the supervisor restarted before this generation's identity was verified".into(),
+            );
+            Outcome::Finished(fin)
+        }
+    }
+}
+
+/// Finishes a generation that has no live shim link: kill, verify, remove, receipt.
+async fn finish_detached(inner: &Arc<Inner>, g: GenRecord, obs: Observation) -> super::Finished {
+    let mut w = Watcher {
+        inner: inner.clone(),
+        graceful: nix::sys::signal::Signal::SIGTERM,
+        grace: Duration::ZERO,
+        rec: g,
+        link: None,
+        shim_pidfd: None,
+        harness_pidfd: None,
+    };
+    generation::finish(&mut w, obs).await
+}
+
+/// Waits for the generation's shim to reconnect and re-verifies it against the record.
+async fn reattach(
+    inner: &Arc<Inner>,
+    g: &GenRecord,
+) -> Result<(Watcher, Option<crate::shim::proto::ExitStatus>), String> {
+    let recorded = g.identity.clone().ok_or("no recorded identity")?;
+    let listener = generation::bind_socket(&g.socket).map_err(|e| e.to_string())?;
+    let deadline =
+        tokio::time::Instant::now() + Duration::from_millis(inner.cfg.reattach_timeout_ms);
+    let mut last = String::from("the shim did not reconnect");
+    loop {
+        let accepted = tokio::time::timeout_at(deadline, listener.accept()).await;
+        let Ok(Ok((stream, _))) = accepted else {
+            let _ = std::fs::remove_file(&g.socket);
+            return Err(last);
+        };
+        let mut link = Link::from_stream(stream);
+        let hello = tokio::time::timeout_at(deadline, link.recv()).await;
+        let (pid, start_time, nonce, harness) = match hello {
+            Ok(Ok(Some(ShimMsg::Hello {
+                pid,
+                start_time,
+                nonce,
+                harness: Some(h),
+            }))) => (pid, start_time, nonce, h),
+            _ => {
+                last = "a connection did not present a reattach hello".into();
+                inner
+                    .audit
+                    .record("bad-hello", Some(&g.lane_id), Some(g.generation), &last);
+                let _ = link
+                    .send(&SupervisorMsg::Reject {
+                        reason: "bad-hello".into(),
+                    })
+                    .await;
+                continue;
+            }
+        };
+        let verdict = generation::verify_hello(
+            inner,
+            &link,
+            &recorded.cgroup_path,
+            &g.nonce_digest,
+            Some(&recorded),
+            generation::Hello {
+                pid,
+                start_time,
+                nonce_hex: &nonce.0,
+            },
+        );
+        let (shim_pidfd, _) = match verdict {
+            Ok(v) => v,
+            Err(e) => {
+                last = e.to_string();
+                inner
+                    .audit
+                    .record(e.category(), Some(&g.lane_id), Some(g.generation), &last);
+                let _ = link
+                    .send(&SupervisorMsg::Reject {
+                        reason: e.category().into(),
+                    })
+                    .await;
+                continue;
+            }
+        };
+        if Some(harness.harness_pid) != recorded.harness_pid {
+            last = "the shim reports a different harness pid than recorded".into();
+            inner.audit.record(
+                "harness-mismatch",
+                Some(&g.lane_id),
+                Some(g.generation),
+                &last,
+            );
+            let _ = link
+                .send(&SupervisorMsg::Reject {
+                    reason: "harness-mismatch".into(),
+                })
+                .await;
+            continue;
+        }
+        // The harness pidfd is reopened only if it is still the recorded process.
+        let harness_pidfd = match (harness.exit, recorded.harness_start_time) {
+            (None, Some(st)) => crate::supervisor::identity::observe(harness.harness_pid)
+                .ok()
+                .filter(|o| o.start_time == st && o.cgroup == recorded.cgroup_path)
+                .and_then(|_| {
+                    rustix::process::Pid::from_raw(harness.harness_pid).and_then(|p| {
+                        rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok()
+                    })
+                }),
+            _ => None,
+        };
+        if link.send(&SupervisorMsg::Adopted).await.is_err() {
+            last = "the shim hung up during reattach".into();
+            continue;
+        }
+        drop(listener);
+        let _ = std::fs::remove_file(&g.socket);
+        let entry = crate::adapter::RuntimeRef::parse(&g.runtime)
+            .ok()
+            .and_then(|r| inner.registry.resolve(&r).ok().cloned());
+        let (graceful, grace) = match entry {
+            Some(e) => (
+                e.graceful_signal()
+                    .unwrap_or(nix::sys::signal::Signal::SIGTERM),
+                e.grace_period(),
+            ),
+            None => (
+                nix::sys::signal::Signal::SIGTERM,
+                Duration::from_millis(g.grace_period_ms),
+            ),
+        };
+        tracing::info!(lane = %g.lane_id, generation = g.generation, root_pid = pid, "generation re-adopted");
+        let w = Watcher {
+            inner: inner.clone(),
+            rec: g.clone(),
+            link: Some(link),
+            shim_pidfd: Some(shim_pidfd),
+            harness_pidfd,
+            graceful,
+            grace,
+        };
+        return Ok((w, harness.exit));
+    }
+}

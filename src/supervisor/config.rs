@@ -1,0 +1,124 @@
+//! Supervisor configuration (`mosaic supervisor --config FILE`).
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use super::names::{HostId, LaneName};
+use super::SupervisorError;
+
+/// The TOML file as written by an operator. Unknown keys are refused so a typo cannot
+/// silently fall back to a default.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConfigFile {
+    /// This host's id in lane ids (`host:lane`). Default: the system hostname.
+    pub host_id: Option<String>,
+    /// Durable state: lane and generation records, the receipt outbox, the audit log.
+    pub state_dir: PathBuf,
+    /// Sockets and nonce files. Should be on tmpfs (for example /run/mosaic).
+    pub runtime_dir: PathBuf,
+    /// The delegated cgroup root to use when running as root outside systemd. Without it
+    /// the supervisor uses its own cgroup, which must be delegated (systemd Delegate=yes).
+    pub cgroup_root: Option<PathBuf>,
+    /// Registry directory; default: the entries compiled into the binary.
+    pub registry_dir: Option<PathBuf>,
+    /// Directory holding `mosaic` and `mosaic-fake-harness`; default: beside this binary.
+    pub bin_dir: Option<PathBuf>,
+    /// tmux binary; default: `tmux` on PATH.
+    pub tmux: Option<PathBuf>,
+    /// Lanes to create at start if they do not exist.
+    #[serde(default)]
+    pub lanes: Vec<String>,
+    /// Use the freeze + SIGKILL fallback even where `cgroup.kill` exists (tests the
+    /// path older kernels take).
+    #[serde(default)]
+    pub force_freezer_fallback: bool,
+    /// How long a restarted supervisor waits for a live generation's shim to re-present
+    /// its identity before treating the generation as unverifiable. Default 5000.
+    pub reattach_timeout_ms: Option<u64>,
+}
+
+/// A validated configuration.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub host: HostId,
+    pub state_dir: PathBuf,
+    pub runtime_dir: PathBuf,
+    pub cgroup_root: Option<PathBuf>,
+    pub registry_dir: Option<PathBuf>,
+    pub bin_dir: PathBuf,
+    pub tmux: PathBuf,
+    pub lanes: Vec<LaneName>,
+    pub force_freezer_fallback: bool,
+    pub reattach_timeout_ms: u64,
+}
+
+impl Config {
+    pub fn load(path: &Path) -> Result<Self, SupervisorError> {
+        let text = std::fs::read_to_string(path).map_err(|e| SupervisorError::Config {
+            detail: format!("cannot read {}: {e}", path.display()),
+        })?;
+        let file: ConfigFile = toml::from_str(&text).map_err(|e| SupervisorError::Config {
+            detail: format!("{}: {e}", path.display()),
+        })?;
+        Self::from_file(file)
+    }
+
+    pub fn from_file(f: ConfigFile) -> Result<Self, SupervisorError> {
+        let host = match f.host_id {
+            Some(h) => HostId::parse(&h)?,
+            None => {
+                let h = nix::unistd::gethostname().map_err(|e| SupervisorError::Config {
+                    detail: format!("no host_id configured and gethostname failed: {e}"),
+                })?;
+                HostId::parse(&h.to_string_lossy())?
+            }
+        };
+        let lanes = f
+            .lanes
+            .iter()
+            .map(|l| LaneName::parse(l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let bin_dir = match f.bin_dir {
+            Some(b) => b,
+            None => default_bin_dir()?,
+        };
+        for (name, p) in [("state_dir", &f.state_dir), ("runtime_dir", &f.runtime_dir)] {
+            if !p.is_absolute() {
+                return Err(SupervisorError::Config {
+                    detail: format!("{name} must be an absolute path, got {}", p.display()),
+                });
+            }
+        }
+        Ok(Self {
+            host,
+            state_dir: f.state_dir,
+            runtime_dir: f.runtime_dir,
+            cgroup_root: f.cgroup_root,
+            registry_dir: f.registry_dir,
+            bin_dir,
+            tmux: f.tmux.unwrap_or_else(|| PathBuf::from("tmux")),
+            lanes,
+            force_freezer_fallback: f.force_freezer_fallback,
+            reattach_timeout_ms: f.reattach_timeout_ms.unwrap_or(5000),
+        })
+    }
+
+    pub fn mosaic_exe(&self) -> PathBuf {
+        self.bin_dir.join("mosaic")
+    }
+
+    pub fn control_socket(&self) -> PathBuf {
+        self.runtime_dir.join("control.sock")
+    }
+}
+
+fn default_bin_dir() -> Result<PathBuf, SupervisorError> {
+    std::env::current_exe()
+        .ok()
+        .and_then(|p| p.parent().map(Path::to_path_buf))
+        .ok_or_else(|| SupervisorError::Config {
+            detail: "cannot locate this executable's directory; set bin_dir".into(),
+        })
+}

@@ -1,0 +1,845 @@
+//! One generation's life: launch → verified identity → watch → stop or death → cleanup →
+//! receipt.
+//!
+//! The watcher task is the only code that finalizes a generation. Everything that can end a
+//! generation (the shim's exit report, the shim's pidfd, `cgroup.events`, a stop request, the
+//! watchdog tick) is an arm of one `select!` in that task, so the first observation wins and
+//! exactly one receipt is written.
+
+use std::os::fd::{AsFd, OwnedFd};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::unix::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, watch};
+
+use super::identity::{self, Claim, Expected, LaunchNonce, ProcessIdentity};
+use super::receipt::{
+    self, Cleanup, ObservationSource, StopCause, StopDetail, TerminationReason, TerminationReceipt,
+};
+use super::state::{GenRecord, GenStatus, LaneRecord};
+use super::{Finished, Inner, LiveGen, SupervisorError};
+use crate::adapter::LaunchPlan;
+use crate::cgroup::Cg;
+use crate::shim::proto::{ExitStatus, HarnessState, ShimMsg, SupervisorMsg};
+use crate::util::durable;
+
+/// How long a launched shim has to connect and present its identity.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
+/// Upper bound on kill → verified empty. Past it the lane is quarantined.
+const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Longest accepted line on the per-generation socket.
+const MAX_LINE: usize = 64 * 1024;
+
+/// The shim connection, split for concurrent read and write.
+pub(crate) struct Link {
+    lines: tokio::io::Lines<BufReader<OwnedReadHalf>>,
+    writer: OwnedWriteHalf,
+    peer_pid: Option<i32>,
+}
+
+impl Link {
+    pub(crate) fn from_stream(s: UnixStream) -> Self {
+        let peer_pid = s.peer_cred().ok().and_then(|c| c.pid());
+        let (r, w) = s.into_split();
+        Self {
+            lines: BufReader::new(r).lines(),
+            writer: w,
+            peer_pid,
+        }
+    }
+
+    pub(crate) async fn send(&mut self, m: &SupervisorMsg) -> std::io::Result<()> {
+        let mut line = serde_json::to_vec(m).map_err(std::io::Error::other)?;
+        line.push(b'\n');
+        self.writer.write_all(&line).await
+    }
+
+    /// `Ok(None)` on EOF. A line that is too long or not a known message is an error.
+    pub(crate) async fn recv(&mut self) -> std::io::Result<Option<ShimMsg>> {
+        match self.lines.next_line().await? {
+            None => Ok(None),
+            Some(l) if l.len() > MAX_LINE => Err(std::io::Error::other("line too long")),
+            Some(l) => serde_json::from_str(&l)
+                .map(Some)
+                .map_err(std::io::Error::other),
+        }
+    }
+}
+
+/// Paths derived from (incarnation, generation): short enough for `sun_path`.
+pub(crate) fn gen_paths(inner: &Inner, incarnation: &str, generation: u64) -> (PathBuf, PathBuf) {
+    let tag = &crate::util::sha256_hex(
+        "mosaic/gen-socket/v1",
+        &[incarnation.as_bytes(), &generation.to_be_bytes()],
+    )[..20];
+    let dir = inner.cfg.runtime_dir.join("gen");
+    (
+        dir.join(format!("{tag}.sock")),
+        dir.join(format!("{tag}.nonce")),
+    )
+}
+
+pub(crate) fn bind_socket(path: &Path) -> Result<UnixListener, SupervisorError> {
+    let io = |what, source| SupervisorError::Io {
+        what,
+        path: path.to_path_buf(),
+        source,
+    };
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(io("remove stale socket", e)),
+    }
+    let l = UnixListener::bind(path).map_err(|e| io("bind", e))?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))
+        .map_err(|e| io("chmod", e))?;
+    Ok(l)
+}
+
+fn pidfd(pid: i32) -> Result<OwnedFd, SupervisorError> {
+    let p = rustix::process::Pid::from_raw(pid).ok_or(SupervisorError::Identity(
+        identity::IdentityError::Gone { pid },
+    ))?;
+    rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty())
+        .map_err(|_| SupervisorError::Identity(identity::IdentityError::Gone { pid }))
+}
+
+/// Verifies a Hello against procfs and the record; on success returns pidfd + observation.
+/// The pidfd is opened *after* the procfs checks and the start time re-checked after it,
+/// so the pidfd provably refers to the verified process, not a recycled PID.
+pub(crate) struct Hello<'a> {
+    pub pid: i32,
+    pub start_time: u64,
+    pub nonce_hex: &'a str,
+}
+
+pub(crate) fn verify_hello(
+    inner: &Inner,
+    link: &Link,
+    cgroup_rel: &str,
+    nonce_digest: &identity::NonceDigest,
+    recorded: Option<&ProcessIdentity>,
+    hello: Hello<'_>,
+) -> Result<(OwnedFd, identity::Observed), identity::IdentityError> {
+    let Hello {
+        pid,
+        start_time,
+        nonce_hex,
+    } = hello;
+    let nonce = LaunchNonce::from_hex(nonce_hex)?;
+    let claim = Claim {
+        peer_pid: link.peer_pid.unwrap_or(-1),
+        claimed_pid: pid,
+        claimed_start_time: start_time,
+        nonce: &nonce,
+    };
+    let exp = Expected {
+        boot_id: &inner.boot_id,
+        cgroup: cgroup_rel,
+        nonce_digest,
+        recorded,
+    };
+    let seen = identity::verify_claim(&claim, &exp)?;
+    let fd = pidfd(pid).map_err(|_| identity::IdentityError::Gone { pid })?;
+    let again = identity::observe(pid)?;
+    if again.start_time != seen.start_time {
+        return Err(identity::IdentityError::StartTime {
+            pid,
+            expected: seen.start_time,
+            actual: again.start_time,
+        });
+    }
+    Ok((fd, seen))
+}
+
+/// Everything a watcher needs; built by `launch` or by re-adoption.
+pub(crate) struct Watcher {
+    pub inner: Arc<Inner>,
+    pub rec: GenRecord,
+    /// `None` when finishing a generation whose shim is gone (restart reconciliation).
+    pub link: Option<Link>,
+    pub shim_pidfd: Option<OwnedFd>,
+    pub harness_pidfd: Option<OwnedFd>,
+    pub graceful: nix::sys::signal::Signal,
+    pub grace: Duration,
+}
+
+/// What ended a generation.
+#[derive(Debug)]
+pub(crate) enum Observation {
+    HarnessExited(ObservationSource, ExitStatus),
+    LaunchFailed(String),
+    ShimGone(ObservationSource),
+    Stop(StopCause),
+    /// A restarted supervisor found it dead; `exit` is the shim's exit record if any.
+    DiedWhileAway(Option<HarnessState>),
+}
+
+/// Launches a fresh generation on a lane whose previous generation is already gone.
+pub(crate) async fn launch(
+    inner: &Arc<Inner>,
+    lane: &mut LaneRecord,
+    plan: LaunchPlan,
+) -> Result<LiveGen, SupervisorError> {
+    // The number is burned durably before anything else, so a crash mid-launch can never
+    // lead to the same generation number twice.
+    let generation = lane.next_generation;
+    lane.next_generation += 1;
+    lane.current_generation = Some(generation);
+    inner.store.save_lane(lane)?;
+
+    let cg = inner
+        .tree
+        .generation(&lane.lane, &lane.lane_incarnation_id, generation);
+    cg.create_fresh()?;
+    let cgroup_rel = inner.tree.rel(cg.path());
+    let (socket, nonce_file) = gen_paths(inner, &lane.lane_incarnation_id, generation);
+    let nonce = LaunchNonce::generate()?;
+    let listener = bind_socket(&socket)?;
+    durable::create_new(&nonce_file, nonce.expose_hex().as_bytes())?;
+    let exit_record = inner
+        .store
+        .gen_dir(&lane.lane_incarnation_id)
+        .join(format!("gen-{generation}.exit.json"));
+    let mut rec = GenRecord {
+        lane: lane.lane.clone(),
+        lane_id: lane.lane_id.clone(),
+        lane_incarnation_id: lane.lane_incarnation_id.clone(),
+        generation,
+        runtime: plan.runtime.to_string(),
+        status: GenStatus::Starting,
+        cgroup: cg.path().to_path_buf(),
+        socket: socket.clone(),
+        exit_record: exit_record.clone(),
+        nonce_digest: nonce.digest(),
+        graceful_signal: format!("{:?}", plan.graceful_signal),
+        grace_period_ms: plan.grace_period.as_millis() as u64,
+        identity: None,
+        started_at: crate::util::now_rfc3339(),
+        receipt_key: receipt::idempotency_key(&lane.lane_id, &lane.lane_incarnation_id, generation),
+    };
+    inner.store.save_gen(&rec)?;
+    drop(nonce);
+
+    let shim_argv: Vec<String> = vec![
+        inner.cfg.mosaic_exe().display().to_string(),
+        "shim".into(),
+        "--cgroup".into(),
+        cg.path().display().to_string(),
+        "--socket".into(),
+        socket.display().to_string(),
+        "--nonce-file".into(),
+        nonce_file.display().to_string(),
+        "--exit-record".into(),
+        exit_record.display().to_string(),
+    ];
+    let attached = async {
+        inner.tmux(&lane.lane).respawn(&lane.lane, &shim_argv)?;
+        attach_new(inner, &listener, &rec, &cgroup_rel).await
+    }
+    .await;
+    let _ = std::fs::remove_file(&nonce_file);
+    let (mut link, shim_pidfd, seen) = match attached {
+        Ok(a) => a,
+        Err(e) => return Err(abort_launch(inner, rec, &cg, e.to_string()).await),
+    };
+    let banner = format!(
+        "mosaic: lane {} generation {} ({}) — incarnation {}",
+        rec.lane_id, generation, rec.runtime, rec.lane_incarnation_id
+    );
+    let env = vec![
+        ("MOSAIC_LANE_ID".to_string(), rec.lane_id.clone()),
+        (
+            "MOSAIC_LANE_INCARNATION_ID".to_string(),
+            rec.lane_incarnation_id.clone(),
+        ),
+        ("MOSAIC_GENERATION".to_string(), generation.to_string()),
+    ];
+    let launched = async {
+        link.send(&SupervisorMsg::Launch {
+            argv: plan.argv.clone(),
+            env,
+            banner,
+        })
+        .await
+        .map_err(|e| format!("sending launch: {e}"))?;
+        match tokio::time::timeout(ATTACH_TIMEOUT, link.recv()).await {
+            Ok(Ok(Some(ShimMsg::Started {
+                harness_pid,
+                harness_start_time,
+            }))) => Ok((harness_pid, harness_start_time)),
+            Ok(Ok(Some(ShimMsg::LaunchFailed { reason }))) => Err(reason),
+            Ok(Ok(other)) => Err(format!("unexpected shim message {other:?}")),
+            Ok(Err(e)) => Err(format!("shim link: {e}")),
+            Err(_) => Err("shim did not report the harness start in time".into()),
+        }
+    }
+    .await;
+    let (harness_pid, harness_start_time) = match launched {
+        Ok(v) => v,
+        Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
+    };
+    // The harness may already be gone (exit=0); its exit report is then next on the link.
+    let harness_pidfd = match identity::observe(harness_pid) {
+        Ok(h)
+            if h.cgroup == cgroup_rel
+                && (harness_start_time == 0 || h.start_time == harness_start_time) =>
+        {
+            pidfd(harness_pid).ok().filter(|_| {
+                identity::observe(harness_pid).is_ok_and(|again| again.start_time == h.start_time)
+            })
+        }
+        Ok(h) => {
+            let detail = format!(
+                "harness pid {harness_pid} is in {} with start time {}, expected {cgroup_rel} / {harness_start_time}",
+                h.cgroup, h.start_time
+            );
+            return Err(abort_launch(inner, rec, &cg, detail).await);
+        }
+        Err(_) => None,
+    };
+    rec.identity = Some(ProcessIdentity {
+        boot_id: inner.boot_id.clone(),
+        root_pid: seen.pid,
+        root_start_time: seen.start_time,
+        exe_path: seen.exe_path,
+        exe_dev: seen.exe_dev,
+        exe_ino: seen.exe_ino,
+        cgroup_path: cgroup_rel,
+        cgroup_id: cg.id()?,
+        launch_nonce_digest: rec.nonce_digest.clone(),
+        lane_id: rec.lane_id.clone(),
+        lane_incarnation_id: rec.lane_incarnation_id.clone(),
+        generation,
+        harness_pid: Some(harness_pid),
+        harness_start_time: Some(harness_start_time),
+    });
+    rec.status = GenStatus::Live;
+    inner.store.save_gen(&rec)?;
+    drop(listener);
+    let _ = std::fs::remove_file(&socket);
+    tracing::info!(lane = %rec.lane_id, generation, root_pid = seen.pid, harness_pid, "generation live");
+    Ok(spawn_watcher(Watcher {
+        inner: inner.clone(),
+        graceful: plan.graceful_signal,
+        grace: plan.grace_period,
+        rec,
+        link: Some(link),
+        shim_pidfd: Some(shim_pidfd),
+        harness_pidfd,
+    }))
+}
+
+async fn recv_opt(link: &mut Option<Link>) -> std::io::Result<Option<ShimMsg>> {
+    match link {
+        Some(l) => l.recv().await,
+        None => Ok(None),
+    }
+}
+
+/// Accepts connections until one presents a valid first-attach identity. Every rejected
+/// attempt is audited and answered with `Reject`; none can delay the real shim beyond the
+/// attach timeout.
+async fn attach_new(
+    inner: &Arc<Inner>,
+    listener: &UnixListener,
+    rec: &GenRecord,
+    cgroup_rel: &str,
+) -> Result<(Link, OwnedFd, identity::Observed), SupervisorError> {
+    let deadline = tokio::time::Instant::now() + ATTACH_TIMEOUT;
+    loop {
+        let (stream, _) = tokio::time::timeout_at(deadline, listener.accept())
+            .await
+            .map_err(|_| SupervisorError::Launch {
+                lane: rec.lane_id.clone(),
+                generation: rec.generation,
+                detail: "the shim did not attach in time".into(),
+            })?
+            .map_err(|source| SupervisorError::Io {
+                what: "accept",
+                path: rec.socket.clone(),
+                source,
+            })?;
+        let mut link = Link::from_stream(stream);
+        let hello = tokio::time::timeout_at(deadline, link.recv()).await;
+        let verdict = match hello {
+            Ok(Ok(Some(ShimMsg::Hello {
+                pid,
+                start_time,
+                nonce,
+                harness: None,
+            }))) => verify_hello(
+                inner,
+                &link,
+                cgroup_rel,
+                &rec.nonce_digest,
+                None,
+                Hello {
+                    pid,
+                    start_time,
+                    nonce_hex: &nonce.0,
+                },
+            )
+            .map_err(|e| (e.category(), e.to_string())),
+            Ok(Ok(other)) => Err((
+                "bad-hello",
+                format!("expected a first hello, got {}", msg_kind(&other)),
+            )),
+            Ok(Err(e)) => Err(("malformed", e.to_string())),
+            Err(_) => Err(("timeout", "no hello before the deadline".to_string())),
+        };
+        match verdict {
+            Ok((fd, seen)) => return Ok((link, fd, seen)),
+            Err((category, detail)) => {
+                inner
+                    .audit
+                    .record(category, Some(&rec.lane_id), Some(rec.generation), &detail);
+                let _ = link
+                    .send(&SupervisorMsg::Reject {
+                        reason: category.to_string(),
+                    })
+                    .await;
+            }
+        }
+    }
+}
+
+fn msg_kind(m: &Option<ShimMsg>) -> &'static str {
+    match m {
+        None => "end of stream",
+        Some(ShimMsg::Hello { .. }) => "reattach hello",
+        Some(ShimMsg::Started { .. }) => "started",
+        Some(ShimMsg::Exited { .. }) => "exited",
+        Some(ShimMsg::LaunchFailed { .. }) => "launch-failed",
+    }
+}
+
+/// A launch that failed after its cgroup existed: kill and remove whatever is in it and
+/// write its receipt, so even a failed start leaves exactly one record of how it ended.
+async fn abort_launch(
+    inner: &Arc<Inner>,
+    mut rec: GenRecord,
+    cg: &Cg,
+    detail: String,
+) -> SupervisorError {
+    tracing::error!(lane = %rec.lane_id, generation = rec.generation, %detail, "launch failed");
+    let cleanup = cleanup_cgroup(inner, cg.path().to_path_buf()).await;
+    let quarantine = cleanup.error.clone();
+    let r = build_receipt(
+        inner,
+        &rec,
+        ObservationSource::Supervisor,
+        TerminationReason::LaunchFailed,
+        None,
+        None,
+        cleanup,
+        Some(detail.clone()),
+    );
+    let _ = write_receipt(inner, &r);
+    rec.status = GenStatus::Terminated;
+    let _ = inner.store.save_gen(&rec);
+    if let Some(q) = quarantine {
+        return SupervisorError::Quarantined {
+            lane: rec.lane_id,
+            reason: q,
+        };
+    }
+    SupervisorError::Launch {
+        lane: rec.lane_id,
+        generation: rec.generation,
+        detail,
+    }
+}
+
+pub(crate) fn spawn_watcher(w: Watcher) -> LiveGen {
+    let (stop_tx, stop_rx) = mpsc::channel(1);
+    let (done_tx, done) = watch::channel(None);
+    let record = w.rec.clone();
+    tokio::spawn(watch_generation(w, stop_rx, done_tx));
+    LiveGen {
+        record,
+        stop_tx,
+        done,
+    }
+}
+
+/// Asks the watcher to stop its generation and waits for the receipt.
+pub(crate) async fn stop(
+    live: LiveGen,
+    cause: StopCause,
+) -> Result<Arc<Finished>, SupervisorError> {
+    // If the watcher already finished (it died on its own), the send fails harmlessly.
+    let _ = live.stop_tx.send(cause).await;
+    let mut done = live.done;
+    let v = done
+        .wait_for(|v| v.is_some())
+        .await
+        .map_err(|_| SupervisorError::ShuttingDown)?;
+    v.clone().ok_or(SupervisorError::ShuttingDown)
+}
+
+fn async_fd(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {
+    // SAFETY: the AsyncFd owns the OwnedFd, so the descriptor stays open and refers to the
+    // same file description for the AsyncFd's whole lifetime.
+    unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
+}
+
+/// Resolves once the supervisor starts shutting down.
+async fn shutting_down(rx: &mut watch::Receiver<bool>) {
+    if rx.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}
+
+fn events_watch(cg: &Path) -> Option<AsyncFd<OwnedFd>> {
+    use rustix::fs::inotify;
+    let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
+    inotify::add_watch(&fd, cg.join("cgroup.events"), inotify::WatchFlags::MODIFY).ok()?;
+    async_fd(fd)
+}
+
+async fn readable(fd: &Option<AsyncFd<OwnedFd>>) {
+    match fd {
+        Some(f) => {
+            if let Ok(mut g) = f.readable().await {
+                // Drain inotify; for a pidfd, readiness is permanent and reading is a no-op.
+                let mut buf = [0u8; 1024];
+                while rustix::io::read(f.get_ref().as_fd(), &mut buf).is_ok_and(|n| n > 0) {}
+                g.clear_ready();
+            }
+        }
+        None => std::future::pending().await,
+    }
+}
+
+async fn watch_generation(
+    mut w: Watcher,
+    mut stop_rx: mpsc::Receiver<StopCause>,
+    done_tx: watch::Sender<Option<Arc<Finished>>>,
+) {
+    let mut shutdown = w.inner.shutdown.subscribe();
+    let shim_fd = w
+        .shim_pidfd
+        .as_ref()
+        .and_then(|f| f.try_clone().ok())
+        .and_then(async_fd);
+    let events = events_watch(&w.rec.cgroup);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let cg = w.inner.tree.at_abs(&w.rec.cgroup);
+    let obs = loop {
+        tokio::select! {
+            biased;
+            m = recv_opt(&mut w.link) => match m {
+                Ok(Some(ShimMsg::Exited { status, .. })) => break Observation::HarnessExited(ObservationSource::Shim, status),
+                Ok(Some(ShimMsg::LaunchFailed { reason })) => break Observation::LaunchFailed(reason),
+                Ok(Some(other)) => {
+                    w.inner.audit.record("unexpected-shim-message", Some(&w.rec.lane_id), Some(w.rec.generation), msg_kind(&Some(other)));
+                }
+                Ok(None) | Err(_) => break Observation::ShimGone(ObservationSource::Supervisor),
+            },
+            _ = readable(&shim_fd) => break Observation::ShimGone(ObservationSource::Supervisor),
+            _ = readable(&events) => {
+                if cg.events().is_ok_and(|e| !e.populated) {
+                    break Observation::ShimGone(ObservationSource::Supervisor);
+                }
+            }
+            cause = stop_rx.recv() => match cause {
+                Some(c) => break Observation::Stop(c),
+                None => std::future::pending::<()>().await,
+            },
+            _ = tick.tick() => {
+                // Safety net for a missed event: nobody reported it, the sweep noticed.
+                if cg.events().is_ok_and(|e| !e.populated) || !w.shim_pidfd.as_ref().is_some_and(alive) {
+                    break Observation::ShimGone(ObservationSource::Watchdog);
+                }
+            }
+            _ = shutting_down(&mut shutdown) => {
+                tracing::info!(lane = %w.rec.lane_id, generation = w.rec.generation, "supervisor exiting; generation left running");
+                return;
+            }
+        }
+    };
+    let fin = finish(&mut w, obs).await;
+    let _ = done_tx.send(Some(Arc::new(fin)));
+}
+
+/// Whether the process behind `pidfd` is still running. A pidfd polls readable once its
+/// process has exited; a zero-timeout poll asks without waiting and without signalling.
+fn alive(pidfd: &OwnedFd) -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    let mut fds = [PollFd::new(pidfd, PollFlags::IN)];
+    let zero = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&zero)) {
+        Ok(0) => true,
+        Ok(_) => !fds[0]
+            .revents()
+            .intersects(PollFlags::IN | PollFlags::HUP | PollFlags::ERR),
+        Err(_) => true, // cannot tell: the cgroup.events check decides
+    }
+}
+
+/// Ends the generation: (for a stop) graceful signal and bounded wait, then kill, verify,
+/// remove, receipt. Returns only after the receipt is durable or found unwritable.
+pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
+    let (source, reason, exit, stop, detail) = match obs {
+        Observation::HarnessExited(src, st) => {
+            (src, receipt::classify_exit(&st), Some(st), None, None)
+        }
+        Observation::LaunchFailed(r) => (
+            ObservationSource::Shim,
+            TerminationReason::LaunchFailed,
+            None,
+            None,
+            Some(r),
+        ),
+        Observation::ShimGone(src) => {
+            let (reason, detail) = shim_death(w).await;
+            (src, reason, None, None, Some(detail))
+        }
+        Observation::DiedWhileAway(h) => match h.and_then(|h| h.exit) {
+            Some(st) => (
+                ObservationSource::Supervisor,
+                receipt::classify_exit(&st),
+                Some(st),
+                None,
+                Some(
+                    "died while the supervisor was away; reason from the shim's exit record".into(),
+                ),
+            ),
+            None => (
+                ObservationSource::Supervisor,
+                TerminationReason::Unknown,
+                None,
+                None,
+                Some("died while the supervisor was away and left no exit record".into()),
+            ),
+        },
+        Observation::Stop(cause) => {
+            let (exit, forced) = graceful_stop(w).await;
+            let reason = match (cause, forced) {
+                (StopCause::Replace, _) => TerminationReason::Replace,
+                (StopCause::Unverifiable, _) => TerminationReason::Unknown,
+                (_, true) => TerminationReason::Timeout,
+                (_, false) => TerminationReason::Quit,
+            };
+            let stop = StopDetail {
+                cause,
+                graceful_signal: w.rec.graceful_signal.clone(),
+                grace_period_ms: w.grace.as_millis() as u64,
+                forced,
+            };
+            (
+                ObservationSource::Supervisor,
+                reason,
+                exit,
+                Some(stop),
+                None,
+            )
+        }
+    };
+    let cleanup = cleanup_cgroup(&w.inner, w.rec.cgroup.clone()).await;
+    let mut quarantine = cleanup.error.clone().map(|e| {
+        format!(
+            "cleanup of generation {} was not verified: {e}",
+            w.rec.generation
+        )
+    });
+    let mut r = build_receipt(
+        &w.inner, &w.rec, source, reason, exit, stop, cleanup, detail,
+    );
+    r.unfinished_status =
+        !(reason == TerminationReason::Quit && r.stop.is_none() && r.exit_code == Some(0));
+    if let Err(e) = write_receipt(&w.inner, &r) {
+        quarantine.get_or_insert(format!(
+            "termination receipt could not be made durable: {e}"
+        ));
+    }
+    w.rec.status = GenStatus::Terminated;
+    if let Err(e) = w.inner.store.save_gen(&w.rec) {
+        tracing::error!(lane = %w.rec.lane_id, generation = w.rec.generation, error = %e, "cannot persist generation record");
+    }
+    Finished {
+        receipt: r,
+        quarantine,
+    }
+}
+
+/// Sends the registry's graceful signal to the harness (through its pidfd: no PID race)
+/// and waits, bounded by the grace period, for the shim to report its exit.
+/// Returns the exit status if it came, and whether the grace period ran out.
+async fn graceful_stop(w: &mut Watcher) -> (Option<ExitStatus>, bool) {
+    if let Some(fd) = &w.harness_pidfd {
+        let sig = rustix::process::Signal::from_named_raw(w.graceful as i32);
+        if let Some(sig) = sig {
+            let _ = rustix::process::pidfd_send_signal(fd, sig);
+        }
+    }
+    let deadline = tokio::time::Instant::now() + w.grace;
+    loop {
+        match tokio::time::timeout_at(deadline, recv_opt(&mut w.link)).await {
+            Ok(Ok(Some(ShimMsg::Exited { status, .. }))) => return (Some(status), false),
+            Ok(Ok(Some(_))) => continue,
+            // Shim gone (link closed): nothing more will be reported.
+            Ok(Ok(None)) | Ok(Err(_)) => {
+                return (None, w.harness_pidfd.as_ref().is_some_and(alive))
+            }
+            Err(_) => return (None, true),
+        }
+    }
+}
+
+/// Why did the shim die without a report? The shim makes every catchable asynchronous
+/// signal harmless and never exits on its own after launch, so a silent death is SIGKILL —
+/// corroborated by tmux, whose pane shows no exit status for a signal death.
+async fn shim_death(w: &Watcher) -> (TerminationReason, String) {
+    let Some(root) = w.rec.identity.as_ref().map(|i| i.root_pid) else {
+        return (
+            TerminationReason::Unknown,
+            "shim gone before identity was recorded".into(),
+        );
+    };
+    let tmux = w.inner.tmux(&w.rec.lane);
+    for _ in 0..50 {
+        match tmux.pane(&w.rec.lane) {
+            Ok(p) if p.pid == root && p.dead => {
+                return match p.dead_status {
+                    None => (
+                        TerminationReason::Sigkill,
+                        "shim killed by a signal it cannot catch (tmux saw a signal death)".into(),
+                    ),
+                    Some(code) => (
+                        TerminationReason::Crash,
+                        format!("shim exited with status {code} without a report"),
+                    ),
+                };
+            }
+            Ok(p) if p.pid != root => break,
+            _ => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    }
+    (
+        TerminationReason::Unknown,
+        "shim vanished without a report and tmux could not say how".into(),
+    )
+}
+
+/// Kill everything left, verify empty, remove. Never reports success on doubt.
+pub(crate) async fn cleanup_cgroup(inner: &Arc<Inner>, path: PathBuf) -> Cleanup {
+    let tree = inner.tree.clone();
+    let res = tokio::task::spawn_blocking(move || {
+        let cg = tree.at_abs(&path);
+        if !cg.exists() {
+            return Cleanup {
+                method: None,
+                verified_empty: true,
+                cgroup_removed: true,
+                members_killed: 0,
+                error: None,
+            };
+        }
+        match cg.kill_and_wait(CLEANUP_TIMEOUT) {
+            Ok(rep) => match cg.remove() {
+                Ok(()) => Cleanup {
+                    method: Some(rep.method),
+                    verified_empty: true,
+                    cgroup_removed: true,
+                    members_killed: rep.members_before,
+                    error: None,
+                },
+                Err(e) => Cleanup {
+                    method: Some(rep.method),
+                    verified_empty: true,
+                    cgroup_removed: false,
+                    members_killed: rep.members_before,
+                    error: Some(e.to_string()),
+                },
+            },
+            Err(e) => Cleanup {
+                method: Some(tree.kill_method()),
+                verified_empty: false,
+                cgroup_removed: false,
+                members_killed: 0,
+                error: Some(e.to_string()),
+            },
+        }
+    })
+    .await;
+    res.unwrap_or_else(|e| Cleanup {
+        method: None,
+        verified_empty: false,
+        cgroup_removed: false,
+        members_killed: 0,
+        error: Some(format!("cleanup task failed: {e}")),
+    })
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn build_receipt(
+    inner: &Inner,
+    rec: &GenRecord,
+    source: ObservationSource,
+    reason: TerminationReason,
+    exit: Option<ExitStatus>,
+    stop: Option<StopDetail>,
+    cleanup: Cleanup,
+    detail: Option<String>,
+) -> TerminationReceipt {
+    let now = crate::util::now_rfc3339();
+    TerminationReceipt {
+        receipt_id: format!("rcpt-{}", uuid::Uuid::new_v4().simple()),
+        idempotency_key: rec.receipt_key.clone(),
+        sot_incarnation: None,
+        coordinator_epoch: None,
+        assignment_id: None,
+        assignment_attempt_id: None,
+        responsibility_owner: None,
+        execution_owner: None,
+        host_id: inner.cfg.host.as_str().to_string(),
+        lane_id: rec.lane_id.clone(),
+        lane_incarnation_id: rec.lane_incarnation_id.clone(),
+        generation: rec.generation,
+        runtime: rec.runtime.clone(),
+        process_identity: rec.identity.clone(),
+        observation_source: source,
+        termination_reason: reason,
+        exit_code: exit.and_then(|e| e.code),
+        signal: exit.and_then(|e| e.signal),
+        core_dumped: exit.is_some_and(|e| e.core_dumped),
+        stop,
+        cleanup,
+        started_at: Some(rec.started_at.clone()),
+        observed_at: now.clone(),
+        written_at: now,
+        unfinished_status: true,
+        next_action_digest: None,
+        checkpoint_digest: None,
+        handoff_state_digest: None,
+        last_validated_progress_at: None,
+        last_progress_receipt_digest: None,
+        detail,
+    }
+}
+
+pub(crate) fn write_receipt(inner: &Inner, r: &TerminationReceipt) -> Result<(), SupervisorError> {
+    let written = inner.outbox.write(r)?;
+    tracing::info!(
+        lane = %r.lane_id,
+        generation = r.generation,
+        reason = ?r.termination_reason,
+        source = ?r.observation_source,
+        key = %r.idempotency_key,
+        new = (written == super::outbox::Written::New),
+        "termination receipt durable"
+    );
+    Ok(())
+}

@@ -1,0 +1,650 @@
+//! The per-host supervisor: owns every harness process on this host.
+//!
+//! **Owns:** lanes (one tmux server each), lane incarnations, generations (one fresh cgroup
+//! each), process-tree identity, stopping and cleanup, termination receipts and their
+//! outbox, and re-adoption after its own restart.
+//!
+//! **Never:** decides assignment authority (that is the coordinator's), identifies a
+//! process by PID alone, reuses a generation number or cgroup directory, reports a lane
+//! clean when cleanup was ambiguous (it quarantines instead), or tells anyone about a
+//! termination before its receipt is durable.
+//!
+//! Concurrency shape: one async mutex per lane serializes lane operations (create, start,
+//! stop, destroy). Each live generation has exactly one watcher task, the only code that
+//! finalizes it, so exactly one receipt per generation falls out of the structure rather
+//! than out of locking discipline. Stop requests are messages to that watcher.
+
+pub mod audit;
+pub mod config;
+pub mod control;
+pub mod identity;
+pub mod names;
+pub mod outbox;
+pub mod receipt;
+pub mod state;
+pub mod tmux;
+
+mod adopt;
+mod generation;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use serde::Serialize;
+use tokio::sync::{mpsc, watch, Mutex};
+
+use crate::adapter::{Registry, RegistryError};
+use crate::cgroup::{CgroupError, CgroupTree};
+use crate::util::durable::{self, DurableError};
+use audit::Audit;
+use config::Config;
+use identity::{IdentityError, ProcessIdentity};
+use names::{IncarnationId, LaneName, NameError};
+use outbox::{Outbox, OutboxError};
+use receipt::{StopCause, TerminationReceipt};
+use state::{GenRecord, LaneRecord, LaneStatus, Store};
+
+#[derive(Debug, thiserror::Error)]
+pub enum SupervisorError {
+    #[error("configuration: {detail}")]
+    Config { detail: String },
+    #[error(transparent)]
+    Name(#[from] NameError),
+    #[error(transparent)]
+    Registry(#[from] RegistryError),
+    #[error(transparent)]
+    Cgroup(#[from] CgroupError),
+    #[error(transparent)]
+    Identity(#[from] IdentityError),
+    #[error(transparent)]
+    Outbox(#[from] OutboxError),
+    #[error(transparent)]
+    Durable(#[from] DurableError),
+    #[error("state: {detail}")]
+    State { detail: String },
+    #[error("tmux: {detail}")]
+    Tmux { detail: String },
+    #[error("no lane {0:?} on this host")]
+    NoSuchLane(String),
+    #[error("lane {lane:?} already exists (incarnation {incarnation})")]
+    LaneExists { lane: String, incarnation: String },
+    #[error("lane {lane:?} is quarantined: {reason}; destroy and recreate it to get a fresh incarnation")]
+    Quarantined { lane: String, reason: String },
+    #[error("lane {0:?} has no live generation")]
+    NoLiveGeneration(String),
+    #[error("generation {generation} of lane {lane:?} failed to launch: {detail}")]
+    Launch {
+        lane: String,
+        generation: u64,
+        detail: String,
+    },
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("another supervisor already holds {0}")]
+    AlreadyRunning(PathBuf),
+    #[error("the supervisor is shutting down")]
+    ShuttingDown,
+}
+
+impl SupervisorError {
+    /// A stable category for API clients and audit counts.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Config { .. } => "config",
+            Self::Name(_) => "bad-name",
+            Self::Registry(RegistryError::UnknownRuntime { .. }) => "unknown-runtime",
+            Self::Registry(RegistryError::UnknownVersion { .. }) => "unknown-version",
+            Self::Registry(_) => "registry",
+            Self::Cgroup(CgroupError::NoV2 { .. }) => "no-cgroup-v2",
+            Self::Cgroup(CgroupError::NotWritable { .. }) => "cgroup-not-writable",
+            Self::Cgroup(_) => "cgroup",
+            Self::Identity(_) => "identity",
+            Self::Outbox(_) | Self::Durable(_) | Self::State { .. } | Self::Io { .. } => "storage",
+            Self::Tmux { .. } => "tmux",
+            Self::NoSuchLane(_) => "no-such-lane",
+            Self::LaneExists { .. } => "lane-exists",
+            Self::Quarantined { .. } => "quarantined",
+            Self::NoLiveGeneration(_) => "no-live-generation",
+            Self::Launch { .. } => "launch-failed",
+            Self::AlreadyRunning(_) => "already-running",
+            Self::ShuttingDown => "shutting-down",
+        }
+    }
+}
+
+/// How a finished generation left things.
+#[derive(Debug)]
+pub(crate) struct Finished {
+    pub receipt: TerminationReceipt,
+    /// Set when cleanup or the receipt write was not provably complete.
+    pub quarantine: Option<String>,
+}
+
+pub(crate) type DoneRx = watch::Receiver<Option<Arc<Finished>>>;
+
+/// Handle on a live generation's watcher.
+#[derive(Debug)]
+pub(crate) struct LiveGen {
+    pub record: GenRecord,
+    pub stop_tx: mpsc::Sender<StopCause>,
+    pub done: DoneRx,
+}
+
+#[derive(Debug)]
+pub(crate) struct Lane {
+    pub rec: LaneRecord,
+    pub live: Option<LiveGen>,
+}
+
+impl Lane {
+    /// Folds a finished generation (and any quarantine it calls for) into the lane record.
+    /// Idempotent: the watcher's applier task and a stop caller may both call it.
+    fn settle(&mut self, store: &Store, generation: Option<u64>, quarantine: Option<&str>) {
+        let mut changed = false;
+        if let Some(g) = generation {
+            if self.live.as_ref().map(|l| l.record.generation) == Some(g) {
+                self.live = None;
+            }
+            if self.rec.current_generation == Some(g) {
+                self.rec.current_generation = None;
+                changed = true;
+            }
+        }
+        if let Some(reason) = quarantine {
+            if self.rec.status == LaneStatus::Active {
+                tracing::error!(lane = %self.rec.lane_id, ?generation, reason, "lane quarantined");
+                self.rec.status = LaneStatus::Quarantined;
+                self.rec.quarantine_reason = Some(reason.to_string());
+                changed = true;
+            }
+        }
+        if changed {
+            if let Err(e) = store.save_lane(&self.rec) {
+                tracing::error!(lane = %self.rec.lane_id, error = %e, "cannot persist lane record");
+            }
+        }
+    }
+
+    fn apply_finish(&mut self, store: &Store, fin: &Finished) {
+        self.settle(
+            store,
+            Some(fin.receipt.generation),
+            fin.quarantine.as_deref(),
+        );
+    }
+}
+
+pub(crate) struct Inner {
+    pub cfg: Config,
+    pub tree: CgroupTree,
+    pub registry: Registry,
+    pub outbox: Outbox,
+    pub store: Store,
+    pub audit: Audit,
+    pub boot_id: String,
+    lanes: std::sync::Mutex<BTreeMap<String, Arc<Mutex<Lane>>>>,
+    pub shutdown: watch::Sender<bool>,
+    _lock: std::fs::File,
+}
+
+impl Inner {
+    fn slot(&self, lane: &LaneName) -> Result<Arc<Mutex<Lane>>, SupervisorError> {
+        self.lanes
+            .lock()
+            .map_err(|_| SupervisorError::State {
+                detail: "lane table lock poisoned".into(),
+            })?
+            .get(lane.as_str())
+            .cloned()
+            .ok_or_else(|| SupervisorError::NoSuchLane(lane.to_string()))
+    }
+
+    fn insert_slot(&self, lane: &str, l: Lane) -> Result<Arc<Mutex<Lane>>, SupervisorError> {
+        let slot = Arc::new(Mutex::new(l));
+        self.lanes
+            .lock()
+            .map_err(|_| SupervisorError::State {
+                detail: "lane table lock poisoned".into(),
+            })?
+            .insert(lane.to_string(), slot.clone());
+        Ok(slot)
+    }
+
+    fn all_slots(&self) -> Vec<Arc<Mutex<Lane>>> {
+        match self.lanes.lock() {
+            Ok(m) => m.values().cloned().collect(),
+            Err(p) => p.into_inner().values().cloned().collect(),
+        }
+    }
+
+    pub fn tmux(&self, lane: &str) -> tmux::Tmux {
+        tmux::Tmux::new(
+            &self.cfg.tmux,
+            self.cfg
+                .runtime_dir
+                .join("lanes")
+                .join(lane)
+                .join("tmux.sock"),
+        )
+    }
+}
+
+/// A lane as shown to operators.
+#[derive(Debug, Clone, Serialize)]
+pub struct LaneView {
+    pub lane: String,
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub status: LaneStatus,
+    pub quarantine_reason: Option<String>,
+    pub current_generation: Option<u64>,
+    pub generation: Option<GenView>,
+    pub tmux_socket: PathBuf,
+    pub attach: String,
+}
+
+/// A live generation as shown to operators: identity, never the nonce.
+#[derive(Debug, Clone, Serialize)]
+pub struct GenView {
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub generation: u64,
+    pub runtime: String,
+    pub started_at: String,
+    pub process_identity: Option<ProcessIdentity>,
+}
+
+impl GenView {
+    fn of(r: &GenRecord) -> Self {
+        Self {
+            lane_id: r.lane_id.clone(),
+            lane_incarnation_id: r.lane_incarnation_id.clone(),
+            generation: r.generation,
+            runtime: r.runtime.clone(),
+            started_at: r.started_at.clone(),
+            process_identity: r.identity.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct StatusView {
+    pub host_id: String,
+    pub cgroup_root: PathBuf,
+    pub kill_method: crate::cgroup::KillMethod,
+    pub lanes: Vec<LaneView>,
+    pub unacknowledged_receipts: usize,
+}
+
+/// The supervisor library handle. Cheap to clone.
+#[derive(Clone)]
+pub struct Supervisor {
+    inner: Arc<Inner>,
+}
+
+impl Supervisor {
+    /// Validates the environment (cgroup v2, delegated root, registry, directories) and
+    /// takes the state-dir lock. Creates no lanes and adopts nothing yet.
+    pub fn open(cfg: Config) -> Result<Self, SupervisorError> {
+        let mount = crate::cgroup::discover_mount()?;
+        let own = crate::cgroup::cgroup_of(None)?;
+        let tree = CgroupTree::open(
+            &mount,
+            cfg.cgroup_root.as_deref(),
+            &own,
+            cfg.force_freezer_fallback,
+        )?;
+        let registry = match &cfg.registry_dir {
+            Some(d) => Registry::load_dir(d)?,
+            None => Registry::embedded()?,
+        };
+        durable::ensure_dir(&cfg.state_dir, 0o700)?;
+        durable::ensure_dir(&cfg.runtime_dir.join("gen"), 0o700)?;
+        durable::ensure_dir(&cfg.runtime_dir.join("lanes"), 0o700)?;
+        let lock_path = cfg.state_dir.join("supervisor.lock");
+        let lock = std::fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&lock_path)
+            .map_err(|source| SupervisorError::Io {
+                what: "open",
+                path: lock_path.clone(),
+                source,
+            })?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive)
+            .map_err(|_| SupervisorError::AlreadyRunning(lock_path))?;
+        let (shutdown, _) = watch::channel(false);
+        let inner = Inner {
+            outbox: Outbox::open(&cfg.state_dir)?,
+            store: Store::open(&cfg.state_dir)?,
+            audit: Audit::new(cfg.state_dir.join("audit.jsonl")),
+            boot_id: identity::boot_id()?,
+            tree,
+            registry,
+            cfg,
+            lanes: std::sync::Mutex::new(BTreeMap::new()),
+            shutdown,
+            _lock: lock,
+        };
+        Ok(Self {
+            inner: Arc::new(inner),
+        })
+    }
+
+    pub fn config(&self) -> &Config {
+        &self.inner.cfg
+    }
+
+    pub fn cgroup_tree(&self) -> &CgroupTree {
+        &self.inner.tree
+    }
+
+    /// Re-adopts what survived a previous supervisor and writes receipts for what did not.
+    /// Must run once, before serving requests.
+    pub async fn recover(&self) -> Result<adopt::RecoveryReport, SupervisorError> {
+        adopt::recover(&self.inner).await
+    }
+
+    /// Creates a lane, or recreates a destroyed one under a fresh incarnation.
+    pub async fn lane_create(&self, lane: &str) -> Result<LaneView, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let prior = match self.inner.slot(&name) {
+            Ok(slot) => {
+                let l = slot.lock().await;
+                if l.rec.status != LaneStatus::Destroyed {
+                    return Err(SupervisorError::LaneExists {
+                        lane: lane.to_string(),
+                        incarnation: l.rec.lane_incarnation_id.clone(),
+                    });
+                }
+                Some(l.rec.clone())
+            }
+            Err(_) => None,
+        };
+        let inc = IncarnationId::fresh();
+        let lane_id = self.inner.cfg.host.lane_id(&name);
+        let tree = &self.inner.tree;
+        tree.lane_tmux(name.as_str()).create()?;
+        tree.incarnation(name.as_str(), inc.as_str()).create()?;
+        let tmux = self.inner.tmux(name.as_str());
+        durable::ensure_dir(
+            tmux.socket()
+                .parent()
+                .unwrap_or(&self.inner.cfg.runtime_dir),
+            0o700,
+        )?;
+        let idle = vec![
+            "/bin/sh".to_string(),
+            "-c".to_string(),
+            format!(
+                "printf 'mosaic lane {lane_id}: idle, no generation yet\\n'; exec sleep infinity"
+            ),
+        ];
+        tmux.kill_server(); // a stale server of an earlier incarnation must not be reused
+        tmux.start_server(name.as_str(), &tree.lane_tmux(name.as_str()), &idle)?;
+        let mut past = prior.map(|p| {
+            let mut v = p.past_incarnations;
+            v.push(p.lane_incarnation_id);
+            v
+        });
+        let rec = LaneRecord {
+            lane: name.to_string(),
+            lane_id,
+            lane_incarnation_id: inc.to_string(),
+            status: LaneStatus::Active,
+            quarantine_reason: None,
+            created_at: crate::util::now_rfc3339(),
+            next_generation: 1,
+            current_generation: None,
+            past_incarnations: past.take().unwrap_or_default(),
+        };
+        self.inner.store.save_lane(&rec)?;
+        tracing::info!(lane = %rec.lane_id, incarnation = %rec.lane_incarnation_id, "lane created");
+        let view = self.view(&rec, None);
+        self.inner
+            .insert_slot(name.as_str(), Lane { rec, live: None })?;
+        Ok(view)
+    }
+
+    /// Stops the live generation (if any), kills the lane's tmux server and removes its
+    /// cgroups. The lane record stays, marked destroyed, so a recreate gets a new
+    /// incarnation and the history is kept.
+    pub async fn lane_destroy(&self, lane: &str) -> Result<LaneView, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let mut l = slot.lock().await;
+        if l.rec.status == LaneStatus::Destroyed {
+            return Err(SupervisorError::NoSuchLane(lane.to_string()));
+        }
+        if let Some(live) = l.live.take() {
+            let fin = generation::stop(live, StopCause::LaneDestroy).await?;
+            l.apply_finish(&self.inner.store, &fin);
+        }
+        self.inner.tmux(name.as_str()).kill_server();
+        let tree = &self.inner.tree;
+        let timeout = std::time::Duration::from_secs(5);
+        let res = tokio::task::spawn_blocking({
+            let tree = tree.clone();
+            let lane = name.to_string();
+            move || -> Result<(), CgroupError> {
+                let cg = tree.lane(&lane);
+                if cg.exists() {
+                    cg.kill_and_wait(timeout)?;
+                    cg.remove_tree()?;
+                }
+                Ok(())
+            }
+        })
+        .await
+        .map_err(|e| SupervisorError::State {
+            detail: format!("cleanup task failed: {e}"),
+        })?;
+        if let Err(e) = res {
+            let reason = format!("lane teardown was not clean: {e}");
+            l.settle(&self.inner.store, None, Some(&reason));
+            return Err(e.into());
+        }
+        l.rec.status = LaneStatus::Destroyed;
+        l.rec.current_generation = None;
+        self.inner.store.save_lane(&l.rec)?;
+        tracing::info!(lane = %l.rec.lane_id, "lane destroyed");
+        Ok(self.view(&l.rec, None))
+    }
+
+    /// Starts a fresh generation on `lane`: stops and verifies-gone any previous one, then
+    /// launches `runtime` with `directives` in a brand-new cgroup, and returns once the
+    /// process identity is verified.
+    pub async fn start(
+        &self,
+        lane: &str,
+        runtime: &str,
+        directives: &[String],
+    ) -> Result<GenView, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        // Validate everything that can be validated before touching the lane.
+        let plan = {
+            let reg = self.inner.registry.clone();
+            let rt = runtime.to_string();
+            let d = directives.to_vec();
+            let bin = self.inner.cfg.bin_dir.clone();
+            tokio::task::spawn_blocking(move || crate::adapter::plan_launch(&reg, &rt, &d, &bin))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("probe task failed: {e}"),
+                })??
+        };
+        let mut l = slot.lock().await;
+        match l.rec.status {
+            LaneStatus::Active => {}
+            LaneStatus::Destroyed => return Err(SupervisorError::NoSuchLane(lane.to_string())),
+            LaneStatus::Quarantined => {
+                return Err(SupervisorError::Quarantined {
+                    lane: lane.to_string(),
+                    reason: l.rec.quarantine_reason.clone().unwrap_or_default(),
+                })
+            }
+        }
+        if let Some(live) = l.live.take() {
+            let fin = generation::stop(live, StopCause::Replace).await?;
+            l.apply_finish(&self.inner.store, &fin);
+            if let Some(reason) = &fin.quarantine {
+                return Err(SupervisorError::Quarantined {
+                    lane: lane.to_string(),
+                    reason: reason.clone(),
+                });
+            }
+        }
+        let live = generation::launch(&self.inner, &mut l.rec, plan).await?;
+        let view = GenView::of(&live.record);
+        spawn_applier(self.inner.clone(), name.to_string(), &live);
+        l.live = Some(live);
+        Ok(view)
+    }
+
+    /// Gracefully stops the lane's live generation and returns its receipt once the cgroup
+    /// is verified empty and removed.
+    pub async fn stop(&self, lane: &str) -> Result<TerminationReceipt, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let mut l = slot.lock().await;
+        let live = l
+            .live
+            .take()
+            .ok_or_else(|| SupervisorError::NoLiveGeneration(lane.to_string()))?;
+        let fin = generation::stop(live, StopCause::Operator).await?;
+        l.apply_finish(&self.inner.store, &fin);
+        Ok(fin.receipt.clone())
+    }
+
+    pub async fn status(&self) -> Result<StatusView, SupervisorError> {
+        let mut lanes = Vec::new();
+        for slot in self.inner.all_slots() {
+            let l = slot.lock().await;
+            if l.rec.status == LaneStatus::Destroyed {
+                continue;
+            }
+            let g = l.live.as_ref().map(|g| GenView::of(&g.record));
+            lanes.push(self.view(&l.rec, g));
+        }
+        lanes.sort_by(|a, b| a.lane.cmp(&b.lane));
+        Ok(StatusView {
+            host_id: self.inner.cfg.host.as_str().to_string(),
+            cgroup_root: self.inner.tree.root().to_path_buf(),
+            kill_method: self.inner.tree.kill_method(),
+            lanes,
+            unacknowledged_receipts: self.inner.outbox.list(false)?.len(),
+        })
+    }
+
+    pub fn receipts(
+        &self,
+        lane: Option<&str>,
+        include_acked: bool,
+    ) -> Result<Vec<TerminationReceipt>, SupervisorError> {
+        let lane_id = match lane {
+            Some(l) => Some(self.inner.cfg.host.lane_id(&LaneName::parse(l)?)),
+            None => None,
+        };
+        Ok(self
+            .inner
+            .outbox
+            .list(include_acked)?
+            .into_iter()
+            .filter(|r| lane_id.as_ref().is_none_or(|id| &r.lane_id == id))
+            .collect())
+    }
+
+    pub fn ack(&self, key: &str) -> Result<(), SupervisorError> {
+        Ok(self.inner.outbox.ack(key)?)
+    }
+
+    pub fn audit_path(&self) -> PathBuf {
+        self.inner.audit.path().to_path_buf()
+    }
+
+    /// Stops watching (generations keep running, to be re-adopted by the next supervisor).
+    pub fn shutdown(&self) {
+        let _ = self.inner.shutdown.send(true);
+    }
+
+    fn view(&self, rec: &LaneRecord, generation: Option<GenView>) -> LaneView {
+        let sock = self.inner.tmux(&rec.lane).socket().to_path_buf();
+        LaneView {
+            lane: rec.lane.clone(),
+            lane_id: rec.lane_id.clone(),
+            lane_incarnation_id: rec.lane_incarnation_id.clone(),
+            status: rec.status,
+            quarantine_reason: rec.quarantine_reason.clone(),
+            current_generation: rec.current_generation,
+            generation,
+            attach: format!("tmux -S {} attach -t ={}", sock.display(), rec.lane),
+            tmux_socket: sock,
+        }
+    }
+}
+
+/// After a generation finishes on its own (crash, SIGKILL, exit), folds the result into
+/// the lane record without waiting for the next lane operation.
+pub(crate) fn spawn_applier(inner: Arc<Inner>, lane: String, live: &LiveGen) {
+    let mut done = live.done.clone();
+    tokio::spawn(async move {
+        let fin = match done.wait_for(|v| v.is_some()).await {
+            Ok(v) => v.clone(),
+            Err(_) => return, // watcher ended without finishing: supervisor shutdown
+        };
+        let Some(fin) = fin else { return };
+        let Ok(name) = LaneName::parse(&lane) else {
+            return;
+        };
+        if let Ok(slot) = inner.slot(&name) {
+            slot.lock().await.apply_finish(&inner.store, &fin);
+        }
+    });
+}
+
+/// Runs the supervisor daemon until SIGTERM or SIGINT.
+pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
+    let sup = Supervisor::open(cfg)?;
+    // The daemon lives in `supervisor/` so the delegated root holds no process itself.
+    let me = sup.inner.tree.supervisor();
+    me.create()?;
+    me.join_self()?;
+    let report = sup.recover().await?;
+    tracing::info!(
+        adopted = report.adopted,
+        receipts_written = report.receipts_written,
+        quarantined = report.quarantined,
+        "recovery done"
+    );
+    for lane in sup.inner.cfg.lanes.clone() {
+        match sup.lane_create(lane.as_str()).await {
+            Ok(v) => tracing::info!(lane = %v.lane_id, attach = %v.attach, "lane ready"),
+            Err(SupervisorError::LaneExists { .. }) => {}
+            Err(e) => return Err(e),
+        }
+    }
+    let listener = control::bind(&sup.inner.cfg.control_socket())?;
+    tracing::info!(socket = %sup.inner.cfg.control_socket().display(), "supervisor ready");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|source| SupervisorError::Io {
+            what: "signal handler",
+            path: PathBuf::from("SIGTERM"),
+            source,
+        })?;
+    tokio::select! {
+        r = control::serve(sup.clone(), listener) => r?,
+        _ = term.recv() => tracing::info!("SIGTERM: leaving lanes running"),
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving lanes running"),
+    }
+    sup.shutdown();
+    let _ = std::fs::remove_file(sup.inner.cfg.control_socket());
+    Ok(())
+}

@@ -1,0 +1,135 @@
+//! The durable receipt outbox.
+//!
+//! **Owns:** the `outbox/` (unacknowledged) and `acked/` directories of the state dir.
+//!
+//! **Invariants:** a receipt is fsync'd, and its directory entry fsync'd, before anyone is
+//! told about it; there is at most one receipt per idempotency key (exclusive `link`);
+//! nothing leaves `outbox/` until a consumer acknowledges that exact key.
+
+use std::path::{Path, PathBuf};
+
+use super::receipt::TerminationReceipt;
+use crate::util::durable::{self, DurableError};
+
+#[derive(Debug, thiserror::Error)]
+pub enum OutboxError {
+    #[error(transparent)]
+    Durable(#[from] DurableError),
+    #[error("receipt {path} is unreadable: {detail}")]
+    Corrupt { path: PathBuf, detail: String },
+    #[error("no unacknowledged receipt with key {0:?}")]
+    UnknownKey(String),
+    #[error("malformed idempotency key {0:?}")]
+    BadKey(String),
+}
+
+#[derive(Debug, Clone)]
+pub struct Outbox {
+    pending: PathBuf,
+    acked: PathBuf,
+}
+
+/// Whether `write` stored a new receipt or found the generation's receipt already there.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    New,
+    AlreadyPresent,
+}
+
+fn key_ok(key: &str) -> bool {
+    key.strip_prefix("tr-")
+        .is_some_and(|h| h.len() == 40 && h.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+impl Outbox {
+    pub fn open(state_dir: &Path) -> Result<Self, OutboxError> {
+        let pending = state_dir.join("outbox");
+        let acked = state_dir.join("acked");
+        durable::ensure_dir(&pending, 0o700)?;
+        durable::ensure_dir(&acked, 0o700)?;
+        Ok(Self { pending, acked })
+    }
+
+    fn name(key: &str) -> String {
+        format!("{key}.json")
+    }
+
+    /// Durably stores `r` unless a receipt with its key exists (pending or acknowledged).
+    pub fn write(&self, r: &TerminationReceipt) -> Result<Written, OutboxError> {
+        if !key_ok(&r.idempotency_key) {
+            return Err(OutboxError::BadKey(r.idempotency_key.clone()));
+        }
+        let name = Self::name(&r.idempotency_key);
+        if self.acked.join(&name).exists() {
+            return Ok(Written::AlreadyPresent);
+        }
+        let bytes = serde_json::to_vec_pretty(r).map_err(|e| OutboxError::Corrupt {
+            path: self.pending.join(&name),
+            detail: e.to_string(),
+        })?;
+        match durable::create_new(&self.pending.join(&name), &bytes) {
+            Ok(()) => Ok(Written::New),
+            Err(DurableError::Exists { .. }) => Ok(Written::AlreadyPresent),
+            Err(e) => Err(e.into()),
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        let name = Self::name(key);
+        self.pending.join(&name).exists() || self.acked.join(&name).exists()
+    }
+
+    /// Unacknowledged receipts, oldest first; with `include_acked`, acknowledged ones too.
+    pub fn list(&self, include_acked: bool) -> Result<Vec<TerminationReceipt>, OutboxError> {
+        let mut out = read_all(&self.pending)?;
+        if include_acked {
+            out.extend(read_all(&self.acked)?);
+        }
+        out.sort_by(|a, b| a.written_at.cmp(&b.written_at));
+        Ok(out)
+    }
+
+    /// A consumer took responsibility for `key`: move it out of the pending set, durably.
+    pub fn ack(&self, key: &str) -> Result<(), OutboxError> {
+        if !key_ok(key) {
+            return Err(OutboxError::BadKey(key.to_string()));
+        }
+        let name = Self::name(key);
+        let from = self.pending.join(&name);
+        if !from.exists() {
+            if self.acked.join(&name).exists() {
+                return Ok(()); // acknowledging twice is harmless
+            }
+            return Err(OutboxError::UnknownKey(key.to_string()));
+        }
+        durable::move_file(&from, &self.acked.join(&name))?;
+        Ok(())
+    }
+}
+
+fn read_all(dir: &Path) -> Result<Vec<TerminationReceipt>, OutboxError> {
+    let rd = std::fs::read_dir(dir).map_err(|source| DurableError::Io {
+        op: "read dir",
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for e in rd.flatten() {
+        let p = e.path();
+        if p.extension().is_none_or(|x| x != "json") {
+            continue; // in-flight temp files
+        }
+        let bytes = std::fs::read(&p).map_err(|source| DurableError::Io {
+            op: "read",
+            path: p.clone(),
+            source,
+        })?;
+        out.push(
+            serde_json::from_slice(&bytes).map_err(|e| OutboxError::Corrupt {
+                path: p.clone(),
+                detail: e.to_string(),
+            })?,
+        );
+    }
+    Ok(out)
+}

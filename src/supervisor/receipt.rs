@@ -1,0 +1,163 @@
+//! Generation-bound termination receipts (spec §10.1), as far as a host can know them.
+//!
+//! A receipt is an observation, never a verdict: it says what the host saw end and how,
+//! and the coordinator decides what that means. Fields only the coordinator can fill
+//! (`sot_incarnation`, `coordinator_epoch`, assignment and owner fields) are present and
+//! null until a coordinator stamps them.
+
+use serde::{Deserialize, Serialize};
+
+use super::identity::ProcessIdentity;
+use crate::cgroup::KillMethod;
+use crate::shim::proto::ExitStatus;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum ObservationSource {
+    /// The shim reaped the harness and reported its wait status.
+    Shim,
+    /// The supervisor saw it directly (pidfd, cgroup.events, restart reconciliation).
+    Supervisor,
+    /// The periodic liveness sweep noticed what no event reported.
+    Watchdog,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum TerminationReason {
+    /// Exited by itself with status 0, or stopped gracefully within its grace period.
+    Quit,
+    /// Non-zero exit, or death by a signal other than SIGKILL.
+    Crash,
+    /// Killed by SIGKILL from outside the supervisor's stop path.
+    Sigkill,
+    /// Asked to stop, ignored it past its grace period, and was force-killed.
+    Timeout,
+    /// Stopped because a fresh generation replaced it on the lane.
+    Replace,
+    /// The shim never got the harness running.
+    LaunchFailed,
+    /// Nothing provable: it died while nobody could watch and left no record.
+    Unknown,
+}
+
+/// Why a stop was requested (only for receipts of requested stops).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum StopCause {
+    Operator,
+    Replace,
+    LaneDestroy,
+    /// A generation the supervisor could not re-verify after a restart.
+    Unverifiable,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct StopDetail {
+    pub cause: StopCause,
+    pub graceful_signal: String,
+    pub grace_period_ms: u64,
+    /// The grace period ran out and the cgroup was killed with the harness still alive.
+    pub forced: bool,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Cleanup {
+    pub method: Option<KillMethod>,
+    /// `cgroup.procs` empty and `populated 0`, both read after the kill.
+    pub verified_empty: bool,
+    pub cgroup_removed: bool,
+    /// Processes in the cgroup when the kill began (shim and survivors included).
+    pub members_killed: usize,
+    pub error: Option<String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct TerminationReceipt {
+    pub receipt_id: String,
+    pub idempotency_key: String,
+    pub sot_incarnation: Option<String>,
+    pub coordinator_epoch: Option<u64>,
+    pub assignment_id: Option<String>,
+    pub assignment_attempt_id: Option<String>,
+    pub responsibility_owner: Option<String>,
+    pub execution_owner: Option<String>,
+    pub host_id: String,
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub generation: u64,
+    pub runtime: String,
+    pub process_identity: Option<ProcessIdentity>,
+    pub observation_source: ObservationSource,
+    pub termination_reason: TerminationReason,
+    pub exit_code: Option<i32>,
+    pub signal: Option<i32>,
+    pub core_dumped: bool,
+    pub stop: Option<StopDetail>,
+    pub cleanup: Cleanup,
+    pub started_at: Option<String>,
+    /// Host time the termination was observed (advisory; the coordinator uses its own).
+    pub observed_at: String,
+    pub written_at: String,
+    pub unfinished_status: bool,
+    pub next_action_digest: Option<String>,
+    pub checkpoint_digest: Option<String>,
+    pub handoff_state_digest: Option<String>,
+    pub last_validated_progress_at: Option<String>,
+    pub last_progress_receipt_digest: Option<String>,
+    pub detail: Option<String>,
+}
+
+/// One receipt per generation: the key depends only on which generation ended, so a
+/// retried write, a restart or a racing observer all land on the same key.
+pub fn idempotency_key(lane_id: &str, lane_incarnation_id: &str, generation: u64) -> String {
+    format!(
+        "tr-{}",
+        &crate::util::sha256_hex(
+            "mosaic/termination-receipt/v1",
+            &[
+                lane_id.as_bytes(),
+                lane_incarnation_id.as_bytes(),
+                &generation.to_be_bytes()
+            ],
+        )[..40]
+    )
+}
+
+/// Classifies a harness wait status (the shim's report) for a termination nobody asked for.
+pub fn classify_exit(status: &ExitStatus) -> TerminationReason {
+    match (status.code, status.signal) {
+        (Some(0), _) => TerminationReason::Quit,
+        (Some(_), _) => TerminationReason::Crash,
+        (None, Some(9)) => TerminationReason::Sigkill,
+        (None, Some(_)) => TerminationReason::Crash,
+        (None, None) => TerminationReason::Unknown,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_are_deterministic_and_distinct() {
+        let a = idempotency_key("h:a", "li-1", 1);
+        assert_eq!(a, idempotency_key("h:a", "li-1", 1));
+        assert_ne!(a, idempotency_key("h:a", "li-1", 2));
+        assert_ne!(a, idempotency_key("h:a", "li-2", 1));
+        assert_ne!(a, idempotency_key("h:b", "li-1", 1));
+    }
+
+    #[test]
+    fn exit_classification() {
+        let s = |code, signal| ExitStatus {
+            code,
+            signal,
+            core_dumped: false,
+        };
+        assert_eq!(classify_exit(&s(Some(0), None)), TerminationReason::Quit);
+        assert_eq!(classify_exit(&s(Some(3), None)), TerminationReason::Crash);
+        assert_eq!(classify_exit(&s(None, Some(9))), TerminationReason::Sigkill);
+        assert_eq!(classify_exit(&s(None, Some(6))), TerminationReason::Crash);
+    }
+}

@@ -1,0 +1,181 @@
+//! One tmux server per lane, driven through its own socket.
+//!
+//! **Never:** uses the default tmux server or the operator's tmux config (`-f /dev/null`),
+//! passes a command through a shell (argv form only), or treats tmux's view as authority
+//! — tmux only hosts panes; cgroups decide what lives.
+
+use std::os::fd::AsRawFd;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use super::SupervisorError;
+use crate::cgroup::Cg;
+
+#[derive(Debug, Clone)]
+pub struct Tmux {
+    bin: PathBuf,
+    socket: PathBuf,
+}
+
+/// What tmux says about a lane's pane.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PaneState {
+    pub pid: i32,
+    pub dead: bool,
+    /// Exit status of a dead pane; `None` for a pane killed by a signal.
+    pub dead_status: Option<i32>,
+}
+
+fn err(what: &str, detail: impl std::fmt::Display) -> SupervisorError {
+    SupervisorError::Tmux {
+        detail: format!("{what}: {detail}"),
+    }
+}
+
+impl Tmux {
+    pub fn new(bin: &Path, socket: PathBuf) -> Self {
+        Self {
+            bin: bin.to_path_buf(),
+            socket,
+        }
+    }
+
+    pub fn socket(&self) -> &Path {
+        &self.socket
+    }
+
+    fn cmd(&self) -> Command {
+        let mut c = Command::new(&self.bin);
+        c.arg("-S").arg(&self.socket).env_remove("TMUX");
+        c.stdin(Stdio::null());
+        c
+    }
+
+    fn run(&self, what: &str, mut c: Command) -> Result<String, SupervisorError> {
+        let out = c
+            .output()
+            .map_err(|e| err(what, format!("cannot run {}: {e}", self.bin.display())))?;
+        if !out.status.success() {
+            return Err(err(
+                what,
+                format!(
+                    "{} ({})",
+                    String::from_utf8_lossy(&out.stderr).trim(),
+                    out.status
+                ),
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Starts the lane's tmux server inside `cg`: the client joins the cgroup between fork
+    /// and exec, and the server it forks inherits that membership.
+    pub fn start_server(
+        &self,
+        session: &str,
+        cg: &Cg,
+        idle: &[String],
+    ) -> Result<(), SupervisorError> {
+        let procs = cg.open_procs_for_join()?;
+        let fd = procs.as_raw_fd();
+        let mut c = self.cmd();
+        c.args([
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-x",
+            "200",
+            "-y",
+            "50",
+            "-s",
+            session,
+        ]);
+        c.args(idle);
+        // SAFETY: between fork and exec we only call write(2) on an fd opened beforehand;
+        // no allocation, no locks. Writing "0" moves the calling process.
+        unsafe {
+            c.pre_exec(move || {
+                let r = libc::write(fd, b"0".as_ptr().cast(), 1);
+                if r == 1 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        self.run("new-session", c)?;
+        drop(procs);
+        let mut c = self.cmd();
+        c.args([
+            "set-option",
+            "-g",
+            "remain-on-exit",
+            "on",
+            ";",
+            "set-option",
+            "-g",
+            "exit-empty",
+            "off",
+        ]);
+        self.run("set-option", c)?;
+        Ok(())
+    }
+
+    pub fn alive(&self, session: &str) -> bool {
+        let mut c = self.cmd();
+        c.args(["has-session", "-t", &format!("={session}")]);
+        c.stderr(Stdio::null());
+        c.status().map(|s| s.success()).unwrap_or(false)
+    }
+
+    /// Replaces whatever runs in the lane's pane with `argv` (argv form: no shell).
+    pub fn respawn(&self, session: &str, argv: &[String]) -> Result<(), SupervisorError> {
+        let mut c = self.cmd();
+        c.args(["respawn-pane", "-k", "-t", &format!("={session}:")]);
+        c.args(argv);
+        self.run("respawn-pane", c).map(|_| ())
+    }
+
+    pub fn pane(&self, session: &str) -> Result<PaneState, SupervisorError> {
+        let mut c = self.cmd();
+        c.args([
+            "display-message",
+            "-p",
+            "-t",
+            &format!("={session}:"),
+            "#{pane_pid} #{pane_dead} #{pane_dead_status}",
+        ]);
+        let out = self.run("display-message", c)?;
+        let mut it = out.split_whitespace();
+        let pid = it
+            .next()
+            .and_then(|p| p.parse().ok())
+            .ok_or_else(|| err("display-message", format!("unexpected {out:?}")))?;
+        let dead = it.next() == Some("1");
+        let dead_status = it.next().and_then(|s| s.parse().ok());
+        Ok(PaneState {
+            pid,
+            dead,
+            dead_status,
+        })
+    }
+
+    pub fn kill_server(&self) {
+        let mut c = self.cmd();
+        c.arg("kill-server")
+            .stderr(Stdio::null())
+            .stdout(Stdio::null());
+        let _ = c.status();
+    }
+}
+
+/// `tmux -V`, for doctor.
+pub fn version(bin: &Path) -> Result<String, SupervisorError> {
+    let out = Command::new(bin)
+        .arg("-V")
+        .output()
+        .map_err(|e| err("tmux -V", e))?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}

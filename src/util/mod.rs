@@ -1,0 +1,23 @@
+//! Small shared helpers with no policy of their own.
+
+pub mod durable;
+
+/// Host wall-clock time as RFC 3339 with microseconds. Advisory only: host times are
+/// observations, never authority (the coordinator decides with database time).
+pub fn now_rfc3339() -> String {
+    humantime::format_rfc3339_micros(std::time::SystemTime::now()).to_string()
+}
+
+/// Lower-case hex SHA-256 of `parts`, each length-prefixed so that no two different part
+/// lists can produce the same input.
+pub fn sha256_hex(domain: &str, parts: &[&[u8]]) -> String {
+    use sha2::{Digest, Sha256};
+    let mut h = Sha256::new();
+    h.update((domain.len() as u64).to_be_bytes());
+    h.update(domain.as_bytes());
+    for p in parts {
+        h.update((p.len() as u64).to_be_bytes());
+        h.update(p);
+    }
+    hex::encode(h.finalize())
+}
