@@ -1,0 +1,328 @@
+//! Shared fixture for integration tests: a real supervisor process with its own cgroup
+//! root, state dir, runtime dir and tmux servers, all removed on drop (also on panic).
+//!
+//! Tests need root and cgroup v2. Without them they fail with the reason; they never skip.
+
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mosaic::supervisor::control::{self, ClientError, Request};
+use serde_json::Value;
+
+pub const MOSAIC: &str = env!("CARGO_BIN_EXE_mosaic");
+/// Upper bound for waits on events that must happen; a guard against hangs, not a
+/// performance assertion.
+pub const PATIENCE: Duration = Duration::from_secs(30);
+
+pub fn require_host() {
+    assert!(
+        nix::unistd::geteuid().is_root(),
+        "these tests create cgroups and must run as root (try: sudo -E cargo test)"
+    );
+    if let Err(e) = mosaic::cgroup::discover_mount() {
+        panic!("these tests need a cgroup v2 hierarchy: {e}");
+    }
+    assert!(
+        mosaic::sysdeps::which("tmux").is_some(),
+        "these tests need tmux (run scripts/test, which installs it)"
+    );
+}
+
+pub struct Host {
+    pub id: String,
+    pub dir: PathBuf,
+    pub config: PathBuf,
+    pub cgroup_root: PathBuf,
+    pub host_id: String,
+    child: Option<Child>,
+}
+
+pub struct Options {
+    pub force_freezer: bool,
+    pub lanes: Vec<&'static str>,
+    pub reattach_timeout_ms: u64,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            force_freezer: false,
+            lanes: vec![],
+            reattach_timeout_ms: 5000,
+        }
+    }
+}
+
+impl Host {
+    pub fn new() -> Self {
+        Self::with(Options::default())
+    }
+
+    pub fn with(o: Options) -> Self {
+        require_host();
+        let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let dir = PathBuf::from(format!("/tmp/mosaic-t-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mount = mosaic::cgroup::discover_mount().unwrap();
+        let cgroup_root = mount.path.join(format!("mosaic-test-{id}"));
+        let host_id = format!("t-{id}");
+        let bin_dir = Path::new(MOSAIC).parent().unwrap();
+        let lanes: Vec<String> = o.lanes.iter().map(|l| format!("{l:?}")).collect();
+        let config = dir.join("supervisor.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "host_id = {host_id:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {:?}\n\
+                 bin_dir = {:?}\nlanes = [{}]\nforce_freezer_fallback = {}\nreattach_timeout_ms = {}\n",
+                dir.join("state"),
+                dir.join("run"),
+                cgroup_root,
+                bin_dir,
+                lanes.join(", "),
+                o.force_freezer,
+                o.reattach_timeout_ms,
+            ),
+        )
+        .unwrap();
+        let mut h = Self {
+            id,
+            dir,
+            config,
+            cgroup_root,
+            host_id,
+            child: None,
+        };
+        h.start_supervisor();
+        h
+    }
+
+    pub fn state_dir(&self) -> PathBuf {
+        self.dir.join("state")
+    }
+    pub fn socket(&self) -> PathBuf {
+        self.dir.join("run/control.sock")
+    }
+    pub fn lane_id(&self, lane: &str) -> String {
+        format!("{}:{lane}", self.host_id)
+    }
+
+    pub fn start_supervisor(&mut self) {
+        assert!(self.child.is_none(), "supervisor already running");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.dir.join("supervisor.log"))
+            .unwrap();
+        let child = Command::new(MOSAIC)
+            .args(["supervisor", "--config"])
+            .arg(&self.config)
+            .env("MOSAIC_LOG", "debug")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        self.child = Some(child);
+        let start = Instant::now();
+        loop {
+            if let Ok(v) = self.try_call(&Request::Status) {
+                let _ = v;
+                return;
+            }
+            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+                panic!("supervisor exited early ({st}); log:\n{}", self.log());
+            }
+            assert!(
+                start.elapsed() < PATIENCE,
+                "supervisor did not come up; log:\n{}",
+                self.log()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGKILLs the supervisor process: no chance to clean up, as in a crash.
+    pub fn crash_supervisor(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn supervisor_pid(&self) -> Option<u32> {
+        self.child.as_ref().map(|c| c.id())
+    }
+
+    pub fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.join("supervisor.log")).unwrap_or_default()
+    }
+
+    pub fn try_call(&self, r: &Request) -> Result<Value, ClientError> {
+        control::call(&self.socket(), r)
+    }
+
+    pub fn call(&self, r: &Request) -> Value {
+        match self.try_call(r) {
+            Ok(v) => v,
+            Err(e) => panic!("{r:?} failed: {e}\nsupervisor log:\n{}", self.log()),
+        }
+    }
+
+    /// The error kind of a request that must be refused.
+    pub fn refused(&self, r: &Request) -> (String, String) {
+        match self.try_call(r) {
+            Err(ClientError::Refused { kind, message }) => (kind, message),
+            other => panic!("{r:?} was expected to be refused, got {other:?}"),
+        }
+    }
+
+    pub fn create_lane(&self, lane: &str) -> Value {
+        self.call(&Request::LaneCreate { lane: lane.into() })
+    }
+
+    pub fn start(&self, lane: &str, directives: &str) -> Value {
+        self.call(&Request::Start {
+            lane: lane.into(),
+            runtime: "fake@1.0.0".into(),
+            directives: directives.split_whitespace().map(String::from).collect(),
+        })
+    }
+
+    pub fn status(&self) -> Value {
+        self.call(&Request::Status)
+    }
+
+    pub fn lane_status(&self, lane: &str) -> Value {
+        let st = self.status();
+        st["lanes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lane"] == lane)
+            .cloned()
+            .unwrap_or_else(|| panic!("lane {lane} not in status {st}"))
+    }
+
+    pub fn receipts(&self, lane: Option<&str>, all: bool) -> Vec<Value> {
+        self.call(&Request::Receipts {
+            lane: lane.map(String::from),
+            include_acked: all,
+        })
+        .as_array()
+        .unwrap()
+        .clone()
+    }
+
+    /// Waits for the receipt of (lane, generation) and returns it.
+    pub fn wait_receipt(&self, lane: &str, generation: u64) -> Value {
+        let lane_id = self.lane_id(lane);
+        wait_until(&format!("receipt for {lane} gen {generation}"), || {
+            self.receipts(Some(lane), true)
+                .into_iter()
+                .find(|r| r["lane_id"] == lane_id.as_str() && r["generation"] == generation)
+        })
+    }
+
+    pub fn audit(&self) -> String {
+        std::fs::read_to_string(self.state_dir().join("audit.jsonl")).unwrap_or_default()
+    }
+
+    pub fn lane_tmux_socket(&self, lane: &str) -> PathBuf {
+        self.dir.join("run/lanes").join(lane).join("tmux.sock")
+    }
+}
+
+impl Drop for Host {
+    fn drop(&mut self) {
+        self.crash_supervisor();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("run/lanes")) {
+            for e in rd.flatten() {
+                let _ = Command::new("tmux")
+                    .arg("-S")
+                    .arg(e.path().join("tmux.sock"))
+                    .arg("kill-server")
+                    .stderr(Stdio::null())
+                    .status();
+            }
+        }
+        if self.cgroup_root.exists() {
+            let _ = std::fs::write(self.cgroup_root.join("cgroup.kill"), "1");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline {
+                let events = std::fs::read_to_string(self.cgroup_root.join("cgroup.events"))
+                    .unwrap_or_default();
+                if events.contains("populated 0") {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            remove_tree(&self.cgroup_root);
+        }
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+        } else {
+            eprintln!("test state kept for inspection: {}", self.dir.display());
+        }
+    }
+}
+
+fn remove_tree(p: &Path) {
+    if let Ok(rd) = std::fs::read_dir(p) {
+        for e in rd.flatten() {
+            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
+                remove_tree(&e.path());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir(p);
+}
+
+pub fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < PATIENCE, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Members of a cgroup directory (absolute path), with their start times.
+pub fn members(cg: &Path) -> Vec<(i32, u64)> {
+    std::fs::read_to_string(cg.join("cgroup.procs"))
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| l.trim().parse::<i32>().ok())
+        .filter_map(|p| start_time(p).map(|s| (p, s)))
+        .collect()
+}
+
+pub fn start_time(pid: i32) -> Option<u64> {
+    procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .map(|s| s.starttime)
+        .ok()
+}
+
+/// True when (pid, start time) no longer names a live, non-zombie process: it is gone, or
+/// the PID now belongs to someone else.
+pub fn is_dead(pid: i32, st: u64) -> bool {
+    match procfs::process::Process::new(pid).and_then(|p| p.stat()) {
+        Ok(s) => s.starttime != st || s.state == 'Z' || s.state == 'X',
+        Err(_) => true,
+    }
+}
+
+pub fn cgroup_abs(host: &Host, rel: &str) -> PathBuf {
+    let mount = mosaic::cgroup::discover_mount().unwrap().path;
+    let _ = host;
+    mount.join(rel.trim_start_matches('/'))
+}
+
+pub fn kill(pid: i32, sig: nix::sys::signal::Signal) {
+    nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
+}
