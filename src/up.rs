@@ -8,6 +8,23 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::supervisor::config::{Config, ConfigFile};
+
+/// Prints to stdout, ignoring errors: a closed terminal or pipe must never abort `up`
+/// halfway through tearing down what it started (`println!` panics on EPIPE).
+macro_rules! say {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stdout(), $($t)*);
+    }};
+}
+
+macro_rules! esay {
+    ($($t:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($t)*);
+    }};
+}
+
 use crate::supervisor::{Supervisor, SupervisorError};
 
 #[derive(Debug, thiserror::Error)]
@@ -82,6 +99,7 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     let state_dir = opts.state_dir.clone().unwrap_or_else(default_state_dir);
     let cfg = config_for(&state_dir, opts.lanes)?;
     let lanes = cfg.lanes.clone();
+    let origin = crate::cgroup::cgroup_of(None).map_err(SupervisorError::from)?;
     let sup = Supervisor::open(cfg)?;
     let me = sup.cgroup_tree().supervisor();
     me.create().map_err(SupervisorError::from)?;
@@ -96,28 +114,33 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     let listener = crate::supervisor::control::bind(&sup.config().control_socket())?;
     let status = sup.status().await?;
     let sd = state_dir.display();
-    println!(
+    let exe = std::env::current_exe()
+        .map(|p| p.display().to_string())
+        .unwrap_or_else(|_| "mosaic".into());
+    say!(
         "Mosaic is up: a supervisor with {} lane(s) on host {}",
         status.lanes.len(),
         status.host_id
     );
-    println!("  state dir    {sd}");
-    println!(
+    say!("  state dir    {sd}");
+    say!(
         "  cgroup root  {} (kill method: {:?})",
         status.cgroup_root.display(),
         status.kill_method
     );
     for l in &status.lanes {
-        println!("  lane {:<22} attach: {}", l.lane_id, l.attach);
+        say!("  lane {:<22} attach: {}", l.lane_id, l.attach);
     }
-    println!("Run work in a fresh generation:");
-    println!("  mosaic host --state-dir {sd} start --lane lane-1 --runtime fake@1.0.0 print=hello spawn=3");
-    println!("  mosaic host --state-dir {sd} status | receipts | stop --lane lane-1");
-    println!("Ctrl-C stops everything this command started.");
+    say!("Run work in a fresh generation:");
+    say!("  {exe} host --state-dir {sd} start --lane lane-1 --runtime fake@1.0.0 print=hello spawn=3");
+    say!("  {exe} host --state-dir {sd} status | receipts | stop --lane lane-1");
+    say!("Ctrl-C stops everything this command started.");
 
-    let outcome = if opts.demo {
-        demo(&sup).await
-    } else {
+    let outcome = async {
+        if opts.demo {
+            demo(&sup).await?;
+            say!("[demo] done; lane-1 keeps a fresh generation for you to attach to. Ctrl-C to stop.");
+        }
         let serve = crate::supervisor::control::serve(sup.clone(), listener);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
             .map_err(|e| UpError::Usage(format!("cannot watch SIGTERM: {e}")))?;
@@ -126,38 +149,37 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
             _ = term.recv() => Ok(()),
             _ = tokio::signal::ctrl_c() => Ok(()),
         }
-    };
-    println!("mosaic up: stopping everything it started");
-    teardown(&sup).await;
+    }
+    .await;
+    say!("mosaic up: stopping everything it started");
+    teardown(&sup, &origin).await;
     outcome
 }
 
-async fn teardown(sup: &Supervisor) {
+async fn teardown(sup: &Supervisor, origin: &str) {
     if let Ok(st) = sup.status().await {
         for l in st.lanes {
             if let Err(e) = sup.lane_destroy(&l.lane).await {
-                eprintln!("mosaic up: destroying {}: {e}", l.lane_id);
+                esay!("mosaic up: destroying {}: {e}", l.lane_id);
             }
         }
     }
     let tree = sup.cgroup_tree().clone();
     sup.shutdown();
     let _ = std::fs::remove_file(sup.config().control_socket());
-    // Leave the root (the supervisor cgroup holds this very process); only lanes go.
-    if let Err(e) = tree
-        .lanes()
-        .exists()
-        .then(|| tree.lanes().remove_tree())
-        .transpose()
-    {
-        eprintln!("mosaic up: removing lane cgroups: {e}");
+    // Step out of our own cgroup (back where we started), then remove the whole root.
+    let back = tree.mount().join(origin.trim_start_matches('/'));
+    let res =
+        crate::cgroup::join_path(&back).and_then(|()| tree.destroy_all(Duration::from_secs(5)));
+    if let Err(e) = res {
+        esay!("mosaic up: removing {}: {e}", tree.root().display());
     }
 }
 
 async fn demo(sup: &Supervisor) -> Result<(), UpError> {
     let lane = "lane-1";
     let d = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-    println!("\n[demo] starting a fresh generation on {lane}: print=hello-from-mosaic spawn=4");
+    say!("\n[demo] starting a fresh generation on {lane}: print=hello-from-mosaic spawn=4");
     let g1 = sup
         .start(lane, "fake@1.0.0", &d("print=hello-from-mosaic spawn=4"))
         .await?;
@@ -165,7 +187,7 @@ async fn demo(sup: &Supervisor) -> Result<(), UpError> {
         .process_identity
         .clone()
         .ok_or_else(|| UpError::Demo("no identity".into()))?;
-    println!(
+    say!(
         "[demo] generation {} live: shim pid {} (start time {}), harness pid {:?}, cgroup {}, nonce digest {}…",
         g1.generation, id.root_pid, id.root_start_time, id.harness_pid, id.cgroup_path, &id.launch_nonce_digest.0[..16]
     );
@@ -173,7 +195,7 @@ async fn demo(sup: &Supervisor) -> Result<(), UpError> {
     let hp = id
         .harness_pid
         .ok_or_else(|| UpError::Demo("no harness pid".into()))?;
-    println!("[demo] SIGKILL the harness (pid {hp})");
+    say!("[demo] SIGKILL the harness (pid {hp})");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(hp),
         nix::sys::signal::Signal::SIGKILL,
@@ -185,11 +207,11 @@ async fn demo(sup: &Supervisor) -> Result<(), UpError> {
         id.generation,
     );
     let r = wait_receipt(sup, &key).await?;
-    println!(
+    say!(
         "[demo] receipt {}: reason {:?}, source {:?}, signal {:?}, cleanup verified empty: {}, members killed: {}",
         r.idempotency_key, r.termination_reason, r.observation_source, r.signal, r.cleanup.verified_empty, r.cleanup.members_killed
     );
-    println!("[demo] recovery: the lane takes a fresh generation");
+    say!("[demo] recovery: the lane takes a fresh generation");
     let g2 = sup
         .start(lane, "fake@1.0.0", &d("print=second-task"))
         .await?;
@@ -197,7 +219,7 @@ async fn demo(sup: &Supervisor) -> Result<(), UpError> {
         .process_identity
         .clone()
         .ok_or_else(|| UpError::Demo("no identity".into()))?;
-    println!(
+    say!(
         "[demo] generation {} live: shim pid {}, cgroup {}, nonce digest {}… (all new)",
         g2.generation,
         id2.root_pid,
@@ -205,10 +227,15 @@ async fn demo(sup: &Supervisor) -> Result<(), UpError> {
         &id2.launch_nonce_digest.0[..16]
     );
     let r2 = sup.stop(lane).await?;
-    println!(
+    say!(
         "[demo] stopped: reason {:?}, cleanup verified empty: {}",
-        r2.termination_reason, r2.cleanup.verified_empty
+        r2.termination_reason,
+        r2.cleanup.verified_empty
     );
+    let g3 = sup
+        .start(lane, "fake@1.0.0", &d("print=attach-to-me spawn=2"))
+        .await?;
+    say!("[demo] generation {} is running on {lane}", g3.generation);
     Ok(())
 }
 

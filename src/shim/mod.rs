@@ -130,7 +130,7 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         SupervisorMsg::Reject { reason } => return Err(ShimError::Rejected(reason)),
         other => return Err(ShimError::Protocol(format!("{other:?}"))),
     };
-    println!("{banner}");
+    say(&banner);
 
     // 5. launch.
     let child = match argv.split_first() {
@@ -150,7 +150,7 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
                     reason: reason.clone(),
                 },
             );
-            eprintln!("mosaic shim: {reason}");
+            say_err(&format!("mosaic shim: {reason}"));
             std::process::exit(127);
         }
     };
@@ -239,7 +239,7 @@ fn report_exit(
     // prove how the harness ended.
     if let Ok(bytes) = serde_json::to_vec(&state) {
         if let Err(e) = crate::util::durable::write_atomic(&args.exit_record, &bytes) {
-            eprintln!("mosaic shim: cannot write exit record: {e}");
+            say_err(&format!("mosaic shim: cannot write exit record: {e}"));
         }
     }
     let mut g = match shared.lock() {
@@ -262,8 +262,8 @@ fn report_exit(
     }
     drop(g);
     match (exit.code, exit.signal) {
-        (Some(c), _) => println!("\r\nmosaic: harness exited with code {c}"),
-        (_, Some(s)) => println!("\r\nmosaic: harness killed by signal {s}"),
+        (Some(c), _) => say(&format!("\r\nmosaic: harness exited with code {c}")),
+        (_, Some(s)) => say(&format!("\r\nmosaic: harness killed by signal {s}")),
         _ => {}
     }
 }
@@ -323,6 +323,18 @@ fn link_keeper(
             }
         };
     }
+}
+
+/// Writes a line to the pane, ignoring errors: the pane's terminal may be gone (tmux
+/// server killed), and the shim must outlive that rather than panic on EPIPE/EIO.
+fn say(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stdout(), "{line}");
+}
+
+fn say_err(line: &str) {
+    use std::io::Write as _;
+    let _ = writeln!(std::io::stderr(), "{line}");
 }
 
 fn own_start_time() -> Result<u64, ShimError> {

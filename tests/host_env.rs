@@ -1,0 +1,227 @@
+//! Bad environments fail closed with a clear error: no cgroup v2, a root outside the
+//! mount, an unwritable cgroup, a bad config; and `doctor` reports this host.
+
+mod common;
+
+use std::os::unix::process::CommandExt;
+use std::path::PathBuf;
+use std::process::Command;
+
+use mosaic::cgroup::{CgroupError, CgroupTree, V2Mount};
+
+#[test]
+fn no_cgroup_v2_fails_closed() {
+    let dir = std::env::temp_dir().join(format!("mosaic-nov2-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let fake = V2Mount {
+        path: dir.clone(),
+        hybrid: false,
+    };
+    let e = CgroupTree::open(&fake, Some(&dir.join("root")), "/", false).unwrap_err();
+    assert!(matches!(e, CgroupError::NoV2 { .. }), "{e}");
+    assert!(!dir.join("root").exists(), "a refused open created state");
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn roots_outside_the_mount_or_undelegated_are_refused() {
+    common::require_host();
+    let m = mosaic::cgroup::discover_mount().unwrap();
+    let e =
+        CgroupTree::open(&m, Some(&PathBuf::from("/tmp/not-a-cgroup")), "/", false).unwrap_err();
+    assert!(matches!(e, CgroupError::OutsideMount { .. }), "{e}");
+    let e = CgroupTree::open(&m, Some(&m.path), "/", false).unwrap_err();
+    assert!(
+        matches!(e, CgroupError::OutsideMount { .. }),
+        "the mount root itself is not delegable: {e}"
+    );
+    let e = CgroupTree::open(&m, None, "/", false).unwrap_err();
+    assert!(matches!(e, CgroupError::RootCgroupNotDelegated), "{e}");
+}
+
+#[test]
+fn an_unwritable_cgroup_fails_closed_with_the_fix() {
+    common::require_host();
+    let m = mosaic::cgroup::discover_mount().unwrap();
+    let root = m
+        .path
+        .join(format!("mosaic-test-ro-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir(&root).unwrap();
+    let dir = std::env::temp_dir().join(format!("mosaic-ro-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    // A world-writable state dir so only the cgroup is the problem.
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id = \"ro\"\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {root:?}\n",
+            dir.join("s"),
+            dir.join("r")
+        ),
+    )
+    .unwrap();
+    std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // `nobody` cannot write a root-owned cgroup.
+    let out = Command::new(common::MOSAIC)
+        .args(["supervisor", "--config"])
+        .arg(&cfg)
+        .uid(65534)
+        .gid(65534)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(
+        err.contains("not writable") && err.contains("Delegate=yes"),
+        "{err}"
+    );
+    assert!(
+        std::fs::read_dir(&root)
+            .unwrap()
+            .flatten()
+            .all(|e| !e.path().is_dir()),
+        "a refused start created cgroups"
+    );
+    std::fs::remove_dir(&root).unwrap();
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_config_is_refused_with_the_key() {
+    let dir = std::env::temp_dir().join(format!("mosaic-cfg-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for (body, needle) in [
+        (
+            "state_dir = \"/x\"\nruntime_dir = \"/y\"\nlanes = [\"Bad Lane\"]\n",
+            "invalid lane name",
+        ),
+        (
+            "state_dir = \"/x\"\nruntime_dir = \"/y\"\nsurprise = 1\n",
+            "surprise",
+        ),
+        ("state_dir = \"rel\"\nruntime_dir = \"/y\"\n", "absolute"),
+        (
+            "host_id = \"a:b\"\nstate_dir = \"/x\"\nruntime_dir = \"/y\"\n",
+            "invalid host id",
+        ),
+    ] {
+        let cfg = dir.join("c.toml");
+        std::fs::write(&cfg, body).unwrap();
+        let out = Command::new(common::MOSAIC)
+            .args(["supervisor", "--config"])
+            .arg(&cfg)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            !out.status.success() && err.contains(needle),
+            "{body}: {err}"
+        );
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn doctor_reports_this_host() {
+    common::require_host();
+    let out = Command::new(common::MOSAIC)
+        .args(["doctor", "--json"])
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert!(out.status.success(), "{v}");
+    assert_eq!(v["can_run_supervisor"], true);
+    let names: Vec<&str> = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["name"].as_str().unwrap())
+        .collect();
+    for n in [
+        "cgroup-v2",
+        "cgroup-delegation",
+        "cgroup-kill",
+        "pidfd",
+        "tmux",
+        "postgresql",
+    ] {
+        assert!(names.contains(&n), "doctor has no {n} check: {names:?}");
+    }
+    // A root the supervisor could not use makes doctor fail, with a non-zero exit.
+    let out = Command::new(common::MOSAIC)
+        .args(["doctor", "--json", "--cgroup-root", "/tmp"])
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["can_run_supervisor"], false);
+}
+
+#[test]
+fn up_demo_runs_stays_up_and_cleans_up_on_sigterm() {
+    use std::io::BufRead;
+    common::require_host();
+    let dir = std::env::temp_dir().join(format!("mosaic-up-{}", uuid::Uuid::new_v4().simple()));
+    let mut child = Command::new(common::MOSAIC)
+        .args(["up", "--demo", "--lanes", "1", "--state-dir"])
+        .arg(&dir)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // On a failed assertion, still stop `up` so it tears down what it started.
+    struct Stop(i32);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+    let _stop = Stop(child.id() as i32);
+    let mut text = String::new();
+
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("mosaic up ended early: {text}");
+        }
+        text.push_str(&line);
+        if line.contains("[demo] done") {
+            break;
+        }
+    }
+    assert!(text.contains("reason Sigkill"), "{text}");
+    assert!(text.contains("generation 2 live"), "{text}");
+    // Still up: the lane answers, with the demo's last generation running.
+    let sock = dir.join("run/lanes/lane-1/tmux.sock");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+        "lane tmux server not running"
+    );
+    let st = mosaic::supervisor::control::call(
+        &dir.join("run/control.sock"),
+        &mosaic::supervisor::control::Request::Status,
+    )
+    .unwrap();
+    assert_eq!(st["lanes"][0]["current_generation"], 3, "{st}");
+    common::kill(child.id() as i32, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    // Everything it started is gone: cgroups and the tmux server.
+    let cfg = mosaic::up::config_for(&dir, 1).unwrap();
+    let root = cfg.cgroup_root.clone().unwrap();
+    assert!(
+        !root.exists(),
+        "cgroups left behind under {}",
+        root.display()
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_err(),
+        "tmux server left running"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
