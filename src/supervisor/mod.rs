@@ -502,7 +502,16 @@ impl Supervisor {
                 });
             }
         }
+        if !self.inner.tmux(name.as_str()).alive(name.as_str()) {
+            let reason = "the lane's tmux server is gone";
+            l.settle(&self.inner.store, None, Some(reason));
+            return Err(SupervisorError::Quarantined {
+                lane: lane.to_string(),
+                reason: reason.into(),
+            });
+        }
         let live = generation::launch(&self.inner, &mut l.rec, plan).await?;
+
         let view = GenView::of(&live.record);
         spawn_applier(self.inner.clone(), name.to_string(), &live);
         l.live = Some(live);
