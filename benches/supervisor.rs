@@ -29,7 +29,10 @@ fn pct(v: &mut [Duration], p: f64) -> Duration {
 }
 
 fn fake() -> String {
-    Path::new(MOSAIC).with_file_name("mosaic-fake-harness").display().to_string()
+    Path::new(MOSAIC)
+        .with_file_name("mosaic-fake-harness")
+        .display()
+        .to_string()
 }
 
 fn machine() -> String {
@@ -41,27 +44,54 @@ fn machine() -> String {
         .map(|s| s.trim().to_string())
         .unwrap_or_else(|| "unknown cpu".into());
     let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
-    format!("{cpu}, {} cores, Linux {}", std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), kernel.trim())
+    format!(
+        "{cpu}, {} cores, Linux {}",
+        std::thread::available_parallelism()
+            .map(|n| n.get())
+            .unwrap_or(0),
+        kernel.trim()
+    )
 }
 
 fn tmux(sock: &Path, args: &[&str]) -> String {
-    let out = Command::new("tmux").arg("-S").arg(sock).args(args).output().unwrap();
+    let out = Command::new("tmux")
+        .arg("-S")
+        .arg(sock)
+        .args(args)
+        .output()
+        .unwrap();
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
 /// (a) anchor: respawn-pane, then wait until the pane process is the harness.
 fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
     let sock = dir.join("anchor-a.sock");
-    tmux(&sock, &["-f", "/dev/null", "new-session", "-d", "-s", "a", "sleep", "600"]);
+    tmux(
+        &sock,
+        &[
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "a",
+            "sleep",
+            "600",
+        ],
+    );
     tmux(&sock, &["set", "-g", "remain-on-exit", "on"]);
     let fake = fake();
     let mut v = Vec::new();
     for _ in 0..n {
         let t = Instant::now();
         tmux(&sock, &["respawn-pane", "-k", "-t", "=a:", &fake, "hang"]);
-        let pid: i32 = tmux(&sock, &["display", "-p", "-t", "=a:", "#{pane_pid}"]).parse().unwrap();
+        let pid: i32 = tmux(&sock, &["display", "-p", "-t", "=a:", "#{pane_pid}"])
+            .parse()
+            .unwrap();
         wait_until("exec", || {
-            std::fs::read_link(format!("/proc/{pid}/exe")).ok().filter(|p| p.ends_with("mosaic-fake-harness"))
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .ok()
+                .filter(|p| p.ends_with("mosaic-fake-harness"))
         });
         v.push(t.elapsed());
     }
@@ -79,18 +109,36 @@ fn bare_kill_session(runs: usize, dir: &Path, root: &Path) -> (Vec<Duration>, Ve
     let (mut times, mut survivors) = (Vec::new(), Vec::new());
     for _ in 0..runs {
         let mut c = Command::new("tmux");
-        c.arg("-S").arg(&sock).args(["-f", "/dev/null", "new-session", "-d", "-s", "b", &fake(), "spawn=1000"]);
-        let procs = std::fs::OpenOptions::new().write(true).open(cg.join("cgroup.procs")).unwrap();
+        c.arg("-S").arg(&sock).args([
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "b",
+            &fake(),
+            "spawn=1000",
+        ]);
+        let procs = std::fs::OpenOptions::new()
+            .write(true)
+            .open(cg.join("cgroup.procs"))
+            .unwrap();
         let fd = std::os::fd::AsRawFd::as_raw_fd(&procs);
         use std::os::unix::process::CommandExt;
         // SAFETY: only write(2) on an fd opened before the fork.
         unsafe {
             c.pre_exec(move || {
-                if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 { Ok(()) } else { Err(std::io::Error::last_os_error()) }
+                if libc::write(fd, b"0".as_ptr().cast(), 1) == 1 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
             });
         }
         c.status().unwrap();
-        wait_until("1000 descendants", || (members(&cg).len() >= 1002).then_some(()));
+        wait_until("1000 descendants", || {
+            (members(&cg).len() >= 1002).then_some(())
+        });
         let t = Instant::now();
         tmux(&sock, &["kill-session", "-t", "=b"]);
         times.push(t.elapsed());
@@ -128,8 +176,15 @@ fn main() {
         ms(m50),
         ms(pct(&mut mosaic_start, 0.99))
     );
-    println!("    tmux respawn-pane   p50 {:7.2} ms  p99 {:7.2} ms", ms(a50), ms(pct(&mut anchor, 0.99)));
-    println!("    ratio (p50)         {:.2}x", m50.as_secs_f64() / a50.as_secs_f64());
+    println!(
+        "    tmux respawn-pane   p50 {:7.2} ms  p99 {:7.2} ms",
+        ms(a50),
+        ms(pct(&mut anchor, 0.99))
+    );
+    println!(
+        "    ratio (p50)         {:.2}x",
+        m50.as_secs_f64() / a50.as_secs_f64()
+    );
     println!();
 
     // (b)
@@ -158,8 +213,15 @@ fn main() {
         ms(s50),
         survivors
     );
-    println!("    tmux kill-session   median {:7.2} ms  survivors per run {:?}", ms(k50), ks_surv);
-    println!("    ratio (median)      {:.2}x", s50.as_secs_f64() / k50.as_secs_f64());
+    println!(
+        "    tmux kill-session   median {:7.2} ms  survivors per run {:?}",
+        ms(k50),
+        ks_surv
+    );
+    println!(
+        "    ratio (median)      {:.2}x",
+        s50.as_secs_f64() / k50.as_secs_f64()
+    );
     println!();
 
     // (c)
@@ -184,8 +246,14 @@ fn main() {
             assert!(t.elapsed() < PATIENCE, "no receipt");
         }
         lat.push(t.elapsed());
-        wait_until("lane settles", || (h.lane_status("c")["current_generation"].is_null()).then_some(()));
+        wait_until("lane settles", || {
+            (h.lane_status("c")["current_generation"].is_null()).then_some(())
+        });
     }
     println!("(c) SIGKILL of the harness → fsync'd receipt (n={n}; includes killing the rest of the cgroup)");
-    println!("    p50 {:7.2} ms  p99 {:7.2} ms", ms(pct(&mut lat, 0.5)), ms(pct(&mut lat, 0.99)));
+    println!(
+        "    p50 {:7.2} ms  p99 {:7.2} ms",
+        ms(pct(&mut lat, 0.5)),
+        ms(pct(&mut lat, 0.99))
+    );
 }
