@@ -63,8 +63,13 @@ fn an_unwritable_cgroup_fails_closed_with_the_fix() {
     )
     .unwrap();
     std::fs::set_permissions(&cfg, std::fs::Permissions::from_mode(0o644)).unwrap();
+    // The build tree may sit in a directory `nobody` cannot traverse (CI clones into a
+    // 0700 temp dir): run a copy of the binary from the world-readable test dir.
+    let exe = dir.join("mosaic");
+    std::fs::copy(common::MOSAIC, &exe).unwrap();
+    std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
     // `nobody` cannot write a root-owned cgroup.
-    let out = Command::new(common::MOSAIC)
+    let out = Command::new(&exe)
         .args(["supervisor", "--config"])
         .arg(&cfg)
         .uid(65534)
