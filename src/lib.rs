@@ -15,6 +15,8 @@ pub mod adapter;
 pub mod cgroup;
 pub mod doctor;
 pub mod fake_harness;
+pub mod pki;
+pub mod protocol;
 pub mod shim;
 pub mod supervisor;
 pub mod sysdeps;

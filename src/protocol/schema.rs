@@ -1,0 +1,646 @@
+//! The discriminated union: every `message_type`, with its exact required, optional and
+//! prohibited field sets, the kind each field must have, and the purpose class of key
+//! that may sign it.
+//!
+//! A field not listed as required or optional for a variant is unknown; a field listed as
+//! prohibited is rejected with its own reason (so "this variant must never carry a
+//! deadline alias" is explicit, not an accident of omission). The schema digest — over
+//! the variant's name, version and all three sets — is part of the domain separator, so a
+//! proof binds the explicit absence of every prohibited field too.
+
+/// Which class of key may sign a variant. A key has exactly one purpose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Purpose {
+    /// Host↔coordinator session plumbing: hello, heartbeat, receipts.
+    Session,
+    /// Post-allocation assignment traffic (spec §7.2) and the activation chain.
+    Ordinary,
+    /// Preallocation-free recovery (spec §7.3/§7.4).
+    Recovery,
+}
+
+/// Which side originates a variant.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Role {
+    Coordinator,
+    Host,
+    /// A recovery candidate (spec §7.4).
+    Candidate,
+    Operator,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MessageType {
+    Hello,
+    Heartbeat,
+    Receipt,
+    ReceiptAck,
+    Stage,
+    Staged,
+    Contract,
+    Injected,
+    Challenge,
+    Ack,
+    Task,
+    Control,
+    Effect,
+    Lease,
+    Stop,
+    Destroy,
+    RecoveryChallenge,
+    RecoveryAck,
+}
+
+pub const ALL_TYPES: [MessageType; 18] = [
+    MessageType::Hello,
+    MessageType::Heartbeat,
+    MessageType::Receipt,
+    MessageType::ReceiptAck,
+    MessageType::Stage,
+    MessageType::Staged,
+    MessageType::Contract,
+    MessageType::Injected,
+    MessageType::Challenge,
+    MessageType::Ack,
+    MessageType::Task,
+    MessageType::Control,
+    MessageType::Effect,
+    MessageType::Lease,
+    MessageType::Stop,
+    MessageType::Destroy,
+    MessageType::RecoveryChallenge,
+    MessageType::RecoveryAck,
+];
+
+impl MessageType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Hello => "hello",
+            Self::Heartbeat => "heartbeat",
+            Self::Receipt => "receipt",
+            Self::ReceiptAck => "receipt_ack",
+            Self::Stage => "stage",
+            Self::Staged => "staged",
+            Self::Contract => "contract",
+            Self::Injected => "injected",
+            Self::Challenge => "challenge",
+            Self::Ack => "ack",
+            Self::Task => "task",
+            Self::Control => "control",
+            Self::Effect => "effect",
+            Self::Lease => "lease",
+            Self::Stop => "stop",
+            Self::Destroy => "destroy",
+            Self::RecoveryChallenge => "recovery_challenge",
+            Self::RecoveryAck => "recovery_ack",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        ALL_TYPES.into_iter().find(|t| t.as_str() == s)
+    }
+
+    pub fn schema(self) -> &'static Schema {
+        SCHEMAS
+            .iter()
+            .find(|s| s.message_type == self)
+            .unwrap_or(&SCHEMAS[0]) // unreachable: every type has a schema (tested)
+    }
+}
+
+impl serde::Serialize for MessageType {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_str(self.as_str())
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for MessageType {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        Self::parse(&s)
+            .ok_or_else(|| serde::de::Error::custom(format!("unknown message type {s:?}")))
+    }
+}
+
+/// The shape a field's value must have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    /// Non-empty string.
+    Str,
+    /// Non-negative safe integer.
+    Uint,
+    /// `sha256:` and 64 lower-case hex digits.
+    Digest,
+    /// RFC 3339 UTC timestamp as issued by the coordinator's database.
+    Time,
+    /// Any JSON object (its own schema is checked by the consumer).
+    Object,
+    /// Array of non-empty strings.
+    StrList,
+    /// A `Str` that may be `null` (session variants before any assignment exists).
+    NullableStr,
+    /// A `Uint` that may be `null`.
+    NullableUint,
+    /// The process identity object: exactly these keys.
+    ProcessIdentity,
+}
+
+pub const PROCESS_IDENTITY_KEYS: [&str; 8] = [
+    "boot_id",
+    "cgroup_id",
+    "cgroup_path",
+    "exe_dev",
+    "exe_ino",
+    "launch_nonce_digest",
+    "root_pid",
+    "root_start_time",
+];
+
+pub type Field = (&'static str, Kind);
+
+#[derive(Debug)]
+pub struct Schema {
+    pub message_type: MessageType,
+    pub version: &'static str,
+    pub purpose: Purpose,
+    pub origin: Role,
+    pub required: &'static [&'static [Field]],
+    pub optional: &'static [Field],
+    pub prohibited: &'static [&'static [&'static str]],
+}
+
+impl Schema {
+    pub fn required_fields(&self) -> impl Iterator<Item = &Field> {
+        self.required.iter().flat_map(|g| g.iter())
+    }
+    pub fn is_prohibited(&self, name: &str) -> bool {
+        self.prohibited.iter().any(|g| g.contains(&name))
+    }
+    pub fn kind_of(&self, name: &str) -> Option<Kind> {
+        self.required_fields()
+            .chain(self.optional.iter())
+            .find(|(n, _)| *n == name)
+            .map(|(_, k)| *k)
+    }
+
+    /// Digest over the variant's identity and its three field sets (sorted), bound into the
+    /// domain separator.
+    pub fn digest(&self) -> [u8; 32] {
+        use sha2::{Digest, Sha256};
+        let mut req: Vec<&str> = self.required_fields().map(|(n, _)| *n).collect();
+        let mut opt: Vec<&str> = self.optional.iter().map(|(n, _)| *n).collect();
+        let mut pro: Vec<&str> = self
+            .prohibited
+            .iter()
+            .flat_map(|g| g.iter().copied())
+            .collect();
+        req.sort_unstable();
+        opt.sort_unstable();
+        pro.sort_unstable();
+        let mut h = Sha256::new();
+        for part in [self.message_type.as_str(), self.version] {
+            h.update((part.len() as u32).to_be_bytes());
+            h.update(part.as_bytes());
+        }
+        for (tag, set) in [(b'r', req), (b'o', opt), (b'p', pro)] {
+            h.update([tag]);
+            h.update((set.len() as u32).to_be_bytes());
+            for n in set {
+                h.update((n.len() as u32).to_be_bytes());
+                h.update(n.as_bytes());
+            }
+        }
+        h.finalize().into()
+    }
+}
+
+use Kind::*;
+
+/// Spec §7.1: every variant binds these.
+const COMMON: &[Field] = &[
+    ("protocol_version", Uint),
+    ("message_type", Str),
+    ("message_id", Str),
+    ("idempotency_key", Str),
+    ("issuer", Str),
+    ("audience", Str),
+    ("key_id", Str),
+    ("trust_domain", Str),
+    ("authentication_profile_version", Str),
+    ("envelope_schema_version", Str),
+    ("authentication_suite_id", Str),
+    ("authentication_proof", Str),
+];
+/// The authority timeline fields: always present, non-null once an assignment exists.
+const AUTHORITY: &[Field] = &[
+    ("sot_incarnation", Str),
+    ("coordinator_epoch", Uint),
+    ("assignment_id", Str),
+];
+/// Session variants bind them too, but may carry `null` before any assignment exists.
+const AUTHORITY_NULLABLE: &[Field] = &[
+    ("sot_incarnation", NullableStr),
+    ("coordinator_epoch", NullableUint),
+    ("assignment_id", NullableStr),
+];
+/// Spec §7.2: ordinary post-allocation fields.
+const ORDINARY: &[Field] = &[
+    ("lane_id", Str),
+    ("lane_incarnation_id", Str),
+    ("assignment_attempt_id", Str),
+    ("reservation_id", Str),
+    ("reservation_epoch", Uint),
+    ("reservation_deadline", Time),
+    ("runtime_id", Str),
+    ("generation", Uint),
+    ("fence_proof", Str),
+    ("contracts_digest", Digest),
+    ("scope_digest", Digest),
+    ("holds_digest", Digest),
+];
+/// Coordinator-issued authority variants carry primary-database times.
+const ISSUED: &[Field] = &[("issued_at", Time), ("expires_at", Time)];
+
+/// Candidate/host-origin variants assert no authoritative time (spec §7.2, §8).
+const NO_AUTHORITATIVE_TIME: &[&str] = &[
+    "issued_at",
+    "expires_at",
+    "acknowledged_at",
+    "received_at",
+    "consumed_at",
+    "authoritative_deadline",
+    "challenge_deadline",
+    "deadline",
+];
+/// Spec §7.5: facts that do not exist for a recovery candidate.
+const RECOVERY_PROHIBITED: &[&str] = &[
+    "assignment_attempt_id",
+    "reservation_id",
+    "reservation_epoch",
+    "reservation_deadline",
+    "lane_id",
+    "lane_incarnation_id",
+    "runtime_id",
+    "generation",
+    "fence_proof",
+    "challenge_id",
+    "ready_state",
+    "lease_id",
+    "effect_id",
+    "execution_owner",
+    "activation_idempotency_identity",
+];
+/// Spec §7.3: `recovery_deadline` is the only expiry boundary; every alias is prohibited.
+const RECOVERY_ALT_BOUNDARIES: &[&str] = &[
+    "expires_at",
+    "authoritative_deadline",
+    "challenge_deadline",
+    "deadline",
+];
+/// Recovery ACKs assert no clock at all.
+const RECOVERY_ACK_NO_TIME: &[&str] =
+    &["issued_at", "acknowledged_at", "received_at", "consumed_at"];
+/// Nothing before the contract is recorded may carry contract, challenge or lease facts.
+const PRE_CONTRACT: &[&str] = &[
+    "contracts_digest",
+    "challenge_id",
+    "lease_id",
+    "effect_id",
+    "scope_digest",
+    "holds_digest",
+];
+
+const RECOVERY_COMMON: &[Field] = &[
+    ("recovery_candidate_id", Str),
+    ("recovery_handoff_challenge_id", Str),
+    ("candidate_principal", Str),
+    ("expected_retarget_operation", Str),
+    ("failed_target_snapshot_digest", Digest),
+    ("objective_failure_evidence_digest", Digest),
+    ("policy_selection_digest", Digest),
+    ("scope_digest", Digest),
+    ("holds_digest", Digest),
+    ("contracts_digest", Digest),
+    ("recovery_deadline", Time),
+];
+
+macro_rules! schema {
+    ($t:ident, $purpose:ident, $origin:ident, [$($req:expr),*], [$($opt:expr),*], [$($pro:expr),*]) => {
+        Schema {
+            message_type: MessageType::$t,
+            version: concat!("mosaic.", stringify!($t), ".v1"),
+            purpose: Purpose::$purpose,
+            origin: Role::$origin,
+            required: &[$($req),*],
+            optional: &[$($opt),*],
+            prohibited: &[$($pro),*],
+        }
+    };
+}
+
+pub static SCHEMAS: [Schema; 18] = [
+    schema!(
+        Hello,
+        Session,
+        Host,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("session_id", Str), ("host_id", Str)]
+        ],
+        [("lanes", StrList)],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        Heartbeat,
+        Session,
+        Host,
+        [COMMON, AUTHORITY_NULLABLE, &[("session_id", Str)]],
+        [],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        Receipt,
+        Session,
+        Host,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[
+                ("session_id", Str),
+                ("lane_id", Str),
+                ("lane_incarnation_id", Str),
+                ("generation", Uint),
+                ("receipt_idempotency_key", Str),
+                ("receipt", Object)
+            ]
+        ],
+        [],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        ReceiptAck,
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("session_id", Str), ("receipt_idempotency_key", Str)]
+        ],
+        [],
+        [&["receipt"]]
+    ),
+    schema!(
+        Stage,
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ISSUED,
+            &[
+                ("lane_id", Str),
+                ("lane_incarnation_id", Str),
+                ("assignment_attempt_id", Str),
+                ("reservation_id", Str),
+                ("reservation_epoch", Uint),
+                ("reservation_deadline", Time),
+                ("runtime_id", Str),
+                ("generation", Uint),
+                ("fence_proof", Str)
+            ]
+        ],
+        [],
+        [PRE_CONTRACT]
+    ),
+    schema!(
+        Staged,
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            &[
+                ("lane_id", Str),
+                ("lane_incarnation_id", Str),
+                ("assignment_attempt_id", Str),
+                ("reservation_id", Str),
+                ("generation", Uint),
+                ("fence_proof", Str),
+                ("process_identity", ProcessIdentity)
+            ]
+        ],
+        [],
+        [PRE_CONTRACT, NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        Contract,
+        Ordinary,
+        Coordinator,
+        [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("task_text", Str)]],
+        [],
+        [&["challenge_id", "lease_id", "effect_id"]]
+    ),
+    schema!(
+        Injected,
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[
+                ("delivered_contracts_digest", Digest),
+                ("process_identity", ProcessIdentity)
+            ]
+        ],
+        [],
+        [
+            &["challenge_id", "lease_id", "effect_id"],
+            NO_AUTHORITATIVE_TIME
+        ]
+    ),
+    schema!(
+        Challenge,
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            &[("challenge_id", Str)]
+        ],
+        [],
+        [&["lease_id", "effect_id"]]
+    ),
+    schema!(
+        Ack,
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[("challenge_id", Str), ("process_identity", ProcessIdentity)]
+        ],
+        [],
+        [&["lease_id", "effect_id"], NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        Task,
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            &[("task_digest", Digest)]
+        ],
+        [],
+        []
+    ),
+    schema!(
+        Control,
+        Ordinary,
+        Coordinator,
+        [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("control_op", Str)]],
+        [("lease_id", Str)],
+        []
+    ),
+    schema!(
+        Effect,
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[
+                ("lease_id", Str),
+                ("effect_id", Str),
+                ("operation_digest", Digest)
+            ]
+        ],
+        [],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        Lease,
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            &[("lease_id", Str), ("lease_epoch", Uint)]
+        ],
+        [],
+        []
+    ),
+    schema!(
+        Stop,
+        Ordinary,
+        Coordinator,
+        [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("stop_reason", Str)]],
+        [],
+        []
+    ),
+    schema!(
+        Destroy,
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            &[("destroy_reason", Str)]
+        ],
+        [],
+        []
+    ),
+    schema!(
+        RecoveryChallenge,
+        Recovery,
+        Coordinator,
+        [COMMON, AUTHORITY, RECOVERY_COMMON, &[("issued_at", Time)]],
+        [],
+        [RECOVERY_PROHIBITED, RECOVERY_ALT_BOUNDARIES]
+    ),
+    schema!(
+        RecoveryAck,
+        Recovery,
+        Candidate,
+        [
+            COMMON,
+            AUTHORITY,
+            RECOVERY_COMMON,
+            &[
+                ("acknowledged_recovery_message_id", Str),
+                ("acknowledged_recovery_challenge_digest", Digest)
+            ]
+        ],
+        [],
+        [
+            RECOVERY_PROHIBITED,
+            RECOVERY_ALT_BOUNDARIES,
+            RECOVERY_ACK_NO_TIME
+        ]
+    ),
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_type_has_exactly_one_consistent_schema() {
+        for t in ALL_TYPES {
+            let s: Vec<&Schema> = SCHEMAS.iter().filter(|s| s.message_type == t).collect();
+            assert_eq!(s.len(), 1, "{t:?}");
+            let s = s[0];
+            assert_eq!(t.schema().message_type, t);
+            assert_eq!(MessageType::parse(t.as_str()), Some(t));
+            // No field is both allowed and prohibited; no field is listed twice.
+            let mut names: Vec<&str> = s
+                .required_fields()
+                .map(|(n, _)| *n)
+                .chain(s.optional.iter().map(|(n, _)| *n))
+                .collect();
+            for n in &names {
+                assert!(
+                    !s.is_prohibited(n),
+                    "{t:?}: {n} both allowed and prohibited"
+                );
+            }
+            let before = names.len();
+            names.sort_unstable();
+            names.dedup();
+            assert_eq!(before, names.len(), "{t:?} lists a field twice");
+        }
+        let digests: std::collections::BTreeSet<[u8; 32]> =
+            SCHEMAS.iter().map(|s| s.digest()).collect();
+        assert_eq!(digests.len(), SCHEMAS.len());
+    }
+
+    #[test]
+    fn recovery_and_ordinary_are_disjoint_in_purpose() {
+        for s in &SCHEMAS {
+            let recovery = matches!(
+                s.message_type,
+                MessageType::RecoveryChallenge | MessageType::RecoveryAck
+            );
+            assert_eq!(
+                recovery,
+                s.purpose == Purpose::Recovery,
+                "{:?}",
+                s.message_type
+            );
+        }
+    }
+}
