@@ -63,6 +63,11 @@ enum Cmd {
     },
     /// Install missing system packages (tmux, PostgreSQL server) when root with apt.
     Setup,
+    /// A private CA and mutual-TLS certificates for coordinators, hosts and operators.
+    Pki {
+        #[command(subcommand)]
+        op: PkiOp,
+    },
     /// First process of a generation (started by the supervisor inside a tmux pane).
     #[command(hide = true)]
     Shim {
@@ -74,6 +79,50 @@ enum Cmd {
         nonce_file: PathBuf,
         #[arg(long)]
         exit_record: PathBuf,
+    },
+}
+
+#[derive(Subcommand)]
+enum PkiOp {
+    /// Create the CA (ca.pem, ca-key.pem) in DIR.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a coordinator (server) certificate; NAME goes in the SAN.
+    IssueCoordinator {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a host (client) certificate; the host id goes in the SAN.
+    IssueHost {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        host_id: String,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue an operator (client) certificate.
+    IssueOperator {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[arg(long)]
+        force: bool,
     },
 }
 
@@ -195,6 +244,47 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 mosaic::sysdeps::Dep::PostgresServer,
             ])?;
             println!("mosaic setup: tmux and the PostgreSQL server binaries are present");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Pki { op } => {
+            use mosaic::pki::{self, Kind};
+            let (issued, what) = match op {
+                PkiOp::Init { dir, force } => {
+                    let ca = pki::init(&dir, force)?;
+                    println!("CA certificate {}", ca.display());
+                    return Ok(ExitCode::SUCCESS);
+                }
+                PkiOp::IssueCoordinator {
+                    dir,
+                    name,
+                    days,
+                    force,
+                } => (
+                    pki::issue(&dir, Kind::Coordinator, &name, days, force)?,
+                    "coordinator",
+                ),
+                PkiOp::IssueHost {
+                    dir,
+                    host_id,
+                    days,
+                    force,
+                } => (pki::issue(&dir, Kind::Host, &host_id, days, force)?, "host"),
+                PkiOp::IssueOperator {
+                    dir,
+                    name,
+                    days,
+                    force,
+                } => (
+                    pki::issue(&dir, Kind::Operator, &name, days, force)?,
+                    "operator",
+                ),
+            };
+            println!(
+                "{what} {} certificate {} key {}",
+                issued.principal,
+                issued.cert.display(),
+                issued.key.display()
+            );
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Host {

@@ -172,7 +172,7 @@ fn canonical_preimage_matrix() {
     set(&mut m, "authentication_profile_version", s("mosaic-jcs-v0"));
     rows.push(("profile substitution", enc(m), "unsupported-profile"));
     let mut m = base.clone();
-    set(&mut m, "envelope_schema_version", s("mosaic.Ack.v2"));
+    set(&mut m, "envelope_schema_version", s("mosaic.ack.v2"));
     rows.push(("schema substitution", enc(m), "unsupported-profile"));
     let mut m = base.clone();
     set(&mut m, "authentication_proof", s(""));

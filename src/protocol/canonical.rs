@@ -229,6 +229,44 @@ fn write_str(s: &str, out: &mut Vec<u8>) {
     out.push(b'"');
 }
 
+/// Converts a `serde_json` value (for example a serialized receipt) into the canonical
+/// model, refusing what the model refuses (non-integers, unsafe integers).
+pub fn from_json(v: &serde_json::Value) -> Result<Value, CanonicalError> {
+    Ok(match v {
+        serde_json::Value::Null => Value::Null,
+        serde_json::Value::Bool(b) => Value::Bool(*b),
+        serde_json::Value::Number(n) => match n.as_i64() {
+            Some(i) if (-MAX_SAFE_INT..=MAX_SAFE_INT).contains(&i) => Value::Int(i),
+            Some(_) => return Err(CanonicalError::UnsafeInteger),
+            None if n.as_u64().is_some() => return Err(CanonicalError::UnsafeInteger),
+            None => return Err(CanonicalError::NonInteger),
+        },
+        serde_json::Value::String(s) => Value::Str(s.clone()),
+        serde_json::Value::Array(a) => {
+            Value::Array(a.iter().map(from_json).collect::<Result<_, _>>()?)
+        }
+        serde_json::Value::Object(m) => Value::Object(
+            m.iter()
+                .map(|(k, v)| Ok((k.clone(), from_json(v)?)))
+                .collect::<Result<_, CanonicalError>>()?,
+        ),
+    })
+}
+
+/// The reverse of [`from_json`].
+pub fn to_json(v: &Value) -> serde_json::Value {
+    match v {
+        Value::Null => serde_json::Value::Null,
+        Value::Bool(b) => serde_json::Value::Bool(*b),
+        Value::Int(i) => serde_json::Value::from(*i),
+        Value::Str(s) => serde_json::Value::String(s.clone()),
+        Value::Array(a) => serde_json::Value::Array(a.iter().map(to_json).collect()),
+        Value::Object(m) => {
+            serde_json::Value::Object(m.iter().map(|(k, v)| (k.clone(), to_json(v))).collect())
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

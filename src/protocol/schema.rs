@@ -327,10 +327,10 @@ const RECOVERY_COMMON: &[Field] = &[
 ];
 
 macro_rules! schema {
-    ($t:ident, $purpose:ident, $origin:ident, [$($req:expr),*], [$($opt:expr),*], [$($pro:expr),*]) => {
+    ($t:ident, $wire:literal, $purpose:ident, $origin:ident, [$($req:expr),*], [$($opt:expr),*], [$($pro:expr),*]) => {
         Schema {
             message_type: MessageType::$t,
-            version: concat!("mosaic.", stringify!($t), ".v1"),
+            version: concat!("mosaic.", $wire, ".v1"),
             purpose: Purpose::$purpose,
             origin: Role::$origin,
             required: &[$($req),*],
@@ -343,6 +343,7 @@ macro_rules! schema {
 pub static SCHEMAS: [Schema; 18] = [
     schema!(
         Hello,
+        "hello",
         Session,
         Host,
         [
@@ -355,6 +356,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Heartbeat,
+        "heartbeat",
         Session,
         Host,
         [COMMON, AUTHORITY_NULLABLE, &[("session_id", Str)]],
@@ -363,6 +365,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Receipt,
+        "receipt",
         Session,
         Host,
         [
@@ -382,6 +385,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         ReceiptAck,
+        "receipt_ack",
         Session,
         Coordinator,
         [
@@ -394,6 +398,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Stage,
+        "stage",
         Ordinary,
         Coordinator,
         [
@@ -417,6 +422,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Staged,
+        "staged",
         Ordinary,
         Host,
         [
@@ -437,6 +443,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Contract,
+        "contract",
         Ordinary,
         Coordinator,
         [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("task_text", Str)]],
@@ -445,6 +452,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Injected,
+        "injected",
         Ordinary,
         Host,
         [
@@ -464,6 +472,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Challenge,
+        "challenge",
         Ordinary,
         Coordinator,
         [
@@ -478,6 +487,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Ack,
+        "ack",
         Ordinary,
         Host,
         [
@@ -491,6 +501,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Task,
+        "task",
         Ordinary,
         Coordinator,
         [
@@ -505,6 +516,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Control,
+        "control",
         Ordinary,
         Coordinator,
         [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("control_op", Str)]],
@@ -513,6 +525,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Effect,
+        "effect",
         Ordinary,
         Host,
         [
@@ -530,6 +543,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Lease,
+        "lease",
         Ordinary,
         Coordinator,
         [
@@ -544,6 +558,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Stop,
+        "stop",
         Ordinary,
         Coordinator,
         [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("stop_reason", Str)]],
@@ -552,6 +567,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         Destroy,
+        "destroy",
         Ordinary,
         Coordinator,
         [
@@ -566,6 +582,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         RecoveryChallenge,
+        "recovery_challenge",
         Recovery,
         Coordinator,
         [COMMON, AUTHORITY, RECOVERY_COMMON, &[("issued_at", Time)]],
@@ -574,6 +591,7 @@ pub static SCHEMAS: [Schema; 18] = [
     ),
     schema!(
         RecoveryAck,
+        "recovery_ack",
         Recovery,
         Candidate,
         [
@@ -606,6 +624,7 @@ mod tests {
             let s = s[0];
             assert_eq!(t.schema().message_type, t);
             assert_eq!(MessageType::parse(t.as_str()), Some(t));
+            assert_eq!(s.version, format!("mosaic.{}.v1", t.as_str()));
             // No field is both allowed and prohibited; no field is listed twice.
             let mut names: Vec<&str> = s
                 .required_fields()

@@ -490,13 +490,6 @@ fn async_fd(fd: OwnedFd) -> Option<AsyncFd<OwnedFd>> {
     unsafe { AsyncFd::register_with_interest(fd, tokio::io::Interest::READABLE) }.ok()
 }
 
-/// Resolves once the supervisor starts shutting down.
-async fn shutting_down(rx: &mut watch::Receiver<bool>) {
-    if rx.wait_for(|s| *s).await.is_err() {
-        std::future::pending::<()>().await;
-    }
-}
-
 fn events_watch(cg: &Path) -> Option<AsyncFd<OwnedFd>> {
     use rustix::fs::inotify;
     let fd = inotify::init(inotify::CreateFlags::CLOEXEC | inotify::CreateFlags::NONBLOCK).ok()?;
@@ -560,7 +553,7 @@ async fn watch_generation(
                     break Observation::ShimGone(ObservationSource::Watchdog);
                 }
             }
-            _ = shutting_down(&mut shutdown) => {
+            _ = crate::util::shutdown_signalled(&mut shutdown) => {
                 tracing::info!(lane = %w.rec.lane_id, generation = w.rec.generation, "supervisor exiting; generation left running");
                 return;
             }

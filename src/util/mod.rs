@@ -21,3 +21,11 @@ pub fn sha256_hex(domain: &str, parts: &[&[u8]]) -> String {
     }
     hex::encode(h.finalize())
 }
+
+/// Resolves once `rx` reads `true` (a shutdown flag); never, if its sender is gone. Keeps
+/// the borrow guard of `wait_for` out of the caller's future, so the future stays `Send`.
+pub async fn shutdown_signalled(rx: &mut tokio::sync::watch::Receiver<bool>) {
+    if rx.wait_for(|s| *s).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+}

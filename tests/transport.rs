@@ -1,0 +1,476 @@
+//! Mutual TLS, the session handshake, hostile frames, and receipt delivery across a
+//! dropped link — over real TCP on loopback.
+
+mod fixture;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use fixture::*;
+use futures_util::future::BoxFuture;
+use futures_util::{SinkExt, StreamExt};
+use mosaic::pki::{self, Kind};
+use mosaic::protocol::envelope::s;
+use mosaic::protocol::schema::MessageType;
+use mosaic::protocol::transport::{self, Handler, LinkParams, ServerParams, TlsIdentity};
+use mosaic::protocol::{Envelope, Verified};
+use tokio::sync::watch;
+use tokio_tungstenite::tungstenite::Message;
+
+const MOSAIC: &str = env!("CARGO_BIN_EXE_mosaic");
+
+fn tempdir(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("mosaic-{tag}-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+fn mode(p: &Path) -> u32 {
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::metadata(p).unwrap().permissions().mode() & 0o777
+}
+
+#[test]
+fn pki_cli_issues_identities_and_refuses_to_overwrite() {
+    let dir = tempdir("pki");
+    let run = |args: &[&str]| {
+        Command::new(MOSAIC)
+            .arg("pki")
+            .args(args)
+            .arg("--dir")
+            .arg(&dir)
+            .output()
+            .unwrap()
+    };
+    assert!(run(&["init"]).status.success());
+    for (args, stem, principal) in [
+        (
+            vec!["issue-coordinator", "--name", "main"],
+            "coordinator-main",
+            "coordinator:main",
+        ),
+        (vec!["issue-host", "--host-id", "h1"], "host-h1", "host:h1"),
+        (
+            vec!["issue-operator", "--name", "ops"],
+            "operator-ops",
+            "operator:ops",
+        ),
+    ] {
+        let out = run(&args);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert_eq!(
+            mode(&dir.join(format!("{stem}-key.pem"))),
+            0o600,
+            "{stem} key is not owner-only"
+        );
+        let der = rustls::pki_types::CertificateDer::from_pem_file(dir.join(format!("{stem}.pem")));
+        use rustls::pki_types::pem::PemObject;
+        assert_eq!(pki::principal_of(&der.unwrap()).as_deref(), Some(principal));
+        // Refused without --force, and nothing changes.
+        let before = std::fs::read(dir.join(format!("{stem}-key.pem"))).unwrap();
+        let again = run(&args);
+        assert!(!again.status.success());
+        assert!(String::from_utf8_lossy(&again.stderr).contains("--force"));
+        assert_eq!(
+            std::fs::read(dir.join(format!("{stem}-key.pem"))).unwrap(),
+            before
+        );
+        let mut forced = args.clone();
+        forced.push("--force");
+        assert!(run(&forced).status.success());
+        assert_ne!(
+            std::fs::read(dir.join(format!("{stem}-key.pem"))).unwrap(),
+            before
+        );
+    }
+    assert_eq!(mode(&dir.join("ca-key.pem")), 0o600);
+    assert!(!run(&["init"]).status.success(), "init overwrote the CA");
+    assert!(!run(&["issue-host", "--host-id", "../evil"])
+        .status
+        .success());
+    let empty = tempdir("pki-empty");
+    let out = Command::new(MOSAIC)
+        .args(["pki", "issue-host", "--host-id", "h1", "--dir"])
+        .arg(&empty)
+        .output()
+        .unwrap();
+    assert!(String::from_utf8_lossy(&out.stderr).contains("pki init"));
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&empty).unwrap();
+}
+
+/// Coordinator-side test handler: acknowledges receipts, records what it saw.
+#[derive(Default)]
+struct Collector {
+    hellos: Mutex<Vec<String>>,
+    receipts: Mutex<HashMap<String, Vec<String>>>,
+}
+
+impl Handler for Collector {
+    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>> {
+        let out = match env.message_type() {
+            MessageType::Hello => {
+                self.hellos.lock().unwrap().push(peer);
+                vec![]
+            }
+            MessageType::Receipt => {
+                let key = env.str("receipt_idempotency_key").to_string();
+                let rid = env
+                    .get("receipt")
+                    .and_then(|r| r.get("receipt_id"))
+                    .and_then(|v| v.as_str())
+                    .unwrap_or("")
+                    .to_string();
+                self.receipts
+                    .lock()
+                    .unwrap()
+                    .entry(key.clone())
+                    .or_default()
+                    .push(rid);
+                let ack = signer("coord-session")
+                    .sign(
+                        MessageType::ReceiptAck,
+                        HOST,
+                        vec![
+                            (
+                                "message_id",
+                                s(&format!("m-{}", uuid::Uuid::new_v4().simple())),
+                            ),
+                            ("idempotency_key", s(&format!("ack-{key}"))),
+                            ("sot_incarnation", mosaic::protocol::canonical::Value::Null),
+                            (
+                                "coordinator_epoch",
+                                mosaic::protocol::canonical::Value::Null,
+                            ),
+                            ("assignment_id", mosaic::protocol::canonical::Value::Null),
+                            ("session_id", s(env.str("session_id"))),
+                            ("receipt_idempotency_key", s(&key)),
+                        ],
+                    )
+                    .unwrap();
+                vec![ack]
+            }
+            _ => vec![],
+        };
+        Box::pin(async move { out })
+    }
+}
+
+struct World {
+    dir: PathBuf,
+    coord: TlsIdentity,
+    host: TlsIdentity,
+    audit: Arc<Mutex<Vec<(String, String)>>>,
+    collector: Arc<Collector>,
+}
+
+impl World {
+    fn new() -> Self {
+        let dir = tempdir("tls");
+        pki::init(&dir, false).unwrap();
+        let c = pki::issue(&dir, Kind::Coordinator, "main", 30, false).unwrap();
+        let h = pki::issue(&dir, Kind::Host, "h1", 30, false).unwrap();
+        let ca = pki::ca_cert_path(&dir);
+        Self {
+            coord: TlsIdentity {
+                ca: ca.clone(),
+                cert: c.cert,
+                key: c.key,
+            },
+            host: TlsIdentity {
+                ca,
+                cert: h.cert,
+                key: h.key,
+            },
+            dir,
+            audit: Arc::default(),
+            collector: Arc::default(),
+        }
+    }
+
+    async fn serve_on(&self, addr: &str) -> (String, watch::Sender<bool>) {
+        let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
+        let addr = listener.local_addr().unwrap().to_string();
+        let audit = self.audit.clone();
+        let params = ServerParams {
+            registry: Arc::new(registry()),
+            audience: COORD.into(),
+            trust_domain: DOMAIN.into(),
+            audit: Arc::new(move |peer: &str, cat: &str, _d: &str| {
+                audit.lock().unwrap().push((peer.into(), cat.into()))
+            }),
+        };
+        let (tx, rx) = watch::channel(false);
+        let tls = transport::server_tls(&self.coord).unwrap();
+        tokio::spawn(transport::serve(
+            listener,
+            tls,
+            params,
+            self.collector.clone(),
+            rx,
+        ));
+        (addr, tx)
+    }
+
+    fn link(&self, addr: &str, host: &TlsIdentity) -> LinkParams {
+        LinkParams {
+            addr: addr.into(),
+            server_name: "localhost".into(),
+            coordinator: COORD.into(),
+            tls: transport::client_tls(host).unwrap(),
+            signer: Arc::new(signer("host-session")),
+            registry: Arc::new(registry()),
+            trust_domain: DOMAIN.into(),
+            host_id: "h1".into(),
+            lanes: vec!["w1".into()],
+        }
+    }
+
+    fn audited(&self, cat: &str) -> bool {
+        self.audit.lock().unwrap().iter().any(|(_, c)| c == cat)
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..1000 {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn mtls_refuses_missing_foreign_and_expired_client_certificates() {
+    let w = World::new();
+    let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
+    // A valid identity gets through the handshake and its hello is seen.
+    transport::connect(&w.link(&addr, &w.host), "s-ok")
+        .await
+        .unwrap();
+    eventually("hello", || w.collector.hellos.lock().unwrap().len() == 1).await;
+
+    // No client certificate at all.
+    let bare = {
+        let mut roots = rustls::RootCertStore::empty();
+        use rustls::pki_types::pem::PemObject;
+        roots
+            .add(rustls::pki_types::CertificateDer::from_pem_file(&w.coord.ca).unwrap())
+            .unwrap();
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_root_certificates(roots)
+        .with_no_client_auth()
+    };
+    let mut p = w.link(&addr, &w.host);
+    p.tls = Arc::new(bare);
+    assert!(
+        transport::connect(&p, "s-bare").await.is_err(),
+        "a client without a certificate got a session"
+    );
+
+    // A certificate from another CA (trusting our CA for the server side).
+    let other = tempdir("tls-other");
+    pki::init(&other, false).unwrap();
+    let foreign = pki::issue(&other, Kind::Host, "h1", 30, false).unwrap();
+    let id = TlsIdentity {
+        ca: w.host.ca.clone(),
+        cert: foreign.cert,
+        key: foreign.key,
+    };
+    assert!(
+        transport::connect(&w.link(&addr, &id), "s-foreign")
+            .await
+            .is_err(),
+        "a foreign-CA client got a session"
+    );
+
+    // An expired certificate from the right CA.
+    let now = time::OffsetDateTime::now_utc();
+    let old = pki::issue_with_validity(
+        &w.dir,
+        Kind::Host,
+        "expired",
+        now - time::Duration::days(10),
+        now - time::Duration::days(1),
+        false,
+    )
+    .unwrap();
+    let id = TlsIdentity {
+        ca: w.host.ca.clone(),
+        cert: old.cert,
+        key: old.key,
+    };
+    assert!(
+        transport::connect(&w.link(&addr, &id), "s-expired")
+            .await
+            .is_err(),
+        "an expired client got a session"
+    );
+
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        w.collector.hellos.lock().unwrap().len(),
+        1,
+        "a refused client reached the handler"
+    );
+    std::fs::remove_dir_all(&other).unwrap();
+}
+
+#[tokio::test]
+async fn the_hello_issuer_must_be_the_tls_peer() {
+    let w = World::new();
+    let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
+    // TLS says host:h2, the envelope keys say host:h1: transport identity is not enough,
+    // and message identity must match it.
+    let h2 = pki::issue(&w.dir, Kind::Host, "h2", 30, false).unwrap();
+    let id = TlsIdentity {
+        ca: w.host.ca.clone(),
+        cert: h2.cert,
+        key: h2.key,
+    };
+    let _ = transport::connect(&w.link(&addr, &id), "s-mismatch").await;
+    eventually("refusal audit", || w.audited("session-refused")).await;
+    assert!(w.collector.hellos.lock().unwrap().is_empty());
+}
+
+fn receipt(lane: &str, generation: u64) -> mosaic::supervisor::receipt::TerminationReceipt {
+    let key = mosaic::supervisor::receipt::idempotency_key(lane, "li-1", generation);
+    serde_json::from_value(serde_json::json!({
+        "receipt_id": format!("rcpt-{}", uuid::Uuid::new_v4().simple()), "idempotency_key": key,
+        "sot_incarnation": null, "coordinator_epoch": null, "assignment_id": null, "assignment_attempt_id": null,
+        "responsibility_owner": null, "execution_owner": null, "host_id": "h1", "lane_id": lane,
+        "lane_incarnation_id": "li-1", "generation": generation, "runtime": "fake@1.0.0", "process_identity": null,
+        "observation_source": "shim", "termination_reason": "sigkill", "exit_code": null, "signal": 9,
+        "core_dumped": false, "stop": null,
+        "cleanup": {"method": "cgroup-kill", "verified_empty": true, "cgroup_removed": true, "members_killed": 3, "error": null},
+        "started_at": null, "observed_at": "2026-11-30T00:00:00Z", "written_at": "2026-11-30T00:00:00Z",
+        "unfinished_status": true, "next_action_digest": null, "checkpoint_digest": null, "handoff_state_digest": null,
+        "last_validated_progress_at": null, "last_progress_receipt_digest": null, "detail": null
+    }))
+    .unwrap()
+}
+
+#[tokio::test]
+async fn hostile_frames_close_nothing_but_themselves() {
+    let w = World::new();
+    let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
+    let p = w.link(&addr, &w.host);
+    let mut ws = transport::connect(&p, "s-hostile").await.unwrap();
+    let wrong_audience = signer("host-session")
+        .sign(MessageType::Heartbeat, HOST, fields(MessageType::Heartbeat))
+        .unwrap();
+    for m in [
+        Message::text("not json at all"),
+        Message::text("{\"message_type\":\"hello\"}"),
+        Message::binary(vec![0u8, 159, 146, 150]),
+        Message::text(String::from_utf8(wrong_audience).unwrap()),
+        Message::text("x".repeat(300 * 1024)),
+    ] {
+        ws.send(m).await.unwrap();
+    }
+    // The session is still up: a real receipt is processed and acknowledged.
+    let r = receipt("h1:w1", 1);
+    let env = transport::receipt_envelope(&p, "s-hostile", &r).unwrap();
+    ws.send(Message::text(String::from_utf8(env).unwrap()))
+        .await
+        .unwrap();
+    let ack = tokio::time::timeout(Duration::from_secs(10), ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert!(ack.to_text().unwrap().contains("receipt_ack"));
+    for cat in ["malformed", "binary-frame", "wrong-audience", "too-large"] {
+        assert!(
+            w.audited(cat),
+            "no {cat} audit: {:?}",
+            w.audit.lock().unwrap()
+        );
+    }
+    assert_eq!(w.collector.receipts.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
+    let w = World::new();
+    let state = tempdir("link-state");
+    let outbox = mosaic::supervisor::outbox::Outbox::open(&state).unwrap();
+    let mut keys = Vec::new();
+    for g in 1..=3 {
+        let r = receipt("h1:w1", g);
+        keys.push((r.idempotency_key.clone(), r.receipt_id.clone()));
+        outbox.write(&r).unwrap();
+    }
+    // Reserve a port, then start the link before any server exists: it must keep trying.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let addr = format!("127.0.0.1:{port}");
+    let (link_stop, link_rx) = watch::channel(false);
+    let link = tokio::spawn(transport::run_receipt_link(
+        w.link(&addr, &w.host),
+        outbox.clone(),
+        link_rx,
+    ));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let (_, stop_a) = w.serve_on(&addr).await;
+    eventually("first three acknowledged", || {
+        outbox.list(false).unwrap().is_empty()
+    })
+    .await;
+    // The coordinator goes away; receipts keep being written; it comes back.
+    stop_a.send(true).unwrap();
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    for g in 4..=6 {
+        let r = receipt("h1:w1", g);
+        keys.push((r.idempotency_key.clone(), r.receipt_id.clone()));
+        outbox.write(&r).unwrap();
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        outbox.list(false).unwrap().len(),
+        3,
+        "receipts were dropped while the link was down"
+    );
+    let (_, _stop_b) = w.serve_on(&addr).await;
+    eventually("all acknowledged", || {
+        outbox.list(false).unwrap().is_empty()
+    })
+    .await;
+    link_stop.send(true).unwrap();
+    link.await.unwrap();
+    // Every receipt arrived, always as the same receipt (never rewritten), and is kept.
+    let got = w.collector.receipts.lock().unwrap().clone();
+    assert_eq!(got.len(), 6);
+    for (key, rid) in &keys {
+        let seen = got
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} never delivered"));
+        assert!(
+            seen.iter().all(|x| x == rid),
+            "{key} delivered with another receipt id"
+        );
+    }
+    assert_eq!(outbox.list(true).unwrap().len(), 6);
+    std::fs::remove_dir_all(&state).unwrap();
+}
