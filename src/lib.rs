@@ -13,8 +13,10 @@
 
 pub mod adapter;
 pub mod cgroup;
+pub mod coordinator;
 pub mod doctor;
 pub mod fake_harness;
+pub mod pgcluster;
 pub mod pki;
 pub mod protocol;
 pub mod shim;
