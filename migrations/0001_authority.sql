@@ -83,7 +83,7 @@ CREATE TABLE assignments (
     scope_digest text NOT NULL,
     holds_digest text NOT NULL,
     completion_policy_digest text NOT NULL,
-    requested_outcome text CHECK (requested_outcome IN ('COMPLETED', 'FAILED', 'CANCELLED')),
+    requested_outcome text CHECK (requested_outcome IN ('COMPLETED', 'FAILED', 'CANCELLED', 'QUARANTINED')),
     final_evidence_digest text,
     created_epoch bigint NOT NULL,
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),

@@ -1149,6 +1149,48 @@ async fn bad_input_and_unknown_ids_change_nothing() {
         0
     );
     assert!(s.register_lane(l, "no-colon", "h1").await.is_err());
+    // Continuity (spec §14): approved unfinished work always has an owner and a next action.
+    let mut r = request(&inc, None, 60_000);
+    r.next_action = String::new();
+    assert_eq!(category(s.reserve(l, &r).await), Category::BadInput);
+    let mut r = request(&inc, None, 60_000);
+    r.target = String::new();
+    assert_eq!(category(s.reserve(l, &r).await), Category::BadInput);
+    assert_eq!(
+        count(&f.db.url, "SELECT count(*) FROM assignments").await,
+        0
+    );
+}
+
+#[tokio::test]
+async fn quarantine_as_a_terminal_outcome_takes_the_fenced_path_too() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
+    s.consume_ack(l, &ack(l, &r)).await.unwrap();
+    s.activate(l, &activation(&r)).await.unwrap();
+    s.drain(l, r.chain(), Outcome::Quarantined, &key("dr"))
+        .await
+        .unwrap();
+    assert_eq!(
+        assignment(s, &r.chain().assignment_id).await.lifecycle,
+        "ACTIVE",
+        "not terminal before retirement"
+    );
+    s.retire(l, r.chain(), &d('e'), &key("re")).await.unwrap();
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
+        ("QUARANTINED", None)
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            "SELECT count(*) FROM leases WHERE released_at IS NULL"
+        )
+        .await,
+        0
+    );
 }
 
 #[tokio::test]

@@ -123,6 +123,9 @@ pub enum Outcome {
     Completed,
     Failed,
     Cancelled,
+    /// Terminal quarantine of the work itself (not of the lane): like the others, only
+    /// after final evidence, released leases and the fenced retirement.
+    Quarantined,
 }
 
 impl Outcome {
@@ -131,6 +134,7 @@ impl Outcome {
             Outcome::Completed => "COMPLETED",
             Outcome::Failed => "FAILED",
             Outcome::Cancelled => "CANCELLED",
+            Outcome::Quarantined => "QUARANTINED",
         }
     }
 }

@@ -1,0 +1,325 @@
+//! Coordinator benchmark: full activation chains per second on a durable (fsync on)
+//! PostgreSQL, per-transition latency p50/p99, and — same run, same server — pgbench's
+//! built-in simple-update TPS as the ceiling. Prints; asserts nothing about speed.
+//!
+//! `cargo bench --bench coordinator` (as root: the cluster runs as `postgres`).
+
+use std::collections::BTreeMap;
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use mosaic::coordinator::{
+    AckClaim, Activation, Candidate, CoordinatorSecret, Leader, Outcome, ReserveRequest, Store,
+};
+use mosaic::pgcluster::{Cluster, Durability};
+use serde_json::json;
+
+const WORKERS: usize = 8;
+const CHAINS_PER_WORKER: usize = 25;
+
+fn d(c: char) -> String {
+    format!("sha256:{}", c.to_string().repeat(64))
+}
+
+fn k(t: &str) -> String {
+    format!("{t}-{}", uuid::Uuid::new_v4().simple())
+}
+
+type Times = BTreeMap<&'static str, Vec<Duration>>;
+
+macro_rules! timed {
+    ($times:expr, $name:literal, $e:expr) => {{
+        let t = Instant::now();
+        let v = $e;
+        $times.entry($name).or_default().push(t.elapsed());
+        v
+    }};
+}
+
+async fn chain(s: &Store, l: &Leader, inc: &str, n: usize, times: &mut Times) {
+    let res = timed!(
+        times,
+        "reserve",
+        s.reserve(
+            l,
+            &ReserveRequest {
+                lane_incarnation_id: inc.into(),
+                assignment_id: None,
+                target: "host:b/w".into(),
+                runtime_id: "fake@1.0.0".into(),
+                scope_digest: d('5'),
+                holds_digest: d('6'),
+                completion_policy_digest: d('7'),
+                next_action: "bench".into(),
+                ttl_ms: 600_000,
+                idempotency_key: k("r"),
+            }
+        )
+        .await
+        .unwrap()
+    );
+    let c = res.chain.clone();
+    timed!(
+        times,
+        "checkpoint",
+        s.checkpoint(l, &c, &k("c")).await.unwrap()
+    );
+    timed!(times, "fence", s.fence(l, &c, &k("f")).await.unwrap());
+    let (g, _) = timed!(times, "stage", s.stage(l, &c, &k("s")).await.unwrap());
+    let id = json!({ "boot_id": "b", "cgroup_id": 1, "cgroup_path": "/x", "exe_dev": 1, "exe_ino": 1, "launch_nonce_digest": "ab".repeat(32), "root_pid": n, "root_start_time": n });
+    timed!(
+        times,
+        "staged",
+        s.record_staged(l, &c, g, &id, &k("sd")).await.unwrap()
+    );
+    let (cd, _) = timed!(
+        times,
+        "contract",
+        s.record_contract(l, &c, "bench", &d('5'), &d('6'), &k("ct"))
+            .await
+            .unwrap()
+    );
+    let (ch, _, _) = timed!(
+        times,
+        "injected",
+        s.record_injected(l, &c, &cd, &id, 600_000, &k("i"))
+            .await
+            .unwrap()
+    );
+    timed!(
+        times,
+        "consume-ack",
+        s.consume_ack(
+            l,
+            &AckClaim {
+                challenge_id: ch.clone(),
+                sot_incarnation: l.sot().into(),
+                coordinator_epoch: l.epoch(),
+                reservation_id: c.reservation_id.clone(),
+                reservation_epoch: 1,
+                reservation_deadline: res.deadline.clone(),
+                lane_id: c.lane_id.clone(),
+                lane_incarnation_id: c.lane_incarnation_id.clone(),
+                assignment_id: c.assignment_id.clone(),
+                assignment_attempt_id: c.assignment_attempt_id.clone(),
+                generation: g,
+                process_identity: id.clone(),
+                contracts_digest: cd.clone(),
+                scope_digest: d('5'),
+                holds_digest: d('6'),
+                runtime_id: "fake@1.0.0".into(),
+                ack_digest: d('a'),
+                idempotency_key: k("a"),
+            }
+        )
+        .await
+        .unwrap()
+    );
+    timed!(
+        times,
+        "activate",
+        s.activate(
+            l,
+            &Activation {
+                chain: c.clone(),
+                target: "host:b/w".into(),
+                reservation_lease_id: res.reservation_lease_id.clone(),
+                reservation_deadline: res.deadline.clone(),
+                generation: g,
+                fence_token: res.fence_token.clone().unwrap(),
+                challenge_id: ch,
+                ack_digest: d('a'),
+                contracts_digest: cd,
+                scope_digest: d('5'),
+                holds_digest: d('6'),
+                process_identity: id,
+                completion_policy_digest: d('7'),
+                lease_scopes: vec!["effect".into()],
+                lease_ttl_ms: 600_000,
+                idempotency_key: k("x"),
+            }
+        )
+        .await
+        .unwrap()
+    );
+    timed!(
+        times,
+        "drain",
+        s.drain(l, &c, Outcome::Completed, &k("d")).await.unwrap()
+    );
+    timed!(
+        times,
+        "retire",
+        s.retire(l, &c, &d('e'), &k("t")).await.unwrap()
+    );
+    let key = format!("tr-{}", uuid::Uuid::new_v4().simple());
+    let receipt = json!({ "idempotency_key": key, "lane_id": c.lane_id, "lane_incarnation_id": c.lane_incarnation_id, "generation": g, "cleanup": { "verified_empty": true } });
+    timed!(
+        times,
+        "ingest-termination",
+        s.ingest_termination(l, &receipt).await.unwrap()
+    );
+    timed!(
+        times,
+        "finish",
+        s.finish(l, &c, &key, &k("n")).await.unwrap()
+    );
+}
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let dir =
+        std::env::temp_dir().join(format!("mosaic-bench-pg-{}", uuid::Uuid::new_v4().simple()));
+    let cluster = Cluster::at(&dir).expect("PostgreSQL server binaries");
+    cluster.init().expect("initdb");
+    cluster.start(Durability::Durable).expect("start");
+    let result = std::panic::AssertUnwindSafe(run(&cluster))
+        .catch_unwind_compat()
+        .await;
+    let _ = cluster.stop();
+    let _ = std::fs::remove_dir_all(&dir);
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+}
+
+trait CatchUnwindCompat: std::future::Future + Sized {
+    async fn catch_unwind_compat(self) -> std::thread::Result<Self::Output>;
+}
+impl<F: std::future::Future + std::panic::UnwindSafe> CatchUnwindCompat for F {
+    async fn catch_unwind_compat(self) -> std::thread::Result<Self::Output> {
+        use futures_util::FutureExt;
+        self.catch_unwind().await
+    }
+}
+
+async fn run(cluster: &Cluster) {
+    cluster.psql("postgres", "CREATE DATABASE mosaic").unwrap();
+    cluster.psql("postgres", "CREATE DATABASE pgbench").unwrap();
+    let store = Store::connect(
+        &cluster.url("mosaic"),
+        CoordinatorSecret::generate().unwrap(),
+    )
+    .await
+    .unwrap();
+    store.migrate().await.unwrap();
+    let (leader, _) = store
+        .acquire(
+            &Candidate {
+                holder: "coordinator:bench".into(),
+                credential_digest: d('c'),
+                launch_id: k("launch"),
+            },
+            600_000,
+        )
+        .await
+        .unwrap();
+    let mut lanes = Vec::new();
+    for i in 0..WORKERS {
+        lanes.push(
+            store
+                .register_lane(&leader, &format!("bench:w{i}"), "bench")
+                .await
+                .unwrap()
+                .lane_incarnation_id,
+        );
+    }
+    println!("Mosaic coordinator benchmark — PostgreSQL {} with fsync on, {WORKERS} concurrent workers, {} chains", pg_version(cluster), WORKERS * CHAINS_PER_WORKER);
+    let t0 = Instant::now();
+    let mut tasks = Vec::new();
+    for inc in lanes {
+        let (s, l) = (store.clone(), leader.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut times = Times::new();
+            for n in 0..CHAINS_PER_WORKER {
+                chain(&s, &l, &inc, n, &mut times).await;
+            }
+            times
+        }));
+    }
+    let mut all = Times::new();
+    for t in tasks {
+        for (k, v) in t.await.unwrap() {
+            all.entry(k).or_default().extend(v);
+        }
+    }
+    let elapsed = t0.elapsed().as_secs_f64();
+    let chains = (WORKERS * CHAINS_PER_WORKER) as f64;
+    let transitions: usize = all.values().map(Vec::len).sum();
+    println!();
+    println!("  full chains (reserve → … → RUNNING → DRAINING → RETIRING → IDLE_CLEAN): {:.1} chains/s, {:.0} authority transitions/s", chains / elapsed, transitions as f64 / elapsed);
+    println!();
+    println!("  {:<20} {:>9} {:>9}", "transition", "p50 ms", "p99 ms");
+    for (name, mut v) in all {
+        println!(
+            "  {:<20} {:>9.2} {:>9.2}",
+            name,
+            pct(&mut v, 0.5),
+            pct(&mut v, 0.99)
+        );
+    }
+    // The ceiling: pgbench's simple-update on the same server, same concurrency.
+    let mut init = Command::new(cluster.bin("pgbench"));
+    init.args(["-i", "-q", "-s", "4", "-d", &cluster.url("pgbench")]);
+    run_as_postgres(&mut init);
+    assert!(init.output().unwrap().status.success());
+    let mut b = Command::new(cluster.bin("pgbench"));
+    b.args([
+        "-b",
+        "simple-update",
+        "-c",
+        &WORKERS.to_string(),
+        "-j",
+        "2",
+        "-T",
+        "15",
+        "-n",
+        "-d",
+        &cluster.url("pgbench"),
+    ]);
+    run_as_postgres(&mut b);
+    let out = b.output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let tps = text
+        .lines()
+        .find(|l| l.starts_with("tps"))
+        .unwrap_or("tps = ?")
+        .to_string();
+    let tps_num: f64 = tps
+        .split_whitespace()
+        .nth(2)
+        .and_then(|x| x.parse().ok())
+        .unwrap_or(f64::NAN);
+    println!();
+    println!("  pgbench simple-update ({WORKERS} clients, 15 s): {tps}");
+    println!(
+        "  ratio: one authority transition costs {:.1} simple-update transactions",
+        tps_num / (transitions as f64 / elapsed)
+    );
+}
+
+fn run_as_postgres(c: &mut Command) {
+    use std::os::unix::process::CommandExt;
+    if nix::unistd::geteuid().is_root() {
+        if let Ok(Some(u)) = nix::unistd::User::from_name("postgres") {
+            c.uid(u.uid.as_raw()).gid(u.gid.as_raw());
+        }
+    }
+}
+
+fn pg_version(c: &Cluster) -> String {
+    Command::new(c.bin("postgres"))
+        .arg("--version")
+        .output()
+        .map(|o| {
+            String::from_utf8_lossy(&o.stdout)
+                .trim()
+                .replace("postgres (PostgreSQL) ", "")
+        })
+        .unwrap_or_default()
+}
