@@ -118,18 +118,7 @@ impl Cluster {
 
     /// Creates the cluster if `root/data` does not exist yet. Idempotent.
     pub fn init(&self) -> Result<(), ClusterError> {
-        std::fs::create_dir_all(&self.root)?;
-        if let Some((uid, gid)) = self.owner {
-            nix::unistd::chown(
-                &self.root,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )
-            .map_err(|e| ClusterError::Command {
-                what: "chown",
-                detail: e.to_string(),
-            })?;
-        }
+        self.init_dir()?;
         if self.data_dir().join("PG_VERSION").exists() {
             return Ok(());
         }

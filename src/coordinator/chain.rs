@@ -7,7 +7,7 @@
 //! statement, and the transition receipt in the same commit. A refused transition changes
 //! nothing and leaves an audit record with its reason category.
 
-use deadpool_postgres::{Object, Transaction};
+use deadpool_postgres::Transaction;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_postgres::types::ToSql;
@@ -16,7 +16,10 @@ use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::secret::FenceToken;
 use super::store::Store;
-use super::txn::{self, commit_receipt, lock_leader, replay, request_digest, Receipt};
+use super::txn::{
+    self, begin, commit_receipt, leader_params as with_leader, replay, request_digest, Began,
+    Receipt,
+};
 
 /// The immutable identity of one reservation chain.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -162,40 +165,6 @@ pub struct AssignmentView {
 
 pub(crate) fn is_digest(s: &str) -> bool {
     crate::protocol::envelope::is_digest(s)
-}
-
-enum Began<'c> {
-    Replayed(Receipt),
-    Fresh(Transaction<'c>),
-}
-
-async fn begin<'c>(
-    c: &'c mut Object,
-    op: &'static str,
-    l: &Leader,
-    key: &str,
-    digest: &str,
-) -> Result<Began<'c>, AuthorityError> {
-    if key.is_empty() {
-        return Err(reject(
-            op,
-            Category::BadInput,
-            "an idempotency key is required",
-        ));
-    }
-    let tx = c.transaction().await?;
-    lock_leader(&tx, op, l).await?;
-    match replay(&tx, op, key, digest).await? {
-        Some(r) => Ok(Began::Replayed(r)),
-        None => Ok(Began::Fresh(tx)),
-    }
-}
-
-/// Parameters $1..$5 are always the leadership tuple.
-fn with_leader<'a>(l: &'a Leader, rest: &[&'a (dyn ToSql + Sync)]) -> Vec<&'a (dyn ToSql + Sync)> {
-    let mut v: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
-    v.extend_from_slice(rest);
-    v
 }
 
 const PREACTIVATION_CHECK: &str =

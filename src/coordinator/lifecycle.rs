@@ -7,19 +7,14 @@
 //! released leases; turns a host observation straight into a terminal outcome.
 
 use serde_json::json;
-use tokio_postgres::types::ToSql;
 
 use super::chain::{is_digest, AckClaim, Activation, Chain, Outcome};
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::store::Store;
-use super::txn::{self, commit_receipt, lock_leader, replay, request_digest, Receipt};
-
-fn lp<'a>(l: &'a Leader, rest: &[&'a (dyn ToSql + Sync)]) -> Vec<&'a (dyn ToSql + Sync)> {
-    let mut v: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
-    v.extend_from_slice(rest);
-    v
-}
+use super::txn::{
+    self, begin, commit_receipt, leader_params as lp, request_digest, Began, Receipt,
+};
 
 /// How a termination receipt was reconciled.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -37,29 +32,6 @@ pub enum Reconciliation {
 }
 
 impl Store {
-    async fn open<'c>(
-        &self,
-        c: &'c mut deadpool_postgres::Object,
-        op: &'static str,
-        l: &Leader,
-        key: &str,
-        digest: &str,
-    ) -> Result<Result<deadpool_postgres::Transaction<'c>, Receipt>, AuthorityError> {
-        if key.is_empty() {
-            return Err(reject(
-                op,
-                Category::BadInput,
-                "an idempotency key is required",
-            ));
-        }
-        let tx = c.transaction().await?;
-        lock_leader(&tx, op, l).await?;
-        Ok(match replay(&tx, op, key, digest).await? {
-            Some(r) => Err(r),
-            None => Ok(tx),
-        })
-    }
-
     /// AWAITING_ACK → READY: consumes the challenge exactly once when every bound field
     /// matches the coordinator's state, persisting the immutable ACK receipt in the same
     /// commit.
@@ -70,9 +42,9 @@ impl Store {
         let id_text = a.process_identity.to_string();
         let body = async {
             let mut c = self.pool.get().await?;
-            let tx = match self.open(&mut c, OP, l, &a.idempotency_key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut c, OP, l, &a.idempotency_key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             let row = tx
                 .query_opt(
@@ -277,9 +249,9 @@ impl Store {
         }
         let body = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, OP, l, &x.idempotency_key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, OP, l, &x.idempotency_key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             // The fence token is compared by keyed digest in constant time, before the CAS
             // binds that same digest as an expected value.
@@ -431,9 +403,9 @@ impl Store {
         let digest = request_digest(op, &[&serde_json::to_string(c).unwrap_or_default(), arg]);
         let body = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, op, l, key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, op, l, key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             let n = tx
                 .execute(
@@ -495,9 +467,9 @@ impl Store {
         );
         let body = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, OP, l, key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, OP, l, key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             let row = tx
                 .query_opt(
@@ -554,9 +526,9 @@ impl Store {
         let digest = request_digest(OP, &[lane_incarnation_id, reason]);
         let body = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, OP, l, key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, OP, l, key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             quarantine_in(&tx, l, lane_incarnation_id, reason).await?;
             commit_receipt(tx, OP, l, (key, &digest), None, Some(lane_incarnation_id), json!({ "lane_incarnation_id": lane_incarnation_id, "to": "QUARANTINED", "reason": reason })).await
@@ -586,9 +558,9 @@ impl Store {
         let digest = request_digest(OP, &[lane_incarnation_id]);
         let body = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, OP, l, key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, OP, l, key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             let n = tx
                 .execute(
@@ -636,9 +608,9 @@ impl Store {
         let digest = request_digest(OP, &[&serde_json::to_string(c).unwrap_or_default()]);
         let body = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, OP, l, key, &digest).await? {
-                Err(r) => return Ok(r),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, OP, l, key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
             };
             let row = tx
                 .query_opt(
@@ -726,9 +698,9 @@ impl Store {
         let digest = request_digest(OP, &[&body_digest]);
         let outcome = async {
             let mut conn = self.pool.get().await?;
-            let tx = match self.open(&mut conn, OP, l, &idem, &digest).await? {
-                Err(r) => return Ok((Reconciliation::Duplicate, r)),
-                Ok(tx) => tx,
+            let tx = match begin(&mut conn, OP, l, &idem, &digest).await? {
+                Began::Replayed(r) => return Ok((Reconciliation::Duplicate, r)),
+                Began::Fresh(tx) => tx,
             };
             let prior: Option<String> = tx.query_opt("SELECT body_digest FROM termination_receipts WHERE idempotency_key = $1", &[&key]).await?.map(|r| r.get(0));
             if prior.is_some() {

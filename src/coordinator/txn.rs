@@ -3,8 +3,9 @@
 //! transition's own compare-and-swap → `commit_receipt` (receipt + idempotency row +
 //! a final leadership check at commit time).
 
-use deadpool_postgres::Transaction;
+use deadpool_postgres::{Object, Transaction};
 use serde::Serialize;
+use tokio_postgres::types::ToSql;
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
@@ -141,4 +142,43 @@ pub(crate) async fn commit_receipt(
         decided_at: row.get(0),
         body,
     })
+}
+
+/// A transition's opening: either the original receipt (an idempotent retry), or a fresh
+/// transaction holding the leadership share lock.
+pub(crate) enum Began<'c> {
+    Replayed(Receipt),
+    Fresh(Transaction<'c>),
+}
+
+pub(crate) async fn begin<'c>(
+    c: &'c mut Object,
+    op: &'static str,
+    l: &Leader,
+    key: &str,
+    digest: &str,
+) -> Result<Began<'c>, AuthorityError> {
+    if key.is_empty() {
+        return Err(reject(
+            op,
+            Category::BadInput,
+            "an idempotency key is required",
+        ));
+    }
+    let tx = c.transaction().await?;
+    lock_leader(&tx, op, l).await?;
+    match replay(&tx, op, key, digest).await? {
+        Some(r) => Ok(Began::Replayed(r)),
+        None => Ok(Began::Fresh(tx)),
+    }
+}
+
+/// Statement parameters: `$1..$5` are always the leadership tuple, then `rest`.
+pub(crate) fn leader_params<'a>(
+    l: &'a Leader,
+    rest: &[&'a (dyn ToSql + Sync)],
+) -> Vec<&'a (dyn ToSql + Sync)> {
+    let mut v: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
+    v.extend_from_slice(rest);
+    v
 }
