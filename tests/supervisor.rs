@@ -21,6 +21,19 @@ fn pid_of(v: &Value) -> i32 {
     v.as_i64().unwrap() as i32
 }
 
+/// Starts `spawn=n` on `lane` and waits until the shim, the harness and all `n`
+/// descendants are in the generation's cgroup. Returns the generation, its cgroup
+/// directory and the members (pid, start time) seen.
+fn start_with_tree(h: &Host, lane: &str, n: usize) -> (Value, std::path::PathBuf, Vec<(i32, u64)>) {
+    let g = h.start(lane, &format!("spawn={n}"));
+    let cg = cgroup_abs(h, identity(&g)["cgroup_path"].as_str().unwrap());
+    let before = wait_until("all descendants", || {
+        let m = members(&cg);
+        (m.len() >= n + 2).then_some(m)
+    });
+    (g, cg, before)
+}
+
 #[test]
 fn fresh_generation_gets_new_cgroup_pid_and_nonce() {
     let h = Host::new();
@@ -103,13 +116,8 @@ fn identity_fields_are_correct() {
 /// Starts `spawn=N`, waits for every descendant, stops, and checks zero survivors.
 fn stop_kills_tree(h: &Host, n: usize) {
     h.create_lane("big");
-    let g = h.start("big", &format!("spawn={n}"));
-    let cg = cgroup_abs(h, identity(&g)["cgroup_path"].as_str().unwrap());
     // shim + harness + n descendants (double forks leave one grandchild each).
-    let before = wait_until("all descendants", || {
-        let m = members(&cg);
-        (m.len() >= n + 2).then_some(m)
-    });
+    let (_, cg, before) = start_with_tree(h, "big", n);
     let sids: BTreeSet<i32> = before
         .iter()
         .filter_map(|(p, _)| {
@@ -175,12 +183,7 @@ fn stop_with_freezer_fallback_kills_the_tree_too() {
 fn sigkill_of_the_harness_gives_one_sigkill_receipt_and_kills_descendants() {
     let h = Host::new();
     h.create_lane("w1");
-    let g = h.start("w1", "spawn=24");
-    let cg = cgroup_abs(&h, identity(&g)["cgroup_path"].as_str().unwrap());
-    let before = wait_until("descendants", || {
-        let m = members(&cg);
-        (m.len() >= 26).then_some(m)
-    });
+    let (g, cg, before) = start_with_tree(&h, "w1", 24);
     kill(pid_of(&identity(&g)["harness_pid"]), Signal::SIGKILL);
     let r = h.wait_receipt("w1", 1);
     assert_eq!(r["termination_reason"], "sigkill");
@@ -205,12 +208,7 @@ fn sigkill_of_the_harness_gives_one_sigkill_receipt_and_kills_descendants() {
 fn sigkill_of_the_shim_gives_one_sigkill_receipt_and_kills_descendants() {
     let h = Host::new();
     h.create_lane("w1");
-    let g = h.start("w1", "spawn=24");
-    let cg = cgroup_abs(&h, identity(&g)["cgroup_path"].as_str().unwrap());
-    let before = wait_until("descendants", || {
-        let m = members(&cg);
-        (m.len() >= 26).then_some(m)
-    });
+    let (g, cg, before) = start_with_tree(&h, "w1", 24);
     kill(pid_of(&identity(&g)["root_pid"]), Signal::SIGKILL);
     let r = h.wait_receipt("w1", 1);
     assert_eq!(r["termination_reason"], "sigkill", "{r}");
@@ -221,6 +219,7 @@ fn sigkill_of_the_shim_gives_one_sigkill_receipt_and_kills_descendants() {
         before.iter().all(|(p, st)| is_dead(*p, *st)),
         "a descendant survived"
     );
+    assert!(!cg.exists(), "generation cgroup still present");
     assert_eq!(h.receipts(Some("w1"), true).len(), 1);
 }
 
