@@ -474,3 +474,77 @@ async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
     assert_eq!(outbox.list(true).unwrap().len(), 6);
     std::fs::remove_dir_all(&state).unwrap();
 }
+
+#[tokio::test]
+async fn the_server_serves_many_concurrent_host_sessions() {
+    let w = World::new();
+    // 24 hosts at once, each with its own certificate and its own receipt.
+    let mut tasks = Vec::new();
+    for i in 0..24 {
+        let issued = pki::issue(&w.dir, Kind::Host, &format!("m{i}"), 30, false).unwrap();
+        let id = TlsIdentity {
+            ca: w.host.ca.clone(),
+            cert: issued.cert,
+            key: issued.key,
+        };
+        let principal = format!("host:m{i}");
+        let mut p = w.link("", &id);
+        // Each host signs with its own session key, registered for its own principal.
+        let secret = seed(&principal);
+        p.signer = Arc::new(mosaic::protocol::Signer::new(
+            &principal, &principal, DOMAIN, secret,
+        ));
+        tasks.push((principal, p));
+    }
+    // The server's registry must know every host key.
+    let mut reg = registry();
+    for (principal, p) in &tasks {
+        let mut e = entry(&KEYS[4]);
+        e.key_id = principal.clone();
+        e.principal = principal.clone();
+        e.public_key = p.signer.public_key();
+        reg.insert(e).unwrap();
+    }
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr2 = listener.local_addr().unwrap().to_string();
+    let audit = w.audit.clone();
+    let params = ServerParams {
+        registry: Arc::new(reg),
+        audience: COORD.into(),
+        trust_domain: DOMAIN.into(),
+        audit: Arc::new(move |peer: &str, cat: &str, _d: &str| {
+            audit.lock().unwrap().push((peer.into(), cat.into()))
+        }),
+    };
+    let (_tx, rx) = watch::channel(false);
+    tokio::spawn(transport::serve(
+        listener,
+        transport::server_tls(&w.coord).unwrap(),
+        params,
+        w.collector.clone(),
+        rx,
+    ));
+    let mut joins = Vec::new();
+    for (i, (principal, mut p)) in tasks.into_iter().enumerate() {
+        p.addr = addr2.clone();
+        joins.push(tokio::spawn(async move {
+            let mut ws = transport::connect(&p, &format!("s-{i}")).await.unwrap();
+            let r = receipt(&format!("{}:w1", principal.trim_start_matches("host:")), 1);
+            let env = transport::receipt_envelope(&p, &format!("s-{i}"), &r).unwrap();
+            ws.send(Message::text(String::from_utf8(env).unwrap()))
+                .await
+                .unwrap();
+            let ack = tokio::time::timeout(Duration::from_secs(20), ws.next())
+                .await
+                .unwrap()
+                .unwrap()
+                .unwrap();
+            assert!(ack.to_text().unwrap().contains("receipt_ack"));
+        }));
+    }
+    for j in joins {
+        j.await.unwrap();
+    }
+    assert_eq!(w.collector.hellos.lock().unwrap().len(), 24);
+    assert_eq!(w.collector.receipts.lock().unwrap().len(), 24);
+}
