@@ -46,8 +46,17 @@ fn an_unwritable_cgroup_fails_closed_with_the_fix() {
     let root = m
         .path
         .join(format!("mosaic-test-ro-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir(&root).unwrap();
     let dir = std::env::temp_dir().join(format!("mosaic-ro-{}", uuid::Uuid::new_v4().simple()));
+    // Removed even when an assertion below fails.
+    struct Cleanup(PathBuf, PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _cleanup = Cleanup(root.clone(), dir.clone());
+    std::fs::create_dir(&root).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
     // A world-writable state dir so only the cgroup is the problem.
     use std::os::unix::fs::PermissionsExt;
@@ -89,8 +98,6 @@ fn an_unwritable_cgroup_fails_closed_with_the_fix() {
             .all(|e| !e.path().is_dir()),
         "a refused start created cgroups"
     );
-    std::fs::remove_dir(&root).unwrap();
-    std::fs::remove_dir_all(&dir).unwrap();
 }
 
 #[test]
