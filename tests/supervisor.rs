@@ -623,3 +623,22 @@ fn a_dead_tmux_server_leaves_the_generation_running_and_quarantines_the_lane() {
     h.create_lane("w1");
     assert_eq!(h.start("w1", "hang")["generation"], 1);
 }
+
+#[test]
+fn concurrent_creates_of_one_lane_yield_one_lane() {
+    let h = Host::new();
+    let results: Vec<_> = std::thread::scope(|s| {
+        let hs: Vec<_> = (0..6)
+            .map(|_| s.spawn(|| h.try_call(&Request::LaneCreate { lane: "w1".into() })))
+            .collect();
+        hs.into_iter().map(|j| j.join().unwrap()).collect()
+    });
+    let ok: Vec<_> = results.iter().filter(|r| r.is_ok()).collect();
+    assert_eq!(ok.len(), 1, "{results:?}");
+    assert!(results
+        .iter()
+        .filter(|r| r.is_err())
+        .all(|r| format!("{r:?}").contains("lane-exists")));
+    assert_eq!(h.status()["lanes"].as_array().unwrap().len(), 1);
+    assert_eq!(h.start("w1", "hang")["generation"], 1);
+}

@@ -189,6 +189,8 @@ pub(crate) struct Inner {
     pub audit: Audit,
     pub boot_id: String,
     lanes: std::sync::Mutex<BTreeMap<String, Arc<Mutex<Lane>>>>,
+    /// Serializes lane creation: two creates of one new name must not both start servers.
+    create_lock: Mutex<()>,
     pub shutdown: watch::Sender<bool>,
     _lock: std::fs::File,
 }
@@ -330,6 +332,7 @@ impl Supervisor {
             registry,
             cfg,
             lanes: std::sync::Mutex::new(BTreeMap::new()),
+            create_lock: Mutex::new(()),
             shutdown,
             _lock: lock,
         };
@@ -355,6 +358,7 @@ impl Supervisor {
     /// Creates a lane, or recreates a destroyed one under a fresh incarnation.
     pub async fn lane_create(&self, lane: &str) -> Result<LaneView, SupervisorError> {
         let name = LaneName::parse(lane)?;
+        let _creating = self.inner.create_lock.lock().await;
         let prior = match self.inner.slot(&name) {
             Ok(slot) => {
                 let l = slot.lock().await;
@@ -389,11 +393,14 @@ impl Supervisor {
         ];
         tmux.kill_server(); // a stale server of an earlier incarnation must not be reused
         tmux.start_server(name.as_str(), &tree.lane_tmux(name.as_str()), &idle)?;
-        let mut past = prior.map(|p| {
-            let mut v = p.past_incarnations;
-            v.push(p.lane_incarnation_id);
-            v
-        });
+        let past_incarnations = match prior {
+            Some(p) => {
+                let mut v = p.past_incarnations;
+                v.push(p.lane_incarnation_id);
+                v
+            }
+            None => Vec::new(),
+        };
         let rec = LaneRecord {
             lane: name.to_string(),
             lane_id,
@@ -403,7 +410,7 @@ impl Supervisor {
             created_at: crate::util::now_rfc3339(),
             next_generation: 1,
             current_generation: None,
-            past_incarnations: past.take().unwrap_or_default(),
+            past_incarnations,
         };
         self.inner.store.save_lane(&rec)?;
         tracing::info!(lane = %rec.lane_id, incarnation = %rec.lane_incarnation_id, "lane created");
