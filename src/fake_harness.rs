@@ -96,6 +96,23 @@ pub fn run(args: Vec<String>) -> i32 {
         println!("{RUNTIME} {VERSION}");
         return 0;
     }
+    // Contract mode: no directives on the command line, a lane socket in the environment.
+    // The directives are the task text of the injected contract, and nothing runs before
+    // the generation is active.
+    let args = if args.is_empty() {
+        match std::env::var_os("MOSAIC_LANE_SOCKET") {
+            Some(_) => match from_contract() {
+                Ok(words) => words,
+                Err(e) => {
+                    eprintln!("mosaic-fake-harness: {e}");
+                    return 4;
+                }
+            },
+            None => args,
+        }
+    } else {
+        args
+    };
     let directives = match parse_all(&args) {
         Ok(d) => d,
         Err(e) => {
@@ -147,6 +164,38 @@ pub fn run(args: Vec<String>) -> i32 {
             sleep_reaping(Duration::from_secs(3600));
         },
     }
+}
+
+/// Fetches the contract through `mosaic lane contract`, validates its directives, then
+/// acknowledges through `mosaic lane ack` and waits to be activated.
+fn from_contract() -> Result<Vec<String>, String> {
+    let bin = std::env::var_os("MOSAIC_BIN").ok_or("MOSAIC_BIN is not set")?;
+    let run = |op: &str| -> Result<serde_json::Value, String> {
+        let out = std::process::Command::new(&bin)
+            .args(["lane", op])
+            .output()
+            .map_err(|e| format!("mosaic lane {op}: {e}"))?;
+        let v: serde_json::Value =
+            serde_json::from_slice(&out.stdout).map_err(|e| format!("mosaic lane {op}: {e}"))?;
+        if !out.status.success() || v["ok"] != true {
+            return Err(format!("mosaic lane {op} refused: {}", v["error"]));
+        }
+        Ok(v)
+    };
+    let c = run("contract")?;
+    let task = c["contract"]["task_text"]
+        .as_str()
+        .ok_or("contract without task text")?
+        .to_string();
+    println!(
+        "fake: contract {}",
+        c["contract"]["contracts_digest"].as_str().unwrap_or("")
+    );
+    // Refuse a task we cannot run before acknowledging it.
+    parse_all(&[task.as_str()]).map_err(|e| e.to_string())?;
+    let a = run("ack")?;
+    println!("fake: generation is {}", a["state"].as_str().unwrap_or("?"));
+    Ok(task.split_whitespace().map(String::from).collect())
 }
 
 /// Sleeps while reaping the intermediate children of double forks.

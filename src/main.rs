@@ -27,9 +27,56 @@ enum Cmd {
         state_dir: Option<PathBuf>,
         #[arg(long, default_value_t = 2)]
         lanes: u32,
-        /// Show a generation start, a SIGKILL, its receipt and the recovery, then exit.
+        /// Assign a task, show it reach RUNNING, SIGKILL its harness, show the receipt and
+        /// the recovery; then stay up.
         #[arg(long)]
         demo: bool,
+        /// Use this PostgreSQL instead of a private cluster in the state dir.
+        #[arg(long)]
+        database_url: Option<String>,
+    },
+    /// Run the coordinator daemon (the authority, on PostgreSQL).
+    Coordinator {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Lanes the coordinator knows, with their incarnation and state.
+    Lanes {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Assign a task to a lane: reserve, stage a fresh generation, contract, ACK, activate.
+    Assign {
+        #[arg(long = "lane")]
+        lane_id: String,
+        #[arg(long)]
+        runtime: String,
+        #[arg(long)]
+        task: String,
+        /// `running`: return once the generation is RUNNING (or the chain failed).
+        #[arg(long)]
+        wait: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Assignments (owners, state, generation) and lanes.
+    Status {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Termination receipts the coordinator ingested, with their reconciliation.
+    Receipts {
+        #[arg(long = "lane")]
+        lane_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Drain and retire an assignment; returns when its generation is verified gone.
+    Stop {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
     },
     /// Run the per-host supervisor daemon.
     Supervisor {
@@ -68,6 +115,11 @@ enum Cmd {
         #[command(subcommand)]
         op: PkiOp,
     },
+    /// For harnesses inside a generation: fetch the contract, acknowledge the challenge.
+    Lane {
+        #[command(subcommand)]
+        op: LaneOp,
+    },
     /// First process of a generation (started by the supervisor inside a tmux pane).
     #[command(hide = true)]
     Shim {
@@ -80,6 +132,50 @@ enum Cmd {
         #[arg(long)]
         exit_record: PathBuf,
     },
+}
+
+/// Where the coordinator's operator socket is.
+#[derive(clap::Args)]
+struct CoordinatorAt {
+    /// The state dir of `mosaic up` (default: $MOSAIC_STATE_DIR or the user state dir).
+    #[arg(long)]
+    state_dir: Option<PathBuf>,
+    /// The coordinator's operator socket.
+    #[arg(long, conflicts_with = "state_dir")]
+    coordinator_socket: Option<PathBuf>,
+    /// Print compact JSON.
+    #[arg(long)]
+    json: bool,
+}
+
+impl CoordinatorAt {
+    fn socket(&self) -> PathBuf {
+        match (&self.coordinator_socket, &self.state_dir) {
+            (Some(s), _) => s.clone(),
+            (None, sd) => mosaic::up::coordinator_socket(
+                &sd.clone().unwrap_or_else(mosaic::up::default_state_dir),
+            ),
+        }
+    }
+
+    fn call(&self, req: mosaic::coordinator::service::OperatorRequest) -> anyhow::Result<ExitCode> {
+        let v = mosaic::coordinator::service::operator_call(&self.socket(), &req)
+            .map_err(|e| anyhow::anyhow!(e))?;
+        if self.json {
+            println!("{}", serde_json::to_string(&v)?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(&v)?);
+        }
+        Ok(ExitCode::SUCCESS)
+    }
+}
+
+#[derive(Subcommand)]
+enum LaneOp {
+    /// Print this generation's contract (waits until it is injected).
+    Contract,
+    /// Acknowledge this generation's challenge; returns once the generation is active.
+    Ack,
 }
 
 #[derive(Subcommand)]
@@ -206,6 +302,42 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             eprintln!("mosaic shim: {e}");
             Ok(ExitCode::from(126))
         }
+        Cmd::Coordinator { config } => {
+            init_logging();
+            let text = std::fs::read_to_string(&config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let cfg: mosaic::coordinator::service::CoordinatorConfig =
+                toml::from_str(&text).with_context(|| format!("parsing {}", config.display()))?;
+            runtime()?.block_on(mosaic::coordinator::service::run_daemon(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Lanes { at } => at.call(mosaic::coordinator::service::OperatorRequest::Lanes),
+        Cmd::Status { at } => at.call(mosaic::coordinator::service::OperatorRequest::Status),
+        Cmd::Receipts { lane_id, at } => {
+            at.call(mosaic::coordinator::service::OperatorRequest::Receipts { lane_id })
+        }
+        Cmd::Stop { assignment_id, at } => {
+            at.call(mosaic::coordinator::service::OperatorRequest::Stop { assignment_id })
+        }
+        Cmd::Assign {
+            lane_id,
+            runtime,
+            task,
+            wait,
+            at,
+        } => {
+            let wait = match wait.as_deref() {
+                None => false,
+                Some("running") => true,
+                Some(other) => anyhow::bail!("--wait takes `running`, not {other:?}"),
+            };
+            at.call(mosaic::coordinator::service::OperatorRequest::Assign {
+                lane_id,
+                runtime,
+                task,
+                wait,
+            })
+        }
         Cmd::Supervisor { config } => {
             init_logging();
             let cfg = mosaic::supervisor::config::Config::load(&config)?;
@@ -216,12 +348,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             state_dir,
             lanes,
             demo,
+            database_url,
         } => {
             init_logging();
             runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
                 state_dir,
                 lanes,
                 demo,
+                database_url,
             }))?;
             Ok(ExitCode::SUCCESS)
         }
@@ -245,6 +379,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ])?;
             println!("mosaic setup: tmux and the PostgreSQL server binaries are present");
             Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Lane { op } => {
+            use mosaic::supervisor::lanesock::{self, LaneRequest};
+            let socket = std::env::var_os("MOSAIC_LANE_SOCKET")
+                .context("MOSAIC_LANE_SOCKET is not set: run this inside a Mosaic generation")?;
+            let req = match op {
+                LaneOp::Contract => LaneRequest::Contract,
+                LaneOp::Ack => LaneRequest::Ack,
+            };
+            let resp =
+                lanesock::call(std::path::Path::new(&socket), &req).context("lane socket")?;
+            println!("{}", serde_json::to_string(&resp)?);
+            Ok(if resp.ok {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
         }
         Cmd::Pki { op } => {
             use mosaic::pki::{self, Kind};

@@ -44,11 +44,17 @@ pub struct UpOptions {
     pub state_dir: Option<PathBuf>,
     pub lanes: u32,
     pub demo: bool,
+    /// Use this PostgreSQL instead of a private cluster in the state dir.
+    pub database_url: Option<String>,
 }
 
 pub fn default_state_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("MOSAIC_STATE_DIR") {
         return PathBuf::from(d);
+    }
+    // As root the PostgreSQL cluster runs as `postgres`, which cannot enter /root.
+    if nix::unistd::geteuid().is_root() {
+        return PathBuf::from("/var/lib/mosaic");
     }
     if let Some(d) = std::env::var_os("XDG_STATE_HOME") {
         return PathBuf::from(d).join("mosaic");
@@ -57,6 +63,11 @@ pub fn default_state_dir() -> PathBuf {
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from("/tmp"));
     home.join(".local/state/mosaic")
+}
+
+/// The coordinator's operator socket under a `mosaic up` state dir.
+pub fn coordinator_socket(state_dir: &std::path::Path) -> PathBuf {
+    state_dir.join("run").join("coordinator.sock")
 }
 
 /// The supervisor configuration `up` uses for a state dir (also used by `mosaic host
@@ -85,6 +96,7 @@ pub fn config_for(state_dir: &std::path::Path, lanes: u32) -> Result<Config, UpE
         lanes: (1..=lanes).map(|i| format!("lane-{i}")).collect(),
         force_freezer_fallback: false,
         reattach_timeout_ms: None,
+        coordinator: None,
     })?)
 }
 
@@ -97,10 +109,81 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
         crate::sysdeps::Dep::PostgresServer,
     ])?;
     let state_dir = opts.state_dir.clone().unwrap_or_else(default_state_dir);
-    let cfg = config_for(&state_dir, opts.lanes)?;
+    let state_dir =
+        std::path::absolute(&state_dir).map_err(|e| UpError::Usage(format!("state dir: {e}")))?;
+    // 0711: the postgres user must traverse it to reach its cluster; everything secret
+    // inside (keys, PKI keys, supervisor state) is 0700/0600 on its own.
+    crate::util::durable::ensure_dir(&state_dir, 0o711)
+        .map_err(|e| UpError::Usage(e.to_string()))?;
+    let mut cfg = config_for(&state_dir, opts.lanes)?;
+
+    // PostgreSQL: a private cluster in the state dir unless a URL was given.
+    let cluster = match &opts.database_url {
+        Some(_) => None,
+        None => {
+            let c = crate::pgcluster::Cluster::at(&state_dir.join("pg"))
+                .map_err(|e| UpError::Usage(e.to_string()))?;
+            c.init().map_err(|e| {
+                UpError::Usage(format!(
+                    "{e}; the postgres user must be able to traverse every parent of {} (choose another --state-dir, or pass --database-url)",
+                    state_dir.display()
+                ))
+            })?;
+            let _ = c.stop(); // a cluster left running by an earlier, killed `up`
+            c.start(crate::pgcluster::Durability::Durable)
+                .map_err(|e| UpError::Usage(e.to_string()))?;
+            let _ = c.psql("postgres", "CREATE DATABASE mosaic");
+            Some(c)
+        }
+    };
+    let database_url = match (&opts.database_url, &cluster) {
+        (Some(u), _) => u.clone(),
+        (None, Some(c)) => c.url("mosaic"),
+        (None, None) => return Err(UpError::Usage("no database".into())),
+    };
+    let outcome = run_with(&opts, &state_dir, &mut cfg, &database_url).await;
+    if let Some(c) = cluster {
+        if let Err(e) = c.stop() {
+            esay!("mosaic up: stopping PostgreSQL: {e}");
+        }
+    }
+    outcome
+}
+
+async fn run_with(
+    opts: &UpOptions,
+    state_dir: &std::path::Path,
+    cfg: &mut Config,
+    database_url: &str,
+) -> Result<(), UpError> {
+    let usage = |e: &dyn std::fmt::Display| UpError::Usage(e.to_string());
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .map_err(|e| usage(&e))?;
+    let addr = listener.local_addr().map_err(|e| usage(&e))?.to_string();
+    let prov = provision(state_dir, cfg.host.as_str(), database_url, &addr)?;
+    let svc = crate::coordinator::service::Service::start(&prov.coordinator)
+        .await
+        .map_err(|e| usage(&e))?;
+    let (stop_hosts, hosts_rx) = tokio::sync::watch::channel(false);
+    let tls = crate::protocol::transport::TlsIdentity {
+        ca: prov.coordinator.ca.clone(),
+        cert: prov.coordinator.cert.clone(),
+        key: prov.coordinator.key.clone(),
+    };
+    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls, hosts_rx));
+    let ops_listener =
+        crate::coordinator::service::bind_operators(&prov.coordinator.operator_socket)
+            .map_err(|e| usage(&e))?;
+    let ops = tokio::spawn(crate::coordinator::service::serve_operators(
+        svc.clone(),
+        ops_listener,
+    ));
+
+    cfg.coordinator = Some(prov.link.clone());
     let lanes = cfg.lanes.clone();
     let origin = crate::cgroup::cgroup_of(None).map_err(SupervisorError::from)?;
-    let sup = Supervisor::open(cfg)?;
+    let sup = Supervisor::open(cfg.clone())?;
     let me = sup.cgroup_tree().supervisor();
     me.create().map_err(SupervisorError::from)?;
     me.join_self().map_err(SupervisorError::from)?;
@@ -112,15 +195,29 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
         }
     }
     let listener = crate::supervisor::control::bind(&sup.config().control_socket())?;
+    sup.connect_coordinator(&prov.link).await?;
     let status = sup.status().await?;
+    // The coordinator registers the lanes from the host's hello.
+    for _ in 0..200 {
+        if svc.store.lanes().await.map(|l| l.len()).unwrap_or(0) >= status.lanes.len() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
     let sd = state_dir.display();
     let exe = std::env::current_exe()
         .map(|p| p.display().to_string())
         .unwrap_or_else(|_| "mosaic".into());
     say!(
-        "Mosaic is up: a supervisor with {} lane(s) on host {}",
+        "Mosaic is up on host {}: coordinator (epoch {}) + supervisor, {} lane(s), PostgreSQL {}",
+        status.host_id,
+        svc.leader().await.epoch(),
         status.lanes.len(),
-        status.host_id
+        if opts.database_url.is_some() {
+            "from --database-url"
+        } else {
+            "in the state dir"
+        }
     );
     say!("  state dir    {sd}");
     say!(
@@ -131,15 +228,15 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     for l in &status.lanes {
         say!("  lane {:<22} attach: {}", l.lane_id, l.attach);
     }
-    say!("Run work in a fresh generation:");
-    say!("  {exe} host --state-dir {sd} start --lane lane-1 --runtime fake@1.0.0 print=hello spawn=3");
-    say!("  {exe} host --state-dir {sd} status | receipts | stop --lane lane-1");
+    say!("Assign work (a fresh generation, contract, challenge ACK, activation):");
+    say!("  {exe} assign --state-dir {sd} --lane {}:lane-1 --runtime fake@1.0.0 --task 'print=hello spawn=3' --wait running", status.host_id);
+    say!("  {exe} status --state-dir {sd}  |  lanes  |  receipts  |  stop --assignment ID");
     say!("Ctrl-C stops everything this command started.");
 
     let outcome = async {
         if opts.demo {
-            demo(&sup).await?;
-            say!("[demo] done; lane-1 keeps a fresh generation for you to attach to. Ctrl-C to stop.");
+            demo(&sup, &svc, status.host_id.as_str()).await?;
+            say!("[demo] done; lane-1 keeps a RUNNING generation for you to attach to. Ctrl-C to stop.");
         }
         let serve = crate::supervisor::control::serve(sup.clone(), listener);
         let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
@@ -153,6 +250,11 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     .await;
     say!("mosaic up: stopping everything it started");
     teardown(&sup, &origin).await;
+    let _ = stop_hosts.send(true);
+    hosts.abort();
+    ops.abort();
+    let _ = svc.store.release(&svc.leader().await).await;
+    let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
     outcome
 }
 
@@ -176,82 +278,227 @@ async fn teardown(sup: &Supervisor, origin: &str) {
     }
 }
 
-async fn demo(sup: &Supervisor) -> Result<(), UpError> {
-    let lane = "lane-1";
-    let d = |s: &str| s.split_whitespace().map(String::from).collect::<Vec<_>>();
-    say!("\n[demo] starting a fresh generation on {lane}: print=hello-from-mosaic spawn=4");
-    let g1 = sup
-        .start(lane, "fake@1.0.0", &d("print=hello-from-mosaic spawn=4"))
-        .await?;
-    let id = g1
-        .process_identity
-        .clone()
-        .ok_or_else(|| UpError::Demo("no identity".into()))?;
+async fn demo(
+    sup: &Supervisor,
+    svc: &std::sync::Arc<crate::coordinator::service::Service>,
+    host: &str,
+) -> Result<(), UpError> {
+    let lane_id = format!("{host}:lane-1");
+    let task = "print=hello-from-mosaic spawn=4";
+    say!("\n[demo] assign {lane_id}: {task}");
+    let a = svc
+        .assign(&lane_id, "fake@1.0.0", task, true)
+        .await
+        .map_err(UpError::Demo)?;
+    let pi = &a["process_identity"];
+    let digest = pi["launch_nonce_digest"].as_str().unwrap_or("");
     say!(
-        "[demo] generation {} live: shim pid {} (start time {}), harness pid {:?}, cgroup {}, nonce digest {}…",
-        g1.generation, id.root_pid, id.root_start_time, id.harness_pid, id.cgroup_path, &id.launch_nonce_digest.0[..16]
+        "[demo] {} is RUNNING in generation {}: root pid {}, cgroup {}, nonce digest {}…",
+        a["assignment_id"].as_str().unwrap_or(""),
+        a["generation"],
+        pi["root_pid"],
+        pi["cgroup_path"].as_str().unwrap_or(""),
+        &digest[..16.min(digest.len())]
     );
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    let hp = id
-        .harness_pid
+    let st = sup.status().await?;
+    let hp = st
+        .lanes
+        .iter()
+        .find(|l| l.lane == "lane-1")
+        .and_then(|l| l.generation.as_ref())
+        .and_then(|g| g.process_identity.as_ref())
+        .and_then(|i| i.harness_pid)
         .ok_or_else(|| UpError::Demo("no harness pid".into()))?;
+    tokio::time::sleep(Duration::from_millis(300)).await;
     say!("[demo] SIGKILL the harness (pid {hp})");
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(hp),
         nix::sys::signal::Signal::SIGKILL,
     )
     .map_err(|e| UpError::Demo(format!("kill: {e}")))?;
-    let key = crate::supervisor::receipt::idempotency_key(
-        &id.lane_id,
-        &id.lane_incarnation_id,
-        id.generation,
-    );
-    let r = wait_receipt(sup, &key).await?;
+    let mut reconciled = None;
+    for _ in 0..400 {
+        let rs = svc
+            .store
+            .termination_receipts(Some(&lane_id))
+            .await
+            .map_err(|e| UpError::Demo(e.to_string()))?;
+        if let Some(r) = rs
+            .into_iter()
+            .find(|r| r["generation"] == a["generation"] && !r["reconciliation"].is_null())
+        {
+            reconciled = Some(r);
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let r = reconciled.ok_or_else(|| UpError::Demo("no reconciled receipt".into()))?;
     say!(
-        "[demo] receipt {}: reason {:?}, source {:?}, signal {:?}, cleanup verified empty: {}, members killed: {}",
-        r.idempotency_key, r.termination_reason, r.observation_source, r.signal, r.cleanup.verified_empty, r.cleanup.members_killed
+        "[demo] receipt: reason {}, source {}, cleanup verified empty {} → coordinator reconciliation: {}",
+        r["termination_reason"], r["observation_source"], r["cleanup"]["verified_empty"], r["reconciliation"]
     );
-    say!("[demo] recovery: the lane takes a fresh generation");
-    let g2 = sup
-        .start(lane, "fake@1.0.0", &d("print=second-task"))
-        .await?;
-    let id2 = g2
-        .process_identity
-        .clone()
-        .ok_or_else(|| UpError::Demo("no identity".into()))?;
+    let st = svc
+        .store
+        .assignment_statuses()
+        .await
+        .map_err(|e| UpError::Demo(e.to_string()))?;
+    if let Some(s) = st
+        .iter()
+        .find(|s| Some(s.assignment_id.as_str()) == a["assignment_id"].as_str())
+    {
+        say!(
+            "[demo] assignment {} is {} (execution owner {:?}), lane {} — never a false COMPLETED",
+            s.assignment_id,
+            s.lifecycle,
+            s.execution_owner,
+            s.state
+        );
+    }
+    let b = svc
+        .assign(&lane_id, "fake@1.0.0", "print=second-task spawn=2", true)
+        .await
+        .map_err(UpError::Demo)?;
     say!(
-        "[demo] generation {} live: shim pid {}, cgroup {}, nonce digest {}… (all new)",
-        g2.generation,
-        id2.root_pid,
-        id2.cgroup_path,
-        &id2.launch_nonce_digest.0[..16]
+        "[demo] recovery: {} RUNNING in a fresh generation {} (root pid {})",
+        b["assignment_id"].as_str().unwrap_or(""),
+        b["generation"],
+        b["process_identity"]["root_pid"]
     );
-    let r2 = sup.stop(lane).await?;
-    say!(
-        "[demo] stopped: reason {:?}, cleanup verified empty: {}",
-        r2.termination_reason,
-        r2.cleanup.verified_empty
-    );
-    let g3 = sup
-        .start(lane, "fake@1.0.0", &d("print=attach-to-me spawn=2"))
-        .await?;
-    say!("[demo] generation {} is running on {lane}", g3.generation);
     Ok(())
 }
 
-async fn wait_receipt(
-    sup: &Supervisor,
-    key: &str,
-) -> Result<crate::supervisor::receipt::TerminationReceipt, UpError> {
-    for _ in 0..500 {
-        if let Some(r) = sup
-            .receipts(None, true)?
-            .into_iter()
-            .find(|r| r.idempotency_key == key)
-        {
-            return Ok(r);
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
+/// What `provision` made: the coordinator's config and the supervisor's link to it.
+#[derive(Debug, Clone)]
+pub struct Provisioned {
+    pub coordinator: crate::coordinator::service::CoordinatorConfig,
+    pub link: crate::supervisor::config::CoordinatorLink,
+}
+
+fn write_secret_file(path: &std::path::Path) -> Result<(), UpError> {
+    if path.exists() {
+        return Ok(());
     }
-    Err(UpError::Demo("no receipt appeared".into()))
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| UpError::Usage(format!("random source: {e}")))?;
+    crate::util::durable::create_new(path, hex::encode(b).as_bytes())
+        .map_err(|e| UpError::Usage(e.to_string()))
+}
+
+/// Makes (once) the PKI, the four signing keys, the coordinator secret and the trust
+/// registry for one coordinator (`coordinator:main`) and one host, under `dir`.
+pub fn provision(
+    dir: &std::path::Path,
+    host_id: &str,
+    database_url: &str,
+    listen: &str,
+) -> Result<Provisioned, UpError> {
+    use crate::pki::{self, Kind};
+    let usage = |e: &dyn std::fmt::Display| UpError::Usage(e.to_string());
+    let pki_dir = dir.join("pki");
+    if !pki::ca_cert_path(&pki_dir).exists() {
+        pki::init(&pki_dir, false).map_err(|e| usage(&e))?;
+    }
+    let issue = |kind, name: &str| -> Result<(PathBuf, PathBuf), UpError> {
+        let stem = format!("{}-{name}", kind_str(kind));
+        let (cert, key) = (
+            pki_dir.join(format!("{stem}.pem")),
+            pki_dir.join(format!("{stem}-key.pem")),
+        );
+        if !cert.exists() {
+            pki::issue(&pki_dir, kind, name, 3650, false).map_err(|e| usage(&e))?;
+        }
+        Ok((cert, key))
+    };
+    let (c_cert, c_key) = issue(Kind::Coordinator, "main")?;
+    let (h_cert, h_key) = issue(Kind::Host, host_id)?;
+    let keys = dir.join("keys");
+    crate::util::durable::ensure_dir(&keys, 0o700).map_err(|e| usage(&e))?;
+    let names = [
+        "coordinator-session",
+        "coordinator-ordinary",
+        "host-session",
+        "host-ordinary",
+        "coordinator-secret",
+    ];
+    for n in names {
+        write_secret_file(&keys.join(n))?;
+    }
+    let coordinator = "coordinator:main".to_string();
+    let host = format!("host:{host_id}");
+    let domain = "mosaic.local".to_string();
+    let mut trust = String::from(
+        "# Written by `mosaic up`: the keys of this machine's coordinator and host.\n",
+    );
+    let entries = [
+        (
+            "coordinator-session",
+            &coordinator,
+            "coordinator",
+            "session",
+            &host,
+        ),
+        (
+            "coordinator-ordinary",
+            &coordinator,
+            "coordinator",
+            "ordinary",
+            &host,
+        ),
+        ("host-session", &host, "host", "session", &coordinator),
+        ("host-ordinary", &host, "host", "ordinary", &coordinator),
+    ];
+    for (file, principal, role, purpose, audience) in entries {
+        let seed =
+            crate::coordinator::service::read_seed(&keys.join(file)).map_err(|e| usage(&e))?;
+        let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+        let types: Vec<String> = crate::protocol::schema::ALL_TYPES
+            .into_iter()
+            .filter(|t| {
+                format!("{:?}", t.schema().origin).to_lowercase() == role
+                    && format!("{:?}", t.schema().purpose).to_lowercase() == purpose
+            })
+            .map(|t| format!("{:?}", t.as_str()))
+            .collect();
+        trust.push_str(&format!(
+            "\n[[key]]\nkey_id = \"{principal}/{purpose}\"\nprincipal = \"{principal}\"\nrole = \"{role}\"\npurpose = \"{purpose}\"\nallowed_types = [{}]\naudiences = [\"{audience}\"]\ntrust_domain = \"{domain}\"\nnot_before = \"2020-01-01T00:00:00Z\"\nnot_after = \"2100-01-01T00:00:00Z\"\nsuite = \"ed25519-v1\"\npublic_key = \"{}\"\n",
+            types.join(", "),
+            hex::encode(public.to_bytes())
+        ));
+    }
+    let trust_path = dir.join("trust.toml");
+    crate::util::durable::write_atomic(&trust_path, trust.as_bytes()).map_err(|e| usage(&e))?;
+    let ca = pki::ca_cert_path(&pki_dir);
+    Ok(Provisioned {
+        coordinator: crate::coordinator::service::CoordinatorConfig {
+            name: "main".into(),
+            trust_domain: domain.clone(),
+            listen: listen.into(),
+            database_url: database_url.into(),
+            secret_file: keys.join("coordinator-secret"),
+            ca: ca.clone(),
+            cert: c_cert,
+            key: c_key,
+            trust_registry: trust_path.clone(),
+            session_key: keys.join("coordinator-session"),
+            ordinary_key: keys.join("coordinator-ordinary"),
+            operator_socket: coordinator_socket(dir),
+            lease_ms: Some(10_000),
+        },
+        link: crate::supervisor::config::CoordinatorLink {
+            address: listen.into(),
+            server_name: "localhost".into(),
+            principal: coordinator,
+            trust_domain: domain,
+            ca,
+            cert: h_cert,
+            key: h_key,
+            trust_registry: trust_path,
+            session_key: keys.join("host-session"),
+            ordinary_key: keys.join("host-ordinary"),
+        },
+    })
+}
+
+fn kind_str(k: crate::pki::Kind) -> &'static str {
+    k.as_str()
 }

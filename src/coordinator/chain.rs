@@ -1098,14 +1098,146 @@ impl Store {
     }
 }
 
-/// Content address of a contract: SHA-256 over its canonical JSON.
-pub fn contracts_digest(task_text: &str, scope_digest: &str, holds_digest: &str) -> String {
-    use crate::protocol::canonical::{encode, Value};
-    use sha2::{Digest, Sha256};
-    let v = Value::Object(vec![
-        ("holds_digest".into(), Value::Str(holds_digest.into())),
-        ("scope_digest".into(), Value::Str(scope_digest.into())),
-        ("task_text".into(), Value::Str(task_text.into())),
-    ]);
-    format!("sha256:{}", hex::encode(Sha256::digest(encode(&v))))
+pub use crate::protocol::contracts_digest;
+
+/// An assignment as operators see it, with its lane's state and current generation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AssignmentStatus {
+    pub assignment_id: String,
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub state: String,
+    pub lifecycle: String,
+    pub generation: Option<i64>,
+    pub responsibility_owner: String,
+    pub execution_owner: Option<String>,
+    pub pending_target: Option<String>,
+    pub next_action: String,
+}
+
+impl Store {
+    /// Registers the host's lane under the incarnation the host created. A new incarnation
+    /// of a known lane retires the old one, which must be idle or quarantined with nothing
+    /// open; incarnation ids are never reused (primary key).
+    pub async fn adopt_lane_incarnation(
+        &self,
+        l: &Leader,
+        lane_id: &str,
+        host_id: &str,
+        incarnation: &str,
+    ) -> Result<LaneView, AuthorityError> {
+        const OP: &str = "lane-adopt";
+        if let Some(v) = self.lane(lane_id).await? {
+            if v.lane_incarnation_id == incarnation {
+                return Ok(v);
+            }
+        }
+        if !lane_id.starts_with(&format!("{host_id}:")) || !incarnation.starts_with("li-") {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "lane ids are host:session and incarnation ids li-…",
+            ));
+        }
+        let key = format!("lane-adopt/{lane_id}/{incarnation}");
+        let digest = request_digest(OP, &[lane_id, host_id, incarnation]);
+        let body = async {
+            let mut c = self.pool.get().await?;
+            let tx = match begin(&mut c, OP, l, &key, &digest).await? {
+                Began::Replayed(r) => return Ok(r),
+                Began::Fresh(tx) => tx,
+            };
+            tx.execute(
+                "INSERT INTO lanes (lane_id, host_id) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                &[&lane_id, &host_id],
+            )
+            .await?;
+            let retired = tx
+                .execute(
+                    &format!(
+                        "UPDATE lane_incarnations li SET retired_at = clock_timestamp() \
+                         WHERE li.lane_id = $6 AND li.retired_at IS NULL AND li.state IN ('IDLE_CLEAN', 'QUARANTINED') \
+                           AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.lane_incarnation_id = li.lane_incarnation_id AND a.lifecycle = 'ACTIVE') \
+                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+                           AND {}",
+                        txn::LEADER_OK
+                    ),
+                    &with_leader(l, &[&lane_id]),
+                )
+                .await?;
+            let busy: bool = tx.query_one("SELECT EXISTS (SELECT 1 FROM lane_incarnations WHERE lane_id = $1 AND retired_at IS NULL)", &[&lane_id]).await?.get(0);
+            if busy {
+                return Err(reject(
+                    OP,
+                    Category::WrongState,
+                    "the lane's current incarnation is busy; it cannot be replaced yet",
+                ));
+            }
+            tx.execute("INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) VALUES ($1, $2, $3)", &[&incarnation, &lane_id, &l.epoch()]).await?;
+            commit_receipt(tx, OP, l, (&key, &digest), None, Some(incarnation), json!({ "lane_id": lane_id, "lane_incarnation_id": incarnation, "retired_previous": retired == 1 })).await
+        };
+        self.settle(
+            OP,
+            l,
+            &key,
+            &digest,
+            (None, Some(incarnation)),
+            body.await,
+            |r| r,
+        )
+        .await?;
+        self.lane(lane_id)
+            .await?
+            .ok_or_else(|| reject(OP, Category::NotFound, lane_id.to_string()))
+    }
+
+    pub async fn assignment_statuses(&self) -> Result<Vec<AssignmentStatus>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT a.assignment_id, li.lane_id, li.lane_incarnation_id, li.state, a.lifecycle, \
+                        (SELECT max(r.generation) FROM reservations r WHERE r.assignment_id = a.assignment_id), \
+                        a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action \
+                 FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AssignmentStatus {
+                assignment_id: r.get(0),
+                lane_id: r.get(1),
+                lane_incarnation_id: r.get(2),
+                state: r.get(3),
+                lifecycle: r.get(4),
+                generation: r.get(5),
+                responsibility_owner: r.get(6),
+                execution_owner: r.get(7),
+                pending_target: r.get(8),
+                next_action: r.get(9),
+            })
+            .collect())
+    }
+
+    /// Ingested termination receipts, oldest first (optionally for one lane).
+    pub async fn termination_receipts(
+        &self,
+        lane_id: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT body, reconciliation FROM termination_receipts WHERE $1::text IS NULL OR lane_id = $1 ORDER BY ingested_at",
+                &[&lane_id],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let mut b: serde_json::Value = r.get(0);
+                b["reconciliation"] = json!(r.get::<_, Option<String>>(1));
+                b
+            })
+            .collect())
+    }
 }

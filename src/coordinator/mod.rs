@@ -13,6 +13,7 @@ pub mod error;
 pub mod leader;
 pub mod lifecycle;
 pub mod secret;
+pub mod service;
 pub mod store;
 pub mod txn;
 

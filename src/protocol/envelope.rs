@@ -32,7 +32,7 @@ pub const MAX_ENVELOPE_BYTES: usize = 256 * 1024;
 const PROOF: &str = "authentication_proof";
 
 /// Type-state markers: only `verify` produces `Envelope<Verified>`.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Verified;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

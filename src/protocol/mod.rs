@@ -20,3 +20,17 @@ pub mod trust;
 pub use envelope::{verify, Envelope, EnvelopeError, Signer, Verified, VerifyContext};
 pub use schema::{MessageType, Purpose, Role};
 pub use trust::{KeyEntry, TrustRegistry};
+
+/// Content address of a contract (task text, scope, holds): SHA-256 over its canonical
+/// JSON. Computed identically by the coordinator that records it and the host that checks
+/// what it delivers.
+pub fn contracts_digest(task_text: &str, scope_digest: &str, holds_digest: &str) -> String {
+    use canonical::{encode, Value};
+    use sha2::{Digest, Sha256};
+    let v = Value::Object(vec![
+        ("holds_digest".into(), Value::Str(holds_digest.into())),
+        ("scope_digest".into(), Value::Str(scope_digest.into())),
+        ("task_text".into(), Value::Str(task_text.into())),
+    ]);
+    format!("sha256:{}", hex::encode(Sha256::digest(encode(&v))))
+}

@@ -132,6 +132,10 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// What the server does with verified envelopes. Returns frames to send back.
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>>;
+
+    /// A session for `peer` passed its handshake; `push` sends frames to it unprompted
+    /// until the session ends (then sends fail).
+    fn opened(&self, _peer: &str, _push: tokio::sync::mpsc::Sender<Vec<u8>>) {}
 }
 
 /// Where the server reports rejections (category + redacted detail, never frame content).
@@ -230,9 +234,15 @@ async fn session(
             .await
             .map_err(|e| TransportError::Ws(e.to_string()))?;
     }
+    let (push, mut pushed) = tokio::sync::mpsc::channel::<Vec<u8>>(256);
+    handler.opened(&peer, push);
     loop {
         let frame = tokio::select! {
             f = ws.next() => f,
+            Some(out) = pushed.recv() => {
+                ws.send(Message::text(String::from_utf8_lossy(&out).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
+                continue;
+            }
             _ = crate::util::shutdown_signalled(&mut shutdown) => { let _ = ws.close(None).await; return Ok(()); }
         };
         let text = match frame {
@@ -388,12 +398,38 @@ pub fn receipt_envelope(
         .map_err(|e| TransportError::Refused(e.to_string()))
 }
 
+/// What the host does with verified coordinator envelopes other than receipt acks.
+pub trait HostDispatch: Send + Sync + 'static {
+    fn dispatch(&self, env: Envelope<Verified>) -> BoxFuture<'static, ()>;
+}
+
+struct NoDispatch;
+impl HostDispatch for NoDispatch {
+    fn dispatch(&self, _env: Envelope<Verified>) -> BoxFuture<'static, ()> {
+        Box::pin(async {})
+    }
+}
+
 /// Delivers the outbox's receipts to the coordinator until each is acknowledged, across
 /// disconnects: on every (re)connect all unacknowledged receipts are sent again (the
 /// coordinator deduplicates by idempotency key). Runs until `shutdown`.
 pub async fn run_receipt_link(
     p: LinkParams,
     outbox: crate::supervisor::outbox::Outbox,
+    shutdown: watch::Receiver<bool>,
+) {
+    let (_keep, rx) = tokio::sync::mpsc::channel(1);
+    run_link(p, outbox, Arc::new(NoDispatch), rx, shutdown).await
+}
+
+/// The host's whole link: receipts as in [`run_receipt_link`], verified coordinator
+/// envelopes to `dispatch`, and host-originated envelopes from `outgoing` (kept queued
+/// while the link is down).
+pub async fn run_link(
+    p: LinkParams,
+    outbox: crate::supervisor::outbox::Outbox,
+    dispatch: Arc<dyn HostDispatch>,
+    mut outgoing: tokio::sync::mpsc::Receiver<Vec<u8>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -402,7 +438,16 @@ pub async fn run_receipt_link(
             return;
         }
         let session_id = format!("sess-{}", uuid::Uuid::new_v4().simple());
-        match link_once(&p, &outbox, &session_id, &mut shutdown).await {
+        match link_once(
+            &p,
+            &outbox,
+            &session_id,
+            dispatch.as_ref(),
+            &mut outgoing,
+            &mut shutdown,
+        )
+        .await
+        {
             Ok(()) => return,
             Err(e) => {
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "coordinator link down");
@@ -420,6 +465,8 @@ async fn link_once(
     p: &LinkParams,
     outbox: &crate::supervisor::outbox::Outbox,
     session_id: &str,
+    dispatch: &dyn HostDispatch,
+    outgoing: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
     shutdown: &mut watch::Receiver<bool>,
 ) -> Result<(), TransportError> {
     let mut ws = connect(p, session_id).await?;
@@ -436,19 +483,23 @@ async fn link_once(
                     }
                 }
             }
+            Some(out) = outgoing.recv() => {
+                ws.send(Message::text(String::from_utf8_lossy(&out).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
+            }
             frame = ws.next() => match frame {
                 None | Some(Ok(Message::Close(_))) => return Err(TransportError::Ws("closed by the coordinator".into())),
                 Some(Err(e)) => return Err(TransportError::Ws(e.to_string())),
                 Some(Ok(Message::Text(t))) => {
                     let ctx = VerifyContext { registry: &p.registry, audience: &p.signer.principal, trust_domain: &p.trust_domain, now: SystemTime::now() };
                     match verify(t.as_bytes(), &ctx) {
-                        Ok(env) if env.message_type() == MessageType::ReceiptAck && env.str("issuer") == p.coordinator => {
+                        Ok(env) if env.str("issuer") != p.coordinator => tracing::warn!(issuer = env.str("issuer"), "envelope not from our coordinator"),
+                        Ok(env) if env.message_type() == MessageType::ReceiptAck => {
                             let key = env.str("receipt_idempotency_key").to_string();
                             if let Err(e) = outbox.ack(&key) {
                                 tracing::warn!(key, error = %e, "receipt ack for an unknown receipt");
                             }
                         }
-                        Ok(_) => {}
+                        Ok(env) => dispatch.dispatch(env).await,
                         Err(e) => tracing::warn!(category = e.category(), "rejected a frame from the coordinator"),
                     }
                 }

@@ -132,6 +132,7 @@ async fn finish_detached(inner: &Arc<Inner>, g: GenRecord, obs: Observation) -> 
         link: None,
         shim_pidfd: None,
         harness_pidfd: None,
+        lane_server: None,
     };
     generation::finish(&mut w, obs).await
 }
@@ -257,6 +258,9 @@ async fn reattach(
             harness_pidfd,
             graceful,
             grace,
+            // A restarted supervisor does not resume a coordinated chain mid-way: the
+            // coordinator's expiry handles it. The adopted generation keeps running.
+            lane_server: None,
         };
         return Ok((w, harness.exit));
     }

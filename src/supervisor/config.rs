@@ -37,6 +37,29 @@ pub struct ConfigFile {
     /// How long a restarted supervisor waits for a live generation's shim to re-present
     /// its identity before treating the generation as unverifiable. Default 5000.
     pub reattach_timeout_ms: Option<u64>,
+    /// The coordinator to take assignments from and deliver receipts to.
+    pub coordinator: Option<CoordinatorLink>,
+}
+
+/// How to reach and authenticate to the coordinator.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorLink {
+    /// `host:port` of its mutual-TLS listener.
+    pub address: String,
+    /// DNS name its certificate carries (e.g. `localhost`).
+    pub server_name: String,
+    /// Its principal, `coordinator:<name>`.
+    pub principal: String,
+    pub trust_domain: String,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub trust_registry: PathBuf,
+    /// Ed25519 seeds (64 hex digits) of this host's session and ordinary keys; key ids are
+    /// `host:<host_id>/session` and `host:<host_id>/ordinary`.
+    pub session_key: PathBuf,
+    pub ordinary_key: PathBuf,
 }
 
 /// A validated configuration.
@@ -52,6 +75,7 @@ pub struct Config {
     pub lanes: Vec<LaneName>,
     pub force_freezer_fallback: bool,
     pub reattach_timeout_ms: u64,
+    pub coordinator: Option<CoordinatorLink>,
 }
 
 impl Config {
@@ -102,6 +126,7 @@ impl Config {
             lanes,
             force_freezer_fallback: f.force_freezer_fallback,
             reattach_timeout_ms: f.reattach_timeout_ms.unwrap_or(5000),
+            coordinator: f.coordinator,
         })
     }
 

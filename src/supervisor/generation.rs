@@ -168,6 +168,12 @@ pub(crate) struct Watcher {
     pub harness_pidfd: Option<OwnedFd>,
     pub graceful: nix::sys::signal::Signal,
     pub grace: Duration,
+    /// The lane socket server of a coordinated generation; ended with the generation.
+    pub lane_server: Option<(
+        tokio::task::JoinHandle<()>,
+        Arc<super::lanesock::GenSession>,
+        PathBuf,
+    )>,
 }
 
 /// What ended a generation.
@@ -182,15 +188,42 @@ pub(crate) enum Observation {
 }
 
 /// Launches a fresh generation on a lane whose previous generation is already gone.
+/// How a generation is started: by an operator on this host, or by the coordinator's chain
+/// (which allocates the generation number and hands the contract over the lane socket).
+pub(crate) enum Origin {
+    Local,
+    Coordinated {
+        generation: u64,
+        session: Arc<super::lanesock::GenSession>,
+    },
+}
+
 pub(crate) async fn launch(
     inner: &Arc<Inner>,
     lane: &mut LaneRecord,
     plan: LaunchPlan,
+    origin: Origin,
 ) -> Result<LiveGen, SupervisorError> {
     // The number is burned durably before anything else, so a crash mid-launch can never
-    // lead to the same generation number twice.
-    let generation = lane.next_generation;
-    lane.next_generation += 1;
+    // lead to the same generation number twice. A coordinator-allocated number must move
+    // forward too.
+    let generation = match &origin {
+        Origin::Local => lane.next_generation,
+        Origin::Coordinated { generation, .. } if *generation >= lane.next_generation => {
+            *generation
+        }
+        Origin::Coordinated { generation, .. } => {
+            return Err(SupervisorError::Launch {
+                lane: lane.lane_id.clone(),
+                generation: *generation,
+                detail: format!(
+                    "generation {generation} does not move past {}",
+                    lane.next_generation - 1
+                ),
+            })
+        }
+    };
+    lane.next_generation = generation + 1;
     lane.current_generation = Some(generation);
     inner.store.save_lane(lane)?;
 
@@ -253,7 +286,7 @@ pub(crate) async fn launch(
         "mosaic: lane {} generation {} ({}) — incarnation {}",
         rec.lane_id, generation, rec.runtime, rec.lane_incarnation_id
     );
-    let env = vec![
+    let mut env = vec![
         ("MOSAIC_LANE_ID".to_string(), rec.lane_id.clone()),
         (
             "MOSAIC_LANE_INCARNATION_ID".to_string(),
@@ -261,6 +294,24 @@ pub(crate) async fn launch(
         ),
         ("MOSAIC_GENERATION".to_string(), generation.to_string()),
     ];
+    let lane_server = match &origin {
+        Origin::Local => None,
+        Origin::Coordinated { session, .. } => {
+            let path = super::lanesock::path_for(&rec.socket);
+            let server = super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone());
+            match server {
+                Ok(h) => {
+                    env.push(("MOSAIC_LANE_SOCKET".into(), path.display().to_string()));
+                    env.push((
+                        "MOSAIC_BIN".into(),
+                        inner.cfg.mosaic_exe().display().to_string(),
+                    ));
+                    Some((h, session.clone(), path))
+                }
+                Err(e) => return Err(abort_launch(inner, rec, &cg, e.to_string()).await),
+            }
+        }
+    };
     let launched = async {
         link.send(&SupervisorMsg::Launch {
             argv: plan.argv.clone(),
@@ -333,6 +384,7 @@ pub(crate) async fn launch(
         link: Some(link),
         shim_pidfd: Some(shim_pidfd),
         harness_pidfd,
+        lane_server,
     }))
 }
 
@@ -640,6 +692,15 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
             )
         }
     };
+    if let Some((h, session, path)) = w.lane_server.take() {
+        h.abort();
+        let _ = std::fs::remove_file(path);
+        if session.activation.borrow().is_none() {
+            session
+                .activation
+                .send_replace(Some(Err("the generation ended before activation".into())));
+        }
+    }
     let cleanup = cleanup_cgroup(&w.inner, w.rec.cgroup.clone()).await;
     let mut quarantine = cleanup.error.clone().map(|e| {
         format!(

@@ -17,6 +17,7 @@
 pub mod audit;
 pub mod config;
 pub mod control;
+pub mod coordinated;
 pub mod identity;
 pub mod names;
 pub mod outbox;
@@ -26,6 +27,7 @@ pub mod tmux;
 
 mod adopt;
 mod generation;
+pub mod lanesock;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -474,6 +476,41 @@ impl Supervisor {
         runtime: &str,
         directives: &[String],
     ) -> Result<GenView, SupervisorError> {
+        self.start_with(lane, runtime, directives, generation::Origin::Local, None)
+            .await
+    }
+
+    /// Starts the coordinator-allocated `generation` of `lane` (whose current incarnation
+    /// must be `incarnation`), handing its contract over `session`.
+    pub async fn start_coordinated(
+        &self,
+        lane: &str,
+        runtime: &str,
+        incarnation: &str,
+        generation: u64,
+        session: Arc<lanesock::GenSession>,
+    ) -> Result<GenView, SupervisorError> {
+        self.start_with(
+            lane,
+            runtime,
+            &[],
+            generation::Origin::Coordinated {
+                generation,
+                session,
+            },
+            Some(incarnation),
+        )
+        .await
+    }
+
+    async fn start_with(
+        &self,
+        lane: &str,
+        runtime: &str,
+        directives: &[String],
+        origin: generation::Origin,
+        incarnation: Option<&str>,
+    ) -> Result<GenView, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
         // Validate everything that can be validated before touching the lane.
@@ -489,6 +526,18 @@ impl Supervisor {
                 })??
         };
         let mut l = slot.lock().await;
+        if let Some(inc) = incarnation {
+            if inc != l.rec.lane_incarnation_id {
+                return Err(SupervisorError::Launch {
+                    lane: l.rec.lane_id.clone(),
+                    generation: 0,
+                    detail: format!(
+                        "incarnation {inc} is not the lane's current {}",
+                        l.rec.lane_incarnation_id
+                    ),
+                });
+            }
+        }
         match l.rec.status {
             LaneStatus::Active => {}
             LaneStatus::Destroyed => return Err(SupervisorError::NoSuchLane(lane.to_string())),
@@ -517,7 +566,7 @@ impl Supervisor {
                 reason: reason.into(),
             });
         }
-        let live = generation::launch(&self.inner, &mut l.rec, plan).await?;
+        let live = generation::launch(&self.inner, &mut l.rec, plan, origin).await?;
 
         let view = GenView::of(&live.record);
         spawn_applier(self.inner.clone(), name.to_string(), &live);
@@ -580,6 +629,82 @@ impl Supervisor {
 
     pub fn ack(&self, key: &str) -> Result<(), SupervisorError> {
         Ok(self.inner.outbox.ack(key)?)
+    }
+
+    /// Starts the coordinator link: hello with this host's lanes (`lane@incarnation`),
+    /// receipts until acknowledged, and the coordinated chain. Runs until shutdown.
+    pub async fn connect_coordinator(
+        &self,
+        link: &config::CoordinatorLink,
+    ) -> Result<(), SupervisorError> {
+        let cfg_err = |detail: String| SupervisorError::Config { detail };
+        let seed = |p: &std::path::Path| -> Result<[u8; 32], SupervisorError> {
+            let text =
+                std::fs::read_to_string(p).map_err(|e| cfg_err(format!("{}: {e}", p.display())))?;
+            let mut b = [0u8; 32];
+            hex::decode_to_slice(text.trim(), &mut b)
+                .map_err(|_| cfg_err(format!("{}: expected 64 hex digits", p.display())))?;
+            Ok(b)
+        };
+        let host = self.inner.cfg.host.as_str().to_string();
+        let principal = format!("host:{host}");
+        let registry = std::fs::read_to_string(&link.trust_registry)
+            .map_err(|e| cfg_err(format!("{}: {e}", link.trust_registry.display())))
+            .and_then(|t| {
+                crate::protocol::TrustRegistry::from_toml(&t).map_err(|e| cfg_err(e.to_string()))
+            })?;
+        let tls =
+            crate::protocol::transport::client_tls(&crate::protocol::transport::TlsIdentity {
+                ca: link.ca.clone(),
+                cert: link.cert.clone(),
+                key: link.key.clone(),
+            })
+            .map_err(|e| cfg_err(e.to_string()))?;
+        let lanes = self
+            .status()
+            .await?
+            .lanes
+            .into_iter()
+            .map(|l| format!("{}@{}", l.lane, l.lane_incarnation_id))
+            .collect();
+        let params = crate::protocol::transport::LinkParams {
+            addr: link.address.clone(),
+            server_name: link.server_name.clone(),
+            coordinator: link.principal.clone(),
+            tls,
+            signer: Arc::new(crate::protocol::Signer::new(
+                &format!("{principal}/session"),
+                &principal,
+                &link.trust_domain,
+                seed(&link.session_key)?,
+            )),
+            registry: Arc::new(registry),
+            trust_domain: link.trust_domain.clone(),
+            host_id: host,
+            lanes,
+        };
+        let ordinary = Arc::new(crate::protocol::Signer::new(
+            &format!("{principal}/ordinary"),
+            &principal,
+            &link.trust_domain,
+            seed(&link.ordinary_key)?,
+        ));
+        let (out, rx) = tokio::sync::mpsc::channel(256);
+        let host =
+            coordinated::CoordinatedHost::new(self.clone(), ordinary, link.principal.clone(), out);
+        tokio::spawn(crate::protocol::transport::run_link(
+            params,
+            self.inner.outbox.clone(),
+            Arc::new(host),
+            rx,
+            self.inner.shutdown.subscribe(),
+        ));
+        Ok(())
+    }
+
+    /// Records a rejected (stale, misaddressed) coordinator message, identifiers only.
+    pub fn audit_stale(&self, category: &str, detail: &str) {
+        self.inner.audit.record(category, None, None, detail);
     }
 
     pub fn audit_path(&self) -> PathBuf {
@@ -646,6 +771,9 @@ pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
             Err(SupervisorError::LaneExists { .. }) => {}
             Err(e) => return Err(e),
         }
+    }
+    if let Some(link) = sup.inner.cfg.coordinator.clone() {
+        sup.connect_coordinator(&link).await?;
     }
     let listener = control::bind(&sup.inner.cfg.control_socket())?;
     tracing::info!(socket = %sup.inner.cfg.control_socket().display(), "supervisor ready");

@@ -1,0 +1,173 @@
+//! The harness's side door: a per-generation Unix socket for `mosaic lane …`, through which
+//! a harness fetches its contract and acknowledges its challenge.
+//!
+//! **Owns:** the per-generation hand-off points between the coordinator chain and the
+//! harness (contract, challenge, activation), and the peer check on every connection.
+//!
+//! **Never:** answers a process outside the generation's cgroup, hands out a contract or
+//! challenge of another generation, or lets the harness see a key.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+/// The contract as delivered to the harness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Contract {
+    pub task_text: String,
+    pub contracts_digest: String,
+}
+
+/// One generation's hand-off state, shared by the socket server and the chain driver.
+#[derive(Debug)]
+pub struct GenSession {
+    pub contract: watch::Sender<Option<Contract>>,
+    /// Set when the harness fetched the contract (the digest it was given).
+    pub delivered: watch::Sender<Option<String>>,
+    /// Set when the harness asked to acknowledge.
+    pub ack_requested: watch::Sender<bool>,
+    /// `Some(Ok)` once activated (RUNNING), `Some(Err)` if the chain failed.
+    pub activation: watch::Sender<Option<Result<(), String>>>,
+}
+
+impl GenSession {
+    pub fn new() -> Arc<Self> {
+        Arc::new(Self {
+            contract: watch::channel(None).0,
+            delivered: watch::channel(None).0,
+            ack_requested: watch::channel(false).0,
+            activation: watch::channel(None).0,
+        })
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum LaneRequest {
+    Contract,
+    Ack,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LaneResponse {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract: Option<Contract>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+}
+
+/// Serves the socket at `path` until the task is aborted. Only peers whose cgroup is
+/// `cgroup_rel` are answered.
+pub(crate) fn serve(
+    path: &Path,
+    cgroup_rel: String,
+    s: Arc<GenSession>,
+) -> Result<tokio::task::JoinHandle<()>, super::SupervisorError> {
+    let listener: UnixListener = super::generation::bind_socket(path)?;
+    Ok(tokio::spawn(async move {
+        while let Ok((stream, _)) = listener.accept().await {
+            let peer_ok = stream
+                .peer_cred()
+                .ok()
+                .and_then(|c| c.pid())
+                .and_then(|pid| crate::cgroup::cgroup_of(Some(pid)).ok())
+                .is_some_and(|cg| cg == cgroup_rel);
+            let s = s.clone();
+            tokio::spawn(async move {
+                let (r, mut w) = stream.into_split();
+                let mut lines = BufReader::new(r).lines();
+                let Ok(Some(line)) = lines.next_line().await else {
+                    return;
+                };
+                let resp = if !peer_ok {
+                    err("this socket only answers processes of its own generation")
+                } else {
+                    match serde_json::from_str::<LaneRequest>(&line) {
+                        Ok(LaneRequest::Contract) => contract(&s).await,
+                        Ok(LaneRequest::Ack) => ack(&s).await,
+                        Err(e) => err(&format!("bad request: {e}")),
+                    }
+                };
+                if let Ok(mut out) = serde_json::to_vec(&resp) {
+                    out.push(b'\n');
+                    let _ = w.write_all(&out).await;
+                }
+            });
+        }
+    }))
+}
+
+fn err(msg: &str) -> LaneResponse {
+    LaneResponse {
+        ok: false,
+        contract: None,
+        state: None,
+        error: Some(msg.into()),
+    }
+}
+
+async fn contract(s: &GenSession) -> LaneResponse {
+    let mut rx = s.contract.subscribe();
+    let c = match rx.wait_for(|c| c.is_some()).await {
+        Ok(c) => c.clone(),
+        Err(_) => return err("the generation ended"),
+    };
+    match c {
+        Some(c) => {
+            s.delivered.send_replace(Some(c.contracts_digest.clone()));
+            LaneResponse {
+                ok: true,
+                contract: Some(c),
+                state: None,
+                error: None,
+            }
+        }
+        None => err("no contract"),
+    }
+}
+
+async fn ack(s: &GenSession) -> LaneResponse {
+    if s.delivered.borrow().is_none() {
+        return err("fetch the contract before acknowledging it");
+    }
+    s.ack_requested.send_replace(true);
+    let mut rx = s.activation.subscribe();
+    let v = match rx.wait_for(|a| a.is_some()).await {
+        Ok(v) => v.clone(),
+        Err(_) => return err("the generation ended"),
+    };
+    match v {
+        Some(Ok(())) => LaneResponse {
+            ok: true,
+            contract: None,
+            state: Some("active".into()),
+            error: None,
+        },
+        Some(Err(e)) => err(&e),
+        None => err("no activation"),
+    }
+}
+
+/// Client side, for `mosaic lane …`: one request, one response.
+pub fn call(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, std::io::Error> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)?;
+    let mut line = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    s.write_all(&line)?;
+    let mut out = String::new();
+    std::io::BufReader::new(s).read_line(&mut out)?;
+    serde_json::from_str(&out).map_err(std::io::Error::other)
+}
+
+/// The path a generation's lane socket lives at (beside its shim socket).
+pub(crate) fn path_for(shim_socket: &Path) -> PathBuf {
+    shim_socket.with_extension("lane.sock")
+}

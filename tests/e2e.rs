@@ -1,0 +1,421 @@
+//! End to end, with real processes: `mosaic up` (coordinator + supervisor, joined by the
+//! mutually authenticated WebSocket) on real tmux, cgroups and PostgreSQL, driven through
+//! the operator CLI exactly as a user would.
+
+mod common;
+mod pg;
+
+use std::io::BufRead;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::Value;
+
+struct Up {
+    child: Child,
+    dir: PathBuf,
+    _db: pg::TestDb,
+    db_url: String,
+}
+
+impl Up {
+    fn start(lanes: u32) -> Self {
+        common::require_host();
+        let db = pg::TestDb::new();
+        let dir =
+            std::env::temp_dir().join(format!("mosaic-e2e-{}", uuid::Uuid::new_v4().simple()));
+        let mut child = Command::new(common::MOSAIC)
+            .args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
+            .arg(&dir)
+            .args(["--database-url", &db.url])
+            .env("MOSAIC_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(log_of(&dir)).unwrap())
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        let mut text = String::new();
+        loop {
+            let mut line = String::new();
+            if out.read_line(&mut line).unwrap() == 0 {
+                panic!("mosaic up ended early:\n{text}");
+            }
+            text.push_str(&line);
+            if line.contains("Ctrl-C stops everything") {
+                break;
+            }
+        }
+        // Keep draining stdout so `up` never blocks on a full pipe.
+        std::thread::spawn(move || for _ in out.lines() {});
+        let db_url = db.url.clone();
+        Self {
+            child,
+            dir,
+            _db: db,
+            db_url,
+        }
+    }
+
+    fn cli(&self, args: &[&str]) -> Result<Value, String> {
+        let out = Command::new(common::MOSAIC)
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(serde_json::from_slice(&out.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn host(&self, args: &[&str]) -> Value {
+        let out = Command::new(common::MOSAIC)
+            .arg("host")
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .args(args)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn lane_id(&self, n: u32) -> String {
+        let host = nix::unistd::gethostname()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        format!("{host}:lane-{n}")
+    }
+
+    fn assign(&self, lane: &str, task: &str) -> Value {
+        self.cli(&[
+            "assign",
+            "--lane",
+            lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            task,
+            "--wait",
+            "running",
+        ])
+        .unwrap_or_else(|e| panic!("assign: {e}"))
+    }
+
+    fn lane_state(&self, lane: &str) -> String {
+        let lanes = self.cli(&["lanes"]).unwrap();
+        lanes
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lane_id"] == lane)
+            .map(|l| l["state"].as_str().unwrap().to_string())
+            .unwrap_or_default()
+    }
+
+    fn assignment(&self, id: &str) -> Value {
+        let st = self.cli(&["status"]).unwrap();
+        st["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|a| a["assignment_id"] == id)
+            .cloned()
+            .unwrap()
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        let (c, conn) = tokio_postgres::connect(&self.db_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c.query_one(sql, &[]).await.unwrap().get(0)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_dir_all(&self.dir);
+            let _ = std::fs::remove_file(log_of(&self.dir));
+        } else {
+            eprintln!("mosaic up log kept: {}", log_of(&self.dir).display());
+        }
+    }
+}
+
+fn log_of(dir: &std::path::Path) -> PathBuf {
+    dir.with_extension("log")
+}
+
+fn wait_for<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
+    common::wait_until(what, &mut f)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    assert_eq!(up.lane_state(&lane), "IDLE_CLEAN");
+    let a = up.assign(&lane, "print=hello-e2e spawn=3");
+    assert_eq!(a["state"], "RUNNING");
+    assert_eq!(a["lane_id"], lane.as_str());
+    let pi = &a["process_identity"];
+    // The identity the coordinator activated is the one the supervisor verified.
+    let host = up.host(&["status"]);
+    let g = &host["lanes"][0]["generation"];
+    assert_eq!(pi["root_pid"], g["process_identity"]["root_pid"]);
+    assert_eq!(
+        pi["launch_nonce_digest"],
+        g["process_identity"]["launch_nonce_digest"]
+    );
+    assert_eq!(pi["cgroup_path"], g["process_identity"]["cgroup_path"]);
+    assert_eq!(g["generation"], a["generation"]);
+    // Owners after activation (spec §4): execution and responsibility with the lane.
+    let s = up.assignment(a["assignment_id"].as_str().unwrap());
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["execution_owner"].as_str(),
+            s["responsibility_owner"].as_str()
+        ),
+        (Some("RUNNING"), Some(lane.as_str()), Some(lane.as_str()))
+    );
+    assert_eq!(
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        2
+    );
+    // Attachable: the lane's tmux pane shows the harness, which ran its contract's task.
+    let sock = host["lanes"][0]["tmux_socket"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let screen = wait_for("pane output", || {
+        let out = Command::new("tmux")
+            .args(["-S", &sock, "capture-pane", "-p", "-t", "=lane-1:"])
+            .output()
+            .ok()?;
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        t.contains("hello-e2e").then_some(t)
+    });
+    assert!(screen.contains("generation is active"), "{screen}");
+    // Stop: drained, retired, receipt reconciled, lane clean, nothing left running.
+    let stopped = up
+        .cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
+        .unwrap();
+    assert_eq!(stopped["state"], "IDLE_CLEAN");
+    let s = up.assignment(a["assignment_id"].as_str().unwrap());
+    assert_eq!(
+        (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
+        (Some("COMPLETED"), None)
+    );
+    assert_eq!(
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        0
+    );
+    let receipts = up.cli(&["receipts", "--lane", &lane]).unwrap();
+    let r = receipts.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (
+            r["termination_reason"].as_str(),
+            r["reconciliation"].as_str()
+        ),
+        (Some("quit"), Some("retired"))
+    );
+    assert!(up.host(&["status"])["lanes"][0]["generation"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    let a = up.assign(&lane, "spawn=6");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let harness = up.host(&["status"])["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    common::kill(harness as i32, nix::sys::signal::Signal::SIGKILL);
+    let r = wait_for("reconciled receipt", || {
+        let rs = up.cli(&["receipts", "--lane", &lane]).ok()?;
+        rs.as_array()?
+            .iter()
+            .find(|r| r["generation"] == a["generation"] && !r["reconciliation"].is_null())
+            .cloned()
+    });
+    assert_eq!(
+        (
+            r["termination_reason"].as_str(),
+            r["observation_source"].as_str()
+        ),
+        (Some("sigkill"), Some("shim"))
+    );
+    assert_eq!(r["reconciliation"], "recovery");
+    assert_eq!(r["cleanup"]["verified_empty"], true);
+    let s = up.assignment(&id);
+    assert_eq!(
+        (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
+        (Some("RECOVERY"), None),
+        "a killed run is never completed"
+    );
+    assert_eq!(
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        0,
+        "the dead generation's leases were revoked"
+    );
+    // The lane is reusable only after that reconciliation, with a new generation.
+    assert_eq!(up.lane_state(&lane), "IDLE_CLEAN");
+    let b = up.assign(&lane, "print=again");
+    assert_eq!(
+        b["generation"].as_i64(),
+        a["generation"].as_i64().map(|g| g + 1)
+    );
+    assert_ne!(
+        b["process_identity"]["launch_nonce_digest"],
+        a["process_identity"]["launch_nonce_digest"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn staging_never_holds_an_effect_lease_and_a_refused_contract_never_activates() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    // The harness refuses a task it cannot run before acknowledging it: the chain stops
+    // short of READY, and nothing before RUNNING ever holds a lease.
+    let err = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "explode",
+            "--wait",
+            "running",
+        ])
+        .unwrap_err();
+    assert!(err.contains("ended") || err.contains("timed out"), "{err}");
+    assert_eq!(up.count("SELECT count(*) FROM leases").await, 0);
+    assert_eq!(
+        up.count("SELECT count(*) FROM challenges WHERE consumed_at IS NOT NULL")
+            .await,
+        0
+    );
+    assert_eq!(
+        up.count("SELECT count(*) FROM transition_receipts WHERE transition = 'activate'")
+            .await,
+        0
+    );
+    // Unknown runtimes are refused before anything is reserved.
+    let err = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "claude@9.9.9",
+            "--task",
+            "x",
+        ])
+        .unwrap_err();
+    assert!(err.contains("unknown runtime"), "{err}");
+}
+
+#[test]
+fn up_demo_shows_running_sigkill_receipt_and_recovery_then_cleans_up_on_sigterm() {
+    common::require_host();
+    let db = pg::TestDb::new();
+    let dir = std::env::temp_dir().join(format!("mosaic-e2e-{}", uuid::Uuid::new_v4().simple()));
+    let mut child = Command::new(common::MOSAIC)
+        .args(["up", "--demo", "--lanes", "1", "--state-dir"])
+        .arg(&dir)
+        .args(["--database-url", &db.url])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // On a failed assertion, still stop `up` so it tears down what it started.
+    struct Stop(i32);
+    impl Drop for Stop {
+        fn drop(&mut self) {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(self.0),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+    }
+    let _stop = Stop(child.id() as i32);
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("mosaic up ended early: {text}");
+        }
+        text.push_str(&line);
+        if line.contains("[demo] done") {
+            break;
+        }
+    }
+    assert!(text.contains("is RUNNING in generation 1"), "{text}");
+    assert!(
+        text.contains("reason \"sigkill\"") && text.contains("reconciliation: \"recovery\""),
+        "{text}"
+    );
+    assert!(
+        text.contains("is RECOVERY") && text.contains("RUNNING in a fresh generation 2"),
+        "{text}"
+    );
+    // Still up, and the lane shows the demo's running generation, attachable.
+    let sock = dir.join("run/lanes/lane-1/tmux.sock");
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_ok(),
+        "lane tmux server not running"
+    );
+    let st = mosaic::supervisor::control::call(
+        &dir.join("run/control.sock"),
+        &mosaic::supervisor::control::Request::Status,
+    )
+    .unwrap();
+    assert_eq!(st["lanes"][0]["current_generation"], 2, "{st}");
+    common::kill(child.id() as i32, nix::sys::signal::Signal::SIGTERM);
+    assert!(child.wait().unwrap().success());
+    let cfg = mosaic::up::config_for(&dir, 1).unwrap();
+    let root = cfg.cgroup_root.clone().unwrap();
+    assert!(
+        !root.exists(),
+        "cgroups left behind under {}",
+        root.display()
+    );
+    assert!(
+        std::os::unix::net::UnixStream::connect(&sock).is_err(),
+        "tmux server left running"
+    );
+    std::fs::remove_dir_all(&dir).unwrap();
+}
