@@ -483,6 +483,7 @@ pub fn provision(
             ordinary_key: keys.join("coordinator-ordinary"),
             operator_socket: coordinator_socket(dir),
             lease_ms: Some(10_000),
+            reservation_ttl_ms: None,
         },
         link: crate::supervisor::config::CoordinatorLink {
             address: listen.into(),

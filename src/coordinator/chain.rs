@@ -1241,3 +1241,29 @@ impl Store {
             .collect())
     }
 }
+
+impl Store {
+    /// Chains still before activation whose reservation deadline has passed by database
+    /// time: what the watchdog expires.
+    pub async fn expired_chains(&self) -> Result<Vec<Chain>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query(
+            "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch \
+             FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
+             WHERE r.released_at IS NULL AND r.deadline <= clock_timestamp() \
+               AND li.state IN ('RESERVED','CHECKPOINTING','FENCED','STAGING','CONTRACT_INJECTING','AWAITING_ACK','READY')",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| Chain {
+            lane_id: r.get(0),
+            lane_incarnation_id: r.get(1),
+            assignment_id: r.get(2),
+            assignment_attempt_id: r.get(3),
+            reservation_id: r.get(4),
+            reservation_epoch: r.get(5),
+        })
+        .collect())
+    }
+}

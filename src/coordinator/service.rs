@@ -55,6 +55,8 @@ pub struct CoordinatorConfig {
     /// Operator socket (mode 0600).
     pub operator_socket: PathBuf,
     pub lease_ms: Option<i64>,
+    /// How long a reservation may take to reach RUNNING (default 120000 ms).
+    pub reservation_ttl_ms: Option<i64>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -101,6 +103,7 @@ pub struct Service {
     ordinary: Signer,
     sessions: Mutex<HashMap<String, mpsc::Sender<Vec<u8>>>>,
     drivers: Mutex<HashMap<String, Driver>>,
+    reservation_ttl_ms: i64,
 }
 
 const SCOPE: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000005";
@@ -169,8 +172,10 @@ impl Service {
             domain: cfg.trust_domain.clone(),
             sessions: Mutex::new(HashMap::new()),
             drivers: Mutex::new(HashMap::new()),
+            reservation_ttl_ms: cfg.reservation_ttl_ms.unwrap_or(120_000),
         });
         tokio::spawn(svc.clone().keep_leading(cand, lease));
+        tokio::spawn(svc.clone().watchdog());
         Ok(svc)
     }
 
@@ -187,6 +192,34 @@ impl Service {
                         tracing::info!(epoch = l.epoch(), "leading again");
                         *self.leader.write().await = l;
                     }
+                }
+            }
+        }
+    }
+
+    /// Expires chains whose reservation deadline passed before activation (database time
+    /// decides, through the fenced `expire` transition).
+    async fn watchdog(self: Arc<Self>) {
+        loop {
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let l = self.leader().await;
+            let Ok(chains) = self.store.expired_chains().await else {
+                continue;
+            };
+            for c in chains {
+                match self
+                    .store
+                    .expire(&l, &c, &format!("expire/{}", c.reservation_id))
+                    .await
+                {
+                    Ok(r) => {
+                        tracing::warn!(lane = %c.lane_id, assignment = %c.assignment_id, to = %r.body["to"], "reservation expired before activation");
+                        self.fail(
+                            &c.reservation_id,
+                            "the reservation expired before activation".into(),
+                        );
+                    }
+                    Err(e) => tracing::debug!(error = %e, "expiry not applied"),
                 }
             }
         }
@@ -239,6 +272,22 @@ impl Service {
         )
         .await?;
         Ok(())
+    }
+
+    /// Hosts with a live session right now.
+    pub fn connected_hosts(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .sessions
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, tx)| !tx.is_closed())
+                    .map(|(h, _)| h.clone())
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
     }
 
     fn push(&self, host: &str, bytes: Vec<u8>) -> Result<(), String> {
@@ -319,7 +368,7 @@ impl Service {
             holds_digest: HOLDS.into(),
             completion_policy_digest: POLICY.into(),
             next_action: format!("run: {}", task.chars().take(80).collect::<String>()),
-            ttl_ms: 120_000,
+            ttl_ms: self.reservation_ttl_ms,
             idempotency_key: key("reserve"),
         };
         let reserved = self
@@ -862,6 +911,7 @@ async fn operate(svc: &Arc<Service>, req: OperatorRequest) -> Result<serde_json:
             "assignments": svc.store.assignment_statuses().await.map_err(e)?,
             "lanes": svc.store.lanes().await.map_err(e)?,
             "coordinator_epoch": svc.leader().await.epoch(),
+            "hosts_connected": svc.connected_hosts(),
         }),
         OperatorRequest::Assign {
             lane_id,

@@ -438,6 +438,7 @@ pub async fn run_link(
             return;
         }
         let session_id = format!("sess-{}", uuid::Uuid::new_v4().simple());
+        let mut connected = false;
         match link_once(
             &p,
             &outbox,
@@ -445,11 +446,16 @@ pub async fn run_link(
             dispatch.as_ref(),
             &mut outgoing,
             &mut shutdown,
+            &mut connected,
         )
         .await
         {
             Ok(()) => return,
             Err(e) => {
+                // A session that was up starts the next attempt fast again.
+                if connected {
+                    backoff = Duration::from_millis(100);
+                }
                 tracing::warn!(error = %e, retry_in_ms = backoff.as_millis() as u64, "coordinator link down");
             }
         }
@@ -468,8 +474,11 @@ async fn link_once(
     dispatch: &dyn HostDispatch,
     outgoing: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
     shutdown: &mut watch::Receiver<bool>,
+    connected: &mut bool,
 ) -> Result<(), TransportError> {
     let mut ws = connect(p, session_id).await?;
+    *connected = true;
+
     tracing::info!(coordinator = %p.coordinator, session_id, "coordinator link up");
     let mut sent: HashSet<String> = HashSet::new();
     let mut tick = tokio::time::interval(Duration::from_millis(100));
