@@ -233,7 +233,12 @@ impl CoordinatedHost {
         };
         if let Err(audit) = admitted {
             let line = serde_json::to_string(&*audit).unwrap_or_default();
-            self.sup.audit_stale(audit.category, &line);
+            self.sup.audit_stale(
+                audit.category,
+                Some(&audit.lane_id),
+                audit.generation,
+                &line,
+            );
             return;
         }
         let lane_id = env.str("lane_id").to_string();
@@ -243,8 +248,12 @@ impl CoordinatedHost {
         };
         let Some(ctx) = ctx else { return };
         if env.str("reservation_id") != ctx.stage.str("reservation_id") {
-            self.sup
-                .audit_stale("other-reservation", env.str("message_id"));
+            self.sup.audit_stale(
+                "other-reservation",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            );
             return;
         }
         match env.message_type() {
@@ -256,8 +265,13 @@ impl CoordinatedHost {
                     env.str("holds_digest"),
                 );
                 if digest != env.str("contracts_digest") {
-                    self.sup
-                        .audit_stale("contract-digest-mismatch", env.str("message_id"));
+                    self.sup.audit_stale(
+                        "contract-digest-mismatch",
+                        Some(&lane_id),
+                        env.uint("generation"),
+                        env.str("message_id"),
+                    );
+
                     return;
                 }
                 if let Ok(mut c) = ctx.contract.lock() {

@@ -703,8 +703,16 @@ impl Supervisor {
     }
 
     /// Records a rejected (stale, misaddressed) coordinator message, identifiers only.
-    pub fn audit_stale(&self, category: &str, detail: &str) {
-        self.inner.audit.record(category, None, None, detail);
+    pub fn audit_stale(
+        &self,
+        category: &str,
+        lane_id: Option<&str>,
+        generation: Option<u64>,
+        detail: &str,
+    ) {
+        self.inner
+            .audit
+            .record(category, lane_id, generation, detail);
     }
 
     pub fn audit_path(&self) -> PathBuf {

@@ -1,0 +1,239 @@
+//! Queue isolation at the supervisor (spec §12, §17 "stale executor request", "fence
+//! revocation race", "old queued message"): once a lane moved to a new generation, a
+//! coordinator message for the old one is rejected, audited without payload, and never
+//! reaches the new generation. A real supervisor in coordinated mode, real tmux and
+//! cgroups; the coordinator's side is played with its real signing key.
+
+mod common;
+mod fixture;
+
+use std::time::Duration;
+
+use fixture::*;
+use mosaic::protocol::canonical::Value;
+use mosaic::protocol::envelope::{n, s};
+use mosaic::protocol::schema::MessageType;
+use mosaic::protocol::transport::HostDispatch;
+use mosaic::protocol::{verify, Envelope, Verified};
+use mosaic::supervisor::config::{Config, ConfigFile};
+use mosaic::supervisor::coordinated::CoordinatedHost;
+use mosaic::supervisor::Supervisor;
+use tokio::sync::mpsc;
+
+struct World {
+    sup: Supervisor,
+    dir: std::path::PathBuf,
+    root: std::path::PathBuf,
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        self.sup.shutdown();
+        if let Ok(rd) = std::fs::read_dir(self.dir.join("run/lanes")) {
+            for e in rd.flatten() {
+                let _ = std::process::Command::new("tmux")
+                    .arg("-S")
+                    .arg(e.path().join("tmux.sock"))
+                    .arg("kill-server")
+                    .status();
+            }
+        }
+        let _ = self.sup.cgroup_tree().destroy_all(Duration::from_secs(10));
+        let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = &self.root;
+    }
+}
+
+fn coord(t: MessageType, fields: Vec<(&str, Value)>) -> Envelope<Verified> {
+    let bytes = signer("coord-ordinary").sign(t, HOST, fields).unwrap();
+    let reg = registry();
+    verify(
+        &bytes,
+        &mosaic::protocol::VerifyContext {
+            now: std::time::SystemTime::now(),
+            ..ctx(&reg, HOST)
+        },
+    )
+    .unwrap()
+}
+
+fn chain(inc: &str, generation: u64, reservation: &str) -> Vec<(&'static str, Value)> {
+    vec![
+        (
+            "message_id",
+            s(&format!("m-{}", uuid::Uuid::new_v4().simple())),
+        ),
+        (
+            "idempotency_key",
+            s(&format!("k-{}", uuid::Uuid::new_v4().simple())),
+        ),
+        ("sot_incarnation", s("sot-1")),
+        ("coordinator_epoch", n(7)),
+        ("assignment_id", s("as-1")),
+        ("lane_id", s("h1:lane-1")),
+        ("lane_incarnation_id", s(inc)),
+        ("assignment_attempt_id", s(&format!("at-{reservation}"))),
+        ("reservation_id", s(reservation)),
+        ("reservation_epoch", n(1)),
+        ("reservation_deadline", s("2099-01-01T00:00:00.000000Z")),
+        ("runtime_id", s("fake@1.0.0")),
+        ("generation", n(generation)),
+        ("fence_proof", s("fence-ref:x")),
+        ("issued_at", s("2026-01-01T00:00:00.000000Z")),
+        ("expires_at", s("2099-01-01T00:00:00.000000Z")),
+    ]
+}
+
+fn contract(inc: &str, generation: u64, reservation: &str, task: &str) -> Envelope<Verified> {
+    let (scope, holds) = (
+        format!("sha256:{}", "5".repeat(64)),
+        format!("sha256:{}", "6".repeat(64)),
+    );
+    let mut f = chain(inc, generation, reservation);
+    f.extend([
+        (
+            "contracts_digest",
+            s(&mosaic::protocol::contracts_digest(task, &scope, &holds)),
+        ),
+        ("scope_digest", s(&scope)),
+        ("holds_digest", s(&holds)),
+        ("task_text", s(task)),
+    ]);
+    coord(MessageType::Contract, f)
+}
+
+async fn next(rx: &mut mpsc::Receiver<Vec<u8>>, within: Duration) -> Option<Envelope<Verified>> {
+    let bytes = tokio::time::timeout(within, rx.recv()).await.ok()??;
+    let reg = registry();
+    Some(
+        verify(
+            &bytes,
+            &mosaic::protocol::VerifyContext {
+                now: std::time::SystemTime::now(),
+                ..ctx(&reg, COORD)
+            },
+        )
+        .unwrap(),
+    )
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_new_one() {
+    common::require_host();
+    let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+    let dir = std::env::temp_dir().join(format!("mosaic-stale-{id}"));
+    let root = mosaic::cgroup::discover_mount()
+        .unwrap()
+        .path
+        .join(format!("mosaic-test-{id}"));
+    let cfg = Config::from_file(ConfigFile {
+        host_id: Some("h1".into()),
+        state_dir: dir.join("state"),
+        runtime_dir: dir.join("run"),
+        cgroup_root: Some(root.clone()),
+        registry_dir: None,
+        bin_dir: Some(
+            std::path::Path::new(common::MOSAIC)
+                .parent()
+                .unwrap()
+                .to_path_buf(),
+        ),
+        tmux: None,
+        lanes: vec![],
+        force_freezer_fallback: false,
+        reattach_timeout_ms: None,
+        coordinator: None,
+    })
+    .unwrap();
+    let sup = Supervisor::open(cfg).unwrap();
+    let w = World {
+        sup: sup.clone(),
+        dir,
+        root,
+    };
+    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let (tx, mut rx) = mpsc::channel(64);
+    let host = CoordinatedHost::new(
+        sup.clone(),
+        std::sync::Arc::new(signer("host-ordinary")),
+        COORD.into(),
+        tx,
+    );
+
+    // Generation 1 is staged, then replaced by generation 2 (new reservation).
+    host.dispatch(coord(MessageType::Stage, chain(&inc, 1, "rs-1")))
+        .await;
+    let staged = next(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("staged for generation 1");
+    assert_eq!(
+        (staged.message_type(), staged.uint("generation")),
+        (MessageType::Staged, Some(1))
+    );
+    host.dispatch(coord(MessageType::Stage, chain(&inc, 2, "rs-2")))
+        .await;
+    let staged = next(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("staged for generation 2");
+    assert_eq!(staged.uint("generation"), Some(2));
+
+    // The old generation's contract (and a stop for it) arrive late: rejected and audited.
+    host.dispatch(contract(&inc, 1, "rs-1", "print=stale-task"))
+        .await;
+    let mut stop = chain(&inc, 1, "rs-1");
+    stop.extend([
+        ("contracts_digest", s(&format!("sha256:{}", "c".repeat(64)))),
+        ("scope_digest", s(&format!("sha256:{}", "5".repeat(64)))),
+        ("holds_digest", s(&format!("sha256:{}", "6".repeat(64)))),
+        ("stop_reason", s("late")),
+    ]);
+    host.dispatch(coord(MessageType::Stop, stop)).await;
+    // Nothing reached generation 2: its harness got no contract, so it reports nothing.
+    assert!(
+        next(&mut rx, Duration::from_millis(1500)).await.is_none(),
+        "a stale message was acted on"
+    );
+    let audit = std::fs::read_to_string(sup.audit_path()).unwrap();
+    assert_eq!(
+        audit
+            .lines()
+            .filter(|l| l.contains(
+                "\"category\":\"stale-generation\",\"lane\":\"h1:lane-1\",\"generation\":1"
+            ))
+            .count(),
+        2,
+        "{audit}"
+    );
+
+    assert!(
+        !audit.contains("stale-task"),
+        "payload leaked into the audit log: {audit}"
+    );
+    let st = sup.status().await.unwrap();
+    assert_eq!(
+        st.lanes[0].current_generation,
+        Some(2),
+        "the late stop stopped the new generation"
+    );
+
+    // The current generation's own contract does get through: the rejection above was not
+    // a broken path.
+    host.dispatch(contract(&inc, 2, "rs-2", "print=fresh-task"))
+        .await;
+    let injected = next(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("injected for generation 2");
+    assert_eq!(
+        (injected.message_type(), injected.uint("generation")),
+        (MessageType::Injected, Some(2))
+    );
+    assert_eq!(
+        injected.str("delivered_contracts_digest"),
+        mosaic::protocol::contracts_digest(
+            "print=fresh-task",
+            &format!("sha256:{}", "5".repeat(64)),
+            &format!("sha256:{}", "6".repeat(64))
+        )
+    );
+    drop(w);
+}
