@@ -255,9 +255,24 @@ enum HostOp {
     Ack { key: String },
 }
 
+/// Logs to journald when running under systemd with a journal, to stderr otherwise.
+/// `MOSAIC_LOG` sets the filter (default `info`).
 fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
     let filter = tracing_subscriber::EnvFilter::try_from_env("MOSAIC_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let under_systemd =
+        std::env::var_os("JOURNAL_STREAM").is_some() || std::env::var_os("INVOCATION_ID").is_some();
+    if under_systemd {
+        if let Ok(journald) = tracing_journald::layer() {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(journald.with_syslog_identifier("mosaic".into()))
+                .try_init();
+            return;
+        }
+    }
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)

@@ -13,10 +13,10 @@ use fixture::*;
 use mosaic::protocol::canonical::Value;
 use mosaic::protocol::envelope::{n, s};
 use mosaic::protocol::schema::MessageType;
-use mosaic::protocol::transport::HostDispatch;
 use mosaic::protocol::{verify, Envelope, Verified};
 use mosaic::supervisor::config::{Config, ConfigFile};
 use mosaic::supervisor::coordinated::CoordinatedHost;
+use mosaic::supervisor::link::HostDispatch;
 use mosaic::supervisor::Supervisor;
 use tokio::sync::mpsc;
 

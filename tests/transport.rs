@@ -388,7 +388,7 @@ async fn hostile_frames_close_nothing_but_themselves() {
     }
     // The session is still up: a real receipt is processed and acknowledged.
     let r = receipt("h1:w1", 1);
-    let env = transport::receipt_envelope(&p, "s-hostile", &r).unwrap();
+    let env = mosaic::supervisor::link::receipt_envelope(&p, "s-hostile", &r).unwrap();
     ws.send(Message::text(String::from_utf8(env).unwrap()))
         .await
         .unwrap();
@@ -427,7 +427,7 @@ async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let (link_stop, link_rx) = watch::channel(false);
-    let link = tokio::spawn(transport::run_receipt_link(
+    let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
         w.link(&addr, &w.host),
         outbox.clone(),
         link_rx,
@@ -530,7 +530,8 @@ async fn the_server_serves_many_concurrent_host_sessions() {
         joins.push(tokio::spawn(async move {
             let mut ws = transport::connect(&p, &format!("s-{i}")).await.unwrap();
             let r = receipt(&format!("{}:w1", principal.trim_start_matches("host:")), 1);
-            let env = transport::receipt_envelope(&p, &format!("s-{i}"), &r).unwrap();
+            let env =
+                mosaic::supervisor::link::receipt_envelope(&p, &format!("s-{i}"), &r).unwrap();
             ws.send(Message::text(String::from_utf8(env).unwrap()))
                 .await
                 .unwrap();

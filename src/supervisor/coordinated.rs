@@ -18,12 +18,12 @@ use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use super::lanesock::{Contract, GenSession};
+use super::link::HostDispatch;
 use super::Supervisor;
 use crate::protocol::canonical::Value;
 use crate::protocol::envelope::{n, s, Signer};
 use crate::protocol::queue::GenerationGate;
 use crate::protocol::schema::MessageType;
-use crate::protocol::transport::HostDispatch;
 use crate::protocol::{Envelope, Verified};
 
 struct ChainCtx {

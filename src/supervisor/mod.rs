@@ -28,6 +28,7 @@ pub mod tmux;
 mod adopt;
 mod generation;
 pub mod lanesock;
+pub mod link;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -692,7 +693,7 @@ impl Supervisor {
         let (out, rx) = tokio::sync::mpsc::channel(256);
         let host =
             coordinated::CoordinatedHost::new(self.clone(), ordinary, link.principal.clone(), out);
-        tokio::spawn(crate::protocol::transport::run_link(
+        tokio::spawn(link::run_link(
             params,
             self.inner.outbox.clone(),
             Arc::new(host),

@@ -1,0 +1,139 @@
+//! End-to-end benchmark on `mosaic up` (coordinator + supervisor + a private PostgreSQL
+//! with fsync on): latency from `assign` to RUNNING, and from SIGKILL of the harness to a
+//! receipt reconciled by the coordinator, p50 / p99 over 50 runs each. Prints; asserts
+//! nothing about speed. Run as root: `cargo bench --bench e2e`.
+
+use std::io::BufRead;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use mosaic::coordinator::service::{operator_call, OperatorRequest};
+use mosaic::supervisor::control::{call, Request};
+
+const RUNS: usize = 50;
+
+fn pct(v: &mut [Duration], p: f64) -> f64 {
+    v.sort();
+    v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
+}
+
+fn main() {
+    let dir = std::env::temp_dir().join(format!(
+        "mosaic-bench-e2e-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let mut up = Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(["up", "--lanes", "1", "--state-dir"])
+        .arg(&dir)
+        .env("MOSAIC_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(up.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "mosaic up ended early"
+        );
+        if line.contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in out.lines() {});
+    let ops = dir.join("run/coordinator.sock");
+    let host = dir.join("run/control.sock");
+    let lane = format!(
+        "{}:lane-1",
+        nix::unistd::gethostname().unwrap().to_string_lossy()
+    );
+    let assign = |task: &str| {
+        operator_call(
+            &ops,
+            &OperatorRequest::Assign {
+                lane_id: lane.clone(),
+                runtime: "fake@1.0.0".into(),
+                task: task.into(),
+                wait: true,
+            },
+        )
+        .unwrap()
+    };
+
+    let mut to_running = Vec::new();
+    for _ in 0..RUNS {
+        let t = Instant::now();
+        let a = assign("hang");
+        to_running.push(t.elapsed());
+        operator_call(
+            &ops,
+            &OperatorRequest::Stop {
+                assignment_id: a["assignment_id"].as_str().unwrap().into(),
+            },
+        )
+        .unwrap();
+    }
+
+    let mut to_reconciled = Vec::new();
+    for _ in 0..RUNS {
+        let a = assign("hang");
+        let st = call(&host, &Request::Status).unwrap();
+        let hp = st["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+            .as_i64()
+            .unwrap();
+        let t = Instant::now();
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(hp as i32),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        loop {
+            let rs = operator_call(
+                &ops,
+                &OperatorRequest::Receipts {
+                    lane_id: Some(lane.clone()),
+                },
+            )
+            .unwrap();
+            if rs
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["generation"] == a["generation"] && !r["reconciliation"].is_null())
+            {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(500));
+            assert!(
+                t.elapsed() < Duration::from_secs(30),
+                "no reconciled receipt"
+            );
+        }
+        to_reconciled.push(t.elapsed());
+        // The lane is clean again only after that reconciliation.
+        while operator_call(&ops, &OperatorRequest::Lanes).unwrap()[0]["state"] != "IDLE_CLEAN" {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(up.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let _ = up.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+
+    println!("Mosaic end-to-end benchmark — mosaic up (coordinator + supervisor, PostgreSQL fsync on), {RUNS} runs each");
+    println!("  assign → RUNNING (reserve … stage, fresh generation, contract, injected, challenge, ACK, activation)");
+    println!(
+        "      p50 {:7.1} ms  p99 {:7.1} ms",
+        pct(&mut to_running, 0.5),
+        pct(&mut to_running, 0.99)
+    );
+    println!("  SIGKILL of the harness → receipt reconciled by the coordinator (recovery)");
+    println!(
+        "      p50 {:7.1} ms  p99 {:7.1} ms",
+        pct(&mut to_reconciled, 0.5),
+        pct(&mut to_reconciled, 0.99)
+    );
+}
