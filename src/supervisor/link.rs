@@ -146,11 +146,15 @@ async fn link_once(
 
     tracing::info!(coordinator = %p.coordinator, session_id, "coordinator link up");
     let mut sent: HashSet<String> = HashSet::new();
+    // Receipts go out as soon as they are durable (the outbox signals each write); the
+    // tick is the safety net for anything written while a send was in flight.
     let mut tick = tokio::time::interval(Duration::from_millis(100));
+    let written = outbox.written();
     loop {
         tokio::select! {
-            _ = tick.tick() => {
+            _ = async { tokio::select! { _ = tick.tick() => {}, _ = written.notified() => {} } } => {
                 for r in outbox.list(false).map_err(|e| TransportError::Refused(e.to_string()))? {
+
                     if sent.insert(r.idempotency_key.clone()) {
                         let env = receipt_envelope(p, session_id, &r)?;
                         ws.send(Message::text(String::from_utf8_lossy(&env).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;

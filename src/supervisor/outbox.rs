@@ -27,6 +27,8 @@ pub enum OutboxError {
 pub struct Outbox {
     pending: PathBuf,
     acked: PathBuf,
+    /// Signalled after each new receipt is durable, so a sender need not poll.
+    written: std::sync::Arc<tokio::sync::Notify>,
 }
 
 /// Whether `write` stored a new receipt or found the generation's receipt already there.
@@ -47,7 +49,11 @@ impl Outbox {
         let acked = state_dir.join("acked");
         durable::ensure_dir(&pending, 0o700)?;
         durable::ensure_dir(&acked, 0o700)?;
-        Ok(Self { pending, acked })
+        Ok(Self {
+            pending,
+            acked,
+            written: std::sync::Arc::new(tokio::sync::Notify::new()),
+        })
     }
 
     fn name(key: &str) -> String {
@@ -68,10 +74,19 @@ impl Outbox {
             detail: e.to_string(),
         })?;
         match durable::create_new(&self.pending.join(&name), &bytes) {
-            Ok(()) => Ok(Written::New),
+            Ok(()) => {
+                self.written.notify_one();
+                Ok(Written::New)
+            }
+
             Err(DurableError::Exists { .. }) => Ok(Written::AlreadyPresent),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// Notified after every new durable receipt.
+    pub fn written(&self) -> std::sync::Arc<tokio::sync::Notify> {
+        self.written.clone()
     }
 
     pub fn contains(&self, key: &str) -> bool {
