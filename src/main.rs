@@ -134,7 +134,8 @@ enum Cmd {
     },
 }
 
-/// Where the coordinator's operator socket is.
+/// Where the coordinator is: its local socket (from a state dir, or explicit), or a
+/// remote operator listener reached with an operator certificate.
 #[derive(clap::Args)]
 struct CoordinatorAt {
     /// The state dir of `mosaic up` (default: $MOSAIC_STATE_DIR or the user state dir).
@@ -143,23 +144,53 @@ struct CoordinatorAt {
     /// The coordinator's operator socket.
     #[arg(long, conflicts_with = "state_dir")]
     coordinator_socket: Option<PathBuf>,
+    /// A remote coordinator's operator listener (host:port); needs --ca, --cert, --key.
+    #[arg(long, conflicts_with_all = ["state_dir", "coordinator_socket"], requires_all = ["ca", "cert", "key"])]
+    coordinator: Option<String>,
+    /// DNS name in the coordinator's certificate (default: the host part of --coordinator).
+    #[arg(long)]
+    server_name: Option<String>,
+    /// The CA certificate, and this operator's certificate and key (`mosaic pki issue-operator`).
+    #[arg(long)]
+    ca: Option<PathBuf>,
+    #[arg(long)]
+    cert: Option<PathBuf>,
+    #[arg(long)]
+    key: Option<PathBuf>,
     /// Print compact JSON.
     #[arg(long)]
     json: bool,
 }
 
 impl CoordinatorAt {
-    fn socket(&self) -> PathBuf {
-        match (&self.coordinator_socket, &self.state_dir) {
-            (Some(s), _) => s.clone(),
-            (None, sd) => mosaic::up::coordinator_socket(
-                &sd.clone().unwrap_or_else(mosaic::up::default_state_dir),
-            ),
+    fn target(&self) -> mosaic::coordinator::service::OperatorTarget {
+        use mosaic::coordinator::service::OperatorTarget;
+        match (&self.coordinator, &self.coordinator_socket) {
+            (Some(addr), _) => OperatorTarget::Remote {
+                addr: addr.clone(),
+                server_name: self.server_name.clone().unwrap_or_else(|| {
+                    addr.rsplit_once(':')
+                        .map(|(h, _)| h.to_string())
+                        .unwrap_or_else(|| addr.clone())
+                }),
+                tls: mosaic::protocol::transport::TlsIdentity {
+                    ca: self.ca.clone().unwrap_or_default(),
+                    cert: self.cert.clone().unwrap_or_default(),
+                    key: self.key.clone().unwrap_or_default(),
+                },
+            },
+            (None, Some(s)) => OperatorTarget::Socket(s.clone()),
+            (None, None) => OperatorTarget::Socket(mosaic::up::coordinator_socket(
+                &self
+                    .state_dir
+                    .clone()
+                    .unwrap_or_else(mosaic::up::default_state_dir),
+            )),
         }
     }
 
     fn call(&self, req: mosaic::coordinator::service::OperatorRequest) -> anyhow::Result<ExitCode> {
-        let v = mosaic::coordinator::service::operator_call(&self.socket(), &req)
+        let v = mosaic::coordinator::service::operator_request(&self.target(), &req)
             .map_err(|e| anyhow::anyhow!(e))?;
         if self.json {
             println!("{}", serde_json::to_string(&v)?);

@@ -484,6 +484,7 @@ pub fn provision(
             operator_socket: coordinator_socket(dir),
             lease_ms: Some(10_000),
             reservation_ttl_ms: None,
+            operator_listen: None,
         },
         link: crate::supervisor::config::CoordinatorLink {
             address: listen.into(),

@@ -34,6 +34,7 @@ struct Split {
     cgroup_root: PathBuf,
     coord: Option<Child>,
     sup: Option<Child>,
+    operator_addr: String,
 }
 
 fn spawn(args: &[&str], cfg: &PathBuf, log: PathBuf) -> Child {
@@ -70,14 +71,20 @@ impl Split {
             .port();
         let prov =
             mosaic::up::provision(&dir, &host, &db.url, &format!("127.0.0.1:{port}")).unwrap();
+        let op_port = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .port();
+        let operator_addr = format!("127.0.0.1:{op_port}");
         let c = &prov.coordinator;
         let coord_cfg = dir.join("coordinator.toml");
         std::fs::write(
             &coord_cfg,
             format!(
                 "name = {:?}\ntrust_domain = {:?}\nlisten = {:?}\ndatabase_url = {:?}\nsecret_file = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
-                 trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = 1000\nreservation_ttl_ms = 4000\n",
-                c.name, c.trust_domain, c.listen, c.database_url, c.secret_file, c.ca, c.cert, c.key, c.trust_registry, c.session_key, c.ordinary_key, c.operator_socket
+                 trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = 1000\nreservation_ttl_ms = 4000\noperator_listen = {:?}\n",
+                c.name, c.trust_domain, c.listen, c.database_url, c.secret_file, c.ca, c.cert, c.key, c.trust_registry, c.session_key, c.ordinary_key, c.operator_socket, operator_addr
             ),
         )
         .unwrap();
@@ -108,6 +115,7 @@ impl Split {
             cgroup_root,
             coord: None,
             sup: None,
+            operator_addr,
         };
         s.start_coordinator();
         s.start_supervisor();
@@ -490,4 +498,55 @@ async fn a_supervisor_restart_mid_chain_never_activates_and_keeps_its_generation
     );
     assert_eq!(w.count("SELECT count(*) FROM leases").await, 0);
     w.invariants().await;
+}
+
+#[test]
+fn remote_operators_need_an_operator_certificate_from_the_ca() {
+    let w = Split::new(1);
+    let pki = w.dir.join("pki");
+    let op = mosaic::pki::issue(&pki, mosaic::pki::Kind::Operator, "alice", 30, false).unwrap();
+    let run = |cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| {
+        Command::new(common::MOSAIC)
+            .args([
+                "lanes",
+                "--json",
+                "--coordinator",
+                &w.operator_addr,
+                "--server-name",
+                "localhost",
+                "--ca",
+            ])
+            .arg(ca)
+            .arg("--cert")
+            .arg(cert)
+            .arg("--key")
+            .arg(key)
+            .output()
+            .unwrap()
+    };
+    let ca = mosaic::pki::ca_cert_path(&pki);
+    let ok = run(&op.cert, &op.key, &ca);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let lanes: Value = serde_json::from_slice(&ok.stdout).unwrap();
+    assert_eq!(lanes[0]["lane_id"], w.lane(1).as_str());
+    // A host's certificate is from the right CA but names no operator: refused.
+    let host_cert = pki.join(format!("host-{}.pem", w.host));
+    let host_key = pki.join(format!("host-{}-key.pem", w.host));
+    assert!(
+        !run(&host_cert, &host_key, &ca).status.success(),
+        "a host certificate got operator access"
+    );
+    // An operator certificate from another CA: refused at the handshake.
+    let other = w.dir.join("other-pki");
+    mosaic::pki::init(&other, false).unwrap();
+    let stranger =
+        mosaic::pki::issue(&other, mosaic::pki::Kind::Operator, "mallory", 30, false).unwrap();
+    assert!(
+        !run(&stranger.cert, &stranger.key, &ca).status.success(),
+        "a foreign operator got access"
+    );
 }

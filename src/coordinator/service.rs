@@ -57,6 +57,9 @@ pub struct CoordinatorConfig {
     pub lease_ms: Option<i64>,
     /// How long a reservation may take to reach RUNNING (default 120000 ms).
     pub reservation_ttl_ms: Option<i64>,
+    /// Optional TCP address for remote operators: mutual TLS, and the client certificate
+    /// must name an `operator:` principal (`mosaic pki issue-operator`).
+    pub operator_listen: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -879,25 +882,64 @@ pub async fn serve_operators(
 ) -> Result<(), ServiceError> {
     loop {
         let (stream, _) = listener.accept().await?;
-        let svc = svc.clone();
+        tokio::spawn(operator_session(svc.clone(), stream));
+    }
+}
+
+/// Remote operators: mutual TLS with a CA-issued certificate naming `operator:<name>`.
+pub async fn serve_remote_operators(
+    svc: Arc<Service>,
+    listener: tokio::net::TcpListener,
+    tls: TlsIdentity,
+) -> Result<(), ServiceError> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(transport::server_tls(&tls)?);
+    loop {
+        let (tcp, addr) = listener.accept().await?;
+        let (svc, acceptor) = (svc.clone(), acceptor.clone());
         tokio::spawn(async move {
-            let (r, mut w) = stream.into_split();
-            let mut lines = tokio::io::BufReader::new(r).lines();
-            while let Ok(Some(line)) = lines.next_line().await {
-                let resp = match serde_json::from_str::<OperatorRequest>(&line) {
-                    Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
-                    Ok(req) => match operate(&svc, req).await {
-                        Ok(v) => json!({ "ok": true, "result": v }),
-                        Err(e) => json!({ "ok": false, "error": e }),
-                    },
-                };
-                let mut out = resp.to_string().into_bytes();
-                out.push(b'\n');
-                if w.write_all(&out).await.is_err() {
-                    break;
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+            else {
+                tracing::warn!(%addr, "operator TLS handshake failed");
+                return;
+            };
+            let principal = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| crate::pki::principal_of(c));
+            match principal {
+                Some(p) if p.starts_with("operator:") => {
+                    tracing::info!(operator = %p, %addr, "operator connected");
+                    operator_session(svc, stream).await;
                 }
+                other => tracing::warn!(?other, %addr, "refused: not an operator certificate"),
             }
         });
+    }
+}
+
+/// One operator connection: JSON requests, one per line, answered in order.
+async fn operator_session<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    svc: Arc<Service>,
+    stream: S,
+) {
+    let (r, mut w) = tokio::io::split(stream);
+    let mut lines = tokio::io::BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let resp = match serde_json::from_str::<OperatorRequest>(&line) {
+            Err(e) => json!({ "ok": false, "error": format!("bad request: {e}") }),
+            Ok(req) => match operate(&svc, req).await {
+                Ok(v) => json!({ "ok": true, "result": v }),
+                Err(e) => json!({ "ok": false, "error": e }),
+            },
+        };
+        let mut out = resp.to_string().into_bytes();
+        out.push(b'\n');
+        if w.write_all(&out).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
     }
 }
 
@@ -928,7 +970,77 @@ async fn operate(svc: &Arc<Service>, req: OperatorRequest) -> Result<serde_json:
     })
 }
 
-/// Sends one operator request (blocking; for the CLI and tests).
+/// Where an operator reaches the coordinator.
+#[derive(Debug, Clone)]
+pub enum OperatorTarget {
+    /// The coordinator's local socket.
+    Socket(PathBuf),
+    /// A remote coordinator's operator listener, with this operator's certificate.
+    Remote {
+        addr: String,
+        server_name: String,
+        tls: TlsIdentity,
+    },
+}
+
+/// Sends one operator request to `target` (blocking; for the CLI and tests).
+pub fn operator_request(
+    target: &OperatorTarget,
+    req: &OperatorRequest,
+) -> Result<serde_json::Value, String> {
+    match target {
+        OperatorTarget::Socket(p) => operator_call(p, req),
+        OperatorTarget::Remote {
+            addr,
+            server_name,
+            tls,
+        } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| e.to_string())?;
+            rt.block_on(async {
+                let cfg = transport::client_tls(tls).map_err(|e| e.to_string())?;
+                let tcp = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| format!("cannot reach {addr}: {e}"))?;
+                let name = rustls::pki_types::ServerName::try_from(server_name.clone())
+                    .map_err(|e| e.to_string())?;
+                let mut s = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| format!("TLS: {e}"))?;
+                let mut line = serde_json::to_vec(req).map_err(|e| e.to_string())?;
+                line.push(b'\n');
+                s.write_all(&line).await.map_err(|e| e.to_string())?;
+                s.flush().await.map_err(|e| e.to_string())?;
+                let mut out = String::new();
+                tokio::io::BufReader::new(s)
+                    .read_line(&mut out)
+                    .await
+                    .map_err(|e| e.to_string())?;
+                decode_operator_response(&out)
+            })
+        }
+    }
+}
+
+fn decode_operator_response(out: &str) -> Result<serde_json::Value, String> {
+    if out.is_empty() {
+        return Err(
+            "the coordinator closed the connection (is this an operator certificate from its CA?)"
+                .into(),
+        );
+    }
+    let v: serde_json::Value = serde_json::from_str(out).map_err(|e| e.to_string())?;
+    if v["ok"] == true {
+        Ok(v["result"].clone())
+    } else {
+        Err(v["error"].as_str().unwrap_or("refused").to_string())
+    }
+}
+
+/// Sends one operator request over the local socket (blocking; for the CLI and tests).
 pub fn operator_call(path: &Path, req: &OperatorRequest) -> Result<serde_json::Value, String> {
     use std::io::{BufRead, Write};
     let mut s = std::os::unix::net::UnixStream::connect(path)
@@ -940,12 +1052,7 @@ pub fn operator_call(path: &Path, req: &OperatorRequest) -> Result<serde_json::V
     std::io::BufReader::new(s)
         .read_line(&mut out)
         .map_err(|e| e.to_string())?;
-    let v: serde_json::Value = serde_json::from_str(&out).map_err(|e| e.to_string())?;
-    if v["ok"] == true {
-        Ok(v["result"].clone())
-    } else {
-        Err(v["error"].as_str().unwrap_or("refused").to_string())
-    }
+    decode_operator_response(&out)
 }
 
 /// Runs the coordinator daemon until SIGTERM/SIGINT.
@@ -958,11 +1065,19 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
         cert: cfg.cert.clone(),
         key: cfg.key.clone(),
     };
-    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls, rx));
+    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls.clone(), rx));
     let ops = tokio::spawn(serve_operators(
         svc.clone(),
         bind_operators(&cfg.operator_socket)?,
     ));
+    let remote = match &cfg.operator_listen {
+        Some(addr) => Some(tokio::spawn(serve_remote_operators(
+            svc.clone(),
+            tokio::net::TcpListener::bind(addr).await?,
+            tls.clone(),
+        ))),
+        None => None,
+    };
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}
@@ -971,6 +1086,9 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     let _ = stop.send(true);
     hosts.abort();
     ops.abort();
+    if let Some(r) = remote {
+        r.abort();
+    }
     let l = svc.leader().await;
     let _ = svc.store.release(&l).await;
     let _ = std::fs::remove_file(&cfg.operator_socket);
