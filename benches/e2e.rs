@@ -73,6 +73,9 @@ fn main() {
             },
         )
         .unwrap();
+        // Let the host finish the previous stop's bookkeeping, so each sample measures one
+        // assignment rather than the tail of the last stop competing for two cores.
+        std::thread::sleep(Duration::from_millis(200));
     }
 
     let mut to_reconciled = Vec::new();

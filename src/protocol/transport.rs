@@ -288,7 +288,8 @@ pub struct LinkParams {
     pub lanes: Vec<String>,
 }
 
-type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
+/// A client session to the coordinator.
+pub type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
 
 /// Connects, checks the server's principal, and completes the hello exchange.
 pub async fn connect(p: &LinkParams, session_id: &str) -> Result<Ws, TransportError> {

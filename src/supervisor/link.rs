@@ -152,15 +152,8 @@ async fn link_once(
     let written = outbox.written();
     loop {
         tokio::select! {
-            _ = async { tokio::select! { _ = tick.tick() => {}, _ = written.notified() => {} } } => {
-                for r in outbox.list(false).map_err(|e| TransportError::Refused(e.to_string()))? {
-
-                    if sent.insert(r.idempotency_key.clone()) {
-                        let env = receipt_envelope(p, session_id, &r)?;
-                        ws.send(Message::text(String::from_utf8_lossy(&env).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
-                    }
-                }
-            }
+            _ = tick.tick() => send_pending(p, outbox, session_id, &mut sent, &mut ws).await?,
+            _ = written.notified() => send_pending(p, outbox, session_id, &mut sent, &mut ws).await?,
             Some(out) = outgoing.recv() => {
                 ws.send(Message::text(String::from_utf8_lossy(&out).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
             }
@@ -189,4 +182,26 @@ async fn link_once(
             }
         }
     }
+}
+
+/// Sends every unacknowledged receipt not yet sent on this session.
+async fn send_pending(
+    p: &LinkParams,
+    outbox: &super::outbox::Outbox,
+    session_id: &str,
+    sent: &mut HashSet<String>,
+    ws: &mut crate::protocol::transport::Ws,
+) -> Result<(), TransportError> {
+    for r in outbox
+        .list(false)
+        .map_err(|e| TransportError::Refused(e.to_string()))?
+    {
+        if sent.insert(r.idempotency_key.clone()) {
+            let env = receipt_envelope(p, session_id, &r)?;
+            ws.send(Message::text(String::from_utf8_lossy(&env).into_owned()))
+                .await
+                .map_err(|e| TransportError::Ws(e.to_string()))?;
+        }
+    }
+    Ok(())
 }
