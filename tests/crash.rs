@@ -550,3 +550,30 @@ fn remote_operators_need_an_operator_certificate_from_the_ca() {
         "a foreign operator got access"
     );
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn assigning_to_a_disconnected_host_reserves_nothing() {
+    let mut w = Split::new(1);
+    w.wait_host_connected();
+    w.crash_supervisor();
+    let me = format!("host:{}", w.host);
+    common::wait_until("host gone", || {
+        let st = w.op(&OperatorRequest::Status).ok()?;
+        (!st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == me.as_str()))
+        .then_some(())
+    });
+    let err = w
+        .op(&OperatorRequest::Assign {
+            lane_id: w.lane(1),
+            runtime: "fake@1.0.0".into(),
+            task: "hang".into(),
+            wait: true,
+        })
+        .unwrap_err();
+    assert!(err.contains("not connected"), "{err}");
+    assert_eq!(w.count("SELECT count(*) FROM reservations").await, 0);
+    assert_eq!(w.lane_state(&w.lane(1)).await, "IDLE_CLEAN");
+}

@@ -89,6 +89,10 @@ struct Driver {
     host: String,
     task_text: String,
     target: String,
+    runtime: String,
+    scope: String,
+    holds: String,
+    policy: String,
     generation: Option<i64>,
     identity: Option<serde_json::Value>,
     contracts_digest: Option<String>,
@@ -109,9 +113,25 @@ pub struct Service {
     reservation_ttl_ms: i64,
 }
 
-const SCOPE: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000005";
-const HOLDS: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000006";
-const POLICY: &str = "sha256:0000000000000000000000000000000000000000000000000000000000000007";
+/// Scope, holds and completion-policy digests for an assignment. The operator API does not
+/// take scope or holds yet: the scope binds the lane, there are no holds, and completion is
+/// an operator's confirmed stop.
+fn assignment_digests(lane_id: &str) -> (String, String, String) {
+    let d = |domain: &str, parts: &[&[u8]]| {
+        format!("sha256:{}", crate::util::sha256_hex(domain, parts))
+    };
+    (
+        d("mosaic/scope/v1", &[lane_id.as_bytes()]),
+        d("mosaic/holds/v1", &[]),
+        d("mosaic/completion-policy/v1", &[b"operator-confirmed-stop"]),
+    )
+}
+
+/// `issued_at` / `expires_at` of a coordinator-issued envelope: both primary-database times
+/// (the deciding transition's `decided_at`, and the deadline that bounds the message).
+fn issued(at: &str, until: &str) -> [(&'static str, Value); 2] {
+    [("issued_at", s(at)), ("expires_at", s(until))]
+}
 
 fn key(tag: &str) -> String {
     format!("{tag}-{}", uuid::Uuid::new_v4().simple())
@@ -221,6 +241,9 @@ impl Service {
                             &c.reservation_id,
                             "the reservation expired before activation".into(),
                         );
+                        if let Ok(mut m) = self.drivers.lock() {
+                            m.remove(&c.reservation_id);
+                        }
                     }
                     Err(e) => tracing::debug!(error = %e, "expiry not applied"),
                 }
@@ -317,7 +340,7 @@ impl Service {
             ("reservation_id", s(&c.reservation_id)),
             ("reservation_epoch", n(c.reservation_epoch as u64)),
             ("reservation_deadline", s(&d.reserved.deadline)),
-            ("runtime_id", s("fake@1.0.0")),
+            ("runtime_id", s(&d.runtime)),
             ("generation", n(d.generation.unwrap_or(0) as u64)),
             // A reference to the fence, never the token itself.
             (
@@ -329,12 +352,6 @@ impl Service {
                 )),
             ),
         ]
-    }
-
-    fn issued(&self) -> [(&'static str, Value); 2] {
-        let now = crate::util::now_rfc3339();
-        // Informational copies; every decision used the database's time.
-        [("issued_at", s(&now)), ("expires_at", s(&now))]
     }
 
     /// `mosaic assign`: reserve the lane and start its chain; with `wait`, return once the
@@ -362,14 +379,20 @@ impl Service {
             .map_err(|e| e.to_string())?
             .ok_or(format!("no lane {lane_id}"))?;
         let host = format!("host:{}", lane_id.split(':').next().unwrap_or(""));
+        // A host that is not connected could never start the generation: refuse before
+        // reserving anything.
+        if !self.connected_hosts().contains(&host) {
+            return Err(format!("{host} is not connected to this coordinator"));
+        }
+        let (scope, holds, policy) = assignment_digests(lane_id);
         let req = ReserveRequest {
             lane_incarnation_id: lane.lane_incarnation_id.clone(),
             assignment_id: None,
             target: lane_id.to_string(),
             runtime_id: runtime.into(),
-            scope_digest: SCOPE.into(),
-            holds_digest: HOLDS.into(),
-            completion_policy_digest: POLICY.into(),
+            scope_digest: scope.clone(),
+            holds_digest: holds.clone(),
+            completion_policy_digest: policy.clone(),
             next_action: format!("run: {}", task.chars().take(80).collect::<String>()),
             ttl_ms: self.reservation_ttl_ms,
             idempotency_key: key("reserve"),
@@ -388,7 +411,7 @@ impl Service {
             .fence(&l, &c, &key("fence"))
             .await
             .map_err(|e| e.to_string())?;
-        let (generation, _) = self
+        let (generation, staged) = self
             .store
             .stage(&l, &c, &key("stage"))
             .await
@@ -399,6 +422,10 @@ impl Service {
             host: host.clone(),
             task_text: task.into(),
             target: lane_id.into(),
+            runtime: runtime.into(),
+            scope,
+            holds,
+            policy,
             generation: Some(generation),
             identity: None,
             contracts_digest: None,
@@ -407,7 +434,7 @@ impl Service {
         };
         let mut f = Self::chain_fields(&d, &l);
         f.push(("idempotency_key", s(&format!("stage/{}", c.reservation_id))));
-        f.extend(self.issued());
+        f.extend(issued(&staged.decided_at, &d.reserved.deadline));
         f.retain(|(k, _)| !matches!(*k, "contracts_digest" | "scope_digest" | "holds_digest"));
         let stage = self
             .ordinary
@@ -462,16 +489,23 @@ impl Service {
             "sha256:{}",
             crate::util::sha256_hex("mosaic/operator-stop/v1", &[assignment_id.as_bytes()])
         );
-        self.store
+        let retired = self
+            .store
             .retire(&l, &chain, &evidence, &key("retire"))
             .await
             .map_err(|e| e.to_string())?;
         let d = {
             let m = self.drivers.lock().map_err(|_| "poisoned")?;
-            m.get(&chain.reservation_id)
-                .map(|d| Self::chain_fields(d, &l))
+            m.get(&chain.reservation_id).map(|d| {
+                (
+                    Self::chain_fields(d, &l),
+                    d.scope.clone(),
+                    d.holds.clone(),
+                    d.reserved.deadline.clone(),
+                )
+            })
         };
-        let mut f = d.ok_or("chain vanished")?;
+        let (mut f, scope, holds, deadline) = d.ok_or("chain vanished")?;
         f.push((
             "idempotency_key",
             s(&format!("stop/{}", chain.reservation_id)),
@@ -480,10 +514,10 @@ impl Service {
             "contracts_digest",
             s(&self.contracts_of(&chain.reservation_id).unwrap_or_default()),
         ));
-        f.push(("scope_digest", s(SCOPE)));
-        f.push(("holds_digest", s(HOLDS)));
+        f.push(("scope_digest", s(&scope)));
+        f.push(("holds_digest", s(&holds)));
         f.push(("stop_reason", s("operator")));
-        f.extend(self.issued());
+        f.extend(issued(&retired.decided_at, &deadline));
         let stop = self
             .ordinary
             .sign(MessageType::Stop, &host, f)
@@ -529,7 +563,7 @@ impl Service {
         let l = self.leader().await;
         let res = env.str("reservation_id").to_string();
         let identity = canonical::to_json(env.get("process_identity").ok_or("no identity")?);
-        let (chain, task, generation, host) = {
+        let (chain, task, generation, host, scope, holds, deadline) = {
             let mut m = self.drivers.lock().map_err(|_| "poisoned")?;
             let d = m.get_mut(&res).ok_or("staged for an unknown reservation")?;
             d.identity = Some(identity.clone());
@@ -538,6 +572,9 @@ impl Service {
                 d.task_text.clone(),
                 d.generation.unwrap_or(0),
                 d.host.clone(),
+                d.scope.clone(),
+                d.holds.clone(),
+                d.reserved.deadline.clone(),
             )
         };
         if env.uint("generation") != Some(generation as u64) {
@@ -547,9 +584,16 @@ impl Service {
             .record_staged(&l, &chain, generation, &identity, &format!("staged/{res}"))
             .await
             .map_err(|e| e.to_string())?;
-        let (cd, _) = self
+        let (cd, recorded) = self
             .store
-            .record_contract(&l, &chain, &task, SCOPE, HOLDS, &format!("contract/{res}"))
+            .record_contract(
+                &l,
+                &chain,
+                &task,
+                &scope,
+                &holds,
+                &format!("contract/{res}"),
+            )
             .await
             .map_err(|e| e.to_string())?;
         let f = {
@@ -562,11 +606,11 @@ impl Service {
         f.extend([
             ("idempotency_key", s(&format!("contract/{res}"))),
             ("contracts_digest", s(&cd)),
-            ("scope_digest", s(SCOPE)),
-            ("holds_digest", s(HOLDS)),
+            ("scope_digest", s(&scope)),
+            ("holds_digest", s(&holds)),
             ("task_text", s(&task)),
         ]);
-        f.extend(self.issued());
+        f.extend(issued(&recorded.decided_at, &deadline));
         let env = self
             .ordinary
             .sign(MessageType::Contract, &host, f)
@@ -585,7 +629,7 @@ impl Service {
             .get(&res)
             .map(|d| d.reserved.chain.clone())
             .ok_or("unknown reservation")?;
-        let (ch, _, _) = self
+        let (ch, challenge_expires, minted) = self
             .store
             .record_injected(
                 &l,
@@ -597,22 +641,27 @@ impl Service {
             )
             .await
             .map_err(|e| e.to_string())?;
-        let (f, host) = {
+        let (f, host, scope, holds) = {
             let mut m = self.drivers.lock().map_err(|_| "poisoned")?;
             let d = m.get_mut(&res).ok_or("chain vanished")?;
             d.challenge = Some(ch.clone());
-            (Self::chain_fields(d, &l), d.host.clone())
+            (
+                Self::chain_fields(d, &l),
+                d.host.clone(),
+                d.scope.clone(),
+                d.holds.clone(),
+            )
         };
         let mut f = f;
         let cd = self.contracts_of(&res).unwrap_or_default();
         f.extend([
             ("idempotency_key", s(&format!("challenge/{res}"))),
             ("contracts_digest", s(&cd)),
-            ("scope_digest", s(SCOPE)),
-            ("holds_digest", s(HOLDS)),
+            ("scope_digest", s(&scope)),
+            ("holds_digest", s(&holds)),
             ("challenge_id", s(&ch)),
         ]);
-        f.extend(self.issued());
+        f.extend(issued(&minted.decided_at, &challenge_expires));
         let env = self
             .ordinary
             .sign(MessageType::Challenge, &host, f)
@@ -666,10 +715,10 @@ impl Service {
                     challenge_id: claim.challenge_id.clone(),
                     ack_digest: claim.ack_digest.clone(),
                     contracts_digest: claim.contracts_digest.clone(),
-                    scope_digest: SCOPE.into(),
-                    holds_digest: HOLDS.into(),
+                    scope_digest: d.scope.clone(),
+                    holds_digest: d.holds.clone(),
                     process_identity: claim.process_identity.clone(),
-                    completion_policy_digest: POLICY.into(),
+                    completion_policy_digest: d.policy.clone(),
                     lease_scopes: vec!["repo-write".into(), "effect".into()],
                     lease_ttl_ms: 3_600_000,
                     idempotency_key: format!("activate/{res}"),
@@ -677,10 +726,15 @@ impl Service {
                 d.host.clone(),
             )
         };
-        self.store
+        let activated = self
+            .store
             .activate(&l, &x)
             .await
             .map_err(|e| e.to_string())?;
+        let lease_until = activated.body["leases"][0]["expires_at"]
+            .as_str()
+            .unwrap_or(&activated.decided_at)
+            .to_string();
         let f = {
             let m = self.drivers.lock().map_err(|_| "poisoned")?;
             m.get(&res)
@@ -691,11 +745,11 @@ impl Service {
         f.extend([
             ("idempotency_key", s(&format!("activate/{res}"))),
             ("contracts_digest", s(&x.contracts_digest)),
-            ("scope_digest", s(SCOPE)),
-            ("holds_digest", s(HOLDS)),
+            ("scope_digest", s(&x.scope_digest)),
+            ("holds_digest", s(&x.holds_digest)),
             ("control_op", s("activate")),
         ]);
-        f.extend(self.issued());
+        f.extend(issued(&activated.decided_at, &lease_until));
         let env = self
             .ordinary
             .sign(MessageType::Control, &host, f)
@@ -742,6 +796,8 @@ impl Service {
                         ),
                     );
                 }
+                // The chain is over on the host: forget its driver (and its fence token).
+                self.forget(env.str("lane_incarnation_id"), env.uint("generation"));
             }
             Err(e) => {
                 tracing::error!(key, error = %e, "termination receipt not ingested");
@@ -762,6 +818,16 @@ impl Service {
             ],
         );
         ack.map(|a| vec![a]).unwrap_or_default()
+    }
+
+    /// Drops the driver of the chain whose generation ended (its raw fence token with it).
+    fn forget(&self, inc: &str, generation: Option<u64>) {
+        if let Ok(mut m) = self.drivers.lock() {
+            m.retain(|_, d| {
+                !(d.reserved.chain.lane_incarnation_id == inc
+                    && d.generation.map(|g| g as u64) == generation)
+            });
+        }
     }
 
     fn chain_for(&self, inc: &str, generation: Option<u64>) -> Option<Chain> {
