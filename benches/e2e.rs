@@ -56,6 +56,7 @@ fn main() {
                 runtime: "fake@1.0.0".into(),
                 task: task.into(),
                 wait: true,
+                resume: None,
             },
         )
         .unwrap()

@@ -56,6 +56,10 @@ enum Cmd {
         /// `running`: return once the generation is RUNNING (or the chain failed).
         #[arg(long)]
         wait: Option<String>,
+        /// Resume this assignment (left in recovery, e.g. after its harness died) on a
+        /// fresh generation instead of creating a new assignment.
+        #[arg(long)]
+        resume: Option<String>,
         #[command(flatten)]
         at: CoordinatorAt,
     },
@@ -370,6 +374,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime,
             task,
             wait,
+            resume,
             at,
         } => {
             let wait = match wait.as_deref() {
@@ -382,6 +387,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 runtime,
                 task,
                 wait,
+                resume,
             })
         }
         Cmd::Supervisor { config } => {

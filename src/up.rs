@@ -355,11 +355,17 @@ async fn demo(
         );
     }
     let b = svc
-        .assign(&lane_id, "fake@1.0.0", "print=second-task spawn=2", true)
+        .assign_or_resume(
+            &lane_id,
+            "fake@1.0.0",
+            "print=resumed spawn=2",
+            true,
+            a["assignment_id"].as_str(),
+        )
         .await
         .map_err(UpError::Demo)?;
     say!(
-        "[demo] recovery: {} RUNNING in a fresh generation {} (root pid {})",
+        "[demo] recovery: {} resumed, RUNNING in a fresh generation {} (root pid {})",
         b["assignment_id"].as_str().unwrap_or(""),
         b["generation"],
         b["process_identity"]["root_pid"]

@@ -307,6 +307,7 @@ async fn the_coordinator_killed_inside_every_step_never_leaves_an_ambiguous_runn
                     runtime: "fake@1.0.0".into(),
                     task: "hang".into(),
                     wait: true,
+                    resume: None,
                 },
             )
         });
@@ -378,6 +379,7 @@ async fn receipts_written_while_the_link_is_down_arrive_once_after_it_is_restore
             runtime: "fake@1.0.0".into(),
             task: "spawn=3".into(),
             wait: true,
+            resume: None,
         })
         .unwrap();
     assert_eq!(a["state"], "RUNNING");
@@ -416,6 +418,7 @@ async fn receipts_written_while_the_link_is_down_arrive_once_after_it_is_restore
             runtime: "fake@1.0.0".into(),
             task: "hang".into(),
             wait: true,
+            resume: None,
         })
         .unwrap();
     assert_eq!(b["state"], "RUNNING");
@@ -440,6 +443,7 @@ async fn a_supervisor_restart_mid_chain_never_activates_and_keeps_its_generation
                 runtime: "fake@1.0.0".into(),
                 task: "hang".into(),
                 wait: true,
+                resume: None,
             },
         )
     });
@@ -571,6 +575,7 @@ async fn assigning_to_a_disconnected_host_reserves_nothing() {
             runtime: "fake@1.0.0".into(),
             task: "hang".into(),
             wait: true,
+            resume: None,
         })
         .unwrap_err();
     assert!(err.contains("not connected"), "{err}");

@@ -252,7 +252,7 @@ async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
-    let up = Up::start(1);
+    let up = Up::start(2);
     let lane = up.lane_id(1);
     let a = up.assign(&lane, "spawn=6");
     let id = a["assignment_id"].as_str().unwrap().to_string();
@@ -288,9 +288,25 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
         0,
         "the dead generation's leases were revoked"
     );
-    // The lane is reusable only after that reconciliation, with a new generation.
+    // The lane is reusable only after that reconciliation: the same assignment resumes, on a
+    // fresh generation with a fresh identity and a never-reused attempt.
     assert_eq!(up.lane_state(&lane), "IDLE_CLEAN");
-    let b = up.assign(&lane, "print=again");
+    let b = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "print=again",
+            "--wait",
+            "running",
+            "--resume",
+            &id,
+        ])
+        .unwrap();
+    assert_eq!(b["assignment_id"], id.as_str());
     assert_eq!(
         b["generation"].as_i64(),
         a["generation"].as_i64().map(|g| g + 1)
@@ -299,6 +315,29 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
         b["process_identity"]["launch_nonce_digest"],
         a["process_identity"]["launch_nonce_digest"]
     );
+    let s = up.assignment(&id);
+    assert_eq!(
+        (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
+        (Some("ACTIVE"), Some(lane.as_str()))
+    );
+    // Only an assignment in recovery can be resumed: the now-active one is refused even on
+    // an idle lane, and that lane is left as it was.
+    let other = up.lane_id(2);
+    let err = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &other,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "x",
+            "--resume",
+            &id,
+        ])
+        .unwrap_err();
+    assert!(err.contains("only an assignment in recovery"), "{err}");
+    assert_eq!(up.lane_state(&other), "IDLE_CLEAN");
 }
 
 #[tokio::test(flavor = "multi_thread")]

@@ -363,6 +363,20 @@ impl Service {
         task: &str,
         wait: bool,
     ) -> Result<serde_json::Value, String> {
+        self.assign_or_resume(lane_id, runtime, task, wait, None)
+            .await
+    }
+
+    /// Like [`Service::assign`]; with `resume`, gives that assignment (which must be in
+    /// recovery) a fresh chain and generation instead of creating a new assignment.
+    pub async fn assign_or_resume(
+        self: &Arc<Self>,
+        lane_id: &str,
+        runtime: &str,
+        task: &str,
+        wait: bool,
+        resume: Option<&str>,
+    ) -> Result<serde_json::Value, String> {
         if runtime != "fake@1.0.0" {
             return Err(format!(
                 "unknown runtime {runtime}; this coordinator drives fake@1.0.0"
@@ -387,7 +401,7 @@ impl Service {
         let (scope, holds, policy) = assignment_digests(lane_id);
         let req = ReserveRequest {
             lane_incarnation_id: lane.lane_incarnation_id.clone(),
-            assignment_id: None,
+            assignment_id: resume.map(String::from),
             target: lane_id.to_string(),
             runtime_id: runtime.into(),
             scope_digest: scope.clone(),
@@ -920,6 +934,9 @@ pub enum OperatorRequest {
         task: String,
         #[serde(default)]
         wait: bool,
+        /// Resume this assignment (in recovery) instead of creating a new one.
+        #[serde(default)]
+        resume: Option<String>,
     },
     Receipts {
         lane_id: Option<String>,
@@ -1026,7 +1043,11 @@ async fn operate(svc: &Arc<Service>, req: OperatorRequest) -> Result<serde_json:
             runtime,
             task,
             wait,
-        } => svc.assign(&lane_id, &runtime, &task, wait).await?,
+            resume,
+        } => {
+            svc.assign_or_resume(&lane_id, &runtime, &task, wait, resume.as_deref())
+                .await?
+        }
         OperatorRequest::Receipts { lane_id } => json!(svc
             .store
             .termination_receipts(lane_id.as_deref())
