@@ -269,11 +269,16 @@ impl Drop for Split {
             }
             remove_tree(&self.cgroup_root);
         }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("crash test state kept: {}", self.dir.display());
+        // The state dir (keys, sockets) always goes; a failed test keeps only its logs.
+        if std::thread::panicking() {
+            for name in ["coordinator.log", "supervisor.log"] {
+                let kept = self.dir.with_extension(name);
+                if std::fs::rename(self.dir.join(name), &kept).is_ok() {
+                    eprintln!("crash test log kept: {}", kept.display());
+                }
+            }
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

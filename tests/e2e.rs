@@ -158,8 +158,9 @@ impl Drop for Up {
         }
         let _ = self.child.kill();
         let _ = self.child.wait();
+        // The state dir (keys, sockets) always goes; a failed test keeps only its log.
+        let _ = std::fs::remove_dir_all(&self.dir);
         if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
             let _ = std::fs::remove_file(log_of(&self.dir));
         } else {
             eprintln!("mosaic up log kept: {}", log_of(&self.dir).display());
