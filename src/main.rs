@@ -148,7 +148,8 @@ struct CoordinatorAt {
     /// The coordinator's operator socket.
     #[arg(long, conflicts_with = "state_dir")]
     coordinator_socket: Option<PathBuf>,
-    /// A remote coordinator's operator listener (host:port); needs --ca, --cert, --key.
+    /// A remote coordinator's operator listener (HOST:PORT or tls://HOST:PORT); needs --ca,
+    /// --cert, --key.
     #[arg(long, conflicts_with_all = ["state_dir", "coordinator_socket"], requires_all = ["ca", "cert", "key"])]
     coordinator: Option<String>,
     /// DNS name in the coordinator's certificate (default: the host part of --coordinator).
@@ -167,22 +168,22 @@ struct CoordinatorAt {
 }
 
 impl CoordinatorAt {
-    fn target(&self) -> mosaic::coordinator::service::OperatorTarget {
+    fn target(&self) -> anyhow::Result<mosaic::coordinator::service::OperatorTarget> {
         use mosaic::coordinator::service::OperatorTarget;
-        match (&self.coordinator, &self.coordinator_socket) {
-            (Some(addr), _) => OperatorTarget::Remote {
-                addr: addr.clone(),
-                server_name: self.server_name.clone().unwrap_or_else(|| {
-                    addr.rsplit_once(':')
-                        .map(|(h, _)| h.to_string())
-                        .unwrap_or_else(|| addr.clone())
-                }),
-                tls: mosaic::protocol::transport::TlsIdentity {
-                    ca: self.ca.clone().unwrap_or_default(),
-                    cert: self.cert.clone().unwrap_or_default(),
-                    key: self.key.clone().unwrap_or_default(),
-                },
-            },
+        Ok(match (&self.coordinator, &self.coordinator_socket) {
+            (Some(at), _) => {
+                let (addr, host) = mosaic::coordinator::service::parse_coordinator_addr(at)
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                OperatorTarget::Remote {
+                    addr,
+                    server_name: self.server_name.clone().unwrap_or(host),
+                    tls: mosaic::protocol::transport::TlsIdentity {
+                        ca: self.ca.clone().unwrap_or_default(),
+                        cert: self.cert.clone().unwrap_or_default(),
+                        key: self.key.clone().unwrap_or_default(),
+                    },
+                }
+            }
             (None, Some(s)) => OperatorTarget::Socket(s.clone()),
             (None, None) => OperatorTarget::Socket(mosaic::up::coordinator_socket(
                 &self
@@ -190,11 +191,11 @@ impl CoordinatorAt {
                     .clone()
                     .unwrap_or_else(mosaic::up::default_state_dir),
             )),
-        }
+        })
     }
 
     fn call(&self, req: mosaic::coordinator::service::OperatorRequest) -> anyhow::Result<ExitCode> {
-        let v = mosaic::coordinator::service::operator_request(&self.target(), &req)
+        let v = mosaic::coordinator::service::operator_request(&self.target()?, &req)
             .map_err(|e| anyhow::anyhow!(e))?;
         if self.json {
             println!("{}", serde_json::to_string(&v)?);

@@ -514,13 +514,14 @@ fn remote_operators_need_an_operator_certificate_from_the_ca() {
     let w = Split::new(1);
     let pki = w.dir.join("pki");
     let op = mosaic::pki::issue(&pki, mosaic::pki::Kind::Operator, "alice", 30, false).unwrap();
+    let url = format!("tls://{}", w.operator_addr);
     let run = |cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| {
         Command::new(common::MOSAIC)
             .args([
                 "lanes",
                 "--json",
                 "--coordinator",
-                &w.operator_addr,
+                &url,
                 "--server-name",
                 "localhost",
                 "--ca",

@@ -1070,6 +1070,31 @@ pub enum OperatorTarget {
     },
 }
 
+/// Parses `--coordinator`: `HOST:PORT` or `tls://HOST:PORT[/]`, IPv6 hosts in brackets.
+/// Returns the address to dial and the host part (the default certificate name).
+pub fn parse_coordinator_addr(s: &str) -> Result<(String, String), String> {
+    let rest = match s.split_once("://") {
+        None => s,
+        Some(("tls", rest)) => rest.trim_end_matches('/'),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "--coordinator {s}: scheme {scheme}:// is not supported; use HOST:PORT or tls://HOST:PORT (the operator listener speaks mutual TLS)"
+            ))
+        }
+    };
+    let bad = || format!("--coordinator {s}: expected HOST:PORT or tls://HOST:PORT");
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if bare.is_empty() || rest.contains('/') || (bare == host && host.contains(':')) {
+        return Err(bad());
+    }
+    Ok((rest.to_string(), bare.to_string()))
+}
+
 /// Sends one operator request to `target` (blocking; for the CLI and tests).
 pub fn operator_request(
     target: &OperatorTarget,
@@ -1180,4 +1205,33 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     let _ = svc.store.release(&l).await;
     let _ = std::fs::remove_file(&cfg.operator_socket);
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_coordinator_addr as p;
+
+    #[test]
+    fn coordinator_addresses_parse_or_fail_with_the_reason() {
+        let ok = |a: &str, h: &str| Ok((a.to_string(), h.to_string()));
+        assert_eq!(
+            p("coord.example:7443"),
+            ok("coord.example:7443", "coord.example")
+        );
+        assert_eq!(
+            p("tls://coord.example:7443/"),
+            ok("coord.example:7443", "coord.example")
+        );
+        assert_eq!(p("[::1]:7443"), ok("[::1]:7443", "::1"));
+        for bad in [
+            "coord.example",
+            "coord:http",
+            ":7443",
+            "::1:7443",
+            "tls://c:1/x",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert!(p("https://c:1").unwrap_err().contains("not supported"));
+    }
 }
