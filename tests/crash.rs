@@ -8,7 +8,7 @@ mod pg;
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use mosaic::coordinator::service::{operator_call, OperatorRequest};
 use serde_json::Value;
@@ -247,50 +247,13 @@ impl Drop for Split {
     fn drop(&mut self) {
         self.crash_supervisor();
         self.crash_coordinator();
-        if let Ok(rd) = std::fs::read_dir(self.dir.join("rt/lanes")) {
-            for e in rd.flatten() {
-                let _ = Command::new("tmux")
-                    .arg("-S")
-                    .arg(e.path().join("tmux.sock"))
-                    .arg("kill-server")
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-        if self.cgroup_root.exists() {
-            let _ = std::fs::write(self.cgroup_root.join("cgroup.kill"), "1");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline
-                && !std::fs::read_to_string(self.cgroup_root.join("cgroup.events"))
-                    .unwrap_or_default()
-                    .contains("populated 0")
-            {
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            remove_tree(&self.cgroup_root);
-        }
-        // The state dir (keys, sockets) always goes; a failed test keeps only its logs.
-        if std::thread::panicking() {
-            for name in ["coordinator.log", "supervisor.log"] {
-                let kept = self.dir.with_extension(name);
-                if std::fs::rename(self.dir.join(name), &kept).is_ok() {
-                    eprintln!("crash test log kept: {}", kept.display());
-                }
-            }
-        }
-        let _ = std::fs::remove_dir_all(&self.dir);
+        common::teardown(
+            &self.dir,
+            &self.dir.join("rt/lanes"),
+            &self.cgroup_root,
+            &["coordinator.log", "supervisor.log"],
+        );
     }
-}
-
-fn remove_tree(p: &std::path::Path) {
-    if let Ok(rd) = std::fs::read_dir(p) {
-        for e in rd.flatten() {
-            if e.file_type().map(|t| t.is_dir()).unwrap_or(false) {
-                remove_tree(&e.path());
-            }
-        }
-    }
-    let _ = std::fs::remove_dir(p);
 }
 
 #[tokio::test(flavor = "multi_thread")]

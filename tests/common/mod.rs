@@ -238,35 +238,50 @@ impl Host {
 impl Drop for Host {
     fn drop(&mut self) {
         self.crash_supervisor();
-        if let Ok(rd) = std::fs::read_dir(self.dir.join("run/lanes")) {
-            for e in rd.flatten() {
-                let _ = Command::new("tmux")
-                    .arg("-S")
-                    .arg(e.path().join("tmux.sock"))
-                    .arg("kill-server")
-                    .stderr(Stdio::null())
-                    .status();
-            }
-        }
-        if self.cgroup_root.exists() {
-            let _ = std::fs::write(self.cgroup_root.join("cgroup.kill"), "1");
-            let deadline = Instant::now() + Duration::from_secs(10);
-            while Instant::now() < deadline {
-                let events = std::fs::read_to_string(self.cgroup_root.join("cgroup.events"))
-                    .unwrap_or_default();
-                if events.contains("populated 0") {
-                    break;
-                }
-                std::thread::sleep(Duration::from_millis(5));
-            }
-            remove_tree(&self.cgroup_root);
-        }
-        if !std::thread::panicking() {
-            let _ = std::fs::remove_dir_all(&self.dir);
-        } else {
-            eprintln!("test state kept for inspection: {}", self.dir.display());
+        teardown(
+            &self.dir,
+            &self.dir.join("run/lanes"),
+            &self.cgroup_root,
+            &["supervisor.log"],
+        );
+    }
+}
+
+/// Removes everything a test host made: each lane's tmux server (sockets under `lanes_dir`),
+/// every process in `cgroup_root` (then the cgroups themselves) and the state dir `dir`
+/// (keys, sockets). A failing test keeps only the named `logs`, moved beside the state dir.
+pub fn teardown(dir: &Path, lanes_dir: &Path, cgroup_root: &Path, logs: &[&str]) {
+    if let Ok(rd) = std::fs::read_dir(lanes_dir) {
+        for e in rd.flatten() {
+            let _ = Command::new("tmux")
+                .arg("-S")
+                .arg(e.path().join("tmux.sock"))
+                .arg("kill-server")
+                .stderr(Stdio::null())
+                .status();
         }
     }
+    if cgroup_root.exists() {
+        let _ = std::fs::write(cgroup_root.join("cgroup.kill"), "1");
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline
+            && !std::fs::read_to_string(cgroup_root.join("cgroup.events"))
+                .unwrap_or_default()
+                .contains("populated 0")
+        {
+            std::thread::sleep(Duration::from_millis(5));
+        }
+        remove_tree(cgroup_root);
+    }
+    if std::thread::panicking() {
+        for name in logs {
+            let kept = dir.with_extension(name);
+            if std::fs::rename(dir.join(name), &kept).is_ok() {
+                eprintln!("test log kept: {}", kept.display());
+            }
+        }
+    }
+    let _ = std::fs::remove_dir_all(dir);
 }
 
 fn remove_tree(p: &Path) {
