@@ -854,8 +854,27 @@ async fn termination_receipts_are_observations_reconciled_into_recovery_or_quara
         count(&f.db.url, "SELECT count(*) FROM termination_receipts").await,
         1
     );
+    // Resuming it with other digests is refused and leaves the lane as it was.
+    let id = r.chain().assignment_id.clone();
+    let mut other_scope = request(&inc, Some(&id), 60_000);
+    other_scope.scope_digest = d('8');
+    assert_eq!(
+        category(s.reserve(l, &other_scope).await),
+        Category::WrongState
+    );
+    assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
+    assert_eq!(assignment(s, &id).await.lifecycle, "RECOVERY");
     // The assignment gets a fresh chain on the now clean lane, with a new generation.
-    let r2 = to_awaiting_ack(s, l, &inc, Some(&r.chain().assignment_id), 60_000).await;
+    let r2 = to_awaiting_ack(s, l, &inc, Some(&id), 60_000).await;
+    // Now ACTIVE again: a second resume, even with matching digests on another idle lane,
+    // is refused and reserves nothing.
+    s.register_lane(l, "h1:w2", "h1").await.unwrap();
+    let inc2 = s.lane("h1:w2").await.unwrap().unwrap().lane_incarnation_id;
+    assert_eq!(
+        category(s.reserve(l, &request(&inc2, Some(&id), 60_000)).await),
+        Category::WrongState
+    );
+    assert_eq!(state(s, "h1:w2").await, "IDLE_CLEAN");
     assert_eq!(r2.generation, r.generation + 1);
     assert_ne!(
         r2.chain().assignment_attempt_id,

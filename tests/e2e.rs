@@ -321,8 +321,9 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
         (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
         (Some("ACTIVE"), Some(lane.as_str()))
     );
-    // Only an assignment in recovery can be resumed: the now-active one is refused even on
-    // an idle lane, and that lane is left as it was.
+    // A resume that does not match an assignment in recovery (here: active again, and its
+    // scope is the first lane's) is refused, and the idle lane is left as it was. The store
+    // tests isolate each of those checks.
     let other = up.lane_id(2);
     let err = up
         .cli(&[
