@@ -539,10 +539,7 @@ impl Store {
         inc: &str,
     ) -> Result<AuthorityError, AuthorityError> {
         const OP: &str = "reserve";
-        let leader_ok: bool = tx
-            .query_one(&format!("SELECT {}", txn::LEADER_OK), &l.params())
-            .await?
-            .get(0);
+        let leader_ok: bool = txn::leader_ok(tx, l).await?;
         if !leader_ok {
             return Ok(reject(OP, Category::StaleLeader, "leadership lost"));
         }
@@ -642,10 +639,7 @@ impl Store {
         from: &str,
         preactivation: bool,
     ) -> Result<AuthorityError, AuthorityError> {
-        let leader_ok: bool = tx
-            .query_one(&format!("SELECT {}", txn::LEADER_OK), &l.params())
-            .await?
-            .get(0);
+        let leader_ok: bool = txn::leader_ok(tx, l).await?;
         if !leader_ok {
             return Ok(reject(
                 op,

@@ -100,10 +100,7 @@ impl Store {
         a: &AckClaim,
     ) -> Result<AuthorityError, AuthorityError> {
         const OP: &str = "consume-ack";
-        let ok: bool = tx
-            .query_one(&format!("SELECT {}", txn::LEADER_OK), &l.params())
-            .await?
-            .get(0);
+        let ok: bool = txn::leader_ok(tx, l).await?;
         if !ok || a.coordinator_epoch != l.epoch() || a.sot_incarnation != l.sot() {
             return Ok(reject(
                 OP,
@@ -288,7 +285,7 @@ impl Store {
             let Some(row) = row else {
                 let state: Option<String> = tx.query_opt("SELECT state FROM lane_incarnations WHERE lane_incarnation_id = $1", &[&c.lane_incarnation_id]).await?.map(|r| r.get(0));
                 let expired: bool = tx.query_opt("SELECT deadline <= clock_timestamp() FROM reservations WHERE reservation_id = $1", &[&c.reservation_id]).await?.map(|r| r.get(0)).unwrap_or(false);
-                let leader: bool = tx.query_one(&format!("SELECT {}", txn::LEADER_OK), &l.params()).await?.get(0);
+                let leader: bool = txn::leader_ok(&tx, l).await?;
                 return Err(match (leader, state.as_deref(), expired) {
                     (false, _, _) => reject(OP, Category::StaleLeader, "leadership lost"),
                     (_, Some(s), _) if s != "READY" => reject(OP, Category::WrongState, format!("lane is {s}, not READY")),
@@ -421,7 +418,7 @@ impl Store {
                 .await?;
             if n != 1 {
                 let state: Option<String> = tx.query_opt("SELECT state FROM lane_incarnations WHERE lane_incarnation_id = $1", &[&c.lane_incarnation_id]).await?.map(|r| r.get(0));
-                let leader: bool = tx.query_one(&format!("SELECT {}", txn::LEADER_OK), &l.params()).await?.get(0);
+                let leader: bool = txn::leader_ok(&tx, l).await?;
                 return Err(match (leader, state) {
                     (false, _) => reject(op, Category::StaleLeader, "leadership lost"),
                     (_, None) => reject(op, Category::NotFound, "no such lane incarnation"),

@@ -25,6 +25,14 @@ pub struct Receipt {
 
 pub(crate) const LEADER_OK: &str = "mosaic_leader_ok($1, $2, $3, $4, $5)";
 
+/// Whether `l` still leads (used to explain a failed compare-and-swap).
+pub(crate) async fn leader_ok(tx: &Transaction<'_>, l: &Leader) -> Result<bool, AuthorityError> {
+    Ok(tx
+        .query_one(&format!("SELECT {LEADER_OK}"), &l.params())
+        .await?
+        .get(0))
+}
+
 /// Takes a share lock on the leadership row (a takeover must wait for this transaction)
 /// and checks the caller is the current, unexpired leader on the current timeline.
 pub(crate) async fn lock_leader(
