@@ -551,3 +551,78 @@ async fn assigning_to_a_disconnected_host_reserves_nothing() {
     assert_eq!(w.count("SELECT count(*) FROM reservations").await, 0);
     assert_eq!(w.lane_state(&w.lane(1)).await, "IDLE_CLEAN");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_same_session() {
+    use mosaic::supervisor::control::{call, Request};
+    let w = Split::new(1);
+    let ctl = w.dir.join("rt/control.sock");
+    let coordinator_incarnation = |lane: &str| -> Option<String> {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .find(|l| l["lane_id"] == lane)?["lane_incarnation_id"]
+            .as_str()
+            .map(String::from)
+    };
+    // A lane made after the session came up becomes assignable without a reconnect.
+    let made = call(
+        &ctl,
+        &Request::LaneCreate {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    let lane = w.lane(2);
+    let inc = made["lane_incarnation_id"].as_str().unwrap().to_string();
+    common::wait_until("new lane registered", || {
+        (coordinator_incarnation(&lane)? == inc).then_some(())
+    });
+    let a = w
+        .op(&OperatorRequest::Assign {
+            lane_id: lane.clone(),
+            runtime: "fake@1.0.0".into(),
+            task: "hang".into(),
+            wait: true,
+            resume: None,
+        })
+        .unwrap();
+    assert_eq!(a["state"], "RUNNING");
+    // Stopped, destroyed and recreated: the new incarnation replaces the idle old one.
+    w.op(&OperatorRequest::Stop {
+        assignment_id: a["assignment_id"].as_str().unwrap().into(),
+    })
+    .unwrap();
+    call(
+        &ctl,
+        &Request::LaneDestroy {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    let again = call(
+        &ctl,
+        &Request::LaneCreate {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    let inc2 = again["lane_incarnation_id"].as_str().unwrap().to_string();
+    assert_ne!(inc2, inc);
+    common::wait_until("recreated lane registered", || {
+        (coordinator_incarnation(&lane)? == inc2).then_some(())
+    });
+    assert_eq!(w.lane_state(&lane).await, "IDLE_CLEAN");
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM lane_incarnations WHERE lane_incarnation_id = '{inc}' AND retired_at IS NOT NULL"
+        ))
+        .await,
+        1,
+        "the old incarnation is retired"
+    );
+    // All of it on the one session the supervisor opened.
+    let log = std::fs::read_to_string(w.dir.join("supervisor.log")).unwrap();
+    assert_eq!(log.matches("coordinator link up").count(), 1, "{log}");
+}

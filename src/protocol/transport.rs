@@ -288,6 +288,40 @@ pub struct LinkParams {
     pub lanes: Vec<String>,
 }
 
+/// The host's hello for `session_id`, naming `lanes` (`lane@incarnation`). Sent first on
+/// every session, and again on the same session whenever the lane set changes.
+pub fn hello_envelope(
+    p: &LinkParams,
+    session_id: &str,
+    lanes: &[String],
+) -> Result<Vec<u8>, TransportError> {
+    p.signer
+        .sign(
+            MessageType::Hello,
+            &p.coordinator,
+            vec![
+                (
+                    "message_id",
+                    s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
+                ),
+                (
+                    "idempotency_key",
+                    s(&format!(
+                        "hello-{session_id}-{}",
+                        uuid::Uuid::new_v4().simple()
+                    )),
+                ),
+                ("sot_incarnation", Value::Null),
+                ("coordinator_epoch", Value::Null),
+                ("assignment_id", Value::Null),
+                ("session_id", s(session_id)),
+                ("host_id", s(&p.host_id)),
+                ("lanes", Value::Array(lanes.iter().map(|l| s(l)).collect())),
+            ],
+        )
+        .map_err(|e| TransportError::Refused(e.to_string()))
+}
+
 /// A client session to the coordinator.
 pub type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
 
@@ -325,29 +359,7 @@ pub async fn connect(p: &LinkParams, session_id: &str) -> Result<Ws, TransportEr
     .await
     .map_err(|_| TransportError::Timeout("websocket handshake"))?
     .map_err(|e| TransportError::Ws(e.to_string()))?;
-    let hello = p
-        .signer
-        .sign(
-            MessageType::Hello,
-            &p.coordinator,
-            vec![
-                (
-                    "message_id",
-                    s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
-                ),
-                ("idempotency_key", s(&format!("hello-{session_id}"))),
-                ("sot_incarnation", Value::Null),
-                ("coordinator_epoch", Value::Null),
-                ("assignment_id", Value::Null),
-                ("session_id", s(session_id)),
-                ("host_id", s(&p.host_id)),
-                (
-                    "lanes",
-                    Value::Array(p.lanes.iter().map(|l| s(l)).collect()),
-                ),
-            ],
-        )
-        .map_err(|e| TransportError::Refused(e.to_string()))?;
+    let hello = hello_envelope(p, session_id, &p.lanes)?;
     ws.send(Message::text(String::from_utf8_lossy(&hello).into_owned()))
         .await
         .map_err(|e| TransportError::Ws(e.to_string()))?;

@@ -84,17 +84,20 @@ pub async fn run_receipt_link(
     shutdown: watch::Receiver<bool>,
 ) {
     let (_keep, rx) = tokio::sync::mpsc::channel(1);
-    run_link(p, outbox, Arc::new(NoDispatch), rx, shutdown).await
+    let (_lanes, lanes) = watch::channel(p.lanes.clone());
+    run_link(p, outbox, Arc::new(NoDispatch), rx, lanes, shutdown).await
 }
 
 /// The host's whole link: receipts as in [`run_receipt_link`], verified coordinator
 /// envelopes to `dispatch`, and host-originated envelopes from `outgoing` (kept queued
-/// while the link is down).
+/// while the link is down). Every hello names the current `lanes`; when they change
+/// mid-session a fresh hello on the same session registers them.
 pub async fn run_link(
-    p: LinkParams,
+    mut p: LinkParams,
     outbox: super::outbox::Outbox,
     dispatch: Arc<dyn HostDispatch>,
     mut outgoing: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    mut lanes: watch::Receiver<Vec<String>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -104,12 +107,14 @@ pub async fn run_link(
         }
         let session_id = format!("sess-{}", uuid::Uuid::new_v4().simple());
         let mut connected = false;
+        p.lanes = lanes.borrow_and_update().clone();
         match link_once(
             &p,
             &outbox,
             &session_id,
             dispatch.as_ref(),
             &mut outgoing,
+            &mut lanes,
             &mut shutdown,
             &mut connected,
         )
@@ -132,12 +137,14 @@ pub async fn run_link(
     }
 }
 
+#[allow(clippy::too_many_arguments)]
 async fn link_once(
     p: &LinkParams,
     outbox: &super::outbox::Outbox,
     session_id: &str,
     dispatch: &dyn HostDispatch,
     outgoing: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
+    lanes: &mut watch::Receiver<Vec<String>>,
     shutdown: &mut watch::Receiver<bool>,
     connected: &mut bool,
 ) -> Result<(), TransportError> {
@@ -154,6 +161,12 @@ async fn link_once(
         tokio::select! {
             _ = tick.tick() => send_pending(p, outbox, session_id, &mut sent, &mut ws).await?,
             _ = written.notified() => send_pending(p, outbox, session_id, &mut sent, &mut ws).await?,
+            Ok(()) = lanes.changed() => {
+                let now = lanes.borrow_and_update().clone();
+                let hello = crate::protocol::transport::hello_envelope(p, session_id, &now)?;
+                ws.send(Message::text(String::from_utf8_lossy(&hello).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
+                tracing::info!(lanes = now.len(), session_id, "lane set changed: registered again");
+            }
             Some(out) = outgoing.recv() => {
                 ws.send(Message::text(String::from_utf8_lossy(&out).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
             }

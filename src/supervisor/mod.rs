@@ -195,6 +195,9 @@ pub(crate) struct Inner {
     /// Serializes lane creation: two creates of one new name must not both start servers.
     create_lock: Mutex<()>,
     pub shutdown: watch::Sender<bool>,
+    /// The live lanes as `lane@incarnation`, republished on every create and destroy so
+    /// the coordinator link can register them (again) without reconnecting.
+    lane_set: watch::Sender<Vec<String>>,
     _lock: std::fs::File,
 }
 
@@ -337,6 +340,7 @@ impl Supervisor {
             lanes: std::sync::Mutex::new(BTreeMap::new()),
             create_lock: Mutex::new(()),
             shutdown,
+            lane_set: watch::channel(Vec::new()).0,
             _lock: lock,
         };
         Ok(Self {
@@ -420,7 +424,29 @@ impl Supervisor {
         let view = self.view(&rec, None);
         self.inner
             .insert_slot(name.as_str(), Lane { rec, live: None })?;
+        drop(_creating);
+        self.publish_lanes().await;
         Ok(view)
+    }
+
+    /// Republishes the live lane set (after a create or destroy); a failure to read it
+    /// leaves the last published set, which the next change or reconnect corrects.
+    async fn publish_lanes(&self) {
+        match self.status().await {
+            Ok(st) => {
+                let set: Vec<String> = st
+                    .lanes
+                    .into_iter()
+                    .map(|l| format!("{}@{}", l.lane, l.lane_incarnation_id))
+                    .collect();
+                self.inner.lane_set.send_if_modified(|cur| {
+                    let changed = *cur != set;
+                    *cur = set;
+                    changed
+                });
+            }
+            Err(e) => tracing::warn!(error = %e, "lane set not republished"),
+        }
     }
 
     /// Stops the live generation (if any), kills the lane's tmux server and removes its
@@ -465,7 +491,10 @@ impl Supervisor {
         l.rec.current_generation = None;
         self.inner.store.save_lane(&l.rec)?;
         tracing::info!(lane = %l.rec.lane_id, "lane destroyed");
-        Ok(self.view(&l.rec, None))
+        let view = self.view(&l.rec, None);
+        drop(l);
+        self.publish_lanes().await;
+        Ok(view)
     }
 
     /// Starts a fresh generation on `lane`: stops and verifies-gone any previous one, then
@@ -661,13 +690,8 @@ impl Supervisor {
                 key: link.key.clone(),
             })
             .map_err(|e| cfg_err(e.to_string()))?;
-        let lanes = self
-            .status()
-            .await?
-            .lanes
-            .into_iter()
-            .map(|l| format!("{}@{}", l.lane, l.lane_incarnation_id))
-            .collect();
+        self.publish_lanes().await;
+        let lanes = self.inner.lane_set.borrow().clone();
         let params = crate::protocol::transport::LinkParams {
             addr: link.address.clone(),
             server_name: link.server_name.clone(),
@@ -698,6 +722,7 @@ impl Supervisor {
             self.inner.outbox.clone(),
             Arc::new(host),
             rx,
+            self.inner.lane_set.subscribe(),
             self.inner.shutdown.subscribe(),
         ));
         Ok(())
