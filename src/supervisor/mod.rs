@@ -198,6 +198,9 @@ pub(crate) struct Inner {
     /// The live lanes as `lane@incarnation`, republished on every create and destroy so
     /// the coordinator link can register them (again) without reconnecting.
     lane_set: watch::Sender<Vec<String>>,
+    /// Serializes read-and-publish of the lane set, so a slower publisher cannot overwrite
+    /// a newer set with the one it read earlier.
+    publish_lock: Mutex<()>,
     _lock: std::fs::File,
 }
 
@@ -341,6 +344,7 @@ impl Supervisor {
             create_lock: Mutex::new(()),
             shutdown,
             lane_set: watch::channel(Vec::new()).0,
+            publish_lock: Mutex::new(()),
             _lock: lock,
         };
         Ok(Self {
@@ -432,6 +436,7 @@ impl Supervisor {
     /// Republishes the live lane set (after a create or destroy); a failure to read it
     /// leaves the last published set, which the next change or reconnect corrects.
     async fn publish_lanes(&self) {
+        let _one_at_a_time = self.inner.publish_lock.lock().await;
         match self.status().await {
             Ok(st) => {
                 let set: Vec<String> = st
