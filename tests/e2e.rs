@@ -35,17 +35,7 @@ impl Up {
             .spawn()
             .unwrap();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        let mut text = String::new();
-        loop {
-            let mut line = String::new();
-            if out.read_line(&mut line).unwrap() == 0 {
-                panic!("mosaic up ended early:\n{text}");
-            }
-            text.push_str(&line);
-            if line.contains("Ctrl-C stops everything") {
-                break;
-            }
-        }
+        read_until(&mut out, "Ctrl-C stops everything");
         // Keep draining stdout so `up` never blocks on a full pipe.
         std::thread::spawn(move || for _ in out.lines() {});
         let db_url = db.url.clone();
@@ -164,6 +154,21 @@ impl Drop for Up {
             let _ = std::fs::remove_file(log_of(&self.dir));
         } else {
             eprintln!("mosaic up log kept: {}", log_of(&self.dir).display());
+        }
+    }
+}
+
+/// Reads `mosaic up`'s output up to and including the first line containing `marker`.
+fn read_until(out: &mut impl BufRead, marker: &str) -> String {
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("mosaic up ended early:\n{text}");
+        }
+        text.push_str(&line);
+        if line.contains(marker) {
+            return text;
         }
     }
 }
@@ -413,17 +418,7 @@ fn up_demo_shows_running_sigkill_receipt_and_recovery_then_cleans_up_on_sigterm(
     }
     let _stop = Stop(child.id() as i32);
     let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-    let mut text = String::new();
-    loop {
-        let mut line = String::new();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!("mosaic up ended early: {text}");
-        }
-        text.push_str(&line);
-        if line.contains("[demo] done") {
-            break;
-        }
-    }
+    let text = read_until(&mut out, "[demo] done");
     assert!(text.contains("is RUNNING in generation 1"), "{text}");
     assert!(
         text.contains("reason \"sigkill\"") && text.contains("reconciliation: \"recovery\""),

@@ -118,26 +118,15 @@ fn stop_kills_tree(h: &Host, n: usize) {
     h.create_lane("big");
     // shim + harness + n descendants (double forks leave one grandchild each).
     let (_, cg, before) = start_with_tree(h, "big", n);
-    let sids: BTreeSet<i32> = before
-        .iter()
-        .filter_map(|(p, _)| {
-            procfs::process::Process::new(*p)
-                .ok()?
-                .stat()
-                .ok()
-                .map(|s| s.session)
-        })
-        .collect();
-    let pgids: BTreeSet<i32> = before
-        .iter()
-        .filter_map(|(p, _)| {
-            procfs::process::Process::new(*p)
-                .ok()?
-                .stat()
-                .ok()
-                .map(|s| s.pgrp)
-        })
-        .collect();
+    let distinct = |field: fn(&procfs::process::Stat) -> i32| -> BTreeSet<i32> {
+        before
+            .iter()
+            .filter_map(|(p, _)| procfs::process::Process::new(*p).ok()?.stat().ok())
+            .map(|s| field(&s))
+            .collect()
+    };
+    let sids = distinct(|s| s.session);
+    let pgids = distinct(|s| s.pgrp);
     assert!(
         sids.len() > n / 4,
         "expected many setsid'd descendants, saw {} sessions",
