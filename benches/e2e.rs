@@ -55,8 +55,12 @@ fn main() {
                 lane_id: lane.clone(),
                 runtime: "fake@1.0.0".into(),
                 task: task.into(),
+                scope: vec![],
+                holds: vec![],
+                completion_policy: None,
                 wait: true,
                 resume: None,
+                request_id: None,
             },
         )
         .unwrap()
@@ -71,6 +75,9 @@ fn main() {
             &ops,
             &OperatorRequest::Stop {
                 assignment_id: a["assignment_id"].as_str().unwrap().into(),
+                outcome: None,
+                evidence_digest: None,
+                wait: true,
             },
         )
         .unwrap();

@@ -10,6 +10,7 @@
 //! | `exit-after=SECONDS` | exits 0 after SECONDS |
 //! | `crash-after=SECONDS` | calls `abort()` after SECONDS |
 //! | `hang` | runs until killed (the default) |
+//! | `no-ack` | in contract mode: fetches the contract and never acknowledges it (a harness stuck before its ACK) |
 //!
 //! An unknown or malformed directive is an error before anything happens.
 
@@ -27,11 +28,12 @@ pub enum Directive {
     ExitAfter(f64),
     CrashAfter(f64),
     Hang,
+    NoAck,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -58,6 +60,7 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
         let d = match tok.split_once('=') {
             None if tok == "ignore-term" => Directive::IgnoreTerm,
             None if tok == "hang" => Directive::Hang,
+            None if tok == "no-ack" => Directive::NoAck,
             Some(("spawn", v)) => match v.parse::<u32>() {
                 Ok(n) if n <= MAX_SPAWN => Directive::Spawn(n),
                 _ => return Err(DirectiveError::BadValue(tok.to_string())),
@@ -192,7 +195,13 @@ fn from_contract() -> Result<Vec<String>, String> {
         c["contract"]["contracts_digest"].as_str().unwrap_or("")
     );
     // Refuse a task we cannot run before acknowledging it.
-    parse_all(&[task.as_str()]).map_err(|e| e.to_string())?;
+    let directives = parse_all(&[task.as_str()]).map_err(|e| e.to_string())?;
+    if directives.contains(&Directive::NoAck) {
+        println!("fake: no-ack: holding the contract without acknowledging it");
+        loop {
+            sleep_reaping(Duration::from_secs(3600));
+        }
+    }
     let a = run("ack")?;
     println!("fake: generation is {}", a["state"].as_str().unwrap_or("?"));
     Ok(task.split_whitespace().map(String::from).collect())

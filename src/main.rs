@@ -6,7 +6,18 @@ use std::process::ExitCode;
 use anyhow::Context;
 use clap::{Parser, Subcommand};
 
+use mosaic::coordinator::service::OperatorRequest;
 use mosaic::supervisor::control::{self, Request};
+
+/// `sha256:<hex>` of a file's bytes (evidence is sent as its digest, never its content).
+fn file_digest(p: &std::path::Path) -> anyhow::Result<String> {
+    use sha2::Digest;
+    let bytes = std::fs::read(p).with_context(|| format!("reading evidence {}", p.display()))?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(bytes))
+    ))
+}
 
 #[derive(Parser)]
 #[command(
@@ -46,14 +57,34 @@ enum Cmd {
         at: CoordinatorAt,
     },
     /// Assign a task to a lane: reserve, stage a fresh generation, contract, ACK, activate.
+    /// Everything is validated before anything is reserved.
     Assign {
         #[arg(long = "lane")]
         lane_id: String,
         #[arg(long)]
         runtime: String,
+        /// The task text; `-` reads it from standard input.
+        #[arg(
+            long,
+            conflicts_with = "task_file",
+            required_unless_present = "task_file"
+        )]
+        task: Option<String>,
+        /// Read the task text from this file (for tasks too long for a command line).
         #[arg(long)]
-        task: String,
-        /// `running`: return once the generation is RUNNING (or the chain failed).
+        task_file: Option<PathBuf>,
+        /// A capability the assignment may use (repeatable; one effect lease each).
+        /// Default: the lane itself.
+        #[arg(long = "scope")]
+        scope: Vec<String>,
+        /// A capability it must not use, even where the scope names it (repeatable).
+        #[arg(long = "hold")]
+        holds: Vec<String>,
+        /// The completion policy (default operator-evidence/v1: COMPLETED only with
+        /// `mosaic stop --complete --evidence FILE`).
+        #[arg(long)]
+        completion_policy: Option<String>,
+        /// `running`: return once the generation is RUNNING (or the chain ended).
         #[arg(long)]
         wait: Option<String>,
         /// Resume this assignment (left in recovery, e.g. after its harness died) on a
@@ -75,10 +106,42 @@ enum Cmd {
         #[command(flatten)]
         at: CoordinatorAt,
     },
-    /// Drain and retire an assignment; returns when its generation is verified gone.
+    /// End an assignment: its leases are revoked at once, its generation stopped, and the
+    /// outcome (CANCELLED unless --complete or --fail) becomes final when the host's
+    /// termination receipt proves the generation ended. With the host unreachable it
+    /// answers `pending` and finishes when the host reconnects; repeating it is idempotent.
     Stop {
         #[arg(long = "assignment")]
         assignment_id: String,
+        /// End it COMPLETED; needs --evidence.
+        #[arg(long, conflicts_with = "fail", requires = "evidence")]
+        complete: bool,
+        /// End it FAILED.
+        #[arg(long)]
+        fail: bool,
+        /// A file whose SHA-256 becomes the completion evidence (its content is not sent).
+        #[arg(long)]
+        evidence: Option<PathBuf>,
+        /// Return at once instead of waiting for the host's receipt.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Cancel an assignment in any unfinished state (a stop with outcome CANCELLED).
+    Cancel {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The coordinator's audit log of refusals (identifiers and categories only).
+    Audit {
+        /// Only rows after this audit id.
+        #[arg(long, default_value_t = 0)]
+        since: i64,
         #[command(flatten)]
         at: CoordinatorAt,
     },
@@ -119,7 +182,8 @@ enum Cmd {
         #[command(subcommand)]
         op: PkiOp,
     },
-    /// For harnesses inside a generation: fetch the contract, acknowledge the challenge.
+    /// Inside a generation: fetch the contract, acknowledge the challenge. For operators:
+    /// release a quarantined lane, or have its host recreate it.
     Lane {
         #[command(subcommand)]
         op: LaneOp,
@@ -194,15 +258,25 @@ impl CoordinatorAt {
         })
     }
 
-    fn call(&self, req: mosaic::coordinator::service::OperatorRequest) -> anyhow::Result<ExitCode> {
-        let v = mosaic::coordinator::service::operator_request(&self.target()?, &req)
-            .map_err(|e| anyhow::anyhow!(e))?;
+    /// Sends the request and prints the result as JSON; a refusal prints
+    /// `{"ok": false, "error": {"category": …, "message": …}}` and exits 1.
+    fn call(&self, req: OperatorRequest) -> anyhow::Result<ExitCode> {
+        let out = match mosaic::coordinator::service::operator_request(&self.target()?, &req) {
+            Ok(v) => (v, ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("mosaic: {e}");
+                (
+                    serde_json::json!({ "ok": false, "error": e }),
+                    ExitCode::FAILURE,
+                )
+            }
+        };
         if self.json {
-            println!("{}", serde_json::to_string(&v)?);
+            println!("{}", serde_json::to_string(&out.0)?);
         } else {
-            println!("{}", serde_json::to_string_pretty(&v)?);
+            println!("{}", serde_json::to_string_pretty(&out.0)?);
         }
-        Ok(ExitCode::SUCCESS)
+        Ok(out.1)
     }
 }
 
@@ -212,6 +286,22 @@ enum LaneOp {
     Contract,
     /// Acknowledge this generation's challenge; returns once the generation is active.
     Ack,
+    /// Return a QUARANTINED lane to IDLE_CLEAN; refused unless every generation's cleanup
+    /// was verified and nothing of the lane is still open.
+    Release {
+        #[arg(long = "lane")]
+        lane_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Have the lane's host destroy and recreate the lane (a fresh incarnation): the way
+    /// out of a host-side quarantine or a cleanup that was never verified.
+    Recreate {
+        #[arg(long = "lane")]
+        lane_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
 }
 
 #[derive(Subcommand)]
@@ -323,6 +413,7 @@ fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
 }
 
 fn main() -> ExitCode {
+    mosaic::coordinator::failpoint::setup();
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
@@ -362,18 +453,54 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(mosaic::coordinator::service::run_daemon(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Lanes { at } => at.call(mosaic::coordinator::service::OperatorRequest::Lanes),
-        Cmd::Status { at } => at.call(mosaic::coordinator::service::OperatorRequest::Status),
-        Cmd::Receipts { lane_id, at } => {
-            at.call(mosaic::coordinator::service::OperatorRequest::Receipts { lane_id })
+        Cmd::Lanes { at } => at.call(OperatorRequest::Lanes),
+        Cmd::Status { at } => at.call(OperatorRequest::Status),
+        Cmd::Receipts { lane_id, at } => at.call(OperatorRequest::Receipts { lane_id }),
+        Cmd::Stop {
+            assignment_id,
+            complete,
+            fail,
+            evidence,
+            no_wait,
+            at,
+        } => {
+            let outcome = if complete {
+                "completed"
+            } else if fail {
+                "failed"
+            } else {
+                "cancelled"
+            };
+            let evidence_digest = match evidence {
+                Some(p) => Some(file_digest(&p)?),
+                None => None,
+            };
+            at.call(OperatorRequest::Stop {
+                assignment_id,
+                outcome: Some(outcome.into()),
+                evidence_digest,
+                wait: !no_wait,
+            })
         }
-        Cmd::Stop { assignment_id, at } => {
-            at.call(mosaic::coordinator::service::OperatorRequest::Stop { assignment_id })
-        }
+        Cmd::Cancel {
+            assignment_id,
+            no_wait,
+            at,
+        } => at.call(OperatorRequest::Stop {
+            assignment_id,
+            outcome: Some("cancelled".into()),
+            evidence_digest: None,
+            wait: !no_wait,
+        }),
+        Cmd::Audit { since, at } => at.call(OperatorRequest::Audit { since }),
         Cmd::Assign {
             lane_id,
             runtime,
             task,
+            task_file,
+            scope,
+            holds,
+            completion_policy,
             wait,
             resume,
             at,
@@ -383,12 +510,32 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Some("running") => true,
                 Some(other) => anyhow::bail!("--wait takes `running`, not {other:?}"),
             };
-            at.call(mosaic::coordinator::service::OperatorRequest::Assign {
+            let task = match (task.as_deref(), task_file) {
+                (_, Some(p)) => std::fs::read_to_string(&p)
+                    .with_context(|| format!("reading the task from {}", p.display()))?,
+                (Some("-"), None) => {
+                    let mut t = String::new();
+                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut t)
+                        .context("reading the task from standard input")?;
+                    t
+                }
+                (Some(t), None) => t.to_string(),
+                (None, None) => {
+                    anyhow::bail!("give the task with --task TEXT, --task - or --task-file PATH")
+                }
+            };
+            at.call(OperatorRequest::Assign {
                 lane_id,
                 runtime,
                 task,
+                scope,
+                holds,
+                completion_policy,
                 wait,
                 resume,
+                // One id per invocation: a retry inside the client lands on the same
+                // reservation.
+                request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
             })
         }
         Cmd::Supervisor { config } => {
@@ -433,6 +580,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             println!("mosaic setup: tmux and the PostgreSQL server binaries are present");
             Ok(ExitCode::SUCCESS)
         }
+        Cmd::Lane {
+            op: LaneOp::Release { lane_id, at },
+        } => at.call(OperatorRequest::LaneRelease {
+            lane_id,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
+        Cmd::Lane {
+            op: LaneOp::Recreate { lane_id, at },
+        } => at.call(OperatorRequest::LaneRecreate { lane_id }),
         Cmd::Lane { op } => {
             use mosaic::supervisor::lanesock::{self, LaneRequest};
             let socket = std::env::var_os("MOSAIC_LANE_SOCKET")
@@ -440,6 +596,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let req = match op {
                 LaneOp::Contract => LaneRequest::Contract,
                 LaneOp::Ack => LaneRequest::Ack,
+                LaneOp::Release { .. } | LaneOp::Recreate { .. } => unreachable!("matched above"),
             };
             let resp =
                 lanesock::call(std::path::Path::new(&socket), &req).context("lane socket")?;

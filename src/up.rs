@@ -25,6 +25,7 @@ macro_rules! esay {
     }};
 }
 
+use crate::coordinator::service::operator::AssignRequest;
 use crate::supervisor::{Supervisor, SupervisorError};
 
 #[derive(Debug, thiserror::Error)]
@@ -165,6 +166,7 @@ async fn run_with(
     let svc = crate::coordinator::service::Service::start(&prov.coordinator)
         .await
         .map_err(|e| usage(&e))?;
+    let leading = svc.wait_leading().await;
     let (stop_hosts, hosts_rx) = tokio::sync::watch::channel(false);
     let tls = crate::protocol::transport::TlsIdentity {
         ca: prov.coordinator.ca.clone(),
@@ -211,7 +213,7 @@ async fn run_with(
     say!(
         "Mosaic is up on host {}: coordinator (epoch {}) + supervisor, {} lane(s), PostgreSQL {}",
         status.host_id,
-        svc.leader().await.epoch(),
+        leading.epoch(),
         status.lanes.len(),
         if opts.database_url.is_some() {
             "from --database-url"
@@ -253,7 +255,9 @@ async fn run_with(
     let _ = stop_hosts.send(true);
     hosts.abort();
     ops.abort();
-    let _ = svc.store.release(&svc.leader().await).await;
+    if let Ok(l) = svc.leader().await {
+        let _ = svc.store.release(&l).await;
+    }
     let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
     outcome
 }
@@ -287,9 +291,9 @@ async fn demo(
     let task = "print=hello-from-mosaic spawn=4";
     say!("\n[demo] assign {lane_id}: {task}");
     let a = svc
-        .assign(&lane_id, "fake@1.0.0", task, true)
+        .assign(AssignRequest::new(&lane_id, "fake@1.0.0", task, true))
         .await
-        .map_err(UpError::Demo)?;
+        .map_err(|e| UpError::Demo(e.to_string()))?;
     let pi = &a["process_identity"];
     let digest = pi["launch_nonce_digest"].as_str().unwrap_or("");
     say!(
@@ -349,21 +353,18 @@ async fn demo(
         say!(
             "[demo] assignment {} is {} (execution owner {:?}), lane {} — never a false COMPLETED",
             s.assignment_id,
-            s.lifecycle,
+            s.state,
             s.execution_owner,
-            s.state
+            s.lane_state
         );
     }
     let b = svc
-        .assign_or_resume(
-            &lane_id,
-            "fake@1.0.0",
-            "print=resumed spawn=2",
-            true,
-            a["assignment_id"].as_str(),
-        )
+        .assign(AssignRequest {
+            resume: a["assignment_id"].as_str().map(String::from),
+            ..AssignRequest::new(&lane_id, "fake@1.0.0", "print=resumed spawn=2", true)
+        })
         .await
-        .map_err(UpError::Demo)?;
+        .map_err(|e| UpError::Demo(e.to_string()))?;
     say!(
         "[demo] recovery: {} resumed, RUNNING in a fresh generation {} (root pid {})",
         b["assignment_id"].as_str().unwrap_or(""),
@@ -490,10 +491,12 @@ pub fn provision(
             operator_socket: coordinator_socket(dir),
             lease_ms: Some(10_000),
             reservation_ttl_ms: None,
+            lease_ttl_ms: None,
             operator_listen: None,
         },
         link: crate::supervisor::config::CoordinatorLink {
             address: listen.into(),
+            fallback_addresses: vec![],
             server_name: "localhost".into(),
             principal: coordinator,
             trust_domain: domain,

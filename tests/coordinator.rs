@@ -1,17 +1,19 @@
 //! The coordinator's authority core against a real PostgreSQL (spec §17 rows: replayed
 //! ACK, duplicate activation, consumed activation ACK, split-brain / stale epoch, epoch
 //! takeover, lane reincarnation, forged ACK fields, reservation-chain substitution, clock
-//! rollback/skew, premature completion, activation/lease crash, raw token leakage, and a
-//! 32-way activation race). Every rejection row checks that nothing changed.
+//! rollback/skew and deadline equality, premature completion, activation/lease crash, raw
+//! token leakage), plus the faults the transition primitive must survive: an ambiguous
+//! commit, races between transitions, and writes that bypass the frame. Every rejection row
+//! checks that nothing changed.
 
 mod pg;
 
-use mosaic::coordinator::chain::{AssignmentView, LaneView};
-use mosaic::coordinator::lifecycle::Reconciliation;
 use mosaic::coordinator::{
-    AckClaim, Activation, AuthorityError, Candidate, Category, Chain, CoordinatorSecret, Leader,
-    Outcome, ReserveRequest, Reserved, Store,
+    AckClaim, Activation, AssignmentView, AuthorityError, Candidate, Category, Chain,
+    CoordinatorSecret, EndCause, LaneView, Leader, Outcome, Reconciliation, ReserveRequest,
+    Reserved, Store,
 };
+use mosaic::protocol::task;
 use pg::TestDb;
 use serde_json::json;
 
@@ -27,33 +29,49 @@ fn candidate(name: &str) -> Candidate {
     }
 }
 
-fn key(tag: &str) -> String {
+fn uid(tag: &str) -> String {
     format!("{tag}-{}", uuid::Uuid::new_v4().simple())
 }
 
-const TARGET: &str = "host:h1/w1";
+const TARGET: &str = "h1:w1";
+const HOST: &str = "h1";
+const SCOPE: [&str; 2] = ["repo:demo", "issues:demo"];
+const HOLDS: [&str; 1] = ["issues:demo"];
 
 struct Fx {
     db: TestDb,
     store: Store,
+    secret: CoordinatorSecret,
     leader: Leader,
     lane: LaneView,
 }
 
-async fn fx() -> Fx {
+async fn fx_at(url_of: impl Fn(&str) -> String) -> Fx {
     let db = TestDb::new();
-    let store = Store::connect(&db.url, CoordinatorSecret::generate().unwrap())
+    let secret = CoordinatorSecret::generate().unwrap();
+    let store = Store::connect(&url_of(&db.name), secret.clone())
         .await
         .unwrap();
     store.migrate().await.unwrap();
     let (leader, _) = store.acquire(&candidate("a"), 60_000).await.unwrap();
-    let lane = store.register_lane(&leader, "h1:w1", "h1").await.unwrap();
+    let lane = adopt(&store, &leader, "h1:w1").await;
     Fx {
         db,
         store,
+        secret,
         leader,
         lane,
     }
+}
+
+async fn fx() -> Fx {
+    fx_at(|name| pg::server().url(name)).await
+}
+
+async fn adopt(s: &Store, l: &Leader, lane: &str) -> LaneView {
+    s.adopt_lane_incarnation(l, HOST, lane, &uid("li"))
+        .await
+        .unwrap()
 }
 
 fn identity(pid: i64) -> serde_json::Value {
@@ -61,19 +79,32 @@ fn identity(pid: i64) -> serde_json::Value {
             "launch_nonce_digest": "ab".repeat(32), "root_pid": pid, "root_start_time": 1000 + pid })
 }
 
-fn request(inc: &str, assignment: Option<&str>, ttl_ms: i64) -> ReserveRequest {
+fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
     ReserveRequest {
+        request_id: uid("rq"),
         lane_incarnation_id: inc.into(),
-        assignment_id: assignment.map(String::from),
+        assignment_id: resume.map(String::from),
         target: TARGET.into(),
         runtime_id: "fake@1.0.0".into(),
-        scope_digest: d('5'),
-        holds_digest: d('6'),
-        completion_policy_digest: d('7'),
-        next_action: "run the task".into(),
+        task_text: "spawn=3 print=hello".into(),
+        scope: SCOPE.iter().map(|s| s.to_string()).collect(),
+        holds: HOLDS.iter().map(|s| s.to_string()).collect(),
+        completion_policy: "operator-evidence/v1".into(),
         ttl_ms,
-        idempotency_key: key("reserve"),
     }
+}
+
+fn scope_digest() -> String {
+    task::list_digest(
+        "scope",
+        &SCOPE.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+    )
+}
+fn holds_digest() -> String {
+    task::list_digest(
+        "holds",
+        &HOLDS.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
+    )
 }
 
 /// A chain driven to AWAITING_ACK, with everything needed to ACK and activate it.
@@ -95,27 +126,24 @@ async fn to_awaiting_ack(
     s: &Store,
     l: &Leader,
     inc: &str,
-    assignment: Option<&str>,
+    resume: Option<&str>,
     ttl_ms: i64,
 ) -> Ready {
-    let res = s
-        .reserve(l, &request(inc, assignment, ttl_ms))
-        .await
-        .unwrap();
+    let res = s.reserve(l, &request(inc, resume, ttl_ms)).await.unwrap();
     let c = res.chain.clone();
-    s.checkpoint(l, &c, &key("ck")).await.unwrap();
-    s.fence(l, &c, &key("fe")).await.unwrap();
-    let (generation, _) = s.stage(l, &c, &key("st")).await.unwrap();
+    s.checkpoint(l, &c).await.unwrap();
+    s.fence(l, &c).await.unwrap();
+    let (generation, _) = s.stage(l, &c).await.unwrap();
     let identity = identity(4000 + generation);
-    s.record_staged(l, &c, generation, &identity, &key("sd"))
-        .await
-        .unwrap();
-    let (contracts, _) = s
-        .record_contract(l, &c, "spawn=3 print=hello", &d('5'), &d('6'), &key("ct"))
-        .await
-        .unwrap();
+    let staged = s.record_staged(l, &c, generation, &identity).await.unwrap();
+    let contracts = staged.str("contracts_digest").unwrap();
+    assert_eq!(
+        contracts,
+        mosaic::protocol::contracts_digest("spawn=3 print=hello", &scope_digest(), &holds_digest()),
+        "the contract digest is computed from the task, scope and holds the operator supplied"
+    );
     let (challenge, _, _) = s
-        .record_injected(l, &c, &contracts, &identity, 60_000, &key("in"))
+        .record_injected(l, &c, &contracts, &identity, 60_000)
         .await
         .unwrap();
     Ready {
@@ -143,37 +171,21 @@ fn ack(l: &Leader, r: &Ready) -> AckClaim {
         generation: r.generation,
         process_identity: r.identity.clone(),
         contracts_digest: r.contracts.clone(),
-        scope_digest: d('5'),
-        holds_digest: d('6'),
+        scope_digest: scope_digest(),
+        holds_digest: holds_digest(),
         runtime_id: "fake@1.0.0".into(),
         ack_digest: d('a'),
-        idempotency_key: key("ack"),
     }
 }
 
-fn activation(r: &Ready) -> Activation {
-    Activation {
-        chain: r.chain().clone(),
-        target: TARGET.into(),
-        reservation_lease_id: r.res.reservation_lease_id.clone(),
-        reservation_deadline: r.res.deadline.clone(),
-        generation: r.generation,
-        fence_token: r
-            .res
-            .fence_token
-            .clone()
-            .expect("fresh reservation carries its token"),
-        challenge_id: r.challenge.clone(),
-        ack_digest: d('a'),
-        contracts_digest: r.contracts.clone(),
-        scope_digest: d('5'),
-        holds_digest: d('6'),
-        process_identity: r.identity.clone(),
-        completion_policy_digest: d('7'),
-        lease_scopes: vec!["repo-write".into(), "effect".into()],
-        lease_ttl_ms: 60_000,
-        idempotency_key: key("act"),
-    }
+/// The activation the chain's own rows call for (fence token re-derived from the secret).
+async fn activation(s: &Store, r: &Ready) -> Activation {
+    let row = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    Activation::of(s, &row, 60_000).expect("a READY chain with its consumed ACK")
 }
 
 fn category<T: std::fmt::Debug>(r: Result<T, AuthorityError>) -> Category {
@@ -197,6 +209,29 @@ async fn count(url: &str, q: &str) -> i64 {
     sql(url).await.query_one(q, &[]).await.unwrap().get(0)
 }
 
+/// Row counts of every authority table: "nothing changed" is this before == after.
+async fn authority_counts(url: &str) -> Vec<(String, i64)> {
+    let mut v = Vec::new();
+    for t in [
+        "lane_incarnations",
+        "assignments",
+        "attempts",
+        "reservations",
+        "generations",
+        "challenges",
+        "ack_receipts",
+        "leases",
+        "transition_receipts",
+        "termination_receipts",
+    ] {
+        v.push((
+            t.to_string(),
+            count(url, &format!("SELECT count(*) FROM {t}")).await,
+        ));
+    }
+    v
+}
+
 async fn state(s: &Store, lane: &str) -> String {
     s.lane(lane).await.unwrap().unwrap().state
 }
@@ -205,15 +240,33 @@ async fn assignment(s: &Store, id: &str) -> AssignmentView {
     s.assignment(id).await.unwrap().unwrap()
 }
 
+async fn audited(s: &Store, op: &str, category: &str) -> usize {
+    s.audit_log(0)
+        .await
+        .unwrap()
+        .iter()
+        .filter(|a| a.operation == op && a.category == category)
+        .count()
+}
+
+/// A host receipt for `r`'s generation, keyed as the supervisor keys it.
 fn receipt_for(r: &Ready, reason: &str, verified: bool) -> serde_json::Value {
     let c = r.chain();
-    json!({ "idempotency_key": format!("tr-{}", uuid::Uuid::new_v4().simple()), "lane_id": c.lane_id, "lane_incarnation_id": c.lane_incarnation_id,
+    json!({ "idempotency_key": mosaic::supervisor::receipt::idempotency_key(&c.lane_id, &c.lane_incarnation_id, r.generation as u64),
+            "host_id": HOST, "lane_id": c.lane_id, "lane_incarnation_id": c.lane_incarnation_id,
             "generation": r.generation, "termination_reason": reason, "observation_source": "shim",
             "cleanup": { "verified_empty": verified, "cgroup_removed": verified } })
 }
 
+async fn running(s: &Store, l: &Leader, inc: &str) -> Ready {
+    let r = to_awaiting_ack(s, l, inc, None, 60_000).await;
+    s.consume_ack(l, &ack(l, &r)).await.unwrap();
+    s.activate(l, &activation(s, &r).await).await.unwrap();
+    r
+}
+
 #[tokio::test]
-async fn the_full_chain_round_trips_with_owners_and_receipts() {
+async fn the_full_chain_round_trips_with_owners_evidence_and_receipts() {
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let inc = f.lane.lane_incarnation_id.clone();
@@ -229,36 +282,54 @@ async fn the_full_chain_round_trips_with_owners_and_receipts() {
         ),
         (TARGET, None, Some(TARGET))
     );
+    assert!(
+        !a.next_action.contains("spawn=3"),
+        "the next action names the task by digest, not its text"
+    );
     assert_eq!(state(s, "h1:w1").await, "AWAITING_ACK");
     assert_eq!(
         count(&f.db.url, "SELECT count(*) FROM leases").await,
         0,
-        "staging must hold no effect lease"
+        "staging holds no effect lease"
     );
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
     assert_eq!(state(s, "h1:w1").await, "READY");
-    let act = s.activate(l, &activation(&r)).await.unwrap();
+    let act = s.activate(l, &activation(s, &r).await).await.unwrap();
     assert_eq!(state(s, "h1:w1").await, "RUNNING");
-    assert_eq!(act.body["leases"].as_array().unwrap().len(), 2);
+    // One lease per scoped capability, none for the one held back.
+    let leases: Vec<&str> = act.body["leases"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|x| x["scope"].as_str().unwrap())
+        .collect();
+    assert_eq!(leases, vec!["repo:demo"]);
     let a = assignment(s, &r.chain().assignment_id).await;
     assert_eq!(
         (a.execution_owner.as_deref(), a.pending_target.as_deref()),
         (Some(TARGET), None)
     );
-    s.drain(l, r.chain(), Outcome::Completed, &key("dr"))
+
+    // COMPLETED needs evidence under the completion policy.
+    assert_eq!(
+        category(
+            s.request_end(l, &r.chain().assignment_id, Outcome::Completed, None)
+                .await
+        ),
+        Category::BadInput
+    );
+    let evidence = d('e');
+    let end = s
+        .request_end(
+            l,
+            &r.chain().assignment_id,
+            Outcome::Completed,
+            Some(&evidence),
+        )
         .await
         .unwrap();
-    assert_eq!(
-        assignment(s, &r.chain().assignment_id).await.lifecycle,
-        "ACTIVE",
-        "draining is not terminal"
-    );
-    s.retire(l, r.chain(), &d('e'), &key("re")).await.unwrap();
-    let a = assignment(s, &r.chain().assignment_id).await;
-    assert_eq!(
-        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
-        ("COMPLETED", None)
-    );
+    assert!(end.awaiting_receipt);
+    // Leases are revoked with the decision; nothing is final before the host's receipt.
     assert_eq!(
         count(
             &f.db.url,
@@ -267,24 +338,46 @@ async fn the_full_chain_round_trips_with_owners_and_receipts() {
         .await,
         0
     );
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
+        ("ACTIVE", None)
+    );
+    assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    // The same request again is the same answer.
+    let again = s
+        .request_end(
+            l,
+            &r.chain().assignment_id,
+            Outcome::Completed,
+            Some(&evidence),
+        )
+        .await
+        .unwrap();
+    assert_eq!(again.receipt.receipt_id, end.receipt.receipt_id);
+    assert!(again.receipt.replayed);
+    // The host's verified receipt finalizes it, with evidence computed from both.
     let tr = receipt_for(&r, "quit", true);
-    let (rec, _) = s.ingest_termination(l, &tr).await.unwrap();
-    assert_eq!(rec, Reconciliation::RetirementEvidence);
-    s.finish(
-        l,
-        r.chain(),
-        tr["idempotency_key"].as_str().unwrap(),
-        &key("fi"),
-    )
-    .await
-    .unwrap();
+    let (rec, _) = s.ingest_termination(l, HOST, &tr).await.unwrap();
+    assert_eq!(
+        rec,
+        Reconciliation::Retiring {
+            outcome: Some("COMPLETED".into())
+        }
+    );
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(a.lifecycle, "COMPLETED");
+    let fe = a.final_evidence_digest.unwrap();
+    assert!(fe.starts_with("sha256:") && fe != evidence);
+    assert_eq!(state(s, "h1:w1").await, "RETIRING");
+    s.finish(l, &inc).await.unwrap();
     assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
     // A receipt for every transition, all under this epoch and timeline.
     let n = count(&f.db.url, &format!("SELECT count(*) FROM transition_receipts WHERE coordinator_epoch = {} AND sot_incarnation = '{}'", l.epoch(), l.sot())).await;
     assert_eq!(
         n,
-        1 + 1 + 13,
-        "acquire + lane-register + twelve chain transitions + the receipt ingestion"
+        1 + 1 + 8 + 1 + 1 + 1,
+        "acquire, adopt, eight chain steps, end, ingest, finish"
     );
 
     // The lane takes a fresh chain, and the generation number moves on.
@@ -299,28 +392,27 @@ async fn a_replayed_ack_is_rejected_and_changes_nothing() {
     let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
     let a = ack(l, &r);
     let first = s.consume_ack(l, &a).await.unwrap();
-    // The same request again (same idempotency key) is the same answer, not a second use.
-    assert_eq!(s.consume_ack(l, &a).await.unwrap(), first);
-    // A replay under a new key is a second use: refused, audited, nothing moves.
+    // The very same ACK again is the same answer, not a second use.
+    let same = s.consume_ack(l, &a).await.unwrap();
+    assert_eq!(
+        (same.receipt_id.as_str(), same.replayed),
+        (first.receipt_id.as_str(), true)
+    );
+    // Any other ACK for the consumed challenge is a second use: refused, audited.
+    let before = authority_counts(&f.db.url).await;
     let mut again = a.clone();
-    again.idempotency_key = key("ack-replay");
+    again.ack_digest = d('b');
     assert_eq!(
         category(s.consume_ack(l, &again).await),
         Category::ChallengeConsumed
     );
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "a replayed ACK changed something"
+    );
     assert_eq!(state(s, "h1:w1").await, "READY");
-    assert_eq!(
-        count(&f.db.url, "SELECT count(*) FROM ack_receipts").await,
-        1
-    );
-    assert_eq!(count(&f.db.url, "SELECT count(*) FROM audit WHERE operation = 'consume-ack' AND category = 'challenge-consumed'").await, 1);
-    // Same key, different request: refused as a conflict.
-    let mut other = a.clone();
-    other.ack_digest = d('b');
-    assert_eq!(
-        category(s.consume_ack(l, &other).await),
-        Category::IdempotencyConflict
-    );
+    assert_eq!(audited(s, "consume-ack", "challenge-consumed").await, 1);
     // ACK receipts are immutable.
     let c = sql(&f.db.url).await;
     assert!(c
@@ -420,15 +512,20 @@ async fn every_forged_ack_field_is_rejected() {
             Category::Mismatch,
         ),
     ];
+    let before = authority_counts(&f.db.url).await;
     for (field, forge, want) in rows {
         let mut a = good.clone();
         forge(&mut a);
-        a.idempotency_key = key("forged");
         assert_eq!(category(s.consume_ack(l, &a).await), want, "forged {field}");
         assert_eq!(
             state(s, "h1:w1").await,
             "AWAITING_ACK",
             "forged {field} moved the lane"
+        );
+        assert_eq!(
+            authority_counts(&f.db.url).await,
+            before,
+            "forged {field} changed something"
         );
         assert_eq!(
             count(
@@ -451,17 +548,23 @@ async fn duplicate_activation_returns_the_original_receipt_and_no_new_leases() {
     let (s, l) = (&f.store, &f.leader);
     let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    let x = activation(&r);
+    let x = activation(s, &r).await;
     let first = s.activate(l, &x).await.unwrap();
+    let again = s.activate(l, &x).await.unwrap();
     assert_eq!(
-        s.activate(l, &x).await.unwrap(),
-        first,
-        "a retry with the same key must return the original receipt"
+        (again.receipt_id.as_str(), again.replayed),
+        (first.receipt_id.as_str(), true)
     );
-    let mut again = x.clone();
-    again.idempotency_key = key("act-2");
-    assert_eq!(category(s.activate(l, &again).await), Category::WrongState);
-    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 2);
+    // The same step with other values is a conflict, never a second activation.
+    let mut other = x.clone();
+    other.lease_ttl_ms = 120_000;
+    other.generation += 0;
+    other.target = "h1:w9".into();
+    assert_eq!(
+        category(s.activate(l, &other).await),
+        Category::IdempotencyConflict
+    );
+    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 1);
     assert_eq!(
         count(
             &f.db.url,
@@ -478,9 +581,14 @@ async fn activation_validates_the_persisted_consumed_ack_and_every_expected_valu
     let (s, l) = (&f.store, &f.leader);
     let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
     // Not yet READY: no consumed ACK, no activation.
-    assert_eq!(
-        category(s.activate(l, &activation(&r)).await),
-        Category::WrongState
+    let row = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        Activation::of(s, &row, 60_000).is_none(),
+        "no ACK, no activation to present"
     );
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
     type Sub = (&'static str, fn(&mut Activation), Category);
@@ -497,12 +605,12 @@ async fn activation_validates_the_persisted_consumed_ack_and_every_expected_valu
         ),
         (
             "fence token",
-            |x| x.fence_token = mosaic::coordinator::FenceToken::generate().unwrap(),
+            |x| x.fence_token = mosaic::coordinator::FenceToken::random().unwrap(),
             Category::FenceMismatch,
         ),
         (
             "target (responsibility / pending)",
-            |x| x.target = "host:h9/w1".into(),
+            |x| x.target = "h9:w1".into(),
             Category::Mismatch,
         ),
         (
@@ -552,8 +660,10 @@ async fn activation_validates_the_persisted_consumed_ack_and_every_expected_valu
             Category::Mismatch,
         ),
     ];
+    let good = activation(s, &r).await;
+    let before = authority_counts(&f.db.url).await;
     for (what, sub, want) in rows {
-        let mut x = activation(&r);
+        let mut x = good.clone();
         sub(&mut x);
         assert_eq!(
             category(s.activate(l, &x).await),
@@ -565,40 +675,37 @@ async fn activation_validates_the_persisted_consumed_ack_and_every_expected_valu
             "READY",
             "substituted {what} activated"
         );
-        assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 0);
+        assert_eq!(
+            authority_counts(&f.db.url).await,
+            before,
+            "substituted {what} changed something"
+        );
     }
-    s.activate(l, &activation(&r)).await.unwrap();
+    s.activate(l, &good).await.unwrap();
 }
 
 #[tokio::test]
-async fn thirty_two_concurrent_activations_have_exactly_one_winner() {
+async fn thirty_two_concurrent_activations_decide_once() {
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    let base = activation(&r);
+    let base = activation(s, &r).await;
     let mut tasks = Vec::new();
-    for i in 0..32 {
-        let (s, l, mut x) = (s.clone(), l.clone(), base.clone());
-        x.idempotency_key = format!("race-{i}");
+    for _ in 0..32 {
+        let (s, l, x) = (s.clone(), l.clone(), base.clone());
         tasks.push(tokio::spawn(async move { s.activate(&l, &x).await }));
     }
-    let mut wins = 0;
-    let mut losses = 0;
+    let mut ids = std::collections::BTreeSet::new();
+    let mut decided = 0;
     for t in tasks {
-        match t.await.unwrap() {
-            Ok(_) => wins += 1,
-            Err(e) => {
-                assert!(
-                    e.category().is_some(),
-                    "a loser failed with a non-rejection: {e}"
-                );
-                losses += 1;
-            }
-        }
+        let r = t.await.unwrap().unwrap();
+        ids.insert(r.receipt_id);
+        decided += usize::from(!r.replayed);
     }
-    assert_eq!((wins, losses), (1, 31));
-    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 2);
+    // Every caller gets the one decision; exactly one of them made it.
+    assert_eq!((ids.len(), decided), (1, 1));
+    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 1);
     assert_eq!(
         count(
             &f.db.url,
@@ -607,15 +714,139 @@ async fn thirty_two_concurrent_activations_have_exactly_one_winner() {
         .await,
         1
     );
-    assert_eq!(
-        count(
-            &f.db.url,
-            "SELECT count(*) FROM audit WHERE operation = 'activate'"
-        )
-        .await,
-        31,
-        "every loser is audited"
+}
+
+#[tokio::test]
+async fn consume_ack_racing_the_end_of_its_chain_is_linearizable() {
+    // An ACK and the end of its chain (expiry, abandonment) race for the same lane row.
+    // Whatever the interleaving, the outcome is one of the serial orders: the ACK alone
+    // (READY), the end alone (DRAINING, challenge unconsumed, ACK refused), or the ACK
+    // then the end (DRAINING, and the READY can never activate). Never a READY lane whose
+    // chain ended.
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let mut orders = std::collections::BTreeMap::new();
+    for i in 0..12 {
+        let lane = adopt(s, l, &format!("h1:race{i}")).await;
+        let mut req = request(&lane.lane_incarnation_id, None, 60_000);
+        req.target = lane.lane_id.clone();
+        let res = s.reserve(l, &req).await.unwrap();
+        let c = res.chain.clone();
+        s.checkpoint(l, &c).await.unwrap();
+        s.fence(l, &c).await.unwrap();
+        let (generation, _) = s.stage(l, &c).await.unwrap();
+        let id = identity(9000 + i);
+        let cd = s
+            .record_staged(l, &c, generation, &id)
+            .await
+            .unwrap()
+            .str("contracts_digest")
+            .unwrap();
+        let (challenge, _, _) = s.record_injected(l, &c, &cd, &id, 60_000).await.unwrap();
+        let r = Ready {
+            res,
+            generation,
+            identity: id,
+            contracts: cd,
+            challenge,
+        };
+        let a = ack(l, &r);
+        let (s1, l1, s2, l2, c2) = (s.clone(), l.clone(), s.clone(), l.clone(), c.clone());
+        let (x, y) = tokio::join!(
+            tokio::spawn(async move { s1.consume_ack(&l1, &a).await }),
+            tokio::spawn(async move { s2.end_chain(&l2, &c2, EndCause::Abandoned).await })
+        );
+        let consumed = count(&f.db.url, &format!("SELECT count(*) FROM challenges WHERE challenge_id = '{}' AND consumed_at IS NOT NULL", r.challenge)).await;
+        let order = match (x.unwrap(), y.unwrap()) {
+            (Ok(_), Err(e)) => {
+                panic!("an end refused after a successful ACK: the end applies to READY too: {e}")
+            }
+            (Err(e), Ok(_)) => {
+                assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+                assert_eq!(consumed, 0, "a refused ACK consumed its challenge");
+                "end-only"
+            }
+            (Ok(ackr), Ok(endr)) => {
+                assert!(
+                    ackr.decided_at <= endr.decided_at,
+                    "the ACK decided after the end"
+                );
+                assert_eq!(consumed, 1);
+                "ack-then-end"
+            }
+            (Err(a), Err(b)) => panic!("neither decided: {a} / {b}"),
+        };
+        *orders.entry(order).or_insert(0) += 1;
+        // Either way the chain is over: the lane drains, nothing can activate.
+        assert_eq!(state(s, &lane.lane_id).await, "DRAINING");
+        let row = s
+            .chain_by_reservation(&c.reservation_id)
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(!row.reservation_open && row.stop_requested);
+        if let Some(x) = Activation::of(s, &row, 60_000) {
+            assert!(s.activate(l, &x).await.is_err(), "an ended chain activated");
+        }
+    }
+    assert_eq!(orders.values().sum::<i32>(), 12, "{orders:?}");
+    // Every refused ACK is audited.
+    let refused = orders.get("end-only").copied().unwrap_or(0) as usize;
+    assert_eq!(audited(s, "consume-ack", "wrong-state").await, refused);
+}
+
+#[tokio::test]
+async fn two_receipts_for_one_generation_at_once_have_one_decision() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    // Two different observations of one end, concurrently.
+    let a = receipt_for(&r, "sigkill", true);
+    let mut b = a.clone();
+    b["termination_reason"] = json!("crash");
+    let (s1, l1, s2, l2) = (s.clone(), l.clone(), s.clone(), l.clone());
+    let (x, y) = tokio::join!(
+        tokio::spawn(async move { s1.ingest_termination(&l1, HOST, &a).await }),
+        tokio::spawn(async move { s2.ingest_termination(&l2, HOST, &b).await })
     );
+    let recs = [x.unwrap().unwrap().0, y.unwrap().unwrap().0];
+    let recovery = recs
+        .iter()
+        .filter(|r| matches!(r, Reconciliation::Recovery { .. }))
+        .count();
+    let conflict = recs
+        .iter()
+        .filter(|r| matches!(r, Reconciliation::Quarantined { .. }))
+        .count();
+    assert_eq!((recovery, conflict), (1, 1), "{recs:?}");
+    assert_eq!(
+        state(s, "h1:w1").await,
+        "QUARANTINED",
+        "conflicting observations quarantine"
+    );
+    assert_eq!(
+        count(&f.db.url, "SELECT count(*) FROM termination_receipts").await,
+        1
+    );
+    assert_eq!(
+        assignment(s, &r.chain().assignment_id).await.lifecycle,
+        "RECOVERY",
+        "never a terminal outcome from observations"
+    );
+    // The same observation twice at once: one decision, one replay of it.
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let a = receipt_for(&r, "sigkill", true);
+    let (s1, l1, s2, l2, a2) = (s.clone(), l.clone(), s.clone(), l.clone(), a.clone());
+    let (x, y) = tokio::join!(
+        tokio::spawn(async move { s1.ingest_termination(&l1, HOST, &a).await }),
+        tokio::spawn(async move { s2.ingest_termination(&l2, HOST, &a2).await })
+    );
+    let (x, y) = (x.unwrap().unwrap().1, y.unwrap().unwrap().1);
+    assert_eq!(x.receipt_id, y.receipt_id);
+    assert_eq!(usize::from(x.replayed) + usize::from(y.replayed), 1);
+    assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
 }
 
 #[tokio::test]
@@ -623,7 +854,7 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
     let f = fx().await;
     let s = &f.store;
     let inc = f.lane.lane_incarnation_id.clone();
-    // A releases; old leader B takes a short lease, starts a chain, then stalls past expiry.
+    // A releases; B takes a short lease, starts a chain, then stalls past expiry.
     s.release(&f.leader).await.unwrap();
     let (b, _) = s.acquire(&candidate("b"), 400).await.unwrap();
     let r = to_awaiting_ack(s, &b, &inc, None, 60_000).await;
@@ -632,11 +863,14 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
     // C takes over (the lease expired by database time).
     let (c, _) = s.acquire(&candidate("c"), 60_000).await.unwrap();
     assert!(c.epoch() > b.epoch());
-    // Everything B tries is refused and audited.
-    s.register_lane(&c, "h1:w2", "h1").await.unwrap();
-    let inc2 = s.lane("h1:w2").await.unwrap().unwrap().lane_incarnation_id;
+    let lane2 = adopt(s, &c, "h1:w2").await;
+    let before = authority_counts(&f.db.url).await;
+    let mut b2 = b.clone();
     assert_eq!(
-        category(s.reserve(&b, &request(&inc2, None, 60_000)).await),
+        category(
+            s.reserve(&b, &request(&lane2.lane_incarnation_id, None, 60_000))
+                .await
+        ),
         Category::StaleLeader
     );
     assert_eq!(
@@ -644,40 +878,60 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
         Category::StaleLeader
     );
     assert_eq!(
-        category(s.activate(&b, &activation(&r)).await),
-        Category::StaleLeader
-    );
-    assert_eq!(
         category(
-            s.ingest_termination(&b, &receipt_for(&r, "sigkill", true))
+            s.ingest_termination(&b, HOST, &receipt_for(&r, "sigkill", true))
                 .await
         ),
         Category::StaleLeader
     );
-    let mut b2 = b.clone();
+    assert_eq!(
+        category(
+            s.quarantine(&b, &lane2.lane_incarnation_id, "stale", false)
+                .await
+        ),
+        Category::StaleLeader
+    );
     assert_eq!(
         category(s.renew(&mut b2, 60_000).await),
         Category::StaleLeader
     );
-    assert!(
-        count(
-            &f.db.url,
-            "SELECT count(*) FROM audit WHERE category = 'stale-leader'"
-        )
-        .await
-            >= 4
-    );
-    // The takeover dispositioned B's preactivation chain: quarantined, assignment in recovery.
-    assert_eq!(state(s, "h1:w1").await, "QUARANTINED");
     assert_eq!(
-        assignment(s, &r.chain().assignment_id).await.lifecycle,
-        "RECOVERY"
+        authority_counts(&f.db.url).await,
+        before,
+        "the stale leader changed something"
     );
-    // And the old ACK cannot activate under the new epoch either.
+    assert_eq!(
+        audited(s, "reserve", "stale-leader").await
+            + audited(s, "consume-ack", "stale-leader").await
+            + audited(s, "ingest-termination", "stale-leader").await
+            + audited(s, "quarantine", "stale-leader").await
+            + audited(s, "leadership-renew", "stale-leader").await,
+        5
+    );
+    // The takeover ended B's preactivation chain: recovery, and its generation is to be
+    // stopped (the lane drains until the host proves it ended).
+    assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
+        ("RECOVERY", None)
+    );
+    let row = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.stop_requested && !row.reservation_open);
+    // The old ACK cannot activate under the new epoch either.
     let mut c_ack = b_ack.clone();
     c_ack.coordinator_epoch = c.epoch();
-    c_ack.idempotency_key = key("re-ack");
     assert!(s.consume_ack(&c, &c_ack).await.is_err());
+    // The host's receipt ends the generation; the lane is clean again.
+    s.ingest_termination(&c, HOST, &receipt_for(&r, "quit", true))
+        .await
+        .unwrap();
+    s.finish(&c, &inc).await.unwrap();
+    assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
 }
 
 #[tokio::test]
@@ -711,104 +965,264 @@ async fn concurrent_epoch_acquisitions_yield_one_epoch() {
         .execute("UPDATE epochs SET epoch = 1000", &[])
         .await
         .is_err());
-    // Retrying the winner's own acquisition (ambiguous commit) allocates nothing new.
-    assert_eq!(
-        count(&f.db.url, "SELECT count(*) FROM epochs").await,
-        before + 1
-    );
 }
 
 #[tokio::test]
-async fn leases_at_or_past_their_deadline_are_expired_and_host_times_are_ignored() {
+async fn a_lapsed_leader_reacquires_with_a_new_epoch_and_its_old_epoch_is_dead() {
     let f = fx().await;
+    let s = &f.store;
+    let cand = candidate("lapsing");
+    s.release(&f.leader).await.unwrap();
+    let (first, _) = s.acquire(&cand, 300).await.unwrap();
+    // The same launch retrying after an ambiguous commit finds its own acquisition.
+    let (same, _) = s.acquire(&cand, 300).await.unwrap();
+    assert_eq!(same.epoch(), first.epoch());
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let mut stale = first.clone();
+    assert_eq!(
+        category(s.renew(&mut stale, 300).await),
+        Category::StaleLeader
+    );
+    // The lapse heals: the same launch takes a new epoch (its key names the epoch).
+    let (again, r) = s.acquire(&cand, 60_000).await.unwrap();
+    assert_eq!(again.epoch(), first.epoch() + 1);
+    assert_eq!(r.body["previous_epoch"], first.epoch());
+    let lane = adopt(s, &again, "h1:w3").await;
+    assert_eq!(
+        category(
+            s.reserve(&first, &request(&lane.lane_incarnation_id, None, 60_000))
+                .await
+        ),
+        Category::StaleLeader
+    );
+    s.reserve(&again, &request(&lane.lane_incarnation_id, None, 60_000))
+        .await
+        .unwrap();
+}
+
+/// A store whose database clock is frozen at a settable instant, so deadline equality can
+/// be hit exactly by the schema's own predicates (not by a query of the test's).
+async fn frozen_fx() -> (Fx, tokio_postgres::Client) {
+    let db = TestDb::new();
+    let admin = sql(&db.url).await;
+    admin
+        .batch_execute(
+            "CREATE SCHEMA frozen; CREATE TABLE frozen.now (t timestamptz NOT NULL); \
+             INSERT INTO frozen.now VALUES ('2026-06-01 00:00:00+00'); \
+             CREATE FUNCTION frozen.clock_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT t FROM frozen.now $$;",
+        )
+        .await
+        .unwrap();
+    let secret = CoordinatorSecret::generate().unwrap();
+    let url = format!(
+        "{} options='-c search_path=frozen,pg_catalog,public'",
+        db.url
+    );
+    let store = Store::connect(&url, secret.clone()).await.unwrap();
+    store.migrate().await.unwrap();
+    let (leader, _) = store.acquire(&candidate("a"), 60_000).await.unwrap();
+    let lane = adopt(&store, &leader, "h1:w1").await;
+    // The test moves deadlines by hand, outside any transition (triggers off for it); the
+    // schema lives where the store's search path put it.
+    admin
+        .batch_execute(
+            "SET session_replication_role = replica; SET search_path = frozen, pg_catalog, public",
+        )
+        .await
+        .unwrap();
+    (
+        Fx {
+            db,
+            store,
+            secret,
+            leader,
+            lane,
+        },
+        admin,
+    )
+}
+
+#[tokio::test]
+async fn a_deadline_equal_to_database_time_is_expired_and_host_times_are_ignored() {
+    let (f, admin) = frozen_fx().await;
     let (s, l) = (&f.store, &f.leader);
-    // Host-supplied deadlines are not inputs: an ACK naming a later deadline is a mismatch.
     let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
+    // Host-supplied deadlines are not inputs: an ACK naming a later deadline is a mismatch.
     let mut a = ack(l, &r);
     a.reservation_deadline = "2999-12-31T23:59:59.999999Z".into();
     assert_eq!(category(s.consume_ack(l, &a).await), Category::Mismatch);
-    // The database decides: a lease at (or before) clock_timestamp() is expired.
-    let c = sql(&f.db.url).await;
-    let equal: bool = c
-        .query_one("SELECT t > t FROM (SELECT clock_timestamp() AS t) x", &[])
+    // Deadline == database now: expired, by the coordinator's own predicate.
+    admin.batch_execute(&format!("UPDATE reservations SET deadline = (SELECT t FROM frozen.now) WHERE reservation_id = '{}'", r.chain().reservation_id)).await.unwrap();
+    let mut at_deadline = ack(l, &r);
+    at_deadline.reservation_deadline = s
+        .chain_by_reservation(&r.chain().reservation_id)
         .await
         .unwrap()
-        .get(0);
-    assert!(!equal, "equality must not count as unexpired");
-    c.execute(
-        "UPDATE leadership SET lease_expires_at = clock_timestamp()",
-        &[],
-    )
-    .await
-    .unwrap();
+        .unwrap()
+        .reservation_deadline;
     assert_eq!(
-        category(s.reserve(l, &request("li-x", None, 60_000)).await),
-        Category::StaleLeader
-    );
-    // A reservation whose deadline passed cannot be acknowledged or activated.
-    let f2 = fx().await;
-    let (s2, l2) = (&f2.store, &f2.leader);
-    let r2 = to_awaiting_ack(s2, l2, &f2.lane.lane_incarnation_id, None, 1_000).await;
-    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
-    assert_eq!(
-        category(s2.consume_ack(l2, &ack(l2, &r2)).await),
+        category(s.consume_ack(l, &at_deadline).await),
         Category::Expired
     );
-    assert_eq!(state(s2, "h1:w1").await, "AWAITING_ACK");
+    assert_eq!(state(s, "h1:w1").await, "AWAITING_ACK");
+    // One microsecond later than now: still valid.
+    admin.batch_execute(&format!("UPDATE reservations SET deadline = (SELECT t FROM frozen.now) + interval '1 microsecond' WHERE reservation_id = '{}'", r.chain().reservation_id)).await.unwrap();
+    at_deadline.reservation_deadline = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .reservation_deadline;
+    s.consume_ack(l, &at_deadline).await.unwrap();
+    // The leadership lease equal to now: stale, at the frame's open and at commit.
+    admin
+        .batch_execute("UPDATE leadership SET lease_expires_at = (SELECT t FROM frozen.now)")
+        .await
+        .unwrap();
+    let lane2 = s.lane("h1:w1").await.unwrap().unwrap();
+    assert_eq!(
+        category(
+            s.quarantine(l, &lane2.lane_incarnation_id, "x", false)
+                .await
+        ),
+        Category::StaleLeader
+    );
+    admin.batch_execute("UPDATE leadership SET lease_expires_at = (SELECT t FROM frozen.now) + interval '1 microsecond'").await.unwrap();
+    s.quarantine(l, &lane2.lane_incarnation_id, "x", false)
+        .await
+        .unwrap();
 }
 
 #[tokio::test]
-async fn premature_completion_is_rejected_and_unverified_cleanup_quarantines() {
+async fn an_unverified_cleanup_never_completes_and_completion_needs_a_run() {
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
-    let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
+    let inc = f.lane.lane_incarnation_id.clone();
+    let r = to_awaiting_ack(s, l, &inc, None, 60_000).await;
+    // COMPLETED before anything ran is refused and changes nothing.
+    let before = authority_counts(&f.db.url).await;
+    assert_eq!(
+        category(
+            s.request_end(
+                l,
+                &r.chain().assignment_id,
+                Outcome::Completed,
+                Some(&d('e'))
+            )
+            .await
+        ),
+        Category::WrongState
+    );
+    assert_eq!(authority_counts(&f.db.url).await, before);
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    assert_eq!(
-        category(s.drain(l, r.chain(), Outcome::Completed, &key("dr")).await),
-        Category::WrongState,
-        "drain before RUNNING"
-    );
-    s.activate(l, &activation(&r)).await.unwrap();
-    assert_eq!(
-        category(s.retire(l, r.chain(), &d('e'), &key("re")).await),
-        Category::WrongState,
-        "retire before drain"
-    );
-    s.drain(l, r.chain(), Outcome::Completed, &key("dr"))
-        .await
-        .unwrap();
-    assert_eq!(
-        assignment(s, &r.chain().assignment_id).await.lifecycle,
-        "ACTIVE"
-    );
-    s.retire(l, r.chain(), &d('e'), &key("re")).await.unwrap();
-    assert_eq!(
-        category(s.finish(l, r.chain(), "tr-none", &key("fi")).await),
-        Category::Unreconciled,
-        "finish before the termination receipt"
-    );
-    let tr = receipt_for(&r, "quit", false);
-    s.ingest_termination(l, &tr).await.unwrap();
-    s.finish(
+    s.activate(l, &activation(s, &r).await).await.unwrap();
+    s.request_end(
         l,
-        r.chain(),
-        tr["idempotency_key"].as_str().unwrap(),
-        &key("fi"),
+        &r.chain().assignment_id,
+        Outcome::Completed,
+        Some(&d('e')),
     )
     .await
     .unwrap();
     assert_eq!(
-        state(s, "h1:w1").await,
-        "QUARANTINED",
-        "unverified cleanup must quarantine, never go clean"
+        category(s.finish(l, &inc).await),
+        Category::WrongState,
+        "finish before the receipt"
+    );
+    let (rec, _) = s
+        .ingest_termination(l, HOST, &receipt_for(&r, "quit", false))
+        .await
+        .unwrap();
+    assert_eq!(
+        rec,
+        Reconciliation::Retiring {
+            outcome: Some("QUARANTINED".into())
+        },
+        "cleanup failure is never COMPLETED"
     );
     assert_eq!(
-        category(
-            s.reserve(l, &request(&f.lane.lane_incarnation_id, None, 60_000))
-                .await
-        ),
+        assignment(s, &r.chain().assignment_id).await.lifecycle,
+        "QUARANTINED"
+    );
+    s.finish(l, &inc).await.unwrap();
+    assert_eq!(
+        state(s, "h1:w1").await,
+        "QUARANTINED",
+        "unverified cleanup quarantines the lane, never clean"
+    );
+    assert_eq!(
+        category(s.reserve(l, &request(&inc, None, 60_000)).await),
         Category::WrongState
     );
+    // Its release is refused: that cleanup was never verified (the way out is a recreate).
+    assert_eq!(
+        category(s.release_quarantine(l, &inc, &uid("rel")).await),
+        Category::Unreconciled
+    );
+}
+
+#[tokio::test]
+async fn a_stop_is_cancelled_only_after_the_hosts_receipt_and_repeats_idempotently() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let inc = f.lane.lane_incarnation_id.clone();
+    let r = running(s, l, &inc).await;
+    let id = r.chain().assignment_id.clone();
+    let a = s
+        .request_end(l, &id, Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    let b = s
+        .request_end(l, &id, Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    assert_eq!(a.receipt.receipt_id, b.receipt.receipt_id);
+    // Another outcome for the same assignment is a conflict, not a second decision.
+    assert_eq!(
+        category(s.request_end(l, &id, Outcome::Failed, None).await),
+        Category::IdempotencyConflict
+    );
+    assert_eq!(
+        assignment(s, &id).await.lifecycle,
+        "ACTIVE",
+        "nothing final before the host's receipt"
+    );
+    s.ingest_termination(l, HOST, &receipt_for(&r, "quit", true))
+        .await
+        .unwrap();
+    assert_eq!(assignment(s, &id).await.lifecycle, "CANCELLED");
+    s.finish(l, &inc).await.unwrap();
+    // An assignment in recovery is cancelled at once when nothing of it is left running…
+    let r2 = running(s, l, &inc).await;
+    s.ingest_termination(l, HOST, &receipt_for(&r2, "sigkill", true))
+        .await
+        .unwrap();
+    let id2 = r2.chain().assignment_id.clone();
+    assert_eq!(assignment(s, &id2).await.lifecycle, "RECOVERY");
+    let e = s
+        .request_end(l, &id2, Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    assert!(!e.awaiting_receipt);
+    assert_eq!(assignment(s, &id2).await.lifecycle, "CANCELLED");
+    // …and after its receipt when its last generation is still being stopped.
+    let r3 = to_awaiting_ack(s, l, &inc, None, 60_000).await;
+    s.end_chain(l, r3.chain(), EndCause::Abandoned)
+        .await
+        .unwrap();
+    let id3 = r3.chain().assignment_id.clone();
+    let e = s
+        .request_end(l, &id3, Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    assert!(e.awaiting_receipt);
+    assert_eq!(assignment(s, &id3).await.lifecycle, "RECOVERY");
+    s.ingest_termination(l, HOST, &receipt_for(&r3, "quit", true))
+        .await
+        .unwrap();
+    assert_eq!(assignment(s, &id3).await.lifecycle, "CANCELLED");
+    s.finish(l, &inc).await.unwrap();
+    assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
 }
 
 #[tokio::test]
@@ -816,12 +1230,10 @@ async fn termination_receipts_are_observations_reconciled_into_recovery_or_quara
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let inc = f.lane.lane_incarnation_id.clone();
-    let r = to_awaiting_ack(s, l, &inc, None, 60_000).await;
-    s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    s.activate(l, &activation(&r)).await.unwrap();
+    let r = running(s, l, &inc).await;
     // SIGKILL while RUNNING: recovery, never a terminal outcome; leases revoked.
     let tr = receipt_for(&r, "sigkill", true);
-    let (rec, _) = s.ingest_termination(l, &tr).await.unwrap();
+    let (rec, first) = s.ingest_termination(l, HOST, &tr).await.unwrap();
     assert_eq!(
         rec,
         Reconciliation::Recovery {
@@ -845,83 +1257,93 @@ async fn termination_receipts_are_observations_reconciled_into_recovery_or_quara
         .await,
         0
     );
-    // Idempotent: the same receipt again is a duplicate.
-    assert_eq!(
-        s.ingest_termination(l, &tr).await.unwrap().0,
-        Reconciliation::Duplicate
-    );
+    // Idempotent: the same receipt again is the same answer.
+    let (_, again) = s.ingest_termination(l, HOST, &tr).await.unwrap();
+    assert_eq!((again.receipt_id, again.replayed), (first.receipt_id, true));
     assert_eq!(
         count(&f.db.url, "SELECT count(*) FROM termination_receipts").await,
         1
     );
-    // Resuming it with other digests is refused and leaves the lane as it was.
+    // The coordinator's copy names what the receipt concerned.
+    let rows = s.termination_receipts(Some("h1:w1")).await.unwrap();
+    assert_eq!(
+        rows[0]["coordinator"]["assignment_id"],
+        json!(r.chain().assignment_id)
+    );
+    assert_eq!(
+        rows[0]["coordinator"]["assignment_attempt_id"],
+        json!(r.chain().assignment_attempt_id)
+    );
+    assert_eq!(rows[0]["coordinator"]["execution_owner"], json!(TARGET));
+    // A receipt from another host is refused and changes nothing.
+    let before = authority_counts(&f.db.url).await;
+    assert_eq!(
+        category(
+            s.ingest_termination(l, "h2", &receipt_for(&r, "quit", true))
+                .await
+        ),
+        Category::NotOwner
+    );
+    assert_eq!(authority_counts(&f.db.url).await, before);
+    // Resuming with other scope is refused and leaves the lane as it was.
     let id = r.chain().assignment_id.clone();
     let mut other_scope = request(&inc, Some(&id), 60_000);
-    other_scope.scope_digest = d('8');
+    other_scope.scope = vec!["repo:other".into()];
     assert_eq!(
         category(s.reserve(l, &other_scope).await),
-        Category::WrongState
+        Category::Mismatch
     );
     assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
     assert_eq!(assignment(s, &id).await.lifecycle, "RECOVERY");
     // The assignment gets a fresh chain on the now clean lane, with a new generation.
     let r2 = to_awaiting_ack(s, l, &inc, Some(&id), 60_000).await;
-    // Now ACTIVE again: a second resume, even with matching digests on another idle lane,
-    // is refused and reserves nothing.
-    s.register_lane(l, "h1:w2", "h1").await.unwrap();
-    let inc2 = s.lane("h1:w2").await.unwrap().unwrap().lane_incarnation_id;
-    assert_eq!(
-        category(s.reserve(l, &request(&inc2, Some(&id), 60_000)).await),
-        Category::WrongState
-    );
-    assert_eq!(state(s, "h1:w2").await, "IDLE_CLEAN");
     assert_eq!(r2.generation, r.generation + 1);
     assert_ne!(
         r2.chain().assignment_attempt_id,
         r.chain().assignment_attempt_id
     );
-    // A receipt for a generation never staged contradicts state: quarantine, and the lane
-    // cannot be reserved until it is reconciled and released.
+    // Now ACTIVE again: a second resume elsewhere is refused and reserves nothing.
+    let lane2 = adopt(s, l, "h1:w2").await;
+    assert_eq!(
+        category(
+            s.reserve(l, &request(&lane2.lane_incarnation_id, Some(&id), 60_000))
+                .await
+        ),
+        Category::WrongState
+    );
+    assert_eq!(state(s, "h1:w2").await, "IDLE_CLEAN");
+    // A receipt for a generation never staged contradicts state: quarantine.
     let mut bogus = receipt_for(&r2, "sigkill", true);
     bogus["generation"] = json!(99);
-    let (rec, _) = s.ingest_termination(l, &bogus).await.unwrap();
+    bogus["idempotency_key"] = json!(mosaic::supervisor::receipt::idempotency_key(
+        "h1:w1", &inc, 99
+    ));
+    let (rec, _) = s.ingest_termination(l, HOST, &bogus).await.unwrap();
     assert!(matches!(rec, Reconciliation::Quarantined { .. }), "{rec:?}");
     assert_eq!(state(s, "h1:w1").await, "QUARANTINED");
     assert_eq!(
-        category(s.release_quarantine(l, &inc, &key("rq")).await),
+        assignment(s, &id).await.lifecycle,
+        "RECOVERY",
+        "quarantine moves active work to recovery"
+    );
+    assert_eq!(
+        category(s.release_quarantine(l, &inc, &uid("rel")).await),
         Category::Unreconciled,
         "the staged generation has not ended"
     );
-    s.ingest_termination(l, &receipt_for(&r2, "sigkill", true))
+    // Its end arrives as evidence; with every cleanup verified, the quarantine is released.
+    let (rec, _) = s
+        .ingest_termination(l, HOST, &receipt_for(&r2, "quit", true))
         .await
         .unwrap();
     assert_eq!(
-        category(s.release_quarantine(l, &inc, &key("rq")).await),
-        Category::Unreconciled,
-        "the bogus receipt is not reconciled"
+        rec,
+        Reconciliation::Evidence {
+            lane_state: "QUARANTINED".into()
+        }
     );
-}
-
-#[tokio::test]
-async fn conflicting_observations_of_one_end_quarantine_the_lane() {
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
-    s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    s.activate(l, &activation(&r)).await.unwrap();
-    let tr = receipt_for(&r, "sigkill", true);
-    s.ingest_termination(l, &tr).await.unwrap();
+    s.release_quarantine(l, &inc, &uid("rel")).await.unwrap();
     assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
-    let mut other = tr.clone();
-    other["termination_reason"] = json!("quit");
-    let (rec, _) = s.ingest_termination(l, &other).await.unwrap();
-    assert!(matches!(rec, Reconciliation::Quarantined { .. }), "{rec:?}");
-    assert_eq!(state(s, "h1:w1").await, "QUARANTINED");
-    // Never a terminal outcome from observations alone.
-    assert_eq!(
-        assignment(s, &r.chain().assignment_id).await.lifecycle,
-        "RECOVERY"
-    );
 }
 
 #[tokio::test]
@@ -929,28 +1351,43 @@ async fn lane_reincarnation_cannot_reset_generations_or_accept_stale_authority()
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let old = f.lane.lane_incarnation_id.clone();
-    let r = to_awaiting_ack(s, l, &old, None, 60_000).await;
-    // Busy incarnations cannot be recreated.
+    let r = running(s, l, &old).await;
+    // A recreate request needs a lane with no live chain.
     assert_eq!(
-        category(s.recreate_lane(l, "h1:w1", &key("rc")).await),
+        category(s.request_recreate(l, &old).await),
         Category::WrongState
     );
-    s.quarantine(l, &old, "operator: host rebuilt", &key("q"))
-        .await
-        .unwrap();
-    assert_eq!(
-        category(s.recreate_lane(l, "h1:w1", &key("rc")).await),
-        Category::WrongState,
-        "its generation has not been observed to end"
-    );
-    s.ingest_termination(l, &receipt_for(&r, "host-loss", true))
-        .await
-        .unwrap();
-    let (new, _) = s.recreate_lane(l, "h1:w1", &key("rc")).await.unwrap();
+    // The host reports a new incarnation (it destroyed the old lane and verified it empty):
+    // the old one retires with its work in recovery and its generation ended.
+    let new = adopt(s, l, "h1:w1").await;
     assert_ne!(new.lane_incarnation_id, old);
     assert_eq!((new.state.as_str(), new.next_generation), ("IDLE_CLEAN", 1));
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
+        ("RECOVERY", None)
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            "SELECT count(*) FROM leases WHERE released_at IS NULL"
+        )
+        .await,
+        0
+    );
+    // A retired incarnation never comes back, and another host cannot claim the lane.
+    assert_eq!(
+        category(s.adopt_lane_incarnation(l, HOST, "h1:w1", &old).await),
+        Category::Mismatch
+    );
+    assert_eq!(
+        category(s.adopt_lane_incarnation(l, "h2", "h1:w1", &uid("li")).await),
+        Category::BadInput
+    );
     // Nothing addressed to the old incarnation acts any more.
-    assert!(s.consume_ack(l, &ack(l, &r)).await.is_err());
+    let mut late = ack(l, &r);
+    late.ack_digest = d('f');
+    assert!(s.consume_ack(l, &late).await.is_err());
     assert_eq!(
         category(s.reserve(l, &request(&old, None, 60_000)).await),
         Category::WrongState
@@ -963,6 +1400,18 @@ async fn lane_reincarnation_cannot_reset_generations_or_accept_stale_authority()
     let mut cross = ack(l, &r2);
     cross.lane_incarnation_id = old.clone();
     assert_eq!(category(s.consume_ack(l, &cross).await), Category::Mismatch);
+    // The old generation's late receipt is kept as evidence; nothing moves.
+    let (rec, _) = s
+        .ingest_termination(l, HOST, &receipt_for(&r, "replace", true))
+        .await
+        .unwrap();
+    assert_eq!(
+        rec,
+        Reconciliation::Evidence {
+            lane_state: "RUNNING".into()
+        }
+    );
+    assert_eq!(state(s, "h1:w1").await, "AWAITING_ACK");
 }
 
 #[tokio::test]
@@ -972,28 +1421,36 @@ async fn an_expired_reservation_chain_cannot_authorize_its_successor() {
     let inc = f.lane.lane_incarnation_id.clone();
     let r1 = to_awaiting_ack(s, l, &inc, None, 1_000).await;
     let r1_ack = ack(l, &r1);
+    // R1's activation values, as they would be presented (its own fence token).
+    let r1_row = s
+        .chain_by_reservation(&r1.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        category(s.end_chain(l, r1.chain(), EndCause::Expired).await),
+        Category::WrongState,
+        "not expired yet"
+    );
     tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
     assert_eq!(category(s.consume_ack(l, &r1_ack).await), Category::Expired);
-    s.expire(l, r1.chain(), &key("ex")).await.unwrap();
+    s.end_chain(l, r1.chain(), EndCause::Expired).await.unwrap();
     assert_eq!(
         state(s, "h1:w1").await,
-        "QUARANTINED",
-        "a staged generation outlived its reservation"
+        "DRAINING",
+        "the staged generation must be seen to end"
     );
-    s.ingest_termination(l, &receipt_for(&r1, "replace", true))
+    s.ingest_termination(l, HOST, &receipt_for(&r1, "quit", true))
         .await
         .unwrap();
-    s.release_quarantine(l, &inc, &key("rq")).await.unwrap();
+    s.finish(l, &inc).await.unwrap();
     // R2: same assignment, fresh attempt, reservation, generation and challenge.
     let r2 = to_awaiting_ack(s, l, &inc, Some(&r1.chain().assignment_id), 60_000).await;
     assert_ne!(r2.chain().reservation_id, r1.chain().reservation_id);
     // R1's ACK cannot be replayed onto R2, whole or spliced.
-    let mut replay = r1_ack.clone();
-    replay.idempotency_key = key("r1-replay");
-    assert!(s.consume_ack(l, &replay).await.is_err());
+    assert!(s.consume_ack(l, &r1_ack).await.is_err());
     let mut spliced = r1_ack.clone();
     spliced.challenge_id = r2.challenge.clone();
-    spliced.idempotency_key = key("splice");
     assert_eq!(
         category(s.consume_ack(l, &spliced).await),
         Category::Mismatch
@@ -1004,15 +1461,18 @@ async fn an_expired_reservation_chain_cannot_authorize_its_successor() {
         category(s.consume_ack(l, &spliced).await),
         Category::Mismatch
     );
-    // R1's READY/activation values cannot activate R2.
+    // R1's fence and challenge cannot activate R2.
     s.consume_ack(l, &ack(l, &r2)).await.unwrap();
-    let mut x = activation(&r2);
-    x.fence_token = r1.res.fence_token.clone().unwrap();
+    let good = activation(s, &r2).await;
+    let mut x = good.clone();
+    x.fence_token = f
+        .secret
+        .fence_token(&r1_row.chain.reservation_id, &r1_row.fence_salt);
     assert_eq!(category(s.activate(l, &x).await), Category::FenceMismatch);
-    let mut x = activation(&r2);
+    let mut x = good.clone();
     x.challenge_id = r1.challenge.clone();
     assert_eq!(category(s.activate(l, &x).await), Category::Mismatch);
-    s.activate(l, &activation(&r2)).await.unwrap();
+    s.activate(l, &good).await.unwrap();
 }
 
 #[tokio::test]
@@ -1042,14 +1502,20 @@ async fn a_connection_dropped_at_any_activation_step_leaves_no_running_state() {
             "AFTER INSERT ON idempotency FOR EACH ROW WHEN (NEW.operation = 'activate')",
         ),
     ];
+    let x = activation(s, &r).await;
     for (name, when) in steps {
         c.batch_execute(&format!(
             "CREATE TRIGGER crash_step {when} EXECUTE FUNCTION crash()"
         ))
         .await
         .unwrap();
-        let got = s.activate(l, &activation(&r)).await;
-        assert!(matches!(got, Err(AuthorityError::Db(_))), "{name}: {got:?}");
+        // Each attempt dies with its connection; the primitive retries with the same key
+        // (the outcome is unknown to it) and then reports the failure.
+        let got = s.activate(l, &x).await;
+        assert!(
+            matches!(got, Err(AuthorityError::Connection(_))),
+            "{name}: {got:?}"
+        );
         assert_eq!(
             state(s, "h1:w1").await,
             "READY",
@@ -1080,11 +1546,88 @@ async fn a_connection_dropped_at_any_activation_step_leaves_no_running_state() {
             .await
             .unwrap();
     }
-    // After the crashes, one clean activation: exactly RUNNING, its leases, one receipt.
-    let rcpt = s.activate(l, &activation(&r)).await.unwrap();
+    // After the crashes, one clean activation: exactly RUNNING, its lease, one receipt.
+    let rcpt = s.activate(l, &x).await.unwrap();
     assert_eq!(state(s, "h1:w1").await, "RUNNING");
-    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 2);
-    assert_eq!(rcpt.body["leases"].as_array().unwrap().len(), 2);
+    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 1);
+    assert_eq!(rcpt.body["leases"].as_array().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn an_ambiguous_commit_is_retried_with_the_same_key_and_returns_the_same_receipt() {
+    let proxy = pg::CommitDropper::start().await;
+    let f = fx_at(|name| proxy.url(name)).await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
+    s.consume_ack(l, &ack(l, &r)).await.unwrap();
+    let x = activation(s, &r).await;
+    // The next COMMIT reaches the server, but its answer never reaches the store.
+    proxy.armed.store(true, std::sync::atomic::Ordering::SeqCst);
+    let got = s.activate(l, &x).await.unwrap();
+    assert_eq!(
+        proxy.dropped.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the commit was made ambiguous"
+    );
+    // The first attempt committed; the retry found its receipt and changed nothing.
+    assert!(
+        got.replayed,
+        "the retry must return the committed receipt, not decide again"
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'activate'"
+        )
+        .await,
+        1
+    );
+    assert_eq!(count(&f.db.url, "SELECT count(*) FROM leases").await, 1);
+    assert_eq!(state(s, "h1:w1").await, "RUNNING");
+    let again = s.activate(l, &x).await.unwrap();
+    assert_eq!(again.receipt_id, got.receipt_id);
+}
+
+#[tokio::test]
+async fn the_database_refuses_authority_writes_outside_a_current_leaders_transition() {
+    let f = fx().await;
+    let c = sql(&f.db.url).await;
+    // No receipt in the same transaction: refused at COMMIT.
+    let e = c
+        .batch_execute("UPDATE lane_incarnations SET state = 'RUNNING'")
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("MS002"),
+        "{e}"
+    );
+    assert_eq!(state(&f.store, "h1:w1").await, "IDLE_CLEAN");
+    // A receipt under an epoch that is not the current lease: refused at COMMIT.
+    let e = c
+        .batch_execute(&format!(
+            "BEGIN; UPDATE lane_incarnations SET state = 'RUNNING'; \
+             INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, body) VALUES ('tr-forged', 'activate', '{}', {}, '{{}}'); COMMIT;",
+            f.leader.sot(),
+            f.leader.epoch() + 7
+        ))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        e.as_db_error().map(|d| d.code().code()),
+        Some("MS001"),
+        "{e}"
+    );
+    let _ = c.batch_execute("ROLLBACK").await;
+    assert_eq!(state(&f.store, "h1:w1").await, "IDLE_CLEAN");
+    assert_eq!(
+        count(
+            &f.db.url,
+            "SELECT count(*) FROM transition_receipts WHERE receipt_id = 'tr-forged'"
+        )
+        .await,
+        0
+    );
 }
 
 #[tokio::test]
@@ -1092,15 +1635,25 @@ async fn raw_fence_tokens_appear_in_no_column_error_or_audit_line() {
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
-    let token = r.res.fence_token.clone().unwrap();
-    let raw = token.expose_hex();
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    let mut wrong = activation(&r);
+    let x = activation(s, &r).await;
+    // The token the store itself presents, derived from the secret and the stored salt.
+    let row = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let raw = f
+        .secret
+        .fence_token(&row.chain.reservation_id, &row.fence_salt)
+        .expose_hex();
+    assert_eq!(x.fence_token.expose_hex(), raw);
+    let mut wrong = x.clone();
     wrong.generation += 1;
     let err = s.activate(l, &wrong).await.unwrap_err();
-    s.activate(l, &activation(&r)).await.unwrap();
+    s.activate(l, &x).await.unwrap();
     assert!(!err.to_string().contains(&raw) && !format!("{err:?}").contains(&raw));
-    assert!(!format!("{token:?}").contains(&raw));
+    assert!(!format!("{:?}", x.fence_token).contains(&raw));
     // Every row of every table, rendered as text.
     let c = sql(&f.db.url).await;
     let tables: Vec<String> = c
@@ -1115,15 +1668,14 @@ async fn raw_fence_tokens_appear_in_no_column_error_or_audit_line() {
         .collect();
     assert!(tables.len() >= 15);
     for t in tables {
-        let rows = c
+        for row in c
             .query(&format!("SELECT row_to_json(x)::text FROM {t} x"), &[])
             .await
-            .unwrap();
-        for row in rows {
+            .unwrap()
+        {
             let text: String = row.get(0);
-            assert!(!text.contains(&raw), "raw fence token stored in {t}");
             assert!(
-                !text.to_uppercase().contains(&raw.to_uppercase()),
+                !text.to_lowercase().contains(&raw),
                 "raw fence token stored in {t}"
             );
         }
@@ -1137,79 +1689,70 @@ async fn raw_fence_tokens_appear_in_no_column_error_or_audit_line() {
 }
 
 #[tokio::test]
-async fn bad_input_and_unknown_ids_change_nothing() {
+async fn bad_requests_are_refused_before_anything_is_reserved() {
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let inc = f.lane.lane_incarnation_id.clone();
-    let mut bad = request(&inc, None, 60_000);
-    bad.scope_digest = "sha256:short".into();
-    assert_eq!(category(s.reserve(l, &bad).await), Category::BadInput);
-    assert_eq!(
-        category(s.reserve(l, &request("li-unknown", None, 60_000)).await),
-        Category::NotFound
-    );
-    assert_eq!(
-        category(
-            s.reserve(l, &request(&inc, Some("as-unknown"), 60_000))
-                .await
+    let before = authority_counts(&f.db.url).await;
+    type Bad = (&'static str, fn(&mut ReserveRequest), Category);
+    let rows: Vec<Bad> = vec![
+        (
+            "unknown directive",
+            |r| r.task_text = "print=x frobnicate".into(),
+            Category::BadInput,
         ),
-        Category::WrongState
-    );
-    let mut r = request(&inc, None, 60_000);
-    r.ttl_ms = 10;
-    assert_eq!(category(s.reserve(l, &r).await), Category::BadInput);
+        (
+            "empty task",
+            |r| r.task_text = "  ".into(),
+            Category::BadInput,
+        ),
+        (
+            "oversized task",
+            |r| r.task_text = "print=x ".repeat(20_000),
+            Category::TooLarge,
+        ),
+        (
+            "runtime without version",
+            |r| r.runtime_id = "fake".into(),
+            Category::UnknownRuntime,
+        ),
+        (
+            "unknown completion policy",
+            |r| r.completion_policy = "agent-says-so".into(),
+            Category::BadInput,
+        ),
+        (
+            "no target (no owner)",
+            |r| r.target = String::new(),
+            Category::BadInput,
+        ),
+        ("ttl too short", |r| r.ttl_ms = 10, Category::BadInput),
+        (
+            "unknown lane",
+            |r| r.lane_incarnation_id = "li-unknown".into(),
+            Category::NotFound,
+        ),
+        (
+            "resume of an unknown assignment",
+            |r| r.assignment_id = Some("as-unknown".into()),
+            Category::NotFound,
+        ),
+    ];
+    for (what, bad, want) in rows {
+        let mut r = request(&inc, None, 60_000);
+        bad(&mut r);
+        assert_eq!(category(s.reserve(l, &r).await), want, "{what}");
+        assert_eq!(
+            authority_counts(&f.db.url).await,
+            before,
+            "{what} changed something"
+        );
+    }
     assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
-    assert_eq!(
-        count(&f.db.url, "SELECT count(*) FROM assignments").await,
-        0
-    );
-    assert_eq!(
-        count(&f.db.url, "SELECT count(*) FROM reservations").await,
-        0
-    );
-    assert!(s.register_lane(l, "no-colon", "h1").await.is_err());
-    // Continuity (spec §14): approved unfinished work always has an owner and a next action.
-    let mut r = request(&inc, None, 60_000);
-    r.next_action = String::new();
-    assert_eq!(category(s.reserve(l, &r).await), Category::BadInput);
-    let mut r = request(&inc, None, 60_000);
-    r.target = String::new();
-    assert_eq!(category(s.reserve(l, &r).await), Category::BadInput);
-    assert_eq!(
-        count(&f.db.url, "SELECT count(*) FROM assignments").await,
-        0
-    );
-}
-
-#[tokio::test]
-async fn quarantine_as_a_terminal_outcome_takes_the_fenced_path_too() {
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let r = to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 60_000).await;
-    s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    s.activate(l, &activation(&r)).await.unwrap();
-    s.drain(l, r.chain(), Outcome::Quarantined, &key("dr"))
+    assert!(s
+        .adopt_lane_incarnation(l, HOST, "no-colon", &uid("li"))
         .await
-        .unwrap();
-    assert_eq!(
-        assignment(s, &r.chain().assignment_id).await.lifecycle,
-        "ACTIVE",
-        "not terminal before retirement"
-    );
-    s.retire(l, r.chain(), &d('e'), &key("re")).await.unwrap();
-    let a = assignment(s, &r.chain().assignment_id).await;
-    assert_eq!(
-        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
-        ("QUARANTINED", None)
-    );
-    assert_eq!(
-        count(
-            &f.db.url,
-            "SELECT count(*) FROM leases WHERE released_at IS NULL"
-        )
-        .await,
-        0
-    );
+        .is_err());
 }
 
 #[tokio::test]

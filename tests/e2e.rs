@@ -15,8 +15,32 @@ use serde_json::Value;
 struct Up {
     child: Child,
     dir: PathBuf,
+    lanes: u32,
     _db: pg::TestDb,
     db_url: String,
+}
+
+fn spawn_up(dir: &std::path::Path, lanes: u32, db_url: &str) -> Child {
+    let mut child = Command::new(common::MOSAIC)
+        .args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
+        .arg(dir)
+        .args(["--database-url", db_url])
+        .env("MOSAIC_LOG", "info")
+        .stdout(Stdio::piped())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(log_of(dir))
+                .unwrap(),
+        )
+        .spawn()
+        .unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    read_until(&mut out, "Ctrl-C stops everything");
+    // Keep draining stdout so `up` never blocks on a full pipe.
+    std::thread::spawn(move || for _ in out.lines() {});
+    child
 }
 
 impl Up {
@@ -25,26 +49,23 @@ impl Up {
         let db = pg::TestDb::new();
         let dir =
             std::env::temp_dir().join(format!("mosaic-e2e-{}", uuid::Uuid::new_v4().simple()));
-        let mut child = Command::new(common::MOSAIC)
-            .args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
-            .arg(&dir)
-            .args(["--database-url", &db.url])
-            .env("MOSAIC_LOG", "info")
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(log_of(&dir)).unwrap())
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        read_until(&mut out, "Ctrl-C stops everything");
-        // Keep draining stdout so `up` never blocks on a full pipe.
-        std::thread::spawn(move || for _ in out.lines() {});
+        let child = spawn_up(&dir, lanes, &db.url);
         let db_url = db.url.clone();
         Self {
             child,
             dir,
+            lanes,
             _db: db,
             db_url,
         }
+    }
+
+    /// Ends `mosaic up` with `sig` (SIGKILL: a crash; SIGTERM: a clean stop) and starts it
+    /// again on the same state dir and database.
+    fn restart_after(&mut self, sig: nix::sys::signal::Signal) {
+        common::kill(self.child.id() as i32, sig);
+        let _ = self.child.wait();
+        self.child = spawn_up(&self.dir, self.lanes, &self.db_url);
     }
 
     fn cli(&self, args: &[&str]) -> Result<Value, String> {
@@ -205,15 +226,22 @@ async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
     assert_eq!(
         (
             s["state"].as_str(),
+            s["lane_state"].as_str(),
             s["execution_owner"].as_str(),
             s["responsibility_owner"].as_str()
         ),
-        (Some("RUNNING"), Some(lane.as_str()), Some(lane.as_str()))
+        (
+            Some("ACTIVE"),
+            Some("RUNNING"),
+            Some(lane.as_str()),
+            Some(lane.as_str())
+        )
     );
+    // One effect lease per scoped capability (default: the lane itself).
     assert_eq!(
         up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
             .await,
-        2
+        1
     );
     // Attachable: the lane's tmux pane shows the harness, which ran its contract's task.
     let sock = host["lanes"][0]["tmux_socket"]
@@ -229,16 +257,20 @@ async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
         t.contains("hello-e2e").then_some(t)
     });
     assert!(screen.contains("generation is active"), "{screen}");
-    // Stop: drained, retired, receipt reconciled, lane clean, nothing left running.
+    // Stop: leases revoked, the host stops the generation, its receipt makes the
+    // cancellation final, the lane is clean, nothing is left running.
     let stopped = up
         .cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
         .unwrap();
-    assert_eq!(stopped["state"], "IDLE_CLEAN");
+    assert_eq!(stopped["state"], "CANCELLED");
     let s = up.assignment(a["assignment_id"].as_str().unwrap());
     assert_eq!(
-        (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
-        (Some("COMPLETED"), None)
+        (s["state"].as_str(), s["execution_owner"].as_str()),
+        (Some("CANCELLED"), None)
     );
+    wait_for("lane clean", || {
+        (up.lane_state(&lane) == "IDLE_CLEAN").then_some(())
+    });
     assert_eq!(
         up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
             .await,
@@ -251,7 +283,7 @@ async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
             r["termination_reason"].as_str(),
             r["reconciliation"].as_str()
         ),
-        (Some("quit"), Some("retired"))
+        (Some("quit"), Some("retiring"))
     );
     assert!(up.host(&["status"])["lanes"][0]["generation"].is_null());
 }
@@ -284,7 +316,7 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
     assert_eq!(r["cleanup"]["verified_empty"], true);
     let s = up.assignment(&id);
     assert_eq!(
-        (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
+        (s["state"].as_str(), s["execution_owner"].as_str()),
         (Some("RECOVERY"), None),
         "a killed run is never completed"
     );
@@ -323,7 +355,7 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
     );
     let s = up.assignment(&id);
     assert_eq!(
-        (s["lifecycle"].as_str(), s["execution_owner"].as_str()),
+        (s["state"].as_str(), s["execution_owner"].as_str()),
         (Some("ACTIVE"), Some(lane.as_str()))
     );
     // A resume that does not match an assignment in recovery (here: active again, and its
@@ -338,7 +370,7 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
             "--runtime",
             "fake@1.0.0",
             "--task",
-            "x",
+            "hang",
             "--resume",
             &id,
         ])
@@ -348,49 +380,208 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn staging_never_holds_an_effect_lease_and_a_refused_contract_never_activates() {
+async fn bad_requests_change_neither_status_nor_the_database() {
     let up = Up::start(1);
     let lane = up.lane_id(1);
-    // The harness refuses a task it cannot run before acknowledging it: the chain stops
-    // short of READY, and nothing before RUNNING ever holds a lease.
-    let err = up
+    let status = up.cli(&["status"]).unwrap();
+    let rows = "SELECT (SELECT count(*) FROM assignments) + (SELECT count(*) FROM reservations) \
+                + (SELECT count(*) FROM attempts) + (SELECT count(*) FROM generations) + (SELECT count(*) FROM transition_receipts)";
+    let before = up.count(rows).await;
+    let big =
+        std::env::temp_dir().join(format!("mosaic-big-task-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&big, "print=x ".repeat(20_000)).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--runtime", "fake@1.0.0", "--task", "explode"],
+            "bad-input",
+        ),
+        (
+            vec!["--runtime", "claude@9.9.9", "--task", "x"],
+            "unknown-runtime",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task-file",
+                big.to_str().unwrap(),
+            ],
+            "too-large",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task",
+                "hang",
+                "--completion-policy",
+                "agent-says-so",
+            ],
+            "bad-input",
+        ),
+    ];
+    for (args, category) in cases {
+        let mut all = vec!["assign", "--lane", lane.as_str()];
+        all.extend(args.iter().copied());
+        let out = Command::new(common::MOSAIC)
+            .args(&all)
+            .arg("--state-dir")
+            .arg(&up.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{all:?} was accepted");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["error"]["category"], category, "{all:?}: {v}");
+    }
+    // A lane that does not exist.
+    let out = Command::new(common::MOSAIC)
+        .args([
+            "assign",
+            "--lane",
+            "nowhere:lane-1",
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "hang",
+            "--json",
+            "--state-dir",
+        ])
+        .arg(&up.dir)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["category"], "not-found", "{v}");
+    let _ = std::fs::remove_file(&big);
+    assert_eq!(
+        up.count(rows).await,
+        before,
+        "a bad request changed the database"
+    );
+    let after = up.cli(&["status"]).unwrap();
+    assert_eq!(after["assignments"], status["assignments"]);
+    assert_eq!(after["lanes"], status["lanes"]);
+    // A task longer than a command line takes (here 120 KB) is accepted from a file.
+    std::fs::write(
+        &big,
+        format!(
+            "hang {}",
+            "print=abcdefghijklmnopqrstuvwxyz0123456789 ".repeat(3000)
+        ),
+    )
+    .unwrap();
+    let a = up
         .cli(&[
             "assign",
             "--lane",
             &lane,
             "--runtime",
             "fake@1.0.0",
-            "--task",
-            "explode",
+            "--task-file",
+            big.to_str().unwrap(),
             "--wait",
             "running",
         ])
-        .unwrap_err();
-    assert!(err.contains("ended") || err.contains("timed out"), "{err}");
-    assert_eq!(up.count("SELECT count(*) FROM leases").await, 0);
-    assert_eq!(
-        up.count("SELECT count(*) FROM challenges WHERE consumed_at IS NOT NULL")
-            .await,
-        0
-    );
-    assert_eq!(
-        up.count("SELECT count(*) FROM transition_receipts WHERE transition = 'activate'")
-            .await,
-        0
-    );
-    // Unknown runtimes are refused before anything is reserved.
-    let err = up
+        .unwrap();
+    assert_eq!(a["state"], "RUNNING");
+    let _ = std::fs::remove_file(&big);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mosaic_up_killed_or_stopped_and_restarted_leaves_every_lane_usable() {
+    let mut up = Up::start(2);
+    let (l1, l2) = (up.lane_id(1), up.lane_id(2));
+    let running = up.assign(&l1, "hang spawn=2");
+    // Lane 2 waits for an ACK that never comes.
+    let dir = up.dir.clone();
+    let l2c = l2.clone();
+    let pending = std::thread::spawn(move || {
+        Command::new(common::MOSAIC)
+            .args([
+                "assign",
+                "--lane",
+                &l2c,
+                "--runtime",
+                "fake@1.0.0",
+                "--task",
+                "no-ack hang",
+                "--wait",
+                "running",
+                "--json",
+                "--state-dir",
+            ])
+            .arg(&dir)
+            .output()
+    });
+    wait_for("lane 2 waiting for its ACK", || {
+        (up.lane_state(&l2) == "AWAITING_ACK").then_some(())
+    });
+    // SIGKILL: nothing is torn down. The restarted `up` re-adopts the RUNNING generation and
+    // ends the chain that lost its hand-off (new epoch), stopping its generation.
+    up.restart_after(nix::sys::signal::Signal::SIGKILL);
+    let _ = pending.join();
+    wait_for("lane 1 still RUNNING", || {
+        (up.lane_state(&l1) == "RUNNING").then_some(())
+    });
+    wait_for("lane 2 clean", || {
+        (up.lane_state(&l2) == "IDLE_CLEAN").then_some(())
+    });
+    let st = up.cli(&["status"]).unwrap();
+    let a2 = st["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["lane_id"] == l2.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(a2["state"], "RECOVERY");
+    // Stop, resume and new work all succeed.
+    let s = up
+        .cli(&[
+            "stop",
+            "--assignment",
+            running["assignment_id"].as_str().unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(s["state"], "CANCELLED");
+    let r = up
         .cli(&[
             "assign",
             "--lane",
-            &lane,
+            &l2,
             "--runtime",
-            "claude@9.9.9",
+            "fake@1.0.0",
             "--task",
-            "x",
+            "hang",
+            "--wait",
+            "running",
+            "--resume",
+            a2["assignment_id"].as_str().unwrap(),
         ])
-        .unwrap_err();
-    assert!(err.contains("unknown runtime"), "{err}");
+        .unwrap();
+    assert_eq!(r["state"], "RUNNING");
+    wait_for("lane 1 clean", || {
+        (up.lane_state(&l1) == "IDLE_CLEAN").then_some(())
+    });
+    let b = up.assign(&l1, "hang");
+    assert_eq!(b["state"], "RUNNING");
+    // SIGTERM tears every lane down; the restart makes fresh incarnations, and the work
+    // they had is in recovery — never a quarantined lane.
+    up.restart_after(nix::sys::signal::Signal::SIGTERM);
+    for l in [&l1, &l2] {
+        wait_for("fresh lane", || {
+            (up.lane_state(l) == "IDLE_CLEAN").then_some(())
+        });
+    }
+    let st = up.cli(&["status"]).unwrap();
+    for a in st["assignments"].as_array().unwrap() {
+        assert!(
+            matches!(a["state"].as_str(), Some("RECOVERY" | "CANCELLED")),
+            "{a}"
+        );
+    }
+    assert_eq!(up.assign(&l1, "hang")["state"], "RUNNING");
+    assert_eq!(up.assign(&l2, "hang")["state"], "RUNNING");
 }
 
 #[test]

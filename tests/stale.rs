@@ -117,8 +117,9 @@ async fn next(rx: &mut mpsc::Receiver<Vec<u8>>, within: Duration) -> Option<Enve
     )
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_new_one() {
+/// A real supervisor (no coordinator link: the test plays the coordinator) with its own
+/// cgroup root and state, removed on drop.
+fn world() -> (Supervisor, World) {
     common::require_host();
     let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
     let dir = std::env::temp_dir().join(format!("mosaic-stale-{id}"));
@@ -151,6 +152,12 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
         dir,
         root,
     };
+    (sup, w)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_new_one() {
+    let (sup, w) = world();
     let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
     let (tx, mut rx) = mpsc::channel(64);
     let host = CoordinatedHost::new(
@@ -158,7 +165,8 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
         std::sync::Arc::new(signer("host-ordinary")),
         COORD.into(),
         tx,
-    );
+    )
+    .await;
 
     // Generation 1 is staged, then replaced by generation 2 (new reservation).
     host.dispatch(coord(MessageType::Stage, chain(&inc, 1, "rs-1")))
@@ -188,11 +196,6 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
         ("stop_reason", s("late")),
     ]);
     host.dispatch(coord(MessageType::Stop, stop)).await;
-    // Nothing reached generation 2: its harness got no contract, so it reports nothing.
-    assert!(
-        next(&mut rx, Duration::from_millis(1500)).await.is_none(),
-        "a stale message was acted on"
-    );
     let audit = std::fs::read_to_string(sup.audit_path()).unwrap();
     assert_eq!(
         audit
@@ -216,13 +219,24 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
         "the late stop stopped the new generation"
     );
 
-    // The current generation's own contract does get through: the rejection above was not
-    // a broken path.
+    // The current generation's own contract does get through — and it is the first thing
+    // generation 2's harness was given: had the stale contract reached it (it was handled
+    // first, on the same ordered path), the harness would have fetched that one and the
+    // digest it reports delivered would be the stale task's.
     host.dispatch(contract(&inc, 2, "rs-2", "print=fresh-task"))
         .await;
     let injected = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("injected for generation 2");
+    assert_ne!(
+        injected.str("delivered_contracts_digest"),
+        mosaic::protocol::contracts_digest(
+            "print=stale-task",
+            &format!("sha256:{}", "5".repeat(64)),
+            &format!("sha256:{}", "6".repeat(64))
+        ),
+        "the stale contract reached generation 2"
+    );
     assert_eq!(
         (injected.message_type(), injected.uint("generation")),
         (MessageType::Injected, Some(2))
@@ -235,5 +249,150 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
             &format!("sha256:{}", "6".repeat(64))
         )
     );
+    drop(w);
+}
+
+/// The receipts in the host's outbox (pending or acknowledged) for one lane id.
+fn receipts_of(
+    sup: &Supervisor,
+    lane_id: &str,
+) -> Vec<mosaic::supervisor::receipt::TerminationReceipt> {
+    sup.receipts(None, true)
+        .unwrap()
+        .into_iter()
+        .filter(|r| r.lane_id == lane_id)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt() {
+    use mosaic::supervisor::receipt::TerminationReason;
+    let (sup, w) = world();
+    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let (tx, mut rx) = mpsc::channel(64);
+    let host = CoordinatedHost::new(
+        sup.clone(),
+        std::sync::Arc::new(signer("host-ordinary")),
+        COORD.into(),
+        tx,
+    )
+    .await;
+    let settle = || tokio::time::sleep(Duration::from_millis(200));
+
+    // A stale incarnation: nothing starts, a never-started receipt ends the chain.
+    host.dispatch(coord(MessageType::Stage, chain("li-stale", 1, "rs-a")))
+        .await;
+    settle().await;
+    let r = receipts_of(&sup, "h1:lane-1");
+    assert_eq!(r.len(), 1, "{r:?}");
+    assert_eq!(
+        (
+            r[0].lane_incarnation_id.as_str(),
+            r[0].generation,
+            r[0].termination_reason
+        ),
+        ("li-stale", 1, TerminationReason::NeverStarted)
+    );
+    assert!(r[0].cleanup.verified_empty && r[0].process_identity.is_none());
+    assert!(
+        sup.status().await.unwrap().lanes[0].generation.is_none(),
+        "something started"
+    );
+
+    // Ended by the coordinator before it ever started: fenced for good, so a late stage
+    // for that number is refused and writes nothing new.
+    let orders = mosaic::protocol::report::to_value(&std::collections::BTreeMap::from([(
+        "h1:lane-1".to_string(),
+        mosaic::protocol::report::LaneOrderWire {
+            lane_incarnation_id: inc.clone(),
+            end: vec![5],
+            recreate: false,
+        },
+    )]))
+    .unwrap();
+    let rec = signer("coord-session")
+        .sign(
+            MessageType::Reconcile,
+            HOST,
+            vec![
+                ("message_id", s("m-rec")),
+                ("idempotency_key", s("k-rec")),
+                ("sot_incarnation", Value::Null),
+                ("coordinator_epoch", Value::Null),
+                ("assignment_id", Value::Null),
+                ("session_id", s("sess-1")),
+                ("lanes", orders),
+            ],
+        )
+        .unwrap();
+    let reg = registry();
+    let rec = verify(
+        &rec,
+        &mosaic::protocol::VerifyContext {
+            now: std::time::SystemTime::now(),
+            ..ctx(&reg, HOST)
+        },
+    )
+    .unwrap();
+    host.dispatch(rec).await;
+    common::wait_until("generation 5 fenced", || {
+        receipts_of(&sup, "h1:lane-1")
+            .iter()
+            .any(|r| r.generation == 5)
+            .then_some(())
+    });
+    host.dispatch(coord(MessageType::Stage, chain(&inc, 5, "rs-b")))
+        .await;
+    settle().await;
+    let fenced: Vec<_> = receipts_of(&sup, "h1:lane-1")
+        .into_iter()
+        .filter(|r| r.lane_incarnation_id == inc)
+        .collect();
+    assert_eq!(
+        fenced.len(),
+        1,
+        "one receipt for generation 5, never a second: {fenced:?}"
+    );
+    assert!(
+        sup.status().await.unwrap().lanes[0].generation.is_none(),
+        "a fenced generation started"
+    );
+    // The lane itself still works: the next generation starts and reports `staged`.
+    host.dispatch(coord(MessageType::Stage, chain(&inc, 6, "rs-c")))
+        .await;
+    let staged = next(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("staged for generation 6");
+    assert_eq!(staged.uint("generation"), Some(6));
+
+    // An unknown lane of this host: refused the same way.
+    host.dispatch(coord(MessageType::Stage, {
+        let mut f = chain("li-x", 1, "rs-d");
+        f.retain(|(k, _)| *k != "lane_id");
+        f.push(("lane_id", s("h1:lane-9")));
+        f
+    }))
+    .await;
+    settle().await;
+    assert_eq!(
+        receipts_of(&sup, "h1:lane-9")[0].termination_reason,
+        TerminationReason::NeverStarted
+    );
+
+    // A lane the host quarantined (its tmux server vanished) refuses to stage.
+    let _ = std::process::Command::new("tmux")
+        .arg("-S")
+        .arg(w.dir.join("run/lanes/lane-1/tmux.sock"))
+        .arg("kill-server")
+        .status();
+    host.dispatch(coord(MessageType::Stage, chain(&inc, 7, "rs-e")))
+        .await;
+    common::wait_until("generation 7 refused", || {
+        receipts_of(&sup, "h1:lane-1")
+            .into_iter()
+            .find(|r| r.generation == 7 && r.lane_incarnation_id == inc)
+    });
+    let st = sup.status().await.unwrap();
+    assert_eq!(format!("{:?}", st.lanes[0].status), "Quarantined");
     drop(w);
 }

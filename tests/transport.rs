@@ -222,6 +222,7 @@ impl World {
     fn link(&self, addr: &str, host: &TlsIdentity) -> LinkParams {
         LinkParams {
             addr: addr.into(),
+            fallback_addrs: vec![],
             server_name: "localhost".into(),
             coordinator: COORD.into(),
             tls: transport::client_tls(host).unwrap(),
@@ -230,6 +231,8 @@ impl World {
             trust_domain: DOMAIN.into(),
             host_id: "h1".into(),
             lanes: vec!["w1".into()],
+            report: Default::default(),
+            runtimes: vec!["fake@1.0.0".into()],
         }
     }
 

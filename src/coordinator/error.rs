@@ -1,7 +1,8 @@
-//! Coordinator errors. A rejection carries a countable category and a detail that never
-//! contains secret material (fence tokens, coordinator secrets, credentials).
+//! Coordinator errors. A refusal carries a countable category and a detail that never holds
+//! secret material (fence tokens, coordinator secrets, credentials, task text).
 
-/// Why an authority transition was refused.
+/// Why something was refused: a closed set an operator can count and script on. The same
+/// categories reach the operator CLI's JSON errors.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Category {
@@ -9,6 +10,8 @@ pub enum Category {
     StaleLeader,
     /// Another coordinator holds an unexpired lease.
     LeadershipHeld,
+    /// This coordinator is standing by; another one leads.
+    NotLeader,
     /// The record is not in the state this transition starts from.
     WrongState,
     /// An id that names nothing.
@@ -27,15 +30,61 @@ pub enum Category {
     Unreconciled,
     /// Malformed input (digest format, empty owner, …).
     BadInput,
+    /// A runtime the lane's host did not advertise.
+    UnknownRuntime,
+    /// A task larger than the documented limit.
+    TooLarge,
     /// Two observations disagree.
     Conflict,
+    /// The lane's host has no live session.
+    HostUnreachable,
+    /// A message about a lane, reservation or generation of another host.
+    NotOwner,
+    /// The chain ended before it reached RUNNING (the message says why).
+    ChainEnded,
+    /// Nothing came back in time (an operator wait, a host that did not answer).
+    Timeout,
+    /// The database could not be reached or failed.
+    Unavailable,
+    /// A bug: an invariant the code relies on did not hold.
+    Internal,
 }
 
+/// Every category, for parsing and documentation.
+pub const ALL_CATEGORIES: [Category; 21] = [
+    Category::StaleLeader,
+    Category::LeadershipHeld,
+    Category::NotLeader,
+    Category::WrongState,
+    Category::NotFound,
+    Category::Expired,
+    Category::Mismatch,
+    Category::ChallengeConsumed,
+    Category::FenceMismatch,
+    Category::IdempotencyConflict,
+    Category::Unreconciled,
+    Category::BadInput,
+    Category::UnknownRuntime,
+    Category::TooLarge,
+    Category::Conflict,
+    Category::HostUnreachable,
+    Category::NotOwner,
+    Category::ChainEnded,
+    Category::Timeout,
+    Category::Unavailable,
+    Category::Internal,
+];
+
 impl Category {
+    pub fn parse(s: &str) -> Option<Self> {
+        ALL_CATEGORIES.into_iter().find(|c| c.as_str() == s)
+    }
+
     pub fn as_str(self) -> &'static str {
         match self {
             Self::StaleLeader => "stale-leader",
             Self::LeadershipHeld => "leadership-held",
+            Self::NotLeader => "not-leader",
             Self::WrongState => "wrong-state",
             Self::NotFound => "not-found",
             Self::Expired => "expired",
@@ -45,19 +94,37 @@ impl Category {
             Self::IdempotencyConflict => "idempotency-conflict",
             Self::Unreconciled => "unreconciled",
             Self::BadInput => "bad-input",
+            Self::UnknownRuntime => "unknown-runtime",
+            Self::TooLarge => "too-large",
             Self::Conflict => "conflict",
+            Self::HostUnreachable => "host-unreachable",
+            Self::NotOwner => "not-owner",
+            Self::ChainEnded => "chain-ended",
+            Self::Timeout => "timeout",
+            Self::Unavailable => "unavailable",
+            Self::Internal => "internal",
         }
     }
 }
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthorityError {
+    /// A database error the statement reported (constraint, syntax, …): never a parameter
+    /// value, only the statement's own message.
     #[error("database: {0}")]
     Db(String),
+    /// The connection failed before the outcome was known.
+    #[error("database connection: {0}")]
+    Connection(String),
+    /// A conflict PostgreSQL asks the client to retry (deadlock, serialization).
+    #[error("database asked for a retry: {0}")]
+    Retryable(String),
     #[error("the database is a standby (pg_is_in_recovery() is true); authority runs only on the primary")]
     Standby,
     #[error("database schema version {found} is newer than this coordinator knows ({known}); upgrade the coordinator")]
     SchemaTooNew { found: i32, known: i32 },
+    #[error("internal: {0}")]
+    Internal(String),
     #[error("{op} rejected ({}): {detail}", category.as_str())]
     Rejected {
         op: &'static str,
@@ -67,27 +134,63 @@ pub enum AuthorityError {
 }
 
 impl AuthorityError {
+    /// The refusal category, when this is a refusal.
     pub fn category(&self) -> Option<Category> {
         match self {
             Self::Rejected { category, .. } => Some(*category),
             _ => None,
         }
     }
+
+    /// The category an operator sees for any error.
+    pub fn operator_category(&self) -> Category {
+        match self {
+            Self::Rejected { category, .. } => *category,
+            Self::Db(_) | Self::Connection(_) | Self::Retryable(_) | Self::Standby => {
+                Category::Unavailable
+            }
+            Self::SchemaTooNew { .. } | Self::Internal(_) => Category::Internal,
+        }
+    }
 }
+
+/// PostgreSQL error codes the schema raises itself (migration 0002).
+const STALE_AT_COMMIT: &str = "MS001";
 
 impl From<tokio_postgres::Error> for AuthorityError {
     fn from(e: tokio_postgres::Error) -> Self {
         // Database errors describe statements and constraints, never parameter values.
         match e.as_db_error() {
+            Some(d) if d.code().code() == STALE_AT_COMMIT => AuthorityError::Rejected {
+                op: "commit",
+                category: Category::StaleLeader,
+                detail: d.message().to_string(),
+            },
+            Some(d) if matches!(d.code().code(), "40001" | "40P01") => {
+                AuthorityError::Retryable(format!("{}: {}", d.code().code(), d.message()))
+            }
+            // Another request with the same idempotency key committed first: a retry finds
+            // its receipt.
+            Some(d) if d.code().code() == "23505" && d.constraint() == Some("idempotency_pkey") => {
+                AuthorityError::Retryable(format!("{}: {}", d.code().code(), d.message()))
+            }
+            // The server ended the session (administrator, shutdown, crash): the outcome of
+            // an open transaction is unknown to the client.
+            Some(d) if d.code().code().starts_with("57P") || d.code().code().starts_with("08") => {
+                AuthorityError::Connection(format!("{}: {}", d.code().code(), d.message()))
+            }
             Some(d) => AuthorityError::Db(format!("{}: {}", d.code().code(), d.message())),
-            None => AuthorityError::Db(e.to_string()),
+            None => AuthorityError::Connection(e.to_string()),
         }
     }
 }
 
 impl From<deadpool_postgres::PoolError> for AuthorityError {
     fn from(e: deadpool_postgres::PoolError) -> Self {
-        AuthorityError::Db(format!("connection pool: {e}"))
+        match e {
+            deadpool_postgres::PoolError::Backend(b) => b.into(),
+            other => AuthorityError::Connection(format!("connection pool: {other}")),
+        }
     }
 }
 
@@ -100,5 +203,20 @@ pub(crate) fn reject(
         op,
         category,
         detail: detail.into(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn categories_parse_back_and_are_distinct() {
+        let mut seen = std::collections::BTreeSet::new();
+        for c in ALL_CATEGORIES {
+            assert!(seen.insert(c.as_str()), "{} twice", c.as_str());
+            assert_eq!(Category::parse(c.as_str()), Some(c));
+            assert_eq!(serde_json::to_value(c).unwrap(), c.as_str());
+        }
     }
 }

@@ -3,15 +3,24 @@
 //! Acquire only when the previous lease is released or expired by database time; the
 //! epoch strictly increases and is never reused (the `epochs` primary key); the new epoch
 //! is bound to the holder, a credential digest and a launch id. Renewal requires the lease
-//! to be strictly unexpired. A takeover dispositions every chain still before activation
-//! that an older epoch started: such a lane is quarantined and its assignment moved to
-//! recovery, so no old challenge, ACK or READY can activate under the new epoch.
+//! to be strictly unexpired, and runs on a connection of its own. A lapsed leader takes a
+//! new epoch like anyone else (its acquisition key names the epoch it acquires, so a retry
+//! after an ambiguous commit finds that same acquisition and never a competing one).
+//!
+//! A new epoch dispositions every chain still before activation that an older epoch
+//! started (spec §5.1): its assignment goes to recovery with no execution owner, its
+//! reservation is released, and a staged generation is marked to be stopped — the lane
+//! drains (the host is told on its next session) and returns to IDLE_CLEAN once the host's
+//! receipt proves the generation ended. No old challenge, ACK or READY can activate under
+//! the new epoch.
 
 use tokio_postgres::types::ToSql;
 
 use super::error::{reject, AuthorityError, Category};
 use super::store::Store;
-use super::txn::{Receipt, LEADER_OK};
+use super::txn::{request_digest, Receipt};
+
+pub(crate) const LEADER_OK: &str = "mosaic_leader_ok($1, $2, $3, $4, $5)";
 
 /// Proof of current leadership, as last confirmed by the database. Every mutation
 /// re-checks it inside its own statement; holding a `Leader` grants nothing by itself.
@@ -63,6 +72,26 @@ pub struct Candidate {
 const PREACTIVATION: &str =
     "('RESERVED','CHECKPOINTING','FENCED','STAGING','CONTRACT_INJECTING','AWAITING_ACK','READY')";
 
+/// The disposition of every preactivation chain of an older epoch, in one statement.
+fn disposition_sql() -> String {
+    format!(
+        "WITH stale AS ( \
+           SELECT r.reservation_id, r.assignment_id, r.lane_incarnation_id, r.generation \
+           FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
+           WHERE r.released_at IS NULL AND r.coordinator_epoch < $1 AND li.state IN {PREACTIVATION} \
+             AND li.retired_at IS NULL FOR UPDATE OF li), \
+         lanes AS (UPDATE lane_incarnations li SET state = CASE WHEN s.generation IS NULL THEN 'IDLE_CLEAN' ELSE 'DRAINING' END \
+                   FROM stale s WHERE li.lane_incarnation_id = s.lane_incarnation_id RETURNING 1), \
+         res AS (UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id IN (SELECT reservation_id FROM stale) RETURNING 1), \
+         gens AS (UPDATE generations g SET stop_requested_at = clock_timestamp(), stop_reason = 'leadership changed before activation' \
+                  FROM stale s WHERE g.lane_incarnation_id = s.lane_incarnation_id AND g.generation = s.generation AND g.state <> 'ENDED' RETURNING 1), \
+         asg AS (UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
+                        next_action = 'resume on a fresh chain: leadership changed to epoch ' || $1 || ' before activation' \
+                 WHERE assignment_id IN (SELECT assignment_id FROM stale) AND lifecycle = 'ACTIVE' RETURNING 1) \
+         SELECT (SELECT count(*) FROM lanes), (SELECT count(*) FROM gens), (SELECT count(*) FROM asg), (SELECT count(*) FROM res)"
+    )
+}
+
 impl Store {
     /// Acquires (or takes over) leadership. Retrying with the same launch id after an
     /// ambiguous commit returns the existing leadership instead of a competing epoch.
@@ -94,43 +123,49 @@ impl Store {
         let row = tx
             .query_one(
                 "SELECT epoch, holder, launch_id, released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp(), \
-                        sot_incarnation = $1 \
+                        credential_digest, mosaic_ts(lease_expires_at) \
                  FROM leadership FOR UPDATE",
-                &[&sot],
+                &[],
             )
             .await?;
-        let (epoch, holder, launch, free, same_sot): (
+        let (epoch, holder, launch, free, cred): (
             i64,
             Option<String>,
             Option<String>,
             bool,
-            bool,
+            Option<String>,
         ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        let previous_lease: Option<String> = row.get(5);
         if !free && holder.as_deref() == Some(&c.holder) && launch.as_deref() == Some(&c.launch_id)
         {
-            // Our own earlier acquisition committed: no new epoch.
+            // Our own earlier acquisition committed (an ambiguous commit): no new epoch.
             tx.rollback().await?;
+            if cred.as_deref() != Some(&c.credential_digest) {
+                return Err(reject(
+                    OP,
+                    Category::Mismatch,
+                    "credential differs from the one this launch acquired with",
+                ));
+            }
             let l = self.current_leader(c, &sot).await?;
             return Ok((l, self.acquisition_receipt(epoch).await?));
         }
         if !free {
             drop(tx);
-            self.audit(
+            self.audit.record(
                 OP,
                 Category::LeadershipHeld,
                 Some(epoch),
                 None,
                 None,
                 "previous lease unexpired and not released",
-            )
-            .await;
+            );
             return Err(reject(
                 OP,
                 Category::LeadershipHeld,
                 format!("epoch {epoch} holds an unexpired lease"),
             ));
         }
-        let _ = same_sot;
         let new_epoch = epoch + 1;
         tx.execute("INSERT INTO epochs (epoch, sot_incarnation, holder, launch_id) VALUES ($1, $2, $3, $4)", &[&new_epoch, &sot, &c.holder, &c.launch_id])
             .await?;
@@ -144,25 +179,9 @@ impl Store {
             )
             .await?
             .get(0);
-        // Disposition every chain an older epoch left before activation.
-        let moved = tx
-            .execute(
-                &format!(
-                    "WITH stale AS ( \
-                       UPDATE lane_incarnations li SET state = 'QUARANTINED', \
-                              quarantine_reason = 'leadership changed to epoch ' || $1 || ' during the activation chain' \
-                       FROM reservations r \
-                       WHERE li.state IN {PREACTIVATION} AND r.lane_incarnation_id = li.lane_incarnation_id \
-                         AND r.released_at IS NULL AND r.coordinator_epoch < $1 \
-                       RETURNING r.reservation_id, r.assignment_id) \
-                     , rel AS (UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id IN (SELECT reservation_id FROM stale)) \
-                     UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, \
-                            next_action = 'leadership changed before activation: re-reserve on a fresh chain' \
-                     WHERE assignment_id IN (SELECT assignment_id FROM stale) AND lifecycle = 'ACTIVE'"
-                ),
-                &[&new_epoch],
-            )
-            .await?;
+        let moved = tx.query_one(&disposition_sql(), &[&new_epoch]).await?;
+        let (lanes, gens, asg, res): (i64, i64, i64, i64) =
+            (moved.get(0), moved.get(1), moved.get(2), moved.get(3));
         let l = Leader {
             epoch: new_epoch,
             holder: c.holder.clone(),
@@ -171,31 +190,60 @@ impl Store {
             sot,
             lease_expires_at: exp,
         };
-        let idem = format!("leadership-acquire/{}/{}", c.holder, c.launch_id);
-        let digest = super::txn::request_digest(OP, &[&c.holder, &c.launch_id]);
-        let body = serde_json::json!({ "epoch": new_epoch, "holder": c.holder, "launch_id": c.launch_id,
-            "lease_expires_at": l.lease_expires_at, "preactivation_chains_dispositioned": moved });
-        let r = super::txn::commit_receipt(tx, OP, &l, (&idem, &digest), None, None, body).await?;
+        let id = format!("tr-{}", uuid::Uuid::new_v4().simple());
+        let idem = format!(
+            "leadership-acquire/{}/{}/{new_epoch}",
+            c.holder, c.launch_id
+        );
+        let digest = request_digest(OP, &[&c.holder, &c.launch_id, &new_epoch.to_string()]);
+        let body = serde_json::json!({ "epoch": new_epoch, "previous_epoch": epoch, "previous_lease_expires_at": previous_lease,
+            "holder": c.holder, "launch_id": c.launch_id,
+            "lease_expires_at": l.lease_expires_at,
+            "preactivation_chains_dispositioned": { "lanes": lanes, "generations_to_stop": gens, "assignments_to_recovery": asg, "reservations_released": res } });
+        let decided: String = tx
+            .query_one(
+                "WITH r AS (INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, body) \
+                            VALUES ($1, $2, $3, $4, $5) RETURNING receipt_id, decided_at), \
+                      i AS (INSERT INTO idempotency (idempotency_key, operation, request_digest, receipt_id) SELECT $6, $2, $7, receipt_id FROM r) \
+                 SELECT mosaic_ts(decided_at) FROM r",
+                &[&id, &OP, &l.sot, &new_epoch, &body, &idem, &digest],
+            )
+            .await?
+            .get(0);
+        tx.commit().await?;
+        if lanes > 0 {
+            tracing::warn!(
+                epoch = new_epoch,
+                lanes,
+                generations_to_stop = gens,
+                "preactivation chains of older epochs ended in recovery"
+            );
+        }
         tracing::info!(epoch = new_epoch, holder = %c.holder, "leadership acquired");
-        Ok((l, r))
+        Ok((
+            l.clone(),
+            Receipt {
+                receipt_id: id,
+                transition: OP.into(),
+                sot_incarnation: l.sot,
+                coordinator_epoch: new_epoch,
+                assignment_id: None,
+                lane_incarnation_id: None,
+                decided_at: decided,
+                body,
+                replayed: false,
+            },
+        ))
     }
 
     async fn current_leader(&self, c: &Candidate, sot: &str) -> Result<Leader, AuthorityError> {
         let client = self.pool.get().await?;
         let r = client
             .query_one(
-                "SELECT epoch, mosaic_ts(lease_expires_at), credential_digest FROM leadership",
+                "SELECT epoch, mosaic_ts(lease_expires_at) FROM leadership",
                 &[],
             )
             .await?;
-        let cred: Option<String> = r.get(2);
-        if cred.as_deref() != Some(&c.credential_digest) {
-            return Err(reject(
-                "leadership-acquire",
-                Category::Mismatch,
-                "credential differs from the one this launch acquired with",
-            ));
-        }
         Ok(Leader {
             epoch: r.get(0),
             holder: c.holder.clone(),
@@ -224,12 +272,18 @@ impl Store {
             lane_incarnation_id: r.get(5),
             decided_at: r.get(6),
             body: r.get(7),
+            replayed: true,
         })
     }
 
-    /// Extends the lease; refused unless it is strictly unexpired right now.
-    pub async fn renew(&self, l: &mut Leader, lease_ms: i64) -> Result<(), AuthorityError> {
-        let client = self.pool.get().await?;
+    /// Extends the lease on `client` (a connection of the leadership loop's own); refused
+    /// unless it is strictly unexpired right now.
+    pub async fn renew_on(
+        &self,
+        client: &tokio_postgres::Client,
+        l: &mut Leader,
+        lease_ms: i64,
+    ) -> Result<(), AuthorityError> {
         let lease = format!("{} milliseconds", lease_ms.clamp(100, 600_000));
         let mut params: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
         params.push(&lease);
@@ -245,15 +299,14 @@ impl Store {
                 Ok(())
             }
             None => {
-                self.audit(
+                self.audit.record(
                     "leadership-renew",
                     Category::StaleLeader,
                     Some(l.epoch),
                     None,
                     None,
                     "lease expired or taken over",
-                )
-                .await;
+                );
                 Err(reject(
                     "leadership-renew",
                     Category::StaleLeader,
@@ -261,6 +314,12 @@ impl Store {
                 ))
             }
         }
+    }
+
+    /// Extends the lease on a pooled connection (tests; the daemon uses `renew_on`).
+    pub async fn renew(&self, l: &mut Leader, lease_ms: i64) -> Result<(), AuthorityError> {
+        let c = self.pool.get().await?;
+        self.renew_on(&c, l, lease_ms).await
     }
 
     /// Gives leadership up; the next acquisition need not wait for expiry.
@@ -282,4 +341,39 @@ impl Store {
             ))
         }
     }
+
+    /// The leadership row as it stands (for status and standbys).
+    pub async fn leadership(&self) -> Result<LeadershipView, AuthorityError> {
+        let c = self.pool.get().await?;
+        let r = c
+            .query_opt(
+                "SELECT epoch, holder, mosaic_ts(lease_expires_at), released OR lease_expires_at <= clock_timestamp() FROM leadership",
+                &[],
+            )
+            .await?;
+        Ok(match r {
+            None => LeadershipView {
+                epoch: 0,
+                holder: None,
+                lease_expires_at: None,
+                vacant: true,
+            },
+            Some(r) => LeadershipView {
+                epoch: r.get(0),
+                holder: r.get(1),
+                lease_expires_at: r.get(2),
+                vacant: r.get::<_, Option<bool>>(3).unwrap_or(true),
+            },
+        })
+    }
+}
+
+/// The leadership row, read-only.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct LeadershipView {
+    pub epoch: i64,
+    pub holder: Option<String>,
+    pub lease_expires_at: Option<String>,
+    /// Released or expired: the next candidate may take it.
+    pub vacant: bool,
 }

@@ -1,25 +1,40 @@
 //! The coordinator: the only authority in Mosaic.
 //!
 //! **Owns:** every authority transition — leadership epochs, lanes and incarnations, the
-//! reservation → challenge ACK → atomic activation chain, leases, termination-receipt
-//! reconciliation, quarantine — each one compare-and-swap in PostgreSQL, decided at the
-//! primary's database time, with its receipt in the same commit.
+//! reservation → challenge ACK → atomic activation chain, leases, the ends of chains,
+//! termination-receipt reconciliation, quarantine — each one compare-and-swap in
+//! PostgreSQL through the one transition primitive (`txn`), decided at the primary's
+//! database time, with its receipt in the same commit.
 //!
-//! **Never:** keeps authority state in memory, decides with a host clock, stores or logs
-//! a raw fence token, or moves an assignment to a terminal outcome on a host's say-so.
+//! **Never:** keeps authority state in memory (a chain is rows; any coordinator process can
+//! drive it on), decides with a host clock, stores or logs a raw fence token, or moves an
+//! assignment to a terminal outcome on a host's say-so.
+//!
+//! Layout: `txn` (the frame), `model` (types and reads), `chain` (reserve … injected),
+//! `activation` (ACK and activation), `ending` (stops, expiry, receipts, leases), `lanes`
+//! (incarnations, quarantine), `leader`, `store`, `audit`, `secret`, `failpoint`, and
+//! `service/` (the daemon around them).
 
+pub mod activation;
+pub mod audit;
 pub mod chain;
+pub mod ending;
 pub mod error;
+pub mod failpoint;
+pub mod lanes;
 pub mod leader;
-pub mod lifecycle;
+pub mod model;
 pub mod secret;
 pub mod service;
 pub mod store;
 pub mod txn;
 
-pub use chain::{AckClaim, Activation, Chain, Outcome, ReserveRequest, Reserved};
+pub use activation::{AckClaim, Activation};
+pub use chain::{ReserveRequest, Reserved};
+pub use ending::{EndCause, EndRequested, Reconciliation};
 pub use error::{AuthorityError, Category};
-pub use leader::{Candidate, Leader};
+pub use leader::{Candidate, Leader, LeadershipView};
+pub use model::{AssignmentStatus, AssignmentView, Chain, ChainRow, LaneView, Outcome};
 pub use secret::{CoordinatorSecret, FenceToken};
 pub use store::Store;
 pub use txn::Receipt;

@@ -1,8 +1,13 @@
 //! The coordinator secret and fence tokens.
 //!
-//! A fence token is 256 random bits, handed once to the party that must present it. The
-//! database stores only HMAC-SHA256(coordinator secret, token); presented tokens are
-//! compared by that digest in constant time.
+//! A fence token is a 256-bit secret bound to one reservation: HMAC-SHA256 under the
+//! coordinator secret of the reservation id and a 256-bit random salt minted with it. The
+//! database keeps the salt and HMAC-SHA256(secret, token), never the token; whichever
+//! coordinator leads re-derives the token when the chain needs it (activation), so a chain
+//! survives the death of the process that reserved it without the raw token ever being
+//! written down. What presenting it proves: the presenter holds the coordinator secret and
+//! names exactly this reservation (salt and id) — a guessed, replayed or other chain's value
+//! fails the constant-time digest comparison.
 //!
 //! **Never:** prints, serializes or stores a raw token or the secret (`Debug` redacts,
 //! neither type implements `Serialize`, both zeroize on drop).
@@ -52,13 +57,29 @@ impl CoordinatorSecret {
         hex::encode(self.0 .0)
     }
 
-    /// Keyed digest of a fence token: what the database stores.
-    pub fn fence_digest(&self, token: &FenceToken) -> String {
+    /// The fence token of `reservation_id` minted with `salt` (see the module docs).
+    pub fn fence_token(&self, reservation_id: &str, salt: &str) -> FenceToken {
+        let mut m = self.mac();
+        m.update(b"mosaic/fence-token/v2");
+        m.update(&(reservation_id.len() as u64).to_be_bytes());
+        m.update(reservation_id.as_bytes());
+        m.update(salt.as_bytes());
+        let mut b = [0u8; 32];
+        b.copy_from_slice(&m.finalize().into_bytes());
+        FenceToken(b)
+    }
+
+    fn mac(&self) -> Hmac<Sha256> {
         // HMAC accepts any key length; `new_from_slice` cannot fail for HMAC.
-        let mut m = match <Hmac<Sha256> as Mac>::new_from_slice(&self.0 .0) {
+        match <Hmac<Sha256> as Mac>::new_from_slice(&self.0 .0) {
             Ok(m) => m,
             Err(_) => unreachable_hmac(),
-        };
+        }
+    }
+
+    /// Keyed digest of a fence token: what the database stores.
+    pub fn fence_digest(&self, token: &FenceToken) -> String {
+        let mut m = self.mac();
         m.update(b"mosaic/fence-token/v1");
         m.update(&token.0);
         format!("hmac-sha256:{}", hex::encode(m.finalize().into_bytes()))
@@ -77,7 +98,14 @@ fn unreachable_hmac() -> ! {
     panic!("HMAC-SHA256 rejected a 32-byte key")
 }
 
-/// A raw fence token. Only ever held by the minting transaction and the presenting party.
+/// A fresh 256-bit salt for a reservation's fence token (hex).
+pub fn fence_salt() -> Result<String, SecretError> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| SecretError::Random(e.to_string()))?;
+    Ok(hex::encode(b))
+}
+
+/// A raw fence token: derived when a transition needs it, dropped (and zeroized) right after.
 #[derive(Clone, Zeroize, ZeroizeOnDrop, PartialEq, Eq)]
 pub struct FenceToken([u8; 32]);
 
@@ -88,12 +116,13 @@ impl std::fmt::Debug for FenceToken {
 }
 
 impl FenceToken {
-    pub fn generate() -> Result<Self, SecretError> {
+    /// A random token that is no reservation's (tests present it to prove refusal).
+    pub fn random() -> Result<Self, SecretError> {
         let mut b = [0u8; 32];
         getrandom::fill(&mut b).map_err(|e| SecretError::Random(e.to_string()))?;
         Ok(Self(b))
     }
-    /// The hex form, for the one hand-off to the presenting party. Never log it.
+    /// The hex form, for leak scans in tests. Never log it.
     pub fn expose_hex(&self) -> String {
         hex::encode(self.0)
     }

@@ -1,17 +1,39 @@
-//! Helpers every authority transition uses, in this order inside one transaction:
-//! `lock_leader` (blocks takeover until commit) → `replay` (idempotency) → the
-//! transition's own compare-and-swap → `commit_receipt` (receipt + idempotency row +
-//! a final leadership check at commit time).
+//! The one transition primitive. Every authority change in Mosaic is a call to
+//! [`Store::transition`], which owns the whole frame of the transaction:
+//!
+//! 1. **open**: one statement replays the idempotency key (same key + same request → the
+//!    original receipt, whoever asks; same key + other request → refused) and checks the
+//!    caller is the current, unexpired leader (`mosaic_leader_ok`, database time);
+//! 2. **decide**: the transition's body gets a [`Frame`], which can only *read* and run the
+//!    deciding compare-and-swap. [`Frame::cas`] returns [`Decided`] only when the statement
+//!    matched exactly one row in its expected state; every further write of the transaction
+//!    is a method of `Decided`, so a write that did not go through its CAS does not compile;
+//! 3. **receipt**: [`Decided::decide`] turns the CAS into a [`Decision`] with the receipt
+//!    body; the frame writes the receipt and its idempotency row in one statement;
+//! 4. **commit**: a deferred constraint trigger re-checks the leadership *during* COMMIT
+//!    (migration 0002), and another refuses any authority row written without a receipt in
+//!    the same transaction — the database enforces the frame, not only this code.
+//!
+//! A refused transition changes nothing and is audited with its category. A connection that
+//! fails before the outcome is known (an ambiguous commit included) is retried with the same
+//! idempotency key, which returns the original receipt if the first attempt committed.
 
-use deadpool_postgres::{Object, Transaction};
-use serde::Serialize;
+use std::time::Duration;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use deadpool_postgres::{ClientWrapper, Object};
+use futures_util::future::{join, BoxFuture};
+use serde::{Deserialize, Serialize};
 use tokio_postgres::types::ToSql;
+use tokio_postgres::Row;
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
+use super::store::Store;
 
 /// The durable receipt of one authority transition.
-#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Receipt {
     pub receipt_id: String,
     pub transition: String,
@@ -21,172 +43,580 @@ pub struct Receipt {
     pub lane_incarnation_id: Option<String>,
     pub decided_at: String,
     pub body: serde_json::Value,
+    /// True when this is the original receipt returned for a retried request (nothing was
+    /// decided again).
+    #[serde(skip)]
+    pub replayed: bool,
 }
 
-pub(crate) const LEADER_OK: &str = "mosaic_leader_ok($1, $2, $3, $4, $5)";
-
-/// Whether `l` still leads (used to explain a failed compare-and-swap).
-pub(crate) async fn leader_ok(tx: &Transaction<'_>, l: &Leader) -> Result<bool, AuthorityError> {
-    Ok(tx
-        .query_one(&format!("SELECT {LEADER_OK}"), &l.params())
-        .await?
-        .get(0))
-}
-
-/// Takes a share lock on the leadership row (a takeover must wait for this transaction)
-/// and checks the caller is the current, unexpired leader on the current timeline.
-pub(crate) async fn lock_leader(
-    tx: &Transaction<'_>,
-    op: &'static str,
-    l: &Leader,
-) -> Result<(), AuthorityError> {
-    let ok = tx
-        .query_opt(
-            &format!("SELECT 1 FROM leadership WHERE {LEADER_OK} FOR SHARE"),
-            &l.params(),
-        )
-        .await?
-        .is_some();
-    if ok {
-        Ok(())
-    } else {
-        Err(reject(
-            op,
-            Category::StaleLeader,
-            format!(
-                "epoch {} is not the current unexpired leadership",
-                l.epoch()
-            ),
-        ))
+impl Receipt {
+    /// A string field of the body (receipt bodies are written by this crate; a missing field
+    /// is a bug, reported as a typed error rather than a panic).
+    pub fn str(&self, field: &str) -> Result<String, AuthorityError> {
+        self.body[field].as_str().map(String::from).ok_or_else(|| {
+            AuthorityError::Internal(format!("receipt {} has no {field}", self.transition))
+        })
+    }
+    pub fn int(&self, field: &str) -> Result<i64, AuthorityError> {
+        self.body[field].as_i64().ok_or_else(|| {
+            AuthorityError::Internal(format!("receipt {} has no {field}", self.transition))
+        })
     }
 }
 
-/// Digest of a request for idempotency comparison.
+/// Digest of a request for idempotency comparison: the operation and every input that
+/// decides the transition, each length-prefixed.
 pub(crate) fn request_digest(op: &str, parts: &[&str]) -> String {
     let bytes: Vec<&[u8]> = parts.iter().map(|p| p.as_bytes()).collect();
     crate::util::sha256_hex(&format!("mosaic/request/{op}"), &bytes)
 }
 
-/// Same key + same request → the original receipt; same key + other request → refused.
-pub(crate) async fn replay(
-    tx: &Transaction<'_>,
-    op: &'static str,
-    key: &str,
-    digest: &str,
-) -> Result<Option<Receipt>, AuthorityError> {
-    let row = tx
-        .query_opt(
-            "SELECT i.operation, i.request_digest, r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, \
-                    r.assignment_id, r.lane_incarnation_id, mosaic_ts(r.decided_at), r.body \
-             FROM idempotency i JOIN transition_receipts r USING (receipt_id) WHERE i.idempotency_key = $1",
-            &[&key],
-        )
-        .await?;
-    let Some(r) = row else { return Ok(None) };
-    let (rop, rdig): (String, String) = (r.get(0), r.get(1));
-    if rop != op || rdig != digest {
-        return Err(reject(
-            op,
-            Category::IdempotencyConflict,
-            "idempotency key already used for a different request",
-        ));
-    }
-    Ok(Some(Receipt {
-        receipt_id: r.get(2),
-        transition: r.get(3),
-        sot_incarnation: r.get(4),
-        coordinator_epoch: r.get(5),
-        assignment_id: r.get(6),
-        lane_incarnation_id: r.get(7),
-        decided_at: r.get(8),
-        body: r.get(9),
-    }))
+/// What a transition is, for its frame.
+#[derive(Debug, Clone)]
+pub(crate) struct Step {
+    pub op: &'static str,
+    pub leader: Leader,
+    /// Derived from what the transition acts on (reservation, assignment, receipt key,
+    /// attempt) so that a retry of the same step can only ever land on the same receipt.
+    pub key: String,
+    pub request: String,
+    pub assignment: Option<String>,
+    pub lane_incarnation: Option<String>,
 }
 
-/// Writes the transition receipt and idempotency row, re-checks leadership at commit
-/// time, and commits. Nothing is reported as done before the commit returns.
-pub(crate) async fn commit_receipt(
-    tx: Transaction<'_>,
+impl Step {
+    pub fn new(op: &'static str, leader: &Leader, key: String, request: String) -> Self {
+        Self {
+            op,
+            leader: leader.clone(),
+            key,
+            request,
+            assignment: None,
+            lane_incarnation: None,
+        }
+    }
+    pub fn about(mut self, assignment: Option<&str>, lane_incarnation: Option<&str>) -> Self {
+        self.assignment = assignment.map(String::from);
+        self.lane_incarnation = lane_incarnation.map(String::from);
+        self
+    }
+}
+
+/// A transaction before its compare-and-swap: reads only.
+pub(crate) struct Frame<'t> {
+    tx: &'t ClientWrapper,
     op: &'static str,
-    l: &Leader,
-    idempotency: (&str, &str),
-    assignment: Option<&str>,
-    lane_incarnation: Option<&str>,
+    leader: Leader,
+}
+
+/// The compare-and-swap decided exactly one row; the transaction may now write.
+pub(crate) struct Decided<'t> {
+    tx: &'t ClientWrapper,
+    op: &'static str,
+    epoch: i64,
+    row: Row,
+}
+
+/// The compare-and-swap matched nothing: the body may read to explain why, then rejects.
+pub(crate) struct Undecided<'t> {
+    tx: &'t ClientWrapper,
+    op: &'static str,
+    leader: Leader,
+}
+
+/// A decided transition with the body of its receipt: all the frame needs to finish.
+pub(crate) struct Decision<'t> {
+    tx: &'t ClientWrapper,
     body: serde_json::Value,
-) -> Result<Receipt, AuthorityError> {
-    let id = format!("tr-{}", uuid::Uuid::new_v4().simple());
-    let row = tx
-        .query_one(
-            "INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, assignment_id, lane_incarnation_id, body) \
-             VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING mosaic_ts(decided_at)",
-            &[&id, &op, &l.sot(), &l.epoch(), &assignment, &lane_incarnation, &body],
+}
+
+/// The pooled connection of one attempt, with its transaction. Dropped while the
+/// transaction is still open (a body's error path that could not roll back, a cancelled
+/// future), the connection is taken out of the pool and closed — the server rolls the
+/// transaction back — so a half-done transaction is never handed to anyone else.
+struct Conn {
+    obj: Option<Object>,
+    open: AtomicBool,
+}
+
+impl Conn {
+    fn client(&self) -> Result<&ClientWrapper, AuthorityError> {
+        self.obj
+            .as_deref()
+            .ok_or_else(|| AuthorityError::Internal("connection already released".into()))
+    }
+
+    /// Ends the transaction without committing (best effort: a failure leaves it open, and
+    /// the drop discards the connection).
+    async fn rollback(&self) {
+        if let Ok(c) = self.client() {
+            if c.batch_execute("ROLLBACK").await.is_ok() {
+                self.open.store(false, Ordering::SeqCst);
+            }
+        }
+    }
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        if self.open.load(Ordering::SeqCst) {
+            if let Some(o) = self.obj.take() {
+                drop(Object::take(o));
+            }
+        }
+    }
+}
+
+/// The body of a transition: given the frame, decide (or refuse).
+pub(crate) type Body =
+    dyn for<'t> Fn(Frame<'t>) -> BoxFuture<'t, Result<Decision<'t>, AuthorityError>> + Send + Sync;
+
+fn is_read(sql: &str) -> bool {
+    let s = sql.trim_start();
+    s.len() >= 6 && s[..6].eq_ignore_ascii_case("select")
+}
+
+impl<'t> Frame<'t> {
+    pub fn leader(&self) -> &Leader {
+        &self.leader
+    }
+
+    /// A read before the decision (a `SELECT`, possibly `FOR UPDATE` to pin the values the
+    /// compare-and-swap will expect). Anything that is not a `SELECT` is refused.
+    pub async fn read(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, AuthorityError> {
+        read(self.tx, self.op, sql, params).await
+    }
+
+    pub async fn read_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, AuthorityError> {
+        Ok(self.read(sql, params).await?.into_iter().next())
+    }
+
+    /// The deciding compare-and-swap: a statement whose expected-state predicate must match
+    /// (and return) exactly one row. Zero rows is a refusal to explain; more than one is a
+    /// bug in the predicate and aborts the transaction.
+    pub async fn cas(
+        self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Result<Decided<'t>, Undecided<'t>>, AuthorityError> {
+        let stmt = self.tx.prepare_cached(sql).await?;
+        let mut rows = self.tx.query(&stmt, params).await?;
+        match rows.len() {
+            1 => Ok(Ok(Decided {
+                row: rows.remove(0),
+                tx: self.tx,
+                op: self.op,
+                epoch: self.leader.epoch(),
+            })),
+            0 => Ok(Err(Undecided {
+                tx: self.tx,
+                op: self.op,
+                leader: self.leader,
+            })),
+            n => Err(AuthorityError::Internal(format!(
+                "{}: the compare-and-swap matched {n} rows; it must decide exactly one",
+                self.op
+            ))),
+        }
+    }
+}
+
+async fn read(
+    tx: &ClientWrapper,
+    op: &str,
+    sql: &str,
+    params: &[&(dyn ToSql + Sync)],
+) -> Result<Vec<Row>, AuthorityError> {
+    if !is_read(sql) {
+        return Err(AuthorityError::Internal(format!(
+            "{op}: a write before the compare-and-swap"
+        )));
+    }
+    let stmt = tx.prepare_cached(sql).await?;
+    Ok(tx.query(&stmt, params).await?)
+}
+
+impl<'t> Decided<'t> {
+    /// The epoch this transition commits under.
+    pub fn epoch(&self) -> i64 {
+        self.epoch
+    }
+
+    /// The row the compare-and-swap returned.
+    pub fn row(&self) -> &Row {
+        &self.row
+    }
+
+    /// A follow-up write of the decided transition; returns the rows it affected.
+    pub async fn exec(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<u64, AuthorityError> {
+        let stmt = self.tx.prepare_cached(sql).await?;
+        Ok(self.tx.execute(&stmt, params).await?)
+    }
+
+    /// A follow-up write that must affect exactly one row; anything else aborts the
+    /// transition (the compare-and-swap promised that row exists in this state).
+    pub async fn exec_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<(), AuthorityError> {
+        match self.exec(sql, params).await? {
+            1 => Ok(()),
+            n => Err(AuthorityError::Internal(format!(
+                "{}: a follow-up write affected {n} rows, expected exactly one",
+                self.op
+            ))),
+        }
+    }
+
+    /// A follow-up statement that returns rows (an `INSERT … RETURNING`).
+    pub async fn query(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Vec<Row>, AuthorityError> {
+        let stmt = self.tx.prepare_cached(sql).await?;
+        Ok(self.tx.query(&stmt, params).await?)
+    }
+
+    pub async fn query_one(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Row, AuthorityError> {
+        let stmt = self.tx.prepare_cached(sql).await?;
+        Ok(self.tx.query_one(&stmt, params).await?)
+    }
+
+    /// Finishes the body: the receipt will carry `body`.
+    pub fn decide(self, body: serde_json::Value) -> Result<Decision<'t>, AuthorityError> {
+        Ok(Decision { tx: self.tx, body })
+    }
+}
+
+impl Undecided<'_> {
+    /// A read to explain the refusal.
+    pub async fn read_opt(
+        &self,
+        sql: &str,
+        params: &[&(dyn ToSql + Sync)],
+    ) -> Result<Option<Row>, AuthorityError> {
+        Ok(read(self.tx, self.op, sql, params)
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// Whether the caller still leads (the most common reason a CAS matched nothing).
+    pub async fn leader_ok(&self) -> Result<bool, AuthorityError> {
+        let stmt = self.tx.prepare_cached(LEADER_OK_SQL).await?;
+        Ok(self
+            .tx
+            .query_one(&stmt, &self.leader.params())
+            .await?
+            .get(0))
+    }
+
+    /// Refuses with `category`, after checking leadership first: a stale leader is always
+    /// reported as such, whatever the body thought the reason was.
+    pub async fn reject(
+        self,
+        category: Category,
+        detail: impl Into<String>,
+    ) -> Result<AuthorityError, AuthorityError> {
+        if !self.leader_ok().await? {
+            return Ok(reject(
+                self.op,
+                Category::StaleLeader,
+                format!(
+                    "epoch {} is not the current unexpired leadership",
+                    self.leader.epoch()
+                ),
+            ));
+        }
+        Ok(reject(self.op, category, detail))
+    }
+}
+
+const LEADER_OK_SQL: &str = "SELECT mosaic_leader_ok($1, $2, $3, $4, $5)";
+
+/// Opens the frame: replay first (a committed transition answers with its receipt even to a
+/// coordinator that has since lost leadership), then the leadership check (the predicate
+/// of `mosaic_leader_ok`, inlined: it runs on every transition).
+const OPEN_SQL: &str =
+    "SELECT EXISTS (SELECT 1 FROM leadership l JOIN sot s ON s.sot_incarnation = l.sot_incarnation \
+            WHERE l.epoch = $1 AND l.holder = $2 AND l.launch_id = $3 AND l.credential_digest = $4 \
+              AND l.sot_incarnation = $5 AND NOT l.released AND l.lease_expires_at > clock_timestamp()), \
+        i.operation, i.request_digest, \
+        r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, r.assignment_id, \
+        r.lane_incarnation_id, mosaic_ts(r.decided_at), r.body \
+     FROM (SELECT 1) one \
+     LEFT JOIN idempotency i ON i.idempotency_key = $6 \
+     LEFT JOIN transition_receipts r ON r.receipt_id = i.receipt_id";
+
+/// Receipt and idempotency row in one statement.
+const RECEIPT_SQL: &str = "WITH r AS ( \
+       INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, assignment_id, lane_incarnation_id, body) \
+       VALUES ($1, $2, $3, $4, $5, $6, $7) RETURNING receipt_id, mosaic_ts(decided_at) AS decided_at), \
+     i AS (INSERT INTO idempotency (idempotency_key, operation, request_digest, receipt_id) SELECT $8, $2, $9, receipt_id FROM r) \
+     SELECT decided_at FROM r";
+
+/// How one attempt at a transition ended.
+enum Attempt {
+    Done(Receipt),
+    /// Refused: nothing changed.
+    Rejected(AuthorityError),
+    /// The connection failed before the outcome was known; retrying with the same key is
+    /// safe (the replay returns the receipt if the first attempt committed).
+    Ambiguous(AuthorityError),
+    /// Any other failure (a bug, a constraint the body did not expect).
+    Failed(AuthorityError),
+}
+
+fn classify(e: AuthorityError) -> Attempt {
+    match e {
+        AuthorityError::Rejected { .. } => Attempt::Rejected(e),
+        AuthorityError::Connection(_) | AuthorityError::Retryable(_) => Attempt::Ambiguous(e),
+        _ => Attempt::Failed(e),
+    }
+}
+
+/// Retries of a transition whose outcome was unknown (connection lost, deadlock).
+const RETRIES: [Duration; 3] = [
+    Duration::from_millis(20),
+    Duration::from_millis(200),
+    Duration::from_millis(1000),
+];
+
+fn row_receipt(r: &Row, base: usize) -> Receipt {
+    Receipt {
+        receipt_id: r.get(base),
+        transition: r.get(base + 1),
+        sot_incarnation: r.get(base + 2),
+        coordinator_epoch: r.get(base + 3),
+        assignment_id: r.get(base + 4),
+        lane_incarnation_id: r.get(base + 5),
+        decided_at: r.get(base + 6),
+        body: r.get(base + 7),
+        replayed: true,
+    }
+}
+
+impl Store {
+    /// Runs one authority transition (see the module docs for the frame).
+    pub(crate) async fn transition(
+        &self,
+        step: &Step,
+        body: &Body,
+    ) -> Result<Receipt, AuthorityError> {
+        if step.key.is_empty() {
+            return Err(reject(
+                step.op,
+                Category::BadInput,
+                "an idempotency key is required",
+            ));
+        }
+        let mut retries = RETRIES.iter();
+        loop {
+            let outcome = match self.attempt(step, body).await {
+                Ok(r) => Attempt::Done(r),
+                Err(e) => classify(e),
+            };
+            match outcome {
+                Attempt::Done(r) => {
+                    if !r.replayed {
+                        crate::coordinator::failpoint::after_commit(step.op);
+                    }
+                    return Ok(r);
+                }
+                Attempt::Rejected(e) => return self.settle(step, e).await,
+                Attempt::Ambiguous(e) => match retries.next() {
+                    Some(wait) => {
+                        tracing::warn!(op = step.op, error = %e, "transition outcome unknown; retrying with the same key");
+                        tokio::time::sleep(*wait).await;
+                    }
+                    None => return Err(e),
+                },
+                Attempt::Failed(e) => return Err(e),
+            }
+        }
+    }
+
+    /// One attempt: `BEGIN` and the opening check travel together, then the body, then
+    /// the receipt and `COMMIT` together — three round trips besides the body's own.
+    async fn attempt(&self, step: &Step, body: &Body) -> Result<Receipt, AuthorityError> {
+        let conn = Conn {
+            obj: Some(self.pool.get().await?),
+            open: AtomicBool::new(false),
+        };
+        let c = conn.client()?;
+        let l = &step.leader;
+        let open = c.prepare_cached(OPEN_SQL).await?;
+        let receipt_stmt = c.prepare_cached(RECEIPT_SQL).await?;
+        let mut params: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
+        params.push(&step.key);
+        conn.open.store(true, Ordering::SeqCst);
+        let (begun, row) = join(c.batch_execute("BEGIN"), c.query_one(&open, &params)).await;
+        begun?;
+        let row = row?;
+        if let Some(op) = row.get::<_, Option<String>>(1) {
+            conn.rollback().await;
+            let digest: String = row.get(2);
+            if op != step.op || digest != step.request {
+                return Err(reject(
+                    step.op,
+                    Category::IdempotencyConflict,
+                    "idempotency key already used for a different request",
+                ));
+            }
+            return Ok(row_receipt(&row, 3));
+        }
+        if !row.get::<_, bool>(0) {
+            conn.rollback().await;
+            return Err(reject(
+                step.op,
+                Category::StaleLeader,
+                format!(
+                    "epoch {} is not the current unexpired leadership",
+                    l.epoch()
+                ),
+            ));
+        }
+        crate::coordinator::failpoint::before_decide(step.op);
+        let frame = Frame {
+            tx: c,
+            op: step.op,
+            leader: l.clone(),
+        };
+        let Decision { tx, body } = match body(frame).await {
+            Ok(d) => d,
+            Err(e) => {
+                conn.rollback().await;
+                return Err(e);
+            }
+        };
+        let id = format!("tr-{}", uuid::Uuid::new_v4().simple());
+        crate::coordinator::failpoint::before_commit(step.op);
+        let (inserted, committed) = join(
+            tx.query_one(
+                &receipt_stmt,
+                &[
+                    &id,
+                    &step.op,
+                    &l.sot(),
+                    &l.epoch(),
+                    &step.assignment,
+                    &step.lane_incarnation,
+                    &body,
+                    &step.key,
+                    &step.request,
+                ],
+            ),
+            tx.batch_execute("COMMIT"),
         )
-        .await?;
-    tx.execute(
-        "INSERT INTO idempotency (idempotency_key, operation, request_digest, receipt_id) VALUES ($1, $2, $3, $4)",
-        &[&idempotency.0, &op, &idempotency.1, &id],
-    )
-    .await?;
-    // Leadership must still hold at the decisive moment, not only when we began.
-    let still: bool = tx
-        .query_one(&format!("SELECT {LEADER_OK}"), &l.params())
-        .await?
-        .get(0);
-    if !still {
-        return Err(reject(
-            op,
-            Category::StaleLeader,
-            "leadership lease expired before commit",
-        ));
+        .await;
+        // The server answered the COMMIT (a failed insert turned it into a ROLLBACK, a
+        // deferred check refused it): the transaction is over. No answer — a dead
+        // connection — leaves it to the drop, which discards the connection.
+        if committed
+            .as_ref()
+            .map_or_else(|e| e.as_db_error().is_some(), |_| true)
+        {
+            conn.open.store(false, Ordering::SeqCst);
+        }
+        let decided: String = inserted?.get(0);
+        committed?;
+        Ok(Receipt {
+            receipt_id: id,
+            transition: step.op.to_string(),
+            sot_incarnation: l.sot().to_string(),
+            coordinator_epoch: l.epoch(),
+            assignment_id: step.assignment.clone(),
+            lane_incarnation_id: step.lane_incarnation.clone(),
+            decided_at: decided,
+            body,
+            replayed: false,
+        })
     }
-    tx.commit().await?;
-    Ok(Receipt {
-        receipt_id: id,
-        transition: op.to_string(),
-        sot_incarnation: l.sot().to_string(),
-        coordinator_epoch: l.epoch(),
-        assignment_id: assignment.map(String::from),
-        lane_incarnation_id: lane_incarnation.map(String::from),
-        decided_at: row.get(0),
-        body,
-    })
+
+    /// A refusal is audited — unless a concurrent request with the same key won, in which
+    /// case its receipt is the answer.
+    async fn settle(&self, step: &Step, e: AuthorityError) -> Result<Receipt, AuthorityError> {
+        let AuthorityError::Rejected {
+            category, detail, ..
+        } = &e
+        else {
+            return Err(e);
+        };
+        if *category != Category::IdempotencyConflict {
+            if let Ok(Some(r)) = self.replayed(&step.key, step.op, &step.request).await {
+                return Ok(r);
+            }
+        }
+        self.audit.record(
+            step.op,
+            *category,
+            Some(step.leader.epoch()),
+            step.assignment.as_deref(),
+            step.lane_incarnation.as_deref(),
+            detail,
+        );
+        Err(e)
+    }
+
+    /// The receipt a key already committed, if any (same operation and request only).
+    pub(crate) async fn replayed(
+        &self,
+        key: &str,
+        op: &str,
+        request: &str,
+    ) -> Result<Option<Receipt>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT i.operation, i.request_digest, r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, \
+                        r.assignment_id, r.lane_incarnation_id, mosaic_ts(r.decided_at), r.body \
+                 FROM idempotency i JOIN transition_receipts r USING (receipt_id) WHERE i.idempotency_key = $1",
+            )
+            .await?;
+        let Some(r) = c.query_opt(&stmt, &[&key]).await? else {
+            return Ok(None);
+        };
+        let (rop, rdig): (String, String) = (r.get(0), r.get(1));
+        Ok((rop == op && rdig == request).then(|| row_receipt(&r, 2)))
+    }
 }
 
-/// A transition's opening: either the original receipt (an idempotent retry), or a fresh
-/// transaction holding the leadership share lock.
-pub(crate) enum Began<'c> {
-    Replayed(Receipt),
-    Fresh(Transaction<'c>),
+/// Gives a closure the higher-ranked signature of a transition body (closures do not infer
+/// it by themselves).
+pub(crate) fn body_fn<F>(f: F) -> F
+where
+    F: for<'t> Fn(Frame<'t>) -> BoxFuture<'t, Result<Decision<'t>, AuthorityError>> + Send + Sync,
+{
+    f
 }
 
-pub(crate) async fn begin<'c>(
-    c: &'c mut Object,
-    op: &'static str,
-    l: &Leader,
-    key: &str,
-    digest: &str,
-) -> Result<Began<'c>, AuthorityError> {
-    if key.is_empty() {
-        return Err(reject(
-            op,
-            Category::BadInput,
-            "an idempotency key is required",
-        ));
-    }
-    let tx = c.transaction().await?;
-    lock_leader(&tx, op, l).await?;
-    match replay(&tx, op, key, digest).await? {
-        Some(r) => Ok(Began::Replayed(r)),
-        None => Ok(Began::Fresh(tx)),
-    }
+/// Builds a transition body. The listed captures are cloned into every run (a body may run
+/// more than once: an attempt whose outcome was unknown is retried with the same key), and
+/// anything not listed cannot be moved in, which the compiler reports.
+macro_rules! body {
+    ([$($c:ident),* $(,)?] |$f:ident| $e:expr) => {
+        &$crate::coordinator::txn::body_fn(move |$f: $crate::coordinator::txn::Frame<'_>| {
+            $(let $c = $c.clone();)*
+            Box::pin(async move { $e })
+        })
+    };
 }
-
-/// Statement parameters: `$1..$5` are always the leadership tuple, then `rest`.
-pub(crate) fn leader_params<'a>(
-    l: &'a Leader,
-    rest: &[&'a (dyn ToSql + Sync)],
-) -> Vec<&'a (dyn ToSql + Sync)> {
-    let mut v: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
-    v.extend_from_slice(rest);
-    v
-}
+pub(crate) use body;

@@ -29,6 +29,8 @@ pub const PROTOCOL_VERSION: i64 = 1;
 pub const PROFILE_VERSION: &str = "mosaic-jcs-v1";
 pub const DOMAIN_LABEL: &[u8] = b"MOSAIC/session-envelope/v1";
 pub const MAX_ENVELOPE_BYTES: usize = 256 * 1024;
+/// The longest ordinary string field; task texts (`Kind::Text`) may be longer.
+pub const MAX_STR_BYTES: usize = 64 * 1024;
 const PROOF: &str = "authentication_proof";
 
 /// Type-state markers: only `verify` produces `Envelope<Verified>`.
@@ -172,12 +174,18 @@ fn check_kind(field: &str, kind: Kind, v: &Value) -> Result<(), EnvelopeError> {
         field: field.to_string(),
         detail: detail.to_string(),
     };
-    let nonempty = |v: &Value| matches!(v, Value::Str(s) if !s.is_empty() && s.len() <= 64 * 1024);
+    let nonempty =
+        |v: &Value| matches!(v, Value::Str(s) if !s.is_empty() && s.len() <= MAX_STR_BYTES);
     let uint = |v: &Value| matches!(v, Value::Int(i) if *i >= 0);
     match kind {
         Kind::Str => nonempty(v)
             .then_some(())
-            .ok_or_else(|| bad("expected a non-empty string")),
+            .ok_or_else(|| bad("expected a non-empty string of at most 64 KiB")),
+        Kind::Text => {
+            matches!(v, Value::Str(s) if !s.is_empty() && s.len() <= super::task::MAX_TASK_BYTES)
+                .then_some(())
+                .ok_or_else(|| bad("expected a non-empty text of at most 128 KiB"))
+        }
         Kind::Uint => uint(v)
             .then_some(())
             .ok_or_else(|| bad("expected a non-negative integer")),

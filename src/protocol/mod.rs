@@ -13,7 +13,9 @@
 pub mod canonical;
 pub mod envelope;
 pub mod queue;
+pub mod report;
 pub mod schema;
+pub mod task;
 pub mod transport;
 pub mod trust;
 

@@ -122,6 +122,16 @@ impl GenerationGate {
         }
     }
 
+    /// Fences `generation` of `incarnation` on `lane` if it is the current one (a
+    /// coordinator ended it); anything else is already not deliverable.
+    pub fn fence_generation(&mut self, lane: &str, incarnation: &str, generation: u64) {
+        if let Some(c) = self.lanes.get_mut(lane) {
+            if c.incarnation == incarnation && c.generation == generation {
+                c.fenced = true;
+            }
+        }
+    }
+
     /// Admits `env` for delivery only if it is addressed to the lane's current, unfenced
     /// generation of the current incarnation.
     /// On rejection, returns the redacted audit record (which carries the reason).

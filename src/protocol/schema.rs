@@ -37,6 +37,7 @@ pub enum MessageType {
     Heartbeat,
     Receipt,
     ReceiptAck,
+    Reconcile,
     Stage,
     Staged,
     Contract,
@@ -53,11 +54,12 @@ pub enum MessageType {
     RecoveryAck,
 }
 
-pub const ALL_TYPES: [MessageType; 18] = [
+pub const ALL_TYPES: [MessageType; 19] = [
     MessageType::Hello,
     MessageType::Heartbeat,
     MessageType::Receipt,
     MessageType::ReceiptAck,
+    MessageType::Reconcile,
     MessageType::Stage,
     MessageType::Staged,
     MessageType::Contract,
@@ -81,6 +83,7 @@ impl MessageType {
             Self::Heartbeat => "heartbeat",
             Self::Receipt => "receipt",
             Self::ReceiptAck => "receipt_ack",
+            Self::Reconcile => "reconcile",
             Self::Stage => "stage",
             Self::Staged => "staged",
             Self::Contract => "contract",
@@ -127,8 +130,10 @@ impl<'de> serde::Deserialize<'de> for MessageType {
 /// The shape a field's value must have.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kind {
-    /// Non-empty string.
+    /// Non-empty string of at most 64 KiB.
     Str,
+    /// Non-empty text of at most `task::MAX_TASK_BYTES` (a task).
+    Text,
     /// Non-negative safe integer.
     Uint,
     /// `sha256:` and 64 lower-case hex digits.
@@ -340,7 +345,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 18] = [
+pub static SCHEMAS: [Schema; 19] = [
     schema!(
         Hello,
         "hello",
@@ -351,7 +356,14 @@ pub static SCHEMAS: [Schema; 18] = [
             AUTHORITY_NULLABLE,
             &[("session_id", Str), ("host_id", Str)]
         ],
-        [("lanes", StrList)],
+        // `lanes`: `lane@incarnation` of every live lane; `runtimes`: the `family@version`
+        // entries of the host's registry; `lane_states`: per lane, the host's status and
+        // its live generations (what the coordinator reconciles against).
+        [
+            ("lanes", StrList),
+            ("runtimes", StrList),
+            ("lane_states", Object)
+        ],
         [NO_AUTHORITATIVE_TIME]
     ),
     schema!(
@@ -393,8 +405,26 @@ pub static SCHEMAS: [Schema; 18] = [
             AUTHORITY_NULLABLE,
             &[("session_id", Str), ("receipt_idempotency_key", Str)]
         ],
-        [],
+        // `verdict`: `ingested`, or `retry:<category>` (send it again later) or
+        // `refused:<category>` (never ingestible; kept aside by the host for an operator).
+        [("verdict", Str)],
         [&["receipt"]]
+    ),
+    // The coordinator's answer to what a host reported: per lane, the generations to end
+    // (stop, or fence as never started) and whether to recreate the lane. It can only take
+    // authority away.
+    schema!(
+        Reconcile,
+        "reconcile",
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("session_id", Str), ("lanes", Object)]
+        ],
+        [],
+        [NO_AUTHORITATIVE_TIME]
     ),
     schema!(
         Stage,
@@ -446,7 +476,7 @@ pub static SCHEMAS: [Schema; 18] = [
         "contract",
         Ordinary,
         Coordinator,
-        [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("task_text", Str)]],
+        [COMMON, AUTHORITY, ORDINARY, ISSUED, &[("task_text", Text)]],
         [],
         [&["challenge_id", "lease_id", "effect_id"]]
     ),

@@ -130,9 +130,19 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub trait Handler: Send + Sync + 'static {
     fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>>;
 
+    /// Decides whether a verified hello from `peer` may open a session (a standby
+    /// coordinator, for one, refuses). A refusal closes the connection with the reason.
+    fn admit(
+        &self,
+        _peer: &str,
+        _hello: &Envelope<Verified>,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
     /// A session for `peer` passed its handshake; `push` sends frames to it unprompted
-    /// until the session ends (then sends fail).
-    fn opened(&self, _peer: &str, _push: tokio::sync::mpsc::Sender<Vec<u8>>) {}
+    /// until the session ends (then sends fail). Called before the hello is handled.
+    fn opened(&self, _peer: &str, _session_id: &str, _push: tokio::sync::mpsc::Sender<Vec<u8>>) {}
 }
 
 /// Where the server reports rejections (category + redacted detail, never frame content).
@@ -226,13 +236,22 @@ async fn session(
             hello.str("issuer")
         )));
     }
+    if let Err(reason) = handler.admit(&peer, &hello).await {
+        let _ = ws
+            .close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+                code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Again,
+                reason: reason.clone().into(),
+            }))
+            .await;
+        return Err(TransportError::Refused(reason));
+    }
+    let (push, mut pushed) = tokio::sync::mpsc::channel::<Vec<u8>>(256);
+    handler.opened(&peer, hello.str("session_id"), push);
     for out in handler.handle(peer.clone(), hello).await {
         ws.send(Message::text(String::from_utf8_lossy(&out).into_owned()))
             .await
             .map_err(|e| TransportError::Ws(e.to_string()))?;
     }
-    let (push, mut pushed) = tokio::sync::mpsc::channel::<Vec<u8>>(256);
-    handler.opened(&peer, push);
     loop {
         let frame = tokio::select! {
             f = ws.next() => f,
@@ -276,6 +295,8 @@ async fn session(
 #[derive(Clone)]
 pub struct LinkParams {
     pub addr: String,
+    /// Tried in turn after `addr` when a session fails (standby coordinators).
+    pub fallback_addrs: Vec<String>,
     /// DNS name the coordinator's certificate must carry (e.g. `localhost`).
     pub server_name: String,
     /// The coordinator principal (`coordinator:<name>`), checked against its certificate.
@@ -285,16 +306,25 @@ pub struct LinkParams {
     pub registry: Arc<TrustRegistry>,
     pub trust_domain: String,
     pub host_id: String,
+    /// `lane@incarnation` of every live lane.
     pub lanes: Vec<String>,
+    /// Each lane's status and live generations (see `protocol::report`).
+    pub report: super::report::HostReport,
+    /// `family@version` of every runtime this host can start.
+    pub runtimes: Vec<String>,
 }
 
-/// The host's hello for `session_id`, naming `lanes` (`lane@incarnation`). Sent first on
-/// every session, and again on the same session whenever the lane set changes.
+/// The host's hello for `session_id`, naming `lanes` (`lane@incarnation`), their states
+/// and the host's runtimes. Sent first on every session, and again on the same session
+/// whenever the host's state changes.
 pub fn hello_envelope(
     p: &LinkParams,
     session_id: &str,
     lanes: &[String],
+    report: &super::report::HostReport,
 ) -> Result<Vec<u8>, TransportError> {
+    let states =
+        super::report::to_value(report).map_err(|e| TransportError::Refused(e.to_string()))?;
     p.signer
         .sign(
             MessageType::Hello,
@@ -317,6 +347,11 @@ pub fn hello_envelope(
                 ("session_id", s(session_id)),
                 ("host_id", s(&p.host_id)),
                 ("lanes", Value::Array(lanes.iter().map(|l| s(l)).collect())),
+                (
+                    "runtimes",
+                    Value::Array(p.runtimes.iter().map(|r| s(r)).collect()),
+                ),
+                ("lane_states", states),
             ],
         )
         .map_err(|e| TransportError::Refused(e.to_string()))
@@ -327,7 +362,16 @@ pub type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream
 
 /// Connects, checks the server's principal, and completes the hello exchange.
 pub async fn connect(p: &LinkParams, session_id: &str) -> Result<Ws, TransportError> {
-    let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(&p.addr))
+    connect_to(p, &p.addr, session_id).await
+}
+
+/// Like [`connect`], to `addr` (one of the coordinator's addresses).
+pub async fn connect_to(
+    p: &LinkParams,
+    addr: &str,
+    session_id: &str,
+) -> Result<Ws, TransportError> {
+    let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| TransportError::Timeout("connect"))??;
     let name = ServerName::try_from(p.server_name.clone())
@@ -359,7 +403,7 @@ pub async fn connect(p: &LinkParams, session_id: &str) -> Result<Ws, TransportEr
     .await
     .map_err(|_| TransportError::Timeout("websocket handshake"))?
     .map_err(|e| TransportError::Ws(e.to_string()))?;
-    let hello = hello_envelope(p, session_id, &p.lanes)?;
+    let hello = hello_envelope(p, session_id, &p.lanes, &p.report)?;
     ws.send(Message::text(String::from_utf8_lossy(&hello).into_owned()))
         .await
         .map_err(|e| TransportError::Ws(e.to_string()))?;

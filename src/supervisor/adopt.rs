@@ -39,7 +39,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
             match reconcile(inner, g).await {
                 Outcome::Adopted(w) => {
                     report.adopted += 1;
-                    let live = generation::spawn_watcher(w);
+                    let live = generation::spawn_watcher(w, true);
                     super::spawn_applier(inner.clone(), name.clone(), &live);
                     lane.live = Some(live);
                 }

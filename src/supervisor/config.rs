@@ -47,6 +47,10 @@ pub struct ConfigFile {
 pub struct CoordinatorLink {
     /// `host:port` of its mutual-TLS listener.
     pub address: String,
+    /// Other coordinators of the same database (standbys), tried in turn when the session
+    /// to the one before fails: only the leader accepts a host session.
+    #[serde(default)]
+    pub fallback_addresses: Vec<String>,
     /// DNS name its certificate carries (e.g. `localhost`).
     pub server_name: String,
     /// Its principal, `coordinator:<name>`.

@@ -1,15 +1,23 @@
 //! The supervisor under a coordinator: it executes the host's side of the activation chain
 //! and never decides it.
 //!
-//! stage → stop any earlier generation, start the coordinator-allocated one, report its
-//! verified identity (`staged`) → contract → hand it to the harness over the lane socket;
+//! stage → start the coordinator-allocated generation, report its verified identity
+//! (`staged`) — or, if it cannot be started, write a `never-started` receipt, which ends the
+//! coordinator's chain at once → contract → hand it to the harness over the lane socket;
 //! once the harness fetched it, report the exact digest delivered (`injected`) → challenge
-//! → when the harness asks to ACK, sign an `ack` binding every §8 field, the process identity
-//! included → control `activate` → tell the harness it is active. `stop` stops.
+//! → when the harness asks to ACK, sign an `ack` binding every §8 field, the process
+//! identity included → control `activate` → record it durably, then tell the harness.
+//! `reconcile` → end the listed generations (stop them, or fence them as never started) and
+//! recreate the listed lanes.
+//!
+//! Every message is handled idempotently (a duplicate stage re-sends `staged`), because the
+//! coordinator resends whatever a chain waits for after any fault. A restarted supervisor
+//! rebuilds its generation gate and chain map from its generation records.
 //!
 //! **Never:** delivers an envelope for a generation that is not the lane's current one
 //! (`GenerationGate`; rejections are audited without payload), gives the harness a key,
-//! or acts on a coordinator message it could not verify (the link verifies first).
+//! starts a generation that already has a receipt, or acts on a coordinator message it
+//! could not verify (the link verifies first).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -19,16 +27,26 @@ use tokio::sync::mpsc;
 
 use super::lanesock::{Contract, GenSession};
 use super::link::HostDispatch;
+use super::state::CoordBinding;
 use super::Supervisor;
 use crate::protocol::canonical::Value;
 use crate::protocol::envelope::{n, s, Signer};
 use crate::protocol::queue::GenerationGate;
+use crate::protocol::report::{self, Reconcile};
 use crate::protocol::schema::MessageType;
 use crate::protocol::{Envelope, Verified};
 
+/// One coordinated generation's host-side state.
 struct ChainCtx {
-    stage: Envelope<Verified>,
-    session: Arc<GenSession>,
+    lane_incarnation_id: String,
+    generation: u64,
+    runtime: String,
+    binding: CoordBinding,
+    /// The stage as received (absent for a generation re-adopted after a restart).
+    stage: Option<Envelope<Verified>>,
+    /// The harness's hand-off points (absent after a restart: they died with the old
+    /// supervisor process).
+    session: Option<Arc<GenSession>>,
     identity: Value,
     contract: Mutex<Option<Envelope<Verified>>>,
     challenge: tokio::sync::watch::Sender<Option<String>>,
@@ -41,23 +59,75 @@ pub struct CoordinatedHost {
     out: mpsc::Sender<Vec<u8>>,
     chains: Mutex<HashMap<String, Arc<ChainCtx>>>,
     gate: Mutex<GenerationGate>,
+    /// One stage at a time per lane, so a duplicate stage finds the first one's result.
+    staging: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+}
+
+fn identity_value(id: &super::identity::ProcessIdentity) -> Value {
+    Value::Object(vec![
+        ("boot_id".into(), s(&id.boot_id)),
+        ("cgroup_id".into(), n(id.cgroup_id)),
+        ("cgroup_path".into(), s(&id.cgroup_path)),
+        ("exe_dev".into(), n(id.exe_dev)),
+        ("exe_ino".into(), n(id.exe_ino)),
+        ("launch_nonce_digest".into(), s(&id.launch_nonce_digest.0)),
+        ("root_pid".into(), n(id.root_pid as u64)),
+        ("root_start_time".into(), n(id.root_start_time)),
+    ])
 }
 
 impl CoordinatedHost {
-    pub fn new(
+    /// Builds the host's chain state, rebuilding the gate and chain map from the
+    /// supervisor's live generations (a restarted supervisor re-adopted them).
+    pub async fn new(
         sup: Supervisor,
         signer: Arc<Signer>,
         coordinator: String,
         out: mpsc::Sender<Vec<u8>>,
     ) -> Arc<Self> {
-        Arc::new(Self {
+        let host = Arc::new(Self {
             sup,
             signer,
             coordinator,
             out,
             chains: Mutex::new(HashMap::new()),
             gate: Mutex::new(GenerationGate::new()),
-        })
+            staging: Mutex::new(HashMap::new()),
+        });
+        match host.sup.status().await {
+            Ok(st) => {
+                for lane in st.lanes {
+                    let Some(g) = lane.generation else { continue };
+                    let Some(binding) = host.sup.binding(&lane.lane, g.generation).await else {
+                        continue;
+                    };
+                    if let Ok(mut gate) = host.gate.lock() {
+                        let _ =
+                            gate.advance(&lane.lane_id, &lane.lane_incarnation_id, g.generation);
+                    }
+                    let ctx = Arc::new(ChainCtx {
+                        lane_incarnation_id: lane.lane_incarnation_id.clone(),
+                        generation: g.generation,
+                        runtime: g.runtime.clone(),
+                        binding,
+                        stage: None,
+                        session: None,
+                        identity: g
+                            .process_identity
+                            .as_ref()
+                            .map(identity_value)
+                            .unwrap_or(Value::Null),
+                        contract: Mutex::new(None),
+                        challenge: tokio::sync::watch::channel(None).0,
+                    });
+                    if let Ok(mut m) = host.chains.lock() {
+                        m.insert(lane.lane_id.clone(), ctx);
+                    }
+                }
+            }
+            Err(e) => tracing::error!(error = %e, "cannot rebuild the coordinated chain state"),
+        }
+        host
     }
 
     fn lane_name(&self, lane_id: &str) -> Option<String> {
@@ -71,7 +141,7 @@ impl CoordinatedHost {
                 if self.out.try_send(bytes).is_err() {
                     tracing::error!(
                         message_type = t.as_str(),
-                        "coordinator link queue full; message dropped (the chain will expire)"
+                        "coordinator link queue full; message dropped (the coordinator resends what the chain waits for)"
                     );
                 }
             }
@@ -79,7 +149,7 @@ impl CoordinatedHost {
         }
     }
 
-    /// The chain fields every ordinary host message repeats from the stage envelope.
+    /// The chain fields every ordinary host message repeats from the stage.
     fn chain_fields<'a>(
         stage: &'a Envelope<Verified>,
         contract: Option<&'a Envelope<Verified>>,
@@ -121,71 +191,117 @@ impl CoordinatedHost {
         f
     }
 
+    fn send_staged(&self, ctx: &ChainCtx) {
+        let Some(stage) = &ctx.stage else { return };
+        let mut f = Self::chain_fields(stage, None);
+        f.push((
+            "idempotency_key",
+            s(&format!("staged/{}", stage.str("reservation_id"))),
+        ));
+        f.push(("process_identity", ctx.identity.clone()));
+        self.send(MessageType::Staged, f);
+    }
+
+    fn chain_of(&self, lane_id: &str) -> Option<Arc<ChainCtx>> {
+        self.chains.lock().ok()?.get(lane_id).cloned()
+    }
+
     async fn on_stage(self: Arc<Self>, stage: Envelope<Verified>) {
         let lane_id = stage.str("lane_id").to_string();
+        let inc = stage.str("lane_incarnation_id").to_string();
+        let runtime = stage.str("runtime_id").to_string();
+        let generation = stage.uint("generation").unwrap_or(0);
         let Some(lane) = self.lane_name(&lane_id) else {
-            tracing::warn!(lane_id, "stage for a lane of another host");
+            self.sup.audit_stale(
+                "other-host",
+                Some(&lane_id),
+                Some(generation),
+                stage.str("message_id"),
+            );
             return;
         };
-        let generation = stage.uint("generation").unwrap_or(0);
+        let lock = match self.staging.lock() {
+            Ok(mut m) => m.entry(lane_id.clone()).or_default().clone(),
+            Err(_) => return,
+        };
+        let _one_stage_at_a_time = lock.lock().await;
+        // A duplicate of the stage we already acted on: say `staged` again.
+        if let Some(ctx) = self.chain_of(&lane_id) {
+            if ctx.generation == generation
+                && ctx.lane_incarnation_id == inc
+                && ctx.binding.reservation_id == stage.str("reservation_id")
+            {
+                self.send_staged(&ctx);
+                return;
+            }
+        }
+        let binding = CoordBinding {
+            reservation_id: stage.str("reservation_id").into(),
+            assignment_id: stage.str("assignment_id").into(),
+            assignment_attempt_id: stage.str("assignment_attempt_id").into(),
+            sot_incarnation: stage.str("sot_incarnation").into(),
+            coordinator_epoch: stage.uint("coordinator_epoch").unwrap_or(0),
+            fence_proof: stage.str("fence_proof").into(),
+            activated: false,
+        };
         let session = GenSession::new();
         let started = self
             .sup
             .start_coordinated(
                 &lane,
-                stage.str("runtime_id"),
-                stage.str("lane_incarnation_id"),
+                &runtime,
+                &inc,
                 generation,
                 session.clone(),
+                binding.clone(),
             )
             .await;
         let view = match started {
             Ok(v) => v,
             Err(e) => {
-                tracing::error!(lane_id, generation, error = %e, "cannot stage the generation; the coordinator's reservation will expire");
+                // Refused: a receipt says so, and the coordinator's chain ends at once.
+                tracing::error!(lane_id, generation, error = %e, "cannot stage the generation; refusing it");
+                if let Err(w) =
+                    self.sup
+                        .refuse_generation(&lane_id, &inc, generation, &runtime, &e.to_string())
+                {
+                    tracing::error!(lane_id, generation, error = %w, "cannot record the refusal; the coordinator's reservation will expire");
+                }
+                self.sup.publish_lanes().await;
                 return;
             }
         };
         let Some(id) = view.process_identity else {
             return;
         };
-        let identity = Value::Object(vec![
-            ("boot_id".into(), s(&id.boot_id)),
-            ("cgroup_id".into(), n(id.cgroup_id)),
-            ("cgroup_path".into(), s(&id.cgroup_path)),
-            ("exe_dev".into(), n(id.exe_dev)),
-            ("exe_ino".into(), n(id.exe_ino)),
-            ("launch_nonce_digest".into(), s(&id.launch_nonce_digest.0)),
-            ("root_pid".into(), n(id.root_pid as u64)),
-            ("root_start_time".into(), n(id.root_start_time)),
-        ]);
         if let Ok(mut g) = self.gate.lock() {
-            let _ = g.advance(&lane_id, stage.str("lane_incarnation_id"), generation);
+            let _ = g.advance(&lane_id, &inc, generation);
         }
         let ctx = Arc::new(ChainCtx {
-            stage,
-            session: session.clone(),
-            identity: identity.clone(),
+            lane_incarnation_id: inc,
+            generation,
+            runtime,
+            binding,
+            stage: Some(stage),
+            session: Some(session),
+            identity: identity_value(&id),
             contract: Mutex::new(None),
             challenge: tokio::sync::watch::channel(None).0,
         });
         if let Ok(mut m) = self.chains.lock() {
-            m.insert(lane_id.clone(), ctx.clone());
+            m.insert(lane_id, ctx.clone());
         }
-        let mut f = Self::chain_fields(&ctx.stage, None);
-        f.push((
-            "idempotency_key",
-            s(&format!("staged/{}", ctx.stage.str("reservation_id"))),
-        ));
-        f.push(("process_identity", identity));
-        self.send(MessageType::Staged, f);
+        self.send_staged(&ctx);
         tokio::spawn(self.clone().drive(ctx));
     }
 
     /// Waits for the harness to fetch the contract, reports it; waits for the challenge and
     /// the harness's ACK request, signs the ACK.
     async fn drive(self: Arc<Self>, ctx: Arc<ChainCtx>) {
-        let mut delivered = ctx.session.delivered.subscribe();
+        let (Some(session), Some(stage)) = (&ctx.session, &ctx.stage) else {
+            return;
+        };
+        let mut delivered = session.delivered.subscribe();
         let Ok(digest) = delivered
             .wait_for(|d| d.is_some())
             .await
@@ -193,20 +309,17 @@ impl CoordinatedHost {
         else {
             return;
         };
-        let contract = match ctx.contract.lock() {
-            Ok(c) => c.clone(),
-            Err(_) => None,
-        };
+        let contract = ctx.contract.lock().ok().and_then(|c| c.clone());
         let Some(contract) = contract else { return };
-        let mut f = Self::chain_fields(&ctx.stage, Some(&contract));
+        let mut f = Self::chain_fields(stage, Some(&contract));
         f.push((
             "idempotency_key",
-            s(&format!("injected/{}", ctx.stage.str("reservation_id"))),
+            s(&format!("injected/{}", stage.str("reservation_id"))),
         ));
         f.push(("delivered_contracts_digest", s(&digest)));
         f.push(("process_identity", ctx.identity.clone()));
         self.send(MessageType::Injected, f);
-        let mut asked = ctx.session.ack_requested.subscribe();
+        let mut asked = session.ack_requested.subscribe();
         if asked.wait_for(|a| *a).await.is_err() {
             return;
         }
@@ -218,14 +331,14 @@ impl CoordinatedHost {
         else {
             return;
         };
-        let mut f = Self::chain_fields(&ctx.stage, Some(&contract));
+        let mut f = Self::chain_fields(stage, Some(&contract));
         f.push(("idempotency_key", s(&format!("ack/{challenge}"))));
         f.push(("challenge_id", s(&challenge)));
         f.push(("process_identity", ctx.identity.clone()));
         self.send(MessageType::Ack, f);
     }
 
-    fn route(&self, env: Envelope<Verified>) {
+    async fn route(self: Arc<Self>, env: Envelope<Verified>) {
         // Queue isolation: only the lane's current, unfenced generation receives anything.
         let admitted = match self.gate.lock() {
             Ok(g) => g.admit(&env),
@@ -242,12 +355,10 @@ impl CoordinatedHost {
             return;
         }
         let lane_id = env.str("lane_id").to_string();
-        let ctx = match self.chains.lock() {
-            Ok(m) => m.get(&lane_id).cloned(),
-            Err(_) => None,
+        let Some(ctx) = self.chain_of(&lane_id) else {
+            return;
         };
-        let Some(ctx) = ctx else { return };
-        if env.str("reservation_id") != ctx.stage.str("reservation_id") {
+        if env.str("reservation_id") != ctx.binding.reservation_id {
             self.sup.audit_stale(
                 "other-reservation",
                 Some(&lane_id),
@@ -258,6 +369,7 @@ impl CoordinatedHost {
         }
         match env.message_type() {
             MessageType::Contract => {
+                let Some(session) = &ctx.session else { return };
                 let text = env.str("task_text").to_string();
                 let digest = crate::protocol::contracts_digest(
                     &text,
@@ -271,13 +383,12 @@ impl CoordinatedHost {
                         env.uint("generation"),
                         env.str("message_id"),
                     );
-
                     return;
                 }
                 if let Ok(mut c) = ctx.contract.lock() {
                     *c = Some(env.clone());
                 }
-                ctx.session.contract.send_replace(Some(Contract {
+                session.contract.send_replace(Some(Contract {
                     task_text: text,
                     contracts_digest: digest,
                 }));
@@ -287,31 +398,86 @@ impl CoordinatedHost {
                     .send_replace(Some(env.str("challenge_id").to_string()));
             }
             MessageType::Control if env.str("control_op") == "activate" => {
-                tracing::info!(
-                    lane_id,
-                    generation = env.uint("generation"),
-                    "generation activated by the coordinator"
-                );
-                ctx.session.activation.send_replace(Some(Ok(())));
-            }
-            MessageType::Stop => {
-                if let Ok(mut g) = self.gate.lock() {
-                    g.fence(&lane_id);
-                }
-                let sup = self.sup.clone();
-                let lane = self.lane_name(&lane_id);
-                tokio::spawn(async move {
-                    if let Some(lane) = lane {
-                        if let Err(e) = sup.stop(&lane).await {
-                            tracing::error!(lane, error = %e, "coordinator stop failed");
+                let Some(lane) = self.lane_name(&lane_id) else {
+                    return;
+                };
+                // Durable first: a restarted supervisor must know this generation runs.
+                match self.sup.mark_activated(&lane, ctx.generation).await {
+                    Ok(true) => {
+                        tracing::info!(
+                            lane_id,
+                            generation = ctx.generation,
+                            "generation activated by the coordinator"
+                        );
+                        if let Some(session) = &ctx.session {
+                            session.activation.send_replace(Some(Ok(())));
                         }
                     }
-                });
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(lane_id, error = %e, "cannot record the activation"),
+                }
             }
             other => tracing::warn!(
                 message_type = other.as_str(),
                 "unexpected coordinator message"
             ),
+        }
+    }
+
+    /// The coordinator's reconcile: end the listed generations, recreate the listed lanes.
+    async fn on_reconcile(self: Arc<Self>, env: Envelope<Verified>) {
+        let orders: Reconcile = match env.get("lanes").map(|v| report::from_value("reconcile", v)) {
+            Some(Ok(o)) => o,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "malformed reconcile");
+                return;
+            }
+            None => return,
+        };
+        for (lane_id, order) in orders {
+            let Some(lane) = self.lane_name(&lane_id) else {
+                self.sup
+                    .audit_stale("other-host", Some(&lane_id), None, env.str("message_id"));
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                for g in order.end {
+                    if let Ok(mut gate) = this.gate.lock() {
+                        gate.fence_generation(&lane_id, &order.lane_incarnation_id, g);
+                    }
+                    let runtime = this
+                        .chain_of(&lane_id)
+                        .filter(|c| c.generation == g)
+                        .map(|c| c.runtime.clone())
+                        .unwrap_or_else(|| "unknown".into());
+                    match this
+                        .sup
+                        .end_generation(&lane, &order.lane_incarnation_id, g, &runtime)
+                        .await
+                    {
+                        Ok(o) => {
+                            tracing::info!(lane_id, generation = g, outcome = ?o, "generation ended on the coordinator's order")
+                        }
+                        Err(e) => {
+                            tracing::error!(lane_id, generation = g, error = %e, "cannot end the generation")
+                        }
+                    }
+                }
+                if order.recreate {
+                    tracing::warn!(lane_id, "recreating the lane on the coordinator's order");
+                    match this.sup.lane_destroy(&lane).await {
+                        Ok(_) | Err(super::SupervisorError::NoSuchLane(_)) => {}
+                        Err(e) => {
+                            tracing::error!(lane_id, error = %e, "cannot destroy the lane; it stays as it is");
+                            return;
+                        }
+                    }
+                    if let Err(e) = this.sup.lane_create(&lane).await {
+                        tracing::error!(lane_id, error = %e, "cannot recreate the lane");
+                    }
+                }
+            });
         }
     }
 }
@@ -324,7 +490,11 @@ impl HostDispatch for Arc<CoordinatedHost> {
                 MessageType::Stage => {
                     tokio::spawn(this.on_stage(env));
                 }
-                _ => this.route(env),
+                MessageType::Reconcile => {
+                    tokio::spawn(this.on_reconcile(env));
+                }
+                // In order, on the link's task: a contract is never overtaken by its challenge.
+                _ => this.route(env).await,
             }
         })
     }

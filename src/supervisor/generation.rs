@@ -195,6 +195,7 @@ pub(crate) enum Origin {
     Coordinated {
         generation: u64,
         session: Arc<super::lanesock::GenSession>,
+        binding: super::state::CoordBinding,
     },
 }
 
@@ -256,6 +257,10 @@ pub(crate) async fn launch(
         identity: None,
         started_at: crate::util::now_rfc3339(),
         receipt_key: receipt::idempotency_key(&lane.lane_id, &lane.lane_incarnation_id, generation),
+        coord: match &origin {
+            Origin::Local => None,
+            Origin::Coordinated { binding, .. } => Some(binding.clone()),
+        },
     };
     inner.store.save_gen(&rec)?;
     drop(nonce);
@@ -376,16 +381,19 @@ pub(crate) async fn launch(
     drop(listener);
     let _ = std::fs::remove_file(&socket);
     tracing::info!(lane = %rec.lane_id, generation, root_pid = seen.pid, harness_pid, "generation live");
-    Ok(spawn_watcher(Watcher {
-        inner: inner.clone(),
-        graceful: plan.graceful_signal,
-        grace: plan.grace_period,
-        rec,
-        link: Some(link),
-        shim_pidfd: Some(shim_pidfd),
-        harness_pidfd,
-        lane_server,
-    }))
+    Ok(spawn_watcher(
+        Watcher {
+            inner: inner.clone(),
+            graceful: plan.graceful_signal,
+            grace: plan.grace_period,
+            rec,
+            link: Some(link),
+            shim_pidfd: Some(shim_pidfd),
+            harness_pidfd,
+            lane_server,
+        },
+        false,
+    ))
 }
 
 async fn recv_opt(link: &mut Option<Link>) -> std::io::Result<Option<ShimMsg>> {
@@ -509,7 +517,7 @@ async fn abort_launch(
     }
 }
 
-pub(crate) fn spawn_watcher(w: Watcher) -> LiveGen {
+pub(crate) fn spawn_watcher(w: Watcher, adopted: bool) -> LiveGen {
     let (stop_tx, stop_rx) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(None);
     let record = w.rec.clone();
@@ -518,6 +526,7 @@ pub(crate) fn spawn_watcher(w: Watcher) -> LiveGen {
         record,
         stop_tx,
         done,
+        adopted,
     }
 }
 
@@ -673,6 +682,7 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
             let (exit, forced) = graceful_stop(w).await;
             let reason = match (cause, forced) {
                 (StopCause::Replace, _) => TerminationReason::Replace,
+                (StopCause::Coordinator, false) => TerminationReason::Quit,
                 (StopCause::Unverifiable, _) => TerminationReason::Unknown,
                 (_, true) => TerminationReason::Timeout,
                 (_, false) => TerminationReason::Quit,

@@ -121,6 +121,64 @@ impl SupervisorError {
     }
 }
 
+/// What `end_generation` did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EndOutcome {
+    Stopped,
+    AlreadyEnded,
+    FencedNeverStarted,
+}
+
+/// What the host reports to its coordinator (see `Inner::host_state`).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct HostState {
+    pub lanes: Vec<String>,
+    pub report: crate::protocol::report::HostReport,
+}
+
+/// Builds the host state from the lane table and publishes it if it changed.
+pub(crate) async fn publish(inner: &Arc<Inner>) {
+    use crate::protocol::report::{GenReport, LaneReport};
+    let _one_at_a_time = inner.publish_lock.lock().await;
+    let mut st = HostState::default();
+    for slot in inner.all_slots() {
+        let l = slot.lock().await;
+        if l.rec.status == LaneStatus::Destroyed {
+            continue;
+        }
+        st.lanes
+            .push(format!("{}@{}", l.rec.lane, l.rec.lane_incarnation_id));
+        let generations = l
+            .live
+            .iter()
+            .map(|g| GenReport {
+                generation: g.record.generation,
+                reservation_id: g.record.coord.as_ref().map(|c| c.reservation_id.clone()),
+                activated: g.record.coord.as_ref().is_some_and(|c| c.activated),
+                chain_held: g.record.coord.as_ref().is_some_and(|c| c.activated) || !g.adopted,
+            })
+            .collect();
+        st.report.insert(
+            l.rec.lane.clone(),
+            LaneReport {
+                lane_incarnation_id: l.rec.lane_incarnation_id.clone(),
+                status: match l.rec.status {
+                    LaneStatus::Quarantined => "quarantined".into(),
+                    _ => "active".into(),
+                },
+                quarantine_reason: l.rec.quarantine_reason.clone(),
+                generations,
+            },
+        );
+    }
+    st.lanes.sort();
+    inner.host_state.send_if_modified(|cur| {
+        let changed = *cur != st;
+        *cur = st;
+        changed
+    });
+}
+
 /// How a finished generation left things.
 #[derive(Debug)]
 pub(crate) struct Finished {
@@ -137,6 +195,9 @@ pub(crate) struct LiveGen {
     pub record: GenRecord,
     pub stop_tx: mpsc::Sender<StopCause>,
     pub done: DoneRx,
+    /// Re-adopted by a restarted supervisor: the harness's lane-socket hand-off of the
+    /// previous supervisor process is gone.
+    pub adopted: bool,
 }
 
 #[derive(Debug)]
@@ -195,11 +256,13 @@ pub(crate) struct Inner {
     /// Serializes lane creation: two creates of one new name must not both start servers.
     create_lock: Mutex<()>,
     pub shutdown: watch::Sender<bool>,
-    /// The live lanes as `lane@incarnation`, republished on every create and destroy so
-    /// the coordinator link can register them (again) without reconnecting.
-    lane_set: watch::Sender<Vec<String>>,
-    /// Serializes read-and-publish of the lane set, so a slower publisher cannot overwrite
-    /// a newer set with the one it read earlier.
+    /// What the coordinator link reports in its hello: the live lanes (`lane@incarnation`)
+    /// and each lane's status and live generations. Republished on every change (a lane
+    /// created, destroyed or quarantined; a generation started, activated or ended), so
+    /// the link registers it again without reconnecting.
+    host_state: watch::Sender<HostState>,
+    /// Serializes read-and-publish of the host state, so a slower publisher cannot
+    /// overwrite a newer state with the one it read earlier.
     publish_lock: Mutex<()>,
     _lock: std::fs::File,
 }
@@ -343,7 +406,7 @@ impl Supervisor {
             lanes: std::sync::Mutex::new(BTreeMap::new()),
             create_lock: Mutex::new(()),
             shutdown,
-            lane_set: watch::channel(Vec::new()).0,
+            host_state: watch::channel(HostState::default()).0,
             publish_lock: Mutex::new(()),
             _lock: lock,
         };
@@ -433,25 +496,9 @@ impl Supervisor {
         Ok(view)
     }
 
-    /// Republishes the live lane set (after a create or destroy); a failure to read it
-    /// leaves the last published set, which the next change or reconnect corrects.
-    async fn publish_lanes(&self) {
-        let _one_at_a_time = self.inner.publish_lock.lock().await;
-        match self.status().await {
-            Ok(st) => {
-                let set: Vec<String> = st
-                    .lanes
-                    .into_iter()
-                    .map(|l| format!("{}@{}", l.lane, l.lane_incarnation_id))
-                    .collect();
-                self.inner.lane_set.send_if_modified(|cur| {
-                    let changed = *cur != set;
-                    *cur = set;
-                    changed
-                });
-            }
-            Err(e) => tracing::warn!(error = %e, "lane set not republished"),
-        }
+    /// Republishes the host state (see `Inner::host_state`).
+    pub(crate) async fn publish_lanes(&self) {
+        publish(&self.inner).await
     }
 
     /// Stops the live generation (if any), kills the lane's tmux server and removes its
@@ -524,6 +571,7 @@ impl Supervisor {
         incarnation: &str,
         generation: u64,
         session: Arc<lanesock::GenSession>,
+        binding: state::CoordBinding,
     ) -> Result<GenView, SupervisorError> {
         self.start_with(
             lane,
@@ -532,6 +580,7 @@ impl Supervisor {
             generation::Origin::Coordinated {
                 generation,
                 session,
+                binding,
             },
             Some(incarnation),
         )
@@ -561,6 +610,19 @@ impl Supervisor {
                 })??
         };
         let mut l = slot.lock().await;
+        if let generation::Origin::Coordinated { generation, .. } = &origin {
+            // A generation that already has a receipt ended for good (it ran, or it was
+            // fenced as never started): a late stage cannot start it.
+            let key =
+                receipt::idempotency_key(&l.rec.lane_id, &l.rec.lane_incarnation_id, *generation);
+            if self.inner.outbox.contains(&key) {
+                return Err(SupervisorError::Launch {
+                    lane: l.rec.lane_id.clone(),
+                    generation: *generation,
+                    detail: "this generation already ended (its receipt exists)".into(),
+                });
+            }
+        }
         if let Some(inc) = incarnation {
             if inc != l.rec.lane_incarnation_id {
                 return Err(SupervisorError::Launch {
@@ -606,7 +668,156 @@ impl Supervisor {
         let view = GenView::of(&live.record);
         spawn_applier(self.inner.clone(), name.to_string(), &live);
         l.live = Some(live);
+        drop(l);
+        self.publish_lanes().await;
         Ok(view)
+    }
+
+    /// The coordination binding of the lane's live `generation`, if it is a coordinated one.
+    pub async fn binding(&self, lane: &str, generation: u64) -> Option<state::CoordBinding> {
+        let name = LaneName::parse(lane).ok()?;
+        let slot = self.inner.slot(&name).ok()?;
+        let l = slot.lock().await;
+        l.live
+            .as_ref()
+            .filter(|g| g.record.generation == generation)
+            .and_then(|g| g.record.coord.clone())
+    }
+
+    /// Records (durably, before the harness is told) that the coordinator activated the
+    /// lane's live `generation`. Returns false when that generation is not the live one.
+    pub async fn mark_activated(
+        &self,
+        lane: &str,
+        generation: u64,
+    ) -> Result<bool, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let mut l = slot.lock().await;
+        let Some(live) = l
+            .live
+            .as_mut()
+            .filter(|g| g.record.generation == generation)
+        else {
+            return Ok(false);
+        };
+        let Some(c) = live.record.coord.as_mut() else {
+            return Ok(false);
+        };
+        if !c.activated {
+            c.activated = true;
+            self.inner.store.save_gen(&live.record)?;
+        }
+        drop(l);
+        self.publish_lanes().await;
+        Ok(true)
+    }
+
+    /// Ends generation `generation` of incarnation `incarnation` of `lane` on the
+    /// coordinator's order: stops it if it runs; if it never ran here and has no receipt,
+    /// writes a `never-started` receipt so the number is fenced for good (a late stage is
+    /// refused) and the coordinator learns it ended.
+    pub async fn end_generation(
+        &self,
+        lane: &str,
+        incarnation: &str,
+        generation: u64,
+        runtime: &str,
+    ) -> Result<EndOutcome, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let lane_id = self.inner.cfg.host.lane_id(&name);
+        let key = receipt::idempotency_key(&lane_id, incarnation, generation);
+        let slot = self.inner.slot(&name).ok();
+        if let Some(slot) = slot {
+            let mut l = slot.lock().await;
+            if l.rec.lane_incarnation_id == incarnation {
+                if l.live
+                    .as_ref()
+                    .is_some_and(|g| g.record.generation == generation)
+                {
+                    let live = l
+                        .live
+                        .take()
+                        .ok_or_else(|| SupervisorError::NoLiveGeneration(lane.to_string()))?;
+                    let fin = generation::stop(live, StopCause::Coordinator).await?;
+                    l.apply_finish(&self.inner.store, &fin);
+                    drop(l);
+                    self.publish_lanes().await;
+                    return Ok(EndOutcome::Stopped);
+                }
+                if self.inner.outbox.contains(&key) {
+                    return Ok(EndOutcome::AlreadyEnded);
+                }
+                // Fence the number before anything else can use it.
+                if generation >= l.rec.next_generation {
+                    l.rec.next_generation = generation + 1;
+                    self.inner.store.save_lane(&l.rec)?;
+                }
+                self.write_never_started(
+                    &lane_id,
+                    incarnation,
+                    generation,
+                    runtime,
+                    "the coordinator ended it before it started here",
+                )?;
+                return Ok(EndOutcome::FencedNeverStarted);
+            }
+        }
+        if self.inner.outbox.contains(&key) {
+            return Ok(EndOutcome::AlreadyEnded);
+        }
+        self.write_never_started(
+            &lane_id,
+            incarnation,
+            generation,
+            runtime,
+            "no such lane incarnation on this host",
+        )?;
+        Ok(EndOutcome::FencedNeverStarted)
+    }
+
+    /// The host refuses to start a staged generation: a `never-started` receipt ends the
+    /// coordinator's chain at once (instead of letting its reservation run out).
+    pub fn refuse_generation(
+        &self,
+        lane_id: &str,
+        incarnation: &str,
+        generation: u64,
+        runtime: &str,
+        why: &str,
+    ) -> Result<(), SupervisorError> {
+        self.write_never_started(lane_id, incarnation, generation, runtime, why)
+    }
+
+    fn write_never_started(
+        &self,
+        lane_id: &str,
+        incarnation: &str,
+        generation: u64,
+        runtime: &str,
+        why: &str,
+    ) -> Result<(), SupervisorError> {
+        let r = receipt::never_started(
+            self.inner.cfg.host.as_str(),
+            lane_id,
+            incarnation,
+            generation,
+            runtime,
+            why,
+        );
+        match self.inner.outbox.write(&r)? {
+            outbox::Written::New => {
+                tracing::warn!(
+                    lane_id,
+                    incarnation,
+                    generation,
+                    why,
+                    "generation fenced as never started"
+                );
+            }
+            outbox::Written::AlreadyPresent => {}
+        }
+        Ok(())
     }
 
     /// Gracefully stops the lane's live generation and returns its receipt once the cgroup
@@ -696,9 +907,10 @@ impl Supervisor {
             })
             .map_err(|e| cfg_err(e.to_string()))?;
         self.publish_lanes().await;
-        let lanes = self.inner.lane_set.borrow().clone();
+        let state = self.inner.host_state.borrow().clone();
         let params = crate::protocol::transport::LinkParams {
             addr: link.address.clone(),
+            fallback_addrs: link.fallback_addresses.clone(),
             server_name: link.server_name.clone(),
             coordinator: link.principal.clone(),
             tls,
@@ -711,7 +923,9 @@ impl Supervisor {
             registry: Arc::new(registry),
             trust_domain: link.trust_domain.clone(),
             host_id: host,
-            lanes,
+            lanes: state.lanes,
+            report: state.report,
+            runtimes: self.inner.registry.runtimes(),
         };
         let ordinary = Arc::new(crate::protocol::Signer::new(
             &format!("{principal}/ordinary"),
@@ -721,13 +935,14 @@ impl Supervisor {
         ));
         let (out, rx) = tokio::sync::mpsc::channel(256);
         let host =
-            coordinated::CoordinatedHost::new(self.clone(), ordinary, link.principal.clone(), out);
+            coordinated::CoordinatedHost::new(self.clone(), ordinary, link.principal.clone(), out)
+                .await;
         tokio::spawn(link::run_link(
             params,
             self.inner.outbox.clone(),
             Arc::new(host),
             rx,
-            self.inner.lane_set.subscribe(),
+            self.inner.host_state.subscribe(),
             self.inner.shutdown.subscribe(),
         ));
         Ok(())
@@ -787,6 +1002,7 @@ pub(crate) fn spawn_applier(inner: Arc<Inner>, lane: String, live: &LiveGen) {
         if let Ok(slot) = inner.slot(&name) {
             slot.lock().await.apply_finish(&inner.store, &fin);
         }
+        publish(&inner).await;
     });
 }
 

@@ -1,6 +1,9 @@
 //! The durable receipt outbox.
 //!
-//! **Owns:** the `outbox/` (unacknowledged) and `acked/` directories of the state dir.
+//! **Owns:** the `outbox/` (unacknowledged), `acked/` and `refused/` directories of the
+//! state dir. A receipt the coordinator refused for good (another host's lane, a body that
+//! contradicts its envelope) moves to `refused/` for an operator to read; it is never
+//! deleted.
 //!
 //! **Invariants:** a receipt is fsync'd, and its directory entry fsync'd, before anyone is
 //! told about it; there is at most one receipt per idempotency key (exclusive `link`);
@@ -27,6 +30,7 @@ pub enum OutboxError {
 pub struct Outbox {
     pending: PathBuf,
     acked: PathBuf,
+    refused: PathBuf,
     /// Signalled after each new receipt is durable, so a sender need not poll.
     written: std::sync::Arc<tokio::sync::Notify>,
 }
@@ -47,11 +51,14 @@ impl Outbox {
     pub fn open(state_dir: &Path) -> Result<Self, OutboxError> {
         let pending = state_dir.join("outbox");
         let acked = state_dir.join("acked");
+        let refused = state_dir.join("refused");
         durable::ensure_dir(&pending, 0o700)?;
         durable::ensure_dir(&acked, 0o700)?;
+        durable::ensure_dir(&refused, 0o700)?;
         Ok(Self {
             pending,
             acked,
+            refused,
             written: std::sync::Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -66,7 +73,7 @@ impl Outbox {
             return Err(OutboxError::BadKey(r.idempotency_key.clone()));
         }
         let name = Self::name(&r.idempotency_key);
-        if self.acked.join(&name).exists() {
+        if self.acked.join(&name).exists() || self.refused.join(&name).exists() {
             return Ok(Written::AlreadyPresent);
         }
         let bytes = serde_json::to_vec_pretty(r).map_err(|e| OutboxError::Corrupt {
@@ -89,9 +96,27 @@ impl Outbox {
         self.written.clone()
     }
 
+    /// Whether a receipt with this key exists anywhere (pending, acknowledged, refused):
+    /// that generation has ended for good.
     pub fn contains(&self, key: &str) -> bool {
         let name = Self::name(key);
-        self.pending.join(&name).exists() || self.acked.join(&name).exists()
+        self.pending.join(&name).exists()
+            || self.acked.join(&name).exists()
+            || self.refused.join(&name).exists()
+    }
+
+    /// The coordinator refused `key` for good: keep it aside, durably, for an operator.
+    pub fn refuse(&self, key: &str) -> Result<(), OutboxError> {
+        if !key_ok(key) {
+            return Err(OutboxError::BadKey(key.to_string()));
+        }
+        let name = Self::name(key);
+        let from = self.pending.join(&name);
+        if !from.exists() {
+            return Ok(());
+        }
+        durable::move_file(&from, &self.refused.join(&name))?;
+        Ok(())
     }
 
     /// Unacknowledged receipts, oldest first; with `include_acked`, acknowledged ones too.

@@ -37,6 +37,9 @@ pub enum TerminationReason {
     Replace,
     /// The shim never got the harness running.
     LaunchFailed,
+    /// Nothing was ever started for this generation: the host refused its stage (or was
+    /// told to end it before it began), and the number is fenced for good.
+    NeverStarted,
     /// Nothing provable: it died while nobody could watch and left no record.
     Unknown,
 }
@@ -50,6 +53,8 @@ pub enum StopCause {
     LaneDestroy,
     /// A generation the supervisor could not re-verify after a restart.
     Unverifiable,
+    /// The coordinator asked for it to end.
+    Coordinator,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -122,6 +127,59 @@ pub fn idempotency_key(lane_id: &str, lane_incarnation_id: &str, generation: u64
             ],
         )[..40]
     )
+}
+
+/// The receipt of a generation that never started on this host: nothing was created for
+/// it (no cgroup, no process), so there is nothing to clean and nothing that could still
+/// run; `cleanup.verified_empty` states exactly that.
+pub fn never_started(
+    host_id: &str,
+    lane_id: &str,
+    lane_incarnation_id: &str,
+    generation: u64,
+    runtime: &str,
+    why: &str,
+) -> TerminationReceipt {
+    let now = crate::util::now_rfc3339();
+    TerminationReceipt {
+        receipt_id: format!("rcpt-{}", uuid::Uuid::new_v4().simple()),
+        idempotency_key: idempotency_key(lane_id, lane_incarnation_id, generation),
+        sot_incarnation: None,
+        coordinator_epoch: None,
+        assignment_id: None,
+        assignment_attempt_id: None,
+        responsibility_owner: None,
+        execution_owner: None,
+        host_id: host_id.to_string(),
+        lane_id: lane_id.to_string(),
+        lane_incarnation_id: lane_incarnation_id.to_string(),
+        generation,
+        runtime: runtime.to_string(),
+        process_identity: None,
+        observation_source: ObservationSource::Supervisor,
+        termination_reason: TerminationReason::NeverStarted,
+        exit_code: None,
+        signal: None,
+        core_dumped: false,
+        stop: None,
+        cleanup: Cleanup {
+            method: None,
+            verified_empty: true,
+            cgroup_removed: false,
+            members_killed: 0,
+            error: None,
+        },
+        started_at: None,
+        observed_at: now.clone(),
+        written_at: now,
+        unfinished_status: true,
+        next_action_digest: None,
+        checkpoint_digest: None,
+        handoff_state_digest: None,
+        last_validated_progress_at: None,
+        last_progress_receipt_digest: None,
+        detail: Some(format!("never started: {why}")),
+    }
 }
 
 /// Classifies a harness wait status (the shim's report) for a termination nobody asked for.

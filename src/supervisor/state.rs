@@ -48,6 +48,22 @@ pub enum GenStatus {
     Terminated,
 }
 
+/// What a coordinated generation was staged for: enough for a restarted supervisor to
+/// recognize the coordinator's messages about it, and to say whether it was activated.
+/// Facts about this host; they confer no authority.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct CoordBinding {
+    pub reservation_id: String,
+    pub assignment_id: String,
+    pub assignment_attempt_id: String,
+    pub sot_incarnation: String,
+    pub coordinator_epoch: u64,
+    pub fence_proof: String,
+    /// The coordinator told this host the generation is RUNNING (recorded before the
+    /// harness is told).
+    pub activated: bool,
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct GenRecord {
     pub lane: String,
@@ -65,6 +81,9 @@ pub struct GenRecord {
     pub identity: Option<ProcessIdentity>,
     pub started_at: String,
     pub receipt_key: String,
+    /// Set for a generation started by the coordinator's chain.
+    #[serde(default)]
+    pub coord: Option<CoordBinding>,
 }
 
 #[derive(Debug, Clone)]

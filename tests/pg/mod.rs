@@ -173,3 +173,102 @@ impl Server {
         s.as_ref().map(|(c, _)| c.url("postgres"))
     }
 }
+
+impl Server {
+    /// The Unix socket of the harness cluster (`None` for an external server).
+    pub fn socket_path(&self) -> Option<PathBuf> {
+        let c = self.cluster.as_ref()?;
+        Some(c.socket_dir().join(format!(".s.PGSQL.{}", c.port())))
+    }
+}
+
+/// A TCP proxy in front of the harness cluster that can make one commit ambiguous: once
+/// armed, it forwards the next `COMMIT` to the server, swallows the server's answer and
+/// drops the connection — the client cannot know whether its transaction committed.
+pub struct CommitDropper {
+    pub port: u16,
+    pub armed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    pub dropped: std::sync::Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl CommitDropper {
+    pub async fn start() -> Self {
+        use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+        use std::sync::Arc;
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+        let unix = server()
+            .socket_path()
+            .expect("the commit-dropping proxy needs the harness-managed cluster");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let armed = Arc::new(AtomicBool::new(false));
+        let dropped = Arc::new(AtomicUsize::new(0));
+        let (a, d) = (armed.clone(), dropped.clone());
+        tokio::spawn(async move {
+            while let Ok((tcp, _)) = listener.accept().await {
+                let Ok(pg) = tokio::net::UnixStream::connect(&unix).await else {
+                    continue;
+                };
+                let (a, d) = (a.clone(), d.clone());
+                tokio::spawn(async move {
+                    let (mut cr, mut cw) = tcp.into_split();
+                    let (mut sr, mut sw) = pg.into_split();
+                    let blackhole = Arc::new(AtomicBool::new(false));
+                    let b2 = blackhole.clone();
+                    let up = tokio::spawn(async move {
+                        let mut buf = vec![0u8; 65536];
+                        loop {
+                            let n = match cr.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            let commit = b"Q\0\0\0\x0bCOMMIT\0";
+                            let is_commit = buf[..n].windows(commit.len()).any(|w| w == commit);
+                            if is_commit && a.swap(false, Ordering::SeqCst) {
+                                b2.store(true, Ordering::SeqCst);
+                                d.fetch_add(1, Ordering::SeqCst);
+                                let _ = sw.write_all(&buf[..n]).await;
+                                // Let the server commit before the connection dies.
+                                tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+                                return; // drops both halves: the client sees a dead connection
+                            }
+                            if sw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    let down = tokio::spawn(async move {
+                        let mut buf = vec![0u8; 65536];
+                        loop {
+                            let n = match sr.read(&mut buf).await {
+                                Ok(0) | Err(_) => return,
+                                Ok(n) => n,
+                            };
+                            if blackhole.load(Ordering::SeqCst) {
+                                return;
+                            }
+                            if cw.write_all(&buf[..n]).await.is_err() {
+                                return;
+                            }
+                        }
+                    });
+                    let _ = up.await;
+                    down.abort();
+                });
+            }
+        });
+        Self {
+            port,
+            armed,
+            dropped,
+        }
+    }
+
+    /// A connection string for `db` through this proxy.
+    pub fn url(&self, db: &str) -> String {
+        format!(
+            "host=127.0.0.1 port={} user=postgres dbname={db}",
+            self.port
+        )
+    }
+}

@@ -1,0 +1,42 @@
+//! Crash points for the crash tests. Built with the `failpoints` feature (scripts/test does),
+//! `FAILPOINTS="after-commit:staged=return"` makes the coordinator SIGKILL itself right after
+//! that transition committed — and `before-decide:<op>` / `before-commit:<op>` /
+//! `before-push:<message type>` at those moments. Without the feature these compile to
+//! nothing.
+
+#[cfg(feature = "failpoints")]
+fn point(when: &str, what: &str) {
+    let name = format!("{when}:{what}");
+    fail::fail_point!(&name, |_| {
+        tracing::error!(failpoint = %name, "failpoint: killing this process");
+        let _ = nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL);
+    });
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+fn point(_when: &str, _what: &str) {}
+
+pub(crate) fn before_decide(op: &str) {
+    point("before-decide", op)
+}
+pub(crate) fn before_commit(op: &str) {
+    point("before-commit", op)
+}
+pub(crate) fn after_commit(op: &str) {
+    point("after-commit", op)
+}
+pub(crate) fn before_push(message_type: &str) {
+    point("before-push", message_type)
+}
+
+/// Reads `FAILPOINTS` (a no-op without the feature). Call once at process start.
+pub fn setup() {
+    #[cfg(feature = "failpoints")]
+    std::mem::forget(fail::FailScenario::setup());
+}
+
+/// Whether this build honours `FAILPOINTS` (the crash tests refuse to run without it).
+pub fn enabled() -> bool {
+    cfg!(feature = "failpoints")
+}

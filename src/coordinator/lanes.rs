@@ -1,0 +1,334 @@
+//! Lanes and their incarnations: adoption of what a host reports, quarantine (the
+//! coordinator's and the host's), its release, and an operator's request to have a lane
+//! recreated.
+//!
+//! **Never:** lets a host register a lane of another host, brings a retired incarnation
+//! back, or releases a quarantine while a generation, receipt, lease or reservation of the
+//! lane is still open or a cleanup was never verified.
+
+use serde_json::json;
+
+use super::ending::quarantine_follow_ups;
+use super::error::{reject, AuthorityError, Category};
+use super::leader::Leader;
+use super::model::LaneView;
+use super::store::Store;
+use super::txn::{body, request_digest, Receipt, Step};
+
+fn digest_of(s: &str) -> String {
+    crate::util::sha256_hex("mosaic/reason/v1", &[s.as_bytes()])[..16].to_string()
+}
+
+impl Store {
+    /// Registers the lane incarnation its host reports (`lane@incarnation` in a hello). A
+    /// new incarnation of a known lane retires the old one: the host only reports a new
+    /// incarnation after it destroyed the old lane and verified its cgroup empty, so the old
+    /// incarnation's open work goes to recovery and its generations are recorded as ended
+    /// with it (a late receipt for one is kept as evidence). Incarnation ids are never
+    /// reused (primary key); a retired one is refused.
+    pub async fn adopt_lane_incarnation(
+        &self,
+        l: &Leader,
+        host_id: &str,
+        lane_id: &str,
+        incarnation: &str,
+    ) -> Result<LaneView, AuthorityError> {
+        const OP: &str = "lane-adopt";
+        if let Some(v) = self.lane(lane_id).await? {
+            if v.lane_incarnation_id == incarnation {
+                return Ok(v);
+            }
+        }
+        if host_id.is_empty()
+            || !lane_id.starts_with(&format!("{host_id}:"))
+            || lane_id.len() <= host_id.len() + 1
+            || !incarnation.starts_with("li-")
+        {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "lane ids are <host>:<lane> of the reporting host, incarnation ids li-…",
+            ));
+        }
+        // A retired incarnation never comes back, whoever asks and however often (checked
+        // before the idempotency replay, which would otherwise answer an old hello again).
+        if self.incarnation_retired(incarnation).await? {
+            let e = reject(
+                OP,
+                Category::Mismatch,
+                format!("incarnation {incarnation} was retired; it never comes back"),
+            );
+            self.audit.record(
+                OP,
+                Category::Mismatch,
+                Some(l.epoch()),
+                None,
+                Some(incarnation),
+                &e.to_string(),
+            );
+            return Err(e);
+        }
+        let step = Step::new(
+            OP,
+            l,
+            format!("lane-adopt/{lane_id}/{incarnation}"),
+            request_digest(OP, &[lane_id, host_id, incarnation]),
+        )
+        .about(None, Some(incarnation));
+        let (host, lane, inc) = (
+            host_id.to_string(),
+            lane_id.to_string(),
+            incarnation.to_string(),
+        );
+        self.transition(
+            &step,
+            body!([host, lane, inc] |f| {
+                let known = f.read_opt(
+                    "SELECT retired_at IS NOT NULL FROM lane_incarnations WHERE lane_incarnation_id = $1",
+                    &[&inc],
+                ).await?;
+                if known.is_some() {
+                    return Err(reject(OP, Category::Mismatch, format!("incarnation {inc} was seen before; a retired incarnation never comes back")));
+                }
+                let owner = f.read_opt("SELECT host_id FROM lanes WHERE lane_id = $1", &[&lane]).await?;
+                if let Some(o) = owner {
+                    if o.get::<_, String>(0) != host {
+                        return Err(reject(OP, Category::NotOwner, format!("lane {lane} belongs to another host")));
+                    }
+                }
+                let current = f.read_opt(
+                    "SELECT lane_incarnation_id, state FROM lane_incarnations WHERE lane_id = $1 AND retired_at IS NULL FOR UPDATE",
+                    &[&lane],
+                ).await?;
+                let epoch = f.leader().epoch();
+                let retired = match current {
+                    Some(cur) => {
+                        let old: String = cur.get(0);
+                        let old_state: String = cur.get(1);
+                        let d = f.cas(
+                            "UPDATE lane_incarnations SET retired_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state = $2 AND retired_at IS NULL \
+                             RETURNING lane_incarnation_id",
+                            &[&old, &old_state],
+                        ).await?;
+                        let Ok(d) = d else {
+                            return Err(reject(OP, Category::Conflict, "the lane changed concurrently"));
+                        };
+                        // The old incarnation's open work: recovery, or final if an end was
+                        // requested (the host's verified teardown of the lane is its end).
+                        let fe = format!("sha256:{}", crate::util::sha256_hex("mosaic/lane-recreated/v1", &[old.as_bytes(), inc.as_bytes()]));
+                        d.exec(
+                            "UPDATE assignments SET lifecycle = requested_outcome, final_evidence_digest = $2, finalized_at = clock_timestamp(), \
+                                    execution_owner = NULL, pending_target = NULL, next_action = 'none: ' || requested_outcome \
+                             WHERE lane_incarnation_id = $1 AND lifecycle IN ('ACTIVE', 'RECOVERY') AND requested_outcome IS NOT NULL",
+                            &[&old, &fe],
+                        ).await?;
+                        d.exec(
+                            "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
+                                    next_action = 'resume on a fresh chain: the host recreated the lane' \
+                             WHERE lane_incarnation_id = $1 AND lifecycle = 'ACTIVE'",
+                            &[&old],
+                        ).await?;
+                        d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
+                        d.exec("UPDATE reservations SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
+                        d.exec(
+                            "UPDATE generations SET state = 'ENDED', ended_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state <> 'ENDED'",
+                            &[&old],
+                        ).await?;
+                        d.exec_one(
+                            "INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) VALUES ($1, $2, $3)",
+                            &[&inc, &lane, &epoch],
+                        ).await?;
+                        return d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "retired": old, "retired_state": old_state }));
+                    }
+                    None => None::<String>,
+                };
+                let d = f.cas(
+                    "WITH ln AS (INSERT INTO lanes (lane_id, host_id) VALUES ($2, $4) ON CONFLICT (lane_id) DO NOTHING) \
+                     INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) \
+                     SELECT $1, $2, $3 WHERE NOT EXISTS (SELECT 1 FROM lane_incarnations WHERE lane_id = $2 AND retired_at IS NULL) \
+                     RETURNING lane_incarnation_id",
+                    &[&inc, &lane, &epoch, &host],
+                ).await?;
+                let Ok(d) = d else {
+                    return Err(reject(OP, Category::Conflict, "another incarnation of the lane appeared concurrently"));
+                };
+                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "retired": retired }))
+            }),
+        )
+        .await?;
+        self.lane(lane_id)
+            .await?
+            .ok_or_else(|| reject(OP, Category::NotFound, lane_id.to_string()))
+    }
+
+    async fn incarnation_retired(&self, incarnation: &str) -> Result<bool, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query_opt(
+            "SELECT retired_at IS NOT NULL FROM lane_incarnations WHERE lane_incarnation_id = $1",
+            &[&incarnation],
+        )
+        .await?
+        .is_some_and(|r| r.get::<_, bool>(0)))
+    }
+
+    /// Any state → QUARANTINED: leases and reservation released, the active assignment to
+    /// recovery, a generation still running marked to be stopped. `from_host` records that
+    /// the host itself quarantined the lane (shown to operators; released only by
+    /// recreating the lane).
+    pub async fn quarantine(
+        &self,
+        l: &Leader,
+        lane_incarnation_id: &str,
+        reason: &str,
+        from_host: bool,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "quarantine";
+        let step = Step::new(
+            OP,
+            l,
+            format!(
+                "quarantine/{lane_incarnation_id}/{}/{}",
+                from_host,
+                digest_of(reason)
+            ),
+            request_digest(OP, &[lane_incarnation_id, reason, &from_host.to_string()]),
+        )
+        .about(None, Some(lane_incarnation_id));
+        let (inc, reason) = (lane_incarnation_id.to_string(), reason.to_string());
+        self.transition(
+            &step,
+            body!([inc, reason] |f| {
+                let d = f.cas(
+                    "UPDATE lane_incarnations SET state = 'QUARANTINED', quarantine_reason = $2, \
+                            host_quarantine_reason = CASE WHEN $3 THEN $2 ELSE host_quarantine_reason END \
+                     WHERE lane_incarnation_id = $1 AND retired_at IS NULL \
+                       AND (state <> 'QUARANTINED' OR ($3 AND host_quarantine_reason IS DISTINCT FROM $2)) \
+                     RETURNING lane_incarnation_id",
+                    &[&inc, &reason, &from_host],
+                ).await?;
+                let d = match d {
+                    Ok(d) => d,
+                    Err(u) => return Err(u.reject(Category::WrongState, "no current lane incarnation, or already quarantined").await?),
+                };
+                quarantine_follow_ups(&d, &inc, &reason).await?;
+                d.decide(json!({ "lane_incarnation_id": inc, "to": "QUARANTINED", "reason": reason, "from_host": from_host }))
+            }),
+        )
+        .await
+    }
+
+    /// QUARANTINED → IDLE_CLEAN, only with nothing left to prove: no host-side quarantine,
+    /// every generation ended with a reconciled receipt that verified its cleanup, no active
+    /// assignment, no open lease or reservation.
+    pub async fn release_quarantine(
+        &self,
+        l: &Leader,
+        lane_incarnation_id: &str,
+        request_id: &str,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "release-quarantine";
+        let step = Step::new(
+            OP,
+            l,
+            format!("release/{lane_incarnation_id}/{request_id}"),
+            request_digest(OP, &[lane_incarnation_id]),
+        )
+        .about(None, Some(lane_incarnation_id));
+        let inc = lane_incarnation_id.to_string();
+        self.transition(
+            &step,
+            body!([inc] |f| {
+                let d = f.cas(
+                    "UPDATE lane_incarnations li SET state = 'IDLE_CLEAN', quarantine_reason = NULL \
+                     WHERE li.lane_incarnation_id = $1 AND li.state = 'QUARANTINED' AND li.retired_at IS NULL \
+                       AND li.host_quarantine_reason IS NULL \
+                       AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+                       AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.end_receipt IS NULL) \
+                       AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id \
+                                       AND (t.reconciled_at IS NULL OR NOT t.verified_empty)) \
+                       AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.lane_incarnation_id = li.lane_incarnation_id AND a.lifecycle = 'ACTIVE') \
+                       AND NOT EXISTS (SELECT 1 FROM leases s WHERE s.lane_incarnation_id = li.lane_incarnation_id AND s.released_at IS NULL) \
+                       AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
+                     RETURNING li.lane_incarnation_id",
+                    &[&inc],
+                ).await?;
+                let d = match d {
+                    Ok(d) => d,
+                    Err(u) => {
+                        let why = u.read_opt(
+                            "SELECT state, host_quarantine_reason, \
+                                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND (g.state <> 'ENDED' OR g.end_receipt IS NULL)), \
+                                    EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND NOT t.verified_empty) \
+                             FROM lane_incarnations WHERE lane_incarnation_id = $1 AND retired_at IS NULL",
+                            &[&inc],
+                        ).await?;
+                        let detail = match why {
+                            None => "no current lane incarnation".to_string(),
+                            Some(r) if r.get::<_, String>(0) != "QUARANTINED" => format!("the lane is {}, not QUARANTINED", r.get::<_, String>(0)),
+                            Some(r) if r.get::<_, Option<String>>(1).is_some() => format!(
+                                "the host quarantined this lane ({}); recreate it (mosaic lane recreate) to get a fresh incarnation",
+                                r.get::<_, Option<String>>(1).unwrap_or_default()),
+                            Some(r) if r.get::<_, bool>(2) => "a generation of this lane has no receipt proving it ended; wait for the host, or recreate the lane".into(),
+                            Some(r) if r.get::<_, bool>(3) => "a generation's cleanup was never verified; recreate the lane (mosaic lane recreate)".into(),
+                            Some(_) => "an assignment, lease or reservation of the lane is still open".into(),
+                        };
+                        return Err(u.reject(Category::Unreconciled, detail).await?);
+                    }
+                };
+                d.decide(json!({ "lane_incarnation_id": inc, "to": "IDLE_CLEAN" }))
+            }),
+        )
+        .await
+    }
+
+    /// Asks the lane's host to destroy and recreate the lane (a fresh incarnation). Only
+    /// for a lane with no live chain: IDLE_CLEAN, or QUARANTINED.
+    pub async fn request_recreate(
+        &self,
+        l: &Leader,
+        lane_incarnation_id: &str,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "request-recreate";
+        let step = Step::new(
+            OP,
+            l,
+            format!("recreate/{lane_incarnation_id}"),
+            request_digest(OP, &[lane_incarnation_id]),
+        )
+        .about(None, Some(lane_incarnation_id));
+        let inc = lane_incarnation_id.to_string();
+        self.transition(
+            &step,
+            body!([inc] |f| {
+                let d = f.cas(
+                    "UPDATE lane_incarnations li SET recreate_requested_at = clock_timestamp() \
+                     WHERE li.lane_incarnation_id = $1 AND li.retired_at IS NULL AND li.recreate_requested_at IS NULL \
+                       AND li.state IN ('IDLE_CLEAN', 'QUARANTINED') \
+                       AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
+                     RETURNING li.lane_id",
+                    &[&inc],
+                ).await?;
+                let d = match d {
+                    Ok(d) => d,
+                    Err(u) => return Err(u.reject(Category::WrongState,
+                        "only an IDLE_CLEAN or QUARANTINED lane with no open chain can be recreated (stop or cancel its assignment first)").await?),
+                };
+                let lane: String = d.row().get(0);
+                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "recreate_requested": true }))
+            }),
+        )
+        .await
+    }
+
+    /// The host reports it quarantined the lane: the coordinator's lane follows (an
+    /// operator sees the reason; the way out is `mosaic lane recreate`).
+    pub async fn host_quarantine(
+        &self,
+        l: &Leader,
+        lane_incarnation_id: &str,
+        reason: &str,
+    ) -> Result<Receipt, AuthorityError> {
+        self.quarantine(l, lane_incarnation_id, &format!("host: {reason}"), true)
+            .await
+    }
+}

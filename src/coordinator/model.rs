@@ -1,0 +1,556 @@
+//! The coordinator's types: a chain's identity, everything the database holds about a chain
+//! (what any coordinator process needs to drive it on), and the read models operators see.
+//!
+//! **Never:** holds authority. These are snapshots of rows; every decision re-checks them in
+//! a compare-and-swap.
+
+use serde::{Deserialize, Serialize};
+use tokio_postgres::Row;
+
+use super::error::AuthorityError;
+use super::store::Store;
+
+/// The immutable identity of one reservation chain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Chain {
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub assignment_id: String,
+    pub assignment_attempt_id: String,
+    pub reservation_id: String,
+    pub reservation_epoch: i64,
+}
+
+impl Chain {
+    /// Every identifier of the chain, for request digests.
+    pub(crate) fn key(&self) -> String {
+        format!(
+            "{}|{}|{}|{}|{}|{}",
+            self.lane_id,
+            self.lane_incarnation_id,
+            self.assignment_id,
+            self.assignment_attempt_id,
+            self.reservation_id,
+            self.reservation_epoch
+        )
+    }
+}
+
+/// A terminal outcome an assignment can be ended with.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+pub enum Outcome {
+    /// Only with evidence under the assignment's completion policy.
+    Completed,
+    Failed,
+    /// An operator's stop or cancel.
+    Cancelled,
+    /// Terminal quarantine of the work itself (not of the lane).
+    Quarantined,
+}
+
+impl Outcome {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Outcome::Completed => "COMPLETED",
+            Outcome::Failed => "FAILED",
+            Outcome::Cancelled => "CANCELLED",
+            Outcome::Quarantined => "QUARANTINED",
+        }
+    }
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Outcome::Completed,
+            Outcome::Failed,
+            Outcome::Cancelled,
+            Outcome::Quarantined,
+        ]
+        .into_iter()
+        .find(|o| o.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+/// Lane states before activation (spec §6).
+pub const PREACTIVATION: [&str; 7] = [
+    "RESERVED",
+    "CHECKPOINTING",
+    "FENCED",
+    "STAGING",
+    "CONTRACT_INJECTING",
+    "AWAITING_ACK",
+    "READY",
+];
+
+/// Everything the database holds about one chain: enough for any coordinator process to
+/// drive it on after the one that started it died.
+#[derive(Debug, Clone)]
+pub struct ChainRow {
+    pub chain: Chain,
+    pub host_id: String,
+    pub lane_state: String,
+    pub lane_retired: bool,
+    pub lifecycle: String,
+    pub runtime_id: String,
+    pub scope_digest: String,
+    pub holds_digest: String,
+    pub completion_policy_digest: String,
+    pub responsibility_owner: String,
+    pub execution_owner: Option<String>,
+    pub pending_target: Option<String>,
+    pub requested_outcome: Option<String>,
+    pub reservation_lease_id: String,
+    /// Database time, in the one text form clients hand back unchanged.
+    pub reservation_deadline: String,
+    pub reservation_open: bool,
+    pub reservation_coordinator_epoch: i64,
+    pub fence_salt: String,
+    pub task_text: String,
+    pub generation: Option<i64>,
+    pub generation_state: Option<String>,
+    pub stop_requested: bool,
+    pub process_identity: Option<serde_json::Value>,
+    pub contracts_digest: Option<String>,
+    pub challenge_id: Option<String>,
+    pub challenge_expires_at: Option<String>,
+    pub challenge_consumed: bool,
+    pub ack_digest: Option<String>,
+    /// The coordinator-issued time of the latest receipt of this chain (for `issued_at`).
+    pub last_decided_at: String,
+}
+
+const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, \
+        ln.host_id, li.state, li.retired_at IS NOT NULL, a.lifecycle, a.runtime_id, a.scope_digest, a.holds_digest, a.completion_policy_digest, \
+        a.responsibility_owner, a.execution_owner, a.pending_target, a.requested_outcome, \
+        r.reservation_lease_id, mosaic_ts(r.deadline), r.released_at IS NULL, r.coordinator_epoch, r.fence_salt, at.task_text, \
+        r.generation, g.state, g.stop_requested_at IS NOT NULL, g.process_identity, r.contracts_digest, \
+        c.challenge_id, mosaic_ts(c.expires_at), c.consumed_at IS NOT NULL, k.ack_digest, \
+        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) \
+     FROM reservations r \
+     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+     JOIN lanes ln ON ln.lane_id = li.lane_id \
+     JOIN assignments a ON a.assignment_id = r.assignment_id \
+     JOIN attempts at ON at.assignment_attempt_id = r.assignment_attempt_id \
+     LEFT JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
+     LEFT JOIN challenges c ON c.reservation_id = r.reservation_id \
+     LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id";
+
+impl ChainRow {
+    fn from_row(r: &Row) -> Self {
+        ChainRow {
+            chain: Chain {
+                lane_id: r.get(0),
+                lane_incarnation_id: r.get(1),
+                assignment_id: r.get(2),
+                assignment_attempt_id: r.get(3),
+                reservation_id: r.get(4),
+                reservation_epoch: r.get(5),
+            },
+            host_id: r.get(6),
+            lane_state: r.get(7),
+            lane_retired: r.get(8),
+            lifecycle: r.get(9),
+            runtime_id: r.get(10),
+            scope_digest: r.get(11),
+            holds_digest: r.get(12),
+            completion_policy_digest: r.get(13),
+            responsibility_owner: r.get(14),
+            execution_owner: r.get(15),
+            pending_target: r.get(16),
+            requested_outcome: r.get(17),
+            reservation_lease_id: r.get(18),
+            reservation_deadline: r.get(19),
+            reservation_open: r.get(20),
+            reservation_coordinator_epoch: r.get(21),
+            fence_salt: r.get(22),
+            task_text: r.get(23),
+            generation: r.get(24),
+            generation_state: r.get(25),
+            stop_requested: r.get::<_, Option<bool>>(26).unwrap_or(false),
+            process_identity: r.get(27),
+            contracts_digest: r.get(28),
+            challenge_id: r.get(29),
+            challenge_expires_at: r.get(30),
+            challenge_consumed: r.get::<_, Option<bool>>(31).unwrap_or(false),
+            ack_digest: r.get(32),
+            last_decided_at: r.get::<_, Option<String>>(33).unwrap_or_default(),
+        }
+    }
+
+    /// The lane's host principal (`host:<id>`).
+    pub fn host_principal(&self) -> String {
+        format!("host:{}", self.host_id)
+    }
+}
+
+/// Read model of a lane incarnation.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct LaneView {
+    pub lane_id: String,
+    pub host_id: String,
+    pub lane_incarnation_id: String,
+    pub state: String,
+    pub next_generation: i64,
+    pub quarantine_reason: Option<String>,
+    pub host_quarantine_reason: Option<String>,
+    pub recreate_requested: bool,
+    /// The generation the coordinator still waits to see ended, if any.
+    pub unended_generation: Option<i64>,
+}
+
+/// An assignment's own record.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AssignmentView {
+    pub assignment_id: String,
+    pub lane_incarnation_id: String,
+    pub lifecycle: String,
+    pub responsibility_owner: String,
+    pub execution_owner: Option<String>,
+    pub pending_target: Option<String>,
+    pub next_action: String,
+    pub requested_outcome: Option<String>,
+    pub final_evidence_digest: Option<String>,
+}
+
+/// An assignment as operators see it: its own lifecycle as its state, beside its lane's.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct AssignmentStatus {
+    pub assignment_id: String,
+    /// The assignment's lifecycle: ACTIVE, RECOVERY or its terminal outcome.
+    pub state: String,
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub lane_state: String,
+    pub runtime_id: String,
+    pub generation: Option<i64>,
+    pub attempts: i64,
+    pub responsibility_owner: String,
+    pub execution_owner: Option<String>,
+    pub pending_target: Option<String>,
+    pub next_action: String,
+    pub requested_outcome: Option<String>,
+    pub final_evidence_digest: Option<String>,
+}
+
+const LANE_SELECT: &str = "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
+        li.host_quarantine_reason, li.recreate_requested_at IS NOT NULL, \
+        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+     FROM lane_incarnations li JOIN lanes ln USING (lane_id) WHERE li.retired_at IS NULL";
+
+fn lane_view(r: &Row) -> LaneView {
+    LaneView {
+        lane_id: r.get(0),
+        host_id: r.get(1),
+        lane_incarnation_id: r.get(2),
+        state: r.get(3),
+        next_generation: r.get(4),
+        quarantine_reason: r.get(5),
+        host_quarantine_reason: r.get(6),
+        recreate_requested: r.get(7),
+        unended_generation: r.get(8),
+    }
+}
+
+impl Store {
+    async fn chain_query(
+        &self,
+        filter: &str,
+        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+    ) -> Result<Vec<ChainRow>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(&format!("{CHAIN_SELECT} {filter}"))
+            .await?;
+        Ok(c.query(&stmt, params)
+            .await?
+            .iter()
+            .map(ChainRow::from_row)
+            .collect())
+    }
+
+    /// The chain of a reservation.
+    pub async fn chain_by_reservation(
+        &self,
+        reservation_id: &str,
+    ) -> Result<Option<ChainRow>, AuthorityError> {
+        Ok(self
+            .chain_query("WHERE r.reservation_id = $1", &[&reservation_id])
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// The latest chain of an assignment.
+    pub async fn chain_of_assignment(
+        &self,
+        assignment_id: &str,
+    ) -> Result<Option<ChainRow>, AuthorityError> {
+        Ok(self
+            .chain_query(
+                "WHERE r.assignment_id = $1 ORDER BY r.created_at DESC LIMIT 1",
+                &[&assignment_id],
+            )
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// The chain of a lane incarnation's generation.
+    pub async fn chain_of_generation(
+        &self,
+        lane_incarnation_id: &str,
+        generation: i64,
+    ) -> Result<Option<ChainRow>, AuthorityError> {
+        Ok(self
+            .chain_query(
+                "WHERE r.lane_incarnation_id = $1 AND r.generation = $2",
+                &[&lane_incarnation_id, &generation],
+            )
+            .await?
+            .into_iter()
+            .next())
+    }
+
+    /// Every chain that still needs something: an open reservation, or a generation not
+    /// yet seen to end (optionally only the lanes of one host).
+    pub async fn live_chains(
+        &self,
+        host_id: Option<&str>,
+    ) -> Result<Vec<ChainRow>, AuthorityError> {
+        self.chain_query(
+            "WHERE ($1::text IS NULL OR ln.host_id = $1) AND li.retired_at IS NULL \
+               AND (r.released_at IS NULL OR (g.state IS NOT NULL AND g.state <> 'ENDED') OR li.state = 'RETIRING') \
+             ORDER BY r.created_at",
+            &[&host_id],
+        )
+        .await
+    }
+
+    pub async fn lane(&self, lane_id: &str) -> Result<Option<LaneView>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(&format!("{LANE_SELECT} AND li.lane_id = $1"))
+            .await?;
+        Ok(c.query_opt(&stmt, &[&lane_id])
+            .await?
+            .map(|r| lane_view(&r)))
+    }
+
+    pub async fn lanes(&self) -> Result<Vec<LaneView>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(&format!("{LANE_SELECT} ORDER BY li.lane_id"))
+            .await?;
+        Ok(c.query(&stmt, &[]).await?.iter().map(lane_view).collect())
+    }
+
+    /// The current lanes of one host.
+    pub async fn lanes_of_host(&self, host_id: &str) -> Result<Vec<LaneView>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(&format!(
+                "{LANE_SELECT} AND ln.host_id = $1 ORDER BY li.lane_id"
+            ))
+            .await?;
+        Ok(c.query(&stmt, &[&host_id])
+            .await?
+            .iter()
+            .map(lane_view)
+            .collect())
+    }
+
+    pub async fn assignment(&self, id: &str) -> Result<Option<AssignmentView>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query_opt(
+            "SELECT assignment_id, lane_incarnation_id, lifecycle, responsibility_owner, execution_owner, pending_target, next_action, \
+                    requested_outcome, final_evidence_digest FROM assignments WHERE assignment_id = $1",
+            &[&id],
+        )
+        .await?
+        .map(|r| AssignmentView {
+            assignment_id: r.get(0),
+            lane_incarnation_id: r.get(1),
+            lifecycle: r.get(2),
+            responsibility_owner: r.get(3),
+            execution_owner: r.get(4),
+            pending_target: r.get(5),
+            next_action: r.get(6),
+            requested_outcome: r.get(7),
+            final_evidence_digest: r.get(8),
+        }))
+    }
+
+    pub async fn assignment_statuses(&self) -> Result<Vec<AssignmentStatus>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT a.assignment_id, a.lifecycle, li.lane_id, li.lane_incarnation_id, li.state, a.runtime_id, \
+                        (SELECT r.generation FROM reservations r WHERE r.assignment_id = a.assignment_id ORDER BY r.created_at DESC LIMIT 1), \
+                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id), \
+                        a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest \
+                 FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| AssignmentStatus {
+                assignment_id: r.get(0),
+                state: r.get(1),
+                lane_id: r.get(2),
+                lane_incarnation_id: r.get(3),
+                lane_state: r.get(4),
+                runtime_id: r.get(5),
+                generation: r.get(6),
+                attempts: r.get(7),
+                responsibility_owner: r.get(8),
+                execution_owner: r.get(9),
+                pending_target: r.get(10),
+                next_action: r.get(11),
+                requested_outcome: r.get(12),
+                final_evidence_digest: r.get(13),
+            })
+            .collect())
+    }
+
+    /// Ingested termination receipts, oldest first (optionally for one lane), each with the
+    /// assignment, attempt, epoch and owners it concerned and how it was reconciled.
+    pub async fn termination_receipts(
+        &self,
+        lane_id: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT body, reconciliation, reservation_id, assignment_id, assignment_attempt_id, ingested_epoch, \
+                        responsibility_owner, execution_owner, mosaic_ts(ingested_at) \
+                 FROM termination_receipts WHERE $1::text IS NULL OR lane_id = $1 ORDER BY ingested_at",
+                &[&lane_id],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                let mut b: serde_json::Value = r.get(0);
+                b["reconciliation"] = serde_json::json!(r.get::<_, Option<String>>(1));
+                b["coordinator"] = serde_json::json!({
+                    "reservation_id": r.get::<_, Option<String>>(2),
+                    "assignment_id": r.get::<_, Option<String>>(3),
+                    "assignment_attempt_id": r.get::<_, Option<String>>(4),
+                    "coordinator_epoch": r.get::<_, i64>(5),
+                    "responsibility_owner": r.get::<_, Option<String>>(6),
+                    "execution_owner": r.get::<_, Option<String>>(7),
+                    "ingested_at": r.get::<_, String>(8),
+                });
+                b
+            })
+            .collect())
+    }
+
+    /// The runtimes a host advertised at its last hello.
+    pub async fn host_runtimes(
+        &self,
+        host_id: &str,
+    ) -> Result<Option<Vec<String>>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(
+            c.query_opt("SELECT runtimes FROM hosts WHERE host_id = $1", &[&host_id])
+                .await?
+                .map(|r| r.get(0)),
+        )
+    }
+
+    /// Records what a host advertised (declared capabilities; not authority).
+    pub async fn record_host(
+        &self,
+        host_id: &str,
+        runtimes: &[String],
+    ) -> Result<(), AuthorityError> {
+        let c = self.pool.get().await?;
+        c.execute(
+            "INSERT INTO hosts (host_id, runtimes) VALUES ($1, $2) \
+             ON CONFLICT (host_id) DO UPDATE SET runtimes = $2, last_hello_at = clock_timestamp()",
+            &[&host_id, &runtimes],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// When the earliest unreleased lease of a reservation expires (database time).
+    pub async fn lease_expiry(
+        &self,
+        reservation_id: &str,
+    ) -> Result<Option<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query_one(
+            "SELECT mosaic_ts(min(expires_at)) FROM leases WHERE reservation_id = $1 AND released_at IS NULL",
+            &[&reservation_id],
+        )
+        .await?
+        .get(0))
+    }
+
+    /// RUNNING chains and their earliest unreleased lease: (chain, expired, past half-life).
+    pub async fn running_leases(&self) -> Result<Vec<(Chain, String, bool, bool)>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id, \
+                        bool_or(s.expires_at <= clock_timestamp()), \
+                        bool_or(s.expires_at - clock_timestamp() < (s.expires_at - s.issued_at) / 2) \
+                 FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) JOIN lanes ln ON ln.lane_id = li.lane_id \
+                 JOIN leases s ON s.reservation_id = r.reservation_id AND s.released_at IS NULL \
+                 WHERE li.state = 'RUNNING' AND li.retired_at IS NULL AND r.released_at IS NULL \
+                 GROUP BY 1, 2, 3, 4, 5, 6, 7",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                (
+                    Chain {
+                        lane_id: r.get(0),
+                        lane_incarnation_id: r.get(1),
+                        assignment_id: r.get(2),
+                        assignment_attempt_id: r.get(3),
+                        reservation_id: r.get(4),
+                        reservation_epoch: r.get(5),
+                    },
+                    r.get(6),
+                    r.get::<_, Option<bool>>(7).unwrap_or(false),
+                    r.get::<_, Option<bool>>(8).unwrap_or(false),
+                )
+            })
+            .collect())
+    }
+
+    /// Preactivation chains whose reservation deadline has passed (database time).
+    pub async fn expired_chains(&self) -> Result<Vec<(Chain, String)>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query(
+            "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id \
+             FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) JOIN lanes ln ON ln.lane_id = li.lane_id \
+             WHERE r.released_at IS NULL AND r.deadline <= clock_timestamp() AND li.retired_at IS NULL \
+               AND li.state IN ('RESERVED','CHECKPOINTING','FENCED','STAGING','CONTRACT_INJECTING','AWAITING_ACK','READY')",
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| {
+            (
+                Chain {
+                    lane_id: r.get(0),
+                    lane_incarnation_id: r.get(1),
+                    assignment_id: r.get(2),
+                    assignment_attempt_id: r.get(3),
+                    reservation_id: r.get(4),
+                    reservation_epoch: r.get(5),
+                },
+                r.get(6),
+            )
+        })
+        .collect())
+    }
+}

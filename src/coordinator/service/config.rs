@@ -1,0 +1,83 @@
+//! The coordinator daemon's configuration and its errors.
+
+use std::path::{Path, PathBuf};
+
+use serde::Deserialize;
+
+use crate::coordinator::error::AuthorityError;
+use crate::protocol::transport;
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CoordinatorConfig {
+    /// This coordinator's name; its principal is `coordinator:<name>`.
+    pub name: String,
+    pub trust_domain: String,
+    /// TCP address for host sessions (mutual TLS).
+    pub listen: String,
+    pub database_url: String,
+    /// File holding the coordinator secret (64 hex digits). Every coordinator of one
+    /// database must hold the same secret: fence tokens are derived from it.
+    pub secret_file: PathBuf,
+    pub ca: PathBuf,
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub trust_registry: PathBuf,
+    /// Ed25519 seeds (64 hex digits) of this coordinator's session and ordinary keys; key
+    /// ids are `<principal>/session` and `<principal>/ordinary`.
+    pub session_key: PathBuf,
+    pub ordinary_key: PathBuf,
+    /// Operator socket (mode 0600).
+    pub operator_socket: PathBuf,
+    /// Leadership lease (default 10000 ms); renewed every third of it.
+    pub lease_ms: Option<i64>,
+    /// How long a reservation may take to reach RUNNING (default 120000 ms).
+    pub reservation_ttl_ms: Option<i64>,
+    /// Effect leases issued at activation (default 900000 ms), renewed every third of it
+    /// while the lane's host is connected.
+    pub lease_ttl_ms: Option<i64>,
+    /// Optional TCP address for remote operators: mutual TLS, and the client certificate
+    /// must name an `operator:` principal (`mosaic pki issue-operator`).
+    pub operator_listen: Option<String>,
+}
+
+/// The timing settings the running service uses, with their defaults applied.
+#[derive(Debug, Clone, Copy)]
+pub struct Timing {
+    pub lease_ms: i64,
+    pub reservation_ttl_ms: i64,
+    pub lease_ttl_ms: i64,
+    pub challenge_ttl_ms: i64,
+}
+
+impl CoordinatorConfig {
+    pub fn timing(&self) -> Timing {
+        Timing {
+            lease_ms: self.lease_ms.unwrap_or(10_000),
+            reservation_ttl_ms: self.reservation_ttl_ms.unwrap_or(120_000),
+            lease_ttl_ms: self.lease_ttl_ms.unwrap_or(900_000),
+            challenge_ttl_ms: 60_000,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ServiceError {
+    #[error("configuration: {0}")]
+    Config(String),
+    #[error(transparent)]
+    Authority(#[from] AuthorityError),
+    #[error(transparent)]
+    Transport(#[from] transport::TransportError),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+pub fn read_seed(path: &Path) -> Result<[u8; 32], ServiceError> {
+    let text = std::fs::read_to_string(path)
+        .map_err(|e| ServiceError::Config(format!("{}: {e}", path.display())))?;
+    let mut b = [0u8; 32];
+    hex::decode_to_slice(text.trim(), &mut b)
+        .map_err(|_| ServiceError::Config(format!("{}: expected 64 hex digits", path.display())))?;
+    Ok(b)
+}

@@ -1,0 +1,370 @@
+//! The chain driver: drives each chain on from its rows. Given a reservation, it runs every
+//! transition the coordinator can take by itself (checkpoint, fence, stage, activate,
+//! finish) and then sends the host the one message the chain waits for (stage, contract,
+//! challenge, activate, or the end of a generation).
+//!
+//! Everything here is re-derived from the database on every call, so any coordinator
+//! process can call it for any chain at any time — after a crash, after a takeover, on a
+//! host's reconnect — and the worst a duplicate can do is resend a message the host
+//! already has (hosts handle every message idempotently).
+//!
+//! **Never:** keeps where a chain stands in memory (the resend timestamps it keeps are a
+//! cache), or sends a message for a chain whose reservation is no longer open.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use crate::coordinator::activation::Activation;
+use crate::coordinator::leader::Leader;
+use crate::coordinator::model::ChainRow;
+use crate::protocol::canonical::Value;
+use crate::protocol::envelope::{n, s};
+use crate::protocol::schema::MessageType;
+
+use super::operator::OpError;
+use super::Service;
+
+/// When each waiting chain was last sent its message (a cache for resends).
+#[derive(Default)]
+pub(crate) struct DriverState {
+    sent: Mutex<HashMap<String, (String, Instant)>>,
+}
+
+/// How long a chain waits for its host before the watchdog sends the same message again.
+pub(crate) const RESEND_AFTER: Duration = Duration::from_secs(5);
+
+fn msg_id() -> Value {
+    s(&format!("msg-{}", uuid::Uuid::new_v4().simple()))
+}
+
+impl Service {
+    /// Runs the coordinator's own steps of this chain, then sends the host what the chain
+    /// waits for. Returns the chain as it stands afterwards.
+    pub(crate) async fn advance(
+        &self,
+        l: &Leader,
+        reservation_id: &str,
+    ) -> Result<Option<ChainRow>, OpError> {
+        // Bounded: a chain has at most five coordinator-side steps in a row.
+        for _ in 0..8 {
+            let Some(c) = self.store.chain_by_reservation(reservation_id).await? else {
+                return Ok(None);
+            };
+            if c.lane_retired {
+                return Ok(Some(c));
+            }
+            // A preactivation chain of another epoch is the takeover's to end, not ours to
+            // continue.
+            let ours = c.reservation_coordinator_epoch == l.epoch();
+            let step = match (c.lane_state.as_str(), c.reservation_open) {
+                ("RESERVED", true) if ours => self.store.checkpoint(l, &c.chain).await.map(|_| ()),
+                ("CHECKPOINTING", true) if ours => self.store.fence(l, &c.chain).await.map(|_| ()),
+                ("FENCED", true) if ours => self.store.stage(l, &c.chain).await.map(|_| ()),
+                ("READY", true) if ours => {
+                    let Some(x) = Activation::of(&self.store, &c, self.timing.lease_ttl_ms) else {
+                        return Ok(Some(c));
+                    };
+                    match self.store.activate(l, &x).await {
+                        Ok(_) => {
+                            self.bump();
+                            if let Some(c) = self.store.chain_by_reservation(reservation_id).await?
+                            {
+                                self.push_activated(l, &c).await;
+                                return Ok(Some(c));
+                            }
+                            return Ok(None);
+                        }
+                        Err(e) => Err(e),
+                    }
+                }
+                ("RETIRING", _) => self
+                    .store
+                    .finish(l, &c.chain.lane_incarnation_id)
+                    .await
+                    .map(|_| ()),
+                _ => {
+                    self.send_waiting(l, &c).await;
+                    return Ok(Some(c));
+                }
+            };
+            match step {
+                Ok(()) => self.bump(),
+                Err(e) => {
+                    self.note(l, &e).await;
+                    return Err(e.into());
+                }
+            }
+        }
+        Ok(self.store.chain_by_reservation(reservation_id).await?)
+    }
+
+    /// Sends the message a chain waits for from its host, if any.
+    pub(crate) async fn send_waiting(&self, l: &Leader, c: &ChainRow) {
+        // A generation the coordinator wants ended comes first, whatever the lane state.
+        if c.stop_requested && c.generation_state.as_deref() != Some("ENDED") {
+            if let Some(g) = c.generation {
+                let mut lanes = BTreeMap::new();
+                lanes.insert(
+                    c.chain.lane_id.clone(),
+                    LaneOrder {
+                        incarnation: c.chain.lane_incarnation_id.clone(),
+                        end: BTreeSet::from([g]),
+                        recreate: false,
+                    },
+                );
+                if self.push_reconcile(l, &c.host_id, &lanes).await {
+                    self.mark_sent(&c.chain.reservation_id, "END");
+                }
+            }
+            return;
+        }
+        if !c.reservation_open || c.reservation_coordinator_epoch != l.epoch() {
+            return;
+        }
+        let state = c.lane_state.as_str();
+        let sent = match state {
+            "STAGING" => self.push_stage(l, c).await,
+            "CONTRACT_INJECTING" if c.contracts_digest.is_some() => self.push_contract(l, c).await,
+            "AWAITING_ACK" if c.challenge_id.is_some() => self.push_challenge(l, c).await,
+            _ => false,
+        };
+        if sent {
+            self.mark_sent(&c.chain.reservation_id, state);
+        }
+    }
+
+    fn mark_sent(&self, reservation: &str, state: &str) {
+        if let Ok(mut m) = self.driver.sent.lock() {
+            m.insert(reservation.to_string(), (state.to_string(), Instant::now()));
+        }
+    }
+
+    /// Whether a chain waiting in `state` was sent its message longer ago than `after`.
+    pub(crate) fn stale_since(&self, reservation: &str, state: &str, after: Duration) -> bool {
+        match self.driver.sent.lock() {
+            Ok(m) => match m.get(reservation) {
+                Some((st, at)) if st == state => at.elapsed() >= after,
+                _ => true,
+            },
+            Err(_) => true,
+        }
+    }
+
+    pub(crate) fn forget_sent(&self, keep: &BTreeSet<String>) {
+        if let Ok(mut m) = self.driver.sent.lock() {
+            m.retain(|k, _| keep.contains(k));
+        }
+    }
+
+    /// The chain fields every ordinary coordinator message carries.
+    fn chain_fields(&self, l: &Leader, c: &ChainRow) -> Vec<(&'static str, Value)> {
+        let ch = &c.chain;
+        vec![
+            ("message_id", msg_id()),
+            ("sot_incarnation", s(l.sot())),
+            ("coordinator_epoch", n(l.epoch() as u64)),
+            ("assignment_id", s(&ch.assignment_id)),
+            ("lane_id", s(&ch.lane_id)),
+            ("lane_incarnation_id", s(&ch.lane_incarnation_id)),
+            ("assignment_attempt_id", s(&ch.assignment_attempt_id)),
+            ("reservation_id", s(&ch.reservation_id)),
+            ("reservation_epoch", n(ch.reservation_epoch as u64)),
+            ("reservation_deadline", s(&c.reservation_deadline)),
+            ("runtime_id", s(&c.runtime_id)),
+            ("generation", n(c.generation.unwrap_or(0) as u64)),
+            ("fence_proof", s(&self.fence_proof(c))),
+        ]
+    }
+
+    /// A reference to the chain's fence that reveals nothing of the token: a keyed digest
+    /// of it, bound to the generation.
+    pub(crate) fn fence_proof(&self, c: &ChainRow) -> String {
+        let token = self
+            .store
+            .secret
+            .fence_token(&c.chain.reservation_id, &c.fence_salt);
+        format!(
+            "fp1:{}",
+            &self.store.secret.fence_digest(&token)["hmac-sha256:".len()..][..32]
+        )
+    }
+
+    fn issued(at: &str, until: &str) -> [(&'static str, Value); 2] {
+        [("issued_at", s(at)), ("expires_at", s(until))]
+    }
+
+    fn sign_push(&self, host_id: &str, t: MessageType, fields: Vec<(&str, Value)>) -> bool {
+        crate::coordinator::failpoint::before_push(t.as_str());
+        let host = format!("host:{host_id}");
+        match self.ordinary.sign(t, &host, fields) {
+            Ok(bytes) => self.hosts.push(host_id, bytes).is_ok(),
+            Err(e) => {
+                tracing::error!(message_type = t.as_str(), error = %e, "cannot sign");
+                false
+            }
+        }
+    }
+
+    async fn push_stage(&self, l: &Leader, c: &ChainRow) -> bool {
+        let mut f = self.chain_fields(l, c);
+        f.push((
+            "idempotency_key",
+            s(&format!("stage/{}", c.chain.reservation_id)),
+        ));
+        f.extend(Self::issued(&c.last_decided_at, &c.reservation_deadline));
+        self.sign_push(&c.host_id, MessageType::Stage, f)
+    }
+
+    async fn push_contract(&self, l: &Leader, c: &ChainRow) -> bool {
+        let Some(cd) = &c.contracts_digest else {
+            return false;
+        };
+        let mut f = self.chain_fields(l, c);
+        f.extend([
+            (
+                "idempotency_key",
+                s(&format!("contract/{}", c.chain.reservation_id)),
+            ),
+            ("contracts_digest", s(cd)),
+            ("scope_digest", s(&c.scope_digest)),
+            ("holds_digest", s(&c.holds_digest)),
+            ("task_text", s(&c.task_text)),
+        ]);
+        f.extend(Self::issued(&c.last_decided_at, &c.reservation_deadline));
+        self.sign_push(&c.host_id, MessageType::Contract, f)
+    }
+
+    async fn push_challenge(&self, l: &Leader, c: &ChainRow) -> bool {
+        let (Some(cd), Some(ch), Some(exp)) = (
+            &c.contracts_digest,
+            &c.challenge_id,
+            &c.challenge_expires_at,
+        ) else {
+            return false;
+        };
+        let mut f = self.chain_fields(l, c);
+        f.extend([
+            (
+                "idempotency_key",
+                s(&format!("challenge/{}", c.chain.reservation_id)),
+            ),
+            ("contracts_digest", s(cd)),
+            ("scope_digest", s(&c.scope_digest)),
+            ("holds_digest", s(&c.holds_digest)),
+            ("challenge_id", s(ch)),
+        ]);
+        f.extend(Self::issued(&c.last_decided_at, exp));
+        self.sign_push(&c.host_id, MessageType::Challenge, f)
+    }
+
+    /// Tells the host its generation is RUNNING (after activation, and again whenever the
+    /// host reports it does not know yet).
+    pub(crate) async fn push_activated(&self, l: &Leader, c: &ChainRow) -> bool {
+        let Some(cd) = &c.contracts_digest else {
+            return false;
+        };
+        let lease_until = self
+            .store
+            .lease_expiry(&c.chain.reservation_id)
+            .await
+            .ok()
+            .flatten()
+            .unwrap_or_else(|| c.reservation_deadline.clone());
+        let mut f = self.chain_fields(l, c);
+        f.extend([
+            (
+                "idempotency_key",
+                s(&format!("activate/{}", c.chain.reservation_id)),
+            ),
+            ("contracts_digest", s(cd)),
+            ("scope_digest", s(&c.scope_digest)),
+            ("holds_digest", s(&c.holds_digest)),
+            ("control_op", s("activate")),
+        ]);
+        f.extend(Self::issued(&c.last_decided_at, &lease_until));
+        self.sign_push(&c.host_id, MessageType::Control, f)
+    }
+
+    /// Sends a host what to end, per lane. Only ever takes authority away.
+    pub(crate) async fn push_reconcile(
+        &self,
+        l: &Leader,
+        host_id: &str,
+        lanes: &BTreeMap<String, LaneOrder>,
+    ) -> bool {
+        if lanes.is_empty() {
+            return true;
+        }
+        let Some(session_id) = self.hosts.session_id(host_id) else {
+            return false;
+        };
+        let body = Value::Object(
+            lanes
+                .iter()
+                .map(|(lane, o)| {
+                    (
+                        lane.clone(),
+                        Value::Object(vec![
+                            (
+                                "end".into(),
+                                Value::Array(o.end.iter().map(|g| n(*g as u64)).collect()),
+                            ),
+                            ("lane_incarnation_id".into(), s(&o.incarnation)),
+                            ("recreate".into(), Value::Bool(o.recreate)),
+                        ]),
+                    )
+                })
+                .collect(),
+        );
+        crate::coordinator::failpoint::before_push("reconcile");
+        let host = format!("host:{host_id}");
+        let env = self.session.sign(
+            MessageType::Reconcile,
+            &host,
+            vec![
+                ("message_id", msg_id()),
+                (
+                    "idempotency_key",
+                    s(&format!("reconcile/{}", uuid::Uuid::new_v4().simple())),
+                ),
+                ("sot_incarnation", s(l.sot())),
+                ("coordinator_epoch", n(l.epoch() as u64)),
+                ("assignment_id", Value::Null),
+                ("session_id", s(&session_id)),
+                ("lanes", body),
+            ],
+        );
+        match env {
+            Ok(bytes) => self.hosts.push(host_id, bytes).is_ok(),
+            Err(e) => {
+                tracing::error!(error = %e, "cannot sign a reconcile");
+                false
+            }
+        }
+    }
+
+    /// Drives every live chain of `host_id` (all hosts when `None`) as far as it goes.
+    pub(crate) async fn advance_all(&self, l: &Leader, host_id: Option<&str>) {
+        let chains = match self.store.live_chains(host_id).await {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list live chains");
+                return;
+            }
+        };
+        for c in chains {
+            if let Err(e) = self.advance(l, &c.chain.reservation_id).await {
+                tracing::debug!(reservation = %c.chain.reservation_id, error = %e.message, "chain not advanced");
+            }
+        }
+    }
+}
+
+/// What a reconcile tells a host about one lane.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct LaneOrder {
+    pub incarnation: String,
+    pub end: BTreeSet<i64>,
+    pub recreate: bool,
+}

@@ -1,0 +1,602 @@
+//! Host sessions: who is connected, what each host message may touch, and the
+//! reconciliation a hello starts.
+//!
+//! Every host-originated message is accepted only for lanes, reservations and generations
+//! of the session's own host, and only when its fields agree with the chain they name; a
+//! message that does not is refused and audited (identifiers only) and changes nothing.
+//!
+//! On every hello — first connect, reconnect, or a changed lane set on a live session — the
+//! host reports each lane's incarnation, status and live generations; the coordinator
+//! adopts the incarnations, follows a host-side quarantine, ends what may not keep running
+//! (a generation it never staged, one whose chain ended, one whose host lost the chain
+//! before activation), tells the host again what a RUNNING generation may not know yet, and
+//! resends whatever each live chain waits for. No lane stays wedged on a lost message.
+//!
+//! **Never:** lets a session act for another host's lanes, or a receipt body speak for a
+//! lane or generation other than the envelope's own.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::{Arc, Mutex};
+
+use futures_util::future::BoxFuture;
+use tokio::sync::mpsc;
+
+use crate::coordinator::activation::AckClaim;
+use crate::coordinator::chain::is_preactivation;
+use crate::coordinator::ending::{EndCause, Reconciliation};
+use crate::coordinator::error::{AuthorityError, Category};
+use crate::coordinator::leader::Leader;
+use crate::coordinator::model::ChainRow;
+use crate::protocol::canonical::{self, Value};
+use crate::protocol::envelope::{n, s};
+use crate::protocol::report::{self, HostReport};
+use crate::protocol::schema::MessageType;
+use crate::protocol::transport::Handler;
+use crate::protocol::{Envelope, Verified};
+
+use super::driver::LaneOrder;
+use super::operator::OpError;
+use super::Service;
+
+struct Session {
+    session_id: String,
+    push: mpsc::Sender<Vec<u8>>,
+    /// Hellos seen on this session (the first one starts the full reconciliation).
+    hellos: u64,
+}
+
+/// The live session of each host.
+#[derive(Default)]
+pub(crate) struct Sessions {
+    map: Mutex<HashMap<String, Session>>,
+}
+
+impl Sessions {
+    fn open(&self, host_id: &str, session_id: &str, push: mpsc::Sender<Vec<u8>>) {
+        if let Ok(mut m) = self.map.lock() {
+            m.insert(
+                host_id.to_string(),
+                Session {
+                    session_id: session_id.to_string(),
+                    push,
+                    hellos: 0,
+                },
+            );
+        }
+    }
+
+    /// `host:<id>` of every host with a live session.
+    pub fn connected(&self) -> Vec<String> {
+        let mut v: Vec<String> = self
+            .map
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, s)| !s.push.is_closed())
+                    .map(|(h, _)| format!("host:{h}"))
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort();
+        v
+    }
+
+    pub fn is_connected(&self, host_id: &str) -> bool {
+        self.map
+            .lock()
+            .map(|m| m.get(host_id).is_some_and(|s| !s.push.is_closed()))
+            .unwrap_or(false)
+    }
+
+    /// Counts a hello on `session_id`; true for the session's first one.
+    fn first_hello(&self, host_id: &str, session_id: &str) -> bool {
+        let Ok(mut m) = self.map.lock() else {
+            return true;
+        };
+        match m.get_mut(host_id) {
+            Some(s) if s.session_id == session_id => {
+                s.hellos += 1;
+                s.hellos == 1
+            }
+            _ => true,
+        }
+    }
+
+    pub fn session_id(&self, host_id: &str) -> Option<String> {
+        let m = self.map.lock().ok()?;
+        m.get(host_id)
+            .filter(|s| !s.push.is_closed())
+            .map(|s| s.session_id.clone())
+    }
+
+    /// Queues a frame for the host's session.
+    pub fn push(&self, host_id: &str, bytes: Vec<u8>) -> Result<(), OpError> {
+        let tx = self
+            .map
+            .lock()
+            .ok()
+            .and_then(|m| m.get(host_id).map(|s| s.push.clone()))
+            .ok_or_else(|| {
+                OpError::new(
+                    Category::HostUnreachable,
+                    format!("host:{host_id} is not connected"),
+                )
+            })?;
+        tx.try_send(bytes).map_err(|e| {
+            OpError::new(
+                Category::HostUnreachable,
+                format!("cannot send to host:{host_id}: {e}"),
+            )
+        })
+    }
+}
+
+pub(crate) struct HostHandler(pub Arc<Service>);
+
+fn host_of(peer: &str) -> Option<&str> {
+    peer.strip_prefix("host:").filter(|h| !h.is_empty())
+}
+
+impl Handler for HostHandler {
+    fn admit(
+        &self,
+        peer: &str,
+        _hello: &Envelope<Verified>,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        let svc = self.0.clone();
+        let peer = peer.to_string();
+        Box::pin(async move {
+            if host_of(&peer).is_none() {
+                return Err(format!("{peer} is not a host principal"));
+            }
+            match svc.leadership.current().await {
+                Some(_) => Ok(()),
+                None => Err("this coordinator is standing by; connect to the leader".into()),
+            }
+        })
+    }
+
+    fn opened(&self, peer: &str, session_id: &str, push: mpsc::Sender<Vec<u8>>) {
+        if let Some(h) = host_of(peer) {
+            self.0.hosts.open(h, session_id, push);
+        }
+    }
+
+    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>> {
+        let svc = self.0.clone();
+        Box::pin(async move {
+            let Some(host) = host_of(&peer).map(String::from) else {
+                return vec![];
+            };
+            let t = env.message_type();
+            let out = match t {
+                MessageType::Hello => svc.on_hello(&host, &env).await.map(|()| vec![]),
+                MessageType::Receipt => return svc.on_receipt(&host, &env).await,
+                MessageType::Staged => svc.on_staged(&host, &env).await.map(|()| vec![]),
+                MessageType::Injected => svc.on_injected(&host, &env).await.map(|()| vec![]),
+                MessageType::Ack => svc.on_ack(&host, &env).await.map(|()| vec![]),
+                MessageType::Heartbeat => Ok(vec![]),
+                other => Err(OpError::new(
+                    Category::BadInput,
+                    format!("hosts do not send {}", other.as_str()),
+                )),
+            };
+            match out {
+                Ok(frames) => frames,
+                Err(e) => {
+                    tracing::warn!(host, message_type = t.as_str(), category = e.category.as_str(), error = %e.message, "host message refused");
+                    svc.store.auditor().record(
+                        &format!("host-{}", t.as_str()),
+                        e.category,
+                        None,
+                        non_empty(env.str("assignment_id")),
+                        non_empty(env.str("lane_incarnation_id")),
+                        &format!(
+                            "host:{host} message {}: {}",
+                            env.str("message_id"),
+                            e.message
+                        ),
+                    );
+                    vec![]
+                }
+            }
+        })
+    }
+}
+
+fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// Checks that an ordinary host message is about a chain of this host, and that every
+/// chain field it carries is that chain's.
+fn owned(host: &str, env: &Envelope<Verified>, c: &ChainRow) -> Result<(), OpError> {
+    if c.host_id != host {
+        return Err(OpError::new(
+            Category::NotOwner,
+            format!(
+                "reservation {} is on a lane of another host",
+                c.chain.reservation_id
+            ),
+        ));
+    }
+    let ch = &c.chain;
+    let checks: [(&str, Option<String>, String); 6] = [
+        (
+            "lane_id",
+            Some(env.str("lane_id").to_string()),
+            ch.lane_id.clone(),
+        ),
+        (
+            "lane_incarnation_id",
+            Some(env.str("lane_incarnation_id").to_string()),
+            ch.lane_incarnation_id.clone(),
+        ),
+        (
+            "assignment_id",
+            Some(env.str("assignment_id").to_string()),
+            ch.assignment_id.clone(),
+        ),
+        (
+            "assignment_attempt_id",
+            Some(env.str("assignment_attempt_id").to_string()),
+            ch.assignment_attempt_id.clone(),
+        ),
+        (
+            "generation",
+            env.uint("generation").map(|g| g.to_string()),
+            c.generation.map(|g| g.to_string()).unwrap_or_default(),
+        ),
+        (
+            "sot_incarnation",
+            Some(env.str("sot_incarnation").to_string()),
+            String::new(),
+        ),
+    ];
+    for (field, got, want) in checks.iter().take(5) {
+        if got.as_deref() != Some(want.as_str()) {
+            return Err(OpError::new(
+                Category::Mismatch,
+                format!("{field} does not match reservation {}", ch.reservation_id),
+            ));
+        }
+    }
+    Ok(())
+}
+
+impl Service {
+    async fn chain_for(&self, host: &str, env: &Envelope<Verified>) -> Result<ChainRow, OpError> {
+        let res = env.str("reservation_id");
+        let c = self
+            .store
+            .chain_by_reservation(res)
+            .await?
+            .ok_or_else(|| OpError::new(Category::NotFound, format!("no reservation {res}")))?;
+        owned(host, env, &c)?;
+        Ok(c)
+    }
+
+    async fn on_staged(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, env).await?;
+        let identity = canonical::to_json(env.get("process_identity").unwrap_or(&Value::Null));
+        let generation = c.generation.unwrap_or(0);
+        self.step(
+            &l,
+            self.store
+                .record_staged(&l, &c.chain, generation, &identity)
+                .await,
+        )
+        .await?;
+        self.advance(&l, &c.chain.reservation_id).await?;
+        Ok(())
+    }
+
+    async fn on_injected(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, env).await?;
+        let identity = canonical::to_json(env.get("process_identity").unwrap_or(&Value::Null));
+        let r = self
+            .store
+            .record_injected(
+                &l,
+                &c.chain,
+                env.str("delivered_contracts_digest"),
+                &identity,
+                self.timing.challenge_ttl_ms,
+            )
+            .await;
+        self.step(&l, r).await?;
+        self.advance(&l, &c.chain.reservation_id).await?;
+        Ok(())
+    }
+
+    async fn on_ack(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, env).await?;
+        let claim = AckClaim {
+            challenge_id: env.str("challenge_id").into(),
+            sot_incarnation: env.str("sot_incarnation").into(),
+            coordinator_epoch: env.uint("coordinator_epoch").unwrap_or(0) as i64,
+            reservation_id: env.str("reservation_id").into(),
+            reservation_epoch: env.uint("reservation_epoch").unwrap_or(0) as i64,
+            reservation_deadline: env.str("reservation_deadline").into(),
+            lane_id: env.str("lane_id").into(),
+            lane_incarnation_id: env.str("lane_incarnation_id").into(),
+            assignment_id: env.str("assignment_id").into(),
+            assignment_attempt_id: env.str("assignment_attempt_id").into(),
+            generation: env.uint("generation").unwrap_or(0) as i64,
+            process_identity: canonical::to_json(
+                env.get("process_identity").unwrap_or(&Value::Null),
+            ),
+            contracts_digest: env.str("contracts_digest").into(),
+            scope_digest: env.str("scope_digest").into(),
+            holds_digest: env.str("holds_digest").into(),
+            runtime_id: env.str("runtime_id").into(),
+            ack_digest: env.digest(),
+        };
+        self.step(&l, self.store.consume_ack(&l, &claim).await)
+            .await?;
+        self.advance(&l, &c.chain.reservation_id).await?;
+        Ok(())
+    }
+
+    /// Records the outcome of a transition the host's message asked for.
+    async fn step<T>(&self, l: &Leader, r: Result<T, AuthorityError>) -> Result<T, OpError> {
+        match r {
+            Ok(v) => {
+                self.bump();
+                Ok(v)
+            }
+            Err(e) => {
+                self.note(l, &e).await;
+                Err(e.into())
+            }
+        }
+    }
+
+    /// A termination receipt: ingested and reconciled, then acknowledged with a verdict —
+    /// `ingested`, `retry:<category>` (the host sends it again later) or
+    /// `refused:<category>` (it never will be ingestible).
+    async fn on_receipt(&self, host: &str, env: &Envelope<Verified>) -> Vec<Vec<u8>> {
+        let key = env.str("receipt_idempotency_key").to_string();
+        let verdict = match self.ingest_receipt(host, env).await {
+            Ok(()) => "ingested".to_string(),
+            Err(e) => {
+                let final_refusal = matches!(
+                    e.category,
+                    Category::NotOwner
+                        | Category::Mismatch
+                        | Category::BadInput
+                        | Category::Conflict
+                        | Category::NotFound
+                );
+                tracing::warn!(host, key, category = e.category.as_str(), error = %e.message, "termination receipt not ingested");
+                self.store.auditor().record(
+                    "host-receipt",
+                    e.category,
+                    None,
+                    None,
+                    non_empty(env.str("lane_incarnation_id")),
+                    &format!("host:{host} receipt {key}: {}", e.message),
+                );
+                format!(
+                    "{}:{}",
+                    if final_refusal { "refused" } else { "retry" },
+                    e.category.as_str()
+                )
+            }
+        };
+        let epoch = self.leadership.current().await.map(|l| l.epoch());
+        let ack = self.session.sign(
+            MessageType::ReceiptAck,
+            env.str("issuer"),
+            vec![
+                (
+                    "message_id",
+                    s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
+                ),
+                ("idempotency_key", s(&format!("receipt-ack/{key}"))),
+                ("sot_incarnation", Value::Null),
+                (
+                    "coordinator_epoch",
+                    epoch.map(|e| n(e as u64)).unwrap_or(Value::Null),
+                ),
+                ("assignment_id", Value::Null),
+                ("session_id", s(env.str("session_id"))),
+                ("receipt_idempotency_key", s(&key)),
+                ("verdict", s(&verdict)),
+            ],
+        );
+        ack.map(|a| vec![a]).unwrap_or_default()
+    }
+
+    async fn ingest_receipt(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let body = canonical::to_json(env.get("receipt").unwrap_or(&Value::Null));
+        // The body must be about the very lane and generation the envelope names.
+        let same = body["lane_id"].as_str() == Some(env.str("lane_id"))
+            && body["lane_incarnation_id"].as_str() == Some(env.str("lane_incarnation_id"))
+            && body["generation"].as_u64() == env.uint("generation")
+            && body["idempotency_key"].as_str() == Some(env.str("receipt_idempotency_key"))
+            && body["host_id"].as_str() == Some(host);
+        if !same {
+            return Err(OpError::new(
+                Category::Mismatch,
+                "the receipt body names another lane, generation, key or host than its envelope",
+            ));
+        }
+        let (rec, r) = self
+            .step(&l, self.store.ingest_termination(&l, host, &body).await)
+            .await?;
+        tracing::info!(key = %body["idempotency_key"], ?rec, replayed = r.replayed, "termination receipt reconciled");
+        if matches!(rec, Reconciliation::Retiring { .. }) {
+            let inc = env.str("lane_incarnation_id");
+            match self.store.finish(&l, inc).await {
+                Ok(_) => self.bump(),
+                Err(e) => {
+                    self.note(&l, &e).await;
+                    tracing::warn!(error = %e, "finish after the receipt failed; the watchdog retries");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A hello: adopt the lanes it names, record what the host advertises, and reconcile.
+    async fn on_hello(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        if env.str("host_id") != host {
+            return Err(OpError::new(Category::NotOwner, "hello names another host"));
+        }
+        let l = self.leader().await?;
+        let list = |field: &str| -> Vec<String> {
+            match env.get(field) {
+                Some(Value::Array(v)) => v
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect(),
+                _ => vec![],
+            }
+        };
+        self.store.record_host(host, &list("runtimes")).await?;
+        for lane in list("lanes") {
+            let Some((name, inc)) = lane.split_once('@') else {
+                continue;
+            };
+            let lane_id = format!("{host}:{name}");
+            if let Err(e) = self
+                .store
+                .adopt_lane_incarnation(&l, host, &lane_id, inc)
+                .await
+            {
+                self.note(&l, &e).await;
+                tracing::warn!(lane_id, error = %e, "lane not registered");
+            } else {
+                self.bump();
+            }
+        }
+        let report: HostReport = match env.get("lane_states") {
+            Some(v) => report::from_value("lane_states", v)
+                .map_err(|e| OpError::new(Category::BadInput, e.to_string()))?,
+            None => HostReport::new(),
+        };
+        // A session's first hello resends whatever every chain of the host waits for; a
+        // later one (the host's state changed) only reconciles what it reports.
+        let full = self.hosts.first_hello(host, env.str("session_id"));
+        self.reconcile_report(&l, host, Some(&report), full).await;
+        Ok(())
+    }
+
+    /// Reconciles a host: what its report shows against the database, then every live
+    /// chain of the host driven on (each resends what it waits for).
+    pub(crate) async fn reconcile_host(&self, l: &Leader, host: &str, report: Option<&HostReport>) {
+        self.reconcile_report(l, host, report, true).await
+    }
+
+    async fn reconcile_report(
+        &self,
+        l: &Leader,
+        host: &str,
+        report: Option<&HostReport>,
+        resend: bool,
+    ) {
+        let lanes = match self.store.lanes_of_host(host).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(host, error = %e, "cannot reconcile");
+                return;
+            }
+        };
+        let mut orders: BTreeMap<String, LaneOrder> = BTreeMap::new();
+        for lane in lanes {
+            let name = lane.lane_id.split_once(':').map(|(_, n)| n).unwrap_or("");
+            let inc = lane.lane_incarnation_id.clone();
+            let rep = report
+                .and_then(|r| r.get(name))
+                .filter(|r| r.lane_incarnation_id == inc);
+            let mut end: BTreeSet<i64> = BTreeSet::new();
+            if let Some(rep) = rep {
+                if rep.status == "quarantined" {
+                    let reason = format!(
+                        "host: {}",
+                        rep.quarantine_reason.clone().unwrap_or_default()
+                    );
+                    if lane.host_quarantine_reason.as_deref() != Some(reason.as_str()) {
+                        let r = self
+                            .store
+                            .host_quarantine(
+                                l,
+                                &inc,
+                                rep.quarantine_reason.as_deref().unwrap_or("quarantined"),
+                            )
+                            .await;
+                        if self.step(l, r).await.is_ok() {
+                            tracing::warn!(lane = %lane.lane_id, reason, "the host quarantined the lane");
+                        }
+                    }
+                }
+                for g in &rep.generations {
+                    let gen = g.generation as i64;
+                    let chain = self
+                        .store
+                        .chain_of_generation(&inc, gen)
+                        .await
+                        .ok()
+                        .flatten();
+                    match chain {
+                        None => {
+                            end.insert(gen);
+                        }
+                        Some(c)
+                            if c.stop_requested
+                                || c.generation_state.as_deref() == Some("ENDED") =>
+                        {
+                            end.insert(gen);
+                        }
+                        Some(c)
+                            if is_preactivation(&c.lane_state)
+                                && c.reservation_open
+                                && !g.chain_held =>
+                        {
+                            let r = self.store.end_chain(l, &c.chain, EndCause::Abandoned).await;
+                            if self.step(l, r).await.is_ok() {
+                                tracing::warn!(lane = %lane.lane_id, generation = gen, "the host lost the chain before activation: ended in recovery");
+                            }
+                            end.insert(gen);
+                        }
+                        Some(c)
+                            if c.lane_state == "RUNNING" && c.reservation_open && !g.activated =>
+                        {
+                            self.push_activated(l, &c).await;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            // A generation the coordinator asked to end and the host does not report live:
+            // the host answers with its receipt, or fences it as never started.
+            if let Some(u) = lane.unended_generation {
+                if let Ok(Some(c)) = self.store.chain_of_generation(&inc, u).await {
+                    if c.stop_requested {
+                        end.insert(u);
+                    }
+                }
+            }
+            if !end.is_empty() || lane.recreate_requested {
+                orders.insert(
+                    lane.lane_id.clone(),
+                    LaneOrder {
+                        incarnation: inc,
+                        end,
+                        recreate: lane.recreate_requested,
+                    },
+                );
+            }
+        }
+        self.push_reconcile(l, host, &orders).await;
+        if resend {
+            self.advance_all(l, Some(host)).await;
+        }
+    }
+}

@@ -1,0 +1,184 @@
+//! The leadership loop: acquire, renew on a connection of its own, and heal a lapse.
+//!
+//! A coordinator that is not leading stands by and keeps trying to acquire; the moment the
+//! lease of the holder lapses (or is released) it takes a new epoch. A leader renews at a
+//! third of its lease on a dedicated connection that no other load can starve. A failed
+//! renewal — or a transition refused as `stale-leader` — drops the leadership at once and
+//! re-acquires with a new epoch; the loss and the regain are logged and counted for
+//! `mosaic status`.
+//!
+//! **Never:** acts on a cached lease: the database decides every transition (and every
+//! renewal) by its own clock; this state only says whom to ask.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::Serialize;
+use tokio::sync::{Notify, RwLock};
+
+use crate::coordinator::error::{AuthorityError, Category};
+use crate::coordinator::leader::{Candidate, Leader};
+
+/// What `mosaic status` shows about this coordinator's leadership.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LeadershipStatus {
+    /// `leading` or `standby`.
+    pub state: String,
+    pub epoch: Option<i64>,
+    pub lease_expires_at: Option<String>,
+    /// Host time this process last started leading.
+    pub leading_since: Option<String>,
+    pub acquisitions: u64,
+    pub losses: u64,
+    pub last_lost_at: Option<String>,
+    pub last_loss_reason: Option<String>,
+}
+
+pub(crate) struct Leadership {
+    current: RwLock<Option<Leader>>,
+    status: Mutex<LeadershipStatus>,
+    /// Woken when a transition was refused as stale: re-check now, not at the next tick.
+    kick: Notify,
+    /// Woken when this process starts leading (the driver then takes over its chains).
+    gained: Notify,
+}
+
+impl Leadership {
+    pub fn new() -> Self {
+        Self {
+            current: RwLock::new(None),
+            status: Mutex::new(LeadershipStatus {
+                state: "standby".into(),
+                ..Default::default()
+            }),
+            kick: Notify::new(),
+            gained: Notify::new(),
+        }
+    }
+
+    /// The leadership to act under, if this process believes it leads.
+    pub async fn current(&self) -> Option<Leader> {
+        self.current.read().await.clone()
+    }
+
+    pub fn status(&self) -> LeadershipStatus {
+        self.status.lock().map(|s| s.clone()).unwrap_or_default()
+    }
+
+    /// A transition under `epoch` was refused as stale: stop using it and re-acquire.
+    pub async fn stale(&self, epoch: i64) {
+        let mut cur = self.current.write().await;
+        if cur.as_ref().map(|l| l.epoch()) == Some(epoch) {
+            *cur = None;
+            drop(cur);
+            self.lost(epoch, "a transition was refused: stale leadership");
+        }
+        self.kick.notify_one();
+    }
+
+    pub async fn wait_gained(&self) {
+        self.gained.notified().await
+    }
+
+    fn lost(&self, epoch: i64, why: &str) {
+        tracing::error!(
+            epoch,
+            reason = why,
+            "leadership lost; re-acquiring with a new epoch"
+        );
+        if let Ok(mut s) = self.status.lock() {
+            s.state = "standby".into();
+            s.losses += 1;
+            s.last_lost_at = Some(crate::util::now_rfc3339());
+            s.last_loss_reason = Some(why.to_string());
+            s.epoch = None;
+            s.lease_expires_at = None;
+        }
+    }
+
+    async fn set(&self, l: Leader) {
+        let epoch = l.epoch();
+        let exp = l.lease_expires_at().to_string();
+        *self.current.write().await = Some(l);
+        if let Ok(mut s) = self.status.lock() {
+            s.state = "leading".into();
+            s.epoch = Some(epoch);
+            s.lease_expires_at = Some(exp);
+            s.leading_since = Some(crate::util::now_rfc3339());
+            s.acquisitions += 1;
+        }
+        self.gained.notify_waiters();
+    }
+
+    async fn renewed(&self, l: Leader) {
+        let exp = l.lease_expires_at().to_string();
+        let mut cur = self.current.write().await;
+        if cur.as_ref().map(|c| c.epoch()) == Some(l.epoch()) {
+            *cur = Some(l);
+            if let Ok(mut s) = self.status.lock() {
+                s.lease_expires_at = Some(exp);
+            }
+        }
+    }
+}
+
+/// Runs until the process ends: acquire while standing by, renew while leading.
+pub(crate) async fn run(svc: std::sync::Arc<super::Service>, cand: Candidate, lease_ms: i64) {
+    let renew_every = Duration::from_millis((lease_ms / 3).max(50) as u64);
+    let retry_every = Duration::from_millis((lease_ms / 4).clamp(50, 2000) as u64);
+    let mut client: Option<tokio_postgres::Client> = None;
+    loop {
+        let Some(mut l) = svc.leadership.current().await else {
+            match svc.store.acquire(&cand, lease_ms).await {
+                Ok((l, r)) => {
+                    tracing::info!(epoch = l.epoch(), receipt = %r.receipt_id, "leading");
+                    svc.leadership.set(l).await;
+                    continue;
+                }
+                Err(e) => {
+                    if e.category() != Some(Category::LeadershipHeld) {
+                        tracing::warn!(error = %e, "cannot acquire leadership");
+                    }
+                    tokio::select! {
+                        _ = tokio::time::sleep(retry_every) => {}
+                        _ = svc.leadership.kick.notified() => {}
+                    }
+                    continue;
+                }
+            }
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(renew_every) => {}
+            _ = svc.leadership.kick.notified() => {}
+        }
+        if client.as_ref().is_none_or(|c| c.is_closed()) {
+            client = match svc.store.dedicated().await {
+                Ok(c) => Some(c),
+                Err(e) => {
+                    tracing::warn!(error = %e, "leadership connection unavailable");
+                    None
+                }
+            };
+        }
+        let Some(c) = &client else { continue };
+        match svc.store.renew_on(c, &mut l, lease_ms).await {
+            Ok(()) => svc.leadership.renewed(l).await,
+            Err(AuthorityError::Rejected { .. }) => {
+                let mut cur = svc.leadership.current.write().await;
+                if cur.as_ref().map(|x| x.epoch()) == Some(l.epoch()) {
+                    *cur = None;
+                    drop(cur);
+                    svc.leadership.lost(
+                        l.epoch(),
+                        "the lease expired or was taken over before renewal",
+                    );
+                }
+            }
+            Err(e) => {
+                // The connection failed: the database decides whether the lease lapses.
+                tracing::warn!(error = %e, "leadership renewal failed; retrying on a new connection");
+                client = None;
+            }
+        }
+    }
+}

@@ -1,0 +1,236 @@
+//! `mosaic coordinator`: the authority core served to hosts over the authenticated
+//! WebSocket, and to operators over a local socket (or a mutual-TLS listener).
+//!
+//! Layout, one concern per file:
+//! - `config` — the daemon's configuration and errors;
+//! - `leadership` — acquire, renew on a dedicated connection, heal a lapse;
+//! - `hosts` — host sessions: who is connected, ownership of every host message, the
+//!   reconciliation a hello starts;
+//! - `driver` — drives each chain on from its rows: the next transition, the next message;
+//! - `watchdog` — what time alone decides: expiry, lease renewal and expiry, chains left
+//!   mid-way by a dead process;
+//! - `operator` — the operator API (requests, typed errors, sockets, client).
+//!
+//! **Owns:** nothing durable. Every chain is rows; this process holds connections, signing
+//! keys, the sessions it serves and caches. Kill it at any instant and the next leader
+//! drives every chain on from the database.
+//!
+//! **Never:** mutates anything except through `Store` transitions; trusts a host message
+//! that failed verification, whose issuer is not the session's TLS peer (the transport
+//! refuses those), or that concerns a lane of another host (`hosts` refuses those).
+
+pub mod config;
+mod driver;
+mod hosts;
+pub mod leadership;
+pub mod operator;
+mod watchdog;
+
+use std::sync::Arc;
+
+use tokio::sync::watch;
+
+pub use config::{read_seed, CoordinatorConfig, ServiceError, Timing};
+pub use operator::{
+    bind_operators, operator_call, operator_request, parse_coordinator_addr, serve_operators,
+    serve_remote_operators, OpError, OperatorRequest, OperatorTarget,
+};
+
+use super::error::{AuthorityError, Category};
+use super::leader::{Candidate, Leader};
+use super::secret::CoordinatorSecret;
+use super::store::Store;
+use crate::protocol::transport::{self, ServerParams, TlsIdentity};
+use crate::protocol::{Signer, TrustRegistry};
+
+pub struct Service {
+    pub store: Store,
+    timing: Timing,
+    leadership: leadership::Leadership,
+    registry: Arc<TrustRegistry>,
+    principal: String,
+    domain: String,
+    session: Signer,
+    ordinary: Signer,
+    hosts: hosts::Sessions,
+    /// Bumped after every transition this process makes: waiters re-read the database.
+    changed: watch::Sender<u64>,
+    driver: driver::DriverState,
+}
+
+impl Service {
+    /// Connects, migrates, and starts the leadership loop and the watchdog. Returns at
+    /// once: the service stands by until it leads (`wait_leading` waits for that).
+    pub async fn start(cfg: &CoordinatorConfig) -> Result<Arc<Self>, ServiceError> {
+        let secret_hex = std::fs::read_to_string(&cfg.secret_file)
+            .map_err(|e| ServiceError::Config(format!("{}: {e}", cfg.secret_file.display())))?;
+        let secret = CoordinatorSecret::from_hex(&secret_hex)
+            .map_err(|e| ServiceError::Config(e.to_string()))?;
+        let store = Store::connect(&cfg.database_url, secret).await?;
+        store.migrate().await?;
+        let text = std::fs::read_to_string(&cfg.trust_registry)
+            .map_err(|e| ServiceError::Config(format!("{}: {e}", cfg.trust_registry.display())))?;
+        let registry = Arc::new(
+            TrustRegistry::from_toml(&text).map_err(|e| ServiceError::Config(e.to_string()))?,
+        );
+        let principal = format!("coordinator:{}", cfg.name);
+        let cand = Candidate {
+            holder: principal.clone(),
+            credential_digest: format!(
+                "sha256:{}",
+                crate::util::sha256_hex(
+                    "mosaic/coordinator-credential/v1",
+                    &[&read_seed(&cfg.ordinary_key)?]
+                )
+            ),
+            launch_id: format!("launch-{}", uuid::Uuid::new_v4().simple()),
+        };
+        let timing = cfg.timing();
+        let svc = Arc::new(Self {
+            session: Signer::new(
+                &format!("{principal}/session"),
+                &principal,
+                &cfg.trust_domain,
+                read_seed(&cfg.session_key)?,
+            ),
+            ordinary: Signer::new(
+                &format!("{principal}/ordinary"),
+                &principal,
+                &cfg.trust_domain,
+                read_seed(&cfg.ordinary_key)?,
+            ),
+            store,
+            timing,
+            leadership: leadership::Leadership::new(),
+            registry,
+            principal,
+            domain: cfg.trust_domain.clone(),
+            hosts: hosts::Sessions::default(),
+            changed: watch::channel(0).0,
+            driver: driver::DriverState::default(),
+        });
+        tokio::spawn(leadership::run(svc.clone(), cand, timing.lease_ms));
+        tokio::spawn(watchdog::run(svc.clone()));
+        Ok(svc)
+    }
+
+    /// Waits until this process leads.
+    pub async fn wait_leading(&self) -> Leader {
+        loop {
+            if let Some(l) = self.leadership.current().await {
+                return l;
+            }
+            tokio::select! {
+                _ = self.leadership.wait_gained() => {}
+                _ = tokio::time::sleep(std::time::Duration::from_millis(100)) => {}
+            }
+        }
+    }
+
+    /// The leadership to act under, or `not-leader`.
+    pub async fn leader(&self) -> Result<Leader, OpError> {
+        self.leadership.current().await.ok_or_else(|| {
+            OpError::new(
+                Category::NotLeader,
+                "this coordinator is standing by; another one leads (or none yet)",
+            )
+        })
+    }
+
+    pub fn leadership_status(&self) -> leadership::LeadershipStatus {
+        self.leadership.status()
+    }
+
+    /// Reports a failed transition: a stale leadership is dropped at once.
+    pub(crate) async fn note(&self, l: &Leader, e: &AuthorityError) {
+        if e.category() == Some(Category::StaleLeader) {
+            self.leadership.stale(l.epoch()).await;
+        }
+    }
+
+    fn bump(&self) {
+        self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    /// Hosts with a live session right now.
+    pub fn connected_hosts(&self) -> Vec<String> {
+        self.hosts.connected()
+    }
+
+    /// Serves host sessions on `listener` until `shutdown`.
+    pub async fn serve_hosts(
+        self: Arc<Self>,
+        listener: tokio::net::TcpListener,
+        tls: TlsIdentity,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<(), ServiceError> {
+        let audit = self.store.auditor().clone();
+        let params = ServerParams {
+            registry: self.registry.clone(),
+            audience: self.principal.clone(),
+            trust_domain: self.domain.clone(),
+            audit: Arc::new(move |peer: &str, category: &str, detail: &str| {
+                tracing::warn!(peer, category, detail, "rejected a host frame");
+                audit.record(
+                    "wire",
+                    Category::BadInput,
+                    None,
+                    None,
+                    None,
+                    &format!("{peer}: {category}: {detail}"),
+                );
+            }),
+        };
+        transport::serve(
+            listener,
+            transport::server_tls(&tls)?,
+            params,
+            Arc::new(hosts::HostHandler(self.clone())),
+            shutdown,
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+/// Runs the coordinator daemon until SIGTERM/SIGINT.
+pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
+    let svc = Service::start(&cfg).await?;
+    let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
+    let (stop, rx) = watch::channel(false);
+    let tls = TlsIdentity {
+        ca: cfg.ca.clone(),
+        cert: cfg.cert.clone(),
+        key: cfg.key.clone(),
+    };
+    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls.clone(), rx));
+    let ops = tokio::spawn(serve_operators(
+        svc.clone(),
+        bind_operators(&cfg.operator_socket)?,
+    ));
+    let remote = match &cfg.operator_listen {
+        Some(addr) => Some(tokio::spawn(serve_remote_operators(
+            svc.clone(),
+            tokio::net::TcpListener::bind(addr).await?,
+            tls.clone(),
+        ))),
+        None => None,
+    };
+    tracing::info!(principal = %svc.principal, listen = %cfg.listen, "coordinator serving (standing by until it leads)");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+    let _ = stop.send(true);
+    hosts.abort();
+    ops.abort();
+    if let Some(r) = remote {
+        r.abort();
+    }
+    if let Some(l) = svc.leadership.current().await {
+        let _ = svc.store.release(&l).await;
+    }
+    let _ = std::fs::remove_file(&cfg.operator_socket);
+    Ok(())
+}

@@ -1,0 +1,85 @@
+//! The bodies of the host's lane report (in `hello`) and of the coordinator's `reconcile`:
+//! what a host says it runs, and what the coordinator tells it to end. Both sides build and
+//! read them through these types, so the shape is defined once.
+//!
+//! **Never:** carries authority by itself: a report is the host's observation, and a
+//! reconcile can only end generations or ask for a lane to be recreated.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+use super::canonical::{self, Value};
+
+/// One lane as its host sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneReport {
+    pub lane_incarnation_id: String,
+    /// `active` or `quarantined`.
+    pub status: String,
+    pub quarantine_reason: Option<String>,
+    /// Generations with a live (or still starting) process tree.
+    pub generations: Vec<GenReport>,
+}
+
+/// A live generation as its host sees it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct GenReport {
+    pub generation: u64,
+    /// The reservation the host staged it for (none for a host-local generation).
+    pub reservation_id: Option<String>,
+    /// The host was told it is RUNNING.
+    pub activated: bool,
+    /// The host still holds its half of the chain (false after a supervisor restart
+    /// before activation: the harness's hand-off state died with the old process).
+    pub chain_held: bool,
+}
+
+/// The `lane_states` field: lane name → report.
+pub type HostReport = BTreeMap<String, LaneReport>;
+
+/// One lane of a `reconcile`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LaneOrderWire {
+    pub lane_incarnation_id: String,
+    /// Generations to end: stop them if they run, fence them as never started if not.
+    pub end: Vec<u64>,
+    /// Destroy the lane and create it again (a fresh incarnation).
+    pub recreate: bool,
+}
+
+/// The `lanes` field of a `reconcile`: lane id → order.
+pub type Reconcile = BTreeMap<String, LaneOrderWire>;
+
+#[derive(Debug, thiserror::Error)]
+#[error("malformed {what}: {detail}")]
+pub struct ReportError {
+    what: &'static str,
+    detail: String,
+}
+
+/// Encodes a body for an envelope field.
+pub fn to_value<T: Serialize>(v: &T) -> Result<Value, ReportError> {
+    let json = serde_json::to_value(v).map_err(|e| ReportError {
+        what: "report",
+        detail: e.to_string(),
+    })?;
+    canonical::from_json(&json).map_err(|e| ReportError {
+        what: "report",
+        detail: e.to_string(),
+    })
+}
+
+/// Decodes an envelope field (already verified) into its body type.
+pub fn from_value<T: for<'de> Deserialize<'de>>(
+    what: &'static str,
+    v: &Value,
+) -> Result<T, ReportError> {
+    serde_json::from_value(canonical::to_json(v)).map_err(|e| ReportError {
+        what,
+        detail: e.to_string(),
+    })
+}
