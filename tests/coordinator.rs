@@ -786,7 +786,11 @@ async fn consume_ack_racing_the_end_of_its_chain_is_linearizable() {
             .unwrap();
         assert!(!row.reservation_open && row.stop_requested);
         if let Some(x) = Activation::of(s, &row, 60_000) {
-            assert!(s.activate(l, &x).await.is_err(), "an ended chain activated");
+            assert_eq!(
+                category(s.activate(l, &x).await),
+                Category::WrongState,
+                "an ended chain activated"
+            );
         }
     }
     assert_eq!(orders.values().sum::<i32>(), 12, "{orders:?}");
@@ -925,7 +929,11 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
     // The old ACK cannot activate under the new epoch either.
     let mut c_ack = b_ack.clone();
     c_ack.coordinator_epoch = c.epoch();
-    assert!(s.consume_ack(&c, &c_ack).await.is_err());
+    assert_eq!(
+        category(s.consume_ack(&c, &c_ack).await),
+        Category::StaleLeader,
+        "the challenge was issued under epoch B"
+    );
     // The host's receipt ends the generation; the lane is clean again.
     s.ingest_termination(&c, HOST, &receipt_for(&r, "quit", true))
         .await
@@ -1387,7 +1395,10 @@ async fn lane_reincarnation_cannot_reset_generations_or_accept_stale_authority()
     // Nothing addressed to the old incarnation acts any more.
     let mut late = ack(l, &r);
     late.ack_digest = d('f');
-    assert!(s.consume_ack(l, &late).await.is_err());
+    assert_eq!(
+        category(s.consume_ack(l, &late).await),
+        Category::ChallengeConsumed
+    );
     assert_eq!(
         category(s.reserve(l, &request(&old, None, 60_000)).await),
         Category::WrongState
@@ -1448,7 +1459,7 @@ async fn an_expired_reservation_chain_cannot_authorize_its_successor() {
     let r2 = to_awaiting_ack(s, l, &inc, Some(&r1.chain().assignment_id), 60_000).await;
     assert_ne!(r2.chain().reservation_id, r1.chain().reservation_id);
     // R1's ACK cannot be replayed onto R2, whole or spliced.
-    assert!(s.consume_ack(l, &r1_ack).await.is_err());
+    assert_eq!(category(s.consume_ack(l, &r1_ack).await), Category::Expired);
     let mut spliced = r1_ack.clone();
     spliced.challenge_id = r2.challenge.clone();
     assert_eq!(

@@ -646,3 +646,93 @@ fn up_demo_shows_running_sigkill_receipt_and_recovery_then_cleans_up_on_sigterm(
     );
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn raw_fence_tokens_never_leave_the_coordinator_process() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    let a = up.assign(&lane, "hang spawn=1");
+    up.cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
+        .unwrap();
+    let b = up.assign(&lane, "hang");
+    // The very tokens the coordinator presented: re-derived the way it derives them, from
+    // its secret and each reservation's salt.
+    let secret = mosaic::coordinator::CoordinatorSecret::from_hex(
+        &std::fs::read_to_string(up.dir.join("keys/coordinator-secret")).unwrap(),
+    )
+    .unwrap();
+    let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let tokens: Vec<String> = c
+        .query("SELECT reservation_id, fence_salt FROM reservations", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| secret.fence_token(r.get(0), r.get(1)).expose_hex())
+        .collect();
+    assert_eq!(tokens.len(), 2);
+    // Nowhere: no database row, no file of the state dir (records, receipts, audit), no
+    // log line, no operator answer.
+    let mut haystacks: Vec<(String, String)> = Vec::new();
+    let tables: Vec<String> = c
+        .query(
+            "SELECT tablename FROM pg_tables WHERE schemaname = 'public'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for t in tables {
+        for row in c
+            .query(&format!("SELECT row_to_json(x)::text FROM {t} x"), &[])
+            .await
+            .unwrap()
+        {
+            haystacks.push((format!("table {t}"), row.get(0)));
+        }
+    }
+    fn walk(p: &std::path::Path, out: &mut Vec<(String, String)>) {
+        if let Ok(rd) = std::fs::read_dir(p) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if p.is_dir() {
+                    walk(&p, out);
+                } else if let Ok(b) = std::fs::read(&p) {
+                    out.push((
+                        p.display().to_string(),
+                        String::from_utf8_lossy(&b).into_owned(),
+                    ));
+                }
+            }
+        }
+    }
+    walk(&up.dir.join("supervisor"), &mut haystacks);
+    haystacks.push((
+        "mosaic up log".into(),
+        std::fs::read_to_string(log_of(&up.dir)).unwrap(),
+    ));
+    for cmd in [
+        vec!["status"],
+        vec!["receipts"],
+        vec!["audit"],
+        vec!["lanes"],
+    ] {
+        haystacks.push((
+            format!("mosaic {}", cmd[0]),
+            up.cli(&cmd).unwrap().to_string(),
+        ));
+    }
+    haystacks.push(("assign answer".into(), b.to_string()));
+    for t in &tokens {
+        for (where_, text) in &haystacks {
+            assert!(
+                !text.to_lowercase().contains(t),
+                "a raw fence token is in {where_}"
+            );
+        }
+    }
+}
