@@ -22,12 +22,17 @@ fn main() {
         "mosaic-bench-e2e-{}",
         uuid::Uuid::new_v4().simple()
     ));
+    // MOSAIC_BENCH_LOG=FILE keeps both daemons' debug log (each transition with its time).
+    let log = std::env::var_os("MOSAIC_BENCH_LOG");
     let mut up = Command::new(env!("CARGO_BIN_EXE_mosaic"))
         .args(["up", "--lanes", "1", "--state-dir"])
         .arg(&dir)
-        .env("MOSAIC_LOG", "warn")
+        .env("MOSAIC_LOG", if log.is_some() { "debug" } else { "warn" })
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(match &log {
+            Some(p) => Stdio::from(std::fs::File::create(p).unwrap()),
+            None => Stdio::null(),
+        })
         .spawn()
         .unwrap();
     let mut out = std::io::BufReader::new(up.stdout.take().unwrap());

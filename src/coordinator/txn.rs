@@ -429,6 +429,7 @@ impl Store {
             ));
         }
         let mut retries = RETRIES.iter();
+        let started = std::time::Instant::now();
         loop {
             let outcome = match self.attempt(step, body).await {
                 Ok(r) => Attempt::Done(r),
@@ -436,6 +437,12 @@ impl Store {
             };
             match outcome {
                 Attempt::Done(r) => {
+                    tracing::debug!(
+                        op = step.op,
+                        replayed = r.replayed,
+                        micros = started.elapsed().as_micros() as u64,
+                        "transition decided"
+                    );
                     if !r.replayed {
                         crate::coordinator::failpoint::after_commit(step.op);
                     }

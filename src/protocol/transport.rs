@@ -177,6 +177,9 @@ pub async fn serve(
             handler.clone(),
             shutdown.clone(),
         );
+        // Envelopes are small and each one waits for an answer: Nagle's algorithm would hold
+        // a frame written behind an unacknowledged one for the peer's delayed ACK (~40 ms).
+        let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
             if let Err(e) = session(tcp, addr, acceptor, params.clone(), handler, shutdown).await {
                 (params.audit)(&addr.to_string(), "session-refused", &e.to_string());
@@ -374,6 +377,8 @@ pub async fn connect_to(
     let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| TransportError::Timeout("connect"))??;
+    // No Nagle: see `serve`.
+    let _ = tcp.set_nodelay(true);
     let name = ServerName::try_from(p.server_name.clone())
         .map_err(|e| TransportError::Tls(e.to_string()))?;
     let tls = tokio::time::timeout(

@@ -138,6 +138,7 @@ impl CoordinatedHost {
     fn send(&self, t: MessageType, fields: Vec<(&str, Value)>) {
         match self.signer.sign(t, &self.coordinator, fields) {
             Ok(bytes) => {
+                tracing::debug!(message_type = t.as_str(), "to the coordinator");
                 if self.out.try_send(bytes).is_err() {
                     tracing::error!(
                         message_type = t.as_str(),

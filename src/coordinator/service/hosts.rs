@@ -43,6 +43,9 @@ struct Session {
     push: mpsc::Sender<Vec<u8>>,
     /// Hellos seen on this session (the first one starts the full reconciliation).
     hellos: u64,
+    /// The runtimes this session last had recorded in `hosts` (a hello repeats them on
+    /// every state change; only a change is written).
+    runtimes: Option<Vec<String>>,
 }
 
 /// The live session of each host.
@@ -60,6 +63,7 @@ impl Sessions {
                     session_id: session_id.to_string(),
                     push,
                     hellos: 0,
+                    runtimes: None,
                 },
             );
         }
@@ -99,6 +103,24 @@ impl Sessions {
                 s.hellos == 1
             }
             _ => true,
+        }
+    }
+
+    /// True when `runtimes` differ from what `session_id` last recorded.
+    fn runtimes_changed(&self, host_id: &str, session_id: &str, runtimes: &[String]) -> bool {
+        let Ok(m) = self.map.lock() else {
+            return true;
+        };
+        m.get(host_id)
+            .filter(|s| s.session_id == session_id)
+            .is_none_or(|s| s.runtimes.as_deref() != Some(runtimes))
+    }
+
+    fn runtimes_recorded(&self, host_id: &str, session_id: &str, runtimes: Vec<String>) {
+        if let Ok(mut m) = self.map.lock() {
+            if let Some(s) = m.get_mut(host_id).filter(|s| s.session_id == session_id) {
+                s.runtimes = Some(runtimes);
+            }
         }
     }
 
@@ -169,6 +191,8 @@ impl Handler for HostHandler {
                 return vec![];
             };
             let t = env.message_type();
+            let started = std::time::Instant::now();
+            tracing::debug!(host, message_type = t.as_str(), "host message");
             let out = match t {
                 MessageType::Hello => svc.on_hello(&host, &env).await.map(|()| vec![]),
                 MessageType::Receipt => return svc.on_receipt(&host, &env).await,
@@ -181,6 +205,12 @@ impl Handler for HostHandler {
                     format!("hosts do not send {}", other.as_str()),
                 )),
             };
+            tracing::debug!(
+                host,
+                message_type = t.as_str(),
+                micros = started.elapsed().as_micros() as u64,
+                "host message handled"
+            );
             match out {
                 Ok(frames) => frames,
                 Err(e) => {
@@ -459,7 +489,12 @@ impl Service {
                 _ => vec![],
             }
         };
-        self.store.record_host(host, &list("runtimes")).await?;
+        let runtimes = list("runtimes");
+        let session_id = env.str("session_id");
+        if self.hosts.runtimes_changed(host, session_id, &runtimes) {
+            self.store.record_host(host, &runtimes).await?;
+            self.hosts.runtimes_recorded(host, session_id, runtimes);
+        }
         for lane in list("lanes") {
             let Some((name, inc)) = lane.split_once('@') else {
                 continue;

@@ -533,6 +533,7 @@ pub async fn serve_remote_operators(
     let acceptor = tokio_rustls::TlsAcceptor::from(transport::server_tls(&tls)?);
     loop {
         let (tcp, addr) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
         let (svc, acceptor) = (svc.clone(), acceptor.clone());
         tokio::spawn(async move {
             let Ok(Ok(stream)) =
@@ -646,6 +647,7 @@ pub fn operator_request(
                 let tcp = tokio::net::TcpStream::connect(addr)
                     .await
                     .map_err(|e| unavailable(format!("cannot reach {addr}: {e}")))?;
+                let _ = tcp.set_nodelay(true);
                 let name = rustls::pki_types::ServerName::try_from(server_name.clone())
                     .map_err(unavailable)?;
                 let mut s = tokio_rustls::TlsConnector::from(cfg)
