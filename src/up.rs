@@ -493,6 +493,7 @@ pub fn provision(
             reservation_ttl_ms: None,
             lease_ttl_ms: None,
             operator_listen: None,
+            heartbeat_ms: None,
         },
         link: crate::supervisor::config::CoordinatorLink {
             address: listen.into(),
@@ -506,6 +507,7 @@ pub fn provision(
             trust_registry: trust_path,
             session_key: keys.join("host-session"),
             ordinary_key: keys.join("host-ordinary"),
+            heartbeat_ms: None,
         },
     })
 }

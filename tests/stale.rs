@@ -13,6 +13,7 @@ use fixture::*;
 use mosaic::protocol::canonical::Value;
 use mosaic::protocol::envelope::{n, s};
 use mosaic::protocol::schema::MessageType;
+use mosaic::protocol::transport::{Outgoing, Sequencer};
 use mosaic::protocol::{verify, Envelope, Verified};
 use mosaic::supervisor::config::{Config, ConfigFile};
 use mosaic::supervisor::coordinated::CoordinatedHost;
@@ -57,6 +58,28 @@ fn coord(t: MessageType, fields: Vec<(&str, Value)>) -> Envelope<Verified> {
     .unwrap()
 }
 
+/// The test coordinator's per-generation fence reveal (the real one derives it from the
+/// fence token; the host only ever checks it against the stage's commitment).
+fn reveal(reservation: &str, generation: u64) -> [u8; 32] {
+    use sha2::{Digest, Sha256};
+    Sha256::digest(format!("test-reveal/{reservation}/{generation}")).into()
+}
+
+/// A stage for `generation`: the chain fields with the fence commitment.
+fn stage(inc: &str, generation: u64, reservation: &str) -> Envelope<Verified> {
+    let mut f = chain(inc, generation, reservation);
+    f.retain(|(k, _)| *k != "fence_proof");
+    f.push((
+        "fence_proof",
+        s(&mosaic::protocol::fence::commitment(&reveal(
+            reservation,
+            generation,
+        ))),
+    ));
+    coord(MessageType::Stage, f)
+}
+
+/// The chain fields of a post-stage coordinator message, with the fence reveal.
 fn chain(inc: &str, generation: u64, reservation: &str) -> Vec<(&'static str, Value)> {
     vec![
         (
@@ -78,7 +101,13 @@ fn chain(inc: &str, generation: u64, reservation: &str) -> Vec<(&'static str, Va
         ("reservation_deadline", s("2099-01-01T00:00:00.000000Z")),
         ("runtime_id", s("fake@1.0.0")),
         ("generation", n(generation)),
-        ("fence_proof", s("fence-ref:x")),
+        (
+            "fence_proof",
+            s(&mosaic::protocol::fence::reveal(&reveal(
+                reservation,
+                generation,
+            ))),
+        ),
         ("issued_at", s("2026-01-01T00:00:00.000000Z")),
         ("expires_at", s("2099-01-01T00:00:00.000000Z")),
     ]
@@ -102,8 +131,9 @@ fn contract(inc: &str, generation: u64, reservation: &str, task: &str) -> Envelo
     coord(MessageType::Contract, f)
 }
 
-async fn next(rx: &mut mpsc::Receiver<Vec<u8>>, within: Duration) -> Option<Envelope<Verified>> {
-    let bytes = tokio::time::timeout(within, rx.recv()).await.ok()??;
+async fn next(rx: &mut mpsc::Receiver<Outgoing>, within: Duration) -> Option<Envelope<Verified>> {
+    let out = tokio::time::timeout(within, rx.recv()).await.ok()??;
+    let bytes = Sequencer::new("sess-test").seal(out, COORD).unwrap();
     let reg = registry();
     Some(
         verify(
@@ -163,14 +193,12 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
     let host = CoordinatedHost::new(
         sup.clone(),
         std::sync::Arc::new(signer("host-ordinary")),
-        COORD.into(),
         tx,
     )
     .await;
 
     // Generation 1 is staged, then replaced by generation 2 (new reservation).
-    host.dispatch(coord(MessageType::Stage, chain(&inc, 1, "rs-1")))
-        .await;
+    host.dispatch(stage(&inc, 1, "rs-1")).await;
     let staged = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 1");
@@ -178,8 +206,7 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
         (staged.message_type(), staged.uint("generation")),
         (MessageType::Staged, Some(1))
     );
-    host.dispatch(coord(MessageType::Stage, chain(&inc, 2, "rs-2")))
-        .await;
+    host.dispatch(stage(&inc, 2, "rs-2")).await;
     let staged = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 2");
@@ -273,15 +300,13 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
     let host = CoordinatedHost::new(
         sup.clone(),
         std::sync::Arc::new(signer("host-ordinary")),
-        COORD.into(),
         tx,
     )
     .await;
     let settle = || tokio::time::sleep(Duration::from_millis(200));
 
     // A stale incarnation: nothing starts, a never-started receipt ends the chain.
-    host.dispatch(coord(MessageType::Stage, chain("li-stale", 1, "rs-a")))
-        .await;
+    host.dispatch(stage("li-stale", 1, "rs-a")).await;
     settle().await;
     let r = receipts_of(&sup, "h1:lane-1");
     assert_eq!(r.len(), 1, "{r:?}");
@@ -317,8 +342,8 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
             vec![
                 ("message_id", s("m-rec")),
                 ("idempotency_key", s("k-rec")),
-                ("sot_incarnation", Value::Null),
-                ("coordinator_epoch", Value::Null),
+                ("sot_incarnation", s("sot-1")),
+                ("coordinator_epoch", n(7)),
                 ("assignment_id", Value::Null),
                 ("session_id", s("sess-1")),
                 ("lanes", orders),
@@ -341,8 +366,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
             .any(|r| r.generation == 5)
             .then_some(())
     });
-    host.dispatch(coord(MessageType::Stage, chain(&inc, 5, "rs-b")))
-        .await;
+    host.dispatch(stage(&inc, 5, "rs-b")).await;
     settle().await;
     let fenced: Vec<_> = receipts_of(&sup, "h1:lane-1")
         .into_iter()
@@ -358,8 +382,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
         "a fenced generation started"
     );
     // The lane itself still works: the next generation starts and reports `staged`.
-    host.dispatch(coord(MessageType::Stage, chain(&inc, 6, "rs-c")))
-        .await;
+    host.dispatch(stage(&inc, 6, "rs-c")).await;
     let staged = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 6");
@@ -368,8 +391,12 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
     // An unknown lane of this host: refused the same way.
     host.dispatch(coord(MessageType::Stage, {
         let mut f = chain("li-x", 1, "rs-d");
-        f.retain(|(k, _)| *k != "lane_id");
+        f.retain(|(k, _)| *k != "lane_id" && *k != "fence_proof");
         f.push(("lane_id", s("h1:lane-9")));
+        f.push((
+            "fence_proof",
+            s(&mosaic::protocol::fence::commitment(&reveal("rs-d", 1))),
+        ));
         f
     }))
     .await;
@@ -385,8 +412,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
         .arg(w.dir.join("run/lanes/lane-1/tmux.sock"))
         .arg("kill-server")
         .status();
-    host.dispatch(coord(MessageType::Stage, chain(&inc, 7, "rs-e")))
-        .await;
+    host.dispatch(stage(&inc, 7, "rs-e")).await;
     common::wait_until("generation 7 refused", || {
         receipts_of(&sup, "h1:lane-1")
             .into_iter()

@@ -15,7 +15,10 @@ use futures_util::{SinkExt, StreamExt};
 use mosaic::pki::{self, Kind};
 use mosaic::protocol::envelope::s;
 use mosaic::protocol::schema::MessageType;
-use mosaic::protocol::transport::{self, Handler, LinkParams, ServerParams, TlsIdentity};
+use mosaic::protocol::transport::{
+    self, Admission, Handled, Handler, LinkParams, Outgoing, ServerParams, SessionHandle,
+    TlsIdentity,
+};
 use mosaic::protocol::{Envelope, Verified};
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
@@ -114,7 +117,28 @@ struct Collector {
 }
 
 impl Handler for Collector {
-    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>> {
+    fn admit(&self, _peer: &str) -> BoxFuture<'static, Result<Admission, String>> {
+        let now = std::time::SystemTime::now();
+        Box::pin(async move {
+            Ok(Admission {
+                sot_incarnation: None,
+                coordinator_epoch: None,
+                issued_at: humantime::format_rfc3339_micros(now).to_string(),
+                expires_at: humantime::format_rfc3339_micros(now + Duration::from_secs(10))
+                    .to_string(),
+            })
+        })
+    }
+
+    fn open(
+        &self,
+        _session: SessionHandle,
+        _hello: &Envelope<Verified>,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        Box::pin(async { Ok(()) })
+    }
+
+    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled> {
         let out = match env.message_type() {
             MessageType::Hello => {
                 self.hellos.lock().unwrap().push(peer);
@@ -134,32 +158,25 @@ impl Handler for Collector {
                     .entry(key.clone())
                     .or_default()
                     .push(rid);
-                let ack = signer("coord-session")
-                    .sign(
-                        MessageType::ReceiptAck,
-                        HOST,
-                        vec![
-                            (
-                                "message_id",
-                                s(&format!("m-{}", uuid::Uuid::new_v4().simple())),
-                            ),
-                            ("idempotency_key", s(&format!("ack-{key}"))),
-                            ("sot_incarnation", mosaic::protocol::canonical::Value::Null),
-                            (
-                                "coordinator_epoch",
-                                mosaic::protocol::canonical::Value::Null,
-                            ),
-                            ("assignment_id", mosaic::protocol::canonical::Value::Null),
-                            ("session_id", s(env.str("session_id"))),
-                            ("receipt_idempotency_key", s(&key)),
-                        ],
-                    )
-                    .unwrap();
-                vec![ack]
+                vec![Outgoing::new(
+                    &Arc::new(signer("coord-session")),
+                    MessageType::ReceiptAck,
+                    vec![
+                        ("idempotency_key", s(&format!("ack-{key}"))),
+                        ("sot_incarnation", mosaic::protocol::canonical::Value::Null),
+                        (
+                            "coordinator_epoch",
+                            mosaic::protocol::canonical::Value::Null,
+                        ),
+                        ("assignment_id", mosaic::protocol::canonical::Value::Null),
+                        ("session_id", s(env.str("session_id"))),
+                        ("receipt_idempotency_key", s(&key)),
+                    ],
+                )]
             }
             _ => vec![],
         };
-        Box::pin(async move { out })
+        Box::pin(async move { Handled::reply(out) })
     }
 }
 
@@ -206,6 +223,9 @@ impl World {
             audit: Arc::new(move |peer: &str, cat: &str, _d: &str| {
                 audit.lock().unwrap().push((peer.into(), cat.into()))
             }),
+            signer: Arc::new(signer("coord-session")),
+            liveness: Default::default(),
+            limits: Default::default(),
         };
         let (tx, rx) = watch::channel(false);
         let tls = transport::server_tls(&self.coord).unwrap();
@@ -233,6 +253,7 @@ impl World {
             lanes: vec!["w1".into()],
             report: Default::default(),
             runtimes: vec!["fake@1.0.0".into()],
+            liveness: Default::default(),
         }
     }
 
@@ -262,9 +283,7 @@ async fn mtls_refuses_missing_foreign_and_expired_client_certificates() {
     let w = World::new();
     let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
     // A valid identity gets through the handshake and its hello is seen.
-    transport::connect(&w.link(&addr, &w.host), "s-ok")
-        .await
-        .unwrap();
+    transport::connect(&w.link(&addr, &w.host)).await.unwrap();
     eventually("hello", || w.collector.hellos.lock().unwrap().len() == 1).await;
 
     // No client certificate at all.
@@ -285,7 +304,7 @@ async fn mtls_refuses_missing_foreign_and_expired_client_certificates() {
     let mut p = w.link(&addr, &w.host);
     p.tls = Arc::new(bare);
     assert!(
-        transport::connect(&p, "s-bare").await.is_err(),
+        transport::connect(&p).await.is_err(),
         "a client without a certificate got a session"
     );
 
@@ -299,9 +318,7 @@ async fn mtls_refuses_missing_foreign_and_expired_client_certificates() {
         key: foreign.key,
     };
     assert!(
-        transport::connect(&w.link(&addr, &id), "s-foreign")
-            .await
-            .is_err(),
+        transport::connect(&w.link(&addr, &id)).await.is_err(),
         "a foreign-CA client got a session"
     );
 
@@ -322,9 +339,7 @@ async fn mtls_refuses_missing_foreign_and_expired_client_certificates() {
         key: old.key,
     };
     assert!(
-        transport::connect(&w.link(&addr, &id), "s-expired")
-            .await
-            .is_err(),
+        transport::connect(&w.link(&addr, &id)).await.is_err(),
         "an expired client got a session"
     );
 
@@ -349,7 +364,7 @@ async fn the_hello_issuer_must_be_the_tls_peer() {
         cert: h2.cert,
         key: h2.key,
     };
-    let _ = transport::connect(&w.link(&addr, &id), "s-mismatch").await;
+    let _ = transport::connect(&w.link(&addr, &id)).await;
     eventually("refusal audit", || w.audited("session-refused")).await;
     assert!(w.collector.hellos.lock().unwrap().is_empty());
 }
@@ -376,7 +391,7 @@ async fn hostile_frames_close_nothing_but_themselves() {
     let w = World::new();
     let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
     let p = w.link(&addr, &w.host);
-    let mut ws = transport::connect(&p, "s-hostile").await.unwrap();
+    let mut hs = transport::connect(&p).await.unwrap();
     let wrong_audience = signer("host-session")
         .sign(MessageType::Heartbeat, HOST, fields(MessageType::Heartbeat))
         .unwrap();
@@ -385,23 +400,17 @@ async fn hostile_frames_close_nothing_but_themselves() {
         Message::text("{\"message_type\":\"hello\"}"),
         Message::binary(vec![0u8, 159, 146, 150]),
         Message::text(String::from_utf8(wrong_audience).unwrap()),
-        Message::text("x".repeat(300 * 1024)),
     ] {
-        ws.send(m).await.unwrap();
+        hs.ws.send(m).await.unwrap();
     }
     // The session is still up: a real receipt is processed and acknowledged.
     let r = receipt("h1:w1", 1);
-    let env = mosaic::supervisor::link::receipt_envelope(&p, "s-hostile", &r).unwrap();
-    ws.send(Message::text(String::from_utf8(env).unwrap()))
-        .await
-        .unwrap();
-    let ack = tokio::time::timeout(Duration::from_secs(10), ws.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert!(ack.to_text().unwrap().contains("receipt_ack"));
-    for cat in ["malformed", "binary-frame", "wrong-audience", "too-large"] {
+    let sid = hs.session_id.clone();
+    let env = mosaic::supervisor::link::receipt_outgoing(&p, &sid, &r).unwrap();
+    hs.send(env, COORD).await.unwrap();
+    let ack = next_text(&mut hs).await;
+    assert!(ack.contains("receipt_ack"));
+    for cat in ["malformed", "binary-frame", "wrong-audience"] {
         assert!(
             w.audited(cat),
             "no {cat} audit: {:?}",
@@ -409,6 +418,70 @@ async fn hostile_frames_close_nothing_but_themselves() {
         );
     }
     assert_eq!(w.collector.receipts.lock().unwrap().len(), 1);
+}
+
+/// The next text frame from the coordinator (pings skipped).
+async fn next_text(hs: &mut transport::HostSession) -> String {
+    loop {
+        let m = tokio::time::timeout(Duration::from_secs(10), hs.ws.next())
+            .await
+            .expect("no frame within 10 s")
+            .expect("session ended")
+            .expect("transport error");
+        match m {
+            Message::Text(t) => return t.to_string(),
+            Message::Close(f) => panic!("session closed: {f:?}"),
+            _ => continue,
+        }
+    }
+}
+
+/// Reads until the session ends; returns the close reason.
+async fn close_reason(hs: &mut transport::HostSession) -> String {
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), hs.ws.next())
+            .await
+            .expect("the session was not closed within 10 s")
+        {
+            Some(Ok(Message::Close(f))) => {
+                return f.map(|f| f.reason.to_string()).unwrap_or_default()
+            }
+            None | Some(Err(_)) => return String::new(),
+            Some(Ok(_)) => continue,
+        }
+    }
+}
+
+#[tokio::test]
+async fn an_oversized_frame_or_an_invalid_frame_flood_closes_the_session() {
+    let w = World::new();
+    let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
+    let p = w.link(&addr, &w.host);
+    // One frame larger than any envelope can be.
+    let mut hs = transport::connect(&p).await.unwrap();
+    let _ = hs.ws.send(Message::text("x".repeat(300 * 1024))).await;
+    let _ = close_reason(&mut hs).await;
+    let r = receipt("h1:w1", 1);
+    let sid = hs.session_id.clone();
+    let env = mosaic::supervisor::link::receipt_outgoing(&p, &sid, &r).unwrap();
+    assert!(
+        hs.send(env, COORD).await.is_err() || w.collector.receipts.lock().unwrap().is_empty(),
+        "the session outlived an oversized frame"
+    );
+    // A flood of invalid frames: past the budget the session is closed with the reason.
+    let mut hs = transport::connect(&p).await.unwrap();
+    for _ in 0..(transport::Limits::default().invalid_frames + 1) {
+        if hs.ws.send(Message::text("not json at all")).await.is_err() {
+            break;
+        }
+    }
+    let reason = close_reason(&mut hs).await;
+    assert!(
+        reason.contains("invalid-frame budget"),
+        "closed with {reason:?}"
+    );
+    assert!(w.audited("session-closed-abusive"));
+    assert!(w.collector.receipts.lock().unwrap().is_empty());
 }
 
 #[tokio::test]
@@ -430,9 +503,11 @@ async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
         .port();
     let addr = format!("127.0.0.1:{port}");
     let (link_stop, link_rx) = watch::channel(false);
+    let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(&state).unwrap());
     let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
         w.link(&addr, &w.host),
         outbox.clone(),
+        fence,
         link_rx,
     ));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -499,8 +574,17 @@ async fn the_server_serves_many_concurrent_host_sessions() {
         ));
         tasks.push((principal, p));
     }
-    // The server's registry must know every host key.
-    let mut reg = registry();
+    // The server's registry must know every host key, and the coordinator's session key
+    // must be allowed to address every host (its challenge and acks go to each of them).
+    let mut coord_session = entry(&KEYS[1]);
+    coord_session
+        .audiences
+        .extend(tasks.iter().map(|(principal, _)| principal.clone()));
+    let mut reg = mosaic::protocol::TrustRegistry::new();
+    for k in KEYS.iter().filter(|k| k.key_id != "coord-session") {
+        reg.insert(entry(k)).unwrap();
+    }
+    reg.insert(coord_session).unwrap();
     for (principal, p) in &tasks {
         let mut e = entry(&KEYS[4]);
         e.key_id = principal.clone();
@@ -508,16 +592,23 @@ async fn the_server_serves_many_concurrent_host_sessions() {
         e.public_key = p.signer.public_key();
         reg.insert(e).unwrap();
     }
+    let reg = Arc::new(reg);
+    for (_, p) in tasks.iter_mut() {
+        p.registry = reg.clone();
+    }
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr2 = listener.local_addr().unwrap().to_string();
     let audit = w.audit.clone();
     let params = ServerParams {
-        registry: Arc::new(reg),
+        registry: reg,
         audience: COORD.into(),
         trust_domain: DOMAIN.into(),
         audit: Arc::new(move |peer: &str, cat: &str, _d: &str| {
             audit.lock().unwrap().push((peer.into(), cat.into()))
         }),
+        signer: Arc::new(signer("coord-session")),
+        liveness: Default::default(),
+        limits: Default::default(),
     };
     let (_tx, rx) = watch::channel(false);
     tokio::spawn(transport::serve(
@@ -531,19 +622,14 @@ async fn the_server_serves_many_concurrent_host_sessions() {
     for (i, (principal, mut p)) in tasks.into_iter().enumerate() {
         p.addr = addr2.clone();
         joins.push(tokio::spawn(async move {
-            let mut ws = transport::connect(&p, &format!("s-{i}")).await.unwrap();
+            let _ = i;
+            let mut hs = transport::connect(&p).await.unwrap();
             let r = receipt(&format!("{}:w1", principal.trim_start_matches("host:")), 1);
-            let env =
-                mosaic::supervisor::link::receipt_envelope(&p, &format!("s-{i}"), &r).unwrap();
-            ws.send(Message::text(String::from_utf8(env).unwrap()))
-                .await
-                .unwrap();
-            let ack = tokio::time::timeout(Duration::from_secs(20), ws.next())
-                .await
-                .unwrap()
-                .unwrap()
-                .unwrap();
-            assert!(ack.to_text().unwrap().contains("receipt_ack"));
+            let sid = hs.session_id.clone();
+            let env = mosaic::supervisor::link::receipt_outgoing(&p, &sid, &r).unwrap();
+            hs.send(env, COORD).await.unwrap();
+            let ack = next_text(&mut hs).await;
+            assert!(ack.contains("receipt_ack"));
         }));
     }
     for j in joins {

@@ -7,7 +7,7 @@
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
 
-use super::error::AuthorityError;
+use super::error::{AuthorityError, Category};
 use super::store::Store;
 
 /// The immutable identity of one reservation chain.
@@ -457,6 +457,72 @@ impl Store {
                 .await?
                 .map(|r| r.get(0)),
         )
+    }
+
+    /// The primary's clock now (RFC 3339, as `mosaic_ts` formats it), and `ahead_ms` later.
+    pub async fn db_now_and(&self, ahead_ms: i64) -> Result<(String, String), AuthorityError> {
+        let c = self.pool.get().await?;
+        let r = c
+            .query_one(
+                "SELECT mosaic_ts(t), mosaic_ts(t + make_interval(secs => $1::double precision / 1000)) \
+                 FROM clock_timestamp() t",
+                &[&(ahead_ms as f64)],
+            )
+            .await?;
+        Ok((r.get(0), r.get(1)))
+    }
+
+    /// Records a newly admitted host session: its id may never have been admitted before
+    /// (primary key), and it gets the host's next session epoch.
+    pub async fn open_host_session(
+        &self,
+        host_id: &str,
+        session_id: &str,
+        coordinator_epoch: i64,
+    ) -> Result<i64, AuthorityError> {
+        let c = self.pool.get().await?;
+        let sql = "INSERT INTO host_sessions (session_id, host_id, session_epoch, coordinator_epoch) \
+                   SELECT $1, $2, coalesce(max(session_epoch), 0) + 1, $3 FROM host_sessions WHERE host_id = $2 \
+                   RETURNING session_epoch";
+        // Two sessions of one host admitted at the same instant race for the epoch: the
+        // loser takes the next one.
+        for _ in 0..3 {
+            match c
+                .query_one(sql, &[&session_id, &host_id, &coordinator_epoch])
+                .await
+            {
+                Ok(r) => return Ok(r.get(0)),
+                Err(e)
+                    if e.as_db_error().is_some_and(|d| {
+                        d.constraint() == Some("host_sessions_host_id_session_epoch_key")
+                    }) =>
+                {
+                    continue
+                }
+                Err(e) => return Err(e.into()),
+            }
+        }
+        Err(AuthorityError::Rejected {
+            op: "host-session",
+            category: Category::Conflict,
+            detail: "could not allocate a session epoch".into(),
+        })
+    }
+
+    /// Records why a host session ended (once).
+    pub async fn close_host_session(
+        &self,
+        session_id: &str,
+        reason: &str,
+    ) -> Result<(), AuthorityError> {
+        let c = self.pool.get().await?;
+        c.execute(
+            "UPDATE host_sessions SET closed_at = clock_timestamp(), close_reason = $2 \
+             WHERE session_id = $1 AND closed_at IS NULL",
+            &[&session_id, &reason],
+        )
+        .await?;
+        Ok(())
     }
 
     /// Records what a host advertised (declared capabilities; not authority).

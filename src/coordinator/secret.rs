@@ -116,6 +116,22 @@ impl std::fmt::Debug for FenceToken {
 }
 
 impl FenceToken {
+    /// The per-generation value behind `fence_proof` (see `protocol::fence`): a one-way
+    /// function of this token, bound to one lane incarnation and generation.
+    pub fn generation_reveal(&self, lane_incarnation_id: &str, generation: u64) -> [u8; 32] {
+        let mut m = match <Hmac<Sha256> as Mac>::new_from_slice(&self.0) {
+            Ok(m) => m,
+            Err(_) => unreachable_hmac(),
+        };
+        m.update(b"mosaic/fence-reveal/v1");
+        m.update(&(lane_incarnation_id.len() as u64).to_be_bytes());
+        m.update(lane_incarnation_id.as_bytes());
+        m.update(&generation.to_be_bytes());
+        let mut b = [0u8; 32];
+        b.copy_from_slice(&m.finalize().into_bytes());
+        b
+    }
+
     /// A random token that is no reservation's (tests present it to prove refusal).
     pub fn random() -> Result<Self, SecretError> {
         let mut b = [0u8; 32];

@@ -17,6 +17,7 @@ use super::secret::CoordinatorSecret;
 const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0001_authority.sql"),
     include_str!("../../migrations/0002_chains_as_rows.sql"),
+    include_str!("../../migrations/0003_host_sessions.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

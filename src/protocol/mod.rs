@@ -12,6 +12,7 @@
 
 pub mod canonical;
 pub mod envelope;
+pub mod fence;
 pub mod queue;
 pub mod report;
 pub mod schema;

@@ -33,7 +33,9 @@ pub enum Role {
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum MessageType {
+    SessionChallenge,
     Hello,
+    Report,
     Heartbeat,
     Receipt,
     ReceiptAck,
@@ -54,8 +56,10 @@ pub enum MessageType {
     RecoveryAck,
 }
 
-pub const ALL_TYPES: [MessageType; 19] = [
+pub const ALL_TYPES: [MessageType; 21] = [
+    MessageType::SessionChallenge,
     MessageType::Hello,
+    MessageType::Report,
     MessageType::Heartbeat,
     MessageType::Receipt,
     MessageType::ReceiptAck,
@@ -79,7 +83,9 @@ pub const ALL_TYPES: [MessageType; 19] = [
 impl MessageType {
     pub fn as_str(self) -> &'static str {
         match self {
+            Self::SessionChallenge => "session_challenge",
             Self::Hello => "hello",
+            Self::Report => "report",
             Self::Heartbeat => "heartbeat",
             Self::Receipt => "receipt",
             Self::ReceiptAck => "receipt_ack",
@@ -345,7 +351,38 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 19] = [
+pub static SCHEMAS: [Schema; 21] = [
+    // The coordinator's first frame on every connection: a fresh, single-use session id
+    // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
+    // database time, from which the host estimates coordinator time for expiry checks.
+    schema!(
+        SessionChallenge,
+        "session_challenge",
+        Session,
+        Coordinator,
+        [COMMON, AUTHORITY_NULLABLE, ISSUED, &[("session_id", Str)]],
+        [],
+        []
+    ),
+    // The host's state again, on its live session, whenever it changes (the hello is
+    // single-use: one per session, answering the session challenge).
+    schema!(
+        Report,
+        "report",
+        Session,
+        Host,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("session_id", Str), ("host_id", Str)]
+        ],
+        [
+            ("lanes", StrList),
+            ("runtimes", StrList),
+            ("lane_states", Object)
+        ],
+        [NO_AUTHORITATIVE_TIME]
+    ),
     schema!(
         Hello,
         "hello",

@@ -9,7 +9,6 @@
 //! issuer must also be the TLS peer); lets one malformed frame end a session; logs frame
 //! contents.
 
-use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -119,30 +118,246 @@ pub fn client_tls(id: &TlsIdentity) -> Result<Arc<rustls::ClientConfig>, Transpo
 }
 
 fn ws_config() -> WebSocketConfig {
+    // One envelope per message; a larger frame ends the session (it cannot be valid).
     WebSocketConfig::default()
-        .max_message_size(Some(MAX_ENVELOPE_BYTES * 4))
-        .max_frame_size(Some(MAX_ENVELOPE_BYTES * 4))
+        .max_message_size(Some(MAX_ENVELOPE_BYTES + 1024))
+        .max_frame_size(Some(MAX_ENVELOPE_BYTES + 1024))
+        .max_write_buffer_size(4 * MAX_ENVELOPE_BYTES)
 }
 
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// What the server does with verified envelopes. Returns frames to send back.
-pub trait Handler: Send + Sync + 'static {
-    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>>;
+/// How each side of a session notices a dead peer: it sends something at least every
+/// `interval` (the host a signed `heartbeat`, the coordinator a WebSocket ping) and gives
+/// the session up after `limit` without a single frame from the other side.
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    pub interval: Duration,
+    pub limit: Duration,
+}
 
-    /// Decides whether a verified hello from `peer` may open a session (a standby
-    /// coordinator, for one, refuses). A refusal closes the connection with the reason.
-    fn admit(
-        &self,
-        _peer: &str,
-        _hello: &Envelope<Verified>,
-    ) -> BoxFuture<'static, Result<(), String>> {
-        Box::pin(async { Ok(()) })
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::from_heartbeat_ms(None)
+    }
+}
+
+impl Liveness {
+    /// From a heartbeat interval (default 5 s): silent for three intervals is dead.
+    pub fn from_heartbeat_ms(heartbeat_ms: Option<u64>) -> Self {
+        let interval = Duration::from_millis(heartbeat_ms.unwrap_or(5_000).max(100));
+        Self {
+            interval,
+            limit: interval * 3,
+        }
+    }
+}
+
+/// What one session may cost the server before it is closed.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Frames that fail verification, replay, or are refused as hostile, per `window`.
+    pub invalid_frames: u32,
+    pub window: Duration,
+    /// Sustained frames per second, and the burst above it.
+    pub frames_per_second: u32,
+    pub burst: u32,
+    /// Frames queued for the peer; a session whose peer does not read is closed.
+    pub queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            invalid_frames: 16,
+            window: Duration::from_secs(60),
+            frames_per_second: 200,
+            burst: 2000,
+            queue: 1024,
+        }
+    }
+}
+
+/// An envelope to send on a session. The session seals it: it adds the message id
+/// (`<session_id>.<n>`, `n` strictly increasing) and the audience, and signs it with
+/// `signer`. Sealing in one place per session is what makes every message id unique and
+/// every replay detectable.
+pub struct Outgoing {
+    pub signer: Arc<Signer>,
+    pub message_type: MessageType,
+    pub fields: Vec<(&'static str, Value)>,
+}
+
+impl Outgoing {
+    pub fn new(
+        signer: &Arc<Signer>,
+        message_type: MessageType,
+        fields: Vec<(&'static str, Value)>,
+    ) -> Self {
+        Self {
+            signer: signer.clone(),
+            message_type,
+            fields,
+        }
+    }
+}
+
+/// Gives one sender's envelopes their message ids on one session.
+pub struct Sequencer {
+    session_id: String,
+    next: u64,
+}
+
+impl Sequencer {
+    pub fn new(session_id: &str) -> Self {
+        Self {
+            session_id: session_id.to_string(),
+            next: 0,
+        }
     }
 
-    /// A session for `peer` passed its handshake; `push` sends frames to it unprompted
-    /// until the session ends (then sends fail). Called before the hello is handled.
-    fn opened(&self, _peer: &str, _session_id: &str, _push: tokio::sync::mpsc::Sender<Vec<u8>>) {}
+    pub fn seal(&mut self, o: Outgoing, audience: &str) -> Result<Vec<u8>, TransportError> {
+        let mut fields = o.fields;
+        fields.push((
+            "message_id",
+            s(&format!("{}.{}", self.session_id, self.next)),
+        ));
+        self.next += 1;
+        o.signer
+            .sign(o.message_type, audience, fields)
+            .map_err(|e| TransportError::Refused(format!("cannot sign: {e}")))
+    }
+}
+
+/// Accepts a peer's message ids only as `<this session's id>.<n>` with `n` above every
+/// earlier one: a frame replayed on the same session, or taken from another session, is
+/// refused before anything reads it.
+pub struct ReplayGuard {
+    session_id: String,
+    last: Option<u64>,
+}
+
+impl ReplayGuard {
+    pub fn new(session_id: &str) -> Self {
+        Self {
+            session_id: session_id.to_string(),
+            last: None,
+        }
+    }
+
+    pub fn check(&mut self, message_id: &str) -> Result<(), &'static str> {
+        let n = message_id
+            .strip_prefix(self.session_id.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse::<u64>().ok())
+            .ok_or("other-session")?;
+        if self.last.is_some_and(|l| n <= l) {
+            return Err("replayed");
+        }
+        self.last = Some(n);
+        Ok(())
+    }
+}
+
+/// 256 random bits, hex: a session id nobody can predict or reuse.
+pub fn fresh_session_id() -> Result<String, TransportError> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| TransportError::Refused(format!("random source: {e}")))?;
+    Ok(format!("sess-{}", hex::encode(b)))
+}
+
+/// Milliseconds on a process-local monotonic clock (for liveness stamps shared between
+/// tasks).
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// What the server's handler knows about one live session, and how it ends it.
+#[derive(Clone)]
+pub struct SessionHandle {
+    pub peer: String,
+    pub session_id: String,
+    /// Frames for the peer; `try_send` fails when the session is gone or its peer does
+    /// not read (then the session is closed).
+    pub push: tokio::sync::mpsc::Sender<Outgoing>,
+    /// When the last frame arrived from the peer ([`mono_ms`]).
+    pub last_frame: Arc<std::sync::atomic::AtomicU64>,
+    close: Arc<tokio::sync::Notify>,
+    close_reason: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl SessionHandle {
+    /// Ends the session with `reason` (sent to the peer in the close frame).
+    pub fn close(&self, reason: &str) {
+        if let Ok(mut r) = self.close_reason.lock() {
+            r.get_or_insert_with(|| reason.to_string());
+        }
+        self.close.notify_one();
+    }
+
+    /// How long ago the peer last sent a frame.
+    pub fn silent_for(&self) -> Duration {
+        Duration::from_millis(
+            mono_ms().saturating_sub(self.last_frame.load(std::sync::atomic::Ordering::Relaxed)),
+        )
+    }
+
+    pub fn is_open(&self) -> bool {
+        !self.push.is_closed()
+    }
+}
+
+/// The coordinator's freshness data for a session challenge.
+#[derive(Debug, Clone)]
+pub struct Admission {
+    pub sot_incarnation: Option<String>,
+    pub coordinator_epoch: Option<u64>,
+    /// Database time, RFC 3339.
+    pub issued_at: String,
+    pub expires_at: String,
+}
+
+/// The result of handling one verified frame.
+#[derive(Default)]
+pub struct Handled {
+    pub replies: Vec<Outgoing>,
+    /// The frame was refused as hostile (another host's lane, a field that contradicts
+    /// its chain, …): it counts against the session's invalid-frame budget.
+    pub violation: Option<String>,
+}
+
+impl Handled {
+    pub fn reply(replies: Vec<Outgoing>) -> Self {
+        Self {
+            replies,
+            violation: None,
+        }
+    }
+}
+
+/// What the server does with sessions and their verified envelopes.
+pub trait Handler: Send + Sync + 'static {
+    /// Decides whether `peer` (the TLS principal) may open a session at all — before any
+    /// WebSocket or challenge work. A refusal closes the connection with the reason.
+    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, String>>;
+
+    /// The peer answered the challenge with a valid hello: the session is live. A refusal
+    /// closes it. Called before the hello is handled.
+    fn open(
+        &self,
+        session: SessionHandle,
+        hello: &Envelope<Verified>,
+    ) -> BoxFuture<'static, Result<(), String>>;
+
+    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled>;
+
+    /// The session ended (`abusive`: it was closed for exceeding its limits).
+    fn closed(&self, _peer: &str, _session_id: &str, _reason: &str, _abusive: bool) {}
 }
 
 /// Where the server reports rejections (category + redacted detail, never frame content).
@@ -155,7 +370,14 @@ pub struct ServerParams {
     pub audience: String,
     pub trust_domain: String,
     pub audit: AuditSink,
+    /// Signs the session challenge (the coordinator's session key).
+    pub signer: Arc<Signer>,
+    pub liveness: Liveness,
+    pub limits: Limits,
 }
+
+/// Connections between TCP accept and a verified hello, at most.
+const MAX_HANDSHAKES: usize = 64;
 
 /// Serves sessions until `shutdown` flips to true; sessions end with it.
 pub async fn serve(
@@ -166,9 +388,15 @@ pub async fn serve(
     mut shutdown: watch::Receiver<bool>,
 ) -> Result<(), TransportError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     loop {
         let (tcp, addr) = tokio::select! {
             r = listener.accept() => r?,
+            _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
+        };
+        // A connection flood waits here rather than growing memory without bound.
+        let permit = tokio::select! {
+            p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Ok(()) },
             _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
         };
         let (acceptor, params, handler, shutdown) = (
@@ -181,20 +409,107 @@ pub async fn serve(
         // a frame written behind an unacknowledged one for the peer's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
-            if let Err(e) = session(tcp, addr, acceptor, params.clone(), handler, shutdown).await {
+            if let Err(e) = session(tcp, acceptor, &params, handler, shutdown, permit).await {
                 (params.audit)(&addr.to_string(), "session-refused", &e.to_string());
             }
         });
     }
 }
 
+fn close_frame(reason: &str) -> Option<tokio_tungstenite::tungstenite::protocol::CloseFrame> {
+    use tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode;
+    // A close reason is at most 123 bytes.
+    let mut r = reason.to_string();
+    while r.len() > 120 {
+        r.pop();
+    }
+    Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
+        code: CloseCode::Policy,
+        reason: r.into(),
+    })
+}
+
+/// Counts a session's invalid frames; audits the first few of each reason and the totals.
+struct Strikes {
+    window_start: std::time::Instant,
+    in_window: u32,
+    by_reason: std::collections::BTreeMap<String, u64>,
+}
+
+impl Strikes {
+    const AUDITED_PER_REASON: u64 = 3;
+
+    fn new() -> Self {
+        Self {
+            window_start: std::time::Instant::now(),
+            in_window: 0,
+            by_reason: Default::default(),
+        }
+    }
+
+    /// Records one invalid frame; true when the session is over its budget.
+    fn strike(&mut self, p: &ServerParams, peer: &str, session_id: &str, reason: &str) -> bool {
+        let n = self.by_reason.entry(reason.to_string()).or_insert(0);
+        *n += 1;
+        if *n <= Self::AUDITED_PER_REASON {
+            (p.audit)(peer, reason, session_id);
+        }
+        if self.window_start.elapsed() > p.limits.window {
+            self.window_start = std::time::Instant::now();
+            self.in_window = 0;
+        }
+        self.in_window += 1;
+        self.in_window > p.limits.invalid_frames
+    }
+
+    fn summary(&self) -> Option<String> {
+        let total: u64 = self.by_reason.values().sum();
+        (total > 0).then(|| {
+            let parts: Vec<String> = self
+                .by_reason
+                .iter()
+                .map(|(r, n)| format!("{r}={n}"))
+                .collect();
+            format!("{total} invalid frames ({})", parts.join(", "))
+        })
+    }
+}
+
+/// A token bucket over all frames of a session.
+struct Rate {
+    tokens: f64,
+    at: std::time::Instant,
+}
+
+impl Rate {
+    fn allow(&mut self, l: &Limits) -> bool {
+        let now = std::time::Instant::now();
+        let refill = now.duration_since(self.at).as_secs_f64() * f64::from(l.frames_per_second);
+        self.tokens = (self.tokens + refill).min(f64::from(l.burst));
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
+    }
+}
+
+/// How a session ended.
+enum Ended {
+    Closed(String),
+    Abusive(String),
+}
+
+#[allow(clippy::too_many_arguments)]
 async fn session(
     tcp: TcpStream,
-    addr: SocketAddr,
     acceptor: tokio_rustls::TlsAcceptor,
-    params: ServerParams,
+    params: &ServerParams,
     handler: Arc<dyn Handler>,
     mut shutdown: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
 ) -> Result<(), TransportError> {
     let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
         .await
@@ -206,6 +521,7 @@ async fn session(
         .and_then(|c| c.first())
         .and_then(|c| crate::pki::principal_of(c))
         .ok_or(TransportError::NoPrincipal)?;
+    let admission = handler.admit(&peer).await;
     let mut ws = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
         tokio_tungstenite::accept_async_with_config(tls, Some(ws_config())),
@@ -213,13 +529,54 @@ async fn session(
     .await
     .map_err(|_| TransportError::Timeout("websocket handshake"))?
     .map_err(|e| TransportError::Ws(e.to_string()))?;
+    let admission = match admission {
+        Ok(a) => a,
+        Err(reason) => {
+            let _ = ws.close(close_frame(&reason)).await;
+            return Err(TransportError::Refused(format!("{peer}: {reason}")));
+        }
+    };
+    // The challenge: a fresh session id the hello must name, so a hello recorded on any
+    // other connection is worthless here.
+    let session_id = fresh_session_id()?;
+    let mut seq = Sequencer::new(&session_id);
+    let mut guard = ReplayGuard::new(&session_id);
+    let challenge = seq.seal(
+        Outgoing::new(
+            &params.signer,
+            MessageType::SessionChallenge,
+            vec![
+                ("idempotency_key", s(&format!("session/{session_id}"))),
+                (
+                    "sot_incarnation",
+                    admission
+                        .sot_incarnation
+                        .as_deref()
+                        .map(s)
+                        .unwrap_or(Value::Null),
+                ),
+                (
+                    "coordinator_epoch",
+                    admission
+                        .coordinator_epoch
+                        .map(super::envelope::n)
+                        .unwrap_or(Value::Null),
+                ),
+                ("assignment_id", Value::Null),
+                ("session_id", s(&session_id)),
+                ("issued_at", s(&admission.issued_at)),
+                ("expires_at", s(&admission.expires_at)),
+            ],
+        ),
+        &peer,
+    )?;
+    send_text(&mut ws, challenge).await?;
     let ctx = |now| VerifyContext {
         registry: &params.registry,
         audience: &params.audience,
         trust_domain: &params.trust_domain,
         now,
     };
-    // Handshake: the first frame is a hello, verified, from the TLS peer's own principal.
     let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next())
         .await
         .map_err(|_| TransportError::Timeout("hello"))?;
@@ -232,64 +589,186 @@ async fn session(
             ))
         }
     };
+    let refuse = |why: String| TransportError::Refused(why);
     if hello.message_type() != MessageType::Hello || hello.str("issuer") != peer {
-        let _ = ws.close(None).await;
-        return Err(TransportError::Refused(format!(
+        let _ = ws.close(close_frame("hello refused")).await;
+        return Err(refuse(format!(
             "hello issuer {:?} is not the TLS peer {peer:?}",
             hello.str("issuer")
         )));
     }
-    if let Err(reason) = handler.admit(&peer, &hello).await {
-        let _ = ws
-            .close(Some(tokio_tungstenite::tungstenite::protocol::CloseFrame {
-                code: tokio_tungstenite::tungstenite::protocol::frame::coding::CloseCode::Again,
-                reason: reason.clone().into(),
-            }))
-            .await;
-        return Err(TransportError::Refused(reason));
+    if hello.str("session_id") != session_id {
+        let _ = ws.close(close_frame("hello refused")).await;
+        return Err(refuse(
+            "the hello does not answer this connection's session challenge (replayed?)".into(),
+        ));
     }
-    let (push, mut pushed) = tokio::sync::mpsc::channel::<Vec<u8>>(256);
-    handler.opened(&peer, hello.str("session_id"), push);
-    for out in handler.handle(peer.clone(), hello).await {
-        ws.send(Message::text(String::from_utf8_lossy(&out).into_owned()))
-            .await
-            .map_err(|e| TransportError::Ws(e.to_string()))?;
+    if let Err(why) = guard.check(hello.str("message_id")) {
+        let _ = ws.close(close_frame("hello refused")).await;
+        return Err(refuse(format!("hello message id: {why}")));
     }
+    let (push, mut pushed) = tokio::sync::mpsc::channel::<Outgoing>(params.limits.queue);
+    let handle = SessionHandle {
+        peer: peer.clone(),
+        session_id: session_id.clone(),
+        push,
+        last_frame: Arc::new(std::sync::atomic::AtomicU64::new(mono_ms())),
+        close: Arc::new(tokio::sync::Notify::new()),
+        close_reason: Arc::new(std::sync::Mutex::new(None)),
+    };
+    if let Err(reason) = handler.open(handle.clone(), &hello).await {
+        let _ = ws.close(close_frame(&reason)).await;
+        return Err(refuse(format!("{peer}: {reason}")));
+    }
+    // The session is established: it no longer counts as a handshake.
+    drop(permit);
+    let ended = run_session(
+        &mut ws,
+        params,
+        &handler,
+        &handle,
+        hello,
+        &mut seq,
+        &mut guard,
+        &mut pushed,
+        &mut shutdown,
+    )
+    .await;
+    let (reason, abusive) = match &ended {
+        Ok(Ended::Closed(r)) => (r.clone(), false),
+        Ok(Ended::Abusive(r)) => (r.clone(), true),
+        Err(e) => (e.to_string(), false),
+    };
+    if abusive {
+        (params.audit)(&peer, "session-closed-abusive", &reason);
+    }
+    let _ = ws.close(close_frame(&reason)).await;
+    handler.closed(&peer, &session_id, &reason, abusive);
+    Ok(())
+}
+
+async fn send_text<S>(ws: &mut S, bytes: Vec<u8>) -> Result<(), TransportError>
+where
+    S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
+{
+    let text = String::from_utf8(bytes).map_err(|e| TransportError::Ws(e.to_string()))?;
+    ws.send(Message::text(text))
+        .await
+        .map_err(|e| TransportError::Ws(e.to_string()))
+}
+
+#[allow(clippy::too_many_arguments)]
+async fn run_session(
+    ws: &mut tokio_tungstenite::WebSocketStream<tokio_rustls::server::TlsStream<TcpStream>>,
+    params: &ServerParams,
+    handler: &Arc<dyn Handler>,
+    handle: &SessionHandle,
+    hello: Envelope<Verified>,
+    seq: &mut Sequencer,
+    guard: &mut ReplayGuard,
+    pushed: &mut tokio::sync::mpsc::Receiver<Outgoing>,
+    shutdown: &mut watch::Receiver<bool>,
+) -> Result<Ended, TransportError> {
+    let peer = handle.peer.clone();
+    let sid = handle.session_id.clone();
+    for out in handler.handle(peer.clone(), hello).await.replies {
+        send_text(ws, seq.seal(out, &peer)?).await?;
+    }
+    let ctx = |now| VerifyContext {
+        registry: &params.registry,
+        audience: &params.audience,
+        trust_domain: &params.trust_domain,
+        now,
+    };
+    let mut strikes = Strikes::new();
+    let mut rate = Rate {
+        tokens: f64::from(params.limits.burst),
+        at: std::time::Instant::now(),
+    };
+    let mut ping = tokio::time::interval(params.liveness.interval);
+    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let over = |strikes: &Strikes, why: &str| {
+        Ended::Abusive(match strikes.summary() {
+            Some(s) => format!("{why}: {s}"),
+            None => why.to_string(),
+        })
+    };
     loop {
         let frame = tokio::select! {
             f = ws.next() => f,
             Some(out) = pushed.recv() => {
-                ws.send(Message::text(String::from_utf8_lossy(&out).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
+                send_text(ws, seq.seal(out, &peer)?).await?;
                 continue;
             }
-            _ = crate::util::shutdown_signalled(&mut shutdown) => { let _ = ws.close(None).await; return Ok(()); }
+            _ = ping.tick() => {
+                if handle.silent_for() > params.liveness.limit {
+                    return Ok(Ended::Closed(format!("peer silent for more than {} s", params.liveness.limit.as_secs())));
+                }
+                ws.send(Message::Ping(Vec::new().into())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
+                continue;
+            }
+            _ = handle.close.notified() => {
+                let reason = handle.close_reason.lock().ok().and_then(|r| r.clone()).unwrap_or_else(|| "closed".into());
+                return Ok(Ended::Closed(reason));
+            }
+            _ = crate::util::shutdown_signalled(shutdown) => return Ok(Ended::Closed("coordinator shutting down".into())),
         };
         let text = match frame {
-            None | Some(Ok(Message::Close(_))) => return Ok(()),
-            Some(Err(e)) => return Err(TransportError::Ws(e.to_string())),
-            Some(Ok(Message::Text(t))) => t,
-            Some(Ok(Message::Binary(_))) => {
-                (params.audit)(&peer, "binary-frame", &addr.to_string());
+            None | Some(Ok(Message::Close(_))) => {
+                return Ok(Ended::Closed("closed by the peer".into()))
+            }
+            Some(Err(e)) => {
+                // Oversized frames, protocol violations and resets all end here.
+                return Ok(Ended::Closed(format!("transport: {e}")));
+            }
+            Some(Ok(m)) => {
+                handle
+                    .last_frame
+                    .store(mono_ms(), std::sync::atomic::Ordering::Relaxed);
+                if !rate.allow(&params.limits) {
+                    return Ok(over(&strikes, "frame rate over the session's limit"));
+                }
+                match m {
+                    Message::Text(t) => t,
+                    Message::Binary(_) => {
+                        if strikes.strike(params, &peer, &sid, "binary-frame") {
+                            return Ok(over(&strikes, "invalid-frame budget exceeded"));
+                        }
+                        continue;
+                    }
+                    _ => continue, // ping/pong: liveness only (tungstenite answers pings)
+                }
+            }
+        };
+        let verdict = match verify(text.as_bytes(), &ctx(SystemTime::now())) {
+            Err(e) => Err(e.category().to_string()),
+            Ok(env) if env.str("issuer") != peer => Err("issuer-not-peer".into()),
+            Ok(env) if env.message_type() == MessageType::Hello => Err("second-hello".into()),
+            Ok(env) if env.get("session_id").is_some() && env.str("session_id") != sid => {
+                Err("other-session".into())
+            }
+            Ok(env) => match guard.check(env.str("message_id")) {
+                Err(why) => Err(why.to_string()),
+                Ok(()) => Ok(env),
+            },
+        };
+        let env = match verdict {
+            Ok(env) => env,
+            Err(reason) => {
+                if strikes.strike(params, &peer, &sid, &reason) {
+                    return Ok(over(&strikes, "invalid-frame budget exceeded"));
+                }
                 continue;
             }
-            Some(Ok(_)) => continue, // ping/pong are answered by tungstenite
         };
-        let env = match verify(text.as_bytes(), &ctx(SystemTime::now())) {
-            Ok(e) => e,
-            Err(e) => {
-                // Closes nothing but this frame.
-                (params.audit)(&peer, e.category(), &addr.to_string());
-                continue;
+        let handled = handler.handle(peer.clone(), env).await;
+        if let Some(v) = handled.violation {
+            if strikes.strike(params, &peer, &sid, &v) {
+                return Ok(over(&strikes, "invalid-frame budget exceeded"));
             }
-        };
-        if env.str("issuer") != peer {
-            (params.audit)(&peer, "issuer-not-peer", env.str("issuer"));
-            continue;
         }
-        for out in handler.handle(peer.clone(), env).await {
-            ws.send(Message::text(String::from_utf8_lossy(&out).into_owned()))
-                .await
-                .map_err(|e| TransportError::Ws(e.to_string()))?;
+        for out in handled.replies {
+            send_text(ws, seq.seal(out, &peer)?).await?;
         }
     }
 }
@@ -305,6 +784,7 @@ pub struct LinkParams {
     /// The coordinator principal (`coordinator:<name>`), checked against its certificate.
     pub coordinator: String,
     pub tls: Arc<rustls::ClientConfig>,
+    /// The host's session key.
     pub signer: Arc<Signer>,
     pub registry: Arc<TrustRegistry>,
     pub trust_domain: String,
@@ -315,65 +795,123 @@ pub struct LinkParams {
     pub report: super::report::HostReport,
     /// `family@version` of every runtime this host can start.
     pub runtimes: Vec<String>,
+    pub liveness: Liveness,
 }
 
-/// The host's hello for `session_id`, naming `lanes` (`lane@incarnation`), their states
-/// and the host's runtimes. Sent first on every session, and again on the same session
-/// whenever the host's state changes.
-pub fn hello_envelope(
+/// The host's view of the coordinator's clock, from the session challenge: coordinator
+/// time ≈ host time + `offset`. Good to the challenge's one-way delay, which only ever
+/// makes the estimate early (an envelope is judged expired at most that much late).
+#[derive(Debug, Clone, Copy)]
+pub struct CoordinatorClock {
+    ahead_ms: i128,
+}
+
+impl CoordinatorClock {
+    fn from_issued(issued_at: &str) -> Result<Self, TransportError> {
+        let at = humantime::parse_rfc3339(issued_at)
+            .map_err(|e| TransportError::Refused(format!("challenge issued_at: {e}")))?;
+        let ms = |t: SystemTime| -> i128 {
+            match t.duration_since(SystemTime::UNIX_EPOCH) {
+                Ok(d) => d.as_millis() as i128,
+                Err(e) => -(e.duration().as_millis() as i128),
+            }
+        };
+        Ok(Self {
+            ahead_ms: ms(at) - ms(SystemTime::now()),
+        })
+    }
+
+    /// True when `expires_at` (RFC 3339, coordinator time) has passed, or cannot be read.
+    pub fn expired(&self, expires_at: &str) -> bool {
+        let Ok(at) = humantime::parse_rfc3339(expires_at) else {
+            return true;
+        };
+        let ms = |t: SystemTime| -> i128 {
+            match t.duration_since(SystemTime::UNIX_EPOCH) {
+                Ok(d) => d.as_millis() as i128,
+                Err(e) => -(e.duration().as_millis() as i128),
+            }
+        };
+        ms(SystemTime::now()) + self.ahead_ms >= ms(at)
+    }
+}
+
+/// The fields of the host's state report (the hello's, and every later `report`'s).
+fn state_fields(
     p: &LinkParams,
     session_id: &str,
     lanes: &[String],
     report: &super::report::HostReport,
-) -> Result<Vec<u8>, TransportError> {
+) -> Result<Vec<(&'static str, Value)>, TransportError> {
     let states =
         super::report::to_value(report).map_err(|e| TransportError::Refused(e.to_string()))?;
-    p.signer
-        .sign(
-            MessageType::Hello,
-            &p.coordinator,
-            vec![
-                (
-                    "message_id",
-                    s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
-                ),
-                (
-                    "idempotency_key",
-                    s(&format!(
-                        "hello-{session_id}-{}",
-                        uuid::Uuid::new_v4().simple()
-                    )),
-                ),
-                ("sot_incarnation", Value::Null),
-                ("coordinator_epoch", Value::Null),
-                ("assignment_id", Value::Null),
-                ("session_id", s(session_id)),
-                ("host_id", s(&p.host_id)),
-                ("lanes", Value::Array(lanes.iter().map(|l| s(l)).collect())),
-                (
-                    "runtimes",
-                    Value::Array(p.runtimes.iter().map(|r| s(r)).collect()),
-                ),
-                ("lane_states", states),
-            ],
-        )
-        .map_err(|e| TransportError::Refused(e.to_string()))
+    Ok(vec![
+        (
+            "idempotency_key",
+            s(&format!(
+                "state/{session_id}/{}",
+                uuid::Uuid::new_v4().simple()
+            )),
+        ),
+        ("sot_incarnation", Value::Null),
+        ("coordinator_epoch", Value::Null),
+        ("assignment_id", Value::Null),
+        ("session_id", s(session_id)),
+        ("host_id", s(&p.host_id)),
+        ("lanes", Value::Array(lanes.iter().map(|l| s(l)).collect())),
+        (
+            "runtimes",
+            Value::Array(p.runtimes.iter().map(|r| s(r)).collect()),
+        ),
+        ("lane_states", states),
+    ])
+}
+
+/// The host's state report for a live session (sent whenever that state changes).
+pub fn report_outgoing(
+    p: &LinkParams,
+    session_id: &str,
+    lanes: &[String],
+    report: &super::report::HostReport,
+) -> Result<Outgoing, TransportError> {
+    Ok(Outgoing::new(
+        &p.signer,
+        MessageType::Report,
+        state_fields(p, session_id, lanes, report)?,
+    ))
 }
 
 /// A client session to the coordinator.
 pub type Ws = tokio_tungstenite::WebSocketStream<tokio_rustls::client::TlsStream<TcpStream>>;
 
-/// Connects, checks the server's principal, and completes the hello exchange.
-pub async fn connect(p: &LinkParams, session_id: &str) -> Result<Ws, TransportError> {
-    connect_to(p, &p.addr, session_id).await
+/// One established host session: the socket, this session's id, the sequencer for the
+/// host's own envelopes, the guard over the coordinator's, and the coordinator's clock.
+pub struct HostSession {
+    pub ws: Ws,
+    pub session_id: String,
+    pub seq: Sequencer,
+    pub guard: ReplayGuard,
+    pub clock: CoordinatorClock,
+    /// The coordinator's epoch and timeline when it issued the challenge.
+    pub coordinator_epoch: Option<u64>,
+    pub sot_incarnation: Option<String>,
+}
+
+impl HostSession {
+    /// Seals and sends one envelope.
+    pub async fn send(&mut self, o: Outgoing, audience: &str) -> Result<(), TransportError> {
+        let bytes = self.seq.seal(o, audience)?;
+        send_text(&mut self.ws, bytes).await
+    }
+}
+
+/// Connects, checks the server's principal, answers its session challenge with the hello.
+pub async fn connect(p: &LinkParams) -> Result<HostSession, TransportError> {
+    connect_to(p, &p.addr).await
 }
 
 /// Like [`connect`], to `addr` (one of the coordinator's addresses).
-pub async fn connect_to(
-    p: &LinkParams,
-    addr: &str,
-    session_id: &str,
-) -> Result<Ws, TransportError> {
+pub async fn connect_to(p: &LinkParams, addr: &str) -> Result<HostSession, TransportError> {
     let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| TransportError::Timeout("connect"))??;
@@ -408,9 +946,64 @@ pub async fn connect_to(
     .await
     .map_err(|_| TransportError::Timeout("websocket handshake"))?
     .map_err(|e| TransportError::Ws(e.to_string()))?;
-    let hello = hello_envelope(p, session_id, &p.lanes, &p.report)?;
-    ws.send(Message::text(String::from_utf8_lossy(&hello).into_owned()))
+    // The coordinator speaks first: its challenge, or a close frame with the reason it
+    // refuses this session.
+    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next())
         .await
-        .map_err(|e| TransportError::Ws(e.to_string()))?;
-    Ok(ws)
+        .map_err(|_| TransportError::Timeout("session challenge"))?;
+    let challenge = match first {
+        Some(Ok(Message::Text(t))) => {
+            let ctx = VerifyContext {
+                registry: &p.registry,
+                audience: &p.signer.principal,
+                trust_domain: &p.trust_domain,
+                now: SystemTime::now(),
+            };
+            verify(t.as_bytes(), &ctx)
+                .map_err(|e| TransportError::Refused(format!("session challenge: {e}")))?
+        }
+        Some(Ok(Message::Close(Some(f)))) => {
+            return Err(TransportError::Refused(f.reason.to_string()))
+        }
+        _ => {
+            return Err(TransportError::Refused(
+                "the coordinator sent no session challenge".into(),
+            ))
+        }
+    };
+    if challenge.message_type() != MessageType::SessionChallenge
+        || challenge.str("issuer") != p.coordinator
+    {
+        return Err(TransportError::Refused(
+            "the first frame was not our coordinator's session challenge".into(),
+        ));
+    }
+    let session_id = challenge.str("session_id").to_string();
+    let mut guard = ReplayGuard::new(&session_id);
+    guard
+        .check(challenge.str("message_id"))
+        .map_err(|why| TransportError::Refused(format!("session challenge message id: {why}")))?;
+    let clock = CoordinatorClock::from_issued(challenge.str("issued_at"))?;
+    let mut seq = Sequencer::new(&session_id);
+    let hello = seq.seal(
+        Outgoing::new(
+            &p.signer,
+            MessageType::Hello,
+            state_fields(p, &session_id, &p.lanes, &p.report)?,
+        ),
+        &p.coordinator,
+    )?;
+    send_text(&mut ws, hello).await?;
+    Ok(HostSession {
+        ws,
+        session_id,
+        seq,
+        guard,
+        clock,
+        coordinator_epoch: challenge.uint("coordinator_epoch"),
+        sot_incarnation: match challenge.get("sot_incarnation") {
+            Some(Value::Str(v)) => Some(v.clone()),
+            _ => None,
+        },
+    })
 }

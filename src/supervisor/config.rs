@@ -64,6 +64,10 @@ pub struct CoordinatorLink {
     /// `host:<host_id>/session` and `host:<host_id>/ordinary`.
     pub session_key: PathBuf,
     pub ordinary_key: PathBuf,
+    /// Send a heartbeat every this many ms (default 5000); a coordinator silent for three
+    /// intervals is given up and reconnected to.
+    #[serde(default)]
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// A validated configuration.

@@ -34,6 +34,7 @@ use crate::protocol::envelope::{n, s, Signer};
 use crate::protocol::queue::GenerationGate;
 use crate::protocol::report::{self, Reconcile};
 use crate::protocol::schema::MessageType;
+use crate::protocol::transport::Outgoing;
 use crate::protocol::{Envelope, Verified};
 
 /// One coordinated generation's host-side state.
@@ -55,8 +56,7 @@ struct ChainCtx {
 pub struct CoordinatedHost {
     sup: Supervisor,
     signer: Arc<Signer>,
-    coordinator: String,
-    out: mpsc::Sender<Vec<u8>>,
+    out: mpsc::Sender<Outgoing>,
     chains: Mutex<HashMap<String, Arc<ChainCtx>>>,
     gate: Mutex<GenerationGate>,
     /// One stage at a time per lane, so a duplicate stage finds the first one's result.
@@ -82,13 +82,11 @@ impl CoordinatedHost {
     pub async fn new(
         sup: Supervisor,
         signer: Arc<Signer>,
-        coordinator: String,
-        out: mpsc::Sender<Vec<u8>>,
+        out: mpsc::Sender<Outgoing>,
     ) -> Arc<Self> {
         let host = Arc::new(Self {
             sup,
             signer,
-            coordinator,
             out,
             chains: Mutex::new(HashMap::new()),
             gate: Mutex::new(GenerationGate::new()),
@@ -135,31 +133,27 @@ impl CoordinatedHost {
         (host == self.sup.config().host.as_str()).then(|| lane.to_string())
     }
 
-    fn send(&self, t: MessageType, fields: Vec<(&str, Value)>) {
-        match self.signer.sign(t, &self.coordinator, fields) {
-            Ok(bytes) => {
-                tracing::debug!(message_type = t.as_str(), "to the coordinator");
-                if self.out.try_send(bytes).is_err() {
-                    tracing::error!(
-                        message_type = t.as_str(),
-                        "coordinator link queue full; message dropped (the coordinator resends what the chain waits for)"
-                    );
-                }
-            }
-            Err(e) => tracing::error!(message_type = t.as_str(), error = %e, "cannot sign"),
+    /// Queues a host envelope; the link seals it for the session that sends it.
+    fn send(&self, t: MessageType, fields: Vec<(&'static str, Value)>) {
+        tracing::debug!(message_type = t.as_str(), "to the coordinator");
+        if self
+            .out
+            .try_send(Outgoing::new(&self.signer, t, fields))
+            .is_err()
+        {
+            tracing::error!(
+                message_type = t.as_str(),
+                "coordinator link queue full; message dropped (the coordinator resends what the chain waits for)"
+            );
         }
     }
 
     /// The chain fields every ordinary host message repeats from the stage.
-    fn chain_fields<'a>(
-        stage: &'a Envelope<Verified>,
-        contract: Option<&'a Envelope<Verified>>,
+    fn chain_fields(
+        stage: &Envelope<Verified>,
+        contract: Option<&Envelope<Verified>>,
     ) -> Vec<(&'static str, Value)> {
         let mut f = vec![
-            (
-                "message_id",
-                s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
-            ),
             ("sot_incarnation", s(stage.str("sot_incarnation"))),
             (
                 "coordinator_epoch",
@@ -221,6 +215,15 @@ impl CoordinatedHost {
             );
             return;
         };
+        if !crate::protocol::fence::is_commitment(stage.str("fence_proof")) {
+            self.sup.audit_stale(
+                "fence-proof-not-a-commitment",
+                Some(&lane_id),
+                Some(generation),
+                stage.str("message_id"),
+            );
+            return;
+        }
         let lock = match self.staging.lock() {
             Ok(mut m) => m.entry(lane_id.clone()).or_default().clone(),
             Err(_) => return,
@@ -359,9 +362,9 @@ impl CoordinatedHost {
         let Some(ctx) = self.chain_of(&lane_id) else {
             return;
         };
-        if env.str("reservation_id") != ctx.binding.reservation_id {
+        if let Err(why) = authority_of(&env, &ctx.binding) {
             self.sup.audit_stale(
-                "other-reservation",
+                why,
                 Some(&lane_id),
                 env.uint("generation"),
                 env.str("message_id"),
@@ -427,6 +430,15 @@ impl CoordinatedHost {
 
     /// The coordinator's reconcile: end the listed generations, recreate the listed lanes.
     async fn on_reconcile(self: Arc<Self>, env: Envelope<Verified>) {
+        // Ending generations is authority: a reconcile must say whose (the link has checked
+        // that timeline and epoch against the highest this host has seen).
+        if !matches!(env.get("sot_incarnation"), Some(Value::Str(_)))
+            || env.uint("coordinator_epoch").is_none()
+        {
+            self.sup
+                .audit_stale("authority-missing", None, None, env.str("message_id"));
+            return;
+        }
         let orders: Reconcile = match env.get("lanes").map(|v| report::from_value("reconcile", v)) {
             Some(Ok(o)) => o,
             Some(Err(e)) => {
@@ -481,6 +493,31 @@ impl CoordinatedHost {
             });
         }
     }
+}
+
+/// Whether a coordinator message for a staged generation carries the authority that
+/// generation was staged with: the same reservation and timeline, the staging epoch (a
+/// later one only for a control message, which a new leader sends for RUNNING work), and a
+/// fence proof that opens the stage's commitment (see `protocol::fence`).
+fn authority_of(env: &Envelope<Verified>, b: &CoordBinding) -> Result<(), &'static str> {
+    if env.str("reservation_id") != b.reservation_id {
+        return Err("other-reservation");
+    }
+    if env.str("sot_incarnation") != b.sot_incarnation {
+        return Err("other-timeline");
+    }
+    let epoch = env.uint("coordinator_epoch").unwrap_or(0);
+    let epoch_ok = match env.message_type() {
+        MessageType::Control => epoch >= b.coordinator_epoch,
+        _ => epoch == b.coordinator_epoch,
+    };
+    if !epoch_ok {
+        return Err("other-epoch");
+    }
+    if !crate::protocol::fence::opens(&b.fence_proof, env.str("fence_proof")) {
+        return Err("fence-proof-refused");
+    }
+    Ok(())
 }
 
 impl HostDispatch for Arc<CoordinatedHost> {

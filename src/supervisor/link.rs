@@ -2,6 +2,18 @@
 //! outbox's receipts until acknowledged, hands verified coordinator envelopes to the
 //! coordinated chain, and sends the host's own envelopes, queued while the link is down.
 //!
+//! A session starts with the coordinator's challenge (a fresh session id) answered by the
+//! hello; every envelope either side sends afterwards carries a message id of that session
+//! with a strictly increasing number, so nothing recorded on one session is accepted on
+//! another, or twice on the same one. The link sends a signed heartbeat every liveness
+//! interval and gives the session up when the coordinator has been silent past the limit
+//! (it pings), then reconnects with backoff.
+//!
+//! Before a coordinator envelope reaches the chain it must be our coordinator's, carry the
+//! next message id of this session, not be expired by coordinator time (estimated from the
+//! challenge), and pass the [`AuthorityFence`] (same timeline, epoch not below the highest
+//! seen). Every refusal is audited with identifiers only.
+//!
 //! A receipt is sent as soon as it is durable, and again — within the session, with
 //! doubling backoff from 2 s to 30 s — until the coordinator answers it: `ingested` acks
 //! it; `retry:<category>` (ingestion failed for now) keeps it for the next try;
@@ -9,64 +21,59 @@
 //! envelope) moves it to `refused/` for an operator, loudly. Every reconnect sends every
 //! unacknowledged receipt again (the coordinator deduplicates by key and content).
 //!
-//! **Never:** acts on a frame that failed verification or that its coordinator did not
-//! issue, or drops a receipt before the coordinator answered that key.
+//! **Never:** acts on a frame that failed any of those checks, or drops a receipt before
+//! the coordinator answered that key.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
 
 use futures_util::future::BoxFuture;
-use futures_util::{SinkExt, StreamExt};
+use futures_util::StreamExt;
 use tokio::sync::watch;
 use tokio_tungstenite::tungstenite::Message;
 
+use super::authority::AuthorityFence;
 use crate::protocol::canonical::{self, Value};
 use crate::protocol::envelope::{n, s};
 use crate::protocol::schema::MessageType;
-use crate::protocol::transport::{LinkParams, TransportError};
+use crate::protocol::transport::{HostSession, LinkParams, Outgoing, TransportError};
 use crate::protocol::{verify, Envelope, Verified, VerifyContext};
 
 /// Builds the `receipt` envelope for one outbox receipt.
-pub fn receipt_envelope(
+pub fn receipt_outgoing(
     p: &LinkParams,
     session_id: &str,
     r: &super::receipt::TerminationReceipt,
-) -> Result<Vec<u8>, TransportError> {
+) -> Result<Outgoing, TransportError> {
     let json = serde_json::to_value(r).map_err(|e| TransportError::Refused(e.to_string()))?;
     let body = canonical::from_json(&json)
         .map_err(|e| TransportError::Refused(format!("receipt not encodable: {e}")))?;
-    p.signer
-        .sign(
-            MessageType::Receipt,
-            &p.coordinator,
-            vec![
-                (
-                    "message_id",
-                    s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
-                ),
-                ("idempotency_key", s(&r.idempotency_key)),
-                (
-                    "sot_incarnation",
-                    r.sot_incarnation.as_deref().map(s).unwrap_or(Value::Null),
-                ),
-                (
-                    "coordinator_epoch",
-                    r.coordinator_epoch.map(n).unwrap_or(Value::Null),
-                ),
-                (
-                    "assignment_id",
-                    r.assignment_id.as_deref().map(s).unwrap_or(Value::Null),
-                ),
-                ("session_id", s(session_id)),
-                ("lane_id", s(&r.lane_id)),
-                ("lane_incarnation_id", s(&r.lane_incarnation_id)),
-                ("generation", n(r.generation)),
-                ("receipt_idempotency_key", s(&r.idempotency_key)),
-                ("receipt", body),
-            ],
-        )
-        .map_err(|e| TransportError::Refused(e.to_string()))
+    Ok(Outgoing::new(
+        &p.signer,
+        MessageType::Receipt,
+        vec![
+            ("idempotency_key", s(&r.idempotency_key)),
+            (
+                "sot_incarnation",
+                r.sot_incarnation.as_deref().map(s).unwrap_or(Value::Null),
+            ),
+            (
+                "coordinator_epoch",
+                r.coordinator_epoch.map(n).unwrap_or(Value::Null),
+            ),
+            (
+                "assignment_id",
+                r.assignment_id.as_deref().map(s).unwrap_or(Value::Null),
+            ),
+            ("session_id", s(session_id)),
+            ("lane_id", s(&r.lane_id)),
+            ("lane_incarnation_id", s(&r.lane_incarnation_id)),
+            ("generation", n(r.generation)),
+            ("receipt_idempotency_key", s(&r.idempotency_key)),
+            ("receipt", body),
+        ],
+    ))
 }
 
 /// What the host does with verified coordinator envelopes other than receipt acks.
@@ -81,12 +88,16 @@ impl HostDispatch for NoDispatch {
     }
 }
 
+/// Where the link records what it refuses (identifiers only).
+pub type LinkAudit = Arc<dyn Fn(&str, &str) + Send + Sync>;
+
 /// Delivers the outbox's receipts to the coordinator until each is acknowledged, across
 /// disconnects: on every (re)connect all unacknowledged receipts are sent again (the
 /// coordinator deduplicates by idempotency key). Runs until `shutdown`.
 pub async fn run_receipt_link(
     p: LinkParams,
     outbox: super::outbox::Outbox,
+    fence: Arc<AuthorityFence>,
     shutdown: watch::Receiver<bool>,
 ) {
     let (_keep, rx) = tokio::sync::mpsc::channel(1);
@@ -94,19 +105,35 @@ pub async fn run_receipt_link(
         lanes: p.lanes.clone(),
         report: p.report.clone(),
     });
-    run_link(p, outbox, Arc::new(NoDispatch), rx, state, shutdown).await
+    let audit: LinkAudit = Arc::new(|category, detail| {
+        tracing::warn!(category, detail, "coordinator frame refused");
+    });
+    run_link(
+        p,
+        outbox,
+        Arc::new(NoDispatch),
+        rx,
+        state,
+        fence,
+        audit,
+        shutdown,
+    )
+    .await
 }
 
 /// The host's whole link: receipts as in [`run_receipt_link`], verified coordinator
 /// envelopes to `dispatch`, and host-originated envelopes from `outgoing` (kept queued
-/// while the link is down). Every hello carries the current host `state`; when it changes
-/// mid-session a fresh hello on the same session reports it.
+/// while the link is down; sealed for whichever session sends them). The hello carries the
+/// current host `state`; when it changes mid-session a `report` carries it again.
+#[allow(clippy::too_many_arguments)]
 pub async fn run_link(
     mut p: LinkParams,
     outbox: super::outbox::Outbox,
     dispatch: Arc<dyn HostDispatch>,
-    mut outgoing: tokio::sync::mpsc::Receiver<Vec<u8>>,
+    mut outgoing: tokio::sync::mpsc::Receiver<Outgoing>,
     mut lanes: watch::Receiver<super::HostState>,
+    fence: Arc<AuthorityFence>,
+    audit: LinkAudit,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -120,23 +147,26 @@ pub async fn run_link(
         }
         let addr = addrs[attempt % addrs.len()].clone();
         attempt += 1;
-        let session_id = format!("sess-{}", uuid::Uuid::new_v4().simple());
         let mut connected = false;
         let st = lanes.borrow_and_update().clone();
         p.lanes = st.lanes;
         p.report = st.report;
-        match link_once(
-            &p,
-            &addr,
-            &outbox,
-            &session_id,
-            dispatch.as_ref(),
-            &mut outgoing,
-            &mut lanes,
-            &mut shutdown,
-            &mut connected,
-        )
-        .await
+        let link = Link {
+            p: &p,
+            outbox: &outbox,
+            dispatch: dispatch.as_ref(),
+            fence: &fence,
+            audit: &audit,
+        };
+        match link
+            .once(
+                &addr,
+                &mut outgoing,
+                &mut lanes,
+                &mut shutdown,
+                &mut connected,
+            )
+            .await
         {
             Ok(()) => return,
             Err(e) => {
@@ -155,62 +185,166 @@ pub async fn run_link(
     }
 }
 
-#[allow(clippy::too_many_arguments)]
-async fn link_once(
-    p: &LinkParams,
-    addr: &str,
-    outbox: &super::outbox::Outbox,
-    session_id: &str,
-    dispatch: &dyn HostDispatch,
-    outgoing: &mut tokio::sync::mpsc::Receiver<Vec<u8>>,
-    lanes: &mut watch::Receiver<super::HostState>,
-    shutdown: &mut watch::Receiver<bool>,
-    connected: &mut bool,
-) -> Result<(), TransportError> {
-    let mut ws = crate::protocol::transport::connect_to(p, addr, session_id).await?;
-    *connected = true;
+struct Link<'a> {
+    p: &'a LinkParams,
+    outbox: &'a super::outbox::Outbox,
+    dispatch: &'a dyn HostDispatch,
+    fence: &'a Arc<AuthorityFence>,
+    audit: &'a LinkAudit,
+}
 
-    tracing::info!(coordinator = %p.coordinator, addr, session_id, "coordinator link up");
-    let mut sent: HashMap<String, Resend> = HashMap::new();
-    // Receipts go out as soon as they are durable (the outbox signals each write); the
-    // tick is the safety net for anything written while a send was in flight.
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    let written = outbox.written();
-    loop {
-        tokio::select! {
-            _ = tick.tick() => send_pending(p, outbox, session_id, &mut sent, &mut ws).await?,
-            _ = written.notified() => send_pending(p, outbox, session_id, &mut sent, &mut ws).await?,
-            Ok(()) = lanes.changed() => {
-                let now = lanes.borrow_and_update().clone();
-                let hello = crate::protocol::transport::hello_envelope(p, session_id, &now.lanes, &now.report)?;
-                ws.send(Message::text(String::from_utf8_lossy(&hello).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
-                tracing::debug!(lanes = now.lanes.len(), session_id, "host state changed: reported again");
-            }
-            Some(out) = outgoing.recv() => {
-                ws.send(Message::text(String::from_utf8_lossy(&out).into_owned())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
-            }
-            frame = ws.next() => match frame {
-                None | Some(Ok(Message::Close(_))) => return Err(TransportError::Ws("closed by the coordinator".into())),
-                Some(Err(e)) => return Err(TransportError::Ws(e.to_string())),
-                Some(Ok(Message::Text(t))) => {
-                    let ctx = VerifyContext { registry: &p.registry, audience: &p.signer.principal, trust_domain: &p.trust_domain, now: SystemTime::now() };
-                    match verify(t.as_bytes(), &ctx) {
-                        Ok(env) if env.str("issuer") != p.coordinator => tracing::warn!(issuer = env.str("issuer"), "envelope not from our coordinator"),
-                        Ok(env) if env.message_type() == MessageType::ReceiptAck => {
-                            let key = env.str("receipt_idempotency_key").to_string();
-                            answered(outbox, &mut sent, &key, env.str("verdict"));
-                        }
-                        Ok(env) => dispatch.dispatch(env).await,
-                        Err(e) => tracing::warn!(category = e.category(), "rejected a frame from the coordinator"),
+impl Link<'_> {
+    async fn once(
+        &self,
+        addr: &str,
+        outgoing: &mut tokio::sync::mpsc::Receiver<Outgoing>,
+        lanes: &mut watch::Receiver<super::HostState>,
+        shutdown: &mut watch::Receiver<bool>,
+        connected: &mut bool,
+    ) -> Result<(), TransportError> {
+        let p = self.p;
+        let mut hs = crate::protocol::transport::connect_to(p, addr).await?;
+        *connected = true;
+        // The challenge's authority: a deposed or foreign coordinator gets no session.
+        if let Err(r) = self
+            .fence
+            .admit(hs.sot_incarnation.as_deref(), hs.coordinator_epoch)
+        {
+            (self.audit)(r.category(), &format!("session challenge from {addr}"));
+            return Err(TransportError::Refused(format!(
+                "the coordinator's session challenge is refused ({}): the host answers to another timeline or a higher epoch",
+                r.category()
+            )));
+        }
+        let session_id = hs.session_id.clone();
+        tracing::info!(coordinator = %p.coordinator, addr, session_id, "coordinator link up");
+        let mut sent: HashMap<String, Resend> = HashMap::new();
+        // Receipts go out as soon as they are durable (the outbox signals each write); the
+        // tick is the safety net for anything written while a send was in flight.
+        let mut tick = tokio::time::interval(Duration::from_millis(100));
+        let mut heartbeat = tokio::time::interval(p.liveness.interval);
+        heartbeat.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut last_heard = Instant::now();
+        let written = self.outbox.written();
+        loop {
+            tokio::select! {
+                _ = tick.tick() => self.send_pending(&mut hs, &mut sent).await?,
+                _ = written.notified() => self.send_pending(&mut hs, &mut sent).await?,
+                _ = heartbeat.tick() => {
+                    if last_heard.elapsed() > p.liveness.limit {
+                        return Err(TransportError::Timeout("coordinator silent past the liveness limit"));
+                    }
+                    let hb = Outgoing::new(&p.signer, MessageType::Heartbeat, vec![
+                        ("idempotency_key", s(&format!("heartbeat/{session_id}/{}", uuid::Uuid::new_v4().simple()))),
+                        ("sot_incarnation", Value::Null),
+                        ("coordinator_epoch", Value::Null),
+                        ("assignment_id", Value::Null),
+                        ("session_id", s(&session_id)),
+                    ]);
+                    hs.send(hb, &p.coordinator).await?;
+                }
+                Ok(()) = lanes.changed() => {
+                    let now = lanes.borrow_and_update().clone();
+                    let report = crate::protocol::transport::report_outgoing(p, &session_id, &now.lanes, &now.report)?;
+                    hs.send(report, &p.coordinator).await?;
+                    tracing::debug!(lanes = now.lanes.len(), session_id, "host state changed: reported");
+                }
+                Some(out) = outgoing.recv() => hs.send(out, &p.coordinator).await?,
+                frame = hs.ws.next() => {
+                    let t = match frame {
+                        None | Some(Ok(Message::Close(_))) => return Err(TransportError::Ws("closed by the coordinator".into())),
+                        Some(Err(e)) => return Err(TransportError::Ws(e.to_string())),
+                        Some(Ok(Message::Text(t))) => { last_heard = Instant::now(); t }
+                        Some(Ok(_)) => { last_heard = Instant::now(); continue } // pings (answered by tungstenite)
+                    };
+                    let Some(env) = self.admit(&mut hs, t.as_bytes()) else { continue };
+                    if env.message_type() == MessageType::ReceiptAck {
+                        let key = env.str("receipt_idempotency_key").to_string();
+                        answered(self.outbox, &mut sent, &key, env.str("verdict"));
+                    } else {
+                        self.dispatch.dispatch(env).await;
                     }
                 }
-                Some(Ok(_)) => {}
-            },
-            _ = crate::util::shutdown_signalled(shutdown) => {
-                let _ = ws.close(None).await;
-                return Ok(());
+                _ = crate::util::shutdown_signalled(shutdown) => {
+                    let _ = hs.ws.close(None).await;
+                    return Ok(());
+                }
             }
         }
+    }
+
+    /// Every check a coordinator frame must pass before anything acts on it.
+    fn admit(&self, hs: &mut HostSession, bytes: &[u8]) -> Option<Envelope<Verified>> {
+        let p = self.p;
+        let ctx = VerifyContext {
+            registry: &p.registry,
+            audience: &p.signer.principal,
+            trust_domain: &p.trust_domain,
+            now: SystemTime::now(),
+        };
+        let env = match verify(bytes, &ctx) {
+            Ok(env) => env,
+            Err(e) => {
+                (self.audit)(e.category(), "frame from the coordinator");
+                return None;
+            }
+        };
+        let id = env.str("message_id").to_string();
+        let refuse = |category: &str| {
+            (self.audit)(category, &format!("{} {id}", env.message_type().as_str()));
+            None
+        };
+        if env.str("issuer") != p.coordinator {
+            return refuse("not-our-coordinator");
+        }
+        if let Err(why) = hs.guard.check(&id) {
+            return refuse(why);
+        }
+        if env.get("session_id").is_some() && env.str("session_id") != hs.session_id {
+            return refuse("other-session");
+        }
+        if env.get("expires_at").is_some() && hs.clock.expired(env.str("expires_at")) {
+            return refuse("expired");
+        }
+        let sot = match env.get("sot_incarnation") {
+            Some(Value::Str(v)) => Some(v.as_str()),
+            _ => None,
+        };
+        if let Err(r) = self.fence.admit(sot, env.uint("coordinator_epoch")) {
+            return refuse(r.category());
+        }
+        Some(env)
+    }
+
+    /// Sends every unacknowledged receipt not sent on this session yet, or whose backoff ran
+    /// out since it was last sent.
+    async fn send_pending(
+        &self,
+        hs: &mut HostSession,
+        sent: &mut HashMap<String, Resend>,
+    ) -> Result<(), TransportError> {
+        for r in self
+            .outbox
+            .list(false)
+            .map_err(|e| TransportError::Refused(e.to_string()))?
+        {
+            let due = match sent.get(&r.idempotency_key) {
+                None => Some(FIRST_RESEND),
+                Some(s) if s.at.elapsed() >= s.backoff => Some((s.backoff * 2).min(MAX_RESEND)),
+                Some(_) => None,
+            };
+            let Some(backoff) = due else { continue };
+            let env = receipt_outgoing(self.p, &hs.session_id, &r)?;
+            hs.send(env, &self.p.coordinator).await?;
+            sent.insert(
+                r.idempotency_key.clone(),
+                Resend {
+                    at: Instant::now(),
+                    backoff,
+                },
+            );
+        }
+        Ok(())
     }
 }
 
@@ -253,38 +387,4 @@ fn answered(
         }
         sent.remove(key);
     }
-}
-
-/// Sends every unacknowledged receipt not sent on this session yet, or whose backoff ran
-/// out since it was last sent.
-async fn send_pending(
-    p: &LinkParams,
-    outbox: &super::outbox::Outbox,
-    session_id: &str,
-    sent: &mut HashMap<String, Resend>,
-    ws: &mut crate::protocol::transport::Ws,
-) -> Result<(), TransportError> {
-    for r in outbox
-        .list(false)
-        .map_err(|e| TransportError::Refused(e.to_string()))?
-    {
-        let due = match sent.get(&r.idempotency_key) {
-            None => Some(FIRST_RESEND),
-            Some(s) if s.at.elapsed() >= s.backoff => Some((s.backoff * 2).min(MAX_RESEND)),
-            Some(_) => None,
-        };
-        let Some(backoff) = due else { continue };
-        let env = receipt_envelope(p, session_id, &r)?;
-        ws.send(Message::text(String::from_utf8_lossy(&env).into_owned()))
-            .await
-            .map_err(|e| TransportError::Ws(e.to_string()))?;
-        sent.insert(
-            r.idempotency_key.clone(),
-            Resend {
-                at: Instant::now(),
-                backoff,
-            },
-        );
-    }
-    Ok(())
 }

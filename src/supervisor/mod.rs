@@ -15,6 +15,7 @@
 //! than out of locking discipline. Stop requests are messages to that watcher.
 
 pub mod audit;
+pub mod authority;
 pub mod config;
 pub mod control;
 pub mod coordinated;
@@ -926,6 +927,15 @@ impl Supervisor {
             lanes: state.lanes,
             report: state.report,
             runtimes: self.inner.registry.runtimes(),
+            liveness: crate::protocol::transport::Liveness::from_heartbeat_ms(link.heartbeat_ms),
+        };
+        let fence = Arc::new(authority::AuthorityFence::load(&self.inner.cfg.state_dir)?);
+        let audit: link::LinkAudit = {
+            let inner = self.inner.clone();
+            Arc::new(move |category, detail| {
+                tracing::warn!(category, detail, "coordinator frame refused");
+                inner.audit.record(category, None, None, detail);
+            })
         };
         let ordinary = Arc::new(crate::protocol::Signer::new(
             &format!("{principal}/ordinary"),
@@ -934,15 +944,15 @@ impl Supervisor {
             seed(&link.ordinary_key)?,
         ));
         let (out, rx) = tokio::sync::mpsc::channel(256);
-        let host =
-            coordinated::CoordinatedHost::new(self.clone(), ordinary, link.principal.clone(), out)
-                .await;
+        let host = coordinated::CoordinatedHost::new(self.clone(), ordinary, out).await;
         tokio::spawn(link::run_link(
             params,
             self.inner.outbox.clone(),
             Arc::new(host),
             rx,
             self.inner.host_state.subscribe(),
+            fence,
+            audit,
             self.inner.shutdown.subscribe(),
         ));
         Ok(())

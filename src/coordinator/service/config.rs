@@ -39,6 +39,10 @@ pub struct CoordinatorConfig {
     /// Optional TCP address for remote operators: mutual TLS, and the client certificate
     /// must name an `operator:` principal (`mosaic pki issue-operator`).
     pub operator_listen: Option<String>,
+    /// Host sessions: ping every this many ms (default 5000); a host silent for three
+    /// intervals is disconnected.
+    #[serde(default)]
+    pub heartbeat_ms: Option<u64>,
 }
 
 /// The timing settings the running service uses, with their defaults applied.
@@ -48,6 +52,7 @@ pub struct Timing {
     pub reservation_ttl_ms: i64,
     pub lease_ttl_ms: i64,
     pub challenge_ttl_ms: i64,
+    pub liveness: transport::Liveness,
 }
 
 impl CoordinatorConfig {
@@ -57,6 +62,7 @@ impl CoordinatorConfig {
             reservation_ttl_ms: self.reservation_ttl_ms.unwrap_or(120_000),
             lease_ttl_ms: self.lease_ttl_ms.unwrap_or(900_000),
             challenge_ttl_ms: 60_000,
+            liveness: transport::Liveness::from_heartbeat_ms(self.heartbeat_ms),
         }
     }
 }

@@ -21,6 +21,7 @@ use crate::coordinator::model::ChainRow;
 use crate::protocol::canonical::Value;
 use crate::protocol::envelope::{n, s};
 use crate::protocol::schema::MessageType;
+use crate::protocol::transport::Outgoing;
 
 use super::operator::OpError;
 use super::Service;
@@ -34,8 +35,13 @@ pub(crate) struct DriverState {
 /// How long a chain waits for its host before the watchdog sends the same message again.
 pub(crate) const RESEND_AFTER: Duration = Duration::from_secs(5);
 
-fn msg_id() -> Value {
-    s(&format!("msg-{}", uuid::Uuid::new_v4().simple()))
+/// Which form of the generation's fence proof a message carries (see `protocol::fence`).
+#[derive(Clone, Copy)]
+enum Proof {
+    /// The stage: the commitment.
+    Commit,
+    /// Everything after: the reveal that opens it.
+    Reveal,
 }
 
 impl Service {
@@ -158,10 +164,9 @@ impl Service {
     }
 
     /// The chain fields every ordinary coordinator message carries.
-    fn chain_fields(&self, l: &Leader, c: &ChainRow) -> Vec<(&'static str, Value)> {
+    fn chain_fields(&self, l: &Leader, c: &ChainRow, proof: Proof) -> Vec<(&'static str, Value)> {
         let ch = &c.chain;
         vec![
-            ("message_id", msg_id()),
             ("sot_incarnation", s(l.sot())),
             ("coordinator_epoch", n(l.epoch() as u64)),
             ("assignment_id", s(&ch.assignment_id)),
@@ -173,41 +178,45 @@ impl Service {
             ("reservation_deadline", s(&c.reservation_deadline)),
             ("runtime_id", s(&c.runtime_id)),
             ("generation", n(c.generation.unwrap_or(0) as u64)),
-            ("fence_proof", s(&self.fence_proof(c))),
+            ("fence_proof", s(&self.fence_proof(c, proof))),
         ]
     }
 
-    /// A reference to the chain's fence that reveals nothing of the token: a keyed digest
-    /// of it, bound to the generation.
-    pub(crate) fn fence_proof(&self, c: &ChainRow) -> String {
+    /// The generation's fence proof (see `protocol::fence`): derived from the fence token
+    /// on the spot (the token is dropped, zeroized, right after).
+    fn fence_proof(&self, c: &ChainRow, proof: Proof) -> String {
         let token = self
             .store
             .secret
             .fence_token(&c.chain.reservation_id, &c.fence_salt);
-        format!(
-            "fp1:{}",
-            &self.store.secret.fence_digest(&token)["hmac-sha256:".len()..][..32]
-        )
+        let r = token.generation_reveal(
+            &c.chain.lane_incarnation_id,
+            c.generation.unwrap_or(0) as u64,
+        );
+        match proof {
+            Proof::Commit => crate::protocol::fence::commitment(&r),
+            Proof::Reveal => crate::protocol::fence::reveal(&r),
+        }
+    }
+
+    /// The commitment a host's messages about this chain must echo.
+    pub(crate) fn fence_commitment(&self, c: &ChainRow) -> String {
+        self.fence_proof(c, Proof::Commit)
     }
 
     fn issued(at: &str, until: &str) -> [(&'static str, Value); 2] {
         [("issued_at", s(at)), ("expires_at", s(until))]
     }
 
-    fn sign_push(&self, host_id: &str, t: MessageType, fields: Vec<(&str, Value)>) -> bool {
+    fn sign_push(&self, host_id: &str, t: MessageType, fields: Vec<(&'static str, Value)>) -> bool {
         crate::coordinator::failpoint::before_push(t.as_str());
-        let host = format!("host:{host_id}");
-        match self.ordinary.sign(t, &host, fields) {
-            Ok(bytes) => self.hosts.push(host_id, bytes).is_ok(),
-            Err(e) => {
-                tracing::error!(message_type = t.as_str(), error = %e, "cannot sign");
-                false
-            }
-        }
+        self.hosts
+            .push(host_id, Outgoing::new(&self.ordinary, t, fields))
+            .is_ok()
     }
 
     async fn push_stage(&self, l: &Leader, c: &ChainRow) -> bool {
-        let mut f = self.chain_fields(l, c);
+        let mut f = self.chain_fields(l, c, Proof::Commit);
         f.push((
             "idempotency_key",
             s(&format!("stage/{}", c.chain.reservation_id)),
@@ -220,7 +229,7 @@ impl Service {
         let Some(cd) = &c.contracts_digest else {
             return false;
         };
-        let mut f = self.chain_fields(l, c);
+        let mut f = self.chain_fields(l, c, Proof::Reveal);
         f.extend([
             (
                 "idempotency_key",
@@ -243,7 +252,7 @@ impl Service {
         ) else {
             return false;
         };
-        let mut f = self.chain_fields(l, c);
+        let mut f = self.chain_fields(l, c, Proof::Reveal);
         f.extend([
             (
                 "idempotency_key",
@@ -271,7 +280,7 @@ impl Service {
             .ok()
             .flatten()
             .unwrap_or_else(|| c.reservation_deadline.clone());
-        let mut f = self.chain_fields(l, c);
+        let mut f = self.chain_fields(l, c, Proof::Reveal);
         f.extend([
             (
                 "idempotency_key",
@@ -318,12 +327,10 @@ impl Service {
                 .collect(),
         );
         crate::coordinator::failpoint::before_push("reconcile");
-        let host = format!("host:{host_id}");
-        let env = self.session.sign(
+        let env = Outgoing::new(
+            &self.session,
             MessageType::Reconcile,
-            &host,
             vec![
-                ("message_id", msg_id()),
                 (
                     "idempotency_key",
                     s(&format!("reconcile/{}", uuid::Uuid::new_v4().simple())),
@@ -335,13 +342,7 @@ impl Service {
                 ("lanes", body),
             ],
         );
-        match env {
-            Ok(bytes) => self.hosts.push(host_id, bytes).is_ok(),
-            Err(e) => {
-                tracing::error!(error = %e, "cannot sign a reconcile");
-                false
-            }
-        }
+        self.hosts.push(host_id, env).is_ok()
     }
 
     /// Drives every live chain of `host_id` (all hosts when `None`) as far as it goes.

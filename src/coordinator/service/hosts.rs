@@ -31,7 +31,7 @@ use crate::protocol::canonical::{self, Value};
 use crate::protocol::envelope::{n, s};
 use crate::protocol::report::{self, HostReport};
 use crate::protocol::schema::MessageType;
-use crate::protocol::transport::Handler;
+use crate::protocol::transport::{self, Admission, Handled, Handler, Outgoing, SessionHandle};
 use crate::protocol::{Envelope, Verified};
 
 use super::driver::LaneOrder;
@@ -40,35 +40,36 @@ use super::Service;
 
 struct Session {
     session_id: String,
-    push: mpsc::Sender<Vec<u8>>,
-    /// Hellos seen on this session (the first one starts the full reconciliation).
-    hellos: u64,
-    /// The runtimes this session last had recorded in `hosts` (a hello repeats them on
+    session_epoch: i64,
+    handle: SessionHandle,
+    /// The runtimes this session last had recorded in `hosts` (a report repeats them on
     /// every state change; only a change is written).
     runtimes: Option<Vec<String>>,
 }
 
-/// The live session of each host.
+/// A host that was disconnected for abusing its session waits before the next one.
+struct Penalty {
+    until: std::time::Instant,
+    strikes: u32,
+    last: std::time::Instant,
+}
+
+/// The live session of each host, and the hosts waiting out a penalty.
 #[derive(Default)]
 pub(crate) struct Sessions {
     map: Mutex<HashMap<String, Session>>,
+    penalties: Mutex<HashMap<String, Penalty>>,
+}
+
+/// A host session's view for `status`.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct HostSessionView {
+    pub host_id: String,
+    pub session_epoch: i64,
+    pub silent_ms: u64,
 }
 
 impl Sessions {
-    fn open(&self, host_id: &str, session_id: &str, push: mpsc::Sender<Vec<u8>>) {
-        if let Ok(mut m) = self.map.lock() {
-            m.insert(
-                host_id.to_string(),
-                Session {
-                    session_id: session_id.to_string(),
-                    push,
-                    hellos: 0,
-                    runtimes: None,
-                },
-            );
-        }
-    }
-
     /// `host:<id>` of every host with a live session.
     pub fn connected(&self) -> Vec<String> {
         let mut v: Vec<String> = self
@@ -76,7 +77,7 @@ impl Sessions {
             .lock()
             .map(|m| {
                 m.iter()
-                    .filter(|(_, s)| !s.push.is_closed())
+                    .filter(|(_, s)| s.handle.is_open())
                     .map(|(h, _)| format!("host:{h}"))
                     .collect()
             })
@@ -85,24 +86,107 @@ impl Sessions {
         v
     }
 
+    pub fn views(&self) -> Vec<HostSessionView> {
+        let mut v: Vec<HostSessionView> = self
+            .map
+            .lock()
+            .map(|m| {
+                m.iter()
+                    .filter(|(_, s)| s.handle.is_open())
+                    .map(|(h, s)| HostSessionView {
+                        host_id: h.clone(),
+                        session_epoch: s.session_epoch,
+                        silent_ms: s.handle.silent_for().as_millis() as u64,
+                    })
+                    .collect()
+            })
+            .unwrap_or_default();
+        v.sort_by(|a, b| a.host_id.cmp(&b.host_id));
+        v
+    }
+
     pub fn is_connected(&self, host_id: &str) -> bool {
         self.map
             .lock()
-            .map(|m| m.get(host_id).is_some_and(|s| !s.push.is_closed()))
+            .map(|m| m.get(host_id).is_some_and(|s| s.handle.is_open()))
             .unwrap_or(false)
     }
 
-    /// Counts a hello on `session_id`; true for the session's first one.
-    fn first_hello(&self, host_id: &str, session_id: &str) -> bool {
-        let Ok(mut m) = self.map.lock() else {
-            return true;
-        };
-        match m.get_mut(host_id) {
-            Some(s) if s.session_id == session_id => {
-                s.hellos += 1;
-                s.hellos == 1
+    /// Why a new session of `host_id` may not open now, if it may not: the host waits out
+    /// a penalty, or already has a live session (the live one wins: a second session —
+    /// even with the host's own credentials — cannot displace it; a new one is admitted
+    /// once the old one closed or fell silent past the liveness limit).
+    fn refusal(&self, host_id: &str, liveness: &transport::Liveness) -> Option<String> {
+        if let Ok(p) = self.penalties.lock() {
+            if let Some(p) = p.get(host_id) {
+                let now = std::time::Instant::now();
+                if p.until > now {
+                    return Some(format!(
+                        "host:{host_id} was disconnected for abusing its session; retry in {} ms",
+                        (p.until - now).as_millis()
+                    ));
+                }
             }
-            _ => true,
+        }
+        let m = self.map.lock().ok()?;
+        let s = m.get(host_id)?;
+        (s.handle.is_open() && s.handle.silent_for() <= liveness.limit).then(|| {
+            format!(
+                "host:{host_id} has a live session (epoch {}, last frame {} ms ago); a new one is admitted once it closes or is silent for {} s",
+                s.session_epoch,
+                s.handle.silent_for().as_millis(),
+                liveness.limit.as_secs()
+            )
+        })
+    }
+
+    /// Makes `handle` the host's live session; the one it replaces (closed, or silent past
+    /// the limit) is closed with the reason.
+    fn install(&self, host_id: &str, handle: SessionHandle, session_epoch: i64) -> Option<Session> {
+        let mut m = self.map.lock().ok()?;
+        let old = m.insert(
+            host_id.to_string(),
+            Session {
+                session_id: handle.session_id.clone(),
+                session_epoch,
+                handle,
+                runtimes: None,
+            },
+        );
+        if let Some(o) = &old {
+            o.handle
+                .close(&format!("superseded by session epoch {session_epoch}"));
+        }
+        old
+    }
+
+    fn remove(&self, host_id: &str, session_id: &str) {
+        if let Ok(mut m) = self.map.lock() {
+            if m.get(host_id).is_some_and(|s| s.session_id == session_id) {
+                m.remove(host_id);
+            }
+        }
+    }
+
+    /// A session closed for abuse: the host waits 2 s, doubling with each repeat within
+    /// ten minutes, up to 5 min.
+    fn penalize(&self, host_id: &str) {
+        if let Ok(mut p) = self.penalties.lock() {
+            let now = std::time::Instant::now();
+            let e = p.entry(host_id.to_string()).or_insert(Penalty {
+                until: now,
+                strikes: 0,
+                last: now,
+            });
+            if now.duration_since(e.last) > std::time::Duration::from_secs(600) {
+                e.strikes = 0;
+            }
+            e.strikes = (e.strikes + 1).min(10);
+            e.last = now;
+            let wait = std::time::Duration::from_secs(2)
+                .saturating_mul(1 << (e.strikes - 1))
+                .min(std::time::Duration::from_secs(300));
+            e.until = now + wait;
         }
     }
 
@@ -127,24 +211,29 @@ impl Sessions {
     pub fn session_id(&self, host_id: &str) -> Option<String> {
         let m = self.map.lock().ok()?;
         m.get(host_id)
-            .filter(|s| !s.push.is_closed())
+            .filter(|s| s.handle.is_open())
             .map(|s| s.session_id.clone())
     }
 
-    /// Queues a frame for the host's session.
-    pub fn push(&self, host_id: &str, bytes: Vec<u8>) -> Result<(), OpError> {
-        let tx = self
+    /// Queues an envelope for the host's session (sealed there). A session whose queue is
+    /// full does not read what it is sent: it is closed, and the host reconnects and
+    /// reconciles.
+    pub fn push(&self, host_id: &str, out: Outgoing) -> Result<(), OpError> {
+        let handle = self
             .map
             .lock()
             .ok()
-            .and_then(|m| m.get(host_id).map(|s| s.push.clone()))
+            .and_then(|m| m.get(host_id).map(|s| s.handle.clone()))
             .ok_or_else(|| {
                 OpError::new(
                     Category::HostUnreachable,
                     format!("host:{host_id} is not connected"),
                 )
             })?;
-        tx.try_send(bytes).map_err(|e| {
+        handle.push.try_send(out).map_err(|e| {
+            if matches!(e, mpsc::error::TrySendError::Full(_)) {
+                handle.close("the host does not read its session (queue full)");
+            }
             OpError::new(
                 Category::HostUnreachable,
                 format!("cannot send to host:{host_id}: {e}"),
@@ -159,42 +248,98 @@ fn host_of(peer: &str) -> Option<&str> {
     peer.strip_prefix("host:").filter(|h| !h.is_empty())
 }
 
+/// How long a session challenge stays valid.
+const CHALLENGE_TTL_MS: i64 = 10_000;
+
 impl Handler for HostHandler {
-    fn admit(
-        &self,
-        peer: &str,
-        _hello: &Envelope<Verified>,
-    ) -> BoxFuture<'static, Result<(), String>> {
+    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, String>> {
         let svc = self.0.clone();
         let peer = peer.to_string();
         Box::pin(async move {
-            if host_of(&peer).is_none() {
+            let Some(host) = host_of(&peer) else {
                 return Err(format!("{peer} is not a host principal"));
+            };
+            let Some(l) = svc.leadership.current().await else {
+                return Err("this coordinator is standing by; connect to the leader".into());
+            };
+            if let Some(why) = svc.hosts.refusal(host, &svc.timing.liveness) {
+                return Err(why);
             }
-            match svc.leadership.current().await {
-                Some(_) => Ok(()),
-                None => Err("this coordinator is standing by; connect to the leader".into()),
-            }
+            let (issued_at, expires_at) = svc
+                .store
+                .db_now_and(CHALLENGE_TTL_MS)
+                .await
+                .map_err(|e| format!("database: {e}"))?;
+            Ok(Admission {
+                sot_incarnation: Some(l.sot().to_string()),
+                coordinator_epoch: Some(l.epoch() as u64),
+                issued_at,
+                expires_at,
+            })
         })
     }
 
-    fn opened(&self, peer: &str, session_id: &str, push: mpsc::Sender<Vec<u8>>) {
-        if let Some(h) = host_of(peer) {
-            self.0.hosts.open(h, session_id, push);
-        }
+    fn open(
+        &self,
+        session: SessionHandle,
+        hello: &Envelope<Verified>,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        let svc = self.0.clone();
+        let host_field = hello.str("host_id").to_string();
+        Box::pin(async move {
+            let Some(host) = host_of(&session.peer).map(String::from) else {
+                return Err("not a host principal".into());
+            };
+            if host_field != host {
+                return Err("the hello names another host".into());
+            }
+            let l = svc.leader().await.map_err(|e| e.message)?;
+            // Checked again: another session may have been admitted since the challenge.
+            if let Some(why) = svc.hosts.refusal(&host, &svc.timing.liveness) {
+                return Err(why);
+            }
+            let epoch = svc
+                .store
+                .open_host_session(&host, &session.session_id, l.epoch())
+                .await
+                .map_err(|e| format!("cannot record the session: {e}"))?;
+            let sid = session.session_id.clone();
+            if let Some(old) = svc.hosts.install(&host, session, epoch) {
+                let reason = format!("superseded by session epoch {epoch}");
+                tracing::warn!(
+                    host,
+                    old_session_epoch = old.session_epoch,
+                    session_epoch = epoch,
+                    "host session superseded"
+                );
+                svc.store.auditor().record(
+                    "host-session",
+                    Category::Conflict,
+                    Some(l.epoch()),
+                    None,
+                    None,
+                    &format!("host:{host} session epoch {}: {reason}", old.session_epoch),
+                );
+                let _ = svc.store.close_host_session(&old.session_id, &reason).await;
+            }
+            tracing::info!(host, session_epoch = epoch, session_id = %sid, "host session open");
+            Ok(())
+        })
     }
 
-    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Vec<Vec<u8>>> {
+    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled> {
         let svc = self.0.clone();
         Box::pin(async move {
             let Some(host) = host_of(&peer).map(String::from) else {
-                return vec![];
+                return Handled::default();
             };
             let t = env.message_type();
             let started = std::time::Instant::now();
             tracing::debug!(host, message_type = t.as_str(), "host message");
             let out = match t {
-                MessageType::Hello => svc.on_hello(&host, &env).await.map(|()| vec![]),
+                MessageType::Hello | MessageType::Report => {
+                    svc.on_state(&host, &env).await.map(|()| vec![])
+                }
                 MessageType::Receipt => return svc.on_receipt(&host, &env).await,
                 MessageType::Staged => svc.on_staged(&host, &env).await.map(|()| vec![]),
                 MessageType::Injected => svc.on_injected(&host, &env).await.map(|()| vec![]),
@@ -212,7 +357,7 @@ impl Handler for HostHandler {
                 "host message handled"
             );
             match out {
-                Ok(frames) => frames,
+                Ok(replies) => Handled::reply(replies),
                 Err(e) => {
                     tracing::warn!(host, message_type = t.as_str(), category = e.category.as_str(), error = %e.message, "host message refused");
                     svc.store.auditor().record(
@@ -227,11 +372,40 @@ impl Handler for HostHandler {
                             e.message
                         ),
                     );
-                    vec![]
+                    Handled {
+                        replies: vec![],
+                        violation: hostile(e.category)
+                            .then(|| format!("refused-{}", e.category.as_str())),
+                    }
                 }
             }
         })
     }
+
+    fn closed(&self, peer: &str, session_id: &str, reason: &str, abusive: bool) {
+        let Some(host) = host_of(peer).map(String::from) else {
+            return;
+        };
+        let svc = self.0.clone();
+        svc.hosts.remove(&host, session_id);
+        if abusive {
+            svc.hosts.penalize(&host);
+        }
+        tracing::info!(host, session_id, reason, abusive, "host session closed");
+        let (sid, reason) = (session_id.to_string(), reason.to_string());
+        tokio::spawn(async move {
+            let _ = svc.store.close_host_session(&sid, &reason).await;
+        });
+    }
+}
+
+/// Refusals that a well-behaved host never provokes: they count against the session's
+/// invalid-frame budget. (Chain races — a late ACK, an expired reservation — do not.)
+fn hostile(c: Category) -> bool {
+    matches!(
+        c,
+        Category::NotOwner | Category::Mismatch | Category::BadInput | Category::FenceMismatch
+    )
 }
 
 fn non_empty(s: &str) -> Option<&str> {
@@ -239,8 +413,16 @@ fn non_empty(s: &str) -> Option<&str> {
 }
 
 /// Checks that an ordinary host message is about a chain of this host, and that every
-/// chain field it carries is that chain's.
-fn owned(host: &str, env: &Envelope<Verified>, c: &ChainRow) -> Result<(), OpError> {
+/// chain field it carries is that chain's: lane, incarnation, assignment, attempt,
+/// generation, the timeline and epoch the chain was staged under, and the fence
+/// commitment of its generation.
+fn owned(
+    host: &str,
+    env: &Envelope<Verified>,
+    c: &ChainRow,
+    l: &Leader,
+    fence_commitment: &str,
+) -> Result<(), OpError> {
     if c.host_id != host {
         return Err(OpError::new(
             Category::NotOwner,
@@ -251,7 +433,7 @@ fn owned(host: &str, env: &Envelope<Verified>, c: &ChainRow) -> Result<(), OpErr
         ));
     }
     let ch = &c.chain;
-    let checks: [(&str, Option<String>, String); 6] = [
+    let checks: [(&str, Option<String>, String); 7] = [
         (
             "lane_id",
             Some(env.str("lane_id").to_string()),
@@ -280,10 +462,15 @@ fn owned(host: &str, env: &Envelope<Verified>, c: &ChainRow) -> Result<(), OpErr
         (
             "sot_incarnation",
             Some(env.str("sot_incarnation").to_string()),
-            String::new(),
+            l.sot().to_string(),
+        ),
+        (
+            "coordinator_epoch",
+            env.uint("coordinator_epoch").map(|e| e.to_string()),
+            c.reservation_coordinator_epoch.to_string(),
         ),
     ];
-    for (field, got, want) in checks.iter().take(5) {
+    for (field, got, want) in &checks {
         if got.as_deref() != Some(want.as_str()) {
             return Err(OpError::new(
                 Category::Mismatch,
@@ -291,24 +478,42 @@ fn owned(host: &str, env: &Envelope<Verified>, c: &ChainRow) -> Result<(), OpErr
             ));
         }
     }
+    use subtle::ConstantTimeEq;
+    let shown = env.str("fence_proof").as_bytes();
+    if shown.len() != fence_commitment.len()
+        || !bool::from(shown.ct_eq(fence_commitment.as_bytes()))
+    {
+        return Err(OpError::new(
+            Category::FenceMismatch,
+            format!(
+                "fence_proof is not the commitment of reservation {}'s generation",
+                ch.reservation_id
+            ),
+        ));
+    }
     Ok(())
 }
 
 impl Service {
-    async fn chain_for(&self, host: &str, env: &Envelope<Verified>) -> Result<ChainRow, OpError> {
+    async fn chain_for(
+        &self,
+        host: &str,
+        l: &Leader,
+        env: &Envelope<Verified>,
+    ) -> Result<ChainRow, OpError> {
         let res = env.str("reservation_id");
         let c = self
             .store
             .chain_by_reservation(res)
             .await?
             .ok_or_else(|| OpError::new(Category::NotFound, format!("no reservation {res}")))?;
-        owned(host, env, &c)?;
+        owned(host, env, &c, l, &self.fence_commitment(&c))?;
         Ok(c)
     }
 
     async fn on_staged(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, env).await?;
+        let c = self.chain_for(host, &l, env).await?;
         let identity = canonical::to_json(env.get("process_identity").unwrap_or(&Value::Null));
         let generation = c.generation.unwrap_or(0);
         self.step(
@@ -324,7 +529,7 @@ impl Service {
 
     async fn on_injected(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, env).await?;
+        let c = self.chain_for(host, &l, env).await?;
         let identity = canonical::to_json(env.get("process_identity").unwrap_or(&Value::Null));
         let r = self
             .store
@@ -343,7 +548,7 @@ impl Service {
 
     async fn on_ack(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, env).await?;
+        let c = self.chain_for(host, &l, env).await?;
         let claim = AckClaim {
             challenge_id: env.str("challenge_id").into(),
             sot_incarnation: env.str("sot_incarnation").into(),
@@ -388,7 +593,7 @@ impl Service {
     /// A termination receipt: ingested and reconciled, then acknowledged with a verdict —
     /// `ingested`, `retry:<category>` (the host sends it again later) or
     /// `refused:<category>` (it never will be ingestible).
-    async fn on_receipt(&self, host: &str, env: &Envelope<Verified>) -> Vec<Vec<u8>> {
+    async fn on_receipt(&self, host: &str, env: &Envelope<Verified>) -> Handled {
         let key = env.str("receipt_idempotency_key").to_string();
         let verdict = match self.ingest_receipt(host, env).await {
             Ok(()) => "ingested".to_string(),
@@ -417,15 +622,16 @@ impl Service {
                 )
             }
         };
+        let violation = verdict
+            .strip_prefix("refused:")
+            .and_then(Category::parse)
+            .filter(|c| hostile(*c))
+            .map(|c| format!("refused-{}", c.as_str()));
         let epoch = self.leadership.current().await.map(|l| l.epoch());
-        let ack = self.session.sign(
+        let ack = Outgoing::new(
+            &self.session,
             MessageType::ReceiptAck,
-            env.str("issuer"),
             vec![
-                (
-                    "message_id",
-                    s(&format!("msg-{}", uuid::Uuid::new_v4().simple())),
-                ),
                 ("idempotency_key", s(&format!("receipt-ack/{key}"))),
                 ("sot_incarnation", Value::Null),
                 (
@@ -438,7 +644,10 @@ impl Service {
                 ("verdict", s(&verdict)),
             ],
         );
-        ack.map(|a| vec![a]).unwrap_or_default()
+        Handled {
+            replies: vec![ack],
+            violation,
+        }
     }
 
     async fn ingest_receipt(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
@@ -474,9 +683,13 @@ impl Service {
     }
 
     /// A hello: adopt the lanes it names, record what the host advertises, and reconcile.
-    async fn on_hello(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+    /// A host's state: the hello that opened its session, or a `report` after a change.
+    async fn on_state(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
         if env.str("host_id") != host {
-            return Err(OpError::new(Category::NotOwner, "hello names another host"));
+            return Err(OpError::new(
+                Category::NotOwner,
+                "the report names another host",
+            ));
         }
         let l = self.leader().await?;
         let list = |field: &str| -> Vec<String> {
@@ -516,9 +729,9 @@ impl Service {
                 .map_err(|e| OpError::new(Category::BadInput, e.to_string()))?,
             None => HostReport::new(),
         };
-        // A session's first hello resends whatever every chain of the host waits for; a
-        // later one (the host's state changed) only reconciles what it reports.
-        let full = self.hosts.first_hello(host, env.str("session_id"));
+        // A session's hello resends whatever every chain of the host waits for; a later
+        // report (the host's state changed) only reconciles what it reports.
+        let full = env.message_type() == MessageType::Hello;
         self.reconcile_report(&l, host, Some(&report), full).await;
         Ok(())
     }

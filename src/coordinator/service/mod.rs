@@ -50,8 +50,8 @@ pub struct Service {
     registry: Arc<TrustRegistry>,
     principal: String,
     domain: String,
-    session: Signer,
-    ordinary: Signer,
+    session: Arc<Signer>,
+    ordinary: Arc<Signer>,
     hosts: hosts::Sessions,
     /// Bumped after every transition this process makes: waiters re-read the database.
     changed: watch::Sender<u64>,
@@ -87,18 +87,18 @@ impl Service {
         };
         let timing = cfg.timing();
         let svc = Arc::new(Self {
-            session: Signer::new(
+            session: Arc::new(Signer::new(
                 &format!("{principal}/session"),
                 &principal,
                 &cfg.trust_domain,
                 read_seed(&cfg.session_key)?,
-            ),
-            ordinary: Signer::new(
+            )),
+            ordinary: Arc::new(Signer::new(
                 &format!("{principal}/ordinary"),
                 &principal,
                 &cfg.trust_domain,
                 read_seed(&cfg.ordinary_key)?,
-            ),
+            )),
             store,
             timing,
             leadership: leadership::Leadership::new(),
@@ -180,6 +180,9 @@ impl Service {
                     &format!("{peer}: {category}: {detail}"),
                 );
             }),
+            signer: self.session.clone(),
+            liveness: self.timing.liveness,
+            limits: transport::Limits::default(),
         };
         transport::serve(
             listener,

@@ -138,6 +138,7 @@ impl Service {
                     "coordinator_epoch": epoch,
                     "leadership": self.leadership_status(),
                     "hosts_connected": self.connected_hosts(),
+                    "host_sessions": self.hosts.views(),
                 })
             }
             OperatorRequest::Assign {
