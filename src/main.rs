@@ -38,6 +38,11 @@ enum Cmd {
         state_dir: Option<PathBuf>,
         #[arg(long, default_value_t = 2)]
         lanes: u32,
+        /// Run this many supervisors, each a host of its own (certificate, keys, cgroup
+        /// subtree, state), as separate processes against one coordinator. Host ids are
+        /// `<hostname>-1` … `<hostname>-N`.
+        #[arg(long, default_value_t = 1)]
+        hosts: u32,
         /// Assign a task, show it reach RUNNING, SIGKILL its harness, show the receipt and
         /// the recovery; then stay up.
         #[arg(long)]
@@ -547,6 +552,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Up {
             state_dir,
             lanes,
+            hosts,
             demo,
             database_url,
         } => {
@@ -554,6 +560,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
                 state_dir,
                 lanes,
+                hosts,
                 demo,
                 database_url,
             }))?;

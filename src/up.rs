@@ -44,6 +44,9 @@ pub enum UpError {
 pub struct UpOptions {
     pub state_dir: Option<PathBuf>,
     pub lanes: u32,
+    /// Supervisors to run, each a host of its own (its own principal, certificate, keys,
+    /// cgroup subtree and state). One runs in this process; more run as child processes.
+    pub hosts: u32,
     pub demo: bool,
     /// Use this PostgreSQL instead of a private cluster in the state dir.
     pub database_url: Option<String>,
@@ -105,6 +108,14 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     if opts.lanes == 0 || opts.lanes > 64 {
         return Err(UpError::Usage("--lanes must be between 1 and 64".into()));
     }
+    if opts.hosts == 0 || opts.hosts > 16 {
+        return Err(UpError::Usage("--hosts must be between 1 and 16".into()));
+    }
+    if opts.demo && opts.hosts > 1 {
+        return Err(UpError::Usage(
+            "--demo runs with one host (--hosts 1)".into(),
+        ));
+    }
     crate::sysdeps::ensure(&[
         crate::sysdeps::Dep::Tmux,
         crate::sysdeps::Dep::PostgresServer,
@@ -162,7 +173,14 @@ async fn run_with(
         .await
         .map_err(|e| usage(&e))?;
     let addr = listener.local_addr().map_err(|e| usage(&e))?.to_string();
-    let prov = provision(state_dir, cfg.host.as_str(), database_url, &addr)?;
+    let host_ids: Vec<String> = if opts.hosts == 1 {
+        vec![cfg.host.as_str().to_string()]
+    } else {
+        (1..=opts.hosts)
+            .map(|k| format!("{}-{k}", cfg.host.as_str()))
+            .collect()
+    };
+    let prov = provision(state_dir, &host_ids, database_url, &addr)?;
     let svc = crate::coordinator::service::Service::start(&prov.coordinator)
         .await
         .map_err(|e| usage(&e))?;
@@ -181,8 +199,19 @@ async fn run_with(
         svc.clone(),
         ops_listener,
     ));
+    if opts.hosts > 1 {
+        let outcome = fleet(opts, state_dir, &prov, &host_ids, &svc, leading.epoch()).await;
+        let _ = stop_hosts.send(true);
+        hosts.abort();
+        ops.abort();
+        if let Ok(l) = svc.leader().await {
+            let _ = svc.store.release(&l).await;
+        }
+        let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
+        return outcome;
+    }
 
-    cfg.coordinator = Some(prov.link.clone());
+    cfg.coordinator = Some(prov.links[0].clone());
     let lanes = cfg.lanes.clone();
     let origin = crate::cgroup::cgroup_of(None).map_err(SupervisorError::from)?;
     let sup = Supervisor::open(cfg.clone())?;
@@ -197,7 +226,7 @@ async fn run_with(
         }
     }
     let listener = crate::supervisor::control::bind(&sup.config().control_socket())?;
-    sup.connect_coordinator(&prov.link).await?;
+    sup.connect_coordinator(&prov.links[0]).await?;
     let status = sup.status().await?;
     // The coordinator registers the lanes from the host's hello.
     for _ in 0..200 {
@@ -260,6 +289,192 @@ async fn run_with(
     }
     let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
     outcome
+}
+
+/// One child supervisor of a fleet.
+struct Member {
+    host_id: String,
+    config: PathBuf,
+    log: PathBuf,
+    cfg: Config,
+    child: Option<tokio::process::Child>,
+}
+
+impl Member {
+    fn spawn(&mut self) -> Result<(), UpError> {
+        let exe =
+            std::env::current_exe().map_err(|e| UpError::Usage(format!("own executable: {e}")))?;
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .map_err(|e| UpError::Usage(format!("{}: {e}", self.log.display())))?;
+        let child = tokio::process::Command::new(exe)
+            .arg("supervisor")
+            .arg("--config")
+            .arg(&self.config)
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .stderr(log)
+            .spawn()
+            .map_err(|e| {
+                UpError::Usage(format!("starting the supervisor of {}: {e}", self.host_id))
+            })?;
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+/// The supervisor configuration of fleet member `k` (`host_id`) under `state_dir`.
+fn member_config(
+    state_dir: &std::path::Path,
+    k: u32,
+    host_id: &str,
+    lanes: u32,
+    link: &crate::supervisor::config::CoordinatorLink,
+) -> Result<ConfigFile, UpError> {
+    let cgroup_root = if nix::unistd::geteuid().is_root() {
+        let mount = crate::cgroup::discover_mount().map_err(SupervisorError::from)?;
+        let tag = &crate::util::sha256_hex(
+            "mosaic/up-root/v1",
+            &[state_dir.as_os_str().as_encoded_bytes()],
+        )[..12];
+        Some(mount.path.join(format!("mosaic-up-{tag}-h{k}")))
+    } else {
+        None
+    };
+    Ok(ConfigFile {
+        host_id: Some(host_id.to_string()),
+        state_dir: state_dir.join("hosts").join(host_id),
+        // Short: tmux and lane socket paths must fit a sockaddr_un.
+        runtime_dir: state_dir.join("run").join(format!("h{k}")),
+        cgroup_root,
+        registry_dir: None,
+        bin_dir: None,
+        tmux: None,
+        lanes: (1..=lanes).map(|i| format!("lane-{i}")).collect(),
+        force_freezer_fallback: false,
+        reattach_timeout_ms: None,
+        coordinator: Some(link.clone()),
+    })
+}
+
+/// `mosaic up --hosts N`: N supervisors as child processes, each a host of its own, against
+/// this process's coordinator. A supervisor that dies is started again after a second (as
+/// systemd would); on Ctrl-C or SIGTERM every lane is destroyed and every child stopped.
+async fn fleet(
+    opts: &UpOptions,
+    state_dir: &std::path::Path,
+    prov: &Provisioned,
+    host_ids: &[String],
+    svc: &std::sync::Arc<crate::coordinator::service::Service>,
+    epoch: i64,
+) -> Result<(), UpError> {
+    let usage = |e: &dyn std::fmt::Display| UpError::Usage(e.to_string());
+    let mut members = Vec::new();
+    for (i, (h, link)) in host_ids.iter().zip(&prov.links).enumerate() {
+        let k = i as u32 + 1;
+        let file = member_config(state_dir, k, h, opts.lanes, link)?;
+        let dir = state_dir.join("hosts").join(h);
+        crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| usage(&e))?;
+        let config = dir.join("supervisor.toml");
+        let text = toml::to_string(&file).map_err(|e| usage(&e))?;
+        crate::util::durable::write_atomic(&config, text.as_bytes()).map_err(|e| usage(&e))?;
+        members.push(Member {
+            host_id: h.clone(),
+            config,
+            log: dir.join("supervisor.log"),
+            cfg: Config::from_file(file)?,
+            child: None,
+        });
+    }
+    for m in &mut members {
+        m.spawn()?;
+    }
+    let want = host_ids.len() * opts.lanes as usize;
+    for _ in 0..400 {
+        if svc.store.lanes().await.map(|l| l.len()).unwrap_or(0) >= want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    let sd = state_dir.display();
+    say!(
+        "Mosaic is up: coordinator (epoch {epoch}) + {} supervisors as separate processes, {} lane(s) each",
+        members.len(),
+        opts.lanes
+    );
+    say!("  state dir    {sd}");
+    for m in &members {
+        say!(
+            "  host {:<20} config {}  log {}",
+            m.host_id,
+            m.config.display(),
+            m.log.display()
+        );
+    }
+    say!("  {} assign --state-dir {sd} --lane {}:lane-1 --runtime fake@1.0.0 --task hang --wait running", std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "mosaic".into()), host_ids[0]);
+    say!("Ctrl-C stops everything this command started.");
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .map_err(|e| UpError::Usage(format!("cannot watch SIGTERM: {e}")))?;
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    loop {
+        tokio::select! {
+            _ = term.recv() => break,
+            _ = tokio::signal::ctrl_c() => break,
+            _ = tick.tick() => {
+                for m in &mut members {
+                    let exited = match m.child.as_mut().map(|c| c.try_wait()) {
+                        Some(Ok(Some(status))) => Some(status.to_string()),
+                        Some(Err(e)) => Some(e.to_string()),
+                        _ => None,
+                    };
+                    if let Some(status) = exited {
+                        esay!("mosaic up: the supervisor of {} exited ({status}); starting it again", m.host_id);
+                        m.spawn()?;
+                    }
+                }
+            }
+        }
+    }
+    say!("mosaic up: stopping everything it started");
+    for m in &mut members {
+        let sock = m.cfg.control_socket();
+        if let Ok(st) =
+            crate::supervisor::control::call(&sock, &crate::supervisor::control::Request::Status)
+        {
+            for lane in st["lanes"].as_array().cloned().unwrap_or_default() {
+                if let Some(name) = lane["lane"].as_str() {
+                    let _ = crate::supervisor::control::call(
+                        &sock,
+                        &crate::supervisor::control::Request::LaneDestroy {
+                            lane: name.to_string(),
+                        },
+                    );
+                }
+            }
+        }
+        if let Some(c) = m.child.as_mut() {
+            if let Some(pid) = c.id() {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid as i32),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let _ = tokio::time::timeout(Duration::from_secs(10), c.wait()).await;
+            let _ = c.kill().await;
+        }
+        if let Some(root) = &m.cfg.cgroup_root {
+            let mount = crate::cgroup::discover_mount().map_err(SupervisorError::from)?;
+            if let Ok(tree) = crate::cgroup::CgroupTree::open(&mount, Some(root), "", false) {
+                if let Err(e) = tree.destroy_all(Duration::from_secs(5)) {
+                    esay!("mosaic up: removing {}: {e}", root.display());
+                }
+            }
+        }
+        let _ = std::fs::remove_file(&sock);
+    }
+    Ok(())
 }
 
 async fn teardown(sup: &Supervisor, origin: &str) {
@@ -378,7 +593,8 @@ async fn demo(
 #[derive(Debug, Clone)]
 pub struct Provisioned {
     pub coordinator: crate::coordinator::service::CoordinatorConfig,
-    pub link: crate::supervisor::config::CoordinatorLink,
+    /// One link per host, in the order the host ids were given.
+    pub links: Vec<crate::supervisor::config::CoordinatorLink>,
 }
 
 fn write_secret_file(path: &std::path::Path) -> Result<(), UpError> {
@@ -391,11 +607,13 @@ fn write_secret_file(path: &std::path::Path) -> Result<(), UpError> {
         .map_err(|e| UpError::Usage(e.to_string()))
 }
 
-/// Makes (once) the PKI, the four signing keys, the coordinator secret and the trust
-/// registry for one coordinator (`coordinator:main`) and one host, under `dir`.
+/// Makes (once) the PKI, the signing keys, the coordinator secret and the trust registry
+/// for one coordinator (`coordinator:main`) and the given hosts, under `dir`. Each host
+/// has its own certificate and its own session and ordinary keys; the coordinator's keys
+/// may address every one of them.
 pub fn provision(
     dir: &std::path::Path,
-    host_id: &str,
+    host_ids: &[String],
     database_url: &str,
     listen: &str,
 ) -> Result<Provisioned, UpError> {
@@ -417,44 +635,54 @@ pub fn provision(
         Ok((cert, key))
     };
     let (c_cert, c_key) = issue(Kind::Coordinator, "main")?;
-    let (h_cert, h_key) = issue(Kind::Host, host_id)?;
     let keys = dir.join("keys");
     crate::util::durable::ensure_dir(&keys, 0o700).map_err(|e| usage(&e))?;
-    let names = [
+    for n in [
         "coordinator-session",
         "coordinator-ordinary",
-        "host-session",
-        "host-ordinary",
         "coordinator-secret",
-    ];
-    for n in names {
+    ] {
         write_secret_file(&keys.join(n))?;
     }
+    for h in host_ids {
+        for purpose in ["session", "ordinary"] {
+            write_secret_file(&keys.join(format!("host-{h}-{purpose}")))?;
+        }
+    }
     let coordinator = "coordinator:main".to_string();
-    let host = format!("host:{host_id}");
+    let hosts: Vec<String> = host_ids.iter().map(|h| format!("host:{h}")).collect();
     let domain = "mosaic.local".to_string();
     let mut trust = String::from(
-        "# Written by `mosaic up`: the keys of this machine's coordinator and host.\n",
+        "# Written by `mosaic up`: the keys of this machine's coordinator and hosts.\n",
     );
-    let entries = [
+    let mut entries: Vec<(String, String, &str, &str, Vec<String>)> = vec![
         (
-            "coordinator-session",
-            &coordinator,
+            "coordinator-session".into(),
+            coordinator.clone(),
             "coordinator",
             "session",
-            &host,
+            hosts.clone(),
         ),
         (
-            "coordinator-ordinary",
-            &coordinator,
+            "coordinator-ordinary".into(),
+            coordinator.clone(),
             "coordinator",
             "ordinary",
-            &host,
+            hosts.clone(),
         ),
-        ("host-session", &host, "host", "session", &coordinator),
-        ("host-ordinary", &host, "host", "ordinary", &coordinator),
     ];
-    for (file, principal, role, purpose, audience) in entries {
+    for (h, principal) in host_ids.iter().zip(&hosts) {
+        for purpose in ["session", "ordinary"] {
+            entries.push((
+                format!("host-{h}-{purpose}"),
+                principal.clone(),
+                "host",
+                purpose,
+                vec![coordinator.clone()],
+            ));
+        }
+    }
+    for (file, principal, role, purpose, audiences) in entries {
         let seed =
             crate::coordinator::service::read_seed(&keys.join(file)).map_err(|e| usage(&e))?;
         let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
@@ -466,26 +694,46 @@ pub fn provision(
             })
             .map(|t| format!("{:?}", t.as_str()))
             .collect();
+        let audiences: Vec<String> = audiences.iter().map(|a| format!("{a:?}")).collect();
         trust.push_str(&format!(
-            "\n[[key]]\nkey_id = \"{principal}/{purpose}\"\nprincipal = \"{principal}\"\nrole = \"{role}\"\npurpose = \"{purpose}\"\nallowed_types = [{}]\naudiences = [\"{audience}\"]\ntrust_domain = \"{domain}\"\nnot_before = \"2020-01-01T00:00:00Z\"\nnot_after = \"2100-01-01T00:00:00Z\"\nsuite = \"ed25519-v1\"\npublic_key = \"{}\"\n",
+            "\n[[key]]\nkey_id = \"{principal}/{purpose}\"\nprincipal = \"{principal}\"\nrole = \"{role}\"\npurpose = \"{purpose}\"\nallowed_types = [{}]\naudiences = [{}]\ntrust_domain = \"{domain}\"\nnot_before = \"2020-01-01T00:00:00Z\"\nnot_after = \"2100-01-01T00:00:00Z\"\nsuite = \"ed25519-v1\"\npublic_key = \"{}\"\n",
             types.join(", "),
+            audiences.join(", "),
             hex::encode(public.to_bytes())
         ));
     }
     let trust_path = dir.join("trust.toml");
     crate::util::durable::write_atomic(&trust_path, trust.as_bytes()).map_err(|e| usage(&e))?;
     let ca = pki::ca_cert_path(&pki_dir);
+    let mut links = Vec::new();
+    for h in host_ids {
+        let (h_cert, h_key) = issue(Kind::Host, h)?;
+        links.push(crate::supervisor::config::CoordinatorLink {
+            address: listen.into(),
+            fallback_addresses: vec![],
+            server_name: "localhost".into(),
+            principal: coordinator.clone(),
+            trust_domain: domain.clone(),
+            ca: ca.clone(),
+            cert: h_cert,
+            key: h_key,
+            trust_registry: trust_path.clone(),
+            session_key: keys.join(format!("host-{h}-session")),
+            ordinary_key: keys.join(format!("host-{h}-ordinary")),
+            heartbeat_ms: None,
+        });
+    }
     Ok(Provisioned {
         coordinator: crate::coordinator::service::CoordinatorConfig {
             name: "main".into(),
-            trust_domain: domain.clone(),
+            trust_domain: domain,
             listen: listen.into(),
             database_url: database_url.into(),
             secret_file: keys.join("coordinator-secret"),
-            ca: ca.clone(),
+            ca,
             cert: c_cert,
             key: c_key,
-            trust_registry: trust_path.clone(),
+            trust_registry: trust_path,
             session_key: keys.join("coordinator-session"),
             ordinary_key: keys.join("coordinator-ordinary"),
             operator_socket: coordinator_socket(dir),
@@ -495,20 +743,7 @@ pub fn provision(
             operator_listen: None,
             heartbeat_ms: None,
         },
-        link: crate::supervisor::config::CoordinatorLink {
-            address: listen.into(),
-            fallback_addresses: vec![],
-            server_name: "localhost".into(),
-            principal: coordinator,
-            trust_domain: domain,
-            ca,
-            cert: h_cert,
-            key: h_key,
-            trust_registry: trust_path,
-            session_key: keys.join("host-session"),
-            ordinary_key: keys.join("host-ordinary"),
-            heartbeat_ms: None,
-        },
+        links,
     })
 }
 

@@ -97,7 +97,8 @@ impl Split {
             format!("127.0.0.1:{}", free_port()),
             format!("127.0.0.1:{}", free_port()),
         ];
-        let prov = mosaic::up::provision(&dir, &host, &db.url, &listen[0]).unwrap();
+        let prov =
+            mosaic::up::provision(&dir, std::slice::from_ref(&host), &db.url, &listen[0]).unwrap();
         let operator_addr = format!("127.0.0.1:{}", free_port());
         let c = &prov.coordinator;
         let coord_cfg = [
@@ -117,7 +118,7 @@ impl Split {
             )
             .unwrap();
         }
-        let l = &prov.link;
+        let l = &prov.links[0];
         let mount = mosaic::cgroup::discover_mount().unwrap();
         let cgroup_root = mount.path.join(format!("mosaic-test-{id}"));
         let lane_list: Vec<String> = (1..=lanes).map(|i| format!("\"lane-{i}\"")).collect();
@@ -234,15 +235,21 @@ impl Split {
         self.coord[i].as_ref().unwrap().id() as i32
     }
 
+    /// Waits until the leading coordinator has the host's session (a standby answers
+    /// `status` too, but holds no session).
     fn wait_host_connected(&self) {
         let me = format!("host:{}", self.host);
         common::wait_until("host connected", || {
-            let st = self.op(&OperatorRequest::Status).ok()?;
-            st["hosts_connected"]
-                .as_array()?
-                .iter()
-                .any(|h| h == me.as_str())
+            (0..2).find_map(|i| {
+                self.coord[i].as_ref()?;
+                let st = operator_call(&self.socket(i), &OperatorRequest::Status).ok()?;
+                (st["leadership"]["state"] == "leading"
+                    && st["hosts_connected"]
+                        .as_array()?
+                        .iter()
+                        .any(|h| h == me.as_str()))
                 .then_some(())
+            })
         });
     }
 
@@ -766,6 +773,44 @@ async fn the_standby_takes_over_a_dead_leader_and_drives_every_chain_on() {
         "CANCELLED"
     );
     w.usable(1).await;
+    w.usable(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_that_loses_its_lease_to_the_standby_hands_its_hosts_over() {
+    let mut w = Split::new(2);
+    w.wait_leading(0);
+    w.wait_host_connected();
+    let running = w.assign(1, "hang").unwrap();
+    w.start_coordinator(1, None);
+    // Paused for a few leases — far less than the session liveness limit (15 s), so the
+    // host sees nothing wrong with its session to the paused leader.
+    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let epoch = w.wait_leading(1);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // The old leader learns it lost (its renewal is refused) and lets its hosts go; the
+    // host reconnects, the old leader refuses it as a standby, and it lands on the leader.
+    let me = format!("host:{}", w.host);
+    common::wait_until("the host on the new leader", || {
+        let st = operator_call(&w.socket(1), &OperatorRequest::Status).ok()?;
+        st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == me.as_str())
+            .then_some(())
+    });
+    let old = operator_call(&w.socket(0), &OperatorRequest::Status).unwrap();
+    assert_eq!(old["leadership"]["state"], "standby", "{old}");
+    assert!(
+        old["hosts_connected"].as_array().unwrap().is_empty(),
+        "the old leader kept a host session: {old}"
+    );
+    assert!(w.wait_leading(1) >= epoch);
+    assert_eq!(
+        w.stop_final(running["assignment_id"].as_str().unwrap())["state"],
+        "CANCELLED"
+    );
     w.usable(2).await;
 }
 

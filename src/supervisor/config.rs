@@ -2,14 +2,14 @@
 
 use std::path::{Path, PathBuf};
 
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use super::names::{HostId, LaneName};
 use super::SupervisorError;
 
 /// The TOML file as written by an operator. Unknown keys are refused so a typo cannot
 /// silently fall back to a default.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct ConfigFile {
     /// This host's id in lane ids (`host:lane`). Default: the system hostname.
@@ -42,7 +42,7 @@ pub struct ConfigFile {
 }
 
 /// How to reach and authenticate to the coordinator.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct CoordinatorLink {
     /// `host:port` of its mutual-TLS listener.

@@ -160,6 +160,15 @@ impl Sessions {
         old
     }
 
+    /// Closes every live session with `reason`.
+    pub fn close_all(&self, reason: &str) {
+        if let Ok(m) = self.map.lock() {
+            for s in m.values() {
+                s.handle.close(reason);
+            }
+        }
+    }
+
     fn remove(&self, host_id: &str, session_id: &str) {
         if let Ok(mut m) = self.map.lock() {
             if m.get(host_id).is_some_and(|s| s.session_id == session_id) {

@@ -66,14 +66,17 @@ impl Leadership {
     }
 
     /// A transition under `epoch` was refused as stale: stop using it and re-acquire.
-    pub async fn stale(&self, epoch: i64) {
+    /// True when this dropped the current leadership.
+    pub async fn stale(&self, epoch: i64) -> bool {
         let mut cur = self.current.write().await;
-        if cur.as_ref().map(|l| l.epoch()) == Some(epoch) {
+        let dropped = cur.as_ref().map(|l| l.epoch()) == Some(epoch);
+        if dropped {
             *cur = None;
             drop(cur);
             self.lost(epoch, "a transition was refused: stale leadership");
         }
         self.kick.notify_one();
+        dropped
     }
 
     pub async fn wait_gained(&self) {
@@ -172,6 +175,7 @@ pub(crate) async fn run(svc: std::sync::Arc<super::Service>, cand: Candidate, le
                         l.epoch(),
                         "the lease expired or was taken over before renewal",
                     );
+                    svc.leadership_lost();
                 }
             }
             Err(e) => {

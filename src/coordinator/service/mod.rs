@@ -143,9 +143,17 @@ impl Service {
 
     /// Reports a failed transition: a stale leadership is dropped at once.
     pub(crate) async fn note(&self, l: &Leader, e: &AuthorityError) {
-        if e.category() == Some(Category::StaleLeader) {
-            self.leadership.stale(l.epoch()).await;
+        if e.category() == Some(Category::StaleLeader) && self.leadership.stale(l.epoch()).await {
+            self.leadership_lost();
         }
+    }
+
+    /// This process no longer leads: every host session it holds is closed, so each host
+    /// reconnects — to whichever coordinator leads now (a standby refuses sessions). A
+    /// host kept on a coordinator that cannot act for it would be stranded.
+    pub(crate) fn leadership_lost(&self) {
+        self.hosts
+            .close_all("this coordinator no longer leads; reconnect to the leader");
     }
 
     fn bump(&self) {
