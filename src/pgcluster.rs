@@ -1,8 +1,16 @@
 //! A private PostgreSQL cluster from the local server binaries, for `mosaic up` and the
-//! test suite. Runs as the `postgres` user when we are root (initdb refuses root), listens
-//! only on a Unix socket in its own directory, and is stopped by its owner.
+//! test suite. Runs as the `postgres` user when we are root (initdb refuses root), and is
+//! stopped by its owner.
 //!
-//! **Never:** listens on TCP, or touches any cluster it did not create.
+//! Private means nobody else on the machine can open it: no TCP listener; the socket in a
+//! directory (`<root>/sock`, mode 0700) only the cluster's owner — and root — can enter;
+//! and `peer` authentication with a map that admits only root, the cluster's owner and
+//! the account that created it (`pg_ident.conf`, rewritten at every start, so a cluster
+//! made by an older version loses its old `trust` rules). Any other local account is
+//! refused twice: by the directory, and by the server.
+//!
+//! **Never:** listens on TCP, authenticates anyone by `trust`, or touches any cluster it
+//! did not create.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -72,8 +80,9 @@ impl Cluster {
         self.root.join("data")
     }
 
-    pub fn socket_dir(&self) -> &Path {
-        &self.root
+    /// The directory holding the server's socket (mode 0700).
+    pub fn socket_dir(&self) -> PathBuf {
+        self.root.join("sock")
     }
 
     pub fn port(&self) -> u16 {
@@ -88,7 +97,7 @@ impl Cluster {
     pub fn url(&self, dbname: &str) -> String {
         format!(
             "host={} port={} user=postgres dbname={dbname}",
-            self.root.display(),
+            self.socket_dir().display(),
             self.port
         )
     }
@@ -124,8 +133,8 @@ impl Cluster {
         }
         let mut c = Command::new(self.bin("initdb"));
         c.arg("-D").arg(self.data_dir()).args([
-            "-A",
-            "trust",
+            "--auth-local=peer",
+            "--auth-host=reject",
             "-U",
             "postgres",
             "-E",
@@ -136,10 +145,58 @@ impl Cluster {
         self.run("initdb", c)
     }
 
+    /// Who may connect: root, the server's owner, and the account that made the cluster —
+    /// each as the database superuser, over the private socket only.
+    fn write_access_rules(&self) -> Result<(), ClusterError> {
+        let me = nix::unistd::User::from_uid(nix::unistd::geteuid())
+            .ok()
+            .flatten()
+            .map(|u| u.name);
+        let owner = match self.owner {
+            Some((uid, _)) => nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .map(|u| u.name),
+            None => me.clone(),
+        };
+        let mut users: Vec<String> = ["root".to_string()]
+            .into_iter()
+            .chain(owner)
+            .chain(me)
+            .collect();
+        users.sort();
+        users.dedup();
+        let mut ident = String::from(
+            "# Written by Mosaic at every start: the only OS accounts that may connect.\n",
+        );
+        for u in &users {
+            ident.push_str(&format!("mosaic {u} postgres\n"));
+        }
+        let hba = "# Written by Mosaic at every start: the private socket, peer authentication, the mosaic map.\nlocal all all peer map=mosaic\nlocal replication all peer map=mosaic\n";
+        for (name, text) in [("pg_hba.conf", hba.to_string()), ("pg_ident.conf", ident)] {
+            let path = self.data_dir().join(name);
+            std::fs::write(&path, text)?;
+            if let Some((uid, gid)) = self.owner {
+                nix::unistd::chown(
+                    &path,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .map_err(|e| ClusterError::Command {
+                    what: "chown",
+                    detail: e.to_string(),
+                })?;
+            }
+        }
+        Ok(())
+    }
+
     pub fn start(&self, d: Durability) -> Result<(), ClusterError> {
+        self.init_dir()?;
+        self.write_access_rules()?;
         let mut opts = format!(
-            "-k {} -p {} -c listen_addresses='' -c max_connections=200",
-            self.root.display(),
+            "-k {} -p {} -c listen_addresses='' -c unix_socket_permissions=0700 -c max_connections=200",
+            self.socket_dir().display(),
             self.port
         );
         if d == Durability::Throwaway {
@@ -188,19 +245,23 @@ impl Cluster {
         self
     }
 
-    /// Creates the root directory, owned by the server user, without initdb.
+    /// Creates the root and socket directories, owned by the server user, without initdb.
     pub fn init_dir(&self) -> Result<(), ClusterError> {
-        std::fs::create_dir_all(&self.root)?;
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::create_dir_all(self.socket_dir())?;
+        std::fs::set_permissions(self.socket_dir(), std::fs::Permissions::from_mode(0o700))?;
         if let Some((uid, gid)) = self.owner {
-            nix::unistd::chown(
-                &self.root,
-                Some(nix::unistd::Uid::from_raw(uid)),
-                Some(nix::unistd::Gid::from_raw(gid)),
-            )
-            .map_err(|e| ClusterError::Command {
-                what: "chown",
-                detail: e.to_string(),
-            })?;
+            for d in [&self.root, &self.socket_dir()] {
+                nix::unistd::chown(
+                    d,
+                    Some(nix::unistd::Uid::from_raw(uid)),
+                    Some(nix::unistd::Gid::from_raw(gid)),
+                )
+                .map_err(|e| ClusterError::Command {
+                    what: "chown",
+                    detail: e.to_string(),
+                })?;
+            }
         }
         Ok(())
     }

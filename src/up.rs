@@ -729,6 +729,7 @@ pub fn provision(
             trust_domain: domain,
             listen: listen.into(),
             database_url: database_url.into(),
+            allow_insecure_database: false,
             secret_file: keys.join("coordinator-secret"),
             ca,
             cert: c_cert,

@@ -180,7 +180,17 @@ impl From<tokio_postgres::Error> for AuthorityError {
                 AuthorityError::Connection(format!("{}: {}", d.code().code(), d.message()))
             }
             Some(d) => AuthorityError::Db(format!("{}: {}", d.code().code(), d.message())),
-            None => AuthorityError::Connection(e.to_string()),
+            // The whole cause chain ("error performing TLS handshake: invalid peer
+            // certificate: UnknownIssuer"), so the log says what to fix.
+            None => {
+                let mut text = e.to_string();
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    text.push_str(&format!(": {s}"));
+                    src = s.source();
+                }
+                AuthorityError::Connection(text)
+            }
         }
     }
 }

@@ -21,6 +21,43 @@ const MIGRATIONS: &[&str] = &[
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tls_parameters_are_taken_out_of_both_url_forms() {
+        let (rest, mode, root) =
+            take_tls_params("postgres://u@db.example:5432/m?sslmode=verify-full&sslrootcert=/ca.pem&application_name=x");
+        assert_eq!(rest, "postgres://u@db.example:5432/m?application_name=x");
+        assert_eq!(
+            (mode.as_deref(), root.as_deref()),
+            (Some("verify-full"), Some("/ca.pem"))
+        );
+        let (rest, mode, root) = take_tls_params("host=db.example user=u sslmode=disable dbname=m");
+        assert_eq!(rest, "host=db.example user=u dbname=m");
+        assert_eq!((mode.as_deref(), root), (Some("disable"), None));
+    }
+
+    #[test]
+    fn a_remote_database_needs_verified_tls_or_an_explicit_exception() {
+        let refused = |url: &str| config(url, false).err().map(|e| e.to_string());
+        assert!(refused("host=db.example user=u dbname=m").is_some());
+        assert!(refused("postgres://u@db.example/m?sslmode=prefer").is_some());
+        assert!(refused("postgres://u@db.example/m?sslmode=require").is_some());
+        assert!(refused("postgres://u@db.example/m?sslmode=verify-ca&sslrootcert=/x").is_some());
+        assert!(
+            refused("postgres://u@db.example/m?sslmode=verify-full").is_some(),
+            "no CA file"
+        );
+        assert!(refused("postgres://u@db.example/m?sslmode=bogus").is_some());
+        // Local sockets and loopback need no TLS; the operator may accept a plain remote.
+        assert!(config("host=/run/postgresql user=u dbname=m", false).is_ok());
+        assert!(config("postgres://u@127.0.0.1/m", false).is_ok());
+        assert!(config("host=db.example user=u dbname=m", true).is_ok());
+    }
+}
+
 /// Server-side bounds on every coordinator connection: a statement or an idle transaction
 /// that hangs (a stuck lock, a client gone mid-transaction) is ended by the server, so it
 /// cannot hold rows — or the leadership — hostage.
@@ -33,6 +70,7 @@ pub struct Store {
     pub(crate) secret: CoordinatorSecret,
     pub(crate) audit: Auditor,
     config: tokio_postgres::Config,
+    transport: Transport,
 }
 
 impl std::fmt::Debug for Store {
@@ -41,34 +79,166 @@ impl std::fmt::Debug for Store {
     }
 }
 
-/// Parses a database URL or key=value string and adds the session bounds.
-fn config(url: &str) -> Result<tokio_postgres::Config, AuthorityError> {
-    let mut cfg: tokio_postgres::Config = url
+/// How the coordinator reaches its database: plain (a local socket or loopback, or a
+/// remote server the operator explicitly allowed without TLS) or TLS that verifies the
+/// server's certificate chain *and* name against a CA file (`sslmode=verify-full`).
+#[derive(Clone)]
+enum Transport {
+    Plain,
+    Tls(tokio_postgres_rustls::MakeRustlsConnect),
+}
+
+/// Splits `sslmode` and `sslrootcert` out of a URL (`postgres://…?sslmode=…`) or a
+/// key=value string; returns the rest for tokio-postgres to parse.
+fn take_tls_params(url: &str) -> (String, Option<String>, Option<String>) {
+    let (mut mode, mut root) = (None, None);
+    let mut take = |k: &str, v: &str| match k {
+        "sslmode" => {
+            mode = Some(v.to_string());
+            true
+        }
+        "sslrootcert" => {
+            root = Some(v.to_string());
+            true
+        }
+        _ => false,
+    };
+    if url.contains("://") {
+        let Some((base, query)) = url.split_once('?') else {
+            return (url.to_string(), None, None);
+        };
+        let kept: Vec<&str> = query
+            .split('&')
+            .filter(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                !take(k, v)
+            })
+            .collect();
+        let rest = if kept.is_empty() {
+            base.to_string()
+        } else {
+            format!("{base}?{}", kept.join("&"))
+        };
+        (rest, mode, root)
+    } else {
+        let kept: Vec<&str> = url
+            .split_whitespace()
+            .filter(|kv| {
+                let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+                !take(k, v)
+            })
+            .collect();
+        (kept.join(" "), mode, root)
+    }
+}
+
+/// Whether every host of `cfg` is this machine (a Unix socket or a loopback address).
+fn is_local(cfg: &tokio_postgres::Config) -> bool {
+    use tokio_postgres::config::Host;
+    !cfg.get_hosts().is_empty()
+        && cfg.get_hosts().iter().all(|h| match h {
+            Host::Unix(_) => true,
+            Host::Tcp(name) => matches!(name.as_str(), "localhost" | "127.0.0.1" | "::1"),
+        })
+        && cfg.get_hostaddrs().iter().all(|a| a.is_loopback())
+}
+
+/// The client TLS configuration that trusts only the CA certificates in `path`.
+fn verify_full(path: &str) -> Result<rustls::ClientConfig, AuthorityError> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::CertificateDer;
+    let bad = |e: &dyn std::fmt::Display| AuthorityError::Db(format!("sslrootcert {path}: {e}"));
+    let mut roots = rustls::RootCertStore::empty();
+    for c in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
+        roots.add(c.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
+    }
+    if roots.is_empty() {
+        return Err(bad(&"no certificate in the file"));
+    }
+    rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .map_err(|e| bad(&e))
+    .map(|b| b.with_root_certificates(roots).with_no_client_auth())
+}
+
+/// Parses a database URL or key=value string, decides its transport, and adds the session
+/// bounds. TLS is `sslmode=verify-full` with `sslrootcert=FILE`; a server that is not on
+/// this machine is refused without it, unless `allow_insecure` (the operator's explicit
+/// choice). `require`/`verify-ca` — TLS that would accept an impostor's certificate — are
+/// refused outright.
+fn config(
+    url: &str,
+    allow_insecure: bool,
+) -> Result<(tokio_postgres::Config, Transport), AuthorityError> {
+    let (rest, mode, root) = take_tls_params(url);
+    let mut cfg: tokio_postgres::Config = rest
         .parse()
         .map_err(|e: tokio_postgres::Error| AuthorityError::Db(format!("bad database url: {e}")))?;
+    let transport = match mode.as_deref() {
+        Some("verify-full") => {
+            let root = root.ok_or_else(|| {
+                AuthorityError::Db(
+                    "sslmode=verify-full needs sslrootcert=FILE (the CA that signed the server's certificate)".into(),
+                )
+            })?;
+            cfg.ssl_mode(tokio_postgres::config::SslMode::Require);
+            Transport::Tls(tokio_postgres_rustls::MakeRustlsConnect::new(verify_full(
+                &root,
+            )?))
+        }
+        Some(m @ ("require" | "verify-ca")) => {
+            return Err(AuthorityError::Db(format!(
+                "sslmode={m} accepts a server certificate without checking whose it is; use sslmode=verify-full with sslrootcert=FILE"
+            )))
+        }
+        None | Some("disable" | "allow" | "prefer") => {
+            if !is_local(&cfg) && !allow_insecure {
+                return Err(AuthorityError::Db(
+                    "the database is not on this machine and the URL does not ask for TLS: add sslmode=verify-full&sslrootcert=FILE, or set allow_insecure_database = true to accept a plain connection".into(),
+                ));
+            }
+            cfg.ssl_mode(tokio_postgres::config::SslMode::Disable);
+            Transport::Plain
+        }
+        Some(other) => {
+            return Err(AuthorityError::Db(format!("unknown sslmode {other:?}")));
+        }
+    };
     let opts = match cfg.get_options() {
         Some(o) if !o.is_empty() => format!("{o} {SESSION_OPTIONS}"),
         _ => SESSION_OPTIONS.to_string(),
     };
     cfg.options(&opts);
     cfg.application_name("mosaic-coordinator");
-    Ok(cfg)
+    Ok((cfg, transport))
 }
 
 impl Store {
     /// Connects (libpq-style string or URL). Verifies the server is a primary. Must be
     /// called inside a tokio runtime (it starts the audit writer).
     pub async fn connect(url: &str, secret: CoordinatorSecret) -> Result<Self, AuthorityError> {
-        let cfg = config(url)?;
-        let mgr = Manager::from_config(
-            cfg.clone(),
-            NoTls,
-            ManagerConfig {
-                // Verified: a connection whose backend died mid-transaction (crash, failover,
-                // pg_terminate_backend) is never handed out again.
-                recycling_method: RecyclingMethod::Verified,
-            },
-        );
+        Self::connect_with(url, false, secret).await
+    }
+
+    /// Like [`Store::connect`]; `allow_insecure` accepts a plain connection to a database
+    /// on another machine (see `config`).
+    pub async fn connect_with(
+        url: &str,
+        allow_insecure: bool,
+        secret: CoordinatorSecret,
+    ) -> Result<Self, AuthorityError> {
+        let (cfg, transport) = config(url, allow_insecure)?;
+        let mc = ManagerConfig {
+            // Verified: a connection whose backend died mid-transaction (crash, failover,
+            // pg_terminate_backend) is never handed out again.
+            recycling_method: RecyclingMethod::Verified,
+        };
+        let mgr = match &transport {
+            Transport::Plain => Manager::from_config(cfg.clone(), NoTls, mc),
+            Transport::Tls(t) => Manager::from_config(cfg.clone(), t.clone(), mc),
+        };
         let pool = Pool::builder(mgr)
             .max_size(32)
             .build()
@@ -78,6 +248,7 @@ impl Store {
             pool,
             secret,
             config: cfg,
+            transport,
         };
         s.require_primary().await?;
         Ok(s)
@@ -86,13 +257,28 @@ impl Store {
     /// A connection of its own, outside the pool: for the leadership renewal, which no
     /// amount of other load may starve.
     pub(crate) async fn dedicated(&self) -> Result<tokio_postgres::Client, AuthorityError> {
-        let (client, conn) = self.config.connect(NoTls).await?;
-        tokio::spawn(async move {
-            if let Err(e) = conn.await {
-                tracing::debug!(error = %e, "dedicated database connection ended");
+        fn drive<F>(conn: F)
+        where
+            F: std::future::Future<Output = Result<(), tokio_postgres::Error>> + Send + 'static,
+        {
+            tokio::spawn(async move {
+                if let Err(e) = conn.await {
+                    tracing::debug!(error = %e, "dedicated database connection ended");
+                }
+            });
+        }
+        match &self.transport {
+            Transport::Plain => {
+                let (client, conn) = self.config.connect(NoTls).await?;
+                drive(conn);
+                Ok(client)
             }
-        });
-        Ok(client)
+            Transport::Tls(t) => {
+                let (client, conn) = self.config.connect(t.clone()).await?;
+                drive(conn);
+                Ok(client)
+            }
+        }
     }
 
     /// Authority refuses to run on a standby.

@@ -15,7 +15,13 @@ pub struct CoordinatorConfig {
     pub trust_domain: String,
     /// TCP address for host sessions (mutual TLS).
     pub listen: String,
+    /// PostgreSQL URL or key=value string. A database on another machine needs
+    /// `sslmode=verify-full` and `sslrootcert=FILE` (or `allow_insecure_database`).
     pub database_url: String,
+    /// Accept a plain (unencrypted, unauthenticated) connection to a database that is not
+    /// on this machine. Off by default.
+    #[serde(default)]
+    pub allow_insecure_database: bool,
     /// File holding the coordinator secret (64 hex digits). Every coordinator of one
     /// database must hold the same secret: fence tokens are derived from it.
     pub secret_file: PathBuf,

@@ -66,7 +66,8 @@ impl Service {
             .map_err(|e| ServiceError::Config(format!("{}: {e}", cfg.secret_file.display())))?;
         let secret = CoordinatorSecret::from_hex(&secret_hex)
             .map_err(|e| ServiceError::Config(e.to_string()))?;
-        let store = Store::connect(&cfg.database_url, secret).await?;
+        let store =
+            Store::connect_with(&cfg.database_url, cfg.allow_insecure_database, secret).await?;
         store.migrate().await?;
         let text = std::fs::read_to_string(&cfg.trust_registry)
             .map_err(|e| ServiceError::Config(format!("{}: {e}", cfg.trust_registry.display())))?;
