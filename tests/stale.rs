@@ -422,3 +422,82 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
     assert_eq!(format!("{:?}", st.lanes[0].status), "Quarantined");
     drop(w);
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_without_its_generations_authority_is_refused_by_the_host() {
+    let (sup, w) = world();
+    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let (tx, mut rx) = mpsc::channel(64);
+    let host = CoordinatedHost::new(
+        sup.clone(),
+        std::sync::Arc::new(signer("host-ordinary")),
+        tx,
+    )
+    .await;
+    host.dispatch(stage(&inc, 1, "rs-1")).await;
+    next(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("staged for generation 1");
+    // The contract of generation 1, wrong in exactly one authority field each time.
+    let bad: [(&str, &str, Value); 4] = [
+        (
+            "fence-proof-refused",
+            "fence_proof",
+            s(&mosaic::protocol::fence::reveal(&[9u8; 32])),
+        ),
+        (
+            "fence-proof-refused",
+            "fence_proof",
+            s(&mosaic::protocol::fence::commitment(&reveal("rs-1", 1))),
+        ),
+        ("other-epoch", "coordinator_epoch", n(8)),
+        ("other-timeline", "sot_incarnation", s("sot-2")),
+    ];
+    for (i, (_, field, value)) in bad.iter().enumerate() {
+        let task = format!("print=forged-{i}");
+        let mut f = chain(&inc, 1, "rs-1");
+        f.retain(|(k, _)| k != field);
+        f.push((field, value.clone()));
+        let (scope, holds) = (
+            format!("sha256:{}", "5".repeat(64)),
+            format!("sha256:{}", "6".repeat(64)),
+        );
+        f.extend([
+            (
+                "contracts_digest",
+                s(&mosaic::protocol::contracts_digest(&task, &scope, &holds)),
+            ),
+            ("scope_digest", s(&scope)),
+            ("holds_digest", s(&holds)),
+            ("task_text", s(&task)),
+        ]);
+        host.dispatch(coord(MessageType::Contract, f)).await;
+    }
+    let audit = std::fs::read_to_string(sup.audit_path()).unwrap();
+    for (category, _, _) in &bad {
+        assert!(
+            audit.contains(&format!("\"category\":\"{category}\"")),
+            "no {category} refusal: {audit}"
+        );
+    }
+    assert!(
+        !audit.contains("forged-"),
+        "payload in the audit log: {audit}"
+    );
+    // None reached the harness: the first contract it is given is the genuine one.
+    host.dispatch(contract(&inc, 1, "rs-1", "print=genuine"))
+        .await;
+    let injected = next(&mut rx, Duration::from_secs(20))
+        .await
+        .expect("injected for generation 1");
+    assert_eq!(
+        injected.str("delivered_contracts_digest"),
+        mosaic::protocol::contracts_digest(
+            "print=genuine",
+            &format!("sha256:{}", "5".repeat(64)),
+            &format!("sha256:{}", "6".repeat(64))
+        ),
+        "a contract without its generation's authority reached the harness"
+    );
+    drop(w);
+}

@@ -379,6 +379,52 @@ pub struct ServerParams {
 /// Connections between TCP accept and a verified hello, at most.
 const MAX_HANDSHAKES: usize = 64;
 
+/// Refused connections are audited once per source per window, with a count of those
+/// left out: a reconnect storm (or anyone able to open TCP connections) costs a counter,
+/// not an audit row and a log line each.
+struct RefusalAudit {
+    windows: std::sync::Mutex<std::collections::HashMap<String, (std::time::Instant, u64)>>,
+}
+
+impl RefusalAudit {
+    const WINDOW: Duration = Duration::from_secs(10);
+    const MAX_SOURCES: usize = 4096;
+
+    fn new() -> Self {
+        Self {
+            windows: Default::default(),
+        }
+    }
+
+    /// Whether to audit a refusal from `source` now; `Some(n)` with `n` refusals left out
+    /// since the last audited one.
+    fn admit(&self, source: &str) -> Option<u64> {
+        let Ok(mut m) = self.windows.lock() else {
+            return Some(0);
+        };
+        let now = std::time::Instant::now();
+        if m.len() >= Self::MAX_SOURCES {
+            m.retain(|_, (at, _)| now.duration_since(*at) < Self::WINDOW);
+        }
+        match m.get_mut(source) {
+            Some((at, left_out)) if now.duration_since(*at) < Self::WINDOW => {
+                *left_out += 1;
+                None
+            }
+            Some((at, left_out)) => {
+                let n = *left_out;
+                *at = now;
+                *left_out = 0;
+                Some(n)
+            }
+            None => {
+                m.insert(source.to_string(), (now, 0));
+                Some(0)
+            }
+        }
+    }
+}
+
 /// Serves sessions until `shutdown` flips to true; sessions end with it.
 pub async fn serve(
     listener: TcpListener,
@@ -389,6 +435,7 @@ pub async fn serve(
 ) -> Result<(), TransportError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let refusals = Arc::new(RefusalAudit::new());
     loop {
         let (tcp, addr) = tokio::select! {
             r = listener.accept() => r?,
@@ -399,18 +446,29 @@ pub async fn serve(
             p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Ok(()) },
             _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
         };
-        let (acceptor, params, handler, shutdown) = (
+        let (acceptor, params, handler, shutdown, refusals) = (
             acceptor.clone(),
             params.clone(),
             handler.clone(),
             shutdown.clone(),
+            refusals.clone(),
         );
         // Envelopes are small and each one waits for an answer: Nagle's algorithm would hold
         // a frame written behind an unacknowledged one for the peer's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
         tokio::spawn(async move {
-            if let Err(e) = session(tcp, acceptor, &params, handler, shutdown, permit).await {
-                (params.audit)(&addr.to_string(), "session-refused", &e.to_string());
+            if let Err((peer, e)) = session(tcp, acceptor, &params, handler, shutdown, permit).await
+            {
+                // Keyed by principal once TLS named one, else by source address.
+                let source = peer.unwrap_or_else(|| addr.ip().to_string());
+                if let Some(left_out) = refusals.admit(&source) {
+                    let detail = if left_out > 0 {
+                        format!("{e} ({left_out} more refusals of {source} not audited)")
+                    } else {
+                        e.to_string()
+                    };
+                    (params.audit)(&source, "session-refused", &detail);
+                }
             }
         });
     }
@@ -508,19 +566,35 @@ async fn session(
     acceptor: tokio_rustls::TlsAcceptor,
     params: &ServerParams,
     handler: Arc<dyn Handler>,
-    mut shutdown: watch::Receiver<bool>,
+    shutdown: watch::Receiver<bool>,
     permit: tokio::sync::OwnedSemaphorePermit,
-) -> Result<(), TransportError> {
+) -> Result<(), (Option<String>, TransportError)> {
     let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
         .await
-        .map_err(|_| TransportError::Timeout("TLS handshake"))??;
+        .map_err(|_| (None, TransportError::Timeout("TLS handshake")))?
+        .map_err(|e| (None, e.into()))?;
     let peer = tls
         .get_ref()
         .1
         .peer_certificates()
         .and_then(|c| c.first())
         .and_then(|c| crate::pki::principal_of(c))
-        .ok_or(TransportError::NoPrincipal)?;
+        .ok_or((None, TransportError::NoPrincipal))?;
+    admitted(tls, &peer, params, handler, shutdown, permit)
+        .await
+        .map_err(|e| (Some(peer), e))
+}
+
+/// The rest of a session once TLS named its peer.
+async fn admitted(
+    tls: tokio_rustls::server::TlsStream<TcpStream>,
+    peer: &str,
+    params: &ServerParams,
+    handler: Arc<dyn Handler>,
+    mut shutdown: watch::Receiver<bool>,
+    permit: tokio::sync::OwnedSemaphorePermit,
+) -> Result<(), TransportError> {
+    let peer = peer.to_string();
     let admission = handler.admit(&peer).await;
     let mut ws = tokio::time::timeout(
         HANDSHAKE_TIMEOUT,
@@ -713,6 +787,9 @@ async fn run_session(
             }
             _ = crate::util::shutdown_signalled(shutdown) => return Ok(Ended::Closed("coordinator shutting down".into())),
         };
+        // Frames decoded from TLS buffers never touch the socket, so a flooding peer would
+        // otherwise keep this task (and its worker thread) busy without ever yielding.
+        tokio::task::coop::consume_budget().await;
         let text = match frame {
             None | Some(Ok(Message::Close(_))) => {
                 return Ok(Ended::Closed("closed by the peer".into()))
@@ -910,8 +987,9 @@ pub async fn connect(p: &LinkParams) -> Result<HostSession, TransportError> {
     connect_to(p, &p.addr).await
 }
 
-/// Like [`connect`], to `addr` (one of the coordinator's addresses).
-pub async fn connect_to(p: &LinkParams, addr: &str) -> Result<HostSession, TransportError> {
+/// Opens a connection to `addr` and reads the coordinator's first frame, its session
+/// challenge (verified), without answering it. [`connect_to`] answers it with the hello.
+pub async fn open(p: &LinkParams, addr: &str) -> Result<(Ws, Envelope<Verified>), TransportError> {
     let tcp = tokio::time::timeout(HANDSHAKE_TIMEOUT, TcpStream::connect(addr))
         .await
         .map_err(|_| TransportError::Timeout("connect"))??;
@@ -971,6 +1049,12 @@ pub async fn connect_to(p: &LinkParams, addr: &str) -> Result<HostSession, Trans
             ))
         }
     };
+    Ok((ws, challenge))
+}
+
+/// Like [`connect`], to `addr` (one of the coordinator's addresses).
+pub async fn connect_to(p: &LinkParams, addr: &str) -> Result<HostSession, TransportError> {
+    let (mut ws, challenge) = open(p, addr).await?;
     if challenge.message_type() != MessageType::SessionChallenge
         || challenge.str("issuer") != p.coordinator
     {

@@ -110,7 +110,21 @@ impl Service {
             changed: watch::channel(0).0,
             driver: driver::DriverState::default(),
         });
-        tokio::spawn(leadership::run(svc.clone(), cand, timing.lease_ms));
+        // Leadership runs on a thread and runtime of its own: no amount of host-session or
+        // operator work on the main runtime can delay a renewal past the lease.
+        let (l_svc, lease_ms) = (svc.clone(), timing.lease_ms);
+        std::thread::Builder::new()
+            .name("mosaic-leadership".into())
+            .spawn(move || {
+                match tokio::runtime::Builder::new_current_thread()
+                    .enable_all()
+                    .build()
+                {
+                    Ok(rt) => rt.block_on(leadership::run(l_svc, cand, lease_ms)),
+                    Err(e) => tracing::error!(error = %e, "cannot start the leadership runtime; this coordinator never leads"),
+                }
+            })
+            .map_err(ServiceError::Io)?;
         tokio::spawn(watchdog::run(svc.clone()));
         Ok(svc)
     }

@@ -1,0 +1,1033 @@
+//! Host sessions under attack (spec §5.3, §7, §12, §16): a real coordinator and a real
+//! supervisor (host A) as separate processes on a real PostgreSQL, and a raw client that
+//! holds a real enrolled host's certificate and keys — host B's, which no supervisor uses,
+//! or host A's own. It can do anything that host could; it must not be able to act for
+//! another host, displace a live session, replay what was said, or flood its way to
+//! anything but its own disconnection.
+
+mod common;
+mod pg;
+
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures_util::{SinkExt, StreamExt};
+use mosaic::coordinator::service::{operator_call, OpError, OperatorRequest};
+use mosaic::protocol::canonical::Value;
+use mosaic::protocol::envelope::{n, s};
+use mosaic::protocol::schema::MessageType;
+use mosaic::protocol::transport::{self, HostSession, LinkParams, Outgoing, TlsIdentity};
+use mosaic::protocol::{verify, Envelope, Signer, TrustRegistry, Verified, VerifyContext};
+use serde_json::Value as Json;
+use tokio_tungstenite::tungstenite::Message;
+
+const COORD: &str = "coordinator:main";
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+struct World {
+    dir: PathBuf,
+    db: pg::TestDb,
+    hosts: [String; 2],
+    prov: mosaic::up::Provisioned,
+    listen: String,
+    coord: Option<Child>,
+    sup: Option<Child>,
+    cgroup_root: PathBuf,
+    /// A proxy between host A and the coordinator that can go silent (no FIN).
+    proxy: Option<Blackhole>,
+}
+
+#[derive(Default)]
+struct Opts {
+    heartbeat_ms: Option<u64>,
+    via_proxy: bool,
+}
+
+impl World {
+    fn new(o: Opts) -> Self {
+        common::require_host();
+        let db = pg::TestDb::new();
+        let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
+        let dir = std::env::temp_dir().join(format!("mosaic-sess-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hosts = [format!("a-{id}"), format!("b-{id}")];
+        let listen = format!("127.0.0.1:{}", free_port());
+        let prov = mosaic::up::provision(&dir, &hosts, &db.url, &listen).unwrap();
+        let c = &prov.coordinator;
+        let hb = o
+            .heartbeat_ms
+            .map(|h| format!("heartbeat_ms = {h}\n"))
+            .unwrap_or_default();
+        std::fs::write(
+            dir.join("coordinator.toml"),
+            format!(
+                "name = {:?}\ntrust_domain = {:?}\nlisten = {listen:?}\ndatabase_url = {:?}\nsecret_file = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
+                 trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = 2000\n{hb}",
+                c.name, c.trust_domain, c.database_url, c.secret_file, c.ca, c.cert, c.key, c.trust_registry, c.session_key, c.ordinary_key,
+                dir.join("run/coordinator.sock"),
+            ),
+        )
+        .unwrap();
+        let proxy = o.via_proxy.then(|| Blackhole::start(&listen));
+        let address = match &proxy {
+            Some(p) => format!("127.0.0.1:{}", p.port),
+            None => listen.clone(),
+        };
+        let l = &prov.links[0];
+        let mount = mosaic::cgroup::discover_mount().unwrap();
+        let cgroup_root = mount.path.join(format!("mosaic-test-{id}"));
+        std::fs::write(
+            dir.join("supervisor.toml"),
+            format!(
+                "host_id = {:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {cgroup_root:?}\nbin_dir = {:?}\nlanes = [\"lane-1\", \"lane-2\"]\n\n\
+                 [coordinator]\naddress = {address:?}\nserver_name = {:?}\nprincipal = {:?}\ntrust_domain = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\ntrust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\n{hb}",
+                hosts[0],
+                dir.join("state"),
+                dir.join("rt"),
+                std::path::Path::new(common::MOSAIC).parent().unwrap(),
+                l.server_name, l.principal, l.trust_domain, l.ca, l.cert, l.key, l.trust_registry, l.session_key, l.ordinary_key
+            ),
+        )
+        .unwrap();
+        let mut w = Self {
+            dir,
+            db,
+            hosts,
+            prov,
+            listen,
+            coord: None,
+            sup: None,
+            cgroup_root,
+            proxy,
+        };
+        w.coord = Some(w.spawn("coordinator", "coordinator.log"));
+        common::wait_until("coordinator leading", || {
+            let st = w.op(&OperatorRequest::Status).ok()?;
+            (st["leadership"]["state"] == "leading").then_some(())
+        });
+        w.sup = Some(w.spawn("supervisor", "supervisor.log"));
+        common::wait_until("host A's lanes registered", || {
+            (w.op(&OperatorRequest::Lanes).ok()?.as_array()?.len() == 2).then_some(())
+        });
+        w
+    }
+
+    fn spawn(&self, what: &str, log: &str) -> Child {
+        Command::new(common::MOSAIC)
+            .arg(what)
+            .arg("--config")
+            .arg(self.dir.join(format!("{what}.toml")))
+            .env("MOSAIC_LOG", "info")
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(self.dir.join(log))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap()
+    }
+
+    fn op(&self, r: &OperatorRequest) -> Result<Json, OpError> {
+        operator_call(&self.dir.join("run/coordinator.sock"), r)
+    }
+
+    fn assign(&self, lane: &str, task: &str, wait: bool) -> Result<Json, OpError> {
+        self.op(&OperatorRequest::Assign {
+            lane_id: lane.into(),
+            runtime: "fake@1.0.0".into(),
+            task: task.into(),
+            scope: vec![],
+            holds: vec![],
+            completion_policy: None,
+            wait,
+            resume: None,
+            request_id: None,
+        })
+    }
+
+    fn stop(&self, assignment: &str) -> Json {
+        self.op(&OperatorRequest::Stop {
+            assignment_id: assignment.into(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+        })
+        .unwrap()
+    }
+
+    fn lane(&self, host: usize, n: &str) -> String {
+        format!("{}:{n}", self.hosts[host])
+    }
+
+    fn status(&self) -> Json {
+        self.op(&OperatorRequest::Status).unwrap()
+    }
+
+    /// Audit rows whose detail mentions `needle`.
+    fn audited(&self, needle: &str) -> usize {
+        self.op(&OperatorRequest::Audit { since: 0 })
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|r| r["detail"].as_str().unwrap_or("").contains(needle))
+            .count()
+    }
+
+    async fn sql(&self) -> tokio_postgres::Client {
+        let (c, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        c
+    }
+
+    async fn count(&self, sql: &str) -> i64 {
+        self.sql().await.query_one(sql, &[]).await.unwrap().get(0)
+    }
+
+    /// Everything that says where authority stands, to compare before and after an attack.
+    async fn authority_snapshot(&self) -> Vec<String> {
+        let c = self.sql().await;
+        let mut out = Vec::new();
+        for q in [
+            "SELECT count(*)::text FROM transition_receipts",
+            "SELECT count(*)::text FROM termination_receipts",
+            "SELECT string_agg(lane_incarnation_id || '=' || state, ',' ORDER BY lane_incarnation_id) FROM lane_incarnations",
+            "SELECT string_agg(assignment_id || '=' || lifecycle, ',' ORDER BY assignment_id) FROM assignments",
+            "SELECT count(*)::text FROM leases WHERE released_at IS NULL",
+        ] {
+            out.push(
+                c.query_one(q, &[])
+                    .await
+                    .unwrap()
+                    .get::<_, Option<String>>(0)
+                    .unwrap_or_default(),
+            );
+        }
+        out
+    }
+
+    /// Link parameters for a raw client holding host `i`'s certificate and keys, reporting
+    /// `lanes` (`lane@incarnation`).
+    fn raw(&self, i: usize, lanes: Vec<String>) -> (LinkParams, Arc<Signer>) {
+        let l = &self.prov.links[i];
+        let principal = format!("host:{}", self.hosts[i]);
+        let seed = |p: &PathBuf| mosaic::coordinator::service::read_seed(p).unwrap();
+        let registry =
+            TrustRegistry::from_toml(&std::fs::read_to_string(&l.trust_registry).unwrap()).unwrap();
+        let p = LinkParams {
+            addr: self.listen.clone(),
+            fallback_addrs: vec![],
+            server_name: l.server_name.clone(),
+            coordinator: COORD.into(),
+            tls: transport::client_tls(&TlsIdentity {
+                ca: l.ca.clone(),
+                cert: l.cert.clone(),
+                key: l.key.clone(),
+            })
+            .unwrap(),
+            signer: Arc::new(Signer::new(
+                &format!("{principal}/session"),
+                &principal,
+                &l.trust_domain,
+                seed(&l.session_key),
+            )),
+            registry: Arc::new(registry),
+            trust_domain: l.trust_domain.clone(),
+            host_id: self.hosts[i].clone(),
+            lanes,
+            report: Default::default(),
+            runtimes: vec!["fake@1.0.0".into()],
+            liveness: Default::default(),
+        };
+        let ordinary = Arc::new(Signer::new(
+            &format!("{principal}/ordinary"),
+            &principal,
+            &l.trust_domain,
+            seed(&l.ordinary_key),
+        ));
+        (p, ordinary)
+    }
+
+    fn coordinator_rss_kb(&self) -> u64 {
+        let pid = self.coord.as_ref().unwrap().id();
+        let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        st.lines()
+            .find_map(|l| l.strip_prefix("VmRSS:"))
+            .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+            .unwrap()
+    }
+}
+
+impl Drop for World {
+    fn drop(&mut self) {
+        for c in [self.sup.take(), self.coord.take()].into_iter().flatten() {
+            let mut c = c;
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+        common::teardown(
+            &self.dir,
+            &self.dir.join("rt/lanes"),
+            &self.cgroup_root,
+            &["coordinator.log", "supervisor.log"],
+        );
+    }
+}
+
+/// A TCP proxy that forwards new connections and can make every existing one go silent:
+/// bytes stop flowing both ways, but no FIN or RST is ever sent (a cable pulled).
+struct Blackhole {
+    port: u16,
+    silent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Blackhole {
+    fn start(target: &str) -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        // Connections accepted before this generation number are silenced.
+        let silent = Arc::new(AtomicU64::new(0));
+        let (target, sil) = (target.to_string(), silent.clone());
+        std::thread::spawn(move || {
+            let mut next = 1u64;
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { return };
+                let Ok(outbound) = std::net::TcpStream::connect(&target) else {
+                    continue;
+                };
+                let me = next;
+                next += 1;
+                for (mut from, mut to) in [
+                    (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                    (outbound, inbound),
+                ] {
+                    let sil = sil.clone();
+                    std::thread::spawn(move || {
+                        use std::io::{Read, Write};
+                        let mut buf = [0u8; 16384];
+                        loop {
+                            let n = match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => n,
+                            };
+                            if me <= sil.load(Ordering::SeqCst) {
+                                // Swallow everything, keep both sockets open forever.
+                                std::thread::park();
+                            }
+                            if to.write_all(&buf[..n]).is_err() {
+                                break;
+                            }
+                        }
+                        let _ = to.shutdown(std::net::Shutdown::Write);
+                    });
+                }
+            }
+        });
+        Self { port, silent }
+    }
+
+    /// Silences the first `n` connections it accepted (later ones keep flowing).
+    fn silence_up_to(&self, n: u64) {
+        self.silent.store(n, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+fn ctx<'a>(p: &'a LinkParams) -> VerifyContext<'a> {
+    VerifyContext {
+        registry: &p.registry,
+        audience: &p.signer.principal,
+        trust_domain: &p.trust_domain,
+        now: std::time::SystemTime::now(),
+    }
+}
+
+/// The next coordinator envelope of one of `types` on the raw session (others skipped).
+async fn next_of(
+    hs: &mut HostSession,
+    p: &LinkParams,
+    types: &[MessageType],
+) -> Envelope<Verified> {
+    let deadline = tokio::time::Instant::now() + common::PATIENCE;
+    loop {
+        let m = tokio::time::timeout_at(deadline, hs.ws.next())
+            .await
+            .unwrap_or_else(|_| panic!("no {types:?} from the coordinator"))
+            .expect("session ended")
+            .expect("transport error");
+        if let Message::Text(t) = m {
+            let env = verify(t.as_bytes(), &ctx(p)).unwrap();
+            if types.contains(&env.message_type()) {
+                return env;
+            }
+        }
+    }
+}
+
+/// The fields a host repeats from the stage (as `coordinated.rs` builds them).
+fn chain_fields(stage: &Envelope<Verified>) -> Vec<(&'static str, Value)> {
+    vec![
+        ("sot_incarnation", s(stage.str("sot_incarnation"))),
+        (
+            "coordinator_epoch",
+            n(stage.uint("coordinator_epoch").unwrap()),
+        ),
+        ("assignment_id", s(stage.str("assignment_id"))),
+        ("lane_id", s(stage.str("lane_id"))),
+        ("lane_incarnation_id", s(stage.str("lane_incarnation_id"))),
+        (
+            "assignment_attempt_id",
+            s(stage.str("assignment_attempt_id")),
+        ),
+        ("reservation_id", s(stage.str("reservation_id"))),
+        ("generation", n(stage.uint("generation").unwrap())),
+        ("fence_proof", s(stage.str("fence_proof"))),
+    ]
+}
+
+fn identity() -> Value {
+    Value::Object(vec![
+        ("boot_id".into(), s("7c05100e-bed7-4ad1-a9a2-95904c9be726")),
+        ("cgroup_id".into(), n(158)),
+        ("cgroup_path".into(), s("/raw/client")),
+        ("exe_dev".into(), n(1)),
+        ("exe_ino".into(), n(2)),
+        ("launch_nonce_digest".into(), s(&"ab".repeat(32))),
+        ("root_pid".into(), n(4242)),
+        ("root_start_time".into(), n(4243)),
+    ])
+}
+
+fn incarnation() -> String {
+    format!("li-{}", uuid::Uuid::new_v4().simple())
+}
+
+/// The chain row of host A's RUNNING `lane` as an attacker who knows every id would
+/// address it.
+async fn chain_of(w: &World, lane: &str) -> Json {
+    let c = w.sql().await;
+    let r = c
+        .query_one(
+            "SELECT r.reservation_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, \
+                    g.generation, (SELECT sot_incarnation FROM leadership) \
+             FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
+             JOIN generations g ON g.reservation_id = r.reservation_id \
+             WHERE li.lane_id = $1 AND li.retired_at IS NULL AND r.released_at IS NULL",
+            &[&lane],
+        )
+        .await
+        .unwrap();
+    serde_json::json!({
+        "reservation_id": r.get::<_, String>(0), "lane_incarnation_id": r.get::<_, String>(1),
+        "assignment_id": r.get::<_, String>(2), "assignment_attempt_id": r.get::<_, String>(3),
+        "generation": r.get::<_, i64>(4), "sot": r.get::<_, String>(5),
+    })
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn another_hosts_credentials_cannot_act_for_a_hosts_lanes() {
+    let w = World::new(Opts::default());
+    let lane = w.lane(0, "lane-1");
+    let running = w.assign(&lane, "hang", true).unwrap();
+    assert_eq!(running["state"], "RUNNING");
+    let ch = chain_of(&w, &lane).await;
+    let epoch = w.status()["coordinator_epoch"].as_u64().unwrap();
+
+    // Host B, with its own valid session, speaks about host A's chain.
+    let (p, ordinary) = w.raw(1, vec![]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let before = w.authority_snapshot().await;
+    let chain = || -> Vec<(&'static str, Value)> {
+        vec![
+            ("sot_incarnation", s(ch["sot"].as_str().unwrap())),
+            ("coordinator_epoch", n(epoch)),
+            ("assignment_id", s(ch["assignment_id"].as_str().unwrap())),
+            ("lane_id", s(&lane)),
+            (
+                "lane_incarnation_id",
+                s(ch["lane_incarnation_id"].as_str().unwrap()),
+            ),
+            (
+                "assignment_attempt_id",
+                s(ch["assignment_attempt_id"].as_str().unwrap()),
+            ),
+            ("reservation_id", s(ch["reservation_id"].as_str().unwrap())),
+            ("generation", n(ch["generation"].as_u64().unwrap())),
+            ("fence_proof", s(&format!("fc1:{}", "0".repeat(64)))),
+        ]
+    };
+    let mut staged = chain();
+    staged.extend([
+        ("idempotency_key", s("forged-staged")),
+        ("process_identity", identity()),
+    ]);
+    hs.send(Outgoing::new(&ordinary, MessageType::Staged, staged), COORD)
+        .await
+        .unwrap();
+    let digest = || s(&format!("sha256:{}", "c".repeat(64)));
+    let post = |extra: Vec<(&'static str, Value)>| {
+        let mut f = chain();
+        f.extend([
+            ("reservation_epoch", n(1)),
+            ("reservation_deadline", s("2099-01-01T00:00:00.000000Z")),
+            ("runtime_id", s("fake@1.0.0")),
+            ("contracts_digest", digest()),
+            ("scope_digest", digest()),
+            ("holds_digest", digest()),
+        ]);
+        f.extend(extra);
+        f
+    };
+    hs.send(
+        Outgoing::new(
+            &ordinary,
+            MessageType::Injected,
+            post(vec![
+                ("idempotency_key", s("forged-injected")),
+                ("delivered_contracts_digest", digest()),
+                ("process_identity", identity()),
+            ]),
+        ),
+        COORD,
+    )
+    .await
+    .unwrap();
+    hs.send(
+        Outgoing::new(
+            &ordinary,
+            MessageType::Ack,
+            post(vec![
+                ("idempotency_key", s("forged-ack")),
+                ("challenge_id", s("ch-forged")),
+                ("process_identity", identity()),
+            ]),
+        ),
+        COORD,
+    )
+    .await
+    .unwrap();
+    // A termination receipt for host A's generation — and one for a lane of B's own whose
+    // body speaks of host A's lane.
+    let b_session = hs.session_id.clone();
+    let receipt = |lane_id: &str, body_lane: &str, key: &str| -> Outgoing {
+        let body = serde_json::json!({
+            "receipt_id": format!("rcpt-{key}"), "idempotency_key": key, "host_id": w.hosts[1],
+            "lane_id": body_lane, "lane_incarnation_id": ch["lane_incarnation_id"],
+            "generation": ch["generation"], "termination_reason": "sigkill",
+            "cleanup": {"method": "cgroup-kill", "verified_empty": true, "cgroup_removed": true, "members_killed": 1, "error": null},
+        });
+        Outgoing::new(
+            &p.signer,
+            MessageType::Receipt,
+            vec![
+                ("idempotency_key", s(key)),
+                ("sot_incarnation", Value::Null),
+                ("coordinator_epoch", Value::Null),
+                ("assignment_id", Value::Null),
+                ("session_id", s(&b_session)),
+                ("lane_id", s(lane_id)),
+                (
+                    "lane_incarnation_id",
+                    s(ch["lane_incarnation_id"].as_str().unwrap()),
+                ),
+                ("generation", n(ch["generation"].as_u64().unwrap())),
+                ("receipt_idempotency_key", s(key)),
+                (
+                    "receipt",
+                    mosaic::protocol::canonical::from_json(&body).unwrap(),
+                ),
+            ],
+        )
+    };
+    hs.send(receipt(&lane, &lane, "tr-forged-1"), COORD)
+        .await
+        .unwrap();
+    let verdict = next_of(&mut hs, &p, &[MessageType::ReceiptAck]).await;
+    assert_eq!(verdict.str("verdict"), "refused:not-owner");
+    let own = w.lane(1, "lane-x");
+    hs.send(receipt(&own, &lane, "tr-forged-2"), COORD)
+        .await
+        .unwrap();
+    let verdict = next_of(&mut hs, &p, &[MessageType::ReceiptAck]).await;
+    assert_eq!(verdict.str("verdict"), "refused:mismatch");
+
+    // Every message refused and audited; nothing about authority changed.
+    common::wait_until("four refusals audited as not-owner", || {
+        (w.audited(&format!("host:{}", w.hosts[1])) >= 4).then_some(())
+    });
+    let audit = w.op(&OperatorRequest::Audit { since: 0 }).unwrap();
+    for op in ["host-staged", "host-injected", "host-ack", "host-receipt"] {
+        assert!(
+            audit
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|r| r["operation"] == op
+                    && (r["category"] == "not-owner" || r["category"] == "mismatch")),
+            "no refusal of {op} audited: {audit}"
+        );
+    }
+    assert_eq!(
+        w.authority_snapshot().await,
+        before,
+        "an attack changed authority"
+    );
+    assert!(
+        !audit.to_string().contains("hang"),
+        "task text reached the audit log"
+    );
+    // Host A's work is untouched and still answers to its operator.
+    let st = w.status();
+    assert!(st["lanes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|l| l["lane_id"] == lane.as_str() && l["state"] == "RUNNING"));
+    assert_eq!(
+        w.stop(running["assignment_id"].as_str().unwrap())["state"],
+        "CANCELLED"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_second_session_or_a_replayed_hello_cannot_displace_the_live_one() {
+    let w = World::new(Opts::default());
+    let lane = w.lane(0, "lane-1");
+    let running = w.assign(&lane, "hang", true).unwrap();
+    let epoch_of = |h: &str| -> Option<i64> {
+        w.status()["host_sessions"]
+            .as_array()?
+            .iter()
+            .find(|s| s["host_id"] == h)?["session_epoch"]
+            .as_i64()
+    };
+    let a_epoch = epoch_of(&w.hosts[0]).unwrap();
+
+    // Host A's own credentials, a second session while the supervisor's is alive: refused.
+    let (pa, _) = w.raw(0, vec![]);
+    let e = transport::connect(&pa)
+        .await
+        .err()
+        .expect("a second session of host A was admitted");
+    assert!(e.to_string().contains("has a live session"), "{e}");
+
+    // Host B opens a session; a second hello on it is refused and audited.
+    let (pb, _) = w.raw(1, vec![]);
+    let mut hs = transport::connect(&pb).await.unwrap();
+    let sid = hs.session_id.clone();
+    hs.send(
+        transport::report_outgoing(&pb, &sid, &[], &Default::default()).unwrap(),
+        COORD,
+    )
+    .await
+    .unwrap();
+    let hello_again = Outgoing::new(
+        &pb.signer,
+        MessageType::Hello,
+        vec![
+            ("idempotency_key", s("hello-again")),
+            ("sot_incarnation", Value::Null),
+            ("coordinator_epoch", Value::Null),
+            ("assignment_id", Value::Null),
+            ("session_id", s(&sid)),
+            ("host_id", s(&w.hosts[1])),
+        ],
+    );
+    hs.send(hello_again, COORD).await.unwrap();
+    common::wait_until("second hello audited", || {
+        (w.audited("second-hello") >= 1).then_some(())
+    });
+    // The hello B would send on this session, recorded; the session ends; the recording is
+    // replayed as the first frame of a new connection: it answers another challenge.
+    let recorded = transport::Sequencer::new(&sid)
+        .seal(
+            Outgoing::new(
+                &pb.signer,
+                MessageType::Hello,
+                vec![
+                    ("idempotency_key", s("recorded")),
+                    ("sot_incarnation", Value::Null),
+                    ("coordinator_epoch", Value::Null),
+                    ("assignment_id", Value::Null),
+                    ("session_id", s(&sid)),
+                    ("host_id", s(&w.hosts[1])),
+                ],
+            ),
+            COORD,
+        )
+        .unwrap();
+    let _ = hs.ws.close(None).await;
+    common::wait_until("B's session gone", || {
+        (!w.status()["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == format!("host:{}", w.hosts[1]).as_str()))
+        .then_some(())
+    });
+    let (mut ws, challenge) = transport::open(&pb, &w.listen).await.unwrap();
+    assert_ne!(challenge.str("session_id"), sid);
+    ws.send(Message::text(String::from_utf8(recorded).unwrap()))
+        .await
+        .unwrap();
+    let closed = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(Ok(m)) = ws.next().await {
+            if let Message::Close(f) = m {
+                return f.map(|f| f.reason.to_string()).unwrap_or_default();
+            }
+        }
+        String::new()
+    })
+    .await
+    .unwrap();
+    assert!(closed.contains("hello refused"), "{closed:?}");
+    common::wait_until("replayed hello audited", || {
+        (w.audited("session challenge (replayed?)") >= 1).then_some(())
+    });
+
+    // The real session never moved, its RUNNING work is untouched, new work still runs.
+    assert_eq!(epoch_of(&w.hosts[0]), Some(a_epoch));
+    let second = w.assign(&w.lane(0, "lane-2"), "hang", true).unwrap();
+    assert_eq!(second["state"], "RUNNING");
+    for a in [&running, &second] {
+        assert_eq!(
+            w.stop(a["assignment_id"].as_str().unwrap())["state"],
+            "CANCELLED"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_replayed_host_envelope_is_refused_on_the_same_and_on_another_session() {
+    let w = World::new(Opts::default());
+    // Host B, played by the raw client, with a lane of its own; an operator assigns it.
+    let inc = incarnation();
+    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let lane = w.lane(1, "lane-x");
+    common::wait_until("B's lane registered", || {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .any(|l| l["lane_id"] == lane.as_str())
+            .then_some(())
+    });
+    let a = w.assign(&lane, "hang", false).unwrap();
+    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    let seal = |hs: &mut HostSession, t: MessageType, extra: Vec<(&'static str, Value)>| {
+        let mut f = chain_fields(&stage);
+        f.extend(extra);
+        hs.seq.seal(Outgoing::new(&ordinary, t, f), COORD).unwrap()
+    };
+    let send = |bytes: &Vec<u8>| Message::text(String::from_utf8(bytes.clone()).unwrap());
+    let staged = seal(
+        &mut hs,
+        MessageType::Staged,
+        vec![
+            ("idempotency_key", s("staged-1")),
+            ("process_identity", identity()),
+        ],
+    );
+    hs.ws.send(send(&staged)).await.unwrap();
+    let contract = next_of(&mut hs, &p, &[MessageType::Contract]).await;
+    // Replayed on the same session: refused before anything reads it.
+    hs.ws.send(send(&staged)).await.unwrap();
+    let mut post = vec![
+        (
+            "reservation_epoch",
+            n(stage.uint("reservation_epoch").unwrap()),
+        ),
+        ("reservation_deadline", s(stage.str("reservation_deadline"))),
+        ("runtime_id", s(stage.str("runtime_id"))),
+        ("contracts_digest", s(contract.str("contracts_digest"))),
+        ("scope_digest", s(contract.str("scope_digest"))),
+        ("holds_digest", s(contract.str("holds_digest"))),
+    ];
+    let mut f = post.clone();
+    f.extend([
+        ("idempotency_key", s("injected-1")),
+        (
+            "delivered_contracts_digest",
+            s(contract.str("contracts_digest")),
+        ),
+        ("process_identity", identity()),
+    ]);
+    let injected = seal(&mut hs, MessageType::Injected, f);
+    hs.ws.send(send(&injected)).await.unwrap();
+    // The next thing the coordinator says is the challenge: the replayed `staged` got no
+    // second contract (frames on a session are ordered).
+    let next = next_of(
+        &mut hs,
+        &p,
+        &[MessageType::Contract, MessageType::Challenge],
+    )
+    .await;
+    assert_eq!(
+        next.message_type(),
+        MessageType::Challenge,
+        "a replay re-issued the contract"
+    );
+    hs.ws.send(send(&injected)).await.unwrap();
+    post.extend([
+        ("idempotency_key", s("ack-1")),
+        ("challenge_id", s(next.str("challenge_id"))),
+        ("process_identity", identity()),
+    ]);
+    let ack = seal(&mut hs, MessageType::Ack, post);
+    hs.ws.send(send(&ack)).await.unwrap();
+    let activated = next_of(&mut hs, &p, &[MessageType::Control, MessageType::Challenge]).await;
+    assert_eq!(activated.str("control_op"), "activate");
+    hs.ws.send(send(&ack)).await.unwrap();
+    common::wait_until("three replays refused on the same session", || {
+        (w.audited("replayed") >= 3).then_some(())
+    });
+    let snapshot = w.authority_snapshot().await;
+
+    // The same bytes on a new session of the same host: refused as another session's.
+    let _ = hs.ws.close(None).await;
+    let mut hs2 = common_retry_connect(&p).await;
+    for bytes in [&staged, &injected, &ack] {
+        hs2.ws.send(send(bytes)).await.unwrap();
+    }
+    common::wait_until("three replays refused on another session", || {
+        (w.audited("other-session") >= 3).then_some(())
+    });
+    assert_eq!(
+        w.authority_snapshot().await,
+        snapshot,
+        "a replay changed authority"
+    );
+    for (op, n) in [
+        ("staged", 1),
+        ("injected", 1),
+        ("consume-ack", 1),
+        ("activate", 1),
+    ] {
+        assert_eq!(
+            w.count(&format!(
+                "SELECT count(*) FROM transition_receipts WHERE transition = '{op}' AND assignment_id = '{}'",
+                a["assignment_id"].as_str().unwrap()
+            ))
+            .await,
+            n,
+            "{op} decided more than once"
+        );
+    }
+    assert_eq!(w.count("SELECT count(*) FROM ack_receipts").await, 1);
+}
+
+/// Connects, retrying while the coordinator still sees the previous session as live.
+async fn common_retry_connect(p: &LinkParams) -> HostSession {
+    let deadline = Instant::now() + common::PATIENCE;
+    loop {
+        match transport::connect(p).await {
+            Ok(hs) => return hs,
+            Err(e) if Instant::now() < deadline => {
+                let _ = e;
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("cannot reconnect: {e}"),
+        }
+    }
+}
+
+/// Writes `frames` as fast as the session takes them (stopping at the first write error),
+/// then returns how many were written and the coordinator's close reason.
+async fn blast(hs: &mut HostSession, frames: impl Iterator<Item = Message>) -> (u64, String) {
+    let mut sent = 0u64;
+    for m in frames {
+        if hs.ws.feed(m).await.is_err() {
+            break;
+        }
+        sent += 1;
+        if sent % 256 == 0 && hs.ws.flush().await.is_err() {
+            break;
+        }
+    }
+    let _ = hs.ws.flush().await;
+    let reason = tokio::time::timeout(Duration::from_secs(10), async {
+        while let Some(m) = hs.ws.next().await {
+            match m {
+                Ok(Message::Close(f)) => {
+                    return f.map(|f| f.reason.to_string()).unwrap_or_default()
+                }
+                Ok(_) => continue,
+                Err(e) => return e.to_string(),
+            }
+        }
+        String::new()
+    })
+    .await
+    .unwrap_or_default();
+    (sent, reason)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_flood_costs_only_the_flooding_session() {
+    let w = World::new(Opts::default());
+    let baseline = w.coordinator_rss_kb();
+    let (p, _) = w.raw(1, vec![]);
+
+    // Valid, signed frames past the session's rate: closed for its rate.
+    let mut hs = transport::connect(&p).await.unwrap();
+    let sid = hs.session_id.clone();
+    let heartbeats: Vec<Message> = (0..5000)
+        .map(|i| {
+            let bytes = hs
+                .seq
+                .seal(
+                    Outgoing::new(
+                        &p.signer,
+                        MessageType::Heartbeat,
+                        vec![
+                            ("idempotency_key", s(&format!("hb-{i}"))),
+                            ("sot_incarnation", Value::Null),
+                            ("coordinator_epoch", Value::Null),
+                            ("assignment_id", Value::Null),
+                            ("session_id", s(&sid)),
+                        ],
+                    ),
+                    COORD,
+                )
+                .unwrap();
+            Message::text(String::from_utf8(bytes).unwrap())
+        })
+        .collect();
+    let (_, reason) = blast(&mut hs, heartbeats.into_iter()).await;
+    assert!(reason.contains("frame rate"), "closed for {reason:?}");
+
+    // Then, once let back in, 100 000 invalid frames on one authenticated session, while
+    // host A's work goes on.
+    let mut hs = common_retry_connect(&p).await;
+    let lane = w.lane(0, "lane-1");
+    let assign = {
+        let sock = w.dir.join("run/coordinator.sock");
+        let req = OperatorRequest::Assign {
+            lane_id: lane.clone(),
+            runtime: "fake@1.0.0".into(),
+            task: "hang".into(),
+            scope: vec![],
+            holds: vec![],
+            completion_policy: None,
+            wait: true,
+            resume: None,
+            request_id: None,
+        };
+        std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(20));
+            operator_call(&sock, &req)
+        })
+    };
+    let junk = Message::text("{\"message_type\":\"hello\",\"x\":1}");
+    let (sent, reason) = blast(&mut hs, std::iter::repeat_n(junk, 100_000)).await;
+    assert!(
+        reason.contains("invalid-frame budget"),
+        "closed for {reason:?} after {sent} frames"
+    );
+    let during = assign.join().unwrap().unwrap();
+    assert_eq!(
+        during["state"], "RUNNING",
+        "an assign during the flood did not run"
+    );
+
+    let st = w.status();
+    assert_eq!(
+        st["leadership"]["losses"], 0,
+        "the flood cost leadership: {st}"
+    );
+    assert_eq!(st["leadership"]["state"], "leading");
+    // Audit stayed bounded: a few rows per session and reason, not one per frame.
+    let rows = w.op(&OperatorRequest::Audit { since: 0 }).unwrap();
+    let wire = rows
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|r| r["operation"] == "wire")
+        .count();
+    assert!(
+        wire <= 16,
+        "{wire} wire audit rows for two flooding sessions"
+    );
+    // Memory: bounded by the per-session limits, not by the flood. The bound is the
+    // baseline plus 64 MiB of slack for allocator and pool growth; the unbounded behaviour
+    // this guards against grew by more than 200 MB.
+    let rss = w.coordinator_rss_kb();
+    assert!(
+        rss < baseline + 64 * 1024,
+        "coordinator RSS {rss} kB after the flood (baseline {baseline} kB)"
+    );
+    eprintln!("flood: {sent} frames written; coordinator RSS {baseline} → {rss} kB; {wire} wire audit rows");
+    // Host B was told to back off: right after its abusive session it is refused.
+    let e = transport::connect(&p)
+        .await
+        .err()
+        .expect("B was let back in at once");
+    assert!(e.to_string().contains("abusing its session"), "{e}");
+    assert_eq!(
+        w.stop(during["assignment_id"].as_str().unwrap())["state"],
+        "CANCELLED"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_connection_gone_silent_without_a_fin_is_detected_and_the_host_reconnects() {
+    let w = World::new(Opts {
+        heartbeat_ms: Some(300),
+        via_proxy: true,
+    });
+    let lane = w.lane(0, "lane-1");
+    let running = w.assign(&lane, "hang", true).unwrap();
+    let first = w.status()["host_sessions"][0]["session_epoch"]
+        .as_i64()
+        .unwrap();
+    // The one proxied connection so far goes silent; new ones flow.
+    w.proxy.as_ref().unwrap().silence_up_to(1);
+    let st = common::wait_until("host A back on a new session", || {
+        let st = w.status();
+        let s = st["host_sessions"]
+            .as_array()?
+            .iter()
+            .find(|s| s["host_id"] == w.hosts[0].as_str())?
+            .clone();
+        (s["session_epoch"].as_i64()? > first).then_some(st)
+    });
+    assert_eq!(st["leadership"]["losses"], 0);
+    let reason: String = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT close_reason FROM host_sessions WHERE host_id = $1 AND session_epoch = $2",
+            &[&w.hosts[0], &first],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        reason.contains("silent"),
+        "old session closed for {reason:?}"
+    );
+    // The host's work survived the outage and its lanes answer again.
+    let second = w.assign(&w.lane(0, "lane-2"), "hang", true).unwrap();
+    assert_eq!(second["state"], "RUNNING");
+    for a in [&running, &second] {
+        assert_eq!(
+            w.stop(a["assignment_id"].as_str().unwrap())["state"],
+            "CANCELLED"
+        );
+    }
+}
