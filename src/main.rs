@@ -266,7 +266,24 @@ impl CoordinatorAt {
     /// Sends the request and prints the result as JSON; a refusal prints
     /// `{"ok": false, "error": {"category": …, "message": …}}` and exits 1.
     fn call(&self, req: OperatorRequest) -> anyhow::Result<ExitCode> {
-        let out = match mosaic::coordinator::service::operator_request(&self.target()?, &req) {
+        let result = mosaic::coordinator::service::operator_request(&self.target()?, &req);
+        self.print(result)
+    }
+
+    /// Refuses a request before it is sent (its input could not be read), the same way a
+    /// coordinator refusal is printed.
+    fn refuse(&self, message: String) -> anyhow::Result<ExitCode> {
+        self.print(Err(mosaic::coordinator::service::OpError::new(
+            mosaic::coordinator::Category::BadInput,
+            message,
+        )))
+    }
+
+    fn print(
+        &self,
+        result: Result<serde_json::Value, mosaic::coordinator::service::OpError>,
+    ) -> anyhow::Result<ExitCode> {
+        let out = match result {
             Ok(v) => (v, ExitCode::SUCCESS),
             Err(e) => {
                 eprintln!("mosaic: {e}");
@@ -476,9 +493,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             } else {
                 "cancelled"
             };
-            let evidence_digest = match evidence {
-                Some(p) => Some(file_digest(&p)?),
-                None => None,
+            let evidence_digest = match evidence.map(|p| file_digest(&p)).transpose() {
+                Ok(d) => d,
+                Err(e) => return at.refuse(format!("{e:#}")),
             };
             at.call(OperatorRequest::Stop {
                 assignment_id,
@@ -513,20 +530,27 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let wait = match wait.as_deref() {
                 None => false,
                 Some("running") => true,
-                Some(other) => anyhow::bail!("--wait takes `running`, not {other:?}"),
+                Some(other) => return at.refuse(format!("--wait takes `running`, not {other:?}")),
             };
             let task = match (task.as_deref(), task_file) {
-                (_, Some(p)) => std::fs::read_to_string(&p)
-                    .with_context(|| format!("reading the task from {}", p.display()))?,
+                (_, Some(p)) => match std::fs::read_to_string(&p) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return at.refuse(format!("reading the task from {}: {e}", p.display()))
+                    }
+                },
                 (Some("-"), None) => {
                     let mut t = String::new();
-                    std::io::Read::read_to_string(&mut std::io::stdin(), &mut t)
-                        .context("reading the task from standard input")?;
+                    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut t) {
+                        return at.refuse(format!("reading the task from standard input: {e}"));
+                    }
                     t
                 }
                 (Some(t), None) => t.to_string(),
                 (None, None) => {
-                    anyhow::bail!("give the task with --task TEXT, --task - or --task-file PATH")
+                    return at.refuse(
+                        "give the task with --task TEXT, --task - or --task-file PATH".into(),
+                    )
                 }
             };
             at.call(OperatorRequest::Assign {

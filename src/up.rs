@@ -570,7 +570,7 @@ async fn demo(
             s.assignment_id,
             s.state,
             s.execution_owner,
-            s.lane_state
+            s.lane_state.as_deref().unwrap_or("released")
         );
     }
     let b = svc

@@ -815,6 +815,68 @@ async fn a_leader_that_loses_its_lease_to_the_standby_hands_its_hosts_over() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
+async fn a_receipt_the_coordinator_never_got_is_asked_for_again() {
+    let mut w = Split::new(1);
+    w.wait_host_connected();
+    let a = w.assign(1, "hang").unwrap();
+    let hp = w.host_status()["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    // The coordinator is down when the harness dies; the receipt is then marked
+    // acknowledged on the host without the coordinator ever seeing it (what a lost ack,
+    // or a local ack behind its back, would leave).
+    w.crash_coordinator(0);
+    common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
+    let outbox = w.dir.join("state/outbox");
+    let file = common::wait_until("the receipt durable", || {
+        std::fs::read_dir(&outbox)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "json"))
+    });
+    std::fs::rename(
+        &file,
+        w.dir.join("state/acked").join(file.file_name().unwrap()),
+    )
+    .unwrap();
+    // The database still says RUNNING; the host's report no longer lists the generation.
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    assert_eq!(
+        w.wait_settled(1, "the lost receipt recovered"),
+        "IDLE_CLEAN"
+    );
+    let (id, life, exec, ..) = w.assignment_row(&w.lane(1)).await.unwrap();
+    assert_eq!(id, a["assignment_id"].as_str().unwrap());
+    assert_eq!((life.as_str(), exec), ("RECOVERY", None));
+    assert_eq!(
+        w.count("SELECT count(*) FROM termination_receipts").await,
+        1,
+        "the receipt was not ingested exactly once"
+    );
+    // And a supervisor under a coordinator refuses to acknowledge receipts or start
+    // generations on its own.
+    let sock = w.dir.join("rt/control.sock");
+    for req in [
+        mosaic::supervisor::control::Request::Ack { key: "tr-x".into() },
+        mosaic::supervisor::control::Request::Start {
+            lane: "lane-1".into(),
+            runtime: "fake@1.0.0".into(),
+            directives: vec!["hang".into()],
+        },
+    ] {
+        match mosaic::supervisor::control::call(&sock, &req) {
+            Err(mosaic::supervisor::control::ClientError::Refused { kind, .. }) => {
+                assert_eq!(kind, "coordinated")
+            }
+            other => panic!("{req:?} was not refused: {other:?}"),
+        }
+    }
+    w.usable(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
 async fn a_stop_with_the_host_unreachable_is_pending_until_it_reconnects() {
     let mut w = Split::new(1);
     w.wait_host_connected();

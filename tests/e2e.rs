@@ -419,6 +419,26 @@ async fn bad_requests_change_neither_status_nor_the_database() {
             ],
             "bad-input",
         ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task-file",
+                "/nonexistent/task",
+            ],
+            "bad-input",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task",
+                "hang",
+                "--resume",
+                "as-doesnotexist",
+            ],
+            "not-found",
+        ),
     ];
     for (args, category) in cases {
         let mut all = vec!["assign", "--lane", lane.as_str()];
@@ -485,6 +505,49 @@ async fn bad_requests_change_neither_status_nor_the_database() {
         .unwrap();
     assert_eq!(a["state"], "RUNNING");
     let _ = std::fs::remove_file(&big);
+    // On a busy lane, resuming an assignment that does not exist is still `not-found`.
+    let e = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "hang",
+            "--resume",
+            "as-doesnotexist",
+        ])
+        .unwrap_err();
+    assert!(
+        e.contains("not-found") || e.contains("no assignment"),
+        "{e}"
+    );
+    // A stop, then a stop asking for another outcome: a conflict, and nothing changes.
+    let id = a["assignment_id"].as_str().unwrap();
+    let stopped = up.cli(&["stop", "--assignment", id]).unwrap();
+    assert_eq!(stopped["state"], "CANCELLED");
+    let out = Command::new(common::MOSAIC)
+        .args([
+            "stop",
+            "--assignment",
+            id,
+            "--fail",
+            "--json",
+            "--state-dir",
+        ])
+        .arg(&up.dir)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["category"], "conflict", "{v}");
+    // A finished assignment no longer shows its old lane's state as its own.
+    let s = up.assignment(id);
+    assert_eq!(
+        (s["state"].as_str(), s["lane_state"].as_str()),
+        (Some("CANCELLED"), None),
+        "{s}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread")]

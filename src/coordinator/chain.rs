@@ -487,9 +487,10 @@ impl Store {
                 // statement (the reservation update depends on the generation's).
                 d.exec_one(
                     "WITH g AS (UPDATE generations SET process_identity = $2::text::jsonb WHERE lane_incarnation_id = $4 AND generation = $5 RETURNING 1), \
-                          k AS (INSERT INTO contracts (contracts_digest, task_text, scope_digest, holds_digest) VALUES ($3, $6, $7, $8) ON CONFLICT DO NOTHING) \
+                          k AS (INSERT INTO contracts (contracts_digest, task_text, scope_digest, holds_digest) VALUES ($3, $6, $7, $8) ON CONFLICT DO NOTHING), \
+                          n AS (UPDATE assignments SET next_action = 'deliver contract ' || $3 || ' to generation ' || $5 || ', then await its ACK' WHERE assignment_id = $9) \
                      UPDATE reservations r SET process_identity = $2::text::jsonb, contracts_digest = $3 FROM g WHERE r.reservation_id = $1",
-                    &[&c.reservation_id, &id_text, &cd, &c.lane_incarnation_id, &generation, &task_text, &scope, &holds],
+                    &[&c.reservation_id, &id_text, &cd, &c.lane_incarnation_id, &generation, &task_text, &scope, &holds, &c.assignment_id],
                 ).await?;
                 d.decide(json!({ "chain": c, "generation": generation, "process_identity": identity, "contracts_digest": cd }))
             }),
@@ -542,10 +543,11 @@ impl Store {
                     };
                     let ch = format!("ch-{}", uuid::Uuid::new_v4().simple());
                     let exp: String = d.query_one(
-                        "INSERT INTO challenges (challenge_id, reservation_id, sot_incarnation, coordinator_epoch, contracts_digest, expires_at) \
+                        "WITH n AS (UPDATE assignments SET next_action = 'the harness acknowledges challenge ' || $1 || ' (mosaic lane ack); then activation' WHERE assignment_id = $5) \
+                         INSERT INTO challenges (challenge_id, reservation_id, sot_incarnation, coordinator_epoch, contracts_digest, expires_at) \
                          SELECT $1, r.reservation_id, r.sot_incarnation, $2, r.contracts_digest, LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
                          FROM reservations r WHERE r.reservation_id = $4 RETURNING mosaic_ts(expires_at)",
-                        &[&ch, &epoch, &ttl, &c.reservation_id],
+                        &[&ch, &epoch, &ttl, &c.reservation_id, &c.assignment_id],
                     ).await?.get(0);
                     d.decide(json!({ "chain": c, "challenge_id": ch, "challenge_expires_at": exp, "contracts_digest": delivered }))
                 }),

@@ -219,7 +219,8 @@ pub struct AssignmentStatus {
     pub state: String,
     pub lane_id: String,
     pub lane_incarnation_id: String,
-    pub lane_state: String,
+    /// The lane's state while this assignment holds the lane; `null` once it let go.
+    pub lane_state: Option<String>,
     pub runtime_id: String,
     pub generation: Option<i64>,
     pub attempts: i64,
@@ -383,7 +384,14 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT a.assignment_id, a.lifecycle, li.lane_id, li.lane_incarnation_id, li.state, a.runtime_id, \
+                // The lane's state belongs to an assignment only while it holds the lane: an
+                // open reservation, or a generation of its still running or ending.
+                "SELECT a.assignment_id, a.lifecycle, li.lane_id, li.lane_incarnation_id, \
+                        CASE WHEN li.retired_at IS NULL AND EXISTS (SELECT 1 FROM reservations r \
+                             WHERE r.assignment_id = a.assignment_id AND r.lane_incarnation_id = li.lane_incarnation_id \
+                               AND (r.released_at IS NULL OR EXISTS (SELECT 1 FROM generations g \
+                                    WHERE g.reservation_id = r.reservation_id AND g.state <> 'ENDED'))) \
+                             THEN li.state END, a.runtime_id, \
                         (SELECT r.generation FROM reservations r WHERE r.assignment_id = a.assignment_id ORDER BY r.created_at DESC LIMIT 1), \
                         (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id), \
                         a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest \

@@ -94,6 +94,8 @@ pub enum SupervisorError {
     AlreadyRunning(PathBuf),
     #[error("the supervisor is shutting down")]
     ShuttingDown,
+    #[error("this supervisor works under a coordinator: {0}")]
+    Coordinated(&'static str),
 }
 
 impl SupervisorError {
@@ -118,6 +120,7 @@ impl SupervisorError {
             Self::Launch { .. } => "launch-failed",
             Self::AlreadyRunning(_) => "already-running",
             Self::ShuttingDown => "shutting-down",
+            Self::Coordinated(_) => "coordinated",
         }
     }
 }
@@ -559,6 +562,11 @@ impl Supervisor {
         runtime: &str,
         directives: &[String],
     ) -> Result<GenView, SupervisorError> {
+        if self.inner.cfg.coordinator.is_some() {
+            return Err(SupervisorError::Coordinated(
+                "generations start only on its stage (assign through the coordinator)",
+            ));
+        }
         self.start_with(lane, runtime, directives, generation::Origin::Local, None)
             .await
     }
@@ -747,6 +755,7 @@ impl Supervisor {
                     return Ok(EndOutcome::Stopped);
                 }
                 if self.inner.outbox.contains(&key) {
+                    self.resend_receipt(&key);
                     return Ok(EndOutcome::AlreadyEnded);
                 }
                 // Fence the number before anything else can use it.
@@ -765,6 +774,7 @@ impl Supervisor {
             }
         }
         if self.inner.outbox.contains(&key) {
+            self.resend_receipt(&key);
             return Ok(EndOutcome::AlreadyEnded);
         }
         self.write_never_started(
@@ -775,6 +785,16 @@ impl Supervisor {
             "no such lane incarnation on this host",
         )?;
         Ok(EndOutcome::FencedNeverStarted)
+    }
+
+    /// The coordinator asks to end a generation this host already ended: it never got (or
+    /// lost) the receipt, so the receipt goes back to the outbox to be sent again.
+    fn resend_receipt(&self, key: &str) {
+        match self.inner.outbox.resend(key) {
+            Ok(true) => tracing::warn!(key, "the coordinator lacks this receipt; sending it again"),
+            Ok(false) => {}
+            Err(e) => tracing::error!(key, error = %e, "cannot queue the receipt again"),
+        }
     }
 
     /// The host refuses to start a staged generation: a `never-started` receipt ends the
@@ -875,6 +895,11 @@ impl Supervisor {
     }
 
     pub fn ack(&self, key: &str) -> Result<(), SupervisorError> {
+        if self.inner.cfg.coordinator.is_some() {
+            return Err(SupervisorError::Coordinated(
+                "only the coordinator acknowledges receipts (an ack here would hide the end of a generation from it)",
+            ));
+        }
         Ok(self.inner.outbox.ack(key)?)
     }
 

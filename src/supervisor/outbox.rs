@@ -119,6 +119,22 @@ impl Outbox {
         Ok(())
     }
 
+    /// Puts an acknowledged receipt back among the pending ones (the coordinator turned out
+    /// not to have it). True when it moved; a pending one stays, a refused one stays put.
+    pub fn resend(&self, key: &str) -> Result<bool, OutboxError> {
+        if !key_ok(key) {
+            return Err(OutboxError::BadKey(key.to_string()));
+        }
+        let name = Self::name(key);
+        let from = self.acked.join(&name);
+        if !from.exists() || self.pending.join(&name).exists() {
+            return Ok(false);
+        }
+        durable::move_file(&from, &self.pending.join(&name))?;
+        self.written.notify_one();
+        Ok(true)
+    }
+
     /// Unacknowledged receipts, oldest first; with `include_acked`, acknowledged ones too.
     pub fn list(&self, include_acked: bool) -> Result<Vec<TerminationReceipt>, OutboxError> {
         let mut out = read_all(&self.pending)?;

@@ -831,11 +831,16 @@ impl Service {
                     }
                 }
             }
-            // A generation the coordinator asked to end and the host does not report live:
-            // the host answers with its receipt, or fences it as never started.
+            // A generation the coordinator asked to end — or one the host reported live
+            // (`staged`) and now no longer lists — is over on the host: it answers with its
+            // receipt (sent again if it was lost), or fences it as never started.
             if let Some(u) = lane.unended_generation {
                 if let Ok(Some(c)) = self.store.chain_of_generation(&inc, u).await {
-                    if c.stop_requested {
+                    let gone = rep.is_some_and(|r| {
+                        c.generation_state.as_deref() == Some("LIVE")
+                            && !r.generations.iter().any(|g| g.generation as i64 == u)
+                    });
+                    if c.stop_requested || gone {
                         end.insert(u);
                     }
                 }

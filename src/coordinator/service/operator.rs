@@ -265,6 +265,14 @@ impl Service {
     pub async fn assign(self: &Arc<Self>, a: AssignRequest) -> Result<serde_json::Value, OpError> {
         let l = self.leader().await?;
         let lane = self.known_lane(&a.lane_id).await?;
+        if let Some(r) = &a.resume {
+            if self.store.assignment(r).await?.is_none() {
+                return Err(OpError::new(
+                    Category::NotFound,
+                    format!("no assignment {r} to resume"),
+                ));
+            }
+        }
         if !self.hosts.is_connected(&lane.host_id) {
             return Err(OpError::new(
                 Category::HostUnreachable,
@@ -423,7 +431,25 @@ impl Service {
             .store
             .request_end(&l, assignment_id, outcome, evidence)
             .await;
-        let ended = self.settled(&l, r).await?;
+        let ended = match self.settled(&l, r).await {
+            // The end of this assignment was already asked for with another outcome or
+            // evidence (the key is the assignment's): that is a conflict, not a bad key.
+            Err(e) if e.category == Category::IdempotencyConflict => {
+                let asked = self
+                    .store
+                    .assignment(assignment_id)
+                    .await?
+                    .and_then(|a| a.requested_outcome)
+                    .unwrap_or_default();
+                return Err(OpError::new(
+                    Category::Conflict,
+                    format!(
+                        "an end of {assignment_id} was already requested (outcome {asked}); it cannot be changed"
+                    ),
+                ));
+            }
+            other => other?,
+        };
         let chain = self.store.chain_of_assignment(assignment_id).await?;
         let host = chain
             .as_ref()
@@ -664,17 +690,21 @@ pub fn operator_request(
                     .read_line(&mut out)
                     .await
                     .map_err(unavailable)?;
-                decode_operator_response(&out)
+                decode_operator_response(
+                    &out,
+                    "is this an operator certificate from its CA? did the coordinator stop?",
+                )
             })
         }
     }
 }
 
-fn decode_operator_response(out: &str) -> Result<serde_json::Value, OpError> {
+/// `hint`: what an unanswered request most likely means on this kind of connection.
+fn decode_operator_response(out: &str, hint: &str) -> Result<serde_json::Value, OpError> {
     if out.is_empty() {
-        return Err(unavailable(
-            "the coordinator closed the connection (is this an operator certificate from its CA?)",
-        ));
+        return Err(unavailable(format!(
+            "the coordinator closed the connection without an answer ({hint})"
+        )));
     }
     let v: serde_json::Value = serde_json::from_str(out).map_err(unavailable)?;
     if v["ok"] == true {
@@ -701,7 +731,10 @@ pub fn operator_call(path: &Path, req: &OperatorRequest) -> Result<serde_json::V
     std::io::BufReader::new(s)
         .read_line(&mut out)
         .map_err(unavailable)?;
-    decode_operator_response(&out)
+    decode_operator_response(
+        &out,
+        "it stopped or restarted while answering; the request may or may not have been applied — `status` shows which",
+    )
 }
 
 #[cfg(test)]
