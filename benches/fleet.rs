@@ -56,6 +56,9 @@ fn stop_req(id: &str) -> OperatorRequest {
     }
 }
 
+/// One assignment of a storm: its latency to RUNNING and id, or why not.
+type Assigned = Result<(Duration, String), String>;
+
 struct Fleet {
     dir: std::path::PathBuf,
     ops: std::path::PathBuf,
@@ -73,7 +76,7 @@ impl Fleet {
     }
 
     /// Assigns `lanes` all at once; returns each latency (RUNNING) and assignment id.
-    fn assign_all(&self, lanes: &[String]) -> Vec<(String, Result<(Duration, String), String>)> {
+    fn assign_all(&self, lanes: &[String]) -> Vec<(String, Assigned)> {
         std::thread::scope(|s| {
             let hs: Vec<_> = lanes
                 .iter()
@@ -82,7 +85,10 @@ impl Fleet {
                         let t = Instant::now();
                         let r = self.op(&assign_req(l)).and_then(|v| {
                             if v["state"] == "RUNNING" {
-                                Ok((t.elapsed(), v["assignment_id"].as_str().unwrap_or("").to_string()))
+                                Ok((
+                                    t.elapsed(),
+                                    v["assignment_id"].as_str().unwrap_or("").to_string(),
+                                ))
                             } else {
                                 Err(v.to_string())
                             }
@@ -106,9 +112,13 @@ impl Fleet {
     }
 
     fn supervisor_pid(&self, h: u32) -> Option<i32> {
-        let cfg = self.dir.join(format!("hosts/{}-{h}/supervisor.toml", self.host));
+        let cfg = self
+            .dir
+            .join(format!("hosts/{}-{h}/supervisor.toml", self.host));
         for e in std::fs::read_dir("/proc").ok()?.flatten() {
-            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else { continue };
+            let Ok(pid) = e.file_name().to_string_lossy().parse::<i32>() else {
+                continue;
+            };
             let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
             let cmd = String::from_utf8_lossy(&cmd).replace('\0', " ");
             if cmd.contains(" supervisor --config ") && cmd.contains(cfg.to_str()?) {
@@ -119,7 +129,8 @@ impl Fleet {
     }
 
     fn coordinator_rss_kb(&self) -> u64 {
-        let st = std::fs::read_to_string(format!("/proc/{}/status", self.up.id())).unwrap_or_default();
+        let st =
+            std::fs::read_to_string(format!("/proc/{}/status", self.up.id())).unwrap_or_default();
         st.lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
@@ -128,9 +139,19 @@ impl Fleet {
 }
 
 fn main() {
-    let dir = std::env::temp_dir().join(format!("mosaic-bench-fleet-{}", uuid::Uuid::new_v4().simple()));
+    let dir = std::env::temp_dir().join(format!(
+        "mosaic-bench-fleet-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
     let mut up = Command::new(env!("CARGO_BIN_EXE_mosaic"))
-        .args(["up", "--hosts", &HOSTS.to_string(), "--lanes", &LANES.to_string(), "--state-dir"])
+        .args([
+            "up",
+            "--hosts",
+            &HOSTS.to_string(),
+            "--lanes",
+            &LANES.to_string(),
+            "--state-dir",
+        ])
         .arg(&dir)
         .env("MOSAIC_LOG", "warn")
         .stdout(Stdio::piped())
@@ -140,7 +161,10 @@ fn main() {
     let mut out = std::io::BufReader::new(up.stdout.take().unwrap());
     loop {
         let mut line = String::new();
-        assert!(out.read_line(&mut line).unwrap() > 0, "mosaic up ended early");
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "mosaic up ended early"
+        );
         if line.contains("Ctrl-C stops everything") {
             break;
         }
@@ -148,11 +172,17 @@ fn main() {
     std::thread::spawn(move || for _ in out.lines() {});
     let f = Fleet {
         ops: dir.join("run/coordinator.sock"),
-        host: nix::unistd::gethostname().unwrap().to_string_lossy().into_owned(),
+        host: nix::unistd::gethostname()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned(),
         dir: dir.clone(),
         up,
     };
-    let all: Vec<String> = (1..=HOSTS).flat_map(|h| (1..=LANES).map(move |l| (h, l))).map(|(h, l)| f.lane(h, l)).collect();
+    let all: Vec<String> = (1..=HOSTS)
+        .flat_map(|h| (1..=LANES).map(move |l| (h, l)))
+        .map(|(h, l)| f.lane(h, l))
+        .collect();
 
     // 1. The storm.
     let mut lat = Vec::new();
@@ -162,10 +192,12 @@ fn main() {
         let res = f.assign_all(&all);
         let ids: Vec<String> = res
             .iter()
-            .filter_map(|(_, r)| r.as_ref().ok().map(|(d, id)| {
-                lat.push(*d);
-                id.clone()
-            }))
+            .filter_map(|(_, r)| {
+                r.as_ref().ok().map(|(d, id)| {
+                    lat.push(*d);
+                    id.clone()
+                })
+            })
             .collect();
         failures += res.len() - ids.len();
         f.stop_all(&ids);
@@ -174,12 +206,23 @@ fn main() {
     let n = lat.len();
 
     // 2. The storm with host 4's supervisor SIGKILLed a moment into one round.
-    let others: Vec<String> = all.iter().filter(|l| !l.starts_with(&format!("{}-{HOSTS}:", f.host))).cloned().collect();
-    let killed: Vec<String> = all.iter().filter(|l| l.starts_with(&format!("{}-{HOSTS}:", f.host))).cloned().collect();
+    let others: Vec<String> = all
+        .iter()
+        .filter(|l| !l.starts_with(&format!("{}-{HOSTS}:", f.host)))
+        .cloned()
+        .collect();
+    let killed: Vec<String> = all
+        .iter()
+        .filter(|l| l.starts_with(&format!("{}-{HOSTS}:", f.host)))
+        .cloned()
+        .collect();
     let pid = f.supervisor_pid(HOSTS).expect("host 4's supervisor");
     let killer = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(15));
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(pid),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     });
     let res = f.assign_all(&all);
     killer.join().unwrap();
@@ -209,7 +252,11 @@ fn main() {
         let lanes = f.op(&OperatorRequest::Lanes).unwrap_or(Value::Null);
         let mine: Vec<&Value> = lanes
             .as_array()
-            .map(|a| a.iter().filter(|l| killed.contains(&l["lane_id"].as_str().unwrap_or("").to_string())).collect())
+            .map(|a| {
+                a.iter()
+                    .filter(|l| killed.contains(&l["lane_id"].as_str().unwrap_or("").to_string()))
+                    .collect()
+            })
             .unwrap_or_default();
         if mine.len() == killed.len() && mine.iter().all(|l| l["state"] == "IDLE_CLEAN") {
             break Some(back.elapsed());
@@ -222,7 +269,10 @@ fn main() {
     // …and takes work again.
     let again = f.assign_all(&killed);
     let again_ok = again.iter().filter(|(_, r)| r.is_ok()).count();
-    let again_ids: Vec<String> = again.iter().filter_map(|(_, r)| r.as_ref().ok().map(|(_, id)| id.clone())).collect();
+    let again_ids: Vec<String> = again
+        .iter()
+        .filter_map(|(_, r)| r.as_ref().ok().map(|(_, id)| id.clone()))
+        .collect();
     f.stop_all(&again_ids);
 
     // 3. Latency on host 1 alone, without and then with a flood.
@@ -250,8 +300,13 @@ fn main() {
     });
     // Host 4's session must be gone before its credentials can flood: pause its
     // supervisor past the liveness limit.
-    let pid4 = f.supervisor_pid(HOSTS).expect("host 4's supervisor after restart");
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid4), nix::sys::signal::Signal::SIGSTOP);
+    let pid4 = f
+        .supervisor_pid(HOSTS)
+        .expect("host 4's supervisor after restart");
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid4),
+        nix::sys::signal::Signal::SIGSTOP,
+    );
     std::thread::sleep(Duration::from_secs(17));
     let flood_stop = Arc::new(AtomicBool::new(false));
     let frames = Arc::new(AtomicU64::new(0));
@@ -261,16 +316,23 @@ fn main() {
     let rt = tokio::runtime::Runtime::new().unwrap();
     let params = link_params(&dir, &format!("{}-{HOSTS}", f.host));
     let flooders: Vec<_> = {
-        let (stop, frames, sessions, refused) = (flood_stop.clone(), frames.clone(), sessions.clone(), refused.clone());
+        let (stop, frames, sessions, refused) = (
+            flood_stop.clone(),
+            frames.clone(),
+            sessions.clone(),
+            refused.clone(),
+        );
         let p = params.clone();
         let a = rt.spawn(async move {
             use futures_util::{SinkExt, StreamExt};
-            let junk = tokio_tungstenite::tungstenite::Message::text("{\"message_type\":\"hello\"}");
+            let junk =
+                tokio_tungstenite::tungstenite::Message::text("{\"message_type\":\"hello\"}");
             while !stop.load(Ordering::SeqCst) {
                 match mosaic::protocol::transport::connect(&p).await {
                     Ok(mut hs) => {
                         sessions.fetch_add(1, Ordering::SeqCst);
-                        while !stop.load(Ordering::SeqCst) && hs.ws.send(junk.clone()).await.is_ok() {
+                        while !stop.load(Ordering::SeqCst) && hs.ws.send(junk.clone()).await.is_ok()
+                        {
                             frames.fetch_add(1, Ordering::SeqCst);
                         }
                         while let Some(Ok(_)) = hs.ws.next().await {}
@@ -310,21 +372,34 @@ fn main() {
     for fl in flooders {
         let _ = rt.block_on(fl);
     }
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid4), nix::sys::signal::Signal::SIGCONT);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid4),
+        nix::sys::signal::Signal::SIGCONT,
+    );
     let st = f.op(&OperatorRequest::Status).unwrap_or(Value::Null);
 
-    let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(f.up.id() as i32), nix::sys::signal::Signal::SIGTERM);
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(f.up.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
     let mut up = f.up;
     let _ = up.wait();
     let _ = std::fs::remove_dir_all(&dir);
 
     println!("Mosaic fleet benchmark — mosaic up --hosts {HOSTS} --lanes {LANES} (separate supervisor processes, one coordinator, PostgreSQL fsync on)");
-    println!("  storm: {ROUNDS} rounds × {} lanes assigned at once, then stopped", all.len());
+    println!(
+        "  storm: {ROUNDS} rounds × {} lanes assigned at once, then stopped",
+        all.len()
+    );
     println!(
         "      {n} assignments in {storm_secs:.1} s = {:.1} assignments/s (with their stops); {failures} not RUNNING",
         n as f64 / storm_secs
     );
-    println!("      assign → RUNNING p50 {:7.1} ms  p99 {:7.1} ms", pct(&mut lat, 0.5), pct(&mut lat, 0.99));
+    println!(
+        "      assign → RUNNING p50 {:7.1} ms  p99 {:7.1} ms",
+        pct(&mut lat, 0.5),
+        pct(&mut lat, 0.99)
+    );
     println!("  one round with host {HOSTS}'s supervisor SIGKILLed 15 ms in:");
     println!(
         "      other hosts: assign → RUNNING p50 {:7.1} ms  p99 {:7.1} ms ({} lanes)",
@@ -332,7 +407,10 @@ fn main() {
         pct(&mut other_lat, 0.99),
         other_lat.len()
     );
-    println!("      host {HOSTS}'s {} assignments: {killed_outcomes:?}", killed.len());
+    println!(
+        "      host {HOSTS}'s {} assignments: {killed_outcomes:?}",
+        killed.len()
+    );
     match settled {
         Some(d) => println!("      host {HOSTS}'s lanes all IDLE_CLEAN {:.1} s after the round; then {again_ok}/{} new assignments RUNNING", d.as_secs_f64(), killed.len()),
         None => println!("      host {HOSTS}'s lanes did NOT settle within 60 s"),
@@ -391,7 +469,10 @@ fn link_params(dir: &std::path::Path, host: &str) -> mosaic::protocol::transport
             seed(&l.session_key),
         )),
         registry: Arc::new(
-            mosaic::protocol::TrustRegistry::from_toml(&std::fs::read_to_string(&l.trust_registry).unwrap()).unwrap(),
+            mosaic::protocol::TrustRegistry::from_toml(
+                &std::fs::read_to_string(&l.trust_registry).unwrap(),
+            )
+            .unwrap(),
         ),
         trust_domain: l.trust_domain.clone(),
         host_id: host.into(),

@@ -18,11 +18,19 @@ struct Up {
     lanes: u32,
     _db: pg::TestDb,
     db_url: String,
+    hosts: u32,
 }
 
-fn spawn_up(dir: &std::path::Path, lanes: u32, db_url: &str) -> Child {
+fn spawn_up(dir: &std::path::Path, lanes: u32, hosts: u32, db_url: &str) -> Child {
     let mut child = Command::new(common::MOSAIC)
-        .args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
+        .args([
+            "up",
+            "--lanes",
+            &lanes.to_string(),
+            "--hosts",
+            &hosts.to_string(),
+            "--state-dir",
+        ])
         .arg(dir)
         .args(["--database-url", db_url])
         .env("MOSAIC_LOG", "info")
@@ -45,16 +53,22 @@ fn spawn_up(dir: &std::path::Path, lanes: u32, db_url: &str) -> Child {
 
 impl Up {
     fn start(lanes: u32) -> Self {
+        Self::fleet(lanes, 1)
+    }
+
+    /// `mosaic up --hosts N`: N supervisor processes, each a host of its own.
+    fn fleet(lanes: u32, hosts: u32) -> Self {
         common::require_host();
         let db = pg::TestDb::new();
         let dir =
             std::env::temp_dir().join(format!("mosaic-e2e-{}", uuid::Uuid::new_v4().simple()));
-        let child = spawn_up(&dir, lanes, &db.url);
+        let child = spawn_up(&dir, lanes, hosts, &db.url);
         let db_url = db.url.clone();
         Self {
             child,
             dir,
             lanes,
+            hosts,
             _db: db,
             db_url,
         }
@@ -65,7 +79,7 @@ impl Up {
     fn restart_after(&mut self, sig: nix::sys::signal::Signal) {
         common::kill(self.child.id() as i32, sig);
         let _ = self.child.wait();
-        self.child = spawn_up(&self.dir, self.lanes, &self.db_url);
+        self.child = spawn_up(&self.dir, self.lanes, self.hosts, &self.db_url);
     }
 
     fn cli(&self, args: &[&str]) -> Result<Value, String> {
@@ -630,10 +644,22 @@ async fn mosaic_up_killed_or_stopped_and_restarted_leaves_every_lane_usable() {
     assert_eq!(b["state"], "RUNNING");
     // SIGTERM tears every lane down; the restart makes fresh incarnations, and the work
     // they had is in recovery — never a quarantined lane.
+    fn incarnation(up: &Up, l: &str) -> Option<String> {
+        up.cli(&["lanes"])
+            .ok()?
+            .as_array()?
+            .iter()
+            .find(|x| x["lane_id"] == l)?["lane_incarnation_id"]
+            .as_str()
+            .map(String::from)
+    }
+    let before: Vec<Option<String>> = [&l1, &l2].iter().map(|l| incarnation(&up, l)).collect();
     up.restart_after(nix::sys::signal::Signal::SIGTERM);
-    for l in [&l1, &l2] {
+    // Fresh incarnations, registered from the new supervisor's hello (until then the
+    // coordinator still shows the old, idle ones).
+    for (l, old) in [&l1, &l2].iter().zip(&before) {
         wait_for("fresh lane", || {
-            (up.lane_state(l) == "IDLE_CLEAN").then_some(())
+            (up.lane_state(l) == "IDLE_CLEAN" && incarnation(&up, l) != *old).then_some(())
         });
     }
     let st = up.cli(&["status"]).unwrap();
@@ -797,5 +823,68 @@ async fn raw_fence_tokens_never_leave_the_coordinator_process() {
                 "a raw fence token is in {where_}"
             );
         }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn two_hosts_under_mosaic_up_keep_to_their_own_lanes_and_survive_each_other() {
+    let up = Up::fleet(1, 2);
+    let me = nix::unistd::gethostname()
+        .unwrap()
+        .to_string_lossy()
+        .into_owned();
+    let (h1, h2) = (format!("{me}-1"), format!("{me}-2"));
+    let (l1, l2) = (format!("{h1}:lane-1"), format!("{h2}:lane-1"));
+    let a1 = up.assign(&l1, "hang");
+    let a2 = up.assign(&l2, "hang");
+    let st = up.cli(&["status"]).unwrap();
+    let epoch = |st: &Value, h: &str| {
+        st["host_sessions"]
+            .as_array()
+            .and_then(|a| a.iter().find(|s| s["host_id"] == h))
+            .and_then(|s| s["session_epoch"].as_i64())
+    };
+    assert_eq!(
+        (epoch(&st, &h1), epoch(&st, &h2)),
+        (Some(1), Some(1)),
+        "{st}"
+    );
+    // Each host's own supervisor, its own cgroup subtree and tmux server.
+    let sup_pid = |h: &str| -> i32 {
+        let cfg = up.dir.join(format!("hosts/{h}/supervisor.toml"));
+        std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .find_map(|e| {
+                let pid: i32 = e.file_name().to_string_lossy().parse().ok()?;
+                let cmd = std::fs::read(format!("/proc/{pid}/cmdline")).ok()?;
+                String::from_utf8_lossy(&cmd)
+                    .replace('\0', " ")
+                    .contains(&format!("supervisor --config {}", cfg.display()))
+                    .then_some(pid)
+            })
+            .unwrap_or_else(|| panic!("no supervisor process for {h}"))
+    };
+    let (p1, p2) = (sup_pid(&h1), sup_pid(&h2));
+    assert_ne!(p1, p2);
+    // Host 2's supervisor is SIGKILLed: host 1 never notices.
+    common::kill(p2, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(up.lane_state(&l1), "RUNNING");
+    // `mosaic up` starts host 2 again; it re-adopts its generation on a new session.
+    let st = wait_for("host 2 back on a new session", || {
+        let st = up.cli(&["status"]).ok()?;
+        (epoch(&st, &h2)? >= 2).then_some(st)
+    });
+    assert_eq!(epoch(&st, &h1), Some(1), "host 1's session moved: {st}");
+    assert_eq!(up.lane_state(&l2), "RUNNING");
+    for a in [&a1, &a2] {
+        let out = up
+            .cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
+            .unwrap();
+        assert_eq!(out["state"], "CANCELLED", "{out}");
+    }
+    // And both take new work.
+    for l in [&l1, &l2] {
+        assert_eq!(up.assign(l, "hang")["state"], "RUNNING");
     }
 }
