@@ -638,3 +638,36 @@ async fn the_server_serves_many_concurrent_host_sessions() {
     assert_eq!(w.collector.hellos.lock().unwrap().len(), 24);
     assert_eq!(w.collector.receipts.lock().unwrap().len(), 24);
 }
+
+#[tokio::test]
+async fn connections_that_never_finish_a_handshake_cannot_lock_hosts_out() {
+    let w = World::new();
+    let (addr, _stop) = w.serve_on("127.0.0.1:0").await;
+    // 200 connections from one source (127.0.0.2) that send nothing at all.
+    let mut idle = Vec::new();
+    for _ in 0..200 {
+        let sock = tokio::net::TcpSocket::new_v4().unwrap();
+        sock.bind("127.0.0.2:0".parse().unwrap()).unwrap();
+        if let Ok(s) = sock.connect(addr.parse().unwrap()).await {
+            idle.push(s);
+        }
+    }
+    // A real host from another source gets its session at once.
+    let started = std::time::Instant::now();
+    let hs = tokio::time::timeout(
+        Duration::from_secs(3),
+        transport::connect(&w.link(&addr, &w.host)),
+    )
+    .await
+    .expect("a host was locked out by idle connections")
+    .unwrap();
+    eventually("hello", || w.collector.hellos.lock().unwrap().len() == 1).await;
+    assert!(started.elapsed() < Duration::from_secs(3));
+    assert!(
+        w.audited("session-refused"),
+        "{:?}",
+        w.audit.lock().unwrap()
+    );
+    drop(hs);
+    drop(idle);
+}

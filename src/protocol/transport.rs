@@ -376,8 +376,61 @@ pub struct ServerParams {
     pub limits: Limits,
 }
 
-/// Connections between TCP accept and a verified hello, at most.
-const MAX_HANDSHAKES: usize = 64;
+/// Connections between TCP accept and a verified hello, at most — and from one source
+/// address. A source holding connections open without finishing them (slowloris) runs
+/// out of its own slots, not everyone's; each stage of a handshake has its own deadline.
+const MAX_HANDSHAKES: usize = 512;
+const MAX_HANDSHAKES_PER_SOURCE: usize = 32;
+/// TLS and WebSocket handshakes are fast or hostile.
+const TLS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Handshakes in flight per source address.
+#[derive(Default)]
+struct InFlight {
+    per_source: std::sync::Mutex<std::collections::HashMap<std::net::IpAddr, usize>>,
+}
+
+/// One handshake's claim on the global and the per-source budget, released when the
+/// session is established or ends.
+struct HandshakeSlot {
+    _global: tokio::sync::OwnedSemaphorePermit,
+    ip: std::net::IpAddr,
+    in_flight: Arc<InFlight>,
+}
+
+impl Drop for HandshakeSlot {
+    fn drop(&mut self) {
+        if let Ok(mut m) = self.in_flight.per_source.lock() {
+            if let Some(n) = m.get_mut(&self.ip) {
+                *n -= 1;
+                if *n == 0 {
+                    m.remove(&self.ip);
+                }
+            }
+        }
+    }
+}
+
+impl InFlight {
+    /// Claims a per-source slot, or `None` when the source has too many in flight.
+    fn claim(
+        self: &Arc<Self>,
+        ip: std::net::IpAddr,
+        global: tokio::sync::OwnedSemaphorePermit,
+    ) -> Option<HandshakeSlot> {
+        let mut m = self.per_source.lock().ok()?;
+        let n = m.entry(ip).or_insert(0);
+        if *n >= MAX_HANDSHAKES_PER_SOURCE {
+            return None;
+        }
+        *n += 1;
+        Some(HandshakeSlot {
+            _global: global,
+            ip,
+            in_flight: self.clone(),
+        })
+    }
+}
 
 /// Refused connections are audited once per source per window, with a count of those
 /// left out: a reconnect storm (or anyone able to open TCP connections) costs a counter,
@@ -435,6 +488,7 @@ pub async fn serve(
 ) -> Result<(), TransportError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(tls);
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
+    let in_flight = Arc::new(InFlight::default());
     let refusals = Arc::new(RefusalAudit::new());
     loop {
         let (tcp, addr) = tokio::select! {
@@ -442,9 +496,21 @@ pub async fn serve(
             _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
         };
         // A connection flood waits here rather than growing memory without bound.
-        let permit = tokio::select! {
+        let global = tokio::select! {
             p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Ok(()) },
             _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
+        };
+        let Some(permit) = in_flight.claim(addr.ip(), global) else {
+            let source = addr.ip().to_string();
+            if let Some(left_out) = refusals.admit(&source) {
+                (params.audit)(
+                    &source,
+                    "session-refused",
+                    &format!("more than {MAX_HANDSHAKES_PER_SOURCE} unfinished handshakes from {source} ({left_out} more refusals not audited)"),
+                );
+            }
+            drop(tcp);
+            continue;
         };
         let (acceptor, params, handler, shutdown, refusals) = (
             acceptor.clone(),
@@ -567,9 +633,9 @@ async fn session(
     params: &ServerParams,
     handler: Arc<dyn Handler>,
     shutdown: watch::Receiver<bool>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: HandshakeSlot,
 ) -> Result<(), (Option<String>, TransportError)> {
-    let tls = tokio::time::timeout(HANDSHAKE_TIMEOUT, acceptor.accept(tcp))
+    let tls = tokio::time::timeout(TLS_TIMEOUT, acceptor.accept(tcp))
         .await
         .map_err(|_| (None, TransportError::Timeout("TLS handshake")))?
         .map_err(|e| (None, e.into()))?;
@@ -592,12 +658,12 @@ async fn admitted(
     params: &ServerParams,
     handler: Arc<dyn Handler>,
     mut shutdown: watch::Receiver<bool>,
-    permit: tokio::sync::OwnedSemaphorePermit,
+    permit: HandshakeSlot,
 ) -> Result<(), TransportError> {
     let peer = peer.to_string();
     let admission = handler.admit(&peer).await;
     let mut ws = tokio::time::timeout(
-        HANDSHAKE_TIMEOUT,
+        TLS_TIMEOUT,
         tokio_tungstenite::accept_async_with_config(tls, Some(ws_config())),
     )
     .await
@@ -651,7 +717,7 @@ async fn admitted(
         trust_domain: &params.trust_domain,
         now,
     };
-    let first = tokio::time::timeout(HANDSHAKE_TIMEOUT, ws.next())
+    let first = tokio::time::timeout(TLS_TIMEOUT, ws.next())
         .await
         .map_err(|_| TransportError::Timeout("hello"))?;
     let hello = match first {
