@@ -16,6 +16,7 @@ pub mod cgroup;
 pub mod coordinator;
 pub mod doctor;
 pub mod fake_harness;
+pub mod metrics;
 pub mod pgcluster;
 pub mod pki;
 pub mod protocol;

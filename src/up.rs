@@ -101,6 +101,7 @@ pub fn config_for(state_dir: &std::path::Path, lanes: u32) -> Result<Config, UpE
         force_freezer_fallback: false,
         reattach_timeout_ms: None,
         coordinator: None,
+        metrics_listen: None,
     })?)
 }
 
@@ -186,6 +187,7 @@ async fn run_with(
         .map_err(|e| usage(&e))?;
     let leading = svc.wait_leading().await;
     let (stop_hosts, hosts_rx) = tokio::sync::watch::channel(false);
+    let hosts_rx_metrics = hosts_rx.clone();
     let tls = crate::protocol::transport::TlsIdentity {
         ca: prov.coordinator.ca.clone(),
         cert: prov.coordinator.cert.clone(),
@@ -199,8 +201,27 @@ async fn run_with(
         svc.clone(),
         ops_listener,
     ));
+    // Metrics on localhost, at ports written beside the sockets (run/*.addr).
+    let coord_metrics = svc
+        .serve_metrics("127.0.0.1:0", hosts_rx_metrics)
+        .await
+        .map_err(|e| usage(&e))?;
+    crate::util::durable::write_atomic(
+        &state_dir.join("run").join("metrics-coordinator.addr"),
+        coord_metrics.as_bytes(),
+    )
+    .map_err(|e| usage(&e))?;
     if opts.hosts > 1 {
-        let outcome = fleet(opts, state_dir, &prov, &host_ids, &svc, leading.epoch()).await;
+        let outcome = fleet(
+            opts,
+            state_dir,
+            &prov,
+            &host_ids,
+            &svc,
+            leading.epoch(),
+            &coord_metrics,
+        )
+        .await;
         let _ = stop_hosts.send(true);
         hosts.abort();
         ops.abort();
@@ -227,6 +248,7 @@ async fn run_with(
     }
     let listener = crate::supervisor::control::bind(&sup.config().control_socket())?;
     sup.connect_coordinator(&prov.links[0]).await?;
+    let sup_metrics = sup.serve_metrics("127.0.0.1:0").await?;
     let status = sup.status().await?;
     // The coordinator registers the lanes from the host's hello.
     for _ in 0..200 {
@@ -251,6 +273,7 @@ async fn run_with(
         }
     );
     say!("  state dir    {sd}");
+    say!("  metrics      coordinator http://{coord_metrics}/metrics  supervisor http://{sup_metrics}/metrics");
     say!(
         "  cgroup root  {} (kill method: {:?})",
         status.cgroup_root.display(),
@@ -356,6 +379,7 @@ fn member_config(
         force_freezer_fallback: false,
         reattach_timeout_ms: None,
         coordinator: Some(link.clone()),
+        metrics_listen: Some("127.0.0.1:0".into()),
     })
 }
 
@@ -369,6 +393,7 @@ async fn fleet(
     host_ids: &[String],
     svc: &std::sync::Arc<crate::coordinator::service::Service>,
     epoch: i64,
+    coord_metrics: &str,
 ) -> Result<(), UpError> {
     let usage = |e: &dyn std::fmt::Display| UpError::Usage(e.to_string());
     let mut members = Vec::new();
@@ -405,6 +430,7 @@ async fn fleet(
         opts.lanes
     );
     say!("  state dir    {sd}");
+    say!("  metrics      coordinator http://{coord_metrics}/metrics; each supervisor's address in run/h<k>/metrics.addr");
     for m in &members {
         say!(
             "  host {:<20} config {}  log {}",
@@ -743,6 +769,7 @@ pub fn provision(
             lease_ttl_ms: None,
             operator_listen: None,
             heartbeat_ms: None,
+            metrics_listen: None,
         },
         links,
     })

@@ -888,3 +888,149 @@ async fn two_hosts_under_mosaic_up_keep_to_their_own_lanes_and_survive_each_othe
         assert_eq!(up.assign(l, "hang")["state"], "RUNNING");
     }
 }
+
+/// `GET /metrics` from the address a daemon wrote beside its sockets: (series, value).
+fn scrape(addr_file: &std::path::Path) -> Vec<(String, f64)> {
+    use std::io::{Read, Write};
+    let addr = std::fs::read_to_string(addr_file).unwrap();
+    let mut s = std::net::TcpStream::connect(addr.trim()).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    let body = text.split("\r\n\r\n").nth(1).unwrap_or("");
+    body.lines()
+        .filter(|l| !l.starts_with('#') && !l.is_empty())
+        .filter_map(|l| {
+            let (k, v) = l.rsplit_once(' ')?;
+            Some((k.to_string(), v.parse().ok()?))
+        })
+        .collect()
+}
+
+fn metric(m: &[(String, f64)], series: &str) -> f64 {
+    m.iter()
+        .find(|(k, _)| k == series)
+        .map(|(_, v)| *v)
+        .unwrap_or(0.0)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn metrics_agree_with_the_database_after_a_scripted_run() {
+    let up = Up::start(2);
+    let (l1, l2) = (up.lane_id(1), up.lane_id(2));
+    // A run that ends by SIGKILL, one stopped by the operator, and a lane quarantined by
+    // its host (its tmux server killed), then recreated.
+    let a = up.assign(&l1, "hang spawn=2");
+    let harness = up.host(&["status"])["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    common::kill(harness as i32, nix::sys::signal::Signal::SIGKILL);
+    wait_for("lane 1 clean", || {
+        (up.lane_state(&l1) == "IDLE_CLEAN").then_some(())
+    });
+    let b = up.assign(&l1, "hang");
+    assert_eq!(
+        up.cli(&["stop", "--assignment", b["assignment_id"].as_str().unwrap()])
+            .unwrap()["state"],
+        "CANCELLED"
+    );
+    let _ = Command::new("tmux")
+        .arg("-S")
+        .arg(up.dir.join("run/lanes/lane-2/tmux.sock"))
+        .arg("kill-server")
+        .status();
+    // The host notices at its next use of the lane: an assign it must refuse.
+    let _ = up.cli(&[
+        "assign",
+        "--lane",
+        &l2,
+        "--runtime",
+        "fake@1.0.0",
+        "--task",
+        "hang",
+        "--wait",
+        "running",
+    ]);
+    wait_for("lane 2 quarantined", || {
+        (up.lane_state(&l2) == "QUARANTINED").then_some(())
+    });
+    up.cli(&["lane", "recreate", "--lane", &l2]).unwrap();
+    wait_for("lane 2 recreated", || {
+        (up.lane_state(&l2) == "IDLE_CLEAN").then_some(())
+    });
+    let _ = a;
+
+    let coord = scrape(&up.dir.join("run/metrics-coordinator.addr"));
+    let host = scrape(&up.dir.join("run/metrics.addr"));
+    let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    // Receipts by source and reason: the coordinator's series are the database's counts,
+    // and the host wrote exactly those.
+    let rows = c
+        .query(
+            "SELECT body->>'observation_source', body->>'termination_reason', count(*) FROM termination_receipts GROUP BY 1, 2",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(rows.len() >= 2, "the run produced too few kinds of receipt");
+    for r in &rows {
+        let (src, reason, n): (String, String, i64) = (r.get(0), r.get(1), r.get(2));
+        let labels = format!("{{source=\"{src}\",reason=\"{reason}\"}}");
+        assert_eq!(
+            metric(&coord, &format!("mosaic_termination_receipts{labels}")),
+            n as f64,
+            "{src}/{reason}"
+        );
+        assert_eq!(
+            metric(&host, &format!("mosaic_termination_receipts_total{labels}")),
+            n as f64,
+            "host {src}/{reason}"
+        );
+    }
+    let count = |sql: &str| {
+        let c = &c;
+        let sql = sql.to_string();
+        async move { c.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0) as f64 }
+    };
+    assert_eq!(
+        metric(&coord, "mosaic_generations"),
+        count("SELECT count(*) FROM generations").await
+    );
+    let entries = count("SELECT sum(quarantine_entries)::bigint FROM lane_incarnations").await;
+    assert!(entries >= 1.0, "the run quarantined nothing");
+    assert_eq!(metric(&coord, "mosaic_quarantine_entries"), entries);
+    assert_eq!(
+        metric(
+            &host,
+            &format!("mosaic_lane_quarantines_total{{lane=\"{l2}\"}}")
+        ),
+        1.0
+    );
+    assert_eq!(
+        metric(
+            &coord,
+            "mosaic_authority_transitions{transition=\"activate\"}"
+        ),
+        count("SELECT count(*) FROM transition_receipts WHERE transition = 'activate'").await
+    );
+    assert_eq!(metric(&coord, "mosaic_leadership_leading"), 1.0);
+    assert!(
+        metric(
+            &coord,
+            "mosaic_transitions_total{op=\"activate\",result=\"decided\"}"
+        ) >= 2.0
+    );
+    // No label or value carries a task, a token or a key: only the names used above.
+    let text: String = coord.iter().chain(&host).map(|(k, _)| k.clone()).collect();
+    assert!(
+        !text.contains("spawn=") && !text.contains("hang"),
+        "task text in metrics"
+    );
+}

@@ -174,6 +174,7 @@ fn world() -> (Supervisor, World) {
         force_freezer_fallback: false,
         reattach_timeout_ms: None,
         coordinator: None,
+        metrics_listen: None,
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

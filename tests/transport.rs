@@ -226,6 +226,7 @@ impl World {
             signer: Arc::new(signer("coord-session")),
             liveness: Default::default(),
             limits: Default::default(),
+            on_strike: None,
         };
         let (tx, rx) = watch::channel(false);
         let tls = transport::server_tls(&self.coord).unwrap();
@@ -609,6 +610,7 @@ async fn the_server_serves_many_concurrent_host_sessions() {
         signer: Arc::new(signer("coord-session")),
         liveness: Default::default(),
         limits: Default::default(),
+        on_strike: None,
     };
     let (_tx, rx) = watch::channel(false);
     tokio::spawn(transport::serve(

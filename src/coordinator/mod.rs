@@ -23,6 +23,7 @@ pub mod error;
 pub mod failpoint;
 pub mod lanes;
 pub mod leader;
+pub mod metrics;
 pub mod model;
 pub mod secret;
 pub mod service;

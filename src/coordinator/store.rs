@@ -18,6 +18,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0001_authority.sql"),
     include_str!("../../migrations/0002_chains_as_rows.sql"),
     include_str!("../../migrations/0003_host_sessions.sql"),
+    include_str!("../../migrations/0004_quarantine_counts.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
@@ -71,6 +72,7 @@ pub struct Store {
     pub(crate) audit: Auditor,
     config: tokio_postgres::Config,
     transport: Transport,
+    pub(crate) stats: std::sync::Arc<super::metrics::TransitionMetrics>,
 }
 
 impl std::fmt::Debug for Store {
@@ -249,6 +251,7 @@ impl Store {
             secret,
             config: cfg,
             transport,
+            stats: std::sync::Arc::new(super::metrics::TransitionMetrics::new()),
         };
         s.require_primary().await?;
         Ok(s)

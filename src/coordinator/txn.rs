@@ -421,6 +421,17 @@ impl Store {
         step: &Step,
         body: &Body,
     ) -> Result<Receipt, AuthorityError> {
+        let started = std::time::Instant::now();
+        let out = self.run_transition(step, body).await;
+        self.stats.record(
+            step.op,
+            started.elapsed(),
+            &out.as_ref().map(|r| r.replayed),
+        );
+        out
+    }
+
+    async fn run_transition(&self, step: &Step, body: &Body) -> Result<Receipt, AuthorityError> {
         if step.key.is_empty() {
             return Err(reject(
                 step.op,

@@ -360,6 +360,9 @@ pub trait Handler: Send + Sync + 'static {
     fn closed(&self, _peer: &str, _session_id: &str, _reason: &str, _abusive: bool) {}
 }
 
+/// Called with the reason of every strike against a session.
+pub type StrikeHook = Arc<dyn Fn(&str) + Send + Sync>;
+
 /// Where the server reports rejections (category + redacted detail, never frame content).
 pub type AuditSink = Arc<dyn Fn(&str, &str, &str) + Send + Sync>;
 
@@ -374,6 +377,9 @@ pub struct ServerParams {
     pub signer: Arc<Signer>,
     pub liveness: Liveness,
     pub limits: Limits,
+    /// Called for every strike against a session (each invalid frame, by reason) — the
+    /// audit sees only the first few of each.
+    pub on_strike: Option<StrikeHook>,
 }
 
 /// Connections between TCP accept and a verified hello, at most — and from one source
@@ -573,6 +579,9 @@ impl Strikes {
 
     /// Records one invalid frame; true when the session is over its budget.
     fn strike(&mut self, p: &ServerParams, peer: &str, session_id: &str, reason: &str) -> bool {
+        if let Some(f) = &p.on_strike {
+            f(reason);
+        }
         let n = self.by_reason.entry(reason.to_string()).or_insert(0);
         *n += 1;
         if *n <= Self::AUDITED_PER_REASON {

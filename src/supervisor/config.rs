@@ -39,6 +39,10 @@ pub struct ConfigFile {
     pub reattach_timeout_ms: Option<u64>,
     /// The coordinator to take assignments from and deliver receipts to.
     pub coordinator: Option<CoordinatorLink>,
+    /// Serve Prometheus metrics at `http://<this>/metrics` (e.g. `127.0.0.1:9464`; port 0
+    /// picks one, written to `<runtime_dir>/metrics.addr`). Off when absent.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub metrics_listen: Option<String>,
 }
 
 /// How to reach and authenticate to the coordinator.
@@ -84,6 +88,7 @@ pub struct Config {
     pub force_freezer_fallback: bool,
     pub reattach_timeout_ms: u64,
     pub coordinator: Option<CoordinatorLink>,
+    pub metrics_listen: Option<String>,
 }
 
 impl Config {
@@ -135,6 +140,7 @@ impl Config {
             force_freezer_fallback: f.force_freezer_fallback,
             reattach_timeout_ms: f.reattach_timeout_ms.unwrap_or(5000),
             coordinator: f.coordinator,
+            metrics_listen: f.metrics_listen,
         })
     }
 

@@ -896,6 +896,9 @@ pub(crate) fn build_receipt(
 
 pub(crate) fn write_receipt(inner: &Inner, r: &TerminationReceipt) -> Result<(), SupervisorError> {
     let written = inner.outbox.write(r)?;
+    if written == super::outbox::Written::New {
+        inner.metrics.count_receipt(r);
+    }
     tracing::info!(
         lane = %r.lane_id,
         generation = r.generation,

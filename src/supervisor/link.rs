@@ -116,6 +116,7 @@ pub async fn run_receipt_link(
         state,
         fence,
         audit,
+        None,
         shutdown,
     )
     .await
@@ -134,6 +135,7 @@ pub async fn run_link(
     mut lanes: watch::Receiver<super::HostState>,
     fence: Arc<AuthorityFence>,
     audit: LinkAudit,
+    metrics: Option<Arc<super::metrics::HostMetrics>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -158,16 +160,20 @@ pub async fn run_link(
             fence: &fence,
             audit: &audit,
         };
-        match link
+        let outcome = link
             .once(
                 &addr,
                 &mut outgoing,
                 &mut lanes,
                 &mut shutdown,
                 &mut connected,
+                metrics.as_deref(),
             )
-            .await
-        {
+            .await;
+        if let Some(m) = &metrics {
+            m.link_up.set(0);
+        }
+        match outcome {
             Ok(()) => return,
             Err(e) => {
                 // A session that was up starts the next attempt fast again.
@@ -201,6 +207,7 @@ impl Link<'_> {
         lanes: &mut watch::Receiver<super::HostState>,
         shutdown: &mut watch::Receiver<bool>,
         connected: &mut bool,
+        metrics: Option<&super::metrics::HostMetrics>,
     ) -> Result<(), TransportError> {
         let p = self.p;
         let mut hs = crate::protocol::transport::connect_to(p, addr).await?;
@@ -218,6 +225,9 @@ impl Link<'_> {
         }
         let session_id = hs.session_id.clone();
         tracing::info!(coordinator = %p.coordinator, addr, session_id, "coordinator link up");
+        if let Some(m) = metrics {
+            m.link_up.set(1);
+        }
         let mut sent: HashMap<String, Resend> = HashMap::new();
         // Receipts go out as soon as they are durable (the outbox signals each write); the
         // tick is the safety net for anything written while a send was in flight.

@@ -30,6 +30,7 @@ mod adopt;
 mod generation;
 pub mod lanesock;
 pub mod link;
+pub mod metrics;
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -145,10 +146,20 @@ pub(crate) async fn publish(inner: &Arc<Inner>) {
     use crate::protocol::report::{GenReport, LaneReport};
     let _one_at_a_time = inner.publish_lock.lock().await;
     let mut st = HostState::default();
+    let mut quarantined = std::collections::BTreeSet::new();
     for slot in inner.all_slots() {
         let l = slot.lock().await;
+        let m = &inner.metrics;
         if l.rec.status == LaneStatus::Destroyed {
+            m.active_generation
+                .remove(&metrics::HostMetrics::lane(&l.rec.lane_id));
             continue;
+        }
+        m.active_generation
+            .get_or_create(&metrics::HostMetrics::lane(&l.rec.lane_id))
+            .set(l.live.as_ref().map_or(0, |g| g.record.generation as i64));
+        if l.rec.status == LaneStatus::Quarantined {
+            quarantined.insert(format!("{}@{}", l.rec.lane_id, l.rec.lane_incarnation_id));
         }
         st.lanes
             .push(format!("{}@{}", l.rec.lane, l.rec.lane_incarnation_id));
@@ -176,6 +187,18 @@ pub(crate) async fn publish(inner: &Arc<Inner>) {
         );
     }
     st.lanes.sort();
+    inner.metrics.lanes.set(st.lanes.len() as i64);
+    if let Ok(mut seen) = inner.quarantined_seen.lock() {
+        for q in quarantined.difference(&seen) {
+            let lane = q.split('@').next().unwrap_or("");
+            inner
+                .metrics
+                .quarantines
+                .get_or_create(&metrics::HostMetrics::lane(lane))
+                .inc();
+        }
+        *seen = quarantined;
+    }
     inner.host_state.send_if_modified(|cur| {
         let changed = *cur != st;
         *cur = st;
@@ -268,6 +291,9 @@ pub(crate) struct Inner {
     /// Serializes read-and-publish of the host state, so a slower publisher cannot
     /// overwrite a newer state with the one it read earlier.
     publish_lock: Mutex<()>,
+    pub metrics: Arc<metrics::HostMetrics>,
+    /// Lane incarnations last published as quarantined (to count entries once).
+    quarantined_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
     _lock: std::fs::File,
 }
 
@@ -412,6 +438,8 @@ impl Supervisor {
             shutdown,
             host_state: watch::channel(HostState::default()).0,
             publish_lock: Mutex::new(()),
+            metrics: Arc::new(metrics::HostMetrics::new()),
+            quarantined_seen: std::sync::Mutex::new(Default::default()),
             _lock: lock,
         };
         Ok(Self {
@@ -606,6 +634,7 @@ impl Supervisor {
     ) -> Result<GenView, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
+        let started = std::time::Instant::now();
         // Validate everything that can be validated before touching the lane.
         let plan = {
             let reg = self.inner.registry.clone();
@@ -655,6 +684,11 @@ impl Supervisor {
             }
         }
         if let Some(live) = l.live.take() {
+            self.inner
+                .metrics
+                .replacements
+                .get_or_create(&metrics::HostMetrics::lane(&l.rec.lane_id))
+                .inc();
             let fin = generation::stop(live, StopCause::Replace).await?;
             l.apply_finish(&self.inner.store, &fin);
             if let Some(reason) = &fin.quarantine {
@@ -673,6 +707,15 @@ impl Supervisor {
             });
         }
         let live = generation::launch(&self.inner, &mut l.rec, plan, origin).await?;
+        self.inner
+            .metrics
+            .generation_starts
+            .get_or_create(&metrics::HostMetrics::lane(&l.rec.lane_id))
+            .inc();
+        self.inner
+            .metrics
+            .start_seconds
+            .observe(started.elapsed().as_secs_f64());
 
         let view = GenView::of(&live.record);
         spawn_applier(self.inner.clone(), name.to_string(), &live);
@@ -828,6 +871,7 @@ impl Supervisor {
         );
         match self.inner.outbox.write(&r)? {
             outbox::Written::New => {
+                self.inner.metrics.count_receipt(&r);
                 tracing::warn!(
                     lane_id,
                     incarnation,
@@ -959,6 +1003,11 @@ impl Supervisor {
             let inner = self.inner.clone();
             Arc::new(move |category, detail| {
                 tracing::warn!(category, detail, "coordinator frame refused");
+                inner
+                    .metrics
+                    .link_refused
+                    .get_or_create(&metrics::HostMetrics::category(category))
+                    .inc();
                 inner.audit.record(category, None, None, detail);
             })
         };
@@ -978,9 +1027,34 @@ impl Supervisor {
             self.inner.host_state.subscribe(),
             fence,
             audit,
+            Some(self.inner.metrics.clone()),
             self.inner.shutdown.subscribe(),
         ));
         Ok(())
+    }
+
+    /// Serves this supervisor's metrics on `addr` until shutdown; the bound address is
+    /// written to `<runtime_dir>/metrics.addr` and returned.
+    pub async fn serve_metrics(&self, addr: &str) -> Result<String, SupervisorError> {
+        let listener = crate::metrics::bind(addr)
+            .await
+            .map_err(|e| SupervisorError::Config {
+                detail: e.to_string(),
+            })?;
+        let bound = listener
+            .local_addr()
+            .map(|a| a.to_string())
+            .unwrap_or_default();
+        let path = self.inner.cfg.runtime_dir.join("metrics.addr");
+        crate::util::durable::write_atomic(&path, bound.as_bytes())?;
+        tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            self.inner.metrics.registry.clone(),
+            None,
+            self.inner.shutdown.subscribe(),
+        ));
+        Ok(bound)
     }
 
     /// Records a rejected (stale, misaddressed) coordinator message, identifiers only.
@@ -991,6 +1065,11 @@ impl Supervisor {
         generation: Option<u64>,
         detail: &str,
     ) {
+        self.inner
+            .metrics
+            .stale
+            .get_or_create(&metrics::HostMetrics::category(category))
+            .inc();
         self.inner
             .audit
             .record(category, lane_id, generation, detail);
@@ -1064,6 +1143,9 @@ pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
     }
     if let Some(link) = sup.inner.cfg.coordinator.clone() {
         sup.connect_coordinator(&link).await?;
+    }
+    if let Some(addr) = sup.inner.cfg.metrics_listen.clone() {
+        sup.serve_metrics(&addr).await?;
     }
     let listener = control::bind(&sup.inner.cfg.control_socket())?;
     tracing::info!(socket = %sup.inner.cfg.control_socket().display(), "supervisor ready");

@@ -49,6 +49,10 @@ pub struct CoordinatorConfig {
     /// intervals is disconnected.
     #[serde(default)]
     pub heartbeat_ms: Option<u64>,
+    /// Serve Prometheus metrics at `http://<this>/metrics` (e.g. `127.0.0.1:9465`). Off
+    /// when absent.
+    #[serde(default)]
+    pub metrics_listen: Option<String>,
 }
 
 /// The timing settings the running service uses, with their defaults applied.

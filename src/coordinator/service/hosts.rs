@@ -332,6 +332,7 @@ impl Handler for HostHandler {
                 let _ = svc.store.close_host_session(&old.session_id, &reason).await;
             }
             tracing::info!(host, session_epoch = epoch, session_id = %sid, "host session open");
+            svc.metrics.sessions_opened.inc();
             Ok(())
         })
     }
@@ -368,6 +369,13 @@ impl Handler for HostHandler {
             match out {
                 Ok(replies) => Handled::reply(replies),
                 Err(e) => {
+                    svc.metrics
+                        .host_messages_refused
+                        .get_or_create(&crate::coordinator::metrics::TypeCategory {
+                            message_type: t.as_str().into(),
+                            category: e.category.as_str().into(),
+                        })
+                        .inc();
                     tracing::warn!(host, message_type = t.as_str(), category = e.category.as_str(), error = %e.message, "host message refused");
                     svc.store.auditor().record(
                         &format!("host-{}", t.as_str()),
@@ -400,6 +408,25 @@ impl Handler for HostHandler {
         if abusive {
             svc.hosts.penalize(&host);
         }
+        let kind = if abusive {
+            "abusive"
+        } else if reason.contains("superseded") {
+            "superseded"
+        } else if reason.contains("silent") {
+            "silent"
+        } else if reason.contains("no longer leads") {
+            "leadership"
+        } else if reason.contains("shutting down") {
+            "shutdown"
+        } else if reason.contains("closed by the peer") {
+            "closed"
+        } else {
+            "transport"
+        };
+        svc.metrics
+            .sessions_closed
+            .get_or_create(&crate::coordinator::metrics::Kind { kind: kind.into() })
+            .inc();
         tracing::info!(host, session_id, reason, abusive, "host session closed");
         let (sid, reason) = (session_id.to_string(), reason.to_string());
         tokio::spawn(async move {

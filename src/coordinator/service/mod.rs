@@ -56,6 +56,7 @@ pub struct Service {
     /// Bumped after every transition this process makes: waiters re-read the database.
     changed: watch::Sender<u64>,
     driver: driver::DriverState,
+    pub(crate) metrics: crate::coordinator::metrics::CoordinatorMetrics,
 }
 
 impl Service {
@@ -87,6 +88,7 @@ impl Service {
             launch_id: format!("launch-{}", uuid::Uuid::new_v4().simple()),
         };
         let timing = cfg.timing();
+        let store_stats = store.stats.clone();
         let svc = Arc::new(Self {
             session: Arc::new(Signer::new(
                 &format!("{principal}/session"),
@@ -109,6 +111,7 @@ impl Service {
             hosts: hosts::Sessions::default(),
             changed: watch::channel(0).0,
             driver: driver::DriverState::default(),
+            metrics: crate::coordinator::metrics::CoordinatorMetrics::new(&store_stats),
         });
         // Leadership runs on a thread and runtime of its own: no amount of host-session or
         // operator work on the main runtime can delay a renewal past the lease.
@@ -180,6 +183,37 @@ impl Service {
         self.hosts.connected()
     }
 
+    /// Serves `/metrics` on `addr` until `shutdown`; returns the bound address.
+    pub async fn serve_metrics(
+        self: &Arc<Self>,
+        addr: &str,
+        shutdown: watch::Receiver<bool>,
+    ) -> Result<String, ServiceError> {
+        let listener = crate::metrics::bind(addr)
+            .await
+            .map_err(|e| ServiceError::Config(e.to_string()))?;
+        let bound = listener.local_addr()?.to_string();
+        let svc = self.clone();
+        let refresh: crate::metrics::Refresh = Arc::new(move || {
+            let svc = svc.clone();
+            Box::pin(async move {
+                let epoch = svc.leadership.current().await.map(|l| l.epoch());
+                let losses = svc.leadership.status().losses;
+                svc.metrics
+                    .refresh(&svc.store, epoch, losses, svc.hosts.views().len())
+                    .await;
+            })
+        });
+        tokio::spawn(crate::metrics::serve(
+            listener,
+            self.metrics.registry.clone(),
+            Some(refresh),
+            shutdown,
+        ));
+        tracing::info!(addr = %bound, "metrics at http://{bound}/metrics");
+        Ok(bound)
+    }
+
     /// Serves host sessions on `listener` until `shutdown`.
     pub async fn serve_hosts(
         self: Arc<Self>,
@@ -206,6 +240,17 @@ impl Service {
             signer: self.session.clone(),
             liveness: self.timing.liveness,
             limits: transport::Limits::default(),
+            on_strike: {
+                let svc = self.clone();
+                Some(Arc::new(move |reason: &str| {
+                    svc.metrics
+                        .invalid_frames
+                        .get_or_create(&crate::coordinator::metrics::CategoryLabel {
+                            category: reason.to_string(),
+                        })
+                        .inc();
+                }))
+            },
         };
         transport::serve(
             listener,
@@ -229,7 +274,10 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
         cert: cfg.cert.clone(),
         key: cfg.key.clone(),
     };
-    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls.clone(), rx));
+    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls.clone(), rx.clone()));
+    if let Some(addr) = &cfg.metrics_listen {
+        svc.serve_metrics(addr, rx).await?;
+    }
     let ops = tokio::spawn(serve_operators(
         svc.clone(),
         bind_operators(&cfg.operator_socket)?,

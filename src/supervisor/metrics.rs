@@ -1,0 +1,176 @@
+//! The supervisor's metrics (spec §18, the host side). Every label is a lane id, a reason,
+//! a source or a category.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct Lane {
+    pub lane: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceReason {
+    pub source: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct CategoryLabel {
+    pub category: String,
+}
+
+pub struct HostMetrics {
+    pub registry: Arc<Registry>,
+    pub active_generation: Family<Lane, Gauge>,
+    pub generation_starts: Family<Lane, Counter>,
+    pub replacements: Family<Lane, Counter>,
+    pub start_seconds: Histogram,
+    pub receipts: Family<SourceReason, Counter>,
+    pub orphans: Family<Lane, Counter>,
+    pub quarantines: Family<Lane, Counter>,
+    pub stale: Family<CategoryLabel, Counter>,
+    pub link_up: Gauge,
+    pub link_refused: Family<CategoryLabel, Counter>,
+    pub lanes: Gauge,
+}
+
+impl HostMetrics {
+    pub fn new() -> Self {
+        let active_generation = Family::<Lane, Gauge>::default();
+        let generation_starts = Family::<Lane, Counter>::default();
+        let replacements = Family::<Lane, Counter>::default();
+        let start_seconds = Histogram::new(exponential_buckets(0.005, 2.0, 12));
+        let receipts = Family::<SourceReason, Counter>::default();
+        let orphans = Family::<Lane, Counter>::default();
+        let quarantines = Family::<Lane, Counter>::default();
+        let stale = Family::<CategoryLabel, Counter>::default();
+        let link_up = Gauge::default();
+        let link_refused = Family::<CategoryLabel, Counter>::default();
+        let lanes = Gauge::default();
+        let mut r = Registry::with_prefix("mosaic");
+        r.register(
+            "lane_active_generation",
+            "The lane's live generation number (0: none)",
+            active_generation.clone(),
+        );
+        r.register(
+            "generation_starts",
+            "Generations started (fresh process, fresh cgroup, identity verified)",
+            generation_starts.clone(),
+        );
+        r.register(
+            "generation_replacements",
+            "Generations stopped to make way for the lane's next one",
+            replacements.clone(),
+        );
+        r.register(
+            "generation_start_seconds",
+            "From the start request to a live generation with a verified identity",
+            start_seconds.clone(),
+        );
+        r.register(
+            "termination_receipts",
+            "Termination receipts written, by observation source and reason",
+            receipts.clone(),
+        );
+        r.register(
+            "orphan_descendants",
+            "Processes still in a generation's cgroup after its harness was gone, killed at cleanup",
+            orphans.clone(),
+        );
+        r.register(
+            "lane_quarantines",
+            "Lanes this host quarantined",
+            quarantines.clone(),
+        );
+        r.register(
+            "stale_envelopes",
+            "Coordinator envelopes for a lane refused before delivery (stale generation, other reservation, wrong authority), by category",
+            stale.clone(),
+        );
+        r.register(
+            "coordinator_link_up",
+            "1 while a session to the coordinator is established",
+            link_up.clone(),
+        );
+        r.register(
+            "coordinator_frames_refused",
+            "Frames from the coordinator refused by the link, by category",
+            link_refused.clone(),
+        );
+        r.register("lanes", "Lanes on this host", lanes.clone());
+        Self {
+            registry: Arc::new(r),
+            active_generation,
+            generation_starts,
+            replacements,
+            start_seconds,
+            receipts,
+            orphans,
+            quarantines,
+            stale,
+            link_up,
+            link_refused,
+            lanes,
+        }
+    }
+
+    pub fn lane(lane: &str) -> Lane {
+        Lane {
+            lane: lane.to_string(),
+        }
+    }
+
+    pub fn category(c: &str) -> CategoryLabel {
+        CategoryLabel {
+            category: c.to_string(),
+        }
+    }
+}
+
+impl HostMetrics {
+    /// A new durable receipt: counted by source and reason; descendants killed after an
+    /// end nobody asked for are orphans the cleanup found.
+    pub fn count_receipt(&self, r: &super::receipt::TerminationReceipt) {
+        let label = |v: &dyn erased::Kebab| v.kebab();
+        self.receipts
+            .get_or_create(&SourceReason {
+                source: label(&r.observation_source),
+                reason: label(&r.termination_reason),
+            })
+            .inc();
+        if r.stop.is_none() && r.cleanup.members_killed > 0 {
+            self.orphans
+                .get_or_create(&Self::lane(&r.lane_id))
+                .inc_by(r.cleanup.members_killed as u64);
+        }
+    }
+}
+
+mod erased {
+    /// The wire (kebab-case) name of a receipt enum value.
+    pub trait Kebab {
+        fn kebab(&self) -> String;
+    }
+    impl<T: serde::Serialize> Kebab for T {
+        fn kebab(&self) -> String {
+            serde_json::to_value(self)
+                .ok()
+                .and_then(|v| v.as_str().map(String::from))
+                .unwrap_or_else(|| "unknown".into())
+        }
+    }
+}
+
+impl Default for HostMetrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
