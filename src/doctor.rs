@@ -91,6 +91,9 @@ pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
             Err(e) => checks.push(check("cgroup-delegation", true, Err(e.to_string()))),
         }
     }
+    if let Some(c) = systemd_delegation(cgroup_root) {
+        checks.push(c);
+    }
     let pidfd = rustix::process::pidfd_open(
         rustix::process::getpid(),
         rustix::process::PidfdFlags::empty(),
@@ -128,6 +131,48 @@ pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
         can_run_supervisor: can,
         checks,
     }
+}
+
+/// Under systemd (`INVOCATION_ID` set): the unit must have `Delegate=yes` when the
+/// supervisor is to use its own cgroup (no `cgroup_root` configured), or systemd may
+/// rearrange the subtree under it.
+fn systemd_delegation(cgroup_root: Option<&std::path::Path>) -> Option<Check> {
+    std::env::var_os("INVOCATION_ID")?;
+    let own = cgroup::cgroup_of(None).unwrap_or_default();
+    let unit = own
+        .rsplit('/')
+        .find(|s| s.ends_with(".service") || s.ends_with(".scope"))
+        .map(String::from);
+    let Some(unit) = unit else {
+        return Some(check(
+            "systemd-delegation",
+            cgroup_root.is_none(),
+            Err(format!(
+                "running under systemd, but cgroup {own} names no unit"
+            )),
+        ));
+    };
+    let out = std::process::Command::new("systemctl")
+        .args(["show", "--property=Delegate", "--value", &unit])
+        .output();
+    let r = match out {
+        Ok(o) if o.status.success() => {
+            let v = String::from_utf8_lossy(&o.stdout).trim().to_string();
+            if v == "yes" {
+                Ok(format!("{unit} has Delegate=yes; cgroup subtree {own}"))
+            } else {
+                Err(format!(
+                    "{unit} has Delegate={v}: add Delegate=yes to the unit (systemd/mosaic-supervisor.service does)"
+                ))
+            }
+        }
+        Ok(o) => Err(format!(
+            "systemctl show {unit} failed: {}",
+            String::from_utf8_lossy(&o.stderr).trim()
+        )),
+        Err(e) => Err(format!("cannot run systemctl: {e}")),
+    };
+    Some(check("systemd-delegation", cgroup_root.is_none(), r))
 }
 
 pub fn print_human(r: &Report) {

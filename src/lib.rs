@@ -23,5 +23,6 @@ pub mod protocol;
 pub mod shim;
 pub mod supervisor;
 pub mod sysdeps;
+pub mod systemd;
 pub mod up;
 pub mod util;

@@ -129,6 +129,15 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     crate::util::durable::ensure_dir(&state_dir, 0o711)
         .map_err(|e| UpError::Usage(e.to_string()))?;
     let mut cfg = config_for(&state_dir, opts.lanes)?;
+    // Everything `mosaic doctor` checks, before a cluster or a coordinator is started.
+    let report = crate::doctor::run(cfg.cgroup_root.as_deref());
+    if !report.can_run_supervisor {
+        crate::doctor::print_human(&report);
+        return Err(UpError::Usage(
+            "this host cannot run the supervisor (see the failed checks above); nothing was started"
+                .into(),
+        ));
+    }
 
     // PostgreSQL: a private cluster in the state dir unless a URL was given.
     let cluster = match &opts.database_url {

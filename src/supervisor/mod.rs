@@ -1057,6 +1057,29 @@ impl Supervisor {
         Ok(bound)
     }
 
+    /// One line for the service manager's status: lanes, live generations, the link.
+    pub async fn status_line(&self) -> String {
+        match self.status().await {
+            Ok(st) => format!(
+                "{} lanes, {} generations live, {} quarantined; coordinator link {}",
+                st.lanes.len(),
+                st.lanes.iter().filter(|l| l.generation.is_some()).count(),
+                st.lanes
+                    .iter()
+                    .filter(|l| l.status == LaneStatus::Quarantined)
+                    .count(),
+                if self.inner.cfg.coordinator.is_none() {
+                    "not configured"
+                } else if self.inner.metrics.link_up.get() == 1 {
+                    "up"
+                } else {
+                    "down"
+                }
+            ),
+            Err(e) => format!("status unavailable: {e}"),
+        }
+    }
+
     /// Records a rejected (stale, misaddressed) coordinator message, identifiers only.
     pub fn audit_stale(
         &self,
@@ -1100,6 +1123,24 @@ impl Supervisor {
     }
 }
 
+/// Pings the systemd watchdog at half its interval — but only when a full status read
+/// (every lane's lock, the state the control socket serves) completes in time. A lane
+/// stuck under a hung operation therefore stops the pings, and systemd restarts the
+/// supervisor (generations keep running and are re-adopted).
+async fn watchdog(sup: Supervisor, every: std::time::Duration) {
+    let half = every / 2;
+    loop {
+        tokio::time::sleep(half).await;
+        match tokio::time::timeout(half, sup.status_line()).await {
+            Ok(line) => crate::systemd::alive(&line),
+            Err(_) => tracing::error!(
+                "the supervisor's lanes did not answer within {} ms; withholding the watchdog ping",
+                half.as_millis()
+            ),
+        }
+    }
+}
+
 /// After a generation finishes on its own (crash, SIGKILL, exit), folds the result into
 /// the lane record without waiting for the next lane operation.
 pub(crate) fn spawn_applier(inner: Arc<Inner>, lane: String, live: &LiveGen) {
@@ -1122,6 +1163,19 @@ pub(crate) fn spawn_applier(inner: Arc<Inner>, lane: String, live: &LiveGen) {
 
 /// Runs the supervisor daemon until SIGTERM or SIGINT.
 pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
+    // Everything `mosaic doctor` checks, before anything is created.
+    let report = crate::doctor::run(cfg.cgroup_root.as_deref());
+    if !report.can_run_supervisor {
+        let failed: Vec<String> = report
+            .checks
+            .iter()
+            .filter(|c| c.required && !c.ok)
+            .map(|c| format!("{}: {}", c.name, c.detail))
+            .collect();
+        return Err(SupervisorError::Config {
+            detail: format!("this host cannot run the supervisor: {}", failed.join("; ")),
+        });
+    }
     let sup = Supervisor::open(cfg)?;
     // The daemon lives in `supervisor/` so the delegated root holds no process itself.
     let me = sup.inner.tree.supervisor();
@@ -1149,6 +1203,11 @@ pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
     }
     let listener = control::bind(&sup.inner.cfg.control_socket())?;
     tracing::info!(socket = %sup.inner.cfg.control_socket().display(), "supervisor ready");
+    // Serving: lanes re-adopted, the control socket bound.
+    crate::systemd::ready(&sup.status_line().await);
+    if let Some(every) = crate::systemd::watchdog() {
+        tokio::spawn(watchdog(sup.clone(), every));
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
         .map_err(|source| SupervisorError::Io {
             what: "signal handler",
@@ -1160,6 +1219,7 @@ pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
         _ = term.recv() => tracing::info!("SIGTERM: leaving lanes running"),
         _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving lanes running"),
     }
+    crate::systemd::stopping();
     sup.shutdown();
     let _ = std::fs::remove_file(sup.inner.cfg.control_socket());
     Ok(())

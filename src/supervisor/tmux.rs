@@ -48,6 +48,11 @@ impl Tmux {
     fn cmd(&self) -> Command {
         let mut c = Command::new(&self.bin);
         c.arg("-S").arg(&self.socket).env_remove("TMUX");
+        // The lane's server (and every generation it runs) must not inherit the service
+        // manager's channel: a harness could otherwise notify systemd as the supervisor.
+        for v in crate::systemd::MANAGER_ENV {
+            c.env_remove(v);
+        }
         c.stdin(Stdio::null());
         c
     }

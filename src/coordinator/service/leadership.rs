@@ -37,6 +37,9 @@ pub struct LeadershipStatus {
 pub(crate) struct Leadership {
     current: RwLock<Option<Leader>>,
     status: Mutex<LeadershipStatus>,
+    /// When the leadership loop last completed an iteration (`transport::mono_ms`): the
+    /// systemd watchdog pings only while it keeps turning.
+    pub(crate) last_turn: std::sync::atomic::AtomicU64,
     /// Woken when a transition was refused as stale: re-check now, not at the next tick.
     kick: Notify,
     /// Woken when this process starts leading (the driver then takes over its chains).
@@ -53,7 +56,23 @@ impl Leadership {
             }),
             kick: Notify::new(),
             gained: Notify::new(),
+            last_turn: std::sync::atomic::AtomicU64::new(crate::protocol::transport::mono_ms()),
         }
+    }
+
+    fn turned(&self) {
+        self.last_turn.store(
+            crate::protocol::transport::mono_ms(),
+            std::sync::atomic::Ordering::Relaxed,
+        );
+    }
+
+    /// How long ago the leadership loop last turned.
+    pub(crate) fn since_turn(&self) -> std::time::Duration {
+        std::time::Duration::from_millis(
+            crate::protocol::transport::mono_ms()
+                .saturating_sub(self.last_turn.load(std::sync::atomic::Ordering::Relaxed)),
+        )
     }
 
     /// The leadership to act under, if this process believes it leads.
@@ -131,6 +150,7 @@ pub(crate) async fn run(svc: std::sync::Arc<super::Service>, cand: Candidate, le
     let retry_every = Duration::from_millis((lease_ms / 4).clamp(50, 2000) as u64);
     let mut client: Option<tokio_postgres::Client> = None;
     loop {
+        svc.leadership.turned();
         let Some(mut l) = svc.leadership.current().await else {
             match svc.store.acquire(&cand, lease_ms).await {
                 Ok((l, r)) => {

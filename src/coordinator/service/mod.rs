@@ -183,6 +183,18 @@ impl Service {
         self.hosts.connected()
     }
 
+    /// One line for the service manager's status.
+    pub async fn status_line(&self) -> String {
+        match self.leadership.current().await {
+            Some(l) => format!(
+                "leading, epoch {}; {} host sessions",
+                l.epoch(),
+                self.hosts.views().len()
+            ),
+            None => format!("standing by (losses {})", self.leadership.status().losses),
+        }
+    }
+
     /// Serves `/metrics` on `addr` until `shutdown`; returns the bound address.
     pub async fn serve_metrics(
         self: &Arc<Self>,
@@ -265,7 +277,74 @@ impl Service {
 }
 
 /// Runs the coordinator daemon until SIGTERM/SIGINT.
+/// Pings the systemd watchdog at half its interval while the leadership loop (on its own
+/// thread) keeps turning; a stuck loop — the one whose stall would cost the lease — stops
+/// the pings and systemd restarts the coordinator.
+async fn watchdog(svc: Arc<Service>, every: std::time::Duration) {
+    let half = every / 2;
+    loop {
+        tokio::time::sleep(half).await;
+        let since = svc.leadership.since_turn();
+        if since < every {
+            crate::systemd::alive(&svc.status_line().await);
+        } else {
+            tracing::error!(
+                since_ms = since.as_millis() as u64,
+                "the leadership loop has not turned; withholding the watchdog ping"
+            );
+        }
+    }
+}
+
+/// What must hold before the coordinator starts anything: its secret and keys readable by
+/// it alone, its certificate files present, its trust registry valid.
+pub fn preflight(cfg: &CoordinatorConfig) -> Result<(), ServiceError> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut problems = Vec::new();
+    for (what, p) in [
+        ("secret_file", &cfg.secret_file),
+        ("session_key", &cfg.session_key),
+        ("ordinary_key", &cfg.ordinary_key),
+        ("key", &cfg.key),
+    ] {
+        match std::fs::metadata(p) {
+            Ok(m) if m.permissions().mode() & 0o077 != 0 => problems.push(format!(
+                "{what} {} is readable by others (mode {:o}); chmod 600 it",
+                p.display(),
+                m.permissions().mode() & 0o777
+            )),
+            Ok(_) => {}
+            Err(e) => problems.push(format!("{what} {}: {e}", p.display())),
+        }
+    }
+    for (what, p) in [("ca", &cfg.ca), ("cert", &cfg.cert)] {
+        if let Err(e) = std::fs::metadata(p) {
+            problems.push(format!("{what} {}: {e}", p.display()));
+        }
+    }
+    match std::fs::read_to_string(&cfg.trust_registry) {
+        Ok(t) => {
+            if let Err(e) = TrustRegistry::from_toml(&t) {
+                problems.push(format!("trust_registry: {e}"));
+            }
+        }
+        Err(e) => problems.push(format!(
+            "trust_registry {}: {e}",
+            cfg.trust_registry.display()
+        )),
+    }
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(ServiceError::Config(format!(
+            "not starting: {}",
+            problems.join("; ")
+        )))
+    }
+}
+
 pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
+    preflight(&cfg)?;
     let svc = Service::start(&cfg).await?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let (stop, rx) = watch::channel(false);
@@ -291,11 +370,17 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
         None => None,
     };
     tracing::info!(principal = %svc.principal, listen = %cfg.listen, "coordinator serving (standing by until it leads)");
+    // Serving: listeners bound, the leadership loop running (leading or standing by).
+    crate::systemd::ready(&svc.status_line().await);
+    if let Some(every) = crate::systemd::watchdog() {
+        tokio::spawn(watchdog(svc.clone(), every));
+    }
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}
         _ = tokio::signal::ctrl_c() => {}
     }
+    crate::systemd::stopping();
     let _ = stop.send(true);
     hosts.abort();
     ops.abort();
