@@ -47,13 +47,7 @@ struct Split {
     operator_addr: String,
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 fn spawn(args: &[&str], cfg: &PathBuf, log: PathBuf, failpoints: Option<&str>) -> Child {
     let mut c = Command::new(common::MOSAIC);

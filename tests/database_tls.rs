@@ -5,6 +5,8 @@
 //! throwaway cluster on loopback reached through a non-loopback host name (`hostaddr`
 //! carries the address), the only server of this binary.
 
+mod common;
+
 use std::os::unix::process::CommandExt;
 use std::process::Command;
 
@@ -86,11 +88,7 @@ fn start() -> Server {
     )
     .unwrap();
     cluster.init_dir().unwrap();
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let out = as_postgres(&mut Command::new(cluster.bin("pg_ctl")))
         .arg("-D")
         .arg(&data)

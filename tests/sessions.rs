@@ -25,13 +25,7 @@ use tokio_tungstenite::tungstenite::Message;
 
 const COORD: &str = "coordinator:main";
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
+use common::free_port;
 
 struct World {
     dir: PathBuf,
@@ -1030,4 +1024,160 @@ async fn a_connection_gone_silent_without_a_fin_is_detected_and_the_host_reconne
             "CANCELLED"
         );
     }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn malformed_names_cycling_sessions_and_a_host_that_refuses_the_coordinator_cost_nothing() {
+    let w = World::new(Opts::default());
+    let lanes_before = w.op(&OperatorRequest::Lanes).unwrap();
+    // Lane names and identifiers as no host makes them: refused, nothing adopted, nothing
+    // echoed into the log.
+    let bad = [
+        format!("../../etc@{}", incarnation()),
+        format!("a b@{}", incarnation()),
+        format!("{}@{}", "x".repeat(5000), incarnation()),
+        "lane-1@li-nothex".to_string(),
+    ];
+    for lane in bad {
+        let (p, _) = w.raw(1, vec![lane]);
+        // The session opens; the hello's report is refused and the session closed.
+        let mut hs = common_retry_connect(&p).await;
+        let reason = tokio::time::timeout(Duration::from_secs(10), async {
+            while let Some(m) = hs.ws.next().await {
+                match m {
+                    Ok(Message::Close(f)) => {
+                        return f.map(|f| f.reason.to_string()).unwrap_or_default()
+                    }
+                    Ok(_) => continue,
+                    Err(e) => return e.to_string(),
+                }
+            }
+            String::new()
+        })
+        .await
+        .unwrap();
+        assert!(reason.contains("hello refused"), "{reason:?}");
+        // Penalized as abusive: wait it out before the next attempt.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let key = "K".repeat(60_000);
+    let (p, _) = w.raw(1, vec![]);
+    let mut hs = common_retry_connect(&p).await;
+    let sid = hs.session_id.clone();
+    hs.send(
+        Outgoing::new(
+            &p.signer,
+            MessageType::Receipt,
+            vec![
+                ("idempotency_key", s("r")),
+                ("sot_incarnation", Value::Null),
+                ("coordinator_epoch", Value::Null),
+                ("assignment_id", Value::Null),
+                ("session_id", s(&sid)),
+                ("lane_id", s(&w.lane(1, "lane-x"))),
+                ("lane_incarnation_id", s(&incarnation())),
+                ("generation", n(1)),
+                ("receipt_idempotency_key", s(&key)),
+                ("receipt", Value::Object(vec![])),
+            ],
+        ),
+        COORD,
+    )
+    .await
+    .unwrap();
+    common::wait_until("the malformed reports and key refused", || {
+        (w.audited("malformed-receipt_idempotency_key") >= 1 && w.audited("refused-bad-input") >= 1)
+            .then_some(())
+    });
+    let _ = hs.ws.close(None).await;
+    assert_eq!(
+        w.op(&OperatorRequest::Lanes).unwrap(),
+        lanes_before,
+        "a malformed lane was adopted"
+    );
+    let log = std::fs::read_to_string(w.dir.join("coordinator.log")).unwrap();
+    assert!(
+        !log.contains(&key[..100]),
+        "an attacker's key reached the log"
+    );
+    assert!(
+        !log.contains("../../etc"),
+        "an attacker's lane name reached the log"
+    );
+
+    // Cycling sessions: past 30 a minute, the host is refused until the minute rolls on.
+    // (A session the coordinator refuses only after the hello still looks opened to the
+    // client, so attempts are bounded rather than admissions counted.)
+    let mut refused = None;
+    for _ in 0..120 {
+        match transport::connect(&p).await {
+            Ok(mut hs) => {
+                let _ = hs.ws.close(None).await;
+            }
+            // The previous session is still closing on the coordinator's side.
+            Err(e) if e.to_string().contains("has a live session") => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => {
+                refused = Some(e.to_string());
+                break;
+            }
+        }
+    }
+    let refused = refused.expect("120 session attempts in a row were never refused");
+    assert!(refused.contains("sessions in the last minute"), "{refused}");
+
+    // A host that will not answer to this coordinator (it has seen a higher epoch) opens
+    // no session at all, and backs off.
+    let state = w.dir.join("fenced-host");
+    std::fs::create_dir_all(&state).unwrap();
+    let sot: String = w
+        .sql()
+        .await
+        .query_one("SELECT sot_incarnation FROM leadership", &[])
+        .await
+        .unwrap()
+        .get(0);
+    std::fs::write(
+        state.join("coordinator-authority.json"),
+        serde_json::json!({ "sot_incarnation": sot, "coordinator_epoch": 99 }).to_string(),
+    )
+    .unwrap();
+    let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(&state).unwrap());
+    let outbox = mosaic::supervisor::outbox::Outbox::open(&state).unwrap();
+    let (pa, _) = w.raw(0, vec![]);
+    async fn rows(w: &World) -> i64 {
+        w.sql()
+            .await
+            .query_one(
+                "SELECT count(*) FROM host_sessions WHERE host_id = $1",
+                &[&w.hosts[0]],
+            )
+            .await
+            .unwrap()
+            .get::<_, i64>(0)
+    }
+    // Host A's real supervisor holds its session; stop it so the fenced link may try.
+    let mut w = w;
+    if let Some(mut c) = w.sup.take() {
+        let _ = c.kill();
+        let _ = c.wait();
+    }
+    let before = rows(&w).await;
+    let (stop, rx) = tokio::sync::watch::channel(false);
+    let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
+        pa, outbox, fence, rx,
+    ));
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    stop.send(true).unwrap();
+    let _ = link.await;
+    assert_eq!(
+        rows(&w).await,
+        before,
+        "a host that refused the coordinator opened sessions"
+    );
+    assert!(
+        w.audited("session-refused") >= 1,
+        "the coordinator saw no refused session"
+    );
 }

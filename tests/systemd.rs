@@ -183,14 +183,7 @@ fn the_supervisor_is_ready_only_when_serving_and_its_watchdog_stops_when_a_lane_
 fn the_coordinator_is_ready_only_when_serving_and_refuses_to_start_with_exposed_keys() {
     let mut w = world();
     let db = pg::TestDb::new();
-    let listen_addr = format!(
-        "127.0.0.1:{}",
-        std::net::TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port()
-    );
+    let listen_addr = format!("127.0.0.1:{}", common::free_port());
     let prov = mosaic::up::provision(&w.dir, &["sd".to_string()], &db.url, &listen_addr).unwrap();
     let c = &prov.coordinator;
     let config = w.dir.join("coordinator.toml");

@@ -1,6 +1,7 @@
 //! Mutual TLS, the session handshake, hostile frames, and receipt delivery across a
 //! dropped link — over real TCP on loopback.
 
+mod common;
 mod fixture;
 
 use std::collections::HashMap;
@@ -114,6 +115,7 @@ fn pki_cli_issues_identities_and_refuses_to_overwrite() {
 struct Collector {
     hellos: Mutex<Vec<String>>,
     receipts: Mutex<HashMap<String, Vec<String>>>,
+    closed: Mutex<Vec<(String, bool)>>,
 }
 
 impl Handler for Collector {
@@ -136,6 +138,13 @@ impl Handler for Collector {
         _hello: &Envelope<Verified>,
     ) -> BoxFuture<'static, Result<(), String>> {
         Box::pin(async { Ok(()) })
+    }
+
+    fn closed(&self, _peer: &str, _session_id: &str, reason: &str, abusive: bool) {
+        self.closed
+            .lock()
+            .unwrap()
+            .push((reason.to_string(), abusive));
     }
 
     fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled> {
@@ -213,6 +222,14 @@ impl World {
     }
 
     async fn serve_on(&self, addr: &str) -> (String, watch::Sender<bool>) {
+        self.serve_with(addr, Default::default()).await
+    }
+
+    async fn serve_with(
+        &self,
+        addr: &str,
+        liveness: transport::Liveness,
+    ) -> (String, watch::Sender<bool>) {
         let listener = tokio::net::TcpListener::bind(addr).await.unwrap();
         let addr = listener.local_addr().unwrap().to_string();
         let audit = self.audit.clone();
@@ -224,7 +241,7 @@ impl World {
                 audit.lock().unwrap().push((peer.into(), cat.into()))
             }),
             signer: Arc::new(signer("coord-session")),
-            liveness: Default::default(),
+            liveness,
             limits: Default::default(),
             on_strike: None,
         };
@@ -462,6 +479,15 @@ async fn an_oversized_frame_or_an_invalid_frame_flood_closes_the_session() {
     let mut hs = transport::connect(&p).await.unwrap();
     let _ = hs.ws.send(Message::text("x".repeat(300 * 1024))).await;
     let _ = close_reason(&mut hs).await;
+    eventually("the oversized frame's session closed as abusive", || {
+        w.collector
+            .closed
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(r, abusive)| *abusive && r.contains("too long"))
+    })
+    .await;
     let r = receipt("h1:w1", 1);
     let sid = hs.session_id.clone();
     let env = mosaic::supervisor::link::receipt_outgoing(&p, &sid, &r).unwrap();
@@ -497,11 +523,7 @@ async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
         outbox.write(&r).unwrap();
     }
     // Reserve a port, then start the link before any server exists: it must keep trying.
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
+    let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
     let (link_stop, link_rx) = watch::channel(false);
     let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(&state).unwrap());
@@ -672,4 +694,43 @@ async fn connections_that_never_finish_a_handshake_cannot_lock_hosts_out() {
     );
     drop(hs);
     drop(idle);
+}
+
+#[tokio::test]
+async fn a_peer_that_stops_reading_loses_its_session_within_the_liveness_limit() {
+    let w = World::new();
+    let liveness = transport::Liveness {
+        interval: Duration::from_millis(200),
+        limit: Duration::from_millis(600),
+    };
+    let (addr, _stop) = w.serve_with("127.0.0.1:0", liveness).await;
+    let p = w.link(&addr, &w.host);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let sid = hs.session_id.clone();
+    // Receipts whose acknowledgements (each echoing a 60 KB key) fill every buffer between
+    // the server and a client that never reads again.
+    let key = "k".repeat(60_000);
+    let mut sent = 0;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline && w.collector.closed.lock().unwrap().is_empty() {
+        let mut r = receipt("h1:w1", sent + 1);
+        r.idempotency_key = format!("{key}{sent}");
+        let env = mosaic::supervisor::link::receipt_outgoing(&p, &sid, &r).unwrap();
+        if tokio::time::timeout(Duration::from_millis(500), hs.send(env, COORD))
+            .await
+            .map_or(true, |r| r.is_err())
+        {
+            break;
+        }
+        sent += 1;
+    }
+    eventually("the session ended", || {
+        !w.collector.closed.lock().unwrap().is_empty()
+    })
+    .await;
+    let closed = w.collector.closed.lock().unwrap().clone();
+    assert!(
+        closed.iter().any(|(r, _)| r.contains("did not read")),
+        "closed for {closed:?} after {sent} receipts"
+    );
 }

@@ -83,3 +83,50 @@ pub fn from_value<T: for<'de> Deserialize<'de>>(
         detail: e.to_string(),
     })
 }
+
+/// Most lanes a host may report.
+pub const MAX_LANES: usize = 256;
+/// Most runtimes a host may advertise.
+pub const MAX_RUNTIMES: usize = 64;
+
+/// A lane name as hosts create them: 1–32 of `A-Z a-z 0-9 - _`.
+pub fn lane_name_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 32
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-' || b == b'_')
+}
+
+/// A lane incarnation id: `li-` and 32 lower-case hex digits.
+pub fn incarnation_ok(s: &str) -> bool {
+    s.strip_prefix("li-").is_some_and(|h| {
+        h.len() == 32
+            && h.bytes()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+    })
+}
+
+/// An identifier as Mosaic mints them (reservation, assignment, attempt, challenge,
+/// receipt key, session, host, lane id): at most 96 of `A-Z a-z 0-9 . _ : @ -`. Anything
+/// else is refused before it is looked up, logged or echoed.
+pub fn id_ok(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 96
+        && s.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b".:_@-".contains(&b))
+}
+
+#[cfg(test)]
+mod names_tests {
+    use super::*;
+
+    #[test]
+    fn names_and_ids_are_checked_before_use() {
+        assert!(lane_name_ok("lane-1") && !lane_name_ok("../etc") && !lane_name_ok("a b"));
+        assert!(!lane_name_ok(&"x".repeat(33)) && !lane_name_ok("lane:1"));
+        assert!(incarnation_ok(&format!("li-{}", "a".repeat(32))));
+        assert!(!incarnation_ok(&format!("li-{}", "A".repeat(32))) && !incarnation_ok("li-1"));
+        assert!(id_ok("tr-0123abcd") && id_ok("vm-1:lane-2") && !id_ok("a\u{0}b"));
+        assert!(!id_ok(&"k".repeat(97)) && !id_ok("key with space"));
+    }
+}

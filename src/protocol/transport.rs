@@ -791,7 +791,7 @@ async fn admitted(
     if abusive {
         (params.audit)(&peer, "session-closed-abusive", &reason);
     }
-    let _ = ws.close(close_frame(&reason)).await;
+    let _ = tokio::time::timeout(params.liveness.interval, ws.close(close_frame(&reason))).await;
     handler.closed(&peer, &session_id, &reason, abusive);
     Ok(())
 }
@@ -820,8 +820,29 @@ async fn run_session(
 ) -> Result<Ended, TransportError> {
     let peer = handle.peer.clone();
     let sid = handle.session_id.clone();
-    for out in handler.handle(peer.clone(), hello).await.replies {
-        send_text(ws, seq.seal(out, &peer)?).await?;
+    // Every write is bounded by the liveness limit: a peer that stops reading must not
+    // freeze this task (its liveness checks, its close, shutdown) behind a full socket.
+    let limit = params.liveness.limit;
+    macro_rules! send_or_end {
+        ($fut:expr) => {
+            match tokio::time::timeout(limit, $fut).await {
+                Ok(r) => r?,
+                Err(_) => {
+                    return Ok(Ended::Closed(format!(
+                        "the peer did not read for {} s",
+                        limit.as_secs()
+                    )))
+                }
+            }
+        };
+    }
+    let first = handler.handle(peer.clone(), hello).await;
+    for out in first.replies {
+        send_or_end!(send_text(ws, seq.seal(out, &peer)?));
+    }
+    // A hello the handler refused as hostile ends the session it opened.
+    if let Some(v) = first.violation {
+        return Ok(Ended::Abusive(format!("hello refused: {v}")));
     }
     let ctx = |now| VerifyContext {
         registry: &params.registry,
@@ -846,14 +867,14 @@ async fn run_session(
         let frame = tokio::select! {
             f = ws.next() => f,
             Some(out) = pushed.recv() => {
-                send_text(ws, seq.seal(out, &peer)?).await?;
+                send_or_end!(send_text(ws, seq.seal(out, &peer)?));
                 continue;
             }
             _ = ping.tick() => {
                 if handle.silent_for() > params.liveness.limit {
                     return Ok(Ended::Closed(format!("peer silent for more than {} s", params.liveness.limit.as_secs())));
                 }
-                ws.send(Message::Ping(Vec::new().into())).await.map_err(|e| TransportError::Ws(e.to_string()))?;
+                send_or_end!(async { ws.send(Message::Ping(Vec::new().into())).await.map_err(|e| TransportError::Ws(e.to_string())) });
                 continue;
             }
             _ = handle.close.notified() => {
@@ -870,8 +891,15 @@ async fn run_session(
                 return Ok(Ended::Closed("closed by the peer".into()))
             }
             Some(Err(e)) => {
-                // Oversized frames, protocol violations and resets all end here.
-                return Ok(Ended::Closed(format!("transport: {e}")));
+                use tokio_tungstenite::tungstenite::Error as WsError;
+                // A frame no envelope can be, or a WebSocket protocol violation, is the
+                // peer's doing; a reset or EOF is the network's.
+                return Ok(match e {
+                    WsError::Capacity(_) | WsError::Protocol(_) | WsError::Utf8(_) => {
+                        Ended::Abusive(format!("transport: {e}"))
+                    }
+                    _ => Ended::Closed(format!("transport: {e}")),
+                });
             }
             Some(Ok(m)) => {
                 handle
@@ -920,7 +948,7 @@ async fn run_session(
             }
         }
         for out in handled.replies {
-            send_text(ws, seq.seal(out, &peer)?).await?;
+            send_or_end!(send_text(ws, seq.seal(out, &peer)?));
         }
     }
 }
@@ -1129,7 +1157,21 @@ pub async fn open(p: &LinkParams, addr: &str) -> Result<(Ws, Envelope<Verified>)
 
 /// Like [`connect`], to `addr` (one of the coordinator's addresses).
 pub async fn connect_to(p: &LinkParams, addr: &str) -> Result<HostSession, TransportError> {
+    connect_checked(p, addr, &|_| Ok(())).await
+}
+
+/// Like [`connect_to`], but `check` judges the (verified) session challenge before the
+/// hello is sent: a host that will not answer to this coordinator opens no session.
+pub async fn connect_checked(
+    p: &LinkParams,
+    addr: &str,
+    check: &(dyn Fn(&Envelope<Verified>) -> Result<(), String> + Sync),
+) -> Result<HostSession, TransportError> {
     let (mut ws, challenge) = open(p, addr).await?;
+    if let Err(why) = check(&challenge) {
+        let _ = ws.close(close_frame(&why)).await;
+        return Err(TransportError::Refused(why));
+    }
     if challenge.message_type() != MessageType::SessionChallenge
         || challenge.str("issuer") != p.coordinator
     {

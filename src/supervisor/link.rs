@@ -210,19 +210,26 @@ impl Link<'_> {
         metrics: Option<&super::metrics::HostMetrics>,
     ) -> Result<(), TransportError> {
         let p = self.p;
-        let mut hs = crate::protocol::transport::connect_to(p, addr).await?;
+        // The challenge's authority, judged before the hello: a deposed or foreign
+        // coordinator gets no session, and no session row.
+        let fence = self.fence.clone();
+        let audit = self.audit.clone();
+        let check = move |c: &Envelope<Verified>| -> Result<(), String> {
+            let sot = match c.get("sot_incarnation") {
+                Some(Value::Str(v)) => Some(v.as_str()),
+                _ => None,
+            };
+            fence.admit(sot, c.uint("coordinator_epoch")).map_err(|r| {
+                audit(r.category(), "session challenge");
+                format!(
+                    "the host refuses this coordinator ({}): it answers to another timeline or a higher epoch",
+                    r.category()
+                )
+            })
+        };
+        let mut hs = crate::protocol::transport::connect_checked(p, addr, &check).await?;
+        // Only a session the host accepted resets the reconnect backoff.
         *connected = true;
-        // The challenge's authority: a deposed or foreign coordinator gets no session.
-        if let Err(r) = self
-            .fence
-            .admit(hs.sot_incarnation.as_deref(), hs.coordinator_epoch)
-        {
-            (self.audit)(r.category(), &format!("session challenge from {addr}"));
-            return Err(TransportError::Refused(format!(
-                "the coordinator's session challenge is refused ({}): the host answers to another timeline or a higher epoch",
-                r.category()
-            )));
-        }
         let session_id = hs.session_id.clone();
         tracing::info!(coordinator = %p.coordinator, addr, session_id, "coordinator link up");
         if let Some(m) = metrics {

@@ -341,3 +341,21 @@ pub fn cgroup_abs(host: &Host, rel: &str) -> PathBuf {
 pub fn kill(pid: i32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }
+
+/// A TCP port for a daemon a test starts, free right now. Taken at random below the
+/// kernel's ephemeral range (32768+), where outgoing connections never land: a port found
+/// with `bind(:0)` and released can be reused by any outgoing connection before the
+/// daemon binds it.
+pub fn free_port() -> u16 {
+    use std::sync::atomic::{AtomicU16, Ordering};
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let base = 20000 + (std::process::id() % 600) as u16 * 20;
+    for _ in 0..2000 {
+        let n = NEXT.fetch_add(1, Ordering::SeqCst);
+        let port = 20000 + (base - 20000 + n) % 12000;
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
+    panic!("no free port between 20000 and 32000")
+}

@@ -59,7 +59,13 @@ struct Penalty {
 pub(crate) struct Sessions {
     map: Mutex<HashMap<String, Session>>,
     penalties: Mutex<HashMap<String, Penalty>>,
+    /// When each host's recent sessions opened (a session costs a row and an epoch).
+    opens: Mutex<HashMap<String, std::collections::VecDeque<std::time::Instant>>>,
 }
+
+/// Sessions a host may open per minute. A supervisor reconnecting with its backoff opens
+/// far fewer; a credential cycling sessions is refused until the minute rolls on.
+const MAX_OPENS_PER_MINUTE: usize = 30;
 
 /// A host session's view for `status`.
 #[derive(Debug, Clone, serde::Serialize)]
@@ -128,6 +134,24 @@ impl Sessions {
                 }
             }
         }
+        if let Ok(mut o) = self.opens.lock() {
+            if let Some(q) = o.get_mut(host_id) {
+                let minute = std::time::Duration::from_secs(60);
+                while q.front().is_some_and(|t| t.elapsed() > minute) {
+                    q.pop_front();
+                }
+                if q.len() >= MAX_OPENS_PER_MINUTE {
+                    let wait = q
+                        .front()
+                        .map(|t| minute.saturating_sub(t.elapsed()))
+                        .unwrap_or_default();
+                    return Some(format!(
+                        "host:{host_id} opened {MAX_OPENS_PER_MINUTE} sessions in the last minute; retry in {} ms",
+                        wait.as_millis()
+                    ));
+                }
+            }
+        }
         let m = self.map.lock().ok()?;
         let s = m.get(host_id)?;
         (s.handle.is_open() && s.handle.silent_for() <= liveness.limit).then(|| {
@@ -143,6 +167,11 @@ impl Sessions {
     /// Makes `handle` the host's live session; the one it replaces (closed, or silent past
     /// the limit) is closed with the reason.
     fn install(&self, host_id: &str, handle: SessionHandle, session_epoch: i64) -> Option<Session> {
+        if let Ok(mut o) = self.opens.lock() {
+            o.entry(host_id.to_string())
+                .or_default()
+                .push_back(std::time::Instant::now());
+        }
         let mut m = self.map.lock().ok()?;
         let old = m.insert(
             host_id.to_string(),
@@ -346,6 +375,39 @@ impl Handler for HostHandler {
             let t = env.message_type();
             let started = std::time::Instant::now();
             tracing::debug!(host, message_type = t.as_str(), "host message");
+            // Identifiers are looked up, logged and echoed: refuse any that is not shaped
+            // like one Mosaic mints, without repeating it.
+            if let Some(field) = [
+                "reservation_id",
+                "assignment_id",
+                "assignment_attempt_id",
+                "lane_id",
+                "lane_incarnation_id",
+                "receipt_idempotency_key",
+                "challenge_id",
+                "host_id",
+            ]
+            .into_iter()
+            .find(|f| matches!(env.get(f), Some(Value::Str(v)) if !report::id_ok(v)))
+            {
+                svc.metrics
+                    .host_messages_refused
+                    .get_or_create(&crate::coordinator::metrics::TypeCategory {
+                        message_type: t.as_str().into(),
+                        category: "bad-input".into(),
+                    })
+                    .inc();
+                tracing::warn!(
+                    host,
+                    message_type = t.as_str(),
+                    field,
+                    "host message refused: malformed identifier"
+                );
+                return Handled {
+                    replies: vec![],
+                    violation: Some(format!("malformed-{field}")),
+                };
+            }
             let out = match t {
                 MessageType::Hello | MessageType::Report => {
                     svc.on_state(&host, &env).await.map(|()| vec![])
@@ -658,10 +720,12 @@ impl Service {
                 )
             }
         };
+        // A host never has a receipt for a lane the coordinator does not know: for
+        // receipts, `not-found` counts against the session too.
         let violation = verdict
             .strip_prefix("refused:")
             .and_then(Category::parse)
-            .filter(|c| hostile(*c))
+            .filter(|c| hostile(*c) || *c == Category::NotFound)
             .map(|c| format!("refused-{}", c.as_str()));
         let epoch = self.leadership.current().await.map(|l| l.epoch());
         let ack = Outgoing::new(
@@ -738,13 +802,34 @@ impl Service {
                 _ => vec![],
             }
         };
+        // The whole report is refused (and nothing adopted) if any entry is not a lane
+        // name and incarnation as hosts make them, or there are more than a host may have.
+        let lanes = list("lanes");
         let runtimes = list("runtimes");
+        let lanes_ok = lanes.len() <= report::MAX_LANES
+            && lanes.iter().all(|l| {
+                l.split_once('@')
+                    .is_some_and(|(n, i)| report::lane_name_ok(n) && report::incarnation_ok(i))
+            });
+        let runtimes_ok = runtimes.len() <= report::MAX_RUNTIMES
+            && runtimes.iter().all(|r| report::id_ok(r) && r.len() <= 64);
+        if !lanes_ok || !runtimes_ok {
+            return Err(OpError::new(
+                Category::BadInput,
+                format!(
+                    "the report's {} are not valid (at most {} lanes named 1-32 of A-Za-z0-9-_, each with an li- incarnation; at most {} runtimes)",
+                    if lanes_ok { "runtimes" } else { "lanes" },
+                    report::MAX_LANES,
+                    report::MAX_RUNTIMES
+                ),
+            ));
+        }
         let session_id = env.str("session_id");
         if self.hosts.runtimes_changed(host, session_id, &runtimes) {
             self.store.record_host(host, &runtimes).await?;
             self.hosts.runtimes_recorded(host, session_id, runtimes);
         }
-        for lane in list("lanes") {
+        for lane in lanes {
             let Some((name, inc)) = lane.split_once('@') else {
                 continue;
             };
