@@ -416,14 +416,23 @@ fn init_logging() {
         if let Ok(journald) = tracing_journald::layer() {
             let _ = tracing_subscriber::registry()
                 .with(filter)
-                .with(journald.with_syslog_identifier("mosaic".into()))
+                .with(
+                    journald
+                        .with_syslog_identifier("mosaic".into())
+                        // Fields as journald users query them: LANE_ID=, GENERATION=,
+                        // ASSIGNMENT_ID=, RECEIPT_KEY=, REASON=.
+                        .with_field_prefix(None),
+                )
                 .try_init();
             return;
         }
     }
+    // Colours only on a terminal: a log file or pipe gets plain `field=value` text.
+    use std::io::IsTerminal;
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
         .try_init();
 }
 

@@ -450,6 +450,8 @@ impl Store {
                 Attempt::Done(r) => {
                     tracing::debug!(
                         op = step.op,
+                        assignment_id = step.assignment.as_deref().unwrap_or(""),
+                        lane_incarnation_id = step.lane_incarnation.as_deref().unwrap_or(""),
                         replayed = r.replayed,
                         micros = started.elapsed().as_micros() as u64,
                         "transition decided"

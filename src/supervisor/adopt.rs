@@ -249,7 +249,7 @@ async fn reattach(
                 Duration::from_millis(g.grace_period_ms),
             ),
         };
-        tracing::info!(lane = %g.lane_id, generation = g.generation, root_pid = pid, "generation re-adopted");
+        tracing::info!(lane_id = %g.lane_id, generation = g.generation, root_pid = pid, "generation re-adopted");
         let w = Watcher {
             inner: inner.clone(),
             rec: g.clone(),

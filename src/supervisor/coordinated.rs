@@ -411,6 +411,7 @@ impl CoordinatedHost {
                         tracing::info!(
                             lane_id,
                             generation = ctx.generation,
+                            assignment_id = %ctx.binding.assignment_id,
                             "generation activated by the coordinator"
                         );
                         if let Some(session) = &ctx.session {

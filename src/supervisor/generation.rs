@@ -380,7 +380,7 @@ pub(crate) async fn launch(
     inner.store.save_gen(&rec)?;
     drop(listener);
     let _ = std::fs::remove_file(&socket);
-    tracing::info!(lane = %rec.lane_id, generation, root_pid = seen.pid, harness_pid, "generation live");
+    tracing::info!(lane_id = %rec.lane_id, generation, root_pid = seen.pid, harness_pid, "generation live");
     Ok(spawn_watcher(
         Watcher {
             inner: inner.clone(),
@@ -488,7 +488,7 @@ async fn abort_launch(
     cg: &Cg,
     detail: String,
 ) -> SupervisorError {
-    tracing::error!(lane = %rec.lane_id, generation = rec.generation, %detail, "launch failed");
+    tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, %detail, "launch failed");
     let cleanup = cleanup_cgroup(inner, cg.path().to_path_buf()).await;
     let quarantine = cleanup.error.clone();
     let r = build_receipt(
@@ -730,7 +730,7 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
     }
     w.rec.status = GenStatus::Terminated;
     if let Err(e) = w.inner.store.save_gen(&w.rec) {
-        tracing::error!(lane = %w.rec.lane_id, generation = w.rec.generation, error = %e, "cannot persist generation record");
+        tracing::error!(lane_id = %w.rec.lane_id, generation = w.rec.generation, error = %e, "cannot persist generation record");
     }
     Finished {
         receipt: r,
@@ -900,11 +900,11 @@ pub(crate) fn write_receipt(inner: &Inner, r: &TerminationReceipt) -> Result<(),
         inner.metrics.count_receipt(r);
     }
     tracing::info!(
-        lane = %r.lane_id,
+        lane_id = %r.lane_id,
         generation = r.generation,
         reason = ?r.termination_reason,
         source = ?r.observation_source,
-        key = %r.idempotency_key,
+        receipt_key = %r.idempotency_key,
         new = (written == super::outbox::Written::New),
         "termination receipt durable"
     );

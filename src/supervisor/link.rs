@@ -389,7 +389,7 @@ fn answered(
             "the coordinator refused this receipt for good; it is kept in refused/ for an operator"
         );
         if let Err(e) = outbox.refuse(key) {
-            tracing::error!(key, error = %e, "cannot set the refused receipt aside");
+            tracing::error!(receipt_key = %key, error = %e, "cannot set the refused receipt aside");
         }
         sent.remove(key);
     } else if let Some(category) = verdict.strip_prefix("retry:") {
@@ -400,7 +400,7 @@ fn answered(
         );
     } else {
         if let Err(e) = outbox.ack(key) {
-            tracing::warn!(key, error = %e, "receipt ack for an unknown receipt");
+            tracing::warn!(receipt_key = %key, error = %e, "receipt ack for an unknown receipt");
         }
         sent.remove(key);
     }

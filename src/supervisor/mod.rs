@@ -249,7 +249,7 @@ impl Lane {
         }
         if let Some(reason) = quarantine {
             if self.rec.status == LaneStatus::Active {
-                tracing::error!(lane = %self.rec.lane_id, ?generation, reason, "lane quarantined");
+                tracing::error!(lane_id = %self.rec.lane_id, ?generation, reason, "lane quarantined");
                 self.rec.status = LaneStatus::Quarantined;
                 self.rec.quarantine_reason = Some(reason.to_string());
                 changed = true;
@@ -257,7 +257,7 @@ impl Lane {
         }
         if changed {
             if let Err(e) = store.save_lane(&self.rec) {
-                tracing::error!(lane = %self.rec.lane_id, error = %e, "cannot persist lane record");
+                tracing::error!(lane_id = %self.rec.lane_id, error = %e, "cannot persist lane record");
             }
         }
     }
@@ -519,7 +519,7 @@ impl Supervisor {
             past_incarnations,
         };
         self.inner.store.save_lane(&rec)?;
-        tracing::info!(lane = %rec.lane_id, incarnation = %rec.lane_incarnation_id, "lane created");
+        tracing::info!(lane_id = %rec.lane_id, incarnation = %rec.lane_incarnation_id, "lane created");
         let view = self.view(&rec, None);
         self.inner
             .insert_slot(name.as_str(), Lane { rec, live: None })?;
@@ -574,7 +574,7 @@ impl Supervisor {
         l.rec.status = LaneStatus::Destroyed;
         l.rec.current_generation = None;
         self.inner.store.save_lane(&l.rec)?;
-        tracing::info!(lane = %l.rec.lane_id, "lane destroyed");
+        tracing::info!(lane_id = %l.rec.lane_id, "lane destroyed");
         let view = self.view(&l.rec, None);
         drop(l);
         self.publish_lanes().await;
@@ -836,7 +836,9 @@ impl Supervisor {
         match self.inner.outbox.resend(key) {
             Ok(true) => tracing::warn!(key, "the coordinator lacks this receipt; sending it again"),
             Ok(false) => {}
-            Err(e) => tracing::error!(key, error = %e, "cannot queue the receipt again"),
+            Err(e) => {
+                tracing::error!(receipt_key = %key, error = %e, "cannot queue the receipt again")
+            }
         }
     }
 

@@ -356,7 +356,7 @@ impl Service {
         };
         for c in chains {
             if let Err(e) = self.advance(l, &c.chain.reservation_id).await {
-                tracing::debug!(reservation = %c.chain.reservation_id, error = %e.message, "chain not advanced");
+                tracing::debug!(reservation_id = %c.chain.reservation_id, error = %e.message, "chain not advanced");
             }
         }
     }

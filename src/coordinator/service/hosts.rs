@@ -704,7 +704,7 @@ impl Service {
                         | Category::Conflict
                         | Category::NotFound
                 );
-                tracing::warn!(host, key, category = e.category.as_str(), error = %e.message, "termination receipt not ingested");
+                tracing::warn!(host, receipt_key = %key, category = e.category.as_str(), error = %e.message, "termination receipt not ingested");
                 self.store.auditor().record(
                     "host-receipt",
                     e.category,
@@ -768,7 +768,15 @@ impl Service {
         let (rec, r) = self
             .step(&l, self.store.ingest_termination(&l, host, &body).await)
             .await?;
-        tracing::info!(key = %body["idempotency_key"], ?rec, replayed = r.replayed, "termination receipt reconciled");
+        tracing::info!(
+            receipt_key = %body["idempotency_key"].as_str().unwrap_or(""),
+            lane_id = %env.str("lane_id"),
+            generation = env.uint("generation").unwrap_or(0),
+            reason = %body["termination_reason"].as_str().unwrap_or(""),
+            ?rec,
+            replayed = r.replayed,
+            "termination receipt reconciled"
+        );
         if matches!(rec, Reconciliation::Retiring { .. }) {
             let inc = env.str("lane_incarnation_id");
             match self.store.finish(&l, inc).await {
@@ -901,7 +909,7 @@ impl Service {
                             )
                             .await;
                         if self.step(l, r).await.is_ok() {
-                            tracing::warn!(lane = %lane.lane_id, reason, "the host quarantined the lane");
+                            tracing::warn!(lane_id = %lane.lane_id, reason, "the host quarantined the lane");
                         }
                     }
                 }
@@ -930,7 +938,7 @@ impl Service {
                         {
                             let r = self.store.end_chain(l, &c.chain, EndCause::Abandoned).await;
                             if self.step(l, r).await.is_ok() {
-                                tracing::warn!(lane = %lane.lane_id, generation = gen, "the host lost the chain before activation: ended in recovery");
+                                tracing::warn!(lane_id = %lane.lane_id, generation = gen, "the host lost the chain before activation: ended in recovery");
                             }
                             end.insert(gen);
                         }

@@ -49,7 +49,7 @@ impl Service {
                     match self.store.end_chain(l, &c, EndCause::Expired).await {
                         Ok(_) => {
                             self.bump();
-                            tracing::warn!(lane = %c.lane_id, assignment = %c.assignment_id, "reservation expired before activation: recovery");
+                            tracing::warn!(lane_id = %c.lane_id, assignment_id = %c.assignment_id, "reservation expired before activation: recovery");
                             let _ = self.advance(l, &c.reservation_id).await;
                         }
                         Err(e) => {
@@ -65,7 +65,7 @@ impl Service {
             Ok(v) => {
                 for (c, host, expired, half) in v {
                     let r = if expired {
-                        tracing::warn!(lane = %c.lane_id, assignment = %c.assignment_id, "effect lease expired: recovery");
+                        tracing::warn!(lane_id = %c.lane_id, assignment_id = %c.assignment_id, "effect lease expired: recovery");
                         self.store.expire_leases(l, &c).await.map(|_| true)
                     } else if half && self.hosts.is_connected(&host) {
                         self.store
@@ -116,7 +116,7 @@ impl Service {
                 && self.stale_since(&c.chain.reservation_id, waiting_state, RESEND_AFTER);
             if actionable || waiting {
                 if let Err(e) = self.advance(l, &c.chain.reservation_id).await {
-                    tracing::debug!(reservation = %c.chain.reservation_id, error = %e.message, "watchdog could not advance a chain");
+                    tracing::debug!(reservation_id = %c.chain.reservation_id, error = %e.message, "watchdog could not advance a chain");
                 }
             }
         }
