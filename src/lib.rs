@@ -24,5 +24,6 @@ pub mod shim;
 pub mod supervisor;
 pub mod sysdeps;
 pub mod systemd;
+pub mod tui;
 pub mod up;
 pub mod util;

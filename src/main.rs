@@ -142,6 +142,12 @@ enum Cmd {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// A live view of every lane (state, runtime, generation, assignment, owner, last
+    /// receipt), with keys to attach (Enter), assign, stop, resume and release.
+    Tui {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// The coordinator's audit log of refusals (identifiers and categories only).
     Audit {
         /// Only rows after this audit id.
@@ -524,6 +530,22 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             wait: !no_wait,
         }),
         Cmd::Audit { since, at } => at.call(OperatorRequest::Audit { since }),
+        Cmd::Tui { at } => {
+            let state_dir = match (&at.coordinator, &at.coordinator_socket) {
+                (None, None) => Some(
+                    at.state_dir
+                        .clone()
+                        .unwrap_or_else(mosaic::up::default_state_dir),
+                ),
+                _ => at.state_dir.clone(),
+            };
+            mosaic::tui::run(mosaic::tui::TuiOptions {
+                target: at.target()?,
+                state_dir,
+                tmux: mosaic::sysdeps::which("tmux").unwrap_or_else(|| PathBuf::from("tmux")),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
         Cmd::Assign {
             lane_id,
             runtime,

@@ -1034,3 +1034,114 @@ async fn metrics_agree_with_the_database_after_a_scripted_run() {
         "task text in metrics"
     );
 }
+
+/// A tmux server of the test's own, for driving an interactive program in a real pane.
+struct Pane {
+    socket: PathBuf,
+}
+
+impl Pane {
+    fn start(dir: &std::path::Path, cmd: &str) -> Self {
+        let socket = dir.with_extension("tui.sock");
+        let ok = Command::new("tmux")
+            .arg("-S")
+            .arg(&socket)
+            .args([
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-x",
+                "220",
+                "-y",
+                "40",
+                cmd,
+            ])
+            .env_remove("TMUX")
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "cannot start the test's tmux server");
+        Self { socket }
+    }
+
+    fn keys(&self, keys: &[&str]) {
+        Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("send-keys")
+            .args(keys)
+            .status()
+            .unwrap();
+    }
+
+    fn screen(&self) -> String {
+        let out = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .args(["capture-pane", "-p"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    fn wait_for(&self, what: &str, f: impl Fn(&str) -> bool) -> String {
+        wait_for(what, || {
+            let s = self.screen();
+            f(&s).then_some(s)
+        })
+    }
+}
+
+impl Drop for Pane {
+    fn drop(&mut self) {
+        let _ = Command::new("tmux")
+            .arg("-S")
+            .arg(&self.socket)
+            .arg("kill-server")
+            .status();
+        let _ = std::fs::remove_file(&self.socket);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_tui_lists_attaches_detaches_and_stops_in_a_real_terminal() {
+    let up = Up::start(2);
+    let l1 = up.lane_id(1);
+    let a = up.assign(&l1, "print=hello-from-the-lane hang");
+    let id = a["assignment_id"].as_str().unwrap();
+    let tui = Pane::start(
+        &up.dir,
+        &format!("{} tui --state-dir {}", common::MOSAIC, up.dir.display()),
+    );
+    // The list: both lanes, lane 1 RUNNING under its assignment.
+    let screen = tui.wait_for("the lane list", |s| {
+        s.lines()
+            .any(|l| l.contains(&l1) && l.contains("RUNNING") && l.contains(id))
+            && s.contains(&up.lane_id(2))
+    });
+    assert!(screen.contains("fake@1.0.0"), "{screen}");
+    // Enter attaches to the selected lane (the first): its pane shows the harness.
+    tui.keys(&["Enter"]);
+    tui.wait_for("the lane's own pane", |s| s.contains("hello-from-the-lane"));
+    // Detach (the lane's tmux prefix, then d): back in the view.
+    tui.keys(&["C-b", "d"]);
+    tui.wait_for("the view again", |s| {
+        s.contains(&format!("detached from {l1}"))
+    });
+    // `s` stops the selected lane's assignment; the view follows to IDLE_CLEAN.
+    tui.keys(&["s"]);
+    tui.wait_for("the lane stopped", |s| {
+        s.lines()
+            .any(|l| l.contains(&l1) && l.contains("IDLE_CLEAN"))
+    });
+    assert_eq!(up.assignment(id)["state"], "CANCELLED");
+    // Assign from the prompt: `a`, then the runtime and task.
+    tui.keys(&["a"]);
+    tui.wait_for("the assign prompt", |s| s.contains("assign to"));
+    tui.keys(&["print=second hang", "Enter"]);
+    tui.wait_for("the new assignment running", |s| {
+        s.lines().any(|l| l.contains(&l1) && l.contains("RUNNING"))
+    });
+    tui.keys(&["q"]);
+}

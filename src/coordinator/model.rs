@@ -195,6 +195,8 @@ pub struct LaneView {
     pub recreate_requested: bool,
     /// The generation the coordinator still waits to see ended, if any.
     pub unended_generation: Option<i64>,
+    /// When the lane incarnation last changed (its latest transition; database time).
+    pub since: Option<String>,
 }
 
 /// An assignment's own record.
@@ -234,7 +236,8 @@ pub struct AssignmentStatus {
 
 const LANE_SELECT: &str = "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
         li.host_quarantine_reason, li.recreate_requested_at IS NOT NULL, \
-        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED'), \
+        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id) \
      FROM lane_incarnations li JOIN lanes ln USING (lane_id) WHERE li.retired_at IS NULL";
 
 fn lane_view(r: &Row) -> LaneView {
@@ -248,6 +251,7 @@ fn lane_view(r: &Row) -> LaneView {
         host_quarantine_reason: r.get(6),
         recreate_requested: r.get(7),
         unended_generation: r.get(8),
+        since: r.get(9),
     }
 }
 
@@ -416,6 +420,30 @@ impl Store {
                 next_action: r.get(11),
                 requested_outcome: r.get(12),
                 final_evidence_digest: r.get(13),
+            })
+            .collect())
+    }
+
+    /// Each lane's most recent ingested termination receipt: lane, generation, reason,
+    /// source, reconciliation, when.
+    pub async fn last_receipts(&self) -> Result<Vec<serde_json::Value>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT DISTINCT ON (lane_id) lane_id, generation, body->>'termination_reason', body->>'observation_source', \
+                        reconciliation, mosaic_ts(ingested_at) \
+                 FROM termination_receipts ORDER BY lane_id, ingested_at DESC",
+                &[],
+            )
+            .await?;
+        Ok(rows
+            .iter()
+            .map(|r| {
+                serde_json::json!({
+                    "lane_id": r.get::<_, String>(0), "generation": r.get::<_, i64>(1),
+                    "reason": r.get::<_, Option<String>>(2), "source": r.get::<_, Option<String>>(3),
+                    "reconciliation": r.get::<_, Option<String>>(4), "at": r.get::<_, String>(5),
+                })
             })
             .collect())
     }

@@ -19,6 +19,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0002_chains_as_rows.sql"),
     include_str!("../../migrations/0003_host_sessions.sql"),
     include_str!("../../migrations/0004_quarantine_counts.sql"),
+    include_str!("../../migrations/0005_lane_activity_index.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

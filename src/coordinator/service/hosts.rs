@@ -362,6 +362,7 @@ impl Handler for HostHandler {
             }
             tracing::info!(host, session_epoch = epoch, session_id = %sid, "host session open");
             svc.metrics.sessions_opened.inc();
+            svc.bump();
             Ok(())
         })
     }
@@ -489,6 +490,7 @@ impl Handler for HostHandler {
             .sessions_closed
             .get_or_create(&crate::coordinator::metrics::Kind { kind: kind.into() })
             .inc();
+        svc.bump();
         tracing::info!(host, session_id, reason, abusive, "host session closed");
         let (sid, reason) = (session_id.to_string(), reason.to_string());
         tokio::spawn(async move {

@@ -112,7 +112,16 @@ pub enum OperatorRequest {
         #[serde(default)]
         since: i64,
     },
+    /// Waits until anything changes after `version` (at most 20 s), then answers with the
+    /// status, each lane's last receipt and the new version: a live view without polling.
+    Watch {
+        #[serde(default)]
+        version: u64,
+    },
 }
+
+/// How long a `watch` waits for a change before answering anyway.
+const WATCH_WAIT: Duration = Duration::from_secs(20);
 
 fn yes() -> bool {
     true
@@ -130,16 +139,18 @@ impl Service {
     ) -> Result<serde_json::Value, OpError> {
         Ok(match req {
             OperatorRequest::Lanes => json!(self.store.lanes().await?),
-            OperatorRequest::Status => {
-                let epoch = self.leadership.current().await.map(|l| l.epoch());
-                json!({
-                    "assignments": self.store.assignment_statuses().await?,
-                    "lanes": self.store.lanes().await?,
-                    "coordinator_epoch": epoch,
-                    "leadership": self.leadership_status(),
-                    "hosts_connected": self.connected_hosts(),
-                    "host_sessions": self.hosts.views(),
-                })
+            OperatorRequest::Status => self.status_json().await?,
+            OperatorRequest::Watch { version } => {
+                let mut changed = self.changed.subscribe();
+                // A version from another process (or before a restart) is simply old.
+                if *changed.borrow_and_update() == version {
+                    let _ = tokio::time::timeout(WATCH_WAIT, changed.changed()).await;
+                }
+                let now = *changed.borrow();
+                let mut v = self.status_json().await?;
+                v["version"] = json!(now);
+                v["last_receipts"] = json!(self.store.last_receipts().await?);
+                v
             }
             OperatorRequest::Assign {
                 lane_id,
@@ -258,6 +269,18 @@ impl Service {
             .lane(lane_id)
             .await?
             .ok_or_else(|| OpError::new(Category::NotFound, format!("no lane {lane_id}")))
+    }
+
+    async fn status_json(&self) -> Result<serde_json::Value, OpError> {
+        let epoch = self.leadership.current().await.map(|l| l.epoch());
+        Ok(json!({
+            "assignments": self.store.assignment_statuses().await?,
+            "lanes": self.store.lanes().await?,
+            "coordinator_epoch": epoch,
+            "leadership": self.leadership_status(),
+            "hosts_connected": self.connected_hosts(),
+            "host_sessions": self.hosts.views(),
+        }))
     }
 
     /// `mosaic assign`: validates everything, reserves, and drives the chain; with `wait`,
