@@ -737,33 +737,105 @@ fn up_demo_shows_running_sigkill_receipt_and_recovery_then_cleans_up_on_sigterm(
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn raw_fence_tokens_never_leave_the_coordinator_process() {
+async fn no_secret_reaches_a_log_receipt_audit_row_metric_or_table() {
     let up = Up::start(1);
     let lane = up.lane_id(1);
-    let a = up.assign(&lane, "hang spawn=1");
-    up.cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
+    // A full session: assign (ACK, activation), SIGKILL, resume, stop — with a task text
+    // marker nobody may repeat.
+    let marker = format!("REDACTME{}", uuid::Uuid::new_v4().simple());
+    let task = format!("print={marker} hang spawn=1");
+    let a = up.assign(&lane, &task);
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let harness = up.host(&["status"])["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
         .unwrap();
-    let b = up.assign(&lane, "hang");
-    // The very tokens the coordinator presented: re-derived the way it derives them, from
-    // its secret and each reservation's salt.
-    let secret = mosaic::coordinator::CoordinatorSecret::from_hex(
-        &std::fs::read_to_string(up.dir.join("keys/coordinator-secret")).unwrap(),
-    )
-    .unwrap();
+    common::kill(harness as i32, nix::sys::signal::Signal::SIGKILL);
+    wait_for("recovery", || {
+        (up.assignment(&id)["state"] == "RECOVERY" && up.lane_state(&lane) == "IDLE_CLEAN")
+            .then_some(())
+    });
+    let b = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            &task,
+            "--wait",
+            "running",
+            "--resume",
+            &id,
+        ])
+        .unwrap();
+    assert_eq!(b["state"], "RUNNING");
+    up.cli(&["stop", "--assignment", &id]).unwrap();
+    // Also a refused request carrying the marker (a bad directive after it).
+    let _ = up.cli(&[
+        "assign",
+        "--lane",
+        &lane,
+        "--runtime",
+        "fake@1.0.0",
+        "--task",
+        &format!("print={marker} explode"),
+    ]);
+
+    // The secrets. Fence tokens, re-derived the way the coordinator derives them.
+    let secret_hex = std::fs::read_to_string(up.dir.join("keys/coordinator-secret")).unwrap();
+    let secret = mosaic::coordinator::CoordinatorSecret::from_hex(&secret_hex).unwrap();
     let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
         .await
         .unwrap();
     tokio::spawn(conn);
-    let tokens: Vec<String> = c
+    let mut secrets: Vec<(String, String)> = c
         .query("SELECT reservation_id, fence_salt FROM reservations", &[])
         .await
         .unwrap()
         .iter()
-        .map(|r| secret.fence_token(r.get(0), r.get(1)).expose_hex())
+        .map(|r| {
+            (
+                "a fence token".to_string(),
+                secret.fence_token(r.get(0), r.get(1)).expose_hex(),
+            )
+        })
         .collect();
-    assert_eq!(tokens.len(), 2);
-    // Nowhere: no database row, no file of the state dir (records, receipts, audit), no
-    // log line, no operator answer.
+    assert_eq!(
+        secrets.len(),
+        2,
+        "two reservations (the first and the resume)"
+    );
+    // Every key the coordinator and the host hold: signing seeds, the secret, TLS keys.
+    secrets.push((
+        "the coordinator secret".into(),
+        secret_hex.trim().to_lowercase(),
+    ));
+    for e in std::fs::read_dir(up.dir.join("keys")).unwrap().flatten() {
+        let k = std::fs::read_to_string(e.path()).unwrap();
+        secrets.push((
+            format!("key {}", e.file_name().to_string_lossy()),
+            k.trim().to_lowercase(),
+        ));
+    }
+    for e in std::fs::read_dir(up.dir.join("pki")).unwrap().flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.ends_with("-key.pem") {
+            let pem = std::fs::read_to_string(e.path()).unwrap();
+            // The key material: the longest base64 line of the PEM body.
+            let body = pem
+                .lines()
+                .filter(|l| !l.starts_with("-----"))
+                .max_by_key(|l| l.len())
+                .unwrap()
+                .to_string();
+            secrets.push((format!("TLS key {name}"), body));
+        }
+    }
+
+    // Everywhere they could leak: every database row (the task text only where it must be
+    // kept to deliver it: contracts and attempts), every file of the supervisor's state,
+    // the daemons' log, every operator answer, both metrics endpoints.
     let mut haystacks: Vec<(String, String)> = Vec::new();
     let tables: Vec<String> = c
         .query(
@@ -775,9 +847,17 @@ async fn raw_fence_tokens_never_leave_the_coordinator_process() {
         .iter()
         .map(|r| r.get(0))
         .collect();
-    for t in tables {
+    for t in &tables {
+        let strip = if t == "contracts" || t == "attempts" {
+            " - 'task_text'"
+        } else {
+            ""
+        };
         for row in c
-            .query(&format!("SELECT row_to_json(x)::text FROM {t} x"), &[])
+            .query(
+                &format!("SELECT (to_jsonb(x){strip})::text FROM {t} x"),
+                &[],
+            )
             .await
             .unwrap()
         {
@@ -815,15 +895,67 @@ async fn raw_fence_tokens_never_leave_the_coordinator_process() {
             up.cli(&cmd).unwrap().to_string(),
         ));
     }
-    haystacks.push(("assign answer".into(), b.to_string()));
-    for t in &tokens {
-        for (where_, text) in &haystacks {
-            assert!(
-                !text.to_lowercase().contains(t),
-                "a raw fence token is in {where_}"
-            );
+    haystacks.push((
+        "host receipts".into(),
+        up.host(&["receipts", "--all"]).to_string(),
+    ));
+    haystacks.push(("host status".into(), up.host(&["status"]).to_string()));
+    haystacks.push(("assign answers".into(), format!("{a} {b}")));
+    for m in ["run/metrics-coordinator.addr", "run/metrics.addr"] {
+        let text: String = scrape(&up.dir.join(m))
+            .iter()
+            .map(|(k, v)| format!("{k} {v}\n"))
+            .collect();
+        haystacks.push((format!("metrics {m}"), text));
+    }
+    assert!(haystacks.len() > 20, "too little was scanned");
+    let mut found = Vec::new();
+    for (where_, text) in &haystacks {
+        let lower = text.to_lowercase();
+        for (what, secret) in &secrets {
+            if !secret.is_empty()
+                && (text.contains(secret.as_str()) || lower.contains(&secret.to_lowercase()))
+            {
+                found.push(format!("{what} in {where_}"));
+            }
+        }
+        if text.contains(&marker) {
+            found.push(format!("the task text in {where_}"));
         }
     }
+    // Launch nonces never left the nonce file the shim read and deleted: no 64-hex string
+    // anywhere hashes to a recorded nonce digest.
+    let digests: Vec<String> = c
+        .query("SELECT process_identity->>'launch_nonce_digest' FROM generations WHERE process_identity IS NOT NULL", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(digests.len(), 2, "two generations with identities");
+    for (where_, text) in &haystacks {
+        for word in text.split(|ch: char| !ch.is_ascii_hexdigit()) {
+            if word.len() == 64 {
+                if let Ok(n) = mosaic::supervisor::identity::LaunchNonce::from_hex(word) {
+                    if digests.contains(&n.digest().0) {
+                        found.push(format!("a raw launch nonce in {where_}"));
+                    }
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "secrets found: {found:#?}");
+    // The marker is kept where it must be (to deliver the task after any crash) — which
+    // also shows the scan would have found it.
+    let kept: i64 = c
+        .query_one(
+            "SELECT count(*) FROM contracts WHERE task_text LIKE '%' || $1 || '%'",
+            &[&marker],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(kept >= 1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
