@@ -176,19 +176,25 @@ impl Cluster {
         for (name, text) in [("pg_hba.conf", hba.to_string()), ("pg_ident.conf", ident)] {
             let path = self.data_dir().join(name);
             std::fs::write(&path, text)?;
-            if let Some((uid, gid)) = self.owner {
-                nix::unistd::chown(
-                    &path,
-                    Some(nix::unistd::Uid::from_raw(uid)),
-                    Some(nix::unistd::Gid::from_raw(gid)),
-                )
-                .map_err(|e| ClusterError::Command {
-                    what: "chown",
-                    detail: e.to_string(),
-                })?;
-            }
+            self.give_to_owner(&path)?;
         }
         Ok(())
+    }
+
+    /// Hands `path` to the server's account (when we run as root).
+    fn give_to_owner(&self, path: &Path) -> Result<(), ClusterError> {
+        let Some((uid, gid)) = self.owner else {
+            return Ok(());
+        };
+        nix::unistd::chown(
+            path,
+            Some(nix::unistd::Uid::from_raw(uid)),
+            Some(nix::unistd::Gid::from_raw(gid)),
+        )
+        .map_err(|e| ClusterError::Command {
+            what: "chown",
+            detail: e.to_string(),
+        })
     }
 
     pub fn start(&self, d: Durability) -> Result<(), ClusterError> {
@@ -250,20 +256,8 @@ impl Cluster {
         use std::os::unix::fs::PermissionsExt;
         std::fs::create_dir_all(self.socket_dir())?;
         std::fs::set_permissions(self.socket_dir(), std::fs::Permissions::from_mode(0o700))?;
-        if let Some((uid, gid)) = self.owner {
-            for d in [&self.root, &self.socket_dir()] {
-                nix::unistd::chown(
-                    d,
-                    Some(nix::unistd::Uid::from_raw(uid)),
-                    Some(nix::unistd::Gid::from_raw(gid)),
-                )
-                .map_err(|e| ClusterError::Command {
-                    what: "chown",
-                    detail: e.to_string(),
-                })?;
-            }
-        }
-        Ok(())
+        self.give_to_owner(&self.root)?;
+        self.give_to_owner(&self.socket_dir())
     }
 
     /// Makes this cluster a streaming standby of `primary` (pg_basebackup -R).

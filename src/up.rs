@@ -74,21 +74,27 @@ pub fn coordinator_socket(state_dir: &std::path::Path) -> PathBuf {
     state_dir.join("run").join("coordinator.sock")
 }
 
+/// As root, the cgroup subtree `up` gives a supervisor of `state_dir` (one per state dir,
+/// `suffix` telling a fleet's members apart); otherwise none (the supervisor's own cgroup,
+/// which must then be delegated).
+fn up_cgroup_root(state_dir: &std::path::Path, suffix: &str) -> Result<Option<PathBuf>, UpError> {
+    if !nix::unistd::geteuid().is_root() {
+        return Ok(None);
+    }
+    let mount = crate::cgroup::discover_mount().map_err(SupervisorError::from)?;
+    let tag = &crate::util::sha256_hex(
+        "mosaic/up-root/v1",
+        &[state_dir.as_os_str().as_encoded_bytes()],
+    )[..12];
+    Ok(Some(mount.path.join(format!("mosaic-up-{tag}{suffix}"))))
+}
+
 /// The supervisor configuration `up` uses for a state dir (also used by `mosaic host
 /// --state-dir` to find the control socket).
 pub fn config_for(state_dir: &std::path::Path, lanes: u32) -> Result<Config, UpError> {
     let state_dir =
         std::path::absolute(state_dir).map_err(|e| UpError::Usage(format!("state dir: {e}")))?;
-    let cgroup_root = if nix::unistd::geteuid().is_root() {
-        let mount = crate::cgroup::discover_mount().map_err(SupervisorError::from)?;
-        let tag = &crate::util::sha256_hex(
-            "mosaic/up-root/v1",
-            &[state_dir.as_os_str().as_encoded_bytes()],
-        )[..12];
-        Some(mount.path.join(format!("mosaic-up-{tag}")))
-    } else {
-        None
-    };
+    let cgroup_root = up_cgroup_root(&state_dir, "")?;
     Ok(Config::from_file(ConfigFile {
         host_id: None,
         state_dir: state_dir.join("supervisor"),
@@ -365,16 +371,7 @@ fn member_config(
     lanes: u32,
     link: &crate::supervisor::config::CoordinatorLink,
 ) -> Result<ConfigFile, UpError> {
-    let cgroup_root = if nix::unistd::geteuid().is_root() {
-        let mount = crate::cgroup::discover_mount().map_err(SupervisorError::from)?;
-        let tag = &crate::util::sha256_hex(
-            "mosaic/up-root/v1",
-            &[state_dir.as_os_str().as_encoded_bytes()],
-        )[..12];
-        Some(mount.path.join(format!("mosaic-up-{tag}-h{k}")))
-    } else {
-        None
-    };
+    let cgroup_root = up_cgroup_root(state_dir, &format!("-h{k}"))?;
     Ok(ConfigFile {
         host_id: Some(host_id.to_string()),
         state_dir: state_dir.join("hosts").join(host_id),

@@ -854,7 +854,12 @@ async fn blast(hs: &mut HostSession, frames: impl Iterator<Item = Message>) -> (
         }
     }
     let _ = hs.ws.flush().await;
-    let reason = tokio::time::timeout(Duration::from_secs(10), async {
+    (sent, close_reason(hs).await)
+}
+
+/// Reads until the coordinator ends the session; its close reason (or the error).
+async fn close_reason(hs: &mut HostSession) -> String {
+    tokio::time::timeout(Duration::from_secs(10), async {
         while let Some(m) = hs.ws.next().await {
             match m {
                 Ok(Message::Close(f)) => {
@@ -867,8 +872,7 @@ async fn blast(hs: &mut HostSession, frames: impl Iterator<Item = Message>) -> (
         String::new()
     })
     .await
-    .unwrap_or_default();
-    (sent, reason)
+    .unwrap_or_default()
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -1042,20 +1046,7 @@ async fn malformed_names_cycling_sessions_and_a_host_that_refuses_the_coordinato
         let (p, _) = w.raw(1, vec![lane]);
         // The session opens; the hello's report is refused and the session closed.
         let mut hs = common_retry_connect(&p).await;
-        let reason = tokio::time::timeout(Duration::from_secs(10), async {
-            while let Some(m) = hs.ws.next().await {
-                match m {
-                    Ok(Message::Close(f)) => {
-                        return f.map(|f| f.reason.to_string()).unwrap_or_default()
-                    }
-                    Ok(_) => continue,
-                    Err(e) => return e.to_string(),
-                }
-            }
-            String::new()
-        })
-        .await
-        .unwrap();
+        let reason = close_reason(&mut hs).await;
         assert!(reason.contains("hello refused"), "{reason:?}");
         // Penalized as abusive: wait it out before the next attempt.
         tokio::time::sleep(Duration::from_millis(100)).await;
