@@ -245,8 +245,15 @@ fn mosaic_up_checks_the_host_before_it_starts_anything() {
     let state = w.dir.join("up-state");
     std::fs::create_dir_all(&state).unwrap();
     nix::unistd::chown(&state, Some(nobody.uid), Some(nobody.gid)).unwrap();
+    use std::os::unix::fs::PermissionsExt;
     use std::os::unix::process::CommandExt;
-    let out = Command::new(common::MOSAIC)
+    // The build may live where `nobody` cannot reach it (a CI checkout under a 0700
+    // directory): run a copy from the test's own world-readable directory.
+    std::fs::set_permissions(&w.dir, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let bin = w.dir.join("mosaic");
+    std::fs::copy(common::MOSAIC, &bin).unwrap();
+    std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new(&bin)
         .args(["up", "--state-dir"])
         .arg(&state)
         .uid(nobody.uid.as_raw())
