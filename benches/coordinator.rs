@@ -47,6 +47,7 @@ async fn chain(s: &Store, l: &Leader, inc: &str, lane: &str, n: usize, times: &m
         scope: vec![format!("lane:{lane}")],
         holds: vec![],
         completion_policy: "operator-evidence/v1".into(),
+        inactivity_policy: "default@1".into(),
         ttl_ms: 600_000,
     };
     let res = timed!(times, "reserve", s.reserve(l, &req).await.unwrap());

@@ -66,6 +66,7 @@ fn main() {
                 wait: true,
                 resume: None,
                 request_id: None,
+                inactivity_policy: None,
             },
         )
         .unwrap()

@@ -44,6 +44,7 @@ fn assign_req(lane: &str) -> OperatorRequest {
         wait: true,
         resume: None,
         request_id: None,
+        inactivity_policy: None,
     }
 }
 

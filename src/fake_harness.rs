@@ -11,6 +11,9 @@
 //! | `crash-after=SECONDS` | calls `abort()` after SECONDS |
 //! | `hang` | runs until killed (the default) |
 //! | `no-ack` | in contract mode: fetches the contract and never acknowledges it (a harness stuck before its ACK) |
+//! | `progress-every=SECONDS` | in contract mode, while hanging: reports progress with fresh evidence (a new test report) every SECONDS |
+//! | `progress-same` | with `progress-every`: reports the same evidence every time (a heartbeat dressed as progress) |
+//! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
 //!
 //! An unknown or malformed directive is an error before anything happens.
 
@@ -29,11 +32,14 @@ pub enum Directive {
     CrashAfter(f64),
     Hang,
     NoAck,
+    ProgressEvery(f64),
+    ProgressSame,
+    Blocked(String),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -61,6 +67,14 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             None if tok == "ignore-term" => Directive::IgnoreTerm,
             None if tok == "hang" => Directive::Hang,
             None if tok == "no-ack" => Directive::NoAck,
+            None if tok == "progress-same" => Directive::ProgressSame,
+            Some(("progress-every", v)) => match seconds(tok, v)? {
+                s if s >= 0.05 => Directive::ProgressEvery(s),
+                _ => return Err(DirectiveError::BadValue(tok.to_string())),
+            },
+            Some(("blocked", v)) if crate::protocol::work::code_ok(v) => {
+                Directive::Blocked(v.to_string())
+            }
             Some(("spawn", v)) => match v.parse::<u32>() {
                 Ok(n) if n <= MAX_SPAWN => Directive::Spawn(n),
                 _ => return Err(DirectiveError::BadValue(tok.to_string())),
@@ -163,9 +177,89 @@ pub fn run(args: Vec<String>) -> i32 {
             sleep_reaping(Duration::from_secs_f64(*s));
             std::process::abort()
         }
-        _ => loop {
-            sleep_reaping(Duration::from_secs(3600));
-        },
+        _ => {
+            let every = directives.iter().find_map(|d| match d {
+                Directive::ProgressEvery(s) => Some(*s),
+                _ => None,
+            });
+            if let Some(code) = directives.iter().find_map(|d| match d {
+                Directive::Blocked(c) => Some(c.clone()),
+                _ => None,
+            }) {
+                report_blocked(&code);
+            }
+            let same = directives.contains(&Directive::ProgressSame);
+            let mut n = 0u64;
+            loop {
+                match every {
+                    Some(s) => {
+                        sleep_reaping(Duration::from_secs_f64(s));
+                        n += 1;
+                        report_progress(if same { 0 } else { n });
+                    }
+                    None => sleep_reaping(Duration::from_secs(3600)),
+                }
+            }
+        }
+    }
+}
+
+/// Runs `mosaic lane ARGS…` (contract mode only) and says what came back.
+fn lane(args: &[&str]) -> bool {
+    let Some(bin) = std::env::var_os("MOSAIC_BIN") else {
+        return false;
+    };
+    match std::process::Command::new(bin)
+        .arg("lane")
+        .args(args)
+        .output()
+    {
+        Ok(out) => {
+            let ok = out.status.success();
+            println!(
+                "fake: lane {} {}",
+                args.first().copied().unwrap_or(""),
+                if ok { "submitted" } else { "refused" }
+            );
+            ok
+        }
+        Err(e) => {
+            eprintln!("mosaic-fake-harness: mosaic lane: {e}");
+            false
+        }
+    }
+}
+
+/// A test report as evidence: report `n` of this process (0: always the same report).
+fn report_progress(n: u64) {
+    let path = std::env::temp_dir().join(format!("mosaic-fake-evidence-{}", std::process::id()));
+    let body = format!(
+        "test report {n} of fake harness {}: 1 passed\n",
+        std::process::id()
+    );
+    if std::fs::write(&path, body).is_ok() {
+        if let Some(p) = path.to_str() {
+            lane(&["progress", "--kind", "test-result", "--evidence", p]);
+        }
+        let _ = std::fs::remove_file(&path);
+    }
+}
+
+fn report_blocked(code: &str) {
+    let path = std::env::temp_dir().join(format!("mosaic-fake-blocker-{}", std::process::id()));
+    if std::fs::write(&path, format!("blocked: {code}\n")).is_ok() {
+        if let Some(p) = path.to_str() {
+            lane(&[
+                "blocked",
+                "--code",
+                code,
+                "--evidence",
+                p,
+                "--next-action",
+                &format!("operator: resolve {code}, then mosaic unblock"),
+            ]);
+        }
+        let _ = std::fs::remove_file(&path);
     }
 }
 

@@ -96,8 +96,43 @@ enum Cmd {
         /// fresh generation instead of creating a new assignment.
         #[arg(long)]
         resume: Option<String>,
+        /// The inactivity policy (`name@version`, published with `mosaic policy publish`)
+        /// that decides when idle work is warned, escalated, replaced and reassigned.
+        /// Default: default@1.
+        #[arg(long)]
+        inactivity_policy: Option<String>,
         #[command(flatten)]
         at: CoordinatorAt,
+    },
+    /// Block active work: a canonical code, an evidence file and the action that would
+    /// unblock it (the work keeps its owner; the watchdog leaves it alone).
+    Block {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        code: String,
+        /// The evidence (required: a blocked claim without evidence is refused).
+        #[arg(long)]
+        evidence: PathBuf,
+        #[arg(long)]
+        next_action: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Make blocked work active again: a fresh inactivity period and attempt budget; work
+    /// in recovery gets its next attempt from the watchdog at once.
+    Unblock {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        next_action: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Inactivity policies: publish a version (frozen once published), show one.
+    Policy {
+        #[command(subcommand)]
+        op: PolicyOp,
     },
     /// Assignments (owners, state, generation) and lanes.
     Status {
@@ -309,11 +344,55 @@ impl CoordinatorAt {
 }
 
 #[derive(Subcommand)]
+enum PolicyOp {
+    /// Publish the inactivity policy in FILE (TOML: policy_id, warn_after_ms,
+    /// escalate_after_ms, replace_after_ms, replacements_before_reassign, max_attempts,
+    /// exhaustion, evidence_kinds).
+    Publish {
+        file: PathBuf,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Show a published policy and its digest.
+    Show {
+        policy_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+#[derive(Subcommand)]
 enum LaneOp {
     /// Print this generation's contract (waits until it is injected).
     Contract,
     /// Acknowledge this generation's challenge; returns once the generation is active.
     Ack,
+    /// Report progress with objective evidence (the supervisor digests it; the same
+    /// evidence never counts twice). Only an active generation may report.
+    Progress {
+        /// commit | file-set | test-result
+        #[arg(long)]
+        kind: String,
+        /// The evidence file (file-set, test-result).
+        #[arg(long, conflicts_with = "commit", required_unless_present = "commit")]
+        evidence: Option<PathBuf>,
+        /// The commit id (kind commit).
+        #[arg(long)]
+        commit: Option<String>,
+        /// What this generation does next (one line).
+        #[arg(long)]
+        next_action: Option<String>,
+    },
+    /// Report that this generation is blocked: a canonical code, the evidence, and the
+    /// executable action that would unblock it.
+    Blocked {
+        #[arg(long)]
+        code: String,
+        #[arg(long)]
+        evidence: PathBuf,
+        #[arg(long)]
+        next_action: String,
+    },
     /// Return a QUARANTINED lane to IDLE_CLEAN; refused unless every generation's cleanup
     /// was verified and nothing of the lane is still open.
     Release {
@@ -556,6 +635,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             completion_policy,
             wait,
             resume,
+            inactivity_policy,
             at,
         } => {
             let wait = match wait.as_deref() {
@@ -596,8 +676,56 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // One id per invocation: a retry inside the client lands on the same
                 // reservation.
                 request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+                inactivity_policy,
             })
         }
+        Cmd::Block {
+            assignment_id,
+            code,
+            evidence,
+            next_action,
+            at,
+        } => {
+            let evidence_digest = match std::fs::read(&evidence) {
+                Ok(b) if !b.is_empty() => mosaic::protocol::work::evidence_digest("blocker", &b),
+                Ok(_) => return at.refuse(format!("evidence {} is empty", evidence.display())),
+                Err(e) => {
+                    return at.refuse(format!("reading evidence {}: {e}", evidence.display()))
+                }
+            };
+            at.call(OperatorRequest::Block {
+                assignment_id,
+                code,
+                evidence_digest,
+                next_action,
+            })
+        }
+        Cmd::Unblock {
+            assignment_id,
+            next_action,
+            at,
+        } => at.call(OperatorRequest::Unblock {
+            assignment_id,
+            next_action,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
+        Cmd::Policy {
+            op: PolicyOp::Publish { file, at },
+        } => {
+            let policy = match std::fs::read_to_string(&file)
+                .map_err(|e| format!("reading {}: {e}", file.display()))
+                .and_then(|t| {
+                    toml::from_str::<mosaic::coordinator::continuity::InactivityPolicy>(&t)
+                        .map_err(|e| format!("parsing {}: {e}", file.display()))
+                }) {
+                Ok(p) => p,
+                Err(e) => return at.refuse(e),
+            };
+            at.call(OperatorRequest::PolicyPublish { policy })
+        }
+        Cmd::Policy {
+            op: PolicyOp::Show { policy_id, at },
+        } => at.call(OperatorRequest::Policy { policy_id }),
         Cmd::Supervisor { config } => {
             init_logging();
             let cfg = mosaic::supervisor::config::Config::load(&config)?;
@@ -655,9 +783,46 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             use mosaic::supervisor::lanesock::{self, LaneRequest};
             let socket = std::env::var_os("MOSAIC_LANE_SOCKET")
                 .context("MOSAIC_LANE_SOCKET is not set: run this inside a Mosaic generation")?;
+            let read = |p: &std::path::Path| -> anyhow::Result<String> {
+                let meta = std::fs::metadata(p)
+                    .with_context(|| format!("reading evidence {}", p.display()))?;
+                anyhow::ensure!(
+                    meta.is_file()
+                        && meta.len() as usize <= mosaic::protocol::work::MAX_EVIDENCE_BYTES,
+                    "evidence {} must be a regular file of at most {} bytes",
+                    p.display(),
+                    mosaic::protocol::work::MAX_EVIDENCE_BYTES
+                );
+                Ok(hex::encode(std::fs::read(p).with_context(|| {
+                    format!("reading evidence {}", p.display())
+                })?))
+            };
             let req = match op {
                 LaneOp::Contract => LaneRequest::Contract,
                 LaneOp::Ack => LaneRequest::Ack,
+                LaneOp::Progress {
+                    kind,
+                    evidence,
+                    commit,
+                    next_action,
+                } => LaneRequest::Progress {
+                    kind,
+                    evidence_hex: match (evidence, commit) {
+                        (Some(p), _) => read(&p)?,
+                        (None, Some(c)) => hex::encode(c.trim()),
+                        (None, None) => anyhow::bail!("give --evidence FILE or --commit ID"),
+                    },
+                    next_action,
+                },
+                LaneOp::Blocked {
+                    code,
+                    evidence,
+                    next_action,
+                } => LaneRequest::Blocked {
+                    code,
+                    evidence_hex: read(&evidence)?,
+                    next_action,
+                },
                 LaneOp::Release { .. } | LaneOp::Recreate { .. } => unreachable!("matched above"),
             };
             let resp =

@@ -399,6 +399,7 @@ fn assign(app: &mut App, opts: &TuiOptions, input: &str, resume: Option<String>)
         wait: false,
         resume,
         request_id: None,
+        inactivity_policy: None,
     };
     app.message = match operator_request(&opts.target, &req) {
         Ok(v) => format!(

@@ -90,6 +90,7 @@ fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
         scope: SCOPE.iter().map(|s| s.to_string()).collect(),
         holds: HOLDS.iter().map(|s| s.to_string()).collect(),
         completion_policy: "operator-evidence/v1".into(),
+        inactivity_policy: "default@1".into(),
         ttl_ms,
     }
 }

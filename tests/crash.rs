@@ -478,6 +478,7 @@ fn assign_req(lane: &str, task: &str, resume: Option<&str>) -> OperatorRequest {
         wait: true,
         resume: resume.map(String::from),
         request_id: None,
+        inactivity_policy: None,
     }
 }
 

@@ -149,6 +149,7 @@ impl World {
             wait,
             resume: None,
             request_id: None,
+            inactivity_policy: None,
         })
     }
 
@@ -925,6 +926,7 @@ async fn a_flood_costs_only_the_flooding_session() {
             wait: true,
             resume: None,
             request_id: None,
+            inactivity_policy: None,
         };
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

@@ -256,8 +256,10 @@ impl Store {
                 // Owners, the generation and one lease per capability in one statement; the
                 // counts prove the owner and generation updates each hit their one row.
                 let out = d.query_one(
-                    "WITH a AS (UPDATE assignments SET execution_owner = $2, pending_target = NULL, next_action = 'run the task under its contract' \
-                                WHERE assignment_id = $1 RETURNING 1), \
+                    "WITH a AS (UPDATE assignments a SET execution_owner = $2, pending_target = NULL, next_action = 'run the task under its contract', \
+                                       watchdog_step = 'none', inactivity_base_at = clock_timestamp(), \
+                                       inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond' \
+                                FROM inactivity_policies pol WHERE a.assignment_id = $1 AND pol.policy_id = a.inactivity_policy RETURNING 1), \
                           g AS (UPDATE generations SET state = 'LIVE' WHERE lane_incarnation_id = $3 AND generation = $4 RETURNING 1), \
                           s AS (INSERT INTO leases (lease_id, scope, lease_epoch, assignment_id, assignment_attempt_id, lane_incarnation_id, generation, \
                                                     reservation_id, sot_incarnation, coordinator_epoch, expires_at) \

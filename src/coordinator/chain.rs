@@ -32,6 +32,9 @@ pub struct ReserveRequest {
     pub scope: Vec<String>,
     pub holds: Vec<String>,
     pub completion_policy: String,
+    /// The inactivity policy (`name@version`) a new assignment is approved under; a resumed
+    /// one keeps its own.
+    pub inactivity_policy: String,
     pub ttl_ms: i64,
 }
 
@@ -234,6 +237,7 @@ impl Store {
                 &policy,
                 &task_digest,
                 &req.ttl_ms.to_string(),
+                &req.inactivity_policy,
             ],
         );
         let step = Step::new(OP, l, format!("reserve/{}", req.request_id), digest)
@@ -258,7 +262,7 @@ impl Store {
                            AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
                            AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
                            AND ($2::text = '' OR EXISTS (SELECT 1 FROM assignments a WHERE a.assignment_id = $2 AND a.lifecycle = 'RECOVERY' \
-                                  AND a.requested_outcome IS NULL AND a.runtime_id = $3 AND a.scope_digest = $4 AND a.holds_digest = $5 \
+                                  AND a.requested_outcome IS NULL AND a.work_status = 'active' AND a.runtime_id = $3 AND a.scope_digest = $4 AND a.holds_digest = $5 \
                                   AND a.completion_policy_digest = $6 \
                                   AND NOT EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
                                                   AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED'))) \
@@ -282,15 +286,19 @@ impl Store {
                     // off the assignment row the first part wrote.
                     let asg_sql = if req.assignment_id.is_none() {
                         "INSERT INTO assignments (assignment_id, lane_incarnation_id, responsibility_owner, execution_owner, pending_target, next_action, \
-                                                  runtime_id, scope_digest, holds_digest, completion_policy_digest, created_epoch, scope, holds, completion_policy) \
-                         VALUES ($1, $2, $3, NULL, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12) RETURNING assignment_id"
+                                                  runtime_id, scope_digest, holds_digest, completion_policy_digest, created_epoch, scope, holds, completion_policy, \
+                                                  inactivity_policy, inactivity_base_at, inactivity_deadline) \
+                         SELECT $1, $2, $3, NULL, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, pol.policy_id, clock_timestamp(), \
+                                clock_timestamp() + pol.replace_after_ms * interval '1 millisecond' \
+                         FROM inactivity_policies pol WHERE pol.policy_id = $22 RETURNING assignment_id"
                     } else {
                         // (Every parameter of the insert form is referenced, so both forms bind the
                         // same parameter list.)
                         "UPDATE assignments SET lifecycle = 'ACTIVE', lane_incarnation_id = $2, responsibility_owner = $3, execution_owner = NULL, \
-                                pending_target = $3, next_action = $4 \
-                         WHERE assignment_id = $1 AND lifecycle = 'RECOVERY' AND runtime_id = $5 AND scope_digest = $6 AND holds_digest = $7 \
+                                pending_target = $3, next_action = $4, watchdog_step = 'none' \
+                         WHERE assignment_id = $1 AND lifecycle = 'RECOVERY' AND work_status = 'active' AND runtime_id = $5 AND scope_digest = $6 AND holds_digest = $7 \
                            AND completion_policy_digest = $8 AND $9::bigint IS NOT NULL AND $10::jsonb IS NOT NULL AND $11::jsonb IS NOT NULL AND $12::text IS NOT NULL \
+                           AND $22::text IS NOT NULL \
                          RETURNING assignment_id"
                     };
                     let sql = format!(
@@ -306,11 +314,14 @@ impl Store {
                         &sql,
                         &[&assignment_id, &req.lane_incarnation_id, &req.target, &next_action, &req.runtime_id, &scope, &holds, &policy, &epoch,
                           &scope_json, &holds_json, &req.completion_policy, &attempt, &req.task_text, &task_digest, &reservation, &lease, &sot,
-                          &ttl, &fence_digest, &salt],
+                          &ttl, &fence_digest, &salt, &req.inactivity_policy],
                     ).await?;
-                    // Only a resume can miss: the assignment left recovery under us.
+                    // A resume misses when the assignment left recovery under us; a new one when
+                    // its inactivity policy is not published.
                     let Some(row) = rows.first() else {
-                        return Err(reject(OP, Category::WrongState, "the assignment was resumed concurrently; it is no longer in recovery"));
+                        return Err(reject(OP, if req.assignment_id.is_some() { Category::WrongState } else { Category::NotFound },
+                            if req.assignment_id.is_some() { "the assignment was resumed concurrently; it is no longer in recovery".to_string() }
+                            else { format!("no published inactivity policy {}", req.inactivity_policy) }));
                     };
                     let deadline: String = row.get(0);
                     let chain = Chain {

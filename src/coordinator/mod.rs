@@ -11,13 +11,15 @@
 //! assignment to a terminal outcome on a host's say-so.
 //!
 //! Layout: `txn` (the frame), `model` (types and reads), `chain` (reserve … injected),
-//! `activation` (ACK and activation), `ending` (stops, expiry, receipts, leases), `lanes`
+//! `activation` (ACK and activation), `ending` (stops, expiry, receipts, leases), `continuity`
+//! (the work record: progress, inactivity watchdog steps, blocked and unblock), `lanes`
 //! (incarnations, quarantine), `leader`, `store`, `audit`, `secret`, `failpoint`, and
 //! `service/` (the daemon around them).
 
 pub mod activation;
 pub mod audit;
 pub mod chain;
+pub mod continuity;
 pub mod ending;
 pub mod error;
 pub mod failpoint;

@@ -232,6 +232,18 @@ pub struct AssignmentStatus {
     pub next_action: String,
     pub requested_outcome: Option<String>,
     pub final_evidence_digest: Option<String>,
+    /// The work record (spec §14): active, blocked, handoff or done.
+    pub work_status: String,
+    pub inactivity_policy: String,
+    pub inactivity_policy_digest: String,
+    /// Database time of the last validated progress receipt, if any.
+    pub last_progress_at: Option<String>,
+    /// When the watchdog replaces the generation without new progress (database time).
+    pub inactivity_deadline: Option<String>,
+    /// none, warned, escalated or replacing.
+    pub watchdog_step: String,
+    pub blocker_code: Option<String>,
+    pub blocker_evidence_digest: Option<String>,
 }
 
 const LANE_SELECT: &str = "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
@@ -398,7 +410,9 @@ impl Store {
                              THEN li.state END, a.runtime_id, \
                         (SELECT r.generation FROM reservations r WHERE r.assignment_id = a.assignment_id ORDER BY r.created_at DESC LIMIT 1), \
                         (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id), \
-                        a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest \
+                        a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest, \
+                        a.work_status, a.inactivity_policy, a.inactivity_policy_digest, mosaic_ts(a.last_progress_at), \
+                        mosaic_ts(a.inactivity_deadline), a.watchdog_step, a.blocker_code, a.blocker_evidence_digest \
                  FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at",
                 &[],
             )
@@ -420,6 +434,14 @@ impl Store {
                 next_action: r.get(11),
                 requested_outcome: r.get(12),
                 final_evidence_digest: r.get(13),
+                work_status: r.get(14),
+                inactivity_policy: r.get(15),
+                inactivity_policy_digest: r.get(16),
+                last_progress_at: r.get(17),
+                inactivity_deadline: r.get(18),
+                watchdog_step: r.get(19),
+                blocker_code: r.get(20),
+                blocker_evidence_digest: r.get(21),
             })
             .collect())
     }

@@ -19,6 +19,7 @@ pub mod schema;
 pub mod task;
 pub mod transport;
 pub mod trust;
+pub mod work;
 
 pub use envelope::{verify, Envelope, EnvelopeError, Signer, Verified, VerifyContext};
 pub use schema::{MessageType, Purpose, Role};

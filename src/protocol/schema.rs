@@ -54,9 +54,11 @@ pub enum MessageType {
     Destroy,
     RecoveryChallenge,
     RecoveryAck,
+    Progress,
+    Blocked,
 }
 
-pub const ALL_TYPES: [MessageType; 21] = [
+pub const ALL_TYPES: [MessageType; 23] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -78,6 +80,8 @@ pub const ALL_TYPES: [MessageType; 21] = [
     MessageType::Destroy,
     MessageType::RecoveryChallenge,
     MessageType::RecoveryAck,
+    MessageType::Progress,
+    MessageType::Blocked,
 ];
 
 impl MessageType {
@@ -104,6 +108,8 @@ impl MessageType {
             Self::Destroy => "destroy",
             Self::RecoveryChallenge => "recovery_challenge",
             Self::RecoveryAck => "recovery_ack",
+            Self::Progress => "progress",
+            Self::Blocked => "blocked",
         }
     }
 
@@ -351,7 +357,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 21] = [
+pub static SCHEMAS: [Schema; 23] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -565,6 +571,49 @@ pub static SCHEMAS: [Schema; 21] = [
         ],
         [],
         [&["lease_id", "effect_id"], NO_AUTHORITATIVE_TIME]
+    ),
+    // A RUNNING generation's progress: objective evidence (its kind, and the digest the
+    // supervisor computed from it), never a self-claim. The coordinator counts each piece of
+    // evidence once per assignment.
+    schema!(
+        Progress,
+        "progress",
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[("evidence_kind", Str), ("evidence_digest", Digest)]
+        ],
+        [("next_action", Str)],
+        [
+            &["lease_id", "effect_id", "challenge_id"],
+            NO_AUTHORITATIVE_TIME
+        ]
+    ),
+    // A RUNNING generation says it is blocked: a canonical code, the digest of its evidence
+    // and the executable action that would unblock it.
+    schema!(
+        Blocked,
+        "blocked",
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[
+                ("blocker_code", Str),
+                ("blocker_evidence_digest", Digest),
+                ("next_action", Str)
+            ]
+        ],
+        [],
+        [
+            &["lease_id", "effect_id", "challenge_id"],
+            NO_AUTHORITATIVE_TIME
+        ]
     ),
     schema!(
         Task,

@@ -25,7 +25,7 @@ use std::sync::{Arc, Mutex};
 use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
-use super::lanesock::{Contract, GenSession};
+use super::lanesock::{Contract, GenSession, HarnessReport};
 use super::link::HostDispatch;
 use super::state::CoordBinding;
 use super::Supervisor;
@@ -340,6 +340,58 @@ impl CoordinatedHost {
         f.push(("challenge_id", s(&challenge)));
         f.push(("process_identity", ctx.identity.clone()));
         self.send(MessageType::Ack, f);
+        // Then, for as long as the generation lives: its progress and blocker reports (the
+        // lane socket accepts them only once the generation is active), signed for it.
+        let rx = session.reports_rx.lock().ok().and_then(|mut r| r.take());
+        let Some(mut rx) = rx else { return };
+        while let Some(report) = rx.recv().await {
+            let mut f = Self::chain_fields(stage, Some(&contract));
+            let t = match report {
+                HarnessReport::Progress {
+                    kind,
+                    evidence_digest,
+                    next_action,
+                } => {
+                    f.push((
+                        "idempotency_key",
+                        s(&format!(
+                            "progress/{}/{evidence_digest}",
+                            stage.str("reservation_id")
+                        )),
+                    ));
+                    f.push(("evidence_kind", s(&kind)));
+                    f.push(("evidence_digest", s(&evidence_digest)));
+                    if let Some(n) = next_action {
+                        f.push(("next_action", s(&n)));
+                    }
+                    MessageType::Progress
+                }
+                HarnessReport::Blocked {
+                    code,
+                    evidence_digest,
+                    next_action,
+                } => {
+                    f.push((
+                        "idempotency_key",
+                        s(&format!(
+                            "blocked/{}/{evidence_digest}",
+                            stage.str("reservation_id")
+                        )),
+                    ));
+                    f.push(("blocker_code", s(&code)));
+                    f.push(("blocker_evidence_digest", s(&evidence_digest)));
+                    f.push(("next_action", s(&next_action)));
+                    MessageType::Blocked
+                }
+            };
+            tracing::info!(
+                lane_id = stage.str("lane_id"),
+                generation = ctx.generation,
+                message_type = t.as_str(),
+                "harness report to the coordinator"
+            );
+            self.send(t, f);
+        }
     }
 
     async fn route(self: Arc<Self>, env: Envelope<Verified>) {

@@ -22,6 +22,25 @@ pub struct Contract {
     pub contracts_digest: String,
 }
 
+/// What a RUNNING harness reports through its socket. The evidence digest is computed here,
+/// by the supervisor, from the evidence bytes the harness handed over (never a digest the
+/// harness typed), so a report without new evidence cannot count as progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HarnessReport {
+    Progress {
+        kind: String,
+        evidence_digest: String,
+        next_action: Option<String>,
+    },
+    Blocked {
+        code: String,
+        evidence_digest: String,
+        next_action: String,
+    },
+}
+
+use crate::protocol::work::{self, evidence_digest, MAX_EVIDENCE_BYTES};
+
 /// One generation's hand-off state, shared by the socket server and the chain driver.
 #[derive(Debug)]
 pub struct GenSession {
@@ -32,15 +51,22 @@ pub struct GenSession {
     pub ack_requested: watch::Sender<bool>,
     /// `Some(Ok)` once activated (RUNNING), `Some(Err)` if the chain failed.
     pub activation: watch::Sender<Option<Result<(), String>>>,
+    /// Reports of the RUNNING harness, for the chain driver to sign and send.
+    pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
+    /// The driver's end of `reports` (taken once).
+    pub reports_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<HarnessReport>>>,
 }
 
 impl GenSession {
     pub fn new() -> Arc<Self> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
         Arc::new(Self {
             contract: watch::channel(None).0,
             delivered: watch::channel(None).0,
             ack_requested: watch::channel(false).0,
             activation: watch::channel(None).0,
+            reports: tx,
+            reports_rx: std::sync::Mutex::new(Some(rx)),
         })
     }
 }
@@ -50,6 +76,19 @@ impl GenSession {
 pub enum LaneRequest {
     Contract,
     Ack,
+    /// Progress with its evidence: the bytes of a file (hex), or a commit id.
+    Progress {
+        kind: String,
+        evidence_hex: String,
+        #[serde(default)]
+        next_action: Option<String>,
+    },
+    /// Blocked: a canonical code, the evidence file's bytes (hex), the unblock action.
+    Blocked {
+        code: String,
+        evidence_hex: String,
+        next_action: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -92,6 +131,9 @@ pub(crate) fn serve(
                     match serde_json::from_str::<LaneRequest>(&line) {
                         Ok(LaneRequest::Contract) => contract(&s).await,
                         Ok(LaneRequest::Ack) => ack(&s).await,
+                        Ok(r @ (LaneRequest::Progress { .. } | LaneRequest::Blocked { .. })) => {
+                            report(&s, r)
+                        }
                         Err(e) => err(&format!("bad request: {e}")),
                     }
                 };
@@ -152,6 +194,87 @@ async fn ack(s: &GenSession) -> LaneResponse {
         },
         Some(Err(e)) => err(&e),
         None => err("no activation"),
+    }
+}
+
+/// A report of the RUNNING harness: checked, digested here, and queued for the coordinator.
+fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
+    if !matches!(*s.activation.borrow(), Some(Ok(()))) {
+        return err("only an active generation reports progress or a blocker");
+    }
+    let decode = |h: &str| -> Result<Vec<u8>, LaneResponse> {
+        if h.len() > 2 * MAX_EVIDENCE_BYTES {
+            return Err(err(&format!(
+                "evidence is limited to {MAX_EVIDENCE_BYTES} bytes"
+            )));
+        }
+        match hex::decode(h) {
+            Ok(b) if !b.is_empty() => Ok(b),
+            _ => Err(err("evidence is required (non-empty)")),
+        }
+    };
+    let report = match r {
+        LaneRequest::Progress {
+            kind,
+            evidence_hex,
+            next_action,
+        } => {
+            if !work::EVIDENCE_KINDS.contains(&kind.as_str()) {
+                return err(&format!(
+                    "unknown evidence kind {kind:?}; known: {}",
+                    work::EVIDENCE_KINDS.join(", ")
+                ));
+            }
+            let bytes = match decode(&evidence_hex) {
+                Ok(b) => b,
+                Err(e) => return e,
+            };
+            if kind == "commit" && !work::commit_id_ok(&bytes) {
+                return err("a commit id is 40 or 64 lower-case hex digits");
+            }
+            if next_action
+                .as_deref()
+                .is_some_and(|n| !work::next_action_ok(n))
+            {
+                return err("a next action is one non-blank line of at most 1000 bytes");
+            }
+            HarnessReport::Progress {
+                evidence_digest: evidence_digest(&kind, &bytes),
+                kind,
+                next_action,
+            }
+        }
+        LaneRequest::Blocked {
+            code,
+            evidence_hex,
+            next_action,
+        } => {
+            if !work::code_ok(&code) {
+                return err("a blocker code is lower-case words joined by dashes");
+            }
+            if !work::next_action_ok(&next_action) {
+                return err("blocked needs an executable next action (one non-blank line)");
+            }
+            let bytes = match decode(&evidence_hex) {
+                Ok(b) => b,
+                Err(e) => return e,
+            };
+            HarnessReport::Blocked {
+                evidence_digest: evidence_digest("blocker", &bytes),
+                code,
+                next_action,
+            }
+        }
+        LaneRequest::Contract | LaneRequest::Ack => return err("not a report"),
+    };
+    if s.reports.send(report).is_err() {
+        return err("the generation ended");
+    }
+    LaneResponse {
+        ok: true,
+        contract: None,
+        state: Some("submitted".into()),
+        error: None,
     }
 }
 

@@ -417,6 +417,8 @@ impl Handler for HostHandler {
                 MessageType::Staged => svc.on_staged(&host, &env).await.map(|()| vec![]),
                 MessageType::Injected => svc.on_injected(&host, &env).await.map(|()| vec![]),
                 MessageType::Ack => svc.on_ack(&host, &env).await.map(|()| vec![]),
+                MessageType::Progress => svc.on_progress(&host, &env).await.map(|()| vec![]),
+                MessageType::Blocked => svc.on_blocked(&host, &env).await.map(|()| vec![]),
                 MessageType::Heartbeat => Ok(vec![]),
                 other => Err(OpError::new(
                     Category::BadInput,
@@ -673,6 +675,57 @@ impl Service {
         self.step(&l, self.store.consume_ack(&l, &claim).await)
             .await?;
         self.advance(&l, &c.chain.reservation_id).await?;
+        Ok(())
+    }
+
+    /// A RUNNING generation's progress: bound to its own chain (the ownership checks), then
+    /// the one fenced compare-and-swap that may move `last_progress_at`.
+    async fn on_progress(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, &l, env).await?;
+        let claim = crate::coordinator::continuity::ProgressClaim {
+            chain: c.chain.clone(),
+            generation: env.uint("generation").unwrap_or(0) as i64,
+            evidence_kind: env.str("evidence_kind").into(),
+            evidence_digest: env.str("evidence_digest").into(),
+            next_action: env.get("next_action").and_then(|v| match v {
+                Value::Str(s) => Some(s.clone()),
+                _ => None,
+            }),
+            message_id: env.str("message_id").into(),
+        };
+        let r = self
+            .step(&l, self.store.record_progress(&l, &claim).await)
+            .await?;
+        if !r.replayed {
+            tracing::info!(lane_id = %c.chain.lane_id, assignment_id = %c.chain.assignment_id,
+                evidence_kind = %claim.evidence_kind, "validated progress: inactivity deadline moved");
+        }
+        Ok(())
+    }
+
+    /// A RUNNING generation says it is blocked, with evidence and an unblock action.
+    async fn on_blocked(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, &l, env).await?;
+        let by = crate::coordinator::continuity::Blocker::Generation {
+            chain: c.chain.clone(),
+            generation: env.uint("generation").unwrap_or(0) as i64,
+        };
+        let r = self
+            .store
+            .block(
+                &l,
+                &c.chain.assignment_id,
+                &by,
+                env.str("blocker_code"),
+                env.str("blocker_evidence_digest"),
+                env.str("next_action"),
+            )
+            .await;
+        self.step(&l, r).await?;
+        tracing::warn!(lane_id = %c.chain.lane_id, assignment_id = %c.chain.assignment_id,
+            reason = env.str("blocker_code"), "work blocked by its generation");
         Ok(())
     }
 

@@ -86,6 +86,9 @@ pub enum OperatorRequest {
         /// Makes a retried request land on the same reservation.
         #[serde(default)]
         request_id: Option<String>,
+        /// The inactivity policy (`name@version`) of a new assignment; `default@1` if absent.
+        #[serde(default)]
+        inactivity_policy: Option<String>,
     },
     Receipts {
         lane_id: Option<String>,
@@ -112,6 +115,29 @@ pub enum OperatorRequest {
         #[serde(default)]
         since: i64,
     },
+    /// Blocks active work with a canonical code, the digest of its evidence and the action
+    /// that would unblock it.
+    Block {
+        assignment_id: String,
+        code: String,
+        evidence_digest: String,
+        next_action: String,
+    },
+    /// Makes blocked work active again, with a fresh inactivity period and attempt budget.
+    Unblock {
+        assignment_id: String,
+        next_action: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// Publishes an inactivity policy version (frozen once published).
+    PolicyPublish {
+        policy: crate::coordinator::continuity::InactivityPolicy,
+    },
+    /// One published policy, with its digest.
+    Policy {
+        policy_id: String,
+    },
     /// Waits until anything changes after `version` (at most 20 s), then answers with the
     /// status, each lane's last receipt and the new version: a live view without polling.
     Watch {
@@ -119,6 +145,9 @@ pub enum OperatorRequest {
         version: u64,
     },
 }
+
+/// The inactivity policy of an assignment whose operator named none (migration 0006).
+pub const DEFAULT_INACTIVITY_POLICY: &str = "default@1";
 
 /// How long a `watch` waits for a change before answering anyway.
 const WATCH_WAIT: Duration = Duration::from_secs(20);
@@ -162,6 +191,7 @@ impl Service {
                 wait,
                 resume,
                 request_id: rid,
+                inactivity_policy,
             } => {
                 self.assign(AssignRequest {
                     lane_id,
@@ -174,6 +204,8 @@ impl Service {
                     wait,
                     resume,
                     request_id: request_id(rid),
+                    inactivity_policy: inactivity_policy
+                        .unwrap_or_else(|| DEFAULT_INACTIVITY_POLICY.into()),
                 })
                 .await?
             }
@@ -235,6 +267,57 @@ impl Service {
                                    else { "host unreachable: the lane is recreated when its host reconnects" } })
             }
             OperatorRequest::Audit { since } => json!(self.store.audit_log(since).await?),
+            OperatorRequest::Block {
+                assignment_id,
+                code,
+                evidence_digest,
+                next_action,
+            } => {
+                let l = self.leader().await?;
+                let r = self
+                    .store
+                    .block(
+                        &l,
+                        &assignment_id,
+                        &crate::coordinator::continuity::Blocker::Operator,
+                        &code,
+                        &evidence_digest,
+                        &next_action,
+                    )
+                    .await;
+                let r = self.settled(&l, r).await?;
+                json!({ "assignment_id": assignment_id, "work_status": "blocked", "blocker_code": code,
+                        "next_action": next_action, "receipt_id": r.receipt_id })
+            }
+            OperatorRequest::Unblock {
+                assignment_id,
+                next_action,
+                request_id: rid,
+            } => {
+                let l = self.leader().await?;
+                let r = self
+                    .store
+                    .unblock(&l, &assignment_id, &next_action, &request_id(rid))
+                    .await;
+                let r = self.settled(&l, r).await?;
+                json!({ "assignment_id": assignment_id, "work_status": "active", "next_action": next_action,
+                        "inactivity_deadline": r.body["inactivity_deadline"], "receipt_id": r.receipt_id })
+            }
+            OperatorRequest::PolicyPublish { policy } => {
+                let l = self.leader().await?;
+                let r = self.store.publish_policy(&l, &policy).await;
+                let r = self.settled(&l, r).await?;
+                json!({ "policy_id": policy.policy_id, "digest": r.body["digest"], "receipt_id": r.receipt_id })
+            }
+            OperatorRequest::Policy { policy_id } => match self.store.policy(&policy_id).await? {
+                Some((p, digest)) => json!({ "policy": p, "digest": digest }),
+                None => {
+                    return Err(OpError::new(
+                        Category::NotFound,
+                        format!("no published inactivity policy {policy_id}"),
+                    ))
+                }
+            },
         })
     }
 
@@ -340,6 +423,16 @@ impl Service {
                 ),
             ));
         }
+        // A new assignment's inactivity policy must be published (a resumed one keeps its own).
+        if a.resume.is_none() && self.store.policy(&a.inactivity_policy).await?.is_none() {
+            return Err(OpError::new(
+                Category::NotFound,
+                format!(
+                    "no published inactivity policy {:?} (mosaic policy publish FILE)",
+                    a.inactivity_policy
+                ),
+            ));
+        }
         let scope = if a.scope.is_empty() {
             vec![format!("lane:{}", a.lane_id)]
         } else {
@@ -365,6 +458,7 @@ impl Service {
             scope,
             holds: a.holds.clone(),
             completion_policy: a.completion_policy.clone(),
+            inactivity_policy: a.inactivity_policy.clone(),
             ttl_ms: self.timing.reservation_ttl_ms,
         };
         let r = self.store.reserve(&l, &req).await;
@@ -532,6 +626,7 @@ pub struct AssignRequest {
     pub wait: bool,
     pub resume: Option<String>,
     pub request_id: String,
+    pub inactivity_policy: String,
 }
 
 impl AssignRequest {
@@ -547,6 +642,7 @@ impl AssignRequest {
             wait,
             resume: None,
             request_id: request_id(None),
+            inactivity_policy: DEFAULT_INACTIVITY_POLICY.into(),
         }
     }
 }

@@ -121,5 +121,140 @@ impl Service {
             }
         }
         self.forget_sent(&live);
+        self.inactivity(l).await;
+    }
+
+    /// The inactivity policy, step by step: warn, escalate, replace the generation, start
+    /// the next attempt (same lane, then another lane), and block the work for review once
+    /// its attempts are used up. Every step is a fenced transition at database time.
+    async fn inactivity(&self, l: &Leader) {
+        let due = match self.store.due_work().await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "watchdog cannot read the work records");
+                return;
+            }
+        };
+        for w in due {
+            let r = match (w.lifecycle.as_str(), w.lane_state.as_str()) {
+                ("ACTIVE", "RUNNING") if w.deadline_due => match &w.chain {
+                    Some(c) => self.store.inactivity_replace(l, c).await.map(|r| {
+                        tracing::warn!(lane_id = %w.lane_id, assignment_id = %w.assignment_id,
+                            no_progress_since = %w.base_at, "no validated progress by the inactivity deadline: replacing the generation");
+                        let _ = r;
+                    }),
+                    None => continue,
+                },
+                ("ACTIVE", "RUNNING") if w.step == "warned" && w.escalate_due => {
+                    self.store.inactivity_notice(l, &w, true).await.map(|_| {
+                        tracing::error!(lane_id = %w.lane_id, assignment_id = %w.assignment_id,
+                            no_progress_since = %w.base_at, "inactivity escalated: no validated progress");
+                    })
+                }
+                ("ACTIVE", "RUNNING") if w.step == "none" && w.warn_due => {
+                    self.store.inactivity_notice(l, &w, false).await.map(|_| {
+                        tracing::warn!(lane_id = %w.lane_id, assignment_id = %w.assignment_id,
+                            no_progress_since = %w.base_at, "inactivity warning: no validated progress");
+                    })
+                }
+                ("RECOVERY", _) if (w.step == "replacing" || w.deadline_due) && !w.unended => {
+                    if w.attempts_used >= i64::from(w.max_attempts) {
+                        self.store.inactivity_exhausted(l, &w).await.map(|_| {
+                            tracing::error!(assignment_id = %w.assignment_id, attempts = w.attempts_used,
+                                "inactivity policy exhausted: work blocked for operator review");
+                        })
+                    } else {
+                        self.next_attempt(l, &w).await;
+                        continue;
+                    }
+                }
+                _ => continue,
+            };
+            match r {
+                Ok(()) => {
+                    self.bump();
+                    if let Some(c) = &w.chain {
+                        if w.deadline_due {
+                            let _ = self.advance(l, &c.reservation_id).await;
+                        }
+                    }
+                }
+                Err(e) => {
+                    self.note(l, &e).await;
+                    tracing::debug!(assignment_id = %w.assignment_id, error = %e, "inactivity step not applied");
+                }
+            }
+        }
+    }
+
+    /// The next attempt of work in recovery: the same lane while the policy allows more
+    /// replacements there, then another idle lane of a connected host offering the runtime.
+    /// Nothing idle: nothing happens, and the next sweep tries again.
+    async fn next_attempt(&self, l: &Leader, w: &crate::coordinator::continuity::DueWork) {
+        let same_lane_ok = w.attempts_on_lane <= i64::from(w.replacements_before_reassign);
+        let lanes = match self.store.lanes().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "watchdog cannot list lanes");
+                return;
+            }
+        };
+        let mut candidates = Vec::new();
+        for lane in lanes {
+            let same = lane.lane_id == w.lane_id;
+            if lane.state != "IDLE_CLEAN"
+                || lane.recreate_requested
+                || lane.host_quarantine_reason.is_some()
+                || lane.unended_generation.is_some()
+                || same != same_lane_ok
+                || !self.hosts.is_connected(&lane.host_id)
+            {
+                continue;
+            }
+            let offers = self
+                .store
+                .host_runtimes(&lane.host_id)
+                .await
+                .ok()
+                .flatten()
+                .is_some_and(|r| r.iter().any(|r| r == &w.runtime_id));
+            if offers {
+                candidates.push(lane);
+            }
+        }
+        let Some(lane) = candidates.into_iter().next() else {
+            return;
+        };
+        let next = match self.store.next_attempt(&w.assignment_id).await {
+            Ok(Some(n)) => n,
+            _ => return,
+        };
+        let req = crate::coordinator::chain::ReserveRequest {
+            // One request per attempt number: a retried resume lands on the same reservation.
+            request_id: format!("watchdog/{}/{}", w.assignment_id, w.attempts_used),
+            lane_incarnation_id: lane.lane_incarnation_id.clone(),
+            assignment_id: Some(w.assignment_id.clone()),
+            target: lane.lane_id.clone(),
+            runtime_id: w.runtime_id.clone(),
+            task_text: next.task_text,
+            scope: next.scope,
+            holds: next.holds,
+            completion_policy: next.completion_policy,
+            inactivity_policy: String::new(),
+            ttl_ms: self.timing.reservation_ttl_ms,
+        };
+        match self.store.reserve(l, &req).await {
+            Ok(r) => {
+                self.bump();
+                tracing::warn!(assignment_id = %w.assignment_id, lane_id = %lane.lane_id,
+                    reassigned = lane.lane_id != w.lane_id, attempt = w.attempts_used + 1,
+                    "watchdog: next attempt on a fresh generation");
+                let _ = self.advance(l, &r.chain.reservation_id).await;
+            }
+            Err(e) => {
+                self.note(l, &e).await;
+                tracing::debug!(assignment_id = %w.assignment_id, error = %e, "next attempt not reserved");
+            }
+        }
     }
 }
