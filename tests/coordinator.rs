@@ -1798,3 +1798,180 @@ async fn authority_refuses_to_run_on_a_standby() {
         other => panic!("a standby was accepted: {other:?}"),
     }
 }
+
+fn progress(r: &Ready, evidence: &str) -> mosaic::coordinator::continuity::ProgressClaim {
+    mosaic::coordinator::continuity::ProgressClaim {
+        chain: r.chain().clone(),
+        generation: r.generation,
+        evidence_kind: "test-result".into(),
+        evidence_digest: mosaic::protocol::work::evidence_digest(
+            "test-result",
+            evidence.as_bytes(),
+        ),
+        next_action: None,
+        message_id: uid("msg"),
+    }
+}
+
+/// Spec §14 rule 6 / §15 (Watchdog deadline race): progress at the inactivity deadline is
+/// expired and cannot extend it; one microsecond before, it does and the watchdog cannot
+/// replace. Repeated evidence never counts twice; progress of another generation never
+/// counts.
+#[tokio::test]
+async fn progress_at_the_inactivity_deadline_is_expired_and_only_new_evidence_counts() {
+    let (f, admin) = frozen_fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = r.chain().assignment_id.clone();
+    let set_deadline = |offset: &'static str| {
+        let asg = asg.clone();
+        let admin = &admin;
+        async move {
+            admin
+                .batch_execute(&format!(
+                    "UPDATE assignments SET inactivity_deadline = (SELECT t FROM frozen.now) + interval '{offset}' WHERE assignment_id = '{asg}'"
+                ))
+                .await
+                .unwrap();
+        }
+    };
+    // One microsecond before the deadline: the watchdog cannot replace, progress counts.
+    set_deadline("1 microsecond").await;
+    assert_eq!(
+        category(s.inactivity_replace(l, r.chain()).await),
+        Category::WrongState
+    );
+    s.record_progress(l, &progress(&r, "report 1"))
+        .await
+        .unwrap();
+    // The same evidence again, under a new message, is the same step: it lands on the first
+    // receipt and moves nothing.
+    set_deadline("1 microsecond").await;
+    let again = s
+        .record_progress(l, &progress(&r, "report 1"))
+        .await
+        .unwrap();
+    assert!(again.replayed);
+    let unmoved = format!(
+        "SELECT count(*) FROM assignments WHERE assignment_id = '{asg}' \
+         AND inactivity_deadline = '2026-06-01 00:00:00.000001+00'"
+    );
+    assert_eq!(
+        admin_count(&admin, &unmoved).await,
+        1,
+        "a repeated report extended the deadline"
+    );
+    // Another generation's progress never counts.
+    let mut other = progress(&r, "report 2");
+    other.generation += 1;
+    assert_eq!(
+        category(s.record_progress(l, &other).await),
+        Category::WrongState
+    );
+    // Evidence of a kind the policy does not know is refused before anything is read.
+    let mut odd = progress(&r, "report 3");
+    odd.evidence_kind = "vibes".into();
+    assert_eq!(
+        category(s.record_progress(l, &odd).await),
+        Category::BadInput
+    );
+    // At the deadline (equality): expired. Progress cannot extend it; the watchdog replaces.
+    set_deadline("0").await;
+    assert_eq!(
+        category(s.record_progress(l, &progress(&r, "report 4")).await),
+        Category::Expired
+    );
+    let rep = s.inactivity_replace(l, r.chain()).await.unwrap();
+    assert_eq!(rep.body["to"], "DRAINING");
+    assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    let a = assignment(s, &asg).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.execution_owner),
+        ("RECOVERY", None)
+    );
+    assert_eq!(
+        admin_count(&admin, "SELECT count(*) FROM progress_receipts").await,
+        1
+    );
+    assert_eq!(
+        admin_count(
+            &admin,
+            "SELECT count(*) FROM leases WHERE released_at IS NULL"
+        )
+        .await,
+        0
+    );
+    // After the replacement nothing of the old generation counts any more.
+    assert_eq!(
+        category(s.record_progress(l, &progress(&r, "report 5")).await),
+        Category::WrongState
+    );
+}
+
+/// Concurrent progress and replacement around the deadline (real clock): at most one
+/// replacement, and no progress is accepted after it.
+#[tokio::test]
+async fn concurrent_progress_and_replacement_have_one_order() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let admin = sql(&f.db.url).await;
+    admin
+        .batch_execute(&format!(
+            "SET session_replication_role = replica; \
+             UPDATE assignments SET inactivity_deadline = clock_timestamp() + interval '40 milliseconds' WHERE assignment_id = '{}'",
+            r.chain().assignment_id
+        ))
+        .await
+        .unwrap();
+    let mut tasks = Vec::new();
+    for i in 0..16u64 {
+        let (s, l, claim, chain) = (
+            s.clone(),
+            l.clone(),
+            progress(&r, &format!("report {i}")),
+            r.chain().clone(),
+        );
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(i * 6)).await;
+            if i % 2 == 0 {
+                (
+                    "progress",
+                    s.record_progress(&l, &claim).await.map(|x| x.decided_at),
+                )
+            } else {
+                (
+                    "replace",
+                    s.inactivity_replace(&l, &chain).await.map(|x| x.decided_at),
+                )
+            }
+        }));
+    }
+    let mut progress_at = Vec::new();
+    let mut replaced_at = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            ("progress", Ok(at)) => progress_at.push(at),
+            (_, Ok(at)) => replaced_at.push(at),
+            (_, Err(e)) => assert!(
+                matches!(e.category(), Some(Category::WrongState | Category::Expired)),
+                "{e}"
+            ),
+        }
+    }
+    assert!(replaced_at.len() <= 1, "{replaced_at:?}");
+    if let Some(rep) = replaced_at.first() {
+        assert!(
+            progress_at.iter().all(|p| p < rep),
+            "progress accepted after the replacement: {progress_at:?} vs {rep}"
+        );
+        assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    } else {
+        assert_eq!(state(s, "h1:w1").await, "RUNNING");
+        assert!(!progress_at.is_empty());
+    }
+}
+
+async fn admin_count(admin: &tokio_postgres::Client, q: &str) -> i64 {
+    admin.query_one(q, &[]).await.unwrap().get(0)
+}

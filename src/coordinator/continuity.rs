@@ -305,6 +305,9 @@ impl Store {
                         ).await?;
                         let (cat, msg) = match why {
                             None => (Category::NotFound, "no such assignment".to_string()),
+                            Some(r) if r.get::<_, String>(0) != "ACTIVE" || r.get::<_, String>(1) != "active" =>
+                                (Category::WrongState, format!("progress counts only for active work (assignment {}, work {})",
+                                    r.get::<_, String>(0), r.get::<_, String>(1))),
                             Some(r) if r.get::<_, bool>(3) => (Category::Conflict, "this evidence was already counted for the assignment: progress needs new evidence".into()),
                             Some(r) if !r.get::<_, bool>(4) => (Category::BadInput, format!("the assignment's policy does not accept {} evidence", p.evidence_kind)),
                             Some(r) if r.get::<_, Option<bool>>(2).unwrap_or(true) => (Category::Expired, "the inactivity deadline has passed (database time; equality is expired)".into()),
