@@ -13,6 +13,7 @@
 //! | `no-ack` | in contract mode: fetches the contract and never acknowledges it (a harness stuck before its ACK) |
 //! | `progress-every=SECONDS` | in contract mode, while hanging: reports progress with fresh evidence (a new test report) every SECONDS |
 //! | `progress-same` | with `progress-every`: reports the same evidence every time (a heartbeat dressed as progress) |
+//! | `accept-handoff` | in contract mode: acknowledges the handoff challenge (`mosaic lane handoff-ack`) before the activation challenge |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
 //!
 //! An unknown or malformed directive is an error before anything happens.
@@ -35,11 +36,12 @@ pub enum Directive {
     ProgressEvery(f64),
     ProgressSame,
     Blocked(String),
+    AcceptHandoff,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -68,6 +70,7 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             None if tok == "hang" => Directive::Hang,
             None if tok == "no-ack" => Directive::NoAck,
             None if tok == "progress-same" => Directive::ProgressSame,
+            None if tok == "accept-handoff" => Directive::AcceptHandoff,
             Some(("progress-every", v)) => match seconds(tok, v)? {
                 s if s >= 0.05 => Directive::ProgressEvery(s),
                 _ => return Err(DirectiveError::BadValue(tok.to_string())),
@@ -295,6 +298,10 @@ fn from_contract() -> Result<Vec<String>, String> {
         loop {
             sleep_reaping(Duration::from_secs(3600));
         }
+    }
+    if directives.contains(&Directive::AcceptHandoff) {
+        let h = run("handoff-ack")?;
+        println!("fake: handoff {}", h["state"].as_str().unwrap_or("?"));
     }
     let a = run("ack")?;
     println!("fake: generation is {}", a["state"].as_str().unwrap_or("?"));

@@ -129,6 +129,24 @@ enum Cmd {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// Hand RUNNING work to an idle lane: the target's fresh generation must acknowledge
+    /// the handoff (`mosaic lane handoff-ack`) before responsibility moves, and then still
+    /// needs its own activation ACK before it runs.
+    Handoff {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long = "to")]
+        lane_id: String,
+        /// The target's task (default: the current attempt's).
+        #[arg(long)]
+        task: Option<String>,
+        /// Milliseconds the target has to acknowledge and activate (default: the
+        /// coordinator's reservation ttl); past it the work stays with its source.
+        #[arg(long)]
+        within_ms: Option<i64>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// Inactivity policies: publish a version (frozen once published), show one.
     Policy {
         #[command(subcommand)]
@@ -367,6 +385,9 @@ enum LaneOp {
     Contract,
     /// Acknowledge this generation's challenge; returns once the generation is active.
     Ack,
+    /// Acknowledge this generation's handoff challenge (a handoff target only); returns
+    /// once responsibility moved to it.
+    HandoffAck,
     /// Report progress with objective evidence (the supervisor digests it; the same
     /// evidence never counts twice). Only an active generation may report.
     Progress {
@@ -700,6 +721,19 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 next_action,
             })
         }
+        Cmd::Handoff {
+            assignment_id,
+            lane_id,
+            task,
+            within_ms,
+            at,
+        } => at.call(OperatorRequest::Handoff {
+            assignment_id,
+            lane_id,
+            task,
+            within_ms,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
         Cmd::Unblock {
             assignment_id,
             next_action,
@@ -800,6 +834,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let req = match op {
                 LaneOp::Contract => LaneRequest::Contract,
                 LaneOp::Ack => LaneRequest::Ack,
+                LaneOp::HandoffAck => LaneRequest::HandoffAck,
                 LaneOp::Progress {
                     kind,
                     evidence,

@@ -1975,3 +1975,211 @@ async fn concurrent_progress_and_replacement_have_one_order() {
 async fn admin_count(admin: &tokio_postgres::Client, q: &str) -> i64 {
     admin.query_one(q, &[]).await.unwrap().get(0)
 }
+
+/// A handoff offered from RUNNING work on w1 to w2, its target chain driven to its handoff
+/// challenge; returns the offer's target chain and the ACK that would be accepted.
+async fn handoff_to_challenge(
+    s: &Store,
+    l: &Leader,
+    source: &Ready,
+    target_inc: &str,
+) -> (Chain, mosaic::coordinator::handoff::HandoffAckClaim, Ready) {
+    use mosaic::coordinator::handoff::{HandoffAckClaim, OfferRequest};
+    let c = s
+        .offer_handoff(
+            l,
+            &OfferRequest {
+                request_id: uid("ho"),
+                assignment_id: source.chain().assignment_id.clone(),
+                target_lane_incarnation_id: target_inc.into(),
+                task_text: None,
+                ttl_ms: 60_000,
+            },
+        )
+        .await
+        .unwrap();
+    s.checkpoint(l, &c).await.unwrap();
+    s.fence(l, &c).await.unwrap();
+    let (generation, _) = s.stage(l, &c).await.unwrap();
+    let id = identity(7000 + generation);
+    let staged = s.record_staged(l, &c, generation, &id).await.unwrap();
+    let contracts = staged.str("contracts_digest").unwrap();
+    let (hc, _, r) = s
+        .record_injected(l, &c, &contracts, &id, 60_000)
+        .await
+        .unwrap();
+    assert_eq!(r.body["challenge_kind"], "handoff");
+    let h = s
+        .handoff_of_reservation(&c.reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let claim = HandoffAckClaim {
+        handoff_challenge_id: hc.clone(),
+        sot_incarnation: l.sot().into(),
+        coordinator_epoch: l.epoch(),
+        assignment_id: c.assignment_id.clone(),
+        source_assignment_attempt_id: source.chain().assignment_attempt_id.clone(),
+        target_assignment_attempt_id: c.assignment_attempt_id.clone(),
+        responsibility_owner: TARGET.into(),
+        execution_owner: TARGET.into(),
+        pending_target: "h1:w2".into(),
+        next_action_digest: h.next_action_digest.clone(),
+        scope_digest: scope_digest(),
+        holds_digest: holds_digest(),
+        contracts_digest: contracts.clone(),
+        lane_incarnation_id: c.lane_incarnation_id.clone(),
+        generation,
+        challenge_deadline: h.challenge_deadline.clone().unwrap(),
+        ack_digest: d('h'),
+    };
+    let deadline = s
+        .chain_by_reservation(&c.reservation_id)
+        .await
+        .unwrap()
+        .unwrap()
+        .reservation_deadline;
+    let target = Ready {
+        res: Reserved {
+            chain: c.clone(),
+            reservation_lease_id: String::new(),
+            deadline,
+            receipt: r,
+        },
+        generation,
+        identity: id,
+        contracts,
+        challenge: hc,
+    };
+    (c, claim, target)
+}
+
+/// §17 Authority-owner handoff binding and Handoff/activation confusion: every bound field
+/// of a handoff ACK is checked (one mismatch at a time is refused and changes nothing), a
+/// handoff challenge cannot be consumed as an activation challenge, an activation is
+/// impossible before the handoff is accepted, and the handoff receipt grants no lease.
+#[tokio::test]
+async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let w2 = adopt(s, l, "h1:w2").await;
+    let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    let (c, good, target) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    let before = authority_counts(&f.db.url).await;
+    type Forge = (
+        &'static str,
+        fn(&mut mosaic::coordinator::handoff::HandoffAckClaim),
+    );
+    let forged: [Forge; 15] = [
+        ("challenge", |a| a.handoff_challenge_id = "hc-forged".into()),
+        ("timeline", |a| a.sot_incarnation = "sot-other".into()),
+        ("epoch", |a| a.coordinator_epoch += 1),
+        ("assignment", |a| a.assignment_id = "as-other".into()),
+        ("source attempt", |a| {
+            a.source_assignment_attempt_id = "at-other".into()
+        }),
+        ("target attempt", |a| {
+            a.target_assignment_attempt_id = "at-other".into()
+        }),
+        ("responsibility owner", |a| {
+            a.responsibility_owner = "h1:w2".into()
+        }),
+        ("execution owner", |a| a.execution_owner = "h1:w9".into()),
+        ("pending target", |a| a.pending_target = "h1:w1".into()),
+        ("next action", |a| a.next_action_digest = d('0')),
+        ("scope", |a| a.scope_digest = d('1')),
+        ("holds", |a| a.holds_digest = d('2')),
+        ("contracts", |a| a.contracts_digest = d('3')),
+        ("generation", |a| a.generation += 1),
+        ("deadline", |a| {
+            a.challenge_deadline = "2999-01-01T00:00:00.000000Z".into()
+        }),
+    ];
+    for (what, forge) in forged {
+        let mut a = good.clone();
+        forge(&mut a);
+        let cat = category(s.accept_handoff(l, &a).await);
+        assert!(
+            matches!(cat, Category::Mismatch | Category::NotFound),
+            "forged {what}: {cat:?}"
+        );
+    }
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "a refused handoff ACK changed something"
+    );
+    // The handoff challenge is not an activation challenge.
+    assert_eq!(
+        category(s.consume_ack(l, &ack(l, &target)).await),
+        Category::NotFound
+    );
+    // No activation challenge exists for the target before the handoff is accepted.
+    assert_eq!(
+        category(s.issue_activation_challenge(l, &c, 60_000).await),
+        Category::WrongState
+    );
+    // The real ACK: responsibility moves, the source is fenced, nothing is granted.
+    let r = s.accept_handoff(l, &good).await.unwrap();
+    assert_eq!(r.body["execution_owner"], serde_json::Value::Null);
+    let a = assignment(s, &c.assignment_id).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("h1:w2", None, Some("h1:w2"))
+    );
+    assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    assert_eq!(
+        state(s, "h1:w2").await,
+        "AWAITING_ACK",
+        "a handoff grants no READY"
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM leases WHERE assignment_id = '{}' AND released_at IS NULL",
+                c.assignment_id
+            )
+        )
+        .await,
+        0,
+        "the source's leases are revoked and the target has none"
+    );
+    // Replayed: the same ACK returns the same receipt; another ACK of the used challenge fails.
+    assert!(s.accept_handoff(l, &good).await.unwrap().replayed);
+    let mut other = good.clone();
+    other.ack_digest = d('9');
+    assert_eq!(
+        category(s.accept_handoff(l, &other).await),
+        Category::IdempotencyConflict
+    );
+    // The prior owner's authority is gone: its progress and lease renewal are refused.
+    assert_eq!(
+        category(s.record_progress(l, &progress(&source, "late")).await),
+        Category::WrongState
+    );
+    assert_eq!(
+        category(s.renew_leases(l, source.chain(), 60_000).await),
+        Category::WrongState
+    );
+    // Only now the target's own activation challenge, ACK and activation.
+    let ch = s.issue_activation_challenge(l, &c, 60_000).await.unwrap();
+    let mut t = target;
+    t.challenge = ch.str("challenge_id").unwrap();
+    s.consume_ack(l, &ack(l, &t)).await.unwrap();
+    s.activate(l, &activation(s, &t).await).await.unwrap();
+    let a = assignment(s, &c.assignment_id).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("h1:w2", Some("h1:w2"), None)
+    );
+    assert_eq!(state(s, "h1:w2").await, "RUNNING");
+}

@@ -1606,3 +1606,184 @@ async fn only_new_evidence_is_progress_and_blocked_work_keeps_its_owner_and_evid
         let _ = up.cli(&["stop", "--assignment", id]);
     }
 }
+
+/// Spec §8.1 and §17 rows Unacknowledged handoff, Prior-owner handoff effect and
+/// Handoff/activation confusion, end to end: an offer the target never acknowledges moves
+/// nothing; an acknowledged one moves responsibility, fences the source, and the target
+/// still goes through its own activation challenge and ACK before it runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_moves_responsibility_only_by_its_ack_and_the_target_still_activates() {
+    let up = Up::start(3);
+    let (lane1, lane2, lane3) = (up.lane_id(1), up.lane_id(2), up.lane_id(3));
+    let a = up.assign(&lane1, "hang");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let source_generation = a["generation"].as_i64().unwrap();
+
+    // 1. Unacknowledged: the target's harness never says handoff-ack.
+    let r = up
+        .cli(&[
+            "handoff",
+            "--assignment",
+            &id,
+            "--to",
+            &lane2,
+            "--task",
+            "hang",
+            "--within-ms",
+            "3000",
+        ])
+        .unwrap_or_else(|e| panic!("handoff: {e}"));
+    assert!(r["handoff_id"].is_string(), "{r}");
+    let s = up.assignment(&id);
+    assert_eq!(s["work_status"], "handoff");
+    assert_eq!(
+        (
+            s["responsibility_owner"].as_str(),
+            s["execution_owner"].as_str(),
+            s["pending_target"].as_str()
+        ),
+        (
+            Some(lane1.as_str()),
+            Some(lane1.as_str()),
+            Some(lane2.as_str())
+        ),
+        "an offer is not a transfer"
+    );
+    // A stop during the offer is refused, and a second offer is refused.
+    let err = up
+        .cli(&["stop", "--assignment", &id, "--no-wait"])
+        .unwrap_err();
+    assert!(err.contains("handoff"), "{err}");
+    let err = up
+        .cli(&["handoff", "--assignment", &id, "--to", &lane3])
+        .unwrap_err();
+    assert!(err.contains("wrong-state"), "{err}");
+    wait_for("the unacknowledged offer to expire", || {
+        let s = up.assignment(&id);
+        (s["work_status"] == "active" && s["pending_target"].is_null()).then_some(s)
+    });
+    let s = up.assignment(&id);
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["responsibility_owner"].as_str(),
+            s["execution_owner"].as_str(),
+            s["lane_state"].as_str()
+        ),
+        (
+            Some("ACTIVE"),
+            Some(lane1.as_str()),
+            Some(lane1.as_str()),
+            Some("RUNNING")
+        ),
+        "the work stayed with its source"
+    );
+    assert_eq!(s["generation"].as_i64().map(|_| ()), Some(()));
+    assert_eq!(
+        up.count(&format!(
+            "SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state = 'EXPIRED'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        up.count(&format!("SELECT count(*) FROM generations g JOIN reservations r USING (reservation_id) \
+                           WHERE r.assignment_id = '{id}' AND g.lane_incarnation_id = (SELECT lane_incarnation_id FROM lane_incarnations WHERE lane_id = '{lane1}' AND retired_at IS NULL) AND g.state = 'LIVE'")).await,
+        1,
+        "the source generation still runs"
+    );
+    wait_for("the target lane to be clean again", || {
+        (up.lane_state(&lane2) == "IDLE_CLEAN").then_some(())
+    });
+
+    // 2. Acknowledged: the target harness acknowledges the handoff, then its own activation.
+    let before_leases = up
+        .count(&format!("SELECT count(*) FROM leases l JOIN lane_incarnations li USING (lane_incarnation_id) WHERE li.lane_id = '{lane1}' AND l.released_at IS NULL"))
+        .await;
+    assert!(before_leases > 0, "the source holds its effect lease");
+    up.cli(&[
+        "handoff",
+        "--assignment",
+        &id,
+        "--to",
+        &lane3,
+        "--task",
+        "accept-handoff hang",
+    ])
+    .unwrap_or_else(|e| panic!("handoff: {e}"));
+    let s = wait_for("the target to run", || {
+        let s = up.assignment(&id);
+        (s["lane_id"] == lane3.as_str() && s["lane_state"] == "RUNNING").then_some(s)
+    });
+    assert_eq!(
+        (
+            s["responsibility_owner"].as_str(),
+            s["execution_owner"].as_str(),
+            s["pending_target"].as_str(),
+            s["work_status"].as_str()
+        ),
+        (
+            Some(lane3.as_str()),
+            Some(lane3.as_str()),
+            None,
+            Some("active")
+        )
+    );
+    // The order of decisions: accept, then the target's activation challenge and ACK, then
+    // activation — the handoff receipt granted nothing by itself.
+    let order = |t: &str| {
+        format!(
+        "SELECT coalesce(min(decided_at) FILTER (WHERE transition = '{t}'), 'infinity') < \
+                coalesce(min(decided_at) FILTER (WHERE transition = 'activation-challenge'), '-infinity') \
+         FROM transition_receipts WHERE assignment_id = '{id}'"
+    )
+    };
+    let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let accepted_first: bool = c
+        .query_one(&order("handoff-accept"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        accepted_first,
+        "the activation challenge came before the handoff was accepted"
+    );
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM transition_receipts WHERE assignment_id = '{id}' AND transition = 'handoff-accept'), \
+                        (SELECT count(*) FROM transition_receipts WHERE assignment_id = '{id}' AND transition = 'activate'), \
+                        (SELECT count(*) FROM challenges c JOIN reservations r USING (reservation_id) WHERE r.assignment_id = '{id}'), \
+                        (SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state = 'ACCEPTED')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let counts: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(
+        counts,
+        (1, 2, 2, 1),
+        "(accepts, activations, activation challenges, accepted handoffs)"
+    );
+    // The prior owner holds nothing: its leases are revoked, its generation ended with a
+    // verified receipt, its lane is clean.
+    wait_for("the source generation's receipt", || {
+        (up.lane_state(&lane1) == "IDLE_CLEAN").then_some(())
+    });
+    assert_eq!(
+        up.count(&format!("SELECT count(*) FROM leases l JOIN lane_incarnations li USING (lane_incarnation_id) WHERE li.lane_id = '{lane1}' AND l.released_at IS NULL")).await,
+        0
+    );
+    assert_eq!(
+        up.count(&format!(
+            "SELECT count(*) FROM termination_receipts WHERE assignment_id = '{id}' AND lane_id = '{lane1}' AND generation = {source_generation} AND verified_empty"
+        ))
+        .await,
+        1
+    );
+    up.cli(&["stop", "--assignment", &id]).unwrap();
+}

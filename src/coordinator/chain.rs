@@ -552,6 +552,29 @@ impl Store {
                         Ok(d) => d,
                         Err(u) => return Err(diagnose(u, &c, "CONTRACT_INJECTING", epoch).await?),
                     };
+                    // A handoff's target chain gets the handoff challenge now, and its own
+                    // activation challenge only once the handoff is accepted.
+                    let handoff: Option<(Option<String>, Option<String>)> = d.query(
+                        "SELECT r.handoff_id, h.state FROM reservations r LEFT JOIN handoffs h ON h.handoff_id = r.handoff_id \
+                         WHERE r.reservation_id = $1 AND r.handoff_id IS NOT NULL",
+                        &[&c.reservation_id],
+                    ).await?.first().map(|r| (r.get(0), r.get(1)));
+                    if let Some((Some(handoff_id), state)) = handoff {
+                        if state.as_deref() != Some("OFFERED") {
+                            return Err(reject(OP, Category::WrongState, format!("handoff {handoff_id} is {}; its target gets no challenge", state.unwrap_or_default())));
+                        }
+                        let hc = format!("hc-{}", crate::util::random_hex(32).map_err(AuthorityError::Internal)?);
+                        let exp: String = d.query_one(
+                            "WITH n AS (UPDATE assignments SET next_action = 'the target acknowledges handoff challenge ' || $1 || ' (mosaic lane handoff-ack)' WHERE assignment_id = $5) \
+                             UPDATE handoffs h SET state = 'CHALLENGED', challenge_id = $1, challenge_epoch = $2, \
+                                    challenge_deadline = LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
+                             FROM reservations r WHERE r.reservation_id = $4 AND h.handoff_id = r.handoff_id AND h.state = 'OFFERED' \
+                             RETURNING mosaic_ts(h.challenge_deadline)",
+                            &[&hc, &epoch, &ttl, &c.reservation_id, &c.assignment_id],
+                        ).await?.get(0);
+                        return d.decide(json!({ "chain": c, "challenge_id": hc, "challenge_kind": "handoff", "handoff_id": handoff_id,
+                            "challenge_expires_at": exp, "contracts_digest": delivered }));
+                    }
                     let ch = format!("ch-{}", uuid::Uuid::new_v4().simple());
                     let exp: String = d.query_one(
                         "WITH n AS (UPDATE assignments SET next_action = 'the harness acknowledges challenge ' || $1 || ' (mosaic lane ack); then activation' WHERE assignment_id = $5) \
@@ -560,7 +583,7 @@ impl Store {
                          FROM reservations r WHERE r.reservation_id = $4 RETURNING mosaic_ts(expires_at)",
                         &[&ch, &epoch, &ttl, &c.reservation_id, &c.assignment_id],
                     ).await?.get(0);
-                    d.decide(json!({ "chain": c, "challenge_id": ch, "challenge_expires_at": exp, "contracts_digest": delivered }))
+                    d.decide(json!({ "chain": c, "challenge_id": ch, "challenge_kind": "activation", "challenge_expires_at": exp, "contracts_digest": delivered }))
                 }),
             )
             .await?;

@@ -150,7 +150,10 @@ impl Store {
                         &[&c.lane_incarnation_id, &g, &why],
                     ).await?;
                 }
-                if requested.is_none() {
+                // A handoff's target chain that ends before its ACK leaves the work with its
+                // source; any other chain's work goes to recovery.
+                let handed_back = d.exec(super::handoff::EXPIRE_TARGET_HANDOFF, &[&c.reservation_id]).await? > 0;
+                if requested.is_none() && !handed_back {
                     d.exec_one(
                         "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
                                 next_action = 'resume on a fresh chain: ' || $2 WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
@@ -218,9 +221,10 @@ impl Store {
                                         AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED'), \
                                 (SELECT t.verified_empty FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1), \
                                 (SELECT t.body_digest FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1), \
-                                EXISTS (SELECT 1 FROM transition_receipts x WHERE x.transition = 'activate' AND x.assignment_id = a.assignment_id) \
+                                EXISTS (SELECT 1 FROM transition_receipts x WHERE x.transition = 'activate' AND x.assignment_id = a.assignment_id), \
+                                a.work_status \
                          FROM assignments a JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id \
-                         LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL \
+                         LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
                          WHERE a.assignment_id = $1 FOR UPDATE OF a, li",
                         &[&asg],
                     ).await?;
@@ -236,6 +240,9 @@ impl Store {
                     let last_verified: Option<bool> = row.get(8);
                     let last_receipt: Option<String> = row.get(9);
                     let ever_ran: bool = row.get(10);
+                    if row.get::<_, String>(11) == "handoff" {
+                        return Err(reject(OP, Category::WrongState, "a handoff of this assignment is pending: wait for its ACK or its expiry, then stop"));
+                    }
                     if o == "COMPLETED" && !ever_ran {
                         return Err(reject(OP, Category::WrongState, "COMPLETED needs work that ran: this assignment was never activated"));
                     }
@@ -472,12 +479,15 @@ impl Store {
                         ).await?;
                         d.exec(RELEASE_LEASES, &[&reservation]).await?;
                         d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
-                        d.exec(
-                            "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
-                                    next_action = 'resume on a fresh generation: generation ' || $2 || ' ended unexpectedly' \
-                             WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
-                            &[&assignment, &generation.to_string()],
-                        ).await?;
+                        // A handoff target dying before its ACK leaves the work with its source.
+                        if d.exec(super::handoff::EXPIRE_TARGET_HANDOFF, &[&reservation]).await? == 0 {
+                            d.exec(
+                                "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
+                                        next_action = 'resume on a fresh generation: generation ' || $2 || ' ended unexpectedly' \
+                                 WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
+                                &[&assignment, &generation.to_string()],
+                            ).await?;
+                        }
                         Reconciliation::Recovery { lane_state: to.into() }
                     } else if state == "QUARANTINED" {
                         // Evidence the quarantined lane's generation is gone; an outcome the

@@ -12,7 +12,8 @@
 //!
 //! Layout: `txn` (the frame), `model` (types and reads), `chain` (reserve … injected),
 //! `activation` (ACK and activation), `ending` (stops, expiry, receipts, leases), `continuity`
-//! (the work record: progress, inactivity watchdog steps, blocked and unblock), `lanes`
+//! (the work record: progress, inactivity watchdog steps, blocked and unblock), `handoff`
+//! (responsibility transfer by its own ACK), `lanes`
 //! (incarnations, quarantine), `leader`, `store`, `audit`, `secret`, `failpoint`, and
 //! `service/` (the daemon around them).
 
@@ -23,6 +24,7 @@ pub mod continuity;
 pub mod ending;
 pub mod error;
 pub mod failpoint;
+pub mod handoff;
 pub mod lanes;
 pub mod leader;
 pub mod metrics;

@@ -21,6 +21,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0004_quarantine_counts.sql"),
     include_str!("../../migrations/0005_lane_activity_index.sql"),
     include_str!("../../migrations/0006_work_record.sql"),
+    include_str!("../../migrations/0007_handoff.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

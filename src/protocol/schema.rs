@@ -56,9 +56,11 @@ pub enum MessageType {
     RecoveryAck,
     Progress,
     Blocked,
+    HandoffChallenge,
+    HandoffAck,
 }
 
-pub const ALL_TYPES: [MessageType; 23] = [
+pub const ALL_TYPES: [MessageType; 25] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -82,6 +84,8 @@ pub const ALL_TYPES: [MessageType; 23] = [
     MessageType::RecoveryAck,
     MessageType::Progress,
     MessageType::Blocked,
+    MessageType::HandoffChallenge,
+    MessageType::HandoffAck,
 ];
 
 impl MessageType {
@@ -110,6 +114,8 @@ impl MessageType {
             Self::RecoveryAck => "recovery_ack",
             Self::Progress => "progress",
             Self::Blocked => "blocked",
+            Self::HandoffChallenge => "handoff_challenge",
+            Self::HandoffAck => "handoff_ack",
         }
     }
 
@@ -291,6 +297,28 @@ const NO_AUTHORITATIVE_TIME: &[&str] = &[
     "challenge_deadline",
     "deadline",
 ];
+/// A handoff ACK echoes the coordinator-issued challenge deadline (spec §8.1) and asserts
+/// no other time.
+const HANDOFF_ACK_NO_TIME: &[&str] = &[
+    "issued_at",
+    "expires_at",
+    "acknowledged_at",
+    "received_at",
+    "consumed_at",
+    "authoritative_deadline",
+    "deadline",
+];
+/// The §8.1 fields a handoff challenge carries and its ACK binds (besides the ordinary
+/// chain fields of the target's generation).
+const HANDOFF_BOUND: &[Field] = &[
+    ("handoff_challenge_id", Str),
+    ("source_assignment_attempt_id", Str),
+    ("responsibility_owner", Str),
+    ("execution_owner", Str),
+    ("pending_target", Str),
+    ("next_action_digest", Digest),
+    ("challenge_deadline", Time),
+];
 /// Spec §7.5: facts that do not exist for a recovery candidate.
 const RECOVERY_PROHIBITED: &[&str] = &[
     "assignment_attempt_id",
@@ -357,7 +385,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 23] = [
+pub static SCHEMAS: [Schema; 25] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -613,6 +641,43 @@ pub static SCHEMAS: [Schema; 23] = [
         [
             &["lease_id", "effect_id", "challenge_id"],
             NO_AUTHORITATIVE_TIME
+        ]
+    ),
+    // The target generation's handoff challenge (spec §8.1): minted only after its contract
+    // injection was recorded. It is not an activation challenge and carries no `challenge_id`.
+    schema!(
+        HandoffChallenge,
+        "handoff_challenge",
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            HANDOFF_BOUND,
+            &[("next_action", Str)]
+        ],
+        [],
+        [&["challenge_id", "lease_id", "effect_id"]]
+    ),
+    // The target's handoff ACK, binding every §8.1 field; it transfers responsibility only.
+    schema!(
+        HandoffAck,
+        "handoff_ack",
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            HANDOFF_BOUND,
+            &[("process_identity", ProcessIdentity)]
+        ],
+        [],
+        [
+            &["challenge_id", "lease_id", "effect_id"],
+            HANDOFF_ACK_NO_TIME
         ]
     ),
     schema!(

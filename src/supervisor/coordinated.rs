@@ -51,6 +51,8 @@ struct ChainCtx {
     identity: Value,
     contract: Mutex<Option<Envelope<Verified>>>,
     challenge: tokio::sync::watch::Sender<Option<String>>,
+    /// The handoff challenge of a handoff target's generation (spec §8.1).
+    handoff: tokio::sync::watch::Sender<Option<Envelope<Verified>>>,
 }
 
 pub struct CoordinatedHost {
@@ -117,6 +119,7 @@ impl CoordinatedHost {
                             .unwrap_or(Value::Null),
                         contract: Mutex::new(None),
                         challenge: tokio::sync::watch::channel(None).0,
+                        handoff: tokio::sync::watch::channel(None).0,
                     });
                     if let Ok(mut m) = host.chains.lock() {
                         m.insert(lane.lane_id.clone(), ctx);
@@ -291,6 +294,7 @@ impl CoordinatedHost {
             identity: identity_value(&id),
             contract: Mutex::new(None),
             challenge: tokio::sync::watch::channel(None).0,
+            handoff: tokio::sync::watch::channel(None).0,
         });
         if let Ok(mut m) = self.chains.lock() {
             m.insert(lane_id, ctx.clone());
@@ -323,6 +327,46 @@ impl CoordinatedHost {
         f.push(("delivered_contracts_digest", s(&digest)));
         f.push(("process_identity", ctx.identity.clone()));
         self.send(MessageType::Injected, f);
+        // A handoff target's generation: its handoff ACK, when the harness asks for it and
+        // the challenge is here, echoing every bound field of the challenge.
+        {
+            let (this, ctx, session, stage, contract) = (
+                self.clone(),
+                ctx.clone(),
+                session.clone(),
+                stage.clone(),
+                contract.clone(),
+            );
+            tokio::spawn(async move {
+                let mut asked = session.handoff_ack_requested.subscribe();
+                if asked.wait_for(|a| *a).await.is_err() {
+                    return;
+                }
+                let mut hc = ctx.handoff.subscribe();
+                let Ok(h) = hc.wait_for(|h| h.is_some()).await.map(|h| h.clone()) else {
+                    return;
+                };
+                let Some(h) = h else { return };
+                let mut f = Self::chain_fields(&stage, Some(&contract));
+                f.push((
+                    "idempotency_key",
+                    s(&format!("handoff-ack/{}", h.str("handoff_challenge_id"))),
+                ));
+                for k in [
+                    "handoff_challenge_id",
+                    "source_assignment_attempt_id",
+                    "responsibility_owner",
+                    "execution_owner",
+                    "pending_target",
+                    "next_action_digest",
+                    "challenge_deadline",
+                ] {
+                    f.push((k, s(h.str(k))));
+                }
+                f.push(("process_identity", ctx.identity.clone()));
+                this.send(MessageType::HandoffAck, f);
+            });
+        }
         let mut asked = session.ack_requested.subscribe();
         if asked.wait_for(|a| *a).await.is_err() {
             return;
@@ -452,6 +496,17 @@ impl CoordinatedHost {
             MessageType::Challenge => {
                 ctx.challenge
                     .send_replace(Some(env.str("challenge_id").to_string()));
+                if let Some(session) = &ctx.session {
+                    session.challenged.send_replace(true);
+                }
+            }
+            MessageType::HandoffChallenge => {
+                if let Some(session) = &ctx.session {
+                    session
+                        .handoff
+                        .send_replace(Some(env.str("handoff_challenge_id").to_string()));
+                }
+                ctx.handoff.send_replace(Some(env.clone()));
             }
             MessageType::Control if env.str("control_op") == "activate" => {
                 let Some(lane) = self.lane_name(&lane_id) else {

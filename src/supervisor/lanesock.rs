@@ -51,6 +51,13 @@ pub struct GenSession {
     pub ack_requested: watch::Sender<bool>,
     /// `Some(Ok)` once activated (RUNNING), `Some(Err)` if the chain failed.
     pub activation: watch::Sender<Option<Result<(), String>>>,
+    /// Set when a handoff challenge for this generation arrived (its id).
+    pub handoff: watch::Sender<Option<String>>,
+    /// Set when the harness asked to acknowledge the handoff challenge.
+    pub handoff_ack_requested: watch::Sender<bool>,
+    /// Set when this generation's activation challenge arrived (for a handoff target: the
+    /// handoff was accepted).
+    pub challenged: watch::Sender<bool>,
     /// Reports of the RUNNING harness, for the chain driver to sign and send.
     pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
     /// The driver's end of `reports` (taken once).
@@ -65,6 +72,9 @@ impl GenSession {
             delivered: watch::channel(None).0,
             ack_requested: watch::channel(false).0,
             activation: watch::channel(None).0,
+            handoff: watch::channel(None).0,
+            handoff_ack_requested: watch::channel(false).0,
+            challenged: watch::channel(false).0,
             reports: tx,
             reports_rx: std::sync::Mutex::new(Some(rx)),
         })
@@ -76,6 +86,9 @@ impl GenSession {
 pub enum LaneRequest {
     Contract,
     Ack,
+    /// Acknowledge this generation's handoff challenge (spec §8.1); answered once the
+    /// handoff was accepted (the activation challenge arrived) or the generation ended.
+    HandoffAck,
     /// Progress with its evidence: the bytes of a file (hex), or a commit id.
     Progress {
         kind: String,
@@ -131,6 +144,7 @@ pub(crate) fn serve(
                     match serde_json::from_str::<LaneRequest>(&line) {
                         Ok(LaneRequest::Contract) => contract(&s).await,
                         Ok(LaneRequest::Ack) => ack(&s).await,
+                        Ok(LaneRequest::HandoffAck) => handoff_ack(&s).await,
                         Ok(r @ (LaneRequest::Progress { .. } | LaneRequest::Blocked { .. })) => {
                             report(&s, r)
                         }
@@ -194,6 +208,33 @@ async fn ack(s: &GenSession) -> LaneResponse {
         },
         Some(Err(e)) => err(&e),
         None => err("no activation"),
+    }
+}
+
+async fn handoff_ack(s: &GenSession) -> LaneResponse {
+    if s.delivered.borrow().is_none() {
+        return err("fetch the contract before acknowledging a handoff");
+    }
+    s.handoff_ack_requested.send_replace(true);
+    let mut rx = s.challenged.subscribe();
+    let mut act = s.activation.subscribe();
+    tokio::select! {
+        r = rx.wait_for(|c| *c) => match r {
+            Ok(_) => LaneResponse {
+                ok: true,
+                contract: None,
+                state: Some("responsibility accepted; acknowledge the activation challenge next (mosaic lane ack)".into()),
+                error: None,
+            },
+            Err(_) => err("the generation ended"),
+        },
+        r = act.wait_for(|a| matches!(a, Some(Err(_)))) => match r {
+            Ok(v) => match v.clone() {
+                Some(Err(e)) => err(&e),
+                _ => err("the generation ended"),
+            },
+            Err(_) => err("the generation ended"),
+        },
     }
 }
 
@@ -265,7 +306,9 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
                 next_action,
             }
         }
-        LaneRequest::Contract | LaneRequest::Ack => return err("not a report"),
+        LaneRequest::Contract | LaneRequest::Ack | LaneRequest::HandoffAck => {
+            return err("not a report")
+        }
     };
     if s.reports.send(report).is_err() {
         return err("the generation ended");

@@ -29,3 +29,11 @@ pub async fn shutdown_signalled(rx: &mut tokio::sync::watch::Receiver<bool>) {
         std::future::pending::<()>().await;
     }
 }
+
+/// `n` bytes from the operating system's random source, hex-encoded (single-use ids such as
+/// handoff challenges: 32 bytes give 256 bits).
+pub fn random_hex(n: usize) -> Result<String, String> {
+    let mut b = vec![0u8; n];
+    getrandom::fill(&mut b).map_err(|e| format!("no randomness from the operating system: {e}"))?;
+    Ok(hex::encode(b))
+}

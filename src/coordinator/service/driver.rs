@@ -84,6 +84,20 @@ impl Service {
                         Err(e) => Err(e),
                     }
                 }
+                // An accepted handoff's target chain: its own activation challenge now.
+                ("AWAITING_ACK", true) if ours && c.challenge_id.is_none() => {
+                    match self.store.handoff_of_reservation(reservation_id).await? {
+                        Some(h) if h.state == "ACCEPTED" => self
+                            .store
+                            .issue_activation_challenge(l, &c.chain, self.timing.challenge_ttl_ms)
+                            .await
+                            .map(|_| ()),
+                        _ => {
+                            self.send_waiting(l, &c).await;
+                            return Ok(Some(c));
+                        }
+                    }
+                }
                 ("RETIRING", _) => self
                     .store
                     .finish(l, &c.chain.lane_incarnation_id)
@@ -133,6 +147,7 @@ impl Service {
             "STAGING" => self.push_stage(l, c).await,
             "CONTRACT_INJECTING" if c.contracts_digest.is_some() => self.push_contract(l, c).await,
             "AWAITING_ACK" if c.challenge_id.is_some() => self.push_challenge(l, c).await,
+            "AWAITING_ACK" => self.push_handoff_challenge(l, c).await,
             _ => false,
         };
         if sent {
@@ -265,6 +280,46 @@ impl Service {
         ]);
         f.extend(Self::issued(&c.last_decided_at, exp));
         self.sign_push(&c.host_id, MessageType::Challenge, f)
+    }
+
+    /// A handoff target's generation is sent its handoff challenge (spec §8.1), with every
+    /// field its ACK must bind.
+    async fn push_handoff_challenge(&self, l: &Leader, c: &ChainRow) -> bool {
+        let Ok(Some(h)) = self
+            .store
+            .handoff_of_reservation(&c.chain.reservation_id)
+            .await
+        else {
+            return false;
+        };
+        let (Some(hc), Some(deadline), Some(cd)) =
+            (&h.challenge_id, &h.challenge_deadline, &c.contracts_digest)
+        else {
+            return false;
+        };
+        if h.state != "CHALLENGED" {
+            return false;
+        }
+        let mut f = self.chain_fields(l, c, Proof::Reveal);
+        f.extend([
+            (
+                "idempotency_key",
+                s(&format!("handoff-challenge/{}", c.chain.reservation_id)),
+            ),
+            ("contracts_digest", s(cd)),
+            ("scope_digest", s(&c.scope_digest)),
+            ("holds_digest", s(&c.holds_digest)),
+            ("handoff_challenge_id", s(hc)),
+            ("source_assignment_attempt_id", s(&h.source_attempt_id)),
+            ("responsibility_owner", s(&h.responsibility_owner)),
+            ("execution_owner", s(&h.execution_owner)),
+            ("pending_target", s(&h.pending_target)),
+            ("next_action", s(&h.next_action)),
+            ("next_action_digest", s(&h.next_action_digest)),
+            ("challenge_deadline", s(deadline)),
+        ]);
+        f.extend(Self::issued(&c.last_decided_at, deadline));
+        self.sign_push(&c.host_id, MessageType::HandoffChallenge, f)
     }
 
     /// Tells the host its generation is RUNNING (after activation, and again whenever the

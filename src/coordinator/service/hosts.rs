@@ -419,6 +419,7 @@ impl Handler for HostHandler {
                 MessageType::Ack => svc.on_ack(&host, &env).await.map(|()| vec![]),
                 MessageType::Progress => svc.on_progress(&host, &env).await.map(|()| vec![]),
                 MessageType::Blocked => svc.on_blocked(&host, &env).await.map(|()| vec![]),
+                MessageType::HandoffAck => svc.on_handoff_ack(&host, &env).await.map(|()| vec![]),
                 MessageType::Heartbeat => Ok(vec![]),
                 other => Err(OpError::new(
                     Category::BadInput,
@@ -701,6 +702,45 @@ impl Service {
             tracing::info!(lane_id = %c.chain.lane_id, assignment_id = %c.chain.assignment_id,
                 evidence_kind = %claim.evidence_kind, "validated progress: inactivity deadline moved");
         }
+        Ok(())
+    }
+
+    /// A handoff target's ACK: bound to its own chain (the ownership checks), then the one
+    /// compare-and-swap that moves responsibility and fences the source.
+    async fn on_handoff_ack(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, &l, env).await?;
+        let claim = crate::coordinator::handoff::HandoffAckClaim {
+            handoff_challenge_id: env.str("handoff_challenge_id").into(),
+            sot_incarnation: env.str("sot_incarnation").into(),
+            coordinator_epoch: env.uint("coordinator_epoch").unwrap_or(0) as i64,
+            assignment_id: env.str("assignment_id").into(),
+            source_assignment_attempt_id: env.str("source_assignment_attempt_id").into(),
+            target_assignment_attempt_id: env.str("assignment_attempt_id").into(),
+            responsibility_owner: env.str("responsibility_owner").into(),
+            execution_owner: env.str("execution_owner").into(),
+            pending_target: env.str("pending_target").into(),
+            next_action_digest: env.str("next_action_digest").into(),
+            scope_digest: env.str("scope_digest").into(),
+            holds_digest: env.str("holds_digest").into(),
+            contracts_digest: env.str("contracts_digest").into(),
+            lane_incarnation_id: env.str("lane_incarnation_id").into(),
+            generation: env.uint("generation").unwrap_or(0) as i64,
+            challenge_deadline: env.str("challenge_deadline").into(),
+            ack_digest: env.digest(),
+        };
+        let r = self
+            .step(&l, self.store.accept_handoff(&l, &claim).await)
+            .await?;
+        if !r.replayed {
+            tracing::warn!(assignment_id = %claim.assignment_id, lane_id = %c.chain.lane_id,
+                "handoff accepted: responsibility moved; the source is fenced and the target awaits its own activation");
+        }
+        // The source's generation is to be stopped; the target chain gets its challenge.
+        if let Some(src) = r.body["source_reservation_id"].as_str() {
+            let _ = self.advance(&l, src).await;
+        }
+        self.advance(&l, &c.chain.reservation_id).await?;
         Ok(())
     }
 

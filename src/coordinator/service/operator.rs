@@ -138,6 +138,21 @@ pub enum OperatorRequest {
     Policy {
         policy_id: String,
     },
+    /// Offers RUNNING work to an idle lane (spec §8.1): responsibility moves only by the
+    /// target generation's handoff ACK, and the target still needs its own activation.
+    Handoff {
+        assignment_id: String,
+        lane_id: String,
+        /// The target's task; default: the current attempt's.
+        #[serde(default)]
+        task: Option<String>,
+        /// How long the target has to acknowledge and activate (default: the reservation
+        /// ttl); past it the offer expires and the work stays with its source.
+        #[serde(default)]
+        within_ms: Option<i64>,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
     /// Waits until anything changes after `version` (at most 20 s), then answers with the
     /// status, each lane's last receipt and the new version: a live view without polling.
     Watch {
@@ -308,6 +323,16 @@ impl Service {
                 let r = self.store.publish_policy(&l, &policy).await;
                 let r = self.settled(&l, r).await?;
                 json!({ "policy_id": policy.policy_id, "digest": r.body["digest"], "receipt_id": r.receipt_id })
+            }
+            OperatorRequest::Handoff {
+                assignment_id,
+                lane_id,
+                task,
+                within_ms,
+                request_id: rid,
+            } => {
+                self.handoff(&assignment_id, &lane_id, task, within_ms, request_id(rid))
+                    .await?
             }
             OperatorRequest::Policy { policy_id } => match self.store.policy(&policy_id).await? {
                 Some((p, digest)) => json!({ "policy": p, "digest": digest }),
@@ -499,6 +524,87 @@ impl Service {
                 a.map(|a| a.next_action).unwrap_or_default()
             ),
         ))
+    }
+
+    /// `mosaic handoff`: validated like an assign (lane, host, runtime, task) before anything
+    /// is reserved; then the offer and the target chain, driven as far as it goes.
+    async fn handoff(
+        &self,
+        assignment_id: &str,
+        lane_id: &str,
+        task: Option<String>,
+        within_ms: Option<i64>,
+        request_id: String,
+    ) -> Result<serde_json::Value, OpError> {
+        let l = self.leader().await?;
+        let lane = self.known_lane(lane_id).await?;
+        if within_ms.is_some_and(|w| !(1000..=86_400_000).contains(&w)) {
+            return Err(OpError::new(
+                Category::BadInput,
+                "--within-ms takes 1000..86400000",
+            ));
+        }
+        let Some(a) = self.store.assignment(assignment_id).await? else {
+            return Err(OpError::new(
+                Category::NotFound,
+                format!("no assignment {assignment_id}"),
+            ));
+        };
+        if !self.hosts.is_connected(&lane.host_id) {
+            return Err(OpError::new(
+                Category::HostUnreachable,
+                format!("host:{} is not connected to this coordinator", lane.host_id),
+            ));
+        }
+        let runtime = self
+            .store
+            .assignment_statuses()
+            .await?
+            .into_iter()
+            .find(|s| s.assignment_id == a.assignment_id)
+            .map(|s| s.runtime_id)
+            .unwrap_or_default();
+        let runtimes = self
+            .store
+            .host_runtimes(&lane.host_id)
+            .await?
+            .unwrap_or_default();
+        if !runtimes.iter().any(|r| r == &runtime) {
+            return Err(OpError::new(
+                Category::UnknownRuntime,
+                format!("host:{} does not offer runtime {runtime}", lane.host_id),
+            ));
+        }
+        if let Some(t) = &task {
+            task::validate(&runtime, t).map_err(|e| {
+                OpError::new(
+                    match e {
+                        task::TaskError::TooLarge { .. } => Category::TooLarge,
+                        _ => Category::BadInput,
+                    },
+                    e.to_string(),
+                )
+            })?;
+        }
+        let req = crate::coordinator::handoff::OfferRequest {
+            request_id,
+            assignment_id: assignment_id.to_string(),
+            target_lane_incarnation_id: lane.lane_incarnation_id.clone(),
+            task_text: task,
+            ttl_ms: within_ms.unwrap_or(self.timing.reservation_ttl_ms),
+        };
+        let r = self.store.offer_handoff(&l, &req).await;
+        let chain = self.settled(&l, r).await?;
+        let c = self.advance(&l, &chain.reservation_id).await?;
+        let h = self
+            .store
+            .handoff_of_reservation(&chain.reservation_id)
+            .await?;
+        Ok(
+            json!({ "assignment_id": assignment_id, "handoff_id": h.map(|h| h.handoff_id), "target_lane_id": lane_id,
+                   "target_reservation_id": chain.reservation_id, "target_state": c.map(|c| c.lane_state),
+                   "pending": "the target's fresh generation acknowledges the handoff (mosaic lane handoff-ack); only then does responsibility move" }),
+        )
     }
 
     /// Waits until the chain of `reservation` satisfies `done` (re-read after every change

@@ -1,0 +1,444 @@
+//! Responsibility handoff (spec §8.1): a protocol separate from activation.
+//!
+//! 1. **offer** — RUNNING work, an idle target lane: the target gets a fresh chain of its own
+//!    (attempt, reservation, generation, contract); the assignment keeps its execution owner
+//!    (the source still runs) and names the target as pending. Both owner fields are set,
+//!    which the database allows only while the work status is `handoff`.
+//! 2. **challenge** — minted when the target generation's contract injection is recorded
+//!    (`chain::record_injected`), never before: single-use, random, with a database deadline.
+//! 3. **accept** — the target's ACK binds every §8.1 field; one compare-and-swap checks them
+//!    all against the offer and current state, then sets `responsibility_owner = target`,
+//!    clears the execution owner, keeps the pending target, and fences the source (leases
+//!    revoked, reservation released, generation told to stop, lane draining).
+//! 4. **activation** — only now does the target chain get its activation challenge; the
+//!    activation compare-and-swap requires `execution_owner IS NULL AND pending_target =
+//!    target`, which only an accepted handoff gives a target chain. The handoff receipt
+//!    grants nothing: no READY, no RUNNING, no lease.
+//!
+//! An offer whose target chain ends before acceptance (expiry, a dead target generation) is
+//! `EXPIRED`; one whose source ends first is `WITHDRAWN`. Either way the work's owners are as
+//! they were before the offer.
+//!
+//! **Never:** lets a handoff ACK stand in for an activation ACK or the reverse (separate
+//! tables, message types and compare-and-swaps), or transfers anything on a message alone.
+
+use serde_json::json;
+
+use super::error::{reject, AuthorityError, Category};
+use super::leader::Leader;
+use super::model::Chain;
+use super::secret;
+use super::store::Store;
+use super::txn::{body, request_digest, Receipt, Step};
+
+/// What an operator asks: hand `assignment_id` to the lane incarnation `target`.
+#[derive(Debug, Clone)]
+pub struct OfferRequest {
+    pub request_id: String,
+    pub assignment_id: String,
+    pub target_lane_incarnation_id: String,
+    /// The target's task; `None` continues the last attempt's task.
+    pub task_text: Option<String>,
+    pub ttl_ms: i64,
+}
+
+/// The target's ACK, as its host signed it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct HandoffAckClaim {
+    pub handoff_challenge_id: String,
+    pub sot_incarnation: String,
+    pub coordinator_epoch: i64,
+    pub assignment_id: String,
+    pub source_assignment_attempt_id: String,
+    pub target_assignment_attempt_id: String,
+    pub responsibility_owner: String,
+    pub execution_owner: String,
+    pub pending_target: String,
+    pub next_action_digest: String,
+    pub scope_digest: String,
+    pub holds_digest: String,
+    pub contracts_digest: String,
+    pub lane_incarnation_id: String,
+    pub generation: i64,
+    pub challenge_deadline: String,
+    pub ack_digest: String,
+}
+
+/// A handoff as the driver needs it to send the challenge.
+#[derive(Debug, Clone)]
+pub struct HandoffView {
+    pub handoff_id: String,
+    pub assignment_id: String,
+    pub state: String,
+    pub responsibility_owner: String,
+    pub execution_owner: String,
+    pub pending_target: String,
+    pub source_attempt_id: String,
+    pub target_attempt_id: String,
+    pub target_reservation_id: String,
+    pub next_action: String,
+    pub next_action_digest: String,
+    pub challenge_id: Option<String>,
+    pub challenge_deadline: Option<String>,
+    pub challenge_epoch: Option<i64>,
+}
+
+/// The digest a handoff binds for its next action.
+pub fn next_action_digest(next_action: &str) -> String {
+    format!(
+        "sha256:{}",
+        crate::util::sha256_hex("mosaic/next-action/v1", &[next_action.as_bytes()])
+    )
+}
+
+/// The one statement an ACK must satisfy: the challenge unused and unexpired (database
+/// time), every bound field equal to the offer and to current state, the source still
+/// RUNNING on its open reservation, the target chain AWAITING_ACK on its own. It moves
+/// responsibility and the assignment's lane in the same row update.
+const ACCEPT_CAS: &str = "UPDATE assignments a SET responsibility_owner = h.pending_target, execution_owner = NULL, \
+            lane_incarnation_id = h.target_lane_incarnation_id, handoff_ack = h.handoff_id, \
+            next_action = 'the target acknowledges its own activation challenge (mosaic lane ack); then activation' \
+     FROM handoffs h, reservations rs, lane_incarnations ls, reservations rt, lane_incarnations lt, generations gt \
+     WHERE h.challenge_id = $1 AND h.state = 'CHALLENGED' AND h.challenge_deadline > clock_timestamp() \
+       AND h.sot_incarnation = $2 AND h.challenge_epoch = $3 AND mosaic_ts(h.challenge_deadline) = $16 \
+       AND a.assignment_id = h.assignment_id AND a.assignment_id = $4 \
+       AND a.lifecycle = 'ACTIVE' AND a.work_status = 'handoff' AND a.requested_outcome IS NULL \
+       AND h.source_attempt_id = $5 AND h.target_attempt_id = $6 \
+       AND a.responsibility_owner = h.responsibility_owner AND h.responsibility_owner = $7 \
+       AND a.execution_owner = h.execution_owner AND h.execution_owner = $8 \
+       AND a.pending_target = h.pending_target AND h.pending_target = $9 \
+       AND h.next_action_digest = $10 AND a.scope_digest = $11 AND a.holds_digest = $12 \
+       AND rs.reservation_id = h.source_reservation_id AND rs.released_at IS NULL AND rs.assignment_attempt_id = h.source_attempt_id \
+       AND ls.lane_incarnation_id = rs.lane_incarnation_id AND ls.state = 'RUNNING' AND ls.retired_at IS NULL \
+       AND rt.reservation_id = h.target_reservation_id AND rt.released_at IS NULL AND rt.deadline > clock_timestamp() \
+       AND rt.assignment_attempt_id = h.target_attempt_id AND rt.lane_incarnation_id = $13 AND rt.generation = $14 \
+       AND rt.contracts_digest = $15 \
+       AND lt.lane_incarnation_id = rt.lane_incarnation_id AND lt.state = 'AWAITING_ACK' AND lt.retired_at IS NULL \
+       AND gt.lane_incarnation_id = rt.lane_incarnation_id AND gt.generation = rt.generation AND gt.state = 'STAGING' \
+       AND gt.stop_requested_at IS NULL \
+     RETURNING h.handoff_id, rs.reservation_id, rs.lane_incarnation_id, rs.generation, h.pending_target";
+
+/// Ends the open handoff whose target chain is `$1` (the target chain ended, or its
+/// generation died, before the ACK): the work's owners are as they were before the offer.
+/// Returns the assignment row it restored (none when the reservation was no open target).
+pub(crate) const EXPIRE_TARGET_HANDOFF: &str = "WITH h AS (UPDATE handoffs SET state = 'EXPIRED' \
+        WHERE target_reservation_id = $1 AND state IN ('OFFERED', 'CHALLENGED') RETURNING assignment_id, pending_target) \
+     UPDATE assignments a SET pending_target = NULL, work_status = 'active', \
+            next_action = 'run the task under its contract (the handoff to ' || h.pending_target || ' ended before its ACK)' \
+     FROM h WHERE a.assignment_id = h.assignment_id AND a.work_status = 'handoff'";
+
+impl Store {
+    /// Offers RUNNING work to an idle lane: the target chain is reserved in the same commit.
+    pub async fn offer_handoff(
+        &self,
+        l: &Leader,
+        req: &OfferRequest,
+    ) -> Result<Chain, AuthorityError> {
+        const OP: &str = "handoff-offer";
+        if req.request_id.is_empty() || !(1000..=86_400_000).contains(&req.ttl_ms) {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "a request id and a ttl of 1 s..24 h are required",
+            ));
+        }
+        let step = Step::new(
+            OP,
+            l,
+            format!("handoff-offer/{}", req.request_id),
+            request_digest(
+                OP,
+                &[
+                    &req.assignment_id,
+                    &req.target_lane_incarnation_id,
+                    req.task_text.as_deref().unwrap_or(""),
+                    &req.ttl_ms.to_string(),
+                ],
+            ),
+        )
+        .about(
+            Some(&req.assignment_id),
+            Some(&req.target_lane_incarnation_id),
+        );
+        let salt = secret::fence_salt().map_err(|e| AuthorityError::Internal(e.to_string()))?;
+        let (req, sec, epoch, sot) = (
+            req.clone(),
+            self.secret.clone(),
+            l.epoch(),
+            l.sot().to_string(),
+        );
+        let r = self
+            .transition(
+                &step,
+                body!([req, sec, salt, sot] |f| {
+                    let d = f.cas(
+                        "UPDATE lane_incarnations li SET state = 'RESERVED' \
+                         WHERE li.lane_incarnation_id = $1 AND li.state = 'IDLE_CLEAN' AND li.retired_at IS NULL \
+                           AND li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL \
+                           AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
+                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+                           AND EXISTS (SELECT 1 FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id \
+                                         AND rs.released_at IS NULL AND rs.lane_incarnation_id = a.lane_incarnation_id \
+                                       JOIN lane_incarnations ls ON ls.lane_incarnation_id = rs.lane_incarnation_id \
+                                       WHERE a.assignment_id = $2 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' \
+                                         AND a.requested_outcome IS NULL AND a.execution_owner IS NOT NULL AND a.pending_target IS NULL \
+                                         AND ls.state = 'RUNNING' AND ls.lane_incarnation_id <> li.lane_incarnation_id) \
+                         RETURNING li.lane_id",
+                        &[&req.target_lane_incarnation_id, &req.assignment_id],
+                    ).await?;
+                    let d = match d {
+                        Ok(d) => d,
+                        Err(u) => {
+                            let why = u.read_opt(
+                                "SELECT a.lifecycle, a.work_status, a.execution_owner IS NOT NULL, \
+                                        (SELECT li.state FROM lane_incarnations li WHERE li.lane_incarnation_id = a.lane_incarnation_id), \
+                                        a.lane_incarnation_id = $2 \
+                                 FROM assignments a WHERE a.assignment_id = $1",
+                                &[&req.assignment_id, &req.target_lane_incarnation_id],
+                            ).await?;
+                            return Err(match why {
+                                None => u.reject(Category::NotFound, format!("no assignment {}", req.assignment_id)).await?,
+                                Some(r) if r.get::<_, bool>(4) => u.reject(Category::BadInput, "the target is the lane the work already runs on").await?,
+                                Some(r) if r.get::<_, String>(0) != "ACTIVE" || r.get::<_, String>(1) != "active" || !r.get::<_, bool>(2)
+                                    || r.get::<_, Option<String>>(3).as_deref() != Some("RUNNING") =>
+                                    u.reject(Category::WrongState, format!("only RUNNING active work is handed off (assignment {}, work {}, lane {})",
+                                        r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, Option<String>>(3).unwrap_or_default())).await?,
+                                Some(_) => u.reject(Category::WrongState, "the target lane is not IDLE_CLEAN with every generation ended and reconciled").await?,
+                            });
+                        }
+                    };
+                    let target_lane: String = d.row().get(0);
+                    let src = d.query_one(
+                        "SELECT a.responsibility_owner, a.execution_owner, rs.assignment_attempt_id, rs.reservation_id, \
+                                coalesce($2, (SELECT t.task_text FROM attempts t WHERE t.assignment_attempt_id = rs.assignment_attempt_id)), a.runtime_id \
+                         FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id AND rs.released_at IS NULL \
+                           AND rs.lane_incarnation_id = a.lane_incarnation_id \
+                         WHERE a.assignment_id = $1 FOR UPDATE OF a",
+                        &[&req.assignment_id, &req.task_text],
+                    ).await?;
+                    let (resp, exec, src_attempt, src_res, task, runtime): (String, String, String, String, String, String) =
+                        (src.get(0), src.get(1), src.get(2), src.get(3), src.get(4), src.get(5));
+                    if let Err(e) = crate::protocol::task::validate(&runtime, &task) {
+                        return Err(reject(OP, Category::BadInput, e.to_string()));
+                    }
+                    let handoff = format!("ho-{}", uuid::Uuid::new_v4().simple());
+                    let attempt = format!("at-{}", uuid::Uuid::new_v4().simple());
+                    let reservation = format!("rs-{}", uuid::Uuid::new_v4().simple());
+                    let lease = format!("rl-{}", uuid::Uuid::new_v4().simple());
+                    let ttl = format!("{} milliseconds", req.ttl_ms);
+                    let fence_digest = sec.fence_digest(&sec.fence_token(&reservation, &salt));
+                    let next_action = format!("continue on {target_lane}: its fresh generation acknowledges handoff {handoff}, then its own activation");
+                    let nad = next_action_digest(&next_action);
+                    let task_digest = crate::protocol::task::task_digest(&task);
+                    let deadline: String = d.query_one(
+                        "WITH t AS (INSERT INTO attempts (assignment_attempt_id, assignment_id, created_epoch, task_text, task_digest) \
+                                    VALUES ($1, $2, $3, $4, $5) RETURNING 1), \
+                              r AS (INSERT INTO reservations (reservation_id, reservation_epoch, reservation_lease_id, assignment_id, assignment_attempt_id, \
+                                                              lane_incarnation_id, sot_incarnation, coordinator_epoch, deadline, fence_digest, fence_salt, handoff_id) \
+                                    SELECT $6, 1, $7, $2, $1, $8, $9, $3, clock_timestamp() + $10::text::interval, $11, $12, $13 FROM t \
+                                    RETURNING deadline) \
+                         SELECT mosaic_ts(deadline) FROM r",
+                        &[&attempt, &req.assignment_id, &epoch, &task, &task_digest, &reservation, &lease, &req.target_lane_incarnation_id,
+                          &sot, &ttl, &fence_digest, &salt, &handoff],
+                    ).await?.get(0);
+                    d.exec_one(
+                        "INSERT INTO handoffs (handoff_id, assignment_id, responsibility_owner, execution_owner, pending_target, source_attempt_id, \
+                                               source_reservation_id, target_attempt_id, target_reservation_id, target_lane_incarnation_id, \
+                                               next_action, next_action_digest, sot_incarnation, coordinator_epoch) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                        &[&handoff, &req.assignment_id, &resp, &exec, &target_lane, &src_attempt, &src_res, &attempt, &reservation,
+                          &req.target_lane_incarnation_id, &next_action, &nad, &sot, &epoch],
+                    ).await?;
+                    d.exec_one(
+                        "UPDATE assignments SET pending_target = $2, work_status = 'handoff', next_action = $3 WHERE assignment_id = $1",
+                        &[&req.assignment_id, &target_lane, &next_action],
+                    ).await?;
+                    let chain = Chain {
+                        lane_id: target_lane.clone(),
+                        lane_incarnation_id: req.target_lane_incarnation_id.clone(),
+                        assignment_id: req.assignment_id.clone(),
+                        assignment_attempt_id: attempt,
+                        reservation_id: reservation,
+                        reservation_epoch: 1,
+                    };
+                    d.decide(json!({ "handoff_id": handoff, "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
+                        "responsibility_owner": resp, "execution_owner": exec, "pending_target": target_lane,
+                        "source_reservation_id": src_res, "next_action_digest": nad, "grants_effects": false }))
+                }),
+            )
+            .await?;
+        serde_json::from_value(r.body["chain"].clone())
+            .map_err(|e| AuthorityError::Internal(format!("handoff-offer receipt: {e}")))
+    }
+
+    /// The target's ACK: checked field by field against the offer and current state in one
+    /// compare-and-swap; the source is fenced in the same commit. The identical ACK again
+    /// returns the original receipt; any other ACK of a used challenge is refused.
+    pub async fn accept_handoff(
+        &self,
+        l: &Leader,
+        a: &HandoffAckClaim,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "handoff-accept";
+        let step = Step::new(
+            OP,
+            l,
+            format!("handoff-accept/{}", a.handoff_challenge_id),
+            request_digest(
+                OP,
+                &[
+                    &a.handoff_challenge_id,
+                    &a.sot_incarnation,
+                    &a.coordinator_epoch.to_string(),
+                    &a.assignment_id,
+                    &a.source_assignment_attempt_id,
+                    &a.target_assignment_attempt_id,
+                    &a.responsibility_owner,
+                    &a.execution_owner,
+                    &a.pending_target,
+                    &a.next_action_digest,
+                    &a.scope_digest,
+                    &a.holds_digest,
+                    &a.contracts_digest,
+                    &a.lane_incarnation_id,
+                    &a.generation.to_string(),
+                    &a.challenge_deadline,
+                    &a.ack_digest,
+                ],
+            ),
+        )
+        .about(Some(&a.assignment_id), Some(&a.lane_incarnation_id));
+        let a = a.clone();
+        self.transition(
+            &step,
+            body!([a] |f| {
+                let d = f.cas(ACCEPT_CAS, &[&a.handoff_challenge_id, &a.sot_incarnation, &a.coordinator_epoch, &a.assignment_id,
+                    &a.source_assignment_attempt_id, &a.target_assignment_attempt_id, &a.responsibility_owner, &a.execution_owner,
+                    &a.pending_target, &a.next_action_digest, &a.scope_digest, &a.holds_digest, &a.lane_incarnation_id, &a.generation,
+                    &a.contracts_digest, &a.challenge_deadline]).await?;
+                let d = match d {
+                    Ok(d) => d,
+                    Err(u) => {
+                        let h = u.read_opt(
+                            "SELECT state, challenge_deadline <= clock_timestamp() FROM handoffs WHERE challenge_id = $1",
+                            &[&a.handoff_challenge_id],
+                        ).await?;
+                        return Err(match h {
+                            None => u.reject(Category::NotFound, "no such handoff challenge").await?,
+                            Some(r) if r.get::<_, String>(0) == "ACCEPTED" => u.reject(Category::ChallengeConsumed, "the handoff challenge was already used").await?,
+                            Some(r) if r.get::<_, String>(0) != "CHALLENGED" => u.reject(Category::WrongState, format!("the handoff is {}", r.get::<_, String>(0))).await?,
+                            Some(r) if r.get::<_, Option<bool>>(1).unwrap_or(true) => u.reject(Category::Expired, "the handoff challenge deadline has passed (database time; equality is expired)").await?,
+                            Some(_) => u.reject(Category::Mismatch, "a bound handoff field differs from the offer or from current state").await?,
+                        });
+                    }
+                };
+                let handoff: String = d.row().get(0);
+                let src_res: String = d.row().get(1);
+                let src_inc: String = d.row().get(2);
+                let src_gen: Option<i64> = d.row().get(3);
+                let target: String = d.row().get(4);
+                let body = json!({ "handoff_challenge_id": a.handoff_challenge_id, "assignment_id": a.assignment_id,
+                    "target_assignment_attempt_id": a.target_assignment_attempt_id, "generation": a.generation });
+                d.exec_one(
+                    "UPDATE handoffs SET state = 'ACCEPTED', accepted_at = clock_timestamp(), ack_digest = $2, ack_body = $3 WHERE handoff_id = $1",
+                    &[&handoff, &a.ack_digest, &body],
+                ).await?;
+                // Fence the source: no lease, no reservation, its generation told to stop.
+                d.exec_one("UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'", &[&src_inc]).await?;
+                let revoked = d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&src_res]).await?;
+                d.exec_one("UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&src_res]).await?;
+                d.exec(
+                    "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'responsibility handed off to ' || $3 \
+                     WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
+                    &[&src_inc, &src_gen, &target],
+                ).await?;
+                d.decide(json!({ "handoff_id": handoff, "assignment_id": a.assignment_id, "responsibility_owner": target,
+                    "execution_owner": null, "pending_target": target, "source_reservation_id": src_res, "source_leases_revoked": revoked,
+                    "source_generation_to_stop": src_gen, "grants": "responsibility only: no READY, RUNNING or lease" }))
+            }),
+        )
+        .await
+    }
+
+    /// An accepted handoff's target chain, waiting in AWAITING_ACK without an activation
+    /// challenge, gets its own (single-use, as every activation challenge).
+    pub async fn issue_activation_challenge(
+        &self,
+        l: &Leader,
+        c: &Chain,
+        challenge_ttl_ms: i64,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "activation-challenge";
+        let step = Step::new(
+            OP,
+            l,
+            format!("activation-challenge/{}", c.reservation_id),
+            request_digest(OP, &[&c.key()]),
+        )
+        .about(Some(&c.assignment_id), Some(&c.lane_incarnation_id));
+        let ttl = format!("{} milliseconds", challenge_ttl_ms.clamp(1000, 3_600_000));
+        let (c, epoch) = (c.clone(), l.epoch());
+        self.transition(
+            &step,
+            body!([c, ttl] |f| {
+                let ch = format!("ch-{}", uuid::Uuid::new_v4().simple());
+                let d = f.cas(
+                    "INSERT INTO challenges (challenge_id, reservation_id, sot_incarnation, coordinator_epoch, contracts_digest, expires_at) \
+                     SELECT $1, r.reservation_id, r.sot_incarnation, $2, r.contracts_digest, LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
+                     FROM reservations r JOIN handoffs h ON h.handoff_id = r.handoff_id AND h.state = 'ACCEPTED' \
+                     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id AND li.state = 'AWAITING_ACK' \
+                     JOIN assignments a ON a.assignment_id = r.assignment_id AND a.lifecycle = 'ACTIVE' AND a.execution_owner IS NULL \
+                       AND a.responsibility_owner = h.pending_target AND a.pending_target = h.pending_target \
+                     WHERE r.reservation_id = $4 AND r.released_at IS NULL AND r.deadline > clock_timestamp() AND r.coordinator_epoch = $2 \
+                       AND NOT EXISTS (SELECT 1 FROM challenges c WHERE c.reservation_id = r.reservation_id) \
+                     RETURNING challenge_id, mosaic_ts(expires_at)",
+                    &[&ch, &epoch, &ttl, &c.reservation_id],
+                ).await?;
+                let d = match d {
+                    Ok(d) => d,
+                    Err(u) => return Err(u.reject(Category::WrongState, "not an accepted handoff's target chain awaiting its activation challenge").await?),
+                };
+                let exp: String = d.row().get(1);
+                d.exec_one(
+                    "UPDATE assignments SET next_action = 'the harness acknowledges challenge ' || $1 || ' (mosaic lane ack); then activation' WHERE assignment_id = $2",
+                    &[&ch, &c.assignment_id],
+                ).await?;
+                d.decide(json!({ "chain": c, "challenge_id": ch, "challenge_kind": "activation", "challenge_expires_at": exp }))
+            }),
+        )
+        .await
+    }
+
+    /// The handoff a target reservation belongs to.
+    pub async fn handoff_of_reservation(
+        &self,
+        reservation_id: &str,
+    ) -> Result<Option<HandoffView>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_opt(
+                "SELECT h.handoff_id, h.assignment_id, h.state, h.responsibility_owner, h.execution_owner, h.pending_target, h.source_attempt_id, \
+                        h.target_attempt_id, h.target_reservation_id, h.next_action, h.next_action_digest, h.challenge_id, \
+                        mosaic_ts(h.challenge_deadline), h.challenge_epoch \
+                 FROM handoffs h JOIN reservations r ON r.handoff_id = h.handoff_id WHERE r.reservation_id = $1",
+                &[&reservation_id],
+            )
+            .await?;
+        Ok(row.map(|r| HandoffView {
+            handoff_id: r.get(0),
+            assignment_id: r.get(1),
+            state: r.get(2),
+            responsibility_owner: r.get(3),
+            execution_owner: r.get(4),
+            pending_target: r.get(5),
+            source_attempt_id: r.get(6),
+            target_attempt_id: r.get(7),
+            target_reservation_id: r.get(8),
+            next_action: r.get(9),
+            next_action_digest: r.get(10),
+            challenge_id: r.get(11),
+            challenge_deadline: r.get(12),
+            challenge_epoch: r.get(13),
+        }))
+    }
+}
