@@ -14,6 +14,8 @@
 //! | `progress-every=SECONDS` | in contract mode, while hanging: reports progress with fresh evidence (a new test report) every SECONDS |
 //! | `progress-same` | with `progress-every`: reports the same evidence every time (a heartbeat dressed as progress) |
 //! | `accept-handoff` | in contract mode: acknowledges the handoff challenge (`mosaic lane handoff-ack`) before the activation challenge |
+//! | `take-continuations` | in contract mode, instead of hanging: waits settled for each continuation (`mosaic lane next`), works on it, reports its result, and settles again |
+//! | `busy=SECONDS` | with `take-continuations`: works SECONDS on each continuation (unsettled meanwhile: work still queued) |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
 //!
 //! An unknown or malformed directive is an error before anything happens.
@@ -37,11 +39,13 @@ pub enum Directive {
     ProgressSame,
     Blocked(String),
     AcceptHandoff,
+    TakeContinuations,
+    Busy(f64),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -71,6 +75,8 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             None if tok == "no-ack" => Directive::NoAck,
             None if tok == "progress-same" => Directive::ProgressSame,
             None if tok == "accept-handoff" => Directive::AcceptHandoff,
+            None if tok == "take-continuations" => Directive::TakeContinuations,
+            Some(("busy", v)) => Directive::Busy(seconds(tok, v)?),
             Some(("progress-every", v)) => match seconds(tok, v)? {
                 s if s >= 0.05 => Directive::ProgressEvery(s),
                 _ => return Err(DirectiveError::BadValue(tok.to_string())),
@@ -191,6 +197,13 @@ pub fn run(args: Vec<String>) -> i32 {
             }) {
                 report_blocked(&code);
             }
+            if directives.contains(&Directive::TakeContinuations) {
+                let busy = directives.iter().find_map(|d| match d {
+                    Directive::Busy(s) => Some(*s),
+                    _ => None,
+                });
+                take_continuations(busy.unwrap_or(0.0));
+            }
             let same = directives.contains(&Directive::ProgressSame);
             let mut n = 0u64;
             loop {
@@ -229,6 +242,42 @@ fn lane(args: &[&str]) -> bool {
         Err(e) => {
             eprintln!("mosaic-fake-harness: mosaic lane: {e}");
             false
+        }
+    }
+}
+
+/// Settled: waits for each continuation, works on it (`busy` seconds: unsettled, work
+/// queued), reports its result, settles again. Returns when the generation ends.
+fn take_continuations(busy: f64) {
+    let Some(bin) = std::env::var_os("MOSAIC_BIN") else {
+        return;
+    };
+    loop {
+        let out = match std::process::Command::new(&bin)
+            .args(["lane", "next"])
+            .output()
+        {
+            Ok(o) => o,
+            Err(_) => return,
+        };
+        let v: serde_json::Value = match serde_json::from_slice(&out.stdout) {
+            Ok(v) => v,
+            Err(_) => return,
+        };
+        let (Some(id), Some(action)) = (
+            v["continuation"]["continuation_id"].as_str(),
+            v["continuation"]["next_action"].as_str(),
+        ) else {
+            return;
+        };
+        println!("fake: continuation {id}: {action}");
+        sleep_reaping(Duration::from_secs_f64(busy));
+        let path = std::env::temp_dir().join(format!("mosaic-fake-result-{}", std::process::id()));
+        if std::fs::write(&path, format!("result of {id}: done\n")).is_ok() {
+            if let Some(p) = path.to_str() {
+                lane(&["continuation-result", "--id", id, "--evidence", p]);
+            }
+            let _ = std::fs::remove_file(&path);
         }
     }
 }

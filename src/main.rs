@@ -147,6 +147,19 @@ enum Cmd {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// Continue RUNNING work with a next action: delivered to its live generation at the
+    /// next settled boundary (`mosaic lane next`) and accepted exactly once.
+    Continue {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        next_action: String,
+        /// Milliseconds it may wait for delivery (default 600000).
+        #[arg(long)]
+        within_ms: Option<i64>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// Inactivity policies: publish a version (frozen once published), show one.
     Policy {
         #[command(subcommand)]
@@ -403,6 +416,15 @@ enum LaneOp {
         /// What this generation does next (one line).
         #[arg(long)]
         next_action: Option<String>,
+    },
+    /// Wait, settled, for the coordinator's next continuation (each is given once).
+    Next,
+    /// Report the result of a continuation, with its evidence.
+    ContinuationResult {
+        #[arg(long = "id")]
+        continuation_id: String,
+        #[arg(long)]
+        evidence: PathBuf,
     },
     /// Report that this generation is blocked: a canonical code, the evidence, and the
     /// executable action that would unblock it.
@@ -734,6 +756,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             within_ms,
             request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
         }),
+        Cmd::Continue {
+            assignment_id,
+            next_action,
+            within_ms,
+            at,
+        } => at.call(OperatorRequest::Continue {
+            assignment_id,
+            next_action,
+            within_ms,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
         Cmd::Unblock {
             assignment_id,
             next_action,
@@ -835,6 +868,14 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 LaneOp::Contract => LaneRequest::Contract,
                 LaneOp::Ack => LaneRequest::Ack,
                 LaneOp::HandoffAck => LaneRequest::HandoffAck,
+                LaneOp::Next => LaneRequest::Next,
+                LaneOp::ContinuationResult {
+                    continuation_id,
+                    evidence,
+                } => LaneRequest::ContinuationResult {
+                    continuation_id,
+                    evidence_hex: read(&evidence)?,
+                },
                 LaneOp::Progress {
                     kind,
                     evidence,

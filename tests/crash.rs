@@ -1183,3 +1183,324 @@ async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_sa
     assert_eq!(log.matches("coordinator link up").count(), 1, "{log}");
     w.usable(2).await;
 }
+
+/// §17 Continuation visibility fault and Stale continuation claimant: the coordinator is
+/// killed before and after each commit of a continuation's claim, acceptance and result, and
+/// before it sends the continuation; a restarted coordinator (a new epoch: every old claim is
+/// stale) drives it on. Afterwards: accepted exactly once, the loop budget debited once, the
+/// harness given it once (one result, no refused result), nothing left open.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_at() {
+    for point in [
+        "after-commit:continuation-create",
+        "after-commit:continuation-claim",
+        "before-push:continuation",
+        "before-commit:continuation-accept",
+        "after-commit:continuation-accept",
+        "before-commit:continuation-result",
+        "after-commit:continuation-result",
+    ] {
+        let mut w = Split::new(1);
+        let a = w.assign(1, "take-continuations").unwrap();
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        w.crash_coordinator(0);
+        w.start_coordinator(0, Some(&format!("{point}=return")));
+        w.wait_leading(0);
+        w.wait_host_connected();
+        let (sock, req) = (
+            w.socket(0),
+            OperatorRequest::Continue {
+                assignment_id: id.clone(),
+                next_action: "run the integration tests".into(),
+                within_ms: None,
+                request_id: Some(format!("crash-{point}")),
+            },
+        );
+        let asked = std::thread::spawn(move || operator_call(&sock, &req));
+        w.wait_coordinator_died(0, point);
+        let _ = asked.join();
+        w.start_coordinator(0, None);
+        w.wait_leading(0);
+        w.wait_host_connected();
+        // The operator's request may have died with the coordinator before it committed:
+        // asking again with the same request id is safe (it lands on the same receipt).
+        let again = w.op(&OperatorRequest::Continue {
+            assignment_id: id.clone(),
+            next_action: "run the integration tests".into(),
+            within_ms: None,
+            request_id: Some(format!("crash-{point}")),
+        });
+        assert!(
+            again.is_ok()
+                || again
+                    .as_ref()
+                    .is_err_and(|e| e.category == mosaic::coordinator::Category::Conflict),
+            "{point}: {again:?}"
+        );
+        let start = Instant::now();
+        loop {
+            let done = w
+                .count(&format!(
+                    "SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"
+                ))
+                .await;
+            if done == 1 {
+                break;
+            }
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "{point}: the continuation never got its result"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let row = w
+            .sql()
+            .await
+            .query_one(
+                &format!(
+                    "SELECT (SELECT count(*) FROM continuations WHERE assignment_id = '{id}'), \
+                            (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
+                            (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
+                            (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
+                            (SELECT count(*) FROM audit WHERE operation LIKE '%continuation-result%')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let got: (i64, i64, i64, i64, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+        assert_eq!(
+            got,
+            (1, 1, 1, 19, 0),
+            "{point}: (continuations, accepts, results, budget left, refused results)"
+        );
+        let st = w.op(&OperatorRequest::Status).unwrap();
+        let me = st["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["assignment_id"] == id.as_str())
+            .unwrap()
+            .clone();
+        assert_eq!(
+            (
+                me["state"].as_str(),
+                me["lane_state"].as_str(),
+                me["responsibility_owner"].as_str(),
+                me["execution_owner"].as_str()
+            ),
+            (
+                Some("ACTIVE"),
+                Some("RUNNING"),
+                Some(w.lane(1).as_str()),
+                Some(w.lane(1).as_str())
+            ),
+            "{point}: the work keeps running with its owners"
+        );
+        w.stop_final(&id);
+    }
+}
+
+/// §17 Continuation injection crash: the supervisor dies while a continuation waits for
+/// its harness to settle. The restarted supervisor re-adopts the generation but cannot reach
+/// its harness (no lane socket), so it never accepts: the continuation expires undelivered,
+/// the loop budget untouched, and the generation is not given it later.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_supervisor_killed_before_delivery_never_delivers_a_continuation_late() {
+    let mut w = Split::new(1);
+    let a = w.assign(1, "take-continuations busy=30").unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    // The first continuation keeps the harness busy (unsettled) for 30 s.
+    w.op(&OperatorRequest::Continue {
+        assignment_id: id.clone(),
+        next_action: "first".into(),
+        within_ms: None,
+        request_id: None,
+    })
+    .unwrap();
+    let start = Instant::now();
+    while w
+        .count(&format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'DELIVERY_ACCEPTED'"))
+        .await
+        != 1
+    {
+        assert!(start.elapsed() < common::PATIENCE, "the first continuation was never accepted");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.crash_supervisor();
+    w.start_supervisor();
+    w.wait_host_connected();
+    // The accepted one's visibility is the harness's business now; it is never re-sent as
+    // a new delivery, and nothing else can be accepted while it is open.
+    let second = w.op(&OperatorRequest::Continue {
+        assignment_id: id.clone(),
+        next_action: "second".into(),
+        within_ms: Some(2000),
+        request_id: None,
+    });
+    assert_eq!(
+        second.unwrap_err().category,
+        mosaic::coordinator::Category::Conflict
+    );
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'"
+        ))
+        .await,
+        19
+    );
+    // Stopping the generation abandons the accepted continuation: never re-injected.
+    w.stop_final(&id);
+    assert_eq!(
+        w.count(&format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'ABANDONED'")).await,
+        1
+    );
+}
+
+/// §17 Nonterminal replacement crash and Prior-owner handoff effect under a coordinator
+/// SIGKILL before and after the commit of a handoff's acceptance and of an inactivity
+/// replacement: there is never more than one live (executing) generation of the work, and
+/// afterwards never a lease on a lane the work left, and the work is either
+/// running or in recovery — never lost, never doubled.
+#[tokio::test(flavor = "multi_thread")]
+async fn responsibility_survives_a_coordinator_killed_around_handoff_and_replacement() {
+    for point in [
+        "before-commit:handoff-accept",
+        "after-commit:handoff-accept",
+        "before-commit:inactivity-replace",
+        "after-commit:inactivity-replace",
+    ] {
+        let mut w = Split::new(2);
+        let replace = point.ends_with("inactivity-replace");
+        w.crash_coordinator(0);
+        w.start_coordinator(0, Some(&format!("{point}=return")));
+        w.wait_leading(0);
+        w.wait_host_connected();
+        let policy = if replace {
+            w.op(&OperatorRequest::PolicyPublish {
+                policy: mosaic::coordinator::continuity::InactivityPolicy {
+                    policy_id: "crash-fast@1".into(),
+                    warn_after_ms: 300,
+                    escalate_after_ms: 600,
+                    replace_after_ms: 1000,
+                    replacements_before_reassign: 1,
+                    max_attempts: 3,
+                    exhaustion: "blocked".into(),
+                    evidence_kinds: vec!["test-result".into()],
+                },
+            })
+            .unwrap();
+            Some("crash-fast@1".to_string())
+        } else {
+            None
+        };
+        let mut req = assign_req(&w.lane(1), "hang", None);
+        if let OperatorRequest::Assign {
+            inactivity_policy, ..
+        } = &mut req
+        {
+            *inactivity_policy = policy;
+        }
+        let a = w.op(&req).unwrap();
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        if !replace {
+            let (sock, req) = (
+                w.socket(0),
+                OperatorRequest::Handoff {
+                    assignment_id: id.clone(),
+                    lane_id: w.lane(2),
+                    task: Some("accept-handoff hang".into()),
+                    within_ms: None,
+                    request_id: None,
+                },
+            );
+            std::thread::spawn(move || operator_call(&sock, &req));
+        }
+        w.wait_coordinator_died(0, point);
+        w.start_coordinator(0, None);
+        w.wait_leading(0);
+        w.wait_host_connected();
+        // Settled: the work runs somewhere, or waits in recovery, with every stopped
+        // generation's receipt in.
+        let start = Instant::now();
+        let (lifecycle, exec) = loop {
+            let r = w
+                .sql()
+                .await
+                .query_one(
+                    &format!(
+                        "SELECT a.lifecycle, a.execution_owner, \
+                                (SELECT count(*) FROM reservations r JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id \
+                                 AND g.generation = r.generation WHERE r.assignment_id = a.assignment_id AND g.state <> 'ENDED'), \
+                                (SELECT count(*) FROM lane_incarnations li WHERE li.state NOT IN ('IDLE_CLEAN', 'RUNNING') AND li.retired_at IS NULL), \
+                                (SELECT count(*) FROM reservations r JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id \
+                                 AND g.generation = r.generation WHERE r.assignment_id = a.assignment_id AND g.state = 'LIVE') \
+                         FROM assignments a WHERE a.assignment_id = '{id}'"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap();
+            let (lifecycle, exec, unended, busy, live): (String, Option<String>, i64, i64, i64) =
+                (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+            assert!(
+                live <= 1,
+                "{point}: two live (executing) generations of one assignment"
+            );
+            if busy == 0
+                && ((lifecycle == "ACTIVE" && exec.is_some() && unended == 1)
+                    || (lifecycle == "RECOVERY" && unended == 0))
+            {
+                break (lifecycle, exec);
+            }
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "{point}: never settled ({lifecycle}, {exec:?}, {unended}, {busy})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Owner counts: one responsible owner, at most one executing lane, and open leases
+        // only on the lane that executes.
+        let leases = w
+            .sql()
+            .await
+            .query(
+                &format!(
+                    "SELECT DISTINCT li.lane_id FROM leases l JOIN lane_incarnations li USING (lane_incarnation_id) \
+                     WHERE l.assignment_id = '{id}' AND l.released_at IS NULL"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let leased: Vec<String> = leases.iter().map(|r| r.get(0)).collect();
+        match (&lifecycle[..], &exec) {
+            ("ACTIVE", Some(lane)) => assert_eq!(
+                leased,
+                vec![lane.clone()],
+                "{point}: leases off the executing lane"
+            ),
+            _ => assert!(
+                leased.is_empty(),
+                "{point}: work in recovery holds leases {leased:?}"
+            ),
+        }
+        assert_eq!(
+            w.count(&format!("SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state IN ('OFFERED', 'CHALLENGED')")).await,
+            0,
+            "{point}: an offer left open"
+        );
+        if lifecycle == "ACTIVE" {
+            w.stop_final(&id);
+        }
+    }
+}

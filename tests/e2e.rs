@@ -1787,3 +1787,138 @@ async fn a_handoff_moves_responsibility_only_by_its_ack_and_the_target_still_act
     );
     up.cli(&["stop", "--assignment", &id]).unwrap();
 }
+
+/// Spec §14 rule 11, end to end: a continuation reaches the live generation only at a
+/// settled boundary, is accepted once (loop budget debited once), and its result recorded;
+/// one open continuation per assignment.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_continuation_reaches_a_settled_harness_once_and_its_result_is_recorded() {
+    let up = Up::start(2);
+    let lane = up.lane_id(1);
+    let a = up.assign(&lane, "take-continuations busy=1");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let r = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            &id,
+            "--next-action",
+            "run the integration tests",
+        ])
+        .unwrap_or_else(|e| panic!("continue: {e}"));
+    let cn = r["continuation_id"].as_str().unwrap().to_string();
+    // While the first one is open, a second is refused.
+    let err = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            &id,
+            "--next-action",
+            "and then the docs",
+        ])
+        .unwrap_err();
+    assert!(err.contains("conflict"), "{err}");
+    let state = |cn: &str| {
+        let cn = cn.to_string();
+        let up = &up;
+        async move {
+            let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            c.query_one(
+                "SELECT state FROM continuations WHERE continuation_id = $1",
+                &[&cn],
+            )
+            .await
+            .unwrap()
+            .get::<_, String>(0)
+        }
+    };
+    let start = Instant::now();
+    while state(&cn).await != "RESULT_RECORDED" {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "the continuation never got its result"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // The second continuation arrives while the harness is busy with nothing (settled) —
+    // and a third only after the second's result.
+    let r2 = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            &id,
+            "--next-action",
+            "and then the docs",
+        ])
+        .unwrap();
+    let cn2 = r2["continuation_id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while state(&cn2).await != "RESULT_RECORDED" {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "the second continuation never got its result"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        up.count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE assignment_id IS NULL AND transition = 'continuation-accept' \
+             AND body->>'assignment_id' = '{id}'"
+        ))
+        .await,
+        2,
+        "each continuation accepted exactly once"
+    );
+    assert_eq!(
+        up.count(&format!(
+            "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'"
+        ))
+        .await,
+        18,
+        "the loop budget was debited once per continuation"
+    );
+    assert_eq!(
+        up.count("SELECT count(*) FROM audit WHERE operation LIKE '%continuation%' AND operation <> 'continuation-create'")
+            .await,
+        0,
+        "no refused delivery, acceptance or result"
+    );
+    // A harness that never settles (it never waits for a continuation) is never given one:
+    // the offer lapses undelivered and the loop budget is untouched.
+    let lane2 = up.lane_id(2);
+    let b = up.assign(&lane2, "hang");
+    let busy = b["assignment_id"].as_str().unwrap().to_string();
+    let r3 = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            &busy,
+            "--next-action",
+            "anything",
+            "--within-ms",
+            "2000",
+        ])
+        .unwrap();
+    let cn3 = r3["continuation_id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while state(&cn3).await != "EXPIRED" {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "the undeliverable continuation never expired"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        up.count(&format!(
+            "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{busy}'"
+        ))
+        .await,
+        20
+    );
+    up.cli(&["stop", "--assignment", &id]).unwrap();
+    up.cli(&["stop", "--assignment", &busy]).unwrap();
+    assert_eq!(up.count("SELECT count(*) FROM continuations WHERE state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')").await, 0);
+}

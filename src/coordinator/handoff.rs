@@ -83,13 +83,7 @@ pub struct HandoffView {
     pub challenge_epoch: Option<i64>,
 }
 
-/// The digest a handoff binds for its next action.
-pub fn next_action_digest(next_action: &str) -> String {
-    format!(
-        "sha256:{}",
-        crate::util::sha256_hex("mosaic/next-action/v1", &[next_action.as_bytes()])
-    )
-}
+pub use crate::protocol::work::next_action_digest;
 
 /// The one statement an ACK must satisfy: the challenge unused and unexpired (database
 /// time), every bound field equal to the offer and to current state, the source still

@@ -85,10 +85,18 @@ fn disposition_sql() -> String {
          res AS (UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id IN (SELECT reservation_id FROM stale) RETURNING 1), \
          gens AS (UPDATE generations g SET stop_requested_at = clock_timestamp(), stop_reason = 'leadership changed before activation' \
                   FROM stale s WHERE g.lane_incarnation_id = s.lane_incarnation_id AND g.generation = s.generation AND g.state <> 'ENDED' RETURNING 1), \
+         offers AS (SELECT h.handoff_id, h.assignment_id FROM handoffs h JOIN stale s ON s.reservation_id = h.target_reservation_id \
+                    WHERE h.state IN ('OFFERED', 'CHALLENGED')), \
+         ho AS (UPDATE handoffs SET state = 'EXPIRED' WHERE handoff_id IN (SELECT handoff_id FROM offers) RETURNING 1), \
+         back AS (UPDATE assignments SET pending_target = NULL, work_status = 'active', \
+                         next_action = 'run the task under its contract (the handoff offer ended with the leadership change)' \
+                  WHERE assignment_id IN (SELECT assignment_id FROM offers) AND work_status = 'handoff' RETURNING 1), \
          asg AS (UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
                         next_action = 'resume on a fresh chain: leadership changed to epoch ' || $1 || ' before activation' \
-                 WHERE assignment_id IN (SELECT assignment_id FROM stale) AND lifecycle = 'ACTIVE' RETURNING 1) \
-         SELECT (SELECT count(*) FROM lanes), (SELECT count(*) FROM gens), (SELECT count(*) FROM asg), (SELECT count(*) FROM res)"
+                 WHERE assignment_id IN (SELECT assignment_id FROM stale) AND assignment_id NOT IN (SELECT assignment_id FROM offers) \
+                   AND lifecycle = 'ACTIVE' RETURNING 1) \
+         SELECT (SELECT count(*) FROM lanes), (SELECT count(*) FROM gens), (SELECT count(*) FROM asg), (SELECT count(*) FROM res), \
+                (SELECT count(*) FROM ho), (SELECT count(*) FROM back)"
     )
 }
 
@@ -180,8 +188,14 @@ impl Store {
             .await?
             .get(0);
         let moved = tx.query_one(&disposition_sql(), &[&new_epoch]).await?;
-        let (lanes, gens, asg, res): (i64, i64, i64, i64) =
-            (moved.get(0), moved.get(1), moved.get(2), moved.get(3));
+        let (lanes, gens, asg, res, offers, back): (i64, i64, i64, i64, i64, i64) = (
+            moved.get(0),
+            moved.get(1),
+            moved.get(2),
+            moved.get(3),
+            moved.get(4),
+            moved.get(5),
+        );
         let l = Leader {
             epoch: new_epoch,
             holder: c.holder.clone(),
@@ -199,7 +213,8 @@ impl Store {
         let body = serde_json::json!({ "epoch": new_epoch, "previous_epoch": epoch, "previous_lease_expires_at": previous_lease,
             "holder": c.holder, "launch_id": c.launch_id,
             "lease_expires_at": l.lease_expires_at,
-            "preactivation_chains_dispositioned": { "lanes": lanes, "generations_to_stop": gens, "assignments_to_recovery": asg, "reservations_released": res } });
+            "preactivation_chains_dispositioned": { "lanes": lanes, "generations_to_stop": gens, "assignments_to_recovery": asg, "reservations_released": res,
+                "handoff_offers_expired": offers, "assignments_back_with_their_source": back } });
         let decided: String = tx
             .query_one(
                 "WITH r AS (INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, body) \

@@ -13,13 +13,15 @@
 //! Layout: `txn` (the frame), `model` (types and reads), `chain` (reserve … injected),
 //! `activation` (ACK and activation), `ending` (stops, expiry, receipts, leases), `continuity`
 //! (the work record: progress, inactivity watchdog steps, blocked and unblock), `handoff`
-//! (responsibility transfer by its own ACK), `lanes`
+//! (responsibility transfer by its own ACK), `continuation` (durable, exactly-once accepted
+//! continuations), `lanes`
 //! (incarnations, quarantine), `leader`, `store`, `audit`, `secret`, `failpoint`, and
 //! `service/` (the daemon around them).
 
 pub mod activation;
 pub mod audit;
 pub mod chain;
+pub mod continuation;
 pub mod continuity;
 pub mod ending;
 pub mod error;

@@ -22,6 +22,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0005_lane_activity_index.sql"),
     include_str!("../../migrations/0006_work_record.sql"),
     include_str!("../../migrations/0007_handoff.sql"),
+    include_str!("../../migrations/0008_continuations.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -58,9 +58,12 @@ pub enum MessageType {
     Blocked,
     HandoffChallenge,
     HandoffAck,
+    Continuation,
+    ContinuationAccept,
+    ContinuationResult,
 }
 
-pub const ALL_TYPES: [MessageType; 25] = [
+pub const ALL_TYPES: [MessageType; 28] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -86,6 +89,9 @@ pub const ALL_TYPES: [MessageType; 25] = [
     MessageType::Blocked,
     MessageType::HandoffChallenge,
     MessageType::HandoffAck,
+    MessageType::Continuation,
+    MessageType::ContinuationAccept,
+    MessageType::ContinuationResult,
 ];
 
 impl MessageType {
@@ -116,6 +122,9 @@ impl MessageType {
             Self::Blocked => "blocked",
             Self::HandoffChallenge => "handoff_challenge",
             Self::HandoffAck => "handoff_ack",
+            Self::Continuation => "continuation",
+            Self::ContinuationAccept => "continuation_accept",
+            Self::ContinuationResult => "continuation_result",
         }
     }
 
@@ -385,7 +394,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 25] = [
+pub static SCHEMAS: [Schema; 28] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -678,6 +687,71 @@ pub static SCHEMAS: [Schema; 25] = [
         [
             &["challenge_id", "lease_id", "effect_id"],
             HANDOFF_ACK_NO_TIME
+        ]
+    ),
+    // A continuation for the live generation (spec §14 rule 11), signed by the coordinator
+    // for one claim. `phase` is `offer` (the host accepts it when the harness is settled)
+    // or `accepted` (the acceptance is committed: make it visible, once).
+    schema!(
+        Continuation,
+        "continuation",
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            &[
+                ("continuation_id", Str),
+                ("claim_ref", Str),
+                ("next_action", Str),
+                ("next_action_digest", Digest),
+                ("loop_budget", Uint),
+                ("phase", Str),
+                ("result_to", Str)
+            ]
+        ],
+        [],
+        [&["challenge_id", "lease_id", "effect_id"]]
+    ),
+    schema!(
+        ContinuationAccept,
+        "continuation_accept",
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[
+                ("continuation_id", Str),
+                ("claim_ref", Str),
+                ("next_action_digest", Digest),
+                ("process_identity", ProcessIdentity)
+            ]
+        ],
+        [],
+        [
+            &["challenge_id", "lease_id", "effect_id"],
+            NO_AUTHORITATIVE_TIME
+        ]
+    ),
+    schema!(
+        ContinuationResult,
+        "continuation_result",
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[("continuation_id", Str), ("result_evidence_digest", Digest)]
+        ],
+        [],
+        [
+            &["challenge_id", "lease_id", "effect_id"],
+            NO_AUTHORITATIVE_TIME
         ]
     ),
     schema!(

@@ -35,6 +35,14 @@ pub fn commit_id_ok(bytes: &[u8]) -> bool {
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
 }
 
+/// The digest a handoff or continuation binds for its next action.
+pub fn next_action_digest(next_action: &str) -> String {
+    format!(
+        "sha256:{}",
+        crate::util::sha256_hex("mosaic/next-action/v1", &[next_action.as_bytes()])
+    )
+}
+
 /// The digest of one piece of evidence, bound to its kind (`blocker` for a blocker's).
 pub fn evidence_digest(kind: &str, bytes: &[u8]) -> String {
     format!(

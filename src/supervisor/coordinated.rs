@@ -53,6 +53,8 @@ struct ChainCtx {
     challenge: tokio::sync::watch::Sender<Option<String>>,
     /// The handoff challenge of a handoff target's generation (spec §8.1).
     handoff: tokio::sync::watch::Sender<Option<Envelope<Verified>>>,
+    /// Continuation claims this host is waiting to accept (until the harness settles).
+    offers: Mutex<std::collections::HashSet<String>>,
 }
 
 pub struct CoordinatedHost {
@@ -120,6 +122,7 @@ impl CoordinatedHost {
                         contract: Mutex::new(None),
                         challenge: tokio::sync::watch::channel(None).0,
                         handoff: tokio::sync::watch::channel(None).0,
+                        offers: Mutex::new(Default::default()),
                     });
                     if let Ok(mut m) = host.chains.lock() {
                         m.insert(lane.lane_id.clone(), ctx);
@@ -295,6 +298,7 @@ impl CoordinatedHost {
             contract: Mutex::new(None),
             challenge: tokio::sync::watch::channel(None).0,
             handoff: tokio::sync::watch::channel(None).0,
+            offers: Mutex::new(Default::default()),
         });
         if let Ok(mut m) = self.chains.lock() {
             m.insert(lane_id, ctx.clone());
@@ -347,24 +351,10 @@ impl CoordinatedHost {
                     return;
                 };
                 let Some(h) = h else { return };
-                let mut f = Self::chain_fields(&stage, Some(&contract));
-                f.push((
-                    "idempotency_key",
-                    s(&format!("handoff-ack/{}", h.str("handoff_challenge_id"))),
-                ));
-                for k in [
-                    "handoff_challenge_id",
-                    "source_assignment_attempt_id",
-                    "responsibility_owner",
-                    "execution_owner",
-                    "pending_target",
-                    "next_action_digest",
-                    "challenge_deadline",
-                ] {
-                    f.push((k, s(h.str(k))));
-                }
-                f.push(("process_identity", ctx.identity.clone()));
-                this.send(MessageType::HandoffAck, f);
+                this.send(
+                    MessageType::HandoffAck,
+                    handoff_ack_fields(&stage, &contract, &h, &ctx.identity),
+                );
             });
         }
         let mut asked = session.ack_requested.subscribe();
@@ -409,6 +399,21 @@ impl CoordinatedHost {
                         f.push(("next_action", s(&n)));
                     }
                     MessageType::Progress
+                }
+                HarnessReport::ContinuationResult {
+                    continuation_id,
+                    evidence_digest,
+                } => {
+                    if let Ok(mut r) = session.results.lock() {
+                        r.insert(continuation_id.clone(), evidence_digest.clone());
+                    }
+                    f.push((
+                        "idempotency_key",
+                        s(&format!("continuation-result/{continuation_id}")),
+                    ));
+                    f.push(("continuation_id", s(&continuation_id)));
+                    f.push(("result_evidence_digest", s(&evidence_digest)));
+                    MessageType::ContinuationResult
                 }
                 HarnessReport::Blocked {
                     code,
@@ -500,13 +505,32 @@ impl CoordinatedHost {
                     session.challenged.send_replace(true);
                 }
             }
+            MessageType::Continuation => self.clone().on_continuation(ctx, env),
             MessageType::HandoffChallenge => {
                 if let Some(session) = &ctx.session {
                     session
                         .handoff
                         .send_replace(Some(env.str("handoff_challenge_id").to_string()));
                 }
+                let resend = ctx.handoff.borrow().is_some()
+                    && ctx
+                        .session
+                        .as_ref()
+                        .is_some_and(|s| *s.handoff_ack_requested.borrow());
                 ctx.handoff.send_replace(Some(env.clone()));
+                // The coordinator sends the challenge again only while it has no ACK: the
+                // first was lost (a coordinator restart, say). Answer again, same key.
+                if resend {
+                    if let (Some(stage), Some(contract)) = (
+                        ctx.stage.as_ref(),
+                        ctx.contract.lock().ok().and_then(|c| c.clone()),
+                    ) {
+                        self.send(
+                            MessageType::HandoffAck,
+                            handoff_ack_fields(stage, &contract, &env, &ctx.identity),
+                        );
+                    }
+                }
             }
             MessageType::Control if env.str("control_op") == "activate" => {
                 let Some(lane) = self.lane_name(&lane_id) else {
@@ -532,6 +556,107 @@ impl CoordinatedHost {
             other => tracing::warn!(
                 message_type = other.as_str(),
                 "unexpected coordinator message"
+            ),
+        }
+    }
+
+    /// A continuation for this generation. `offer`: accepted (signed back) once the harness
+    /// is settled — waiting in `mosaic lane next` — and never for a generation this process
+    /// cannot reach (re-adopted after a restart: no lane socket). `accepted`: the coordinator
+    /// committed the acceptance and debited the loop budget; hand it to the waiting harness,
+    /// which gets each continuation at most once.
+    fn on_continuation(self: Arc<Self>, ctx: Arc<ChainCtx>, env: Envelope<Verified>) {
+        let lane_id = env.str("lane_id").to_string();
+        let (Some(session), Some(stage)) = (ctx.session.clone(), ctx.stage.clone()) else {
+            self.sup.audit_stale(
+                "continuation-unreachable-generation",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            );
+            return;
+        };
+        let next_action = env.str("next_action").to_string();
+        if crate::protocol::work::next_action_digest(&next_action) != env.str("next_action_digest")
+        {
+            self.sup.audit_stale(
+                "continuation-digest-mismatch",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            );
+            return;
+        }
+        let id = env.str("continuation_id").to_string();
+        match env.str("phase") {
+            "accepted" => {
+                // Already given and answered: the coordinator is still waiting, so the
+                // result report was lost; send it again (the same step, the same key).
+                let answered = session
+                    .results
+                    .lock()
+                    .ok()
+                    .and_then(|r| r.get(&id).cloned());
+                if let Some(evidence) = answered {
+                    let Some(contract) = ctx.contract.lock().ok().and_then(|c| c.clone()) else {
+                        return;
+                    };
+                    let mut f = Self::chain_fields(&stage, Some(&contract));
+                    f.push(("idempotency_key", s(&format!("continuation-result/{id}"))));
+                    f.push(("continuation_id", s(&id)));
+                    f.push(("result_evidence_digest", s(&evidence)));
+                    self.send(MessageType::ContinuationResult, f);
+                    return;
+                }
+                session
+                    .next
+                    .send_replace(Some(super::lanesock::Continuation {
+                        continuation_id: id,
+                        next_action,
+                    }));
+            }
+            "offer" => {
+                let claim = env.str("claim_ref").to_string();
+                let fresh = ctx
+                    .offers
+                    .lock()
+                    .map(|mut o| o.insert(claim.clone()))
+                    .unwrap_or(false);
+                if !fresh {
+                    return; // already waiting to accept this claim
+                }
+                let Some(contract) = ctx.contract.lock().ok().and_then(|c| c.clone()) else {
+                    return;
+                };
+                tokio::spawn(async move {
+                    let mut settled = session.settled.subscribe();
+                    // Bounded: a harness that never settles lets the claim lapse, and the
+                    // coordinator reclaims or expires it.
+                    let ok = tokio::time::timeout(
+                        std::time::Duration::from_secs(60),
+                        settled.wait_for(|s| *s),
+                    )
+                    .await;
+                    if !matches!(ok, Ok(Ok(_))) {
+                        return;
+                    }
+                    let mut f = Self::chain_fields(&stage, Some(&contract));
+                    f.push((
+                        "idempotency_key",
+                        s(&format!("continuation-accept/{id}/{claim}")),
+                    ));
+                    f.push(("continuation_id", s(&id)));
+                    f.push(("claim_ref", s(&claim)));
+                    f.push(("next_action_digest", s(env.str("next_action_digest"))));
+                    f.push(("process_identity", ctx.identity.clone()));
+                    self.send(MessageType::ContinuationAccept, f);
+                });
+            }
+            _ => self.sup.audit_stale(
+                "continuation-phase-unknown",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
             ),
         }
     }
@@ -603,6 +728,33 @@ impl CoordinatedHost {
     }
 }
 
+/// A handoff ACK: the chain fields, and every bound field of the challenge echoed.
+fn handoff_ack_fields(
+    stage: &Envelope<Verified>,
+    contract: &Envelope<Verified>,
+    h: &Envelope<Verified>,
+    identity: &Value,
+) -> Vec<(&'static str, Value)> {
+    let mut f = CoordinatedHost::chain_fields(stage, Some(contract));
+    f.push((
+        "idempotency_key",
+        s(&format!("handoff-ack/{}", h.str("handoff_challenge_id"))),
+    ));
+    for k in [
+        "handoff_challenge_id",
+        "source_assignment_attempt_id",
+        "responsibility_owner",
+        "execution_owner",
+        "pending_target",
+        "next_action_digest",
+        "challenge_deadline",
+    ] {
+        f.push((k, s(h.str(k))));
+    }
+    f.push(("process_identity", identity.clone()));
+    f
+}
+
 /// Whether a coordinator message for a staged generation carries the authority that
 /// generation was staged with: the same reservation and timeline, the staging epoch (a
 /// later one only for a control message, which a new leader sends for RUNNING work), and a
@@ -616,7 +768,8 @@ fn authority_of(env: &Envelope<Verified>, b: &CoordBinding) -> Result<(), &'stat
     }
     let epoch = env.uint("coordinator_epoch").unwrap_or(0);
     let epoch_ok = match env.message_type() {
-        MessageType::Control => epoch >= b.coordinator_epoch,
+        // Sent for RUNNING work by whichever leader is current.
+        MessageType::Control | MessageType::Continuation => epoch >= b.coordinator_epoch,
         _ => epoch == b.coordinator_epoch,
     };
     if !epoch_ok {

@@ -37,6 +37,18 @@ pub enum HarnessReport {
         evidence_digest: String,
         next_action: String,
     },
+    /// The result of a continuation the harness was given.
+    ContinuationResult {
+        continuation_id: String,
+        evidence_digest: String,
+    },
+}
+
+/// A continuation made visible to the harness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Continuation {
+    pub continuation_id: String,
+    pub next_action: String,
 }
 
 use crate::protocol::work::{self, evidence_digest, MAX_EVIDENCE_BYTES};
@@ -58,6 +70,18 @@ pub struct GenSession {
     /// Set when this generation's activation challenge arrived (for a handoff target: the
     /// handoff was accepted).
     pub challenged: watch::Sender<bool>,
+    /// True while the harness waits in `mosaic lane next`: it is settled (nothing queued, no
+    /// turn running) — the only time a continuation is accepted for it.
+    pub settled: watch::Sender<bool>,
+    /// The continuation to hand to the waiting harness (its acceptance is committed).
+    pub next: watch::Sender<Option<Continuation>>,
+    /// Continuations already made visible: each at most once. (Only this process can make
+    /// one visible: after a supervisor restart a re-adopted generation has no lane socket,
+    /// so this set needs no disk.)
+    pub visible: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The result (evidence digest) the harness reported for each continuation, kept to
+    /// answer the coordinator again if the first report was lost.
+    pub results: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Reports of the RUNNING harness, for the chain driver to sign and send.
     pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
     /// The driver's end of `reports` (taken once).
@@ -75,6 +99,10 @@ impl GenSession {
             handoff: watch::channel(None).0,
             handoff_ack_requested: watch::channel(false).0,
             challenged: watch::channel(false).0,
+            settled: watch::channel(false).0,
+            next: watch::channel(None).0,
+            visible: std::sync::Mutex::new(std::collections::HashSet::new()),
+            results: std::sync::Mutex::new(std::collections::HashMap::new()),
             reports: tx,
             reports_rx: std::sync::Mutex::new(Some(rx)),
         })
@@ -102,6 +130,13 @@ pub enum LaneRequest {
         evidence_hex: String,
         next_action: String,
     },
+    /// The harness is settled and waits for the coordinator's next continuation.
+    Next,
+    /// The result of a continuation, with its evidence bytes (hex).
+    ContinuationResult {
+        continuation_id: String,
+        evidence_hex: String,
+    },
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -113,6 +148,8 @@ pub struct LaneResponse {
     pub state: Option<String>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<Continuation>,
 }
 
 /// Serves the socket at `path` until the task is aborted. Only peers whose cgroup is
@@ -145,9 +182,12 @@ pub(crate) fn serve(
                         Ok(LaneRequest::Contract) => contract(&s).await,
                         Ok(LaneRequest::Ack) => ack(&s).await,
                         Ok(LaneRequest::HandoffAck) => handoff_ack(&s).await,
-                        Ok(r @ (LaneRequest::Progress { .. } | LaneRequest::Blocked { .. })) => {
-                            report(&s, r)
-                        }
+                        Ok(LaneRequest::Next) => next(&s).await,
+                        Ok(
+                            r @ (LaneRequest::Progress { .. }
+                            | LaneRequest::Blocked { .. }
+                            | LaneRequest::ContinuationResult { .. }),
+                        ) => report(&s, r),
                         Err(e) => err(&format!("bad request: {e}")),
                     }
                 };
@@ -166,6 +206,7 @@ fn err(msg: &str) -> LaneResponse {
         contract: None,
         state: None,
         error: Some(msg.into()),
+        continuation: None,
     }
 }
 
@@ -183,6 +224,7 @@ async fn contract(s: &GenSession) -> LaneResponse {
                 contract: Some(c),
                 state: None,
                 error: None,
+                continuation: None,
             }
         }
         None => err("no contract"),
@@ -205,9 +247,53 @@ async fn ack(s: &GenSession) -> LaneResponse {
             contract: None,
             state: Some("active".into()),
             error: None,
+            continuation: None,
         },
         Some(Err(e)) => err(&e),
         None => err("no activation"),
+    }
+}
+
+/// The harness is settled: it waits here until a continuation's acceptance is committed,
+/// then gets it — each continuation once.
+async fn next(s: &GenSession) -> LaneResponse {
+    if !matches!(*s.activation.borrow(), Some(Ok(()))) {
+        return err("only an active generation takes continuations");
+    }
+    let mut rx = s.next.subscribe();
+    s.settled.send_replace(true);
+    let got = rx
+        .wait_for(|c| {
+            c.as_ref().is_some_and(|c| {
+                s.visible
+                    .lock()
+                    .map(|v| !v.contains(&c.continuation_id))
+                    .unwrap_or(false)
+            })
+        })
+        .await
+        .map(|c| c.clone());
+    s.settled.send_replace(false);
+    match got {
+        Ok(Some(c)) => {
+            // Visible exactly once: recorded before the harness sees it.
+            match s.visible.lock() {
+                Ok(mut v) => {
+                    if !v.insert(c.continuation_id.clone()) {
+                        return err("that continuation was already given");
+                    }
+                }
+                Err(_) => return err("internal: continuation record poisoned"),
+            }
+            LaneResponse {
+                ok: true,
+                contract: None,
+                state: Some("continuation".into()),
+                error: None,
+                continuation: Some(c),
+            }
+        }
+        _ => err("the generation ended"),
     }
 }
 
@@ -225,6 +311,7 @@ async fn handoff_ack(s: &GenSession) -> LaneResponse {
                 contract: None,
                 state: Some("responsibility accepted; acknowledge the activation challenge next (mosaic lane ack)".into()),
                 error: None,
+                continuation: None,
             },
             Err(_) => err("the generation ended"),
         },
@@ -243,15 +330,13 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
     if !matches!(*s.activation.borrow(), Some(Ok(()))) {
         return err("only an active generation reports progress or a blocker");
     }
-    let decode = |h: &str| -> Result<Vec<u8>, LaneResponse> {
+    let decode = |h: &str| -> Result<Vec<u8>, String> {
         if h.len() > 2 * MAX_EVIDENCE_BYTES {
-            return Err(err(&format!(
-                "evidence is limited to {MAX_EVIDENCE_BYTES} bytes"
-            )));
+            return Err(format!("evidence is limited to {MAX_EVIDENCE_BYTES} bytes"));
         }
         match hex::decode(h) {
             Ok(b) if !b.is_empty() => Ok(b),
-            _ => Err(err("evidence is required (non-empty)")),
+            _ => Err("evidence is required (non-empty)".into()),
         }
     };
     let report = match r {
@@ -268,7 +353,7 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
             }
             let bytes = match decode(&evidence_hex) {
                 Ok(b) => b,
-                Err(e) => return e,
+                Err(e) => return err(&e),
             };
             if kind == "commit" && !work::commit_id_ok(&bytes) {
                 return err("a commit id is 40 or 64 lower-case hex digits");
@@ -298,7 +383,7 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
             }
             let bytes = match decode(&evidence_hex) {
                 Ok(b) => b,
-                Err(e) => return e,
+                Err(e) => return err(&e),
             };
             HarnessReport::Blocked {
                 evidence_digest: evidence_digest("blocker", &bytes),
@@ -306,7 +391,23 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
                 next_action,
             }
         }
-        LaneRequest::Contract | LaneRequest::Ack | LaneRequest::HandoffAck => {
+        LaneRequest::ContinuationResult {
+            continuation_id,
+            evidence_hex,
+        } => {
+            if !crate::protocol::report::id_ok(&continuation_id) {
+                return err("malformed continuation id");
+            }
+            let bytes = match decode(&evidence_hex) {
+                Ok(b) => b,
+                Err(e) => return err(&e),
+            };
+            HarnessReport::ContinuationResult {
+                evidence_digest: evidence_digest("continuation-result", &bytes),
+                continuation_id,
+            }
+        }
+        LaneRequest::Contract | LaneRequest::Ack | LaneRequest::HandoffAck | LaneRequest::Next => {
             return err("not a report")
         }
     };
@@ -318,6 +419,7 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
         contract: None,
         state: Some("submitted".into()),
         error: None,
+        continuation: None,
     }
 }
 

@@ -322,6 +322,105 @@ impl Service {
         self.sign_push(&c.host_id, MessageType::HandoffChallenge, f)
     }
 
+    /// Drives every open continuation (or just `only`): claims a pending one, reclaims one
+    /// whose claim lapsed or belongs to another epoch, expires one out of attempts or time,
+    /// and sends the host what the continuation waits for — the current claim's offer, or,
+    /// once accepted, the word to make it visible (resent until its result, which is safe:
+    /// the host shows each continuation at most once).
+    pub(crate) async fn push_continuations(&self, l: &Leader, only: Option<&str>) {
+        let open = match self.store.open_continuations().await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot list continuations");
+                return;
+            }
+        };
+        for v in open {
+            if only.is_some_and(|o| o != v.continuation_id) {
+                continue;
+            }
+            let key = format!("continuation/{}", v.continuation_id);
+            let ours = v.claimant_epoch == Some(l.epoch());
+            let step = match v.state.as_str() {
+                "PENDING" | "CLAIMED"
+                    if v.expired
+                        || (v.attempts >= v.max_attempts
+                            && (v.state == "PENDING" || v.claim_expired)) =>
+                {
+                    match self.store.expire_continuation(l, &v).await {
+                        Ok(_) => {
+                            self.bump();
+                            tracing::warn!(continuation_id = %v.continuation_id, assignment_id = %v.assignment_id,
+                                attempts = v.attempts, "continuation expired undelivered");
+                        }
+                        Err(e) => self.note(l, &e).await,
+                    }
+                    continue;
+                }
+                "PENDING" => true,
+                "CLAIMED" if v.claim_expired || !ours => true,
+                _ => false,
+            };
+            let claim_ref = if step {
+                match self.store.claim_continuation(l, &v).await {
+                    Ok(r) => {
+                        self.bump();
+                        r.body["claim_ref"].as_str().map(String::from)
+                    }
+                    Err(e) => {
+                        self.note(l, &e).await;
+                        continue;
+                    }
+                }
+            } else {
+                if only.is_none() && !self.stale_since(&key, &v.state, RESEND_AFTER) {
+                    continue;
+                }
+                v.claim_ref.clone()
+            };
+            let Some(claim_ref) = claim_ref else { continue };
+            let phase = if v.state == "DELIVERY_ACCEPTED" {
+                "accepted"
+            } else {
+                "offer"
+            };
+            let Ok(Some(c)) = self.store.chain_by_reservation(&v.reservation_id).await else {
+                continue;
+            };
+            if c.lane_state != "RUNNING" || !c.reservation_open {
+                continue;
+            }
+            let Some(cd) = &c.contracts_digest else {
+                continue;
+            };
+            let mut f = self.chain_fields(l, &c, Proof::Reveal);
+            f.extend([
+                (
+                    "idempotency_key",
+                    s(&format!(
+                        "continuation/{}/{claim_ref}/{phase}",
+                        v.continuation_id
+                    )),
+                ),
+                ("contracts_digest", s(cd)),
+                ("scope_digest", s(&c.scope_digest)),
+                ("holds_digest", s(&c.holds_digest)),
+                ("continuation_id", s(&v.continuation_id)),
+                ("claim_ref", s(&claim_ref)),
+                ("next_action", s(&v.next_action)),
+                ("next_action_digest", s(&v.next_action_digest)),
+                ("loop_budget", n(v.budget.max(0) as u64)),
+                ("phase", s(phase)),
+                ("result_to", s("coordinator")),
+            ]);
+            f.extend(Self::issued(&c.last_decided_at, &v.expires_at));
+            if self.sign_push(&c.host_id, MessageType::Continuation, f) {
+                let state = if step { "CLAIMED" } else { v.state.as_str() };
+                self.mark_sent(&key, state);
+            }
+        }
+    }
+
     /// Tells the host its generation is RUNNING (after activation, and again whenever the
     /// host reports it does not know yet).
     pub(crate) async fn push_activated(&self, l: &Leader, c: &ChainRow) -> bool {

@@ -420,6 +420,14 @@ impl Handler for HostHandler {
                 MessageType::Progress => svc.on_progress(&host, &env).await.map(|()| vec![]),
                 MessageType::Blocked => svc.on_blocked(&host, &env).await.map(|()| vec![]),
                 MessageType::HandoffAck => svc.on_handoff_ack(&host, &env).await.map(|()| vec![]),
+                MessageType::ContinuationAccept => svc
+                    .on_continuation_accept(&host, &env)
+                    .await
+                    .map(|()| vec![]),
+                MessageType::ContinuationResult => svc
+                    .on_continuation_result(&host, &env)
+                    .await
+                    .map(|()| vec![]),
                 MessageType::Heartbeat => Ok(vec![]),
                 other => Err(OpError::new(
                     Category::BadInput,
@@ -741,6 +749,56 @@ impl Service {
             let _ = self.advance(&l, src).await;
         }
         self.advance(&l, &c.chain.reservation_id).await?;
+        Ok(())
+    }
+
+    /// The host accepts a continuation for its settled harness: exactly once, for the
+    /// current claim (see `coordinator::continuation`); then it is told to make it visible.
+    async fn on_continuation_accept(
+        &self,
+        host: &str,
+        env: &Envelope<Verified>,
+    ) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, &l, env).await?;
+        let claim = crate::coordinator::continuation::AcceptClaim {
+            continuation_id: env.str("continuation_id").into(),
+            claim_ref: env.str("claim_ref").into(),
+            reservation_id: c.chain.reservation_id.clone(),
+            lane_incarnation_id: c.chain.lane_incarnation_id.clone(),
+            generation: env.uint("generation").unwrap_or(0) as i64,
+            next_action_digest: env.str("next_action_digest").into(),
+        };
+        let r = self
+            .step(&l, self.store.accept_continuation(&l, &claim).await)
+            .await?;
+        if !r.replayed {
+            tracing::info!(lane_id = %c.chain.lane_id, assignment_id = %c.chain.assignment_id,
+                continuation_id = %claim.continuation_id, "continuation accepted (loop budget debited)");
+        }
+        self.push_continuations(&l, Some(&claim.continuation_id))
+            .await;
+        Ok(())
+    }
+
+    async fn on_continuation_result(
+        &self,
+        host: &str,
+        env: &Envelope<Verified>,
+    ) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, &l, env).await?;
+        let r = self
+            .store
+            .record_continuation_result(
+                &l,
+                env.str("continuation_id"),
+                &c.chain.lane_incarnation_id,
+                env.uint("generation").unwrap_or(0) as i64,
+                env.str("result_evidence_digest"),
+            )
+            .await;
+        self.step(&l, r).await?;
         Ok(())
     }
 

@@ -134,6 +134,17 @@ pub enum OperatorRequest {
     PolicyPublish {
         policy: crate::coordinator::continuity::InactivityPolicy,
     },
+    /// Continues RUNNING work with a next action, delivered to the live generation at its
+    /// next settled boundary and accepted exactly once.
+    Continue {
+        assignment_id: String,
+        next_action: String,
+        /// How long it may wait for delivery (default 10 min).
+        #[serde(default)]
+        within_ms: Option<i64>,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
     /// One published policy, with its digest.
     Policy {
         policy_id: String,
@@ -333,6 +344,29 @@ impl Service {
             } => {
                 self.handoff(&assignment_id, &lane_id, task, within_ms, request_id(rid))
                     .await?
+            }
+            OperatorRequest::Continue {
+                assignment_id,
+                next_action,
+                within_ms,
+                request_id: rid,
+            } => {
+                let l = self.leader().await?;
+                let r = self
+                    .store
+                    .create_continuation(
+                        &l,
+                        &assignment_id,
+                        &next_action,
+                        &request_id(rid),
+                        within_ms.unwrap_or(600_000),
+                    )
+                    .await;
+                let r = self.settled(&l, r).await?;
+                let id = r.str("continuation_id")?;
+                self.push_continuations(&l, Some(&id)).await;
+                json!({ "assignment_id": assignment_id, "continuation_id": id, "state": "PENDING",
+                        "expires_at": r.body["expires_at"], "receipt_id": r.receipt_id })
             }
             OperatorRequest::Policy { policy_id } => match self.store.policy(&policy_id).await? {
                 Some((p, digest)) => json!({ "policy": p, "digest": digest }),

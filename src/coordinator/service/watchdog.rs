@@ -120,8 +120,15 @@ impl Service {
                 }
             }
         }
-        self.forget_sent(&live);
         self.inactivity(l).await;
+        self.push_continuations(l, None).await;
+        if let Ok(open) = self.store.open_continuations().await {
+            live.extend(
+                open.into_iter()
+                    .map(|v| format!("continuation/{}", v.continuation_id)),
+            );
+        }
+        self.forget_sent(&live);
     }
 
     /// The inactivity policy, step by step: warn, escalate, replace the generation, start
