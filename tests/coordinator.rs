@@ -2183,3 +2183,184 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
     );
     assert_eq!(state(s, "h1:w2").await, "RUNNING");
 }
+
+/// §17 Stale continuation claimant and Partial-authority continuation, at the store: a
+/// delivery under a lapsed or replaced claim is refused; acceptance is once, debits the loop
+/// budget once and needs the generation it was bound to; a continuation carries the
+/// assignment's own scope and holds (it cannot widen them), and none is created without
+/// budget.
+#[tokio::test]
+async fn a_continuation_is_accepted_once_under_its_current_claim_only() {
+    use mosaic::coordinator::continuation::AcceptClaim;
+    let (f, admin) = frozen_fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = r.chain().assignment_id.clone();
+    let created = s
+        .create_continuation(l, &asg, "run the integration tests", &uid("rq"), 60_000)
+        .await
+        .unwrap();
+    let cn = created.str("continuation_id").unwrap();
+    // Partial authority: bound to the assignment's own scope, holds and contract.
+    let bound = admin_count(
+        &admin,
+        &format!(
+            "SELECT count(*) FROM continuations c JOIN assignments a USING (assignment_id) JOIN reservations r ON r.reservation_id = c.reservation_id \
+             WHERE c.continuation_id = '{cn}' AND c.scope_digest = a.scope_digest AND c.holds_digest = a.holds_digest \
+               AND c.contracts_digest = r.contracts_digest"
+        ),
+    )
+    .await;
+    assert_eq!(bound, 1);
+    let view = |s: &Store| {
+        let cn = cn.clone();
+        let s = s.clone();
+        async move {
+            s.open_continuations()
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|v| v.continuation_id == cn)
+                .unwrap()
+        }
+    };
+    let first = s.claim_continuation(l, &view(s).await).await.unwrap();
+    let old_ref = first.str("claim_ref").unwrap();
+    // A live claim of this epoch is not reclaimed.
+    assert_eq!(
+        category(s.claim_continuation(l, &view(s).await).await),
+        Category::WrongState
+    );
+    // Its deadline passes (equality): reclaimed, with a new reference.
+    admin
+        .batch_execute(&format!("UPDATE continuations SET claim_deadline = (SELECT t FROM frozen.now) WHERE continuation_id = '{cn}'"))
+        .await
+        .unwrap();
+    let second = s.claim_continuation(l, &view(s).await).await.unwrap();
+    let new_ref = second.str("claim_ref").unwrap();
+    assert_ne!(old_ref, new_ref);
+    let claim = |claim_ref: &str| AcceptClaim {
+        continuation_id: cn.clone(),
+        claim_ref: claim_ref.into(),
+        reservation_id: r.chain().reservation_id.clone(),
+        lane_incarnation_id: r.chain().lane_incarnation_id.clone(),
+        generation: r.generation,
+        next_action_digest: mosaic::protocol::work::next_action_digest("run the integration tests"),
+    };
+    // The stale claimant is refused.
+    assert_eq!(
+        category(s.accept_continuation(l, &claim(&old_ref)).await),
+        Category::Mismatch
+    );
+    // Another generation, or another next action, is refused.
+    let mut other = claim(&new_ref);
+    other.generation += 1;
+    assert_eq!(
+        category(s.accept_continuation(l, &other).await),
+        Category::WrongState
+    );
+    let mut other = claim(&new_ref);
+    other.next_action_digest = d('7');
+    assert_eq!(
+        category(s.accept_continuation(l, &other).await),
+        Category::WrongState
+    );
+    let budget_q = format!(
+        "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{asg}'"
+    );
+    assert_eq!(
+        admin_count(&admin, &budget_q).await,
+        20,
+        "a refused acceptance debited the budget"
+    );
+    let ok = s.accept_continuation(l, &claim(&new_ref)).await.unwrap();
+    assert_eq!(ok.body["loop_budget_left"], 19);
+    // The same acceptance again is the same step; the budget is debited once.
+    assert!(
+        s.accept_continuation(l, &claim(&new_ref))
+            .await
+            .unwrap()
+            .replayed
+    );
+    assert_eq!(admin_count(&admin, &budget_q).await, 19);
+    // The result comes from the generation that accepted it, once.
+    assert_eq!(
+        category(
+            s.record_continuation_result(
+                l,
+                &cn,
+                &r.chain().lane_incarnation_id,
+                r.generation + 1,
+                &d('5')
+            )
+            .await
+        ),
+        Category::WrongState
+    );
+    s.record_continuation_result(
+        l,
+        &cn,
+        &r.chain().lane_incarnation_id,
+        r.generation,
+        &d('5'),
+    )
+    .await
+    .unwrap();
+    // No budget, no continuation.
+    admin
+        .batch_execute(&format!(
+            "UPDATE assignments SET continuation_budget = 0 WHERE assignment_id = '{asg}'"
+        ))
+        .await
+        .unwrap();
+    assert_eq!(
+        category(
+            s.create_continuation(l, &asg, "more", &uid("rq"), 60_000)
+                .await
+        ),
+        Category::WrongState
+    );
+}
+
+/// §17 Lease-transfer race: a handoff's acceptance racing the source's lease renewals. Either
+/// order is fine; afterwards the source holds no lease and every renewal after the accept
+/// was refused.
+#[tokio::test]
+async fn a_handoff_racing_lease_renewals_leaves_the_source_no_lease() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let w2 = adopt(s, l, "h1:w2").await;
+    let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    let (_c, good, _t) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    let mut tasks = Vec::new();
+    for i in 0..12u64 {
+        let (s, l, chain) = (s.clone(), l.clone(), source.chain().clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(i)).await;
+            s.renew_leases(&l, &chain, 60_000)
+                .await
+                .map(|r| r.decided_at)
+        }));
+    }
+    let accepted = s.accept_handoff(l, &good).await.unwrap().decided_at;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(at) => assert!(
+                at < accepted,
+                "a renewal decided after the handoff: {at} vs {accepted}"
+            ),
+            Err(e) => assert_eq!(e.category(), Some(Category::WrongState), "{e}"),
+        }
+    }
+    assert_eq!(
+        count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM leases WHERE reservation_id = '{}' AND released_at IS NULL",
+                source.chain().reservation_id
+            )
+        )
+        .await,
+        0
+    );
+}

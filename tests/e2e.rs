@@ -1886,6 +1886,11 @@ async fn a_continuation_reaches_a_settled_harness_once_and_its_result_is_recorde
         0,
         "no refused delivery, acceptance or result"
     );
+    // `status` shows where the work's continuations stand.
+    let st = up.assignment(&id);
+    assert_eq!(st["continuation"]["state"], "RESULT_RECORDED");
+    assert_eq!(st["continuation"]["continuation_id"], cn2.as_str());
+    assert_eq!(st["continuation_budget"], 18);
     // A harness that never settles (it never waits for a continuation) is never given one:
     // the offer lapses undelivered and the loop budget is untouched.
     let lane2 = up.lane_id(2);

@@ -244,6 +244,12 @@ pub struct AssignmentStatus {
     pub watchdog_step: String,
     pub blocker_code: Option<String>,
     pub blocker_evidence_digest: Option<String>,
+    /// The accepted handoff that moved responsibility here, if any.
+    pub handoff_ack: Option<String>,
+    /// Continuations the assignment may still accept.
+    pub continuation_budget: i32,
+    /// Its latest continuation: id, state, claims made.
+    pub continuation: Option<serde_json::Value>,
 }
 
 const LANE_SELECT: &str = "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
@@ -412,7 +418,10 @@ impl Store {
                         (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id), \
                         a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest, \
                         a.work_status, a.inactivity_policy, a.inactivity_policy_digest, mosaic_ts(a.last_progress_at), \
-                        mosaic_ts(a.inactivity_deadline), a.watchdog_step, a.blocker_code, a.blocker_evidence_digest \
+                        mosaic_ts(a.inactivity_deadline), a.watchdog_step, a.blocker_code, a.blocker_evidence_digest, \
+                        a.handoff_ack, a.continuation_budget, \
+                        (SELECT jsonb_build_object('continuation_id', c.continuation_id, 'state', c.state, 'claims', c.attempts) \
+                         FROM continuations c WHERE c.assignment_id = a.assignment_id ORDER BY c.created_at DESC LIMIT 1) \
                  FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at",
                 &[],
             )
@@ -442,6 +451,9 @@ impl Store {
                 watchdog_step: r.get(19),
                 blocker_code: r.get(20),
                 blocker_evidence_digest: r.get(21),
+                handoff_ack: r.get(22),
+                continuation_budget: r.get(23),
+                continuation: r.get(24),
             })
             .collect())
     }
