@@ -1960,6 +1960,21 @@ async fn concurrent_progress_and_replacement_have_one_order() {
         }
     }
     assert!(replaced_at.len() <= 1, "{replaced_at:?}");
+    // A replacement after an accepted extension would be a lost update: every accepted
+    // progress receipt's new deadline must precede the replacement.
+    if let Some(rep) = replaced_at.first() {
+        let late = count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM progress_receipts WHERE mosaic_ts(new_deadline) > '{rep}'"
+            ),
+        )
+        .await;
+        assert_eq!(
+            late, 0,
+            "progress extended a deadline the replacement then ignored"
+        );
+    }
     if let Some(rep) = replaced_at.first() {
         assert!(
             progress_at.iter().all(|p| p < rep),
@@ -2363,4 +2378,74 @@ async fn a_handoff_racing_lease_renewals_leaves_the_source_no_lease() {
         .await,
         0
     );
+}
+
+/// Regressions from the outside review of the handoff: (1) the source's late termination
+/// receipt never finalizes work its target now runs; (2) a target lane quarantined under an
+/// open offer expires the offer and hands the work back to its source with a fresh
+/// inactivity period — the work is never left in `handoff` with no way out.
+#[tokio::test]
+async fn a_handoff_never_strands_work_or_lets_the_source_finalize_it() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let w2 = adopt(s, l, "h1:w2").await;
+    let w3 = adopt(s, l, "h1:w3").await;
+    let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = source.chain().assignment_id.clone();
+    // (2) An offer to w3, whose lane is then quarantined (its host said so).
+    let (_c3, _good3, _t3) = handoff_to_challenge(s, l, &source, &w3.lane_incarnation_id).await;
+    let base_before = count(&f.db.url, &format!("SELECT extract(epoch from inactivity_base_at)::bigint FROM assignments WHERE assignment_id = '{asg}'")).await;
+    s.quarantine(l, &w3.lane_incarnation_id, "host-side quarantine", true)
+        .await
+        .unwrap();
+    let a = assignment(s, &asg).await;
+    assert_eq!(
+        (
+            a.lifecycle.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("ACTIVE", Some("h1:w1"), None),
+        "the work went back to its source"
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM handoffs WHERE assignment_id = '{asg}' AND state = 'EXPIRED'"
+            )
+        )
+        .await,
+        1
+    );
+    assert_eq!(count(&f.db.url, &format!("SELECT count(*) FROM assignments WHERE assignment_id = '{asg}' AND work_status = 'active'")).await, 1);
+    assert!(
+        count(&f.db.url, &format!("SELECT extract(epoch from inactivity_base_at)::bigint FROM assignments WHERE assignment_id = '{asg}'")).await >= base_before,
+        "the inactivity period restarted"
+    );
+    // (1) A new offer to w2, accepted; the target activates; the operator asks to complete.
+    let (c2, good2, mut t2) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    s.accept_handoff(l, &good2).await.unwrap();
+    let ch = s.issue_activation_challenge(l, &c2, 60_000).await.unwrap();
+    t2.challenge = ch.str("challenge_id").unwrap();
+    s.consume_ack(l, &ack(l, &t2)).await.unwrap();
+    s.activate(l, &activation(s, &t2).await).await.unwrap();
+    s.request_end(l, &asg, Outcome::Completed, Some(&d('e')))
+        .await
+        .unwrap();
+    // The source's receipt arrives late: it ends the source generation, not the work.
+    s.ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
+        .await
+        .unwrap();
+    let a = assignment(s, &asg).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.requested_outcome.as_deref()),
+        ("ACTIVE", Some("COMPLETED")),
+        "the source's end decided the target's work"
+    );
+    // The target's own receipt makes it final.
+    s.ingest_termination(l, HOST, &receipt_for(&t2, "quit", true))
+        .await
+        .unwrap();
+    assert_eq!(assignment(s, &asg).await.lifecycle, "COMPLETED");
 }

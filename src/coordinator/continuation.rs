@@ -240,7 +240,8 @@ impl Store {
                                   AND g.stop_requested_at IS NULL \
                                 RETURNING x.assignment_id, x.continuation_budget) \
                      UPDATE continuations c SET state = 'DELIVERY_ACCEPTED', accepted_at = clock_timestamp(), budget_after = b.continuation_budget \
-                     FROM b WHERE c.continuation_id = $1 AND c.state = 'CLAIMED' \
+                     FROM b WHERE c.continuation_id = $1 AND c.state = 'CLAIMED' AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
+                       AND c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp() \
                      RETURNING c.assignment_id, c.next_action, b.continuation_budget",
                     &[&a.continuation_id, &a.claim_ref, &a.reservation_id, &a.lane_incarnation_id, &a.generation, &a.next_action_digest, &epoch],
                 ).await?;
@@ -361,6 +362,64 @@ impl Store {
                 };
                 let attempts: i32 = d.row().get(0);
                 d.decide(json!({ "continuation_id": id, "state": "EXPIRED", "attempts": attempts }))
+            }),
+        )
+        .await
+    }
+
+    /// An accepted continuation whose result did not come by its deadline: whether the
+    /// harness ever saw it is unknown, so it is abandoned — never injected again — and its
+    /// generation is replaced (a fresh one of the same assignment, by the watchdog).
+    pub async fn abandon_continuation(
+        &self,
+        l: &Leader,
+        v: &ContinuationView,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "continuation-abandon";
+        let step = Step::new(
+            OP,
+            l,
+            format!("continuation-abandon/{}", v.continuation_id),
+            request_digest(OP, &[&v.continuation_id]),
+        )
+        .about(Some(&v.assignment_id), None);
+        let id = v.continuation_id.clone();
+        self.transition(
+            &step,
+            body!([id] |f| {
+                let d = f.cas(
+                    "UPDATE continuations c SET state = 'ABANDONED' WHERE c.continuation_id = $1 AND c.state = 'DELIVERY_ACCEPTED' \
+                       AND c.expires_at <= clock_timestamp() \
+                     RETURNING c.assignment_id, c.reservation_id, c.lane_incarnation_id, c.generation",
+                    &[&id],
+                ).await?;
+                let d = match d {
+                    Ok(d) => d,
+                    Err(u) => return Err(u.reject(Category::WrongState, "not an accepted continuation past its deadline without a result").await?),
+                };
+                let (asg, res, inc, g): (String, String, String, i64) = (d.row().get(0), d.row().get(1), d.row().get(2), d.row().get(3));
+                // Replace the generation if it still runs this work: the same moves as an
+                // inactivity replacement.
+                let replaced = d.exec(
+                    "UPDATE assignments a SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, watchdog_step = 'replacing', \
+                            next_action = 'the watchdog starts a fresh generation: a continuation''s delivery is ambiguous' \
+                     FROM reservations r, lane_incarnations li \
+                     WHERE a.assignment_id = $1 AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL AND a.lane_incarnation_id = $3 \
+                       AND r.reservation_id = $2 AND r.released_at IS NULL AND r.generation = $4 \
+                       AND li.lane_incarnation_id = $3 AND li.state = 'RUNNING'",
+                    &[&asg, &res, &inc, &g],
+                ).await?;
+                if replaced == 1 {
+                    d.exec_one("UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'", &[&inc]).await?;
+                    d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&res]).await?;
+                    d.exec(
+                        "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'a continuation''s delivery is ambiguous' \
+                         WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
+                        &[&inc, &g],
+                    ).await?;
+                }
+                d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": "ABANDONED", "generation_replaced": replaced == 1,
+                    "generation": g }))
             }),
         )
         .await

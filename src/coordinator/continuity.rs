@@ -141,6 +141,8 @@ pub struct DueWork {
     pub deadline_due: bool,
     /// Attempts used against the current budget.
     pub attempts_used: i64,
+    /// Attempts ever made (never reused as a request id).
+    pub attempts_total: i64,
     pub max_attempts: i32,
     pub attempts_on_lane: i64,
     pub replacements_before_reassign: i32,
@@ -367,6 +369,7 @@ impl Store {
              RETURNING mosaic_ts(a.inactivity_deadline), a.responsibility_owner, a.next_action"
         );
         let (w, from, to) = (w.clone(), from.to_string(), to.to_string());
+        // (The notice changes no authority; its CAS is the work row in its expected step.)
         self.transition(
             &step,
             body!([w, sql, from, to] |f| {
@@ -407,12 +410,17 @@ impl Store {
         self.transition(
             &step,
             body!([c] |f| {
+                // The work row is the compare-and-swap (it is what progress updates too, so of
+                // the two exactly one decides, whatever the interleaving); the lane follows.
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET state = 'DRAINING' FROM reservations r, assignments a \
-                     WHERE li.lane_incarnation_id = $1 AND li.state = 'RUNNING' AND li.retired_at IS NULL AND r.reservation_id = $2 \
-                       AND r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL AND r.assignment_id = $3 \
-                       AND a.assignment_id = r.assignment_id AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' \
-                       AND a.requested_outcome IS NULL AND a.inactivity_deadline <= clock_timestamp() \
+                    "UPDATE assignments a SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, watchdog_step = 'replacing', \
+                            next_action = 'the watchdog starts a fresh generation: no validated progress by the inactivity deadline' \
+                     FROM reservations r, lane_incarnations li \
+                     WHERE a.assignment_id = $3 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' AND a.requested_outcome IS NULL \
+                       AND a.inactivity_deadline <= clock_timestamp() AND a.lane_incarnation_id = $1 \
+                       AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
+                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.lane_incarnation_id = $1 AND li.state = 'RUNNING' \
+                       AND li.retired_at IS NULL \
                      RETURNING r.generation, mosaic_ts(a.inactivity_base_at)",
                     &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id],
                 ).await?;
@@ -423,17 +431,12 @@ impl Store {
                 };
                 let g: Option<i64> = d.row().get(0);
                 let since: String = d.row().get(1);
+                d.exec_one("UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'", &[&c.lane_incarnation_id]).await?;
                 d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&c.reservation_id]).await?;
                 d.exec(
                     "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'no validated progress by the inactivity deadline' \
                      WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
                     &[&c.lane_incarnation_id, &g],
-                ).await?;
-                d.exec_one(
-                    "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, watchdog_step = 'replacing', \
-                            next_action = 'the watchdog starts a fresh generation: no validated progress by the inactivity deadline' \
-                     WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
-                    &[&c.assignment_id],
                 ).await?;
                 d.decide(json!({ "chain": c, "to": "DRAINING", "generation_to_stop": g, "no_progress_since": since,
                     "assignment_to": "RECOVERY", "watchdog_step": "replacing" }))
@@ -660,7 +663,8 @@ impl Store {
                         pol.replacements_before_reassign, \
                         r.reservation_id, r.assignment_attempt_id, r.reservation_epoch, \
                         EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED') \
+                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED'), \
+                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) \
                  FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy \
                  JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id \
                  LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
@@ -701,6 +705,7 @@ impl Store {
                     replacements_before_reassign: r.get(15),
                     chain,
                     unended: r.get(19),
+                    attempts_total: r.get(20),
                 }
             })
             .collect())

@@ -142,6 +142,7 @@ impl Store {
                 let to: String = d.row().get(0);
                 let generation: Option<i64> = d.row().get(1);
                 let requested: Option<String> = d.row().get(2);
+                let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&c.reservation_id]).await?.get(0);
                 d.exec_one(RELEASE_RESERVATION, &[&c.reservation_id]).await?;
                 if let Some(g) = generation {
                     d.exec(
@@ -151,13 +152,15 @@ impl Store {
                     ).await?;
                 }
                 // A handoff's target chain that ends before its ACK leaves the work with its
-                // source; any other chain's work goes to recovery.
-                let handed_back = d.exec(super::handoff::EXPIRE_TARGET_HANDOFF, &[&c.reservation_id]).await? > 0;
-                if requested.is_none() && !handed_back {
-                    d.exec_one(
+                // source (the release above handed it back, migration 0009); the work of any
+                // other chain goes to recovery — if this chain is still the work's current one
+                // (a chain orphaned by a withdrawn offer is not).
+                if requested.is_none() && !open_target {
+                    d.exec(
                         "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
-                                next_action = 'resume on a fresh chain: ' || $2 WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
-                        &[&c.assignment_id, &why],
+                                next_action = 'resume on a fresh chain: ' || $2 \
+                         WHERE assignment_id = $1 AND lifecycle = 'ACTIVE' AND lane_incarnation_id = $3",
+                        &[&c.assignment_id, &why, &c.lane_incarnation_id],
                     ).await?;
                 }
                 d.decide(json!({ "chain": c, "cause": why, "to": to, "generation_to_stop": generation }))
@@ -412,7 +415,8 @@ impl Store {
                     let retired: bool = lane.get(2);
                     let g = f.read_opt(
                         "SELECT g.state, g.end_receipt, r.reservation_id, r.assignment_id, r.assignment_attempt_id, r.released_at IS NULL, \
-                                a.lifecycle, a.requested_outcome, a.requested_evidence_digest, a.responsibility_owner, a.execution_owner \
+                                a.lifecycle, a.requested_outcome, a.requested_evidence_digest, a.responsibility_owner, a.execution_owner, \
+                                a.lane_incarnation_id = r.lane_incarnation_id \
                          FROM generations g JOIN reservations r USING (reservation_id) JOIN assignments a ON a.assignment_id = r.assignment_id \
                          WHERE g.lane_incarnation_id = $1 AND g.generation = $2 FOR UPDATE OF g, a",
                         &[&inc, &generation],
@@ -427,6 +431,9 @@ impl Store {
                     let res_open: bool = g.get(5);
                     let (lifecycle, requested, supplied): (String, Option<String>, Option<String>) = (g.get(6), g.get(7), g.get(8));
                     let (resp, exec): (String, Option<String>) = (g.get(9), g.get(10));
+                    // Whether this generation's chain is the work's current one (after a
+                    // handoff the source's is not: its end must not decide the work's outcome).
+                    let current: bool = g.get(11);
                     if gstate == "ENDED" {
                         if end_receipt.is_some() {
                             let reason = format!("a second, different end observed for generation {generation}");
@@ -467,7 +474,11 @@ impl Store {
                         d.exec_one("UPDATE lane_incarnations SET state = 'RETIRING' WHERE lane_incarnation_id = $1", &[&inc]).await?;
                         d.exec(RELEASE_LEASES, &[&reservation]).await?;
                         d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
-                        let outcome = finalize(&d, &assignment, &lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?;
+                        let outcome = if current {
+                            finalize(&d, &assignment, &lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?
+                        } else {
+                            None
+                        };
                         Reconciliation::Retiring { outcome }
                     } else if is_chain_gen && (state == "RUNNING" || PREACTIVATION.contains(&state.as_str())) {
                         // Died while it had (or was about to have) authority: recovery.
@@ -477,22 +488,27 @@ impl Store {
                              WHERE lane_incarnation_id = $1",
                             &[&inc, &to, &generation.to_string()],
                         ).await?;
+                        let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&reservation]).await?.get(0);
                         d.exec(RELEASE_LEASES, &[&reservation]).await?;
                         d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
-                        // A handoff target dying before its ACK leaves the work with its source.
-                        if d.exec(super::handoff::EXPIRE_TARGET_HANDOFF, &[&reservation]).await? == 0 {
+                        // A handoff target dying before its ACK leaves the work with its source
+                        // (the release handed it back); otherwise the work, if this is its
+                        // current chain, goes to recovery.
+                        if !open_target {
                             d.exec(
                                 "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
                                         next_action = 'resume on a fresh generation: generation ' || $2 || ' ended unexpectedly' \
-                                 WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
-                                &[&assignment, &generation.to_string()],
+                                 WHERE assignment_id = $1 AND lifecycle = 'ACTIVE' AND lane_incarnation_id = $3",
+                                &[&assignment, &generation.to_string(), &inc],
                             ).await?;
                         }
                         Reconciliation::Recovery { lane_state: to.into() }
                     } else if state == "QUARANTINED" {
                         // Evidence the quarantined lane's generation is gone; an outcome the
-                        // operator asked for is final now.
-                        finalize(&d, &assignment, &lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?;
+                        // operator asked for is final now (if this was the work's current chain).
+                        if current {
+                            finalize(&d, &assignment, &lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?;
+                        }
                         Reconciliation::Evidence { lane_state: state.clone() }
                     } else {
                         let reason = format!("receipt for generation {generation} conflicts with lane state {state}");

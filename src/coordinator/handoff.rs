@@ -112,14 +112,12 @@ const ACCEPT_CAS: &str = "UPDATE assignments a SET responsibility_owner = h.pend
        AND gt.stop_requested_at IS NULL \
      RETURNING h.handoff_id, rs.reservation_id, rs.lane_incarnation_id, rs.generation, h.pending_target";
 
-/// Ends the open handoff whose target chain is `$1` (the target chain ended, or its
-/// generation died, before the ACK): the work's owners are as they were before the offer.
-/// Returns the assignment row it restored (none when the reservation was no open target).
-pub(crate) const EXPIRE_TARGET_HANDOFF: &str = "WITH h AS (UPDATE handoffs SET state = 'EXPIRED' \
-        WHERE target_reservation_id = $1 AND state IN ('OFFERED', 'CHALLENGED') RETURNING assignment_id, pending_target) \
-     UPDATE assignments a SET pending_target = NULL, work_status = 'active', \
-            next_action = 'run the task under its contract (the handoff to ' || h.pending_target || ' ended before its ACK)' \
-     FROM h WHERE a.assignment_id = h.assignment_id AND a.work_status = 'handoff'";
+/// Whether reservation `$1` is the target chain of a handoff still open (read before the
+/// chain is released: the release itself expires the offer and hands the work back to its
+/// source — migration 0009 — so such a chain's end must not move the work to recovery).
+pub(crate) const IS_OPEN_TARGET: &str =
+    "SELECT EXISTS (SELECT 1 FROM handoffs WHERE target_reservation_id = $1 \
+        AND state IN ('OFFERED', 'CHALLENGED'))";
 
 impl Store {
     /// Offers RUNNING work to an idle lane: the target chain is reserved in the same commit.
@@ -202,7 +200,7 @@ impl Store {
                         }
                     };
                     let target_lane: String = d.row().get(0);
-                    let src = d.query_one(
+                    let src = d.query(
                         "SELECT a.responsibility_owner, a.execution_owner, rs.assignment_attempt_id, rs.reservation_id, \
                                 coalesce($2, (SELECT t.task_text FROM attempts t WHERE t.assignment_attempt_id = rs.assignment_attempt_id)), a.runtime_id \
                          FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id AND rs.released_at IS NULL \
@@ -210,8 +208,21 @@ impl Store {
                          WHERE a.assignment_id = $1 FOR UPDATE OF a",
                         &[&req.assignment_id, &req.task_text],
                     ).await?;
-                    let (resp, exec, src_attempt, src_res, task, runtime): (String, String, String, String, String, String) =
-                        (src.get(0), src.get(1), src.get(2), src.get(3), src.get(4), src.get(5));
+                    let Some(src) = src.first() else {
+                        return Err(reject(OP, Category::WrongState, "the work's source chain ended under the offer"));
+                    };
+                    // Re-checked under the row lock: the lane's CAS only read the assignment.
+                    let exec: Option<String> = d.query(
+                        "SELECT a.execution_owner FROM assignments a WHERE a.assignment_id = $1 AND a.lifecycle = 'ACTIVE' \
+                           AND a.work_status = 'active' AND a.requested_outcome IS NULL AND a.pending_target IS NULL \
+                           AND a.execution_owner IS NOT NULL",
+                        &[&req.assignment_id],
+                    ).await?.first().map(|r| r.get(0));
+                    let Some(exec) = exec else {
+                        return Err(reject(OP, Category::WrongState, "the work changed under the offer; retry"));
+                    };
+                    let (resp, src_attempt, src_res, task, runtime): (String, String, String, String, String) =
+                        (src.get(0), src.get(2), src.get(3), src.get(4), src.get(5));
                     if let Err(e) = crate::protocol::task::validate(&runtime, &task) {
                         return Err(reject(OP, Category::BadInput, e.to_string()));
                     }

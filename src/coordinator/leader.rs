@@ -72,7 +72,9 @@ pub struct Candidate {
 const PREACTIVATION: &str =
     "('RESERVED','CHECKPOINTING','FENCED','STAGING','CONTRACT_INJECTING','AWAITING_ACK','READY')";
 
-/// The disposition of every preactivation chain of an older epoch, in one statement.
+/// The disposition of every preactivation chain of an older epoch, in one statement. An open
+/// handoff offer's target chain is among them: releasing it expires the offer and hands the
+/// work back to its source (migration 0009), so that work is not moved to recovery.
 fn disposition_sql() -> String {
     format!(
         "WITH stale AS ( \
@@ -87,16 +89,13 @@ fn disposition_sql() -> String {
                   FROM stale s WHERE g.lane_incarnation_id = s.lane_incarnation_id AND g.generation = s.generation AND g.state <> 'ENDED' RETURNING 1), \
          offers AS (SELECT h.handoff_id, h.assignment_id FROM handoffs h JOIN stale s ON s.reservation_id = h.target_reservation_id \
                     WHERE h.state IN ('OFFERED', 'CHALLENGED')), \
-         ho AS (UPDATE handoffs SET state = 'EXPIRED' WHERE handoff_id IN (SELECT handoff_id FROM offers) RETURNING 1), \
-         back AS (UPDATE assignments SET pending_target = NULL, work_status = 'active', \
-                         next_action = 'run the task under its contract (the handoff offer ended with the leadership change)' \
-                  WHERE assignment_id IN (SELECT assignment_id FROM offers) AND work_status = 'handoff' RETURNING 1), \
          asg AS (UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
                         next_action = 'resume on a fresh chain: leadership changed to epoch ' || $1 || ' before activation' \
-                 WHERE assignment_id IN (SELECT assignment_id FROM stale) AND assignment_id NOT IN (SELECT assignment_id FROM offers) \
+                 WHERE (assignment_id, lane_incarnation_id) IN (SELECT assignment_id, lane_incarnation_id FROM stale) \
+                   AND assignment_id NOT IN (SELECT assignment_id FROM offers) \
                    AND lifecycle = 'ACTIVE' RETURNING 1) \
          SELECT (SELECT count(*) FROM lanes), (SELECT count(*) FROM gens), (SELECT count(*) FROM asg), (SELECT count(*) FROM res), \
-                (SELECT count(*) FROM ho), (SELECT count(*) FROM back)"
+                (SELECT count(*) FROM offers), (SELECT count(*) FROM offers)"
     )
 }
 

@@ -23,6 +23,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0006_work_record.sql"),
     include_str!("../../migrations/0007_handoff.sql"),
     include_str!("../../migrations/0008_continuations.sql"),
+    include_str!("../../migrations/0009_continuity_closure.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

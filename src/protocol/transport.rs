@@ -823,9 +823,14 @@ async fn run_session(
     // Every write is bounded by the liveness limit: a peer that stops reading must not
     // freeze this task (its liveness checks, its close, shutdown) behind a full socket.
     let limit = params.liveness.limit;
+    // While a write waits for the peer to read, this task reads nothing: that time is not
+    // the peer's silence. Silence counts from the later of its last frame and the end of
+    // the last write that kept us from listening.
+    let mut listening_since = std::time::Instant::now();
     macro_rules! send_or_end {
-        ($fut:expr) => {
-            match tokio::time::timeout(limit, $fut).await {
+        ($fut:expr) => {{
+            let began = std::time::Instant::now();
+            let r = match tokio::time::timeout(limit, $fut).await {
                 Ok(r) => r?,
                 Err(_) => {
                     return Ok(Ended::Closed(format!(
@@ -833,8 +838,12 @@ async fn run_session(
                         limit.as_secs()
                     )))
                 }
+            };
+            if began.elapsed() >= params.liveness.interval {
+                listening_since = std::time::Instant::now();
             }
-        };
+            r
+        }};
     }
     let first = handler.handle(peer.clone(), hello).await;
     for out in first.replies {
@@ -871,7 +880,7 @@ async fn run_session(
                 continue;
             }
             _ = ping.tick() => {
-                if handle.silent_for() > params.liveness.limit {
+                if handle.silent_for().min(listening_since.elapsed()) > params.liveness.limit {
                     return Ok(Ended::Closed(format!("peer silent for more than {} s", params.liveness.limit.as_secs())));
                 }
                 send_or_end!(async { ws.send(Message::Ping(Vec::new().into())).await.map_err(|e| TransportError::Ws(e.to_string())) });

@@ -357,6 +357,20 @@ impl Service {
                     }
                     continue;
                 }
+                "DELIVERY_ACCEPTED" if v.expired => {
+                    match self.store.abandon_continuation(l, &v).await {
+                        Ok(r) => {
+                            self.bump();
+                            tracing::error!(continuation_id = %v.continuation_id, assignment_id = %v.assignment_id,
+                                "continuation accepted but no result by its deadline: abandoned, its generation replaced");
+                            if r.body["generation_replaced"] == true {
+                                let _ = self.advance(l, &v.reservation_id).await;
+                            }
+                        }
+                        Err(e) => self.note(l, &e).await,
+                    }
+                    continue;
+                }
                 "PENDING" => true,
                 "CLAIMED" if v.claim_expired || !ours => true,
                 _ => false,

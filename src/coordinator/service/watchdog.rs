@@ -198,7 +198,7 @@ impl Service {
     /// replacements there, then another idle lane of a connected host offering the runtime.
     /// Nothing idle: nothing happens, and the next sweep tries again.
     async fn next_attempt(&self, l: &Leader, w: &crate::coordinator::continuity::DueWork) {
-        let same_lane_ok = w.attempts_on_lane <= i64::from(w.replacements_before_reassign);
+        let mut same_lane_ok = w.attempts_on_lane <= i64::from(w.replacements_before_reassign);
         let lanes = match self.store.lanes().await {
             Ok(v) => v,
             Err(e) => {
@@ -206,6 +206,18 @@ impl Service {
                 return;
             }
         };
+        // A lane that cannot take work again soon (quarantined, retired, being recreated,
+        // its host gone) is no reason to wait: the next attempt goes elsewhere at once.
+        if same_lane_ok {
+            let usable = lanes.iter().any(|lane| {
+                lane.lane_id == w.lane_id
+                    && lane.state != "QUARANTINED"
+                    && !lane.recreate_requested
+                    && lane.host_quarantine_reason.is_none()
+                    && self.hosts.is_connected(&lane.host_id)
+            });
+            same_lane_ok = usable;
+        }
         let mut candidates = Vec::new();
         for lane in lanes {
             let same = lane.lane_id == w.lane_id;
@@ -238,7 +250,7 @@ impl Service {
         };
         let req = crate::coordinator::chain::ReserveRequest {
             // One request per attempt number: a retried resume lands on the same reservation.
-            request_id: format!("watchdog/{}/{}", w.assignment_id, w.attempts_used),
+            request_id: format!("watchdog/{}/{}", w.assignment_id, w.attempts_total),
             lane_incarnation_id: lane.lane_incarnation_id.clone(),
             assignment_id: Some(w.assignment_id.clone()),
             target: lane.lane_id.clone(),
@@ -254,7 +266,7 @@ impl Service {
             Ok(r) => {
                 self.bump();
                 tracing::warn!(assignment_id = %w.assignment_id, lane_id = %lane.lane_id,
-                    reassigned = lane.lane_id != w.lane_id, attempt = w.attempts_used + 1,
+                    reassigned = lane.lane_id != w.lane_id, attempt = w.attempts_total + 1,
                     "watchdog: next attempt on a fresh generation");
                 let _ = self.advance(l, &r.chain.reservation_id).await;
             }
