@@ -253,6 +253,8 @@ fn take_continuations(busy: f64) {
         return;
     };
     loop {
+        // A failed wait (its supervisor restarting, say) is retried: the harness stays
+        // settled and asks again.
         let out = match std::process::Command::new(&bin)
             .args(["lane", "next"])
             .output()
@@ -260,15 +262,13 @@ fn take_continuations(busy: f64) {
             Ok(o) => o,
             Err(_) => return,
         };
-        let v: serde_json::Value = match serde_json::from_slice(&out.stdout) {
-            Ok(v) => v,
-            Err(_) => return,
-        };
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap_or_default();
         let (Some(id), Some(action)) = (
             v["continuation"]["continuation_id"].as_str(),
             v["continuation"]["next_action"].as_str(),
         ) else {
-            return;
+            sleep_reaping(Duration::from_millis(200));
+            continue;
         };
         println!("fake: continuation {id}: {action}");
         sleep_reaping(Duration::from_secs_f64(busy));

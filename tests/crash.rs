@@ -1302,10 +1302,11 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
     }
 }
 
-/// §17 Continuation injection crash: the supervisor dies while a continuation waits for
-/// its harness to settle. The restarted supervisor re-adopts the generation but cannot reach
-/// its harness (no lane socket), so it never accepts: the continuation expires undelivered,
-/// the loop budget untouched, and the generation is not given it later.
+/// §17 Continuation injection crash: the supervisor dies after a continuation was accepted
+/// and handed to its harness. The restarted supervisor re-adopts the generation and serves its
+/// lane socket again, but never shows a continuation another process accepted: it is not
+/// accepted or debited again, nothing else is accepted while it is open, and it ends
+/// abandoned, never re-injected.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_supervisor_killed_before_delivery_never_delivers_a_continuation_late() {
     let mut w = Split::new(1);
@@ -1503,4 +1504,90 @@ async fn responsibility_survives_a_coordinator_killed_around_handoff_and_replace
             w.stop_final(&id);
         }
     }
+}
+
+/// A restarted supervisor serves the lane sockets of its activated, re-adopted generations
+/// again: their harnesses go on reporting progress (no inactivity replacement) and taking
+/// continuations; nothing is run twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_supervisor_serves_its_running_harnesses_again() {
+    let mut w = Split::new(2);
+    w.op(&OperatorRequest::PolicyPublish {
+        policy: mosaic::coordinator::continuity::InactivityPolicy {
+            policy_id: "restart-fast@1".into(),
+            warn_after_ms: 600,
+            escalate_after_ms: 1200,
+            replace_after_ms: 2000,
+            replacements_before_reassign: 1,
+            max_attempts: 3,
+            exhaustion: "blocked".into(),
+            evidence_kinds: vec!["test-result".into()],
+        },
+    })
+    .unwrap();
+    let mut req = assign_req(&w.lane(1), "progress-every=0.3", None);
+    if let OperatorRequest::Assign {
+        inactivity_policy, ..
+    } = &mut req
+    {
+        *inactivity_policy = Some("restart-fast@1".into());
+    }
+    let a = w.op(&req).unwrap();
+    let reporting = a["assignment_id"].as_str().unwrap().to_string();
+    let b = w.assign(2, "take-continuations").unwrap();
+    let taking = b["assignment_id"].as_str().unwrap().to_string();
+    let progress =
+        |id: &str| format!("SELECT count(*) FROM progress_receipts WHERE assignment_id = '{id}'");
+    let start = Instant::now();
+    while w.count(&progress(&reporting)).await < 2 {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "no progress before the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.crash_supervisor();
+    w.start_supervisor();
+    w.wait_host_connected();
+    let before = w.count(&progress(&reporting)).await;
+    // Longer than the policy's whole inactivity period.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(
+        w.count(&progress(&reporting)).await > before,
+        "the re-adopted harness's progress no longer reaches the coordinator"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE assignment_id = '{reporting}' AND transition = 'inactivity-replace'"
+        ))
+        .await,
+        0,
+        "a reporting harness was replaced"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM attempts WHERE assignment_id = '{reporting}'"
+        ))
+        .await,
+        1
+    );
+    // The other harness takes a continuation through its re-served socket, once.
+    w.op(&OperatorRequest::Continue {
+        assignment_id: taking.clone(),
+        next_action: "after the restart".into(),
+        within_ms: None,
+        request_id: None,
+    })
+    .unwrap();
+    let start = Instant::now();
+    while w
+        .count(&format!("SELECT count(*) FROM continuations WHERE assignment_id = '{taking}' AND state = 'RESULT_RECORDED'"))
+        .await
+        != 1
+    {
+        assert!(start.elapsed() < common::PATIENCE, "no continuation through the re-served socket");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    w.stop_final(&reporting);
+    w.stop_final(&taking);
 }

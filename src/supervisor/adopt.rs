@@ -258,10 +258,46 @@ async fn reattach(
             harness_pidfd,
             graceful,
             grace,
-            // A restarted supervisor does not resume a coordinated chain mid-way: the
-            // coordinator's expiry handles it. The adopted generation keeps running.
-            lane_server: None,
+            // A restarted supervisor does not resume a coordinated chain mid-way (the
+            // coordinator's expiry handles it), but an activated generation whose chain
+            // fields were recorded gets its lane socket served again, so its harness can
+            // go on reporting progress and taking continuations.
+            lane_server: reserve_lane_socket(inner, g),
         };
         return Ok((w, harness.exit));
+    }
+}
+
+/// The lane socket of a re-adopted, activated coordinated generation, served again at the
+/// path its harness already knows, answering only that generation's cgroup. Nothing for a
+/// generation that was not activated or whose chain fields were never recorded.
+fn reserve_lane_socket(
+    inner: &Arc<Inner>,
+    g: &GenRecord,
+) -> Option<(
+    tokio::task::JoinHandle<()>,
+    Arc<super::lanesock::GenSession>,
+    std::path::PathBuf,
+)> {
+    let c = g.coord.as_ref().filter(|c| c.activated)?;
+    let digest = c
+        .chain_fields
+        .as_ref()?
+        .get("contracts_digest")?
+        .as_str()?
+        .to_string();
+    let session = super::lanesock::GenSession::new();
+    session.delivered.send_replace(Some(digest));
+    session.activation.send_replace(Some(Ok(())));
+    let path = super::lanesock::path_for(&g.socket);
+    let cg = inner.tree.at_abs(&g.cgroup);
+    let _ = std::fs::remove_file(&path);
+    match super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone()) {
+        Ok(h) => Some((h, session, path)),
+        Err(e) => {
+            tracing::warn!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                "cannot serve the re-adopted generation's lane socket; its reports are lost until it is replaced");
+            None
+        }
     }
 }

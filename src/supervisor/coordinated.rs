@@ -55,6 +55,52 @@ struct ChainCtx {
     handoff: tokio::sync::watch::Sender<Option<Envelope<Verified>>>,
     /// Continuation claims this host is waiting to accept (until the harness settles).
     offers: Mutex<std::collections::HashSet<String>>,
+    /// The chain fields of this generation's reports (known once its contract is; restored
+    /// from the generation record after a restart).
+    report_fields: Mutex<Option<Vec<(&'static str, Value)>>>,
+}
+
+/// The chain fields a host report carries, in the order they are recorded.
+const REPORT_KEYS: [&str; 15] = [
+    "sot_incarnation",
+    "coordinator_epoch",
+    "assignment_id",
+    "lane_id",
+    "lane_incarnation_id",
+    "assignment_attempt_id",
+    "reservation_id",
+    "generation",
+    "fence_proof",
+    "reservation_epoch",
+    "reservation_deadline",
+    "runtime_id",
+    "contracts_digest",
+    "scope_digest",
+    "holds_digest",
+];
+
+/// Report fields from their recorded form: exactly the known keys, strings and integers.
+fn fields_from_record(v: &serde_json::Value) -> Option<Vec<(&'static str, Value)>> {
+    REPORT_KEYS
+        .iter()
+        .map(|k| {
+            let x = v.get(*k)?;
+            Some((
+                *k,
+                match x {
+                    serde_json::Value::String(t) => s(t),
+                    serde_json::Value::Number(u) => n(u.as_u64()?),
+                    _ => return None,
+                },
+            ))
+        })
+        .collect()
+}
+
+fn fields_to_record(f: &[(&'static str, Value)]) -> serde_json::Value {
+    crate::protocol::canonical::to_json(&Value::Object(
+        f.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
+    ))
 }
 
 pub struct CoordinatedHost {
@@ -103,6 +149,13 @@ impl CoordinatedHost {
                     let Some(binding) = host.sup.binding(&lane.lane, g.generation).await else {
                         continue;
                     };
+                    let restored = binding.chain_fields.as_ref().and_then(fields_from_record);
+                    // Served again by the re-adoption when it was activated and its fields
+                    // recorded (see `adopt::reserve_lane_socket`).
+                    let session = match &restored {
+                        Some(_) => host.sup.session_of(&lane.lane, g.generation).await,
+                        None => None,
+                    };
                     if let Ok(mut gate) = host.gate.lock() {
                         let _ =
                             gate.advance(&lane.lane_id, &lane.lane_incarnation_id, g.generation);
@@ -113,7 +166,7 @@ impl CoordinatedHost {
                         runtime: g.runtime.clone(),
                         binding,
                         stage: None,
-                        session: None,
+                        session: session.clone(),
                         identity: g
                             .process_identity
                             .as_ref()
@@ -123,9 +176,15 @@ impl CoordinatedHost {
                         challenge: tokio::sync::watch::channel(None).0,
                         handoff: tokio::sync::watch::channel(None).0,
                         offers: Mutex::new(Default::default()),
+                        report_fields: Mutex::new(restored),
                     });
                     if let Ok(mut m) = host.chains.lock() {
-                        m.insert(lane.lane_id.clone(), ctx);
+                        m.insert(lane.lane_id.clone(), ctx.clone());
+                    }
+                    if let Some(session) = session {
+                        tracing::info!(lane_id = %lane.lane_id, generation = g.generation,
+                            "re-adopted generation: its lane socket is served again");
+                        tokio::spawn(host.clone().report_loop(ctx, session));
                     }
                 }
             }
@@ -253,6 +312,7 @@ impl CoordinatedHost {
             coordinator_epoch: stage.uint("coordinator_epoch").unwrap_or(0),
             fence_proof: stage.str("fence_proof").into(),
             activated: false,
+            chain_fields: None,
         };
         let session = GenSession::new();
         let started = self
@@ -299,6 +359,7 @@ impl CoordinatedHost {
             challenge: tokio::sync::watch::channel(None).0,
             handoff: tokio::sync::watch::channel(None).0,
             offers: Mutex::new(Default::default()),
+            report_fields: Mutex::new(None),
         });
         if let Ok(mut m) = self.chains.lock() {
             m.insert(lane_id, ctx.clone());
@@ -323,6 +384,9 @@ impl CoordinatedHost {
         };
         let contract = ctx.contract.lock().ok().and_then(|c| c.clone());
         let Some(contract) = contract else { return };
+        if let Ok(mut r) = ctx.report_fields.lock() {
+            *r = Some(Self::chain_fields(stage, Some(&contract)));
+        }
         let mut f = Self::chain_fields(stage, Some(&contract));
         f.push((
             "idempotency_key",
@@ -374,12 +438,20 @@ impl CoordinatedHost {
         f.push(("challenge_id", s(&challenge)));
         f.push(("process_identity", ctx.identity.clone()));
         self.send(MessageType::Ack, f);
-        // Then, for as long as the generation lives: its progress and blocker reports (the
-        // lane socket accepts them only once the generation is active), signed for it.
+        // Then, for as long as the generation lives: its reports, signed for it.
+        tokio::spawn(self.clone().report_loop(ctx.clone(), session.clone()));
+    }
+
+    /// Signs and sends the RUNNING harness's reports (progress, blocker, continuation
+    /// results) for as long as the generation lives — also after a restart, for a re-adopted
+    /// generation whose lane socket is served again.
+    async fn report_loop(self: Arc<Self>, ctx: Arc<ChainCtx>, session: Arc<GenSession>) {
         let rx = session.reports_rx.lock().ok().and_then(|mut r| r.take());
         let Some(mut rx) = rx else { return };
         while let Some(report) = rx.recv().await {
-            let mut f = Self::chain_fields(stage, Some(&contract));
+            let Some(mut f) = ctx.report_fields.lock().ok().and_then(|f| f.clone()) else {
+                continue;
+            };
             let t = match report {
                 HarnessReport::Progress {
                     kind,
@@ -390,7 +462,7 @@ impl CoordinatedHost {
                         "idempotency_key",
                         s(&format!(
                             "progress/{}/{evidence_digest}",
-                            stage.str("reservation_id")
+                            ctx.binding.reservation_id
                         )),
                     ));
                     f.push(("evidence_kind", s(&kind)));
@@ -424,7 +496,7 @@ impl CoordinatedHost {
                         "idempotency_key",
                         s(&format!(
                             "blocked/{}/{evidence_digest}",
-                            stage.str("reservation_id")
+                            ctx.binding.reservation_id
                         )),
                     ));
                     f.push(("blocker_code", s(&code)));
@@ -434,7 +506,7 @@ impl CoordinatedHost {
                 }
             };
             tracing::info!(
-                lane_id = stage.str("lane_id"),
+                lane_incarnation_id = %ctx.lane_incarnation_id,
                 generation = ctx.generation,
                 message_type = t.as_str(),
                 "harness report to the coordinator"
@@ -537,7 +609,12 @@ impl CoordinatedHost {
                     return;
                 };
                 // Durable first: a restarted supervisor must know this generation runs.
-                match self.sup.mark_activated(&lane, ctx.generation).await {
+                let fields = ctx
+                    .report_fields
+                    .lock()
+                    .ok()
+                    .and_then(|f| f.as_deref().map(fields_to_record));
+                match self.sup.mark_activated(&lane, ctx.generation, fields).await {
                     Ok(true) => {
                         tracing::info!(
                             lane_id,
@@ -562,12 +639,13 @@ impl CoordinatedHost {
 
     /// A continuation for this generation. `offer`: accepted (signed back) once the harness
     /// is settled — waiting in `mosaic lane next` — and never for a generation this process
-    /// cannot reach (re-adopted after a restart: no lane socket). `accepted`: the coordinator
-    /// committed the acceptance and debited the loop budget; hand it to the waiting harness,
-    /// which gets each continuation at most once.
+    /// cannot reach (no lane socket). `accepted`: the coordinator committed the acceptance
+    /// and debited the loop budget; hand it to the waiting harness — only if this process
+    /// accepted it — which gets each continuation at most once.
     fn on_continuation(self: Arc<Self>, ctx: Arc<ChainCtx>, env: Envelope<Verified>) {
         let lane_id = env.str("lane_id").to_string();
-        let (Some(session), Some(stage)) = (ctx.session.clone(), ctx.stage.clone()) else {
+        let fields = ctx.report_fields.lock().ok().and_then(|f| f.clone());
+        let (Some(session), Some(fields)) = (ctx.session.clone(), fields) else {
             self.sup.audit_stale(
                 "continuation-unreachable-generation",
                 Some(&lane_id),
@@ -598,14 +676,25 @@ impl CoordinatedHost {
                     .ok()
                     .and_then(|r| r.get(&id).cloned());
                 if let Some(evidence) = answered {
-                    let Some(contract) = ctx.contract.lock().ok().and_then(|c| c.clone()) else {
-                        return;
-                    };
-                    let mut f = Self::chain_fields(&stage, Some(&contract));
+                    let mut f = fields;
                     f.push(("idempotency_key", s(&format!("continuation-result/{id}"))));
                     f.push(("continuation_id", s(&id)));
                     f.push(("result_evidence_digest", s(&evidence)));
                     self.send(MessageType::ContinuationResult, f);
+                    return;
+                }
+                let ours = session
+                    .accepted_here
+                    .lock()
+                    .map(|a| a.contains(&id))
+                    .unwrap_or(false);
+                if !ours {
+                    self.sup.audit_stale(
+                        "continuation-accepted-by-another-process",
+                        Some(&lane_id),
+                        env.uint("generation"),
+                        env.str("message_id"),
+                    );
                     return;
                 }
                 session
@@ -625,9 +714,6 @@ impl CoordinatedHost {
                 if !fresh {
                     return; // already waiting to accept this claim
                 }
-                let Some(contract) = ctx.contract.lock().ok().and_then(|c| c.clone()) else {
-                    return;
-                };
                 tokio::spawn(async move {
                     let mut settled = session.settled.subscribe();
                     // Bounded: a harness that never settles lets the claim lapse, and the
@@ -640,7 +726,7 @@ impl CoordinatedHost {
                     if !matches!(ok, Ok(Ok(_))) {
                         return;
                     }
-                    let mut f = Self::chain_fields(&stage, Some(&contract));
+                    let mut f = fields;
                     f.push((
                         "idempotency_key",
                         s(&format!("continuation-accept/{id}/{claim}")),
@@ -649,6 +735,9 @@ impl CoordinatedHost {
                     f.push(("claim_ref", s(&claim)));
                     f.push(("next_action_digest", s(env.str("next_action_digest"))));
                     f.push(("process_identity", ctx.identity.clone()));
+                    if let Ok(mut a) = session.accepted_here.lock() {
+                        a.insert(id.clone());
+                    }
                     self.send(MessageType::ContinuationAccept, f);
                 });
             }

@@ -521,12 +521,14 @@ pub(crate) fn spawn_watcher(w: Watcher, adopted: bool) -> LiveGen {
     let (stop_tx, stop_rx) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(None);
     let record = w.rec.clone();
+    let session = w.lane_server.as_ref().map(|(_, s, _)| s.clone());
     tokio::spawn(watch_generation(w, stop_rx, done_tx));
     LiveGen {
         record,
         stop_tx,
         done,
         adopted,
+        session,
     }
 }
 

@@ -75,10 +75,13 @@ pub struct GenSession {
     pub settled: watch::Sender<bool>,
     /// The continuation to hand to the waiting harness (its acceptance is committed).
     pub next: watch::Sender<Option<Continuation>>,
-    /// Continuations already made visible: each at most once. (Only this process can make
-    /// one visible: after a supervisor restart a re-adopted generation has no lane socket,
-    /// so this set needs no disk.)
+    /// Continuations already made visible: each at most once.
     pub visible: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Continuations this process accepted. Only these are ever made visible: one accepted
+    /// by a previous supervisor process may already have been shown (its visibility is
+    /// unknown), so it is never shown again — the coordinator abandons it at its deadline and
+    /// replaces the generation. This is what lets the set above live in memory.
+    pub accepted_here: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The result (evidence digest) the harness reported for each continuation, kept to
     /// answer the coordinator again if the first report was lost.
     pub results: std::sync::Mutex<std::collections::HashMap<String, String>>,
@@ -102,6 +105,7 @@ impl GenSession {
             settled: watch::channel(false).0,
             next: watch::channel(None).0,
             visible: std::sync::Mutex::new(std::collections::HashSet::new()),
+            accepted_here: std::sync::Mutex::new(std::collections::HashSet::new()),
             results: std::sync::Mutex::new(std::collections::HashMap::new()),
             reports: tx,
             reports_rx: std::sync::Mutex::new(Some(rx)),

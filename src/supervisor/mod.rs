@@ -222,9 +222,11 @@ pub(crate) struct LiveGen {
     pub record: GenRecord,
     pub stop_tx: mpsc::Sender<StopCause>,
     pub done: DoneRx,
-    /// Re-adopted by a restarted supervisor: the harness's lane-socket hand-off of the
-    /// previous supervisor process is gone.
+    /// Re-adopted by a restarted supervisor.
     pub adopted: bool,
+    /// The lane socket's hand-off state of a coordinated generation (served again after a
+    /// restart for an activated generation whose chain fields were recorded).
+    pub session: Option<Arc<lanesock::GenSession>>,
 }
 
 #[derive(Debug)]
@@ -736,12 +738,29 @@ impl Supervisor {
             .and_then(|g| g.record.coord.clone())
     }
 
+    /// The lane-socket hand-off state of the lane's live `generation`, if it has one.
+    pub async fn session_of(
+        &self,
+        lane: &str,
+        generation: u64,
+    ) -> Option<Arc<lanesock::GenSession>> {
+        let name = LaneName::parse(lane).ok()?;
+        let slot = self.inner.slot(&name).ok()?;
+        let l = slot.lock().await;
+        l.live
+            .as_ref()
+            .filter(|g| g.record.generation == generation)
+            .and_then(|g| g.session.clone())
+    }
+
     /// Records (durably, before the harness is told) that the coordinator activated the
-    /// lane's live `generation`. Returns false when that generation is not the live one.
+    /// lane's live `generation`, with the chain fields its reports carry. Returns false
+    /// when that generation is not the live one.
     pub async fn mark_activated(
         &self,
         lane: &str,
         generation: u64,
+        chain_fields: Option<serde_json::Value>,
     ) -> Result<bool, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
@@ -756,8 +775,11 @@ impl Supervisor {
         let Some(c) = live.record.coord.as_mut() else {
             return Ok(false);
         };
-        if !c.activated {
+        if !c.activated || (c.chain_fields.is_none() && chain_fields.is_some()) {
             c.activated = true;
+            if c.chain_fields.is_none() {
+                c.chain_fields = chain_fields;
+            }
             self.inner.store.save_gen(&live.record)?;
         }
         drop(l);

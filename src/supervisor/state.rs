@@ -62,6 +62,11 @@ pub struct CoordBinding {
     /// The coordinator told this host the generation is RUNNING (recorded before the
     /// harness is told).
     pub activated: bool,
+    /// The chain fields this host's messages about the generation carry (identifiers,
+    /// digests, the fence commitment — nothing secret), recorded at activation so that a
+    /// restarted supervisor can serve the harness's lane socket again and sign its reports.
+    #[serde(default)]
+    pub chain_fields: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
