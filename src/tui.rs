@@ -49,6 +49,9 @@ struct LaneRow {
     generation: String,
     assignment: String,
     lifecycle: String,
+    /// The work record's status where it says more than the lifecycle: blocked (with its
+    /// code), handoff, or the watchdog's step.
+    work: String,
     owner: String,
     since: String,
     last_receipt: String,
@@ -95,6 +98,15 @@ fn snapshot(v: &Value) -> Snapshot {
         if holds || (recovering && row.assignment.is_empty()) {
             row.assignment = s(&a["assignment_id"]);
             row.lifecycle = s(&a["state"]);
+            row.work = match (
+                s(&a["work_status"]).as_str(),
+                s(&a["watchdog_step"]).as_str(),
+            ) {
+                ("blocked", _) => format!("blocked: {}", s(&a["blocker_code"])),
+                ("handoff", _) => format!("handoff → {}", s(&a["pending_target"])),
+                (_, "none" | "") => String::new(),
+                (_, step) => step.to_string(),
+            };
             row.runtime = s(&a["runtime_id"]);
             row.owner = s(&a["execution_owner"]);
             if row.generation.is_empty() && holds {
@@ -505,7 +517,11 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
                 Cell::from(r.runtime.clone()),
                 Cell::from(r.generation.clone()),
                 Cell::from(r.assignment.clone()),
-                Cell::from(r.lifecycle.clone()),
+                Cell::from(if r.work.is_empty() {
+                    r.lifecycle.clone()
+                } else {
+                    format!("{} · {}", r.lifecycle, r.work)
+                }),
                 Cell::from(r.owner.clone()),
                 Cell::from(r.since.clone()),
                 Cell::from(r.last_receipt.clone()),
@@ -518,7 +534,7 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
         Constraint::Length(12),
         Constraint::Length(4),
         Constraint::Length(36),
-        Constraint::Length(10),
+        Constraint::Length(36),
         Constraint::Length(18),
         Constraint::Length(9),
         Constraint::Min(20),
@@ -531,7 +547,7 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
                 "runtime",
                 "gen",
                 "assignment",
-                "lifecycle",
+                "lifecycle · work",
                 "exec owner",
                 "since",
                 "last receipt",

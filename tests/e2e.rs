@@ -1238,10 +1238,13 @@ impl Drop for Pane {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_tui_lists_attaches_detaches_and_stops_in_a_real_terminal() {
-    let up = Up::start(2);
+    let up = Up::start(3);
     let l1 = up.lane_id(1);
     let a = up.assign(&l1, "print=hello-from-the-lane hang");
     let id = a["assignment_id"].as_str().unwrap();
+    // Lane 3's work says it is blocked: the view shows why.
+    let l3 = up.lane_id(3);
+    up.assign(&l3, "blocked=needs-review");
     let tui = Pane::start(
         &up.dir,
         &format!("{} tui --state-dir {}", common::MOSAIC, up.dir.display()),
@@ -1253,6 +1256,10 @@ async fn the_tui_lists_attaches_detaches_and_stops_in_a_real_terminal() {
             && s.contains(&up.lane_id(2))
     });
     assert!(screen.contains("fake@1.0.0"), "{screen}");
+    tui.wait_for("the blocked work's reason", |s| {
+        s.lines()
+            .any(|l| l.contains(&l3) && l.contains("blocked: needs-review"))
+    });
     // Enter attaches to the selected lane (the first): its pane shows the harness.
     tui.keys(&["Enter"]);
     tui.wait_for("the lane's own pane", |s| s.contains("hello-from-the-lane"));
