@@ -345,6 +345,23 @@ impl Split {
         self.sql().await.query_one(q, &[]).await.unwrap().get(0)
     }
 
+    /// Waits until the count `q` satisfies `done`, on one connection.
+    async fn wait_count(&self, q: &str, done: impl Fn(i64) -> bool, what: &str) {
+        let c = self.sql().await;
+        let start = Instant::now();
+        loop {
+            let n: i64 = c.query_one(q, &[]).await.unwrap().get(0);
+            if done(n) {
+                return;
+            }
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "timed out waiting for {what} ({n})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn lane_row(&self, lane: &str) -> (String, Option<i64>) {
         let r = self
             .sql()
@@ -1237,22 +1254,12 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
                     .is_err_and(|e| e.category == mosaic::coordinator::Category::Conflict),
             "{point}: {again:?}"
         );
-        let start = Instant::now();
-        loop {
-            let done = w
-                .count(&format!(
-                    "SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"
-                ))
-                .await;
-            if done == 1 {
-                break;
-            }
-            assert!(
-                start.elapsed() < common::PATIENCE,
-                "{point}: the continuation never got its result"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        w.wait_count(
+            &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"),
+            |n| n == 1,
+            &format!("{point}: the continuation's result"),
+        )
+        .await;
         let row = w
             .sql()
             .await
@@ -1320,15 +1327,12 @@ async fn a_supervisor_killed_before_delivery_never_delivers_a_continuation_late(
         request_id: None,
     })
     .unwrap();
-    let start = Instant::now();
-    while w
-        .count(&format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'DELIVERY_ACCEPTED'"))
-        .await
-        != 1
-    {
-        assert!(start.elapsed() < common::PATIENCE, "the first continuation was never accepted");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    w.wait_count(
+        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'DELIVERY_ACCEPTED'"),
+        |n| n == 1,
+        "the first continuation's acceptance",
+    )
+    .await;
     w.crash_supervisor();
     w.start_supervisor();
     w.wait_host_connected();
@@ -1538,14 +1542,12 @@ async fn a_restarted_supervisor_serves_its_running_harnesses_again() {
     let taking = b["assignment_id"].as_str().unwrap().to_string();
     let progress =
         |id: &str| format!("SELECT count(*) FROM progress_receipts WHERE assignment_id = '{id}'");
-    let start = Instant::now();
-    while w.count(&progress(&reporting)).await < 2 {
-        assert!(
-            start.elapsed() < common::PATIENCE,
-            "no progress before the restart"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    w.wait_count(
+        &progress(&reporting),
+        |n| n >= 2,
+        "progress before the restart",
+    )
+    .await;
     w.crash_supervisor();
     w.start_supervisor();
     w.wait_host_connected();
@@ -1579,15 +1581,12 @@ async fn a_restarted_supervisor_serves_its_running_harnesses_again() {
         request_id: None,
     })
     .unwrap();
-    let start = Instant::now();
-    while w
-        .count(&format!("SELECT count(*) FROM continuations WHERE assignment_id = '{taking}' AND state = 'RESULT_RECORDED'"))
-        .await
-        != 1
-    {
-        assert!(start.elapsed() < common::PATIENCE, "no continuation through the re-served socket");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    w.wait_count(
+        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{taking}' AND state = 'RESULT_RECORDED'"),
+        |n| n == 1,
+        "a continuation through the re-served socket",
+    )
+    .await;
     w.stop_final(&reporting);
     w.stop_final(&taking);
 }

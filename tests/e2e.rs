@@ -159,6 +159,33 @@ impl Up {
             .unwrap()
     }
 
+    /// Waits until continuation `cn` is in state `want`, on one connection.
+    async fn continuation_reaches(&self, cn: &str, want: &str, what: &str) {
+        let (c, conn) = tokio_postgres::connect(&self.db_url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let start = Instant::now();
+        loop {
+            let state: String = c
+                .query_one(
+                    "SELECT state FROM continuations WHERE continuation_id = $1",
+                    &[&cn],
+                )
+                .await
+                .unwrap()
+                .get(0);
+            if state == want {
+                return;
+            }
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "timed out waiting for {what} ({state})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     async fn count(&self, sql: &str) -> i64 {
         let (c, conn) = tokio_postgres::connect(&self.db_url, tokio_postgres::NoTls)
             .await
@@ -1825,31 +1852,8 @@ async fn a_continuation_reaches_a_settled_harness_once_and_its_result_is_recorde
         ])
         .unwrap_err();
     assert!(err.contains("conflict"), "{err}");
-    let state = |cn: &str| {
-        let cn = cn.to_string();
-        let up = &up;
-        async move {
-            let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
-                .await
-                .unwrap();
-            tokio::spawn(conn);
-            c.query_one(
-                "SELECT state FROM continuations WHERE continuation_id = $1",
-                &[&cn],
-            )
-            .await
-            .unwrap()
-            .get::<_, String>(0)
-        }
-    };
-    let start = Instant::now();
-    while state(&cn).await != "RESULT_RECORDED" {
-        assert!(
-            start.elapsed() < common::PATIENCE,
-            "the continuation never got its result"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    up.continuation_reaches(&cn, "RESULT_RECORDED", "the continuation's result")
+        .await;
     // The second continuation arrives while the harness is busy with nothing (settled) —
     // and a third only after the second's result.
     let r2 = up
@@ -1862,14 +1866,8 @@ async fn a_continuation_reaches_a_settled_harness_once_and_its_result_is_recorde
         ])
         .unwrap();
     let cn2 = r2["continuation_id"].as_str().unwrap().to_string();
-    let start = Instant::now();
-    while state(&cn2).await != "RESULT_RECORDED" {
-        assert!(
-            start.elapsed() < common::PATIENCE,
-            "the second continuation never got its result"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    up.continuation_reaches(&cn2, "RESULT_RECORDED", "the second continuation's result")
+        .await;
     assert_eq!(
         up.count(&format!(
             "SELECT count(*) FROM transition_receipts WHERE assignment_id IS NULL AND transition = 'continuation-accept' \
@@ -1915,14 +1913,8 @@ async fn a_continuation_reaches_a_settled_harness_once_and_its_result_is_recorde
         ])
         .unwrap();
     let cn3 = r3["continuation_id"].as_str().unwrap().to_string();
-    let start = Instant::now();
-    while state(&cn3).await != "EXPIRED" {
-        assert!(
-            start.elapsed() < common::PATIENCE,
-            "the undeliverable continuation never expired"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    up.continuation_reaches(&cn3, "EXPIRED", "the undeliverable continuation's expiry")
+        .await;
     assert_eq!(
         up.count(&format!(
             "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{busy}'"

@@ -410,13 +410,7 @@ impl Store {
                     &[&asg, &res, &inc, &g],
                 ).await?;
                 if replaced == 1 {
-                    d.exec_one("UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'", &[&inc]).await?;
-                    d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&res]).await?;
-                    d.exec(
-                        "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'a continuation''s delivery is ambiguous' \
-                         WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
-                        &[&inc, &g],
-                    ).await?;
+                    super::ending::drain_running(&d, &inc, &res, Some(g), "a continuation's delivery is ambiguous").await?;
                 }
                 d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": "ABANDONED", "generation_replaced": replaced == 1,
                     "generation": g }))

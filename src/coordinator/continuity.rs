@@ -431,13 +431,8 @@ impl Store {
                 };
                 let g: Option<i64> = d.row().get(0);
                 let since: String = d.row().get(1);
-                d.exec_one("UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'", &[&c.lane_incarnation_id]).await?;
-                d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&c.reservation_id]).await?;
-                d.exec(
-                    "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'no validated progress by the inactivity deadline' \
-                     WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
-                    &[&c.lane_incarnation_id, &g],
-                ).await?;
+                super::ending::drain_running(&d, &c.lane_incarnation_id, &c.reservation_id, g,
+                    "no validated progress by the inactivity deadline").await?;
                 d.decide(json!({ "chain": c, "to": "DRAINING", "generation_to_stop": g, "no_progress_since": since,
                     "assignment_to": "RECOVERY", "watchdog_step": "replacing" }))
             }),

@@ -95,8 +95,33 @@ fn final_evidence(outcome: &str, receipt_digest: &str, supplied: Option<&str>) -
 }
 
 /// Follow-up: every lease and the reservation of `reservation` released.
-const RELEASE_LEASES: &str = "UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL";
-const RELEASE_RESERVATION: &str = "UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL";
+pub(crate) const RELEASE_LEASES: &str = "UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL";
+pub(crate) const RELEASE_RESERVATION: &str = "UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL";
+/// Follow-up: the durable intent that generation $2 of incarnation $1 be stopped (reason $3),
+/// which the host is told until its receipt arrives.
+pub(crate) const REQUEST_STOP: &str = "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = $3 \
+     WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL";
+
+/// Follow-up of a transition that takes a RUNNING generation's authority away (an inactivity
+/// replacement, an abandoned continuation, an accepted handoff's source): its lane DRAINING,
+/// its leases revoked, its stop requested. Returns how many leases were revoked.
+pub(crate) async fn drain_running(
+    d: &super::txn::Decided<'_>,
+    lane_incarnation_id: &str,
+    reservation_id: &str,
+    generation: Option<i64>,
+    reason: &str,
+) -> Result<u64, AuthorityError> {
+    d.exec_one(
+        "UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'",
+        &[&lane_incarnation_id],
+    )
+    .await?;
+    let revoked = d.exec(RELEASE_LEASES, &[&reservation_id]).await?;
+    d.exec(REQUEST_STOP, &[&lane_incarnation_id, &generation, &reason])
+        .await?;
+    Ok(revoked)
+}
 
 impl Store {
     /// A preactivation chain ends (expiry, or a host that lost it): the assignment goes to
@@ -145,11 +170,7 @@ impl Store {
                 let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&c.reservation_id]).await?.get(0);
                 d.exec_one(RELEASE_RESERVATION, &[&c.reservation_id]).await?;
                 if let Some(g) = generation {
-                    d.exec(
-                        "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = $3 \
-                         WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
-                        &[&c.lane_incarnation_id, &g, &why],
-                    ).await?;
+                    d.exec(REQUEST_STOP, &[&c.lane_incarnation_id, &g, &why]).await?;
                 }
                 // A handoff's target chain that ends before its ACK leaves the work with its
                 // source (the release above handed it back, migration 0009); the work of any
@@ -278,11 +299,7 @@ impl Store {
                             d.exec(RELEASE_LEASES, &[&res]).await?;
                             match generation {
                                 Some(g) => {
-                                    d.exec(
-                                        "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = $3 \
-                                         WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
-                                        &[&inc, &g, &format!("operator: {}", o.to_lowercase())],
-                                    ).await?;
+                                    d.exec(REQUEST_STOP, &[&inc, &g, &format!("operator: {}", o.to_lowercase())]).await?;
                                     d.exec_one(
                                         "UPDATE assignments SET requested_outcome = $2, requested_evidence_digest = $3, execution_owner = NULL, \
                                                 next_action = 'wait for the host to prove generation ' || $4 || ' ended, then finalize ' || $2 \
@@ -665,11 +682,7 @@ impl Store {
                 };
                 let g: Option<i64> = d.row().get(0);
                 d.exec(RELEASE_LEASES, &[&c.reservation_id]).await?;
-                d.exec(
-                    "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'effect lease expired' \
-                     WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
-                    &[&c.lane_incarnation_id, &g],
-                ).await?;
+                d.exec(REQUEST_STOP, &[&c.lane_incarnation_id, &g, &"effect lease expired"]).await?;
                 d.exec(
                     "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
                             next_action = 'resume on a fresh chain: its effect lease expired' WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",

@@ -349,14 +349,9 @@ impl Store {
                     &[&handoff, &a.ack_digest, &body],
                 ).await?;
                 // Fence the source: no lease, no reservation, its generation told to stop.
-                d.exec_one("UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'", &[&src_inc]).await?;
-                let revoked = d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&src_res]).await?;
-                d.exec_one("UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL", &[&src_res]).await?;
-                d.exec(
-                    "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'responsibility handed off to ' || $3 \
-                     WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL",
-                    &[&src_inc, &src_gen, &target],
-                ).await?;
+                let revoked = super::ending::drain_running(&d, &src_inc, &src_res, src_gen,
+                    &format!("responsibility handed off to {target}")).await?;
+                d.exec_one(super::ending::RELEASE_RESERVATION, &[&src_res]).await?;
                 d.decide(json!({ "handoff_id": handoff, "assignment_id": a.assignment_id, "responsibility_owner": target,
                     "execution_owner": null, "pending_target": target, "source_reservation_id": src_res, "source_leases_revoked": revoked,
                     "source_generation_to_stop": src_gen, "grants": "responsibility only: no READY, RUNNING or lease" }))

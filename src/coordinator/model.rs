@@ -211,6 +211,7 @@ pub struct AssignmentView {
     pub next_action: String,
     pub requested_outcome: Option<String>,
     pub final_evidence_digest: Option<String>,
+    pub runtime_id: String,
 }
 
 /// An assignment as operators see it: its own lifecycle as its state, beside its lane's.
@@ -385,7 +386,7 @@ impl Store {
         let c = self.pool.get().await?;
         Ok(c.query_opt(
             "SELECT assignment_id, lane_incarnation_id, lifecycle, responsibility_owner, execution_owner, pending_target, next_action, \
-                    requested_outcome, final_evidence_digest FROM assignments WHERE assignment_id = $1",
+                    requested_outcome, final_evidence_digest, runtime_id FROM assignments WHERE assignment_id = $1",
             &[&id],
         )
         .await?
@@ -399,6 +400,7 @@ impl Store {
             next_action: r.get(6),
             requested_outcome: r.get(7),
             final_evidence_digest: r.get(8),
+            runtime_id: r.get(9),
         }))
     }
 

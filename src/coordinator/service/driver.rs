@@ -326,15 +326,20 @@ impl Service {
     /// whose claim lapsed or belongs to another epoch, expires one out of attempts or time,
     /// and sends the host what the continuation waits for — the current claim's offer, or,
     /// once accepted, the word to make it visible (resent until its result, which is safe:
-    /// the host shows each continuation at most once).
-    pub(crate) async fn push_continuations(&self, l: &Leader, only: Option<&str>) {
+    /// the host shows each continuation at most once). Returns the resend-cache keys of the
+    /// continuations it found open.
+    pub(crate) async fn push_continuations(&self, l: &Leader, only: Option<&str>) -> Vec<String> {
         let open = match self.store.open_continuations().await {
             Ok(v) => v,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot list continuations");
-                return;
+                return Vec::new();
             }
         };
+        let keys = open
+            .iter()
+            .map(|v| format!("continuation/{}", v.continuation_id))
+            .collect();
         for v in open {
             if only.is_some_and(|o| o != v.continuation_id) {
                 continue;
@@ -433,6 +438,7 @@ impl Service {
                 self.mark_sent(&key, state);
             }
         }
+        keys
     }
 
     /// Tells the host its generation is RUNNING (after activation, and again whenever the

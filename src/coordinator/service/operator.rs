@@ -590,14 +590,7 @@ impl Service {
                 format!("host:{} is not connected to this coordinator", lane.host_id),
             ));
         }
-        let runtime = self
-            .store
-            .assignment_statuses()
-            .await?
-            .into_iter()
-            .find(|s| s.assignment_id == a.assignment_id)
-            .map(|s| s.runtime_id)
-            .unwrap_or_default();
+        let runtime = a.runtime_id;
         let runtimes = self
             .store
             .host_runtimes(&lane.host_id)

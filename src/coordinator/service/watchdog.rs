@@ -121,13 +121,7 @@ impl Service {
             }
         }
         self.inactivity(l).await;
-        self.push_continuations(l, None).await;
-        if let Ok(open) = self.store.open_continuations().await {
-            live.extend(
-                open.into_iter()
-                    .map(|v| format!("continuation/{}", v.continuation_id)),
-            );
-        }
+        live.extend(self.push_continuations(l, None).await);
         self.forget_sent(&live);
     }
 
