@@ -24,6 +24,7 @@ pub mod shim;
 pub mod supervisor;
 pub mod sysdeps;
 pub mod systemd;
+pub mod testmodel;
 pub mod tui;
 pub mod up;
 pub mod util;

@@ -50,6 +50,22 @@ enum Cmd {
         /// Use this PostgreSQL instead of a private cluster in the state dir.
         #[arg(long)]
         database_url: Option<String>,
+        /// Where real harnesses are installed (`mosaic harness install`); default
+        /// $MOSAIC_HARNESS_ROOT, else /var/lib/mosaic/harnesses.
+        #[arg(long)]
+        harness_root: Option<PathBuf>,
+        /// A runtime's credentials file, `RUNTIME=FILE` (mode 0600; repeatable), e.g.
+        /// `claude-code=/etc/mosaic/claude-code.env`.
+        #[arg(long = "credentials", value_parser = parse_credentials)]
+        credentials: Vec<(String, PathBuf)>,
+        /// Load runtime registry entries from this directory instead of the built-in ones.
+        #[arg(long)]
+        registry_dir: Option<PathBuf>,
+    },
+    /// Install the pinned real harnesses from npm (into the harness root), or check them.
+    Harness {
+        #[command(subcommand)]
+        op: HarnessOp,
     },
     /// Run the coordinator daemon (the authority, on PostgreSQL).
     Coordinator {
@@ -393,11 +409,51 @@ enum PolicyOp {
 }
 
 #[derive(Subcommand)]
+enum HarnessOp {
+    /// Install pinned harnesses from npm (default: every installable registered runtime).
+    Install {
+        /// runtime@version, e.g. claude-code@2.1.332.
+        runtimes: Vec<String>,
+        /// Default: $MOSAIC_HARNESS_ROOT, else /var/lib/mosaic/harnesses.
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Registry entries to install from instead of the built-in ones.
+        #[arg(long)]
+        registry_dir: Option<PathBuf>,
+    },
+}
+
+fn parse_credentials(s: &str) -> Result<(String, PathBuf), String> {
+    let (rt, path) = s.split_once('=').ok_or_else(|| {
+        "expected RUNTIME=FILE, e.g. claude-code=/etc/mosaic/claude-code.env".to_string()
+    })?;
+    if rt.is_empty() || path.is_empty() {
+        return Err("expected RUNTIME=FILE".into());
+    }
+    Ok((rt.to_string(), PathBuf::from(path)))
+}
+
+#[derive(Subcommand)]
 enum LaneOp {
     /// Print this generation's contract (waits until it is injected).
     Contract,
+    /// Wait for this generation's activation check (harnesses that fetch it here).
+    Challenge,
     /// Acknowledge this generation's challenge; returns once the generation is active.
-    Ack,
+    /// Without --response: fetches the challenge and answers it.
+    Ack {
+        /// The answer to submit as is (it must carry mosaic-ack:<phrase>).
+        #[arg(long)]
+        response: Option<String>,
+    },
+    /// Forward one hook event of a real harness (its JSON on stdin) to the supervisor and
+    /// print what the harness should get back. Installed hooks call this; not for humans.
+    Hook {
+        /// The harness family (e.g. claude-code).
+        family: String,
+        /// The event (session-start, stop, session-end, …).
+        event: String,
+    },
     /// Acknowledge this generation's handoff challenge (a handoff target only); returns
     /// once responsibility moved to it.
     HandoffAck,
@@ -805,6 +861,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             hosts,
             demo,
             database_url,
+            harness_root,
+            credentials,
+            registry_dir,
         } => {
             init_logging();
             runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
@@ -813,6 +872,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 hosts,
                 demo,
                 database_url,
+                harness_root,
+                credentials,
+                registry_dir,
             }))?;
             Ok(ExitCode::SUCCESS)
         }
@@ -833,8 +895,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             mosaic::sysdeps::ensure(&[
                 mosaic::sysdeps::Dep::Tmux,
                 mosaic::sysdeps::Dep::PostgresServer,
+                mosaic::sysdeps::Dep::Npm,
             ])?;
-            println!("mosaic setup: tmux and the PostgreSQL server binaries are present");
+            println!("mosaic setup: tmux, the PostgreSQL server binaries and npm are present");
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Lane {
@@ -864,9 +927,64 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     format!("reading evidence {}", p.display())
                 })?))
             };
+            let socket = std::path::Path::new(&socket);
             let req = match op {
                 LaneOp::Contract => LaneRequest::Contract,
-                LaneOp::Ack => LaneRequest::Ack,
+                LaneOp::Challenge => LaneRequest::Challenge,
+                LaneOp::Ack {
+                    response: Some(response),
+                } => LaneRequest::Ack { response },
+                LaneOp::Ack { response: None } => {
+                    let c =
+                        lanesock::call(socket, &LaneRequest::Challenge).context("lane socket")?;
+                    let phrase = c
+                        .challenge
+                        .as_deref()
+                        .and_then(|c| c.strip_prefix("mosaic-challenge:"));
+                    match phrase {
+                        Some(p) => LaneRequest::Ack {
+                            response: format!("mosaic-ack:{p}"),
+                        },
+                        None => {
+                            println!("{}", serde_json::to_string(&c)?);
+                            return Ok(ExitCode::FAILURE);
+                        }
+                    }
+                }
+                LaneOp::Hook { family, event } => {
+                    use std::io::Read;
+                    const MAX_HOOK_BYTES: u64 = 1 << 20;
+                    let mut raw = Vec::new();
+                    std::io::stdin()
+                        .take(MAX_HOOK_BYTES + 1)
+                        .read_to_end(&mut raw)
+                        .context("reading the hook event from stdin")?;
+                    anyhow::ensure!(
+                        raw.len() as u64 <= MAX_HOOK_BYTES,
+                        "a hook event is limited to {MAX_HOOK_BYTES} bytes"
+                    );
+                    let payload: serde_json::Value =
+                        serde_json::from_slice(&raw).context("the hook event is not JSON")?;
+                    let resp = lanesock::call(
+                        socket,
+                        &LaneRequest::Hook {
+                            family,
+                            event,
+                            payload,
+                        },
+                    )
+                    .context("lane socket")?;
+                    // The harness reads the hook's stdout: only what the adapter rendered.
+                    if let Some(out) = &resp.output {
+                        println!("{out}");
+                    }
+                    if !resp.ok {
+                        eprintln!("mosaic lane hook: {}", resp.error.unwrap_or_default());
+                        // 1, never 2: some harnesses treat 2 as "feed stderr to the model".
+                        return Ok(ExitCode::FAILURE);
+                    }
+                    return Ok(ExitCode::SUCCESS);
+                }
                 LaneOp::HandoffAck => LaneRequest::HandoffAck,
                 LaneOp::Next => LaneRequest::Next,
                 LaneOp::ContinuationResult {
@@ -901,14 +1019,46 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 },
                 LaneOp::Release { .. } | LaneOp::Recreate { .. } => unreachable!("matched above"),
             };
-            let resp =
-                lanesock::call(std::path::Path::new(&socket), &req).context("lane socket")?;
+            let resp = lanesock::call(socket, &req).context("lane socket")?;
             println!("{}", serde_json::to_string(&resp)?);
             Ok(if resp.ok {
                 ExitCode::SUCCESS
             } else {
                 ExitCode::FAILURE
             })
+        }
+        Cmd::Harness {
+            op:
+                HarnessOp::Install {
+                    runtimes,
+                    root,
+                    registry_dir,
+                },
+        } => {
+            use mosaic::adapter::{install, Registry, RuntimeRef};
+            let reg = match registry_dir {
+                Some(d) => Registry::load_dir(&d)?,
+                None => Registry::embedded()?,
+            };
+            let paths = mosaic::adapter::Paths {
+                bin_dir: std::env::current_exe()?
+                    .parent()
+                    .context("locating this binary")?
+                    .to_path_buf(),
+                harness_root: std::path::absolute(
+                    root.unwrap_or_else(mosaic::up::default_harness_root),
+                )?,
+            };
+            let runtimes = if runtimes.is_empty() {
+                install::installable(&reg)
+            } else {
+                runtimes
+            };
+            for rt in runtimes {
+                let r = RuntimeRef::parse(&rt)?;
+                install::install(&reg, &r, &paths, &|line| println!("mosaic harness: {line}"))?;
+            }
+            Ok(ExitCode::SUCCESS)
         }
         Cmd::Pki { op } => {
             use mosaic::pki::{self, Kind};

@@ -22,6 +22,8 @@ pub enum SysdepsError {
 pub enum Dep {
     Tmux,
     PostgresServer,
+    /// For `mosaic harness install` (the real harnesses come from the npm registry).
+    Npm,
 }
 
 impl Dep {
@@ -29,12 +31,14 @@ impl Dep {
         match self {
             Dep::Tmux => "tmux",
             Dep::PostgresServer => "postgresql",
+            Dep::Npm => "npm",
         }
     }
     pub fn present(self) -> bool {
         match self {
             Dep::Tmux => which("tmux").is_some(),
             Dep::PostgresServer => pg_bin("initdb").is_some() && pg_bin("pg_ctl").is_some(),
+            Dep::Npm => which("npm").is_some(),
         }
     }
 }

@@ -50,6 +50,39 @@ pub struct UpOptions {
     pub demo: bool,
     /// Use this PostgreSQL instead of a private cluster in the state dir.
     pub database_url: Option<String>,
+    /// Where real harnesses are installed (default: $MOSAIC_HARNESS_ROOT, else
+    /// /var/lib/mosaic/harnesses).
+    pub harness_root: Option<PathBuf>,
+    /// `runtime=FILE` credentials files for the supervisors.
+    pub credentials: Vec<(String, PathBuf)>,
+    /// A runtime registry directory instead of the entries built into the binary.
+    pub registry_dir: Option<PathBuf>,
+}
+
+/// The harness root `up` and `mosaic harness` use when none is given.
+pub fn default_harness_root() -> PathBuf {
+    std::env::var_os("MOSAIC_HARNESS_ROOT")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(crate::supervisor::config::DEFAULT_HARNESS_ROOT))
+}
+
+/// Applies `--harness-root` and `--credentials` to a supervisor config file.
+fn harness_settings(opts: &UpOptions, f: &mut ConfigFile) -> Result<(), UpError> {
+    let root = opts
+        .harness_root
+        .clone()
+        .unwrap_or_else(default_harness_root);
+    f.harness_root =
+        Some(std::path::absolute(&root).map_err(|e| UpError::Usage(format!("harness root: {e}")))?);
+    for (rt, p) in &opts.credentials {
+        let p = std::path::absolute(p).map_err(|e| UpError::Usage(format!("credentials: {e}")))?;
+        f.credentials.insert(rt.clone(), p);
+    }
+    if let Some(d) = &opts.registry_dir {
+        f.registry_dir =
+            Some(std::path::absolute(d).map_err(|e| UpError::Usage(format!("registry dir: {e}")))?);
+    }
+    Ok(())
 }
 
 pub fn default_state_dir() -> PathBuf {
@@ -92,10 +125,14 @@ fn up_cgroup_root(state_dir: &std::path::Path, suffix: &str) -> Result<Option<Pa
 /// The supervisor configuration `up` uses for a state dir (also used by `mosaic host
 /// --state-dir` to find the control socket).
 pub fn config_for(state_dir: &std::path::Path, lanes: u32) -> Result<Config, UpError> {
+    Ok(Config::from_file(config_file_for(state_dir, lanes)?)?)
+}
+
+fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile, UpError> {
     let state_dir =
         std::path::absolute(state_dir).map_err(|e| UpError::Usage(format!("state dir: {e}")))?;
     let cgroup_root = up_cgroup_root(&state_dir, "")?;
-    Ok(Config::from_file(ConfigFile {
+    Ok(ConfigFile {
         host_id: None,
         state_dir: state_dir.join("supervisor"),
         runtime_dir: state_dir.join("run"),
@@ -108,7 +145,9 @@ pub fn config_for(state_dir: &std::path::Path, lanes: u32) -> Result<Config, UpE
         reattach_timeout_ms: None,
         coordinator: None,
         metrics_listen: None,
-    })?)
+        harness_root: None,
+        credentials: Default::default(),
+    })
 }
 
 pub async fn run(opts: UpOptions) -> Result<(), UpError> {
@@ -134,7 +173,9 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     // inside (keys, PKI keys, supervisor state) is 0700/0600 on its own.
     crate::util::durable::ensure_dir(&state_dir, 0o711)
         .map_err(|e| UpError::Usage(e.to_string()))?;
-    let mut cfg = config_for(&state_dir, opts.lanes)?;
+    let mut file = config_file_for(&state_dir, opts.lanes)?;
+    harness_settings(&opts, &mut file)?;
+    let mut cfg = Config::from_file(file)?;
     // Everything `mosaic doctor` checks, before a cluster or a coordinator is started.
     let report = crate::doctor::run(cfg.cgroup_root.as_deref());
     if !report.can_run_supervisor {
@@ -386,6 +427,8 @@ fn member_config(
         reattach_timeout_ms: None,
         coordinator: Some(link.clone()),
         metrics_listen: Some("127.0.0.1:0".into()),
+        harness_root: None,
+        credentials: Default::default(),
     })
 }
 
@@ -405,7 +448,8 @@ async fn fleet(
     let mut members = Vec::new();
     for (i, (h, link)) in host_ids.iter().zip(&prov.links).enumerate() {
         let k = i as u32 + 1;
-        let file = member_config(state_dir, k, h, opts.lanes, link)?;
+        let mut file = member_config(state_dir, k, h, opts.lanes, link)?;
+        harness_settings(opts, &mut file)?;
         let dir = state_dir.join("hosts").join(h);
         crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| usage(&e))?;
         let config = dir.join("supervisor.toml");

@@ -62,7 +62,11 @@ fn fake_suite() -> Value {
     let entry = reg.resolve(&rref).unwrap();
 
     // The version probe, on the real binary and on one swapped in place.
-    mosaic::adapter::probe_version(entry, &rref, &bin_dir)
+    let paths = |bin_dir: &Path| mosaic::adapter::Paths {
+        bin_dir: bin_dir.to_path_buf(),
+        harness_root: PathBuf::from("/nonexistent"),
+    };
+    mosaic::adapter::probe_version(entry, &rref, &paths(&bin_dir))
         .expect("the real binary passes its probe");
     checks.insert("version_probe", json!("fake 1.0.0 accepted"));
     let swapped =
@@ -71,7 +75,7 @@ fn fake_suite() -> Value {
     let fake = swapped.join("mosaic-fake-harness");
     std::fs::write(&fake, "#!/bin/sh\necho 'fake 9.9.9'\n").unwrap();
     std::fs::set_permissions(&fake, std::os::unix::fs::PermissionsExt::from_mode(0o755)).unwrap();
-    let refused = mosaic::adapter::probe_version(entry, &rref, &swapped).is_err();
+    let refused = mosaic::adapter::probe_version(entry, &rref, &paths(&swapped)).is_err();
     let _ = std::fs::remove_dir_all(&swapped);
     checks.insert(
         "swapped_binary",

@@ -175,6 +175,8 @@ fn world() -> (Supervisor, World) {
         reattach_timeout_ms: None,
         coordinator: None,
         metrics_listen: None,
+        harness_root: None,
+        credentials: Default::default(),
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

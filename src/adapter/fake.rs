@@ -1,12 +1,58 @@
-//! The adapter for the fake harness family: directives are the whole "task".
+//! The adapter for the fake harness family: directives are the whole "task", the contract
+//! and challenge are fetched over the lane socket, and it keeps no state of its own.
 
-use super::RegistryError;
+use super::{
+    expand, AckMethod, Adapter, ChallengeDelivery, ContractInjection, Family, HookEvent,
+    PrepareCtx, Prepared, RegistryError,
+};
 
-pub fn validate_directives(directives: &[String]) -> Result<(), RegistryError> {
-    crate::fake_harness::parse_all(directives)
-        .map(|_| ())
-        .map_err(|e| RegistryError::Directives {
-            family: "fake".into(),
-            detail: e.to_string(),
+pub struct Fake;
+
+impl Adapter for Fake {
+    fn family(&self) -> Family {
+        Family::Fake
+    }
+
+    fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
+        crate::fake_harness::parse_all(directives)
+            .map(|_| ())
+            .map_err(|e| RegistryError::Directives {
+                family: "fake".into(),
+                detail: e.to_string(),
+            })
+    }
+
+    fn forbidden_args(&self) -> &'static [&'static str] {
+        &[]
+    }
+
+    fn surfaces(&self) -> (ContractInjection, AckMethod) {
+        (ContractInjection::SocketFetch, AckMethod::LaneCli)
+    }
+
+    fn challenge_delivery(&self) -> ChallengeDelivery {
+        ChallengeDelivery::SocketFetch
+    }
+
+    fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {
+        Ok(Prepared {
+            argv: expand(&ctx.plan.template, &ctx.plan.vars, &ctx.plan.directives),
+            env: Vec::new(),
+            cwd: None,
+            conversation_id: None,
         })
+    }
+
+    fn hook(
+        &self,
+        event: &str,
+        _payload: &serde_json::Value,
+        _conversation: Option<&str>,
+    ) -> Result<HookEvent, String> {
+        Err(format!("the fake harness has no hook {event:?}"))
+    }
+
+    fn render_contract(&self, contract: &str) -> String {
+        contract.to_string()
+    }
 }

@@ -1,12 +1,18 @@
 //! Runtime adapters and the runtime capability registry (spec §9).
 //!
 //! **Owns:** loading and validating registry entries, resolving `runtime@version` to exactly
-//! one validated entry, running version probes, and building a harness's argv.
+//! one validated entry, running version probes (with a verdict cache keyed by the binary's
+//! identity), and — through one [`Adapter`] per harness family — a generation's private
+//! harness state, its argv and environment, and the meaning of the events its hooks forward.
 //!
 //! **Never:** guesses semantics from a command name, launches a runtime or version that is
-//! not explicitly validated, or enables in-band reset.
+//! not explicitly validated, starts a harness with a resume, fork or continue flag, trusts
+//! a hook for termination, or enables in-band reset.
 
+pub mod claude;
+pub mod credentials;
 pub mod fake;
+pub mod install;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -51,6 +57,18 @@ pub enum RegistryError {
     },
     #[error("task directives rejected by the {family} adapter: {detail}")]
     Directives { family: String, detail: String },
+    #[error("preparing the {family} harness state in {dir}: {detail}")]
+    Prepare {
+        family: String,
+        dir: PathBuf,
+        detail: String,
+    },
+    #[error("credentials for {runtime} in {path}: {detail}")]
+    Credentials {
+        runtime: String,
+        path: PathBuf,
+        detail: String,
+    },
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -71,14 +89,51 @@ pub struct Entry {
     pub contract: Contract,
     pub ack: Ack,
     pub probes: Probes,
+    /// How `mosaic harness install` fetches this runtime (absent: shipped with Mosaic).
+    #[serde(default)]
+    pub install: Option<Install>,
     #[serde(skip)]
     pub source: String,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+/// The npm packages that make up one installed runtime, each `name@version` with
+/// `{version}` standing for the validated version being installed.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Install {
+    pub npm: Vec<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Family {
     Fake,
+    ClaudeCode,
+}
+
+impl Family {
+    pub fn name(self) -> &'static str {
+        match self {
+            Family::Fake => "fake",
+            Family::ClaudeCode => "claude-code",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        match s {
+            "fake" => Some(Family::Fake),
+            "claude-code" => Some(Family::ClaudeCode),
+            _ => None,
+        }
+    }
+
+    /// This family's adapter.
+    pub fn adapter(self) -> &'static dyn Adapter {
+        match self {
+            Family::Fake => &fake::Fake,
+            Family::ClaudeCode => &claude::ClaudeCode,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
@@ -135,7 +190,10 @@ pub struct Contract {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum ContractInjection {
+    /// The harness fetches it over the lane socket (`mosaic lane contract`).
     SocketFetch,
+    /// A SessionStart hook fetches it and hands it to the model as additional context.
+    SessionStartHook,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -147,7 +205,11 @@ pub struct Ack {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum AckMethod {
+    /// The harness fetches the challenge and answers it over the lane socket.
     LaneCli,
+    /// The supervisor submits the challenge as a user turn in the lane's pane; the ACK is
+    /// the model's answer, taken from the harness's own turn-end hook.
+    ChallengeTurn,
 }
 
 /// Every probe the spec names must be present; "unsupported" is a deliberate answer, a
@@ -261,6 +323,27 @@ impl Entry {
             return Err(self.bad("stop.grace_period_ms must be 1..=600000".into()));
         }
         self.graceful_signal()?;
+        let adapter = self.family.adapter();
+        for arg in self
+            .command
+            .template
+            .iter()
+            .chain(&self.probes.version.command)
+        {
+            let flag = arg.split('=').next().unwrap_or(arg);
+            if adapter.forbidden_args().contains(&flag) {
+                return Err(self.bad(format!(
+                    "{arg:?} would resume, fork or continue an old session; a generation is always a fresh process"
+                )));
+            }
+        }
+        if (self.contract.injection, self.ack.method) != adapter.surfaces() {
+            return Err(self.bad(format!(
+                "the {} adapter injects and acknowledges through {:?}",
+                self.family.name(),
+                adapter.surfaces()
+            )));
+        }
         Ok(range)
     }
 }
@@ -300,15 +383,23 @@ impl std::fmt::Display for RuntimeRef {
 #[derive(Debug, Clone)]
 pub struct Registry {
     entries: Vec<(Entry, semver::VersionReq)>,
+    probes: std::sync::Arc<ProbeCache>,
 }
 
 /// Entries compiled into the binary, so `mosaic up` works from a bare checkout.
 /// The entries built into the binary: each entry with its conformance evidence.
-const EMBEDDED: &[(&str, &str, &[u8])] = &[(
-    "registry/fake.toml",
-    include_str!("../../registry/fake.toml"),
-    include_bytes!("../../registry/fake.evidence.json"),
-)];
+const EMBEDDED: &[(&str, &str, &[u8])] = &[
+    (
+        "registry/fake.toml",
+        include_str!("../../registry/fake.toml"),
+        include_bytes!("../../registry/fake.evidence.json"),
+    ),
+    (
+        "registry/claude-code.toml",
+        include_str!("../../registry/claude-code.toml"),
+        include_bytes!("../../registry/claude-code.evidence.json"),
+    ),
+];
 
 /// One registry entry as read: its TOML and the evidence file beside it (`X.toml` →
 /// `X.evidence.json`), if there is one.
@@ -390,7 +481,10 @@ impl Registry {
             }
             entries.push((e, range));
         }
-        Ok(Self { entries })
+        Ok(Self {
+            entries,
+            probes: Default::default(),
+        })
     }
 
     /// The one entry that validates exactly this runtime and version, or a clear refusal.
@@ -427,6 +521,10 @@ impl Registry {
             })
     }
 
+    pub fn entries(&self) -> impl Iterator<Item = &Entry> {
+        self.entries.iter().map(|(e, _)| e)
+    }
+
     pub fn runtimes(&self) -> Vec<String> {
         let mut out = Vec::new();
         for (e, _) in &self.entries {
@@ -438,73 +536,105 @@ impl Registry {
     }
 }
 
-/// Substitutes `{bin_dir}`, `{version}` and `{directives}` in a template.
-pub fn expand(
-    template: &[String],
-    bin_dir: &Path,
-    version: &str,
-    directives: &[String],
-) -> Vec<String> {
+/// The values a template may name. Launch-time values (`state_dir`, `session_id`) are
+/// filled in by the adapter once the generation's private area exists.
+#[derive(Debug, Clone, Default)]
+pub struct Vars {
+    pub bin_dir: PathBuf,
+    pub harness_root: PathBuf,
+    pub version: String,
+    pub state_dir: Option<PathBuf>,
+    pub session_id: Option<String>,
+}
+
+/// Substitutes the template's `{…}` names; `{directives}` becomes one argument per word.
+pub fn expand(template: &[String], vars: &Vars, directives: &[String]) -> Vec<String> {
     let mut out = Vec::new();
     for t in template {
         if t == "{directives}" {
             out.extend(directives.iter().cloned());
-        } else {
-            out.push(
-                t.replace("{bin_dir}", &bin_dir.display().to_string())
-                    .replace("{version}", version),
-            );
+            continue;
         }
+        let mut v = t
+            .replace("{bin_dir}", &vars.bin_dir.display().to_string())
+            .replace("{harness_root}", &vars.harness_root.display().to_string())
+            .replace("{version}", &vars.version);
+        if let Some(d) = &vars.state_dir {
+            v = v.replace("{state_dir}", &d.display().to_string());
+        }
+        if let Some(id) = &vars.session_id {
+            v = v.replace("{session_id}", id);
+        }
+        out.push(v);
     }
     out
 }
 
-/// A launch-ready harness: what the shim will exec.
+/// Where the launch finds its binaries.
+#[derive(Debug, Clone)]
+pub struct Paths {
+    /// Directory of `mosaic` and `mosaic-fake-harness`.
+    pub bin_dir: PathBuf,
+    /// Root of installed harnesses: `<root>/<runtime>@<version>/` (`mosaic harness install`).
+    pub harness_root: PathBuf,
+}
+
+/// A validated launch, before the generation's private area exists.
 #[derive(Debug, Clone)]
 pub struct LaunchPlan {
     pub runtime: RuntimeRef,
-    pub argv: Vec<String>,
+    pub family: Family,
+    /// The command template with the plan-time names filled in.
+    pub template: Vec<String>,
+    pub directives: Vec<String>,
+    pub vars: Vars,
     pub graceful_signal: nix::sys::signal::Signal,
     pub grace_period: Duration,
+    /// The runtime's credentials (from the supervisor config), for its environment only.
+    pub secret_env: Vec<(String, crate::shim::proto::SecretValue)>,
 }
 
-/// Resolves, validates directives, runs the version probe and builds the argv. Every
-/// refusal happens here, before any cgroup, socket or process exists.
+/// Resolves, validates directives, runs (or recalls) the version probe. Every refusal
+/// happens here, before any cgroup, socket or process exists.
 pub fn plan_launch(
     registry: &Registry,
     runtime: &str,
     directives: &[String],
-    bin_dir: &Path,
+    paths: &Paths,
 ) -> Result<LaunchPlan, RegistryError> {
     let r = RuntimeRef::parse(runtime)?;
     let entry = registry.resolve(&r)?;
-    match entry.family {
-        Family::Fake => fake::validate_directives(directives)?,
-    }
-    probe_version(entry, &r, bin_dir)?;
+    entry.family.adapter().validate_directives(directives)?;
+    registry.probe(entry, &r, paths)?;
+    let vars = Vars {
+        bin_dir: paths.bin_dir.clone(),
+        harness_root: paths.harness_root.clone(),
+        version: r.version.to_string(),
+        state_dir: None,
+        session_id: None,
+    };
     Ok(LaunchPlan {
-        argv: expand(
-            &entry.command.template,
-            bin_dir,
-            &r.version.to_string(),
-            directives,
-        ),
+        template: entry.command.template.clone(),
+        directives: directives.to_vec(),
+        family: entry.family,
+        vars,
         graceful_signal: entry.graceful_signal()?,
         grace_period: entry.grace_period(),
+        secret_env: Vec::new(),
         runtime: r,
     })
 }
 
 /// Runs the entry's version probe; the installed binary must report exactly the version
 /// requested. A probe that disagrees, fails or cannot run refuses the launch.
-pub fn probe_version(entry: &Entry, r: &RuntimeRef, bin_dir: &Path) -> Result<(), RegistryError> {
+pub fn probe_version(entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Result<(), RegistryError> {
     let v = r.version.to_string();
     let fail = |detail: String| RegistryError::Probe {
         runtime: r.runtime.clone(),
         version: v.clone(),
         detail,
     };
-    let argv = expand(&entry.probes.version.command, bin_dir, &v, &[]);
+    let argv = probe_argv(entry, r, paths);
     let (prog, rest) = argv
         .split_first()
         .ok_or_else(|| fail("empty probe command".into()))?;
@@ -522,6 +652,208 @@ pub fn probe_version(entry: &Entry, r: &RuntimeRef, bin_dir: &Path) -> Result<()
         )));
     }
     Ok(())
+}
+
+fn probe_argv(entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Vec<String> {
+    let vars = Vars {
+        bin_dir: paths.bin_dir.clone(),
+        harness_root: paths.harness_root.clone(),
+        version: r.version.to_string(),
+        ..Vars::default()
+    };
+    expand(&entry.probes.version.command, &vars, &[])
+}
+
+/// The identity of one file a probe runs: a binary replaced, rewritten or touched in place
+/// changes at least one of these.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct FileId {
+    path: PathBuf,
+    dev: u64,
+    ino: u64,
+    size: u64,
+    ctime: (i64, i64),
+    mtime: (i64, i64),
+}
+
+fn file_id(p: &Path) -> Option<FileId> {
+    use std::os::unix::fs::MetadataExt;
+    let real = std::fs::canonicalize(p).ok()?;
+    let m = std::fs::metadata(&real).ok()?;
+    m.is_file().then(|| FileId {
+        path: real,
+        dev: m.dev(),
+        ino: m.ino(),
+        size: m.size(),
+        ctime: (m.ctime(), m.ctime_nsec()),
+        mtime: (m.mtime(), m.mtime_nsec()),
+    })
+}
+
+/// Passed probes, by runtime and the identity of every file the probe ran. A probe is
+/// re-run whenever any of those files changes (a binary swapped or rewritten in place), or
+/// its symlink points elsewhere; a failed probe is never remembered.
+#[derive(Debug, Default)]
+pub struct ProbeCache {
+    passed: std::sync::Mutex<std::collections::HashSet<(String, Vec<FileId>)>>,
+    runs: std::sync::atomic::AtomicU64,
+}
+
+impl ProbeCache {
+    /// How many probes actually ran (for tests and metrics).
+    pub fn runs(&self) -> u64 {
+        self.runs.load(std::sync::atomic::Ordering::Relaxed)
+    }
+}
+
+impl Registry {
+    /// The version probe, recalled when the same binary already passed it.
+    pub fn probe(&self, entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Result<(), RegistryError> {
+        let argv = probe_argv(entry, r, paths);
+        let ids: Option<Vec<FileId>> = {
+            let files: Vec<FileId> = argv
+                .iter()
+                .filter(|a| a.starts_with('/'))
+                .filter_map(|a| file_id(Path::new(a)))
+                .collect();
+            // Only a probe whose program is a file we can identify can be cached.
+            (argv.first().is_some_and(|a| a.starts_with('/')) && !files.is_empty()).then_some(files)
+        };
+        let key = ids.map(|ids| (r.to_string(), ids));
+        if let Some(k) = &key {
+            if self.probes.passed.lock().is_ok_and(|p| p.contains(k)) {
+                return Ok(());
+            }
+        }
+        self.probes
+            .runs
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        probe_version(entry, r, paths)?;
+        if let Some(k) = key {
+            // The files must not have changed while the probe ran.
+            let still: Vec<FileId> = k.1.iter().filter_map(|f| file_id(&f.path)).collect();
+            if still == k.1 {
+                if let Ok(mut p) = self.probes.passed.lock() {
+                    p.insert(k);
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn probe_cache(&self) -> &ProbeCache {
+        &self.probes
+    }
+
+    /// The entry for an installable runtime reference (for `mosaic harness install`).
+    pub fn entry(&self, r: &RuntimeRef) -> Result<&Entry, RegistryError> {
+        self.resolve(r)
+    }
+}
+
+/// One generation's harness, ready to hand to the shim.
+#[derive(Debug, Clone)]
+pub struct Prepared {
+    pub argv: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<PathBuf>,
+    /// The conversation id the harness was told to use (checked on every hook event).
+    pub conversation_id: Option<String>,
+}
+
+/// What one generation's preparation knows.
+#[derive(Debug, Clone)]
+pub struct PrepareCtx<'a> {
+    pub plan: &'a LaunchPlan,
+    /// The generation's private harness area (created empty, 0700, by the caller).
+    pub state_dir: &'a Path,
+    /// The `mosaic` binary the harness-side assets call back through.
+    pub mosaic_exe: &'a Path,
+}
+
+/// How the activation challenge reaches the harness.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ChallengeDelivery {
+    /// The harness asks for it over the lane socket.
+    SocketFetch,
+    /// The supervisor types it into the lane's pane as a user turn.
+    PaneTurn,
+}
+
+/// A hook event, as the family's adapter understood it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookEvent {
+    /// The session opened: hand the contract to the model. `render` turns the contract
+    /// text into what the hook prints.
+    SessionStart,
+    /// A turn ended and the harness is idle (advisory). `last_message` is the model's
+    /// final answer of that turn, where the harness reports it.
+    Settled { last_message: Option<String> },
+    /// The session is ending (advisory: no hook runs on SIGKILL).
+    SessionEnd { reason: String },
+}
+
+/// One harness family's mechanics. Every implementation is stateless: what a generation
+/// needs lives in its private area and its records.
+pub trait Adapter: Send + Sync {
+    fn family(&self) -> Family;
+    /// Refuses directives the family cannot take (real harnesses take none: their task
+    /// arrives as the contract).
+    fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError>;
+    /// Arguments that would resume, fork or continue a session, or start a daemon: refused
+    /// in any template.
+    fn forbidden_args(&self) -> &'static [&'static str];
+    /// The (contract injection, ACK method) pair this adapter implements.
+    fn surfaces(&self) -> (ContractInjection, AckMethod);
+    fn challenge_delivery(&self) -> ChallengeDelivery;
+    /// Writes the generation's private harness state and returns how to start it there.
+    fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError>;
+    /// Interprets one event the harness-side assets forwarded. `conversation` is the id the
+    /// generation was started with; an event about another conversation is refused.
+    fn hook(
+        &self,
+        event: &str,
+        payload: &serde_json::Value,
+        conversation: Option<&str>,
+    ) -> Result<HookEvent, String>;
+    /// What the SessionStart hook prints, carrying `contract` into the model's context.
+    fn render_contract(&self, contract: &str) -> String;
+}
+
+/// The text every family puts in front of the model as its contract.
+pub fn contract_context(task_text: &str, contracts_digest: &str) -> String {
+    format!(
+        "Mosaic contract {contracts_digest}. You run as one generation of a Mosaic lane; \
+         your task follows. When Mosaic sends an activation check (a line with \
+         mosaic-challenge:<hex>), answer it exactly as asked before anything else.\n\n{task_text}"
+    )
+}
+
+/// The phrase a harness must produce to acknowledge `challenge_id`: derived from the
+/// challenge and the generation, so it cannot be produced without seeing the challenge
+/// turn, and it does not reveal the challenge id itself.
+pub fn ack_phrase(challenge_id: &str, lane_incarnation_id: &str, generation: u64) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(b"mosaic harness ack v1\0");
+    h.update(challenge_id.as_bytes());
+    h.update(b"\0");
+    h.update(lane_incarnation_id.as_bytes());
+    h.update(b"\0");
+    h.update(generation.to_be_bytes());
+    hex::encode(&h.finalize()[..16])
+}
+
+/// Whether `answer` acknowledges `phrase`: it carries `mosaic-ack:<phrase>` (compared in
+/// constant time, token by token).
+pub fn answer_binds(answer: &str, phrase: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    let want = format!("mosaic-ack:{phrase}");
+    answer
+        .split(|c: char| c.is_whitespace() || "`\"'.,*()[]".contains(c))
+        .fold(false, |found, tok| {
+            found | (tok.len() == want.len() && bool::from(tok.as_bytes().ct_eq(want.as_bytes())))
+        })
 }
 
 /// Helper for tests and `doctor`: the registry's known runtimes as a map.
@@ -683,6 +1015,112 @@ mod tests {
         for (name, edit) in cases {
             assert!(with(edit).is_err(), "{name} was accepted");
         }
+    }
+
+    #[test]
+    fn probe_verdicts_are_cached_by_binary_identity_and_redone_when_it_changes() {
+        use std::os::unix::fs::PermissionsExt;
+        let reg = reg();
+        let r = RuntimeRef::parse("fake@1.0.0").unwrap();
+        let entry = reg.resolve(&r).unwrap();
+        let dir =
+            std::env::temp_dir().join(format!("mosaic-probe-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let bin = dir.join("mosaic-fake-harness");
+        let write = |v: &str| {
+            // Replaced, not rewritten: a new inode, as an upgrade would install it.
+            let tmp = dir.join("next");
+            std::fs::write(&tmp, format!("#!/bin/sh\necho 'fake {v}'\n")).unwrap();
+            std::fs::set_permissions(&tmp, std::fs::Permissions::from_mode(0o755)).unwrap();
+            std::fs::rename(&tmp, &bin).unwrap();
+        };
+        let paths = Paths {
+            bin_dir: dir.clone(),
+            harness_root: dir.clone(),
+        };
+        write("1.0.0");
+        reg.probe(entry, &r, &paths).unwrap();
+        reg.probe(entry, &r, &paths).unwrap();
+        assert_eq!(
+            reg.probe_cache().runs(),
+            1,
+            "an unchanged binary was probed again"
+        );
+        // Swapped in place for another version: probed again, and refused.
+        write("9.9.9");
+        assert!(
+            reg.probe(entry, &r, &paths).is_err(),
+            "a swapped binary was accepted"
+        );
+        assert!(
+            reg.probe(entry, &r, &paths).is_err(),
+            "a failed probe was cached"
+        );
+        assert_eq!(reg.probe_cache().runs(), 3);
+        // Touched in place (same inode, new change time): probed again.
+        write("1.0.0");
+        reg.probe(entry, &r, &paths).unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        std::fs::set_permissions(&bin, std::fs::Permissions::from_mode(0o700)).unwrap();
+        reg.probe(entry, &r, &paths).unwrap();
+        assert_eq!(reg.probe_cache().runs(), 5);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn templates_that_resume_or_fork_are_refused() {
+        let claude = include_str!("../../registry/claude-code.toml");
+        let load = |t: String| {
+            let evidence =
+                br#"{"runtime":"claude-code","validated_versions":["2.1.332"]}"#.to_vec();
+            let digest = {
+                use sha2::Digest;
+                format!("sha256:{}", hex::encode(sha2::Sha256::digest(&evidence)))
+            };
+            let t = t
+                .lines()
+                .map(|l| {
+                    if l.starts_with("adversarial_evidence_digest") {
+                        format!("adversarial_evidence_digest = \"{digest}\"")
+                    } else {
+                        l.to_string()
+                    }
+                })
+                .collect::<Vec<_>>()
+                .join("\n");
+            Registry::from_sources([Source {
+                name: "c.toml".into(),
+                text: t,
+                evidence: Some(evidence),
+            }])
+        };
+        assert!(load(claude.to_string()).is_ok());
+        for flag in ["--resume", "--continue", "--fork-session", "-c", "--bare"] {
+            let t = claude.replace(
+                "\"--session-id\", ",
+                &format!("\"{flag}\", \"--session-id\", "),
+            );
+            assert!(load(t).is_err(), "{flag} accepted");
+        }
+        // The family decides its surfaces: a Claude Code entry cannot claim socket fetch.
+        let t = claude.replace(
+            "injection = \"session-start-hook\"",
+            "injection = \"socket-fetch\"",
+        );
+        assert!(load(t).is_err());
+    }
+
+    #[test]
+    fn only_an_answer_carrying_the_phrase_acknowledges() {
+        let p = ack_phrase("ch-1", "li-1", 3);
+        assert_ne!(p, ack_phrase("ch-2", "li-1", 3));
+        assert_ne!(p, ack_phrase("ch-1", "li-1", 4));
+        assert!(answer_binds(&format!("mosaic-ack:{p}"), &p));
+        assert!(answer_binds(&format!("Sure. `mosaic-ack:{p}`."), &p));
+        assert!(!answer_binds(&format!("mosaic-ack:{p}0"), &p));
+        assert!(!answer_binds(&format!("mosaic-challenge:{p}"), &p));
+        assert!(!answer_binds("mosaic-ack:", &p));
+        assert!(!answer_binds(&p, &p));
     }
 
     #[test]

@@ -125,8 +125,14 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         },
     )?;
     let mut reader = BufReader::new(clone(&stream)?);
-    let (argv, env, banner) = match recv(&mut reader)? {
-        SupervisorMsg::Launch { argv, env, banner } => (argv, env, banner),
+    let (argv, env, secret_env, cwd, banner) = match recv(&mut reader)? {
+        SupervisorMsg::Launch {
+            argv,
+            env,
+            secret_env,
+            cwd,
+            banner,
+        } => (argv, env, secret_env, cwd, banner),
         SupervisorMsg::Reject { reason } => return Err(ShimError::Rejected(reason)),
         other => return Err(ShimError::Protocol(format!("{other:?}"))),
     };
@@ -134,10 +140,20 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
 
     // 5. launch.
     let child = match argv.split_first() {
-        Some((prog, rest)) => std::process::Command::new(prog)
-            .args(rest)
-            .envs(env)
-            .spawn(),
+        Some((prog, rest)) => {
+            let mut c = std::process::Command::new(prog);
+            c.args(rest).envs(env);
+            for (k, v) in &secret_env {
+                c.env(k, &v.0);
+            }
+            if let Some(d) = &cwd {
+                c.current_dir(d);
+            }
+            let spawned = c.spawn();
+            drop(c);
+            drop(secret_env);
+            spawned
+        }
         None => Err(std::io::Error::other("empty command")),
     };
     let child = match child {

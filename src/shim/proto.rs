@@ -30,6 +30,18 @@ impl fmt::Debug for NonceHex {
     }
 }
 
+/// A credential value in transit to the harness's environment. Redacted in `Debug`, wiped
+/// on drop; the shim hands it to the harness and keeps no copy.
+#[derive(Clone, Serialize, Deserialize, zeroize::Zeroize, zeroize::ZeroizeOnDrop)]
+#[serde(transparent)]
+pub struct SecretValue(pub String);
+
+impl fmt::Debug for SecretValue {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("<redacted>")
+    }
+}
+
 /// What a shim already knows when it (re)attaches.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct HarnessState {
@@ -68,6 +80,12 @@ pub enum SupervisorMsg {
     Launch {
         argv: Vec<String>,
         env: Vec<(String, String)>,
+        /// Credentials for the harness (never logged; see `SecretValue`).
+        #[serde(default)]
+        secret_env: Vec<(String, SecretValue)>,
+        /// The harness's working directory (default: the pane's).
+        #[serde(default)]
+        cwd: Option<String>,
         banner: String,
     },
     /// Reattach verified: carry on.

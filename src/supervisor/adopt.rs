@@ -287,6 +287,12 @@ fn reserve_lane_socket(
         .as_str()?
         .to_string();
     let session = super::lanesock::GenSession::new();
+    if let Some(family) = crate::adapter::RuntimeRef::parse(&g.runtime)
+        .ok()
+        .and_then(|r| inner.registry.resolve(&r).ok().map(|e| e.family))
+    {
+        session.bind_harness(family, g.conversation_id.clone());
+    }
     session.delivered.send_replace(Some(digest));
     session.activation.send_replace(Some(Ok(())));
     let path = super::lanesock::path_for(&g.socket);

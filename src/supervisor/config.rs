@@ -43,7 +43,18 @@ pub struct ConfigFile {
     /// picks one, written to `<runtime_dir>/metrics.addr`). Off when absent.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub metrics_listen: Option<String>,
+    /// Where real harnesses are installed (`<root>/<runtime>@<version>/`, as
+    /// `mosaic harness install` lays them out). Default: /var/lib/mosaic/harnesses.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_root: Option<PathBuf>,
+    /// Per-runtime credentials files (`claude-code = "/etc/mosaic/claude-code.env"`): mode
+    /// 0600, `KEY=VALUE` lines passed into that runtime's generations and nowhere else.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub credentials: std::collections::BTreeMap<String, PathBuf>,
 }
+
+/// Where `mosaic harness install` puts harnesses unless told otherwise.
+pub const DEFAULT_HARNESS_ROOT: &str = "/var/lib/mosaic/harnesses";
 
 /// How to reach and authenticate to the coordinator.
 #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -89,6 +100,8 @@ pub struct Config {
     pub reattach_timeout_ms: u64,
     pub coordinator: Option<CoordinatorLink>,
     pub metrics_listen: Option<String>,
+    pub harness_root: PathBuf,
+    pub credentials: std::collections::BTreeMap<String, PathBuf>,
 }
 
 impl Config {
@@ -121,6 +134,13 @@ impl Config {
             Some(b) => b,
             None => default_bin_dir()?,
         };
+        for (rt, p) in &f.credentials {
+            if !p.is_absolute() {
+                return Err(SupervisorError::Config {
+                    detail: format!("credentials for {rt} must be an absolute path"),
+                });
+            }
+        }
         for (name, p) in [("state_dir", &f.state_dir), ("runtime_dir", &f.runtime_dir)] {
             if !p.is_absolute() {
                 return Err(SupervisorError::Config {
@@ -141,6 +161,10 @@ impl Config {
             reattach_timeout_ms: f.reattach_timeout_ms.unwrap_or(5000),
             coordinator: f.coordinator,
             metrics_listen: f.metrics_listen,
+            harness_root: f
+                .harness_root
+                .unwrap_or_else(|| PathBuf::from(DEFAULT_HARNESS_ROOT)),
+            credentials: f.credentials,
         })
     }
 

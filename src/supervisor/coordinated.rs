@@ -442,6 +442,49 @@ impl CoordinatedHost {
         tokio::spawn(self.clone().report_loop(ctx.clone(), session.clone()));
     }
 
+    /// For a harness that gets its activation check in its pane: type it in as a user turn.
+    /// The ACK is then the model's answer, reported by the harness's turn-end hook.
+    fn deliver_challenge(
+        self: Arc<Self>,
+        ctx: &Arc<ChainCtx>,
+        session: Arc<GenSession>,
+        lane_id: &str,
+        phrase: String,
+    ) {
+        let family = session
+            .harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        let Some(family) = family else { return };
+        if family.adapter().challenge_delivery() != crate::adapter::ChallengeDelivery::PaneTurn {
+            return;
+        }
+        let Some(lane) = self.lane_name(lane_id) else {
+            return;
+        };
+        let tmux = self.sup.inner.tmux(&lane);
+        let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
+        tokio::task::spawn_blocking(move || {
+            let marker = format!("mosaic-challenge:{phrase}");
+            let line =
+                format!("{marker} Mosaic activation check: reply with exactly mosaic-ack:{phrase}");
+            // Bounded by the chain: the coordinator's challenge deadline ends a generation
+            // that never answers.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            // Only while this generation is the one waiting: never into a successor's pane.
+            let waiting = || session.activation.borrow().is_none();
+            match tmux.submit_line(&lane, &line, &marker, deadline, &waiting) {
+                Ok(()) => {
+                    tracing::info!(%lane_id, generation, "activation check submitted in the pane")
+                }
+                Err(e) => {
+                    tracing::warn!(%lane_id, generation, error = %e, "cannot submit the activation check in the pane")
+                }
+            }
+        });
+    }
+
     /// Signs and sends the RUNNING harness's reports (progress, blocker, continuation
     /// results) for as long as the generation lives — also after a restart, for a re-adopted
     /// generation whose lane socket is served again.
@@ -571,10 +614,18 @@ impl CoordinatedHost {
                 }));
             }
             MessageType::Challenge => {
-                ctx.challenge
-                    .send_replace(Some(env.str("challenge_id").to_string()));
+                let cid = env.str("challenge_id").to_string();
+                ctx.challenge.send_replace(Some(cid.clone()));
                 if let Some(session) = &ctx.session {
                     session.challenged.send_replace(true);
+                    let phrase =
+                        crate::adapter::ack_phrase(&cid, &ctx.lane_incarnation_id, ctx.generation);
+                    let fresh = session.phrase.borrow().as_deref() != Some(phrase.as_str());
+                    session.phrase.send_replace(Some(phrase.clone()));
+                    if fresh {
+                        self.clone()
+                            .deliver_challenge(&ctx, session.clone(), &lane_id, phrase);
+                    }
                 }
             }
             MessageType::Continuation => self.clone().on_continuation(ctx, env),

@@ -84,6 +84,72 @@ pub(crate) fn gen_paths(inner: &Inner, incarnation: &str, generation: u64) -> (P
     )
 }
 
+/// A generation's private harness area (config home, temp, working directory): created
+/// fresh at launch, removed once the generation's cgroup is verified empty.
+pub(crate) fn harness_dir(inner: &Inner, incarnation: &str, generation: u64) -> PathBuf {
+    inner
+        .cfg
+        .state_dir
+        .join("harness")
+        .join(incarnation)
+        .join(format!("gen-{generation}"))
+}
+
+/// Removes a generation's private harness area. Only called once nothing of the generation
+/// can be running (its cgroup verified empty): nothing can be writing there.
+pub(crate) fn remove_harness_dir(inner: &Inner, incarnation: &str, generation: u64) {
+    let dir = harness_dir(inner, incarnation, generation);
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => {
+            tracing::warn!(dir = %dir.display(), error = %e, "cannot remove a generation's harness area")
+        }
+    }
+    if let Some(parent) = dir.parent() {
+        let _ = std::fs::remove_dir(parent); // only if empty
+    }
+}
+
+/// Creates the generation's private area and lets its family's adapter fill it.
+fn prepare_harness(
+    inner: &Inner,
+    plan: &LaunchPlan,
+    rec: &GenRecord,
+) -> Result<crate::adapter::Prepared, String> {
+    let dir = harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
+    if let Some(parent) = dir.parent() {
+        crate::util::durable::ensure_dir(parent, 0o700).map_err(|e| e.to_string())?;
+    }
+    // Fresh: an area left by an earlier attempt at this number is never reused.
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot clear {}: {e}", dir.display())),
+    }
+    crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
+    let prepared = plan
+        .family
+        .adapter()
+        .prepare(&crate::adapter::PrepareCtx {
+            plan,
+            state_dir: &dir,
+            mosaic_exe: &inner.cfg.mosaic_exe(),
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some((k, _)) = plan
+        .secret_env
+        .iter()
+        .find(|(k, _)| prepared.env.iter().any(|(e, _)| e == k))
+    {
+        return Err(format!(
+            "the credentials file sets {k}, which the {} adapter sets itself",
+            plan.family.name()
+        ));
+    }
+    Ok(prepared)
+}
+
 pub(crate) fn bind_socket(path: &Path) -> Result<UnixListener, SupervisorError> {
     let io = |what, source| SupervisorError::Io {
         what,
@@ -261,9 +327,18 @@ pub(crate) async fn launch(
             Origin::Local => None,
             Origin::Coordinated { binding, .. } => Some(binding.clone()),
         },
+        conversation_id: None,
     };
     inner.store.save_gen(&rec)?;
     drop(nonce);
+    let prepared = match prepare_harness(inner, &plan, &rec) {
+        Ok(p) => p,
+        Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
+    };
+    if prepared.conversation_id.is_some() {
+        rec.conversation_id = prepared.conversation_id.clone();
+        inner.store.save_gen(&rec)?;
+    }
 
     let shim_argv: Vec<String> = vec![
         inner.cfg.mosaic_exe().display().to_string(),
@@ -291,17 +366,19 @@ pub(crate) async fn launch(
         "mosaic: lane {} generation {} ({}) — incarnation {}",
         rec.lane_id, generation, rec.runtime, rec.lane_incarnation_id
     );
-    let mut env = vec![
+    let mut env = prepared.env.clone();
+    env.extend([
         ("MOSAIC_LANE_ID".to_string(), rec.lane_id.clone()),
         (
             "MOSAIC_LANE_INCARNATION_ID".to_string(),
             rec.lane_incarnation_id.clone(),
         ),
         ("MOSAIC_GENERATION".to_string(), generation.to_string()),
-    ];
+    ]);
     let lane_server = match &origin {
         Origin::Local => None,
         Origin::Coordinated { session, .. } => {
+            session.bind_harness(plan.family, rec.conversation_id.clone());
             let path = super::lanesock::path_for(&rec.socket);
             let server = super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone());
             match server {
@@ -319,8 +396,10 @@ pub(crate) async fn launch(
     };
     let launched = async {
         link.send(&SupervisorMsg::Launch {
-            argv: plan.argv.clone(),
+            argv: prepared.argv.clone(),
             env,
+            secret_env: plan.secret_env.clone(),
+            cwd: prepared.cwd.as_ref().map(|d| d.display().to_string()),
             banner,
         })
         .await
@@ -490,6 +569,9 @@ async fn abort_launch(
 ) -> SupervisorError {
     tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, %detail, "launch failed");
     let cleanup = cleanup_cgroup(inner, cg.path().to_path_buf()).await;
+    if cleanup.verified_empty {
+        remove_harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
+    }
     let quarantine = cleanup.error.clone();
     let r = build_receipt(
         inner,
@@ -714,6 +796,9 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
         }
     }
     let cleanup = cleanup_cgroup(&w.inner, w.rec.cgroup.clone()).await;
+    if cleanup.verified_empty {
+        remove_harness_dir(&w.inner, &w.rec.lane_incarnation_id, w.rec.generation);
+    }
     let mut quarantine = cleanup.error.clone().map(|e| {
         format!(
             "cleanup of generation {} was not verified: {e}",

@@ -51,6 +51,7 @@ pub struct Continuation {
     pub next_action: String,
 }
 
+use crate::adapter::{ChallengeDelivery, ContractInjection, Family, HookEvent};
 use crate::protocol::work::{self, evidence_digest, MAX_EVIDENCE_BYTES};
 
 /// One generation's hand-off state, shared by the socket server and the chain driver.
@@ -89,6 +90,27 @@ pub struct GenSession {
     pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
     /// The driver's end of `reports` (taken once).
     pub reports_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<HarnessReport>>>,
+    /// The phrase the harness must answer, derived from this generation's activation
+    /// challenge (`adapter::ack_phrase`); set when the challenge arrives.
+    pub phrase: watch::Sender<Option<String>>,
+    /// The harness family and the conversation id it was started with.
+    pub harness: std::sync::Mutex<Option<(Family, Option<String>)>>,
+    /// Advisory observations from the harness's own events (never used for termination).
+    pub observed: std::sync::Mutex<Observed>,
+}
+
+/// What the harness's hooks reported, as the supervisor's status shows it. Advisory: no
+/// hook runs on SIGKILL, so none of this ever decides an ending.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Observed {
+    /// Turn ends (Stop / idle / settled events) seen.
+    pub settled: u64,
+    pub last_settled_at: Option<String>,
+    /// ACK answers that did not bind the challenge (refused).
+    pub ack_refused: u64,
+    /// Hook events refused (wrong family, another conversation, a resumed session).
+    pub refused_events: u64,
+    pub session_end: Option<String>,
 }
 
 impl GenSession {
@@ -109,7 +131,55 @@ impl GenSession {
             results: std::sync::Mutex::new(std::collections::HashMap::new()),
             reports: tx,
             reports_rx: std::sync::Mutex::new(Some(rx)),
+            phrase: watch::channel(None).0,
+            harness: std::sync::Mutex::new(None),
+            observed: std::sync::Mutex::new(Observed::default()),
         })
+    }
+
+    /// Records which family runs here and its conversation id (at launch or re-adoption).
+    pub fn bind_harness(&self, family: Family, conversation: Option<String>) {
+        if let Ok(mut h) = self.harness.lock() {
+            *h = Some((family, conversation));
+        }
+    }
+
+    fn family(&self) -> Family {
+        self.harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f))
+            .unwrap_or(Family::Fake)
+    }
+
+    fn observe(&self, f: impl FnOnce(&mut Observed)) {
+        if let Ok(mut o) = self.observed.lock() {
+            f(&mut o);
+        }
+    }
+
+    /// The advisory observations so far.
+    pub fn observations(&self) -> Observed {
+        self.observed.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Takes `answer` as this generation's ACK if it binds the challenge. Returns whether it
+    /// was taken; an answer given before the challenge, or one that does not carry the
+    /// phrase, is refused (and counted).
+    fn take_answer(&self, answer: &str) -> Result<(), &'static str> {
+        if self.delivered.borrow().is_none() {
+            return Err("fetch the contract before acknowledging it");
+        }
+        let phrase = self.phrase.borrow().clone();
+        let Some(phrase) = phrase else {
+            return Err("no activation challenge has been issued to this generation yet");
+        };
+        if !crate::adapter::answer_binds(answer, &phrase) {
+            self.observe(|o| o.ack_refused += 1);
+            return Err("the answer does not bind this generation's challenge");
+        }
+        self.ack_requested.send_replace(true);
+        Ok(())
     }
 }
 
@@ -117,7 +187,18 @@ impl GenSession {
 #[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
 pub enum LaneRequest {
     Contract,
-    Ack,
+    /// Wait for the activation challenge (families that fetch it over this socket).
+    Challenge,
+    /// Answer the challenge: `response` must carry `mosaic-ack:<phrase>`.
+    Ack {
+        response: String,
+    },
+    /// One event of the harness's own lifecycle, forwarded unchanged by its hook assets.
+    Hook {
+        family: String,
+        event: String,
+        payload: serde_json::Value,
+    },
     /// Acknowledge this generation's handoff challenge (spec §8.1); answered once the
     /// handoff was accepted (the activation challenge arrived) or the generation ended.
     HandoffAck,
@@ -154,6 +235,26 @@ pub struct LaneResponse {
     pub error: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub continuation: Option<Continuation>,
+    /// The activation check to answer (`mosaic-challenge:<phrase>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<String>,
+    /// What a hook prints for its harness (e.g. the contract as additional context).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl LaneResponse {
+    fn ok(state: &str) -> Self {
+        Self {
+            ok: true,
+            contract: None,
+            state: Some(state.into()),
+            error: None,
+            continuation: None,
+            challenge: None,
+            output: None,
+        }
+    }
 }
 
 /// Serves the socket at `path` until the task is aborted. Only peers whose cgroup is
@@ -184,7 +285,13 @@ pub(crate) fn serve(
                 } else {
                     match serde_json::from_str::<LaneRequest>(&line) {
                         Ok(LaneRequest::Contract) => contract(&s).await,
-                        Ok(LaneRequest::Ack) => ack(&s).await,
+                        Ok(LaneRequest::Challenge) => challenge(&s).await,
+                        Ok(LaneRequest::Ack { response }) => ack(&s, &response).await,
+                        Ok(LaneRequest::Hook {
+                            family,
+                            event,
+                            payload,
+                        }) => hook(&s, &family, &event, &payload).await,
                         Ok(LaneRequest::HandoffAck) => handoff_ack(&s).await,
                         Ok(LaneRequest::Next) => next(&s).await,
                         Ok(
@@ -211,50 +318,151 @@ fn err(msg: &str) -> LaneResponse {
         state: None,
         error: Some(msg.into()),
         continuation: None,
+        challenge: None,
+        output: None,
     }
 }
 
-async fn contract(s: &GenSession) -> LaneResponse {
+async fn wait_contract(s: &GenSession) -> Result<Contract, LaneResponse> {
     let mut rx = s.contract.subscribe();
     let c = match rx.wait_for(|c| c.is_some()).await {
         Ok(c) => c.clone(),
-        Err(_) => return err("the generation ended"),
+        Err(_) => return Err(err("the generation ended")),
     };
-    match c {
-        Some(c) => {
+    c.ok_or_else(|| err("no contract"))
+}
+
+async fn contract(s: &GenSession) -> LaneResponse {
+    if s.family().adapter().surfaces().0 != ContractInjection::SocketFetch {
+        return err("this harness receives its contract through its own session-start surface");
+    }
+    match wait_contract(s).await {
+        Ok(c) => {
             s.delivered.send_replace(Some(c.contracts_digest.clone()));
             LaneResponse {
-                ok: true,
                 contract: Some(c),
                 state: None,
-                error: None,
-                continuation: None,
+                ..LaneResponse::ok("")
             }
         }
-        None => err("no contract"),
+        Err(e) => e,
     }
 }
 
-async fn ack(s: &GenSession) -> LaneResponse {
-    if s.delivered.borrow().is_none() {
-        return err("fetch the contract before acknowledging it");
+/// Waits for the activation challenge and hands over the phrase to answer (families that
+/// fetch it here; the others get it as a turn in their pane).
+async fn challenge(s: &GenSession) -> LaneResponse {
+    if s.family().adapter().challenge_delivery() != ChallengeDelivery::SocketFetch {
+        return err("this harness receives its activation check in its pane, not here");
     }
-    s.ack_requested.send_replace(true);
+    if s.delivered.borrow().is_none() {
+        return err("fetch the contract before asking for the challenge");
+    }
+    let mut rx = s.phrase.subscribe();
+    let mut act = s.activation.subscribe();
+    tokio::select! {
+        r = rx.wait_for(|p| p.is_some()) => match r.map(|p| p.clone()) {
+            Ok(Some(p)) => LaneResponse {
+                challenge: Some(format!("mosaic-challenge:{p}")),
+                ..LaneResponse::ok("challenged")
+            },
+            _ => err("the generation ended"),
+        },
+        r = act.wait_for(|a| matches!(a, Some(Err(_)))) => match r.map(|v| v.clone()) {
+            Ok(Some(Err(e))) => err(&e),
+            _ => err("the generation ended"),
+        },
+    }
+}
+
+async fn ack(s: &GenSession, response: &str) -> LaneResponse {
+    if s.family().adapter().challenge_delivery() != ChallengeDelivery::SocketFetch {
+        return err("this harness acknowledges through its own turn, not here");
+    }
+    if let Err(e) = s.take_answer(response) {
+        return err(e);
+    }
     let mut rx = s.activation.subscribe();
     let v = match rx.wait_for(|a| a.is_some()).await {
         Ok(v) => v.clone(),
         Err(_) => return err("the generation ended"),
     };
     match v {
-        Some(Ok(())) => LaneResponse {
-            ok: true,
-            contract: None,
-            state: Some("active".into()),
-            error: None,
-            continuation: None,
-        },
+        Some(Ok(())) => LaneResponse::ok("active"),
         Some(Err(e)) => err(&e),
         None => err("no activation"),
+    }
+}
+
+/// One event from the harness's hook assets: interpreted by its family's adapter, checked
+/// against the generation's conversation id; never waits for the chain.
+async fn hook(
+    s: &GenSession,
+    family: &str,
+    event: &str,
+    payload: &serde_json::Value,
+) -> LaneResponse {
+    let bound = s.harness.lock().ok().and_then(|h| h.clone());
+    let Some((fam, conversation)) = bound else {
+        return err("no harness is bound to this generation");
+    };
+    if Family::parse(family) != Some(fam) {
+        s.observe(|o| o.refused_events += 1);
+        return err(&format!(
+            "this generation runs {}, not {family}",
+            fam.name()
+        ));
+    }
+    let adapter = fam.adapter();
+    let ev = match adapter.hook(event, payload, conversation.as_deref()) {
+        Ok(ev) => ev,
+        Err(e) => {
+            s.observe(|o| o.refused_events += 1);
+            return err(&e);
+        }
+    };
+    match ev {
+        HookEvent::SessionStart => {
+            if s.delivered.borrow().is_some() {
+                s.observe(|o| o.refused_events += 1);
+                return err("the contract was already delivered to this generation");
+            }
+            let c = match wait_contract(s).await {
+                Ok(c) => c,
+                Err(e) => return e,
+            };
+            let text = crate::adapter::contract_context(&c.task_text, &c.contracts_digest);
+            let output = adapter.render_contract(&text);
+            s.delivered.send_replace(Some(c.contracts_digest.clone()));
+            LaneResponse {
+                output: Some(output),
+                ..LaneResponse::ok("contract delivered")
+            }
+        }
+        HookEvent::Settled { last_message } => {
+            s.observe(|o| {
+                o.settled += 1;
+                o.last_settled_at = Some(crate::util::now_rfc3339());
+            });
+            let unacked = s.phrase.borrow().is_some() && !*s.ack_requested.borrow();
+            if let (true, Some(m)) = (unacked, last_message) {
+                if let Err(e) = s.take_answer(&m) {
+                    tracing::warn!(
+                        reason = e,
+                        "a harness turn ended without acknowledging its challenge"
+                    );
+                    return LaneResponse::ok(
+                        "settled; the answer did not acknowledge the challenge",
+                    );
+                }
+                return LaneResponse::ok("settled; acknowledged");
+            }
+            LaneResponse::ok("settled")
+        }
+        HookEvent::SessionEnd { reason } => {
+            s.observe(|o| o.session_end = Some(reason));
+            LaneResponse::ok("session end noted")
+        }
     }
 }
 
@@ -290,11 +498,8 @@ async fn next(s: &GenSession) -> LaneResponse {
                 Err(_) => return err("internal: continuation record poisoned"),
             }
             LaneResponse {
-                ok: true,
-                contract: None,
-                state: Some("continuation".into()),
-                error: None,
                 continuation: Some(c),
+                ..LaneResponse::ok("continuation")
             }
         }
         _ => err("the generation ended"),
@@ -310,13 +515,7 @@ async fn handoff_ack(s: &GenSession) -> LaneResponse {
     let mut act = s.activation.subscribe();
     tokio::select! {
         r = rx.wait_for(|c| *c) => match r {
-            Ok(_) => LaneResponse {
-                ok: true,
-                contract: None,
-                state: Some("responsibility accepted; acknowledge the activation challenge next (mosaic lane ack)".into()),
-                error: None,
-                continuation: None,
-            },
+            Ok(_) => LaneResponse::ok("responsibility accepted; acknowledge the activation challenge next (mosaic lane ack)"),
             Err(_) => err("the generation ended"),
         },
         r = act.wait_for(|a| matches!(a, Some(Err(_)))) => match r {
@@ -411,20 +610,17 @@ fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
                 continuation_id,
             }
         }
-        LaneRequest::Contract | LaneRequest::Ack | LaneRequest::HandoffAck | LaneRequest::Next => {
-            return err("not a report")
-        }
+        LaneRequest::Contract
+        | LaneRequest::Challenge
+        | LaneRequest::Ack { .. }
+        | LaneRequest::Hook { .. }
+        | LaneRequest::HandoffAck
+        | LaneRequest::Next => return err("not a report"),
     };
     if s.reports.send(report).is_err() {
         return err("the generation ended");
     }
-    LaneResponse {
-        ok: true,
-        contract: None,
-        state: Some("submitted".into()),
-        error: None,
-        continuation: None,
-    }
+    LaneResponse::ok("submitted")
 }
 
 /// Client side, for `mosaic lane …`: one request, one response.

@@ -107,6 +107,8 @@ impl SupervisorError {
             Self::Name(_) => "bad-name",
             Self::Registry(RegistryError::UnknownRuntime { .. }) => "unknown-runtime",
             Self::Registry(RegistryError::UnknownVersion { .. }) => "unknown-version",
+            Self::Registry(RegistryError::Probe { .. }) => "version-probe",
+            Self::Registry(RegistryError::Credentials { .. }) => "credentials",
             Self::Registry(_) => "registry",
             Self::Cgroup(CgroupError::NoV2 { .. }) => "no-cgroup-v2",
             Self::Cgroup(CgroupError::NotWritable { .. }) => "cgroup-not-writable",
@@ -364,6 +366,13 @@ pub struct GenView {
     pub runtime: String,
     pub started_at: String,
     pub process_identity: Option<ProcessIdentity>,
+    /// Advisory observations from the harness's own hooks (settled turns, refused
+    /// events); absent for a generation without a lane socket.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub harness: Option<lanesock::Observed>,
+    /// The conversation id a real harness was started with (hook events must name it).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub conversation_id: Option<String>,
 }
 
 impl GenView {
@@ -375,6 +384,15 @@ impl GenView {
             runtime: r.runtime.clone(),
             started_at: r.started_at.clone(),
             process_identity: r.identity.clone(),
+            harness: None,
+            conversation_id: r.conversation_id.clone(),
+        }
+    }
+
+    fn of_live(g: &LiveGen) -> Self {
+        Self {
+            harness: g.session.as_ref().map(|s| s.observations()),
+            ..Self::of(&g.record)
         }
     }
 }
@@ -642,12 +660,32 @@ impl Supervisor {
             let reg = self.inner.registry.clone();
             let rt = runtime.to_string();
             let d = directives.to_vec();
-            let bin = self.inner.cfg.bin_dir.clone();
-            tokio::task::spawn_blocking(move || crate::adapter::plan_launch(&reg, &rt, &d, &bin))
-                .await
-                .map_err(|e| SupervisorError::State {
-                    detail: format!("probe task failed: {e}"),
-                })??
+            let paths = crate::adapter::Paths {
+                bin_dir: self.inner.cfg.bin_dir.clone(),
+                harness_root: self.inner.cfg.harness_root.clone(),
+            };
+            let mut plan = tokio::task::spawn_blocking(move || {
+                crate::adapter::plan_launch(&reg, &rt, &d, &paths)
+            })
+            .await
+            .map_err(|e| SupervisorError::State {
+                detail: format!("probe task failed: {e}"),
+            })??;
+            if matches!(origin, generation::Origin::Local)
+                && plan.family.adapter().challenge_delivery()
+                    != crate::adapter::ChallengeDelivery::SocketFetch
+            {
+                return Err(SupervisorError::Registry(
+                    crate::adapter::RegistryError::Directives {
+                        family: plan.family.name().into(),
+                        detail: "a real harness runs only under the coordinator's chain (mosaic assign): its contract and ACK travel through it".into(),
+                    },
+                ));
+            }
+            if let Some(path) = self.inner.cfg.credentials.get(&plan.runtime.runtime) {
+                plan.secret_env = crate::adapter::credentials::load(&plan.runtime.runtime, path)?;
+            }
+            plan
         };
         let mut l = slot.lock().await;
         if let generation::Origin::Coordinated { generation, .. } = &origin {
@@ -931,7 +969,7 @@ impl Supervisor {
             if l.rec.status == LaneStatus::Destroyed {
                 continue;
             }
-            let g = l.live.as_ref().map(|g| GenView::of(&g.record));
+            let g = l.live.as_ref().map(GenView::of_live);
             lanes.push(self.view(&l.rec, g));
         }
         lanes.sort_by(|a, b| a.lane.cmp(&b.lane));

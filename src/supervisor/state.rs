@@ -89,6 +89,10 @@ pub struct GenRecord {
     /// Set for a generation started by the coordinator's chain.
     #[serde(default)]
     pub coord: Option<CoordBinding>,
+    /// The conversation id the harness was started with (real harnesses); every hook event
+    /// must name it.
+    #[serde(default)]
+    pub conversation_id: Option<String>,
 }
 
 #[derive(Debug, Clone)]

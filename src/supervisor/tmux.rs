@@ -143,6 +143,50 @@ impl Tmux {
         self.run("respawn-pane", c).map(|_| ())
     }
 
+    /// Submits `text` as one line of input to the program in the lane's pane, the way an
+    /// operator typing would: types it literally, waits until the pane shows `marker`
+    /// (a TUI that is still starting drops keys, so an unseen line is cleared and typed
+    /// again), then presses Enter. Gives up at `deadline`.
+    pub fn submit_line(
+        &self,
+        session: &str,
+        text: &str,
+        marker: &str,
+        deadline: std::time::Instant,
+        still_wanted: &dyn Fn() -> bool,
+    ) -> Result<(), SupervisorError> {
+        let target = format!("={session}:");
+        loop {
+            if !still_wanted() {
+                return Err(err("submit", "the generation is no longer waiting for it"));
+            }
+            let mut c = self.cmd();
+            c.args(["send-keys", "-t", &target, "-l", "--", text]);
+            self.run("send-keys", c)?;
+            let typed_until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            while std::time::Instant::now() < typed_until.min(deadline) {
+                std::thread::sleep(std::time::Duration::from_millis(100));
+                let mut c = self.cmd();
+                c.args(["capture-pane", "-p", "-J", "-t", &target]);
+                if self.run("capture-pane", c)?.contains(marker) && still_wanted() {
+                    let mut c = self.cmd();
+                    c.args(["send-keys", "-t", &target, "Enter"]);
+                    return self.run("send-keys", c).map(|_| ());
+                }
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(err(
+                    "submit",
+                    format!("the pane never showed the typed line (looked for {marker:?})"),
+                ));
+            }
+            // Not shown: the program was not reading yet. Clear whatever arrived, retype.
+            let mut c = self.cmd();
+            c.args(["send-keys", "-t", &target, "C-u"]);
+            self.run("send-keys", c)?;
+        }
+    }
+
     pub fn pane(&self, session: &str) -> Result<PaneState, SupervisorError> {
         let mut c = self.cmd();
         c.args([

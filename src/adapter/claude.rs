@@ -1,0 +1,211 @@
+//! The Claude Code adapter (`claude-code`).
+//!
+//! Each generation gets its own `CLAUDE_CONFIG_DIR`, `HOME`, temp and runtime directories
+//! and working directory inside its private area, pre-seeded so that no onboarding or
+//! folder-trust screen can hold the pane, and a conversation id the supervisor chose
+//! (`--session-id`), checked on every hook event. The contract reaches the model through
+//! the SessionStart hook's additional context; the activation challenge is a user turn the
+//! supervisor types into the pane, and the ACK is the turn's last assistant message as the
+//! Stop hook reports it. The assets are in `adapters/claude-code/`.
+
+use std::path::Path;
+
+use serde_json::{json, Value};
+
+use super::{
+    expand, AckMethod, Adapter, ChallengeDelivery, ContractInjection, Family, HookEvent,
+    PrepareCtx, Prepared, RegistryError,
+};
+
+pub struct ClaudeCode;
+
+const HOOK_SH: &str = include_str!("../../adapters/claude-code/hook.sh");
+const SETTINGS: &str = include_str!("../../adapters/claude-code/settings.json");
+const CLAUDE_JSON: &str = include_str!("../../adapters/claude-code/claude.json");
+
+/// A JSON string's inside (no quotes), for filling a JSON template.
+fn json_inner(s: &str) -> String {
+    let q = Value::String(s.to_string()).to_string();
+    q[1..q.len() - 1].to_string()
+}
+
+fn write(dir: &Path, name: &str, text: &str, mode: u32) -> Result<(), std::io::Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(dir.join(name))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+impl Adapter for ClaudeCode {
+    fn family(&self) -> Family {
+        Family::ClaudeCode
+    }
+
+    fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
+        if directives.is_empty() {
+            Ok(())
+        } else {
+            Err(RegistryError::Directives {
+                family: "claude-code".into(),
+                detail: "Claude Code takes its task as the contract, not as directives".into(),
+            })
+        }
+    }
+
+    fn forbidden_args(&self) -> &'static [&'static str] {
+        &[
+            "--resume",
+            "-r",
+            "--continue",
+            "-c",
+            "--fork-session",
+            "--from-pr",
+            "--teleport",
+            // Hooks are how the contract and the ACK travel; these switch them off.
+            "--bare",
+            "--safe-mode",
+        ]
+    }
+
+    fn surfaces(&self) -> (ContractInjection, AckMethod) {
+        (
+            ContractInjection::SessionStartHook,
+            AckMethod::ChallengeTurn,
+        )
+    }
+
+    fn challenge_delivery(&self) -> ChallengeDelivery {
+        ChallengeDelivery::PaneTurn
+    }
+
+    fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {
+        let dir = ctx.state_dir;
+        let fail = |detail: String| RegistryError::Prepare {
+            family: "claude-code".into(),
+            dir: dir.to_path_buf(),
+            detail,
+        };
+        let io = |what: &str, e: std::io::Error| fail(format!("{what}: {e}"));
+        let (home, tmp, run, work) = (
+            dir.join("home"),
+            dir.join("tmp"),
+            dir.join("run"),
+            dir.join("work"),
+        );
+        for d in [&home, &tmp, &run, &work] {
+            crate::util::durable::ensure_dir(d, 0o700)
+                .map_err(|e| fail(format!("{}: {e}", d.display())))?;
+        }
+        let state = json_inner(&dir.display().to_string());
+        write(dir, "hook.sh", HOOK_SH, 0o500).map_err(|e| io("hook.sh", e))?;
+        write(
+            dir,
+            "settings.json",
+            &SETTINGS.replace("{state_dir}", &state),
+            0o400,
+        )
+        .map_err(|e| io("settings.json", e))?;
+        write(
+            &home,
+            ".claude.json",
+            &CLAUDE_JSON.replace("{cwd}", &json_inner(&work.display().to_string())),
+            0o600,
+        )
+        .map_err(|e| io(".claude.json", e))?;
+        let session_id = uuid::Uuid::new_v4().to_string();
+        let mut vars = ctx.plan.vars.clone();
+        vars.state_dir = Some(dir.to_path_buf());
+        vars.session_id = Some(session_id.clone());
+        let s = |p: &Path| p.display().to_string();
+        let env = vec![
+            ("CLAUDE_CONFIG_DIR".into(), s(&home)),
+            ("HOME".into(), s(&home)),
+            ("XDG_RUNTIME_DIR".into(), s(&run)),
+            ("XDG_CONFIG_HOME".into(), s(&home.join(".config"))),
+            ("XDG_DATA_HOME".into(), s(&home.join(".local/share"))),
+            ("XDG_CACHE_HOME".into(), s(&home.join(".cache"))),
+            ("CLAUDE_CODE_TMPDIR".into(), s(&tmp)),
+            ("TMPDIR".into(), s(&tmp)),
+            // Its updater would start `npm` children that outlive nothing useful.
+            ("DISABLE_AUTOUPDATER".into(), "1".into()),
+            ("DISABLE_TELEMETRY".into(), "1".into()),
+            ("DISABLE_ERROR_REPORTING".into(), "1".into()),
+        ];
+        Ok(Prepared {
+            argv: expand(&ctx.plan.template, &vars, &[]),
+            env,
+            cwd: Some(work),
+            conversation_id: Some(session_id),
+        })
+    }
+
+    fn hook(
+        &self,
+        event: &str,
+        payload: &Value,
+        conversation: Option<&str>,
+    ) -> Result<HookEvent, String> {
+        let sid = payload["session_id"].as_str().unwrap_or("");
+        if conversation != Some(sid) {
+            return Err(format!(
+                "hook event about conversation {sid:?}, not this generation's"
+            ));
+        }
+        match (event, payload["hook_event_name"].as_str()) {
+            ("session-start", Some("SessionStart")) => match payload["source"].as_str() {
+                Some("startup") => Ok(HookEvent::SessionStart),
+                other => Err(format!(
+                    "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
+                )),
+            },
+            ("stop", Some("Stop")) => Ok(HookEvent::Settled {
+                last_message: payload["last_assistant_message"]
+                    .as_str()
+                    .map(str::to_string),
+            }),
+            ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
+                reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
+            }),
+            (e, n) => Err(format!("unexpected hook {e:?} carrying event {n:?}")),
+        }
+    }
+
+    fn render_contract(&self, contract: &str) -> String {
+        json!({"hookSpecificOutput": {
+            "hookEventName": "SessionStart",
+            "additionalContext": contract,
+        }})
+        .to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hook_events_must_name_this_conversation() {
+        let a = ClaudeCode;
+        let stop =
+            json!({"session_id": "s1", "hook_event_name": "Stop", "last_assistant_message": "x"});
+        assert!(matches!(
+            a.hook("stop", &stop, Some("s1")),
+            Ok(HookEvent::Settled { .. })
+        ));
+        assert!(a.hook("stop", &stop, Some("s2")).is_err());
+        assert!(a.hook("stop", &stop, None).is_err());
+        // The event the hook was installed for must be the event it carries.
+        assert!(a.hook("session-start", &stop, Some("s1")).is_err());
+        let resumed =
+            json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "resume"});
+        assert!(a.hook("session-start", &resumed, Some("s1")).is_err());
+        let clear =
+            json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "clear"});
+        assert!(a.hook("session-start", &clear, Some("s1")).is_err());
+    }
+}

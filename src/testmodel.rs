@@ -1,0 +1,486 @@
+//! A deterministic model endpoint for running the real harnesses without credentials or a
+//! network: enough of the Anthropic Messages API (streaming), the OpenAI Responses API (SSE)
+//! and OpenAI Chat Completions for Claude Code, Codex, OpenCode and Pi to run whole turns.
+//!
+//! It never "thinks". It answers from markers it finds in the request, so a test decides
+//! what the model does by what it puts in the conversation:
+//!
+//! | marker (anywhere in the latest user turn) | answer |
+//! |---|---|
+//! | `mosaic-challenge:<hex>` | `mosaic-ack:<hex>` (the harness saw the challenge) |
+//! | … and `model:wrong-ack` anywhere in the request | `mosaic-ack:` with the hex reversed |
+//! | `model:run[<command>]` | one shell tool call running `<command>` |
+//! | (the latest turn is a tool result) | `tool finished` |
+//! | anything else | `ok` |
+//!
+//! Every request is appended, whole, to a JSON-lines log, so a test asserts on what
+//! actually reached the model (the contract in the system prompt, a token in a header, a
+//! previous generation's conversation absent).
+//!
+//! **Never:** used outside tests, benchmarks and demos; it is no model and has no secrets.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use serde_json::{json, Value};
+
+/// What the model decided to do for one request.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Answer {
+    Text(String),
+    Shell(String),
+}
+
+/// The API a request speaks, from its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Api {
+    AnthropicMessages,
+    OpenAiResponses,
+    OpenAiChat,
+}
+
+impl Api {
+    pub fn of_path(path: &str) -> Option<Self> {
+        if path.ends_with("/messages") {
+            Some(Self::AnthropicMessages)
+        } else if path.ends_with("/responses") {
+            Some(Self::OpenAiResponses)
+        } else if path.ends_with("/chat/completions") {
+            Some(Self::OpenAiChat)
+        } else {
+            None
+        }
+    }
+}
+
+/// Every string inside `v`, depth first.
+fn strings(v: &Value, out: &mut Vec<String>) {
+    match v {
+        Value::String(s) => out.push(s.clone()),
+        Value::Array(a) => a.iter().for_each(|x| strings(x, out)),
+        Value::Object(o) => o.values().for_each(|x| strings(x, out)),
+        _ => {}
+    }
+}
+
+/// The latest turn of the conversation: its role-ish kind and its text.
+fn latest_turn(api: Api, body: &Value) -> (bool, String) {
+    let mut text = Vec::new();
+    match api {
+        Api::AnthropicMessages => {
+            // Claude Code may end the list with a `system` message of context: the turn is
+            // the latest `user` message.
+            let last = body["messages"]
+                .as_array()
+                .and_then(|m| m.iter().rev().find(|x| x["role"] == "user"));
+            let Some(last) = last else {
+                return (false, String::new());
+            };
+            let blocks = last["content"].as_array();
+            let tool_result = last["role"] == "user"
+                && blocks.is_some_and(|b| b.iter().any(|x| x["type"] == "tool_result"));
+            strings(&last["content"], &mut text);
+            (tool_result, text.join("\n"))
+        }
+        Api::OpenAiChat => {
+            let last = body["messages"].as_array().and_then(|m| {
+                m.iter()
+                    .rev()
+                    .find(|x| x["role"] == "user" || x["role"] == "tool")
+            });
+            let Some(last) = last else {
+                return (false, String::new());
+            };
+            strings(&last["content"], &mut text);
+            (last["role"] == "tool", text.join("\n"))
+        }
+        Api::OpenAiResponses => {
+            let items = body["input"].as_array();
+            let Some(last) = items.and_then(|i| i.last()) else {
+                if let Some(s) = body["input"].as_str() {
+                    return (false, s.to_string());
+                }
+                return (false, String::new());
+            };
+            let tool = last["type"] == "function_call_output"
+                || last["type"] == "custom_tool_call_output"
+                || last["type"] == "local_shell_call_output";
+            // The latest user message, which may be followed by reasoning or context items.
+            let user = items
+                .into_iter()
+                .flatten()
+                .rev()
+                .find(|i| i["role"] == "user")
+                .unwrap_or(last);
+            strings(&user["content"], &mut text);
+            (tool, text.join("\n"))
+        }
+    }
+}
+
+fn marker<'a>(text: &'a str, open: &str, close: char) -> Option<&'a str> {
+    let start = text.rfind(open)? + open.len();
+    let rest = &text[start..];
+    let end = rest.find(close)?;
+    Some(&rest[..end])
+}
+
+/// Decides the answer to one request.
+pub fn decide(api: Api, body: &Value) -> Answer {
+    let (tool_result, latest) = latest_turn(api, body);
+    if tool_result {
+        return Answer::Text("tool finished".into());
+    }
+    if let Some(hex) = latest.rfind("mosaic-challenge:").map(|i| {
+        latest[i + "mosaic-challenge:".len()..]
+            .chars()
+            .take_while(|c| c.is_ascii_hexdigit())
+            .collect::<String>()
+    }) {
+        let mut all = Vec::new();
+        strings(body, &mut all);
+        let wrong = all.iter().any(|s| s.contains("model:wrong-ack"));
+        let hex = if wrong {
+            hex.chars().rev().collect()
+        } else {
+            hex
+        };
+        return Answer::Text(format!("mosaic-ack:{hex}"));
+    }
+    // Only a request that offers tools gets a tool call (a harness's side requests, such as
+    // title generation, offer none).
+    let offers_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
+    if let (Some(cmd), true) = (marker(&latest, "model:run[", ']'), offers_tools) {
+        return Answer::Shell(cmd.to_string());
+    }
+    Answer::Text("ok".into())
+}
+
+/// The name and arguments of the shell tool as each harness declares it, found in the
+/// request's tool list (so the call is one the harness really offers).
+fn shell_call(api: Api, body: &Value, cmd: &str) -> (String, Value) {
+    let tools: Vec<String> = body["tools"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|t| {
+            t["name"]
+                .as_str()
+                .or_else(|| t["function"]["name"].as_str())
+                .map(str::to_string)
+        })
+        .collect();
+    let pick = |names: &[&str]| {
+        names
+            .iter()
+            .find(|n| tools.iter().any(|t| t == *n))
+            .map(|n| n.to_string())
+    };
+    match api {
+        Api::AnthropicMessages => (
+            pick(&["Bash"]).unwrap_or_else(|| "Bash".into()),
+            json!({"command": cmd, "description": "run a command"}),
+        ),
+        Api::OpenAiChat => (
+            pick(&["bash", "Bash"]).unwrap_or_else(|| "bash".into()),
+            json!({"command": cmd, "description": "run a command"}),
+        ),
+        Api::OpenAiResponses => match pick(&["exec_command", "shell", "shell_command"]) {
+            Some(n) if n == "exec_command" => (n, json!({"cmd": cmd})),
+            Some(n) if n == "shell" => (n, json!({"command": ["bash", "-lc", cmd]})),
+            Some(n) => (n, json!({"command": cmd})),
+            None => ("shell".into(), json!({"command": ["bash", "-lc", cmd]})),
+        },
+    }
+}
+
+fn sse(events: &[(Option<&str>, Value)], done: bool) -> String {
+    let mut out = String::new();
+    for (name, data) in events {
+        if let Some(n) = name {
+            out.push_str(&format!("event: {n}\n"));
+        }
+        out.push_str(&format!("data: {data}\n\n"));
+    }
+    if done {
+        out.push_str("data: [DONE]\n\n");
+    }
+    out
+}
+
+/// The response body (and content type) for one request.
+pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
+    let answer = decide(api, body);
+    let stream = body["stream"]
+        .as_bool()
+        .unwrap_or(api == Api::OpenAiResponses);
+    let model = body["model"]
+        .as_str()
+        .unwrap_or("mosaic-test-model")
+        .to_string();
+    match api {
+        Api::AnthropicMessages => {
+            let id = format!("msg_{n}");
+            let usage = json!({"input_tokens": 10, "output_tokens": 5,
+                "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
+            let (block, stop, full) = match &answer {
+                Answer::Text(t) => (
+                    vec![
+                        (
+                            Some("content_block_start"),
+                            json!({"type":"content_block_start","index":0,"content_block":{"type":"text","text":""}}),
+                        ),
+                        (
+                            Some("content_block_delta"),
+                            json!({"type":"content_block_delta","index":0,"delta":{"type":"text_delta","text":t}}),
+                        ),
+                    ],
+                    "end_turn",
+                    json!([{"type":"text","text":t}]),
+                ),
+                Answer::Shell(cmd) => {
+                    let (name, input) = shell_call(api, body, cmd);
+                    let tid = format!("toolu_{n}");
+                    (
+                        vec![
+                            (
+                                Some("content_block_start"),
+                                json!({"type":"content_block_start","index":0,"content_block":{"type":"tool_use","id":tid,"name":name,"input":{}}}),
+                            ),
+                            (
+                                Some("content_block_delta"),
+                                json!({"type":"content_block_delta","index":0,"delta":{"type":"input_json_delta","partial_json":input.to_string()}}),
+                            ),
+                        ],
+                        "tool_use",
+                        json!([{"type":"tool_use","id":tid,"name":name,"input":input}]),
+                    )
+                }
+            };
+            if !stream {
+                let msg = json!({"id": id, "type":"message","role":"assistant","model":model,
+                    "content": full, "stop_reason": stop, "stop_sequence": null, "usage": usage});
+                return (msg.to_string(), "application/json");
+            }
+            let mut ev = vec![(
+                Some("message_start"),
+                json!({"type":"message_start","message":{"id":id,"type":"message","role":"assistant",
+                    "model":model,"content":[],"stop_reason":null,"stop_sequence":null,"usage":usage}}),
+            )];
+            ev.extend(block);
+            ev.push((
+                Some("content_block_stop"),
+                json!({"type":"content_block_stop","index":0}),
+            ));
+            ev.push((
+                Some("message_delta"),
+                json!({"type":"message_delta","delta":{"stop_reason":stop,"stop_sequence":null},"usage":{"output_tokens":5}}),
+            ));
+            ev.push((Some("message_stop"), json!({"type":"message_stop"})));
+            (sse(&ev, false), "text/event-stream")
+        }
+        Api::OpenAiChat => {
+            let id = format!("chatcmpl-{n}");
+            let chunk = |delta: Value, finish: Value| {
+                json!({"id": id, "object":"chat.completion.chunk","created":0,"model":model,
+                    "choices":[{"index":0,"delta":delta,"finish_reason":finish}]})
+            };
+            let (delta, finish, message) = match &answer {
+                Answer::Text(t) => (
+                    json!({"role":"assistant","content":t}),
+                    "stop",
+                    json!({"role":"assistant","content":t}),
+                ),
+                Answer::Shell(cmd) => {
+                    let (name, args) = shell_call(api, body, cmd);
+                    let call = json!([{"index":0,"id":format!("call_{n}"),"type":"function",
+                        "function":{"name":name,"arguments":args.to_string()}}]);
+                    (
+                        json!({"role":"assistant","content":null,"tool_calls":call}),
+                        "tool_calls",
+                        json!({"role":"assistant","content":null,"tool_calls":call}),
+                    )
+                }
+            };
+            let usage = json!({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15});
+            if !stream {
+                let r = json!({"id": id, "object":"chat.completion","created":0,"model":model,
+                    "choices":[{"index":0,"message":message,"finish_reason":finish}],"usage":usage});
+                return (r.to_string(), "application/json");
+            }
+            let mut last = chunk(json!({}), json!(finish));
+            last["usage"] = usage;
+            (
+                sse(&[(None, chunk(delta, Value::Null)), (None, last)], true),
+                "text/event-stream",
+            )
+        }
+        Api::OpenAiResponses => {
+            let rid = format!("resp_{n}");
+            let item = match &answer {
+                Answer::Text(t) => {
+                    json!({"type":"message","id":format!("msg_{n}"),"role":"assistant",
+                    "status":"completed","content":[{"type":"output_text","text":t,"annotations":[]}]})
+                }
+                Answer::Shell(cmd) => {
+                    let (name, args) = shell_call(api, body, cmd);
+                    json!({"type":"function_call","id":format!("fc_{n}"),"call_id":format!("call_{n}"),
+                        "name":name,"arguments":args.to_string(),"status":"completed"})
+                }
+            };
+            let response = |status: &str, output: Value| {
+                json!({"id":rid,"object":"response","created_at":0,"status":status,"model":model,
+                    "output":output,"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":0},
+                    "output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":15}})
+            };
+            let mut ev = vec![
+                (
+                    Some("response.created"),
+                    json!({"type":"response.created","response":response("in_progress", json!([]))}),
+                ),
+                (
+                    Some("response.output_item.added"),
+                    json!({"type":"response.output_item.added","output_index":0,"item":item}),
+                ),
+            ];
+            if let Answer::Text(t) = &answer {
+                ev.push((
+                    Some("response.output_text.delta"),
+                    json!({"type":"response.output_text.delta","item_id":format!("msg_{n}"),"output_index":0,"content_index":0,"delta":t}),
+                ));
+            }
+            ev.push((
+                Some("response.output_item.done"),
+                json!({"type":"response.output_item.done","output_index":0,"item":item}),
+            ));
+            ev.push((Some("response.completed"), json!({"type":"response.completed","response":response("completed", json!([item]))})));
+            (sse(&ev, false), "text/event-stream")
+        }
+    }
+}
+
+/// The running endpoint's shared state.
+struct State {
+    log: std::sync::Mutex<std::fs::File>,
+    n: AtomicU64,
+}
+
+/// Serves until the process ends. Prints `listening <port>` on stdout once bound.
+pub async fn serve(listen: &str, log: PathBuf) -> std::io::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(&log)?;
+    let state = Arc::new(State {
+        log: std::sync::Mutex::new(file),
+        n: AtomicU64::new(0),
+    });
+    println!("listening {}", listener.local_addr()?.port());
+    loop {
+        let (stream, _) = listener.accept().await?;
+        let _ = stream.set_nodelay(true);
+        let state = state.clone();
+        tokio::spawn(async move {
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                async move { Ok::<_, std::convert::Infallible>(handle(req, &state).await) }
+            });
+            let io = hyper_util::rt::TokioIo::new(stream);
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(io, svc)
+                .await;
+        });
+    }
+}
+
+async fn handle(
+    req: hyper::Request<hyper::body::Incoming>,
+    state: &State,
+) -> hyper::Response<Full<Bytes>> {
+    let n = state.n.fetch_add(1, Ordering::Relaxed) + 1;
+    let method = req.method().to_string();
+    let path = req.uri().path().to_string();
+    let headers: serde_json::Map<String, Value> = req
+        .headers()
+        .iter()
+        .map(|(k, v)| (k.to_string(), json!(v.to_str().unwrap_or("<binary>"))))
+        .collect();
+    let bytes = match req.into_body().collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(_) => Bytes::new(),
+    };
+    let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let (status, text, ctype) = match (method.as_str(), Api::of_path(&path)) {
+        ("POST", Some(api)) => {
+            let (t, c) = respond(api, &body, n);
+            (200, t, c)
+        }
+        ("GET", _) if path.ends_with("/models") => (
+            200,
+            json!({"object":"list","data":[{"id":"mosaic-test-model","object":"model","created":0,"owned_by":"mosaic"}]}).to_string(),
+            "application/json",
+        ),
+        ("POST", None) if path.ends_with("/count_tokens") => {
+            (200, json!({"input_tokens": 10}).to_string(), "application/json")
+        }
+        _ => (404, json!({"error":"not served here"}).to_string(), "application/json"),
+    };
+    let entry = json!({"n": n, "method": method, "path": path, "headers": headers,
+        "body": body, "status": status, "response": text});
+    if let Ok(mut f) = state.log.lock() {
+        use std::io::Write;
+        let _ = writeln!(f, "{entry}");
+    }
+    let mut r = hyper::Response::new(Full::new(Bytes::from(text)));
+    *r.status_mut() = hyper::StatusCode::from_u16(status).unwrap_or_default();
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static(ctype),
+    );
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn answers_from_markers() {
+        let a = |text: &str| {
+            decide(
+                Api::AnthropicMessages,
+                &json!({"messages":[{"role":"user","content":[{"type":"text","text":text}]}]}),
+            )
+        };
+        assert_eq!(a("hello"), Answer::Text("ok".into()));
+        assert_eq!(
+            a("say mosaic-challenge:0a1b now"),
+            Answer::Text("mosaic-ack:0a1b".into())
+        );
+        assert_eq!(a("model:run[sleep 3; echo hi]"), Answer::Text("ok".into()));
+        assert_eq!(
+            decide(
+                Api::AnthropicMessages,
+                &json!({"tools": [{"name": "Bash"}], "messages": [{"role": "user",
+                    "content": [{"type": "text", "text": "model:run[sleep 3; echo hi]"}]}]}),
+            ),
+            Answer::Shell("sleep 3; echo hi".into())
+        );
+        let wrong = decide(
+            Api::OpenAiChat,
+            &json!({"messages":[{"role":"system","content":"model:wrong-ack"},
+                {"role":"user","content":"mosaic-challenge:0a1b"}]}),
+        );
+        assert_eq!(wrong, Answer::Text("mosaic-ack:b1a0".into()));
+        let tool = decide(
+            Api::OpenAiChat,
+            &json!({"tools":[{"function":{"name":"bash"}}],
+                "messages":[{"role":"user","content":"model:run[x]"},{"role":"tool","content":"x"}]}),
+        );
+        assert_eq!(tool, Answer::Text("tool finished".into()));
+    }
+}

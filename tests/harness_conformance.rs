@@ -1,0 +1,850 @@
+//! The conformance suite of each registered real harness, run against its real binary (as
+//! `mosaic harness install` put it under `$MOSAIC_HARNESS_ROOT`) in its interactive TUI in
+//! a real tmux lane, under `mosaic up` (coordinator, supervisor, PostgreSQL), talking to
+//! the deterministic test model (`mosaic-test-model`) with credentials from a 0600 file.
+//!
+//! Its output is the runtime's evidence file (`registry/<runtime>.evidence.json`), whose
+//! digest the registry entry carries and the loader checks. Only facts that do not vary
+//! between runs go in it. Normally the suite compares what it observes with the committed
+//! file; `scripts/evidence` (MOSAIC_WRITE_EVIDENCE=1) rewrites it — then the run uses a
+//! copy of the registry whose entry carries a provisional evidence file, since the entry
+//! being evidenced cannot load without one.
+
+mod common;
+mod pg;
+
+use std::collections::BTreeMap;
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+const MODEL: &str = env!("CARGO_BIN_EXE_mosaic-test-model");
+
+fn registry_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("registry")
+}
+
+fn harness_root() -> PathBuf {
+    match std::env::var_os("MOSAIC_HARNESS_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => panic!(
+            "MOSAIC_HARNESS_ROOT is not set: run the suite with scripts/test, which installs the \
+             pinned harnesses from npm into its cache (mosaic harness install) and sets it"
+        ),
+    }
+}
+
+fn wait_for<T>(what: &str, patience: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < patience, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The deterministic model endpoint, as a separate process.
+struct Model {
+    child: Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Model {
+    fn start() -> Self {
+        let log = std::env::temp_dir().join(format!(
+            "mosaic-model-{}.jsonl",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut child = Command::new(MODEL)
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the test model said {line:?}"));
+        Self { child, port, log }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Requests of the harness's main conversation (those offering tools), as text.
+    fn conversation(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|r| r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty()))
+            .map(|r| r["body"].to_string())
+            .collect()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            eprintln!("test model log kept: {}", self.log.display());
+        }
+    }
+}
+
+/// `mosaic up` with one lane, the installed harnesses, and a credentials file.
+struct Up {
+    child: Child,
+    dir: PathBuf,
+    db: pg::TestDb,
+}
+
+impl Up {
+    fn start(runtime: &str, credentials: &Path, registry: Option<&Path>) -> Self {
+        common::require_host();
+        let db = pg::TestDb::new();
+        let dir = std::env::temp_dir().join(format!("mosaic-hc-{}", uuid::Uuid::new_v4().simple()));
+        let mut cmd = Command::new(common::MOSAIC);
+        cmd.args(["up", "--lanes", "1", "--state-dir"])
+            .arg(&dir)
+            .args(["--database-url", &db.url, "--harness-root"])
+            .arg(harness_root())
+            .arg("--credentials")
+            .arg(format!("{runtime}={}", credentials.display()));
+        if let Some(r) = registry {
+            cmd.arg("--registry-dir").arg(r);
+        }
+        let mut child = cmd
+            .env("MOSAIC_LOG", "info")
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.with_extension("log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut line = String::new();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "mosaic up ended early"
+            );
+            if line.contains("Ctrl-C stops everything") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in out.lines() {});
+        Self { child, dir, db }
+    }
+
+    /// One text value from the authority's database.
+    fn sql(&self, query: &str, arg: &str) -> Option<String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (c, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            c.query_opt(query, &[&arg])
+                .await
+                .unwrap()
+                .and_then(|r| r.get::<_, Option<String>>(0))
+        })
+    }
+
+    fn cli(&self, args: &[&str]) -> Result<Value, String> {
+        let out = Command::new(common::MOSAIC)
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(serde_json::from_slice(&out.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    fn lane(&self) -> String {
+        let host = nix::unistd::gethostname().unwrap();
+        format!("{}:lane-1", host.to_string_lossy())
+    }
+
+    fn assign(&self, runtime: &str, task: &str, wait: bool) -> Result<Value, String> {
+        let lane = self.lane();
+        let mut args = vec![
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            runtime,
+            "--task",
+            task,
+        ];
+        if wait {
+            args.extend(["--wait", "running"]);
+        }
+        self.cli(&args)
+    }
+
+    fn host_status(&self) -> Value {
+        let out = Command::new(common::MOSAIC)
+            .args(["host", "--state-dir"])
+            .arg(&self.dir)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    fn generation(&self) -> Value {
+        self.host_status()["lanes"][0]["generation"].clone()
+    }
+
+    fn settled(&self) -> u64 {
+        self.generation()["harness"]["settled"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    fn cgroup(&self) -> PathBuf {
+        let rel = self.generation()["process_identity"]["cgroup_path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        mosaic::cgroup::discover_mount()
+            .unwrap()
+            .path
+            .join(rel.trim_start_matches('/'))
+    }
+
+    fn tmux(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.arg("-S").arg(self.dir.join("run/lanes/lane-1/tmux.sock"));
+        c
+    }
+
+    fn screen(&self) -> String {
+        let out = self
+            .tmux()
+            .args(["capture-pane", "-p", "-J", "-t", "=lane-1:"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types a turn into the harness's TUI, as an operator attached to the lane would.
+    fn type_turn(&self, text: &str) {
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "=lane-1:", "-l", "--", text])
+            .status()
+            .unwrap()
+            .success());
+        let marker: String = text.chars().take(40).collect();
+        wait_for("the typed turn on screen", common::PATIENCE, || {
+            self.screen().contains(&marker).then_some(())
+        });
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "=lane-1:", "Enter"])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    fn receipt(&self, generation: &Value) -> Value {
+        let lane = self.lane();
+        wait_for("the reconciled receipt", common::PATIENCE, || {
+            let rs = self.cli(&["receipts", "--lane", &lane]).ok()?;
+            rs.as_array()?
+                .iter()
+                .find(|r| &r["generation"] == generation && !r["reconciliation"].is_null())
+                .cloned()
+        })
+    }
+
+    fn stop(&self, id: &str) -> Value {
+        let g = self.generation()["generation"].clone();
+        self.cli(&["stop", "--assignment", id]).unwrap();
+        self.receipt(&g)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the lane's screen:\n{}", self.screen());
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(self.dir.with_extension("log"));
+        } else {
+            eprintln!(
+                "mosaic up log kept: {}",
+                self.dir.with_extension("log").display()
+            );
+        }
+    }
+}
+
+fn outcome(r: &Value) -> Value {
+    json!({
+        "termination_reason": r["termination_reason"],
+        "observation_source": r["observation_source"],
+        "verified_empty": r["cleanup"]["verified_empty"],
+        "cgroup_removed": r["cleanup"]["cgroup_removed"],
+        "reconciliation": r["reconciliation"],
+    })
+}
+
+fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Processes in `cg` whose command line contains `needle`.
+fn members_running(cg: &Path, needle: &str) -> Vec<(i32, u64)> {
+    common::members(cg)
+        .into_iter()
+        .filter(|(p, _)| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+fn survivors(before: &[(i32, u64)]) -> usize {
+    before
+        .iter()
+        .filter(|(p, st)| !common::is_dead(*p, *st))
+        .count()
+}
+
+/// What differs between families: the runtime, and its credentials given the model port.
+struct Family {
+    runtime: &'static str,
+    /// `KEY=VALUE` lines pointing the harness at the test model with `token`.
+    credentials: fn(u16, &str) -> String,
+    /// The harness's own process name.
+    comm: &'static str,
+}
+
+const CLAUDE: Family = Family {
+    runtime: "claude-code@2.1.332",
+    credentials: |port, token| {
+        format!("ANTHROPIC_BASE_URL=http://127.0.0.1:{port}\nANTHROPIC_AUTH_TOKEN={token}\n")
+    },
+    comm: "claude",
+};
+
+fn suite(f: &Family, registry: Option<&Path>) -> Value {
+    let (name, version) = f.runtime.split_once('@').unwrap();
+    let mut checks: BTreeMap<&str, Value> = BTreeMap::new();
+    let reg = match registry {
+        Some(d) => mosaic::adapter::Registry::load_dir(d),
+        None => mosaic::adapter::Registry::embedded(),
+    }
+    .expect("the registry loads");
+    let rref = mosaic::adapter::RuntimeRef::parse(f.runtime).unwrap();
+    let entry = reg.resolve(&rref).unwrap();
+
+    // Version probe: the installed binary passes; one swapped in for another version fails.
+    let paths = |root: PathBuf| mosaic::adapter::Paths {
+        bin_dir: Path::new(common::MOSAIC).parent().unwrap().to_path_buf(),
+        harness_root: root,
+    };
+    mosaic::adapter::probe_version(entry, &rref, &paths(harness_root()))
+        .unwrap_or_else(|e| panic!("{e}; scripts/test installs it (mosaic harness install)"));
+    checks.insert("version_probe", json!(format!("{version} accepted")));
+    let swapped =
+        std::env::temp_dir().join(format!("mosaic-swapped-{}", uuid::Uuid::new_v4().simple()));
+    let probe_argv = mosaic::adapter::expand(
+        &entry.probes.version.command,
+        &mosaic::adapter::Vars {
+            harness_root: swapped.clone(),
+            version: version.to_string(),
+            ..Default::default()
+        },
+        &[],
+    );
+    let fake_bin = PathBuf::from(&probe_argv[0]);
+    std::fs::create_dir_all(fake_bin.parent().unwrap()).unwrap();
+    std::fs::write(
+        &fake_bin,
+        "#!/bin/sh\necho '9.9.9 (Claude Code)'\necho 9.9.9\n",
+    )
+    .unwrap();
+    std::fs::set_permissions(
+        &fake_bin,
+        std::os::unix::fs::PermissionsExt::from_mode(0o755),
+    )
+    .unwrap();
+    let refused = mosaic::adapter::probe_version(entry, &rref, &paths(swapped.clone())).is_err();
+    let _ = std::fs::remove_dir_all(&swapped);
+    checks.insert(
+        "swapped_binary",
+        json!(if refused { "refused" } else { "ACCEPTED" }),
+    );
+
+    let model = Model::start();
+    let token = format!("mosaic-test-token-{}", uuid::Uuid::new_v4().simple());
+    let creds_dir =
+        std::env::temp_dir().join(format!("mosaic-creds-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&creds_dir).unwrap();
+    let creds = creds_dir.join(format!("{name}.env"));
+    std::fs::write(&creds, (f.credentials)(model.port, &token)).unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let up = Up::start(name, &creds, registry);
+
+    // Unknown lifecycle semantics: an unvalidated version is refused before anything.
+    let other = format!("{name}@0.0.1");
+    let e = up.assign(&other, "x", false).unwrap_err();
+    checks.insert(
+        "unvalidated_version",
+        json!(if e.contains("unknown-runtime") {
+            "refused"
+        } else {
+            "ACCEPTED"
+        }),
+    );
+
+    // 1. A task reaches RUNNING: contract in the model's context, then the activation check
+    //    typed into the pane, ACK taken from the turn's answer (the Stop hook).
+    let a = up
+        .assign(f.runtime, "TASKMARKER-ONE: keep the lane tidy", true)
+        .expect("assign reaches RUNNING");
+    checks.insert("reaches_running", a["state"].clone());
+    let id1 = a["assignment_id"].as_str().unwrap().to_string();
+    let conv = model.conversation();
+    let with_contract = conv.iter().any(|b| b.contains("TASKMARKER-ONE"));
+    // The digest the supervisor reported as delivered is the contract's own, and it is the
+    // one the model was given.
+    let delivered = up.sql(
+        "SELECT contracts_digest FROM reservations WHERE reservation_id = $1",
+        a["reservation_id"].as_str().unwrap(),
+    );
+    let own = up.sql(
+        "SELECT contracts_digest FROM contracts WHERE task_text = $1",
+        "TASKMARKER-ONE: keep the lane tidy",
+    );
+    let digest_in_context = delivered.is_some()
+        && delivered == own
+        && delivered.as_ref().is_some_and(|d| {
+            conv.iter()
+                .any(|b| b.contains(&format!("Mosaic contract {d}")))
+        });
+    checks.insert(
+        "contract_in_model_context",
+        json!({"task_text": with_contract, "delivered_digest": digest_in_context}),
+    );
+    let challenged: Vec<&String> = conv
+        .iter()
+        .filter(|b| b.contains("mosaic-challenge:"))
+        .collect();
+    checks.insert(
+        "challenge_turn_carries_contract",
+        json!(!challenged.is_empty() && challenged.iter().all(|b| b.contains("TASKMARKER-ONE"))),
+    );
+    let g1 = up.generation();
+    checks.insert(
+        "ack_taken_from_turn_end",
+        json!(
+            g1["harness"]["settled"].as_u64().unwrap_or(0) >= 1
+                && up.screen().contains("mosaic-ack:")
+        ),
+    );
+    // Credentials reached the endpoint, from the file, and nowhere else.
+    let all = model.requests();
+    let bearer = format!("Bearer {token}");
+    let reached = all.iter().filter(|r| r["method"] == "POST").all(|r| {
+        r["headers"].as_object().is_some_and(|h| {
+            h.values()
+                .any(|v| v == &json!(bearer) || v == &json!(token))
+        })
+    });
+    checks.insert("credentials_reach_the_harness", json!(reached));
+
+    // 2. Forged settled events: from outside the generation's cgroup, and from inside it
+    //    about another conversation.
+    let harness_pid = g1["process_identity"]["harness_pid"].as_i64().unwrap() as i32;
+    let socket = std::fs::read(format!("/proc/{harness_pid}/environ"))
+        .unwrap()
+        .split(|b| *b == 0)
+        .filter_map(|kv| std::str::from_utf8(kv).ok())
+        .find_map(|kv| kv.strip_prefix("MOSAIC_LANE_SOCKET=").map(str::to_string))
+        .expect("the harness has a lane socket");
+    let before = up.settled();
+    let mut forged = Command::new(common::MOSAIC)
+        .args(["lane", "hook", f.family_name(), "stop"])
+        .env("MOSAIC_LANE_SOCKET", &socket)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    {
+        use std::io::Write;
+        let sid = g1["conversation_id"].as_str().unwrap_or("x");
+        let mut stdin = forged.stdin.take().unwrap();
+        let _ = stdin.write_all(
+            json!({"session_id": sid, "hook_event_name": "Stop", "last_assistant_message": "done"})
+                .to_string()
+                .as_bytes(),
+        );
+    }
+    let outside_ok = forged.wait().unwrap().success();
+    checks.insert(
+        "forged_settled_from_outside",
+        json!(if !outside_ok && up.settled() == before {
+            "refused"
+        } else {
+            "ACCEPTED"
+        }),
+    );
+    let refused_before = up.generation()["harness"]["refused_events"]
+        .as_u64()
+        .unwrap();
+    up.type_turn(&format!(
+        "model:run[echo '{{\"session_id\":\"forged\",\"hook_event_name\":\"Stop\"}}' | \"$MOSAIC_BIN\" lane hook {} stop]",
+        f.family_name()
+    ));
+    wait_for("the forged event refused", common::PATIENCE, || {
+        (up.generation()["harness"]["refused_events"]
+            .as_u64()
+            .unwrap()
+            > refused_before)
+            .then_some(())
+    });
+    checks.insert("forged_conversation_from_inside", json!("refused"));
+    wait_for("the tool turn settled", common::PATIENCE, || {
+        (up.settled() > before).then_some(())
+    });
+
+    // 3. Settled only after a turn, never while its tool call still runs.
+    let cg = up.cgroup();
+    let before = up.settled();
+    up.type_turn("model:run[sleep 3.5]");
+    let running = wait_for("the tool running", common::PATIENCE, || {
+        let m = members_running(&cg, "sleep 3.5");
+        (!m.is_empty()).then_some(m)
+    });
+    let during = up.settled();
+    wait_for("the tool finished", common::PATIENCE, || {
+        (survivors(&running) == 0).then_some(())
+    });
+    wait_for("settled after the turn", common::PATIENCE, || {
+        (up.settled() > before).then_some(())
+    });
+    checks.insert(
+        "settled",
+        json!({"while_tool_runs": during > before, "after_the_turn": true}),
+    );
+
+    // 4. No updater, daemon or resume: at rest, the generation is the shim and the harness.
+    let mut at_rest: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
+    at_rest.sort();
+    at_rest.dedup();
+    assert!(at_rest.iter().any(|c| c == f.comm), "{at_rest:?}");
+    checks.insert("processes_at_rest", json!(at_rest));
+    let argv = std::fs::read(format!("/proc/{harness_pid}/cmdline")).unwrap();
+    let argv: Vec<String> = argv
+        .split(|b| *b == 0)
+        .filter(|a| !a.is_empty())
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .collect();
+    let resumes = argv
+        .iter()
+        .any(|a| ["--resume", "-r", "--continue", "-c", "--fork-session"].contains(&a.as_str()));
+    checks.insert(
+        "started_fresh",
+        json!(!resumes && argv.iter().any(|a| a == "--session-id")),
+    );
+
+    // 5. Stop with a tool tree (setsid'd, backgrounded, nohup'd) still running.
+    up.type_turn("model:run[setsid sleep 1001 & (sleep 1002 &) ; nohup sleep 1003 >/dev/null 2>&1 & sleep 1004]");
+    let tree = wait_for("the tool tree", common::PATIENCE, || {
+        let m = members_running(&cg, "sleep 100");
+        (m.len() >= 4).then_some(m)
+    });
+    let state_dir = up.dir.join("supervisor/harness");
+    let r = up.stop(&id1);
+    checks.insert(
+        "stop_with_tool_tree",
+        json!({"receipt": outcome(&r), "survivors": survivors(&tree)}),
+    );
+    let left: Vec<_> = std::fs::read_dir(&state_dir)
+        .map(|d| d.filter_map(|e| e.ok()).collect())
+        .unwrap_or_default();
+    checks.insert("private_state_removed", json!(left.is_empty()));
+
+    // 6. A fresh generation sees nothing of the first one's conversation.
+    let n_before = model.conversation().len();
+    let b = up
+        .assign(f.runtime, "TASKMARKER-TWO: a different task", true)
+        .expect("second assign");
+    let id2 = b["assignment_id"].as_str().unwrap().to_string();
+    let second: Vec<String> = model.conversation().split_off(n_before);
+    checks.insert(
+        "fresh_state_per_generation",
+        json!(if !second.is_empty()
+            && second
+                .iter()
+                .all(|x| !x.contains("TASKMARKER-ONE") && !x.contains("sleep 1004"))
+        {
+            "nothing of the previous generation"
+        } else {
+            "LEAKED"
+        }),
+    );
+
+    // 7. SIGKILL of a tool child: the harness lives on and settles; of the harness: receipt,
+    //    recovery, no survivor.
+    let cg = up.cgroup();
+    let before = up.settled();
+    up.type_turn("model:run[echo started; sleep 1005]");
+    let child = wait_for("the tool child", common::PATIENCE, || {
+        members_running(&cg, "sleep 1005").first().copied()
+    });
+    common::kill(child.0, nix::sys::signal::Signal::SIGKILL);
+    wait_for("settled after the killed tool", common::PATIENCE, || {
+        (up.settled() > before).then_some(())
+    });
+    let g2 = up.generation();
+    checks.insert(
+        "sigkill_tool_child",
+        json!({"harness_alive": g2["generation"] == b["generation"], "settled_after": true}),
+    );
+    up.type_turn("model:run[setsid sleep 1006 & sleep 1007]");
+    let tree = wait_for("the tool tree", common::PATIENCE, || {
+        let m = members_running(&cg, "sleep 100");
+        (m.len() >= 2).then_some(m)
+    });
+    let hp = g2["process_identity"]["harness_pid"].as_i64().unwrap() as i32;
+    let mut tree = tree;
+    tree.extend(common::members(&cg));
+    common::kill(hp, nix::sys::signal::Signal::SIGKILL);
+    let r = up.receipt(&b["generation"]);
+    wait_for("no survivor", common::PATIENCE, || {
+        (survivors(&tree) == 0).then_some(())
+    });
+    checks.insert(
+        "sigkill_harness",
+        json!({"receipt": outcome(&r), "survivors": survivors(&tree)}),
+    );
+    let st = up.cli(&["status"]).unwrap();
+    let a2 = st["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["assignment_id"] == id2.as_str())
+        .cloned()
+        .unwrap();
+    checks.insert(
+        "after_sigkill",
+        json!({"assignment": a2["state"], "execution_owner": a2["execution_owner"]}),
+    );
+
+    // 8. An answer that does not bind the challenge never activates.
+    let c = up
+        .assign(f.runtime, "TASKMARKER-THREE model:wrong-ack", false)
+        .expect("assign");
+    let id3 = c["assignment_id"].as_str().unwrap().to_string();
+    wait_for("the wrong answer refused", Duration::from_secs(60), || {
+        (up.generation()["harness"]["ack_refused"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 1)
+            .then_some(())
+    });
+    let st = up.cli(&["status"]).unwrap();
+    let s3 = st["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["assignment_id"] == id3.as_str())
+        .cloned()
+        .unwrap();
+    checks.insert(
+        "ack_not_binding_the_challenge",
+        json!(
+            if s3["lane_state"] != "RUNNING" && s3["execution_owner"].is_null() {
+                "refused"
+            } else {
+                "ACCEPTED"
+            }
+        ),
+    );
+    let _ = up.cli(&["stop", "--assignment", &id3]);
+
+    // Secrets: the token is in no log, record or status of Mosaic's.
+    let mut leaked = Vec::new();
+    let mut stack = vec![up.dir.clone()];
+    while let Some(p) = stack.pop() {
+        if p.is_dir() {
+            if let Ok(d) = std::fs::read_dir(&p) {
+                stack.extend(d.filter_map(|e| e.ok().map(|e| e.path())));
+            }
+        } else if std::fs::read(&p).is_ok_and(|b| String::from_utf8_lossy(&b).contains(&token)) {
+            leaked.push(p.display().to_string());
+        }
+    }
+    for text in [
+        std::fs::read_to_string(up.dir.with_extension("log")).unwrap_or_default(),
+        up.cli(&["status"]).unwrap().to_string(),
+        up.host_status().to_string(),
+        up.cli(&["receipts", "--lane", &up.lane()])
+            .unwrap()
+            .to_string(),
+    ] {
+        if text.contains(&token) {
+            leaked.push("log/status/receipts".into());
+        }
+    }
+    // The harness's own files (its transcript of the test token's requests) are its business
+    // and are removed with its private area; the check above covers what remains.
+    checks.insert("credentials_leaked_to", json!(leaked));
+    drop(up);
+    let _ = std::fs::remove_dir_all(&creds_dir);
+
+    json!({
+        "suite": "mosaic-harness-conformance/v1",
+        "runtime": name,
+        "validated_versions": [version],
+        "checks": checks,
+    })
+}
+
+impl Family {
+    fn family_name(&self) -> &'static str {
+        self.runtime.split_once('@').map(|(n, _)| n).unwrap_or("")
+    }
+}
+
+/// A copy of the committed registry in which `runtime`'s entry carries a provisional
+/// evidence file (for regenerating that evidence).
+fn provisional_registry(runtime: &str, version: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("mosaic-reg-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for e in std::fs::read_dir(registry_dir()).unwrap() {
+        let p = e.unwrap().path();
+        std::fs::copy(&p, dir.join(p.file_name().unwrap())).unwrap();
+    }
+    let evidence = json!({"runtime": runtime, "validated_versions": [version],
+        "provisional": "stands in while scripts/evidence regenerates this evidence"})
+    .to_string();
+    std::fs::write(dir.join(format!("{runtime}.evidence.json")), &evidence).unwrap();
+    let digest = {
+        use sha2::Digest;
+        format!(
+            "sha256:{}",
+            hex::encode(sha2::Sha256::digest(evidence.as_bytes()))
+        )
+    };
+    set_digest(&dir.join(format!("{runtime}.toml")), &digest);
+    dir
+}
+
+fn set_digest(toml_path: &Path, digest: &str) {
+    let toml = std::fs::read_to_string(toml_path).unwrap();
+    let updated: Vec<String> = toml
+        .lines()
+        .map(|l| {
+            if l.starts_with("adversarial_evidence_digest = ") {
+                format!("adversarial_evidence_digest = \"{digest}\"")
+            } else {
+                l.to_string()
+            }
+        })
+        .collect();
+    std::fs::write(toml_path, updated.join("\n") + "\n").unwrap();
+}
+
+fn run(f: &Family) {
+    let (name, version) = f.runtime.split_once('@').unwrap();
+    let write = std::env::var_os("MOSAIC_WRITE_EVIDENCE").is_some();
+    let provisional = write.then(|| provisional_registry(name, version));
+    let evidence = suite(f, provisional.as_deref());
+    if let Some(d) = provisional {
+        let _ = std::fs::remove_dir_all(d);
+    }
+    let text = format!("{}\n", serde_json::to_string_pretty(&evidence).unwrap());
+    let flat = evidence.to_string();
+    for bad in ["ACCEPTED", "LEAKED", "\"RUNNING\":false"] {
+        assert!(!flat.contains(bad), "conformance failure: {bad} in {text}");
+    }
+    let path = registry_dir().join(format!("{name}.evidence.json"));
+    if write {
+        std::fs::write(&path, &text).unwrap();
+        let digest = {
+            use sha2::Digest;
+            format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(text.as_bytes()))
+            )
+        };
+        set_digest(&registry_dir().join(format!("{name}.toml")), &digest);
+        eprintln!("wrote {} ({digest})", path.display());
+        return;
+    }
+    let committed = std::fs::read_to_string(&path).unwrap_or_default();
+    assert_eq!(
+        committed, text,
+        "{name} no longer behaves as its committed evidence says; if the change is intended, run scripts/evidence and commit"
+    );
+}
+
+#[test]
+fn claude_code_conformance_matches_its_committed_evidence() {
+    run(&CLAUDE);
+}
