@@ -56,11 +56,15 @@ enum Cmd {
         harness_root: Option<PathBuf>,
         /// A runtime's credentials file, `RUNTIME=FILE` (mode 0600; repeatable), e.g.
         /// `claude-code=/etc/mosaic/claude-code.env`.
-        #[arg(long = "credentials", value_parser = parse_credentials)]
+        #[arg(long = "credentials", value_parser = parse_runtime_path)]
         credentials: Vec<(String, PathBuf)>,
         /// Load runtime registry entries from this directory instead of the built-in ones.
         #[arg(long)]
         registry_dir: Option<PathBuf>,
+        /// A runtime's config overlay, `RUNTIME=DIR` (repeatable): config files (provider,
+        /// model selection) copied into each of its generations, e.g. `pi=/etc/mosaic/pi`.
+        #[arg(long = "harness-config", value_parser = parse_runtime_path)]
+        harness_config: Vec<(String, PathBuf)>,
     },
     /// Install the pinned real harnesses from npm (into the harness root), or check them.
     Harness {
@@ -423,12 +427,12 @@ enum HarnessOp {
     },
 }
 
-fn parse_credentials(s: &str) -> Result<(String, PathBuf), String> {
+fn parse_runtime_path(s: &str) -> Result<(String, PathBuf), String> {
     let (rt, path) = s.split_once('=').ok_or_else(|| {
-        "expected RUNTIME=FILE, e.g. claude-code=/etc/mosaic/claude-code.env".to_string()
+        "expected RUNTIME=PATH, e.g. claude-code=/etc/mosaic/claude-code.env".to_string()
     })?;
     if rt.is_empty() || path.is_empty() {
-        return Err("expected RUNTIME=FILE".into());
+        return Err("expected RUNTIME=PATH".into());
     }
     Ok((rt.to_string(), PathBuf::from(path)))
 }
@@ -864,6 +868,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             harness_root,
             credentials,
             registry_dir,
+            harness_config,
         } => {
             init_logging();
             runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
@@ -875,6 +880,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 harness_root,
                 credentials,
                 registry_dir,
+                harness_config,
             }))?;
             Ok(ExitCode::SUCCESS)
         }

@@ -57,6 +57,8 @@ pub struct UpOptions {
     pub credentials: Vec<(String, PathBuf)>,
     /// A runtime registry directory instead of the entries built into the binary.
     pub registry_dir: Option<PathBuf>,
+    /// `runtime=DIR` config overlays for the supervisors.
+    pub harness_config: Vec<(String, PathBuf)>,
 }
 
 /// The harness root `up` and `mosaic harness` use when none is given.
@@ -77,6 +79,11 @@ fn harness_settings(opts: &UpOptions, f: &mut ConfigFile) -> Result<(), UpError>
     for (rt, p) in &opts.credentials {
         let p = std::path::absolute(p).map_err(|e| UpError::Usage(format!("credentials: {e}")))?;
         f.credentials.insert(rt.clone(), p);
+    }
+    for (rt, p) in &opts.harness_config {
+        let p =
+            std::path::absolute(p).map_err(|e| UpError::Usage(format!("harness config: {e}")))?;
+        f.harness_config.insert(rt.clone(), p);
     }
     if let Some(d) = &opts.registry_dir {
         f.registry_dir =
@@ -147,6 +154,7 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         metrics_listen: None,
         harness_root: None,
         credentials: Default::default(),
+        harness_config: Default::default(),
     })
 }
 
@@ -429,6 +437,7 @@ fn member_config(
         metrics_listen: Some("127.0.0.1:0".into()),
         harness_root: None,
         credentials: Default::default(),
+        harness_config: Default::default(),
     })
 }
 

@@ -117,7 +117,12 @@ struct Up {
 }
 
 impl Up {
-    fn start(runtime: &str, credentials: &Path, registry: Option<&Path>) -> Self {
+    fn start(
+        runtime: &str,
+        credentials: &Path,
+        overlay: Option<&Path>,
+        registry: Option<&Path>,
+    ) -> Self {
         common::require_host();
         let db = pg::TestDb::new();
         let dir = std::env::temp_dir().join(format!("mosaic-hc-{}", uuid::Uuid::new_v4().simple()));
@@ -130,6 +135,10 @@ impl Up {
             .arg(format!("{runtime}={}", credentials.display()));
         if let Some(r) = registry {
             cmd.arg("--registry-dir").arg(r);
+        }
+        if let Some(o) = overlay {
+            cmd.arg("--harness-config")
+                .arg(format!("{runtime}={}", o.display()));
         }
         let mut child = cmd
             .env("MOSAIC_LOG", "info")
@@ -378,6 +387,8 @@ struct Family {
     credentials: fn(u16, &str) -> String,
     /// The harness's own process name.
     comm: &'static str,
+    /// The operator's config overlay files pointing the harness at the test model.
+    overlay: fn(u16) -> Vec<(&'static str, String)>,
 }
 
 const CLAUDE: Family = Family {
@@ -386,6 +397,32 @@ const CLAUDE: Family = Family {
         format!("ANTHROPIC_BASE_URL=http://127.0.0.1:{port}\nANTHROPIC_AUTH_TOKEN={token}\n")
     },
     comm: "claude",
+    overlay: |_| Vec::new(),
+};
+
+const PI: Family = Family {
+    runtime: "pi@1.6.0",
+    credentials: |_, token| format!("PI_TEST_API_KEY={token}\n"),
+    comm: "pi",
+    overlay: |port| {
+        vec![
+            (
+                "models.json",
+                json!({"providers": {"mosaic-test": {
+                    "baseUrl": format!("http://127.0.0.1:{port}/v1"),
+                    "api": "openai-completions",
+                    "apiKey": "$PI_TEST_API_KEY",
+                    "models": [{"id": "mosaic-test-model"}]}}})
+                .to_string(),
+            ),
+            (
+                "settings.json",
+                json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
+                    "quietStartup": true})
+                .to_string(),
+            ),
+        ]
+    },
 };
 
 fn suite(f: &Family, registry: Option<&Path>) -> Value {
@@ -445,7 +482,16 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     let creds = creds_dir.join(format!("{name}.env"));
     std::fs::write(&creds, (f.credentials)(model.port, &token)).unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let up = Up::start(name, &creds, registry);
+    let files = (f.overlay)(model.port);
+    let overlay = (!files.is_empty()).then(|| {
+        let d = creds_dir.join("overlay");
+        std::fs::create_dir_all(&d).unwrap();
+        for (n, text) in &files {
+            std::fs::write(d.join(n), text).unwrap();
+        }
+        d
+    });
+    let up = Up::start(name, &creds, overlay.as_deref(), registry);
 
     // Unknown lifecycle semantics: an unvalidated version is refused before anything.
     let other = format!("{name}@0.0.1");
@@ -597,19 +643,29 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     at_rest.dedup();
     assert!(at_rest.iter().any(|c| c == f.comm), "{at_rest:?}");
     checks.insert("processes_at_rest", json!(at_rest));
+    // Started fresh: no resume/fork flag on its command line (where the harness did not
+    // overwrite it with its process title), and the conversation id the supervisor chose is
+    // the one its events named (the supervisor refuses any other, so RUNNING proves it).
     let argv = std::fs::read(format!("/proc/{harness_pid}/cmdline")).unwrap();
-    let argv: Vec<String> = argv
-        .split(|b| *b == 0)
-        .filter(|a| !a.is_empty())
-        .map(|a| String::from_utf8_lossy(a).into_owned())
-        .collect();
     let resumes = argv
-        .iter()
-        .any(|a| ["--resume", "-r", "--continue", "-c", "--fork-session"].contains(&a.as_str()));
-    checks.insert(
-        "started_fresh",
-        json!(!resumes && argv.iter().any(|a| a == "--session-id")),
-    );
+        .split(|b| *b == 0)
+        .map(|a| String::from_utf8_lossy(a).into_owned())
+        .any(|a| {
+            [
+                "--resume",
+                "-r",
+                "--continue",
+                "-c",
+                "--fork-session",
+                "--fork",
+                "--session",
+            ]
+            .contains(&a.as_str())
+        });
+    let chosen = g1["conversation_id"]
+        .as_str()
+        .is_some_and(|c| !c.is_empty());
+    checks.insert("started_fresh", json!(!resumes && chosen));
 
     // 5. Stop with a tool tree (setsid'd, backgrounded, nohup'd) still running.
     up.type_turn("model:run[setsid sleep 1001 & (sleep 1002 &) ; nohup sleep 1003 >/dev/null 2>&1 & sleep 1004]");
@@ -820,8 +876,34 @@ fn run(f: &Family) {
     }
     let text = format!("{}\n", serde_json::to_string_pretty(&evidence).unwrap());
     let flat = evidence.to_string();
-    for bad in ["ACCEPTED", "LEAKED", "\"RUNNING\":false"] {
+    for bad in ["ACCEPTED", "LEAKED"] {
         assert!(!flat.contains(bad), "conformance failure: {bad} in {text}");
+    }
+    let c = &evidence["checks"];
+    for (path, want) in [
+        ("/reaches_running", json!("RUNNING")),
+        ("/contract_in_model_context/task_text", json!(true)),
+        ("/contract_in_model_context/delivered_digest", json!(true)),
+        ("/challenge_turn_carries_contract", json!(true)),
+        ("/ack_taken_from_turn_end", json!(true)),
+        ("/credentials_reach_the_harness", json!(true)),
+        ("/credentials_leaked_to", json!([])),
+        ("/settled/while_tool_runs", json!(false)),
+        ("/settled/after_the_turn", json!(true)),
+        ("/started_fresh", json!(true)),
+        ("/private_state_removed", json!(true)),
+        ("/stop_with_tool_tree/survivors", json!(0)),
+        ("/stop_with_tool_tree/receipt/verified_empty", json!(true)),
+        ("/sigkill_harness/survivors", json!(0)),
+        ("/sigkill_harness/receipt/verified_empty", json!(true)),
+        ("/sigkill_tool_child/harness_alive", json!(true)),
+        ("/after_sigkill/assignment", json!("RECOVERY")),
+    ] {
+        assert_eq!(
+            c.pointer(path),
+            Some(&want),
+            "conformance failure at {path} in {text}"
+        );
     }
     let path = registry_dir().join(format!("{name}.evidence.json"));
     if write {
@@ -847,4 +929,9 @@ fn run(f: &Family) {
 #[test]
 fn claude_code_conformance_matches_its_committed_evidence() {
     run(&CLAUDE);
+}
+
+#[test]
+fn pi_conformance_matches_its_committed_evidence() {
+    run(&PI);
 }

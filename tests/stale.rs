@@ -177,6 +177,7 @@ fn world() -> (Supervisor, World) {
         metrics_listen: None,
         harness_root: None,
         credentials: Default::default(),
+        harness_config: Default::default(),
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

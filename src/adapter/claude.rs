@@ -13,8 +13,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::{
-    expand, AckMethod, Adapter, ChallengeDelivery, ContractInjection, Family, HookEvent,
-    PrepareCtx, Prepared, RegistryError,
+    copy_overlay, expand, write_new as write, AckMethod, Adapter, ChallengeDelivery,
+    ContractInjection, Family, HookEvent, PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct ClaudeCode;
@@ -27,18 +27,6 @@ const CLAUDE_JSON: &str = include_str!("../../adapters/claude-code/claude.json")
 fn json_inner(s: &str) -> String {
     let q = Value::String(s.to_string()).to_string();
     q[1..q.len() - 1].to_string()
-}
-
-fn write(dir: &Path, name: &str, text: &str, mode: u32) -> Result<(), std::io::Error> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(mode)
-        .open(dir.join(name))?;
-    f.write_all(text.as_bytes())?;
-    f.sync_all()
 }
 
 impl Adapter for ClaudeCode {
@@ -100,6 +88,9 @@ impl Adapter for ClaudeCode {
         for d in [&home, &tmp, &run, &work] {
             crate::util::durable::ensure_dir(d, 0o700)
                 .map_err(|e| fail(format!("{}: {e}", d.display())))?;
+        }
+        if let Some(o) = ctx.overlay {
+            copy_overlay(o, &home).map_err(&fail)?;
         }
         let state = json_inner(&dir.display().to_string());
         write(dir, "hook.sh", HOOK_SH, 0o500).map_err(|e| io("hook.sh", e))?;

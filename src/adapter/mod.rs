@@ -13,6 +13,7 @@ pub mod claude;
 pub mod credentials;
 pub mod fake;
 pub mod install;
+pub mod pi;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -109,6 +110,7 @@ pub struct Install {
 pub enum Family {
     Fake,
     ClaudeCode,
+    Pi,
 }
 
 impl Family {
@@ -116,6 +118,7 @@ impl Family {
         match self {
             Family::Fake => "fake",
             Family::ClaudeCode => "claude-code",
+            Family::Pi => "pi",
         }
     }
 
@@ -123,6 +126,7 @@ impl Family {
         match s {
             "fake" => Some(Family::Fake),
             "claude-code" => Some(Family::ClaudeCode),
+            "pi" => Some(Family::Pi),
             _ => None,
         }
     }
@@ -132,6 +136,7 @@ impl Family {
         match self {
             Family::Fake => &fake::Fake,
             Family::ClaudeCode => &claude::ClaudeCode,
+            Family::Pi => &pi::Pi,
         }
     }
 }
@@ -194,6 +199,9 @@ pub enum ContractInjection {
     SocketFetch,
     /// A SessionStart hook fetches it and hands it to the model as additional context.
     SessionStartHook,
+    /// An extension fetches it at session start and appends it to the system prompt of
+    /// every run (`before_agent_start`).
+    BeforeAgentStart,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -398,6 +406,11 @@ const EMBEDDED: &[(&str, &str, &[u8])] = &[
         "registry/claude-code.toml",
         include_str!("../../registry/claude-code.toml"),
         include_bytes!("../../registry/claude-code.evidence.json"),
+    ),
+    (
+        "registry/pi.toml",
+        include_str!("../../registry/pi.toml"),
+        include_bytes!("../../registry/pi.evidence.json"),
     ),
 ];
 
@@ -769,6 +782,49 @@ pub struct PrepareCtx<'a> {
     pub state_dir: &'a Path,
     /// The `mosaic` binary the harness-side assets call back through.
     pub mosaic_exe: &'a Path,
+    /// The operator's config overlay for this runtime (provider, model selection), copied
+    /// into the harness's config home before the adapter writes its own files.
+    pub overlay: Option<&'a Path>,
+}
+
+/// Writes a new file (never over an existing one) and syncs it.
+pub fn write_new(dir: &Path, name: &str, text: &str, mode: u32) -> Result<(), std::io::Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(mode)
+        .open(dir.join(name))?;
+    f.write_all(text.as_bytes())?;
+    f.sync_all()
+}
+
+/// Copies the regular files at the top of `overlay` into `dest` (0600). Symlinks and
+/// subdirectories are refused: the overlay is a handful of config files, nothing more.
+/// A file the adapter writes itself then collides, which the adapter reports.
+pub fn copy_overlay(overlay: &Path, dest: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(overlay)
+        .map_err(|e| format!("config overlay {}: {e}", overlay.display()))?;
+    for e in entries {
+        let e = e.map_err(|e| format!("config overlay {}: {e}", overlay.display()))?;
+        let ft = e
+            .file_type()
+            .map_err(|err| format!("config overlay {}: {err}", e.path().display()))?;
+        if !ft.is_file() {
+            return Err(format!(
+                "config overlay {}: only regular files are copied, not {}",
+                overlay.display(),
+                e.path().display()
+            ));
+        }
+        let text = std::fs::read_to_string(e.path())
+            .map_err(|err| format!("config overlay {}: {err}", e.path().display()))?;
+        let name = e.file_name().to_string_lossy().into_owned();
+        write_new(dest, &name, &text, 0o600)
+            .map_err(|err| format!("config overlay file {name}: {err}"))?;
+    }
+    Ok(())
 }
 
 /// How the activation challenge reaches the harness.

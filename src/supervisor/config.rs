@@ -51,6 +51,11 @@ pub struct ConfigFile {
     /// 0600, `KEY=VALUE` lines passed into that runtime's generations and nowhere else.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub credentials: std::collections::BTreeMap<String, PathBuf>,
+    /// Per-runtime config overlays (`pi = "/etc/mosaic/pi"`): a directory of config files
+    /// (provider, model selection; no secrets) copied into each generation's harness config
+    /// home before Mosaic's own files.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub harness_config: std::collections::BTreeMap<String, PathBuf>,
 }
 
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
@@ -102,6 +107,7 @@ pub struct Config {
     pub metrics_listen: Option<String>,
     pub harness_root: PathBuf,
     pub credentials: std::collections::BTreeMap<String, PathBuf>,
+    pub harness_config: std::collections::BTreeMap<String, PathBuf>,
 }
 
 impl Config {
@@ -134,10 +140,12 @@ impl Config {
             Some(b) => b,
             None => default_bin_dir()?,
         };
-        for (rt, p) in &f.credentials {
+        for (rt, p) in f.credentials.iter().chain(&f.harness_config) {
             if !p.is_absolute() {
                 return Err(SupervisorError::Config {
-                    detail: format!("credentials for {rt} must be an absolute path"),
+                    detail: format!(
+                        "credentials and config overlays ({rt}) must be absolute paths"
+                    ),
                 });
             }
         }
@@ -165,6 +173,7 @@ impl Config {
                 .harness_root
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_HARNESS_ROOT)),
             credentials: f.credentials,
+            harness_config: f.harness_config,
         })
     }
 

@@ -135,6 +135,11 @@ fn prepare_harness(
             plan,
             state_dir: &dir,
             mosaic_exe: &inner.cfg.mosaic_exe(),
+            overlay: inner
+                .cfg
+                .harness_config
+                .get(&plan.runtime.runtime)
+                .map(|p| p.as_path()),
         })
         .map_err(|e| e.to_string())?;
     if let Some((k, _)) = plan

@@ -1,0 +1,81 @@
+// Mosaic's Pi extension. The supervisor installs it into each generation's private agent
+// directory (<agent>/extensions/), where Pi discovers it. It forwards Pi's own lifecycle
+// events to the generation's supervisor through `mosaic lane hook pi <event>` over the
+// generation's lane socket, and puts the contract the supervisor hands back into the
+// system prompt of every run. It holds no key and decides nothing: the supervisor checks
+// every event (the process's cgroup, the conversation id) and the coordinator decides.
+import { execFile } from "node:child_process";
+
+const MOSAIC = process.env.MOSAIC_BIN;
+
+// One event to the supervisor; resolves to what it answered on stdout ("" on refusal).
+function forward(event, payload) {
+  return new Promise((resolve) => {
+    if (!MOSAIC) return resolve("");
+    const child = execFile(
+      MOSAIC,
+      ["lane", "hook", "pi", event],
+      { timeout: 120000, maxBuffer: 4 * 1024 * 1024 },
+      (err, stdout) => resolve(err ? "" : stdout),
+    );
+    // Never the pane's terminal: the event goes in on a pipe and the pipe is closed.
+    child.stdin.end(JSON.stringify(payload));
+  });
+}
+
+function textOf(message) {
+  if (!message || message.role !== "assistant") return undefined;
+  if (typeof message.content === "string") return message.content;
+  return (message.content || [])
+    .filter((c) => c && c.type === "text")
+    .map((c) => c.text)
+    .join("\n");
+}
+
+export default function (pi) {
+  let contract = "";
+  let lastAnswer;
+
+  pi.on("session_start", async (event, ctx) => {
+    const out = await forward("session-start", {
+      session_id: ctx.sessionManager.getSessionId(),
+      reason: event.reason,
+    });
+    contract = out.replace(/\n$/, "");
+  });
+
+  pi.on("before_agent_start", async (event) => {
+    if (!contract) return undefined;
+    return { systemPrompt: event.systemPrompt + "\n\n" + contract };
+  });
+
+  pi.on("agent_end", async (event) => {
+    const msgs = event.messages || [];
+    for (let i = msgs.length - 1; i >= 0; i--) {
+      const t = textOf(msgs[i]);
+      if (t !== undefined) {
+        lastAnswer = t;
+        break;
+      }
+    }
+  });
+
+  // The settled boundary: Pi will not continue on its own (no retry, compaction or queued
+  // follow-up left). agent_end is not: more may follow it.
+  pi.on("agent_settled", async (event, ctx) => {
+    const answer = lastAnswer;
+    lastAnswer = undefined;
+    await forward("agent-settled", {
+      session_id: ctx.sessionManager.getSessionId(),
+      aborted: !!event.aborted,
+      last_assistant_message: answer ?? null,
+    });
+  });
+
+  pi.on("session_shutdown", async (event, ctx) => {
+    await forward("session-shutdown", {
+      session_id: ctx.sessionManager.getSessionId(),
+      reason: event.reason,
+    });
+  });
+}

@@ -1,0 +1,166 @@
+//! The Pi adapter (`pi`).
+//!
+//! Each generation gets its own `PI_CODING_AGENT_DIR` (settings, models, sessions) and
+//! `HOME` in its private area, the operator's config overlay copied in (provider and model
+//! selection), Mosaic's extension (`adapters/pi/mosaic.js`) in its extensions directory, and
+//! a conversation id the supervisor chose (`--session-id`, in a directory where no session
+//! with that id can exist). The contract reaches the model through the extension's
+//! `before_agent_start` (system prompt of every run); the activation check is a user turn
+//! typed into the pane; the ACK is the run's last assistant text as reported at
+//! `agent_settled`, Pi's final idle boundary.
+
+use serde_json::Value;
+
+use super::{
+    copy_overlay, expand, write_new, AckMethod, Adapter, ChallengeDelivery, ContractInjection,
+    Family, HookEvent, PrepareCtx, Prepared, RegistryError,
+};
+
+pub struct Pi;
+
+const EXTENSION: &str = include_str!("../../adapters/pi/mosaic.js");
+
+impl Adapter for Pi {
+    fn family(&self) -> Family {
+        Family::Pi
+    }
+
+    fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
+        if directives.is_empty() {
+            Ok(())
+        } else {
+            Err(RegistryError::Directives {
+                family: "pi".into(),
+                detail: "Pi takes its task as the contract, not as directives".into(),
+            })
+        }
+    }
+
+    fn forbidden_args(&self) -> &'static [&'static str] {
+        &[
+            "--continue",
+            "-c",
+            "--resume",
+            "-r",
+            "--session",
+            "--fork",
+            // The extension is how the contract and the ACK travel.
+            "--no-extensions",
+            "-ne",
+        ]
+    }
+
+    fn surfaces(&self) -> (ContractInjection, AckMethod) {
+        (
+            ContractInjection::BeforeAgentStart,
+            AckMethod::ChallengeTurn,
+        )
+    }
+
+    fn challenge_delivery(&self) -> ChallengeDelivery {
+        ChallengeDelivery::PaneTurn
+    }
+
+    fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {
+        let dir = ctx.state_dir;
+        let fail = |detail: String| RegistryError::Prepare {
+            family: "pi".into(),
+            dir: dir.to_path_buf(),
+            detail,
+        };
+        let (agent, home, tmp, work) = (
+            dir.join("agent"),
+            dir.join("home"),
+            dir.join("tmp"),
+            dir.join("work"),
+        );
+        for d in [&agent, &home, &tmp, &work, &agent.join("extensions")] {
+            crate::util::durable::ensure_dir(d, 0o700)
+                .map_err(|e| fail(format!("{}: {e}", d.display())))?;
+        }
+        if let Some(o) = ctx.overlay {
+            copy_overlay(o, &agent).map_err(&fail)?;
+        }
+        write_new(&agent.join("extensions"), "mosaic.js", EXTENSION, 0o400)
+            .map_err(|e| fail(format!("extensions/mosaic.js: {e}")))?;
+        let session_id = uuid::Uuid::new_v4().to_string();
+        let mut vars = ctx.plan.vars.clone();
+        vars.state_dir = Some(dir.to_path_buf());
+        vars.session_id = Some(session_id.clone());
+        let s = |p: &std::path::Path| p.display().to_string();
+        let env = vec![
+            ("PI_CODING_AGENT_DIR".into(), s(&agent)),
+            ("HOME".into(), s(&home)),
+            ("TMPDIR".into(), s(&tmp)),
+            // No downloads of fd/ripgrep, no version check, no telemetry at start.
+            ("PI_OFFLINE".into(), "1".into()),
+            ("PI_SKIP_VERSION_CHECK".into(), "1".into()),
+            ("PI_TELEMETRY".into(), "0".into()),
+        ];
+        Ok(Prepared {
+            argv: expand(&ctx.plan.template, &vars, &[]),
+            env,
+            cwd: Some(work),
+            conversation_id: Some(session_id),
+        })
+    }
+
+    fn hook(
+        &self,
+        event: &str,
+        payload: &Value,
+        conversation: Option<&str>,
+    ) -> Result<HookEvent, String> {
+        let sid = payload["session_id"].as_str().unwrap_or("");
+        if conversation != Some(sid) {
+            return Err(format!(
+                "event about conversation {sid:?}, not this generation's"
+            ));
+        }
+        match event {
+            "session-start" => match payload["reason"].as_str() {
+                Some("startup") => Ok(HookEvent::SessionStart),
+                other => Err(format!(
+                    "session_start from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
+                )),
+            },
+            "agent-settled" => Ok(HookEvent::Settled {
+                last_message: payload["last_assistant_message"]
+                    .as_str()
+                    .map(str::to_string),
+            }),
+            "session-shutdown" => Ok(HookEvent::SessionEnd {
+                reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
+            }),
+            e => Err(format!("unexpected Pi event {e:?}")),
+        }
+    }
+
+    fn render_contract(&self, contract: &str) -> String {
+        contract.to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn events_must_name_this_conversation_and_a_fresh_start() {
+        let p = Pi;
+        let settled = json!({"session_id": "s1", "aborted": false, "last_assistant_message": "x"});
+        assert!(matches!(
+            p.hook("agent-settled", &settled, Some("s1")),
+            Ok(HookEvent::Settled { .. })
+        ));
+        assert!(p.hook("agent-settled", &settled, Some("s2")).is_err());
+        // agent_end and turn_end are not settled boundaries.
+        assert!(p.hook("agent-end", &settled, Some("s1")).is_err());
+        assert!(p.hook("turn-end", &settled, Some("s1")).is_err());
+        for reason in ["resume", "fork", "new", "reload"] {
+            let e = json!({"session_id": "s1", "reason": reason});
+            assert!(p.hook("session-start", &e, Some("s1")).is_err(), "{reason}");
+        }
+    }
+}
