@@ -293,6 +293,15 @@ impl Up {
             .success());
     }
 
+    fn key(&self, key: &str) {
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "=lane-1:", key])
+            .status()
+            .unwrap()
+            .success());
+    }
+
     fn receipt(&self, generation: &Value) -> Value {
         let lane = self.lane();
         wait_for("the reconciled receipt", common::PATIENCE, || {
@@ -389,6 +398,10 @@ struct Family {
     comm: &'static str,
     /// The operator's config overlay files pointing the harness at the test model.
     overlay: fn(u16) -> Vec<(&'static str, String)>,
+    /// Keys an operator presses to interrupt a turn whose tool child was SIGKILLed, for a
+    /// harness that otherwise waits on it forever (OpenCode 1.18.33); empty if it settles
+    /// by itself.
+    interrupt_after_tool_kill: &'static [&'static str],
 }
 
 const CLAUDE: Family = Family {
@@ -398,12 +411,14 @@ const CLAUDE: Family = Family {
     },
     comm: "claude",
     overlay: |_| Vec::new(),
+    interrupt_after_tool_kill: &[],
 };
 
 const PI: Family = Family {
     runtime: "pi@1.6.0",
     credentials: |_, token| format!("PI_TEST_API_KEY={token}\n"),
     comm: "pi",
+    interrupt_after_tool_kill: &[],
     overlay: |port| {
         vec![
             (
@@ -709,17 +724,32 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     let cg = up.cgroup();
     let before = up.settled();
     up.type_turn("model:run[echo started; sleep 1005]");
+    // The `sleep` itself (not a shell whose command line mentions it).
     let child = wait_for("the tool child", common::PATIENCE, || {
-        members_running(&cg, "sleep 1005").first().copied()
+        members_running(&cg, "sleep 1005")
+            .into_iter()
+            .find(|(p, _)| comm(*p) == "sleep")
     });
     common::kill(child.0, nix::sys::signal::Signal::SIGKILL);
+    wait_for("the killed tool child gone", common::PATIENCE, || {
+        common::is_dead(child.0, child.1).then_some(())
+    });
+    for key in f.interrupt_after_tool_kill {
+        std::thread::sleep(Duration::from_millis(300));
+        up.key(key);
+    }
     wait_for("settled after the killed tool", common::PATIENCE, || {
         (up.settled() > before).then_some(())
     });
     let g2 = up.generation();
     checks.insert(
         "sigkill_tool_child",
-        json!({"harness_alive": g2["generation"] == b["generation"], "settled_after": true}),
+        json!({"harness_alive": g2["generation"] == b["generation"],
+        "settled_after": if f.interrupt_after_tool_kill.is_empty() {
+            "by itself"
+        } else {
+            "an operator interrupt (the harness waits on the killed tool otherwise)"
+        }}),
     );
     up.type_turn("model:run[setsid sleep 1006 & sleep 1007]");
     let tree = wait_for("the tool tree", common::PATIENCE, || {
@@ -926,6 +956,26 @@ fn run(f: &Family) {
     );
 }
 
+const OPENCODE: Family = Family {
+    runtime: "opencode@1.18.33",
+    credentials: |_, token| format!("OC_TEST_API_KEY={token}\n"),
+    comm: "opencode",
+    interrupt_after_tool_kill: &["Escape", "Escape"],
+    overlay: |port| {
+        vec![(
+            "opencode.json",
+            json!({"$schema": "https://opencode.ai/config.json",
+                "provider": {"mosaic-test": {"npm": "@ai-sdk/openai-compatible",
+                    "name": "Mosaic test",
+                    "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"),
+                        "apiKey": "{env:OC_TEST_API_KEY}"},
+                    "models": {"mosaic-test-model": {"name": "Mosaic test model"}}}},
+                "model": "mosaic-test/mosaic-test-model"})
+            .to_string(),
+        )]
+    },
+};
+
 #[test]
 fn claude_code_conformance_matches_its_committed_evidence() {
     run(&CLAUDE);
@@ -934,4 +984,9 @@ fn claude_code_conformance_matches_its_committed_evidence() {
 #[test]
 fn pi_conformance_matches_its_committed_evidence() {
     run(&PI);
+}
+
+#[test]
+fn opencode_conformance_matches_its_committed_evidence() {
+    run(&OPENCODE);
 }

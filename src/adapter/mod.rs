@@ -13,6 +13,7 @@ pub mod claude;
 pub mod credentials;
 pub mod fake;
 pub mod install;
+pub mod opencode;
 pub mod pi;
 
 use std::collections::BTreeMap;
@@ -111,6 +112,8 @@ pub enum Family {
     Fake,
     ClaudeCode,
     Pi,
+    #[serde(rename = "opencode")]
+    OpenCode,
 }
 
 impl Family {
@@ -119,6 +122,7 @@ impl Family {
             Family::Fake => "fake",
             Family::ClaudeCode => "claude-code",
             Family::Pi => "pi",
+            Family::OpenCode => "opencode",
         }
     }
 
@@ -127,6 +131,7 @@ impl Family {
             "fake" => Some(Family::Fake),
             "claude-code" => Some(Family::ClaudeCode),
             "pi" => Some(Family::Pi),
+            "opencode" => Some(Family::OpenCode),
             _ => None,
         }
     }
@@ -137,6 +142,7 @@ impl Family {
             Family::Fake => &fake::Fake,
             Family::ClaudeCode => &claude::ClaudeCode,
             Family::Pi => &pi::Pi,
+            Family::OpenCode => &opencode::OpenCode,
         }
     }
 }
@@ -202,6 +208,9 @@ pub enum ContractInjection {
     /// An extension fetches it at session start and appends it to the system prompt of
     /// every run (`before_agent_start`).
     BeforeAgentStart,
+    /// A plugin fetches it when it loads and pushes it onto the system prompt of every
+    /// request (`experimental.chat.system.transform`).
+    SystemTransform,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -411,6 +420,11 @@ const EMBEDDED: &[(&str, &str, &[u8])] = &[
         "registry/pi.toml",
         include_str!("../../registry/pi.toml"),
         include_bytes!("../../registry/pi.evidence.json"),
+    ),
+    (
+        "registry/opencode.toml",
+        include_str!("../../registry/opencode.toml"),
+        include_bytes!("../../registry/opencode.evidence.json"),
     ),
 ];
 
@@ -847,6 +861,11 @@ pub enum HookEvent {
     Settled { last_message: Option<String> },
     /// The session is ending (advisory: no hook runs on SIGKILL).
     SessionEnd { reason: String },
+    /// The harness named its conversation (families that cannot be told one): the first
+    /// such id is bound, and every later event must name it.
+    Conversation { id: String },
+    /// Understood and of no consequence (a subagent's session, a repeated binding).
+    Ignored,
 }
 
 /// One harness family's mechanics. Every implementation is stateless: what a generation

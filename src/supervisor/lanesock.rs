@@ -144,6 +144,15 @@ impl GenSession {
         }
     }
 
+    /// The conversation id bound to this generation (chosen at launch, or named by the
+    /// harness at its first session).
+    pub fn conversation(&self) -> Option<String> {
+        self.harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().and_then(|(_, c)| c.clone()))
+    }
+
     fn family(&self) -> Family {
         self.harness
             .lock()
@@ -463,6 +472,25 @@ async fn hook(
             s.observe(|o| o.session_end = Some(reason));
             LaneResponse::ok("session end noted")
         }
+        HookEvent::Conversation { id } => {
+            let bound = match s.harness.lock() {
+                Ok(mut h) => match h.as_mut() {
+                    Some((_, c @ None)) => {
+                        *c = Some(id);
+                        true
+                    }
+                    _ => false,
+                },
+                Err(_) => false,
+            };
+            if bound {
+                LaneResponse::ok("conversation bound")
+            } else {
+                s.observe(|o| o.refused_events += 1);
+                err("this generation's conversation is already bound")
+            }
+        }
+        HookEvent::Ignored => LaneResponse::ok("noted"),
     }
 }
 

@@ -390,9 +390,15 @@ impl GenView {
     }
 
     fn of_live(g: &LiveGen) -> Self {
+        let v = Self::of(&g.record);
         Self {
             harness: g.session.as_ref().map(|s| s.observations()),
-            ..Self::of(&g.record)
+            conversation_id: g
+                .session
+                .as_ref()
+                .and_then(|s| s.conversation())
+                .or(v.conversation_id.clone()),
+            ..v
         }
     }
 }

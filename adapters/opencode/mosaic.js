@@ -1,0 +1,69 @@
+// Mosaic's OpenCode plugin. The supervisor installs it into each generation's private area
+// and lists it in the generation's own config (OPENCODE_CONFIG). It forwards OpenCode's
+// lifecycle to the generation's supervisor through `mosaic lane hook opencode <event>`
+// over the generation's lane socket, and puts the contract the supervisor hands back into
+// the system prompt of every request. It holds no key and decides nothing: the supervisor
+// checks every event (the process's cgroup, the conversation id) and the coordinator
+// decides.
+import { spawn } from "node:child_process";
+
+const MOSAIC = process.env.MOSAIC_BIN;
+
+// One event to the supervisor; resolves to what it answered on stdout ("" on refusal).
+// stdin is a pipe we close and stderr is dropped: a child must never read the pane's
+// terminal, or it would hang the TUI.
+function forward(event, payload) {
+  return new Promise((resolve) => {
+    if (!MOSAIC) return resolve("");
+    let out = "";
+    const child = spawn(MOSAIC, ["lane", "hook", "opencode", event], {
+      stdio: ["pipe", "pipe", "ignore"],
+    });
+    child.stdout.on("data", (d) => (out += d));
+    child.on("error", () => resolve(""));
+    child.on("close", (code) => resolve(code === 0 ? out : ""));
+    child.stdin.end(JSON.stringify(payload));
+  });
+}
+
+export const MosaicPlugin = async ({ client }) => {
+  // The contract, fetched once when the plugin loads (the session's start).
+  const contract = (await forward("session-start", { reason: "startup" })).replace(/\n$/, "");
+
+  async function lastAnswer(sessionID) {
+    try {
+      const r = await client.session.messages({ path: { id: sessionID } });
+      const msgs = (r && r.data) || [];
+      for (let i = msgs.length - 1; i >= 0; i--) {
+        const m = msgs[i];
+        if (m && m.info && m.info.role === "assistant") {
+          return (m.parts || [])
+            .filter((p) => p && p.type === "text")
+            .map((p) => p.text)
+            .join("\n");
+        }
+      }
+    } catch (_) {}
+    return null;
+  }
+
+  return {
+    "experimental.chat.system.transform": async (_input, output) => {
+      if (contract) output.system.push(contract);
+    },
+    event: async ({ event }) => {
+      const p = event.properties || {};
+      if (event.type === "session.idle") {
+        await forward("session-idle", {
+          session_id: p.sessionID,
+          last_assistant_message: await lastAnswer(p.sessionID),
+        });
+      } else if (event.type === "session.created") {
+        await forward("session-created", {
+          session_id: (p.info && p.info.id) || p.sessionID,
+          parent_id: (p.info && p.info.parentID) || null,
+        });
+      }
+    },
+  };
+};
