@@ -613,24 +613,31 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
             "ACCEPTED"
         }),
     );
+    // From inside (a tool the model runs): a Stop naming another conversation. Either the
+    // supervisor refuses it, or the harness's tool sandbox cannot reach the socket at all
+    // (Codex); it never counts as a turn end.
     let refused_before = up.generation()["harness"]["refused_events"]
         .as_u64()
         .unwrap();
+    let settled_before = up.settled();
     up.type_turn(&format!(
         "model:run[echo '{{\"session_id\":\"forged\",\"hook_event_name\":\"Stop\"}}' | \"$MOSAIC_BIN\" lane hook {} stop]",
         f.family_name()
     ));
-    wait_for("the forged event refused", common::PATIENCE, || {
-        (up.generation()["harness"]["refused_events"]
-            .as_u64()
-            .unwrap()
-            > refused_before)
-            .then_some(())
-    });
-    checks.insert("forged_conversation_from_inside", json!("refused"));
     wait_for("the tool turn settled", common::PATIENCE, || {
-        (up.settled() > before).then_some(())
+        (up.settled() > settled_before).then_some(())
     });
+    let g = up.generation();
+    let refused = g["harness"]["refused_events"].as_u64().unwrap() > refused_before;
+    let counted = g["harness"]["settled"].as_u64().unwrap() > settled_before + 1;
+    checks.insert(
+        "forged_conversation_from_inside",
+        json!(match (counted, refused) {
+            (true, _) => "ACCEPTED",
+            (false, true) => "refused",
+            (false, false) => "unreachable from the harness's tools",
+        }),
+    );
 
     // 3. Settled only after a turn, never while its tool call still runs.
     let cg = up.cgroup();
@@ -976,6 +983,25 @@ const OPENCODE: Family = Family {
     },
 };
 
+const CODEX: Family = Family {
+    runtime: "codex@0.171.0",
+    credentials: |_, token| format!("CX_TEST_API_KEY={token}\n"),
+    comm: "codex",
+    interrupt_after_tool_kill: &[],
+    overlay: |port| {
+        vec![(
+            "config.toml",
+            format!(
+                "model = \"mosaic-test-model\"\nmodel_provider = \"mosaic-test\"\n\n\
+                 [model_providers.mosaic-test]\nname = \"Mosaic test\"\n\
+                 base_url = \"http://127.0.0.1:{port}/v1\"\nwire_api = \"responses\"\n\
+                 env_key = \"CX_TEST_API_KEY\"\nrequires_openai_auth = false\n\
+                 supports_websockets = false\n"
+            ),
+        )]
+    },
+};
+
 #[test]
 fn claude_code_conformance_matches_its_committed_evidence() {
     run(&CLAUDE);
@@ -989,4 +1015,9 @@ fn pi_conformance_matches_its_committed_evidence() {
 #[test]
 fn opencode_conformance_matches_its_committed_evidence() {
     run(&OPENCODE);
+}
+
+#[test]
+fn codex_conformance_matches_its_committed_evidence() {
+    run(&CODEX);
 }

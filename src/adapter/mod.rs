@@ -10,6 +10,7 @@
 //! a hook for termination, or enables in-band reset.
 
 pub mod claude;
+pub mod codex;
 pub mod credentials;
 pub mod fake;
 pub mod install;
@@ -114,6 +115,7 @@ pub enum Family {
     Pi,
     #[serde(rename = "opencode")]
     OpenCode,
+    Codex,
 }
 
 impl Family {
@@ -123,6 +125,7 @@ impl Family {
             Family::ClaudeCode => "claude-code",
             Family::Pi => "pi",
             Family::OpenCode => "opencode",
+            Family::Codex => "codex",
         }
     }
 
@@ -132,6 +135,7 @@ impl Family {
             "claude-code" => Some(Family::ClaudeCode),
             "pi" => Some(Family::Pi),
             "opencode" => Some(Family::OpenCode),
+            "codex" => Some(Family::Codex),
             _ => None,
         }
     }
@@ -143,6 +147,7 @@ impl Family {
             Family::ClaudeCode => &claude::ClaudeCode,
             Family::Pi => &pi::Pi,
             Family::OpenCode => &opencode::OpenCode,
+            Family::Codex => &codex::Codex,
         }
     }
 }
@@ -425,6 +430,11 @@ const EMBEDDED: &[(&str, &str, &[u8])] = &[
         "registry/opencode.toml",
         include_str!("../../registry/opencode.toml"),
         include_bytes!("../../registry/opencode.evidence.json"),
+    ),
+    (
+        "registry/codex.toml",
+        include_str!("../../registry/codex.toml"),
+        include_bytes!("../../registry/codex.evidence.json"),
     ),
 ];
 
@@ -893,6 +903,16 @@ pub trait Adapter: Send + Sync {
     ) -> Result<HookEvent, String>;
     /// What the SessionStart hook prints, carrying `contract` into the model's context.
     fn render_contract(&self, contract: &str) -> String;
+    /// A turn the supervisor types in at start, for a harness whose session only starts
+    /// (and takes its contract) at the first prompt.
+    fn bootstrap_turn(&self) -> Option<&'static str> {
+        None
+    }
+    /// The conversation id an event names, for a harness that chooses its own: the first
+    /// one seen is bound to the generation.
+    fn names_conversation(&self, _event: &str, _payload: &serde_json::Value) -> Option<String> {
+        None
+    }
 }
 
 /// The text every family puts in front of the model as its contract.

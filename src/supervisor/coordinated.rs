@@ -362,10 +362,47 @@ impl CoordinatedHost {
             report_fields: Mutex::new(None),
         });
         if let Ok(mut m) = self.chains.lock() {
-            m.insert(lane_id, ctx.clone());
+            m.insert(lane_id.clone(), ctx.clone());
         }
         self.send_staged(&ctx);
+        self.clone().bootstrap(&ctx, &lane_id);
         tokio::spawn(self.clone().drive(ctx));
+    }
+
+    /// For a harness whose session starts at its first prompt: type a bootstrap turn, so its
+    /// session-start hook runs and takes the contract.
+    fn bootstrap(self: Arc<Self>, ctx: &Arc<ChainCtx>, lane_id: &str) {
+        let Some(session) = ctx.session.clone() else {
+            return;
+        };
+        let family = session
+            .harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        let Some(text) = family.and_then(|f| f.adapter().bootstrap_turn()) else {
+            return;
+        };
+        let Some(lane) = self.lane_name(lane_id) else {
+            return;
+        };
+        let tmux = self.sup.inner.tmux(&lane);
+        let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
+        tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            // Only until the contract is delivered, and never into a successor's pane.
+            let waiting = || session.activation.borrow().is_none();
+            // Taken once its session-start hook took the contract.
+            let taken = || session.delivered.borrow().is_some();
+            match tmux.submit_line(&lane, text, text, deadline, &waiting, &taken) {
+                Ok(()) => {
+                    tracing::info!(%lane_id, generation, "bootstrap turn submitted in the pane")
+                }
+                Err(e) => {
+                    tracing::warn!(%lane_id, generation, error = %e, "cannot submit the bootstrap turn")
+                }
+            }
+        });
     }
 
     /// Waits for the harness to fetch the contract, reports it; waits for the challenge and
@@ -474,7 +511,11 @@ impl CoordinatedHost {
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
             // Only while this generation is the one waiting: never into a successor's pane.
             let waiting = || session.activation.borrow().is_none();
-            match tmux.submit_line(&lane, &line, &marker, deadline, &waiting) {
+            // Taken once a turn ended after it (its answer was judged) or it was answered.
+            let turns = session.observations().settled;
+            let taken =
+                || *session.ack_requested.borrow() || session.observations().settled > turns;
+            match tmux.submit_line(&lane, &line, &marker, deadline, &waiting, &taken) {
                 Ok(()) => {
                     tracing::info!(%lane_id, generation, "activation check submitted in the pane")
                 }

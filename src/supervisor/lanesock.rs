@@ -423,6 +423,18 @@ async fn hook(
         ));
     }
     let adapter = fam.adapter();
+    // A harness that names its own conversation: its first naming binds it.
+    let conversation = match (conversation, adapter.names_conversation(event, payload)) {
+        (None, Some(named)) => {
+            if let Ok(mut h) = s.harness.lock() {
+                if let Some((_, c @ None)) = h.as_mut() {
+                    *c = Some(named.clone());
+                }
+            }
+            s.conversation()
+        }
+        (c, _) => c,
+    };
     let ev = match adapter.hook(event, payload, conversation.as_deref()) {
         Ok(ev) => ev,
         Err(e) => {

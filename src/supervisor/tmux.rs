@@ -146,7 +146,8 @@ impl Tmux {
     /// Submits `text` as one line of input to the program in the lane's pane, the way an
     /// operator typing would: types it literally, waits until the pane shows `marker`
     /// (a TUI that is still starting drops keys, so an unseen line is cleared and typed
-    /// again), then presses Enter. Gives up at `deadline`.
+    /// again), then presses Enter until `taken` (see `press_enter`). Gives up at
+    /// `deadline`, or as soon as `still_wanted` turns false.
     pub fn submit_line(
         &self,
         session: &str,
@@ -154,6 +155,7 @@ impl Tmux {
         marker: &str,
         deadline: std::time::Instant,
         still_wanted: &dyn Fn() -> bool,
+        taken: &dyn Fn() -> bool,
     ) -> Result<(), SupervisorError> {
         let target = format!("={session}:");
         loop {
@@ -168,10 +170,9 @@ impl Tmux {
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 let mut c = self.cmd();
                 c.args(["capture-pane", "-p", "-J", "-t", &target]);
-                if self.run("capture-pane", c)?.contains(marker) && still_wanted() {
-                    let mut c = self.cmd();
-                    c.args(["send-keys", "-t", &target, "Enter"]);
-                    return self.run("send-keys", c).map(|_| ());
+                let shown = self.run("capture-pane", c)?;
+                if shown.contains(marker) && still_wanted() {
+                    return self.press_enter(&target, deadline, still_wanted, taken);
                 }
             }
             if std::time::Instant::now() >= deadline {
@@ -184,6 +185,38 @@ impl Tmux {
             let mut c = self.cmd();
             c.args(["send-keys", "-t", &target, "C-u"]);
             self.run("send-keys", c)?;
+        }
+    }
+
+    /// Presses Enter until `taken` says the harness took the line. A TUI that is still
+    /// starting may show typed text yet drop the Enter after it, so Enter is pressed again
+    /// every two seconds until then (an Enter on an empty prompt does nothing in any of the
+    /// harnesses), at most ten times, and then only waited on.
+    fn press_enter(
+        &self,
+        target: &str,
+        deadline: std::time::Instant,
+        still_wanted: &dyn Fn() -> bool,
+        taken: &dyn Fn() -> bool,
+    ) -> Result<(), SupervisorError> {
+        let mut presses = 0;
+        loop {
+            if presses < 10 {
+                let mut c = self.cmd();
+                c.args(["send-keys", "-t", target, "Enter"]);
+                self.run("send-keys", c)?;
+                presses += 1;
+            }
+            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            while std::time::Instant::now() < until {
+                if taken() {
+                    return Ok(());
+                }
+                if !still_wanted() || std::time::Instant::now() >= deadline {
+                    return Err(err("submit", "the harness never took the line"));
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
         }
     }
 
