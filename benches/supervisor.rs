@@ -170,7 +170,17 @@ fn main() {
     }
     let mut anchor = bare_respawn(n, &dir);
     let (m50, a50) = (pct(&mut mosaic_start, 0.5), pct(&mut anchor, 0.5));
-    println!("(a) fresh generation start → verified identity (n={n})");
+    let dynmods = mosaic::cgroup::discover_mount()
+        .map(|m| m.favordynmods)
+        .unwrap_or(false);
+    println!(
+        "(a) fresh generation start → verified identity (n={n}; cgroup2 favordynmods {})",
+        if dynmods {
+            "on"
+        } else {
+            "off: each start waits an RCU grace period to join its cgroup"
+        }
+    );
     println!(
         "    mosaic start        p50 {:7.2} ms  p99 {:7.2} ms   (new cgroup, shim, SO_PEERCRED + cgroup + start-time + nonce check, pidfds, fsync'd records)",
         ms(m50),

@@ -16,6 +16,7 @@ fn no_cgroup_v2_fails_closed() {
     let fake = V2Mount {
         path: dir.clone(),
         hybrid: false,
+        favordynmods: false,
     };
     let e = CgroupTree::open(&fake, Some(&dir.join("root")), "/", false).unwrap_err();
     assert!(matches!(e, CgroupError::NoV2 { .. }), "{e}");

@@ -14,6 +14,10 @@ pub struct V2Mount {
     pub path: PathBuf,
     /// `true` when v1 controllers are mounted beside it (systemd's "hybrid" layout).
     pub hybrid: bool,
+    /// Mounted with `favordynmods` (Linux ≥ 6.0): moving a process between cgroups then
+    /// costs no RCU grace period. Without it each generation start waits one (7–24 ms
+    /// measured here) when its shim joins the fresh cgroup.
+    pub favordynmods: bool,
 }
 
 /// Picks the cgroup2 mount out of `/proc/self/mountinfo` text.
@@ -22,7 +26,7 @@ pub struct V2Mount {
 /// other cgroup2 mount point. A host with only v1 controllers has no usable hierarchy: that
 /// is an error, never a silent fallback to v1 semantics.
 pub fn find_v2_mount(mountinfo: &str) -> Result<V2Mount, CgroupError> {
-    let mut v2: Vec<PathBuf> = Vec::new();
+    let mut v2: Vec<(PathBuf, bool)> = Vec::new();
     let mut has_v1 = false;
     for line in mountinfo.lines() {
         // mountinfo: id parent major:minor root mount_point options [optional...] - fstype source super
@@ -33,8 +37,14 @@ pub fn find_v2_mount(mountinfo: &str) -> Result<V2Mount, CgroupError> {
             Some(m) => unescape_mountinfo(m),
             None => continue,
         };
-        match right.split(' ').next() {
-            Some("cgroup2") => v2.push(PathBuf::from(mount_point)),
+        let mut fields = right.split(' ');
+        match fields.next() {
+            Some("cgroup2") => {
+                let dynmods = fields
+                    .nth(1)
+                    .is_some_and(|o| o.split(',').any(|x| x == "favordynmods"));
+                v2.push((PathBuf::from(mount_point), dynmods))
+            }
             Some("cgroup") => has_v1 = true,
             _ => {}
         }
@@ -45,13 +55,14 @@ pub fn find_v2_mount(mountinfo: &str) -> Result<V2Mount, CgroupError> {
     ];
     let chosen = preferred
         .iter()
-        .find_map(|p| v2.iter().find(|m| m.as_path() == *p))
+        .find_map(|p| v2.iter().find(|(m, _)| m.as_path() == *p))
         .or_else(|| v2.first())
         .cloned();
     match chosen {
-        Some(path) => Ok(V2Mount {
+        Some((path, favordynmods)) => Ok(V2Mount {
             path,
             hybrid: has_v1,
+            favordynmods,
         }),
         None => Err(CgroupError::NoV2 {
             detail: if has_v1 {
@@ -133,6 +144,15 @@ mod tests {
         assert!(e.to_string().contains("only cgroup v1"), "{e}");
         let e = find_v2_mount("").unwrap_err();
         assert!(e.to_string().contains("no cgroup2"), "{e}");
+    }
+
+    #[test]
+    fn favordynmods_is_read_from_the_super_options() {
+        let on = "41 31 0:38 / /sys/fs/cgroup rw,relatime - cgroup2 cgroup2 rw,nsdelegate,favordynmods\n";
+        assert!(find_v2_mount(on).unwrap().favordynmods);
+        // In the per-mount options (left of " - ") it means nothing.
+        let off = "41 31 0:38 / /sys/fs/cgroup rw,favordynmods - cgroup2 cgroup2 rw,nsdelegate\n";
+        assert!(!find_v2_mount(off).unwrap().favordynmods);
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub struct RecoveryReport {
 
 pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, SupervisorError> {
     let mut report = RecoveryReport::default();
+    let mut live = std::collections::HashSet::new();
     for rec in inner.store.lanes()? {
         let name = rec.lane.clone();
         let mut lane = Lane { rec, live: None };
@@ -39,6 +40,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
             match reconcile(inner, g).await {
                 Outcome::Adopted(w) => {
                     report.adopted += 1;
+                    live.insert((w.rec.lane_incarnation_id.clone(), w.rec.generation));
                     let live = generation::spawn_watcher(w, true);
                     super::spawn_applier(inner.clone(), name.clone(), &live);
                     lane.live = Some(live);
@@ -58,7 +60,37 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
         }
         inner.insert_slot(&name, lane)?;
     }
+    sweep_harness_areas(inner, &live);
     Ok(report)
+}
+
+/// Removes private harness areas no live generation owns: one whose generation ended while
+/// this supervisor was down (or between its verified cleanup and the removal). Nothing can
+/// be using them: their cgroups are gone or were just verified empty.
+fn sweep_harness_areas(inner: &Inner, live: &std::collections::HashSet<(String, u64)>) {
+    let root = inner.cfg.state_dir.join("harness");
+    let Ok(incs) = std::fs::read_dir(&root) else {
+        return;
+    };
+    for inc in incs.flatten() {
+        let inc_name = inc.file_name().to_string_lossy().into_owned();
+        let Ok(gens) = std::fs::read_dir(inc.path()) else {
+            continue;
+        };
+        for g in gens.flatten() {
+            let n = g
+                .file_name()
+                .to_string_lossy()
+                .strip_prefix("gen-")
+                .and_then(|n| n.parse::<u64>().ok());
+            match n {
+                Some(n) if live.contains(&(inc_name.clone(), n)) => {}
+                Some(n) => generation::remove_harness_dir(inner, &inc_name, n),
+                None => {}
+            }
+        }
+        let _ = std::fs::remove_dir(inc.path()); // only if empty
+    }
 }
 
 enum Outcome {

@@ -295,14 +295,24 @@ pub(crate) async fn launch(
             })
         }
     };
+    let t0 = std::time::Instant::now();
+    let phase = |what: &'static str| {
+        tracing::debug!(
+            phase = what,
+            elapsed_us = t0.elapsed().as_micros() as u64,
+            "launch phase"
+        )
+    };
     lane.next_generation = generation + 1;
     lane.current_generation = Some(generation);
     inner.store.save_lane(lane)?;
+    phase("generation number durable");
 
     let cg = inner
         .tree
         .generation(&lane.lane, &lane.lane_incarnation_id, generation);
     cg.create_fresh()?;
+    phase("cgroup created");
     let cgroup_rel = inner.tree.rel(cg.path());
     let (socket, nonce_file) = gen_paths(inner, &lane.lane_incarnation_id, generation);
     let nonce = LaunchNonce::generate()?;
@@ -336,6 +346,7 @@ pub(crate) async fn launch(
     };
     inner.store.save_gen(&rec)?;
     drop(nonce);
+    phase("nonce and generation record durable");
     let prepared = match prepare_harness(inner, &plan, &rec) {
         Ok(p) => p,
         Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
@@ -357,11 +368,14 @@ pub(crate) async fn launch(
         "--exit-record".into(),
         exit_record.display().to_string(),
     ];
+    phase("harness area prepared");
     let attached = async {
         inner.tmux(&lane.lane).respawn(&lane.lane, &shim_argv)?;
+        phase("pane respawned");
         attach_new(inner, &listener, &rec, &cgroup_rel).await
     }
     .await;
+    phase("shim verified");
     let _ = std::fs::remove_file(&nonce_file);
     let (mut link, shim_pidfd, seen) = match attached {
         Ok(a) => a,
@@ -425,6 +439,7 @@ pub(crate) async fn launch(
         Ok(v) => v,
         Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
     };
+    phase("harness started");
     // The harness may already be gone (exit=0); its exit report is then next on the link.
     let harness_pidfd = match identity::observe(harness_pid) {
         Ok(h)
@@ -462,6 +477,7 @@ pub(crate) async fn launch(
     });
     rec.status = GenStatus::Live;
     inner.store.save_gen(&rec)?;
+    phase("identity durable");
     drop(listener);
     let _ = std::fs::remove_file(&socket);
     tracing::info!(lane_id = %rec.lane_id, generation, root_pid = seen.pid, harness_pid, "generation live");

@@ -423,6 +423,12 @@ impl Supervisor {
     /// takes the state-dir lock. Creates no lanes and adopts nothing yet.
     pub fn open(cfg: Config) -> Result<Self, SupervisorError> {
         let mount = crate::cgroup::discover_mount()?;
+        if !mount.favordynmods {
+            tracing::warn!(
+                mount = %mount.path.display(),
+                "cgroup2 is mounted without favordynmods: each generation start waits an RCU grace period to join its cgroup (mosaic doctor says how to change it)"
+            );
+        }
         let own = crate::cgroup::cgroup_of(None)?;
         let tree = CgroupTree::open(
             &mount,

@@ -1,0 +1,482 @@
+//! What the real-harness conformance suite and benchmark share: the deterministic model
+//! endpoint as a process, `mosaic up` with a runtime's credentials and config overlay, and
+//! each family's test wiring (credentials, overlay, process name).
+
+#![allow(dead_code)]
+
+use std::io::BufRead;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+
+use super::{common, pg};
+
+pub const MODEL: &str = env!("CARGO_BIN_EXE_mosaic-test-model");
+
+pub fn registry_dir() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("registry")
+}
+
+pub fn harness_root() -> PathBuf {
+    match std::env::var_os("MOSAIC_HARNESS_ROOT") {
+        Some(r) => PathBuf::from(r),
+        None => panic!(
+            "MOSAIC_HARNESS_ROOT is not set: run the suite with scripts/test, which installs the \
+             pinned harnesses from npm into its cache (mosaic harness install) and sets it"
+        ),
+    }
+}
+
+pub fn wait_for<T>(what: &str, patience: Duration, mut f: impl FnMut() -> Option<T>) -> T {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return v;
+        }
+        assert!(start.elapsed() < patience, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// The deterministic model endpoint, as a separate process.
+pub struct Model {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Model {
+    pub fn start() -> Self {
+        let log = std::env::temp_dir().join(format!(
+            "mosaic-model-{}.jsonl",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut child = Command::new(MODEL)
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the test model said {line:?}"));
+        Self { child, port, log }
+    }
+
+    pub fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Requests of the harness's main conversation (those offering tools), as text.
+    pub fn conversation(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|r| r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty()))
+            .map(|r| r["body"].to_string())
+            .collect()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            eprintln!("test model log kept: {}", self.log.display());
+        }
+    }
+}
+
+/// `mosaic up` with one lane, the installed harnesses, and a credentials file.
+pub struct Up {
+    pub child: Child,
+    pub dir: PathBuf,
+    pub db: pg::TestDb,
+}
+
+impl Up {
+    pub fn start(
+        runtime: &str,
+        credentials: &Path,
+        overlay: Option<&Path>,
+        registry: Option<&Path>,
+    ) -> Self {
+        common::require_host();
+        let db = pg::TestDb::new();
+        let dir = std::env::temp_dir().join(format!("mosaic-hc-{}", uuid::Uuid::new_v4().simple()));
+        let mut cmd = Command::new(common::MOSAIC);
+        cmd.args(["up", "--lanes", "1", "--state-dir"])
+            .arg(&dir)
+            .args(["--database-url", &db.url, "--harness-root"])
+            .arg(harness_root())
+            .arg("--credentials")
+            .arg(format!("{runtime}={}", credentials.display()));
+        if let Some(r) = registry {
+            cmd.arg("--registry-dir").arg(r);
+        }
+        if let Some(o) = overlay {
+            cmd.arg("--harness-config")
+                .arg(format!("{runtime}={}", o.display()));
+        }
+        let mut child = cmd
+            // MOSAIC_HARNESS_LOG=debug keeps the launch phases (benches/harnesses.rs).
+            .env(
+                "MOSAIC_LOG",
+                std::env::var("MOSAIC_HARNESS_LOG").unwrap_or_else(|_| "info".into()),
+            )
+            .stdout(Stdio::piped())
+            .stderr(
+                std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(dir.with_extension("log"))
+                    .unwrap(),
+            )
+            .spawn()
+            .unwrap();
+        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+        loop {
+            let mut line = String::new();
+            assert!(
+                out.read_line(&mut line).unwrap() > 0,
+                "mosaic up ended early"
+            );
+            if line.contains("Ctrl-C stops everything") {
+                break;
+            }
+        }
+        std::thread::spawn(move || for _ in out.lines() {});
+        Self { child, dir, db }
+    }
+
+    /// One text value from the authority's database.
+    pub fn sql(&self, query: &str, arg: &str) -> Option<String> {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (c, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls)
+                .await
+                .unwrap();
+            tokio::spawn(conn);
+            c.query_opt(query, &[&arg])
+                .await
+                .unwrap()
+                .and_then(|r| r.get::<_, Option<String>>(0))
+        })
+    }
+
+    pub fn cli(&self, args: &[&str]) -> Result<Value, String> {
+        let out = Command::new(common::MOSAIC)
+            .args(args)
+            .arg("--state-dir")
+            .arg(&self.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        if out.status.success() {
+            Ok(serde_json::from_slice(&out.stdout).unwrap())
+        } else {
+            Err(String::from_utf8_lossy(&out.stderr).into_owned())
+        }
+    }
+
+    pub fn lane(&self) -> String {
+        let host = nix::unistd::gethostname().unwrap();
+        format!("{}:lane-1", host.to_string_lossy())
+    }
+
+    pub fn assign(&self, runtime: &str, task: &str, wait: bool) -> Result<Value, String> {
+        let lane = self.lane();
+        let mut args = vec![
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            runtime,
+            "--task",
+            task,
+        ];
+        if wait {
+            args.extend(["--wait", "running"]);
+        }
+        self.cli(&args)
+    }
+
+    pub fn host_status(&self) -> Value {
+        let out = Command::new(common::MOSAIC)
+            .args(["host", "--state-dir"])
+            .arg(&self.dir)
+            .args(["status", "--json"])
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        serde_json::from_slice(&out.stdout).unwrap()
+    }
+
+    pub fn generation(&self) -> Value {
+        self.host_status()["lanes"][0]["generation"].clone()
+    }
+
+    pub fn settled(&self) -> u64 {
+        self.generation()["harness"]["settled"]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    pub fn cgroup(&self) -> PathBuf {
+        let rel = self.generation()["process_identity"]["cgroup_path"]
+            .as_str()
+            .unwrap()
+            .to_string();
+        mosaic::cgroup::discover_mount()
+            .unwrap()
+            .path
+            .join(rel.trim_start_matches('/'))
+    }
+
+    pub fn tmux(&self) -> Command {
+        let mut c = Command::new("tmux");
+        c.arg("-S").arg(self.dir.join("run/lanes/lane-1/tmux.sock"));
+        c
+    }
+
+    pub fn screen(&self) -> String {
+        let out = self
+            .tmux()
+            .args(["capture-pane", "-p", "-J", "-t", "=lane-1:"])
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// Types a turn into the harness's TUI, as an operator attached to the lane would.
+    pub fn type_turn(&self, text: &str) {
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "=lane-1:", "-l", "--", text])
+            .status()
+            .unwrap()
+            .success());
+        let marker: String = text.chars().take(40).collect();
+        wait_for("the typed turn on screen", common::PATIENCE, || {
+            self.screen().contains(&marker).then_some(())
+        });
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "=lane-1:", "Enter"])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    pub fn key(&self, key: &str) {
+        assert!(self
+            .tmux()
+            .args(["send-keys", "-t", "=lane-1:", key])
+            .status()
+            .unwrap()
+            .success());
+    }
+
+    pub fn receipt(&self, generation: &Value) -> Value {
+        let lane = self.lane();
+        wait_for("the reconciled receipt", common::PATIENCE, || {
+            let rs = self.cli(&["receipts", "--lane", &lane]).ok()?;
+            rs.as_array()?
+                .iter()
+                .find(|r| &r["generation"] == generation && !r["reconciliation"].is_null())
+                .cloned()
+        })
+    }
+
+    pub fn stop(&self, id: &str) -> Value {
+        let g = self.generation()["generation"].clone();
+        self.cli(&["stop", "--assignment", id]).unwrap();
+        self.receipt(&g)
+    }
+}
+
+impl Drop for Up {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("the lane's screen:\n{}", self.screen());
+        }
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(self.child.id() as i32),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        if !std::thread::panicking() {
+            let _ = std::fs::remove_file(self.dir.with_extension("log"));
+        } else {
+            eprintln!(
+                "mosaic up log kept: {}",
+                self.dir.with_extension("log").display()
+            );
+        }
+    }
+}
+
+pub fn outcome(r: &Value) -> Value {
+    json!({
+        "termination_reason": r["termination_reason"],
+        "observation_source": r["observation_source"],
+        "verified_empty": r["cleanup"]["verified_empty"],
+        "cgroup_removed": r["cleanup"]["cgroup_removed"],
+        "reconciliation": r["reconciliation"],
+    })
+}
+
+pub fn comm(pid: i32) -> String {
+    std::fs::read_to_string(format!("/proc/{pid}/comm"))
+        .map(|s| s.trim().to_string())
+        .unwrap_or_default()
+}
+
+/// Processes in `cg` whose command line contains `needle`.
+pub fn members_running(cg: &Path, needle: &str) -> Vec<(i32, u64)> {
+    common::members(cg)
+        .into_iter()
+        .filter(|(p, _)| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+pub fn survivors(before: &[(i32, u64)]) -> usize {
+    before
+        .iter()
+        .filter(|(p, st)| !common::is_dead(*p, *st))
+        .count()
+}
+
+/// What differs between families: the runtime, and its credentials given the model port.
+pub struct Family {
+    pub runtime: &'static str,
+    /// `KEY=VALUE` lines pointing the harness at the test model with `token`.
+    pub credentials: fn(u16, &str) -> String,
+    /// The harness's own process name.
+    pub comm: &'static str,
+    /// The operator's config overlay files pointing the harness at the test model.
+    pub overlay: fn(u16) -> Vec<(&'static str, String)>,
+    /// Keys an operator presses to interrupt a turn whose tool child was SIGKILLed, for a
+    /// harness that otherwise waits on it forever (OpenCode 1.18.33); empty if it settles
+    /// by itself.
+    pub interrupt_after_tool_kill: &'static [&'static str],
+}
+
+pub const CLAUDE: Family = Family {
+    runtime: "claude-code@2.1.332",
+    credentials: |port, token| {
+        format!("ANTHROPIC_BASE_URL=http://127.0.0.1:{port}\nANTHROPIC_AUTH_TOKEN={token}\n")
+    },
+    comm: "claude",
+    overlay: |_| Vec::new(),
+    interrupt_after_tool_kill: &[],
+};
+
+pub const PI: Family = Family {
+    runtime: "pi@1.6.0",
+    credentials: |_, token| format!("PI_TEST_API_KEY={token}\n"),
+    comm: "pi",
+    interrupt_after_tool_kill: &[],
+    overlay: |port| {
+        vec![
+            (
+                "models.json",
+                json!({"providers": {"mosaic-test": {
+                    "baseUrl": format!("http://127.0.0.1:{port}/v1"),
+                    "api": "openai-completions",
+                    "apiKey": "$PI_TEST_API_KEY",
+                    "models": [{"id": "mosaic-test-model"}]}}})
+                .to_string(),
+            ),
+            (
+                "settings.json",
+                json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
+                    "quietStartup": true})
+                .to_string(),
+            ),
+        ]
+    },
+};
+
+impl Family {
+    pub fn family_name(&self) -> &'static str {
+        self.runtime.split_once('@').map(|(n, _)| n).unwrap_or("")
+    }
+}
+
+pub const OPENCODE: Family = Family {
+    runtime: "opencode@1.18.33",
+    credentials: |_, token| format!("OC_TEST_API_KEY={token}\n"),
+    comm: "opencode",
+    interrupt_after_tool_kill: &["Escape", "Escape"],
+    overlay: |port| {
+        vec![(
+            "opencode.json",
+            json!({"$schema": "https://opencode.ai/config.json",
+                "provider": {"mosaic-test": {"npm": "@ai-sdk/openai-compatible",
+                    "name": "Mosaic test",
+                    "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"),
+                        "apiKey": "{env:OC_TEST_API_KEY}"},
+                    "models": {"mosaic-test-model": {"name": "Mosaic test model"}}}},
+                "model": "mosaic-test/mosaic-test-model"})
+            .to_string(),
+        )]
+    },
+};
+
+pub const CODEX: Family = Family {
+    runtime: "codex@0.171.0",
+    credentials: |_, token| format!("CX_TEST_API_KEY={token}\n"),
+    comm: "codex",
+    interrupt_after_tool_kill: &[],
+    overlay: |port| {
+        vec![(
+            "config.toml",
+            format!(
+                "model = \"mosaic-test-model\"\nmodel_provider = \"mosaic-test\"\n\n\
+                 [model_providers.mosaic-test]\nname = \"Mosaic test\"\n\
+                 base_url = \"http://127.0.0.1:{port}/v1\"\nwire_api = \"responses\"\n\
+                 env_key = \"CX_TEST_API_KEY\"\nrequires_openai_auth = false\n\
+                 supports_websockets = false\n"
+            ),
+        )]
+    },
+};
