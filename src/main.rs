@@ -941,18 +941,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     response: Some(response),
                 } => LaneRequest::Ack { response },
                 LaneOp::Ack { response: None } => {
+                    // The challenge's phrase and the contract's key: the answer binds both.
                     let c =
                         lanesock::call(socket, &LaneRequest::Challenge).context("lane socket")?;
                     let phrase = c
                         .challenge
                         .as_deref()
                         .and_then(|c| c.strip_prefix("mosaic-challenge:"));
-                    match phrase {
-                        Some(p) => LaneRequest::Ack {
-                            response: format!("mosaic-ack:{p}"),
+                    let k =
+                        lanesock::call(socket, &LaneRequest::Contract).context("lane socket")?;
+                    match (phrase, k.contract.as_ref().map(|k| k.key.as_str())) {
+                        (Some(p), Some(key)) if !key.is_empty() => LaneRequest::Ack {
+                            response: format!("mosaic-ack:{p}-{key}"),
                         },
-                        None => {
-                            println!("{}", serde_json::to_string(&c)?);
+                        _ => {
+                            println!("{}", serde_json::to_string(if c.ok { &k } else { &c })?);
                             return Ok(ExitCode::FAILURE);
                         }
                     }

@@ -7,8 +7,9 @@
 //!
 //! | marker (anywhere in the latest user turn) | answer |
 //! |---|---|
-//! | `mosaic-challenge:<hex>` | `mosaic-ack:<hex>` (the harness saw the challenge) |
+//! | `mosaic-challenge:<hex>` | `mosaic-ack:<hex>-<key>`, `<key>` being the `contract key` found in the request (the harness saw the challenge and has the contract); without one, `mosaic-ack:<hex>` |
 //! | … and `model:wrong-ack` anywhere in the request | `mosaic-ack:` with the hex reversed |
+//! | … and `model:omit-contract-key` anywhere in the request | `mosaic-ack:<hex>`, no key |
 //! | `model:run[<command>]` | one shell tool call running `<command>` |
 //! | (the latest turn is a tool result) | `tool finished` |
 //! | anything else | `ok` |
@@ -143,12 +144,26 @@ pub fn decide(api: Api, body: &Value) -> Answer {
         let mut all = Vec::new();
         strings(body, &mut all);
         let wrong = all.iter().any(|s| s.contains("model:wrong-ack"));
-        let hex = if wrong {
+        let hex: String = if wrong {
             hex.chars().rev().collect()
         } else {
             hex
         };
-        return Answer::Text(format!("mosaic-ack:{hex}"));
+        // The contract key, if the contract is in this request's context.
+        let key = all.iter().find_map(|s| {
+            s.match_indices("contract key ").find_map(|(i, m)| {
+                let k: String = s[i + m.len()..]
+                    .chars()
+                    .take_while(|c| c.is_ascii_hexdigit())
+                    .collect();
+                (k.len() >= 8).then_some(k)
+            })
+        });
+        let key = key.filter(|_| !all.iter().any(|s| s.contains("model:omit-contract-key")));
+        return Answer::Text(match key {
+            Some(k) => format!("mosaic-ack:{hex}-{k}"),
+            None => format!("mosaic-ack:{hex}"),
+        });
     }
     // Only a request that offers tools gets a tool call (a harness's side requests, such as
     // title generation, offer none).
@@ -469,6 +484,14 @@ mod tests {
                     "content": [{"type": "text", "text": "model:run[sleep 3; echo hi]"}]}]}),
             ),
             Answer::Shell("sleep 3; echo hi".into())
+        );
+        assert_eq!(
+            decide(
+                Api::AnthropicMessages,
+                &json!({"system": "Mosaic contract sha256:x, contract key 00ff00ff. Task.",
+                    "messages": [{"role": "user", "content": "mosaic-challenge:0a1b"}]}),
+            ),
+            Answer::Text("mosaic-ack:0a1b-00ff00ff".into())
         );
         let wrong = decide(
             Api::OpenAiChat,

@@ -242,7 +242,13 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     );
 
     // 4. No updater, daemon or resume: at rest, the generation is the shim and the harness.
-    let mut at_rest: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
+    // At rest: once the last turn's hook processes (a shell, `mosaic lane hook`) are gone,
+    // only the shim (`mosaic`) and the harness remain — no updater, daemon or helper.
+    let mut at_rest: Vec<String> = wait_for("the hook processes gone", common::PATIENCE, || {
+        let c: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
+        (c.iter().filter(|x| *x == "mosaic").count() == 1 && !c.iter().any(|x| x == "sh"))
+            .then_some(c)
+    });
     at_rest.sort();
     at_rest.dedup();
     assert!(at_rest.iter().any(|c| c == f.comm), "{at_rest:?}");
@@ -370,37 +376,48 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         json!({"assignment": a2["state"], "execution_owner": a2["execution_owner"]}),
     );
 
-    // 8. An answer that does not bind the challenge never activates.
-    let c = up
-        .assign(f.runtime, "TASKMARKER-THREE model:wrong-ack", false)
-        .expect("assign");
-    let id3 = c["assignment_id"].as_str().unwrap().to_string();
-    wait_for("the wrong answer refused", Duration::from_secs(60), || {
-        (up.generation()["harness"]["ack_refused"]
-            .as_u64()
-            .unwrap_or(0)
-            >= 1)
-            .then_some(())
-    });
-    let st = up.cli(&["status"]).unwrap();
-    let s3 = st["assignments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|x| x["assignment_id"] == id3.as_str())
-        .cloned()
-        .unwrap();
-    checks.insert(
-        "ack_not_binding_the_challenge",
-        json!(
-            if s3["lane_state"] != "RUNNING" && s3["execution_owner"].is_null() {
+    // 8. An answer that does not bind the challenge (the phrase altered), or binds it but
+    //    not the contract (its key left out: what a harness that never got the contract
+    //    would answer), never activates.
+    for (check, task) in [
+        (
+            "ack_not_binding_the_challenge",
+            "TASKMARKER-THREE model:wrong-ack",
+        ),
+        (
+            "ack_without_the_contract_key",
+            "TASKMARKER-FOUR model:omit-contract-key",
+        ),
+    ] {
+        let c = up.assign(f.runtime, task, false).expect("assign");
+        let id = c["assignment_id"].as_str().unwrap().to_string();
+        let g = wait_for("the answer refused", Duration::from_secs(60), || {
+            let g = up.generation();
+            (g["generation"] == c["generation"]
+                && g["harness"]["ack_refused"].as_u64().unwrap_or(0) >= 1)
+                .then_some(g)
+        });
+        let st = up.cli(&["status"]).unwrap();
+        let s = st["assignments"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|x| x["assignment_id"] == id.as_str())
+            .cloned()
+            .unwrap();
+        checks.insert(
+            check,
+            json!(if s["lane_state"] != "RUNNING"
+                && s["execution_owner"].is_null()
+                && g["harness"]["settled"].as_u64() >= Some(1)
+            {
                 "refused"
             } else {
                 "ACCEPTED"
-            }
-        ),
-    );
-    let _ = up.cli(&["stop", "--assignment", &id3]);
+            }),
+        );
+        up.stop(&id);
+    }
 
     // Secrets: the token is in no log, record or status of Mosaic's.
     let mut leaked = Vec::new();

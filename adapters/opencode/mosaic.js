@@ -58,6 +58,9 @@ export const MosaicPlugin = async ({ client }) => {
           session_id: p.sessionID,
           last_assistant_message: await lastAnswer(p.sessionID),
         });
+      } else if (event.type === "session.status" && p.status && p.status.type === "busy") {
+        // A turn started: tells the supervisor its typed line was taken.
+        await forward("session-busy", { session_id: p.sessionID });
       } else if (event.type === "session.created") {
         await forward("session-created", {
           session_id: (p.info && p.info.id) || p.sessionID,

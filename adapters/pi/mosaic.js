@@ -49,6 +49,11 @@ export default function (pi) {
     return { systemPrompt: event.systemPrompt + "\n\n" + contract };
   });
 
+  // A run started: tells the supervisor its typed line was taken.
+  pi.on("agent_start", async (_event, ctx) => {
+    await forward("agent-start", { session_id: ctx.sessionManager.getSessionId() });
+  });
+
   pi.on("agent_end", async (event) => {
     const msgs = event.messages || [];
     for (let i = msgs.length - 1; i >= 0; i--) {

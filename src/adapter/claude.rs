@@ -60,6 +60,15 @@ impl Adapter for ClaudeCode {
         ]
     }
 
+    fn allowed_args(&self) -> &'static [&'static str] {
+        &[
+            "--session-id",
+            "{session_id}",
+            "--settings",
+            "{state_dir}/settings.json",
+        ]
+    }
+
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (
             ContractInjection::SessionStartHook,
@@ -154,6 +163,7 @@ impl Adapter for ClaudeCode {
                     "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
                 )),
             },
+            ("prompt-submit", Some("UserPromptSubmit")) => Ok(HookEvent::TurnStarted),
             ("stop", Some("Stop")) => Ok(HookEvent::Settled {
                 last_message: payload["last_assistant_message"]
                     .as_str()

@@ -89,6 +89,10 @@ impl Adapter for Codex {
         ]
     }
 
+    fn allowed_args(&self) -> &'static [&'static str] {
+        &["--dangerously-bypass-hook-trust"]
+    }
+
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (
             ContractInjection::SessionStartHook,
@@ -189,6 +193,7 @@ impl Adapter for Codex {
                     "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
                 )),
             },
+            ("prompt-submit", Some("UserPromptSubmit")) => Ok(HookEvent::TurnStarted),
             ("stop", Some("Stop")) => Ok(HookEvent::Settled {
                 last_message: payload["last_assistant_message"]
                     .as_str()

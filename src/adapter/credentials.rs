@@ -26,7 +26,20 @@ pub fn load(runtime: &str, path: &Path) -> Result<Vec<(String, SecretValue)>, Re
         path: path.to_path_buf(),
         detail,
     };
-    let meta = std::fs::symlink_metadata(path).map_err(|e| fail(e.to_string()))?;
+    // Opened without following a symlink, and checked on the open file: what is checked is
+    // what is read.
+    let file = {
+        use std::os::unix::fs::OpenOptionsExt;
+        std::fs::OpenOptions::new()
+            .read(true)
+            .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+            .open(path)
+            .map_err(|e| match e.raw_os_error() {
+                Some(libc::ELOOP) => fail("must be a regular file (not a symlink)".into()),
+                _ => fail(e.to_string()),
+            })?
+    };
+    let meta = file.metadata().map_err(|e| fail(e.to_string()))?;
     if !meta.file_type().is_file() {
         return Err(fail("must be a regular file (not a symlink)".into()));
     }
@@ -43,8 +56,15 @@ pub fn load(runtime: &str, path: &Path) -> Result<Vec<(String, SecretValue)>, Re
             meta.mode() & 0o777
         )));
     }
-    let text =
-        zeroize::Zeroizing::new(std::fs::read_to_string(path).map_err(|e| fail(e.to_string()))?);
+    let text = zeroize::Zeroizing::new({
+        use std::io::Read;
+        let mut t = String::new();
+        (&file)
+            .take(1 << 20)
+            .read_to_string(&mut t)
+            .map_err(|e| fail(e.to_string()))?;
+        t
+    });
     let mut out: Vec<(String, SecretValue)> = Vec::new();
     for (i, line) in text.lines().enumerate() {
         let line = line.trim();

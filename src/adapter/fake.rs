@@ -26,6 +26,10 @@ impl Adapter for Fake {
         &[]
     }
 
+    fn allowed_args(&self) -> &'static [&'static str] {
+        &["{directives}", "--probe-version"]
+    }
+
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (ContractInjection::SocketFetch, AckMethod::LaneCli)
     }

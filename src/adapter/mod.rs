@@ -17,7 +17,6 @@ pub mod install;
 pub mod opencode;
 pub mod pi;
 
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
@@ -346,6 +345,37 @@ impl Entry {
         }
         self.graceful_signal()?;
         let adapter = self.family.adapter();
+        // The command is the family's, token by token: a binary Mosaic installed or ships,
+        // then only arguments the adapter knows (an allowlist, so no spelling of a resume,
+        // fork or override flag — attached, combined or via a wrapper shell — gets in).
+        let ours = |t: &str| t.starts_with("{harness_root}/") || t.starts_with("{bin_dir}/");
+        let Some((prog, args)) = self.command.template.split_first() else {
+            return Err(self.bad("command.template is empty".into()));
+        };
+        if !ours(prog) {
+            return Err(self.bad(format!(
+                "command.template must start with a binary under {{harness_root}}/ or {{bin_dir}}/, not {prog:?}"
+            )));
+        }
+        if let Some(a) = args
+            .iter()
+            .find(|a| !adapter.allowed_args().contains(&a.as_str()))
+        {
+            return Err(self.bad(format!(
+                "the {} adapter does not take {a:?} (allowed: {:?})",
+                self.family.name(),
+                adapter.allowed_args()
+            )));
+        }
+        if let Some(a) = self
+            .probes
+            .version
+            .command
+            .iter()
+            .find(|a| !ours(a) && !["--version", "--probe-version"].contains(&a.as_str()))
+        {
+            return Err(self.bad(format!("the version probe may not run {a:?}")));
+        }
         for arg in self
             .command
             .template
@@ -675,11 +705,26 @@ pub fn probe_version(entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Result<(),
     let (prog, rest) = argv
         .split_first()
         .ok_or_else(|| fail("empty probe command".into()))?;
-    let out = std::process::Command::new(prog)
-        .args(rest)
-        .stdin(std::process::Stdio::null())
-        .output()
-        .map_err(|e| fail(format!("cannot run {prog}: {e}")))?;
+    // A clean environment and a throwaway HOME/TMPDIR: the probe must not read or write the
+    // supervisor's own state (harnesses create config and cache directories on any start),
+    // and it is killed if it does not answer in time.
+    let home = std::env::temp_dir().join(format!("mosaic-probe-{}", uuid::Uuid::new_v4().simple()));
+    crate::util::durable::ensure_dir(&home, 0o700).map_err(|e| fail(e.to_string()))?;
+    let out = crate::util::run_bounded(
+        std::process::Command::new(prog)
+            .args(rest)
+            .env_clear()
+            .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+            .env("HOME", &home)
+            .env("TMPDIR", &home)
+            .env("LANG", "C.UTF-8")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::null()),
+        PROBE_TIMEOUT,
+    );
+    let _ = std::fs::remove_dir_all(&home);
+    let out = out.map_err(|e| fail(format!("cannot run {prog}: {e}")))?;
     let got = String::from_utf8_lossy(&out.stdout).trim().to_string();
     let want = entry.probes.version.expect.replace("{version}", &v);
     if !out.status.success() || got != want {
@@ -690,6 +735,9 @@ pub fn probe_version(entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Result<(),
     }
     Ok(())
 }
+
+/// How long a version probe may take before it is killed and the launch refused.
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 
 fn probe_argv(entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Vec<String> {
     let vars = Vars {
@@ -869,6 +917,9 @@ pub enum HookEvent {
     /// A turn ended and the harness is idle (advisory). `last_message` is the model's
     /// final answer of that turn, where the harness reports it.
     Settled { last_message: Option<String> },
+    /// A turn started: the harness took a submitted prompt (advisory; tells the
+    /// supervisor its typed line was taken, and which turn ends answer the challenge).
+    TurnStarted,
     /// The session is ending (advisory: no hook runs on SIGKILL).
     SessionEnd { reason: String },
     /// The harness named its conversation (families that cannot be told one): the first
@@ -886,8 +937,11 @@ pub trait Adapter: Send + Sync {
     /// arrives as the contract).
     fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError>;
     /// Arguments that would resume, fork or continue a session, or start a daemon: refused
-    /// in any template.
+    /// in any template (named even though the allowlist below already keeps them out, so a
+    /// too-wide allowlist cannot let them in).
     fn forbidden_args(&self) -> &'static [&'static str];
+    /// Every argument a template may carry after its binary, exactly.
+    fn allowed_args(&self) -> &'static [&'static str];
     /// The (contract injection, ACK method) pair this adapter implements.
     fn surfaces(&self) -> (ContractInjection, AckMethod);
     fn challenge_delivery(&self) -> ChallengeDelivery;
@@ -915,48 +969,67 @@ pub trait Adapter: Send + Sync {
     }
 }
 
-/// The text every family puts in front of the model as its contract.
-pub fn contract_context(task_text: &str, contracts_digest: &str) -> String {
+/// The text every family puts in front of the model as its contract. It carries the
+/// contract key, which the activation answer must repeat: only a model that has this text
+/// in its context can acknowledge.
+pub fn contract_context(task_text: &str, contracts_digest: &str, key: &str) -> String {
     format!(
-        "Mosaic contract {contracts_digest}. You run as one generation of a Mosaic lane; \
-         your task follows. When Mosaic sends an activation check (a line with \
+        "Mosaic contract {contracts_digest}, contract key {key}. You run as one generation of \
+         a Mosaic lane; your task follows. When Mosaic sends an activation check (a line with \
          mosaic-challenge:<hex>), answer it exactly as asked before anything else.\n\n{task_text}"
     )
 }
 
-/// The phrase a harness must produce to acknowledge `challenge_id`: derived from the
-/// challenge and the generation, so it cannot be produced without seeing the challenge
-/// turn, and it does not reveal the challenge id itself.
-pub fn ack_phrase(challenge_id: &str, lane_incarnation_id: &str, generation: u64) -> String {
+fn derive(label: &[u8], parts: &[&[u8]]) -> String {
     use sha2::Digest;
     let mut h = sha2::Sha256::new();
-    h.update(b"mosaic harness ack v1\0");
-    h.update(challenge_id.as_bytes());
-    h.update(b"\0");
-    h.update(lane_incarnation_id.as_bytes());
-    h.update(b"\0");
-    h.update(generation.to_be_bytes());
+    h.update(label);
+    for p in parts {
+        h.update(b"\0");
+        h.update(p);
+    }
     hex::encode(&h.finalize()[..16])
 }
 
-/// Whether `answer` acknowledges `phrase`: it carries `mosaic-ack:<phrase>` (compared in
-/// constant time, token by token).
-pub fn answer_binds(answer: &str, phrase: &str) -> bool {
+/// The key a generation's contract text carries (derived from the contract's digest and the
+/// generation, so a contract delivered to another generation does not fit).
+pub fn contract_key(contracts_digest: &str, lane_incarnation_id: &str, generation: u64) -> String {
+    derive(
+        b"mosaic contract key v1",
+        &[
+            contracts_digest.as_bytes(),
+            lane_incarnation_id.as_bytes(),
+            &generation.to_be_bytes(),
+        ],
+    )[..12]
+        .to_string()
+}
+
+/// The phrase a harness must answer to acknowledge `challenge_id`: derived from the
+/// challenge and the generation, so it cannot be produced without seeing the challenge
+/// turn, and it does not reveal the challenge id itself.
+pub fn ack_phrase(challenge_id: &str, lane_incarnation_id: &str, generation: u64) -> String {
+    derive(
+        b"mosaic harness ack v1",
+        &[
+            challenge_id.as_bytes(),
+            lane_incarnation_id.as_bytes(),
+            &generation.to_be_bytes(),
+        ],
+    )
+}
+
+/// Whether `answer` acknowledges: it carries `mosaic-ack:<phrase>-<contract key>` as one
+/// token (compared in constant time) — the phrase proves the challenge was seen, the key
+/// that the contract was.
+pub fn answer_binds(answer: &str, phrase: &str, key: &str) -> bool {
     use subtle::ConstantTimeEq;
-    let want = format!("mosaic-ack:{phrase}");
+    let want = format!("mosaic-ack:{phrase}-{key}");
     answer
         .split(|c: char| c.is_whitespace() || "`\"'.,*()[]".contains(c))
         .fold(false, |found, tok| {
             found | (tok.len() == want.len() && bool::from(tok.as_bytes().ct_eq(want.as_bytes())))
         })
-}
-
-/// Helper for tests and `doctor`: the registry's known runtimes as a map.
-pub fn summary(reg: &Registry) -> BTreeMap<String, String> {
-    reg.entries
-        .iter()
-        .map(|(e, _)| (e.runtime.clone(), e.validated_versions.join(",")))
-        .collect()
 }
 
 #[cfg(test)]
@@ -1190,13 +1263,28 @@ mod tests {
             }])
         };
         assert!(load(claude.to_string()).is_ok());
-        for flag in ["--resume", "--continue", "--fork-session", "-c", "--bare"] {
+        for flag in [
+            "--resume",
+            "--continue",
+            "--fork-session",
+            "-c",
+            "--bare",
+            "-cr",
+            "--resume=x",
+            "--model",
+        ] {
             let t = claude.replace(
                 "\"--session-id\", ",
                 &format!("\"{flag}\", \"--session-id\", "),
             );
             assert!(load(t).is_err(), "{flag} accepted");
         }
+        // Not a binary Mosaic installed: a wrapper shell could run anything.
+        let t = claude.replace(
+            "\"{harness_root}/claude-code@{version}/node_modules/.bin/claude\",\n    \"--session-id\"",
+            "\"/bin/sh\", \"-c\", \"claude --resume\",\n    \"--session-id\"",
+        );
+        assert!(load(t).is_err(), "a wrapper shell accepted");
         // The family decides its surfaces: a Claude Code entry cannot claim socket fetch.
         let t = claude.replace(
             "injection = \"session-start-hook\"",
@@ -1210,12 +1298,21 @@ mod tests {
         let p = ack_phrase("ch-1", "li-1", 3);
         assert_ne!(p, ack_phrase("ch-2", "li-1", 3));
         assert_ne!(p, ack_phrase("ch-1", "li-1", 4));
-        assert!(answer_binds(&format!("mosaic-ack:{p}"), &p));
-        assert!(answer_binds(&format!("Sure. `mosaic-ack:{p}`."), &p));
-        assert!(!answer_binds(&format!("mosaic-ack:{p}0"), &p));
-        assert!(!answer_binds(&format!("mosaic-challenge:{p}"), &p));
-        assert!(!answer_binds("mosaic-ack:", &p));
-        assert!(!answer_binds(&p, &p));
+        let k = contract_key("sha256:aa", "li-1", 3);
+        assert_ne!(k, contract_key("sha256:ab", "li-1", 3));
+        assert_ne!(k, contract_key("sha256:aa", "li-1", 4));
+        assert!(answer_binds(&format!("mosaic-ack:{p}-{k}"), &p, &k));
+        assert!(answer_binds(
+            &format!("Sure. `mosaic-ack:{p}-{k}`."),
+            &p,
+            &k
+        ));
+        // The phrase without the contract key: the challenge was seen, the contract was not.
+        assert!(!answer_binds(&format!("mosaic-ack:{p}"), &p, &k));
+        assert!(!answer_binds(&format!("mosaic-ack:{p}-{k}0"), &p, &k));
+        assert!(!answer_binds(&format!("mosaic-challenge:{p}"), &p, &k));
+        assert!(!answer_binds("mosaic-ack:", &p, &k));
+        assert!(!answer_binds(&p, &p, &k));
     }
 
     #[test]

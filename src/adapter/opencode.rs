@@ -55,6 +55,10 @@ impl Adapter for OpenCode {
         ]
     }
 
+    fn allowed_args(&self) -> &'static [&'static str] {
+        &[]
+    }
+
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (ContractInjection::SystemTransform, AckMethod::ChallengeTurn)
     }
@@ -154,6 +158,14 @@ impl Adapter for OpenCode {
                             .into(),
                     ),
                 }
+            }
+            "session-busy" => {
+                if conversation.is_none() || conversation != sid {
+                    return Err(format!(
+                        "busy event about session {sid:?}, not this generation's conversation"
+                    ));
+                }
+                Ok(HookEvent::TurnStarted)
             }
             "session-idle" => {
                 if conversation.is_none() || conversation != sid {

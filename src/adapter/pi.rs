@@ -50,6 +50,15 @@ impl Adapter for Pi {
         ]
     }
 
+    fn allowed_args(&self) -> &'static [&'static str] {
+        &[
+            // The script Pi's Node runs.
+            "{harness_root}/pi@{version}/node_modules/@earendil-works/pi-coding-agent/dist/bundle/cli.js",
+            "--session-id",
+            "{session_id}",
+        ]
+    }
+
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (
             ContractInjection::BeforeAgentStart,
@@ -124,6 +133,7 @@ impl Adapter for Pi {
                     "session_start from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
                 )),
             },
+            "agent-start" => Ok(HookEvent::TurnStarted),
             "agent-settled" => Ok(HookEvent::Settled {
                 last_message: payload["last_assistant_message"]
                     .as_str()

@@ -49,6 +49,12 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
                     report.receipts_written += 1;
                     if fin.quarantine.is_some() {
                         report.quarantined += 1;
+                        // Cleanup not verified: processes may still use the area, and it
+                        // is evidence for whoever releases the quarantine.
+                        live.insert((
+                            fin.receipt.lane_incarnation_id.clone(),
+                            fin.receipt.generation,
+                        ));
                     }
                     lane.apply_finish(&inner.store, &fin);
                 }
@@ -64,9 +70,9 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
     Ok(report)
 }
 
-/// Removes private harness areas no live generation owns: one whose generation ended while
-/// this supervisor was down (or between its verified cleanup and the removal). Nothing can
-/// be using them: their cgroups are gone or were just verified empty.
+/// Removes private harness areas no live or quarantined generation owns: one whose
+/// generation ended while this supervisor was down (or between its verified cleanup and the
+/// removal). Nothing can be using them: their cgroups are gone or were verified empty.
 fn sweep_harness_areas(inner: &Inner, live: &std::collections::HashSet<(String, u64)>) {
     let root = inner.cfg.state_dir.join("harness");
     let Ok(incs) = std::fs::read_dir(&root) else {

@@ -502,19 +502,40 @@ impl CoordinatedHost {
         };
         let tmux = self.sup.inner.tmux(&lane);
         let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
+        let bootstrapped = family.adapter().bootstrap_turn().is_some();
         tokio::task::spawn_blocking(move || {
             let marker = format!("mosaic-challenge:{phrase}");
-            let line =
-                format!("{marker} Mosaic activation check: reply with exactly mosaic-ack:{phrase}");
+            let line = format!(
+                "{marker} Mosaic activation check: reply with exactly mosaic-ack:{phrase}-<your Mosaic contract key>"
+            );
             // Bounded by the chain: the coordinator's challenge deadline ends a generation
             // that never answers.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
             // Only while this generation is the one waiting: never into a successor's pane.
             let waiting = || session.activation.borrow().is_none();
-            // Taken once a turn ended after it (its answer was judged) or it was answered.
-            let turns = session.observations().settled;
-            let taken =
-                || *session.ack_requested.borrow() || session.observations().settled > turns;
+            // Never type into a running turn (where a keystroke could answer a dialog): wait
+            // until the harness is idle — every started turn ended, and a bootstrap turn, if
+            // the family needs one, finished.
+            loop {
+                let o = session.observations();
+                if !o.busy && (!bootstrapped || o.settled >= 1) {
+                    break;
+                }
+                if !waiting() || std::time::Instant::now() >= deadline {
+                    tracing::warn!(%lane_id, generation, "the harness never went idle for its activation check");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            // Only a turn that starts from here on answers the check.
+            let started = session.observations().turns_started;
+            session
+                .answer_turns_after
+                .store(started, std::sync::atomic::Ordering::SeqCst);
+            // Taken once the harness started a turn for it (or it was already answered).
+            let taken = || {
+                *session.ack_requested.borrow() || session.observations().turns_started > started
+            };
             match tmux.submit_line(&lane, &line, &marker, deadline, &waiting, &taken) {
                 Ok(()) => {
                     tracing::info!(%lane_id, generation, "activation check submitted in the pane")
@@ -649,9 +670,12 @@ impl CoordinatedHost {
                 if let Ok(mut c) = ctx.contract.lock() {
                     *c = Some(env.clone());
                 }
+                let key =
+                    crate::adapter::contract_key(&digest, &ctx.lane_incarnation_id, ctx.generation);
                 session.contract.send_replace(Some(Contract {
                     task_text: text,
                     contracts_digest: digest,
+                    key,
                 }));
             }
             MessageType::Challenge => {

@@ -435,9 +435,26 @@ pub(crate) async fn launch(
         }
     }
     .await;
+    // A launch that fails from here on also ends the lane socket it served.
+    let end_lane_server = |ls: &Option<(
+        tokio::task::JoinHandle<()>,
+        Arc<super::lanesock::GenSession>,
+        PathBuf,
+    )>| {
+        if let Some((h, session, path)) = ls {
+            h.abort();
+            let _ = std::fs::remove_file(path);
+            session
+                .activation
+                .send_replace(Some(Err("the generation failed to start".into())));
+        }
+    };
     let (harness_pid, harness_start_time) = match launched {
         Ok(v) => v,
-        Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
+        Err(detail) => {
+            end_lane_server(&lane_server);
+            return Err(abort_launch(inner, rec, &cg, detail).await);
+        }
     };
     phase("harness started");
     // The harness may already be gone (exit=0); its exit report is then next on the link.
@@ -455,6 +472,7 @@ pub(crate) async fn launch(
                 "harness pid {harness_pid} is in {} with start time {}, expected {cgroup_rel} / {harness_start_time}",
                 h.cgroup, h.start_time
             );
+            end_lane_server(&lane_server);
             return Err(abort_launch(inner, rec, &cg, detail).await);
         }
         Err(_) => None,

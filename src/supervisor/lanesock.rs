@@ -20,6 +20,10 @@ use tokio::sync::watch;
 pub struct Contract {
     pub task_text: String,
     pub contracts_digest: String,
+    /// The generation's contract key (`adapter::contract_key`): the activation answer must
+    /// repeat it.
+    #[serde(default)]
+    pub key: String,
 }
 
 /// What a RUNNING harness reports through its socket. The evidence digest is computed here,
@@ -97,12 +101,20 @@ pub struct GenSession {
     pub harness: std::sync::Mutex<Option<(Family, Option<String>)>>,
     /// Advisory observations from the harness's own events (never used for termination).
     pub observed: std::sync::Mutex<Observed>,
+    /// For a harness answering in its own turns: the number of turns started before the
+    /// activation check was submitted. Only a turn started after it answers the challenge
+    /// (`u64::MAX` until then: no turn end is judged).
+    pub answer_turns_after: std::sync::atomic::AtomicU64,
 }
 
 /// What the harness's hooks reported, as the supervisor's status shows it. Advisory: no
 /// hook runs on SIGKILL, so none of this ever decides an ending.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
 pub struct Observed {
+    /// Turn starts (a prompt taken) seen.
+    pub turns_started: u64,
+    /// A turn started and has not ended yet (the last turn event was a start).
+    pub busy: bool,
     /// Turn ends (Stop / idle / settled events) seen.
     pub settled: u64,
     pub last_settled_at: Option<String>,
@@ -134,6 +146,7 @@ impl GenSession {
             phrase: watch::channel(None).0,
             harness: std::sync::Mutex::new(None),
             observed: std::sync::Mutex::new(Observed::default()),
+            answer_turns_after: std::sync::atomic::AtomicU64::new(u64::MAX),
         })
     }
 
@@ -153,12 +166,12 @@ impl GenSession {
             .and_then(|h| h.as_ref().and_then(|(_, c)| c.clone()))
     }
 
-    fn family(&self) -> Family {
+    /// The bound family; `None` (nothing bound) refuses every family-specific request.
+    fn family(&self) -> Option<Family> {
         self.harness
             .lock()
             .ok()
             .and_then(|h| h.as_ref().map(|(f, _)| *f))
-            .unwrap_or(Family::Fake)
     }
 
     fn observe(&self, f: impl FnOnce(&mut Observed)) {
@@ -183,7 +196,13 @@ impl GenSession {
         let Some(phrase) = phrase else {
             return Err("no activation challenge has been issued to this generation yet");
         };
-        if !crate::adapter::answer_binds(answer, &phrase) {
+        let key = self
+            .contract
+            .borrow()
+            .as_ref()
+            .map(|c| c.key.clone())
+            .unwrap_or_default();
+        if key.is_empty() || !crate::adapter::answer_binds(answer, &phrase, &key) {
             self.observe(|o| o.ack_refused += 1);
             return Err("the answer does not bind this generation's challenge");
         }
@@ -285,7 +304,9 @@ pub(crate) fn serve(
             let s = s.clone();
             tokio::spawn(async move {
                 let (r, mut w) = stream.into_split();
-                let mut lines = BufReader::new(r).lines();
+                // One request line, bounded: evidence (hex) or a hook event at most.
+                let cap = (2 * MAX_EVIDENCE_BYTES).max(1 << 20) as u64 + 65_536;
+                let mut lines = BufReader::new(tokio::io::AsyncReadExt::take(r, cap)).lines();
                 let Ok(Some(line)) = lines.next_line().await else {
                     return;
                 };
@@ -342,8 +363,12 @@ async fn wait_contract(s: &GenSession) -> Result<Contract, LaneResponse> {
 }
 
 async fn contract(s: &GenSession) -> LaneResponse {
-    if s.family().adapter().surfaces().0 != ContractInjection::SocketFetch {
-        return err("this harness receives its contract through its own session-start surface");
+    match s.family() {
+        Some(f) if f.adapter().surfaces().0 == ContractInjection::SocketFetch => {}
+        Some(_) => {
+            return err("this harness receives its contract through its own session-start surface")
+        }
+        None => return err("no harness is bound to this generation"),
     }
     match wait_contract(s).await {
         Ok(c) => {
@@ -361,8 +386,10 @@ async fn contract(s: &GenSession) -> LaneResponse {
 /// Waits for the activation challenge and hands over the phrase to answer (families that
 /// fetch it here; the others get it as a turn in their pane).
 async fn challenge(s: &GenSession) -> LaneResponse {
-    if s.family().adapter().challenge_delivery() != ChallengeDelivery::SocketFetch {
-        return err("this harness receives its activation check in its pane, not here");
+    match s.family() {
+        Some(f) if f.adapter().challenge_delivery() == ChallengeDelivery::SocketFetch => {}
+        Some(_) => return err("this harness receives its activation check in its pane, not here"),
+        None => return err("no harness is bound to this generation"),
     }
     if s.delivered.borrow().is_none() {
         return err("fetch the contract before asking for the challenge");
@@ -385,8 +412,10 @@ async fn challenge(s: &GenSession) -> LaneResponse {
 }
 
 async fn ack(s: &GenSession, response: &str) -> LaneResponse {
-    if s.family().adapter().challenge_delivery() != ChallengeDelivery::SocketFetch {
-        return err("this harness acknowledges through its own turn, not here");
+    match s.family() {
+        Some(f) if f.adapter().challenge_delivery() == ChallengeDelivery::SocketFetch => {}
+        Some(_) => return err("this harness acknowledges through its own turn, not here"),
+        None => return err("no harness is bound to this generation"),
     }
     if let Err(e) = s.take_answer(response) {
         return err(e);
@@ -452,7 +481,7 @@ async fn hook(
                 Ok(c) => c,
                 Err(e) => return e,
             };
-            let text = crate::adapter::contract_context(&c.task_text, &c.contracts_digest);
+            let text = crate::adapter::contract_context(&c.task_text, &c.contracts_digest, &c.key);
             let output = adapter.render_contract(&text);
             s.delivered.send_replace(Some(c.contracts_digest.clone()));
             LaneResponse {
@@ -460,13 +489,27 @@ async fn hook(
                 ..LaneResponse::ok("contract delivered")
             }
         }
+        HookEvent::TurnStarted => {
+            s.observe(|o| {
+                o.turns_started += 1;
+                o.busy = true;
+            });
+            LaneResponse::ok("turn started")
+        }
         HookEvent::Settled { last_message } => {
             s.observe(|o| {
                 o.settled += 1;
+                o.busy = false;
                 o.last_settled_at = Some(crate::util::now_rfc3339());
             });
+            // Only the end of a turn that started after the activation check was submitted
+            // answers it (a turn already running then, like Codex's bootstrap, does not).
+            let after = s
+                .answer_turns_after
+                .load(std::sync::atomic::Ordering::SeqCst);
+            let answering = s.observations().turns_started > after;
             let unacked = s.phrase.borrow().is_some() && !*s.ack_requested.borrow();
-            if let (true, Some(m)) = (unacked, last_message) {
+            if let (true, true, Some(m)) = (unacked, answering, last_message) {
                 if let Err(e) = s.take_answer(&m) {
                     tracing::warn!(
                         reason = e,

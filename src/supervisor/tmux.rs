@@ -27,6 +27,9 @@ pub struct PaneState {
     pub dead_status: Option<i32>,
 }
 
+/// How long one tmux client call may take before it is killed and counted as failed.
+const TMUX_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 fn err(what: &str, detail: impl std::fmt::Display) -> SupervisorError {
     SupervisorError::Tmux {
         detail: format!("{what}: {detail}"),
@@ -58,8 +61,9 @@ impl Tmux {
     }
 
     fn run(&self, what: &str, mut c: Command) -> Result<String, SupervisorError> {
-        let out = c
-            .output()
+        // Bounded: a wedged (or stopped) tmux server must not pin a supervisor thread.
+        c.stdout(Stdio::piped()).stderr(Stdio::piped());
+        let out = crate::util::run_bounded(&mut c, TMUX_TIMEOUT)
             .map_err(|e| err(what, format!("cannot run {}: {e}", self.bin.display())))?;
         if !out.status.success() {
             return Err(err(
@@ -176,10 +180,8 @@ impl Tmux {
                 }
             }
             if std::time::Instant::now() >= deadline {
-                return Err(err(
-                    "submit",
-                    format!("the pane never showed the typed line (looked for {marker:?})"),
-                ));
+                // The marker carries the challenge phrase: never in a log.
+                return Err(err("submit", "the pane never showed the typed line"));
             }
             // Not shown: the program was not reading yet. Clear whatever arrived, retype.
             let mut c = self.cmd();

@@ -37,3 +37,67 @@ pub fn random_hex(n: usize) -> Result<String, String> {
     getrandom::fill(&mut b).map_err(|e| format!("no randomness from the operating system: {e}"))?;
     Ok(hex::encode(b))
 }
+
+/// Runs `cmd` to completion or kills it at `timeout`. Its output must be small (a version
+/// line, a screen): it is read only once the process has ended, without waiting for a
+/// descendant that may still hold the pipe.
+pub fn run_bounded(
+    cmd: &mut std::process::Command,
+    timeout: std::time::Duration,
+) -> std::io::Result<std::process::Output> {
+    use std::io::Read;
+    let mut child = cmd.spawn()?;
+    let start = std::time::Instant::now();
+    // Woken by the child's exit through its pidfd (no polling delay on the fast path).
+    let pidfd = rustix::process::Pid::from_raw(child.id() as i32)
+        .and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+    let status = loop {
+        if let Some(st) = child.try_wait()? {
+            break st;
+        }
+        let left = timeout.saturating_sub(start.elapsed());
+        if let Some(fd) = &pidfd {
+            let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+            let ts = rustix::event::Timespec {
+                tv_sec: left.as_secs() as i64,
+                tv_nsec: left.subsec_nanos() as i64,
+            };
+            let _ = rustix::event::poll(&mut fds, Some(&ts));
+            if let Some(st) = child.try_wait()? {
+                break st;
+            }
+        }
+        if start.elapsed() > timeout {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(std::io::Error::other(format!(
+                "no answer within {} s (killed)",
+                timeout.as_secs()
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    };
+    // What it wrote before it ended, without waiting for a descendant that may still hold
+    // the pipe open.
+    fn drain(pipe: Option<impl Read + std::os::fd::AsFd>) -> Vec<u8> {
+        let mut out = Vec::new();
+        if let Some(mut o) = pipe {
+            let _ = rustix::fs::fcntl_setfl(o.as_fd(), rustix::fs::OFlags::NONBLOCK);
+            let mut buf = [0u8; 4096];
+            while out.len() < 1 << 16 {
+                match o.read(&mut buf) {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => out.extend_from_slice(&buf[..n]),
+                }
+            }
+        }
+        out
+    }
+    let stdout = drain(child.stdout.take());
+    let stderr = drain(child.stderr.take());
+    Ok(std::process::Output {
+        status,
+        stdout,
+        stderr,
+    })
+}
