@@ -99,15 +99,10 @@ pub fn install(
         .arg("install")
         .arg("--prefix")
         .arg(&staging)
-        // No package's install scripts run as the installing user (none of the four needs
-        // them: their platform binaries come as optional dependencies).
-        .args([
-            "--no-audit",
-            "--no-fund",
-            "--no-save",
-            "--ignore-scripts",
-            "--loglevel=error",
-        ])
+        // Install scripts do run: Claude Code's and OpenCode's put the platform binary (the
+        // one for this CPU) in place; with --ignore-scripts they leave a stub that only
+        // prints an error. The version probe then checks what was installed.
+        .args(["--no-audit", "--no-fund", "--no-save", "--loglevel=error"])
         .args(&packages)
         .status()
         .map_err(io("running", &npm))?;
