@@ -76,8 +76,8 @@ fn bench(f: &Family) -> Row {
     let (name, _) = f.runtime.split_once('@').unwrap();
     let fake = name == "fake";
     let model = Model::start();
-    let dir = std::env::temp_dir().join(format!("mosaic-bh-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = TempDir::new("mosaic-bh");
+    let dir = tmp.0.clone();
     let creds = dir.join("creds.env");
     std::fs::write(&creds, (f.credentials)(model.port, "bench-token")).unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -146,7 +146,7 @@ fn bench(f: &Family) -> Row {
         survivors.push(survivors_of(&tree));
     }
     drop(up);
-    let _ = std::fs::remove_dir_all(&dir);
+    drop(tmp);
     Row {
         name: f.runtime.to_string(),
         running,

@@ -73,9 +73,8 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
 
     let model = Model::start();
     let token = format!("mosaic-test-token-{}", uuid::Uuid::new_v4().simple());
-    let creds_dir =
-        std::env::temp_dir().join(format!("mosaic-creds-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&creds_dir).unwrap();
+    let creds_dir = TempDir::new("mosaic-creds");
+    let creds_dir = &creds_dir.0;
     let creds = creds_dir.join(format!("{name}.env"));
     std::fs::write(&creds, (f.credentials)(model.port, &token)).unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
@@ -447,7 +446,6 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     // and are removed with its private area; the check above covers what remains.
     checks.insert("credentials_leaked_to", json!(leaked));
     drop(up);
-    let _ = std::fs::remove_dir_all(&creds_dir);
 
     json!({
         "suite": "mosaic-harness-conformance/v1",

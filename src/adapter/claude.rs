@@ -88,13 +88,8 @@ impl Adapter for ClaudeCode {
             detail,
         };
         let io = |what: &str, e: std::io::Error| fail(format!("{what}: {e}"));
-        let (home, tmp, run, work) = (
-            dir.join("home"),
-            dir.join("tmp"),
-            dir.join("run"),
-            dir.join("work"),
-        );
-        for d in [&home, &tmp, &run, &work] {
+        let (home, tmp, work) = (dir.join("home"), dir.join("tmp"), dir.join("work"));
+        for d in [&home, &tmp, &work] {
             crate::util::durable::ensure_dir(d, 0o700)
                 .map_err(|e| fail(format!("{}: {e}", d.display())))?;
         }
@@ -125,7 +120,9 @@ impl Adapter for ClaudeCode {
         let env = vec![
             ("CLAUDE_CONFIG_DIR".into(), s(&home)),
             ("HOME".into(), s(&home)),
-            ("XDG_RUNTIME_DIR".into(), s(&run)),
+            // Its session socket goes to $XDG_RUNTIME_DIR/cc-socks; a path too long for a
+            // socket would send it to /tmp/cc-socks-<uid>, shared by every session.
+            ("XDG_RUNTIME_DIR".into(), s(ctx.run_dir)),
             ("XDG_CONFIG_HOME".into(), s(&home.join(".config"))),
             ("XDG_DATA_HOME".into(), s(&home.join(".local/share"))),
             ("XDG_CACHE_HOME".into(), s(&home.join(".cache"))),

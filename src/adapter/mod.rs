@@ -717,6 +717,12 @@ pub fn probe_version(entry: &Entry, r: &RuntimeRef, paths: &Paths) -> Result<(),
             .env("PATH", "/usr/local/bin:/usr/bin:/bin")
             .env("HOME", &home)
             .env("TMPDIR", &home)
+            // Claude Code puts a socket under $XDG_RUNTIME_DIR, else in /tmp/cc-socks-<uid>.
+            .env("XDG_RUNTIME_DIR", &home)
+            .env("XDG_CONFIG_HOME", &home)
+            .env("XDG_DATA_HOME", &home)
+            .env("XDG_STATE_HOME", &home)
+            .env("XDG_CACHE_HOME", &home)
             .env("LANG", "C.UTF-8")
             .stdin(std::process::Stdio::null())
             .stdout(std::process::Stdio::piped())
@@ -852,6 +858,9 @@ pub struct PrepareCtx<'a> {
     pub plan: &'a LaunchPlan,
     /// The generation's private harness area (created empty, 0700, by the caller).
     pub state_dir: &'a Path,
+    /// A short private runtime directory for the harness's own sockets (0700; on the
+    /// supervisor's runtime dir, so its paths fit `sun_path`).
+    pub run_dir: &'a Path,
     /// The `mosaic` binary the harness-side assets call back through.
     pub mosaic_exe: &'a Path,
     /// The operator's config overlay for this runtime (provider, model selection), copied

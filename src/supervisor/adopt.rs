@@ -5,6 +5,7 @@
 //! nonce from inside the generation's cgroup, with the recorded root PID, start time, boot
 //! id and executable. A PID that merely exists proves nothing.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -74,6 +75,18 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
 /// generation ended while this supervisor was down (or between its verified cleanup and the
 /// removal). Nothing can be using them: their cgroups are gone or were verified empty.
 fn sweep_harness_areas(inner: &Inner, live: &std::collections::HashSet<(String, u64)>) {
+    // The short runtime directories first: those of no kept generation go.
+    let keep: std::collections::HashSet<PathBuf> = live
+        .iter()
+        .map(|(inc, g)| generation::harness_run_dir(inner, inc, *g))
+        .collect();
+    if let Ok(runs) = std::fs::read_dir(inner.cfg.runtime_dir.join("h")) {
+        for r in runs.flatten() {
+            if !keep.contains(&r.path()) {
+                let _ = std::fs::remove_dir_all(r.path());
+            }
+        }
+    }
     let root = inner.cfg.state_dir.join("harness");
     let Ok(incs) = std::fs::read_dir(&root) else {
         return;

@@ -84,6 +84,17 @@ pub(crate) fn gen_paths(inner: &Inner, incarnation: &str, generation: u64) -> (P
     )
 }
 
+/// A generation's short runtime directory (`<runtime_dir>/h/<tag>`), for the sockets a
+/// harness makes for itself: under the private area their paths can exceed `sun_path`, and
+/// Claude Code then falls back to a directory shared by every session of the user.
+pub(crate) fn harness_run_dir(inner: &Inner, incarnation: &str, generation: u64) -> PathBuf {
+    let tag = &crate::util::sha256_hex(
+        "mosaic/harness-run/v1",
+        &[incarnation.as_bytes(), &generation.to_be_bytes()],
+    )[..16];
+    inner.cfg.runtime_dir.join("h").join(tag)
+}
+
 /// A generation's private harness area (config home, temp, working directory): created
 /// fresh at launch, removed once the generation's cgroup is verified empty.
 pub(crate) fn harness_dir(inner: &Inner, incarnation: &str, generation: u64) -> PathBuf {
@@ -98,6 +109,7 @@ pub(crate) fn harness_dir(inner: &Inner, incarnation: &str, generation: u64) -> 
 /// Removes a generation's private harness area. Only called once nothing of the generation
 /// can be running (its cgroup verified empty): nothing can be writing there.
 pub(crate) fn remove_harness_dir(inner: &Inner, incarnation: &str, generation: u64) {
+    let _ = std::fs::remove_dir_all(harness_run_dir(inner, incarnation, generation));
     let dir = harness_dir(inner, incarnation, generation);
     match std::fs::remove_dir_all(&dir) {
         Ok(()) => {}
@@ -128,12 +140,16 @@ fn prepare_harness(
         Err(e) => return Err(format!("cannot clear {}: {e}", dir.display())),
     }
     crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
+    let run = harness_run_dir(inner, &rec.lane_incarnation_id, rec.generation);
+    let _ = std::fs::remove_dir_all(&run);
+    crate::util::durable::ensure_dir(&run, 0o700).map_err(|e| e.to_string())?;
     let prepared = plan
         .family
         .adapter()
         .prepare(&crate::adapter::PrepareCtx {
             plan,
             state_dir: &dir,
+            run_dir: &run,
             mosaic_exe: &inner.cfg.mosaic_exe(),
             overlay: inner
                 .cfg

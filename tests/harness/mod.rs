@@ -40,6 +40,23 @@ pub fn wait_for<T>(what: &str, patience: Duration, mut f: impl FnMut() -> Option
     }
 }
 
+/// A temporary directory removed on drop, also when the test fails (it holds credentials).
+pub struct TempDir(pub PathBuf);
+
+impl TempDir {
+    pub fn new(prefix: &str) -> Self {
+        let d = std::env::temp_dir().join(format!("{prefix}-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&d).unwrap();
+        Self(d)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
 /// The deterministic model endpoint, as a separate process.
 pub struct Model {
     pub child: Child,
