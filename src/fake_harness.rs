@@ -352,7 +352,20 @@ fn from_contract() -> Result<Vec<String>, String> {
         let h = run("handoff-ack")?;
         println!("fake: handoff {}", h["state"].as_str().unwrap_or("?"));
     }
-    let a = run("ack")?;
+    // The supervisor may die (and restart) while the ACK waits for the activation: a lane
+    // socket that answers nothing is asked again (a restarted supervisor serves an activated
+    // generation's socket again and says it is active); a refusal is final.
+    let mut a = run("ack");
+    for _ in 0..100 {
+        match &a {
+            Err(e) if !e.contains("refused") => {
+                sleep_reaping(Duration::from_millis(100));
+                a = run("ack");
+            }
+            _ => break,
+        }
+    }
+    let a = a?;
     println!("fake: generation is {}", a["state"].as_str().unwrap_or("?"));
     Ok(task.split_whitespace().map(String::from).collect())
 }

@@ -391,6 +391,10 @@ async fn challenge(s: &GenSession) -> LaneResponse {
         Some(_) => return err("this harness receives its activation check in its pane, not here"),
         None => return err("no harness is bound to this generation"),
     }
+    if matches!(*s.activation.borrow(), Some(Ok(()))) {
+        // Already active (a restarted supervisor serving an activated generation again).
+        return LaneResponse::ok("active");
+    }
     if s.delivered.borrow().is_none() {
         return err("fetch the contract before asking for the challenge");
     }
