@@ -13,8 +13,8 @@ use std::path::Path;
 use serde_json::{json, Value};
 
 use super::{
-    copy_overlay, expand, write_new as write, AckMethod, Adapter, ChallengeDelivery,
-    ContractInjection, Family, HookEvent, PrepareCtx, Prepared, RegistryError,
+    copy_overlay, expand, write_new as write, AckMethod, Adapter, ContractInjection, Family,
+    HookEvent, PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct ClaudeCode;
@@ -35,14 +35,7 @@ impl Adapter for ClaudeCode {
     }
 
     fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
-        if directives.is_empty() {
-            Ok(())
-        } else {
-            Err(RegistryError::Directives {
-                family: "claude-code".into(),
-                detail: "Claude Code takes its task as the contract, not as directives".into(),
-            })
-        }
+        super::no_directives(Family::ClaudeCode, directives)
     }
 
     fn forbidden_args(&self) -> &'static [&'static str] {
@@ -74,10 +67,6 @@ impl Adapter for ClaudeCode {
             ContractInjection::SessionStartHook,
             AckMethod::ChallengeTurn,
         )
-    }
-
-    fn challenge_delivery(&self) -> ChallengeDelivery {
-        ChallengeDelivery::PaneTurn
     }
 
     fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {
@@ -147,39 +136,55 @@ impl Adapter for ClaudeCode {
         payload: &Value,
         conversation: Option<&str>,
     ) -> Result<HookEvent, String> {
-        let sid = payload["session_id"].as_str().unwrap_or("");
-        if conversation != Some(sid) {
-            return Err(format!(
-                "hook event about conversation {sid:?}, not this generation's"
-            ));
-        }
-        match (event, payload["hook_event_name"].as_str()) {
-            ("session-start", Some("SessionStart")) => match payload["source"].as_str() {
-                Some("startup") => Ok(HookEvent::SessionStart),
-                other => Err(format!(
-                    "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
-                )),
-            },
-            ("prompt-submit", Some("UserPromptSubmit")) => Ok(HookEvent::TurnStarted),
-            ("stop", Some("Stop")) => Ok(HookEvent::Settled {
-                last_message: payload["last_assistant_message"]
-                    .as_str()
-                    .map(str::to_string),
-            }),
-            ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
-                reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
-            }),
-            (e, n) => Err(format!("unexpected hook {e:?} carrying event {n:?}")),
-        }
+        hook_event(event, payload, conversation)
     }
 
     fn render_contract(&self, contract: &str) -> String {
-        json!({"hookSpecificOutput": {
-            "hookEventName": "SessionStart",
-            "additionalContext": contract,
-        }})
-        .to_string()
+        session_start_context(contract)
     }
+}
+
+/// One event of the Claude-style hook protocol (Claude Code, and Codex, which speaks the
+/// same JSON): it must name this generation's conversation and be the event the hook was
+/// installed for.
+pub(super) fn hook_event(
+    event: &str,
+    payload: &Value,
+    conversation: Option<&str>,
+) -> Result<HookEvent, String> {
+    let sid = payload["session_id"].as_str().unwrap_or("");
+    if conversation != Some(sid) {
+        return Err(format!(
+            "hook event about conversation {sid:?}, not this generation's"
+        ));
+    }
+    match (event, payload["hook_event_name"].as_str()) {
+        ("session-start", Some("SessionStart")) => match payload["source"].as_str() {
+            Some("startup") => Ok(HookEvent::SessionStart),
+            other => Err(format!(
+                "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
+            )),
+        },
+        ("prompt-submit", Some("UserPromptSubmit")) => Ok(HookEvent::TurnStarted),
+        ("stop", Some("Stop")) => Ok(HookEvent::Settled {
+            last_message: payload["last_assistant_message"]
+                .as_str()
+                .map(str::to_string),
+        }),
+        ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
+            reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
+        }),
+        (e, n) => Err(format!("unexpected hook {e:?} carrying event {n:?}")),
+    }
+}
+
+/// What a SessionStart hook prints to hand the contract to the model.
+pub(super) fn session_start_context(contract: &str) -> String {
+    json!({"hookSpecificOutput": {
+        "hookEventName": "SessionStart",
+        "additionalContext": contract,
+    }})
+    .to_string()
 }
 
 #[cfg(test)]

@@ -10,11 +10,11 @@
 //! `last_assistant_message`. Codex names its thread itself: the first SessionStart's
 //! `session_id` becomes the generation's conversation.
 
-use serde_json::{json, Value};
+use serde_json::Value;
 
 use super::{
-    expand, write_new, AckMethod, Adapter, ChallengeDelivery, ContractInjection, Family, HookEvent,
-    PrepareCtx, Prepared, RegistryError,
+    expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent, PrepareCtx,
+    Prepared, RegistryError,
 };
 
 pub struct Codex;
@@ -67,14 +67,7 @@ impl Adapter for Codex {
     }
 
     fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
-        if directives.is_empty() {
-            Ok(())
-        } else {
-            Err(RegistryError::Directives {
-                family: "codex".into(),
-                detail: "Codex takes its task as the contract, not as directives".into(),
-            })
-        }
+        super::no_directives(Family::Codex, directives)
     }
 
     fn forbidden_args(&self) -> &'static [&'static str] {
@@ -98,10 +91,6 @@ impl Adapter for Codex {
             ContractInjection::SessionStartHook,
             AckMethod::ChallengeTurn,
         )
-    }
-
-    fn challenge_delivery(&self) -> ChallengeDelivery {
-        ChallengeDelivery::PaneTurn
     }
 
     fn bootstrap_turn(&self) -> Option<&'static str> {
@@ -180,44 +169,19 @@ impl Adapter for Codex {
         payload: &Value,
         conversation: Option<&str>,
     ) -> Result<HookEvent, String> {
-        let sid = payload["session_id"].as_str().unwrap_or("");
-        if conversation != Some(sid) {
-            return Err(format!(
-                "hook event about thread {sid:?}, not this generation's conversation"
-            ));
-        }
-        match (event, payload["hook_event_name"].as_str()) {
-            ("session-start", Some("SessionStart")) => match payload["source"].as_str() {
-                Some("startup") => Ok(HookEvent::SessionStart),
-                other => Err(format!(
-                    "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
-                )),
-            },
-            ("prompt-submit", Some("UserPromptSubmit")) => Ok(HookEvent::TurnStarted),
-            ("stop", Some("Stop")) => Ok(HookEvent::Settled {
-                last_message: payload["last_assistant_message"]
-                    .as_str()
-                    .map(str::to_string),
-            }),
-            ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
-                reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
-            }),
-            (e, n) => Err(format!("unexpected hook {e:?} carrying event {n:?}")),
-        }
+        // Codex speaks Claude Code's hook protocol.
+        super::claude::hook_event(event, payload, conversation)
     }
 
     fn render_contract(&self, contract: &str) -> String {
-        json!({"hookSpecificOutput": {
-            "hookEventName": "SessionStart",
-            "additionalContext": contract,
-        }})
-        .to_string()
+        super::claude::session_start_context(contract)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::json;
 
     #[test]
     fn the_operator_config_keeps_its_provider_and_loses_what_would_outlive_or_misreport() {

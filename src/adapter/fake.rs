@@ -2,8 +2,8 @@
 //! and challenge are fetched over the lane socket, and it keeps no state of its own.
 
 use super::{
-    expand, AckMethod, Adapter, ChallengeDelivery, ContractInjection, Family, HookEvent,
-    PrepareCtx, Prepared, RegistryError,
+    expand, AckMethod, Adapter, ContractInjection, Family, HookEvent, PrepareCtx, Prepared,
+    RegistryError,
 };
 
 pub struct Fake;
@@ -32,10 +32,6 @@ impl Adapter for Fake {
 
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (ContractInjection::SocketFetch, AckMethod::LaneCli)
-    }
-
-    fn challenge_delivery(&self) -> ChallengeDelivery {
-        ChallengeDelivery::SocketFetch
     }
 
     fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {

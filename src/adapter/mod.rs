@@ -953,7 +953,13 @@ pub trait Adapter: Send + Sync {
     fn allowed_args(&self) -> &'static [&'static str];
     /// The (contract injection, ACK method) pair this adapter implements.
     fn surfaces(&self) -> (ContractInjection, AckMethod);
-    fn challenge_delivery(&self) -> ChallengeDelivery;
+    /// How the activation check reaches the harness: follows from its ACK method.
+    fn challenge_delivery(&self) -> ChallengeDelivery {
+        match self.surfaces().1 {
+            AckMethod::LaneCli => ChallengeDelivery::SocketFetch,
+            AckMethod::ChallengeTurn => ChallengeDelivery::PaneTurn,
+        }
+    }
     /// Writes the generation's private harness state and returns how to start it there.
     fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError>;
     /// Interprets one event the harness-side assets forwarded. `conversation` is the id the
@@ -976,6 +982,20 @@ pub trait Adapter: Send + Sync {
     fn names_conversation(&self, _event: &str, _payload: &serde_json::Value) -> Option<String> {
         None
     }
+}
+
+/// Directives refused: a real harness takes its task as the contract.
+pub fn no_directives(family: Family, directives: &[String]) -> Result<(), RegistryError> {
+    if directives.is_empty() {
+        return Ok(());
+    }
+    Err(RegistryError::Directives {
+        family: family.name().into(),
+        detail: format!(
+            "{} takes its task as the contract, not as directives",
+            family.name()
+        ),
+    })
 }
 
 /// The text every family puts in front of the model as its contract. It carries the

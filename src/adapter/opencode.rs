@@ -16,8 +16,8 @@
 use serde_json::{json, Value};
 
 use super::{
-    copy_overlay, expand, write_new, AckMethod, Adapter, ChallengeDelivery, ContractInjection,
-    Family, HookEvent, PrepareCtx, Prepared, RegistryError,
+    copy_overlay, expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent,
+    PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct OpenCode;
@@ -30,14 +30,7 @@ impl Adapter for OpenCode {
     }
 
     fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
-        if directives.is_empty() {
-            Ok(())
-        } else {
-            Err(RegistryError::Directives {
-                family: "opencode".into(),
-                detail: "OpenCode takes its task as the contract, not as directives".into(),
-            })
-        }
+        super::no_directives(Family::OpenCode, directives)
     }
 
     fn forbidden_args(&self) -> &'static [&'static str] {
@@ -61,10 +54,6 @@ impl Adapter for OpenCode {
 
     fn surfaces(&self) -> (ContractInjection, AckMethod) {
         (ContractInjection::SystemTransform, AckMethod::ChallengeTurn)
-    }
-
-    fn challenge_delivery(&self) -> ChallengeDelivery {
-        ChallengeDelivery::PaneTurn
     }
 
     fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {

@@ -12,8 +12,8 @@
 use serde_json::Value;
 
 use super::{
-    copy_overlay, expand, write_new, AckMethod, Adapter, ChallengeDelivery, ContractInjection,
-    Family, HookEvent, PrepareCtx, Prepared, RegistryError,
+    copy_overlay, expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent,
+    PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct Pi;
@@ -26,14 +26,7 @@ impl Adapter for Pi {
     }
 
     fn validate_directives(&self, directives: &[String]) -> Result<(), RegistryError> {
-        if directives.is_empty() {
-            Ok(())
-        } else {
-            Err(RegistryError::Directives {
-                family: "pi".into(),
-                detail: "Pi takes its task as the contract, not as directives".into(),
-            })
-        }
+        super::no_directives(Family::Pi, directives)
     }
 
     fn forbidden_args(&self) -> &'static [&'static str] {
@@ -64,10 +57,6 @@ impl Adapter for Pi {
             ContractInjection::BeforeAgentStart,
             AckMethod::ChallengeTurn,
         )
-    }
-
-    fn challenge_delivery(&self) -> ChallengeDelivery {
-        ChallengeDelivery::PaneTurn
     }
 
     fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {
