@@ -1,7 +1,8 @@
 //! Supervisor benchmarks, each beside the anchor it is measured against, in one run:
 //!
 //! (a) fresh generation start → verified identity, vs a bare `tmux respawn-pane` of the
-//!     same harness command (until the pane's process has exec'd it);
+//!     same harness command (until the pane's process has exec'd it), and vs the same
+//!     respawn through an attached control-mode client (how the supervisor drives tmux);
 //! (b) stop of a generation with 1000 descendants (a quarter of them setsid'd) → verified
 //!     empty, vs `tmux kill-session`, with the survivors each leaves;
 //! (c) SIGKILL of the harness → fsync'd receipt, p50 and p99.
@@ -99,6 +100,85 @@ fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
     v
 }
 
+/// (a) second anchor: the same respawn through a tmux control-mode client that is already
+/// attached (the way the supervisor drives its lanes' servers), so no tmux client starts
+/// per respawn.
+fn control_respawn(n: usize, dir: &Path) -> Vec<Duration> {
+    use std::io::{BufRead, BufReader, Write};
+    let sock = dir.join("anchor-c.sock");
+    tmux(
+        &sock,
+        &[
+            "-f",
+            "/dev/null",
+            "new-session",
+            "-d",
+            "-s",
+            "c",
+            "sleep",
+            "600",
+        ],
+    );
+    tmux(&sock, &["set", "-g", "remain-on-exit", "on"]);
+    let mut client = Command::new("tmux")
+        .arg("-S")
+        .arg(&sock)
+        .args([
+            "-C",
+            "attach-session",
+            "-f",
+            "no-output,ignore-size",
+            "-t",
+            "=c",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut input = client.stdin.take().unwrap();
+    let mut output = BufReader::new(client.stdout.take().unwrap());
+    let mut reply = || {
+        let mut body = Vec::new();
+        let mut line = String::new();
+        loop {
+            line.clear();
+            assert!(
+                output.read_line(&mut line).unwrap() > 0,
+                "control client ended"
+            );
+            if line.starts_with("%begin") {
+                body.clear();
+            } else if line.starts_with("%end") {
+                return body;
+            } else if line.starts_with("%error") {
+                panic!("tmux: {body:?}");
+            } else {
+                body.push(line.trim().to_string());
+            }
+        }
+    };
+    reply();
+    let fake = fake();
+    let mut v = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        writeln!(input, "respawn-pane -k -t =c: '{fake}' hang").unwrap();
+        reply();
+        writeln!(input, "display -p -t =c: '#{{pane_pid}}'").unwrap();
+        let pid: i32 = reply()[0].parse().unwrap();
+        wait_until("exec", || {
+            std::fs::read_link(format!("/proc/{pid}/exe"))
+                .ok()
+                .filter(|p| p.ends_with("mosaic-fake-harness"))
+        });
+        v.push(t.elapsed());
+    }
+    drop(input);
+    let _ = client.wait();
+    tmux(&sock, &["kill-server"]);
+    v
+}
+
 /// (b) anchor: a tmux session running the harness with 1000 descendants, killed with
 /// kill-session. The server sits in its own cgroup so survivors can be counted and then
 /// removed.
@@ -151,6 +231,49 @@ fn bare_kill_session(runs: usize, dir: &Path, root: &Path) -> (Vec<Duration>, Ve
     (times, survivors)
 }
 
+/// Where the start time goes: the supervisor logs each launch phase with the time since
+/// the launch began (at debug level, which the test host enables). Prints the median time
+/// spent in each phase, in launch order.
+fn print_phases(log: &str) {
+    let mut order: Vec<String> = Vec::new();
+    let mut spent: std::collections::HashMap<String, Vec<Duration>> = Default::default();
+    let mut last = 0u64;
+    for line in log.lines().filter(|l| l.contains("launch phase")) {
+        let field = |name: &str| {
+            let at = line.find(&format!("{name}="))? + name.len() + 1;
+            let rest = &line[at..];
+            let (rest, end) = match rest.strip_prefix('"') {
+                Some(quoted) => (quoted, '"'),
+                None => (rest, ' '),
+            };
+            Some(rest[..rest.find(end).unwrap_or(rest.len())].to_string())
+        };
+        let (Some(phase), Some(us)) = (field("phase"), field("elapsed_us")) else {
+            continue;
+        };
+        let Ok(us) = us.parse::<u64>() else { continue };
+        if us < last || phase.starts_with("planned") {
+            last = 0;
+        }
+        if !order.contains(&phase) {
+            order.push(phase.clone());
+        }
+        spent
+            .entry(phase)
+            .or_default()
+            .push(Duration::from_micros(us - last));
+        last = us;
+    }
+    println!("    where mosaic's start goes (median per phase, from the supervisor's debug log):");
+    for phase in order {
+        let v = spent
+            .get_mut(&phase)
+            .map(|v| pct(v, 0.5))
+            .unwrap_or_default();
+        println!("      {:7.2} ms  {phase}", ms(v));
+    }
+}
+
 fn main() {
     require_host();
     let h = Host::new();
@@ -169,17 +292,18 @@ fn main() {
         h.call(&Request::Stop { lane: "a".into() });
     }
     let mut anchor = bare_respawn(n, &dir);
-    let (m50, a50) = (pct(&mut mosaic_start, 0.5), pct(&mut anchor, 0.5));
+    let mut control = control_respawn(n, &dir);
+    let (m50, a50, c50) = (
+        pct(&mut mosaic_start, 0.5),
+        pct(&mut anchor, 0.5),
+        pct(&mut control, 0.5),
+    );
     let dynmods = mosaic::cgroup::discover_mount()
         .map(|m| m.favordynmods)
         .unwrap_or(false);
     println!(
         "(a) fresh generation start → verified identity (n={n}; cgroup2 favordynmods {})",
-        if dynmods {
-            "on"
-        } else {
-            "off: each start waits an RCU grace period to join its cgroup"
-        }
+        if dynmods { "on" } else { "off" }
     );
     println!(
         "    mosaic start        p50 {:7.2} ms  p99 {:7.2} ms   (new cgroup, shim, SO_PEERCRED + cgroup + start-time + nonce check, pidfds, fsync'd records)",
@@ -195,6 +319,13 @@ fn main() {
         "    ratio (p50)         {:.2}x",
         m50.as_secs_f64() / a50.as_secs_f64()
     );
+    println!(
+        "    respawn-pane through an attached control client   p50 {:7.2} ms  p99 {:7.2} ms  (mosaic's own way to tmux; ratio {:.2}x)",
+        ms(c50),
+        ms(pct(&mut control, 0.99)),
+        m50.as_secs_f64() / c50.as_secs_f64()
+    );
+    print_phases(&h.log());
     println!();
 
     // (b)

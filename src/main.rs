@@ -285,18 +285,6 @@ enum Cmd {
         #[command(subcommand)]
         op: LaneOp,
     },
-    /// First process of a generation (started by the supervisor inside a tmux pane).
-    #[command(hide = true)]
-    Shim {
-        #[arg(long)]
-        cgroup: PathBuf,
-        #[arg(long)]
-        socket: PathBuf,
-        #[arg(long)]
-        nonce_file: PathBuf,
-        #[arg(long)]
-        exit_record: PathBuf,
-    },
 }
 
 /// Where the coordinator is: its local socket (from a state dir, or explicit), or a
@@ -644,25 +632,6 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     match cli.cmd {
-        Cmd::Shim {
-            cgroup,
-            socket,
-            nonce_file,
-            exit_record,
-        } => {
-            let args = mosaic::shim::ShimArgs {
-                cgroup,
-                socket,
-                nonce_file,
-                exit_record,
-            };
-            let e = match mosaic::shim::run(args) {
-                Err(e) => e,
-                Ok(never) => match never {},
-            };
-            eprintln!("mosaic shim: {e}");
-            Ok(ExitCode::from(126))
-        }
         Cmd::Coordinator { config } => {
             init_logging();
             let text = std::fs::read_to_string(&config)

@@ -242,10 +242,11 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
 
     // 4. No updater, daemon or resume: at rest, the generation is the shim and the harness.
     // At rest: once the last turn's hook processes (a shell, `mosaic lane hook`) are gone,
-    // only the shim (`mosaic`) and the harness remain — no updater, daemon or helper.
+    // only the shim (`mosaic-shim`) and the harness remain — no updater, daemon or helper.
     let mut at_rest: Vec<String> = wait_for("the hook processes gone", common::PATIENCE, || {
         let c: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
-        (c.iter().filter(|x| *x == "mosaic").count() == 1 && !c.iter().any(|x| x == "sh"))
+        (c.iter().filter(|x| *x == "mosaic-shim").count() == 1
+            && !c.iter().any(|x| x == "sh" || x == "mosaic"))
             .then_some(c)
     });
     at_rest.sort();

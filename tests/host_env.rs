@@ -78,6 +78,10 @@ fn an_unwritable_cgroup_fails_closed_with_the_fix() {
     let exe = dir.join("mosaic");
     std::fs::copy(common::MOSAIC, &exe).unwrap();
     std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // Installed as a supervisor is: the shim beside it.
+    let shim = dir.join("mosaic-shim");
+    std::fs::copy(common::SHIM, &shim).unwrap();
+    std::fs::set_permissions(&shim, std::fs::Permissions::from_mode(0o755)).unwrap();
     // `nobody` cannot write a root-owned cgroup.
     let out = Command::new(&exe)
         .args(["supervisor", "--config"])

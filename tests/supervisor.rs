@@ -79,14 +79,14 @@ fn identity_fields_are_correct() {
     assert_eq!(id["lane_id"], h.lane_id("w1"));
     assert_eq!(id["generation"], 1);
     assert_eq!(id["lane_incarnation_id"], g["lane_incarnation_id"]);
-    // Executable identity is the shim's, i.e. the mosaic binary, by path and by inode.
+    // Executable identity is the shim's (the mosaic-shim binary), by path and by inode.
     use std::os::unix::fs::MetadataExt;
-    let exe = std::fs::metadata(MOSAIC).unwrap();
+    let exe = std::fs::metadata(SHIM).unwrap();
     assert_eq!(id["exe_ino"].as_u64(), Some(exe.ino()));
     assert_eq!(id["exe_dev"].as_u64(), Some(exe.dev()));
     assert_eq!(
         std::fs::canonicalize(id["exe_path"].as_str().unwrap()).unwrap(),
-        std::fs::canonicalize(MOSAIC).unwrap()
+        std::fs::canonicalize(SHIM).unwrap()
     );
     // The cgroup is the one /proc reports for the root, under the lane's incarnation.
     let rel = id["cgroup_path"].as_str().unwrap();
@@ -611,6 +611,55 @@ fn a_dead_tmux_server_leaves_the_generation_running_and_quarantines_the_lane() {
     h.call(&Request::LaneDestroy { lane: "w1".into() });
     h.create_lane("w1");
     assert_eq!(h.start("w1", "hang")["generation"], 1);
+}
+
+/// The supervisor's attached tmux control clients (its children running `tmux -C`).
+fn control_clients(h: &Host) -> Vec<i32> {
+    let sup = h.supervisor_pid().unwrap() as i32;
+    procfs::process::all_processes()
+        .unwrap()
+        .filter_map(|p| p.ok())
+        .filter(|p| p.stat().is_ok_and(|s| s.ppid == sup))
+        .filter(|p| {
+            p.cmdline().is_ok_and(|c| {
+                c.iter().any(|a| a == "-C") && c.iter().any(|a| a == "attach-session")
+            })
+        })
+        .map(|p| p.pid)
+        .collect()
+}
+
+#[test]
+fn a_lost_tmux_control_client_is_replaced_and_starts_go_on() {
+    let h = Host::new();
+    h.create_lane("cc");
+    assert_eq!(h.start("cc", "hang")["generation"], 1);
+    let first = control_clients(&h);
+    assert_eq!(first.len(), 1, "one control client per lane: {first:?}");
+    // An operator detaching every client of the session detaches the supervisor's too.
+    std::process::Command::new("tmux")
+        .arg("-S")
+        .arg(h.lane_tmux_socket("cc"))
+        .args(["detach-client", "-s", "=cc"])
+        .status()
+        .unwrap();
+    wait_until("the detached client exits", || {
+        control_clients(&h).is_empty().then_some(())
+    });
+    assert_eq!(h.start("cc", "hang")["generation"], 2);
+    let second = control_clients(&h);
+    assert_eq!(second.len(), 1, "{second:?}");
+    assert_ne!(second, first);
+    // A client killed outright is replaced the same way.
+    kill(second[0], nix::sys::signal::Signal::SIGKILL);
+    wait_until("the killed client is gone", || {
+        control_clients(&h).is_empty().then_some(())
+    });
+    assert_eq!(h.start("cc", "hang")["generation"], 3);
+    assert_eq!(h.lane_status("cc")["status"], "active");
+    // Destroying the lane detaches its client.
+    h.call(&Request::LaneDestroy { lane: "cc".into() });
+    assert!(control_clients(&h).is_empty());
 }
 
 #[test]

@@ -1,4 +1,4 @@
-//! `mosaic shim`: the first process of every generation, running in the lane's tmux pane.
+//! `mosaic-shim`: the first process of every generation, running in the lane's tmux pane.
 //!
 //! Order matters and is the whole point (each step depends on the one before):
 //! 1. join the generation's cgroup — before anything else, so nothing it starts can be
@@ -65,6 +65,54 @@ struct Shared {
 }
 
 extern "C" fn ignore_signal(_: libc::c_int) {}
+
+impl ShimArgs {
+    /// Parses `--cgroup P --socket P --nonce-file P --exit-record P` (each once, all
+    /// required). The shim is its own small binary (`mosaic-shim`) because it starts once
+    /// per generation on the start path: without the CLI's parser and the big binary's
+    /// relocations it is running about a millisecond sooner.
+    pub fn parse(args: impl IntoIterator<Item = std::ffi::OsString>) -> Result<Self, String> {
+        let (mut cgroup, mut socket, mut nonce_file, mut exit_record) = (None, None, None, None);
+        let mut it = args.into_iter();
+        while let Some(flag) = it.next() {
+            let slot = match flag.to_str() {
+                Some("--cgroup") => &mut cgroup,
+                Some("--socket") => &mut socket,
+                Some("--nonce-file") => &mut nonce_file,
+                Some("--exit-record") => &mut exit_record,
+                _ => return Err(format!("unexpected argument {flag:?}")),
+            };
+            let value = it.next().ok_or_else(|| format!("{flag:?} needs a value"))?;
+            if slot.replace(PathBuf::from(value)).is_some() {
+                return Err(format!("{flag:?} given twice"));
+            }
+        }
+        let need = |v: Option<PathBuf>, name: &str| v.ok_or_else(|| format!("missing {name}"));
+        Ok(Self {
+            cgroup: need(cgroup, "--cgroup")?,
+            socket: need(socket, "--socket")?,
+            nonce_file: need(nonce_file, "--nonce-file")?,
+            exit_record: need(exit_record, "--exit-record")?,
+        })
+    }
+}
+
+/// The `mosaic-shim` binary: parses its arguments and runs. Returns the exit code of a
+/// failure before launch (after launch the shim never returns).
+pub fn main(args: impl IntoIterator<Item = std::ffi::OsString>) -> i32 {
+    let e = match ShimArgs::parse(args) {
+        Err(e) => {
+            say_err(&format!("mosaic-shim: {e}"));
+            return 2;
+        }
+        Ok(args) => match run(args) {
+            Err(e) => e,
+            Ok(never) => match never {},
+        },
+    };
+    say_err(&format!("mosaic-shim: {e}"));
+    126
+}
 
 /// Runs the shim. Returns only on failure before launch; afterwards it never returns.
 pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
@@ -166,7 +214,7 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
                     reason: reason.clone(),
                 },
             );
-            say_err(&format!("mosaic shim: {reason}"));
+            say_err(&format!("mosaic-shim: {reason}"));
             std::process::exit(127);
         }
     };
@@ -255,7 +303,7 @@ fn report_exit(
     // prove how the harness ended.
     if let Ok(bytes) = serde_json::to_vec(&state) {
         if let Err(e) = crate::util::durable::write_atomic(&args.exit_record, &bytes) {
-            say_err(&format!("mosaic shim: cannot write exit record: {e}"));
+            say_err(&format!("mosaic-shim: cannot write exit record: {e}"));
         }
     }
     let mut g = match shared.lock() {

@@ -181,6 +181,11 @@ impl Config {
         self.bin_dir.join("mosaic")
     }
 
+    /// The first process of every generation (`src/bin/mosaic-shim.rs`).
+    pub fn shim_exe(&self) -> PathBuf {
+        self.bin_dir.join("mosaic-shim")
+    }
+
     pub fn control_socket(&self) -> PathBuf {
         self.runtime_dir.join("control.sock")
     }

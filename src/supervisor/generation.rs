@@ -286,11 +286,30 @@ pub(crate) enum Origin {
     },
 }
 
+/// The start path's profile: each phase is logged at debug level with the time since the
+/// start request arrived (`benches/supervisor.rs` prints the median of each).
+pub(crate) struct Phases(std::time::Instant);
+
+impl Phases {
+    pub(crate) fn new() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    pub(crate) fn mark(&self, what: &'static str) {
+        tracing::debug!(
+            phase = what,
+            elapsed_us = self.0.elapsed().as_micros() as u64,
+            "launch phase"
+        )
+    }
+}
+
 pub(crate) async fn launch(
     inner: &Arc<Inner>,
     lane: &mut LaneRecord,
     plan: LaunchPlan,
     origin: Origin,
+    phases: &Phases,
 ) -> Result<LiveGen, SupervisorError> {
     // The number is burned durably before anything else, so a crash mid-launch can never
     // lead to the same generation number twice. A coordinator-allocated number must move
@@ -311,14 +330,7 @@ pub(crate) async fn launch(
             })
         }
     };
-    let t0 = std::time::Instant::now();
-    let phase = |what: &'static str| {
-        tracing::debug!(
-            phase = what,
-            elapsed_us = t0.elapsed().as_micros() as u64,
-            "launch phase"
-        )
-    };
+    let phase = |what: &'static str| phases.mark(what);
     lane.next_generation = generation + 1;
     lane.current_generation = Some(generation);
     inner.store.save_lane(lane)?;
@@ -333,7 +345,10 @@ pub(crate) async fn launch(
     let (socket, nonce_file) = gen_paths(inner, &lane.lane_incarnation_id, generation);
     let nonce = LaunchNonce::generate()?;
     let listener = bind_socket(&socket)?;
-    durable::create_new(&nonce_file, nonce.expose_hex().as_bytes())?;
+    // The nonce file is a hand-off to this start's shim, not state: a restart never reads
+    // it (a generation whose shim was not verified before a crash is cleaned up), so it is
+    // not fsync'd.
+    durable::create_private(&nonce_file, nonce.expose_hex().as_bytes())?;
     let exit_record = inner
         .store
         .gen_dir(&lane.lane_incarnation_id)
@@ -362,7 +377,7 @@ pub(crate) async fn launch(
     };
     inner.store.save_gen(&rec)?;
     drop(nonce);
-    phase("nonce and generation record durable");
+    phase("nonce written, generation record durable");
     let prepared = match prepare_harness(inner, &plan, &rec) {
         Ok(p) => p,
         Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
@@ -373,8 +388,7 @@ pub(crate) async fn launch(
     }
 
     let shim_argv: Vec<String> = vec![
-        inner.cfg.mosaic_exe().display().to_string(),
-        "shim".into(),
+        inner.cfg.shim_exe().display().to_string(),
         "--cgroup".into(),
         cg.path().display().to_string(),
         "--socket".into(),
@@ -386,7 +400,7 @@ pub(crate) async fn launch(
     ];
     phase("harness area prepared");
     let attached = async {
-        inner.tmux(&lane.lane).respawn(&lane.lane, &shim_argv)?;
+        inner.tmux_respawn(&lane.lane, &shim_argv)?;
         phase("pane respawned");
         attach_new(inner, &listener, &rec, &cgroup_rel).await
     }

@@ -25,6 +25,7 @@ pub mod outbox;
 pub mod receipt;
 pub mod state;
 pub mod tmux;
+mod tmuxctl;
 
 mod adopt;
 mod generation;
@@ -298,6 +299,8 @@ pub(crate) struct Inner {
     pub metrics: Arc<metrics::HostMetrics>,
     /// Lane incarnations last published as quarantined (to count entries once).
     quarantined_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
+    /// Each lane's attached tmux control client: the start path's way to the lane's server.
+    tmux_controls: tmuxctl::Controls,
     _lock: std::fs::File,
 }
 
@@ -329,6 +332,30 @@ impl Inner {
             Ok(m) => m.values().cloned().collect(),
             Err(p) => p.into_inner().values().cloned().collect(),
         }
+    }
+
+    /// Whether the lane's tmux session is there to host a generation: its control client
+    /// is attached (attaching one when there is none).
+    pub fn tmux_ready(&self, lane: &str) -> bool {
+        self.tmux_controls
+            .with(&self.tmux(lane), lane, |_| Ok(()))
+            .is_ok()
+    }
+
+    /// Replaces whatever runs in the lane's pane with `argv` (argv form, no shell), through
+    /// the lane's control client.
+    pub fn tmux_respawn(&self, lane: &str, argv: &[String]) -> Result<(), SupervisorError> {
+        let target = format!("={lane}:");
+        let mut words = vec!["respawn-pane", "-k", "-t", target.as_str()];
+        words.extend(argv.iter().map(String::as_str));
+        self.tmux_controls
+            .with(&self.tmux(lane), lane, |c| c.run(&words).map(|_| ()))
+    }
+
+    /// Kills the lane's tmux server (and detaches its control client first).
+    pub fn tmux_kill(&self, lane: &str) {
+        self.tmux_controls.forget(lane);
+        self.tmux(lane).kill_server();
     }
 
     pub fn tmux(&self, lane: &str) -> tmux::Tmux {
@@ -422,13 +449,18 @@ impl Supervisor {
     /// Validates the environment (cgroup v2, delegated root, registry, directories) and
     /// takes the state-dir lock. Creates no lanes and adopts nothing yet.
     pub fn open(cfg: Config) -> Result<Self, SupervisorError> {
-        let mount = crate::cgroup::discover_mount()?;
-        if !mount.favordynmods {
-            tracing::warn!(
-                mount = %mount.path.display(),
-                "cgroup2 is mounted without favordynmods: each generation start waits an RCU grace period to join its cgroup (mosaic doctor says how to change it)"
-            );
+        // Every generation starts with the shim: a supervisor that could not start one
+        // says so now, not as an attach timeout at its first start.
+        let shim = cfg.shim_exe();
+        if !shim.is_file() {
+            return Err(SupervisorError::Config {
+                detail: format!(
+                    "{} is missing: the shim is installed beside `mosaic` (bin_dir names where both are)",
+                    shim.display()
+                ),
+            });
         }
+        let mount = crate::cgroup::discover_mount()?;
         let own = crate::cgroup::cgroup_of(None)?;
         let tree = CgroupTree::open(
             &mount,
@@ -472,6 +504,7 @@ impl Supervisor {
             publish_lock: Mutex::new(()),
             metrics: Arc::new(metrics::HostMetrics::new()),
             quarantined_seen: std::sync::Mutex::new(Default::default()),
+            tmux_controls: Default::default(),
             _lock: lock,
         };
         Ok(Self {
@@ -529,7 +562,8 @@ impl Supervisor {
                 "printf 'mosaic lane {lane_id}: idle, no generation yet\\n'; exec sleep infinity"
             ),
         ];
-        tmux.kill_server(); // a stale server of an earlier incarnation must not be reused
+        // A stale server of an earlier incarnation must not be reused.
+        self.inner.tmux_kill(name.as_str());
         tmux.start_server(name.as_str(), &tree.lane_tmux(name.as_str()), &idle)?;
         let past_incarnations = match prior {
             Some(p) => {
@@ -579,7 +613,7 @@ impl Supervisor {
             let fin = generation::stop(live, StopCause::LaneDestroy).await?;
             l.apply_finish(&self.inner.store, &fin);
         }
-        self.inner.tmux(name.as_str()).kill_server();
+        self.inner.tmux_kill(name.as_str());
         let tree = &self.inner.tree;
         let timeout = std::time::Duration::from_secs(5);
         let res = tokio::task::spawn_blocking({
@@ -667,6 +701,7 @@ impl Supervisor {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
         let started = std::time::Instant::now();
+        let phases = generation::Phases::new();
         // Validate everything that can be validated before touching the lane.
         let plan = {
             let reg = self.inner.registry.clone();
@@ -699,6 +734,7 @@ impl Supervisor {
             }
             plan
         };
+        phases.mark("planned (registry, version probe, credentials)");
         let mut l = slot.lock().await;
         if let generation::Origin::Coordinated { generation, .. } = &origin {
             // A generation that already has a receipt ended for good (it ran, or it was
@@ -750,7 +786,7 @@ impl Supervisor {
                 });
             }
         }
-        if !self.inner.tmux(name.as_str()).alive(name.as_str()) {
+        if !self.inner.tmux_ready(name.as_str()) {
             let reason = "the lane's tmux server is gone";
             l.settle(&self.inner.store, None, Some(reason));
             return Err(SupervisorError::Quarantined {
@@ -758,7 +794,8 @@ impl Supervisor {
                 reason: reason.into(),
             });
         }
-        let live = generation::launch(&self.inner, &mut l.rec, plan, origin).await?;
+        phases.mark("lane checked (receipt, state, tmux server alive)");
+        let live = generation::launch(&self.inner, &mut l.rec, plan, origin, &phases).await?;
         self.inner
             .metrics
             .generation_starts
@@ -774,6 +811,7 @@ impl Supervisor {
         l.live = Some(live);
         drop(l);
         self.publish_lanes().await;
+        phases.mark("lane published");
         Ok(view)
     }
 

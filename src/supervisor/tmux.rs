@@ -48,7 +48,8 @@ impl Tmux {
         &self.socket
     }
 
-    fn cmd(&self) -> Command {
+    /// A `tmux` command line for this lane's server.
+    pub(super) fn cmd(&self) -> Command {
         let mut c = Command::new(&self.bin);
         c.arg("-S").arg(&self.socket).env_remove("TMUX");
         // The lane's server (and every generation it runs) must not inherit the service
@@ -137,14 +138,6 @@ impl Tmux {
         c.args(["has-session", "-t", &format!("={session}")]);
         c.stderr(Stdio::null());
         c.status().map(|s| s.success()).unwrap_or(false)
-    }
-
-    /// Replaces whatever runs in the lane's pane with `argv` (argv form: no shell).
-    pub fn respawn(&self, session: &str, argv: &[String]) -> Result<(), SupervisorError> {
-        let mut c = self.cmd();
-        c.args(["respawn-pane", "-k", "-t", &format!("={session}:")]);
-        c.args(argv);
-        self.run("respawn-pane", c).map(|_| ())
     }
 
     /// Submits `text` as one line of input to the program in the lane's pane, the way an

@@ -82,6 +82,24 @@ pub fn create_new(path: &Path, bytes: &[u8]) -> Result<(), DurableError> {
     }
 }
 
+/// Creates `path` (0600, never over an existing file) holding `bytes`, without fsync: for
+/// a hand-off that only has to outlive the current operation (a launch nonce), never for
+/// state a restart reads.
+pub fn create_private(path: &Path, bytes: &[u8]) -> Result<(), DurableError> {
+    let mut f = OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(|e| match e.kind() {
+            io::ErrorKind::AlreadyExists => DurableError::Exists {
+                path: path.to_path_buf(),
+            },
+            _ => io_err("create", path)(e),
+        })?;
+    f.write_all(bytes).map_err(io_err("write", path))
+}
+
 /// Moves `from` to `to` (same filesystem) and makes both directory entries durable.
 pub fn move_file(from: &Path, to: &Path) -> Result<(), DurableError> {
     fs::rename(from, to).map_err(io_err("rename", from))?;

@@ -13,6 +13,7 @@ use mosaic::supervisor::control::{self, ClientError, Request};
 use serde_json::Value;
 
 pub const MOSAIC: &str = env!("CARGO_BIN_EXE_mosaic");
+pub const SHIM: &str = env!("CARGO_BIN_EXE_mosaic-shim");
 /// Upper bound for waits on events that must happen; a guard against hangs, not a
 /// performance assertion.
 pub const PATIENCE: Duration = Duration::from_secs(30);

@@ -1,0 +1,305 @@
+//! A long-lived tmux control-mode client per lane (`tmux -C attach-session`), the start
+//! path's way to its lane's server.
+//!
+//! A `tmux` command line costs a client start-up (exec, identify, connect: about 2 ms on a
+//! small machine) before the server does any work; through a control client already
+//! attached, a command costs only the server's part. The start path runs one command per
+//! generation (`respawn-pane`), and attaching is also the check that the lane's session
+//! still exists, which a `has-session` client used to answer.
+//!
+//! The client attaches with `no-output` (the server never streams the pane's output to
+//! us) and `ignore-size` (an operator's attached terminal alone sizes the window). It
+//! exits on its own when its stdin closes, so a supervisor that dies, even by SIGKILL,
+//! leaves no client behind.
+//!
+//! **Never:** sends a command again whose reply it did not see (a respawn may or may not
+//! have happened; the client is dropped instead and the caller fails); passes a word it
+//! cannot quote exactly (a newline, carriage return or NUL is refused before anything is
+//! sent); runs a command without a bound on its reply.
+
+use std::collections::HashMap;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, Stdio};
+use std::sync::mpsc::{Receiver, RecvTimeoutError};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use super::tmux::Tmux;
+use super::SupervisorError;
+
+/// How long one command (or the attach) may wait for its reply before the client is
+/// dropped and the command counted as failed.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
+
+fn err(what: &str, detail: impl std::fmt::Display) -> SupervisorError {
+    SupervisorError::Tmux {
+        detail: format!("{what}: {detail}"),
+    }
+}
+
+/// One command's reply: the lines between `%begin` and `%end` (or `%error`).
+#[derive(Debug)]
+enum Reply {
+    Ok(String),
+    Error(String),
+}
+
+/// An attached control-mode client of one lane's session.
+pub struct Control {
+    child: Child,
+    stdin: ChildStdin,
+    replies: Receiver<Reply>,
+    /// Set once a command went unanswered: the client must not be used again.
+    broken: bool,
+}
+
+impl Control {
+    /// Attaches to `session` on `tmux`'s server. Fails when the server or the session is
+    /// gone.
+    pub fn attach(tmux: &Tmux, session: &str) -> Result<Self, SupervisorError> {
+        let mut c = tmux.cmd();
+        c.args([
+            "-C",
+            "attach-session",
+            "-f",
+            "no-output,ignore-size",
+            "-t",
+            &format!("={session}"),
+        ])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+        let mut child = c
+            .spawn()
+            .map_err(|e| err("attach", format!("cannot run tmux: {e}")))?;
+        let (Some(stdin), Some(stdout)) = (child.stdin.take(), child.stdout.take()) else {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(err("attach", "tmux client has no pipes"));
+        };
+        let (tx, replies) = std::sync::mpsc::channel();
+        let spawned = std::thread::Builder::new()
+            .name("tmux-control".into())
+            .spawn(move || read_replies(BufReader::new(stdout), tx));
+        let mut me = Self {
+            child,
+            stdin,
+            replies,
+            broken: false,
+        };
+        if let Err(e) = spawned {
+            return Err(err("attach", format!("cannot start reader: {e}")));
+        }
+        // The attach command itself is answered like any other.
+        me.reply("attach-session")?;
+        Ok(me)
+    }
+
+    /// Whether the client can still be used: running (it exits when the session or the
+    /// server goes) and every command so far answered.
+    pub fn alive(&mut self) -> bool {
+        !self.broken && matches!(self.child.try_wait(), Ok(None))
+    }
+
+    /// Runs one tmux command, given as words, and returns its output. A `%error` reply is
+    /// an error and leaves the client usable; no reply in time, or a client that ended,
+    /// is an error after which the client is not used again (`alive()` turns false).
+    pub fn run(&mut self, words: &[&str]) -> Result<String, SupervisorError> {
+        let what = words.first().copied().unwrap_or("command");
+        let mut line = String::new();
+        for w in words {
+            if !line.is_empty() {
+                line.push(' ');
+            }
+            line.push_str(&quote(w).ok_or_else(|| {
+                err(
+                    what,
+                    "an argument holds a newline, carriage return or NUL, which a control-mode command line cannot carry",
+                )
+            })?);
+        }
+        line.push('\n');
+        if let Err(e) = self
+            .stdin
+            .write_all(line.as_bytes())
+            .and_then(|()| self.stdin.flush())
+        {
+            self.broken = true;
+            return Err(err(what, format!("control client: {e}")));
+        }
+        self.reply(what)
+    }
+
+    fn reply(&mut self, what: &str) -> Result<String, SupervisorError> {
+        match self.replies.recv_timeout(REPLY_TIMEOUT) {
+            Ok(Reply::Ok(out)) => Ok(out),
+            Ok(Reply::Error(msg)) => Err(err(what, msg.trim())),
+            Err(RecvTimeoutError::Timeout) => {
+                self.broken = true;
+                let _ = self.child.kill();
+                Err(err(
+                    what,
+                    format!(
+                        "no reply within {} s (client killed)",
+                        REPLY_TIMEOUT.as_secs()
+                    ),
+                ))
+            }
+            Err(RecvTimeoutError::Disconnected) => {
+                self.broken = true;
+                Err(err(
+                    what,
+                    "the control client ended (server or session gone)",
+                ))
+            }
+        }
+    }
+}
+
+impl Drop for Control {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// Quotes `word` for tmux's command parser: single quotes, inside which nothing is
+/// expanded (`~`, `$`, `#{}`, `;`), and `'\''` for a quote. `None` for a word a command
+/// line cannot carry.
+fn quote(word: &str) -> Option<String> {
+    if word.contains(['\n', '\r', '\0']) {
+        return None;
+    }
+    Some(format!("'{}'", word.replace('\'', r"'\''")))
+}
+
+/// Reads the client's output: collects each `%begin … %end|%error` block into a reply,
+/// ignores notifications between blocks, and ends (dropping `tx`, which the waiting side
+/// sees as disconnected) at `%exit` or end of output.
+fn read_replies(mut out: impl BufRead, tx: std::sync::mpsc::Sender<Reply>) {
+    let mut block: Option<(String, String)> = None; // (guard fields, body)
+    let mut line = String::new();
+    loop {
+        line.clear();
+        match out.read_line(&mut line) {
+            Ok(0) | Err(_) => return,
+            Ok(_) => {}
+        }
+        let l = line.trim_end_matches(['\n', '\r']);
+        match &mut block {
+            None => {
+                if let Some(guard) = l.strip_prefix("%begin ") {
+                    block = Some((guard.to_string(), String::new()));
+                } else if l == "%exit" || l.starts_with("%exit ") {
+                    return;
+                }
+            }
+            Some((guard, body)) => {
+                // A block ends only with the guard its %begin carried, so output that
+                // happens to start with "%end" cannot end it early.
+                let end = l
+                    .strip_prefix("%end ")
+                    .filter(|g| g == guard)
+                    .map(|_| true)
+                    .or_else(|| {
+                        l.strip_prefix("%error ")
+                            .filter(|g| g == guard)
+                            .map(|_| false)
+                    });
+                match end {
+                    Some(ok) => {
+                        let body = std::mem::take(body);
+                        block = None;
+                        let reply = if ok {
+                            Reply::Ok(body)
+                        } else {
+                            Reply::Error(body)
+                        };
+                        if tx.send(reply).is_err() {
+                            return;
+                        }
+                    }
+                    None => {
+                        body.push_str(l);
+                        body.push('\n');
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The control clients of every lane, each attached on first use and kept while it works.
+#[derive(Default)]
+pub struct Controls(Mutex<HashMap<String, Arc<Mutex<Option<Control>>>>>);
+
+impl Controls {
+    fn slot(&self, lane: &str) -> Arc<Mutex<Option<Control>>> {
+        let mut map = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        map.entry(lane.to_string()).or_default().clone()
+    }
+
+    /// Runs `f` with the lane's attached client, attaching one first when there is none
+    /// (or the last one ended). A client whose command failed other than by a `%error`
+    /// reply is dropped, so the next call attaches afresh.
+    pub fn with<T>(
+        &self,
+        tmux: &Tmux,
+        lane: &str,
+        f: impl FnOnce(&mut Control) -> Result<T, SupervisorError>,
+    ) -> Result<T, SupervisorError> {
+        let slot = self.slot(lane);
+        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+        if !guard.as_mut().is_some_and(Control::alive) {
+            *guard = None;
+            *guard = Some(Control::attach(tmux, lane)?);
+        }
+        let Some(control) = guard.as_mut() else {
+            return Err(err("attach", "no control client"));
+        };
+        let res = f(control);
+        if res.is_err() && !control.alive() {
+            *guard = None;
+        }
+        res
+    }
+
+    /// Detaches the lane's client (its server is being killed, or the lane destroyed).
+    pub fn forget(&self, lane: &str) {
+        let slot = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(lane);
+        if let Some(slot) = slot {
+            *slot.lock().unwrap_or_else(|p| p.into_inner()) = None;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn quoting_keeps_every_word_literal_and_refuses_line_breaks() {
+        assert_eq!(quote("a'b").as_deref(), Some(r"'a'\''b'"));
+        assert_eq!(quote("").as_deref(), Some("''"));
+        assert_eq!(quote("$HOME;#{x}").as_deref(), Some("'$HOME;#{x}'"));
+        assert_eq!(quote("a\nb"), None);
+        assert_eq!(quote("a\rb"), None);
+        assert_eq!(quote("a\0b"), None);
+    }
+
+    #[test]
+    fn replies_are_framed_by_their_own_guard() {
+        let out = "%begin 1 10 0\n%end 1 10 0\n%session-changed $0 a\n%begin 1 11 0\n%end 9 9 9\nx\n%end 1 11 0\n%begin 1 12 0\ncan't find pane\n%error 1 12 0\n%exit\n%begin 1 13 0\n%end 1 13 0\n";
+        let (tx, rx) = std::sync::mpsc::channel();
+        read_replies(out.as_bytes(), tx);
+        let got: Vec<Reply> = rx.iter().collect();
+        assert_eq!(got.len(), 3, "{got:?}");
+        assert!(matches!(&got[0], Reply::Ok(b) if b.is_empty()));
+        assert!(matches!(&got[1], Reply::Ok(b) if b == "%end 9 9 9\nx\n"));
+        assert!(matches!(&got[2], Reply::Error(b) if b == "can't find pane\n"));
+    }
+}
