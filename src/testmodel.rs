@@ -11,6 +11,8 @@
 //! | … and `model:wrong-ack` anywhere in the request | `mosaic-ack:` with the hex reversed |
 //! | … and `model:omit-contract-key` anywhere in the request | `mosaic-ack:<hex>`, no key |
 //! | `model:run[<command>]` | one shell tool call running `<command>` |
+//! | `model:fail-once[<tag>]` | the first request carrying the tag (with tools offered) is refused as overloaded (Anthropic 529, OpenAI 503), later ones are answered: the harness must retry |
+//! | `model:huge-usage[<tag>]` anywhere in the request | the first two answers to requests carrying the tag report 990 000 input tokens (a tool call and the turn's end, so each harness sees it where it looks), so the harness compacts its context; later ones report ordinary usage, so no harness compacts forever |
 //! | (the latest turn is a tool result) | `tool finished` |
 //! | anything else | `ok` |
 //!
@@ -67,8 +69,8 @@ fn strings(v: &Value, out: &mut Vec<String>) {
     }
 }
 
-/// The latest turn of the conversation: its role-ish kind and its text.
-fn latest_turn(api: Api, body: &Value) -> (bool, String) {
+/// The latest turn of the conversation: whether it is a tool result, and its text.
+pub fn latest_turn(api: Api, body: &Value) -> (bool, String) {
     let mut text = Vec::new();
     match api {
         Api::AnthropicMessages => {
@@ -129,11 +131,44 @@ fn marker<'a>(text: &'a str, open: &str, close: char) -> Option<&'a str> {
     Some(&rest[..end])
 }
 
+/// Whether the request offers tools: the harness's main conversation (side requests, such
+/// as a title, offer none).
+fn offers_tools(body: &Value) -> bool {
+    body["tools"].as_array().is_some_and(|t| !t.is_empty())
+}
+
+/// The text blocks (not tool results) of the latest user message of an Anthropic request.
+fn queued_text(body: &Value) -> Option<String> {
+    let last = body["messages"]
+        .as_array()?
+        .iter()
+        .rev()
+        .find(|x| x["role"] == "user")?;
+    let text: Vec<&str> = last["content"]
+        .as_array()?
+        .iter()
+        .filter(|b| b["type"] == "text")
+        .filter_map(|b| b["text"].as_str())
+        .collect();
+    (!text.is_empty()).then(|| text.join("\n"))
+}
+
 /// Decides the answer to one request.
 pub fn decide(api: Api, body: &Value) -> Answer {
     let (tool_result, latest) = latest_turn(api, body);
+    let offers_tools = offers_tools(body);
     if tool_result {
-        return Answer::Text("tool finished".into());
+        // Claude Code hands a line typed while a tool ran to the model beside that tool's
+        // result, as text blocks of the same user message: a follow-up asking for a tool
+        // gets it.
+        let follow_up = (api == Api::AnthropicMessages)
+            .then(|| queued_text(body))
+            .flatten()
+            .and_then(|t| marker(&t, "model:run[", ']').map(str::to_string));
+        return match follow_up {
+            Some(cmd) if offers_tools => Answer::Shell(cmd),
+            _ => Answer::Text("tool finished".into()),
+        };
     }
     if let Some(hex) = latest.rfind("mosaic-challenge:").map(|i| {
         latest[i + "mosaic-challenge:".len()..]
@@ -167,11 +202,55 @@ pub fn decide(api: Api, body: &Value) -> Answer {
     }
     // Only a request that offers tools gets a tool call (a harness's side requests, such as
     // title generation, offer none).
-    let offers_tools = body["tools"].as_array().is_some_and(|t| !t.is_empty());
     if let (Some(cmd), true) = (marker(&latest, "model:run[", ']'), offers_tools) {
         return Answer::Shell(cmd.to_string());
     }
     Answer::Text("ok".into())
+}
+
+/// The tag of a `model:huge-usage[<tag>]` marker anywhere in the request (a tool result's
+/// continuation carries the turn that asked in its history).
+pub fn huge_usage_tag(body: &Value) -> Option<String> {
+    // Only the main conversation (requests offering tools): a side request, such as a
+    // title, must not use up the tag's answers.
+    if !offers_tools(body) {
+        return None;
+    }
+    let mut all = Vec::new();
+    strings(body, &mut all);
+    all.iter()
+        .find_map(|s| marker(s, "model:huge-usage[", ']').map(str::to_string))
+}
+
+/// Input tokens reported by an ordinary answer, and by one that says the context is nearly
+/// full.
+pub const ORDINARY_INPUT_TOKENS: u64 = 10;
+pub const HUGE_INPUT_TOKENS: u64 = 990_000;
+
+/// The tag of a `model:fail-once[<tag>]` marker in the latest user turn of a request that
+/// offers tools (a harness's side requests, such as title generation, offer none and are
+/// answered).
+pub fn fail_once_tag(api: Api, body: &Value) -> Option<String> {
+    let (tool_result, latest) = latest_turn(api, body);
+    (!tool_result && offers_tools(body))
+        .then(|| marker(&latest, "model:fail-once[", ']').map(str::to_string))
+        .flatten()
+}
+
+/// The refusal a provider sends when it is overloaded: retryable in every harness.
+pub fn overloaded(api: Api) -> (u16, String) {
+    match api {
+        Api::AnthropicMessages => (
+            529,
+            json!({"type":"error","error":{"type":"overloaded_error","message":"Overloaded"}})
+                .to_string(),
+        ),
+        Api::OpenAiChat | Api::OpenAiResponses => (
+            503,
+            json!({"error":{"message":"The server is overloaded; retry later","type":"server_error","param":null,"code":null}})
+                .to_string(),
+        ),
+    }
 }
 
 /// The name and arguments of the shell tool as each harness declares it, found in the
@@ -227,7 +306,7 @@ fn sse(events: &[(Option<&str>, Value)], done: bool) -> String {
 }
 
 /// The response body (and content type) for one request.
-pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
+pub fn respond(api: Api, body: &Value, n: u64, input_tokens: u64) -> (String, &'static str) {
     let answer = decide(api, body);
     let stream = body["stream"]
         .as_bool()
@@ -239,7 +318,7 @@ pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
     match api {
         Api::AnthropicMessages => {
             let id = format!("msg_{n}");
-            let usage = json!({"input_tokens": 10, "output_tokens": 5,
+            let usage = json!({"input_tokens": input_tokens, "output_tokens": 5,
                 "cache_creation_input_tokens": 0, "cache_read_input_tokens": 0});
             let (block, stop, full) = match &answer {
                 Answer::Text(t) => (
@@ -292,7 +371,7 @@ pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
             ));
             ev.push((
                 Some("message_delta"),
-                json!({"type":"message_delta","delta":{"stop_reason":stop,"stop_sequence":null},"usage":{"output_tokens":5}}),
+                json!({"type":"message_delta","delta":{"stop_reason":stop,"stop_sequence":null},"usage":usage}),
             ));
             ev.push((Some("message_stop"), json!({"type":"message_stop"})));
             (sse(&ev, false), "text/event-stream")
@@ -320,7 +399,8 @@ pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
                     )
                 }
             };
-            let usage = json!({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15});
+            let usage = json!({"prompt_tokens":input_tokens,"completion_tokens":5,
+                "total_tokens":input_tokens + 5});
             if !stream {
                 let r = json!({"id": id, "object":"chat.completion","created":0,"model":model,
                     "choices":[{"index":0,"message":message,"finish_reason":finish}],"usage":usage});
@@ -348,8 +428,8 @@ pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
             };
             let response = |status: &str, output: Value| {
                 json!({"id":rid,"object":"response","created_at":0,"status":status,"model":model,
-                    "output":output,"usage":{"input_tokens":10,"input_tokens_details":{"cached_tokens":0},
-                    "output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":15}})
+                    "output":output,"usage":{"input_tokens":input_tokens,"input_tokens_details":{"cached_tokens":0},
+                    "output_tokens":5,"output_tokens_details":{"reasoning_tokens":0},"total_tokens":input_tokens + 5}})
             };
             let mut ev = vec![
                 (
@@ -381,6 +461,10 @@ pub fn respond(api: Api, body: &Value, n: u64) -> (String, &'static str) {
 struct State {
     log: std::sync::Mutex<std::fs::File>,
     n: AtomicU64,
+    /// `model:fail-once` tags already refused once.
+    failed: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// How many answers reported huge usage, per `model:huge-usage` tag.
+    huge: std::sync::Mutex<std::collections::HashMap<String, u32>>,
 }
 
 /// Serves until the process ends. Prints `listening <port>` on stdout once bound.
@@ -393,6 +477,8 @@ pub async fn serve(listen: &str, log: PathBuf) -> std::io::Result<()> {
     let state = Arc::new(State {
         log: std::sync::Mutex::new(file),
         n: AtomicU64::new(0),
+        failed: Default::default(),
+        huge: Default::default(),
     });
     println!("listening {}", listener.local_addr()?.port());
     loop {
@@ -431,8 +517,32 @@ async fn handle(
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
     let (status, text, ctype) = match (method.as_str(), Api::of_path(&path)) {
         ("POST", Some(api)) => {
-            let (t, c) = respond(api, &body, n);
-            (200, t, c)
+            let refuse = fail_once_tag(api, &body).is_some_and(|tag| {
+                state
+                    .failed
+                    .lock()
+                    .map(|mut seen| seen.insert(tag))
+                    .unwrap_or(false)
+            });
+            if refuse {
+                let (status, text) = overloaded(api);
+                (status, text, "application/json")
+            } else {
+                let huge = huge_usage_tag(&body).is_some_and(|tag| {
+                    state.huge.lock().is_ok_and(|mut m| {
+                        let seen = m.entry(tag).or_insert(0);
+                        *seen += 1;
+                        *seen <= 2
+                    })
+                });
+                let tokens = if huge {
+                    HUGE_INPUT_TOKENS
+                } else {
+                    ORDINARY_INPUT_TOKENS
+                };
+                let (t, c) = respond(api, &body, n, tokens);
+                (200, t, c)
+            }
         }
         ("GET", _) if path.ends_with("/models") => (
             200,
@@ -505,5 +615,27 @@ mod tests {
                 "messages":[{"role":"user","content":"model:run[x]"},{"role":"tool","content":"x"}]}),
         );
         assert_eq!(tool, Answer::Text("tool finished".into()));
+    }
+
+    #[test]
+    fn retries_and_huge_usage_only_for_the_turn_that_asks() {
+        let turn = json!({"tools":[{"function":{"name":"bash"}}],
+            "messages":[{"role":"user","content":"model:fail-once[r1] model:huge-usage[c1]"}]});
+        assert_eq!(fail_once_tag(Api::OpenAiChat, &turn).as_deref(), Some("r1"));
+        assert_eq!(huge_usage_tag(&turn).as_deref(), Some("c1"));
+        // A side request without tools, and the turn's tool-result continuation, are not
+        // refused; the continuation still carries the huge-usage tag in its history.
+        let side = json!({"messages":[{"role":"user","content":"model:fail-once[r1] model:huge-usage[c1]"}]});
+        assert_eq!(fail_once_tag(Api::OpenAiChat, &side), None);
+        let after = json!({"tools":[{"function":{"name":"bash"}}],
+            "messages":[{"role":"user","content":"model:fail-once[r1] model:huge-usage[c1]"},
+                {"role":"tool","content":"x"}]});
+        assert_eq!(fail_once_tag(Api::OpenAiChat, &after), None);
+        assert_eq!(huge_usage_tag(&after).as_deref(), Some("c1"));
+        assert_eq!(huge_usage_tag(&side), None);
+        assert_eq!(overloaded(Api::AnthropicMessages).0, 529);
+        assert_eq!(overloaded(Api::OpenAiResponses).0, 503);
+        let (text, _) = respond(Api::OpenAiChat, &turn, 1, HUGE_INPUT_TOKENS);
+        assert!(text.contains("\"prompt_tokens\":990000"), "{text}");
     }
 }

@@ -240,6 +240,9 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         json!({"while_tool_runs": during > before, "after_the_turn": true}),
     );
 
+    // 3b. §17 row 76: no settled report while the harness still has work of its own.
+    checks.insert("parity", parity(&up, &model, &cg));
+
     // 4. No updater, daemon or resume: at rest, the generation is the shim and the harness.
     // At rest: once the last turn's hook processes (a shell, `mosaic lane hook`) are gone,
     // only the shim (`mosaic-shim`) and the harness remain — no updater, daemon or helper.
@@ -247,7 +250,7 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         let c: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
         (c.iter().filter(|x| *x == "mosaic-shim").count() == 1
             && !c.iter().any(|x| x == "sh" || x == "mosaic"))
-            .then_some(c)
+        .then_some(c)
     });
     at_rest.sort();
     at_rest.dedup();
@@ -458,6 +461,133 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
 
 /// A copy of the committed registry in which `runtime`'s entry carries a provisional
 /// evidence file (for regenerating that evidence).
+/// Waits until no hook process of the generation is left (a shell running a hook script,
+/// `mosaic lane hook`): every event the last turn produced has then reached the supervisor.
+fn hooks_done(up: &Up, cg: &Path) {
+    wait_for("the hook processes gone", common::PATIENCE, || {
+        let c: Vec<String> = common::members(cg).iter().map(|(p, _)| comm(*p)).collect();
+        (!c.iter().any(|x| x == "sh" || x == "mosaic")).then_some(())
+    });
+    let _ = up;
+}
+
+/// The latest user text of every request the model received after the first `skip`.
+fn latest_texts(model: &Model, skip: usize) -> Vec<(Value, String)> {
+    model
+        .requests()
+        .into_iter()
+        .skip(skip)
+        .filter(|r| r["method"] == "POST")
+        .filter_map(|r| {
+            let api = mosaic::testmodel::Api::of_path(r["path"].as_str()?)?;
+            let (_, text) = mosaic::testmodel::latest_turn(api, &r["body"]);
+            Some((r["status"].clone(), text))
+        })
+        .collect()
+}
+
+/// §17 row 76, cross-harness settled parity: while the harness still has work of its own —
+/// a retry after the provider refused it, a compaction of a context it believes full, a
+/// follow-up typed while it worked — no settled report may come; once all of it is done,
+/// exactly one does.
+fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
+    let mut out = serde_json::Map::new();
+
+    // Retry: the provider refuses the turn's first request as overloaded.
+    hooks_done(up, cg);
+    let (before, skip) = (up.settled(), model.requests().len());
+    up.type_turn("model:fail-once[parity-retry] model:run[sleep 2.5]");
+    let running = up.wait_for("the retried turn's tool", || {
+        let m = members_running(cg, "sleep 2.5");
+        (!m.is_empty()).then_some(m)
+    });
+    let during = up.settled();
+    up.wait_for("the tool finished", || {
+        (survivors(&running) == 0).then_some(())
+    });
+    up.wait_for("settled after the retried turn", || {
+        (up.settled() > before).then_some(())
+    });
+    hooks_done(up, cg);
+    let seen = latest_texts(model, skip);
+    let refused = seen
+        .iter()
+        .filter(|(st, t)| st != &json!(200) && t.contains("parity-retry"))
+        .count();
+    out.insert(
+        "retry".into(),
+        json!({"provider_refused": refused, "asked_again": seen.iter().any(|(st, t)| st == &json!(200) && t.contains("parity-retry")),
+            "settled_while_retrying": during > before, "settled_reports": up.settled() - before}),
+    );
+
+    // Compaction: the turn's answer says the context is nearly full.
+    let (before, skip) = (up.settled(), model.requests().len());
+    let refused_before = up.generation()["harness"]["refused_events"]
+        .as_u64()
+        .unwrap_or(0);
+    up.type_turn("model:huge-usage[parity-compact] model:run[sleep 1.5]");
+    up.wait_for("settled after the compacting turn", || {
+        (up.settled() > before).then_some(())
+    });
+    hooks_done(up, cg);
+    let seen = latest_texts(model, skip);
+    let compacted = seen
+        .iter()
+        .any(|(_, t)| t.to_lowercase().contains("summar"));
+    // After the summary replaced the history, the model still gets the contract.
+    let after: Vec<Value> = model.requests().into_iter().skip(skip).collect();
+    let summary_at = after.iter().position(|r| {
+        mosaic::testmodel::Api::of_path(r["path"].as_str().unwrap_or("")).is_some_and(|api| {
+            mosaic::testmodel::latest_turn(api, &r["body"])
+                .1
+                .to_lowercase()
+                .contains("summar")
+        })
+    });
+    let contract_kept = summary_at.map(|i| {
+        after[i + 1..].iter().any(|r| {
+            r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty())
+                && r["body"].to_string().contains("Mosaic contract")
+        })
+    });
+    out.insert(
+        "compaction".into(),
+        json!({"compacted": compacted, "contract_after_it": contract_kept, "settled_reports": up.settled() - before,
+            "events_refused": up.generation()["harness"]["refused_events"].as_u64().unwrap_or(0) - refused_before}),
+    );
+
+    // Follow-up: a second line typed while the first turn's tool still runs.
+    let (before, skip) = (up.settled(), model.requests().len());
+    up.type_turn("model:run[sleep 3.5] parity-first");
+    let first = up.wait_for("the first tool", || {
+        let m = members_running(cg, "sleep 3.5");
+        (!m.is_empty()).then_some(m)
+    });
+    up.type_turn("model:run[sleep 2.2] parity-follow-up");
+    let second = up.wait_for("the follow-up's tool", || {
+        let m = members_running(cg, "sleep 2.2");
+        (!m.is_empty()).then_some(m)
+    });
+    let during = up.settled();
+    let first_done_before = survivors(&first) == 0;
+    up.wait_for("the follow-up finished", || {
+        (survivors(&second) == 0).then_some(())
+    });
+    up.wait_for("settled after the follow-up", || {
+        (up.settled() > before).then_some(())
+    });
+    hooks_done(up, cg);
+    let seen = latest_texts(model, skip);
+    out.insert(
+        "follow_up".into(),
+        json!({"follow_up_reached_the_model": seen.iter().any(|(_, t)| t.contains("parity-follow-up")),
+            "first_tool_done_before_it": first_done_before,
+            "settled_before_the_follow_up_ran": during > before,
+            "settled_reports": up.settled() - before}),
+    );
+    Value::Object(out)
+}
+
 fn provisional_registry(runtime: &str, version: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mosaic-reg-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -527,11 +657,32 @@ fn run(f: &Family) {
         ("/sigkill_harness/receipt/verified_empty", json!(true)),
         ("/sigkill_tool_child/harness_alive", json!(true)),
         ("/after_sigkill/assignment", json!("RECOVERY")),
+        // §17 row 76: one settled report per piece of work, none while work remains.
+        ("/parity/retry/provider_refused", json!(1)),
+        ("/parity/retry/asked_again", json!(true)),
+        ("/parity/retry/settled_while_retrying", json!(false)),
+        ("/parity/retry/settled_reports", json!(1)),
+        ("/parity/compaction/settled_reports", json!(1)),
+        ("/parity/compaction/events_refused", json!(0)),
+        ("/parity/follow_up/follow_up_reached_the_model", json!(true)),
+        (
+            "/parity/follow_up/settled_before_the_follow_up_ran",
+            json!(false),
+        ),
+        ("/parity/follow_up/settled_reports", json!(1)),
     ] {
         assert_eq!(
             c.pointer(path),
             Some(&want),
             "conformance failure at {path} in {text}"
+        );
+    }
+    // A harness that compacted must have handed the model its contract again.
+    if c.pointer("/parity/compaction/compacted") == Some(&json!(true)) {
+        assert_eq!(
+            c.pointer("/parity/compaction/contract_after_it"),
+            Some(&json!(true)),
+            "conformance failure: the contract was lost in a compaction: {text}"
         );
     }
     let path = registry_dir().join(format!("{name}.evidence.json"));

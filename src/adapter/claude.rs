@@ -161,6 +161,8 @@ pub(super) fn hook_event(
     match (event, payload["hook_event_name"].as_str()) {
         ("session-start", Some("SessionStart")) => match payload["source"].as_str() {
             Some("startup") => Ok(HookEvent::SessionStart),
+            // The same conversation, its history summarized: not a resume.
+            Some("compact") => Ok(HookEvent::ContextCompacted),
             other => Err(format!(
                 "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
             )),
@@ -207,6 +209,13 @@ mod tests {
         let resumed =
             json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "resume"});
         assert!(a.hook("session-start", &resumed, Some("s1")).is_err());
+        let compacted =
+            json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "compact"});
+        assert_eq!(
+            a.hook("session-start", &compacted, Some("s1")),
+            Ok(HookEvent::ContextCompacted)
+        );
+        assert!(a.hook("session-start", &compacted, Some("s2")).is_err());
         let clear =
             json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "clear"});
         assert!(a.hook("session-start", &clear, Some("s1")).is_err());

@@ -923,6 +923,10 @@ pub enum HookEvent {
     /// The session opened: hand the contract to the model. `render` turns the contract
     /// text into what the hook prints.
     SessionStart,
+    /// The harness compacted the conversation (its summary replaced the history) and asks
+    /// for its session context again: the contract already delivered is handed back, the
+    /// same digest, so the model keeps it past the compaction.
+    ContextCompacted,
     /// A turn ended and the harness is idle (advisory). `last_message` is the model's
     /// final answer of that turn, where the harness reports it.
     Settled { last_message: Option<String> },

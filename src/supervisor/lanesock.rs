@@ -493,6 +493,27 @@ async fn hook(
                 ..LaneResponse::ok("contract delivered")
             }
         }
+        HookEvent::ContextCompacted => {
+            // Only the contract this generation already received, never a first delivery
+            // (that is SessionStart's, checked before any challenge).
+            let Some(delivered) = s.delivered.borrow().clone() else {
+                s.observe(|o| o.refused_events += 1);
+                return err("a compaction before any contract was delivered");
+            };
+            let c = match wait_contract(s).await {
+                Ok(c) => c,
+                Err(e) => return e,
+            };
+            if c.contracts_digest != delivered {
+                s.observe(|o| o.refused_events += 1);
+                return err("the contract changed since it was delivered");
+            }
+            let text = crate::adapter::contract_context(&c.task_text, &c.contracts_digest, &c.key);
+            LaneResponse {
+                output: Some(adapter.render_contract(&text)),
+                ..LaneResponse::ok("contract delivered again after a compaction")
+            }
+        }
         HookEvent::TurnStarted => {
             s.observe(|o| {
                 o.turns_started += 1;

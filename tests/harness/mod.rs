@@ -40,6 +40,22 @@ pub fn wait_for<T>(what: &str, patience: Duration, mut f: impl FnMut() -> Option
     }
 }
 
+impl Up {
+    /// `wait_for`, but a timeout shows the lane's screen: what the harness was doing.
+    pub fn wait_for<T>(&self, what: &str, f: impl FnMut() -> Option<T>) -> T {
+        let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            wait_for(what, common::PATIENCE, f)
+        }));
+        match r {
+            Ok(v) => v,
+            Err(_) => panic!(
+                "timed out waiting for {what}; the lane's screen:\n{}",
+                self.screen()
+            ),
+        }
+    }
+}
+
 /// A temporary directory removed on drop, also when the test fails (it holds credentials).
 pub struct TempDir(pub PathBuf);
 
@@ -110,7 +126,7 @@ impl Drop for Model {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();
-        if !std::thread::panicking() {
+        if !std::thread::panicking() && std::env::var_os("MOSAIC_KEEP_MODEL_LOG").is_none() {
             let _ = std::fs::remove_file(&self.log);
         } else {
             eprintln!("test model log kept: {}", self.log.display());
@@ -440,7 +456,8 @@ pub const PI: Family = Family {
                     "baseUrl": format!("http://127.0.0.1:{port}/v1"),
                     "api": "openai-completions",
                     "apiKey": "$PI_TEST_API_KEY",
-                    "models": [{"id": "mosaic-test-model"}]}}})
+                    "models": [{"id": "mosaic-test-model", "contextWindow": 200000,
+                        "maxTokens": 8000}]}}})
                 .to_string(),
             ),
             (
@@ -472,7 +489,8 @@ pub const OPENCODE: Family = Family {
                     "name": "Mosaic test",
                     "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"),
                         "apiKey": "{env:OC_TEST_API_KEY}"},
-                    "models": {"mosaic-test-model": {"name": "Mosaic test model"}}}},
+                    "models": {"mosaic-test-model": {"name": "Mosaic test model",
+                        "limit": {"context": 200000, "output": 8000}}}}},
                 "model": "mosaic-test/mosaic-test-model"})
             .to_string(),
         )]
@@ -488,7 +506,8 @@ pub const CODEX: Family = Family {
         vec![(
             "config.toml",
             format!(
-                "model = \"mosaic-test-model\"\nmodel_provider = \"mosaic-test\"\n\n\
+                "model = \"mosaic-test-model\"\nmodel_provider = \"mosaic-test\"\n\
+                 model_context_window = 200000\nmodel_auto_compact_token_limit = 150000\n\n\
                  [model_providers.mosaic-test]\nname = \"Mosaic test\"\n\
                  base_url = \"http://127.0.0.1:{port}/v1\"\nwire_api = \"responses\"\n\
                  env_key = \"CX_TEST_API_KEY\"\nrequires_openai_auth = false\n\
