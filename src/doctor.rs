@@ -125,10 +125,12 @@ pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
                 .trim_end_matches(|c: char| c.is_ascii_alphabetic())
                 .parse()
                 .unwrap_or(0.0);
-            if num >= 3.0 {
+            // 3.2: control-mode clients take flags (no-output, ignore-size), which the
+            // supervisor's per-lane control client attaches with.
+            if num >= 3.2 {
                 Ok(v)
             } else {
-                Err(format!("{v}: tmux 3.0 or newer is needed"))
+                Err(format!("{v}: tmux 3.2 or newer is needed"))
             }
         });
     checks.push(check("tmux", true, tmux));

@@ -459,16 +459,13 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     })
 }
 
-/// A copy of the committed registry in which `runtime`'s entry carries a provisional
-/// evidence file (for regenerating that evidence).
 /// Waits until no hook process of the generation is left (a shell running a hook script,
 /// `mosaic lane hook`): every event the last turn produced has then reached the supervisor.
 fn hooks_done(up: &Up, cg: &Path) {
-    wait_for("the hook processes gone", common::PATIENCE, || {
+    up.wait_for("the hook processes gone", || {
         let c: Vec<String> = common::members(cg).iter().map(|(p, _)| comm(*p)).collect();
         (!c.iter().any(|x| x == "sh" || x == "mosaic")).then_some(())
     });
-    let _ = up;
 }
 
 /// The latest user text of every request the model received after the first `skip`.
@@ -588,6 +585,8 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
     Value::Object(out)
 }
 
+/// A copy of the committed registry in which `runtime`'s entry carries a provisional
+/// evidence file (for regenerating that evidence).
 fn provisional_registry(runtime: &str, version: &str) -> PathBuf {
     let dir = std::env::temp_dir().join(format!("mosaic-reg-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();
@@ -665,6 +664,7 @@ fn run(f: &Family) {
         ("/parity/compaction/settled_reports", json!(1)),
         ("/parity/compaction/events_refused", json!(0)),
         ("/parity/follow_up/follow_up_reached_the_model", json!(true)),
+        ("/parity/follow_up/first_tool_done_before_it", json!(true)),
         (
             "/parity/follow_up/settled_before_the_follow_up_ran",
             json!(false),

@@ -44,11 +44,20 @@ enum Reply {
     Error(String),
 }
 
+/// A finished block and whether this client sent its command on stdin (guard flags 1).
+/// Hooks the server runs for this client (`after-respawn-pane`, set by anyone who can reach
+/// the server) print blocks with flags 0: never a reply to what we sent.
+#[derive(Debug)]
+struct Block {
+    sent_by_us: bool,
+    reply: Reply,
+}
+
 /// An attached control-mode client of one lane's session.
 pub struct Control {
     child: Child,
     stdin: ChildStdin,
-    replies: Receiver<Reply>,
+    replies: Receiver<Block>,
     /// Set once a command went unanswered: the client must not be used again.
     broken: bool,
 }
@@ -61,6 +70,8 @@ impl Control {
         c.args([
             "-C",
             "attach-session",
+            // The supervisor's environment stays out of the session's.
+            "-E",
             "-f",
             "no-output,ignore-size",
             "-t",
@@ -90,8 +101,8 @@ impl Control {
         if let Err(e) = spawned {
             return Err(err("attach", format!("cannot start reader: {e}")));
         }
-        // The attach command itself is answered like any other.
-        me.reply("attach-session")?;
+        // The attach command (from the command line, so flags 0) is answered first.
+        me.reply("attach-session", true)?;
         Ok(me)
     }
 
@@ -105,7 +116,10 @@ impl Control {
     /// an error and leaves the client usable; no reply in time, or a client that ended,
     /// is an error after which the client is not used again (`alive()` turns false).
     pub fn run(&mut self, words: &[&str]) -> Result<String, SupervisorError> {
-        let what = words.first().copied().unwrap_or("command");
+        let Some(&what) = words.first() else {
+            // An empty line would detach the client.
+            return Err(err("command", "an empty command"));
+        };
         let mut line = String::new();
         for w in words {
             if !line.is_empty() {
@@ -119,6 +133,8 @@ impl Control {
             })?);
         }
         line.push('\n');
+        // Anything already finished is no reply to this command.
+        while self.replies.try_recv().is_ok() {}
         if let Err(e) = self
             .stdin
             .write_all(line.as_bytes())
@@ -127,11 +143,22 @@ impl Control {
             self.broken = true;
             return Err(err(what, format!("control client: {e}")));
         }
-        self.reply(what)
+        self.reply(what, false)
     }
 
-    fn reply(&mut self, what: &str) -> Result<String, SupervisorError> {
-        match self.replies.recv_timeout(REPLY_TIMEOUT) {
+    /// Waits for the reply: the first block for the attach, else the next block of a
+    /// command this client sent.
+    fn reply(&mut self, what: &str, attach: bool) -> Result<String, SupervisorError> {
+        let deadline = std::time::Instant::now() + REPLY_TIMEOUT;
+        let got = loop {
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            match self.replies.recv_timeout(left) {
+                Ok(b) if attach || b.sent_by_us => break Ok(b.reply),
+                Ok(_) => continue,
+                Err(e) => break Err(e),
+            }
+        };
+        match got {
             Ok(Reply::Ok(out)) => Ok(out),
             Ok(Reply::Error(msg)) => Err(err(what, msg.trim())),
             Err(RecvTimeoutError::Timeout) => {
@@ -176,7 +203,7 @@ fn quote(word: &str) -> Option<String> {
 /// Reads the client's output: collects each `%begin … %end|%error` block into a reply,
 /// ignores notifications between blocks, and ends (dropping `tx`, which the waiting side
 /// sees as disconnected) at `%exit` or end of output.
-fn read_replies(mut out: impl BufRead, tx: std::sync::mpsc::Sender<Reply>) {
+fn read_replies(mut out: impl BufRead, tx: std::sync::mpsc::Sender<Block>) {
     let mut block: Option<(String, String)> = None; // (guard fields, body)
     let mut line = String::new();
     loop {
@@ -209,13 +236,15 @@ fn read_replies(mut out: impl BufRead, tx: std::sync::mpsc::Sender<Reply>) {
                 match end {
                     Some(ok) => {
                         let body = std::mem::take(body);
+                        // Guard: "<time> <number> <flags>"; flags 1 = sent on our stdin.
+                        let sent_by_us = guard.rsplit(' ').next() == Some("1");
                         block = None;
                         let reply = if ok {
                             Reply::Ok(body)
                         } else {
                             Reply::Error(body)
                         };
-                        if tx.send(reply).is_err() {
+                        if tx.send(Block { sent_by_us, reply }).is_err() {
                             return;
                         }
                     }
@@ -249,7 +278,12 @@ impl Controls {
         f: impl FnOnce(&mut Control) -> Result<T, SupervisorError>,
     ) -> Result<T, SupervisorError> {
         let slot = self.slot(lane);
-        let mut guard = slot.lock().unwrap_or_else(|p| p.into_inner());
+        // A panic mid-command may have left a reply unread: never reuse that client.
+        let mut guard = slot.lock().unwrap_or_else(|p| {
+            let mut g = p.into_inner();
+            *g = None;
+            g
+        });
         if !guard.as_mut().is_some_and(Control::alive) {
             *guard = None;
             *guard = Some(Control::attach(tmux, lane)?);
@@ -293,13 +327,23 @@ mod tests {
 
     #[test]
     fn replies_are_framed_by_their_own_guard() {
-        let out = "%begin 1 10 0\n%end 1 10 0\n%session-changed $0 a\n%begin 1 11 0\n%end 9 9 9\nx\n%end 1 11 0\n%begin 1 12 0\ncan't find pane\n%error 1 12 0\n%exit\n%begin 1 13 0\n%end 1 13 0\n";
+        let out = "%begin 1 10 0\n%end 1 10 0\n%session-changed $0 a\n%begin 1 11 1\n%end 9 9 9\nx\n%end 1 11 1\n%begin 1 12 1\ncan't find pane\n%error 1 12 1\n%begin 1 13 0\nhooked\n%end 1 13 0\n%exit\n%begin 1 14 1\n%end 1 14 1\n";
         let (tx, rx) = std::sync::mpsc::channel();
         read_replies(out.as_bytes(), tx);
-        let got: Vec<Reply> = rx.iter().collect();
-        assert_eq!(got.len(), 3, "{got:?}");
-        assert!(matches!(&got[0], Reply::Ok(b) if b.is_empty()));
-        assert!(matches!(&got[1], Reply::Ok(b) if b == "%end 9 9 9\nx\n"));
-        assert!(matches!(&got[2], Reply::Error(b) if b == "can't find pane\n"));
+        let got: Vec<Block> = rx.iter().collect();
+        assert_eq!(got.len(), 4, "{got:?}");
+        assert!(
+            matches!(&got[0], Block { sent_by_us: false, reply: Reply::Ok(b) } if b.is_empty())
+        );
+        assert!(
+            matches!(&got[1], Block { sent_by_us: true, reply: Reply::Ok(b) } if b == "%end 9 9 9\nx\n")
+        );
+        assert!(
+            matches!(&got[2], Block { sent_by_us: true, reply: Reply::Error(b) } if b == "can't find pane\n")
+        );
+        // A hook's block (flags 0) is told apart from a reply.
+        assert!(
+            matches!(&got[3], Block { sent_by_us: false, reply: Reply::Ok(b) } if b == "hooked\n")
+        );
     }
 }

@@ -97,7 +97,10 @@ pub fn create_private(path: &Path, bytes: &[u8]) -> Result<(), DurableError> {
             },
             _ => io_err("create", path)(e),
         })?;
-    f.write_all(bytes).map_err(io_err("write", path))
+    f.write_all(bytes).map_err(|e| {
+        let _ = fs::remove_file(path);
+        io_err("write", path)(e)
+    })
 }
 
 /// Moves `from` to `to` (same filesystem) and makes both directory entries durable.
