@@ -106,6 +106,75 @@ fn an_unwritable_cgroup_fails_closed_with_the_fix() {
 }
 
 #[test]
+fn a_supervisor_without_its_shim_refuses_to_start_and_creates_nothing() {
+    common::require_host();
+    let m = mosaic::cgroup::discover_mount().unwrap();
+    let root = m.path.join(format!(
+        "mosaic-test-noshim-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    let dir = std::env::temp_dir().join(format!("mosaic-noshim-{}", uuid::Uuid::new_v4().simple()));
+    struct Cleanup(PathBuf, PathBuf);
+    impl Drop for Cleanup {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir(&self.0);
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+    let _cleanup = Cleanup(root.clone(), dir.clone());
+    std::fs::create_dir_all(dir.join("bin")).unwrap();
+    let cfg = dir.join("c.toml");
+    std::fs::write(
+        &cfg,
+        format!(
+            "host_id = \"noshim\"\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {root:?}\nbin_dir = {:?}\n",
+            dir.join("s"),
+            dir.join("r"),
+            dir.join("bin"),
+        ),
+    )
+    .unwrap();
+    // `mosaic` installed, its shim not; then the shim present but not executable.
+    std::fs::copy(common::MOSAIC, dir.join("bin/mosaic")).unwrap();
+    for shim in [None, Some(0o644)] {
+        if let Some(mode) = shim {
+            use std::os::unix::fs::PermissionsExt;
+            let p = dir.join("bin/mosaic-shim");
+            std::fs::copy(common::SHIM, &p).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        }
+        let mut child = Command::new(dir.join("bin/mosaic"))
+            .args(["supervisor", "--config"])
+            .arg(&cfg)
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A supervisor that starts anyway would serve forever: bounded, then killed.
+        let started = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if started.elapsed() > common::PATIENCE {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the supervisor started without its shim");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success());
+        assert!(
+            err.contains("mosaic-shim is missing or not executable"),
+            "{err}"
+        );
+        assert!(!root.exists(), "a refused start created its cgroup root");
+        assert!(
+            !dir.join("s").exists(),
+            "a refused start created its state dir"
+        );
+    }
+}
+
+#[test]
 fn bad_config_is_refused_with_the_key() {
     let dir = std::env::temp_dir().join(format!("mosaic-cfg-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&dir).unwrap();

@@ -400,7 +400,14 @@ pub(crate) async fn launch(
     ];
     phase("harness area prepared");
     let attached = async {
-        inner.tmux_respawn(&lane.lane, &shim_argv)?;
+        {
+            let (inner, lane, argv) = (inner.clone(), lane.lane.clone(), shim_argv.clone());
+            tokio::task::spawn_blocking(move || inner.tmux_respawn(&lane, &argv))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("respawn task failed: {e}"),
+                })??;
+        }
         phase("pane respawned");
         attach_new(inner, &listener, &rec, &cgroup_rel).await
     }

@@ -276,6 +276,16 @@ impl Lane {
     }
 }
 
+/// What `Inner::tmux_check` found.
+pub(crate) enum TmuxCheck {
+    Ready,
+    /// The lane's server or its session is gone: the lane cannot host a generation again.
+    Gone,
+    /// The session is there but no control client could attach (an old tmux, a wedged
+    /// server): this start fails, the lane stays as it is.
+    Unusable(SupervisorError),
+}
+
 pub(crate) struct Inner {
     pub cfg: Config,
     pub tree: CgroupTree,
@@ -334,12 +344,16 @@ impl Inner {
         }
     }
 
-    /// Whether the lane's tmux session is there to host a generation: its control client
-    /// is attached (attaching one when there is none).
-    pub fn tmux_ready(&self, lane: &str) -> bool {
-        self.tmux_controls
-            .with(&self.tmux(lane), lane, |_| Ok(()))
-            .is_ok()
+    /// Whether the lane's tmux session can host a generation: its control client is
+    /// attached (attaching one when there is none). A failed attach is told apart with a
+    /// `has-session`: only a session that is really gone counts as gone. Blocking (up to
+    /// the attach timeout): call it off the async runtime.
+    pub fn tmux_check(&self, lane: &str) -> TmuxCheck {
+        match self.tmux_controls.with(&self.tmux(lane), lane, |_| Ok(())) {
+            Ok(()) => TmuxCheck::Ready,
+            Err(_) if !self.tmux(lane).alive(lane) => TmuxCheck::Gone,
+            Err(e) => TmuxCheck::Unusable(e),
+        }
     }
 
     /// Replaces whatever runs in the lane's pane with `argv` (argv form, no shell), through
@@ -452,10 +466,14 @@ impl Supervisor {
         // Every generation starts with the shim: a supervisor that could not start one
         // says so now, not as an attach timeout at its first start.
         let shim = cfg.shim_exe();
-        if !shim.is_file() {
+        let runnable = std::fs::metadata(&shim).is_ok_and(|m| {
+            use std::os::unix::fs::PermissionsExt;
+            m.is_file() && m.permissions().mode() & 0o111 != 0
+        });
+        if !shim.is_absolute() || !runnable {
             return Err(SupervisorError::Config {
                 detail: format!(
-                    "{} is missing: the shim is installed beside `mosaic` (bin_dir names where both are)",
+                    "{} is missing or not executable: the shim is installed beside `mosaic` (bin_dir, an absolute path, names where both are)",
                     shim.display()
                 ),
             });
@@ -786,13 +804,25 @@ impl Supervisor {
                 });
             }
         }
-        if !self.inner.tmux_ready(name.as_str()) {
-            let reason = "the lane's tmux server is gone";
-            l.settle(&self.inner.store, None, Some(reason));
-            return Err(SupervisorError::Quarantined {
-                lane: lane.to_string(),
-                reason: reason.into(),
-            });
+        let check = {
+            let (inner, lane) = (self.inner.clone(), name.to_string());
+            tokio::task::spawn_blocking(move || inner.tmux_check(&lane))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("tmux check task failed: {e}"),
+                })?
+        };
+        match check {
+            TmuxCheck::Ready => {}
+            TmuxCheck::Unusable(e) => return Err(e),
+            TmuxCheck::Gone => {
+                let reason = "the lane's tmux server is gone";
+                l.settle(&self.inner.store, None, Some(reason));
+                return Err(SupervisorError::Quarantined {
+                    lane: lane.to_string(),
+                    reason: reason.into(),
+                });
+            }
         }
         phases.mark("lane checked (receipt, state, tmux server alive)");
         let live = generation::launch(&self.inner, &mut l.rec, plan, origin, &phases).await?;

@@ -136,8 +136,8 @@ impl Tmux {
     pub fn alive(&self, session: &str) -> bool {
         let mut c = self.cmd();
         c.args(["has-session", "-t", &format!("={session}")]);
-        c.stderr(Stdio::null());
-        c.status().map(|s| s.success()).unwrap_or(false)
+        // Bounded like every other call: a stopped server answers nothing, and counts as gone.
+        self.run("has-session", c).is_ok()
     }
 
     /// Submits `text` as one line of input to the program in the lane's pane, the way an

@@ -462,8 +462,11 @@ pub const PI: Family = Family {
             ),
             (
                 "settings.json",
+                // Pi compacts only what lies beyond its most recent keepRecentTokens (20 000
+                // by default, more than a test conversation holds): keep little, so the
+                // parity check's compaction has something to summarize.
                 json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
-                    "quietStartup": true})
+                    "quietStartup": true, "compaction": {"keepRecentTokens": 10}})
                 .to_string(),
             ),
         ]
