@@ -628,7 +628,17 @@ fn run(f: &Family) {
     let (name, version) = f.runtime.split_once('@').unwrap();
     let write = std::env::var_os("MOSAIC_WRITE_EVIDENCE").is_some();
     let provisional = write.then(|| provisional_registry(name, version));
+    // Codex 0.171.0 makes an empty /tmp/codex-daemon-<uid> even with its daemon off (a
+    // fixed path, whatever TMPDIR says): removed again if this run made it.
+    let shared_leftover = PathBuf::from(format!(
+        "/tmp/codex-daemon-{}",
+        nix::unistd::getuid().as_raw()
+    ));
+    let leftover_before = shared_leftover.exists();
     let evidence = suite(f, provisional.as_deref());
+    if !leftover_before {
+        let _ = std::fs::remove_dir(&shared_leftover);
+    }
     if let Some(d) = provisional {
         let _ = std::fs::remove_dir_all(d);
     }

@@ -294,7 +294,18 @@ pub(crate) fn serve(
 ) -> Result<tokio::task::JoinHandle<()>, super::SupervisorError> {
     let listener: UnixListener = super::generation::bind_socket(path)?;
     Ok(tokio::spawn(async move {
-        while let Ok((stream, _)) = listener.accept().await {
+        // Every connection is a task of this set, owned by the server task: when the
+        // generation's socket is ended (its task aborted), every request still waiting on
+        // it (a `lane next` waiting settled, a challenge) ends with it.
+        let mut conns = tokio::task::JoinSet::new();
+        loop {
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => break,
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => continue,
+            };
             let peer_ok = stream
                 .peer_cred()
                 .ok()
@@ -302,7 +313,7 @@ pub(crate) fn serve(
                 .and_then(|pid| crate::cgroup::cgroup_of(Some(pid)).ok())
                 .is_some_and(|cg| cg == cgroup_rel);
             let s = s.clone();
-            tokio::spawn(async move {
+            conns.spawn(async move {
                 let (r, mut w) = stream.into_split();
                 // One request line, bounded: evidence (hex) or a hook event at most.
                 let cap = (2 * MAX_EVIDENCE_BYTES).max(1 << 20) as u64 + 65_536;
@@ -746,4 +757,45 @@ pub fn call(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, std::io::E
 /// The path a generation's lane socket lives at (beside its shim socket).
 pub(crate) fn path_for(shim_socket: &Path) -> PathBuf {
     shim_socket.with_extension("lane.sock")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+
+    /// A request still waiting when the generation's socket is ended (its server task
+    /// aborted) ends with it: no connection task outlives the generation.
+    #[test]
+    fn ending_the_socket_ends_the_requests_still_waiting_on_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir()
+                .join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&dir).unwrap();
+            let path = dir.join("lane.sock");
+            let s = GenSession::new();
+            s.bind_harness(crate::adapter::Family::Fake, None);
+            // This process is the "generation": the peer check passes, so the request
+            // waits (no contract is ever set).
+            let own = crate::cgroup::cgroup_of(None).unwrap();
+            let server = serve(&path, own, s.clone()).unwrap();
+            let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+            c.write_all(b"{\"op\":\"contract\"}\n").await.unwrap();
+            let mut buf = Vec::new();
+            let waiting =
+                tokio::time::timeout(Duration::from_millis(300), c.read_to_end(&mut buf)).await;
+            assert!(waiting.is_err(), "the request did not wait: {buf:?}");
+            server.abort();
+            let ended = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf))
+                .await
+                .expect("the waiting request outlived its socket");
+            assert_eq!(ended.unwrap(), 0, "{buf:?}");
+            std::fs::remove_dir_all(&dir).unwrap();
+        });
+    }
 }
