@@ -522,6 +522,9 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
     let refused_before = up.generation()["harness"]["refused_events"]
         .as_u64()
         .unwrap_or(0);
+    let compactions_before = up.generation()["harness"]["compactions"]
+        .as_u64()
+        .unwrap_or(0);
     up.type_turn("model:huge-usage[parity-compact] model:run[sleep 1.5]");
     up.wait_for("settled after the compacting turn", || {
         (up.settled() > before).then_some(())
@@ -549,7 +552,12 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
     });
     out.insert(
         "compaction".into(),
-        json!({"compacted": compacted, "contract_after_it": contract_kept, "settled_reports": up.settled() - before,
+        json!({"compacted": compacted, "contract_after_it": contract_kept,
+            // Families whose contract rides in the history (Claude Code, Codex) ask for it
+            // again after a compaction; those that put it in every request's system
+            // prompt (OpenCode, Pi) need not.
+            "compactions_announced_to_the_supervisor": up.generation()["harness"]["compactions"].as_u64().unwrap_or(0) - compactions_before,
+            "settled_reports": up.settled() - before,
             "events_refused": up.generation()["harness"]["refused_events"].as_u64().unwrap_or(0) - refused_before}),
     );
 

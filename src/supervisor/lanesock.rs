@@ -122,6 +122,8 @@ pub struct Observed {
     pub ack_refused: u64,
     /// Hook events refused (wrong family, another conversation, a resumed session).
     pub refused_events: u64,
+    /// Compactions the harness announced, each answered with the delivered contract.
+    pub compactions: u64,
     pub session_end: Option<String>,
 }
 
@@ -520,6 +522,7 @@ async fn hook(
                 return err("the contract changed since it was delivered");
             }
             let text = crate::adapter::contract_context(&c.task_text, &c.contracts_digest, &c.key);
+            s.observe(|o| o.compactions += 1);
             LaneResponse {
                 output: Some(adapter.render_contract(&text)),
                 ..LaneResponse::ok("contract delivered again after a compaction")
