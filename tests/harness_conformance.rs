@@ -461,10 +461,21 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
 
 /// Waits until no hook process of the generation is left (a shell running a hook script,
 /// `mosaic lane hook`): every event the last turn produced has then reached the supervisor.
+/// Quiet means: no hook process, and the supervisor's observations unchanged across half
+/// a second with none in between (a hook forked but not yet exec'd shows the harness's
+/// own name).
 fn hooks_done(up: &Up, cg: &Path) {
-    up.wait_for("the hook processes gone", || {
+    let no_hooks = || {
         let c: Vec<String> = common::members(cg).iter().map(|(p, _)| comm(*p)).collect();
-        (!c.iter().any(|x| x == "sh" || x == "mosaic")).then_some(())
+        !c.iter().any(|x| x == "sh" || x == "mosaic")
+    };
+    up.wait_for("the hook processes gone", || {
+        if !no_hooks() {
+            return None;
+        }
+        let seen = up.generation()["harness"].clone();
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        (no_hooks() && up.generation()["harness"] == seen).then_some(())
     });
 }
 
@@ -526,6 +537,23 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
         .as_u64()
         .unwrap_or(0);
     up.type_turn("model:huge-usage[parity-compact] model:run[sleep 1.5]");
+    // The moment the summary is asked for: the harness is compacting.
+    let summarizing = |r: &Value| {
+        mosaic::testmodel::Api::of_path(r["path"].as_str().unwrap_or("")).is_some_and(|api| {
+            mosaic::testmodel::latest_turn(api, &r["body"])
+                .1
+                .to_lowercase()
+                .contains("summar")
+        })
+    };
+    let during = up.wait_for("the harness compacting", || {
+        model
+            .requests()
+            .iter()
+            .skip(skip)
+            .any(summarizing)
+            .then(|| up.settled())
+    });
     up.wait_for("settled after the compacting turn", || {
         (up.settled() > before).then_some(())
     });
@@ -536,14 +564,7 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
         .any(|(_, t)| t.to_lowercase().contains("summar"));
     // After the summary replaced the history, the model still gets the contract.
     let after: Vec<Value> = model.requests().into_iter().skip(skip).collect();
-    let summary_at = after.iter().position(|r| {
-        mosaic::testmodel::Api::of_path(r["path"].as_str().unwrap_or("")).is_some_and(|api| {
-            mosaic::testmodel::latest_turn(api, &r["body"])
-                .1
-                .to_lowercase()
-                .contains("summar")
-        })
-    });
+    let summary_at = after.iter().position(summarizing);
     let contract_kept = summary_at.map(|i| {
         after[i + 1..].iter().any(|r| {
             r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty())
@@ -553,6 +574,7 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
     out.insert(
         "compaction".into(),
         json!({"compacted": compacted, "contract_after_it": contract_kept,
+            "settled_while_compacting": during > before,
             // Families whose contract rides in the history (Claude Code, Codex) ask for it
             // again after a compaction; those that put it in every request's system
             // prompt (OpenCode, Pi) need not.
@@ -636,17 +658,24 @@ fn run(f: &Family) {
     let (name, version) = f.runtime.split_once('@').unwrap();
     let write = std::env::var_os("MOSAIC_WRITE_EVIDENCE").is_some();
     let provisional = write.then(|| provisional_registry(name, version));
-    // Codex 0.171.0 makes an empty /tmp/codex-daemon-<uid> even with its daemon off (a
-    // fixed path, whatever TMPDIR says): removed again if this run made it.
-    let shared_leftover = PathBuf::from(format!(
+    // Codex 0.171.0 makes an empty /tmp/codex-daemon-<uid> even with its daemon off,
+    // already for `--version` (so the install's probe makes it first): a fixed path,
+    // whatever TMPDIR says. Its suite removes it while it is empty, also when the suite
+    // fails.
+    struct Leftover(Option<PathBuf>);
+    impl Drop for Leftover {
+        fn drop(&mut self) {
+            if let Some(p) = &self.0 {
+                let _ = std::fs::remove_dir(p);
+            }
+        }
+    }
+    let codex_dir = PathBuf::from(format!(
         "/tmp/codex-daemon-{}",
         nix::unistd::getuid().as_raw()
     ));
-    let leftover_before = shared_leftover.exists();
+    let _leftover = Leftover((name == "codex").then_some(codex_dir));
     let evidence = suite(f, provisional.as_deref());
-    if !leftover_before {
-        let _ = std::fs::remove_dir(&shared_leftover);
-    }
     if let Some(d) = provisional {
         let _ = std::fs::remove_dir_all(d);
     }
@@ -681,6 +710,7 @@ fn run(f: &Family) {
         ("/parity/retry/settled_reports", json!(1)),
         ("/parity/compaction/compacted", json!(true)),
         ("/parity/compaction/contract_after_it", json!(true)),
+        ("/parity/compaction/settled_while_compacting", json!(false)),
         ("/parity/compaction/settled_reports", json!(1)),
         ("/parity/compaction/events_refused", json!(0)),
         ("/parity/follow_up/follow_up_reached_the_model", json!(true)),

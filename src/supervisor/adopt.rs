@@ -61,7 +61,9 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
                 }
             }
         }
-        if lane.rec.status == LaneStatus::Active && !inner.tmux(&name).alive(&name) {
+        if lane.rec.status == LaneStatus::Active
+            && inner.tmux(&name).session_state(&name) == super::tmux::SessionState::Absent
+        {
             report.quarantined += 1;
             lane.settle(&inner.store, None, Some("the lane's tmux server is gone"));
         }

@@ -149,6 +149,14 @@ impl Config {
                 });
             }
         }
+        if !bin_dir.is_absolute() {
+            return Err(SupervisorError::Config {
+                detail: format!(
+                    "bin_dir must be an absolute path, got {}",
+                    bin_dir.display()
+                ),
+            });
+        }
         for (name, p) in [("state_dir", &f.state_dir), ("runtime_dir", &f.runtime_dir)] {
             if !p.is_absolute() {
                 return Err(SupervisorError::Config {

@@ -304,7 +304,13 @@ pub(crate) fn serve(
             let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
                     Ok((stream, _)) => stream,
-                    Err(_) => break,
+                    // Out of descriptors, an aborted connection: transient. Ending here
+                    // would end every request still waiting on this socket.
+                    Err(e) => {
+                        tracing::warn!(error = %e, "lane socket accept failed; retrying");
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
                 },
                 Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             };
@@ -595,7 +601,16 @@ async fn next(s: &GenSession) -> LaneResponse {
         return err("only an active generation takes continuations");
     }
     let mut rx = s.next.subscribe();
+    // "Waiting settled" lasts exactly as long as this request: a guard clears it however
+    // the wait ends (answered, the connection's task aborted with the generation's socket).
+    struct Waiting<'a>(&'a watch::Sender<bool>);
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            self.0.send_replace(false);
+        }
+    }
     s.settled.send_replace(true);
+    let waiting = Waiting(&s.settled);
     let got = rx
         .wait_for(|c| {
             c.as_ref().is_some_and(|c| {
@@ -607,7 +622,7 @@ async fn next(s: &GenSession) -> LaneResponse {
         })
         .await
         .map(|c| c.clone());
-    s.settled.send_replace(false);
+    drop(waiting);
     match got {
         Ok(Some(c)) => {
             // Visible exactly once: recorded before the harness sees it.
@@ -785,7 +800,8 @@ mod tests {
             s.bind_harness(crate::adapter::Family::Fake, None);
             // This process is the "generation": the peer check passes, so the request
             // waits (no contract is ever set).
-            let own = crate::cgroup::cgroup_of(None).unwrap();
+            let own = crate::cgroup::cgroup_of(None)
+                .expect("this test needs the host's cgroup v2 (as the supervisor does)");
             let server = serve(&path, own, s.clone()).unwrap();
             let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
             c.write_all(b"{\"op\":\"contract\"}\n").await.unwrap();

@@ -351,8 +351,12 @@ impl Inner {
     pub fn tmux_check(&self, lane: &str) -> TmuxCheck {
         match self.tmux_controls.with(&self.tmux(lane), lane, |_| Ok(())) {
             Ok(()) => TmuxCheck::Ready,
-            Err(_) if !self.tmux(lane).alive(lane) => TmuxCheck::Gone,
-            Err(e) => TmuxCheck::Unusable(e),
+            Err(e) => match self.tmux(lane).session_state(lane) {
+                tmux::SessionState::Absent => TmuxCheck::Gone,
+                tmux::SessionState::Present | tmux::SessionState::Unknown(_) => {
+                    TmuxCheck::Unusable(e)
+                }
+            },
         }
     }
 
@@ -465,18 +469,19 @@ impl Supervisor {
     pub fn open(cfg: Config) -> Result<Self, SupervisorError> {
         // Every generation starts with the shim: a supervisor that could not start one
         // says so now, not as an attach timeout at its first start.
-        let shim = cfg.shim_exe();
-        let runnable = std::fs::metadata(&shim).is_ok_and(|m| {
-            use std::os::unix::fs::PermissionsExt;
-            m.is_file() && m.permissions().mode() & 0o111 != 0
-        });
-        if !shim.is_absolute() || !runnable {
-            return Err(SupervisorError::Config {
-                detail: format!(
-                    "{} is missing or not executable: the shim is installed beside `mosaic` (bin_dir, an absolute path, names where both are)",
-                    shim.display()
-                ),
-            });
+        // Every generation starts with the shim, and its hooks call `mosaic`: a supervisor
+        // that could not start either says so now, not at its first start.
+        for exe in [cfg.shim_exe(), cfg.mosaic_exe()] {
+            let runnable = std::fs::metadata(&exe).is_ok_and(|m| m.is_file())
+                && nix::unistd::access(&exe, nix::unistd::AccessFlags::X_OK).is_ok();
+            if !runnable {
+                return Err(SupervisorError::Config {
+                    detail: format!(
+                        "{} is missing or not executable: `mosaic` and `mosaic-shim` are installed side by side in bin_dir",
+                        exe.display()
+                    ),
+                });
+            }
         }
         let mount = crate::cgroup::discover_mount()?;
         let own = crate::cgroup::cgroup_of(None)?;

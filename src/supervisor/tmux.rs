@@ -18,6 +18,15 @@ pub struct Tmux {
     socket: PathBuf,
 }
 
+/// What tmux says about a lane's session.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum SessionState {
+    Present,
+    Absent,
+    /// No answer (a stopped or overloaded server, tmux not runnable): why.
+    Unknown(String),
+}
+
 /// What tmux says about a lane's pane.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct PaneState {
@@ -133,11 +142,32 @@ impl Tmux {
         Ok(())
     }
 
-    pub fn alive(&self, session: &str) -> bool {
+    /// Whether the lane's session is there. Only tmux saying so (no server on the socket,
+    /// no such session) is `Absent`: a server that does not answer in time, or a tmux
+    /// that cannot be run, is `Unknown`, never taken for gone.
+    pub fn session_state(&self, session: &str) -> SessionState {
         let mut c = self.cmd();
         c.args(["has-session", "-t", &format!("={session}")]);
-        // Bounded like every other call: a stopped server answers nothing, and counts as gone.
-        self.run("has-session", c).is_ok()
+        c.stdout(Stdio::null()).stderr(Stdio::piped());
+        match crate::util::run_bounded(&mut c, TMUX_TIMEOUT) {
+            Ok(out) if out.status.success() => SessionState::Present,
+            Ok(out) => {
+                let said = String::from_utf8_lossy(&out.stderr);
+                if [
+                    "can't find session",
+                    "no server running",
+                    "error connecting to",
+                ]
+                .iter()
+                .any(|m| said.contains(m))
+                {
+                    SessionState::Absent
+                } else {
+                    SessionState::Unknown(said.trim().to_string())
+                }
+            }
+            Err(e) => SessionState::Unknown(e.to_string()),
+        }
     }
 
     /// Submits `text` as one line of input to the program in the lane's pane, the way an
