@@ -795,6 +795,14 @@ mod tests {
             let dir = std::env::temp_dir()
                 .join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
             std::fs::create_dir_all(&dir).unwrap();
+            // Removed also when an assertion below fails.
+            struct Gone(PathBuf);
+            impl Drop for Gone {
+                fn drop(&mut self) {
+                    let _ = std::fs::remove_dir_all(&self.0);
+                }
+            }
+            let _gone = Gone(dir.clone());
             let path = dir.join("lane.sock");
             let s = GenSession::new();
             s.bind_harness(crate::adapter::Family::Fake, None);
@@ -814,7 +822,6 @@ mod tests {
                 .await
                 .expect("the waiting request outlived its socket");
             assert_eq!(ended.unwrap(), 0, "{buf:?}");
-            std::fs::remove_dir_all(&dir).unwrap();
         });
     }
 }
