@@ -64,9 +64,9 @@ fn tmux(sock: &Path, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).trim().to_string()
 }
 
-/// (a) anchor: respawn-pane, then wait until the pane process is the harness.
-fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
-    let sock = dir.join("anchor-a.sock");
+/// A tmux server for an anchor, session `name` idling, dead panes kept (as a lane's).
+fn anchor_session(dir: &Path, name: &str) -> std::path::PathBuf {
+    let sock = dir.join(format!("anchor-{name}.sock"));
     tmux(
         &sock,
         &[
@@ -75,12 +75,27 @@ fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
             "new-session",
             "-d",
             "-s",
-            "a",
+            name,
             "sleep",
             "600",
         ],
     );
     tmux(&sock, &["set", "-g", "remain-on-exit", "on"]);
+    sock
+}
+
+/// Waits until the pane's process `pid` has exec'd the fake harness.
+fn wait_exec(pid: i32) {
+    wait_until("exec", || {
+        std::fs::read_link(format!("/proc/{pid}/exe"))
+            .ok()
+            .filter(|p| p.ends_with("mosaic-fake-harness"))
+    });
+}
+
+/// (a) anchor: respawn-pane, then wait until the pane process is the harness.
+fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
+    let sock = anchor_session(dir, "a");
     let fake = fake();
     let mut v = Vec::new();
     for _ in 0..n {
@@ -89,11 +104,7 @@ fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
         let pid: i32 = tmux(&sock, &["display", "-p", "-t", "=a:", "#{pane_pid}"])
             .parse()
             .unwrap();
-        wait_until("exec", || {
-            std::fs::read_link(format!("/proc/{pid}/exe"))
-                .ok()
-                .filter(|p| p.ends_with("mosaic-fake-harness"))
-        });
+        wait_exec(pid);
         v.push(t.elapsed());
     }
     tmux(&sock, &["kill-server"]);
@@ -105,21 +116,7 @@ fn bare_respawn(n: usize, dir: &Path) -> Vec<Duration> {
 /// per respawn.
 fn control_respawn(n: usize, dir: &Path) -> Vec<Duration> {
     use std::io::{BufRead, BufReader, Write};
-    let sock = dir.join("anchor-c.sock");
-    tmux(
-        &sock,
-        &[
-            "-f",
-            "/dev/null",
-            "new-session",
-            "-d",
-            "-s",
-            "c",
-            "sleep",
-            "600",
-        ],
-    );
-    tmux(&sock, &["set", "-g", "remain-on-exit", "on"]);
+    let sock = anchor_session(dir, "c");
     let mut client = Command::new("tmux")
         .arg("-S")
         .arg(&sock)
@@ -166,11 +163,7 @@ fn control_respawn(n: usize, dir: &Path) -> Vec<Duration> {
         reply();
         writeln!(input, "display -p -t =c: '#{{pane_pid}}'").unwrap();
         let pid: i32 = reply()[0].parse().unwrap();
-        wait_until("exec", || {
-            std::fs::read_link(format!("/proc/{pid}/exe"))
-                .ok()
-                .filter(|p| p.ends_with("mosaic-fake-harness"))
-        });
+        wait_exec(pid);
         v.push(t.elapsed());
     }
     drop(input);

@@ -40,23 +40,36 @@ fn roots_outside_the_mount_or_undelegated_are_refused() {
     assert!(matches!(e, CgroupError::RootCgroupNotDelegated), "{e}");
 }
 
+/// A cgroup root (not created) and a temp dir for one test, both removed on drop, also
+/// when an assertion fails.
+struct Scratch {
+    root: PathBuf,
+    dir: PathBuf,
+}
+
+impl Scratch {
+    fn new(what: &str) -> Self {
+        let m = mosaic::cgroup::discover_mount().unwrap();
+        let id = uuid::Uuid::new_v4().simple();
+        Self {
+            root: m.path.join(format!("mosaic-test-{what}-{id}")),
+            dir: std::env::temp_dir().join(format!("mosaic-{what}-{id}")),
+        }
+    }
+}
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir(&self.root);
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 #[test]
 fn an_unwritable_cgroup_fails_closed_with_the_fix() {
     common::require_host();
-    let m = mosaic::cgroup::discover_mount().unwrap();
-    let root = m
-        .path
-        .join(format!("mosaic-test-ro-{}", uuid::Uuid::new_v4().simple()));
-    let dir = std::env::temp_dir().join(format!("mosaic-ro-{}", uuid::Uuid::new_v4().simple()));
-    // Removed even when an assertion below fails.
-    struct Cleanup(PathBuf, PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
-    let _cleanup = Cleanup(root.clone(), dir.clone());
+    let scratch = Scratch::new("ro");
+    let (root, dir) = (scratch.root.clone(), scratch.dir.clone());
     std::fs::create_dir(&root).unwrap();
     std::fs::create_dir_all(&dir).unwrap();
     // A world-writable state dir so only the cgroup is the problem.
@@ -108,20 +121,8 @@ fn an_unwritable_cgroup_fails_closed_with_the_fix() {
 #[test]
 fn a_supervisor_without_its_shim_refuses_to_start_and_creates_nothing() {
     common::require_host();
-    let m = mosaic::cgroup::discover_mount().unwrap();
-    let root = m.path.join(format!(
-        "mosaic-test-noshim-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    let dir = std::env::temp_dir().join(format!("mosaic-noshim-{}", uuid::Uuid::new_v4().simple()));
-    struct Cleanup(PathBuf, PathBuf);
-    impl Drop for Cleanup {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_dir(&self.0);
-            let _ = std::fs::remove_dir_all(&self.1);
-        }
-    }
-    let _cleanup = Cleanup(root.clone(), dir.clone());
+    let scratch = Scratch::new("noshim");
+    let (root, dir) = (scratch.root.clone(), scratch.dir.clone());
     std::fs::create_dir_all(dir.join("bin")).unwrap();
     let cfg = dir.join("c.toml");
     std::fs::write(
