@@ -295,10 +295,15 @@ impl Phases {
         Self(std::time::Instant::now())
     }
 
+    /// Time since the start request arrived.
+    pub(crate) fn elapsed(&self) -> std::time::Duration {
+        self.0.elapsed()
+    }
+
     pub(crate) fn mark(&self, what: &'static str) {
         tracing::debug!(
             phase = what,
-            elapsed_us = self.0.elapsed().as_micros() as u64,
+            elapsed_us = self.elapsed().as_micros() as u64,
             "launch phase"
         )
     }

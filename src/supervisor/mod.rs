@@ -467,8 +467,6 @@ impl Supervisor {
     /// Validates the environment (cgroup v2, delegated root, registry, directories) and
     /// takes the state-dir lock. Creates no lanes and adopts nothing yet.
     pub fn open(cfg: Config) -> Result<Self, SupervisorError> {
-        // Every generation starts with the shim: a supervisor that could not start one
-        // says so now, not as an attach timeout at its first start.
         // Every generation starts with the shim, and its hooks call `mosaic`: a supervisor
         // that could not start either says so now, not at its first start.
         for exe in [cfg.shim_exe(), cfg.mosaic_exe()] {
@@ -723,7 +721,6 @@ impl Supervisor {
     ) -> Result<GenView, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
-        let started = std::time::Instant::now();
         let phases = generation::Phases::new();
         // Validate everything that can be validated before touching the lane.
         let plan = {
@@ -839,7 +836,7 @@ impl Supervisor {
         self.inner
             .metrics
             .start_seconds
-            .observe(started.elapsed().as_secs_f64());
+            .observe(phases.elapsed().as_secs_f64());
 
         let view = GenView::of(&live.record);
         spawn_applier(self.inner.clone(), name.to_string(), &live);
