@@ -505,3 +505,102 @@ async fn a_message_without_its_generations_authority_is_refused_by_the_host() {
     );
     drop(w);
 }
+
+/// Regression (the launch defect, coordinated half): a coordinated launch that fails after
+/// its cgroup exists — here serving its lane socket — ends with its own observed
+/// launch-failed receipt (exactly one: the refusal that follows adds none), and the lane
+/// takes the next stage.
+#[tokio::test(flavor = "multi_thread")]
+async fn launch_failing_at_the_lane_socket_keeps_its_observed_receipt() {
+    use mosaic::supervisor::receipt::TerminationReason;
+    assert!(
+        mosaic::coordinator::failpoint::enabled(),
+        "this test injects a failure and needs a failpoints build (scripts/test makes one)"
+    );
+    #[cfg(feature = "failpoints")]
+    fail::cfg(
+        mosaic::supervisor::LaunchStep::LaneSocket.failpoint(),
+        "1*return",
+    )
+    .unwrap();
+    let (sup, w) = world();
+    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let (tx, mut rx) = mpsc::channel(64);
+    let host = CoordinatedHost::new(
+        sup.clone(),
+        std::sync::Arc::new(signer("host-ordinary")),
+        tx,
+    )
+    .await;
+    host.dispatch(stage(&inc, 1, "rs-1")).await;
+    let r = loop {
+        let r = receipts_of(&sup, "h1:lane-1");
+        if !r.is_empty() {
+            break r;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    // Give the refusal path its chance to (wrongly) write a second receipt.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let r2 = receipts_of(&sup, "h1:lane-1");
+    assert_eq!(r2.len(), 1, "{r2:?}");
+    assert_eq!(r[0].receipt_id, r2[0].receipt_id);
+    assert_eq!(r2[0].generation, 1);
+    assert_eq!(r2[0].termination_reason, TerminationReason::LaunchFailed);
+    assert!(
+        r2[0]
+            .detail
+            .as_deref()
+            .unwrap_or("")
+            .contains("launch:lane-socket"),
+        "{:?}",
+        r2[0].detail
+    );
+    assert!(r2[0].cleanup.verified_empty && r2[0].cleanup.cgroup_removed);
+    let st = sup.status().await.unwrap();
+    assert!(st.lanes[0].generation.is_none(), "something still runs");
+    assert_eq!(
+        st.lanes[0].status,
+        mosaic::supervisor::state::LaneStatus::Active
+    );
+
+    host.dispatch(stage(&inc, 2, "rs-2")).await;
+    let staged = loop {
+        let m = next(&mut rx, Duration::from_secs(20))
+            .await
+            .expect("staged for generation 2");
+        if m.message_type() == MessageType::Staged {
+            break m;
+        }
+    };
+    assert_eq!(staged.uint("generation"), Some(2));
+    drop(w);
+}
+
+/// Regression (a false receipt): a never-started receipt may be written only for a
+/// generation that was never begun here. One that was begun (its record exists) and has
+/// no receipt yet — it runs, or its receipt is not durable yet — is refused that shortcut,
+/// and nothing is written.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_begun_generation_is_never_receipted_as_never_started() {
+    let (sup, w) = world();
+    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let g = sup
+        .start("lane-1", "fake@1.0.0", &["hang".to_string()])
+        .await
+        .unwrap();
+    assert_eq!(g.generation, 1);
+    let refused = sup.refuse_generation("h1:lane-1", &inc, 1, "fake@1.0.0", "test");
+    assert!(
+        refused.is_err(),
+        "a never-started receipt was accepted for a running generation"
+    );
+    assert!(receipts_of(&sup, "h1:lane-1").is_empty());
+    // A number never begun here is fenced as before.
+    sup.refuse_generation("h1:lane-1", &inc, 7, "fake@1.0.0", "test")
+        .unwrap();
+    let r = receipts_of(&sup, "h1:lane-1");
+    assert_eq!((r.len(), r[0].generation), (1, 7));
+    sup.stop("lane-1").await.unwrap();
+    drop(w);
+}

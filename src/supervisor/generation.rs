@@ -21,15 +21,10 @@ use super::identity::{self, Claim, Expected, LaunchNonce, ProcessIdentity};
 use super::receipt::{
     self, Cleanup, ObservationSource, StopCause, StopDetail, TerminationReason, TerminationReceipt,
 };
-use super::state::{GenRecord, GenStatus, LaneRecord};
+use super::state::{GenRecord, GenStatus};
 use super::{Finished, Inner, LiveGen, SupervisorError};
-use crate::adapter::LaunchPlan;
-use crate::cgroup::Cg;
 use crate::shim::proto::{ExitStatus, HarnessState, ShimMsg, SupervisorMsg};
-use crate::util::durable;
 
-/// How long a launched shim has to connect and present its identity.
-const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
 /// Upper bound on kill → verified empty. Past it the lane is quarantined.
 const CLEANUP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Longest accepted line on the per-generation socket.
@@ -123,54 +118,6 @@ pub(crate) fn remove_harness_dir(inner: &Inner, incarnation: &str, generation: u
     }
 }
 
-/// Creates the generation's private area and lets its family's adapter fill it.
-fn prepare_harness(
-    inner: &Inner,
-    plan: &LaunchPlan,
-    rec: &GenRecord,
-) -> Result<crate::adapter::Prepared, String> {
-    let dir = harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
-    if let Some(parent) = dir.parent() {
-        crate::util::durable::ensure_dir(parent, 0o700).map_err(|e| e.to_string())?;
-    }
-    // Fresh: an area left by an earlier attempt at this number is never reused.
-    match std::fs::remove_dir_all(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot clear {}: {e}", dir.display())),
-    }
-    crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
-    let run = harness_run_dir(inner, &rec.lane_incarnation_id, rec.generation);
-    let _ = std::fs::remove_dir_all(&run);
-    crate::util::durable::ensure_dir(&run, 0o700).map_err(|e| e.to_string())?;
-    let prepared = plan
-        .family
-        .adapter()
-        .prepare(&crate::adapter::PrepareCtx {
-            plan,
-            state_dir: &dir,
-            run_dir: &run,
-            mosaic_exe: &inner.cfg.mosaic_exe(),
-            overlay: inner
-                .cfg
-                .harness_config
-                .get(&plan.runtime.runtime)
-                .map(|p| p.as_path()),
-        })
-        .map_err(|e| e.to_string())?;
-    if let Some((k, _)) = plan
-        .secret_env
-        .iter()
-        .find(|(k, _)| prepared.env.iter().any(|(e, _)| e == k))
-    {
-        return Err(format!(
-            "the credentials file sets {k}, which the {} adapter sets itself",
-            plan.family.name()
-        ));
-    }
-    Ok(prepared)
-}
-
 pub(crate) fn bind_socket(path: &Path) -> Result<UnixListener, SupervisorError> {
     let io = |what, source| SupervisorError::Io {
         what,
@@ -189,7 +136,7 @@ pub(crate) fn bind_socket(path: &Path) -> Result<UnixListener, SupervisorError> 
     Ok(l)
 }
 
-fn pidfd(pid: i32) -> Result<OwnedFd, SupervisorError> {
+pub(crate) fn pidfd(pid: i32) -> Result<OwnedFd, SupervisorError> {
     let p = rustix::process::Pid::from_raw(pid).ok_or(SupervisorError::Identity(
         identity::IdentityError::Gone { pid },
     ))?;
@@ -274,288 +221,6 @@ pub(crate) enum Observation {
     DiedWhileAway(Option<HarnessState>),
 }
 
-/// Launches a fresh generation on a lane whose previous generation is already gone.
-/// How a generation is started: by an operator on this host, or by the coordinator's chain
-/// (which allocates the generation number and hands the contract over the lane socket).
-pub(crate) enum Origin {
-    Local,
-    Coordinated {
-        generation: u64,
-        session: Arc<super::lanesock::GenSession>,
-        binding: super::state::CoordBinding,
-    },
-}
-
-/// The start path's profile: each phase is logged at debug level with the time since the
-/// start request arrived (`benches/supervisor.rs` prints the median of each).
-pub(crate) struct Phases(std::time::Instant);
-
-impl Phases {
-    pub(crate) fn new() -> Self {
-        Self(std::time::Instant::now())
-    }
-
-    /// Time since the start request arrived.
-    pub(crate) fn elapsed(&self) -> std::time::Duration {
-        self.0.elapsed()
-    }
-
-    pub(crate) fn mark(&self, what: &'static str) {
-        tracing::debug!(
-            phase = what,
-            elapsed_us = self.elapsed().as_micros() as u64,
-            "launch phase"
-        )
-    }
-}
-
-pub(crate) async fn launch(
-    inner: &Arc<Inner>,
-    lane: &mut LaneRecord,
-    plan: LaunchPlan,
-    origin: Origin,
-    phases: &Phases,
-) -> Result<LiveGen, SupervisorError> {
-    // The number is burned durably before anything else, so a crash mid-launch can never
-    // lead to the same generation number twice. A coordinator-allocated number must move
-    // forward too.
-    let generation = match &origin {
-        Origin::Local => lane.next_generation,
-        Origin::Coordinated { generation, .. } if *generation >= lane.next_generation => {
-            *generation
-        }
-        Origin::Coordinated { generation, .. } => {
-            return Err(SupervisorError::Launch {
-                lane: lane.lane_id.clone(),
-                generation: *generation,
-                detail: format!(
-                    "generation {generation} does not move past {}",
-                    lane.next_generation - 1
-                ),
-            })
-        }
-    };
-    let phase = |what: &'static str| phases.mark(what);
-    lane.next_generation = generation + 1;
-    lane.current_generation = Some(generation);
-    inner.store.save_lane(lane)?;
-    phase("generation number durable");
-
-    let cg = inner
-        .tree
-        .generation(&lane.lane, &lane.lane_incarnation_id, generation);
-    cg.create_fresh()?;
-    phase("cgroup created");
-    let cgroup_rel = inner.tree.rel(cg.path());
-    let (socket, nonce_file) = gen_paths(inner, &lane.lane_incarnation_id, generation);
-    let nonce = LaunchNonce::generate()?;
-    let listener = bind_socket(&socket)?;
-    // The nonce file is a hand-off to this start's shim, not state: a restart never reads
-    // it (a generation whose shim was not verified before a crash is cleaned up), so it is
-    // not fsync'd.
-    durable::create_private(&nonce_file, nonce.expose_hex().as_bytes())?;
-    let exit_record = inner
-        .store
-        .gen_dir(&lane.lane_incarnation_id)
-        .join(format!("gen-{generation}.exit.json"));
-    let mut rec = GenRecord {
-        lane: lane.lane.clone(),
-        lane_id: lane.lane_id.clone(),
-        lane_incarnation_id: lane.lane_incarnation_id.clone(),
-        generation,
-        runtime: plan.runtime.to_string(),
-        status: GenStatus::Starting,
-        cgroup: cg.path().to_path_buf(),
-        socket: socket.clone(),
-        exit_record: exit_record.clone(),
-        nonce_digest: nonce.digest(),
-        graceful_signal: format!("{:?}", plan.graceful_signal),
-        grace_period_ms: plan.grace_period.as_millis() as u64,
-        identity: None,
-        started_at: crate::util::now_rfc3339(),
-        receipt_key: receipt::idempotency_key(&lane.lane_id, &lane.lane_incarnation_id, generation),
-        coord: match &origin {
-            Origin::Local => None,
-            Origin::Coordinated { binding, .. } => Some(binding.clone()),
-        },
-        conversation_id: None,
-    };
-    inner.store.save_gen(&rec)?;
-    drop(nonce);
-    phase("nonce written, generation record durable");
-    let prepared = match prepare_harness(inner, &plan, &rec) {
-        Ok(p) => p,
-        Err(detail) => return Err(abort_launch(inner, rec, &cg, detail).await),
-    };
-    if prepared.conversation_id.is_some() {
-        rec.conversation_id = prepared.conversation_id.clone();
-        inner.store.save_gen(&rec)?;
-    }
-
-    let shim_argv: Vec<String> = vec![
-        inner.cfg.shim_exe().display().to_string(),
-        "--cgroup".into(),
-        cg.path().display().to_string(),
-        "--socket".into(),
-        socket.display().to_string(),
-        "--nonce-file".into(),
-        nonce_file.display().to_string(),
-        "--exit-record".into(),
-        exit_record.display().to_string(),
-    ];
-    phase("harness area prepared");
-    let attached = async {
-        {
-            let (inner, lane, argv) = (inner.clone(), lane.lane.clone(), shim_argv.clone());
-            tokio::task::spawn_blocking(move || inner.tmux_respawn(&lane, &argv))
-                .await
-                .map_err(|e| SupervisorError::State {
-                    detail: format!("respawn task failed: {e}"),
-                })??;
-        }
-        phase("pane respawned");
-        attach_new(inner, &listener, &rec, &cgroup_rel).await
-    }
-    .await;
-    phase("shim verified");
-    let _ = std::fs::remove_file(&nonce_file);
-    let (mut link, shim_pidfd, seen) = match attached {
-        Ok(a) => a,
-        Err(e) => return Err(abort_launch(inner, rec, &cg, e.to_string()).await),
-    };
-    let banner = format!(
-        "mosaic: lane {} generation {} ({}) — incarnation {}",
-        rec.lane_id, generation, rec.runtime, rec.lane_incarnation_id
-    );
-    let mut env = prepared.env.clone();
-    env.extend([
-        ("MOSAIC_LANE_ID".to_string(), rec.lane_id.clone()),
-        (
-            "MOSAIC_LANE_INCARNATION_ID".to_string(),
-            rec.lane_incarnation_id.clone(),
-        ),
-        ("MOSAIC_GENERATION".to_string(), generation.to_string()),
-    ]);
-    let lane_server = match &origin {
-        Origin::Local => None,
-        Origin::Coordinated { session, .. } => {
-            session.bind_harness(plan.family, rec.conversation_id.clone());
-            let path = super::lanesock::path_for(&rec.socket);
-            let server = super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone());
-            match server {
-                Ok(h) => {
-                    env.push(("MOSAIC_LANE_SOCKET".into(), path.display().to_string()));
-                    env.push((
-                        "MOSAIC_BIN".into(),
-                        inner.cfg.mosaic_exe().display().to_string(),
-                    ));
-                    Some((h, session.clone(), path))
-                }
-                Err(e) => return Err(abort_launch(inner, rec, &cg, e.to_string()).await),
-            }
-        }
-    };
-    let launched = async {
-        link.send(&SupervisorMsg::Launch {
-            argv: prepared.argv.clone(),
-            env,
-            secret_env: plan.secret_env.clone(),
-            cwd: prepared.cwd.as_ref().map(|d| d.display().to_string()),
-            banner,
-        })
-        .await
-        .map_err(|e| format!("sending launch: {e}"))?;
-        match tokio::time::timeout(ATTACH_TIMEOUT, link.recv()).await {
-            Ok(Ok(Some(ShimMsg::Started {
-                harness_pid,
-                harness_start_time,
-            }))) => Ok((harness_pid, harness_start_time)),
-            Ok(Ok(Some(ShimMsg::LaunchFailed { reason }))) => Err(reason),
-            Ok(Ok(other)) => Err(format!("unexpected shim message {other:?}")),
-            Ok(Err(e)) => Err(format!("shim link: {e}")),
-            Err(_) => Err("shim did not report the harness start in time".into()),
-        }
-    }
-    .await;
-    // A launch that fails from here on also ends the lane socket it served.
-    let end_lane_server = |ls: &Option<(
-        tokio::task::JoinHandle<()>,
-        Arc<super::lanesock::GenSession>,
-        PathBuf,
-    )>| {
-        if let Some((h, session, path)) = ls {
-            h.abort();
-            let _ = std::fs::remove_file(path);
-            session
-                .activation
-                .send_replace(Some(Err("the generation failed to start".into())));
-        }
-    };
-    let (harness_pid, harness_start_time) = match launched {
-        Ok(v) => v,
-        Err(detail) => {
-            end_lane_server(&lane_server);
-            return Err(abort_launch(inner, rec, &cg, detail).await);
-        }
-    };
-    phase("harness started");
-    // The harness may already be gone (exit=0); its exit report is then next on the link.
-    let harness_pidfd = match identity::observe(harness_pid) {
-        Ok(h)
-            if h.cgroup == cgroup_rel
-                && (harness_start_time == 0 || h.start_time == harness_start_time) =>
-        {
-            pidfd(harness_pid).ok().filter(|_| {
-                identity::observe(harness_pid).is_ok_and(|again| again.start_time == h.start_time)
-            })
-        }
-        Ok(h) => {
-            let detail = format!(
-                "harness pid {harness_pid} is in {} with start time {}, expected {cgroup_rel} / {harness_start_time}",
-                h.cgroup, h.start_time
-            );
-            end_lane_server(&lane_server);
-            return Err(abort_launch(inner, rec, &cg, detail).await);
-        }
-        Err(_) => None,
-    };
-    rec.identity = Some(ProcessIdentity {
-        boot_id: inner.boot_id.clone(),
-        root_pid: seen.pid,
-        root_start_time: seen.start_time,
-        exe_path: seen.exe_path,
-        exe_dev: seen.exe_dev,
-        exe_ino: seen.exe_ino,
-        cgroup_path: cgroup_rel,
-        cgroup_id: cg.id()?,
-        launch_nonce_digest: rec.nonce_digest.clone(),
-        lane_id: rec.lane_id.clone(),
-        lane_incarnation_id: rec.lane_incarnation_id.clone(),
-        generation,
-        harness_pid: Some(harness_pid),
-        harness_start_time: Some(harness_start_time),
-    });
-    rec.status = GenStatus::Live;
-    inner.store.save_gen(&rec)?;
-    phase("identity durable");
-    drop(listener);
-    let _ = std::fs::remove_file(&socket);
-    tracing::info!(lane_id = %rec.lane_id, generation, root_pid = seen.pid, harness_pid, "generation live");
-    Ok(spawn_watcher(
-        Watcher {
-            inner: inner.clone(),
-            graceful: plan.graceful_signal,
-            grace: plan.grace_period,
-            rec,
-            link: Some(link),
-            shim_pidfd: Some(shim_pidfd),
-            harness_pidfd,
-            lane_server,
-        },
-        false,
-    ))
-}
-
 async fn recv_opt(link: &mut Option<Link>) -> std::io::Result<Option<ShimMsg>> {
     match link {
         Some(l) => l.recv().await,
@@ -563,120 +228,13 @@ async fn recv_opt(link: &mut Option<Link>) -> std::io::Result<Option<ShimMsg>> {
     }
 }
 
-/// Accepts connections until one presents a valid first-attach identity. Every rejected
-/// attempt is audited and answered with `Reject`; none can delay the real shim beyond the
-/// attach timeout.
-async fn attach_new(
-    inner: &Arc<Inner>,
-    listener: &UnixListener,
-    rec: &GenRecord,
-    cgroup_rel: &str,
-) -> Result<(Link, OwnedFd, identity::Observed), SupervisorError> {
-    let deadline = tokio::time::Instant::now() + ATTACH_TIMEOUT;
-    loop {
-        let (stream, _) = tokio::time::timeout_at(deadline, listener.accept())
-            .await
-            .map_err(|_| SupervisorError::Launch {
-                lane: rec.lane_id.clone(),
-                generation: rec.generation,
-                detail: "the shim did not attach in time".into(),
-            })?
-            .map_err(|source| SupervisorError::Io {
-                what: "accept",
-                path: rec.socket.clone(),
-                source,
-            })?;
-        let mut link = Link::from_stream(stream);
-        let hello = tokio::time::timeout_at(deadline, link.recv()).await;
-        let verdict = match hello {
-            Ok(Ok(Some(ShimMsg::Hello {
-                pid,
-                start_time,
-                nonce,
-                harness: None,
-            }))) => verify_hello(
-                inner,
-                &link,
-                cgroup_rel,
-                &rec.nonce_digest,
-                None,
-                Hello {
-                    pid,
-                    start_time,
-                    nonce_hex: &nonce.0,
-                },
-            )
-            .map_err(|e| (e.category(), e.to_string())),
-            Ok(Ok(other)) => Err((
-                "bad-hello",
-                format!("expected a first hello, got {}", msg_kind(&other)),
-            )),
-            Ok(Err(e)) => Err(("malformed", e.to_string())),
-            Err(_) => Err(("timeout", "no hello before the deadline".to_string())),
-        };
-        match verdict {
-            Ok((fd, seen)) => return Ok((link, fd, seen)),
-            Err((category, detail)) => {
-                inner
-                    .audit
-                    .record(category, Some(&rec.lane_id), Some(rec.generation), &detail);
-                let _ = link
-                    .send(&SupervisorMsg::Reject {
-                        reason: category.to_string(),
-                    })
-                    .await;
-            }
-        }
-    }
-}
-
-fn msg_kind(m: &Option<ShimMsg>) -> &'static str {
+pub(crate) fn msg_kind(m: &Option<ShimMsg>) -> &'static str {
     match m {
         None => "end of stream",
         Some(ShimMsg::Hello { .. }) => "reattach hello",
         Some(ShimMsg::Started { .. }) => "started",
         Some(ShimMsg::Exited { .. }) => "exited",
         Some(ShimMsg::LaunchFailed { .. }) => "launch-failed",
-    }
-}
-
-/// A launch that failed after its cgroup existed: kill and remove whatever is in it and
-/// write its receipt, so even a failed start leaves exactly one record of how it ended.
-async fn abort_launch(
-    inner: &Arc<Inner>,
-    mut rec: GenRecord,
-    cg: &Cg,
-    detail: String,
-) -> SupervisorError {
-    tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, %detail, "launch failed");
-    let cleanup = cleanup_cgroup(inner, cg.path().to_path_buf()).await;
-    if cleanup.verified_empty {
-        remove_harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
-    }
-    let quarantine = cleanup.error.clone();
-    let r = build_receipt(
-        inner,
-        &rec,
-        ObservationSource::Supervisor,
-        TerminationReason::LaunchFailed,
-        None,
-        None,
-        cleanup,
-        Some(detail.clone()),
-    );
-    let _ = write_receipt(inner, &r);
-    rec.status = GenStatus::Terminated;
-    let _ = inner.store.save_gen(&rec);
-    if let Some(q) = quarantine {
-        return SupervisorError::Quarantined {
-            lane: rec.lane_id,
-            reason: q,
-        };
-    }
-    SupervisorError::Launch {
-        lane: rec.lane_id,
-        generation: rec.generation,
-        detail,
     }
 }
 
@@ -966,6 +524,11 @@ async fn shim_death(w: &Watcher) -> (TerminationReason, String) {
 }
 
 /// Kill everything left, verify empty, remove. Never reports success on doubt.
+///
+/// A process can still join between the verified-empty kill and the removal (a shim
+/// respawned just before a launch was aborted joins its cgroup as its first act): the
+/// removal then fails while the cgroup is populated again, so it is killed again, within
+/// the same bound, rather than reported as a failed cleanup.
 pub(crate) async fn cleanup_cgroup(inner: &Arc<Inner>, path: PathBuf) -> Cleanup {
     let tree = inner.tree.clone();
     let res = tokio::task::spawn_blocking(move || {
@@ -979,30 +542,49 @@ pub(crate) async fn cleanup_cgroup(inner: &Arc<Inner>, path: PathBuf) -> Cleanup
                 error: None,
             };
         }
-        match cg.kill_and_wait(CLEANUP_TIMEOUT) {
-            Ok(rep) => match cg.remove() {
-                Ok(()) => Cleanup {
-                    method: Some(rep.method),
-                    verified_empty: true,
-                    cgroup_removed: true,
-                    members_killed: rep.members_before,
-                    error: None,
-                },
-                Err(e) => Cleanup {
-                    method: Some(rep.method),
-                    verified_empty: true,
-                    cgroup_removed: false,
-                    members_killed: rep.members_before,
-                    error: Some(e.to_string()),
-                },
-            },
-            Err(e) => Cleanup {
-                method: Some(tree.kill_method()),
-                verified_empty: false,
-                cgroup_removed: false,
-                members_killed: 0,
-                error: Some(e.to_string()),
-            },
+        let start = std::time::Instant::now();
+        let mut members_killed = 0;
+        loop {
+            let left = CLEANUP_TIMEOUT.saturating_sub(start.elapsed());
+            let rep = match cg.kill_and_wait(left) {
+                Ok(rep) => rep,
+                Err(e) => {
+                    return Cleanup {
+                        method: Some(tree.kill_method()),
+                        verified_empty: false,
+                        cgroup_removed: false,
+                        members_killed,
+                        error: Some(e.to_string()),
+                    }
+                }
+            };
+            members_killed += rep.members_before;
+            match cg.remove() {
+                Ok(()) => {
+                    return Cleanup {
+                        method: Some(rep.method),
+                        verified_empty: true,
+                        cgroup_removed: true,
+                        members_killed,
+                        error: None,
+                    }
+                }
+                Err(_)
+                    if start.elapsed() < CLEANUP_TIMEOUT
+                        && cg.events().is_ok_and(|e| e.populated) =>
+                {
+                    continue
+                }
+                Err(e) => {
+                    return Cleanup {
+                        method: Some(rep.method),
+                        verified_empty: true,
+                        cgroup_removed: false,
+                        members_killed,
+                        error: Some(e.to_string()),
+                    }
+                }
+            }
         }
     })
     .await;

@@ -29,6 +29,8 @@ mod tmuxctl;
 
 mod adopt;
 mod generation;
+mod launch;
+pub use launch::Step as LaunchStep;
 pub mod lanesock;
 pub mod link;
 pub mod metrics;
@@ -98,6 +100,9 @@ pub enum SupervisorError {
     ShuttingDown,
     #[error("this supervisor works under a coordinator: {0}")]
     Coordinated(&'static str),
+    /// A failure injected by a test's failpoint (`failpoints` builds only).
+    #[error("failpoint {failpoint} injected a failure")]
+    Injected { failpoint: String },
 }
 
 impl SupervisorError {
@@ -125,6 +130,7 @@ impl SupervisorError {
             Self::AlreadyRunning(_) => "already-running",
             Self::ShuttingDown => "shutting-down",
             Self::Coordinated(_) => "coordinated",
+            Self::Injected { .. } => "injected",
         }
     }
 }
@@ -682,7 +688,7 @@ impl Supervisor {
                 "generations start only on its stage (assign through the coordinator)",
             ));
         }
-        self.start_with(lane, runtime, directives, generation::Origin::Local, None)
+        self.start_with(lane, runtime, directives, launch::Origin::Local, None)
             .await
     }
 
@@ -701,7 +707,7 @@ impl Supervisor {
             lane,
             runtime,
             &[],
-            generation::Origin::Coordinated {
+            launch::Origin::Coordinated {
                 generation,
                 session,
                 binding,
@@ -716,12 +722,12 @@ impl Supervisor {
         lane: &str,
         runtime: &str,
         directives: &[String],
-        origin: generation::Origin,
+        origin: launch::Origin,
         incarnation: Option<&str>,
     ) -> Result<GenView, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
-        let phases = generation::Phases::new();
+        let phases = launch::Phases::new();
         // Validate everything that can be validated before touching the lane.
         let plan = {
             let reg = self.inner.registry.clone();
@@ -738,7 +744,7 @@ impl Supervisor {
             .map_err(|e| SupervisorError::State {
                 detail: format!("probe task failed: {e}"),
             })??;
-            if matches!(origin, generation::Origin::Local)
+            if matches!(origin, launch::Origin::Local)
                 && plan.family.adapter().challenge_delivery()
                     != crate::adapter::ChallengeDelivery::SocketFetch
             {
@@ -756,7 +762,7 @@ impl Supervisor {
         };
         phases.mark("planned (registry, version probe, credentials)");
         let mut l = slot.lock().await;
-        if let generation::Origin::Coordinated { generation, .. } = &origin {
+        if let launch::Origin::Coordinated { generation, .. } = &origin {
             // A generation that already has a receipt ended for good (it ran, or it was
             // fenced as never started): a late stage cannot start it.
             let key =
@@ -827,7 +833,24 @@ impl Supervisor {
             }
         }
         phases.mark("lane checked (receipt, state, tmux server alive)");
-        let live = generation::launch(&self.inner, &mut l.rec, plan, origin, &phases).await?;
+        let live = match launch::launch(&self.inner, &mut l.rec, plan, origin, &phases).await {
+            Ok(live) => live,
+            Err(launch::LaunchError::Refused(e)) => return Err(e),
+            Err(launch::LaunchError::Aborted { error, finished }) => {
+                // The aborted generation has its receipt; the lane takes the next start
+                // unless its cleanup or receipt was not provably complete.
+                l.apply_finish(&self.inner.store, &finished);
+                drop(l);
+                self.publish_lanes().await;
+                return Err(match finished.quarantine {
+                    Some(reason) => SupervisorError::Quarantined {
+                        lane: lane.to_string(),
+                        reason,
+                    },
+                    None => error,
+                });
+            }
+        };
         self.inner
             .metrics
             .generation_starts
@@ -1005,6 +1028,20 @@ impl Supervisor {
         runtime: &str,
         why: &str,
     ) -> Result<(), SupervisorError> {
+        // A generation begun here has a record; its receipt may say only what was observed
+        // of it (a launch abort or its watcher writes it, or a restart finds it). Writing
+        // "never started" over a generation that did start would be a guess.
+        let key = receipt::idempotency_key(lane_id, incarnation, generation);
+        if self.inner.outbox.contains(&key) {
+            return Ok(());
+        }
+        if self.inner.store.gen_exists(incarnation, generation) {
+            return Err(SupervisorError::State {
+                detail: format!(
+                    "generation {generation} of {incarnation} was begun here; only its observed receipt may end it"
+                ),
+            });
+        }
         let r = receipt::never_started(
             self.inner.cfg.host.as_str(),
             lane_id,

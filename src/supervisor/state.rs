@@ -163,6 +163,14 @@ impl Store {
         Ok(())
     }
 
+    /// Whether generation `generation` of `incarnation` was begun here (its record exists,
+    /// whatever its status).
+    pub fn gen_exists(&self, incarnation: &str, generation: u64) -> bool {
+        self.gen_dir(incarnation)
+            .join(format!("gen-{generation}.json"))
+            .exists()
+    }
+
     pub fn gens(&self, incarnation: &str) -> Result<Vec<GenRecord>, SupervisorError> {
         let mut v: Vec<GenRecord> = json_files(&self.gen_dir(incarnation))
             .iter()

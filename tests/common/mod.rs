@@ -38,6 +38,7 @@ pub struct Host {
     pub config: PathBuf,
     pub cgroup_root: PathBuf,
     pub host_id: String,
+    env: Vec<(&'static str, String)>,
     child: Option<Child>,
 }
 
@@ -45,6 +46,8 @@ pub struct Options {
     pub force_freezer: bool,
     pub lanes: Vec<&'static str>,
     pub reattach_timeout_ms: u64,
+    /// Extra environment for the supervisor process (e.g. `FAILPOINTS`).
+    pub env: Vec<(&'static str, String)>,
 }
 
 impl Default for Options {
@@ -53,6 +56,7 @@ impl Default for Options {
             force_freezer: false,
             lanes: vec![],
             reattach_timeout_ms: 5000,
+            env: vec![],
         }
     }
 }
@@ -94,6 +98,7 @@ impl Host {
             config,
             cgroup_root,
             host_id,
+            env: o.env,
             child: None,
         };
         h.start_supervisor();
@@ -121,6 +126,7 @@ impl Host {
             .args(["supervisor", "--config"])
             .arg(&self.config)
             .env("MOSAIC_LOG", "debug")
+            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
             .stdin(Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log)

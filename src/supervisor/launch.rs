@@ -1,0 +1,738 @@
+//! Starting a generation, as one staged value.
+//!
+//! A start walks five stages, each named by [`Stage`]: the generation number is burned, the
+//! cgroup is made (with the generation record, its socket, nonce hand-off and private
+//! area), the shim is verified, the harness is started, and the generation is watched.
+//!
+//! Everything a stage makes is held by one [`Launching`] value, and every fallible step
+//! after the number is burned lives inside [`Launching::run`]. [`launch`] has exactly one
+//! error path out of `run`: [`Launching::abort`], which ends whatever exists (the lane
+//! socket, the shim listener, the nonce file, the cgroup's whole tree, the private area)
+//! and writes the generation's termination receipt. So no early return can leave a process
+//! tree without a watcher or a cgroup without a receipt: outside `run` there is no early
+//! return, and inside it every `?` lands in `abort`.
+//!
+//! With the `failpoints` feature, `FAILPOINTS="launch:<step>=1*return"` makes that step
+//! fail once (see [`Step`]); the regression tests inject each one.
+
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::net::UnixListener;
+
+use super::generation::{
+    self, bind_socket, cleanup_cgroup, gen_paths, harness_dir, harness_run_dir, remove_harness_dir,
+    spawn_watcher, verify_hello, Hello, Link, Watcher,
+};
+use super::identity::{self, LaunchNonce, ProcessIdentity};
+use super::receipt::{self, ObservationSource, TerminationReason};
+use super::state::{GenRecord, GenStatus, LaneRecord};
+use super::{Finished, Inner, LiveGen, SupervisorError};
+use crate::adapter::LaunchPlan;
+use crate::cgroup::Cg;
+use crate::shim::proto::{ShimMsg, SupervisorMsg};
+use crate::util::durable;
+
+/// How long a launched shim has to connect, present its identity and report the start.
+const ATTACH_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How a generation is started: by an operator on this host, or by the coordinator's chain
+/// (which allocates the generation number and hands the contract over the lane socket).
+pub(crate) enum Origin {
+    Local,
+    Coordinated {
+        generation: u64,
+        session: Arc<super::lanesock::GenSession>,
+        binding: super::state::CoordBinding,
+    },
+}
+
+/// The start path's profile: each phase is logged at debug level with the time since the
+/// start request arrived (`benches/supervisor.rs` prints the median of each).
+pub(crate) struct Phases(std::time::Instant);
+
+impl Phases {
+    pub(crate) fn new() -> Self {
+        Self(std::time::Instant::now())
+    }
+
+    /// Time since the start request arrived.
+    pub(crate) fn elapsed(&self) -> Duration {
+        self.0.elapsed()
+    }
+
+    pub(crate) fn mark(&self, what: &'static str) {
+        tracing::debug!(
+            phase = what,
+            elapsed_us = self.elapsed().as_micros() as u64,
+            "launch phase"
+        )
+    }
+}
+
+/// How far a launch got. An abort names the last stage reached in its receipt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Stage {
+    /// The generation number is durable in the lane record; nothing else exists yet.
+    Burned,
+    /// The generation's cgroup exists (with its record, socket, nonce and private area).
+    CgroupMade,
+    /// The shim in the pane proved its identity (pid, start time, cgroup, nonce).
+    ShimVerified,
+    /// The shim reported the harness started inside the cgroup.
+    HarnessStarted,
+}
+
+impl Stage {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Burned => "burned",
+            Self::CgroupMade => "cgroup-made",
+            Self::ShimVerified => "shim-verified",
+            Self::HarnessStarted => "harness-started",
+        }
+    }
+}
+
+/// Every fallible step of a launch after the number is burned, in order. Each is a
+/// failpoint (`launch:<name>`) in a `failpoints` build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// The generation record (status starting) is made durable.
+    Record,
+    /// The fresh cgroup directory is created.
+    Cgroup,
+    /// The cgroup's id is read.
+    CgroupId,
+    /// The shim's socket is bound.
+    Socket,
+    /// The nonce hand-off file is written.
+    Nonce,
+    /// The adapter fills the private area.
+    Area,
+    /// The record is saved again with the conversation id the area chose.
+    AreaRecord,
+    /// The pane is respawned with the shim.
+    Respawn,
+    /// The shim attaches and its identity is verified.
+    Attach,
+    /// The lane socket of a coordinated generation is served.
+    LaneSocket,
+    /// The shim is told to launch and reports the harness started.
+    HarnessStart,
+    /// The verified identity is made durable (status live).
+    IdentityRecord,
+}
+
+impl Step {
+    pub const ALL: [Step; 12] = [
+        Step::Record,
+        Step::Cgroup,
+        Step::CgroupId,
+        Step::Socket,
+        Step::Nonce,
+        Step::Area,
+        Step::AreaRecord,
+        Step::Respawn,
+        Step::Attach,
+        Step::LaneSocket,
+        Step::HarnessStart,
+        Step::IdentityRecord,
+    ];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Record => "record",
+            Self::Cgroup => "cgroup",
+            Self::CgroupId => "cgroup-id",
+            Self::Socket => "socket",
+            Self::Nonce => "nonce",
+            Self::Area => "area",
+            Self::AreaRecord => "area-record",
+            Self::Respawn => "respawn",
+            Self::Attach => "attach",
+            Self::LaneSocket => "lane-socket",
+            Self::HarnessStart => "harness-start",
+            Self::IdentityRecord => "identity-record",
+        }
+    }
+
+    /// The failpoint's name (`launch:<step>`).
+    pub fn failpoint(self) -> String {
+        format!("launch:{}", self.as_str())
+    }
+}
+
+/// Fails the step when its failpoint is set (`failpoints` builds only).
+#[cfg(feature = "failpoints")]
+fn inject(step: Step) -> Result<(), SupervisorError> {
+    let name = step.failpoint();
+    fail::fail_point!(&name, |_| Err(SupervisorError::Injected {
+        failpoint: name.clone()
+    }));
+    Ok(())
+}
+
+#[cfg(not(feature = "failpoints"))]
+#[inline(always)]
+fn inject(_step: Step) -> Result<(), SupervisorError> {
+    Ok(())
+}
+
+/// A launch that did not reach a watcher: the error, and how the generation was ended (its
+/// receipt, and a quarantine when cleanup or the receipt was not provably complete).
+#[derive(Debug)]
+pub(crate) enum LaunchError {
+    /// Refused before anything was reserved or made: nothing to end, no receipt.
+    Refused(SupervisorError),
+    /// Failed after the number was burned: ended, with its receipt.
+    Aborted {
+        error: SupervisorError,
+        finished: Box<Finished>,
+    },
+}
+
+/// A lane socket served for a coordinated generation.
+type LaneServer = (
+    tokio::task::JoinHandle<()>,
+    Arc<super::lanesock::GenSession>,
+    PathBuf,
+);
+
+/// What a launch holds at any moment: each field is set by the stage that makes it, and
+/// `abort` ends each one that is set.
+struct Launching {
+    inner: Arc<Inner>,
+    stage: Stage,
+    rec: GenRecord,
+    cg: Cg,
+    nonce: Option<LaunchNonce>,
+    nonce_file: PathBuf,
+    listener: Option<UnixListener>,
+    lane_server: Option<LaneServer>,
+    link: Option<Link>,
+}
+
+/// What `run` hands over once the harness is started and its identity durable.
+struct Ready {
+    link: Link,
+    shim_pidfd: OwnedFd,
+    harness_pidfd: Option<OwnedFd>,
+    lane_server: Option<LaneServer>,
+}
+
+/// Launches a fresh generation on a lane whose previous generation is already gone.
+pub(crate) async fn launch(
+    inner: &Arc<Inner>,
+    lane: &mut LaneRecord,
+    plan: LaunchPlan,
+    origin: Origin,
+    phases: &Phases,
+) -> Result<LiveGen, LaunchError> {
+    // Validation first: nothing below this block reserves or makes anything.
+    let generation = match &origin {
+        Origin::Local => lane.next_generation,
+        Origin::Coordinated { generation, .. } if *generation >= lane.next_generation => {
+            *generation
+        }
+        Origin::Coordinated { generation, .. } => {
+            return Err(LaunchError::Refused(SupervisorError::Launch {
+                lane: lane.lane_id.clone(),
+                generation: *generation,
+                detail: format!(
+                    "generation {generation} does not move past {}",
+                    lane.next_generation - 1
+                ),
+            }))
+        }
+    };
+    let nonce = LaunchNonce::generate().map_err(|e| LaunchError::Refused(e.into()))?;
+    let cg = inner
+        .tree
+        .generation(&lane.lane, &lane.lane_incarnation_id, generation);
+    let (socket, nonce_file) = gen_paths(inner, &lane.lane_incarnation_id, generation);
+    let rec = GenRecord {
+        lane: lane.lane.clone(),
+        lane_id: lane.lane_id.clone(),
+        lane_incarnation_id: lane.lane_incarnation_id.clone(),
+        generation,
+        runtime: plan.runtime.to_string(),
+        status: GenStatus::Starting,
+        cgroup: cg.path().to_path_buf(),
+        socket,
+        exit_record: inner
+            .store
+            .gen_dir(&lane.lane_incarnation_id)
+            .join(format!("gen-{generation}.exit.json")),
+        nonce_digest: nonce.digest(),
+        graceful_signal: format!("{:?}", plan.graceful_signal),
+        grace_period_ms: plan.grace_period.as_millis() as u64,
+        identity: None,
+        started_at: crate::util::now_rfc3339(),
+        receipt_key: receipt::idempotency_key(&lane.lane_id, &lane.lane_incarnation_id, generation),
+        coord: match &origin {
+            Origin::Local => None,
+            Origin::Coordinated { binding, .. } => Some(binding.clone()),
+        },
+        conversation_id: None,
+    };
+
+    // The number is burned durably before anything is made, so a crash mid-launch can never
+    // lead to the same generation number twice. The bumped `next_generation` stays even if
+    // the write fails: it may have reached the disk, and a number is never handed out twice.
+    let previous = lane.current_generation;
+    lane.next_generation = generation + 1;
+    lane.current_generation = Some(generation);
+    if let Err(e) = inner.store.save_lane(lane) {
+        lane.current_generation = previous;
+        return Err(LaunchError::Refused(e));
+    }
+    phases.mark("generation number durable");
+
+    let mut l = Launching {
+        inner: inner.clone(),
+        stage: Stage::Burned,
+        rec,
+        cg,
+        nonce: Some(nonce),
+        nonce_file,
+        listener: None,
+        lane_server: None,
+        link: None,
+    };
+    match l.run(&plan, &origin, phases).await {
+        Ok(ready) => {
+            tracing::info!(
+                lane_id = %l.rec.lane_id,
+                generation,
+                root_pid = l.rec.identity.as_ref().map(|i| i.root_pid),
+                harness_pid = l.rec.identity.as_ref().and_then(|i| i.harness_pid),
+                "generation live"
+            );
+            // Nothing fallible from here: the watcher owns the generation.
+            Ok(spawn_watcher(
+                Watcher {
+                    inner: inner.clone(),
+                    graceful: plan.graceful_signal,
+                    grace: plan.grace_period,
+                    rec: l.rec,
+                    link: Some(ready.link),
+                    shim_pidfd: Some(ready.shim_pidfd),
+                    harness_pidfd: ready.harness_pidfd,
+                    lane_server: ready.lane_server,
+                },
+                false,
+            ))
+        }
+        Err(error) => Err(l.abort(error).await),
+    }
+}
+
+impl Launching {
+    fn launch_error(&self, detail: impl Into<String>) -> SupervisorError {
+        SupervisorError::Launch {
+            lane: self.rec.lane_id.clone(),
+            generation: self.rec.generation,
+            detail: detail.into(),
+        }
+    }
+
+    /// Every fallible step after the number is burned. Any error returned here is ended
+    /// by `abort`; what each step makes is stored in `self` before the next step runs.
+    async fn run(
+        &mut self,
+        plan: &LaunchPlan,
+        origin: &Origin,
+        phases: &Phases,
+    ) -> Result<Ready, SupervisorError> {
+        let inner = self.inner.clone();
+        let phase = |what: &'static str| phases.mark(what);
+
+        // Stage: burned. The record comes before the cgroup, so a crash from here on
+        // leaves a record that points at whatever was made, and a restart ends it.
+        inject(Step::Record)?;
+        inner.store.save_gen(&self.rec)?;
+
+        inject(Step::Cgroup)?;
+        self.cg.create_fresh()?;
+        self.stage = Stage::CgroupMade;
+        phase("cgroup created");
+
+        // Stage: cgroup made.
+        inject(Step::CgroupId)?;
+        let cgroup_id = self.cg.id()?;
+        let cgroup_rel = inner.tree.rel(self.cg.path());
+        inject(Step::Socket)?;
+        self.listener = Some(bind_socket(&self.rec.socket)?);
+        inject(Step::Nonce)?;
+        {
+            let nonce = self.nonce.take().ok_or_else(|| SupervisorError::State {
+                detail: "launch nonce already handed off".into(),
+            })?;
+            // The nonce file is a hand-off to this start's shim, not state: a restart never
+            // reads it (a generation whose shim was not verified before a crash is ended),
+            // so it is not fsync'd. `abort` removes it.
+            durable::create_private(&self.nonce_file, nonce.expose_hex().as_bytes())?;
+        }
+        phase("nonce written, generation record durable");
+        inject(Step::Area)?;
+        let prepared =
+            prepare_harness(&inner, plan, &self.rec).map_err(|detail| self.launch_error(detail))?;
+        if prepared.conversation_id.is_some() {
+            inject(Step::AreaRecord)?;
+            self.rec.conversation_id = prepared.conversation_id.clone();
+            inner.store.save_gen(&self.rec)?;
+        }
+        phase("harness area prepared");
+
+        // Stage: shim verified.
+        let shim_argv: Vec<String> = vec![
+            inner.cfg.shim_exe().display().to_string(),
+            "--cgroup".into(),
+            self.cg.path().display().to_string(),
+            "--socket".into(),
+            self.rec.socket.display().to_string(),
+            "--nonce-file".into(),
+            self.nonce_file.display().to_string(),
+            "--exit-record".into(),
+            self.rec.exit_record.display().to_string(),
+        ];
+        inject(Step::Respawn)?;
+        {
+            let (inner, lane) = (inner.clone(), self.rec.lane.clone());
+            tokio::task::spawn_blocking(move || inner.tmux_respawn(&lane, &shim_argv))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("respawn task failed: {e}"),
+                })??;
+        }
+        phase("pane respawned");
+        inject(Step::Attach)?;
+        let listener = self
+            .listener
+            .as_ref()
+            .ok_or_else(|| SupervisorError::State {
+                detail: "shim listener missing".into(),
+            })?;
+        let attached = attach_new(&inner, listener, &self.rec, &cgroup_rel).await;
+        let _ = std::fs::remove_file(&self.nonce_file);
+        let (link, shim_pidfd, seen) = attached?;
+        self.link = Some(link);
+        self.stage = Stage::ShimVerified;
+        phase("shim verified");
+
+        let generation = self.rec.generation;
+        let mut env = prepared.env.clone();
+        env.extend([
+            ("MOSAIC_LANE_ID".to_string(), self.rec.lane_id.clone()),
+            (
+                "MOSAIC_LANE_INCARNATION_ID".to_string(),
+                self.rec.lane_incarnation_id.clone(),
+            ),
+            ("MOSAIC_GENERATION".to_string(), generation.to_string()),
+        ]);
+        if let Origin::Coordinated { session, .. } = origin {
+            inject(Step::LaneSocket)?;
+            session.bind_harness(plan.family, self.rec.conversation_id.clone());
+            let path = super::lanesock::path_for(&self.rec.socket);
+            let h = super::lanesock::serve(&path, cgroup_rel.clone(), session.clone())?;
+            env.push(("MOSAIC_LANE_SOCKET".into(), path.display().to_string()));
+            env.push((
+                "MOSAIC_BIN".into(),
+                inner.cfg.mosaic_exe().display().to_string(),
+            ));
+            self.lane_server = Some((h, session.clone(), path));
+        }
+
+        // Stage: harness started.
+        inject(Step::HarnessStart)?;
+        let banner = format!(
+            "mosaic: lane {} generation {} ({}) — incarnation {}",
+            self.rec.lane_id, generation, self.rec.runtime, self.rec.lane_incarnation_id
+        );
+        let link = self.link.as_mut().ok_or_else(|| SupervisorError::State {
+            detail: "shim link missing".into(),
+        })?;
+        let (harness_pid, harness_start_time) = start_harness(
+            link,
+            SupervisorMsg::Launch {
+                argv: prepared.argv.clone(),
+                env,
+                secret_env: plan.secret_env.clone(),
+                cwd: prepared.cwd.as_ref().map(|d| d.display().to_string()),
+                banner,
+            },
+        )
+        .await
+        .map_err(|detail| self.launch_error(detail))?;
+        self.stage = Stage::HarnessStarted;
+        phase("harness started");
+        // The harness may already be gone (exit=0); its exit report is then next on the link.
+        let harness_pidfd = match identity::observe(harness_pid) {
+            Ok(h)
+                if h.cgroup == cgroup_rel
+                    && (harness_start_time == 0 || h.start_time == harness_start_time) =>
+            {
+                generation::pidfd(harness_pid).ok().filter(|_| {
+                    identity::observe(harness_pid)
+                        .is_ok_and(|again| again.start_time == h.start_time)
+                })
+            }
+            Ok(h) => {
+                return Err(self.launch_error(format!(
+                    "harness pid {harness_pid} is in {} with start time {}, expected {cgroup_rel} / {harness_start_time}",
+                    h.cgroup, h.start_time
+                )))
+            }
+            Err(_) => None,
+        };
+
+        // The identity is what was verified; it is in the record (and in an abort's
+        // receipt) from here on, whether or not the save below succeeds.
+        self.rec.identity = Some(ProcessIdentity {
+            boot_id: inner.boot_id.clone(),
+            root_pid: seen.pid,
+            root_start_time: seen.start_time,
+            exe_path: seen.exe_path,
+            exe_dev: seen.exe_dev,
+            exe_ino: seen.exe_ino,
+            cgroup_path: cgroup_rel,
+            cgroup_id,
+            launch_nonce_digest: self.rec.nonce_digest.clone(),
+            lane_id: self.rec.lane_id.clone(),
+            lane_incarnation_id: self.rec.lane_incarnation_id.clone(),
+            generation,
+            harness_pid: Some(harness_pid),
+            harness_start_time: Some(harness_start_time),
+        });
+        self.rec.status = GenStatus::Live;
+        inject(Step::IdentityRecord)?;
+        if let Err(e) = inner.store.save_gen(&self.rec) {
+            // Not durable: a restart could not re-adopt this tree, so it must not live.
+            self.rec.status = GenStatus::Starting;
+            return Err(e);
+        }
+        phase("identity durable");
+        if let Some(l) = self.listener.take() {
+            drop(l);
+            let _ = std::fs::remove_file(&self.rec.socket);
+        }
+        let link = self.link.take().ok_or_else(|| SupervisorError::State {
+            detail: "shim link missing".into(),
+        })?;
+        Ok(Ready {
+            link,
+            shim_pidfd,
+            harness_pidfd,
+            lane_server: self.lane_server.take(),
+        })
+    }
+
+    /// Ends a launch that failed at any step after the number was burned: the lane socket
+    /// and shim listener are closed, the nonce hand-off removed, the cgroup's tree killed,
+    /// verified empty and removed, the private area removed, and the receipt written. A
+    /// cleanup that was not verified, or a receipt that could not be made durable, is
+    /// reported as a quarantine (the caller applies it to the lane).
+    async fn abort(mut self, error: SupervisorError) -> LaunchError {
+        let inner = self.inner.clone();
+        tracing::error!(
+            lane_id = %self.rec.lane_id,
+            generation = self.rec.generation,
+            stage = self.stage.as_str(),
+            error = %error,
+            "launch failed"
+        );
+        if let Some((h, session, path)) = self.lane_server.take() {
+            h.abort();
+            let _ = std::fs::remove_file(path);
+            session
+                .activation
+                .send_replace(Some(Err("the generation failed to start".into())));
+        }
+        if self.listener.take().is_some() {
+            let _ = std::fs::remove_file(&self.rec.socket);
+        }
+        self.link = None;
+        let _ = std::fs::remove_file(&self.nonce_file);
+        let cleanup = cleanup_cgroup(&inner, self.cg.path().to_path_buf()).await;
+        if cleanup.verified_empty {
+            remove_harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
+        }
+        let mut quarantine = cleanup.error.clone().map(|e| {
+            format!(
+                "cleanup of generation {} after a failed launch was not verified: {e}",
+                self.rec.generation
+            )
+        });
+        let r = generation::build_receipt(
+            &inner,
+            &self.rec,
+            ObservationSource::Supervisor,
+            TerminationReason::LaunchFailed,
+            None,
+            None,
+            cleanup,
+            Some(format!(
+                "launch failed after stage {}: {error}",
+                self.stage.as_str()
+            )),
+        );
+        if let Err(e) = generation::write_receipt(&inner, &r) {
+            quarantine.get_or_insert(format!(
+                "termination receipt of generation {} could not be made durable: {e}",
+                self.rec.generation
+            ));
+        }
+        self.rec.status = GenStatus::Terminated;
+        if let Err(e) = inner.store.save_gen(&self.rec) {
+            tracing::error!(lane_id = %self.rec.lane_id, generation = self.rec.generation, error = %e, "cannot persist generation record");
+        }
+        LaunchError::Aborted {
+            error,
+            finished: Box::new(Finished {
+                receipt: r,
+                quarantine,
+            }),
+        }
+    }
+}
+
+/// Sends the launch message and waits (bounded) for the shim's report of the harness start.
+async fn start_harness(link: &mut Link, launch: SupervisorMsg) -> Result<(i32, u64), String> {
+    link.send(&launch)
+        .await
+        .map_err(|e| format!("sending launch: {e}"))?;
+    match tokio::time::timeout(ATTACH_TIMEOUT, link.recv()).await {
+        Ok(Ok(Some(ShimMsg::Started {
+            harness_pid,
+            harness_start_time,
+        }))) => Ok((harness_pid, harness_start_time)),
+        Ok(Ok(Some(ShimMsg::LaunchFailed { reason }))) => Err(reason),
+        Ok(Ok(other)) => Err(format!(
+            "unexpected shim message {}",
+            generation::msg_kind(&other)
+        )),
+        Ok(Err(e)) => Err(format!("shim link: {e}")),
+        Err(_) => Err("shim did not report the harness start in time".into()),
+    }
+}
+
+/// Creates the generation's private area and lets its family's adapter fill it.
+fn prepare_harness(
+    inner: &Inner,
+    plan: &LaunchPlan,
+    rec: &GenRecord,
+) -> Result<crate::adapter::Prepared, String> {
+    let dir = harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
+    if let Some(parent) = dir.parent() {
+        durable::ensure_dir(parent, 0o700).map_err(|e| e.to_string())?;
+    }
+    // Fresh: an area left by an earlier attempt at this number is never reused.
+    match std::fs::remove_dir_all(&dir) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(format!("cannot clear {}: {e}", dir.display())),
+    }
+    durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
+    let run = harness_run_dir(inner, &rec.lane_incarnation_id, rec.generation);
+    let _ = std::fs::remove_dir_all(&run);
+    durable::ensure_dir(&run, 0o700).map_err(|e| e.to_string())?;
+    let prepared = plan
+        .family
+        .adapter()
+        .prepare(&crate::adapter::PrepareCtx {
+            plan,
+            state_dir: &dir,
+            run_dir: &run,
+            mosaic_exe: &inner.cfg.mosaic_exe(),
+            overlay: inner
+                .cfg
+                .harness_config
+                .get(&plan.runtime.runtime)
+                .map(|p| p.as_path()),
+        })
+        .map_err(|e| e.to_string())?;
+    if let Some((k, _)) = plan
+        .secret_env
+        .iter()
+        .find(|(k, _)| prepared.env.iter().any(|(e, _)| e == k))
+    {
+        return Err(format!(
+            "the credentials file sets {k}, which the {} adapter sets itself",
+            plan.family.name()
+        ));
+    }
+    Ok(prepared)
+}
+
+/// Accepts connections until one presents a valid first-attach identity. Every rejected
+/// attempt is audited and answered with `Reject`; none can delay the real shim beyond the
+/// attach timeout.
+async fn attach_new(
+    inner: &Arc<Inner>,
+    listener: &UnixListener,
+    rec: &GenRecord,
+    cgroup_rel: &str,
+) -> Result<(Link, OwnedFd, identity::Observed), SupervisorError> {
+    let deadline = tokio::time::Instant::now() + ATTACH_TIMEOUT;
+    loop {
+        let (stream, _) = tokio::time::timeout_at(deadline, listener.accept())
+            .await
+            .map_err(|_| SupervisorError::Launch {
+                lane: rec.lane_id.clone(),
+                generation: rec.generation,
+                detail: "the shim did not attach in time".into(),
+            })?
+            .map_err(|source| SupervisorError::Io {
+                what: "accept",
+                path: rec.socket.clone(),
+                source,
+            })?;
+        let mut link = Link::from_stream(stream);
+        let hello = tokio::time::timeout_at(deadline, link.recv()).await;
+        let verdict = match hello {
+            Ok(Ok(Some(ShimMsg::Hello {
+                pid,
+                start_time,
+                nonce,
+                harness: None,
+            }))) => verify_hello(
+                inner,
+                &link,
+                cgroup_rel,
+                &rec.nonce_digest,
+                None,
+                Hello {
+                    pid,
+                    start_time,
+                    nonce_hex: &nonce.0,
+                },
+            )
+            .map_err(|e| (e.category(), e.to_string())),
+            Ok(Ok(other)) => Err((
+                "bad-hello",
+                format!(
+                    "expected a first hello, got {}",
+                    generation::msg_kind(&other)
+                ),
+            )),
+            Ok(Err(e)) => Err(("malformed", e.to_string())),
+            Err(_) => Err(("timeout", "no hello before the deadline".to_string())),
+        };
+        match verdict {
+            Ok((fd, seen)) => return Ok((link, fd, seen)),
+            Err((category, detail)) => {
+                inner
+                    .audit
+                    .record(category, Some(&rec.lane_id), Some(rec.generation), &detail);
+                let _ = link
+                    .send(&SupervisorMsg::Reject {
+                        reason: category.to_string(),
+                    })
+                    .await;
+            }
+        }
+    }
+}
