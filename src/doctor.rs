@@ -118,7 +118,7 @@ pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
     ));
     let tmux = sysdeps::which("tmux")
         .ok_or_else(|| "tmux not found: apt-get install tmux".to_string())
-        .and_then(|p| crate::supervisor::tmux::version(&p).map_err(|e| e.to_string()))
+        .and_then(|p| crate::sysdeps::tmux_version(&p).map_err(|e| format!("tmux -V: {e}")))
         .and_then(|v| {
             let num: f32 = v
                 .trim_start_matches("tmux ")

@@ -920,12 +920,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     let phrase = c
                         .challenge
                         .as_deref()
-                        .and_then(|c| c.strip_prefix("mosaic-challenge:"));
+                        .and_then(mosaic::adapter::ackline::parse_challenge);
                     let k =
                         lanesock::call(socket, &LaneRequest::Contract).context("lane socket")?;
                     match (phrase, k.contract.as_ref().map(|k| k.key.as_str())) {
                         (Some(p), Some(key)) if !key.is_empty() => LaneRequest::Ack {
-                            response: format!("mosaic-ack:{p}-{key}"),
+                            response: mosaic::adapter::ackline::ack(p, key),
                         },
                         _ => {
                             println!("{}", serde_json::to_string(if c.ok { &k } else { &c })?);

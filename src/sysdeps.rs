@@ -53,6 +53,12 @@ pub fn which(name: &str) -> Option<PathBuf> {
 }
 
 /// A PostgreSQL server binary: on PATH, or in Debian's versioned directory (newest first).
+/// What `tmux -V` prints (`tmux 3.3a`).
+pub fn tmux_version(bin: &std::path::Path) -> std::io::Result<String> {
+    let out = Command::new(bin).arg("-V").output()?;
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
 pub fn pg_bin(name: &str) -> Option<PathBuf> {
     if let Some(p) = which(name) {
         return Some(p);

@@ -170,12 +170,7 @@ pub fn decide(api: Api, body: &Value) -> Answer {
             _ => Answer::Text("tool finished".into()),
         };
     }
-    if let Some(hex) = latest.rfind("mosaic-challenge:").map(|i| {
-        latest[i + "mosaic-challenge:".len()..]
-            .chars()
-            .take_while(|c| c.is_ascii_hexdigit())
-            .collect::<String>()
-    }) {
+    if let Some(hex) = crate::adapter::ackline::find_challenge(&latest) {
         let mut all = Vec::new();
         strings(body, &mut all);
         let wrong = all.iter().any(|s| s.contains("model:wrong-ack"));
@@ -196,8 +191,8 @@ pub fn decide(api: Api, body: &Value) -> Answer {
         });
         let key = key.filter(|_| !all.iter().any(|s| s.contains("model:omit-contract-key")));
         return Answer::Text(match key {
-            Some(k) => format!("mosaic-ack:{hex}-{k}"),
-            None => format!("mosaic-ack:{hex}"),
+            Some(k) => crate::adapter::ackline::ack(&hex, &k),
+            None => crate::adapter::ackline::ack_without_key(&hex),
         });
     }
     // Only a request that offers tools gets a tool call (a harness's side requests, such as
@@ -554,8 +549,10 @@ async fn handle(
         }
         _ => (404, json!({"error":"not served here"}).to_string(), "application/json"),
     };
+    // `at`: when the answer was ready to send (this host's clock, the supervisor's too), so
+    // a test can order the model's requests against what the supervisor observed.
     let entry = json!({"n": n, "method": method, "path": path, "headers": headers,
-        "body": body, "status": status, "response": text});
+        "body": body, "status": status, "response": text, "at": crate::util::now_rfc3339()});
     if let Ok(mut f) = state.log.lock() {
         use std::io::Write;
         let _ = writeln!(f, "{entry}");

@@ -2449,3 +2449,87 @@ async fn a_handoff_never_strands_work_or_lets_the_source_finalize_it() {
         .unwrap();
     assert_eq!(assignment(s, &asg).await.lifecycle, "COMPLETED");
 }
+
+/// The values a column's `CHECK (col IN (…))` constraint allows, read back from the
+/// migrated database (`pg_get_constraintdef`), so a migration that adds or drops a state is
+/// seen here whatever file it is in.
+async fn check_values(url: &str, table: &str, column: &str) -> std::collections::BTreeSet<String> {
+    let rows = sql(url)
+        .await
+        .query(
+            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = $1::text::regclass AND contype = 'c'",
+            &[&table],
+        )
+        .await
+        .unwrap();
+    // The one constraint that is exactly "CHECK ((col = ANY (ARRAY['A'::text, …])))".
+    let prefix = format!("CHECK (({column} = ANY (ARRAY[");
+    let defs: Vec<String> = rows
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .filter(|d| d.starts_with(&prefix))
+        .collect();
+    assert_eq!(defs.len(), 1, "{table}.{column}: constraints {defs:?}");
+    defs[0]
+        .split('\'')
+        .skip(1)
+        .step_by(2)
+        .map(String::from)
+        .collect()
+}
+
+/// Every state enum is the whole of its column's CHECK list, no more and no less: a state
+/// added to the schema without the enum (or the other way round) fails here, by name.
+#[tokio::test]
+async fn every_state_enum_matches_its_column_constraint() {
+    use mosaic::coordinator::states::*;
+    use std::collections::BTreeSet;
+    fn names(all: &[impl Copy + Into<&'static str>]) -> BTreeSet<String> {
+        all.iter().map(|s| (*s).into().to_string()).collect()
+    }
+    let f = fx().await;
+    let url = pg::server().url(&f.db.name);
+    let cases = [
+        ("lane_incarnations", "state", names(LaneState::ALL)),
+        ("assignments", "lifecycle", names(Lifecycle::ALL)),
+        ("generations", "state", names(GenState::ALL)),
+        ("handoffs", "state", names(HandoffState::ALL)),
+        ("continuations", "state", names(ContinuationState::ALL)),
+        ("assignments", "work_status", names(WorkStatus::ALL)),
+        ("assignments", "watchdog_step", names(WatchdogStep::ALL)),
+    ];
+    for (table, column, enum_values) in cases {
+        let db_values = check_values(&url, table, column).await;
+        assert_eq!(db_values, enum_values, "{table}.{column}: schema vs enum");
+    }
+}
+
+/// A state the binary does not know fails at decode, naming the column, instead of being
+/// carried on as text or panicking.
+#[tokio::test]
+async fn an_unknown_lane_state_fails_at_decode_with_the_column_name() {
+    use mosaic::coordinator::rows::RowExt;
+    use mosaic::coordinator::states::LaneState;
+    let f = fx().await;
+    let c = sql(&pg::server().url(&f.db.name)).await;
+    let row = c
+        .query_one(
+            "SELECT 'RUNNING'::text AS lane_state, 'SLEEPING'::text AS other",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        row.col::<LaneState>("lane_state").unwrap(),
+        LaneState::Running
+    );
+    let e = row.col::<LaneState>("other").unwrap_err();
+    let text = e.to_string();
+    assert!(
+        text.contains("other") && text.contains("SLEEPING"),
+        "{text}"
+    );
+    assert_eq!(e.operator_category(), Category::Internal);
+    let e = row.col::<LaneState>("missing").unwrap_err();
+    assert!(e.to_string().contains("missing"), "{e}");
+}

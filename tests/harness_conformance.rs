@@ -546,18 +546,34 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
                 .contains("summar")
         })
     };
-    let during = up.wait_for("the harness compacting", || {
+    up.wait_for("the harness compacting", || {
         model
             .requests()
             .iter()
             .skip(skip)
             .any(summarizing)
-            .then(|| up.settled())
+            .then_some(())
     });
     up.wait_for("settled after the compacting turn", || {
         (up.settled() > before).then_some(())
     });
     hooks_done(up, cg);
+    // By event order, not by a poll: the turn's settled report (there must be exactly one,
+    // `settled_reports` below) came while compacting if the supervisor took it before the
+    // summary's answer was even sent. Both times are this host's clock.
+    let time = |v: &Value| v.as_str().and_then(|t| humantime::parse_rfc3339(t).ok());
+    let summary_answered_at = model
+        .requests()
+        .iter()
+        .skip(skip)
+        .find(|r| summarizing(r))
+        .and_then(|r| time(&r["at"]));
+    let settled_at = time(&up.generation()["harness"]["last_settled_at"]);
+    let settled_while_compacting = match (settled_at, summary_answered_at) {
+        (Some(s), Some(a)) => s < a,
+        // Not observed: never counted as parity.
+        _ => true,
+    };
     let seen = latest_texts(model, skip);
     let compacted = seen
         .iter()
@@ -574,7 +590,7 @@ fn parity(up: &Up, model: &Model, cg: &Path) -> Value {
     out.insert(
         "compaction".into(),
         json!({"compacted": compacted, "contract_after_it": contract_kept,
-            "settled_while_compacting": during > before,
+            "settled_while_compacting": settled_while_compacting,
             // Families whose contract rides in the history (Claude Code, Codex) ask for it
             // again after a compaction; those that put it in every request's system
             // prompt (OpenCode, Pi) need not.

@@ -189,17 +189,25 @@ fn world() -> (Supervisor, World) {
     (sup, w)
 }
 
-#[tokio::test(flavor = "multi_thread")]
-async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_new_one() {
-    let (sup, w) = world();
-    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
-    let (tx, mut rx) = mpsc::channel(64);
+/// The host's side of the chain over `sup`, with the channel its outgoing envelopes land on.
+async fn coordinated(
+    sup: &Supervisor,
+) -> (std::sync::Arc<CoordinatedHost>, mpsc::Receiver<Outgoing>) {
+    let (tx, rx) = mpsc::channel(64);
     let host = CoordinatedHost::new(
         sup.clone(),
         std::sync::Arc::new(signer("host-ordinary")),
         tx,
     )
     .await;
+    (host, rx)
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_new_one() {
+    let (sup, w) = world();
+    let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let (host, mut rx) = coordinated(&sup).await;
 
     // Generation 1 is staged, then replaced by generation 2 (new reservation).
     host.dispatch(stage(&inc, 1, "rs-1")).await;
@@ -300,13 +308,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
     use mosaic::supervisor::receipt::TerminationReason;
     let (sup, w) = world();
     let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
-    let (tx, mut rx) = mpsc::channel(64);
-    let host = CoordinatedHost::new(
-        sup.clone(),
-        std::sync::Arc::new(signer("host-ordinary")),
-        tx,
-    )
-    .await;
+    let (host, mut rx) = coordinated(&sup).await;
     let settle = || tokio::time::sleep(Duration::from_millis(200));
 
     // A stale incarnation: nothing starts, a never-started receipt ends the chain.
@@ -431,13 +433,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
 async fn a_message_without_its_generations_authority_is_refused_by_the_host() {
     let (sup, w) = world();
     let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
-    let (tx, mut rx) = mpsc::channel(64);
-    let host = CoordinatedHost::new(
-        sup.clone(),
-        std::sync::Arc::new(signer("host-ordinary")),
-        tx,
-    )
-    .await;
+    let (host, mut rx) = coordinated(&sup).await;
     host.dispatch(stage(&inc, 1, "rs-1")).await;
     next(&mut rx, Duration::from_secs(20))
         .await
@@ -525,13 +521,7 @@ async fn launch_failing_at_the_lane_socket_keeps_its_observed_receipt() {
     .unwrap();
     let (sup, w) = world();
     let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
-    let (tx, mut rx) = mpsc::channel(64);
-    let host = CoordinatedHost::new(
-        sup.clone(),
-        std::sync::Arc::new(signer("host-ordinary")),
-        tx,
-    )
-    .await;
+    let (host, mut rx) = coordinated(&sup).await;
     host.dispatch(stage(&inc, 1, "rs-1")).await;
     let r = loop {
         let r = receipts_of(&sup, "h1:lane-1");

@@ -9,6 +9,7 @@
 //! not explicitly validated, starts a harness with a resume, fork or continue flag, trusts
 //! a hook for termination, or enables in-band reset.
 
+pub mod ackline;
 pub mod claude;
 pub mod codex;
 pub mod credentials;
@@ -1052,22 +1053,51 @@ pub fn ack_phrase(challenge_id: &str, lane_incarnation_id: &str, generation: u64
     )
 }
 
-/// Whether `answer` acknowledges: it carries `mosaic-ack:<phrase>-<contract key>` as one
-/// token (compared in constant time) — the phrase proves the challenge was seen, the key
-/// that the contract was.
-pub fn answer_binds(answer: &str, phrase: &str, key: &str) -> bool {
-    use subtle::ConstantTimeEq;
-    let want = format!("mosaic-ack:{phrase}-{key}");
-    answer
-        .split(|c: char| c.is_whitespace() || "`\"'.,*()[]".contains(c))
-        .fold(false, |found, tok| {
-            found | (tok.len() == want.len() && bool::from(tok.as_bytes().ct_eq(want.as_bytes())))
-        })
+pub use ackline::answer_binds;
+
+/// Checks a task for `runtime_id` (`family@version`): what every task must be
+/// (`protocol::task::validate_envelope`), then the family's own grammar where it has one.
+pub fn validate_task(runtime_id: &str, task: &str) -> Result<(), crate::protocol::task::TaskError> {
+    let family = crate::protocol::task::validate_envelope(runtime_id, task)?;
+    match family.as_str() {
+        // The fake harness's task is its directive list.
+        "fake" => crate::fake_harness::parse_all(&[task])
+            .map(|_| ())
+            .map_err(|e| crate::protocol::task::TaskError::Grammar {
+                family,
+                detail: e.to_string(),
+            }),
+        // Real harnesses take free text.
+        _ => Ok(()),
+    }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn task_limits_and_family_grammar() {
+        use crate::protocol::task::{TaskError, MAX_TASK_BYTES};
+        let validate = validate_task;
+        assert_eq!(validate("fake@1.0.0", "  "), Err(TaskError::Empty));
+        assert!(validate("fake@1.0.0", "print=hi spawn=2").is_ok());
+        assert!(matches!(
+            validate("fake@1.0.0", "print=hi frobnicate"),
+            Err(TaskError::Grammar { .. })
+        ));
+        assert!(validate("claude-code@2.1.332", "frobnicate the repo").is_ok());
+        let big = "x".repeat(MAX_TASK_BYTES);
+        assert!(matches!(
+            validate("other@1", &big),
+            Err(TaskError::TooLarge { .. })
+        ));
+        assert!(validate("other@1", &"x".repeat(MAX_TASK_BYTES - 2)).is_ok());
+        assert!(matches!(
+            validate("nofamily", "x"),
+            Err(TaskError::BadRuntime(_))
+        ));
+    }
 
     fn reg() -> Registry {
         Registry::embedded().unwrap()

@@ -203,7 +203,7 @@ impl Store {
         req: &ReserveRequest,
     ) -> Result<Reserved, AuthorityError> {
         const OP: &str = "reserve";
-        if let Err(e) = task::validate(&req.runtime_id, &req.task_text) {
+        if let Err(e) = crate::adapter::validate_task(&req.runtime_id, &req.task_text) {
             let cat = match e {
                 task::TaskError::TooLarge { .. } => Category::TooLarge,
                 task::TaskError::BadRuntime(_) => Category::UnknownRuntime,
@@ -707,7 +707,10 @@ async fn why_not_reservable(
         .await
 }
 
-/// Whether a lane state is before activation.
+/// Whether a lane state (as the column holds it) is before activation; text that is no
+/// lane state is not.
 pub fn is_preactivation(state: &str) -> bool {
-    PREACTIVATION.contains(&state)
+    state
+        .parse::<super::states::LaneState>()
+        .is_ok_and(|s| PREACTIVATION.contains(&s))
 }

@@ -279,7 +279,7 @@ impl Store {
                                 return Err(reject(OP, Category::Internal, "an active assignment without an open reservation"));
                             };
                             let running = lane_state == "RUNNING";
-                            if !running && !PREACTIVATION.contains(&lane_state.as_str()) {
+                            if !running && !crate::coordinator::chain::is_preactivation(&lane_state) {
                                 return Err(reject(OP, Category::WrongState, format!("the lane is {lane_state}")));
                             }
                             if !running && o == "COMPLETED" {
@@ -497,7 +497,7 @@ impl Store {
                             None
                         };
                         Reconciliation::Retiring { outcome }
-                    } else if is_chain_gen && (state == "RUNNING" || PREACTIVATION.contains(&state.as_str())) {
+                    } else if is_chain_gen && (state == "RUNNING" || crate::coordinator::chain::is_preactivation(&state)) {
                         // Died while it had (or was about to have) authority: recovery.
                         let to = if verified { "IDLE_CLEAN" } else { "QUARANTINED" };
                         d.exec_one(

@@ -125,6 +125,13 @@ pub enum AuthorityError {
     SchemaTooNew { found: i32, known: i32 },
     #[error("internal: {0}")]
     Internal(String),
+    /// A row did not decode: a column missing, of another type, NULL, or holding a state
+    /// this binary does not know (a schema that moved ahead of it).
+    #[error("decoding column {column}: {detail}")]
+    Decode {
+        column: &'static str,
+        detail: String,
+    },
     #[error("{op} rejected ({}): {detail}", category.as_str())]
     Rejected {
         op: &'static str,
@@ -149,7 +156,9 @@ impl AuthorityError {
             Self::Db(_) | Self::Connection(_) | Self::Retryable(_) | Self::Standby => {
                 Category::Unavailable
             }
-            Self::SchemaTooNew { .. } | Self::Internal(_) => Category::Internal,
+            Self::SchemaTooNew { .. } | Self::Internal(_) | Self::Decode { .. } => {
+                Category::Internal
+            }
         }
     }
 }

@@ -223,7 +223,7 @@ impl Store {
                     };
                     let (resp, src_attempt, src_res, task, runtime): (String, String, String, String, String) =
                         (src.get(0), src.get(2), src.get(3), src.get(4), src.get(5));
-                    if let Err(e) = crate::protocol::task::validate(&runtime, &task) {
+                    if let Err(e) = crate::adapter::validate_task(&runtime, &task) {
                         return Err(reject(OP, Category::BadInput, e.to_string()));
                     }
                     let handoff = format!("ho-{}", uuid::Uuid::new_v4().simple());

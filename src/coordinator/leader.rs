@@ -69,18 +69,16 @@ pub struct Candidate {
     pub launch_id: String,
 }
 
-const PREACTIVATION: &str =
-    "('RESERVED','CHECKPOINTING','FENCED','STAGING','CONTRACT_INJECTING','AWAITING_ACK','READY')";
-
 /// The disposition of every preactivation chain of an older epoch, in one statement. An open
 /// handoff offer's target chain is among them: releasing it expires the offer and hands the
 /// work back to its source (migration 0009), so that work is not moved to recovery.
 fn disposition_sql() -> String {
+    let preactivation = super::states::sql_list(super::states::PREACTIVATION);
     format!(
         "WITH stale AS ( \
            SELECT r.reservation_id, r.assignment_id, r.lane_incarnation_id, r.generation \
            FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
-           WHERE r.released_at IS NULL AND r.coordinator_epoch < $1 AND li.state IN {PREACTIVATION} \
+           WHERE r.released_at IS NULL AND r.coordinator_epoch < $1 AND li.state IN {preactivation} \
              AND li.retired_at IS NULL FOR UPDATE OF li), \
          lanes AS (UPDATE lane_incarnations li SET state = CASE WHEN s.generation IS NULL THEN 'IDLE_CLEAN' ELSE 'DRAINING' END \
                    FROM stale s WHERE li.lane_incarnation_id = s.lane_incarnation_id RETURNING 1), \

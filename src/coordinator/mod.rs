@@ -31,8 +31,10 @@ pub mod lanes;
 pub mod leader;
 pub mod metrics;
 pub mod model;
+pub mod rows;
 pub mod secret;
 pub mod service;
+pub mod states;
 pub mod store;
 pub mod txn;
 

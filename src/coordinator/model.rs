@@ -8,6 +8,8 @@ use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
 
 use super::error::{AuthorityError, Category};
+use super::rows::RowExt;
+use super::states::{GenState, LaneState, Lifecycle};
 use super::store::Store;
 
 /// The immutable identity of one reservation chain.
@@ -70,16 +72,7 @@ impl Outcome {
     }
 }
 
-/// Lane states before activation (spec §6).
-pub const PREACTIVATION: [&str; 7] = [
-    "RESERVED",
-    "CHECKPOINTING",
-    "FENCED",
-    "STAGING",
-    "CONTRACT_INJECTING",
-    "AWAITING_ACK",
-    "READY",
-];
+pub use super::states::PREACTIVATION;
 
 /// Everything the database holds about one chain: enough for any coordinator process to
 /// drive it on after the one that started it died.
@@ -87,9 +80,9 @@ pub const PREACTIVATION: [&str; 7] = [
 pub struct ChainRow {
     pub chain: Chain,
     pub host_id: String,
-    pub lane_state: String,
+    pub lane_state: LaneState,
     pub lane_retired: bool,
-    pub lifecycle: String,
+    pub lifecycle: Lifecycle,
     pub runtime_id: String,
     pub scope_digest: String,
     pub holds_digest: String,
@@ -106,7 +99,7 @@ pub struct ChainRow {
     pub fence_salt: String,
     pub task_text: String,
     pub generation: Option<i64>,
-    pub generation_state: Option<String>,
+    pub generation_state: Option<GenState>,
     pub stop_requested: bool,
     pub process_identity: Option<serde_json::Value>,
     pub contracts_digest: Option<String>,
@@ -119,12 +112,13 @@ pub struct ChainRow {
 }
 
 const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, \
-        ln.host_id, li.state, li.retired_at IS NOT NULL, a.lifecycle, a.runtime_id, a.scope_digest, a.holds_digest, a.completion_policy_digest, \
-        a.responsibility_owner, a.execution_owner, a.pending_target, a.requested_outcome, \
-        r.reservation_lease_id, mosaic_ts(r.deadline), r.released_at IS NULL, r.coordinator_epoch, r.fence_salt, at.task_text, \
-        r.generation, g.state, g.stop_requested_at IS NOT NULL, g.process_identity, r.contracts_digest, \
-        c.challenge_id, mosaic_ts(c.expires_at), c.consumed_at IS NOT NULL, k.ack_digest, \
-        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) \
+        ln.host_id, li.state AS lane_state, li.retired_at IS NOT NULL AS lane_retired, a.lifecycle, a.runtime_id, a.scope_digest, \
+        a.holds_digest, a.completion_policy_digest, a.responsibility_owner, a.execution_owner, a.pending_target, a.requested_outcome, \
+        r.reservation_lease_id, mosaic_ts(r.deadline) AS reservation_deadline, r.released_at IS NULL AS reservation_open, \
+        r.coordinator_epoch AS reservation_coordinator_epoch, r.fence_salt, at.task_text, \
+        r.generation, g.state AS generation_state, g.stop_requested_at IS NOT NULL AS stop_requested, g.process_identity, r.contracts_digest, \
+        c.challenge_id, mosaic_ts(c.expires_at) AS challenge_expires_at, c.consumed_at IS NOT NULL AS challenge_consumed, k.ack_digest, \
+        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) AS last_decided_at \
      FROM reservations r \
      JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
      JOIN lanes ln ON ln.lane_id = li.lane_id \
@@ -135,50 +129,51 @@ const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignme
      LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id";
 
 impl ChainRow {
-    fn from_row(r: &Row) -> Self {
-        ChainRow {
+    /// Decodes one row of `CHAIN_SELECT` by column name. The nullable sides of the left
+    /// joins (no generation or challenge yet) decode as absent or false.
+    fn from_row(r: &Row) -> Result<Self, AuthorityError> {
+        Ok(ChainRow {
             chain: Chain {
-                lane_id: r.get(0),
-                lane_incarnation_id: r.get(1),
-                assignment_id: r.get(2),
-                assignment_attempt_id: r.get(3),
-                reservation_id: r.get(4),
-                reservation_epoch: r.get(5),
+                lane_id: r.col("lane_id")?,
+                lane_incarnation_id: r.col("lane_incarnation_id")?,
+                assignment_id: r.col("assignment_id")?,
+                assignment_attempt_id: r.col("assignment_attempt_id")?,
+                reservation_id: r.col("reservation_id")?,
+                reservation_epoch: r.col("reservation_epoch")?,
             },
-            host_id: r.get(6),
-            lane_state: r.get(7),
-            lane_retired: r.get(8),
-            lifecycle: r.get(9),
-            runtime_id: r.get(10),
-            scope_digest: r.get(11),
-            holds_digest: r.get(12),
-            completion_policy_digest: r.get(13),
-            responsibility_owner: r.get(14),
-            execution_owner: r.get(15),
-            pending_target: r.get(16),
-            requested_outcome: r.get(17),
-            reservation_lease_id: r.get(18),
-            reservation_deadline: r.get(19),
-            reservation_open: r.get(20),
-            reservation_coordinator_epoch: r.get(21),
-            fence_salt: r.get(22),
-            task_text: r.get(23),
-            generation: r.get(24),
-            generation_state: r.get(25),
-            stop_requested: r.get::<_, Option<bool>>(26).unwrap_or(false),
-            process_identity: r.get(27),
-            contracts_digest: r.get(28),
-            challenge_id: r.get(29),
-            challenge_expires_at: r.get(30),
-            challenge_consumed: r.get::<_, Option<bool>>(31).unwrap_or(false),
-            ack_digest: r.get(32),
-            last_decided_at: r.get::<_, Option<String>>(33).unwrap_or_default(),
-        }
-    }
-
-    /// The lane's host principal (`host:<id>`).
-    pub fn host_principal(&self) -> String {
-        format!("host:{}", self.host_id)
+            host_id: r.col("host_id")?,
+            lane_state: r.col("lane_state")?,
+            lane_retired: r.col("lane_retired")?,
+            lifecycle: r.col("lifecycle")?,
+            runtime_id: r.col("runtime_id")?,
+            scope_digest: r.col("scope_digest")?,
+            holds_digest: r.col("holds_digest")?,
+            completion_policy_digest: r.col("completion_policy_digest")?,
+            responsibility_owner: r.col("responsibility_owner")?,
+            execution_owner: r.col("execution_owner")?,
+            pending_target: r.col("pending_target")?,
+            requested_outcome: r.col("requested_outcome")?,
+            reservation_lease_id: r.col("reservation_lease_id")?,
+            reservation_deadline: r.col("reservation_deadline")?,
+            reservation_open: r.col("reservation_open")?,
+            reservation_coordinator_epoch: r.col("reservation_coordinator_epoch")?,
+            fence_salt: r.col("fence_salt")?,
+            task_text: r.col("task_text")?,
+            generation: r.col("generation")?,
+            generation_state: r.col("generation_state")?,
+            stop_requested: r.col::<Option<bool>>("stop_requested")?.unwrap_or(false),
+            process_identity: r.col("process_identity")?,
+            contracts_digest: r.col("contracts_digest")?,
+            challenge_id: r.col("challenge_id")?,
+            challenge_expires_at: r.col("challenge_expires_at")?,
+            challenge_consumed: r
+                .col::<Option<bool>>("challenge_consumed")?
+                .unwrap_or(false),
+            ack_digest: r.col("ack_digest")?,
+            last_decided_at: r
+                .col::<Option<String>>("last_decided_at")?
+                .unwrap_or_default(),
+        })
     }
 }
 
@@ -284,11 +279,11 @@ impl Store {
         let stmt = c
             .prepare_cached(&format!("{CHAIN_SELECT} {filter}"))
             .await?;
-        Ok(c.query(&stmt, params)
+        c.query(&stmt, params)
             .await?
             .iter()
             .map(ChainRow::from_row)
-            .collect())
+            .collect()
     }
 
     /// The chain of a reservation.
@@ -671,8 +666,8 @@ impl Store {
             "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id \
              FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) JOIN lanes ln ON ln.lane_id = li.lane_id \
              WHERE r.released_at IS NULL AND r.deadline <= clock_timestamp() AND li.retired_at IS NULL \
-               AND li.state IN ('RESERVED','CHECKPOINTING','FENCED','STAGING','CONTRACT_INJECTING','AWAITING_ACK','READY')",
-            &[],
+               AND li.state = ANY($1)",
+            &[&PREACTIVATION],
         )
         .await?
         .iter()

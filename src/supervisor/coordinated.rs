@@ -504,10 +504,8 @@ impl CoordinatedHost {
         let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
         let bootstrapped = family.adapter().bootstrap_turn().is_some();
         tokio::task::spawn_blocking(move || {
-            let marker = format!("mosaic-challenge:{phrase}");
-            let line = format!(
-                "{marker} Mosaic activation check: reply with exactly mosaic-ack:{phrase}-<your Mosaic contract key>"
-            );
+            let marker = crate::adapter::ackline::challenge(&phrase);
+            let line = crate::adapter::ackline::challenge_prompt(&phrase);
             // Bounded by the chain: the coordinator's challenge deadline ends a generation
             // that never answers.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);

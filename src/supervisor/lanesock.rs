@@ -422,7 +422,7 @@ async fn challenge(s: &GenSession) -> LaneResponse {
     tokio::select! {
         r = rx.wait_for(|p| p.is_some()) => match r.map(|p| p.clone()) {
             Ok(Some(p)) => LaneResponse {
-                challenge: Some(format!("mosaic-challenge:{p}")),
+                challenge: Some(crate::adapter::ackline::challenge(&p)),
                 ..LaneResponse::ok("challenged")
             },
             _ => err("the generation ended"),

@@ -280,9 +280,5 @@ impl Tmux {
 
 /// `tmux -V`, for doctor.
 pub fn version(bin: &Path) -> Result<String, SupervisorError> {
-    let out = Command::new(bin)
-        .arg("-V")
-        .output()
-        .map_err(|e| err("tmux -V", e))?;
-    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    crate::sysdeps::tmux_version(bin).map_err(|e| err("tmux -V", e))
 }

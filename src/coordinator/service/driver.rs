@@ -25,6 +25,7 @@ use crate::protocol::transport::Outgoing;
 
 use super::operator::OpError;
 use super::Service;
+use crate::coordinator::states::{GenState, LaneState};
 
 /// When each waiting chain was last sent its message (a cache for resends).
 #[derive(Default)]
@@ -63,11 +64,17 @@ impl Service {
             // A preactivation chain of another epoch is the takeover's to end, not ours to
             // continue.
             let ours = c.reservation_coordinator_epoch == l.epoch();
-            let step = match (c.lane_state.as_str(), c.reservation_open) {
-                ("RESERVED", true) if ours => self.store.checkpoint(l, &c.chain).await.map(|_| ()),
-                ("CHECKPOINTING", true) if ours => self.store.fence(l, &c.chain).await.map(|_| ()),
-                ("FENCED", true) if ours => self.store.stage(l, &c.chain).await.map(|_| ()),
-                ("READY", true) if ours => {
+            let step = match (c.lane_state, c.reservation_open) {
+                (LaneState::Reserved, true) if ours => {
+                    self.store.checkpoint(l, &c.chain).await.map(|_| ())
+                }
+                (LaneState::Checkpointing, true) if ours => {
+                    self.store.fence(l, &c.chain).await.map(|_| ())
+                }
+                (LaneState::Fenced, true) if ours => {
+                    self.store.stage(l, &c.chain).await.map(|_| ())
+                }
+                (LaneState::Ready, true) if ours => {
                     let Some(x) = Activation::of(&self.store, &c, self.timing.lease_ttl_ms) else {
                         return Ok(Some(c));
                     };
@@ -85,7 +92,7 @@ impl Service {
                     }
                 }
                 // An accepted handoff's target chain: its own activation challenge now.
-                ("AWAITING_ACK", true) if ours && c.challenge_id.is_none() => {
+                (LaneState::AwaitingAck, true) if ours && c.challenge_id.is_none() => {
                     match self.store.handoff_of_reservation(reservation_id).await? {
                         Some(h) if h.state == "ACCEPTED" => self
                             .store
@@ -98,7 +105,7 @@ impl Service {
                         }
                     }
                 }
-                ("RETIRING", _) => self
+                (LaneState::Retiring, _) => self
                     .store
                     .finish(l, &c.chain.lane_incarnation_id)
                     .await
@@ -122,7 +129,7 @@ impl Service {
     /// Sends the message a chain waits for from its host, if any.
     pub(crate) async fn send_waiting(&self, l: &Leader, c: &ChainRow) {
         // A generation the coordinator wants ended comes first, whatever the lane state.
-        if c.stop_requested && c.generation_state.as_deref() != Some("ENDED") {
+        if c.stop_requested && c.generation_state != Some(GenState::Ended) {
             if let Some(g) = c.generation {
                 let mut lanes = BTreeMap::new();
                 lanes.insert(
@@ -142,16 +149,17 @@ impl Service {
         if !c.reservation_open || c.reservation_coordinator_epoch != l.epoch() {
             return;
         }
-        let state = c.lane_state.as_str();
-        let sent = match state {
-            "STAGING" => self.push_stage(l, c).await,
-            "CONTRACT_INJECTING" if c.contracts_digest.is_some() => self.push_contract(l, c).await,
-            "AWAITING_ACK" if c.challenge_id.is_some() => self.push_challenge(l, c).await,
-            "AWAITING_ACK" => self.push_handoff_challenge(l, c).await,
+        let sent = match c.lane_state {
+            LaneState::Staging => self.push_stage(l, c).await,
+            LaneState::ContractInjecting if c.contracts_digest.is_some() => {
+                self.push_contract(l, c).await
+            }
+            LaneState::AwaitingAck if c.challenge_id.is_some() => self.push_challenge(l, c).await,
+            LaneState::AwaitingAck => self.push_handoff_challenge(l, c).await,
             _ => false,
         };
         if sent {
-            self.mark_sent(&c.chain.reservation_id, state);
+            self.mark_sent(&c.chain.reservation_id, c.lane_state.as_str());
         }
     }
 
@@ -406,7 +414,7 @@ impl Service {
             let Ok(Some(c)) = self.store.chain_by_reservation(&v.reservation_id).await else {
                 continue;
             };
-            if c.lane_state != "RUNNING" || !c.reservation_open {
+            if c.lane_state != LaneState::Running || !c.reservation_open {
                 continue;
             }
             let Some(cd) = &c.contracts_digest else {

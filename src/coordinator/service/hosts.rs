@@ -22,11 +22,11 @@ use futures_util::future::BoxFuture;
 use tokio::sync::mpsc;
 
 use crate::coordinator::activation::AckClaim;
-use crate::coordinator::chain::is_preactivation;
 use crate::coordinator::ending::{EndCause, Reconciliation};
 use crate::coordinator::error::{AuthorityError, Category};
 use crate::coordinator::leader::Leader;
 use crate::coordinator::model::ChainRow;
+use crate::coordinator::states::{GenState, LaneState};
 use crate::protocol::canonical::{self, Value};
 use crate::protocol::envelope::{n, s};
 use crate::protocol::report::{self, HostReport};
@@ -1079,13 +1079,12 @@ impl Service {
                             end.insert(gen);
                         }
                         Some(c)
-                            if c.stop_requested
-                                || c.generation_state.as_deref() == Some("ENDED") =>
+                            if c.stop_requested || c.generation_state == Some(GenState::Ended) =>
                         {
                             end.insert(gen);
                         }
                         Some(c)
-                            if is_preactivation(&c.lane_state)
+                            if c.lane_state.is_preactivation()
                                 && c.reservation_open
                                 && !g.chain_held =>
                         {
@@ -1096,7 +1095,9 @@ impl Service {
                             end.insert(gen);
                         }
                         Some(c)
-                            if c.lane_state == "RUNNING" && c.reservation_open && !g.activated =>
+                            if c.lane_state == LaneState::Running
+                                && c.reservation_open
+                                && !g.activated =>
                         {
                             self.push_activated(l, &c).await;
                         }
@@ -1110,7 +1111,7 @@ impl Service {
             if let Some(u) = lane.unended_generation {
                 if let Ok(Some(c)) = self.store.chain_of_generation(&inc, u).await {
                     let gone = rep.is_some_and(|r| {
-                        c.generation_state.as_deref() == Some("LIVE")
+                        c.generation_state == Some(GenState::Live)
                             && !r.generations.iter().any(|g| g.generation as i64 == u)
                     });
                     if c.stop_requested || gone {

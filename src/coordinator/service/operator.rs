@@ -24,6 +24,7 @@ use crate::protocol::task;
 use crate::protocol::transport::{self, TlsIdentity};
 
 use super::{Service, ServiceError};
+use crate::coordinator::states::LaneState;
 
 /// A refusal as operators see it: a category to count and script on, then prose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -464,7 +465,7 @@ impl Service {
                 ),
             ));
         }
-        task::validate(&a.runtime, &a.task).map_err(|e| {
+        crate::adapter::validate_task(&a.runtime, &a.task).map_err(|e| {
             let cat = match e {
                 task::TaskError::TooLarge { .. } => Category::TooLarge,
                 task::TaskError::BadRuntime(_) => Category::UnknownRuntime,
@@ -536,10 +537,10 @@ impl Service {
         }
         let c = self
             .wait_chain(&res, ASSIGN_WAIT, |c| {
-                c.lane_state == "RUNNING" || !c.reservation_open || c.lane_retired
+                c.lane_state == LaneState::Running || !c.reservation_open || c.lane_retired
             })
             .await?;
-        if c.lane_state == "RUNNING" && c.reservation_open {
+        if c.lane_state == LaneState::Running && c.reservation_open {
             let mut out = base;
             out["state"] = json!("RUNNING");
             out["generation"] = json!(c.generation);
@@ -603,7 +604,7 @@ impl Service {
             ));
         }
         if let Some(t) = &task {
-            task::validate(&runtime, t).map_err(|e| {
+            crate::adapter::validate_task(&runtime, t).map_err(|e| {
                 OpError::new(
                     match e {
                         task::TaskError::TooLarge { .. } => Category::TooLarge,

@@ -16,6 +16,7 @@ use crate::coordinator::leader::Leader;
 
 use super::driver::RESEND_AFTER;
 use super::Service;
+use crate::coordinator::states::LaneState;
 
 const TICK: Duration = Duration::from_millis(500);
 
@@ -99,9 +100,12 @@ impl Service {
         for c in chains {
             live.insert(c.chain.reservation_id.clone());
             let ours = c.reservation_coordinator_epoch == l.epoch();
-            let actionable = match c.lane_state.as_str() {
-                "RESERVED" | "CHECKPOINTING" | "FENCED" | "READY" => c.reservation_open && ours,
-                "RETIRING" => true,
+            let actionable = match c.lane_state {
+                LaneState::Reserved
+                | LaneState::Checkpointing
+                | LaneState::Fenced
+                | LaneState::Ready => c.reservation_open && ours,
+                LaneState::Retiring => true,
                 _ => false,
             };
             let waiting_state = if c.stop_requested {
@@ -109,10 +113,12 @@ impl Service {
             } else {
                 c.lane_state.as_str()
             };
-            let waiting = matches!(
-                waiting_state,
-                "STAGING" | "CONTRACT_INJECTING" | "AWAITING_ACK" | "END"
-            ) && self.hosts.is_connected(&c.host_id)
+            let waiting = (c.stop_requested
+                || matches!(
+                    c.lane_state,
+                    LaneState::Staging | LaneState::ContractInjecting | LaneState::AwaitingAck
+                ))
+                && self.hosts.is_connected(&c.host_id)
                 && self.stale_since(&c.chain.reservation_id, waiting_state, RESEND_AFTER);
             if actionable || waiting {
                 if let Err(e) = self.advance(l, &c.chain.reservation_id).await {

@@ -1,0 +1,92 @@
+//! The activation check's text, in one place: the challenge line the supervisor types (or
+//! the lane socket hands out), and the ACK line a harness answers with.
+//!
+//! A challenge is `mosaic-challenge:<phrase>`, the phrase being hex derived from the
+//! challenge and the generation (`adapter::ack_phrase`). The answer must carry
+//! `mosaic-ack:<phrase>-<contract key>` as one token: the phrase proves the challenge was
+//! seen, the key (which only the contract text carries) that the contract was.
+//!
+//! **Never:** another module formats or parses these prefixes by hand.
+
+const CHALLENGE: &str = "mosaic-challenge:";
+const ACK: &str = "mosaic-ack:";
+
+/// The challenge token for `phrase`.
+pub fn challenge(phrase: &str) -> String {
+    format!("{CHALLENGE}{phrase}")
+}
+
+/// The line typed into a harness's TUI: the challenge token and how to answer it.
+pub fn challenge_prompt(phrase: &str) -> String {
+    format!(
+        "{} Mosaic activation check: reply with exactly {ACK}{phrase}-<your Mosaic contract key>",
+        challenge(phrase)
+    )
+}
+
+/// The phrase of a challenge token handed out whole (the lane socket's answer).
+pub fn parse_challenge(token: &str) -> Option<&str> {
+    token
+        .strip_prefix(CHALLENGE)
+        .filter(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+/// The phrase of the last challenge in free text (a model's view of its conversation):
+/// the hex digits that follow the last challenge prefix.
+pub fn find_challenge(text: &str) -> Option<String> {
+    let i = text.rfind(CHALLENGE)?;
+    let hex: String = text[i + CHALLENGE.len()..]
+        .chars()
+        .take_while(|c| c.is_ascii_hexdigit())
+        .collect();
+    (!hex.is_empty()).then_some(hex)
+}
+
+/// The answer that acknowledges `phrase` under the contract `key`.
+pub fn ack(phrase: &str, key: &str) -> String {
+    format!("{ACK}{phrase}-{key}")
+}
+
+/// An answer without a contract key (what a model that never saw its contract can say; it
+/// never binds).
+pub fn ack_without_key(phrase: &str) -> String {
+    format!("{ACK}{phrase}")
+}
+
+/// Whether `answer` acknowledges: it carries [`ack`]`(phrase, key)` as one token, compared
+/// in constant time.
+pub fn answer_binds(answer: &str, phrase: &str, key: &str) -> bool {
+    use subtle::ConstantTimeEq;
+    let want = ack(phrase, key);
+    answer
+        .split(|c: char| c.is_whitespace() || "`\"'.,*()[]".contains(c))
+        .fold(false, |found, tok| {
+            found | (tok.len() == want.len() && bool::from(tok.as_bytes().ct_eq(want.as_bytes())))
+        })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_challenge_round_trips_and_only_hex_phrases_parse() {
+        let p = "0a1b2c";
+        assert_eq!(parse_challenge(&challenge(p)), Some(p));
+        assert_eq!(find_challenge(&challenge_prompt(p)).as_deref(), Some(p));
+        assert_eq!(parse_challenge("mosaic-challenge:"), None);
+        assert_eq!(parse_challenge("mosaic-challenge:zz"), None);
+        assert_eq!(parse_challenge("mosaic-ack:0a"), None);
+        assert_eq!(find_challenge("no challenge here"), None);
+    }
+
+    #[test]
+    fn only_the_whole_token_with_the_key_binds() {
+        let (p, k) = ("0a1b", "00ff00ff");
+        assert!(answer_binds(&ack(p, k), p, k));
+        assert!(answer_binds(&format!("Sure. `{}`.", ack(p, k)), p, k));
+        assert!(!answer_binds(&ack_without_key(p), p, k));
+        assert!(!answer_binds(&format!("{}0", ack(p, k)), p, k));
+        assert!(!answer_binds(&challenge(p), p, k));
+    }
+}

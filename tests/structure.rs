@@ -1,0 +1,111 @@
+//! The shape of the source tree, checked: the top-level modules of `src/` form a layered
+//! graph with no import cycle (a cycle means two modules that cannot be understood, tested
+//! or changed apart).
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    for e in std::fs::read_dir(dir).unwrap().flatten() {
+        let p = e.path();
+        if p.is_dir() {
+            rust_files(&p, out);
+        } else if p.extension().is_some_and(|x| x == "rs") {
+            out.push(p);
+        }
+    }
+}
+
+/// Top-level module → the top-level modules it names through `crate::`.
+fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let mut files = vec![];
+    rust_files(&src, &mut files);
+    let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for f in files {
+        let rel = f.strip_prefix(&src).unwrap();
+        let first = rel
+            .components()
+            .next()
+            .unwrap()
+            .as_os_str()
+            .to_string_lossy();
+        let module = first.trim_end_matches(".rs").to_string();
+        // The binaries and the crate root sit above every module.
+        if matches!(module.as_str(), "main" | "lib" | "bin") {
+            continue;
+        }
+        let text = std::fs::read_to_string(&f).unwrap();
+        let deps = graph.entry(module.clone()).or_default();
+        for (i, _) in text.match_indices("crate::") {
+            let name: String = text[i + "crate::".len()..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            if !name.is_empty() && name != module {
+                deps.insert(name);
+            }
+        }
+    }
+    graph
+}
+
+fn find_cycle(graph: &BTreeMap<String, BTreeSet<String>>) -> Option<Vec<String>> {
+    fn visit(
+        n: &str,
+        g: &BTreeMap<String, BTreeSet<String>>,
+        path: &mut Vec<String>,
+        done: &mut BTreeSet<String>,
+    ) -> Option<Vec<String>> {
+        if let Some(at) = path.iter().position(|p| p == n) {
+            let mut cycle = path[at..].to_vec();
+            cycle.push(n.to_string());
+            return Some(cycle);
+        }
+        if done.contains(n) {
+            return None;
+        }
+        path.push(n.to_string());
+        for d in g.get(n).into_iter().flatten() {
+            if let Some(c) = visit(d, g, path, done) {
+                return Some(c);
+            }
+        }
+        path.pop();
+        done.insert(n.to_string());
+        None
+    }
+    let mut done = BTreeSet::new();
+    for n in graph.keys() {
+        if let Some(c) = visit(n, graph, &mut vec![], &mut done) {
+            return Some(c);
+        }
+    }
+    None
+}
+
+#[test]
+fn top_level_modules_have_no_import_cycle() {
+    let g = module_graph();
+    assert!(
+        g.contains_key("supervisor") && g.contains_key("protocol"),
+        "{g:?}"
+    );
+    if let Some(c) = find_cycle(&g) {
+        panic!("import cycle between top-level modules: {}", c.join(" -> "));
+    }
+}
+
+#[test]
+fn the_cycle_finder_finds_a_cycle() {
+    let mut g: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    g.entry("a".into()).or_default().insert("b".into());
+    g.entry("b".into()).or_default().insert("c".into());
+    g.entry("c".into()).or_default().insert("a".into());
+    assert_eq!(
+        find_cycle(&g).unwrap(),
+        vec!["a".to_string(), "b".into(), "c".into(), "a".into()]
+    );
+    g.get_mut("c").unwrap().clear();
+    assert_eq!(find_cycle(&g), None);
+}
