@@ -655,7 +655,7 @@ async fn demo(
             s.assignment_id,
             s.state,
             s.execution_owner,
-            s.lane_state.as_deref().unwrap_or("released")
+            s.lane_state.map_or("released", |l| l.as_str())
         );
     }
     let b = svc

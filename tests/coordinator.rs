@@ -234,7 +234,7 @@ async fn authority_counts(url: &str) -> Vec<(String, i64)> {
 }
 
 async fn state(s: &Store, lane: &str) -> String {
-    s.lane(lane).await.unwrap().unwrap().state
+    s.lane(lane).await.unwrap().unwrap().state.to_string()
 }
 
 async fn assignment(s: &Store, id: &str) -> AssignmentView {

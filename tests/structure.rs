@@ -109,3 +109,78 @@ fn the_cycle_finder_finds_a_cycle() {
     g.get_mut("c").unwrap().clear();
     assert_eq!(find_cycle(&g), None);
 }
+
+/// Every Rust file under `src/<dir>`, with its text.
+fn sources(dir: &str) -> Vec<(PathBuf, String)> {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join(dir);
+    let mut files = vec![];
+    rust_files(&root, &mut files);
+    files
+        .into_iter()
+        .map(|f| {
+            let text = std::fs::read_to_string(&f).unwrap();
+            (f, text)
+        })
+        .collect()
+}
+
+/// The coordinator decodes rows by column name (`rows::RowExt::col`): a positional
+/// `Row::get(0)` silently decodes the wrong column once a select list changes.
+#[test]
+fn the_coordinator_reads_no_row_by_position() {
+    let mut found = vec![];
+    for (f, text) in sources("coordinator") {
+        for (n, line) in text.lines().enumerate() {
+            let positional = line.match_indices(".get(").any(|(i, _)| {
+                line[i + 5..]
+                    .trim_start()
+                    .starts_with(|c: char| c.is_ascii_digit())
+            }) || line.contains("get::<_,");
+            if positional {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "positional row reads:\n{}",
+        found.join("\n")
+    );
+}
+
+/// No lane, lifecycle, generation, handoff or continuation state as a bare Rust string in
+/// the coordinator: code names states through the enums
+/// of `coordinator::states` (which alone spell them), so a typo cannot compile. (States in
+/// SQL text are the column values the statements compare; they are listed in
+/// ARCHITECTURE.md as what is left to bind.)
+#[test]
+fn the_coordinator_names_no_state_as_a_rust_string() {
+    use mosaic::coordinator::states::*;
+    let mut states: Vec<&str> = vec![];
+    states.extend(LaneState::ALL.iter().map(|s| s.as_str()));
+    states.extend(Lifecycle::ALL.iter().map(|s| s.as_str()));
+    states.extend(GenState::ALL.iter().map(|s| s.as_str()));
+    states.extend(HandoffState::ALL.iter().map(|s| s.as_str()));
+    states.extend(ContinuationState::ALL.iter().map(|s| s.as_str()));
+    // (The lower-case work statuses and watchdog steps — "active", "none", "handoff" —
+    // are ordinary words in messages and receipt keys; the enums carry them in code, but a
+    // text search cannot tell them apart.)
+    let mut found = vec![];
+    for (f, text) in sources("coordinator") {
+        // The enums' own file spells them, and `model.rs` spells the outcome an operator
+        // asks for (its own enum, `Outcome`).
+        let name = f.file_name().unwrap().to_string_lossy();
+        if name == "states.rs" {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            for st in &states {
+                let quoted = format!("\"{st}\"");
+                if line.contains(&quoted) && !(name == "model.rs" && line.contains("Outcome::")) {
+                    found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+                }
+            }
+        }
+    }
+    assert!(found.is_empty(), "state literals:\n{}", found.join("\n"));
+}

@@ -8,7 +8,12 @@
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::chain::diagnose;
+use std::sync::LazyLock;
+
+use super::cas::{self, Pred};
+use super::rows::RowExt;
+use super::states::LaneState;
+
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::{Chain, ChainRow};
@@ -83,48 +88,247 @@ impl Activation {
     }
 }
 
+/// Every expected value of AWAITING_ACK → READY, in diagnosis order: both the consuming
+/// CAS and the explanation of its refusal are built from this table. Parameters: $1
+/// challenge, $2 timeline, $3 epoch (both as the ACK binds them), $4 reservation, $5 its
+/// epoch, $6 its deadline, $7 lane incarnation, $8 lane, $9 assignment, $10 attempt,
+/// $11 generation, $12 process identity, $13 contracts, $14 scope, $15 holds, $16 runtime,
+/// $17 and $18 the current leader's timeline and epoch.
+const CONSUME_PREDS: &[Pred] = &[
+    Pred { sql: "$2::text = $17::text AND $3::bigint = $18::bigint", category: Category::StaleLeader,
+        detail: "the ACK is bound to another coordinator epoch or timeline" },
+    Pred { sql: "c.consumed_at IS NULL", category: Category::ChallengeConsumed,
+        detail: "the challenge was already consumed" },
+    Pred { sql: "r.reservation_id = $4", category: Category::Mismatch,
+        detail: "reservation_id does not match the challenge's chain" },
+    Pred { sql: "c.sot_incarnation = $2 AND c.coordinator_epoch = $3", category: Category::StaleLeader,
+        detail: "the challenge was issued under another epoch or timeline" },
+    Pred { sql: "r.reservation_epoch = $5", category: Category::Mismatch,
+        detail: "reservation_epoch does not match the challenge's chain" },
+    Pred { sql: "mosaic_ts(r.deadline) = $6", category: Category::Mismatch,
+        detail: "reservation_deadline does not match the challenge's chain" },
+    Pred { sql: "li.lane_incarnation_id = $7", category: Category::Mismatch,
+        detail: "lane_incarnation_id does not match the challenge's chain" },
+    Pred { sql: "li.lane_id = $8", category: Category::Mismatch,
+        detail: "lane_id does not match the challenge's chain" },
+    Pred { sql: "a.assignment_id = $9", category: Category::Mismatch,
+        detail: "assignment_id does not match the challenge's chain" },
+    Pred { sql: "r.assignment_attempt_id = $10", category: Category::Mismatch,
+        detail: "assignment_attempt_id does not match the challenge's chain" },
+    Pred { sql: "r.generation = $11", category: Category::Mismatch,
+        detail: "generation does not match the challenge's chain" },
+    Pred { sql: "g.process_identity = $12::text::jsonb", category: Category::Mismatch,
+        detail: "process_identity does not match the challenge's chain" },
+    Pred { sql: "r.contracts_digest = $13 AND c.contracts_digest = $13", category: Category::Mismatch,
+        detail: "contracts_digest does not match the challenge's chain" },
+    Pred { sql: "a.scope_digest = $14", category: Category::Mismatch,
+        detail: "scope_digest does not match the challenge's chain" },
+    Pred { sql: "a.holds_digest = $15", category: Category::Mismatch,
+        detail: "holds_digest does not match the challenge's chain" },
+    Pred { sql: "a.runtime_id = $16", category: Category::Mismatch,
+        detail: "runtime_id does not match the challenge's chain" },
+    Pred { sql: "c.expires_at > clock_timestamp() AND r.deadline > clock_timestamp()", category: Category::Expired,
+        detail: "the challenge or its reservation expired (database time; equality is expired)" },
+    Pred { sql: "r.released_at IS NULL AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL AND g.stop_requested_at IS NULL",
+        category: Category::WrongState, detail: "the chain was ended (released, stopping or no longer active)" },
+    Pred { sql: "li.state = 'AWAITING_ACK' AND li.retired_at IS NULL", category: Category::WrongState,
+        detail: "the lane is not AWAITING_ACK" },
+];
+
 /// AWAITING_ACK → READY and the challenge consumption in one statement: both happen or
 /// neither does. The lane row is decided first (the data-modifying CTE), so a lane that
 /// changed concurrently (an expiry, a quarantine) leaves the challenge untouched.
-const CONSUME_CAS: &str = "WITH ln AS ( \
-       UPDATE lane_incarnations li SET state = 'READY' \
-       FROM challenges c, reservations r, assignments a, generations g \
-       WHERE li.lane_incarnation_id = $7 AND li.lane_id = $8 AND li.state = 'AWAITING_ACK' AND li.retired_at IS NULL \
-         AND c.challenge_id = $1 AND c.consumed_at IS NULL AND c.expires_at > clock_timestamp() \
-         AND c.sot_incarnation = $2 AND c.coordinator_epoch = $3 AND $2 = $17 AND $3 = $18 \
-         AND r.reservation_id = c.reservation_id AND r.reservation_id = $4 AND r.reservation_epoch = $5 \
-         AND mosaic_ts(r.deadline) = $6 AND r.deadline > clock_timestamp() AND r.released_at IS NULL \
-         AND r.lane_incarnation_id = li.lane_incarnation_id \
-         AND a.assignment_id = r.assignment_id AND a.assignment_id = $9 AND r.assignment_attempt_id = $10 \
-         AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL \
-         AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation AND g.generation = $11 \
-         AND g.stop_requested_at IS NULL AND g.process_identity = $12::text::jsonb \
-         AND r.contracts_digest = $13 AND c.contracts_digest = $13 \
-         AND a.scope_digest = $14 AND a.holds_digest = $15 AND a.runtime_id = $16 \
-       RETURNING li.lane_incarnation_id) \
-     UPDATE challenges c SET consumed_at = clock_timestamp() FROM ln \
-     WHERE c.challenge_id = $1 AND c.consumed_at IS NULL \
-     RETURNING c.challenge_id";
+static CONSUME_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH ln AS ( \
+           UPDATE lane_incarnations li SET state = 'READY' \
+           FROM challenges c, reservations r, assignments a, generations g \
+           WHERE c.challenge_id = $1 AND r.reservation_id = c.reservation_id AND li.lane_incarnation_id = r.lane_incarnation_id \
+             AND a.assignment_id = r.assignment_id AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
+             AND {} \
+           RETURNING li.lane_incarnation_id) \
+         UPDATE challenges c SET consumed_at = clock_timestamp() FROM ln \
+         WHERE c.challenge_id = $1 AND c.consumed_at IS NULL \
+         RETURNING c.challenge_id",
+        cas::conjunction(CONSUME_PREDS)
+    )
+});
+
+/// The refusal's explanation: each predicate over the same rows, reached from the
+/// challenge the ACK names.
+static CONSUME_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        CONSUME_PREDS,
+        "FROM challenges c LEFT JOIN reservations r ON r.reservation_id = c.reservation_id \
+         LEFT JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+         LEFT JOIN assignments a ON a.assignment_id = r.assignment_id \
+         LEFT JOIN generations g ON g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
+         WHERE c.challenge_id = $1",
+    )
+});
+
+/// Every expected value of READY → RUNNING (spec §6.2), in diagnosis order; the CAS and
+/// its refusal's explanation are both built from it. Parameters: $1 lane incarnation, $2
+/// lane, $3 reservation, $4 its epoch, $5 its lease, $6 its deadline, $7 assignment, $8
+/// attempt, $9 target, $10 generation, $11 fence digest, $12 challenge, $13 ACK digest,
+/// $14 contracts, $15 scope, $16 holds, $17 process identity, $18 completion policy, $19
+/// and $20 the leader's timeline and epoch. (The fence token itself is compared in
+/// constant time before the CAS binds its digest.)
+const ACTIVATE_PREDS: &[Pred] = &[
+    Pred {
+        sql: "li.lane_incarnation_id = $1",
+        category: Category::Mismatch,
+        detail: "the lane incarnation is not the reservation's",
+    },
+    Pred {
+        sql: "li.retired_at IS NULL",
+        category: Category::Mismatch,
+        detail: "lane incarnation was retired (lane recreated)",
+    },
+    Pred {
+        sql: "li.lane_id = $2",
+        category: Category::Mismatch,
+        detail: "lane id differs",
+    },
+    Pred {
+        sql: "r.reservation_epoch = $4",
+        category: Category::Mismatch,
+        detail: "reservation_epoch differs from the chain's",
+    },
+    Pred {
+        sql: "a.assignment_id = $7",
+        category: Category::Mismatch,
+        detail: "assignment_id differs from the chain's",
+    },
+    Pred {
+        sql: "r.assignment_attempt_id = $8",
+        category: Category::Mismatch,
+        detail: "assignment_attempt_id differs from the chain's",
+    },
+    Pred {
+        sql: "li.state = 'READY'",
+        category: Category::WrongState,
+        detail: "the lane is not READY",
+    },
+    Pred {
+        sql: "r.released_at IS NULL",
+        category: Category::WrongState,
+        detail: "the reservation was released",
+    },
+    Pred {
+        sql: "r.deadline > clock_timestamp()",
+        category: Category::Expired,
+        detail: "the reservation deadline has passed (database time; equality is expired)",
+    },
+    Pred {
+        sql: "r.sot_incarnation = $19 AND r.coordinator_epoch = $20",
+        category: Category::StaleLeader,
+        detail: "the chain began under another coordinator epoch",
+    },
+    Pred {
+        sql: "a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL",
+        category: Category::WrongState,
+        detail: "the assignment is no longer advancing",
+    },
+    Pred {
+        sql: "g.state = 'STAGING' AND g.stop_requested_at IS NULL",
+        category: Category::WrongState,
+        detail: "the generation is stopping or no longer staging",
+    },
+    Pred {
+        sql: "r.reservation_lease_id = $5",
+        category: Category::Mismatch,
+        detail: "reservation_lease_id differs from the chain's",
+    },
+    Pred {
+        sql: "mosaic_ts(r.deadline) = $6",
+        category: Category::Mismatch,
+        detail: "reservation_deadline differs from the chain's",
+    },
+    Pred {
+        sql: "a.responsibility_owner = $9 AND a.execution_owner IS NULL AND a.pending_target = $9",
+        category: Category::Mismatch,
+        detail: "the target is not the responsibility owner and pending target",
+    },
+    Pred {
+        sql: "r.generation = $10",
+        category: Category::Mismatch,
+        detail: "generation differs from the chain's",
+    },
+    Pred {
+        sql: "r.fence_digest = $11",
+        category: Category::FenceMismatch,
+        detail: "the presented fence token is not this reservation's",
+    },
+    Pred {
+        sql: "c.challenge_id IS NOT NULL",
+        category: Category::Mismatch,
+        detail: "challenge_id is not this chain's",
+    },
+    Pred {
+        sql: "c.consumed_at IS NOT NULL",
+        category: Category::Mismatch,
+        detail: "the challenge was not consumed by an ACK",
+    },
+    Pred {
+        sql: "k.ack_digest = $13",
+        category: Category::Mismatch,
+        detail: "ack_digest differs from the persisted ACK receipt",
+    },
+    Pred {
+        sql: "r.contracts_digest = $14",
+        category: Category::Mismatch,
+        detail: "contracts_digest differs from the chain's",
+    },
+    Pred {
+        sql: "a.scope_digest = $15",
+        category: Category::Mismatch,
+        detail: "scope_digest differs from the assignment's",
+    },
+    Pred {
+        sql: "a.holds_digest = $16",
+        category: Category::Mismatch,
+        detail: "holds_digest differs from the assignment's",
+    },
+    Pred {
+        sql: "g.process_identity = $17::text::jsonb AND r.process_identity = $17::text::jsonb",
+        category: Category::Mismatch,
+        detail: "process_identity differs from the staged generation's",
+    },
+    Pred {
+        sql: "a.completion_policy_digest = $18",
+        category: Category::Mismatch,
+        detail: "completion_policy_digest differs from the assignment's",
+    },
+];
 
 /// READY → RUNNING over every expected value of spec §6.2.
-const ACTIVATE_CAS: &str = "UPDATE lane_incarnations li SET state = 'RUNNING' \
-     FROM reservations r, assignments a, generations g, challenges c, ack_receipts k \
-     WHERE li.lane_incarnation_id = $1 AND li.lane_id = $2 AND li.state = 'READY' AND li.retired_at IS NULL \
-       AND r.reservation_id = $3 AND r.reservation_epoch = $4 AND r.reservation_lease_id = $5 AND mosaic_ts(r.deadline) = $6 \
-       AND r.deadline > clock_timestamp() AND r.released_at IS NULL AND r.lane_incarnation_id = li.lane_incarnation_id \
-       AND r.sot_incarnation = $19 AND r.coordinator_epoch = $20 \
-       AND a.assignment_id = r.assignment_id AND a.assignment_id = $7 AND r.assignment_attempt_id = $8 \
-       AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL \
-       AND a.responsibility_owner = $9 AND a.execution_owner IS NULL AND a.pending_target = $9 \
-       AND r.generation = $10 AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $10 \
-       AND g.state = 'STAGING' AND g.stop_requested_at IS NULL \
-       AND r.fence_digest = $11 \
-       AND c.challenge_id = $12 AND c.reservation_id = r.reservation_id AND c.consumed_at IS NOT NULL \
-       AND k.challenge_id = c.challenge_id AND k.ack_digest = $13 \
-       AND r.contracts_digest = $14 AND a.scope_digest = $15 AND a.holds_digest = $16 \
-       AND g.process_identity = $17::text::jsonb AND r.process_identity = $17::text::jsonb \
-       AND a.completion_policy_digest = $18 \
-     RETURNING k.ack_receipt_id, a.scope, a.holds";
+static ACTIVATE_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE lane_incarnations li SET state = 'RUNNING' \
+         FROM reservations r, assignments a, generations g, challenges c, ack_receipts k \
+         WHERE r.reservation_id = $3 AND li.lane_incarnation_id = r.lane_incarnation_id AND a.assignment_id = r.assignment_id \
+           AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
+           AND c.challenge_id = $12 AND c.reservation_id = r.reservation_id AND k.challenge_id = c.challenge_id \
+           AND {} \
+         RETURNING k.ack_receipt_id, a.scope, a.holds",
+        cas::conjunction(ACTIVATE_PREDS)
+    )
+});
+
+/// The refusal's explanation: each predicate over the same rows, reached from the
+/// reservation the activation names.
+static ACTIVATE_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        ACTIVATE_PREDS,
+        "FROM reservations r LEFT JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+         LEFT JOIN assignments a ON a.assignment_id = r.assignment_id \
+         LEFT JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
+         LEFT JOIN challenges c ON c.challenge_id = $12 AND c.reservation_id = r.reservation_id \
+         LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id \
+         WHERE r.reservation_id = $3",
+    )
+});
 
 impl Store {
     /// AWAITING_ACK → READY: consumes the challenge exactly once when every bound field
@@ -147,12 +351,15 @@ impl Store {
             &step,
             body!([a, claim, sot] |f| {
                 let id_text = a.process_identity.to_string();
-                let d = f.cas(CONSUME_CAS, &[&a.challenge_id, &a.sot_incarnation, &a.coordinator_epoch, &a.reservation_id, &a.reservation_epoch,
-                    &a.reservation_deadline, &a.lane_incarnation_id, &a.lane_id, &a.assignment_id, &a.assignment_attempt_id, &a.generation,
-                    &id_text, &a.contracts_digest, &a.scope_digest, &a.holds_digest, &a.runtime_id, &sot, &epoch]).await?;
-                let d = match d {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 18] = [&a.challenge_id, &a.sot_incarnation, &a.coordinator_epoch,
+                    &a.reservation_id, &a.reservation_epoch, &a.reservation_deadline, &a.lane_incarnation_id, &a.lane_id, &a.assignment_id,
+                    &a.assignment_attempt_id, &a.generation, &id_text, &a.contracts_digest, &a.scope_digest, &a.holds_digest, &a.runtime_id,
+                    &sot, &epoch];
+                let d = match f.cas(&CONSUME_CAS, &params).await? {
                     Ok(d) => d,
-                    Err(u) => return Err(why_ack_refused(u, &a, epoch, &sot).await?),
+                    Err(u) => {
+                        return Err(u.diagnose(&CONSUME_DIAGNOSIS, &params, CONSUME_PREDS, "no such challenge").await?)
+                    }
                 };
                 let ack_id = format!("ack-{}", uuid::Uuid::new_v4().simple());
                 d.exec_one(
@@ -160,7 +367,7 @@ impl Store {
                     &[&ack_id, &a.challenge_id, &a.reservation_id, &a.ack_digest, &claim],
                 ).await?;
                 d.decide(json!({ "challenge_id": a.challenge_id, "ack_receipt_id": ack_id, "ack_digest": a.ack_digest,
-                    "generation": a.generation, "to": "READY" }))
+                    "generation": a.generation, "to": LaneState::Ready }))
             }),
         )
         .await
@@ -221,34 +428,24 @@ impl Store {
                 let stored = f.read_opt("SELECT fence_digest FROM reservations WHERE reservation_id = $1", &[&c.reservation_id]).await?;
                 match stored {
                     None => return Err(reject(OP, Category::NotFound, "no such reservation")),
-                    Some(s) if !sec.fence_matches(&x.fence_token, &s.get::<_, String>(0)) => {
+                    Some(s) if !sec.fence_matches(&x.fence_token, &s.col::<String>("fence_digest")?) => {
                         return Err(reject(OP, Category::FenceMismatch, "the presented fence token is not this reservation's"))
                     }
                     Some(_) => {}
                 }
-                let d = f.cas(ACTIVATE_CAS, &[&c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch, &x.reservation_lease_id,
-                    &x.reservation_deadline, &c.assignment_id, &c.assignment_attempt_id, &x.target, &x.generation, &fence, &x.challenge_id,
-                    &x.ack_digest, &x.contracts_digest, &x.scope_digest, &x.holds_digest, &id_text, &x.completion_policy_digest, &sot, &epoch]).await?;
-                let d = match d {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 20] = [&c.lane_incarnation_id, &c.lane_id, &c.reservation_id,
+                    &c.reservation_epoch, &x.reservation_lease_id, &x.reservation_deadline, &c.assignment_id, &c.assignment_attempt_id,
+                    &x.target, &x.generation, &fence, &x.challenge_id, &x.ack_digest, &x.contracts_digest, &x.scope_digest,
+                    &x.holds_digest, &id_text, &x.completion_policy_digest, &sot, &epoch];
+                let d = match f.cas(&ACTIVATE_CAS, &params).await? {
                     Ok(d) => d,
                     Err(u) => {
-                        let state = u.read_opt("SELECT state FROM lane_incarnations WHERE lane_incarnation_id = $1", &[&c.lane_incarnation_id]).await?
-                            .map(|r| r.get::<_, String>(0));
-                        if state.as_deref() != Some("READY") {
-                            return Err(diagnose(u, c, "READY", epoch).await?);
-                        }
-                        let expired = u.read_opt("SELECT deadline <= clock_timestamp() FROM reservations WHERE reservation_id = $1", &[&c.reservation_id]).await?
-                            .map(|r| r.get::<_, bool>(0)).unwrap_or(false);
-                        return Err(if expired {
-                            u.reject(Category::Expired, "the reservation deadline has passed (database time)").await?
-                        } else {
-                            u.reject(Category::Mismatch, "an expected activation value differs from canonical state").await?
-                        });
+                        return Err(u.diagnose(&ACTIVATE_DIAGNOSIS, &params, ACTIVATE_PREDS, "no such reservation").await?)
                     }
                 };
-                let ack_receipt: String = d.row().get(0);
-                let scope: serde_json::Value = d.row().get(1);
-                let holds: serde_json::Value = d.row().get(2);
+                let ack_receipt: String = d.row().col("ack_receipt_id")?;
+                let scope: serde_json::Value = d.row().col("scope")?;
+                let holds: serde_json::Value = d.row().col("holds")?;
                 let held: Vec<String> = holds.as_array().map(|h| h.iter().filter_map(|v| v.as_str().map(String::from)).collect()).unwrap_or_default();
                 let capabilities: Vec<String> = scope.as_array().into_iter().flatten().filter_map(|v| v.as_str())
                     .filter(|c| !held.iter().any(|h| h == c)).map(String::from).collect();
@@ -265,126 +462,19 @@ impl Store {
                                                     reservation_id, sot_incarnation, coordinator_epoch, expires_at) \
                                 SELECT 'ls-' || replace(gen_random_uuid()::text, '-', ''), cap, 1, $1, $5, $3, $4, $6, $7, $8, clock_timestamp() + $9::text::interval \
                                 FROM unnest($10::text[]) AS cap RETURNING lease_id, scope, mosaic_ts(expires_at) AS exp) \
-                     SELECT (SELECT count(*) FROM a), (SELECT count(*) FROM g), \
-                            coalesce((SELECT jsonb_agg(jsonb_build_object('lease_id', lease_id, 'scope', scope, 'expires_at', exp) ORDER BY scope) FROM s), '[]'::jsonb)",
+                     SELECT (SELECT count(*) FROM a) AS owners, (SELECT count(*) FROM g) AS generations, \
+                            coalesce((SELECT jsonb_agg(jsonb_build_object('lease_id', lease_id, 'scope', scope, 'expires_at', exp) ORDER BY scope) FROM s), '[]'::jsonb) AS leases",
                     &[&c.assignment_id, &x.target, &c.lane_incarnation_id, &x.generation, &c.assignment_attempt_id, &c.reservation_id, &sot, &epoch, &ttl, &capabilities],
                 ).await?;
-                if (out.get::<_, i64>(0), out.get::<_, i64>(1)) != (1, 1) {
+                if (out.col::<i64>("owners")?, out.col::<i64>("generations")?) != (1, 1) {
                     return Err(AuthorityError::Internal("activate: the owner or generation update missed its row".into()));
                 }
-                let leases: serde_json::Value = out.get(2);
+                let leases: serde_json::Value = out.col("leases")?;
                 d.decide(json!({
-                    "chain": c, "generation": x.generation, "to": "RUNNING", "execution_owner": x.target, "pending_target": null,
+                    "chain": c, "generation": x.generation, "to": LaneState::Running, "execution_owner": x.target, "pending_target": null,
                     "ack_receipt_id": ack_receipt, "leases": leases }))
             }),
         )
         .await
     }
-}
-
-/// Names the first ACK field that disagrees with canonical state.
-async fn why_ack_refused(
-    u: super::txn::Undecided<'_>,
-    a: &AckClaim,
-    epoch: i64,
-    sot: &str,
-) -> Result<AuthorityError, AuthorityError> {
-    if a.coordinator_epoch != epoch || a.sot_incarnation != sot {
-        return u
-            .reject(
-                Category::StaleLeader,
-                "the ACK is bound to another coordinator epoch or timeline",
-            )
-            .await;
-    }
-    let c = u
-        .read_opt(
-            "SELECT c.consumed_at IS NOT NULL, c.expires_at <= clock_timestamp(), c.reservation_id, c.sot_incarnation, c.coordinator_epoch, \
-                    r.reservation_epoch, mosaic_ts(r.deadline), r.deadline <= clock_timestamp(), r.lane_incarnation_id, li.lane_id, li.state, \
-                    r.assignment_id, r.assignment_attempt_id, r.generation, r.contracts_digest, a.scope_digest, a.holds_digest, \
-                    a.runtime_id, g.process_identity = $2::text::jsonb, r.released_at IS NOT NULL, a.requested_outcome IS NOT NULL OR a.lifecycle <> 'ACTIVE', \
-                    g.stop_requested_at IS NOT NULL \
-             FROM challenges c JOIN reservations r USING (reservation_id) JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
-             JOIN assignments a ON a.assignment_id = r.assignment_id \
-             LEFT JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
-             WHERE c.challenge_id = $1",
-            &[&a.challenge_id, &a.process_identity.to_string()],
-        )
-        .await?;
-    let Some(c) = c else {
-        return u.reject(Category::NotFound, "no such challenge").await;
-    };
-    if c.get::<_, bool>(0) {
-        return u
-            .reject(
-                Category::ChallengeConsumed,
-                "the challenge was already consumed",
-            )
-            .await;
-    }
-    let s = |i: usize| c.get::<_, String>(i);
-    let mismatch = |f: &str| format!("{f} does not match the challenge's chain");
-    let field = if s(2) != a.reservation_id {
-        Some("reservation_id")
-    } else if c.get::<_, String>(3) != a.sot_incarnation
-        || c.get::<_, i64>(4) != a.coordinator_epoch
-    {
-        return u
-            .reject(
-                Category::StaleLeader,
-                "the challenge was issued under another epoch or timeline",
-            )
-            .await;
-    } else if c.get::<_, i64>(5) != a.reservation_epoch {
-        Some("reservation_epoch")
-    } else if s(6) != a.reservation_deadline {
-        Some("reservation_deadline")
-    } else if s(8) != a.lane_incarnation_id {
-        Some("lane_incarnation_id")
-    } else if s(9) != a.lane_id {
-        Some("lane_id")
-    } else if s(11) != a.assignment_id {
-        Some("assignment_id")
-    } else if s(12) != a.assignment_attempt_id {
-        Some("assignment_attempt_id")
-    } else if c.get::<_, Option<i64>>(13) != Some(a.generation) {
-        Some("generation")
-    } else if !c.get::<_, Option<bool>>(18).unwrap_or(false) {
-        Some("process_identity")
-    } else if c.get::<_, Option<String>>(14).as_deref() != Some(a.contracts_digest.as_str()) {
-        Some("contracts_digest")
-    } else if s(15) != a.scope_digest {
-        Some("scope_digest")
-    } else if s(16) != a.holds_digest {
-        Some("holds_digest")
-    } else if s(17) != a.runtime_id {
-        Some("runtime_id")
-    } else {
-        None
-    };
-    if let Some(f) = field {
-        return u.reject(Category::Mismatch, mismatch(f)).await;
-    }
-    if c.get::<_, bool>(1) || c.get::<_, bool>(7) {
-        return u
-            .reject(
-                Category::Expired,
-                "the challenge or its reservation expired (database time; equality is expired)",
-            )
-            .await;
-    }
-    if c.get::<_, bool>(19) || c.get::<_, bool>(20) || c.get::<_, Option<bool>>(21).unwrap_or(false)
-    {
-        return u
-            .reject(
-                Category::WrongState,
-                "the chain was ended (released, stopping or no longer active)",
-            )
-            .await;
-    }
-    u.reject(
-        Category::WrongState,
-        format!("lane is {}, not AWAITING_ACK", s(10)),
-    )
-    .await
 }

@@ -11,7 +11,9 @@ use serde_json::json;
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::{Chain, PREACTIVATION};
+use super::rows::RowExt;
 use super::secret;
+use super::states::{HandoffState, LaneState, Lifecycle};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step, Undecided};
 use crate::protocol::task;
@@ -82,19 +84,19 @@ fn stage_cas() -> String {
         "SET state = $1",
         "SET state = $1, next_generation = li.next_generation + 1",
         1,
-    ) + " AND r.generation IS NULL RETURNING li.next_generation - 1"
+    ) + " AND r.generation IS NULL RETURNING li.next_generation - 1 AS generation"
 }
 
 /// Explains a failed chain CAS with the most specific category.
 pub(crate) async fn diagnose(
     u: Undecided<'_>,
     c: &Chain,
-    from: &str,
+    from: LaneState,
     epoch: i64,
 ) -> Result<AuthorityError, AuthorityError> {
     let li = u
         .read_opt(
-            "SELECT state, lane_id, retired_at IS NOT NULL FROM lane_incarnations WHERE lane_incarnation_id = $1",
+            "SELECT state, lane_id, retired_at IS NOT NULL AS retired FROM lane_incarnations WHERE lane_incarnation_id = $1",
             &[&c.lane_incarnation_id],
         )
         .await?;
@@ -103,7 +105,7 @@ pub(crate) async fn diagnose(
             .reject(Category::NotFound, "no such lane incarnation")
             .await;
     };
-    if li.get::<_, bool>(2) {
+    if li.col::<bool>("retired")? {
         return u
             .reject(
                 Category::Mismatch,
@@ -111,13 +113,13 @@ pub(crate) async fn diagnose(
             )
             .await;
     }
-    if li.get::<_, String>(1) != c.lane_id {
+    if li.col::<String>("lane_id")? != c.lane_id {
         return u.reject(Category::Mismatch, "lane id differs").await;
     }
     let r = u
         .read_opt(
-            "SELECT r.reservation_epoch, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.released_at IS NOT NULL, \
-                    r.deadline <= clock_timestamp(), r.coordinator_epoch, a.lifecycle, a.requested_outcome \
+            "SELECT r.reservation_epoch, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.released_at IS NOT NULL AS released, \
+                    r.deadline <= clock_timestamp() AS expired, r.coordinator_epoch, a.lifecycle, a.requested_outcome \
              FROM reservations r JOIN assignments a USING (assignment_id) WHERE r.reservation_id = $1",
             &[&c.reservation_id],
         )
@@ -125,10 +127,10 @@ pub(crate) async fn diagnose(
     let Some(r) = r else {
         return u.reject(Category::NotFound, "no such reservation").await;
     };
-    if r.get::<_, i64>(0) != c.reservation_epoch
-        || r.get::<_, String>(1) != c.lane_incarnation_id
-        || r.get::<_, String>(2) != c.assignment_id
-        || r.get::<_, String>(3) != c.assignment_attempt_id
+    if r.col::<i64>("reservation_epoch")? != c.reservation_epoch
+        || r.col::<String>("lane_incarnation_id")? != c.lane_incarnation_id
+        || r.col::<String>("assignment_id")? != c.assignment_id
+        || r.col::<String>("assignment_attempt_id")? != c.assignment_attempt_id
     {
         return u
             .reject(
@@ -137,7 +139,7 @@ pub(crate) async fn diagnose(
             )
             .await;
     }
-    let state: String = li.get(0);
+    let state: LaneState = li.col("state")?;
     if state != from {
         return u
             .reject(
@@ -146,12 +148,12 @@ pub(crate) async fn diagnose(
             )
             .await;
     }
-    if r.get::<_, bool>(4) {
+    if r.col::<bool>("released")? {
         return u
             .reject(Category::WrongState, "the reservation was released")
             .await;
     }
-    if r.get::<_, bool>(5) {
+    if r.col::<bool>("expired")? {
         return u
             .reject(
                 Category::Expired,
@@ -159,7 +161,7 @@ pub(crate) async fn diagnose(
             )
             .await;
     }
-    if r.get::<_, i64>(6) != epoch {
+    if r.col::<i64>("coordinator_epoch")? != epoch {
         return u
             .reject(
                 Category::StaleLeader,
@@ -167,14 +169,12 @@ pub(crate) async fn diagnose(
             )
             .await;
     }
-    if r.get::<_, String>(7) != "ACTIVE" || r.get::<_, Option<String>>(8).is_some() {
+    let lifecycle: Lifecycle = r.col("lifecycle")?;
+    if lifecycle != Lifecycle::Active || r.col::<Option<String>>("requested_outcome")?.is_some() {
         return u
             .reject(
                 Category::WrongState,
-                format!(
-                    "assignment is {} and no longer advancing",
-                    r.get::<_, String>(7)
-                ),
+                format!("assignment is {lifecycle} and no longer advancing"),
             )
             .await;
     }
@@ -273,7 +273,7 @@ impl Store {
                         Ok(d) => d,
                         Err(u) => return Err(why_not_reservable(u, &req).await?),
                     };
-                    let lane_id: String = d.row().get(0);
+                    let lane_id: String = d.row().col("lane_id")?;
                     let next_action = format!("stage a fresh generation of {} and deliver task {task_digest}", req.runtime_id);
                     let assignment_id = req.assignment_id.clone().unwrap_or_else(|| format!("as-{}", uuid::Uuid::new_v4().simple()));
                     let attempt = format!("at-{}", uuid::Uuid::new_v4().simple());
@@ -308,7 +308,7 @@ impl Store {
                          INSERT INTO reservations (reservation_id, reservation_epoch, reservation_lease_id, assignment_id, assignment_attempt_id, lane_incarnation_id, \
                                                    sot_incarnation, coordinator_epoch, deadline, fence_digest, fence_salt) \
                          SELECT $16, 1, $17, $1, t.assignment_attempt_id, $2, $18, $9, clock_timestamp() + $19::text::interval, $20, $21 FROM t \
-                         RETURNING mosaic_ts(deadline)"
+                         RETURNING mosaic_ts(deadline) AS deadline"
                     );
                     let rows = d.query(
                         &sql,
@@ -323,7 +323,7 @@ impl Store {
                             if req.assignment_id.is_some() { "the assignment was resumed concurrently; it is no longer in recovery".to_string() }
                             else { format!("no published inactivity policy {}", req.inactivity_policy) }));
                     };
-                    let deadline: String = row.get(0);
+                    let deadline: String = row.col("deadline")?;
                     let chain = Chain {
                         lane_id,
                         lane_incarnation_id: req.lane_incarnation_id.clone(),
@@ -354,11 +354,17 @@ impl Store {
         op: &'static str,
         l: &Leader,
         c: &Chain,
-        from: &'static str,
-        to: &'static str,
+        from: LaneState,
+        to: LaneState,
         extra: &'static str,
     ) -> Result<Receipt, AuthorityError> {
-        let step = chain_step(op, l, c, format!("{op}/{}", c.reservation_id), &[from, to]);
+        let step = chain_step(
+            op,
+            l,
+            c,
+            format!("{op}/{}", c.reservation_id),
+            &[from.as_str(), to.as_str()],
+        );
         let (c, epoch, sot) = (c.clone(), l.epoch(), l.sot().to_string());
         self.transition(
             &step,
@@ -396,8 +402,15 @@ impl Store {
     /// RESERVED → CHECKPOINTING. A lane with no earlier generation has nothing to
     /// checkpoint, but the step is still a compare-and-swap.
     pub async fn checkpoint(&self, l: &Leader, c: &Chain) -> Result<Receipt, AuthorityError> {
-        self.simple_step("checkpoint", l, c, "RESERVED", "CHECKPOINTING", "true")
-            .await
+        self.simple_step(
+            "checkpoint",
+            l,
+            c,
+            LaneState::Reserved,
+            LaneState::Checkpointing,
+            "true",
+        )
+        .await
     }
 
     /// CHECKPOINTING → FENCED: every earlier generation of the incarnation has ended and
@@ -407,8 +420,8 @@ impl Store {
             "fence",
             l,
             c,
-            "CHECKPOINTING",
-            "FENCED",
+            LaneState::Checkpointing,
+            LaneState::Fenced,
             "NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
              AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL)",
         )
@@ -425,12 +438,12 @@ impl Store {
             .transition(
                 &step,
                 body!([c, sot] |f| {
-                    let d = match f.cas(&stage_cas(), &[&"STAGING", &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
-                        &c.assignment_id, &c.assignment_attempt_id, &"FENCED", &epoch, &sot]).await? {
+                    let d = match f.cas(&stage_cas(), &[&LaneState::Staging, &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
+                        &c.assignment_id, &c.assignment_attempt_id, &LaneState::Fenced, &epoch, &sot]).await? {
                         Ok(d) => d,
-                        Err(u) => return Err(diagnose(u, &c, "FENCED", epoch).await?),
+                        Err(u) => return Err(diagnose(u, &c, LaneState::Fenced, epoch).await?),
                     };
-                    let generation: i64 = d.row().get(0);
+                    let generation: i64 = d.row().col("generation")?;
                     d.exec_one(
                         "WITH g AS (INSERT INTO generations (lane_incarnation_id, generation, reservation_id, state) VALUES ($1, $2, $3, 'STAGING') RETURNING 1) \
                          UPDATE reservations r SET generation = $2 FROM g WHERE r.reservation_id = $3",
@@ -485,14 +498,15 @@ impl Store {
                 let Some(t) = t else {
                     return Err(reject(OP, Category::NotFound, "no such attempt"));
                 };
-                let (task_text, scope, holds): (String, String, String) = (t.get(0), t.get(1), t.get(2));
+                let (task_text, scope, holds): (String, String, String) =
+                    (t.col("task_text")?, t.col("scope_digest")?, t.col("holds_digest")?);
                 let cd = crate::protocol::contracts_digest(&task_text, &scope, &holds);
                 let sql = step_cas("r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id \
                                     AND g.generation = $11 AND g.state = 'STAGING' AND g.process_identity IS NULL AND g.stop_requested_at IS NULL)");
-                let d = match f.cas(&sql, &[&"CONTRACT_INJECTING", &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
-                    &c.assignment_id, &c.assignment_attempt_id, &"STAGING", &epoch, &sot, &generation]).await? {
+                let d = match f.cas(&sql, &[&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
+                    &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation]).await? {
                     Ok(d) => d,
-                    Err(u) => return Err(diagnose(u, &c, "STAGING", epoch).await?),
+                    Err(u) => return Err(diagnose(u, &c, LaneState::Staging, epoch).await?),
                 };
                 // The identity on the generation and the reservation, and the contract, in one
                 // statement (the reservation update depends on the generation's).
@@ -547,21 +561,25 @@ impl Store {
                 &step,
                 body!([c, sot, delivered, id_text, ttl] |f| {
                     let sql = step_cas("r.contracts_digest = $11 AND r.process_identity = $12::text::jsonb");
-                    let d = match f.cas(&sql, &[&"AWAITING_ACK", &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
-                        &c.assignment_id, &c.assignment_attempt_id, &"CONTRACT_INJECTING", &epoch, &sot, &delivered, &id_text]).await? {
+                    let d = match f.cas(&sql, &[&LaneState::AwaitingAck, &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
+                        &c.assignment_id, &c.assignment_attempt_id, &LaneState::ContractInjecting, &epoch, &sot, &delivered, &id_text]).await? {
                         Ok(d) => d,
-                        Err(u) => return Err(diagnose(u, &c, "CONTRACT_INJECTING", epoch).await?),
+                        Err(u) => return Err(diagnose(u, &c, LaneState::ContractInjecting, epoch).await?),
                     };
                     // A handoff's target chain gets the handoff challenge now, and its own
                     // activation challenge only once the handoff is accepted.
-                    let handoff: Option<(Option<String>, Option<String>)> = d.query(
+                    let handoff: Option<(Option<String>, Option<HandoffState>)> = match d.query(
                         "SELECT r.handoff_id, h.state FROM reservations r LEFT JOIN handoffs h ON h.handoff_id = r.handoff_id \
                          WHERE r.reservation_id = $1 AND r.handoff_id IS NOT NULL",
                         &[&c.reservation_id],
-                    ).await?.first().map(|r| (r.get(0), r.get(1)));
+                    ).await?.first() {
+                        Some(r) => Some((r.col("handoff_id")?, r.col("state")?)),
+                        None => None,
+                    };
                     if let Some((Some(handoff_id), state)) = handoff {
-                        if state.as_deref() != Some("OFFERED") {
-                            return Err(reject(OP, Category::WrongState, format!("handoff {handoff_id} is {}; its target gets no challenge", state.unwrap_or_default())));
+                        if state != Some(HandoffState::Offered) {
+                            return Err(reject(OP, Category::WrongState, format!("handoff {handoff_id} is {}; its target gets no challenge",
+                                state.map(HandoffState::as_str).unwrap_or_default())));
                         }
                         let hc = format!("hc-{}", crate::util::random_hex(32).map_err(AuthorityError::Internal)?);
                         let exp: String = d.query_one(
@@ -569,9 +587,9 @@ impl Store {
                              UPDATE handoffs h SET state = 'CHALLENGED', challenge_id = $1, challenge_epoch = $2, \
                                     challenge_deadline = LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
                              FROM reservations r WHERE r.reservation_id = $4 AND h.handoff_id = r.handoff_id AND h.state = 'OFFERED' \
-                             RETURNING mosaic_ts(h.challenge_deadline)",
+                             RETURNING mosaic_ts(h.challenge_deadline) AS expires_at",
                             &[&hc, &epoch, &ttl, &c.reservation_id, &c.assignment_id],
-                        ).await?.get(0);
+                        ).await?.col("expires_at")?;
                         return d.decide(json!({ "chain": c, "challenge_id": hc, "challenge_kind": "handoff", "handoff_id": handoff_id,
                             "challenge_expires_at": exp, "contracts_digest": delivered }));
                     }
@@ -580,9 +598,9 @@ impl Store {
                         "WITH n AS (UPDATE assignments SET next_action = 'the harness acknowledges challenge ' || $1 || ' (mosaic lane ack); then activation' WHERE assignment_id = $5) \
                          INSERT INTO challenges (challenge_id, reservation_id, sot_incarnation, coordinator_epoch, contracts_digest, expires_at) \
                          SELECT $1, r.reservation_id, r.sot_incarnation, $2, r.contracts_digest, LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
-                         FROM reservations r WHERE r.reservation_id = $4 RETURNING mosaic_ts(expires_at)",
+                         FROM reservations r WHERE r.reservation_id = $4 RETURNING mosaic_ts(expires_at) AS expires_at",
                         &[&ch, &epoch, &ttl, &c.reservation_id, &c.assignment_id],
-                    ).await?.get(0);
+                    ).await?.col("expires_at")?;
                     d.decide(json!({ "chain": c, "challenge_id": ch, "challenge_kind": "activation", "challenge_expires_at": exp, "contracts_digest": delivered }))
                 }),
             )
@@ -599,10 +617,10 @@ async fn why_not_reservable(
     let inc = &req.lane_incarnation_id;
     let row = u
         .read_opt(
-            "SELECT state, retired_at IS NOT NULL, \
-                    EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND t.reconciled_at IS NULL), \
-                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND g.state <> 'ENDED'), \
-                    recreate_requested_at IS NOT NULL, host_quarantine_reason \
+            "SELECT state, retired_at IS NOT NULL AS retired, \
+                    EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND t.reconciled_at IS NULL) AS unreconciled, \
+                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND g.state <> 'ENDED') AS unended, \
+                    recreate_requested_at IS NOT NULL AS recreating, host_quarantine_reason \
              FROM lane_incarnations WHERE lane_incarnation_id = $1",
             &[inc],
         )
@@ -612,7 +630,7 @@ async fn why_not_reservable(
             .reject(Category::NotFound, format!("no lane incarnation {inc}"))
             .await;
     };
-    if r.get::<_, bool>(1) {
+    if r.col::<bool>("retired")? {
         return u
             .reject(
                 Category::WrongState,
@@ -620,7 +638,7 @@ async fn why_not_reservable(
             )
             .await;
     }
-    if let Some(reason) = r.get::<_, Option<String>>(5) {
+    if let Some(reason) = r.col::<Option<String>>("host_quarantine_reason")? {
         return u
             .reject(
                 Category::WrongState,
@@ -628,7 +646,7 @@ async fn why_not_reservable(
             )
             .await;
     }
-    if r.get::<_, bool>(4) {
+    if r.col::<bool>("recreating")? {
         return u
             .reject(
                 Category::WrongState,
@@ -636,7 +654,7 @@ async fn why_not_reservable(
             )
             .await;
     }
-    if r.get::<_, bool>(2) {
+    if r.col::<bool>("unreconciled")? {
         return u
             .reject(
                 Category::Unreconciled,
@@ -644,7 +662,7 @@ async fn why_not_reservable(
             )
             .await;
     }
-    if r.get::<_, bool>(3) {
+    if r.col::<bool>("unended")? {
         return u
             .reject(
                 Category::Unreconciled,
@@ -652,8 +670,8 @@ async fn why_not_reservable(
             )
             .await;
     }
-    let state: String = r.get(0);
-    if state != "IDLE_CLEAN" {
+    let state: LaneState = r.col("state")?;
+    if state != LaneState::IdleClean {
         return u
             .reject(
                 Category::WrongState,
@@ -664,7 +682,8 @@ async fn why_not_reservable(
     if let Some(a) = &req.assignment_id {
         let ar = u
             .read_opt(
-                "SELECT lifecycle, requested_outcome IS NOT NULL, runtime_id, scope_digest, holds_digest, completion_policy_digest FROM assignments WHERE assignment_id = $1",
+                "SELECT lifecycle, requested_outcome IS NOT NULL AS outcome_requested, runtime_id, scope_digest, holds_digest, completion_policy_digest \
+                 FROM assignments WHERE assignment_id = $1",
                 &[a],
             )
             .await?;
@@ -673,8 +692,8 @@ async fn why_not_reservable(
                 .reject(Category::NotFound, format!("no assignment {a}"))
                 .await;
         };
-        let life: String = ar.get(0);
-        if life != "RECOVERY" || ar.get::<_, bool>(1) {
+        let life: Lifecycle = ar.col("lifecycle")?;
+        if life != Lifecycle::Recovery || ar.col::<bool>("outcome_requested")? {
             return u
                 .reject(
                     Category::WrongState,
@@ -684,10 +703,10 @@ async fn why_not_reservable(
                 )
                 .await;
         }
-        if ar.get::<_, String>(2) != req.runtime_id
-            || ar.get::<_, String>(3) != req.scope_digest()
-            || ar.get::<_, String>(4) != req.holds_digest()
-            || ar.get::<_, String>(5) != req.policy_digest()
+        if ar.col::<String>("runtime_id")? != req.runtime_id
+            || ar.col::<String>("scope_digest")? != req.scope_digest()
+            || ar.col::<String>("holds_digest")? != req.holds_digest()
+            || ar.col::<String>("completion_policy_digest")? != req.policy_digest()
         {
             return u
                 .reject(

@@ -25,6 +25,8 @@ use serde_json::json;
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
+use super::rows::RowExt;
+use super::states::{ContinuationState, Lifecycle, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -39,7 +41,7 @@ pub struct ContinuationView {
     pub continuation_id: String,
     pub assignment_id: String,
     pub reservation_id: String,
-    pub state: String,
+    pub state: ContinuationState,
     pub next_action: String,
     pub next_action_digest: String,
     pub expires_at: String,
@@ -119,7 +121,7 @@ impl Store {
                        AND a.continuation_budget > 0 \
                        AND NOT EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id \
                                        AND c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')) \
-                     RETURNING continuation_id, mosaic_ts(expires_at), generation",
+                     RETURNING continuation_id, mosaic_ts(expires_at) AS expires_at, generation",
                     &[&id, &asg, &next, &nad, &sot, &epoch, &ttl, &super::continuation::MAX_CLAIMS],
                 ).await?;
                 let d = match d {
@@ -127,23 +129,31 @@ impl Store {
                     Err(u) => {
                         let r = u.read_opt(
                             "SELECT a.lifecycle, a.work_status, a.continuation_budget, \
-                                    EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id AND c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')) \
+                                    EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id AND c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')) AS open \
                              FROM assignments a WHERE a.assignment_id = $1",
                             &[&asg],
                         ).await?;
+                        let r = match r {
+                            None => None,
+                            Some(r) => Some((
+                                r.col::<Lifecycle>("lifecycle")?,
+                                r.col::<WorkStatus>("work_status")?,
+                                r.col::<i32>("continuation_budget")?,
+                                r.col::<bool>("open")?,
+                            )),
+                        };
                         return Err(match r {
                             None => u.reject(Category::NotFound, format!("no assignment {asg}")).await?,
-                            Some(r) if r.get::<_, bool>(3) => u.reject(Category::Conflict, "the assignment already has an open continuation").await?,
-                            Some(r) if r.get::<_, i32>(2) == 0 => u.reject(Category::WrongState, "the assignment's loop budget is used up").await?,
-                            Some(r) => u.reject(Category::WrongState, format!("continuations go to RUNNING active work only (assignment {}, work {})",
-                                r.get::<_, String>(0), r.get::<_, String>(1))).await?,
+                            Some((.., true)) => u.reject(Category::Conflict, "the assignment already has an open continuation").await?,
+                            Some((_, _, 0, _)) => u.reject(Category::WrongState, "the assignment's loop budget is used up").await?,
+                            Some((life, work, ..)) => u.reject(Category::WrongState, format!("continuations go to RUNNING active work only (assignment {life}, work {work})")).await?,
                         });
                     }
                 };
-                let exp: String = d.row().get(1);
-                let generation: i64 = d.row().get(2);
+                let exp: String = d.row().col("expires_at")?;
+                let generation: i64 = d.row().col("generation")?;
                 d.decide(json!({ "continuation_id": id, "assignment_id": asg, "generation": generation, "expires_at": exp,
-                    "next_action_digest": nad, "state": "PENDING" }))
+                    "next_action_digest": nad, "state": ContinuationState::Pending }))
             }),
         )
         .await
@@ -180,7 +190,7 @@ impl Store {
                             claim_deadline = LEAST(c.expires_at, clock_timestamp() + $4::text::interval), attempts = c.attempts + 1 \
                      WHERE c.continuation_id = $1 AND c.attempts = $5 AND c.attempts < c.max_attempts AND c.expires_at > clock_timestamp() \
                        AND (c.state = 'PENDING' OR (c.state = 'CLAIMED' AND (c.claim_deadline <= clock_timestamp() OR c.claimant_epoch <> $3))) \
-                     RETURNING mosaic_ts(c.claim_deadline)",
+                     RETURNING mosaic_ts(c.claim_deadline) AS claim_deadline",
                     &[&id, &claim, &epoch, &ttl, &attempts],
                 ).await?;
                 let d = match d {
@@ -188,7 +198,7 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::WrongState,
                         "not a pending continuation, nor a claimed one past its claim deadline or of another epoch, with attempts and time left").await?),
                 };
-                let until: String = d.row().get(0);
+                let until: String = d.row().col("claim_deadline")?;
                 d.decide(json!({ "continuation_id": id, "claim_ref": claim, "claimant_epoch": epoch, "claim_deadline": until,
                     "attempt": attempts + 1 }))
             }),
@@ -249,25 +259,34 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => {
                         let r = u.read_opt(
-                            "SELECT state, claim_ref = $2, claim_deadline <= clock_timestamp() OR expires_at <= clock_timestamp(), claimant_epoch = $3 \
+                            "SELECT state, claim_ref = $2 AS same_claim, claim_deadline <= clock_timestamp() OR expires_at <= clock_timestamp() AS expired, \
+                                    claimant_epoch = $3 AS same_epoch \
                              FROM continuations WHERE continuation_id = $1",
                             &[&a.continuation_id, &a.claim_ref, &epoch],
                         ).await?;
+                        let r = match r {
+                            None => None,
+                            Some(r) => Some((
+                                r.col::<ContinuationState>("state")?,
+                                r.col::<Option<bool>>("same_claim")?.unwrap_or(false)
+                                    && r.col::<Option<bool>>("same_epoch")?.unwrap_or(false),
+                                r.col::<Option<bool>>("expired")?.unwrap_or(true),
+                            )),
+                        };
                         return Err(match r {
                             None => u.reject(Category::NotFound, "no such continuation").await?,
-                            Some(r) if r.get::<_, String>(0) != "CLAIMED" => u.reject(Category::WrongState, format!("the continuation is {}", r.get::<_, String>(0))).await?,
-                            Some(r) if !r.get::<_, Option<bool>>(1).unwrap_or(false) || !r.get::<_, Option<bool>>(3).unwrap_or(false) =>
-                                u.reject(Category::Mismatch, "a stale claim: the continuation was reclaimed since").await?,
-                            Some(r) if r.get::<_, Option<bool>>(2).unwrap_or(true) => u.reject(Category::Expired, "the claim or the continuation deadline has passed (database time)").await?,
+                            Some((state, ..)) if state != ContinuationState::Claimed => u.reject(Category::WrongState, format!("the continuation is {state}")).await?,
+                            Some((_, false, _)) => u.reject(Category::Mismatch, "a stale claim: the continuation was reclaimed since").await?,
+                            Some((_, _, true)) => u.reject(Category::Expired, "the claim or the continuation deadline has passed (database time)").await?,
                             Some(_) => u.reject(Category::WrongState, "the generation, its fence or the loop budget no longer allow this continuation").await?,
                         });
                     }
                 };
-                let asg: String = d.row().get(0);
-                let next: String = d.row().get(1);
-                let budget: i32 = d.row().get(2);
+                let asg: String = d.row().col("assignment_id")?;
+                let next: String = d.row().col("next_action")?;
+                let budget: i32 = d.row().col("continuation_budget")?;
                 d.decide(json!({ "continuation_id": a.continuation_id, "assignment_id": asg, "generation": a.generation,
-                    "state": "DELIVERY_ACCEPTED", "loop_budget_left": budget, "next_action": next }))
+                    "state": ContinuationState::DeliveryAccepted, "loop_budget_left": budget, "next_action": next }))
             }),
         )
         .await
@@ -324,8 +343,8 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "no accepted continuation of this generation with that id").await?),
                 };
-                let asg: String = d.row().get(0);
-                d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": "RESULT_RECORDED", "result_evidence_digest": ev }))
+                let asg: String = d.row().col("assignment_id")?;
+                d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": ContinuationState::ResultRecorded, "result_evidence_digest": ev }))
             }),
         )
         .await
@@ -360,8 +379,8 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "not an undelivered continuation out of time or attempts").await?),
                 };
-                let attempts: i32 = d.row().get(0);
-                d.decide(json!({ "continuation_id": id, "state": "EXPIRED", "attempts": attempts }))
+                let attempts: i32 = d.row().col("attempts")?;
+                d.decide(json!({ "continuation_id": id, "state": ContinuationState::Expired, "attempts": attempts }))
             }),
         )
         .await
@@ -397,7 +416,12 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "not an accepted continuation past its deadline without a result").await?),
                 };
-                let (asg, res, inc, g): (String, String, String, i64) = (d.row().get(0), d.row().get(1), d.row().get(2), d.row().get(3));
+                let (asg, res, inc, g): (String, String, String, i64) = (
+                    d.row().col("assignment_id")?,
+                    d.row().col("reservation_id")?,
+                    d.row().col("lane_incarnation_id")?,
+                    d.row().col("generation")?,
+                );
                 // Replace the generation if it still runs this work: the same moves as an
                 // inactivity replacement.
                 let replaced = d.exec(
@@ -412,7 +436,7 @@ impl Store {
                 if replaced == 1 {
                     super::ending::drain_running(&d, &inc, &res, Some(g), "a continuation's delivery is ambiguous").await?;
                 }
-                d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": "ABANDONED", "generation_replaced": replaced == 1,
+                d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": ContinuationState::Abandoned, "generation_replaced": replaced == 1,
                     "generation": g }))
             }),
         )
@@ -425,31 +449,32 @@ impl Store {
         let rows = c
             .query(
                 "SELECT c.continuation_id, c.assignment_id, c.reservation_id, c.state, c.next_action, c.next_action_digest, \
-                        mosaic_ts(c.expires_at), c.claim_ref, c.claimant_epoch, c.claim_deadline <= clock_timestamp(), \
-                        c.expires_at <= clock_timestamp(), c.attempts, c.max_attempts, a.continuation_budget \
+                        mosaic_ts(c.expires_at) AS expires_at, c.claim_ref, c.claimant_epoch, c.claim_deadline <= clock_timestamp() AS claim_expired, \
+                        c.expires_at <= clock_timestamp() AS expired, c.attempts, c.max_attempts, a.continuation_budget \
                  FROM continuations c JOIN assignments a USING (assignment_id) \
                  WHERE c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED') ORDER BY c.created_at",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| ContinuationView {
-                continuation_id: r.get(0),
-                assignment_id: r.get(1),
-                reservation_id: r.get(2),
-                state: r.get(3),
-                next_action: r.get(4),
-                next_action_digest: r.get(5),
-                expires_at: r.get(6),
-                claim_ref: r.get(7),
-                claimant_epoch: r.get(8),
-                claim_expired: r.get::<_, Option<bool>>(9).unwrap_or(true),
-                expired: r.get(10),
-                attempts: r.get(11),
-                max_attempts: r.get(12),
-                budget: r.get(13),
+        rows.iter()
+            .map(|r| {
+                Ok(ContinuationView {
+                    continuation_id: r.col("continuation_id")?,
+                    assignment_id: r.col("assignment_id")?,
+                    reservation_id: r.col("reservation_id")?,
+                    state: r.col("state")?,
+                    next_action: r.col("next_action")?,
+                    next_action_digest: r.col("next_action_digest")?,
+                    expires_at: r.col("expires_at")?,
+                    claim_ref: r.col("claim_ref")?,
+                    claimant_epoch: r.col("claimant_epoch")?,
+                    claim_expired: r.col::<Option<bool>>("claim_expired")?.unwrap_or(true),
+                    expired: r.col("expired")?,
+                    attempts: r.col("attempts")?,
+                    max_attempts: r.col("max_attempts")?,
+                    budget: r.col("continuation_budget")?,
+                })
             })
-            .collect())
+            .collect()
     }
 }

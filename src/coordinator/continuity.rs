@@ -18,6 +18,8 @@ use serde_json::json;
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::Chain;
+use super::rows::RowExt;
+use super::states::{LaneState, Lifecycle, WatchdogStep, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -75,7 +77,7 @@ impl InactivityPolicy {
         if self.replacements_before_reassign < 0 || !(1..=100).contains(&self.max_attempts) {
             return Err("replacements_before_reassign ≥ 0 and max_attempts 1..100".into());
         }
-        if self.exhaustion != "blocked" {
+        if self.exhaustion != WorkStatus::Blocked.as_str() {
             return Err("exhaustion must be \"blocked\"".into());
         }
         if self.evidence_kinds.is_empty()
@@ -128,11 +130,11 @@ pub enum Blocker {
 #[derive(Debug, Clone)]
 pub struct DueWork {
     pub assignment_id: String,
-    pub lifecycle: String,
-    pub step: String,
+    pub lifecycle: Lifecycle,
+    pub step: WatchdogStep,
     pub lane_incarnation_id: String,
     pub lane_id: String,
-    pub lane_state: String,
+    pub lane_state: LaneState,
     pub host_id: String,
     pub runtime_id: String,
     pub base_at: String,
@@ -195,7 +197,7 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::Conflict, format!(
                         "policy {} is already published with another body; publish a new version", p.policy_id)).await?),
                 };
-                let digest: String = d.row().get(0);
+                let digest: String = d.row().col("digest")?;
                 d.decide(json!({ "policy_id": p.policy_id, "digest": digest, "policy": p.body() }))
             }),
         )
@@ -215,21 +217,22 @@ impl Store {
                 &[&policy_id],
             )
             .await?;
-        Ok(row.map(|r| {
-            (
+        row.map(|r| {
+            Ok((
                 InactivityPolicy {
-                    policy_id: r.get(0),
-                    warn_after_ms: r.get(1),
-                    escalate_after_ms: r.get(2),
-                    replace_after_ms: r.get(3),
-                    replacements_before_reassign: r.get(4),
-                    max_attempts: r.get(5),
-                    exhaustion: r.get(6),
-                    evidence_kinds: r.get(7),
+                    policy_id: r.col("policy_id")?,
+                    warn_after_ms: r.col("warn_after_ms")?,
+                    escalate_after_ms: r.col("escalate_after_ms")?,
+                    replace_after_ms: r.col("replace_after_ms")?,
+                    replacements_before_reassign: r.col("replacements_before_reassign")?,
+                    max_attempts: r.col("max_attempts")?,
+                    exhaustion: r.col("exhaustion")?,
+                    evidence_kinds: r.col("evidence_kinds")?,
                 },
-                r.get(8),
-            )
-        }))
+                r.col("digest")?,
+            ))
+        })
+        .transpose()
     }
 
     /// A validated progress receipt: the one way `last_progress_at` moves. The generation
@@ -291,7 +294,7 @@ impl Store {
                        AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = 'RUNNING' AND li.retired_at IS NULL \
                        AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $4 AND g.state = 'LIVE' \
                        AND NOT EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $6) \
-                     RETURNING mosaic_ts(a.inactivity_deadline)",
+                     RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline",
                     &[&c.assignment_id, &c.reservation_id, &c.assignment_attempt_id, &p.generation, &p.evidence_kind,
                       &p.evidence_digest, &p.next_action, &sot],
                 ).await?;
@@ -299,27 +302,35 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => {
                         let why = u.read_opt(
-                            "SELECT a.lifecycle, a.work_status, a.inactivity_deadline <= clock_timestamp(), \
-                                    EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $2), \
-                                    $3 = ANY(pol.evidence_kinds) \
+                            "SELECT a.lifecycle, a.work_status, a.inactivity_deadline <= clock_timestamp() AS expired, \
+                                    EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $2) AS counted, \
+                                    $3 = ANY(pol.evidence_kinds) AS kind_accepted \
                              FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy WHERE a.assignment_id = $1",
                             &[&c.assignment_id, &p.evidence_digest, &p.evidence_kind],
                         ).await?;
+                        let why = match why {
+                            None => None,
+                            Some(r) => Some((
+                                r.col::<Lifecycle>("lifecycle")?,
+                                r.col::<WorkStatus>("work_status")?,
+                                r.col::<Option<bool>>("expired")?.unwrap_or(true),
+                                r.col::<bool>("counted")?,
+                                r.col::<bool>("kind_accepted")?,
+                            )),
+                        };
                         let (cat, msg) = match why {
                             None => (Category::NotFound, "no such assignment".to_string()),
-                            Some(r) if r.get::<_, String>(0) != "ACTIVE" || r.get::<_, String>(1) != "active" =>
-                                (Category::WrongState, format!("progress counts only for active work (assignment {}, work {})",
-                                    r.get::<_, String>(0), r.get::<_, String>(1))),
-                            Some(r) if r.get::<_, bool>(3) => (Category::Conflict, "this evidence was already counted for the assignment: progress needs new evidence".into()),
-                            Some(r) if !r.get::<_, bool>(4) => (Category::BadInput, format!("the assignment's policy does not accept {} evidence", p.evidence_kind)),
-                            Some(r) if r.get::<_, Option<bool>>(2).unwrap_or(true) => (Category::Expired, "the inactivity deadline has passed (database time; equality is expired)".into()),
-                            Some(r) => (Category::WrongState, format!("progress counts only for the RUNNING generation of active work (assignment {}, work {})",
-                                r.get::<_, String>(0), r.get::<_, String>(1))),
+                            Some((life, work, ..)) if life != Lifecycle::Active || work != WorkStatus::Active =>
+                                (Category::WrongState, format!("progress counts only for active work (assignment {life}, work {work})")),
+                            Some((_, _, _, true, _)) => (Category::Conflict, "this evidence was already counted for the assignment: progress needs new evidence".into()),
+                            Some((_, _, _, _, false)) => (Category::BadInput, format!("the assignment's policy does not accept {} evidence", p.evidence_kind)),
+                            Some((_, _, true, _, _)) => (Category::Expired, "the inactivity deadline has passed (database time; equality is expired)".into()),
+                            Some((life, work, ..)) => (Category::WrongState, format!("progress counts only for the RUNNING generation of active work (assignment {life}, work {work})")),
                         };
                         return Err(u.reject(cat, msg).await?);
                     }
                 };
-                let deadline: String = d.row().get(0);
+                let deadline: String = d.row().col("inactivity_deadline")?;
                 let id = format!("pg-{}", uuid::Uuid::new_v4().simple());
                 d.exec_one(
                     "INSERT INTO progress_receipts (progress_id, assignment_id, assignment_attempt_id, lane_incarnation_id, generation, reservation_id, \
@@ -343,15 +354,20 @@ impl Store {
         w: &DueWork,
         escalate: bool,
     ) -> Result<Receipt, AuthorityError> {
-        let (op, from, to, column): (&'static str, &str, &str, &str) = if escalate {
+        let (op, from, to, column): (&'static str, WatchdogStep, WatchdogStep, &str) = if escalate {
             (
                 "inactivity-escalate",
-                "warned",
-                "escalated",
+                WatchdogStep::Warned,
+                WatchdogStep::Escalated,
                 "escalate_after_ms",
             )
         } else {
-            ("inactivity-warn", "none", "warned", "warn_after_ms")
+            (
+                "inactivity-warn",
+                WatchdogStep::None,
+                WatchdogStep::Warned,
+                "warn_after_ms",
+            )
         };
         let step = Step::new(
             op,
@@ -366,22 +382,22 @@ impl Store {
                AND a.watchdog_step = $2 AND mosaic_ts(a.inactivity_base_at) = $4 \
                AND pol.policy_id = a.inactivity_policy AND a.inactivity_base_at + pol.{column} * interval '1 millisecond' <= clock_timestamp() \
                AND li.lane_incarnation_id = a.lane_incarnation_id AND li.state = 'RUNNING' \
-             RETURNING mosaic_ts(a.inactivity_deadline), a.responsibility_owner, a.next_action"
+             RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.responsibility_owner, a.next_action"
         );
-        let (w, from, to) = (w.clone(), from.to_string(), to.to_string());
+        let w = w.clone();
         // (The notice changes no authority; its CAS is the work row in its expected step.)
         self.transition(
             &step,
-            body!([w, sql, from, to] |f| {
+            body!([w, sql] |f| {
                 let d = f.cas(&sql, &[&w.assignment_id, &from, &to, &w.base_at]).await?;
                 let d = match d {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, format!(
                         "not active RUNNING work {from} and past its threshold since {} (database time)", w.base_at)).await?),
                 };
-                let deadline: String = d.row().get(0);
-                let owner: String = d.row().get(1);
-                let next: String = d.row().get(2);
+                let deadline: String = d.row().col("inactivity_deadline")?;
+                let owner: String = d.row().col("responsibility_owner")?;
+                let next: String = d.row().col("next_action")?;
                 d.decide(json!({ "assignment_id": w.assignment_id, "lane_id": w.lane_id, "watchdog_step": to,
                     "no_progress_since": w.base_at, "inactivity_deadline": deadline, "responsibility_owner": owner, "next_action": next }))
             }),
@@ -421,7 +437,7 @@ impl Store {
                        AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
                        AND li.lane_incarnation_id = r.lane_incarnation_id AND li.lane_incarnation_id = $1 AND li.state = 'RUNNING' \
                        AND li.retired_at IS NULL \
-                     RETURNING r.generation, mosaic_ts(a.inactivity_base_at)",
+                     RETURNING r.generation, mosaic_ts(a.inactivity_base_at) AS base_at",
                     &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id],
                 ).await?;
                 let d = match d {
@@ -429,12 +445,12 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::WrongState,
                         "not active RUNNING work past its inactivity deadline (database time; equality is expired)").await?),
                 };
-                let g: Option<i64> = d.row().get(0);
-                let since: String = d.row().get(1);
+                let g: Option<i64> = d.row().col("generation")?;
+                let since: String = d.row().col("base_at")?;
                 super::ending::drain_running(&d, &c.lane_incarnation_id, &c.reservation_id, g,
                     "no validated progress by the inactivity deadline").await?;
-                d.decide(json!({ "chain": c, "to": "DRAINING", "generation_to_stop": g, "no_progress_since": since,
-                    "assignment_to": "RECOVERY", "watchdog_step": "replacing" }))
+                d.decide(json!({ "chain": c, "to": LaneState::Draining, "generation_to_stop": g, "no_progress_since": since,
+                    "assignment_to": Lifecycle::Recovery, "watchdog_step": WatchdogStep::Replacing }))
             }),
         )
         .await
@@ -481,8 +497,8 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "not active work in recovery with its attempts used up").await?),
                 };
-                let ev: String = d.row().get(0);
-                d.decide(json!({ "assignment_id": w.assignment_id, "work_status": "blocked", "blocker_code": "inactivity-exhausted",
+                let ev: String = d.row().col("blocker_evidence_digest")?;
+                d.decide(json!({ "assignment_id": w.assignment_id, "work_status": WorkStatus::Blocked, "blocker_code": "inactivity-exhausted",
                     "blocker_evidence_digest": ev, "attempts_used": w.attempts_used }))
             }),
         )
@@ -576,13 +592,13 @@ impl Store {
                             None => u.reject(Category::NotFound, format!("no assignment {asg}")).await?,
                             Some(r) => u.reject(Category::WrongState, format!("only active unfinished work can be blocked{} (assignment {}, work {})",
                                 if reservation.is_empty() { "" } else { " by its RUNNING generation" },
-                                r.get::<_, String>(0), r.get::<_, String>(1))).await?,
+                                r.col::<Lifecycle>("lifecycle")?, r.col::<WorkStatus>("work_status")?)).await?,
                         });
                     }
                 };
-                let owner: String = d.row().get(0);
-                let lifecycle: String = d.row().get(1);
-                d.decide(json!({ "assignment_id": asg, "by": who, "work_status": "blocked", "blocker_code": code,
+                let owner: String = d.row().col("responsibility_owner")?;
+                let lifecycle: Lifecycle = d.row().col("lifecycle")?;
+                d.decide(json!({ "assignment_id": asg, "by": who, "work_status": WorkStatus::Blocked, "blocker_code": code,
                     "blocker_evidence_digest": ev, "next_action": next, "responsibility_owner": owner, "lifecycle": lifecycle }))
             }),
         )
@@ -625,16 +641,16 @@ impl Store {
                      FROM inactivity_policies pol \
                      WHERE a.assignment_id = $1 AND a.work_status = 'blocked' AND a.lifecycle IN ('ACTIVE', 'RECOVERY') \
                        AND a.requested_outcome IS NULL AND pol.policy_id = a.inactivity_policy \
-                     RETURNING a.lifecycle, mosaic_ts(a.inactivity_deadline)",
+                     RETURNING a.lifecycle, mosaic_ts(a.inactivity_deadline) AS inactivity_deadline",
                     &[&asg, &next],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "only blocked unfinished work can be unblocked").await?),
                 };
-                let lifecycle: String = d.row().get(0);
-                let deadline: String = d.row().get(1);
-                d.decide(json!({ "assignment_id": asg, "work_status": "active", "lifecycle": lifecycle, "next_action": next,
+                let lifecycle: Lifecycle = d.row().col("lifecycle")?;
+                let deadline: String = d.row().col("inactivity_deadline")?;
+                d.decide(json!({ "assignment_id": asg, "work_status": WorkStatus::Active, "lifecycle": lifecycle, "next_action": next,
                     "inactivity_deadline": deadline }))
             }),
         )
@@ -647,19 +663,19 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT a.assignment_id, a.lifecycle, a.watchdog_step, a.lane_incarnation_id, li.lane_id, li.state, ln.host_id, a.runtime_id, \
-                        mosaic_ts(a.inactivity_base_at), \
-                        a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp(), \
-                        a.inactivity_base_at + pol.escalate_after_ms * interval '1 millisecond' <= clock_timestamp(), \
-                        a.inactivity_deadline <= clock_timestamp(), \
-                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) - a.attempts_before_budget, \
+                "SELECT a.assignment_id, a.lifecycle, a.watchdog_step, a.lane_incarnation_id, li.lane_id, li.state AS lane_state, ln.host_id, a.runtime_id, \
+                        mosaic_ts(a.inactivity_base_at) AS base_at, \
+                        a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp() AS warn_due, \
+                        a.inactivity_base_at + pol.escalate_after_ms * interval '1 millisecond' <= clock_timestamp() AS escalate_due, \
+                        a.inactivity_deadline <= clock_timestamp() AS deadline_due, \
+                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) - a.attempts_before_budget AS attempts_used, \
                         pol.max_attempts, \
-                        (SELECT count(*) FROM reservations r WHERE r.assignment_id = a.assignment_id AND r.lane_incarnation_id = a.lane_incarnation_id), \
+                        (SELECT count(*) FROM reservations r WHERE r.assignment_id = a.assignment_id AND r.lane_incarnation_id = a.lane_incarnation_id) AS attempts_on_lane, \
                         pol.replacements_before_reassign, \
                         r.reservation_id, r.assignment_attempt_id, r.reservation_epoch, \
                         EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED'), \
-                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) \
+                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED') AS unended, \
+                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) AS attempts_total \
                  FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy \
                  JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id \
                  LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
@@ -669,41 +685,45 @@ impl Store {
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|r| {
-                let reservation: Option<String> = r.get(16);
-                let chain = reservation.map(|reservation_id| Chain {
-                    lane_id: r.get(4),
-                    lane_incarnation_id: r.get(3),
-                    assignment_id: r.get(0),
-                    assignment_attempt_id: r.get::<_, Option<String>>(17).unwrap_or_default(),
-                    reservation_id,
-                    reservation_epoch: r.get::<_, Option<i64>>(18).unwrap_or(0),
-                });
-                DueWork {
-                    assignment_id: r.get(0),
-                    lifecycle: r.get(1),
-                    step: r.get(2),
-                    lane_incarnation_id: r.get(3),
-                    lane_id: r.get(4),
-                    lane_state: r.get(5),
-                    host_id: r.get(6),
-                    runtime_id: r.get(7),
-                    base_at: r.get::<_, Option<String>>(8).unwrap_or_default(),
-                    warn_due: r.get::<_, Option<bool>>(9).unwrap_or(false),
-                    escalate_due: r.get::<_, Option<bool>>(10).unwrap_or(false),
-                    deadline_due: r.get::<_, Option<bool>>(11).unwrap_or(false),
-                    attempts_used: r.get(12),
-                    max_attempts: r.get(13),
-                    attempts_on_lane: r.get(14),
-                    replacements_before_reassign: r.get(15),
+                // The open chain, when there is a reservation (the left join's side).
+                let chain = match r.col::<Option<String>>("reservation_id")? {
+                    Some(reservation_id) => Some(Chain {
+                        lane_id: r.col("lane_id")?,
+                        lane_incarnation_id: r.col("lane_incarnation_id")?,
+                        assignment_id: r.col("assignment_id")?,
+                        assignment_attempt_id: r
+                            .col::<Option<String>>("assignment_attempt_id")?
+                            .unwrap_or_default(),
+                        reservation_id,
+                        reservation_epoch: r.col::<Option<i64>>("reservation_epoch")?.unwrap_or(0),
+                    }),
+                    None => None,
+                };
+                Ok(DueWork {
+                    assignment_id: r.col("assignment_id")?,
+                    lifecycle: r.col("lifecycle")?,
+                    step: r.col("watchdog_step")?,
+                    lane_incarnation_id: r.col("lane_incarnation_id")?,
+                    lane_id: r.col("lane_id")?,
+                    lane_state: r.col("lane_state")?,
+                    host_id: r.col("host_id")?,
+                    runtime_id: r.col("runtime_id")?,
+                    base_at: r.col::<Option<String>>("base_at")?.unwrap_or_default(),
+                    warn_due: r.col::<Option<bool>>("warn_due")?.unwrap_or(false),
+                    escalate_due: r.col::<Option<bool>>("escalate_due")?.unwrap_or(false),
+                    deadline_due: r.col::<Option<bool>>("deadline_due")?.unwrap_or(false),
+                    attempts_used: r.col("attempts_used")?,
+                    max_attempts: r.col("max_attempts")?,
+                    attempts_on_lane: r.col("attempts_on_lane")?,
+                    replacements_before_reassign: r.col("replacements_before_reassign")?,
                     chain,
-                    unended: r.get(19),
-                    attempts_total: r.get(20),
-                }
+                    unended: r.col("unended")?,
+                    attempts_total: r.col("attempts_total")?,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// What the next attempt of an assignment carries: the last attempt's task, and what
@@ -715,12 +735,12 @@ impl Store {
         let c = self.pool.get().await?;
         let row = c
             .query_opt(
-                "SELECT (SELECT t.task_text FROM attempts t WHERE t.assignment_id = a.assignment_id ORDER BY t.created_at DESC LIMIT 1), \
+                "SELECT (SELECT t.task_text FROM attempts t WHERE t.assignment_id = a.assignment_id ORDER BY t.created_at DESC LIMIT 1) AS task_text, \
                         a.scope, a.holds, a.completion_policy FROM assignments a WHERE a.assignment_id = $1",
                 &[&assignment_id],
             )
             .await?;
-        Ok(row.map(|r| {
+        row.map(|r| {
             let list = |v: serde_json::Value| -> Vec<String> {
                 v.as_array()
                     .into_iter()
@@ -728,12 +748,13 @@ impl Store {
                     .filter_map(|s| s.as_str().map(String::from))
                     .collect()
             };
-            NextAttempt {
-                task_text: r.get::<_, Option<String>>(0).unwrap_or_default(),
-                scope: list(r.get(1)),
-                holds: list(r.get(2)),
-                completion_policy: r.get(3),
-            }
-        }))
+            Ok(NextAttempt {
+                task_text: r.col::<Option<String>>("task_text")?.unwrap_or_default(),
+                scope: list(r.col("scope")?),
+                holds: list(r.col("holds")?),
+                completion_policy: r.col("completion_policy")?,
+            })
+        })
+        .transpose()
     }
 }

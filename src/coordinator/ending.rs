@@ -20,6 +20,8 @@ use serde_json::json;
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::{Chain, Outcome, PREACTIVATION};
+use super::rows::RowExt;
+use super::states::{GenState, LaneState, Lifecycle, WorkStatus, NONTERMINAL};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -154,7 +156,7 @@ impl Store {
                        AND r.assignment_id = $3 AND a.assignment_id = r.assignment_id AND r.released_at IS NULL \
                        AND li.state = ANY($4) AND li.retired_at IS NULL AND (NOT $5 OR r.deadline <= clock_timestamp()) \
                      RETURNING li.state, r.generation, a.requested_outcome",
-                    &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id, &PREACTIVATION.to_vec(), &expired_only],
+                    &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id, &PREACTIVATION, &expired_only],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,
@@ -164,10 +166,10 @@ impl Store {
                         "not an open preactivation chain"
                     }).await?),
                 };
-                let to: String = d.row().get(0);
-                let generation: Option<i64> = d.row().get(1);
-                let requested: Option<String> = d.row().get(2);
-                let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&c.reservation_id]).await?.get(0);
+                let to: LaneState = d.row().col("state")?;
+                let generation: Option<i64> = d.row().col("generation")?;
+                let requested: Option<String> = d.row().col("requested_outcome")?;
+                let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&c.reservation_id]).await?.col("open")?;
                 d.exec_one(RELEASE_RESERVATION, &[&c.reservation_id]).await?;
                 if let Some(g) = generation {
                     d.exec(REQUEST_STOP, &[&c.lane_incarnation_id, &g, &why]).await?;
@@ -239,13 +241,13 @@ impl Store {
                 &step,
                 body!([asg, evidence] |f| {
                     let row = f.read_opt(
-                        "SELECT a.lifecycle, a.requested_outcome, li.state, r.reservation_id, r.generation, r.released_at IS NULL, \
+                        "SELECT a.lifecycle, a.requested_outcome, li.state AS lane_state, r.reservation_id, r.generation, \
                                 li.lane_incarnation_id, \
                                 EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                        AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED'), \
-                                (SELECT t.verified_empty FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1), \
-                                (SELECT t.body_digest FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1), \
-                                EXISTS (SELECT 1 FROM transition_receipts x WHERE x.transition = 'activate' AND x.assignment_id = a.assignment_id), \
+                                        AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED') AS unended, \
+                                (SELECT t.verified_empty FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1) AS last_verified, \
+                                (SELECT t.body_digest FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1) AS last_receipt, \
+                                EXISTS (SELECT 1 FROM transition_receipts x WHERE x.transition = 'activate' AND x.assignment_id = a.assignment_id) AS ever_ran, \
                                 a.work_status \
                          FROM assignments a JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id \
                          LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
@@ -255,34 +257,34 @@ impl Store {
                     let Some(row) = row else {
                         return Err(reject(OP, Category::NotFound, format!("no assignment {asg}")));
                     };
-                    let lifecycle: String = row.get(0);
-                    let lane_state: String = row.get(2);
-                    let reservation: Option<String> = row.get(3);
-                    let generation: Option<i64> = row.get(4);
-                    let inc: String = row.get(6);
-                    let unended: bool = row.get(7);
-                    let last_verified: Option<bool> = row.get(8);
-                    let last_receipt: Option<String> = row.get(9);
-                    let ever_ran: bool = row.get(10);
-                    if row.get::<_, String>(11) == "handoff" {
+                    let lifecycle: Lifecycle = row.col("lifecycle")?;
+                    let lane_state: LaneState = row.col("lane_state")?;
+                    let reservation: Option<String> = row.col("reservation_id")?;
+                    let generation: Option<i64> = row.col("generation")?;
+                    let inc: String = row.col("lane_incarnation_id")?;
+                    let unended: bool = row.col("unended")?;
+                    let last_verified: Option<bool> = row.col("last_verified")?;
+                    let last_receipt: Option<String> = row.col("last_receipt")?;
+                    let ever_ran: bool = row.col("ever_ran")?;
+                    if row.col::<WorkStatus>("work_status")? == WorkStatus::Handoff {
                         return Err(reject(OP, Category::WrongState, "a handoff of this assignment is pending: wait for its ACK or its expiry, then stop"));
                     }
-                    if o == "COMPLETED" && !ever_ran {
+                    if outcome == Outcome::Completed && !ever_ran {
                         return Err(reject(OP, Category::WrongState, "COMPLETED needs work that ran: this assignment was never activated"));
                     }
-                    if row.get::<_, Option<String>>(1).is_some() {
+                    if row.col::<Option<String>>("requested_outcome")?.is_some() {
                         return Err(reject(OP, Category::WrongState, "an end was already requested for this assignment with other parameters"));
                     }
-                    match lifecycle.as_str() {
-                        "ACTIVE" => {
+                    match lifecycle {
+                        Lifecycle::Active => {
                             let Some(res) = reservation else {
                                 return Err(reject(OP, Category::Internal, "an active assignment without an open reservation"));
                             };
-                            let running = lane_state == "RUNNING";
-                            if !running && !crate::coordinator::chain::is_preactivation(&lane_state) {
+                            let running = lane_state == LaneState::Running;
+                            if !running && !lane_state.is_preactivation() {
                                 return Err(reject(OP, Category::WrongState, format!("the lane is {lane_state}")));
                             }
-                            if !running && o == "COMPLETED" {
+                            if !running && outcome == Outcome::Completed {
                                 return Err(reject(OP, Category::WrongState, "COMPLETED needs a RUNNING generation to end, not a chain before activation"));
                             }
                             let d = f.cas(
@@ -295,7 +297,7 @@ impl Store {
                             let Ok(d) = d else {
                                 return Err(reject(OP, Category::WrongState, "the lane changed under the request; retry"));
                             };
-                            let to: String = d.row().get(0);
+                            let to: LaneState = d.row().col("state")?;
                             d.exec(RELEASE_LEASES, &[&res]).await?;
                             match generation {
                                 Some(g) => {
@@ -322,8 +324,8 @@ impl Store {
                             d.decide(json!({ "assignment_id": asg, "outcome": o, "lane_incarnation_id": inc, "from": lane_state, "to": to,
                                 "generation": generation, "awaiting_receipt": generation.is_some(), "leases_revoked": true }))
                         }
-                        "RECOVERY" => {
-                            if o == "COMPLETED" && !unended && last_verified != Some(true) {
+                        Lifecycle::Recovery => {
+                            if outcome == Outcome::Completed && !unended && last_verified != Some(true) {
                                 return Err(reject(OP, Category::WrongState, "COMPLETED needs the verified end of the assignment's last generation"));
                             }
                             let d = f.cas(
@@ -342,7 +344,7 @@ impl Store {
                                     &[&asg, &o, &fe],
                                 ).await?;
                             }
-                            d.decide(json!({ "assignment_id": asg, "outcome": o, "from": "RECOVERY", "awaiting_receipt": unended }))
+                            d.decide(json!({ "assignment_id": asg, "outcome": o, "from": Lifecycle::Recovery, "awaiting_receipt": unended }))
                         }
                         other => Err(reject(OP, Category::WrongState, format!("assignment is already {other}"))),
                     }
@@ -415,25 +417,26 @@ impl Store {
                 &step,
                 body!([key, lane_id, inc, body_text, body_digest, host] |f| {
                     let lane = f.read_opt(
-                        "SELECT li.lane_id, li.state, li.retired_at IS NOT NULL, ln.host_id FROM lane_incarnations li JOIN lanes ln USING (lane_id) \
+                        "SELECT li.lane_id, li.state, li.retired_at IS NOT NULL AS retired, ln.host_id FROM lane_incarnations li JOIN lanes ln USING (lane_id) \
                          WHERE li.lane_incarnation_id = $1 FOR UPDATE OF li",
                         &[&inc],
                     ).await?;
                     let Some(lane) = lane else {
                         return Err(reject(OP, Category::NotFound, format!("unknown lane incarnation {inc}")));
                     };
-                    if lane.get::<_, String>(3) != host {
-                        return Err(reject(OP, Category::NotOwner, format!("lane {} belongs to another host", lane.get::<_, String>(0))));
+                    let lane_of: String = lane.col("lane_id")?;
+                    if lane.col::<String>("host_id")? != host {
+                        return Err(reject(OP, Category::NotOwner, format!("lane {lane_of} belongs to another host")));
                     }
-                    if lane.get::<_, String>(0) != lane_id {
+                    if lane_of != lane_id {
                         return Err(reject(OP, Category::Mismatch, "lane id does not match the incarnation"));
                     }
-                    let state: String = lane.get(1);
-                    let retired: bool = lane.get(2);
+                    let state: LaneState = lane.col("state")?;
+                    let retired: bool = lane.col("retired")?;
                     let g = f.read_opt(
-                        "SELECT g.state, g.end_receipt, r.reservation_id, r.assignment_id, r.assignment_attempt_id, r.released_at IS NULL, \
+                        "SELECT g.state, g.end_receipt, r.reservation_id, r.assignment_id, r.assignment_attempt_id, r.released_at IS NULL AS reservation_open, \
                                 a.lifecycle, a.requested_outcome, a.requested_evidence_digest, a.responsibility_owner, a.execution_owner, \
-                                a.lane_incarnation_id = r.lane_incarnation_id \
+                                a.lane_incarnation_id = r.lane_incarnation_id AS current \
                          FROM generations g JOIN reservations r USING (reservation_id) JOIN assignments a ON a.assignment_id = r.assignment_id \
                          WHERE g.lane_incarnation_id = $1 AND g.generation = $2 FOR UPDATE OF g, a",
                         &[&inc, &generation],
@@ -441,20 +444,22 @@ impl Store {
                     let Some(g) = g else {
                         // A generation this coordinator never staged: a contradiction.
                         let reason = format!("receipt for generation {generation}, which this coordinator never staged");
-                        return quarantine_for_receipt(f, &inc, retired, &state, reason).await;
+                        return quarantine_for_receipt(f, &inc, retired, state, reason).await;
                     };
-                    let (gstate, end_receipt): (String, Option<String>) = (g.get(0), g.get(1));
-                    let (reservation, assignment, attempt): (String, String, String) = (g.get(2), g.get(3), g.get(4));
-                    let res_open: bool = g.get(5);
-                    let (lifecycle, requested, supplied): (String, Option<String>, Option<String>) = (g.get(6), g.get(7), g.get(8));
-                    let (resp, exec): (String, Option<String>) = (g.get(9), g.get(10));
+                    let (gstate, end_receipt): (GenState, Option<String>) = (g.col("state")?, g.col("end_receipt")?);
+                    let (reservation, assignment, attempt): (String, String, String) =
+                        (g.col("reservation_id")?, g.col("assignment_id")?, g.col("assignment_attempt_id")?);
+                    let res_open: bool = g.col("reservation_open")?;
+                    let (lifecycle, requested, supplied): (Lifecycle, Option<String>, Option<String>) =
+                        (g.col("lifecycle")?, g.col("requested_outcome")?, g.col("requested_evidence_digest")?);
+                    let (resp, exec): (String, Option<String>) = (g.col("responsibility_owner")?, g.col("execution_owner")?);
                     // Whether this generation's chain is the work's current one (after a
                     // handoff the source's is not: its end must not decide the work's outcome).
-                    let current: bool = g.get(11);
-                    if gstate == "ENDED" {
+                    let current: bool = g.col("current")?;
+                    if gstate == GenState::Ended {
                         if end_receipt.is_some() {
                             let reason = format!("a second, different end observed for generation {generation}");
-                            return quarantine_for_receipt(f, &inc, retired, &state, reason).await;
+                            return quarantine_for_receipt(f, &inc, retired, state, reason).await;
                         }
                         // Ended when its incarnation was retired: the receipt is the evidence.
                         let d = f.cas(
@@ -464,7 +469,7 @@ impl Store {
                         let Ok(d) = d else {
                             return Err(reject(OP, Category::Conflict, "the generation's end was recorded concurrently"));
                         };
-                        let rec = Reconciliation::Evidence { lane_state: state.clone() };
+                        let rec = Reconciliation::Evidence { lane_state: state.to_string() };
                         insert_receipt(&d, &key, &lane_id, &inc, generation, &body_text, &body_digest, verified, d.epoch(), &rec,
                             (&reservation, &assignment, &attempt, &resp, exec.as_deref())).await?;
                         return d.decide(json!({ "termination_receipt": key, "generation": generation, "reconciliation": rec }));
@@ -485,27 +490,27 @@ impl Store {
                     let is_chain_gen = res_open;
                     let rec = if retired {
                         Reconciliation::Evidence { lane_state: "RETIRED".into() }
-                    } else if state == "DRAINING" {
+                    } else if state == LaneState::Draining {
                         // The requested end (an operator's, or a recovery drain): RETIRING, and
                         // the outcome final if one was requested.
                         d.exec_one("UPDATE lane_incarnations SET state = 'RETIRING' WHERE lane_incarnation_id = $1", &[&inc]).await?;
                         d.exec(RELEASE_LEASES, &[&reservation]).await?;
                         d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
                         let outcome = if current {
-                            finalize(&d, &assignment, &lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?
+                            finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?
                         } else {
                             None
                         };
                         Reconciliation::Retiring { outcome }
-                    } else if is_chain_gen && (state == "RUNNING" || crate::coordinator::chain::is_preactivation(&state)) {
+                    } else if is_chain_gen && (state == LaneState::Running || state.is_preactivation()) {
                         // Died while it had (or was about to have) authority: recovery.
-                        let to = if verified { "IDLE_CLEAN" } else { "QUARANTINED" };
+                        let to = if verified { LaneState::IdleClean } else { LaneState::Quarantined };
                         d.exec_one(
                             "UPDATE lane_incarnations SET state = $2, quarantine_reason = CASE WHEN $2 = 'QUARANTINED' THEN 'generation ' || $3 || ' died and its cleanup was not verified' END \
                              WHERE lane_incarnation_id = $1",
                             &[&inc, &to, &generation.to_string()],
                         ).await?;
-                        let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&reservation]).await?.get(0);
+                        let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&reservation]).await?.col("open")?;
                         d.exec(RELEASE_LEASES, &[&reservation]).await?;
                         d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
                         // A handoff target dying before its ACK leaves the work with its source
@@ -519,14 +524,14 @@ impl Store {
                                 &[&assignment, &generation.to_string(), &inc],
                             ).await?;
                         }
-                        Reconciliation::Recovery { lane_state: to.into() }
-                    } else if state == "QUARANTINED" {
+                        Reconciliation::Recovery { lane_state: to.to_string() }
+                    } else if state == LaneState::Quarantined {
                         // Evidence the quarantined lane's generation is gone; an outcome the
                         // operator asked for is final now (if this was the work's current chain).
                         if current {
-                            finalize(&d, &assignment, &lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?;
+                            finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?;
                         }
-                        Reconciliation::Evidence { lane_state: state.clone() }
+                        Reconciliation::Evidence { lane_state: state.to_string() }
                     } else {
                         let reason = format!("receipt for generation {generation} conflicts with lane state {state}");
                         quarantine_in(&d, &inc, &reason, false).await?;
@@ -555,11 +560,13 @@ impl Store {
         let c = self.pool.get().await?;
         let g: Option<i64> = c
             .query_opt(
-                "SELECT max(generation) FROM generations WHERE lane_incarnation_id = $1 AND state = 'ENDED'",
+                "SELECT max(generation) AS generation FROM generations WHERE lane_incarnation_id = $1 AND state = 'ENDED'",
                 &[&lane_incarnation_id],
             )
             .await?
-            .and_then(|r| r.get(0));
+            .map(|r| r.col::<Option<i64>>("generation"))
+            .transpose()?
+            .flatten();
         drop(c);
         let generation = g.unwrap_or(0);
         let step = Step::new(
@@ -587,8 +594,8 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "the lane is not RETIRING with its generation's receipt ingested").await?),
                 };
-                let to: String = d.row().get(0);
-                let key: String = d.row().get(1);
+                let to: LaneState = d.row().col("state")?;
+                let key: String = d.row().col("idempotency_key")?;
                 d.decide(json!({ "lane_incarnation_id": inc, "generation": generation, "to": to, "termination_receipt": key }))
             }),
         )
@@ -607,11 +614,13 @@ impl Store {
         let conn = self.pool.get().await?;
         let epoch: i64 = conn
             .query_opt(
-                "SELECT max(lease_epoch) FROM leases WHERE reservation_id = $1",
+                "SELECT max(lease_epoch) AS lease_epoch FROM leases WHERE reservation_id = $1",
                 &[&c.reservation_id],
             )
             .await?
-            .and_then(|r| r.get::<_, Option<i64>>(0))
+            .map(|r| r.col::<Option<i64>>("lease_epoch"))
+            .transpose()?
+            .flatten()
             .unwrap_or(0);
         drop(conn);
         let step = Step::new(
@@ -680,7 +689,7 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "not a RUNNING chain with an expired lease").await?),
                 };
-                let g: Option<i64> = d.row().get(0);
+                let g: Option<i64> = d.row().col("generation")?;
                 d.exec(RELEASE_LEASES, &[&c.reservation_id]).await?;
                 d.exec(REQUEST_STOP, &[&c.lane_incarnation_id, &g, &"effect lease expired"]).await?;
                 d.exec(
@@ -688,7 +697,7 @@ impl Store {
                             next_action = 'resume on a fresh chain: its effect lease expired' WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
                     &[&c.assignment_id],
                 ).await?;
-                d.decide(json!({ "chain": c, "to": "DRAINING", "generation_to_stop": g }))
+                d.decide(json!({ "chain": c, "to": LaneState::Draining, "generation_to_stop": g }))
             }),
         )
         .await
@@ -700,7 +709,7 @@ impl Store {
 async fn finalize(
     d: &super::txn::Decided<'_>,
     assignment: &str,
-    lifecycle: &str,
+    lifecycle: Lifecycle,
     requested: Option<&str>,
     supplied: Option<&str>,
     receipt_digest: &str,
@@ -709,10 +718,14 @@ async fn finalize(
     let Some(req) = requested else {
         return Ok(None);
     };
-    if !matches!(lifecycle, "ACTIVE" | "RECOVERY") {
+    if !NONTERMINAL.contains(&lifecycle) {
         return Ok(None);
     }
-    let outcome = if verified { req } else { "QUARANTINED" };
+    let outcome = if verified {
+        req
+    } else {
+        Lifecycle::Quarantined.as_str()
+    };
     let fe = final_evidence(outcome, receipt_digest, supplied);
     d.exec_one(
         "UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
@@ -754,7 +767,7 @@ async fn quarantine_for_receipt<'t>(
     f: super::txn::Frame<'t>,
     inc: &str,
     retired: bool,
-    state: &str,
+    state: LaneState,
     reason: String,
 ) -> Result<super::txn::Decision<'t>, AuthorityError> {
     if retired {

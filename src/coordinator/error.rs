@@ -128,10 +128,7 @@ pub enum AuthorityError {
     /// A row did not decode: a column missing, of another type, NULL, or holding a state
     /// this binary does not know (a schema that moved ahead of it).
     #[error("decoding column {column}: {detail}")]
-    Decode {
-        column: &'static str,
-        detail: String,
-    },
+    Decode { column: String, detail: String },
     #[error("{op} rejected ({}): {detail}", category.as_str())]
     Rejected {
         op: &'static str,

@@ -27,7 +27,9 @@ use serde_json::json;
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::Chain;
+use super::rows::RowExt;
 use super::secret;
+use super::states::{HandoffState, LaneState, Lifecycle, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -69,7 +71,7 @@ pub struct HandoffAckClaim {
 pub struct HandoffView {
     pub handoff_id: String,
     pub assignment_id: String,
-    pub state: String,
+    pub state: HandoffState,
     pub responsibility_owner: String,
     pub execution_owner: String,
     pub pending_target: String,
@@ -117,7 +119,7 @@ const ACCEPT_CAS: &str = "UPDATE assignments a SET responsibility_owner = h.pend
 /// source — migration 0009 — so such a chain's end must not move the work to recovery).
 pub(crate) const IS_OPEN_TARGET: &str =
     "SELECT EXISTS (SELECT 1 FROM handoffs WHERE target_reservation_id = $1 \
-        AND state IN ('OFFERED', 'CHALLENGED'))";
+        AND state IN ('OFFERED', 'CHALLENGED')) AS open";
 
 impl Store {
     /// Offers RUNNING work to an idle lane: the target chain is reserved in the same commit.
@@ -182,27 +184,37 @@ impl Store {
                         Ok(d) => d,
                         Err(u) => {
                             let why = u.read_opt(
-                                "SELECT a.lifecycle, a.work_status, a.execution_owner IS NOT NULL, \
-                                        (SELECT li.state FROM lane_incarnations li WHERE li.lane_incarnation_id = a.lane_incarnation_id), \
-                                        a.lane_incarnation_id = $2 \
+                                "SELECT a.lifecycle, a.work_status, a.execution_owner IS NOT NULL AS executing, \
+                                        (SELECT li.state FROM lane_incarnations li WHERE li.lane_incarnation_id = a.lane_incarnation_id) AS lane_state, \
+                                        a.lane_incarnation_id = $2 AS same_lane \
                                  FROM assignments a WHERE a.assignment_id = $1",
                                 &[&req.assignment_id, &req.target_lane_incarnation_id],
                             ).await?;
+                            let why = match why {
+                                None => None,
+                                Some(r) => Some((
+                                    r.col::<Lifecycle>("lifecycle")?,
+                                    r.col::<WorkStatus>("work_status")?,
+                                    r.col::<bool>("executing")?,
+                                    r.col::<Option<LaneState>>("lane_state")?,
+                                    r.col::<bool>("same_lane")?,
+                                )),
+                            };
                             return Err(match why {
                                 None => u.reject(Category::NotFound, format!("no assignment {}", req.assignment_id)).await?,
-                                Some(r) if r.get::<_, bool>(4) => u.reject(Category::BadInput, "the target is the lane the work already runs on").await?,
-                                Some(r) if r.get::<_, String>(0) != "ACTIVE" || r.get::<_, String>(1) != "active" || !r.get::<_, bool>(2)
-                                    || r.get::<_, Option<String>>(3).as_deref() != Some("RUNNING") =>
-                                    u.reject(Category::WrongState, format!("only RUNNING active work is handed off (assignment {}, work {}, lane {})",
-                                        r.get::<_, String>(0), r.get::<_, String>(1), r.get::<_, Option<String>>(3).unwrap_or_default())).await?,
+                                Some((.., true)) => u.reject(Category::BadInput, "the target is the lane the work already runs on").await?,
+                                Some((life, work, executing, lane, _)) if life != Lifecycle::Active || work != WorkStatus::Active || !executing
+                                    || lane != Some(LaneState::Running) =>
+                                    u.reject(Category::WrongState, format!("only RUNNING active work is handed off (assignment {life}, work {work}, lane {})",
+                                        lane.map(LaneState::as_str).unwrap_or_default())).await?,
                                 Some(_) => u.reject(Category::WrongState, "the target lane is not IDLE_CLEAN with every generation ended and reconciled").await?,
                             });
                         }
                     };
-                    let target_lane: String = d.row().get(0);
+                    let target_lane: String = d.row().col("lane_id")?;
                     let src = d.query(
                         "SELECT a.responsibility_owner, a.execution_owner, rs.assignment_attempt_id, rs.reservation_id, \
-                                coalesce($2, (SELECT t.task_text FROM attempts t WHERE t.assignment_attempt_id = rs.assignment_attempt_id)), a.runtime_id \
+                                coalesce($2, (SELECT t.task_text FROM attempts t WHERE t.assignment_attempt_id = rs.assignment_attempt_id)) AS task_text, a.runtime_id \
                          FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id AND rs.released_at IS NULL \
                            AND rs.lane_incarnation_id = a.lane_incarnation_id \
                          WHERE a.assignment_id = $1 FOR UPDATE OF a",
@@ -217,12 +229,13 @@ impl Store {
                            AND a.work_status = 'active' AND a.requested_outcome IS NULL AND a.pending_target IS NULL \
                            AND a.execution_owner IS NOT NULL",
                         &[&req.assignment_id],
-                    ).await?.first().map(|r| r.get(0));
+                    ).await?.first().map(|r| r.col("execution_owner")).transpose()?;
                     let Some(exec) = exec else {
                         return Err(reject(OP, Category::WrongState, "the work changed under the offer; retry"));
                     };
                     let (resp, src_attempt, src_res, task, runtime): (String, String, String, String, String) =
-                        (src.get(0), src.get(2), src.get(3), src.get(4), src.get(5));
+                        (src.col("responsibility_owner")?, src.col("assignment_attempt_id")?, src.col("reservation_id")?,
+                         src.col("task_text")?, src.col("runtime_id")?);
                     if let Err(e) = crate::adapter::validate_task(&runtime, &task) {
                         return Err(reject(OP, Category::BadInput, e.to_string()));
                     }
@@ -242,10 +255,10 @@ impl Store {
                                                               lane_incarnation_id, sot_incarnation, coordinator_epoch, deadline, fence_digest, fence_salt, handoff_id) \
                                     SELECT $6, 1, $7, $2, $1, $8, $9, $3, clock_timestamp() + $10::text::interval, $11, $12, $13 FROM t \
                                     RETURNING deadline) \
-                         SELECT mosaic_ts(deadline) FROM r",
+                         SELECT mosaic_ts(deadline) AS deadline FROM r",
                         &[&attempt, &req.assignment_id, &epoch, &task, &task_digest, &reservation, &lease, &req.target_lane_incarnation_id,
                           &sot, &ttl, &fence_digest, &salt, &handoff],
-                    ).await?.get(0);
+                    ).await?.col("deadline")?;
                     d.exec_one(
                         "INSERT INTO handoffs (handoff_id, assignment_id, responsibility_owner, execution_owner, pending_target, source_attempt_id, \
                                                source_reservation_id, target_attempt_id, target_reservation_id, target_lane_incarnation_id, \
@@ -325,23 +338,30 @@ impl Store {
                     Ok(d) => d,
                     Err(u) => {
                         let h = u.read_opt(
-                            "SELECT state, challenge_deadline <= clock_timestamp() FROM handoffs WHERE challenge_id = $1",
+                            "SELECT state, challenge_deadline <= clock_timestamp() AS expired FROM handoffs WHERE challenge_id = $1",
                             &[&a.handoff_challenge_id],
                         ).await?;
+                        let h = match h {
+                            None => None,
+                            Some(r) => Some((
+                                r.col::<HandoffState>("state")?,
+                                r.col::<Option<bool>>("expired")?.unwrap_or(true),
+                            )),
+                        };
                         return Err(match h {
                             None => u.reject(Category::NotFound, "no such handoff challenge").await?,
-                            Some(r) if r.get::<_, String>(0) == "ACCEPTED" => u.reject(Category::ChallengeConsumed, "the handoff challenge was already used").await?,
-                            Some(r) if r.get::<_, String>(0) != "CHALLENGED" => u.reject(Category::WrongState, format!("the handoff is {}", r.get::<_, String>(0))).await?,
-                            Some(r) if r.get::<_, Option<bool>>(1).unwrap_or(true) => u.reject(Category::Expired, "the handoff challenge deadline has passed (database time; equality is expired)").await?,
+                            Some((HandoffState::Accepted, _)) => u.reject(Category::ChallengeConsumed, "the handoff challenge was already used").await?,
+                            Some((state, _)) if state != HandoffState::Challenged => u.reject(Category::WrongState, format!("the handoff is {state}")).await?,
+                            Some((_, true)) => u.reject(Category::Expired, "the handoff challenge deadline has passed (database time; equality is expired)").await?,
                             Some(_) => u.reject(Category::Mismatch, "a bound handoff field differs from the offer or from current state").await?,
                         });
                     }
                 };
-                let handoff: String = d.row().get(0);
-                let src_res: String = d.row().get(1);
-                let src_inc: String = d.row().get(2);
-                let src_gen: Option<i64> = d.row().get(3);
-                let target: String = d.row().get(4);
+                let handoff: String = d.row().col("handoff_id")?;
+                let src_res: String = d.row().col("reservation_id")?;
+                let src_inc: String = d.row().col("lane_incarnation_id")?;
+                let src_gen: Option<i64> = d.row().col("generation")?;
+                let target: String = d.row().col("pending_target")?;
                 let body = json!({ "handoff_challenge_id": a.handoff_challenge_id, "assignment_id": a.assignment_id,
                     "target_assignment_attempt_id": a.target_assignment_attempt_id, "generation": a.generation });
                 d.exec_one(
@@ -391,14 +411,14 @@ impl Store {
                        AND a.responsibility_owner = h.pending_target AND a.pending_target = h.pending_target \
                      WHERE r.reservation_id = $4 AND r.released_at IS NULL AND r.deadline > clock_timestamp() AND r.coordinator_epoch = $2 \
                        AND NOT EXISTS (SELECT 1 FROM challenges c WHERE c.reservation_id = r.reservation_id) \
-                     RETURNING challenge_id, mosaic_ts(expires_at)",
+                     RETURNING challenge_id, mosaic_ts(expires_at) AS expires_at",
                     &[&ch, &epoch, &ttl, &c.reservation_id],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,
                     Err(u) => return Err(u.reject(Category::WrongState, "not an accepted handoff's target chain awaiting its activation challenge").await?),
                 };
-                let exp: String = d.row().get(1);
+                let exp: String = d.row().col("expires_at")?;
                 d.exec_one(
                     "UPDATE assignments SET next_action = 'the harness acknowledges challenge ' || $1 || ' (mosaic lane ack); then activation' WHERE assignment_id = $2",
                     &[&ch, &c.assignment_id],
@@ -419,26 +439,29 @@ impl Store {
             .query_opt(
                 "SELECT h.handoff_id, h.assignment_id, h.state, h.responsibility_owner, h.execution_owner, h.pending_target, h.source_attempt_id, \
                         h.target_attempt_id, h.target_reservation_id, h.next_action, h.next_action_digest, h.challenge_id, \
-                        mosaic_ts(h.challenge_deadline), h.challenge_epoch \
+                        mosaic_ts(h.challenge_deadline) AS challenge_deadline, h.challenge_epoch \
                  FROM handoffs h JOIN reservations r ON r.handoff_id = h.handoff_id WHERE r.reservation_id = $1",
                 &[&reservation_id],
             )
             .await?;
-        Ok(row.map(|r| HandoffView {
-            handoff_id: r.get(0),
-            assignment_id: r.get(1),
-            state: r.get(2),
-            responsibility_owner: r.get(3),
-            execution_owner: r.get(4),
-            pending_target: r.get(5),
-            source_attempt_id: r.get(6),
-            target_attempt_id: r.get(7),
-            target_reservation_id: r.get(8),
-            next_action: r.get(9),
-            next_action_digest: r.get(10),
-            challenge_id: r.get(11),
-            challenge_deadline: r.get(12),
-            challenge_epoch: r.get(13),
-        }))
+        row.map(|r| {
+            Ok(HandoffView {
+                handoff_id: r.col("handoff_id")?,
+                assignment_id: r.col("assignment_id")?,
+                state: r.col("state")?,
+                responsibility_owner: r.col("responsibility_owner")?,
+                execution_owner: r.col("execution_owner")?,
+                pending_target: r.col("pending_target")?,
+                source_attempt_id: r.col("source_attempt_id")?,
+                target_attempt_id: r.col("target_attempt_id")?,
+                target_reservation_id: r.col("target_reservation_id")?,
+                next_action: r.col("next_action")?,
+                next_action_digest: r.col("next_action_digest")?,
+                challenge_id: r.col("challenge_id")?,
+                challenge_deadline: r.col("challenge_deadline")?,
+                challenge_epoch: r.col("challenge_epoch")?,
+            })
+        })
+        .transpose()
     }
 }

@@ -12,6 +12,8 @@ use super::ending::quarantine_follow_ups;
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::LaneView;
+use super::rows::RowExt;
+use super::states::LaneState;
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -92,7 +94,7 @@ impl Store {
                 }
                 let owner = f.read_opt("SELECT host_id FROM lanes WHERE lane_id = $1", &[&lane]).await?;
                 if let Some(o) = owner {
-                    if o.get::<_, String>(0) != host {
+                    if o.col::<String>("host_id")? != host {
                         return Err(reject(OP, Category::NotOwner, format!("lane {lane} belongs to another host")));
                     }
                 }
@@ -103,8 +105,8 @@ impl Store {
                 let epoch = f.leader().epoch();
                 let retired = match current {
                     Some(cur) => {
-                        let old: String = cur.get(0);
-                        let old_state: String = cur.get(1);
+                        let old: String = cur.col("lane_incarnation_id")?;
+                        let old_state: LaneState = cur.col("state")?;
                         let d = f.cas(
                             "UPDATE lane_incarnations SET retired_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state = $2 AND retired_at IS NULL \
                              RETURNING lane_incarnation_id",
@@ -163,12 +165,16 @@ impl Store {
 
     async fn incarnation_retired(&self, incarnation: &str) -> Result<bool, AuthorityError> {
         let c = self.pool.get().await?;
-        Ok(c.query_opt(
-            "SELECT retired_at IS NOT NULL FROM lane_incarnations WHERE lane_incarnation_id = $1",
-            &[&incarnation],
-        )
-        .await?
-        .is_some_and(|r| r.get::<_, bool>(0)))
+        match c
+            .query_opt(
+                "SELECT retired_at IS NOT NULL AS retired FROM lane_incarnations WHERE lane_incarnation_id = $1",
+                &[&incarnation],
+            )
+            .await?
+        {
+            Some(r) => r.col("retired"),
+            None => Ok(false),
+        }
     }
 
     /// Any state → QUARANTINED: leases and reservation released, the active assignment to
@@ -211,7 +217,7 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::WrongState, "no current lane incarnation, or already quarantined").await?),
                 };
                 quarantine_follow_ups(&d, &inc, &reason).await?;
-                d.decide(json!({ "lane_incarnation_id": inc, "to": "QUARANTINED", "reason": reason, "from_host": from_host }))
+                d.decide(json!({ "lane_incarnation_id": inc, "to": LaneState::Quarantined, "reason": reason, "from_host": from_host }))
             }),
         )
         .await
@@ -257,25 +263,33 @@ impl Store {
                     Err(u) => {
                         let why = u.read_opt(
                             "SELECT state, host_quarantine_reason, \
-                                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND (g.state <> 'ENDED' OR g.end_receipt IS NULL)), \
-                                    EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND NOT t.verified_empty) \
+                                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND (g.state <> 'ENDED' OR g.end_receipt IS NULL)) AS unended, \
+                                    EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND NOT t.verified_empty) AS unverified \
                              FROM lane_incarnations WHERE lane_incarnation_id = $1 AND retired_at IS NULL",
                             &[&inc],
                         ).await?;
+                        let why = match why {
+                            None => None,
+                            Some(r) => Some((
+                                r.col::<LaneState>("state")?,
+                                r.col::<Option<String>>("host_quarantine_reason")?,
+                                r.col::<bool>("unended")?,
+                                r.col::<bool>("unverified")?,
+                            )),
+                        };
                         let detail = match why {
                             None => "no current lane incarnation".to_string(),
-                            Some(r) if r.get::<_, String>(0) != "QUARANTINED" => format!("the lane is {}, not QUARANTINED", r.get::<_, String>(0)),
-                            Some(r) if r.get::<_, Option<String>>(1).is_some() => format!(
-                                "the host quarantined this lane ({}); recreate it (mosaic lane recreate) to get a fresh incarnation",
-                                r.get::<_, Option<String>>(1).unwrap_or_default()),
-                            Some(r) if r.get::<_, bool>(2) => "a generation of this lane has no receipt proving it ended; wait for the host, or recreate the lane".into(),
-                            Some(r) if r.get::<_, bool>(3) => "a generation's cleanup was never verified; recreate the lane (mosaic lane recreate)".into(),
+                            Some((state, ..)) if state != LaneState::Quarantined => format!("the lane is {state}, not QUARANTINED"),
+                            Some((_, Some(reason), ..)) => format!(
+                                "the host quarantined this lane ({reason}); recreate it (mosaic lane recreate) to get a fresh incarnation"),
+                            Some((_, _, true, _)) => "a generation of this lane has no receipt proving it ended; wait for the host, or recreate the lane".into(),
+                            Some((_, _, _, true)) => "a generation's cleanup was never verified; recreate the lane (mosaic lane recreate)".into(),
                             Some(_) => "an assignment, lease or reservation of the lane is still open".into(),
                         };
                         return Err(u.reject(Category::Unreconciled, detail).await?);
                     }
                 };
-                d.decide(json!({ "lane_incarnation_id": inc, "to": "IDLE_CLEAN" }))
+                d.decide(json!({ "lane_incarnation_id": inc, "to": LaneState::IdleClean }))
             }),
         )
         .await
@@ -313,7 +327,7 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::WrongState,
                         "only an IDLE_CLEAN or QUARANTINED lane with no open chain can be recreated (stop or cancel its assignment first)").await?),
                 };
-                let lane: String = d.row().get(0);
+                let lane: String = d.row().col("lane_id")?;
                 d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "recreate_requested": true }))
             }),
         )

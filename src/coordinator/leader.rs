@@ -17,6 +17,7 @@
 use tokio_postgres::types::ToSql;
 
 use super::error::{reject, AuthorityError, Category};
+use super::rows::RowExt;
 use super::store::Store;
 use super::txn::{request_digest, Receipt};
 
@@ -92,8 +93,8 @@ fn disposition_sql() -> String {
                  WHERE (assignment_id, lane_incarnation_id) IN (SELECT assignment_id, lane_incarnation_id FROM stale) \
                    AND assignment_id NOT IN (SELECT assignment_id FROM offers) \
                    AND lifecycle = 'ACTIVE' RETURNING 1) \
-         SELECT (SELECT count(*) FROM lanes), (SELECT count(*) FROM gens), (SELECT count(*) FROM asg), (SELECT count(*) FROM res), \
-                (SELECT count(*) FROM offers), (SELECT count(*) FROM offers)"
+         SELECT (SELECT count(*) FROM lanes) AS lanes, (SELECT count(*) FROM gens) AS gens, (SELECT count(*) FROM asg) AS asg, \
+                (SELECT count(*) FROM res) AS res, (SELECT count(*) FROM offers) AS offers, (SELECT count(*) FROM offers) AS back"
     )
 }
 
@@ -127,8 +128,8 @@ impl Store {
         .await?;
         let row = tx
             .query_one(
-                "SELECT epoch, holder, launch_id, released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp(), \
-                        credential_digest, mosaic_ts(lease_expires_at) \
+                "SELECT epoch, holder, launch_id, released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp() AS free, \
+                        credential_digest, mosaic_ts(lease_expires_at) AS lease_expires_at \
                  FROM leadership FOR UPDATE",
                 &[],
             )
@@ -139,8 +140,14 @@ impl Store {
             Option<String>,
             bool,
             Option<String>,
-        ) = (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
-        let previous_lease: Option<String> = row.get(5);
+        ) = (
+            row.col("epoch")?,
+            row.col("holder")?,
+            row.col("launch_id")?,
+            row.col("free")?,
+            row.col("credential_digest")?,
+        );
+        let previous_lease: Option<String> = row.col("lease_expires_at")?;
         if !free && holder.as_deref() == Some(&c.holder) && launch.as_deref() == Some(&c.launch_id)
         {
             // Our own earlier acquisition committed (an ambiguous commit): no new epoch.
@@ -179,19 +186,19 @@ impl Store {
             .query_one(
                 "UPDATE leadership SET sot_incarnation = $1, epoch = $2, holder = $3, credential_digest = $4, launch_id = $5, \
                     acquired_at = clock_timestamp(), lease_expires_at = clock_timestamp() + $6::text::interval, released = false \
-                 RETURNING mosaic_ts(lease_expires_at)",
+                 RETURNING mosaic_ts(lease_expires_at) AS lease_expires_at",
                 &[&sot, &new_epoch, &c.holder, &c.credential_digest, &c.launch_id, &lease],
             )
             .await?
-            .get(0);
+            .col("lease_expires_at")?;
         let moved = tx.query_one(&disposition_sql(), &[&new_epoch]).await?;
         let (lanes, gens, asg, res, offers, back): (i64, i64, i64, i64, i64, i64) = (
-            moved.get(0),
-            moved.get(1),
-            moved.get(2),
-            moved.get(3),
-            moved.get(4),
-            moved.get(5),
+            moved.col("lanes")?,
+            moved.col("gens")?,
+            moved.col("asg")?,
+            moved.col("res")?,
+            moved.col("offers")?,
+            moved.col("back")?,
         );
         let l = Leader {
             epoch: new_epoch,
@@ -217,11 +224,11 @@ impl Store {
                 "WITH r AS (INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, body) \
                             VALUES ($1, $2, $3, $4, $5) RETURNING receipt_id, decided_at), \
                       i AS (INSERT INTO idempotency (idempotency_key, operation, request_digest, receipt_id) SELECT $6, $2, $7, receipt_id FROM r) \
-                 SELECT mosaic_ts(decided_at) FROM r",
+                 SELECT mosaic_ts(decided_at) AS decided_at FROM r",
                 &[&id, &OP, &l.sot, &new_epoch, &body, &idem, &digest],
             )
             .await?
-            .get(0);
+            .col("decided_at")?;
         tx.commit().await?;
         if lanes > 0 {
             tracing::warn!(
@@ -252,17 +259,17 @@ impl Store {
         let client = self.pool.get().await?;
         let r = client
             .query_one(
-                "SELECT epoch, mosaic_ts(lease_expires_at) FROM leadership",
+                "SELECT epoch, mosaic_ts(lease_expires_at) AS lease_expires_at FROM leadership",
                 &[],
             )
             .await?;
         Ok(Leader {
-            epoch: r.get(0),
+            epoch: r.col("epoch")?,
             holder: c.holder.clone(),
             launch_id: c.launch_id.clone(),
             credential_digest: c.credential_digest.clone(),
             sot: sot.to_string(),
-            lease_expires_at: r.get(1),
+            lease_expires_at: r.col("lease_expires_at")?,
         })
     }
 
@@ -270,22 +277,13 @@ impl Store {
         let client = self.pool.get().await?;
         let r = client
             .query_one(
-                "SELECT receipt_id, transition, sot_incarnation, coordinator_epoch, assignment_id, lane_incarnation_id, mosaic_ts(decided_at), body \
+                "SELECT receipt_id, transition, sot_incarnation, coordinator_epoch, assignment_id, lane_incarnation_id, \
+                        mosaic_ts(decided_at) AS decided_at, body \
                  FROM transition_receipts WHERE transition = 'leadership-acquire' AND coordinator_epoch = $1",
                 &[&epoch],
             )
             .await?;
-        Ok(Receipt {
-            receipt_id: r.get(0),
-            transition: r.get(1),
-            sot_incarnation: r.get(2),
-            coordinator_epoch: r.get(3),
-            assignment_id: r.get(4),
-            lane_incarnation_id: r.get(5),
-            decided_at: r.get(6),
-            body: r.get(7),
-            replayed: true,
-        })
+        super::txn::Receipt::from_row(&r)
     }
 
     /// Extends the lease on `client` (a connection of the leadership loop's own); refused
@@ -301,13 +299,13 @@ impl Store {
         params.push(&lease);
         let row = client
             .query_opt(
-                &format!("UPDATE leadership SET lease_expires_at = clock_timestamp() + $6::text::interval WHERE {LEADER_OK} RETURNING mosaic_ts(lease_expires_at)"),
+                &format!("UPDATE leadership SET lease_expires_at = clock_timestamp() + $6::text::interval WHERE {LEADER_OK} RETURNING mosaic_ts(lease_expires_at) AS lease_expires_at"),
                 &params,
             )
             .await?;
         match row {
             Some(r) => {
-                l.lease_expires_at = r.get(0);
+                l.lease_expires_at = r.col("lease_expires_at")?;
                 Ok(())
             }
             None => {
@@ -359,7 +357,8 @@ impl Store {
         let c = self.pool.get().await?;
         let r = c
             .query_opt(
-                "SELECT epoch, holder, mosaic_ts(lease_expires_at), released OR lease_expires_at <= clock_timestamp() FROM leadership",
+                "SELECT epoch, holder, mosaic_ts(lease_expires_at) AS lease_expires_at, \
+                        released OR lease_expires_at <= clock_timestamp() AS vacant FROM leadership",
                 &[],
             )
             .await?;
@@ -371,10 +370,10 @@ impl Store {
                 vacant: true,
             },
             Some(r) => LeadershipView {
-                epoch: r.get(0),
-                holder: r.get(1),
-                lease_expires_at: r.get(2),
-                vacant: r.get::<_, Option<bool>>(3).unwrap_or(true),
+                epoch: r.col("epoch")?,
+                holder: r.col("holder")?,
+                lease_expires_at: r.col("lease_expires_at")?,
+                vacant: r.col::<Option<bool>>("vacant")?.unwrap_or(true),
             },
         })
     }

@@ -17,6 +17,7 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 use super::error::AuthorityError;
+use super::rows::RowExt;
 use super::store::Store;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -308,7 +309,8 @@ impl CoordinatorMetrics {
         let c = store.pool.get().await?;
         for r in c
             .query(
-                "SELECT coalesce(body->>'observation_source', 'unknown'), coalesce(body->>'termination_reason', 'unknown'), count(*) \
+                "SELECT coalesce(body->>'observation_source', 'unknown') AS source, coalesce(body->>'termination_reason', 'unknown') AS reason, \
+                        count(*) AS n \
                  FROM termination_receipts GROUP BY 1, 2",
                 &[],
             )
@@ -316,39 +318,41 @@ impl CoordinatorMetrics {
         {
             self.receipts
                 .get_or_create(&SourceReason {
-                    source: r.get(0),
-                    reason: r.get(1),
+                    source: r.col("source")?,
+                    reason: r.col("reason")?,
                 })
-                .set(r.get(2));
+                .set(r.col("n")?);
         }
         let g: i64 = c
-            .query_one("SELECT count(*) FROM generations", &[])
+            .query_one("SELECT count(*) AS n FROM generations", &[])
             .await?
-            .get(0);
+            .col("n")?;
         self.generations.set(g);
         self.lanes.clear();
         for r in c
             .query(
-                "SELECT state, count(*) FROM lane_incarnations WHERE retired_at IS NULL GROUP BY state",
+                "SELECT state, count(*) AS n FROM lane_incarnations WHERE retired_at IS NULL GROUP BY state",
                 &[],
             )
             .await?
         {
             self.lanes
-                .get_or_create(&StateLabel { state: r.get(0) })
-                .set(r.get(1));
+                .get_or_create(&StateLabel {
+                    state: r.col("state")?,
+                })
+                .set(r.col("n")?);
         }
         let mut renewals = 0;
         let mut expiries = 0;
         let mut releases = 0;
         for r in c
             .query(
-                "SELECT transition, count(*) FROM transition_receipts GROUP BY transition",
+                "SELECT transition, count(*) AS n FROM transition_receipts GROUP BY transition",
                 &[],
             )
             .await?
         {
-            let (t, n): (String, i64) = (r.get(0), r.get(1));
+            let (t, n): (String, i64) = (r.col("transition")?, r.col("n")?);
             match t.as_str() {
                 "renew-leases" => renewals = n,
                 "lease-expired" => expiries = n,
@@ -364,12 +368,13 @@ impl CoordinatorMetrics {
         self.quarantine_releases.set(releases);
         let q = c
             .query_one(
-                "SELECT coalesce(sum(quarantine_entries), 0)::bigint, coalesce(sum(quarantine_exits), 0)::bigint FROM lane_incarnations",
+                "SELECT coalesce(sum(quarantine_entries), 0)::bigint AS entries, coalesce(sum(quarantine_exits), 0)::bigint AS exits \
+                 FROM lane_incarnations",
                 &[],
             )
             .await?;
-        self.quarantine_entries.set(q.get(0));
-        self.quarantine_exits.set(q.get(1));
+        self.quarantine_entries.set(q.col("entries")?);
+        self.quarantine_exits.set(q.col("exits")?);
         Ok(())
     }
 }

@@ -20,6 +20,7 @@
 
 pub mod activation;
 pub mod audit;
+mod cas;
 pub mod chain;
 pub mod continuation;
 pub mod continuity;

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use super::error::{AuthorityError, Category};
 use super::rows::RowExt;
-use super::states::{GenState, LaneState, Lifecycle};
+use super::states::{GenState, LaneState, Lifecycle, WatchdogStep, WorkStatus};
 use super::store::Store;
 
 /// The immutable identity of one reservation chain.
@@ -24,6 +24,20 @@ pub struct Chain {
 }
 
 impl Chain {
+    /// Decodes a chain's identifiers from a row that selects them under their own names
+    /// (`lane_id`, `lane_incarnation_id`, `assignment_id`, `assignment_attempt_id`,
+    /// `reservation_id`, `reservation_epoch`).
+    pub(crate) fn from_row(r: &Row) -> Result<Self, AuthorityError> {
+        Ok(Chain {
+            lane_id: r.col("lane_id")?,
+            lane_incarnation_id: r.col("lane_incarnation_id")?,
+            assignment_id: r.col("assignment_id")?,
+            assignment_attempt_id: r.col("assignment_attempt_id")?,
+            reservation_id: r.col("reservation_id")?,
+            reservation_epoch: r.col("reservation_epoch")?,
+        })
+    }
+
     /// Every identifier of the chain, for request digests.
     pub(crate) fn key(&self) -> String {
         format!(
@@ -133,14 +147,7 @@ impl ChainRow {
     /// joins (no generation or challenge yet) decode as absent or false.
     fn from_row(r: &Row) -> Result<Self, AuthorityError> {
         Ok(ChainRow {
-            chain: Chain {
-                lane_id: r.col("lane_id")?,
-                lane_incarnation_id: r.col("lane_incarnation_id")?,
-                assignment_id: r.col("assignment_id")?,
-                assignment_attempt_id: r.col("assignment_attempt_id")?,
-                reservation_id: r.col("reservation_id")?,
-                reservation_epoch: r.col("reservation_epoch")?,
-            },
+            chain: Chain::from_row(r)?,
             host_id: r.col("host_id")?,
             lane_state: r.col("lane_state")?,
             lane_retired: r.col("lane_retired")?,
@@ -183,7 +190,7 @@ pub struct LaneView {
     pub lane_id: String,
     pub host_id: String,
     pub lane_incarnation_id: String,
-    pub state: String,
+    pub state: LaneState,
     pub next_generation: i64,
     pub quarantine_reason: Option<String>,
     pub host_quarantine_reason: Option<String>,
@@ -199,7 +206,7 @@ pub struct LaneView {
 pub struct AssignmentView {
     pub assignment_id: String,
     pub lane_incarnation_id: String,
-    pub lifecycle: String,
+    pub lifecycle: Lifecycle,
     pub responsibility_owner: String,
     pub execution_owner: Option<String>,
     pub pending_target: Option<String>,
@@ -214,11 +221,11 @@ pub struct AssignmentView {
 pub struct AssignmentStatus {
     pub assignment_id: String,
     /// The assignment's lifecycle: ACTIVE, RECOVERY or its terminal outcome.
-    pub state: String,
+    pub state: Lifecycle,
     pub lane_id: String,
     pub lane_incarnation_id: String,
     /// The lane's state while this assignment holds the lane; `null` once it let go.
-    pub lane_state: Option<String>,
+    pub lane_state: Option<LaneState>,
     pub runtime_id: String,
     pub generation: Option<i64>,
     pub attempts: i64,
@@ -229,7 +236,7 @@ pub struct AssignmentStatus {
     pub requested_outcome: Option<String>,
     pub final_evidence_digest: Option<String>,
     /// The work record (spec §14): active, blocked, handoff or done.
-    pub work_status: String,
+    pub work_status: WorkStatus,
     pub inactivity_policy: String,
     pub inactivity_policy_digest: String,
     /// Database time of the last validated progress receipt, if any.
@@ -237,7 +244,7 @@ pub struct AssignmentStatus {
     /// When the watchdog replaces the generation without new progress (database time).
     pub inactivity_deadline: Option<String>,
     /// none, warned, escalated or replacing.
-    pub watchdog_step: String,
+    pub watchdog_step: WatchdogStep,
     pub blocker_code: Option<String>,
     pub blocker_evidence_digest: Option<String>,
     /// The accepted handoff that moved responsibility here, if any.
@@ -249,24 +256,24 @@ pub struct AssignmentStatus {
 }
 
 const LANE_SELECT: &str = "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
-        li.host_quarantine_reason, li.recreate_requested_at IS NOT NULL, \
-        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED'), \
-        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id) \
+        li.host_quarantine_reason, li.recreate_requested_at IS NOT NULL AS recreate_requested, \
+        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') AS unended_generation, \
+        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id) AS since \
      FROM lane_incarnations li JOIN lanes ln USING (lane_id) WHERE li.retired_at IS NULL";
 
-fn lane_view(r: &Row) -> LaneView {
-    LaneView {
-        lane_id: r.get(0),
-        host_id: r.get(1),
-        lane_incarnation_id: r.get(2),
-        state: r.get(3),
-        next_generation: r.get(4),
-        quarantine_reason: r.get(5),
-        host_quarantine_reason: r.get(6),
-        recreate_requested: r.get(7),
-        unended_generation: r.get(8),
-        since: r.get(9),
-    }
+fn lane_view(r: &Row) -> Result<LaneView, AuthorityError> {
+    Ok(LaneView {
+        lane_id: r.col("lane_id")?,
+        host_id: r.col("host_id")?,
+        lane_incarnation_id: r.col("lane_incarnation_id")?,
+        state: r.col("state")?,
+        next_generation: r.col("next_generation")?,
+        quarantine_reason: r.col("quarantine_reason")?,
+        host_quarantine_reason: r.col("host_quarantine_reason")?,
+        recreate_requested: r.col("recreate_requested")?,
+        unended_generation: r.col("unended_generation")?,
+        since: r.col("since")?,
+    })
 }
 
 impl Store {
@@ -349,9 +356,10 @@ impl Store {
         let stmt = c
             .prepare_cached(&format!("{LANE_SELECT} AND li.lane_id = $1"))
             .await?;
-        Ok(c.query_opt(&stmt, &[&lane_id])
+        c.query_opt(&stmt, &[&lane_id])
             .await?
-            .map(|r| lane_view(&r)))
+            .map(|r| lane_view(&r))
+            .transpose()
     }
 
     pub async fn lanes(&self) -> Result<Vec<LaneView>, AuthorityError> {
@@ -359,7 +367,7 @@ impl Store {
         let stmt = c
             .prepare_cached(&format!("{LANE_SELECT} ORDER BY li.lane_id"))
             .await?;
-        Ok(c.query(&stmt, &[]).await?.iter().map(lane_view).collect())
+        c.query(&stmt, &[]).await?.iter().map(lane_view).collect()
     }
 
     /// The current lanes of one host.
@@ -370,33 +378,36 @@ impl Store {
                 "{LANE_SELECT} AND ln.host_id = $1 ORDER BY li.lane_id"
             ))
             .await?;
-        Ok(c.query(&stmt, &[&host_id])
+        c.query(&stmt, &[&host_id])
             .await?
             .iter()
             .map(lane_view)
-            .collect())
+            .collect()
     }
 
     pub async fn assignment(&self, id: &str) -> Result<Option<AssignmentView>, AuthorityError> {
         let c = self.pool.get().await?;
-        Ok(c.query_opt(
+        c.query_opt(
             "SELECT assignment_id, lane_incarnation_id, lifecycle, responsibility_owner, execution_owner, pending_target, next_action, \
                     requested_outcome, final_evidence_digest, runtime_id FROM assignments WHERE assignment_id = $1",
             &[&id],
         )
         .await?
-        .map(|r| AssignmentView {
-            assignment_id: r.get(0),
-            lane_incarnation_id: r.get(1),
-            lifecycle: r.get(2),
-            responsibility_owner: r.get(3),
-            execution_owner: r.get(4),
-            pending_target: r.get(5),
-            next_action: r.get(6),
-            requested_outcome: r.get(7),
-            final_evidence_digest: r.get(8),
-            runtime_id: r.get(9),
-        }))
+        .map(|r| {
+            Ok(AssignmentView {
+                assignment_id: r.col("assignment_id")?,
+                lane_incarnation_id: r.col("lane_incarnation_id")?,
+                lifecycle: r.col("lifecycle")?,
+                responsibility_owner: r.col("responsibility_owner")?,
+                execution_owner: r.col("execution_owner")?,
+                pending_target: r.col("pending_target")?,
+                next_action: r.col("next_action")?,
+                requested_outcome: r.col("requested_outcome")?,
+                final_evidence_digest: r.col("final_evidence_digest")?,
+                runtime_id: r.col("runtime_id")?,
+            })
+        })
+        .transpose()
     }
 
     pub async fn assignment_statuses(&self) -> Result<Vec<AssignmentStatus>, AuthorityError> {
@@ -410,49 +421,50 @@ impl Store {
                              WHERE r.assignment_id = a.assignment_id AND r.lane_incarnation_id = li.lane_incarnation_id \
                                AND (r.released_at IS NULL OR EXISTS (SELECT 1 FROM generations g \
                                     WHERE g.reservation_id = r.reservation_id AND g.state <> 'ENDED'))) \
-                             THEN li.state END, a.runtime_id, \
-                        (SELECT r.generation FROM reservations r WHERE r.assignment_id = a.assignment_id ORDER BY r.created_at DESC LIMIT 1), \
-                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id), \
+                             THEN li.state END AS lane_state, a.runtime_id, \
+                        (SELECT r.generation FROM reservations r WHERE r.assignment_id = a.assignment_id ORDER BY r.created_at DESC LIMIT 1) AS generation, \
+                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) AS attempts, \
                         a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest, \
-                        a.work_status, a.inactivity_policy, a.inactivity_policy_digest, mosaic_ts(a.last_progress_at), \
-                        mosaic_ts(a.inactivity_deadline), a.watchdog_step, a.blocker_code, a.blocker_evidence_digest, \
+                        a.work_status, a.inactivity_policy, a.inactivity_policy_digest, mosaic_ts(a.last_progress_at) AS last_progress_at, \
+                        mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.watchdog_step, a.blocker_code, a.blocker_evidence_digest, \
                         a.handoff_ack, a.continuation_budget, \
                         (SELECT jsonb_build_object('continuation_id', c.continuation_id, 'state', c.state, 'claims', c.attempts) \
-                         FROM continuations c WHERE c.assignment_id = a.assignment_id ORDER BY c.created_at DESC LIMIT 1) \
+                         FROM continuations c WHERE c.assignment_id = a.assignment_id ORDER BY c.created_at DESC LIMIT 1) AS continuation \
                  FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
-            .map(|r| AssignmentStatus {
-                assignment_id: r.get(0),
-                state: r.get(1),
-                lane_id: r.get(2),
-                lane_incarnation_id: r.get(3),
-                lane_state: r.get(4),
-                runtime_id: r.get(5),
-                generation: r.get(6),
-                attempts: r.get(7),
-                responsibility_owner: r.get(8),
-                execution_owner: r.get(9),
-                pending_target: r.get(10),
-                next_action: r.get(11),
-                requested_outcome: r.get(12),
-                final_evidence_digest: r.get(13),
-                work_status: r.get(14),
-                inactivity_policy: r.get(15),
-                inactivity_policy_digest: r.get(16),
-                last_progress_at: r.get(17),
-                inactivity_deadline: r.get(18),
-                watchdog_step: r.get(19),
-                blocker_code: r.get(20),
-                blocker_evidence_digest: r.get(21),
-                handoff_ack: r.get(22),
-                continuation_budget: r.get(23),
-                continuation: r.get(24),
+        rows.iter()
+            .map(|r| {
+                Ok(AssignmentStatus {
+                    assignment_id: r.col("assignment_id")?,
+                    state: r.col("lifecycle")?,
+                    lane_id: r.col("lane_id")?,
+                    lane_incarnation_id: r.col("lane_incarnation_id")?,
+                    lane_state: r.col("lane_state")?,
+                    runtime_id: r.col("runtime_id")?,
+                    generation: r.col("generation")?,
+                    attempts: r.col("attempts")?,
+                    responsibility_owner: r.col("responsibility_owner")?,
+                    execution_owner: r.col("execution_owner")?,
+                    pending_target: r.col("pending_target")?,
+                    next_action: r.col("next_action")?,
+                    requested_outcome: r.col("requested_outcome")?,
+                    final_evidence_digest: r.col("final_evidence_digest")?,
+                    work_status: r.col("work_status")?,
+                    inactivity_policy: r.col("inactivity_policy")?,
+                    inactivity_policy_digest: r.col("inactivity_policy_digest")?,
+                    last_progress_at: r.col("last_progress_at")?,
+                    inactivity_deadline: r.col("inactivity_deadline")?,
+                    watchdog_step: r.col("watchdog_step")?,
+                    blocker_code: r.col("blocker_code")?,
+                    blocker_evidence_digest: r.col("blocker_evidence_digest")?,
+                    handoff_ack: r.col("handoff_ack")?,
+                    continuation_budget: r.col("continuation_budget")?,
+                    continuation: r.col("continuation")?,
+                })
             })
-            .collect())
+            .collect()
     }
 
     /// Each lane's most recent ingested termination receipt: lane, generation, reason,
@@ -461,22 +473,21 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT DISTINCT ON (lane_id) lane_id, generation, body->>'termination_reason', body->>'observation_source', \
-                        reconciliation, mosaic_ts(ingested_at) \
+                "SELECT DISTINCT ON (lane_id) lane_id, generation, body->>'termination_reason' AS reason, \
+                        body->>'observation_source' AS source, reconciliation, mosaic_ts(ingested_at) AS at \
                  FROM termination_receipts ORDER BY lane_id, ingested_at DESC",
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|r| {
-                serde_json::json!({
-                    "lane_id": r.get::<_, String>(0), "generation": r.get::<_, i64>(1),
-                    "reason": r.get::<_, Option<String>>(2), "source": r.get::<_, Option<String>>(3),
-                    "reconciliation": r.get::<_, Option<String>>(4), "at": r.get::<_, String>(5),
-                })
+                Ok(serde_json::json!({
+                    "lane_id": r.col::<String>("lane_id")?, "generation": r.col::<i64>("generation")?,
+                    "reason": r.col::<Option<String>>("reason")?, "source": r.col::<Option<String>>("source")?,
+                    "reconciliation": r.col::<Option<String>>("reconciliation")?, "at": r.col::<String>("at")?,
+                }))
             })
-            .collect())
+            .collect()
     }
 
     /// Ingested termination receipts, oldest first (optionally for one lane), each with the
@@ -489,28 +500,27 @@ impl Store {
         let rows = c
             .query(
                 "SELECT body, reconciliation, reservation_id, assignment_id, assignment_attempt_id, ingested_epoch, \
-                        responsibility_owner, execution_owner, mosaic_ts(ingested_at) \
+                        responsibility_owner, execution_owner, mosaic_ts(ingested_at) AS ingested_at \
                  FROM termination_receipts WHERE $1::text IS NULL OR lane_id = $1 ORDER BY ingested_at",
                 &[&lane_id],
             )
             .await?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|r| {
-                let mut b: serde_json::Value = r.get(0);
-                b["reconciliation"] = serde_json::json!(r.get::<_, Option<String>>(1));
+                let mut b: serde_json::Value = r.col("body")?;
+                b["reconciliation"] = serde_json::json!(r.col::<Option<String>>("reconciliation")?);
                 b["coordinator"] = serde_json::json!({
-                    "reservation_id": r.get::<_, Option<String>>(2),
-                    "assignment_id": r.get::<_, Option<String>>(3),
-                    "assignment_attempt_id": r.get::<_, Option<String>>(4),
-                    "coordinator_epoch": r.get::<_, i64>(5),
-                    "responsibility_owner": r.get::<_, Option<String>>(6),
-                    "execution_owner": r.get::<_, Option<String>>(7),
-                    "ingested_at": r.get::<_, String>(8),
+                    "reservation_id": r.col::<Option<String>>("reservation_id")?,
+                    "assignment_id": r.col::<Option<String>>("assignment_id")?,
+                    "assignment_attempt_id": r.col::<Option<String>>("assignment_attempt_id")?,
+                    "coordinator_epoch": r.col::<i64>("ingested_epoch")?,
+                    "responsibility_owner": r.col::<Option<String>>("responsibility_owner")?,
+                    "execution_owner": r.col::<Option<String>>("execution_owner")?,
+                    "ingested_at": r.col::<String>("ingested_at")?,
                 });
-                b
+                Ok(b)
             })
-            .collect())
+            .collect()
     }
 
     /// The runtimes a host advertised at its last hello.
@@ -519,11 +529,10 @@ impl Store {
         host_id: &str,
     ) -> Result<Option<Vec<String>>, AuthorityError> {
         let c = self.pool.get().await?;
-        Ok(
-            c.query_opt("SELECT runtimes FROM hosts WHERE host_id = $1", &[&host_id])
-                .await?
-                .map(|r| r.get(0)),
-        )
+        c.query_opt("SELECT runtimes FROM hosts WHERE host_id = $1", &[&host_id])
+            .await?
+            .map(|r| r.col("runtimes"))
+            .transpose()
     }
 
     /// The primary's clock now (RFC 3339, as `mosaic_ts` formats it), and `ahead_ms` later.
@@ -531,12 +540,12 @@ impl Store {
         let c = self.pool.get().await?;
         let r = c
             .query_one(
-                "SELECT mosaic_ts(t), mosaic_ts(t + make_interval(secs => $1::double precision / 1000)) \
+                "SELECT mosaic_ts(t) AS now, mosaic_ts(t + make_interval(secs => $1::double precision / 1000)) AS later \
                  FROM clock_timestamp() t",
                 &[&(ahead_ms as f64)],
             )
             .await?;
-        Ok((r.get(0), r.get(1)))
+        Ok((r.col("now")?, r.col("later")?))
     }
 
     /// Records a newly admitted host session: its id may never have been admitted before
@@ -558,7 +567,7 @@ impl Store {
                 .query_one(sql, &[&session_id, &host_id, &coordinator_epoch])
                 .await
             {
-                Ok(r) => return Ok(r.get(0)),
+                Ok(r) => return r.col("session_epoch"),
                 Err(e)
                     if e.as_db_error().is_some_and(|d| {
                         d.constraint() == Some("host_sessions_host_id_session_epoch_key")
@@ -616,12 +625,12 @@ impl Store {
         reservation_id: &str,
     ) -> Result<Option<String>, AuthorityError> {
         let c = self.pool.get().await?;
-        Ok(c.query_one(
-            "SELECT mosaic_ts(min(expires_at)) FROM leases WHERE reservation_id = $1 AND released_at IS NULL",
+        c.query_one(
+            "SELECT mosaic_ts(min(expires_at)) AS expires_at FROM leases WHERE reservation_id = $1 AND released_at IS NULL",
             &[&reservation_id],
         )
         .await?
-        .get(0))
+        .col("expires_at")
     }
 
     /// RUNNING chains and their earliest unreleased lease: (chain, expired, past half-life).
@@ -630,8 +639,8 @@ impl Store {
         let rows = c
             .query(
                 "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id, \
-                        bool_or(s.expires_at <= clock_timestamp()), \
-                        bool_or(s.expires_at - clock_timestamp() < (s.expires_at - s.issued_at) / 2) \
+                        bool_or(s.expires_at <= clock_timestamp()) AS expired, \
+                        bool_or(s.expires_at - clock_timestamp() < (s.expires_at - s.issued_at) / 2) AS past_half_life \
                  FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) JOIN lanes ln ON ln.lane_id = li.lane_id \
                  JOIN leases s ON s.reservation_id = r.reservation_id AND s.released_at IS NULL \
                  WHERE li.state = 'RUNNING' AND li.retired_at IS NULL AND r.released_at IS NULL \
@@ -639,30 +648,22 @@ impl Store {
                 &[],
             )
             .await?;
-        Ok(rows
-            .iter()
+        rows.iter()
             .map(|r| {
-                (
-                    Chain {
-                        lane_id: r.get(0),
-                        lane_incarnation_id: r.get(1),
-                        assignment_id: r.get(2),
-                        assignment_attempt_id: r.get(3),
-                        reservation_id: r.get(4),
-                        reservation_epoch: r.get(5),
-                    },
-                    r.get(6),
-                    r.get::<_, Option<bool>>(7).unwrap_or(false),
-                    r.get::<_, Option<bool>>(8).unwrap_or(false),
-                )
+                Ok((
+                    Chain::from_row(r)?,
+                    r.col("host_id")?,
+                    r.col::<Option<bool>>("expired")?.unwrap_or(false),
+                    r.col::<Option<bool>>("past_half_life")?.unwrap_or(false),
+                ))
             })
-            .collect())
+            .collect()
     }
 
     /// Preactivation chains whose reservation deadline has passed (database time).
     pub async fn expired_chains(&self) -> Result<Vec<(Chain, String)>, AuthorityError> {
         let c = self.pool.get().await?;
-        Ok(c.query(
+        c.query(
             "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id \
              FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) JOIN lanes ln ON ln.lane_id = li.lane_id \
              WHERE r.released_at IS NULL AND r.deadline <= clock_timestamp() AND li.retired_at IS NULL \
@@ -671,19 +672,7 @@ impl Store {
         )
         .await?
         .iter()
-        .map(|r| {
-            (
-                Chain {
-                    lane_id: r.get(0),
-                    lane_incarnation_id: r.get(1),
-                    assignment_id: r.get(2),
-                    assignment_attempt_id: r.get(3),
-                    reservation_id: r.get(4),
-                    reservation_epoch: r.get(5),
-                },
-                r.get(6),
-            )
-        })
-        .collect())
+        .map(|r| Ok((Chain::from_row(r)?, r.col("host_id")?)))
+        .collect()
     }
 }

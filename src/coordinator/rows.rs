@@ -11,11 +11,11 @@ use super::error::AuthorityError;
 /// Column access by name that reports a missing column, a wrong type, a NULL where none is
 /// allowed, or an unknown state as [`AuthorityError::Decode`].
 pub trait RowExt {
-    fn col<'a, T: FromSql<'a>>(&'a self, name: &'static str) -> Result<T, AuthorityError>;
+    fn col<'a, T: FromSql<'a>>(&'a self, name: &str) -> Result<T, AuthorityError>;
 }
 
 impl RowExt for Row {
-    fn col<'a, T: FromSql<'a>>(&'a self, name: &'static str) -> Result<T, AuthorityError> {
+    fn col<'a, T: FromSql<'a>>(&'a self, name: &str) -> Result<T, AuthorityError> {
         self.try_get(name).map_err(|e| {
             let mut detail = e.to_string();
             let mut src = std::error::Error::source(&e);
@@ -24,7 +24,7 @@ impl RowExt for Row {
                 src = s.source();
             }
             AuthorityError::Decode {
-                column: name,
+                column: name.to_string(),
                 detail,
             }
         })

@@ -77,6 +77,14 @@ macro_rules! state_enum {
             }
         }
 
+        /// Compares with the column's text (for tests and read models; decisions compare
+        /// enums).
+        impl PartialEq<&str> for $name {
+            fn eq(&self, other: &&str) -> bool {
+                self.as_str() == *other
+            }
+        }
+
         impl ToSql for $name {
             fn to_sql(
                 &self,

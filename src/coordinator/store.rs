@@ -11,6 +11,7 @@ use tokio_postgres::NoTls;
 
 use super::audit::Auditor;
 use super::error::AuthorityError;
+use super::rows::RowExt;
 use super::secret::CoordinatorSecret;
 
 /// Migrations, in order; index + 1 is the schema version.
@@ -292,7 +293,10 @@ impl Store {
     /// Authority refuses to run on a standby.
     pub async fn require_primary(&self) -> Result<(), AuthorityError> {
         let c = self.pool.get().await?;
-        let standby: bool = c.query_one("SELECT pg_is_in_recovery()", &[]).await?.get(0);
+        let standby: bool = c
+            .query_one("SELECT pg_is_in_recovery() AS standby", &[])
+            .await?
+            .col("standby")?;
         if standby {
             return Err(AuthorityError::Standby);
         }
@@ -309,15 +313,15 @@ impl Store {
             .await?;
         let exists: bool = tx
             .query_one(
-                "SELECT to_regclass('public.mosaic_schema') IS NOT NULL",
+                "SELECT to_regclass('public.mosaic_schema') IS NOT NULL AS present",
                 &[],
             )
             .await?
-            .get(0);
+            .col("present")?;
         let current: i32 = if exists {
             tx.query_one("SELECT version FROM mosaic_schema", &[])
                 .await?
-                .get(0)
+                .col("version")?
         } else {
             0
         };
@@ -350,9 +354,9 @@ impl Store {
             &[&fresh],
         )
         .await?;
-        Ok(c.query_one("SELECT sot_incarnation FROM sot", &[])
+        c.query_one("SELECT sot_incarnation FROM sot", &[])
             .await?
-            .get(0))
+            .col("sot_incarnation")
     }
 
     /// The audit writer (refusals are recorded through it, never inline).
@@ -365,24 +369,26 @@ impl Store {
     pub async fn audit_log(&self, since: i64) -> Result<Vec<AuditRow>, AuthorityError> {
         self.audit.flush().await;
         let c = self.pool.get().await?;
-        Ok(c.query(
-            "SELECT id, mosaic_ts(at), operation, category, coordinator_epoch, assignment_id, lane_incarnation_id, detail \
+        c.query(
+            "SELECT id, mosaic_ts(at) AS at, operation, category, coordinator_epoch, assignment_id, lane_incarnation_id, detail \
              FROM audit WHERE id > $1 ORDER BY id LIMIT 10000",
             &[&since],
         )
         .await?
         .iter()
-        .map(|r| AuditRow {
-            id: r.get(0),
-            at: r.get(1),
-            operation: r.get(2),
-            category: r.get(3),
-            coordinator_epoch: r.get(4),
-            assignment_id: r.get(5),
-            lane_incarnation_id: r.get(6),
-            detail: r.get(7),
+        .map(|r| {
+            Ok(AuditRow {
+                id: r.col("id")?,
+                at: r.col("at")?,
+                operation: r.col("operation")?,
+                category: r.col("category")?,
+                coordinator_epoch: r.col("coordinator_epoch")?,
+                assignment_id: r.col("assignment_id")?,
+                lane_incarnation_id: r.col("lane_incarnation_id")?,
+                detail: r.col("detail")?,
+            })
         })
-        .collect())
+        .collect()
     }
 }
 

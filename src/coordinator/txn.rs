@@ -30,6 +30,7 @@ use tokio_postgres::Row;
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
+use super::rows::RowExt;
 use super::store::Store;
 
 /// The durable receipt of one authority transition.
@@ -319,14 +320,36 @@ impl Undecided<'_> {
             .next())
     }
 
+    /// Explains the refusal from the CAS's own predicate table (`cas`): runs `diagnosis`
+    /// with the CAS's parameters and refuses with the first predicate that does not hold;
+    /// no row at all is `not_found`.
+    pub async fn diagnose(
+        self,
+        diagnosis: &str,
+        params: &[&(dyn ToSql + Sync)],
+        preds: &[super::cas::Pred],
+        not_found: &'static str,
+    ) -> Result<AuthorityError, AuthorityError> {
+        let Some(row) = self.read_opt(diagnosis, params).await? else {
+            return self.reject(Category::NotFound, not_found).await;
+        };
+        match super::cas::first_failed(&row, preds)? {
+            Some(p) => self.reject(p.category, p.detail).await,
+            // Every predicate holds now: the row changed between the CAS and this read.
+            None => {
+                self.reject(Category::Conflict, "the state changed concurrently; retry")
+                    .await
+            }
+        }
+    }
+
     /// Whether the caller still leads (the most common reason a CAS matched nothing).
     pub async fn leader_ok(&self) -> Result<bool, AuthorityError> {
         let stmt = self.tx.prepare_cached(LEADER_OK_SQL).await?;
-        Ok(self
-            .tx
+        self.tx
             .query_one(&stmt, &self.leader.params())
             .await?
-            .get(0))
+            .col("leader_ok")
     }
 
     /// Refuses with `category`, after checking leadership first: a stale leader is always
@@ -350,7 +373,7 @@ impl Undecided<'_> {
     }
 }
 
-const LEADER_OK_SQL: &str = "SELECT mosaic_leader_ok($1, $2, $3, $4, $5)";
+const LEADER_OK_SQL: &str = "SELECT mosaic_leader_ok($1, $2, $3, $4, $5) AS leader_ok";
 
 /// Opens the frame: replay first (a committed transition answers with its receipt even to a
 /// coordinator that has since lost leadership), then the leadership check (the predicate
@@ -358,10 +381,10 @@ const LEADER_OK_SQL: &str = "SELECT mosaic_leader_ok($1, $2, $3, $4, $5)";
 const OPEN_SQL: &str =
     "SELECT EXISTS (SELECT 1 FROM leadership l JOIN sot s ON s.sot_incarnation = l.sot_incarnation \
             WHERE l.epoch = $1 AND l.holder = $2 AND l.launch_id = $3 AND l.credential_digest = $4 \
-              AND l.sot_incarnation = $5 AND NOT l.released AND l.lease_expires_at > clock_timestamp()), \
+              AND l.sot_incarnation = $5 AND NOT l.released AND l.lease_expires_at > clock_timestamp()) AS leader_ok, \
         i.operation, i.request_digest, \
         r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, r.assignment_id, \
-        r.lane_incarnation_id, mosaic_ts(r.decided_at), r.body \
+        r.lane_incarnation_id, mosaic_ts(r.decided_at) AS decided_at, r.body \
      FROM (SELECT 1) one \
      LEFT JOIN idempotency i ON i.idempotency_key = $6 \
      LEFT JOIN transition_receipts r ON r.receipt_id = i.receipt_id";
@@ -400,17 +423,22 @@ const RETRIES: [Duration; 3] = [
     Duration::from_millis(1000),
 ];
 
-fn row_receipt(r: &Row, base: usize) -> Receipt {
-    Receipt {
-        receipt_id: r.get(base),
-        transition: r.get(base + 1),
-        sot_incarnation: r.get(base + 2),
-        coordinator_epoch: r.get(base + 3),
-        assignment_id: r.get(base + 4),
-        lane_incarnation_id: r.get(base + 5),
-        decided_at: r.get(base + 6),
-        body: r.get(base + 7),
-        replayed: true,
+impl Receipt {
+    /// A committed receipt read back (a replay): the row selects `receipt_id`,
+    /// `transition`, `sot_incarnation`, `coordinator_epoch`, `assignment_id`,
+    /// `lane_incarnation_id`, `decided_at` (as `mosaic_ts` text) and `body`.
+    pub(crate) fn from_row(r: &Row) -> Result<Receipt, AuthorityError> {
+        Ok(Receipt {
+            receipt_id: r.col("receipt_id")?,
+            transition: r.col("transition")?,
+            sot_incarnation: r.col("sot_incarnation")?,
+            coordinator_epoch: r.col("coordinator_epoch")?,
+            assignment_id: r.col("assignment_id")?,
+            lane_incarnation_id: r.col("lane_incarnation_id")?,
+            decided_at: r.col("decided_at")?,
+            body: r.col("body")?,
+            replayed: true,
+        })
     }
 }
 
@@ -491,9 +519,9 @@ impl Store {
         let (begun, row) = join(c.batch_execute("BEGIN"), c.query_one(&open, &params)).await;
         begun?;
         let row = row?;
-        if let Some(op) = row.get::<_, Option<String>>(1) {
+        if let Some(op) = row.col::<Option<String>>("operation")? {
             conn.rollback().await;
-            let digest: String = row.get(2);
+            let digest: String = row.col("request_digest")?;
             if op != step.op || digest != step.request {
                 return Err(reject(
                     step.op,
@@ -501,9 +529,9 @@ impl Store {
                     "idempotency key already used for a different request",
                 ));
             }
-            return Ok(row_receipt(&row, 3));
+            return Receipt::from_row(&row);
         }
-        if !row.get::<_, bool>(0) {
+        if !row.col::<bool>("leader_ok")? {
             conn.rollback().await;
             return Err(reject(
                 step.op,
@@ -556,7 +584,7 @@ impl Store {
         {
             conn.open.store(false, Ordering::SeqCst);
         }
-        let decided: String = inserted?.get(0);
+        let decided: String = inserted?.col("decided_at")?;
         committed?;
         Ok(Receipt {
             receipt_id: id,
@@ -607,15 +635,19 @@ impl Store {
         let stmt = c
             .prepare_cached(
                 "SELECT i.operation, i.request_digest, r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, \
-                        r.assignment_id, r.lane_incarnation_id, mosaic_ts(r.decided_at), r.body \
+                        r.assignment_id, r.lane_incarnation_id, mosaic_ts(r.decided_at) AS decided_at, r.body \
                  FROM idempotency i JOIN transition_receipts r USING (receipt_id) WHERE i.idempotency_key = $1",
             )
             .await?;
         let Some(r) = c.query_opt(&stmt, &[&key]).await? else {
             return Ok(None);
         };
-        let (rop, rdig): (String, String) = (r.get(0), r.get(1));
-        Ok((rop == op && rdig == request).then(|| row_receipt(&r, 2)))
+        let (rop, rdig): (String, String) = (r.col("operation")?, r.col("request_digest")?);
+        if rop == op && rdig == request {
+            Receipt::from_row(&r).map(Some)
+        } else {
+            Ok(None)
+        }
     }
 }
 

@@ -25,7 +25,7 @@ use crate::protocol::transport::Outgoing;
 
 use super::operator::OpError;
 use super::Service;
-use crate::coordinator::states::{GenState, LaneState};
+use crate::coordinator::states::{ContinuationState, GenState, HandoffState, LaneState};
 
 /// When each waiting chain was last sent its message (a cache for resends).
 #[derive(Default)]
@@ -94,7 +94,7 @@ impl Service {
                 // An accepted handoff's target chain: its own activation challenge now.
                 (LaneState::AwaitingAck, true) if ours && c.challenge_id.is_none() => {
                     match self.store.handoff_of_reservation(reservation_id).await? {
-                        Some(h) if h.state == "ACCEPTED" => self
+                        Some(h) if h.state == HandoffState::Accepted => self
                             .store
                             .issue_activation_challenge(l, &c.chain, self.timing.challenge_ttl_ms)
                             .await
@@ -305,7 +305,7 @@ impl Service {
         else {
             return false;
         };
-        if h.state != "CHALLENGED" {
+        if h.state != HandoffState::Challenged {
             return false;
         }
         let mut f = self.chain_fields(l, c, Proof::Reveal);
@@ -354,11 +354,11 @@ impl Service {
             }
             let key = format!("continuation/{}", v.continuation_id);
             let ours = v.claimant_epoch == Some(l.epoch());
-            let step = match v.state.as_str() {
-                "PENDING" | "CLAIMED"
+            let step = match v.state {
+                ContinuationState::Pending | ContinuationState::Claimed
                     if v.expired
                         || (v.attempts >= v.max_attempts
-                            && (v.state == "PENDING" || v.claim_expired)) =>
+                            && (v.state == ContinuationState::Pending || v.claim_expired)) =>
                 {
                     match self.store.expire_continuation(l, &v).await {
                         Ok(_) => {
@@ -370,7 +370,7 @@ impl Service {
                     }
                     continue;
                 }
-                "DELIVERY_ACCEPTED" if v.expired => {
+                ContinuationState::DeliveryAccepted if v.expired => {
                     match self.store.abandon_continuation(l, &v).await {
                         Ok(r) => {
                             self.bump();
@@ -384,8 +384,8 @@ impl Service {
                     }
                     continue;
                 }
-                "PENDING" => true,
-                "CLAIMED" if v.claim_expired || !ours => true,
+                ContinuationState::Pending => true,
+                ContinuationState::Claimed if v.claim_expired || !ours => true,
                 _ => false,
             };
             let claim_ref = if step {
@@ -400,13 +400,13 @@ impl Service {
                     }
                 }
             } else {
-                if only.is_none() && !self.stale_since(&key, &v.state, RESEND_AFTER) {
+                if only.is_none() && !self.stale_since(&key, v.state.as_str(), RESEND_AFTER) {
                     continue;
                 }
                 v.claim_ref.clone()
             };
             let Some(claim_ref) = claim_ref else { continue };
-            let phase = if v.state == "DELIVERY_ACCEPTED" {
+            let phase = if v.state == ContinuationState::DeliveryAccepted {
                 "accepted"
             } else {
                 "offer"
@@ -442,7 +442,12 @@ impl Service {
             ]);
             f.extend(Self::issued(&c.last_decided_at, &v.expires_at));
             if self.sign_push(&c.host_id, MessageType::Continuation, f) {
-                let state = if step { "CLAIMED" } else { v.state.as_str() };
+                let state = if step {
+                    ContinuationState::Claimed
+                } else {
+                    v.state
+                };
+                let state = state.as_str();
                 self.mark_sent(&key, state);
             }
         }

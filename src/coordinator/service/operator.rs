@@ -24,7 +24,7 @@ use crate::protocol::task;
 use crate::protocol::transport::{self, TlsIdentity};
 
 use super::{Service, ServiceError};
-use crate::coordinator::states::LaneState;
+use crate::coordinator::states::{ContinuationState, LaneState, Lifecycle, WorkStatus};
 
 /// A refusal as operators see it: a category to count and script on, then prose.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
@@ -274,7 +274,7 @@ impl Service {
                     .release_quarantine(&l, &lane.lane_incarnation_id, &request_id(rid))
                     .await;
                 let r = self.settled(&l, r).await?;
-                json!({ "lane_id": lane_id, "lane_incarnation_id": lane.lane_incarnation_id, "state": "IDLE_CLEAN", "receipt_id": r.receipt_id })
+                json!({ "lane_id": lane_id, "lane_incarnation_id": lane.lane_incarnation_id, "state": LaneState::IdleClean, "receipt_id": r.receipt_id })
             }
             OperatorRequest::LaneRecreate { lane_id } => {
                 let l = self.leader().await?;
@@ -313,7 +313,7 @@ impl Service {
                     )
                     .await;
                 let r = self.settled(&l, r).await?;
-                json!({ "assignment_id": assignment_id, "work_status": "blocked", "blocker_code": code,
+                json!({ "assignment_id": assignment_id, "work_status": WorkStatus::Blocked, "blocker_code": code,
                         "next_action": next_action, "receipt_id": r.receipt_id })
             }
             OperatorRequest::Unblock {
@@ -327,7 +327,7 @@ impl Service {
                     .unblock(&l, &assignment_id, &next_action, &request_id(rid))
                     .await;
                 let r = self.settled(&l, r).await?;
-                json!({ "assignment_id": assignment_id, "work_status": "active", "next_action": next_action,
+                json!({ "assignment_id": assignment_id, "work_status": WorkStatus::Active, "next_action": next_action,
                         "inactivity_deadline": r.body["inactivity_deadline"], "receipt_id": r.receipt_id })
             }
             OperatorRequest::PolicyPublish { policy } => {
@@ -366,7 +366,7 @@ impl Service {
                 let r = self.settled(&l, r).await?;
                 let id = r.str("continuation_id")?;
                 self.push_continuations(&l, Some(&id)).await;
-                json!({ "assignment_id": assignment_id, "continuation_id": id, "state": "PENDING",
+                json!({ "assignment_id": assignment_id, "continuation_id": id, "state": ContinuationState::Pending,
                         "expires_at": r.body["expires_at"], "receipt_id": r.receipt_id })
             }
             OperatorRequest::Policy { policy_id } => match self.store.policy(&policy_id).await? {
@@ -542,7 +542,7 @@ impl Service {
             .await?;
         if c.lane_state == LaneState::Running && c.reservation_open {
             let mut out = base;
-            out["state"] = json!("RUNNING");
+            out["state"] = json!(LaneState::Running);
             out["generation"] = json!(c.generation);
             let id = c.process_identity.clone().unwrap_or_default();
             out["process_identity"] = json!({
@@ -711,14 +711,18 @@ impl Service {
         }
         let view = |a: Option<crate::coordinator::model::AssignmentView>| {
             json!({ "assignment_id": assignment_id, "requested_outcome": outcome.as_str(),
-                    "state": a.as_ref().map(|a| a.lifecycle.clone()), "final_evidence_digest": a.and_then(|a| a.final_evidence_digest),
+                    "state": a.as_ref().map(|a| a.lifecycle), "final_evidence_digest": a.and_then(|a| a.final_evidence_digest),
                     "leases_revoked": true })
         };
-        let done = |s: &str| !matches!(s, "ACTIVE" | "RECOVERY");
+        let done = |s: &Lifecycle| !crate::coordinator::states::NONTERMINAL.contains(s);
         let now = self.store.assignment(assignment_id).await?;
         if !ended.awaiting_receipt || now.as_ref().is_some_and(|a| done(&a.lifecycle)) || !wait {
             let mut v = view(now);
-            if ended.awaiting_receipt && !v["state"].as_str().is_some_and(done) {
+            let final_now = v["state"]
+                .as_str()
+                .and_then(|s| s.parse::<Lifecycle>().ok())
+                .is_some_and(|s| done(&s));
+            if ended.awaiting_receipt && !final_now {
                 v["pending"] = json!("waiting for the host's termination receipt");
             }
             return Ok(v);

@@ -16,7 +16,7 @@ use crate::coordinator::leader::Leader;
 
 use super::driver::RESEND_AFTER;
 use super::Service;
-use crate::coordinator::states::LaneState;
+use crate::coordinator::states::{LaneState, Lifecycle, WatchdogStep};
 
 const TICK: Duration = Duration::from_millis(500);
 
@@ -143,8 +143,8 @@ impl Service {
             }
         };
         for w in due {
-            let r = match (w.lifecycle.as_str(), w.lane_state.as_str()) {
-                ("ACTIVE", "RUNNING") if w.deadline_due => match &w.chain {
+            let r = match (w.lifecycle, w.lane_state) {
+                (Lifecycle::Active, LaneState::Running) if w.deadline_due => match &w.chain {
                     Some(c) => self.store.inactivity_replace(l, c).await.map(|r| {
                         tracing::warn!(lane_id = %w.lane_id, assignment_id = %w.assignment_id,
                             no_progress_since = %w.base_at, "no validated progress by the inactivity deadline: replacing the generation");
@@ -152,19 +152,19 @@ impl Service {
                     }),
                     None => continue,
                 },
-                ("ACTIVE", "RUNNING") if w.step == "warned" && w.escalate_due => {
+                (Lifecycle::Active, LaneState::Running) if w.step == WatchdogStep::Warned && w.escalate_due => {
                     self.store.inactivity_notice(l, &w, true).await.map(|_| {
                         tracing::error!(lane_id = %w.lane_id, assignment_id = %w.assignment_id,
                             no_progress_since = %w.base_at, "inactivity escalated: no validated progress");
                     })
                 }
-                ("ACTIVE", "RUNNING") if w.step == "none" && w.warn_due => {
+                (Lifecycle::Active, LaneState::Running) if w.step == WatchdogStep::None && w.warn_due => {
                     self.store.inactivity_notice(l, &w, false).await.map(|_| {
                         tracing::warn!(lane_id = %w.lane_id, assignment_id = %w.assignment_id,
                             no_progress_since = %w.base_at, "inactivity warning: no validated progress");
                     })
                 }
-                ("RECOVERY", _) if (w.step == "replacing" || w.deadline_due) && !w.unended => {
+                (Lifecycle::Recovery, _) if (w.step == WatchdogStep::Replacing || w.deadline_due) && !w.unended => {
                     if w.attempts_used >= i64::from(w.max_attempts) {
                         self.store.inactivity_exhausted(l, &w).await.map(|_| {
                             tracing::error!(assignment_id = %w.assignment_id, attempts = w.attempts_used,
@@ -211,7 +211,7 @@ impl Service {
         if same_lane_ok {
             let usable = lanes.iter().any(|lane| {
                 lane.lane_id == w.lane_id
-                    && lane.state != "QUARANTINED"
+                    && lane.state != LaneState::Quarantined
                     && !lane.recreate_requested
                     && lane.host_quarantine_reason.is_none()
                     && self.hosts.is_connected(&lane.host_id)
@@ -221,7 +221,7 @@ impl Service {
         let mut candidates = Vec::new();
         for lane in lanes {
             let same = lane.lane_id == w.lane_id;
-            if lane.state != "IDLE_CLEAN"
+            if lane.state != LaneState::IdleClean
                 || lane.recreate_requested
                 || lane.host_quarantine_reason.is_some()
                 || lane.unended_generation.is_some()
