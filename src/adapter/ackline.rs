@@ -65,6 +65,58 @@ pub fn answer_binds(answer: &str, phrase: &str, key: &str) -> bool {
         })
 }
 
+// The contract text and the two derived values the ACK binds.
+
+/// The text every family puts in front of the model as its contract. It carries the
+/// contract key, which the activation answer must repeat: only a model that has this text
+/// in its context can acknowledge.
+pub fn contract_context(task_text: &str, contracts_digest: &str, key: &str) -> String {
+    format!(
+        "Mosaic contract {contracts_digest}, contract key {key}. You run as one generation of \
+         a Mosaic lane; your task follows. When Mosaic sends an activation check (a line with \
+         mosaic-challenge:<hex>), answer it exactly as asked before anything else.\n\n{task_text}"
+    )
+}
+
+fn derive(label: &[u8], parts: &[&[u8]]) -> String {
+    use sha2::Digest;
+    let mut h = sha2::Sha256::new();
+    h.update(label);
+    for p in parts {
+        h.update(b"\0");
+        h.update(p);
+    }
+    hex::encode(&h.finalize()[..16])
+}
+
+/// The key a generation's contract text carries (derived from the contract's digest and the
+/// generation, so a contract delivered to another generation does not fit).
+pub fn contract_key(contracts_digest: &str, lane_incarnation_id: &str, generation: u64) -> String {
+    derive(
+        b"mosaic contract key v1",
+        &[
+            contracts_digest.as_bytes(),
+            lane_incarnation_id.as_bytes(),
+            &generation.to_be_bytes(),
+        ],
+    )[..12]
+        .to_string()
+}
+
+/// The phrase a harness must answer to acknowledge `challenge_id`: derived from the
+/// challenge and the generation, so it cannot be produced without seeing the challenge
+/// turn, and it does not reveal the challenge id itself.
+pub fn ack_phrase(challenge_id: &str, lane_incarnation_id: &str, generation: u64) -> String {
+    derive(
+        b"mosaic harness ack v1",
+        &[
+            challenge_id.as_bytes(),
+            lane_incarnation_id.as_bytes(),
+            &generation.to_be_bytes(),
+        ],
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -434,7 +434,7 @@ impl Store {
                     &[&asg, &res, &inc, &g],
                 ).await?;
                 if replaced == 1 {
-                    super::ending::drain_running(&d, &inc, &res, Some(g), "a continuation's delivery is ambiguous").await?;
+                    d.drain_running(&inc, &res, Some(g), "a continuation's delivery is ambiguous").await?;
                 }
                 d.decide(json!({ "continuation_id": id, "assignment_id": asg, "state": ContinuationState::Abandoned, "generation_replaced": replaced == 1,
                     "generation": g }))

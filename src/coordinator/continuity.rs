@@ -447,7 +447,7 @@ impl Store {
                 };
                 let g: Option<i64> = d.row().col("generation")?;
                 let since: String = d.row().col("base_at")?;
-                super::ending::drain_running(&d, &c.lane_incarnation_id, &c.reservation_id, g,
+                d.drain_running(&c.lane_incarnation_id, &c.reservation_id, g,
                     "no validated progress by the inactivity deadline").await?;
                 d.decide(json!({ "chain": c, "to": LaneState::Draining, "generation_to_stop": g, "no_progress_since": since,
                     "assignment_to": Lifecycle::Recovery, "watchdog_step": WatchdogStep::Replacing }))

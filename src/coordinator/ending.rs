@@ -18,6 +18,7 @@ use serde::Serialize;
 use serde_json::json;
 
 use super::error::{reject, AuthorityError, Category};
+use super::followups::RecoveryOf;
 use super::leader::Leader;
 use super::model::{Chain, Outcome, PREACTIVATION};
 use super::rows::RowExt;
@@ -96,35 +97,6 @@ fn final_evidence(outcome: &str, receipt_digest: &str, supplied: Option<&str>) -
     )
 }
 
-/// Follow-up: every lease and the reservation of `reservation` released.
-pub(crate) const RELEASE_LEASES: &str = "UPDATE leases SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL";
-pub(crate) const RELEASE_RESERVATION: &str = "UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL";
-/// Follow-up: the durable intent that generation $2 of incarnation $1 be stopped (reason $3),
-/// which the host is told until its receipt arrives.
-pub(crate) const REQUEST_STOP: &str = "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = $3 \
-     WHERE lane_incarnation_id = $1 AND generation = $2 AND state <> 'ENDED' AND stop_requested_at IS NULL";
-
-/// Follow-up of a transition that takes a RUNNING generation's authority away (an inactivity
-/// replacement, an abandoned continuation, an accepted handoff's source): its lane DRAINING,
-/// its leases revoked, its stop requested. Returns how many leases were revoked.
-pub(crate) async fn drain_running(
-    d: &super::txn::Decided<'_>,
-    lane_incarnation_id: &str,
-    reservation_id: &str,
-    generation: Option<i64>,
-    reason: &str,
-) -> Result<u64, AuthorityError> {
-    d.exec_one(
-        "UPDATE lane_incarnations SET state = 'DRAINING' WHERE lane_incarnation_id = $1 AND state = 'RUNNING'",
-        &[&lane_incarnation_id],
-    )
-    .await?;
-    let revoked = d.exec(RELEASE_LEASES, &[&reservation_id]).await?;
-    d.exec(REQUEST_STOP, &[&lane_incarnation_id, &generation, &reason])
-        .await?;
-    Ok(revoked)
-}
-
 impl Store {
     /// A preactivation chain ends (expiry, or a host that lost it): the assignment goes to
     /// recovery, the reservation is released and, if a generation was staged, the lane
@@ -170,20 +142,18 @@ impl Store {
                 let generation: Option<i64> = d.row().col("generation")?;
                 let requested: Option<String> = d.row().col("requested_outcome")?;
                 let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&c.reservation_id]).await?.col("open")?;
-                d.exec_one(RELEASE_RESERVATION, &[&c.reservation_id]).await?;
+                d.release_one(&c.reservation_id).await?;
                 if let Some(g) = generation {
-                    d.exec(REQUEST_STOP, &[&c.lane_incarnation_id, &g, &why]).await?;
+                    d.request_stop(&c.lane_incarnation_id, Some(g), why).await?;
                 }
                 // A handoff's target chain that ends before its ACK leaves the work with its
                 // source (the release above handed it back, migration 0009); the work of any
                 // other chain goes to recovery — if this chain is still the work's current one
                 // (a chain orphaned by a withdrawn offer is not).
                 if requested.is_none() && !open_target {
-                    d.exec(
-                        "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
-                                next_action = 'resume on a fresh chain: ' || $2 \
-                         WHERE assignment_id = $1 AND lifecycle = 'ACTIVE' AND lane_incarnation_id = $3",
-                        &[&c.assignment_id, &why, &c.lane_incarnation_id],
+                    d.to_recovery(
+                        RecoveryOf::AssignmentOnLane { assignment: &c.assignment_id, lane_incarnation: &c.lane_incarnation_id },
+                        &format!("resume on a fresh chain: {why}"),
                     ).await?;
                 }
                 d.decide(json!({ "chain": c, "cause": why, "to": to, "generation_to_stop": generation }))
@@ -298,10 +268,10 @@ impl Store {
                                 return Err(reject(OP, Category::WrongState, "the lane changed under the request; retry"));
                             };
                             let to: LaneState = d.row().col("state")?;
-                            d.exec(RELEASE_LEASES, &[&res]).await?;
+                            d.revoke_leases(&res).await?;
                             match generation {
                                 Some(g) => {
-                                    d.exec(REQUEST_STOP, &[&inc, &g, &format!("operator: {}", o.to_lowercase())]).await?;
+                                    d.request_stop(&inc, Some(g), &format!("operator: {}", o.to_lowercase())).await?;
                                     d.exec_one(
                                         "UPDATE assignments SET requested_outcome = $2, requested_evidence_digest = $3, execution_owner = NULL, \
                                                 next_action = 'wait for the host to prove generation ' || $4 || ' ended, then finalize ' || $2 \
@@ -311,7 +281,7 @@ impl Store {
                                 }
                                 None => {
                                     // Nothing ran under this chain: final at once.
-                                    d.exec_one(RELEASE_RESERVATION, &[&res]).await?;
+                                    d.release_one(&res).await?;
                                     let fe = final_evidence(o, "no-generation", evidence.as_deref());
                                     d.exec_one(
                                         "UPDATE assignments SET lifecycle = $2, requested_outcome = $2, requested_evidence_digest = $3, execution_owner = NULL, \
@@ -494,8 +464,8 @@ impl Store {
                         // The requested end (an operator's, or a recovery drain): RETIRING, and
                         // the outcome final if one was requested.
                         d.exec_one("UPDATE lane_incarnations SET state = 'RETIRING' WHERE lane_incarnation_id = $1", &[&inc]).await?;
-                        d.exec(RELEASE_LEASES, &[&reservation]).await?;
-                        d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
+                        d.revoke_leases(&reservation).await?;
+                        d.release_reservation(&reservation).await?;
                         let outcome = if current {
                             finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?
                         } else {
@@ -511,17 +481,15 @@ impl Store {
                             &[&inc, &to, &generation.to_string()],
                         ).await?;
                         let open_target: bool = d.query_one(super::handoff::IS_OPEN_TARGET, &[&reservation]).await?.col("open")?;
-                        d.exec(RELEASE_LEASES, &[&reservation]).await?;
-                        d.exec(RELEASE_RESERVATION, &[&reservation]).await?;
+                        d.revoke_leases(&reservation).await?;
+                        d.release_reservation(&reservation).await?;
                         // A handoff target dying before its ACK leaves the work with its source
                         // (the release handed it back); otherwise the work, if this is its
                         // current chain, goes to recovery.
                         if !open_target {
-                            d.exec(
-                                "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
-                                        next_action = 'resume on a fresh generation: generation ' || $2 || ' ended unexpectedly' \
-                                 WHERE assignment_id = $1 AND lifecycle = 'ACTIVE' AND lane_incarnation_id = $3",
-                                &[&assignment, &generation.to_string(), &inc],
+                            d.to_recovery(
+                                RecoveryOf::AssignmentOnLane { assignment: &assignment, lane_incarnation: &inc },
+                                &format!("resume on a fresh generation: generation {generation} ended unexpectedly"),
                             ).await?;
                         }
                         Reconciliation::Recovery { lane_state: to.to_string() }
@@ -690,13 +658,9 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::WrongState, "not a RUNNING chain with an expired lease").await?),
                 };
                 let g: Option<i64> = d.row().col("generation")?;
-                d.exec(RELEASE_LEASES, &[&c.reservation_id]).await?;
-                d.exec(REQUEST_STOP, &[&c.lane_incarnation_id, &g, &"effect lease expired"]).await?;
-                d.exec(
-                    "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
-                            next_action = 'resume on a fresh chain: its effect lease expired' WHERE assignment_id = $1 AND lifecycle = 'ACTIVE'",
-                    &[&c.assignment_id],
-                ).await?;
+                d.revoke_leases(&c.reservation_id).await?;
+                d.request_stop(&c.lane_incarnation_id, g, "effect lease expired").await?;
+                d.to_recovery(RecoveryOf::Assignment(&c.assignment_id), "resume on a fresh chain: its effect lease expired").await?;
                 d.decide(json!({ "chain": c, "to": LaneState::Draining, "generation_to_stop": g }))
             }),
         )
@@ -836,10 +800,9 @@ pub(crate) async fn quarantine_follow_ups(
         &[&inc],
     )
     .await?;
-    d.exec(
-        "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, next_action = 'lane quarantined: ' || $2 \
-         WHERE lane_incarnation_id = $1 AND lifecycle = 'ACTIVE' AND requested_outcome IS NULL",
-        &[&inc, &reason],
+    d.to_recovery(
+        RecoveryOf::Lane(inc),
+        &format!("lane quarantined: {reason}"),
     )
     .await?;
     Ok(())

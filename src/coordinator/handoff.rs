@@ -369,9 +369,9 @@ impl Store {
                     &[&handoff, &a.ack_digest, &body],
                 ).await?;
                 // Fence the source: no lease, no reservation, its generation told to stop.
-                let revoked = super::ending::drain_running(&d, &src_inc, &src_res, src_gen,
+                let revoked = d.drain_running(&src_inc, &src_res, src_gen,
                     &format!("responsibility handed off to {target}")).await?;
-                d.exec_one(super::ending::RELEASE_RESERVATION, &[&src_res]).await?;
+                d.release_one(&src_res).await?;
                 d.decide(json!({ "handoff_id": handoff, "assignment_id": a.assignment_id, "responsibility_owner": target,
                     "execution_owner": null, "pending_target": target, "source_reservation_id": src_res, "source_leases_revoked": revoked,
                     "source_generation_to_stop": src_gen, "grants": "responsibility only: no READY, RUNNING or lease" }))

@@ -10,6 +10,7 @@ use serde_json::json;
 
 use super::ending::quarantine_follow_ups;
 use super::error::{reject, AuthorityError, Category};
+use super::followups::RecoveryOf;
 use super::leader::Leader;
 use super::model::LaneView;
 use super::rows::RowExt;
@@ -124,12 +125,7 @@ impl Store {
                              WHERE lane_incarnation_id = $1 AND lifecycle IN ('ACTIVE', 'RECOVERY') AND requested_outcome IS NOT NULL",
                             &[&old, &fe],
                         ).await?;
-                        d.exec(
-                            "UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
-                                    next_action = 'resume on a fresh chain: the host recreated the lane' \
-                             WHERE lane_incarnation_id = $1 AND lifecycle = 'ACTIVE'",
-                            &[&old],
-                        ).await?;
+                        d.to_recovery(RecoveryOf::Lane(&old), "resume on a fresh chain: the host recreated the lane").await?;
                         d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
                         d.exec("UPDATE reservations SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
                         d.exec(

@@ -27,6 +27,7 @@ pub mod continuity;
 pub mod ending;
 pub mod error;
 pub mod failpoint;
+mod followups;
 pub mod handoff;
 pub mod lanes;
 pub mod leader;

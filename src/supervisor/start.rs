@@ -1,0 +1,264 @@
+//! Starting a generation on a lane: validation before the lane is touched, then the
+//! staged launch (`launch.rs`), and the coordinated generation's hand-off state.
+
+use std::sync::Arc;
+
+use super::*;
+
+impl Supervisor {
+    /// Starts a fresh generation on `lane`: stops and verifies-gone any previous one, then
+    /// launches `runtime` with `directives` in a brand-new cgroup, and returns once the
+    /// process identity is verified.
+    pub async fn start(
+        &self,
+        lane: &str,
+        runtime: &str,
+        directives: &[String],
+    ) -> Result<GenView, SupervisorError> {
+        if self.inner.cfg.coordinator.is_some() {
+            return Err(SupervisorError::Coordinated(
+                "generations start only on its stage (assign through the coordinator)",
+            ));
+        }
+        self.start_with(lane, runtime, directives, launch::Origin::Local, None)
+            .await
+    }
+
+    /// Starts the coordinator-allocated `generation` of `lane` (whose current incarnation
+    /// must be `incarnation`), handing its contract over `session`.
+    pub async fn start_coordinated(
+        &self,
+        lane: &str,
+        runtime: &str,
+        incarnation: &str,
+        generation: u64,
+        session: Arc<lanesock::GenSession>,
+        binding: state::CoordBinding,
+    ) -> Result<GenView, SupervisorError> {
+        self.start_with(
+            lane,
+            runtime,
+            &[],
+            launch::Origin::Coordinated {
+                generation,
+                session,
+                binding,
+            },
+            Some(incarnation),
+        )
+        .await
+    }
+
+    async fn start_with(
+        &self,
+        lane: &str,
+        runtime: &str,
+        directives: &[String],
+        origin: launch::Origin,
+        incarnation: Option<&str>,
+    ) -> Result<GenView, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let phases = launch::Phases::new();
+        // Validate everything that can be validated before touching the lane.
+        let plan = {
+            let reg = self.inner.registry.clone();
+            let rt = runtime.to_string();
+            let d = directives.to_vec();
+            let paths = crate::adapter::Paths {
+                bin_dir: self.inner.cfg.bin_dir.clone(),
+                harness_root: self.inner.cfg.harness_root.clone(),
+            };
+            let mut plan = tokio::task::spawn_blocking(move || {
+                crate::adapter::plan_launch(&reg, &rt, &d, &paths)
+            })
+            .await
+            .map_err(|e| SupervisorError::State {
+                detail: format!("probe task failed: {e}"),
+            })??;
+            if matches!(origin, launch::Origin::Local)
+                && plan.family.adapter().challenge_delivery()
+                    != crate::adapter::ChallengeDelivery::SocketFetch
+            {
+                return Err(SupervisorError::Registry(
+                    crate::adapter::RegistryError::Directives {
+                        family: plan.family.name().into(),
+                        detail: "a real harness runs only under the coordinator's chain (mosaic assign): its contract and ACK travel through it".into(),
+                    },
+                ));
+            }
+            if let Some(path) = self.inner.cfg.credentials.get(&plan.runtime.runtime) {
+                plan.secret_env = crate::adapter::credentials::load(&plan.runtime.runtime, path)?;
+            }
+            plan
+        };
+        phases.mark("planned (registry, version probe, credentials)");
+        let mut l = slot.lock().await;
+        if let launch::Origin::Coordinated { generation, .. } = &origin {
+            // A generation that already has a receipt ended for good (it ran, or it was
+            // fenced as never started): a late stage cannot start it.
+            let key =
+                receipt::idempotency_key(&l.rec.lane_id, &l.rec.lane_incarnation_id, *generation);
+            if self.inner.outbox.contains(&key) {
+                return Err(SupervisorError::Launch {
+                    lane: l.rec.lane_id.clone(),
+                    generation: *generation,
+                    detail: "this generation already ended (its receipt exists)".into(),
+                });
+            }
+        }
+        if let Some(inc) = incarnation {
+            if inc != l.rec.lane_incarnation_id {
+                return Err(SupervisorError::Launch {
+                    lane: l.rec.lane_id.clone(),
+                    generation: 0,
+                    detail: format!(
+                        "incarnation {inc} is not the lane's current {}",
+                        l.rec.lane_incarnation_id
+                    ),
+                });
+            }
+        }
+        match l.rec.status {
+            LaneStatus::Active => {}
+            LaneStatus::Destroyed => return Err(SupervisorError::NoSuchLane(lane.to_string())),
+            LaneStatus::Quarantined => {
+                return Err(SupervisorError::Quarantined {
+                    lane: lane.to_string(),
+                    reason: l.rec.quarantine_reason.clone().unwrap_or_default(),
+                })
+            }
+        }
+        if let Some(live) = l.live.take() {
+            self.inner
+                .metrics
+                .replacements
+                .get_or_create(&metrics::HostMetrics::lane(&l.rec.lane_id))
+                .inc();
+            let fin = generation::stop(live, StopCause::Replace).await?;
+            l.apply_finish(&self.inner.store, &fin);
+            if let Some(reason) = &fin.quarantine {
+                return Err(SupervisorError::Quarantined {
+                    lane: lane.to_string(),
+                    reason: reason.clone(),
+                });
+            }
+        }
+        let check = {
+            let (inner, lane) = (self.inner.clone(), name.to_string());
+            tokio::task::spawn_blocking(move || inner.tmux_check(&lane))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("tmux check task failed: {e}"),
+                })?
+        };
+        match check {
+            TmuxCheck::Ready => {}
+            TmuxCheck::Unusable(e) => return Err(e),
+            TmuxCheck::Gone => {
+                let reason = "the lane's tmux server is gone";
+                l.settle(&self.inner.store, None, Some(reason));
+                return Err(SupervisorError::Quarantined {
+                    lane: lane.to_string(),
+                    reason: reason.into(),
+                });
+            }
+        }
+        phases.mark("lane checked (receipt, state, tmux server alive)");
+        let live = match launch::launch(&self.inner, &mut l.rec, plan, origin, &phases).await {
+            Ok(live) => live,
+            Err(launch::LaunchError::Refused(e)) => return Err(e),
+            Err(launch::LaunchError::Aborted { error, finished }) => {
+                // The aborted generation has its receipt; the lane takes the next start
+                // unless its cleanup or receipt was not provably complete.
+                l.apply_finish(&self.inner.store, &finished);
+                drop(l);
+                self.publish_lanes().await;
+                return Err(match finished.quarantine {
+                    Some(reason) => SupervisorError::Quarantined {
+                        lane: lane.to_string(),
+                        reason,
+                    },
+                    None => error,
+                });
+            }
+        };
+        self.inner
+            .metrics
+            .generation_starts
+            .get_or_create(&metrics::HostMetrics::lane(&l.rec.lane_id))
+            .inc();
+        self.inner
+            .metrics
+            .start_seconds
+            .observe(phases.elapsed().as_secs_f64());
+
+        let view = GenView::of(&live.record);
+        spawn_applier(self.inner.clone(), name.to_string(), &live);
+        l.live = Some(live);
+        drop(l);
+        self.publish_lanes().await;
+        phases.mark("lane published");
+        Ok(view)
+    }
+
+    /// The coordination binding of the lane's live `generation`, if it is a coordinated one.
+    pub async fn binding(&self, lane: &str, generation: u64) -> Option<state::CoordBinding> {
+        let name = LaneName::parse(lane).ok()?;
+        let slot = self.inner.slot(&name).ok()?;
+        let l = slot.lock().await;
+        l.live
+            .as_ref()
+            .filter(|g| g.record.generation == generation)
+            .and_then(|g| g.record.coord.clone())
+    }
+
+    /// The lane-socket hand-off state of the lane's live `generation`, if it has one.
+    pub async fn session_of(
+        &self,
+        lane: &str,
+        generation: u64,
+    ) -> Option<Arc<lanesock::GenSession>> {
+        let name = LaneName::parse(lane).ok()?;
+        let slot = self.inner.slot(&name).ok()?;
+        let l = slot.lock().await;
+        l.live
+            .as_ref()
+            .filter(|g| g.record.generation == generation)
+            .and_then(|g| g.session.clone())
+    }
+
+    /// Records (durably, before the harness is told) that the coordinator activated the
+    /// lane's live `generation`, with the chain fields its reports carry. Returns false
+    /// when that generation is not the live one.
+    pub async fn mark_activated(
+        &self,
+        lane: &str,
+        generation: u64,
+        chain_fields: Option<serde_json::Value>,
+    ) -> Result<bool, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let mut l = slot.lock().await;
+        let Some(live) = l
+            .live
+            .as_mut()
+            .filter(|g| g.record.generation == generation)
+        else {
+            return Ok(false);
+        };
+        let Some(c) = live.record.coord.as_mut() else {
+            return Ok(false);
+        };
+        if !c.activated || (c.chain_fields.is_none() && chain_fields.is_some()) {
+            c.activated = true;
+            if c.chain_fields.is_none() {
+                c.chain_fields = chain_fields;
+            }
+            self.inner.store.save_gen(&live.record)?;
+        }
+        drop(l);
+        self.publish_lanes().await;
+        Ok(true)
+    }
+}
