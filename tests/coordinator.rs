@@ -2533,3 +2533,40 @@ async fn an_unknown_lane_state_fails_at_decode_with_the_column_name() {
     let e = row.col::<LaneState>("missing").unwrap_err();
     assert!(e.to_string().contains("missing"), "{e}");
 }
+
+/// A decision the database derives by itself (a trigger) leaves an audit row an operator
+/// sees, in the same commit as the change that caused it: here the work record's status
+/// derived from a final lifecycle.
+#[tokio::test]
+async fn a_trigger_derived_decision_is_audited_with_its_cause() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let inc = f.lane.lane_incarnation_id.clone();
+    let r = running(s, l, &inc).await;
+    let id = r.chain().assignment_id.clone();
+    let derived = || async {
+        s.audit_log(0)
+            .await
+            .unwrap()
+            .into_iter()
+            .filter(|a| a.operation == "derived" && a.assignment_id.as_deref() == Some(id.as_str()))
+            .collect::<Vec<_>>()
+    };
+    assert!(derived().await.is_empty(), "nothing derived yet");
+    s.request_end(l, &id, Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    s.ingest_termination(l, HOST, &receipt_for(&r, "quit", true))
+        .await
+        .unwrap();
+    assert_eq!(assignment(s, &id).await.lifecycle, "CANCELLED");
+    let rows = derived().await;
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert_eq!(rows[0].category, "work-record");
+    assert!(
+        rows[0].detail.contains("active -> done") && rows[0].detail.contains("CANCELLED"),
+        "{}",
+        rows[0].detail
+    );
+    assert_eq!(rows[0].coordinator_epoch, Some(l.epoch()));
+}

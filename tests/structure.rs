@@ -184,3 +184,21 @@ fn the_coordinator_names_no_state_as_a_rust_string() {
     }
     assert!(found.is_empty(), "state literals:\n{}", found.join("\n"));
 }
+
+/// Files say what they hold: no source file grows past 800 lines (split it by concern,
+/// one noun per file, when it would).
+#[test]
+fn no_source_file_is_over_800_lines() {
+    let mut long = vec![];
+    for (f, text) in sources("") {
+        let n = text.lines().count();
+        if n > 800 {
+            long.push(format!("{} ({n} lines)", f.display()));
+        }
+    }
+    assert!(
+        long.is_empty(),
+        "split these by concern:\n{}",
+        long.join("\n")
+    );
+}

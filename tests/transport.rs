@@ -140,11 +140,16 @@ impl Handler for Collector {
         Box::pin(async { Ok(()) })
     }
 
-    fn closed(&self, _peer: &str, _session_id: &str, reason: &str, abusive: bool) {
+    fn closed(
+        &self,
+        _peer: &str,
+        _session_id: &str,
+        reason: &mosaic::protocol::transport::CloseReason,
+    ) {
         self.closed
             .lock()
             .unwrap()
-            .push((reason.to_string(), abusive));
+            .push((reason.to_string(), reason.abusive()));
     }
 
     fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled> {

@@ -25,6 +25,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0007_handoff.sql"),
     include_str!("../../migrations/0008_continuations.sql"),
     include_str!("../../migrations/0009_continuity_closure.sql"),
+    include_str!("../../migrations/0010_trigger_decisions_audited.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

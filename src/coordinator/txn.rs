@@ -103,15 +103,53 @@ impl Step {
     }
 }
 
-/// A transaction before its compare-and-swap: reads only.
-pub(crate) struct Frame<'t> {
+/// A transaction before its compare-and-swap: reads only. Nothing here can write — the
+/// only way to a write is [`Frame::cas`] deciding exactly one row:
+///
+/// ```compile_fail,E0599
+/// // A body that tries to write before its compare-and-swap does not compile.
+/// async fn body(f: mosaic::coordinator::txn::Frame<'_>) {
+///     let _ = f.exec("UPDATE lane_incarnations SET state = 'RUNNING'", &[]).await;
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// // Nor can it decide (write its receipt) without one.
+/// fn body(f: mosaic::coordinator::txn::Frame<'_>) {
+///     let _ = f.decide(serde_json::json!({}));
+/// }
+/// ```
+///
+/// ```compile_fail,E0599
+/// // A compare-and-swap that matched nothing can explain itself, never write.
+/// async fn refused(u: mosaic::coordinator::txn::Undecided<'_>) {
+///     let _ = u.exec("UPDATE leases SET released_at = now()", &[]).await;
+/// }
+/// ```
+///
+/// The same shapes with the methods a frame does have compile (so the failures above are
+/// about the missing write, not about reaching the types):
+///
+/// ```no_run
+/// async fn body(f: mosaic::coordinator::txn::Frame<'_>) {
+///     let _ = f.read("SELECT 1", &[]).await;
+///     if let Ok(Ok(d)) = f.cas("UPDATE lane_incarnations SET state = state WHERE false RETURNING 1", &[]).await {
+///         let _ = d.exec("SELECT 1", &[]).await;
+///         let _ = d.decide(serde_json::json!({}));
+///     }
+/// }
+/// async fn refused(u: mosaic::coordinator::txn::Undecided<'_>) {
+///     let _ = u.read_opt("SELECT 1", &[]).await;
+/// }
+/// ```
+pub struct Frame<'t> {
     tx: &'t ClientWrapper,
     op: &'static str,
     leader: Leader,
 }
 
 /// The compare-and-swap decided exactly one row; the transaction may now write.
-pub(crate) struct Decided<'t> {
+pub struct Decided<'t> {
     tx: &'t ClientWrapper,
     op: &'static str,
     epoch: i64,
@@ -119,14 +157,14 @@ pub(crate) struct Decided<'t> {
 }
 
 /// The compare-and-swap matched nothing: the body may read to explain why, then rejects.
-pub(crate) struct Undecided<'t> {
+pub struct Undecided<'t> {
     tx: &'t ClientWrapper,
     op: &'static str,
     leader: Leader,
 }
 
 /// A decided transition with the body of its receipt: all the frame needs to finish.
-pub(crate) struct Decision<'t> {
+pub struct Decision<'t> {
     tx: &'t ClientWrapper,
     body: serde_json::Value,
 }
@@ -323,7 +361,7 @@ impl Undecided<'_> {
     /// Explains the refusal from the CAS's own predicate table (`cas`): runs `diagnosis`
     /// with the CAS's parameters and refuses with the first predicate that does not hold;
     /// no row at all is `not_found`.
-    pub async fn diagnose(
+    pub(crate) async fn diagnose(
         self,
         diagnosis: &str,
         params: &[&(dyn ToSql + Sync)],

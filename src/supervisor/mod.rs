@@ -31,6 +31,7 @@ mod adopt;
 mod generation;
 mod launch;
 pub use launch::Step as LaunchStep;
+pub mod laneclient;
 pub mod lanesock;
 pub mod link;
 pub mod metrics;

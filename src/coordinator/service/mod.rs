@@ -171,7 +171,7 @@ impl Service {
     /// host kept on a coordinator that cannot act for it would be stranded.
     pub(crate) fn leadership_lost(&self) {
         self.hosts
-            .close_all("this coordinator no longer leads; reconnect to the leader");
+            .close_all(crate::protocol::transport::CloseReason::NotLeader);
     }
 
     fn bump(&self) {

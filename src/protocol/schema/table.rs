@@ -1,257 +1,12 @@
-//! The discriminated union: every `message_type`, with its exact required, optional and
-//! prohibited field sets, the kind each field must have, and the purpose class of key
-//! that may sign it.
-//!
-//! A field not listed as required or optional for a variant is unknown; a field listed as
-//! prohibited is rejected with its own reason (so "this variant must never carry a
-//! deadline alias" is explicit, not an accident of omission). The schema digest — over
-//! the variant's name, version and all three sets — is part of the domain separator, so a
-//! proof binds the explicit absence of every prohibited field too.
+//! Every message type's field sets (required, optional, prohibited), its purpose, signer
+//! roles and direction: the table envelopes are checked against.
 
-/// Which class of key may sign a variant. A key has exactly one purpose.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Purpose {
-    /// Host↔coordinator session plumbing: hello, heartbeat, receipts.
-    Session,
-    /// Post-allocation assignment traffic (spec §7.2) and the activation chain.
-    Ordinary,
-    /// Preallocation-free recovery (spec §7.3/§7.4).
-    Recovery,
-}
-
-/// Which side originates a variant.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum Role {
-    Coordinator,
-    Host,
-    /// A recovery candidate (spec §7.4).
-    Candidate,
-    Operator,
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-pub enum MessageType {
-    SessionChallenge,
-    Hello,
-    Report,
-    Heartbeat,
-    Receipt,
-    ReceiptAck,
-    Reconcile,
-    Stage,
-    Staged,
-    Contract,
-    Injected,
-    Challenge,
-    Ack,
-    Task,
-    Control,
-    Effect,
-    Lease,
-    Stop,
-    Destroy,
-    RecoveryChallenge,
-    RecoveryAck,
-    Progress,
-    Blocked,
-    HandoffChallenge,
-    HandoffAck,
-    Continuation,
-    ContinuationAccept,
-    ContinuationResult,
-}
-
-pub const ALL_TYPES: [MessageType; 28] = [
-    MessageType::SessionChallenge,
-    MessageType::Hello,
-    MessageType::Report,
-    MessageType::Heartbeat,
-    MessageType::Receipt,
-    MessageType::ReceiptAck,
-    MessageType::Reconcile,
-    MessageType::Stage,
-    MessageType::Staged,
-    MessageType::Contract,
-    MessageType::Injected,
-    MessageType::Challenge,
-    MessageType::Ack,
-    MessageType::Task,
-    MessageType::Control,
-    MessageType::Effect,
-    MessageType::Lease,
-    MessageType::Stop,
-    MessageType::Destroy,
-    MessageType::RecoveryChallenge,
-    MessageType::RecoveryAck,
-    MessageType::Progress,
-    MessageType::Blocked,
-    MessageType::HandoffChallenge,
-    MessageType::HandoffAck,
-    MessageType::Continuation,
-    MessageType::ContinuationAccept,
-    MessageType::ContinuationResult,
-];
-
-impl MessageType {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::SessionChallenge => "session_challenge",
-            Self::Hello => "hello",
-            Self::Report => "report",
-            Self::Heartbeat => "heartbeat",
-            Self::Receipt => "receipt",
-            Self::ReceiptAck => "receipt_ack",
-            Self::Reconcile => "reconcile",
-            Self::Stage => "stage",
-            Self::Staged => "staged",
-            Self::Contract => "contract",
-            Self::Injected => "injected",
-            Self::Challenge => "challenge",
-            Self::Ack => "ack",
-            Self::Task => "task",
-            Self::Control => "control",
-            Self::Effect => "effect",
-            Self::Lease => "lease",
-            Self::Stop => "stop",
-            Self::Destroy => "destroy",
-            Self::RecoveryChallenge => "recovery_challenge",
-            Self::RecoveryAck => "recovery_ack",
-            Self::Progress => "progress",
-            Self::Blocked => "blocked",
-            Self::HandoffChallenge => "handoff_challenge",
-            Self::HandoffAck => "handoff_ack",
-            Self::Continuation => "continuation",
-            Self::ContinuationAccept => "continuation_accept",
-            Self::ContinuationResult => "continuation_result",
-        }
-    }
-
-    pub fn parse(s: &str) -> Option<Self> {
-        ALL_TYPES.into_iter().find(|t| t.as_str() == s)
-    }
-
-    pub fn schema(self) -> &'static Schema {
-        SCHEMAS
-            .iter()
-            .find(|s| s.message_type == self)
-            .unwrap_or(&SCHEMAS[0]) // unreachable: every type has a schema (tested)
-    }
-}
-
-impl serde::Serialize for MessageType {
-    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.serialize_str(self.as_str())
-    }
-}
-
-impl<'de> serde::Deserialize<'de> for MessageType {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Self::parse(&s)
-            .ok_or_else(|| serde::de::Error::custom(format!("unknown message type {s:?}")))
-    }
-}
-
-/// The shape a field's value must have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Kind {
-    /// Non-empty string of at most 64 KiB.
-    Str,
-    /// Non-empty text of at most `task::MAX_TASK_BYTES` (a task).
-    Text,
-    /// Non-negative safe integer.
-    Uint,
-    /// `sha256:` and 64 lower-case hex digits.
-    Digest,
-    /// RFC 3339 UTC timestamp as issued by the coordinator's database.
-    Time,
-    /// Any JSON object (its own schema is checked by the consumer).
-    Object,
-    /// Array of non-empty strings.
-    StrList,
-    /// A `Str` that may be `null` (session variants before any assignment exists).
-    NullableStr,
-    /// A `Uint` that may be `null`.
-    NullableUint,
-    /// The process identity object: exactly these keys.
-    ProcessIdentity,
-}
-
-pub const PROCESS_IDENTITY_KEYS: [&str; 8] = [
-    "boot_id",
-    "cgroup_id",
-    "cgroup_path",
-    "exe_dev",
-    "exe_ino",
-    "launch_nonce_digest",
-    "root_pid",
-    "root_start_time",
-];
-
-pub type Field = (&'static str, Kind);
-
-#[derive(Debug)]
-pub struct Schema {
-    pub message_type: MessageType,
-    pub version: &'static str,
-    pub purpose: Purpose,
-    pub origin: Role,
-    pub required: &'static [&'static [Field]],
-    pub optional: &'static [Field],
-    pub prohibited: &'static [&'static [&'static str]],
-}
-
-impl Schema {
-    pub fn required_fields(&self) -> impl Iterator<Item = &Field> {
-        self.required.iter().flat_map(|g| g.iter())
-    }
-    pub fn is_prohibited(&self, name: &str) -> bool {
-        self.prohibited.iter().any(|g| g.contains(&name))
-    }
-    pub fn kind_of(&self, name: &str) -> Option<Kind> {
-        self.required_fields()
-            .chain(self.optional.iter())
-            .find(|(n, _)| *n == name)
-            .map(|(_, k)| *k)
-    }
-
-    /// Digest over the variant's identity and its three field sets (sorted), bound into the
-    /// domain separator.
-    pub fn digest(&self) -> [u8; 32] {
-        use sha2::{Digest, Sha256};
-        let mut req: Vec<&str> = self.required_fields().map(|(n, _)| *n).collect();
-        let mut opt: Vec<&str> = self.optional.iter().map(|(n, _)| *n).collect();
-        let mut pro: Vec<&str> = self
-            .prohibited
-            .iter()
-            .flat_map(|g| g.iter().copied())
-            .collect();
-        req.sort_unstable();
-        opt.sort_unstable();
-        pro.sort_unstable();
-        let mut h = Sha256::new();
-        for part in [self.message_type.as_str(), self.version] {
-            h.update((part.len() as u32).to_be_bytes());
-            h.update(part.as_bytes());
-        }
-        for (tag, set) in [(b'r', req), (b'o', opt), (b'p', pro)] {
-            h.update([tag]);
-            h.update((set.len() as u32).to_be_bytes());
-            for n in set {
-                h.update((n.len() as u32).to_be_bytes());
-                h.update(n.as_bytes());
-            }
-        }
-        h.finalize().into()
-    }
-}
+use super::*;
 
 use Kind::*;
 
 /// Spec §7.1: every variant binds these.
-const COMMON: &[Field] = &[
+pub(super) const COMMON: &[Field] = &[
     ("protocol_version", Uint),
     ("message_type", Str),
     ("message_id", Str),
@@ -266,19 +21,19 @@ const COMMON: &[Field] = &[
     ("authentication_proof", Str),
 ];
 /// The authority timeline fields: always present, non-null once an assignment exists.
-const AUTHORITY: &[Field] = &[
+pub(super) const AUTHORITY: &[Field] = &[
     ("sot_incarnation", Str),
     ("coordinator_epoch", Uint),
     ("assignment_id", Str),
 ];
 /// Session variants bind them too, but may carry `null` before any assignment exists.
-const AUTHORITY_NULLABLE: &[Field] = &[
+pub(super) const AUTHORITY_NULLABLE: &[Field] = &[
     ("sot_incarnation", NullableStr),
     ("coordinator_epoch", NullableUint),
     ("assignment_id", NullableStr),
 ];
 /// Spec §7.2: ordinary post-allocation fields.
-const ORDINARY: &[Field] = &[
+pub(super) const ORDINARY: &[Field] = &[
     ("lane_id", Str),
     ("lane_incarnation_id", Str),
     ("assignment_attempt_id", Str),
@@ -293,10 +48,10 @@ const ORDINARY: &[Field] = &[
     ("holds_digest", Digest),
 ];
 /// Coordinator-issued authority variants carry primary-database times.
-const ISSUED: &[Field] = &[("issued_at", Time), ("expires_at", Time)];
+pub(super) const ISSUED: &[Field] = &[("issued_at", Time), ("expires_at", Time)];
 
 /// Candidate/host-origin variants assert no authoritative time (spec §7.2, §8).
-const NO_AUTHORITATIVE_TIME: &[&str] = &[
+pub(super) const NO_AUTHORITATIVE_TIME: &[&str] = &[
     "issued_at",
     "expires_at",
     "acknowledged_at",
@@ -308,7 +63,7 @@ const NO_AUTHORITATIVE_TIME: &[&str] = &[
 ];
 /// A handoff ACK echoes the coordinator-issued challenge deadline (spec §8.1) and asserts
 /// no other time.
-const HANDOFF_ACK_NO_TIME: &[&str] = &[
+pub(super) const HANDOFF_ACK_NO_TIME: &[&str] = &[
     "issued_at",
     "expires_at",
     "acknowledged_at",
@@ -319,7 +74,7 @@ const HANDOFF_ACK_NO_TIME: &[&str] = &[
 ];
 /// The §8.1 fields a handoff challenge carries and its ACK binds (besides the ordinary
 /// chain fields of the target's generation).
-const HANDOFF_BOUND: &[Field] = &[
+pub(super) const HANDOFF_BOUND: &[Field] = &[
     ("handoff_challenge_id", Str),
     ("source_assignment_attempt_id", Str),
     ("responsibility_owner", Str),
@@ -329,7 +84,7 @@ const HANDOFF_BOUND: &[Field] = &[
     ("challenge_deadline", Time),
 ];
 /// Spec §7.5: facts that do not exist for a recovery candidate.
-const RECOVERY_PROHIBITED: &[&str] = &[
+pub(super) const RECOVERY_PROHIBITED: &[&str] = &[
     "assignment_attempt_id",
     "reservation_id",
     "reservation_epoch",
@@ -347,17 +102,17 @@ const RECOVERY_PROHIBITED: &[&str] = &[
     "activation_idempotency_identity",
 ];
 /// Spec §7.3: `recovery_deadline` is the only expiry boundary; every alias is prohibited.
-const RECOVERY_ALT_BOUNDARIES: &[&str] = &[
+pub(super) const RECOVERY_ALT_BOUNDARIES: &[&str] = &[
     "expires_at",
     "authoritative_deadline",
     "challenge_deadline",
     "deadline",
 ];
 /// Recovery ACKs assert no clock at all.
-const RECOVERY_ACK_NO_TIME: &[&str] =
+pub(super) const RECOVERY_ACK_NO_TIME: &[&str] =
     &["issued_at", "acknowledged_at", "received_at", "consumed_at"];
 /// Nothing before the contract is recorded may carry contract, challenge or lease facts.
-const PRE_CONTRACT: &[&str] = &[
+pub(super) const PRE_CONTRACT: &[&str] = &[
     "contracts_digest",
     "challenge_id",
     "lease_id",
@@ -366,7 +121,7 @@ const PRE_CONTRACT: &[&str] = &[
     "holds_digest",
 ];
 
-const RECOVERY_COMMON: &[Field] = &[
+pub(super) const RECOVERY_COMMON: &[Field] = &[
     ("recovery_candidate_id", Str),
     ("recovery_handoff_challenge_id", Str),
     ("candidate_principal", Str),

@@ -1,191 +1,7 @@
-//! The operator API: one JSON request per line over the coordinator's local socket (mode
-//! 0600: only its owner can open it), or over the mutual-TLS operator listener (the client
-//! certificate must name an `operator:` principal). Operator requests are not envelopes:
-//! their authority is the socket's owner or the operator certificate.
-//!
-//! Every request is validated before anything is reserved: a bad request gets a typed
-//! error (`{"ok": false, "error": {"category": …, "message": …}}`) and changes nothing.
-//!
-//! **Never:** answers with task text, fence material or keys; reports an outcome the
-//! database has not finalized.
+//! Carrying out operator requests: status, assign (reserve and drive to RUNNING), handoff,
+//! stop, and the rest of the operator surface.
 
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
-use std::time::Duration;
-
-use serde::{Deserialize, Serialize};
-use serde_json::json;
-use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
-
-use crate::coordinator::chain::ReserveRequest;
-use crate::coordinator::error::{AuthorityError, Category};
-use crate::coordinator::model::{ChainRow, Outcome};
-use crate::protocol::task;
-use crate::protocol::transport::{self, TlsIdentity};
-
-use super::{Service, ServiceError};
-use crate::coordinator::states::{ContinuationState, LaneState, Lifecycle, WorkStatus};
-
-/// A refusal as operators see it: a category to count and script on, then prose.
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{}: {message}", category.as_str())]
-pub struct OpError {
-    pub category: Category,
-    pub message: String,
-}
-
-impl<'de> Deserialize<'de> for Category {
-    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        let s = String::deserialize(d)?;
-        Category::parse(&s)
-            .ok_or_else(|| serde::de::Error::custom(format!("unknown category {s:?}")))
-    }
-}
-
-impl OpError {
-    pub fn new(category: Category, message: impl Into<String>) -> Self {
-        Self {
-            category,
-            message: message.into(),
-        }
-    }
-}
-
-impl From<AuthorityError> for OpError {
-    fn from(e: AuthorityError) -> Self {
-        OpError::new(e.operator_category(), e.to_string())
-    }
-}
-
-/// How long `assign --wait running` waits for RUNNING.
-const ASSIGN_WAIT: Duration = Duration::from_secs(60);
-/// How long `stop` waits for the host's receipt before answering `pending`.
-const STOP_WAIT: Duration = Duration::from_secs(30);
-
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
-pub enum OperatorRequest {
-    Lanes,
-    Status,
-    Assign {
-        lane_id: String,
-        runtime: String,
-        task: String,
-        /// Capabilities the assignment may use (one effect lease each); default: the lane.
-        #[serde(default)]
-        scope: Vec<String>,
-        /// Capabilities it must not use, even where the scope names them.
-        #[serde(default)]
-        holds: Vec<String>,
-        #[serde(default)]
-        completion_policy: Option<String>,
-        #[serde(default)]
-        wait: bool,
-        /// Resume this assignment (in recovery) instead of creating a new one.
-        #[serde(default)]
-        resume: Option<String>,
-        /// Makes a retried request land on the same reservation.
-        #[serde(default)]
-        request_id: Option<String>,
-        /// The inactivity policy (`name@version`) of a new assignment; `default@1` if absent.
-        #[serde(default)]
-        inactivity_policy: Option<String>,
-    },
-    Receipts {
-        lane_id: Option<String>,
-    },
-    /// Ends an assignment: CANCELLED by default, COMPLETED with evidence, FAILED.
-    Stop {
-        assignment_id: String,
-        #[serde(default)]
-        outcome: Option<String>,
-        #[serde(default)]
-        evidence_digest: Option<String>,
-        #[serde(default = "yes")]
-        wait: bool,
-    },
-    LaneRelease {
-        lane_id: String,
-        #[serde(default)]
-        request_id: Option<String>,
-    },
-    LaneRecreate {
-        lane_id: String,
-    },
-    Audit {
-        #[serde(default)]
-        since: i64,
-    },
-    /// Blocks active work with a canonical code, the digest of its evidence and the action
-    /// that would unblock it.
-    Block {
-        assignment_id: String,
-        code: String,
-        evidence_digest: String,
-        next_action: String,
-    },
-    /// Makes blocked work active again, with a fresh inactivity period and attempt budget.
-    Unblock {
-        assignment_id: String,
-        next_action: String,
-        #[serde(default)]
-        request_id: Option<String>,
-    },
-    /// Publishes an inactivity policy version (frozen once published).
-    PolicyPublish {
-        policy: crate::coordinator::continuity::InactivityPolicy,
-    },
-    /// Continues RUNNING work with a next action, delivered to the live generation at its
-    /// next settled boundary and accepted exactly once.
-    Continue {
-        assignment_id: String,
-        next_action: String,
-        /// How long it may wait for delivery (default 10 min).
-        #[serde(default)]
-        within_ms: Option<i64>,
-        #[serde(default)]
-        request_id: Option<String>,
-    },
-    /// One published policy, with its digest.
-    Policy {
-        policy_id: String,
-    },
-    /// Offers RUNNING work to an idle lane (spec §8.1): responsibility moves only by the
-    /// target generation's handoff ACK, and the target still needs its own activation.
-    Handoff {
-        assignment_id: String,
-        lane_id: String,
-        /// The target's task; default: the current attempt's.
-        #[serde(default)]
-        task: Option<String>,
-        /// How long the target has to acknowledge and activate (default: the reservation
-        /// ttl); past it the offer expires and the work stays with its source.
-        #[serde(default)]
-        within_ms: Option<i64>,
-        #[serde(default)]
-        request_id: Option<String>,
-    },
-    /// Waits until anything changes after `version` (at most 20 s), then answers with the
-    /// status, each lane's last receipt and the new version: a live view without polling.
-    Watch {
-        #[serde(default)]
-        version: u64,
-    },
-}
-
-/// The inactivity policy of an assignment whose operator named none (migration 0006).
-pub const DEFAULT_INACTIVITY_POLICY: &str = "default@1";
-
-/// How long a `watch` waits for a change before answering anyway.
-const WATCH_WAIT: Duration = Duration::from_secs(20);
-
-fn yes() -> bool {
-    true
-}
-
-fn request_id(given: Option<String>) -> String {
-    given.unwrap_or_else(|| format!("rq-{}", uuid::Uuid::new_v4().simple()))
-}
+use super::*;
 
 impl Service {
     /// Runs one operator request.
@@ -381,7 +197,7 @@ impl Service {
         })
     }
 
-    async fn settled<T>(
+    pub(super) async fn settled<T>(
         &self,
         l: &crate::coordinator::leader::Leader,
         r: Result<T, AuthorityError>,
@@ -398,7 +214,7 @@ impl Service {
         }
     }
 
-    async fn known_lane(
+    pub(super) async fn known_lane(
         &self,
         lane_id: &str,
     ) -> Result<crate::coordinator::model::LaneView, OpError> {
@@ -414,7 +230,7 @@ impl Service {
             .ok_or_else(|| OpError::new(Category::NotFound, format!("no lane {lane_id}")))
     }
 
-    async fn status_json(&self) -> Result<serde_json::Value, OpError> {
+    pub(super) async fn status_json(&self) -> Result<serde_json::Value, OpError> {
         let epoch = self.leadership.current().await.map(|l| l.epoch());
         Ok(json!({
             "assignments": self.store.assignment_statuses().await?,
@@ -563,7 +379,7 @@ impl Service {
 
     /// `mosaic handoff`: validated like an assign (lane, host, runtime, task) before anything
     /// is reserved; then the offer and the target chain, driven as far as it goes.
-    async fn handoff(
+    pub(super) async fn handoff(
         &self,
         assignment_id: &str,
         lane_id: &str,
@@ -637,7 +453,7 @@ impl Service {
 
     /// Waits until the chain of `reservation` satisfies `done` (re-read after every change
     /// this process makes, and at least every 200 ms for changes made by another one).
-    async fn wait_chain(
+    pub(super) async fn wait_chain(
         &self,
         reservation: &str,
         within: Duration,
@@ -749,276 +565,5 @@ impl Service {
                 }
             }
         }
-    }
-}
-
-/// What `mosaic assign` asks for.
-#[derive(Debug, Clone)]
-pub struct AssignRequest {
-    pub lane_id: String,
-    pub runtime: String,
-    pub task: String,
-    pub scope: Vec<String>,
-    pub holds: Vec<String>,
-    pub completion_policy: String,
-    pub wait: bool,
-    pub resume: Option<String>,
-    pub request_id: String,
-    pub inactivity_policy: String,
-}
-
-impl AssignRequest {
-    /// A plain assignment with the defaults (`mosaic up --demo`, tests).
-    pub fn new(lane_id: &str, runtime: &str, task: &str, wait: bool) -> Self {
-        Self {
-            lane_id: lane_id.into(),
-            runtime: runtime.into(),
-            task: task.into(),
-            scope: vec![],
-            holds: vec![],
-            completion_policy: task::COMPLETION_POLICIES[0].into(),
-            wait,
-            resume: None,
-            request_id: request_id(None),
-            inactivity_policy: DEFAULT_INACTIVITY_POLICY.into(),
-        }
-    }
-}
-
-/// Binds the operator socket (mode 0600) so it exists before anyone is told it does.
-pub fn bind_operators(path: &Path) -> Result<tokio::net::UnixListener, ServiceError> {
-    if let Some(dir) = path.parent() {
-        crate::util::durable::ensure_dir(dir, 0o700)
-            .map_err(|e| ServiceError::Config(e.to_string()))?;
-    }
-    let _ = std::fs::remove_file(path);
-    let listener = tokio::net::UnixListener::bind(path)?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
-    Ok(listener)
-}
-
-pub async fn serve_operators(
-    svc: Arc<Service>,
-    listener: tokio::net::UnixListener,
-) -> Result<(), ServiceError> {
-    loop {
-        let (stream, _) = listener.accept().await?;
-        tokio::spawn(operator_session(svc.clone(), stream));
-    }
-}
-
-/// Remote operators: mutual TLS with a CA-issued certificate naming `operator:<name>`.
-pub async fn serve_remote_operators(
-    svc: Arc<Service>,
-    listener: tokio::net::TcpListener,
-    tls: TlsIdentity,
-) -> Result<(), ServiceError> {
-    let acceptor = tokio_rustls::TlsAcceptor::from(transport::server_tls(&tls)?);
-    loop {
-        let (tcp, addr) = listener.accept().await?;
-        let _ = tcp.set_nodelay(true);
-        let (svc, acceptor) = (svc.clone(), acceptor.clone());
-        tokio::spawn(async move {
-            let Ok(Ok(stream)) =
-                tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
-            else {
-                tracing::warn!(%addr, "operator TLS handshake failed");
-                return;
-            };
-            let principal = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(|c| crate::pki::principal_of(c));
-            match principal {
-                Some(p) if p.starts_with("operator:") => {
-                    tracing::info!(operator = %p, %addr, "operator connected");
-                    operator_session(svc, stream).await;
-                }
-                other => tracing::warn!(?other, %addr, "refused: not an operator certificate"),
-            }
-        });
-    }
-}
-
-/// One operator connection: JSON requests, one per line, answered in order.
-async fn operator_session<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
-    svc: Arc<Service>,
-    stream: S,
-) {
-    let (r, mut w) = tokio::io::split(stream);
-    let mut lines = tokio::io::BufReader::new(r).lines();
-    while let Ok(Some(line)) = lines.next_line().await {
-        let resp = match serde_json::from_str::<OperatorRequest>(&line) {
-            Err(e) => {
-                json!({ "ok": false, "error": OpError::new(Category::BadInput, format!("bad request: {e}")) })
-            }
-            Ok(req) => match svc.operate(req).await {
-                Ok(v) => json!({ "ok": true, "result": v }),
-                Err(e) => json!({ "ok": false, "error": e }),
-            },
-        };
-        let mut out = resp.to_string().into_bytes();
-        out.push(b'\n');
-        if w.write_all(&out).await.is_err() || w.flush().await.is_err() {
-            break;
-        }
-    }
-}
-
-/// Where an operator reaches the coordinator.
-#[derive(Debug, Clone)]
-pub enum OperatorTarget {
-    /// The coordinator's local socket.
-    Socket(PathBuf),
-    /// A remote coordinator's operator listener, with this operator's certificate.
-    Remote {
-        addr: String,
-        server_name: String,
-        tls: TlsIdentity,
-    },
-}
-
-/// Parses `--coordinator`: `HOST:PORT` or `tls://HOST:PORT[/]`, IPv6 hosts in brackets.
-/// Returns the address to dial and the host part (the default certificate name).
-pub fn parse_coordinator_addr(s: &str) -> Result<(String, String), String> {
-    let rest = match s.split_once("://") {
-        None => s,
-        Some(("tls", rest)) => rest.trim_end_matches('/'),
-        Some((scheme, _)) => {
-            return Err(format!(
-                "--coordinator {s}: scheme {scheme}:// is not supported; use HOST:PORT or tls://HOST:PORT (the operator listener speaks mutual TLS)"
-            ))
-        }
-    };
-    let bad = || format!("--coordinator {s}: expected HOST:PORT or tls://HOST:PORT");
-    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
-    port.parse::<u16>().map_err(|_| bad())?;
-    let bare = host
-        .strip_prefix('[')
-        .and_then(|h| h.strip_suffix(']'))
-        .unwrap_or(host);
-    if bare.is_empty() || rest.contains('/') || (bare == host && host.contains(':')) {
-        return Err(bad());
-    }
-    Ok((rest.to_string(), bare.to_string()))
-}
-
-fn unavailable(e: impl std::fmt::Display) -> OpError {
-    OpError::new(Category::Unavailable, e.to_string())
-}
-
-/// Sends one operator request to `target` (blocking; for the CLI and tests).
-pub fn operator_request(
-    target: &OperatorTarget,
-    req: &OperatorRequest,
-) -> Result<serde_json::Value, OpError> {
-    match target {
-        OperatorTarget::Socket(p) => operator_call(p, req),
-        OperatorTarget::Remote {
-            addr,
-            server_name,
-            tls,
-        } => {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_all()
-                .build()
-                .map_err(unavailable)?;
-            rt.block_on(async {
-                let cfg = transport::client_tls(tls).map_err(unavailable)?;
-                let tcp = tokio::net::TcpStream::connect(addr)
-                    .await
-                    .map_err(|e| unavailable(format!("cannot reach {addr}: {e}")))?;
-                let _ = tcp.set_nodelay(true);
-                let name = rustls::pki_types::ServerName::try_from(server_name.clone())
-                    .map_err(unavailable)?;
-                let mut s = tokio_rustls::TlsConnector::from(cfg)
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| unavailable(format!("TLS: {e}")))?;
-                let mut line = serde_json::to_vec(req).map_err(unavailable)?;
-                line.push(b'\n');
-                s.write_all(&line).await.map_err(unavailable)?;
-                s.flush().await.map_err(unavailable)?;
-                let mut out = String::new();
-                tokio::io::BufReader::new(s)
-                    .read_line(&mut out)
-                    .await
-                    .map_err(unavailable)?;
-                decode_operator_response(
-                    &out,
-                    "is this an operator certificate from its CA? did the coordinator stop?",
-                )
-            })
-        }
-    }
-}
-
-/// `hint`: what an unanswered request most likely means on this kind of connection.
-fn decode_operator_response(out: &str, hint: &str) -> Result<serde_json::Value, OpError> {
-    if out.is_empty() {
-        return Err(unavailable(format!(
-            "the coordinator closed the connection without an answer ({hint})"
-        )));
-    }
-    let v: serde_json::Value = serde_json::from_str(out).map_err(unavailable)?;
-    if v["ok"] == true {
-        Ok(v["result"].clone())
-    } else {
-        Err(serde_json::from_value(v["error"].clone())
-            .unwrap_or_else(|_| OpError::new(Category::Internal, v["error"].to_string())))
-    }
-}
-
-/// Sends one operator request over the local socket (blocking; for the CLI and tests).
-pub fn operator_call(path: &Path, req: &OperatorRequest) -> Result<serde_json::Value, OpError> {
-    use std::io::{BufRead, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
-        unavailable(format!(
-            "cannot reach the coordinator at {}: {e}",
-            path.display()
-        ))
-    })?;
-    let mut line = serde_json::to_vec(req).map_err(unavailable)?;
-    line.push(b'\n');
-    s.write_all(&line).map_err(unavailable)?;
-    let mut out = String::new();
-    std::io::BufReader::new(s)
-        .read_line(&mut out)
-        .map_err(unavailable)?;
-    decode_operator_response(
-        &out,
-        "it stopped or restarted while answering; the request may or may not have been applied — `status` shows which",
-    )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::parse_coordinator_addr as p;
-
-    #[test]
-    fn coordinator_addresses_parse_or_fail_with_the_reason() {
-        let ok = |a: &str, h: &str| Ok((a.to_string(), h.to_string()));
-        assert_eq!(
-            p("coord.example:7443"),
-            ok("coord.example:7443", "coord.example")
-        );
-        assert_eq!(
-            p("tls://coord.example:7443/"),
-            ok("coord.example:7443", "coord.example")
-        );
-        assert_eq!(p("[::1]:7443"), ok("[::1]:7443", "::1"));
-        for bad in [
-            "coord.example",
-            "coord:http",
-            ":7443",
-            "::1:7443",
-            "tls://c:1/x",
-        ] {
-            assert!(p(bad).is_err(), "{bad}");
-        }
-        assert!(p("https://c:1").unwrap_err().contains("not supported"));
     }
 }

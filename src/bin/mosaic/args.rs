@@ -1,0 +1,568 @@
+//! The command line: every subcommand and its options (clap). `main.rs` dispatches them.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use mosaic::coordinator::service::OperatorRequest;
+
+#[derive(Parser)]
+#[command(
+    name = "mosaic",
+    version,
+    about = "Fresh-process authority for fleets of AI coding agents"
+)]
+pub(crate) struct Cli {
+    #[command(subcommand)]
+    pub(crate) cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Cmd {
+    /// Run everything on this machine (today: the supervisor with N fake-harness lanes).
+    Up {
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        #[arg(long, default_value_t = 2)]
+        lanes: u32,
+        /// Run this many supervisors, each a host of its own (certificate, keys, cgroup
+        /// subtree, state), as separate processes against one coordinator. Host ids are
+        /// `<hostname>-1` … `<hostname>-N`.
+        #[arg(long, default_value_t = 1)]
+        hosts: u32,
+        /// Assign a task, show it reach RUNNING, SIGKILL its harness, show the receipt and
+        /// the recovery; then stay up.
+        #[arg(long)]
+        demo: bool,
+        /// Use this PostgreSQL instead of a private cluster in the state dir.
+        #[arg(long)]
+        database_url: Option<String>,
+        /// Where real harnesses are installed (`mosaic harness install`); default
+        /// $MOSAIC_HARNESS_ROOT, else /var/lib/mosaic/harnesses.
+        #[arg(long)]
+        harness_root: Option<PathBuf>,
+        /// A runtime's credentials file, `RUNTIME=FILE` (mode 0600; repeatable), e.g.
+        /// `claude-code=/etc/mosaic/claude-code.env`.
+        #[arg(long = "credentials", value_parser = parse_runtime_path)]
+        credentials: Vec<(String, PathBuf)>,
+        /// Load runtime registry entries from this directory instead of the built-in ones.
+        #[arg(long)]
+        registry_dir: Option<PathBuf>,
+        /// A runtime's config overlay, `RUNTIME=DIR` (repeatable): config files (provider,
+        /// model selection) copied into each of its generations, e.g. `pi=/etc/mosaic/pi`.
+        #[arg(long = "harness-config", value_parser = parse_runtime_path)]
+        harness_config: Vec<(String, PathBuf)>,
+    },
+    /// Install the pinned real harnesses from npm (into the harness root), or check them.
+    Harness {
+        #[command(subcommand)]
+        op: HarnessOp,
+    },
+    /// Run the coordinator daemon (the authority, on PostgreSQL).
+    Coordinator {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Lanes the coordinator knows, with their incarnation and state.
+    Lanes {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Assign a task to a lane: reserve, stage a fresh generation, contract, ACK, activate.
+    /// Everything is validated before anything is reserved.
+    Assign {
+        #[arg(long = "lane")]
+        lane_id: String,
+        #[arg(long)]
+        runtime: String,
+        /// The task text; `-` reads it from standard input.
+        #[arg(
+            long,
+            conflicts_with = "task_file",
+            required_unless_present = "task_file"
+        )]
+        task: Option<String>,
+        /// Read the task text from this file (for tasks too long for a command line).
+        #[arg(long)]
+        task_file: Option<PathBuf>,
+        /// A capability the assignment may use (repeatable; one effect lease each).
+        /// Default: the lane itself.
+        #[arg(long = "scope")]
+        scope: Vec<String>,
+        /// A capability it must not use, even where the scope names it (repeatable).
+        #[arg(long = "hold")]
+        holds: Vec<String>,
+        /// The completion policy (default operator-evidence/v1: COMPLETED only with
+        /// `mosaic stop --complete --evidence FILE`).
+        #[arg(long)]
+        completion_policy: Option<String>,
+        /// `running`: return once the generation is RUNNING (or the chain ended).
+        #[arg(long)]
+        wait: Option<String>,
+        /// Resume this assignment (left in recovery, e.g. after its harness died) on a
+        /// fresh generation instead of creating a new assignment.
+        #[arg(long)]
+        resume: Option<String>,
+        /// The inactivity policy (`name@version`, published with `mosaic policy publish`)
+        /// that decides when idle work is warned, escalated, replaced and reassigned.
+        /// Default: default@1.
+        #[arg(long)]
+        inactivity_policy: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Block active work: a canonical code, an evidence file and the action that would
+    /// unblock it (the work keeps its owner; the watchdog leaves it alone).
+    Block {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        code: String,
+        /// The evidence (required: a blocked claim without evidence is refused).
+        #[arg(long)]
+        evidence: PathBuf,
+        #[arg(long)]
+        next_action: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Make blocked work active again: a fresh inactivity period and attempt budget; work
+    /// in recovery gets its next attempt from the watchdog at once.
+    Unblock {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        next_action: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Hand RUNNING work to an idle lane: the target's fresh generation must acknowledge
+    /// the handoff (`mosaic lane handoff-ack`) before responsibility moves, and then still
+    /// needs its own activation ACK before it runs.
+    Handoff {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long = "to")]
+        lane_id: String,
+        /// The target's task (default: the current attempt's).
+        #[arg(long)]
+        task: Option<String>,
+        /// Milliseconds the target has to acknowledge and activate (default: the
+        /// coordinator's reservation ttl); past it the work stays with its source.
+        #[arg(long)]
+        within_ms: Option<i64>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Continue RUNNING work with a next action: delivered to its live generation at the
+    /// next settled boundary (`mosaic lane next`) and accepted exactly once.
+    Continue {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        next_action: String,
+        /// Milliseconds it may wait for delivery (default 600000).
+        #[arg(long)]
+        within_ms: Option<i64>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Inactivity policies: publish a version (frozen once published), show one.
+    Policy {
+        #[command(subcommand)]
+        op: PolicyOp,
+    },
+    /// Assignments (owners, state, generation) and lanes.
+    Status {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Termination receipts the coordinator ingested, with their reconciliation.
+    Receipts {
+        #[arg(long = "lane")]
+        lane_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// End an assignment: its leases are revoked at once, its generation stopped, and the
+    /// outcome (CANCELLED unless --complete or --fail) becomes final when the host's
+    /// termination receipt proves the generation ended. With the host unreachable it
+    /// answers `pending` and finishes when the host reconnects; repeating it is idempotent.
+    Stop {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        /// End it COMPLETED; needs --evidence.
+        #[arg(long, conflicts_with = "fail", requires = "evidence")]
+        complete: bool,
+        /// End it FAILED.
+        #[arg(long)]
+        fail: bool,
+        /// A file whose SHA-256 becomes the completion evidence (its content is not sent).
+        #[arg(long)]
+        evidence: Option<PathBuf>,
+        /// Return at once instead of waiting for the host's receipt.
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Cancel an assignment in any unfinished state (a stop with outcome CANCELLED).
+    Cancel {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        no_wait: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// A live view of every lane (state, runtime, generation, assignment, owner, last
+    /// receipt), with keys to attach (Enter), assign, stop, resume and release.
+    Tui {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The coordinator's audit log of refusals (identifiers and categories only).
+    Audit {
+        /// Only rows after this audit id.
+        #[arg(long, default_value_t = 0)]
+        since: i64,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Run the per-host supervisor daemon.
+    Supervisor {
+        #[arg(long)]
+        config: PathBuf,
+    },
+    /// Talk to a running supervisor over its local control socket.
+    Host {
+        /// Control socket path.
+        #[arg(long, conflicts_with_all = ["config", "state_dir"])]
+        socket: Option<PathBuf>,
+        /// The supervisor's config file (its runtime_dir holds the socket).
+        #[arg(long, conflicts_with = "state_dir")]
+        config: Option<PathBuf>,
+        /// The state dir of `mosaic up` (default: $MOSAIC_STATE_DIR or the user state dir).
+        #[arg(long)]
+        state_dir: Option<PathBuf>,
+        /// Print compact JSON instead of indented JSON.
+        #[arg(long, global = true)]
+        json: bool,
+        #[command(subcommand)]
+        op: HostOp,
+    },
+    /// Check whether this host can run the supervisor.
+    Doctor {
+        #[arg(long)]
+        json: bool,
+        /// The cgroup root the supervisor would be configured with.
+        #[arg(long)]
+        cgroup_root: Option<PathBuf>,
+    },
+    /// Install missing system packages (tmux, PostgreSQL server) when root with apt.
+    Setup,
+    /// A private CA and mutual-TLS certificates for coordinators, hosts and operators.
+    Pki {
+        #[command(subcommand)]
+        op: PkiOp,
+    },
+    /// Inside a generation: fetch the contract, acknowledge the challenge. For operators:
+    /// release a quarantined lane, or have its host recreate it.
+    Lane {
+        #[command(subcommand)]
+        op: LaneOp,
+    },
+}
+
+/// Where the coordinator is: its local socket (from a state dir, or explicit), or a
+/// remote operator listener reached with an operator certificate.
+#[derive(clap::Args)]
+pub(crate) struct CoordinatorAt {
+    /// The state dir of `mosaic up` (default: $MOSAIC_STATE_DIR or the user state dir).
+    #[arg(long)]
+    pub(crate) state_dir: Option<PathBuf>,
+    /// The coordinator's operator socket.
+    #[arg(long, conflicts_with = "state_dir")]
+    pub(crate) coordinator_socket: Option<PathBuf>,
+    /// A remote coordinator's operator listener (HOST:PORT or tls://HOST:PORT); needs --ca,
+    /// --cert, --key.
+    #[arg(long, conflicts_with_all = ["state_dir", "coordinator_socket"], requires_all = ["ca", "cert", "key"])]
+    pub(crate) coordinator: Option<String>,
+    /// DNS name in the coordinator's certificate (default: the host part of --coordinator).
+    #[arg(long)]
+    pub(crate) server_name: Option<String>,
+    /// The CA certificate, and this operator's certificate and key (`mosaic pki issue-operator`).
+    #[arg(long)]
+    pub(crate) ca: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) cert: Option<PathBuf>,
+    #[arg(long)]
+    pub(crate) key: Option<PathBuf>,
+    /// Print compact JSON.
+    #[arg(long)]
+    pub(crate) json: bool,
+}
+
+impl CoordinatorAt {
+    pub(crate) fn target(&self) -> anyhow::Result<mosaic::coordinator::service::OperatorTarget> {
+        use mosaic::coordinator::service::OperatorTarget;
+        Ok(match (&self.coordinator, &self.coordinator_socket) {
+            (Some(at), _) => {
+                let (addr, host) = mosaic::coordinator::service::parse_coordinator_addr(at)
+                    .map_err(|e| anyhow::anyhow!(e))?;
+                OperatorTarget::Remote {
+                    addr,
+                    server_name: self.server_name.clone().unwrap_or(host),
+                    tls: mosaic::protocol::transport::TlsIdentity {
+                        ca: self.ca.clone().unwrap_or_default(),
+                        cert: self.cert.clone().unwrap_or_default(),
+                        key: self.key.clone().unwrap_or_default(),
+                    },
+                }
+            }
+            (None, Some(s)) => OperatorTarget::Socket(s.clone()),
+            (None, None) => OperatorTarget::Socket(mosaic::up::coordinator_socket(
+                &self
+                    .state_dir
+                    .clone()
+                    .unwrap_or_else(mosaic::up::default_state_dir),
+            )),
+        })
+    }
+
+    /// Sends the request and prints the result as JSON; a refusal prints
+    /// `{"ok": false, "error": {"category": …, "message": …}}` and exits 1.
+    pub(crate) fn call(&self, req: OperatorRequest) -> anyhow::Result<ExitCode> {
+        let result = mosaic::coordinator::service::operator_request(&self.target()?, &req);
+        self.print(result)
+    }
+
+    /// Refuses a request before it is sent (its input could not be read), the same way a
+    /// coordinator refusal is printed.
+    pub(crate) fn refuse(&self, message: String) -> anyhow::Result<ExitCode> {
+        self.print(Err(mosaic::coordinator::service::OpError::new(
+            mosaic::coordinator::Category::BadInput,
+            message,
+        )))
+    }
+
+    pub(crate) fn print(
+        &self,
+        result: Result<serde_json::Value, mosaic::coordinator::service::OpError>,
+    ) -> anyhow::Result<ExitCode> {
+        let out = match result {
+            Ok(v) => (v, ExitCode::SUCCESS),
+            Err(e) => {
+                eprintln!("mosaic: {e}");
+                (
+                    serde_json::json!({ "ok": false, "error": e }),
+                    ExitCode::FAILURE,
+                )
+            }
+        };
+        if self.json {
+            println!("{}", serde_json::to_string(&out.0)?);
+        } else {
+            println!("{}", serde_json::to_string_pretty(&out.0)?);
+        }
+        Ok(out.1)
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum PolicyOp {
+    /// Publish the inactivity policy in FILE (TOML: policy_id, warn_after_ms,
+    /// escalate_after_ms, replace_after_ms, replacements_before_reassign, max_attempts,
+    /// exhaustion, evidence_kinds).
+    Publish {
+        file: PathBuf,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Show a published policy and its digest.
+    Show {
+        policy_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum HarnessOp {
+    /// Install pinned harnesses from npm (default: every installable registered runtime).
+    Install {
+        /// runtime@version, e.g. claude-code@2.1.332.
+        runtimes: Vec<String>,
+        /// Default: $MOSAIC_HARNESS_ROOT, else /var/lib/mosaic/harnesses.
+        #[arg(long)]
+        root: Option<PathBuf>,
+        /// Registry entries to install from instead of the built-in ones.
+        #[arg(long)]
+        registry_dir: Option<PathBuf>,
+    },
+}
+
+pub(crate) fn parse_runtime_path(s: &str) -> Result<(String, PathBuf), String> {
+    let (rt, path) = s.split_once('=').ok_or_else(|| {
+        "expected RUNTIME=PATH, e.g. claude-code=/etc/mosaic/claude-code.env".to_string()
+    })?;
+    if rt.is_empty() || path.is_empty() {
+        return Err("expected RUNTIME=PATH".into());
+    }
+    Ok((rt.to_string(), PathBuf::from(path)))
+}
+
+#[derive(Subcommand)]
+pub(crate) enum LaneOp {
+    /// Print this generation's contract (waits until it is injected).
+    Contract,
+    /// Wait for this generation's activation check (harnesses that fetch it here).
+    Challenge,
+    /// Acknowledge this generation's challenge; returns once the generation is active.
+    /// Without --response: fetches the challenge and answers it.
+    Ack {
+        /// The answer to submit as is (it must carry mosaic-ack:<phrase>).
+        #[arg(long)]
+        response: Option<String>,
+    },
+    /// Forward one hook event of a real harness (its JSON on stdin) to the supervisor and
+    /// print what the harness should get back. Installed hooks call this; not for humans.
+    Hook {
+        /// The harness family (e.g. claude-code).
+        family: String,
+        /// The event (session-start, stop, session-end, …).
+        event: String,
+    },
+    /// Acknowledge this generation's handoff challenge (a handoff target only); returns
+    /// once responsibility moved to it.
+    HandoffAck,
+    /// Report progress with objective evidence (the supervisor digests it; the same
+    /// evidence never counts twice). Only an active generation may report.
+    Progress {
+        /// commit | file-set | test-result
+        #[arg(long)]
+        kind: String,
+        /// The evidence file (file-set, test-result).
+        #[arg(long, conflicts_with = "commit", required_unless_present = "commit")]
+        evidence: Option<PathBuf>,
+        /// The commit id (kind commit).
+        #[arg(long)]
+        commit: Option<String>,
+        /// What this generation does next (one line).
+        #[arg(long)]
+        next_action: Option<String>,
+    },
+    /// Wait, settled, for the coordinator's next continuation (each is given once).
+    Next,
+    /// Report the result of a continuation, with its evidence.
+    ContinuationResult {
+        #[arg(long = "id")]
+        continuation_id: String,
+        #[arg(long)]
+        evidence: PathBuf,
+    },
+    /// Report that this generation is blocked: a canonical code, the evidence, and the
+    /// executable action that would unblock it.
+    Blocked {
+        #[arg(long)]
+        code: String,
+        #[arg(long)]
+        evidence: PathBuf,
+        #[arg(long)]
+        next_action: String,
+    },
+    /// Return a QUARANTINED lane to IDLE_CLEAN; refused unless every generation's cleanup
+    /// was verified and nothing of the lane is still open.
+    Release {
+        #[arg(long = "lane")]
+        lane_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Have the lane's host destroy and recreate the lane (a fresh incarnation): the way
+    /// out of a host-side quarantine or a cleanup that was never verified.
+    Recreate {
+        #[arg(long = "lane")]
+        lane_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum PkiOp {
+    /// Create the CA (ca.pem, ca-key.pem) in DIR.
+    Init {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a coordinator (server) certificate; NAME goes in the SAN.
+    IssueCoordinator {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue a host (client) certificate; the host id goes in the SAN.
+    IssueHost {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        host_id: String,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[arg(long)]
+        force: bool,
+    },
+    /// Issue an operator (client) certificate.
+    IssueOperator {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long)]
+        name: String,
+        #[arg(long, default_value_t = 365)]
+        days: i64,
+        #[arg(long)]
+        force: bool,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum HostOp {
+    /// Lanes, live generations and their identities.
+    Status,
+    /// Create a lane (or recreate a destroyed one with a fresh incarnation).
+    LaneCreate { lane: String },
+    /// Stop the lane's generation and remove the lane.
+    LaneDestroy { lane: String },
+    /// Start a fresh generation (any previous one is stopped and verified gone first).
+    Start {
+        #[arg(long)]
+        lane: String,
+        #[arg(long)]
+        runtime: String,
+        /// Task directives for the harness.
+        directives: Vec<String>,
+    },
+    /// Stop the lane's generation and print its termination receipt.
+    Stop {
+        #[arg(long)]
+        lane: String,
+    },
+    /// Termination receipts not yet acknowledged (with --all, acknowledged ones too).
+    Receipts {
+        #[arg(long)]
+        lane: Option<String>,
+        #[arg(long)]
+        all: bool,
+    },
+    /// Acknowledge a receipt by idempotency key (the consumer took it over).
+    Ack { key: String },
+}

@@ -1,0 +1,504 @@
+//! The `mosaic` binary: parses arguments and calls the library. Nothing else lives here.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::Parser;
+
+mod args;
+
+use args::*;
+
+use mosaic::coordinator::service::OperatorRequest;
+use mosaic::supervisor::control::{self, Request};
+
+/// `sha256:<hex>` of a file's bytes (evidence is sent as its digest, never its content).
+fn file_digest(p: &std::path::Path) -> anyhow::Result<String> {
+    use sha2::Digest;
+    let bytes = std::fs::read(p).with_context(|| format!("reading evidence {}", p.display()))?;
+    Ok(format!(
+        "sha256:{}",
+        hex::encode(sha2::Sha256::digest(bytes))
+    ))
+}
+
+/// Logs to journald when running under systemd with a journal, to stderr otherwise.
+/// `MOSAIC_LOG` sets the filter (default `info`).
+fn init_logging() {
+    use tracing_subscriber::layer::SubscriberExt;
+    use tracing_subscriber::util::SubscriberInitExt;
+    let filter = tracing_subscriber::EnvFilter::try_from_env("MOSAIC_LOG")
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let under_systemd =
+        std::env::var_os("JOURNAL_STREAM").is_some() || std::env::var_os("INVOCATION_ID").is_some();
+    if under_systemd {
+        if let Ok(journald) = tracing_journald::layer() {
+            let _ = tracing_subscriber::registry()
+                .with(filter)
+                .with(
+                    journald
+                        .with_syslog_identifier("mosaic".into())
+                        // Fields as journald users query them: LANE_ID=, GENERATION=,
+                        // ASSIGNMENT_ID=, RECEIPT_KEY=, REASON=.
+                        .with_field_prefix(None),
+                )
+                .try_init();
+            return;
+        }
+    }
+    // Colours only on a terminal: a log file or pipe gets plain `field=value` text.
+    use std::io::IsTerminal;
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_ansi(std::io::stderr().is_terminal())
+        .try_init();
+}
+
+fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("starting the async runtime")
+}
+
+fn main() -> ExitCode {
+    mosaic::coordinator::failpoint::setup();
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("mosaic: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    match cli.cmd {
+        Cmd::Coordinator { config } => {
+            init_logging();
+            let text = std::fs::read_to_string(&config)
+                .with_context(|| format!("reading {}", config.display()))?;
+            let cfg: mosaic::coordinator::service::CoordinatorConfig =
+                toml::from_str(&text).with_context(|| format!("parsing {}", config.display()))?;
+            runtime()?.block_on(mosaic::coordinator::service::run_daemon(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Lanes { at } => at.call(OperatorRequest::Lanes),
+        Cmd::Status { at } => at.call(OperatorRequest::Status),
+        Cmd::Receipts { lane_id, at } => at.call(OperatorRequest::Receipts { lane_id }),
+        Cmd::Stop {
+            assignment_id,
+            complete,
+            fail,
+            evidence,
+            no_wait,
+            at,
+        } => {
+            let outcome = if complete {
+                "completed"
+            } else if fail {
+                "failed"
+            } else {
+                "cancelled"
+            };
+            let evidence_digest = match evidence.map(|p| file_digest(&p)).transpose() {
+                Ok(d) => d,
+                Err(e) => return at.refuse(format!("{e:#}")),
+            };
+            at.call(OperatorRequest::Stop {
+                assignment_id,
+                outcome: Some(outcome.into()),
+                evidence_digest,
+                wait: !no_wait,
+            })
+        }
+        Cmd::Cancel {
+            assignment_id,
+            no_wait,
+            at,
+        } => at.call(OperatorRequest::Stop {
+            assignment_id,
+            outcome: Some("cancelled".into()),
+            evidence_digest: None,
+            wait: !no_wait,
+        }),
+        Cmd::Audit { since, at } => at.call(OperatorRequest::Audit { since }),
+        Cmd::Tui { at } => {
+            let state_dir = match (&at.coordinator, &at.coordinator_socket) {
+                (None, None) => Some(
+                    at.state_dir
+                        .clone()
+                        .unwrap_or_else(mosaic::up::default_state_dir),
+                ),
+                _ => at.state_dir.clone(),
+            };
+            mosaic::tui::run(mosaic::tui::TuiOptions {
+                target: at.target()?,
+                state_dir,
+                tmux: mosaic::sysdeps::which("tmux").unwrap_or_else(|| PathBuf::from("tmux")),
+            })?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Assign {
+            lane_id,
+            runtime,
+            task,
+            task_file,
+            scope,
+            holds,
+            completion_policy,
+            wait,
+            resume,
+            inactivity_policy,
+            at,
+        } => {
+            let wait = match wait.as_deref() {
+                None => false,
+                Some("running") => true,
+                Some(other) => return at.refuse(format!("--wait takes `running`, not {other:?}")),
+            };
+            let task = match (task.as_deref(), task_file) {
+                (_, Some(p)) => match std::fs::read_to_string(&p) {
+                    Ok(t) => t,
+                    Err(e) => {
+                        return at.refuse(format!("reading the task from {}: {e}", p.display()))
+                    }
+                },
+                (Some("-"), None) => {
+                    let mut t = String::new();
+                    if let Err(e) = std::io::Read::read_to_string(&mut std::io::stdin(), &mut t) {
+                        return at.refuse(format!("reading the task from standard input: {e}"));
+                    }
+                    t
+                }
+                (Some(t), None) => t.to_string(),
+                (None, None) => {
+                    return at.refuse(
+                        "give the task with --task TEXT, --task - or --task-file PATH".into(),
+                    )
+                }
+            };
+            at.call(OperatorRequest::Assign {
+                lane_id,
+                runtime,
+                task,
+                scope,
+                holds,
+                completion_policy,
+                wait,
+                resume,
+                // One id per invocation: a retry inside the client lands on the same
+                // reservation.
+                request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+                inactivity_policy,
+            })
+        }
+        Cmd::Block {
+            assignment_id,
+            code,
+            evidence,
+            next_action,
+            at,
+        } => {
+            let evidence_digest = match std::fs::read(&evidence) {
+                Ok(b) if !b.is_empty() => mosaic::protocol::work::evidence_digest("blocker", &b),
+                Ok(_) => return at.refuse(format!("evidence {} is empty", evidence.display())),
+                Err(e) => {
+                    return at.refuse(format!("reading evidence {}: {e}", evidence.display()))
+                }
+            };
+            at.call(OperatorRequest::Block {
+                assignment_id,
+                code,
+                evidence_digest,
+                next_action,
+            })
+        }
+        Cmd::Handoff {
+            assignment_id,
+            lane_id,
+            task,
+            within_ms,
+            at,
+        } => at.call(OperatorRequest::Handoff {
+            assignment_id,
+            lane_id,
+            task,
+            within_ms,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
+        Cmd::Continue {
+            assignment_id,
+            next_action,
+            within_ms,
+            at,
+        } => at.call(OperatorRequest::Continue {
+            assignment_id,
+            next_action,
+            within_ms,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
+        Cmd::Unblock {
+            assignment_id,
+            next_action,
+            at,
+        } => at.call(OperatorRequest::Unblock {
+            assignment_id,
+            next_action,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
+        Cmd::Policy {
+            op: PolicyOp::Publish { file, at },
+        } => {
+            let policy = match std::fs::read_to_string(&file)
+                .map_err(|e| format!("reading {}: {e}", file.display()))
+                .and_then(|t| {
+                    toml::from_str::<mosaic::coordinator::continuity::InactivityPolicy>(&t)
+                        .map_err(|e| format!("parsing {}: {e}", file.display()))
+                }) {
+                Ok(p) => p,
+                Err(e) => return at.refuse(e),
+            };
+            at.call(OperatorRequest::PolicyPublish { policy })
+        }
+        Cmd::Policy {
+            op: PolicyOp::Show { policy_id, at },
+        } => at.call(OperatorRequest::Policy { policy_id }),
+        Cmd::Supervisor { config } => {
+            init_logging();
+            let cfg = mosaic::supervisor::config::Config::load(&config)?;
+            runtime()?.block_on(mosaic::supervisor::run_daemon(cfg))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Up {
+            state_dir,
+            lanes,
+            hosts,
+            demo,
+            database_url,
+            harness_root,
+            credentials,
+            registry_dir,
+            harness_config,
+        } => {
+            init_logging();
+            runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
+                state_dir,
+                lanes,
+                hosts,
+                demo,
+                database_url,
+                harness_root,
+                credentials,
+                registry_dir,
+                harness_config,
+            }))?;
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Doctor { json, cgroup_root } => {
+            let r = mosaic::doctor::run(cgroup_root.as_deref());
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                mosaic::doctor::print_human(&r);
+            }
+            Ok(if r.can_run_supervisor {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Setup => {
+            mosaic::sysdeps::ensure(&[
+                mosaic::sysdeps::Dep::Tmux,
+                mosaic::sysdeps::Dep::PostgresServer,
+                mosaic::sysdeps::Dep::Npm,
+            ])?;
+            println!("mosaic setup: tmux, the PostgreSQL server binaries and npm are present");
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Lane {
+            op: LaneOp::Release { lane_id, at },
+        } => at.call(OperatorRequest::LaneRelease {
+            lane_id,
+            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+        }),
+        Cmd::Lane {
+            op: LaneOp::Recreate { lane_id, at },
+        } => at.call(OperatorRequest::LaneRecreate { lane_id }),
+        Cmd::Lane { op } => {
+            use mosaic::supervisor::laneclient::{self, LaneCall};
+            let call = match op {
+                LaneOp::Contract => LaneCall::Contract,
+                LaneOp::Challenge => LaneCall::Challenge,
+                LaneOp::Ack { response } => LaneCall::Ack { response },
+                LaneOp::Hook { family, event } => LaneCall::Hook { family, event },
+                LaneOp::HandoffAck => LaneCall::HandoffAck,
+                LaneOp::Next => LaneCall::Next,
+                LaneOp::ContinuationResult {
+                    continuation_id,
+                    evidence,
+                } => LaneCall::ContinuationResult {
+                    continuation_id,
+                    evidence,
+                },
+                LaneOp::Progress {
+                    kind,
+                    evidence,
+                    commit,
+                    next_action,
+                } => LaneCall::Progress {
+                    kind,
+                    evidence,
+                    commit,
+                    next_action,
+                },
+                LaneOp::Blocked {
+                    code,
+                    evidence,
+                    next_action,
+                } => LaneCall::Blocked {
+                    code,
+                    evidence,
+                    next_action,
+                },
+                LaneOp::Release { .. } | LaneOp::Recreate { .. } => unreachable!("matched above"),
+            };
+            let socket = laneclient::socket_from_env()?;
+            let out = laneclient::run(&socket, call, std::io::stdin().lock())?;
+            if let Some(text) = &out.stdout {
+                println!("{text}");
+            }
+            if let Some(text) = &out.stderr {
+                eprintln!("{text}");
+            }
+            // 1, never 2, on failure: some harnesses treat 2 as "feed stderr to the model".
+            Ok(if out.success {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Harness {
+            op:
+                HarnessOp::Install {
+                    runtimes,
+                    root,
+                    registry_dir,
+                },
+        } => {
+            use mosaic::adapter::{install, Registry, RuntimeRef};
+            let reg = match registry_dir {
+                Some(d) => Registry::load_dir(&d)?,
+                None => Registry::embedded()?,
+            };
+            let paths = mosaic::adapter::Paths {
+                bin_dir: std::env::current_exe()?
+                    .parent()
+                    .context("locating this binary")?
+                    .to_path_buf(),
+                harness_root: std::path::absolute(
+                    root.unwrap_or_else(mosaic::up::default_harness_root),
+                )?,
+            };
+            let runtimes = if runtimes.is_empty() {
+                install::installable(&reg)
+            } else {
+                runtimes
+            };
+            for rt in runtimes {
+                let r = RuntimeRef::parse(&rt)?;
+                install::install(&reg, &r, &paths, &|line| println!("mosaic harness: {line}"))?;
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Pki { op } => {
+            use mosaic::pki::{self, Kind};
+            let (issued, what) = match op {
+                PkiOp::Init { dir, force } => {
+                    let ca = pki::init(&dir, force)?;
+                    println!("CA certificate {}", ca.display());
+                    return Ok(ExitCode::SUCCESS);
+                }
+                PkiOp::IssueCoordinator {
+                    dir,
+                    name,
+                    days,
+                    force,
+                } => (
+                    pki::issue(&dir, Kind::Coordinator, &name, days, force)?,
+                    "coordinator",
+                ),
+                PkiOp::IssueHost {
+                    dir,
+                    host_id,
+                    days,
+                    force,
+                } => (pki::issue(&dir, Kind::Host, &host_id, days, force)?, "host"),
+                PkiOp::IssueOperator {
+                    dir,
+                    name,
+                    days,
+                    force,
+                } => (
+                    pki::issue(&dir, Kind::Operator, &name, days, force)?,
+                    "operator",
+                ),
+            };
+            println!(
+                "{what} {} certificate {} key {}",
+                issued.principal,
+                issued.cert.display(),
+                issued.key.display()
+            );
+            Ok(ExitCode::SUCCESS)
+        }
+        Cmd::Host {
+            socket,
+            config,
+            state_dir,
+            json,
+            op,
+        } => {
+            let socket = match (socket, config, state_dir) {
+                (Some(s), _, _) => s,
+                (None, Some(c), _) => {
+                    mosaic::supervisor::config::Config::load(&c)?.control_socket()
+                }
+                (None, None, sd) => {
+                    let sd = sd.unwrap_or_else(mosaic::up::default_state_dir);
+                    mosaic::up::config_for(&sd, 0)?.control_socket()
+                }
+            };
+            let req = match op {
+                HostOp::Status => Request::Status,
+                HostOp::LaneCreate { lane } => Request::LaneCreate { lane },
+                HostOp::LaneDestroy { lane } => Request::LaneDestroy { lane },
+                HostOp::Start {
+                    lane,
+                    runtime,
+                    directives,
+                } => Request::Start {
+                    lane,
+                    runtime,
+                    directives,
+                },
+                HostOp::Stop { lane } => Request::Stop { lane },
+                HostOp::Receipts { lane, all } => Request::Receipts {
+                    lane,
+                    include_acked: all,
+                },
+                HostOp::Ack { key } => Request::Ack { key },
+            };
+            let v = control::call(&socket, &req)?;
+            if json {
+                println!("{}", serde_json::to_string(&v)?);
+            } else {
+                println!("{}", serde_json::to_string_pretty(&v)?);
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}

@@ -1,0 +1,144 @@
+//! Finalizing a requested outcome once the generation's end is proven, and quarantining a
+//! lane inside a decided transition.
+
+use super::*;
+
+/// Finalizes a requested outcome once the generation's end is proven: the outcome itself if
+/// cleanup was verified, QUARANTINED if it was not (never a false completion).
+pub(super) async fn finalize(
+    d: &crate::coordinator::txn::Decided<'_>,
+    assignment: &str,
+    lifecycle: Lifecycle,
+    requested: Option<&str>,
+    supplied: Option<&str>,
+    receipt_digest: &str,
+    verified: bool,
+) -> Result<Option<String>, AuthorityError> {
+    let Some(req) = requested else {
+        return Ok(None);
+    };
+    if !NONTERMINAL.contains(&lifecycle) {
+        return Ok(None);
+    }
+    let outcome = if verified {
+        req
+    } else {
+        Lifecycle::Quarantined.as_str()
+    };
+    let fe = final_evidence(outcome, receipt_digest, supplied);
+    d.exec_one(
+        "UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
+                pending_target = NULL, next_action = CASE WHEN $2 = 'QUARANTINED' THEN 'inspect the lane: cleanup was not verified' ELSE 'none: ' || $2 END \
+         WHERE assignment_id = $1",
+        &[&assignment, &outcome, &fe],
+    )
+    .await?;
+    Ok(Some(outcome.to_string()))
+}
+
+#[allow(clippy::too_many_arguments)]
+pub(super) async fn insert_receipt(
+    d: &crate::coordinator::txn::Decided<'_>,
+    key: &str,
+    lane_id: &str,
+    inc: &str,
+    generation: i64,
+    body_text: &str,
+    body_digest: &str,
+    verified: bool,
+    epoch: i64,
+    rec: &Reconciliation,
+    about: (&str, &str, &str, &str, Option<&str>),
+) -> Result<(), AuthorityError> {
+    let (reservation, assignment, attempt, resp, exec) = about;
+    d.exec_one(
+        "INSERT INTO termination_receipts (idempotency_key, lane_id, lane_incarnation_id, generation, body, body_digest, verified_empty, ingested_epoch, \
+                                           reconciled_at, reconciliation, reservation_id, assignment_id, assignment_attempt_id, responsibility_owner, execution_owner) \
+         VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, clock_timestamp(), $9, $10, $11, $12, $13, $14)",
+        &[&key, &lane_id, &inc, &generation, &body_text, &body_digest, &verified, &epoch, &rec.label(), &reservation, &assignment, &attempt, &resp, &exec],
+    )
+    .await
+}
+
+/// A receipt that contradicts the coordinator's state: the lane (if current) is quarantined;
+/// the receipt itself is recorded in the transition receipt and audit, not ingested.
+pub(super) async fn quarantine_for_receipt<'t>(
+    f: crate::coordinator::txn::Frame<'t>,
+    inc: &str,
+    retired: bool,
+    state: LaneState,
+    reason: String,
+) -> Result<crate::coordinator::txn::Decision<'t>, AuthorityError> {
+    if retired {
+        return Err(reject(
+            "ingest-termination",
+            Category::Conflict,
+            format!("{reason} (the incarnation is retired; nothing to quarantine)"),
+        ));
+    }
+    let d = f
+        .cas(
+            "UPDATE lane_incarnations SET state = 'QUARANTINED', quarantine_reason = $3 \
+             WHERE lane_incarnation_id = $1 AND state = $2 AND retired_at IS NULL RETURNING 1",
+            &[&inc, &state, &reason],
+        )
+        .await?;
+    let Ok(d) = d else {
+        return Err(reject(
+            "ingest-termination",
+            Category::Conflict,
+            "the lane changed concurrently",
+        ));
+    };
+    quarantine_follow_ups(&d, inc, &reason).await?;
+    let rec = Reconciliation::Quarantined { reason };
+    d.decide(json!({ "reconciliation": rec }))
+}
+
+/// Quarantines a lane inside an already decided transition.
+pub(crate) async fn quarantine_in(
+    d: &crate::coordinator::txn::Decided<'_>,
+    inc: &str,
+    reason: &str,
+    from_host: bool,
+) -> Result<(), AuthorityError> {
+    d.exec_one(
+        "UPDATE lane_incarnations SET state = 'QUARANTINED', quarantine_reason = $2, \
+                host_quarantine_reason = CASE WHEN $3 THEN $2 ELSE host_quarantine_reason END \
+         WHERE lane_incarnation_id = $1 AND retired_at IS NULL",
+        &[&inc, &reason, &from_host],
+    )
+    .await?;
+    quarantine_follow_ups(d, inc, reason).await
+}
+
+/// What quarantine does besides the lane state: leases and the reservation released, the
+/// active assignment to recovery, and a generation still running marked to be stopped.
+pub(crate) async fn quarantine_follow_ups(
+    d: &crate::coordinator::txn::Decided<'_>,
+    inc: &str,
+    reason: &str,
+) -> Result<(), AuthorityError> {
+    d.exec(
+        "UPDATE leases SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL",
+        &[&inc],
+    )
+    .await?;
+    d.exec(
+        "UPDATE reservations SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL",
+        &[&inc],
+    )
+    .await?;
+    d.exec(
+        "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'lane quarantined' \
+         WHERE lane_incarnation_id = $1 AND state <> 'ENDED' AND stop_requested_at IS NULL",
+        &[&inc],
+    )
+    .await?;
+    d.to_recovery(
+        RecoveryOf::Lane(inc),
+        &format!("lane quarantined: {reason}"),
+    )
+    .await?;
+    Ok(())
+}

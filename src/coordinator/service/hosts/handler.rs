@@ -1,0 +1,319 @@
+//! The transport's handler for host sessions: admission (a connected, certificate-named
+//! host), the hello, and each verified frame routed to its message handler.
+
+use super::*;
+
+pub(crate) struct HostHandler(pub Arc<Service>);
+
+pub(super) fn host_of(peer: &str) -> Option<&str> {
+    peer.strip_prefix("host:").filter(|h| !h.is_empty())
+}
+
+/// How long a session challenge stays valid.
+pub(super) const CHALLENGE_TTL_MS: i64 = 10_000;
+
+impl Handler for HostHandler {
+    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, String>> {
+        let svc = self.0.clone();
+        let peer = peer.to_string();
+        Box::pin(async move {
+            let Some(host) = host_of(&peer) else {
+                return Err(format!("{peer} is not a host principal"));
+            };
+            let Some(l) = svc.leadership.current().await else {
+                return Err("this coordinator is standing by; connect to the leader".into());
+            };
+            if let Some(why) = svc.hosts.refusal(host, &svc.timing.liveness) {
+                return Err(why);
+            }
+            let (issued_at, expires_at) = svc
+                .store
+                .db_now_and(CHALLENGE_TTL_MS)
+                .await
+                .map_err(|e| format!("database: {e}"))?;
+            Ok(Admission {
+                sot_incarnation: Some(l.sot().to_string()),
+                coordinator_epoch: Some(l.epoch() as u64),
+                issued_at,
+                expires_at,
+            })
+        })
+    }
+
+    fn open(
+        &self,
+        session: SessionHandle,
+        hello: &Envelope<Verified>,
+    ) -> BoxFuture<'static, Result<(), String>> {
+        let svc = self.0.clone();
+        let host_field = hello.str("host_id").to_string();
+        Box::pin(async move {
+            let Some(host) = host_of(&session.peer).map(String::from) else {
+                return Err("not a host principal".into());
+            };
+            if host_field != host {
+                return Err("the hello names another host".into());
+            }
+            let l = svc.leader().await.map_err(|e| e.message)?;
+            // Checked again: another session may have been admitted since the challenge.
+            if let Some(why) = svc.hosts.refusal(&host, &svc.timing.liveness) {
+                return Err(why);
+            }
+            let epoch = svc
+                .store
+                .open_host_session(&host, &session.session_id, l.epoch())
+                .await
+                .map_err(|e| format!("cannot record the session: {e}"))?;
+            let sid = session.session_id.clone();
+            if let Some(old) = svc.hosts.install(&host, session, epoch) {
+                let reason = transport::CloseReason::Superseded {
+                    session_epoch: epoch,
+                }
+                .to_string();
+                tracing::warn!(
+                    host,
+                    old_session_epoch = old.session_epoch,
+                    session_epoch = epoch,
+                    "host session superseded"
+                );
+                svc.store.auditor().record(
+                    "host-session",
+                    Category::Conflict,
+                    Some(l.epoch()),
+                    None,
+                    None,
+                    &format!("host:{host} session epoch {}: {reason}", old.session_epoch),
+                );
+                let _ = svc.store.close_host_session(&old.session_id, &reason).await;
+            }
+            tracing::info!(host, session_epoch = epoch, session_id = %sid, "host session open");
+            svc.metrics.sessions_opened.inc();
+            svc.bump();
+            Ok(())
+        })
+    }
+
+    fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled> {
+        let svc = self.0.clone();
+        Box::pin(async move {
+            let Some(host) = host_of(&peer).map(String::from) else {
+                return Handled::default();
+            };
+            let t = env.message_type();
+            let started = std::time::Instant::now();
+            tracing::debug!(host, message_type = t.as_str(), "host message");
+            // Identifiers are looked up, logged and echoed: refuse any that is not shaped
+            // like one Mosaic mints, without repeating it.
+            if let Some(field) = [
+                "reservation_id",
+                "assignment_id",
+                "assignment_attempt_id",
+                "lane_id",
+                "lane_incarnation_id",
+                "receipt_idempotency_key",
+                "challenge_id",
+                "host_id",
+            ]
+            .into_iter()
+            .find(|f| matches!(env.get(f), Some(Value::Str(v)) if !report::id_ok(v)))
+            {
+                svc.metrics
+                    .host_messages_refused
+                    .get_or_create(&crate::coordinator::metrics::TypeCategory {
+                        message_type: t.as_str().into(),
+                        category: "bad-input".into(),
+                    })
+                    .inc();
+                tracing::warn!(
+                    host,
+                    message_type = t.as_str(),
+                    field,
+                    "host message refused: malformed identifier"
+                );
+                return Handled {
+                    replies: vec![],
+                    violation: Some(format!("malformed-{field}")),
+                };
+            }
+            let out = match t {
+                MessageType::Hello | MessageType::Report => {
+                    svc.on_state(&host, &env).await.map(|()| vec![])
+                }
+                MessageType::Receipt => return svc.on_receipt(&host, &env).await,
+                MessageType::Staged => svc.on_staged(&host, &env).await.map(|()| vec![]),
+                MessageType::Injected => svc.on_injected(&host, &env).await.map(|()| vec![]),
+                MessageType::Ack => svc.on_ack(&host, &env).await.map(|()| vec![]),
+                MessageType::Progress => svc.on_progress(&host, &env).await.map(|()| vec![]),
+                MessageType::Blocked => svc.on_blocked(&host, &env).await.map(|()| vec![]),
+                MessageType::HandoffAck => svc.on_handoff_ack(&host, &env).await.map(|()| vec![]),
+                MessageType::ContinuationAccept => svc
+                    .on_continuation_accept(&host, &env)
+                    .await
+                    .map(|()| vec![]),
+                MessageType::ContinuationResult => svc
+                    .on_continuation_result(&host, &env)
+                    .await
+                    .map(|()| vec![]),
+                MessageType::Heartbeat => Ok(vec![]),
+                other => Err(OpError::new(
+                    Category::BadInput,
+                    format!("hosts do not send {}", other.as_str()),
+                )),
+            };
+            tracing::debug!(
+                host,
+                message_type = t.as_str(),
+                micros = started.elapsed().as_micros() as u64,
+                "host message handled"
+            );
+            match out {
+                Ok(replies) => Handled::reply(replies),
+                Err(e) => {
+                    svc.metrics
+                        .host_messages_refused
+                        .get_or_create(&crate::coordinator::metrics::TypeCategory {
+                            message_type: t.as_str().into(),
+                            category: e.category.as_str().into(),
+                        })
+                        .inc();
+                    tracing::warn!(host, message_type = t.as_str(), category = e.category.as_str(), error = %e.message, "host message refused");
+                    svc.store.auditor().record(
+                        &format!("host-{}", t.as_str()),
+                        e.category,
+                        None,
+                        non_empty(env.str("assignment_id")),
+                        non_empty(env.str("lane_incarnation_id")),
+                        &format!(
+                            "host:{host} message {}: {}",
+                            env.str("message_id"),
+                            e.message
+                        ),
+                    );
+                    Handled {
+                        replies: vec![],
+                        violation: hostile(e.category)
+                            .then(|| format!("refused-{}", e.category.as_str())),
+                    }
+                }
+            }
+        })
+    }
+
+    fn closed(&self, peer: &str, session_id: &str, reason: &transport::CloseReason) {
+        let abusive = reason.abusive();
+        let Some(host) = host_of(peer).map(String::from) else {
+            return;
+        };
+        let svc = self.0.clone();
+        svc.hosts.remove(&host, session_id);
+        if abusive {
+            svc.hosts.penalize(&host);
+        }
+        let kind = reason.kind();
+        svc.metrics
+            .sessions_closed
+            .get_or_create(&crate::coordinator::metrics::Kind { kind: kind.into() })
+            .inc();
+        svc.bump();
+        tracing::info!(host, session_id, %reason, abusive, "host session closed");
+        let (sid, reason) = (session_id.to_string(), reason.to_string());
+        tokio::spawn(async move {
+            let _ = svc.store.close_host_session(&sid, &reason).await;
+        });
+    }
+}
+
+/// Refusals that a well-behaved host never provokes: they count against the session's
+/// invalid-frame budget. (Chain races — a late ACK, an expired reservation — do not.)
+pub(super) fn hostile(c: Category) -> bool {
+    matches!(
+        c,
+        Category::NotOwner | Category::Mismatch | Category::BadInput | Category::FenceMismatch
+    )
+}
+
+pub(super) fn non_empty(s: &str) -> Option<&str> {
+    (!s.is_empty()).then_some(s)
+}
+
+/// Checks that an ordinary host message is about a chain of this host, and that every
+/// chain field it carries is that chain's: lane, incarnation, assignment, attempt,
+/// generation, the timeline and epoch the chain was staged under, and the fence
+/// commitment of its generation.
+pub(super) fn owned(
+    host: &str,
+    env: &Envelope<Verified>,
+    c: &ChainRow,
+    l: &Leader,
+    fence_commitment: &str,
+) -> Result<(), OpError> {
+    if c.host_id != host {
+        return Err(OpError::new(
+            Category::NotOwner,
+            format!(
+                "reservation {} is on a lane of another host",
+                c.chain.reservation_id
+            ),
+        ));
+    }
+    let ch = &c.chain;
+    let checks: [(&str, Option<String>, String); 7] = [
+        (
+            "lane_id",
+            Some(env.str("lane_id").to_string()),
+            ch.lane_id.clone(),
+        ),
+        (
+            "lane_incarnation_id",
+            Some(env.str("lane_incarnation_id").to_string()),
+            ch.lane_incarnation_id.clone(),
+        ),
+        (
+            "assignment_id",
+            Some(env.str("assignment_id").to_string()),
+            ch.assignment_id.clone(),
+        ),
+        (
+            "assignment_attempt_id",
+            Some(env.str("assignment_attempt_id").to_string()),
+            ch.assignment_attempt_id.clone(),
+        ),
+        (
+            "generation",
+            env.uint("generation").map(|g| g.to_string()),
+            c.generation.map(|g| g.to_string()).unwrap_or_default(),
+        ),
+        (
+            "sot_incarnation",
+            Some(env.str("sot_incarnation").to_string()),
+            l.sot().to_string(),
+        ),
+        (
+            "coordinator_epoch",
+            env.uint("coordinator_epoch").map(|e| e.to_string()),
+            c.reservation_coordinator_epoch.to_string(),
+        ),
+    ];
+    for (field, got, want) in &checks {
+        if got.as_deref() != Some(want.as_str()) {
+            return Err(OpError::new(
+                Category::Mismatch,
+                format!("{field} does not match reservation {}", ch.reservation_id),
+            ));
+        }
+    }
+    use subtle::ConstantTimeEq;
+    let shown = env.str("fence_proof").as_bytes();
+    if shown.len() != fence_commitment.len()
+        || !bool::from(shown.ct_eq(fence_commitment.as_bytes()))
+    {
+        return Err(OpError::new(
+            Category::FenceMismatch,
+            format!(
+                "fence_proof is not the commitment of reservation {}'s generation",
+                ch.reservation_id
+            ),
+        ));
+    }
+    Ok(())
+}

@@ -1,0 +1,309 @@
+//! Termination receipts and host reports: ingesting a receipt (acknowledged only once it is
+//! durable in PostgreSQL), and reconciling a host's reported state against the rows.
+
+use super::*;
+
+impl Service {
+    /// A termination receipt: ingested and reconciled, then acknowledged with a verdict —
+    /// `ingested`, `retry:<category>` (the host sends it again later) or
+    /// `refused:<category>` (it never will be ingestible).
+    pub(super) async fn on_receipt(&self, host: &str, env: &Envelope<Verified>) -> Handled {
+        let key = env.str("receipt_idempotency_key").to_string();
+        let verdict = match self.ingest_receipt(host, env).await {
+            Ok(()) => "ingested".to_string(),
+            Err(e) => {
+                let final_refusal = matches!(
+                    e.category,
+                    Category::NotOwner
+                        | Category::Mismatch
+                        | Category::BadInput
+                        | Category::Conflict
+                        | Category::NotFound
+                );
+                tracing::warn!(host, receipt_key = %key, category = e.category.as_str(), error = %e.message, "termination receipt not ingested");
+                self.store.auditor().record(
+                    "host-receipt",
+                    e.category,
+                    None,
+                    None,
+                    non_empty(env.str("lane_incarnation_id")),
+                    &format!("host:{host} receipt {key}: {}", e.message),
+                );
+                format!(
+                    "{}:{}",
+                    if final_refusal { "refused" } else { "retry" },
+                    e.category.as_str()
+                )
+            }
+        };
+        // A host never has a receipt for a lane the coordinator does not know: for
+        // receipts, `not-found` counts against the session too.
+        let violation = verdict
+            .strip_prefix("refused:")
+            .and_then(Category::parse)
+            .filter(|c| hostile(*c) || *c == Category::NotFound)
+            .map(|c| format!("refused-{}", c.as_str()));
+        let epoch = self.leadership.current().await.map(|l| l.epoch());
+        let ack = Outgoing::new(
+            &self.session,
+            MessageType::ReceiptAck,
+            vec![
+                ("idempotency_key", s(&format!("receipt-ack/{key}"))),
+                ("sot_incarnation", Value::Null),
+                (
+                    "coordinator_epoch",
+                    epoch.map(|e| n(e as u64)).unwrap_or(Value::Null),
+                ),
+                ("assignment_id", Value::Null),
+                ("session_id", s(env.str("session_id"))),
+                ("receipt_idempotency_key", s(&key)),
+                ("verdict", s(&verdict)),
+            ],
+        );
+        Handled {
+            replies: vec![ack],
+            violation,
+        }
+    }
+
+    pub(super) async fn ingest_receipt(
+        &self,
+        host: &str,
+        env: &Envelope<Verified>,
+    ) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let body = canonical::to_json(env.get("receipt").unwrap_or(&Value::Null));
+        // The body must be about the very lane and generation the envelope names.
+        let same = body["lane_id"].as_str() == Some(env.str("lane_id"))
+            && body["lane_incarnation_id"].as_str() == Some(env.str("lane_incarnation_id"))
+            && body["generation"].as_u64() == env.uint("generation")
+            && body["idempotency_key"].as_str() == Some(env.str("receipt_idempotency_key"))
+            && body["host_id"].as_str() == Some(host);
+        if !same {
+            return Err(OpError::new(
+                Category::Mismatch,
+                "the receipt body names another lane, generation, key or host than its envelope",
+            ));
+        }
+        let (rec, r) = self
+            .step(&l, self.store.ingest_termination(&l, host, &body).await)
+            .await?;
+        tracing::info!(
+            receipt_key = %body["idempotency_key"].as_str().unwrap_or(""),
+            lane_id = %env.str("lane_id"),
+            generation = env.uint("generation").unwrap_or(0),
+            reason = %body["termination_reason"].as_str().unwrap_or(""),
+            ?rec,
+            replayed = r.replayed,
+            "termination receipt reconciled"
+        );
+        if matches!(rec, Reconciliation::Retiring { .. }) {
+            let inc = env.str("lane_incarnation_id");
+            match self.store.finish(&l, inc).await {
+                Ok(_) => self.bump(),
+                Err(e) => {
+                    self.note(&l, &e).await;
+                    tracing::warn!(error = %e, "finish after the receipt failed; the watchdog retries");
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// A hello: adopt the lanes it names, record what the host advertises, and reconcile.
+    /// A host's state: the hello that opened its session, or a `report` after a change.
+    pub(super) async fn on_state(
+        &self,
+        host: &str,
+        env: &Envelope<Verified>,
+    ) -> Result<(), OpError> {
+        if env.str("host_id") != host {
+            return Err(OpError::new(
+                Category::NotOwner,
+                "the report names another host",
+            ));
+        }
+        let l = self.leader().await?;
+        let list = |field: &str| -> Vec<String> {
+            match env.get(field) {
+                Some(Value::Array(v)) => v
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(String::from)
+                    .collect(),
+                _ => vec![],
+            }
+        };
+        // The whole report is refused (and nothing adopted) if any entry is not a lane
+        // name and incarnation as hosts make them, or there are more than a host may have.
+        let lanes = list("lanes");
+        let runtimes = list("runtimes");
+        let lanes_ok = lanes.len() <= report::MAX_LANES
+            && lanes.iter().all(|l| {
+                l.split_once('@')
+                    .is_some_and(|(n, i)| report::lane_name_ok(n) && report::incarnation_ok(i))
+            });
+        let runtimes_ok = runtimes.len() <= report::MAX_RUNTIMES
+            && runtimes.iter().all(|r| report::id_ok(r) && r.len() <= 64);
+        if !lanes_ok || !runtimes_ok {
+            return Err(OpError::new(
+                Category::BadInput,
+                format!(
+                    "the report's {} are not valid (at most {} lanes named 1-32 of A-Za-z0-9-_, each with an li- incarnation; at most {} runtimes)",
+                    if lanes_ok { "runtimes" } else { "lanes" },
+                    report::MAX_LANES,
+                    report::MAX_RUNTIMES
+                ),
+            ));
+        }
+        let session_id = env.str("session_id");
+        if self.hosts.runtimes_changed(host, session_id, &runtimes) {
+            self.store.record_host(host, &runtimes).await?;
+            self.hosts.runtimes_recorded(host, session_id, runtimes);
+        }
+        for lane in lanes {
+            let Some((name, inc)) = lane.split_once('@') else {
+                continue;
+            };
+            let lane_id = format!("{host}:{name}");
+            if let Err(e) = self
+                .store
+                .adopt_lane_incarnation(&l, host, &lane_id, inc)
+                .await
+            {
+                self.note(&l, &e).await;
+                tracing::warn!(lane_id, error = %e, "lane not registered");
+            } else {
+                self.bump();
+            }
+        }
+        let report: HostReport = match env.get("lane_states") {
+            Some(v) => report::from_value("lane_states", v)
+                .map_err(|e| OpError::new(Category::BadInput, e.to_string()))?,
+            None => HostReport::new(),
+        };
+        // A session's hello resends whatever every chain of the host waits for; a later
+        // report (the host's state changed) only reconciles what it reports.
+        let full = env.message_type() == MessageType::Hello;
+        self.reconcile_report(&l, host, Some(&report), full).await;
+        Ok(())
+    }
+
+    /// Reconciles a host: what its report shows against the database, then every live
+    /// chain of the host driven on (each resends what it waits for).
+    pub(crate) async fn reconcile_host(&self, l: &Leader, host: &str, report: Option<&HostReport>) {
+        self.reconcile_report(l, host, report, true).await
+    }
+
+    pub(super) async fn reconcile_report(
+        &self,
+        l: &Leader,
+        host: &str,
+        report: Option<&HostReport>,
+        resend: bool,
+    ) {
+        let lanes = match self.store.lanes_of_host(host).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(host, error = %e, "cannot reconcile");
+                return;
+            }
+        };
+        let mut orders: BTreeMap<String, LaneOrder> = BTreeMap::new();
+        for lane in lanes {
+            let name = lane.lane_id.split_once(':').map(|(_, n)| n).unwrap_or("");
+            let inc = lane.lane_incarnation_id.clone();
+            let rep = report
+                .and_then(|r| r.get(name))
+                .filter(|r| r.lane_incarnation_id == inc);
+            let mut end: BTreeSet<i64> = BTreeSet::new();
+            if let Some(rep) = rep {
+                if rep.status == "quarantined" {
+                    let reason = format!(
+                        "host: {}",
+                        rep.quarantine_reason.clone().unwrap_or_default()
+                    );
+                    if lane.host_quarantine_reason.as_deref() != Some(reason.as_str()) {
+                        let r = self
+                            .store
+                            .host_quarantine(
+                                l,
+                                &inc,
+                                rep.quarantine_reason.as_deref().unwrap_or("quarantined"),
+                            )
+                            .await;
+                        if self.step(l, r).await.is_ok() {
+                            tracing::warn!(lane_id = %lane.lane_id, reason, "the host quarantined the lane");
+                        }
+                    }
+                }
+                for g in &rep.generations {
+                    let gen = g.generation as i64;
+                    let chain = self
+                        .store
+                        .chain_of_generation(&inc, gen)
+                        .await
+                        .ok()
+                        .flatten();
+                    match chain {
+                        None => {
+                            end.insert(gen);
+                        }
+                        Some(c)
+                            if c.stop_requested || c.generation_state == Some(GenState::Ended) =>
+                        {
+                            end.insert(gen);
+                        }
+                        Some(c)
+                            if c.lane_state.is_preactivation()
+                                && c.reservation_open
+                                && !g.chain_held =>
+                        {
+                            let r = self.store.end_chain(l, &c.chain, EndCause::Abandoned).await;
+                            if self.step(l, r).await.is_ok() {
+                                tracing::warn!(lane_id = %lane.lane_id, generation = gen, "the host lost the chain before activation: ended in recovery");
+                            }
+                            end.insert(gen);
+                        }
+                        Some(c)
+                            if c.lane_state == LaneState::Running
+                                && c.reservation_open
+                                && !g.activated =>
+                        {
+                            self.push_activated(l, &c).await;
+                        }
+                        Some(_) => {}
+                    }
+                }
+            }
+            // A generation the coordinator asked to end — or one the host reported live
+            // (`staged`) and now no longer lists — is over on the host: it answers with its
+            // receipt (sent again if it was lost), or fences it as never started.
+            if let Some(u) = lane.unended_generation {
+                if let Ok(Some(c)) = self.store.chain_of_generation(&inc, u).await {
+                    let gone = rep.is_some_and(|r| {
+                        c.generation_state == Some(GenState::Live)
+                            && !r.generations.iter().any(|g| g.generation as i64 == u)
+                    });
+                    if c.stop_requested || gone {
+                        end.insert(u);
+                    }
+                }
+            }
+            if !end.is_empty() || lane.recreate_requested {
+                orders.insert(
+                    lane.lane_id.clone(),
+                    LaneOrder {
+                        incarnation: inc,
+                        end,
+                        recreate: lane.recreate_requested,
+                    },
+                );
+            }
+        }
+        self.push_reconcile(l, host, &orders).await;
+        if resend {
+            self.advance_all(l, Some(host)).await;
+        }
+    }
+}

@@ -1,0 +1,278 @@
+//! How operator requests travel: the local socket and the TLS listener on the coordinator's
+//! side, and the client the CLI calls (address parsing, one request, its decoded answer).
+
+use super::*;
+
+/// What `mosaic assign` asks for.
+#[derive(Debug, Clone)]
+pub struct AssignRequest {
+    pub lane_id: String,
+    pub runtime: String,
+    pub task: String,
+    pub scope: Vec<String>,
+    pub holds: Vec<String>,
+    pub completion_policy: String,
+    pub wait: bool,
+    pub resume: Option<String>,
+    pub request_id: String,
+    pub inactivity_policy: String,
+}
+
+impl AssignRequest {
+    /// A plain assignment with the defaults (`mosaic up --demo`, tests).
+    pub fn new(lane_id: &str, runtime: &str, task: &str, wait: bool) -> Self {
+        Self {
+            lane_id: lane_id.into(),
+            runtime: runtime.into(),
+            task: task.into(),
+            scope: vec![],
+            holds: vec![],
+            completion_policy: task::COMPLETION_POLICIES[0].into(),
+            wait,
+            resume: None,
+            request_id: request_id(None),
+            inactivity_policy: DEFAULT_INACTIVITY_POLICY.into(),
+        }
+    }
+}
+
+/// Binds the operator socket (mode 0600) so it exists before anyone is told it does.
+pub fn bind_operators(path: &Path) -> Result<tokio::net::UnixListener, ServiceError> {
+    if let Some(dir) = path.parent() {
+        crate::util::durable::ensure_dir(dir, 0o700)
+            .map_err(|e| ServiceError::Config(e.to_string()))?;
+    }
+    let _ = std::fs::remove_file(path);
+    let listener = tokio::net::UnixListener::bind(path)?;
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+pub async fn serve_operators(
+    svc: Arc<Service>,
+    listener: tokio::net::UnixListener,
+) -> Result<(), ServiceError> {
+    loop {
+        let (stream, _) = listener.accept().await?;
+        tokio::spawn(operator_session(svc.clone(), stream));
+    }
+}
+
+/// Remote operators: mutual TLS with a CA-issued certificate naming `operator:<name>`.
+pub async fn serve_remote_operators(
+    svc: Arc<Service>,
+    listener: tokio::net::TcpListener,
+    tls: TlsIdentity,
+) -> Result<(), ServiceError> {
+    let acceptor = tokio_rustls::TlsAcceptor::from(transport::server_tls(&tls)?);
+    loop {
+        let (tcp, addr) = listener.accept().await?;
+        let _ = tcp.set_nodelay(true);
+        let (svc, acceptor) = (svc.clone(), acceptor.clone());
+        tokio::spawn(async move {
+            let Ok(Ok(stream)) =
+                tokio::time::timeout(Duration::from_secs(10), acceptor.accept(tcp)).await
+            else {
+                tracing::warn!(%addr, "operator TLS handshake failed");
+                return;
+            };
+            let principal = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(|c| crate::pki::principal_of(c));
+            match principal {
+                Some(p) if p.starts_with("operator:") => {
+                    tracing::info!(operator = %p, %addr, "operator connected");
+                    operator_session(svc, stream).await;
+                }
+                other => tracing::warn!(?other, %addr, "refused: not an operator certificate"),
+            }
+        });
+    }
+}
+
+/// One operator connection: JSON requests, one per line, answered in order.
+pub(super) async fn operator_session<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
+    svc: Arc<Service>,
+    stream: S,
+) {
+    let (r, mut w) = tokio::io::split(stream);
+    let mut lines = tokio::io::BufReader::new(r).lines();
+    while let Ok(Some(line)) = lines.next_line().await {
+        let resp = match serde_json::from_str::<OperatorRequest>(&line) {
+            Err(e) => {
+                json!({ "ok": false, "error": OpError::new(Category::BadInput, format!("bad request: {e}")) })
+            }
+            Ok(req) => match svc.operate(req).await {
+                Ok(v) => json!({ "ok": true, "result": v }),
+                Err(e) => json!({ "ok": false, "error": e }),
+            },
+        };
+        let mut out = resp.to_string().into_bytes();
+        out.push(b'\n');
+        if w.write_all(&out).await.is_err() || w.flush().await.is_err() {
+            break;
+        }
+    }
+}
+
+/// Where an operator reaches the coordinator.
+#[derive(Debug, Clone)]
+pub enum OperatorTarget {
+    /// The coordinator's local socket.
+    Socket(PathBuf),
+    /// A remote coordinator's operator listener, with this operator's certificate.
+    Remote {
+        addr: String,
+        server_name: String,
+        tls: TlsIdentity,
+    },
+}
+
+/// Parses `--coordinator`: `HOST:PORT` or `tls://HOST:PORT[/]`, IPv6 hosts in brackets.
+/// Returns the address to dial and the host part (the default certificate name).
+pub fn parse_coordinator_addr(s: &str) -> Result<(String, String), String> {
+    let rest = match s.split_once("://") {
+        None => s,
+        Some(("tls", rest)) => rest.trim_end_matches('/'),
+        Some((scheme, _)) => {
+            return Err(format!(
+                "--coordinator {s}: scheme {scheme}:// is not supported; use HOST:PORT or tls://HOST:PORT (the operator listener speaks mutual TLS)"
+            ))
+        }
+    };
+    let bad = || format!("--coordinator {s}: expected HOST:PORT or tls://HOST:PORT");
+    let (host, port) = rest.rsplit_once(':').ok_or_else(bad)?;
+    port.parse::<u16>().map_err(|_| bad())?;
+    let bare = host
+        .strip_prefix('[')
+        .and_then(|h| h.strip_suffix(']'))
+        .unwrap_or(host);
+    if bare.is_empty() || rest.contains('/') || (bare == host && host.contains(':')) {
+        return Err(bad());
+    }
+    Ok((rest.to_string(), bare.to_string()))
+}
+
+pub(super) fn unavailable(e: impl std::fmt::Display) -> OpError {
+    OpError::new(Category::Unavailable, e.to_string())
+}
+
+/// Sends one operator request to `target` (blocking; for the CLI and tests).
+pub fn operator_request(
+    target: &OperatorTarget,
+    req: &OperatorRequest,
+) -> Result<serde_json::Value, OpError> {
+    match target {
+        OperatorTarget::Socket(p) => operator_call(p, req),
+        OperatorTarget::Remote {
+            addr,
+            server_name,
+            tls,
+        } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(unavailable)?;
+            rt.block_on(async {
+                let cfg = transport::client_tls(tls).map_err(unavailable)?;
+                let tcp = tokio::net::TcpStream::connect(addr)
+                    .await
+                    .map_err(|e| unavailable(format!("cannot reach {addr}: {e}")))?;
+                let _ = tcp.set_nodelay(true);
+                let name = rustls::pki_types::ServerName::try_from(server_name.clone())
+                    .map_err(unavailable)?;
+                let mut s = tokio_rustls::TlsConnector::from(cfg)
+                    .connect(name, tcp)
+                    .await
+                    .map_err(|e| unavailable(format!("TLS: {e}")))?;
+                let mut line = serde_json::to_vec(req).map_err(unavailable)?;
+                line.push(b'\n');
+                s.write_all(&line).await.map_err(unavailable)?;
+                s.flush().await.map_err(unavailable)?;
+                let mut out = String::new();
+                tokio::io::BufReader::new(s)
+                    .read_line(&mut out)
+                    .await
+                    .map_err(unavailable)?;
+                decode_operator_response(
+                    &out,
+                    "is this an operator certificate from its CA? did the coordinator stop?",
+                )
+            })
+        }
+    }
+}
+
+/// `hint`: what an unanswered request most likely means on this kind of connection.
+pub(super) fn decode_operator_response(
+    out: &str,
+    hint: &str,
+) -> Result<serde_json::Value, OpError> {
+    if out.is_empty() {
+        return Err(unavailable(format!(
+            "the coordinator closed the connection without an answer ({hint})"
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_str(out).map_err(unavailable)?;
+    if v["ok"] == true {
+        Ok(v["result"].clone())
+    } else {
+        Err(serde_json::from_value(v["error"].clone())
+            .unwrap_or_else(|_| OpError::new(Category::Internal, v["error"].to_string())))
+    }
+}
+
+/// Sends one operator request over the local socket (blocking; for the CLI and tests).
+pub fn operator_call(path: &Path, req: &OperatorRequest) -> Result<serde_json::Value, OpError> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
+        unavailable(format!(
+            "cannot reach the coordinator at {}: {e}",
+            path.display()
+        ))
+    })?;
+    let mut line = serde_json::to_vec(req).map_err(unavailable)?;
+    line.push(b'\n');
+    s.write_all(&line).map_err(unavailable)?;
+    let mut out = String::new();
+    std::io::BufReader::new(s)
+        .read_line(&mut out)
+        .map_err(unavailable)?;
+    decode_operator_response(
+        &out,
+        "it stopped or restarted while answering; the request may or may not have been applied — `status` shows which",
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::coordinator::service::parse_coordinator_addr as p;
+
+    #[test]
+    fn coordinator_addresses_parse_or_fail_with_the_reason() {
+        let ok = |a: &str, h: &str| Ok((a.to_string(), h.to_string()));
+        assert_eq!(
+            p("coord.example:7443"),
+            ok("coord.example:7443", "coord.example")
+        );
+        assert_eq!(
+            p("tls://coord.example:7443/"),
+            ok("coord.example:7443", "coord.example")
+        );
+        assert_eq!(p("[::1]:7443"), ok("[::1]:7443", "::1"));
+        for bad in [
+            "coord.example",
+            "coord:http",
+            ":7443",
+            "::1:7443",
+            "tls://c:1/x",
+        ] {
+            assert!(p(bad).is_err(), "{bad}");
+        }
+        assert!(p("https://c:1").unwrap_err().contains("not supported"));
+    }
+}

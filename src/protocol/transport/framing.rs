@@ -1,0 +1,262 @@
+//! What both ends of a session share: WebSocket limits, liveness, the outgoing envelope,
+//! the per-session sequencer and replay guard, session ids and the monotonic clock.
+
+use super::*;
+
+pub(super) fn ws_config() -> WebSocketConfig {
+    // One envelope per message; a larger frame ends the session (it cannot be valid).
+    WebSocketConfig::default()
+        .max_message_size(Some(MAX_ENVELOPE_BYTES + 1024))
+        .max_frame_size(Some(MAX_ENVELOPE_BYTES + 1024))
+        .max_write_buffer_size(4 * MAX_ENVELOPE_BYTES)
+}
+
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// How each side of a session notices a dead peer: it sends something at least every
+/// `interval` (the host a signed `heartbeat`, the coordinator a WebSocket ping) and gives
+/// the session up after `limit` without a single frame from the other side.
+#[derive(Debug, Clone, Copy)]
+pub struct Liveness {
+    pub interval: Duration,
+    pub limit: Duration,
+}
+
+impl Default for Liveness {
+    fn default() -> Self {
+        Self::from_heartbeat_ms(None)
+    }
+}
+
+impl Liveness {
+    /// From a heartbeat interval (default 5 s): silent for three intervals is dead.
+    pub fn from_heartbeat_ms(heartbeat_ms: Option<u64>) -> Self {
+        let interval = Duration::from_millis(heartbeat_ms.unwrap_or(5_000).max(100));
+        Self {
+            interval,
+            limit: interval * 3,
+        }
+    }
+}
+
+/// What one session may cost the server before it is closed.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    /// Frames that fail verification, replay, or are refused as hostile, per `window`.
+    pub invalid_frames: u32,
+    pub window: Duration,
+    /// Sustained frames per second, and the burst above it.
+    pub frames_per_second: u32,
+    pub burst: u32,
+    /// Frames queued for the peer; a session whose peer does not read is closed.
+    pub queue: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            invalid_frames: 16,
+            window: Duration::from_secs(60),
+            frames_per_second: 200,
+            burst: 2000,
+            queue: 1024,
+        }
+    }
+}
+
+/// An envelope to send on a session. The session seals it: it adds the message id
+/// (`<session_id>.<n>`, `n` strictly increasing) and the audience, and signs it with
+/// `signer`. Sealing in one place per session is what makes every message id unique and
+/// every replay detectable.
+pub struct Outgoing {
+    pub signer: Arc<Signer>,
+    pub message_type: MessageType,
+    pub fields: Vec<(&'static str, Value)>,
+}
+
+impl Outgoing {
+    pub fn new(
+        signer: &Arc<Signer>,
+        message_type: MessageType,
+        fields: Vec<(&'static str, Value)>,
+    ) -> Self {
+        Self {
+            signer: signer.clone(),
+            message_type,
+            fields,
+        }
+    }
+}
+
+/// Gives one sender's envelopes their message ids on one session.
+pub struct Sequencer {
+    session_id: String,
+    next: u64,
+}
+
+impl Sequencer {
+    pub fn new(session_id: &str) -> Self {
+        Self {
+            session_id: session_id.to_string(),
+            next: 0,
+        }
+    }
+
+    pub fn seal(&mut self, o: Outgoing, audience: &str) -> Result<Vec<u8>, TransportError> {
+        let mut fields = o.fields;
+        fields.push((
+            "message_id",
+            s(&format!("{}.{}", self.session_id, self.next)),
+        ));
+        self.next += 1;
+        o.signer
+            .sign(o.message_type, audience, fields)
+            .map_err(|e| TransportError::Refused(format!("cannot sign: {e}")))
+    }
+}
+
+/// Accepts a peer's message ids only as `<this session's id>.<n>` with `n` above every
+/// earlier one: a frame replayed on the same session, or taken from another session, is
+/// refused before anything reads it.
+pub struct ReplayGuard {
+    session_id: String,
+    last: Option<u64>,
+}
+
+impl ReplayGuard {
+    pub fn new(session_id: &str) -> Self {
+        Self {
+            session_id: session_id.to_string(),
+            last: None,
+        }
+    }
+
+    pub fn check(&mut self, message_id: &str) -> Result<(), &'static str> {
+        let n = message_id
+            .strip_prefix(self.session_id.as_str())
+            .and_then(|r| r.strip_prefix('.'))
+            .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
+            .and_then(|d| d.parse::<u64>().ok())
+            .ok_or("other-session")?;
+        if self.last.is_some_and(|l| n <= l) {
+            return Err("replayed");
+        }
+        self.last = Some(n);
+        Ok(())
+    }
+}
+
+/// 256 random bits, hex: a session id nobody can predict or reuse.
+pub fn fresh_session_id() -> Result<String, TransportError> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| TransportError::Refused(format!("random source: {e}")))?;
+    Ok(format!("sess-{}", hex::encode(b)))
+}
+
+/// Milliseconds on a process-local monotonic clock (for liveness stamps shared between
+/// tasks).
+pub fn mono_ms() -> u64 {
+    static START: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    START
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_millis() as u64
+}
+
+/// Why a session ended. One value carries the close frame's text, the session row's
+/// reason, the metric's kind and whether the host is penalized — never recovered from the
+/// text afterwards.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CloseReason {
+    /// A newer session of the same host replaced this one.
+    Superseded { session_epoch: i64 },
+    /// The peer sent nothing within the liveness limit.
+    Silent { limit_s: u64 },
+    /// The peer did not read what it was sent within the liveness limit.
+    NotReading { limit_s: u64 },
+    /// Its queue of frames to send filled up: the peer does not read.
+    QueueFull,
+    /// This coordinator no longer leads.
+    NotLeader,
+    /// This process is shutting down.
+    Shutdown,
+    /// The peer closed the session.
+    PeerClosed,
+    /// A hostile session: refused hello, too many strikes, a flood, a protocol violation
+    /// (the host waits out a penalty before it may connect again).
+    Abusive(String),
+    /// The network or the TLS/WebSocket layer failed.
+    Transport(String),
+}
+
+impl CloseReason {
+    /// The metric label (`mosaic_coordinator_host_sessions_closed_total{kind}`).
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Self::Superseded { .. } => "superseded",
+            Self::Silent { .. } => "silent",
+            Self::NotLeader => "leadership",
+            Self::Shutdown => "shutdown",
+            Self::PeerClosed => "closed",
+            Self::Abusive(_) => "abusive",
+            // A peer that does not read is counted with the network's failures.
+            Self::NotReading { .. } | Self::QueueFull | Self::Transport(_) => "transport",
+        }
+    }
+
+    /// Whether the host is penalized for it.
+    pub fn abusive(&self) -> bool {
+        matches!(self, Self::Abusive(_))
+    }
+}
+
+impl std::fmt::Display for CloseReason {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Superseded { session_epoch } => {
+                write!(f, "superseded by session epoch {session_epoch}")
+            }
+            Self::Silent { limit_s } => write!(f, "peer silent for more than {limit_s} s"),
+            Self::NotReading { limit_s } => write!(f, "the peer did not read for {limit_s} s"),
+            Self::QueueFull => f.write_str("the host does not read its session (queue full)"),
+            Self::NotLeader => {
+                f.write_str("this coordinator no longer leads; reconnect to the leader")
+            }
+            Self::Shutdown => f.write_str("coordinator shutting down"),
+            Self::PeerClosed => f.write_str("closed by the peer"),
+            Self::Abusive(why) | Self::Transport(why) => f.write_str(why),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::CloseReason;
+
+    #[test]
+    fn a_close_reason_carries_its_kind_and_penalty() {
+        let cases = [
+            (
+                CloseReason::Superseded { session_epoch: 3 },
+                "superseded",
+                false,
+            ),
+            (CloseReason::Silent { limit_s: 15 }, "silent", false),
+            (CloseReason::NotReading { limit_s: 15 }, "transport", false),
+            (CloseReason::QueueFull, "transport", false),
+            (CloseReason::NotLeader, "leadership", false),
+            (CloseReason::Shutdown, "shutdown", false),
+            (CloseReason::PeerClosed, "closed", false),
+            (CloseReason::Abusive("flood".into()), "abusive", true),
+            (CloseReason::Transport("reset".into()), "transport", false),
+        ];
+        for (r, kind, abusive) in cases {
+            assert_eq!((r.kind(), r.abusive()), (kind, abusive), "{r}");
+            assert!(!r.to_string().is_empty());
+        }
+        assert_eq!(
+            CloseReason::Superseded { session_epoch: 3 }.to_string(),
+            "superseded by session epoch 3"
+        );
+    }
+}

@@ -1,0 +1,185 @@
+//! Continuations offered to a settled generation, and the coordinator's reconcile order
+//! (generations to end, lanes to recreate).
+
+use super::*;
+
+impl CoordinatedHost {
+    /// A continuation for this generation. `offer`: accepted (signed back) once the harness
+    /// is settled — waiting in `mosaic lane next` — and never for a generation this process
+    /// cannot reach (no lane socket). `accepted`: the coordinator committed the acceptance
+    /// and debited the loop budget; hand it to the waiting harness — only if this process
+    /// accepted it — which gets each continuation at most once.
+    pub(super) fn on_continuation(self: Arc<Self>, ctx: Arc<ChainCtx>, env: Envelope<Verified>) {
+        let lane_id = env.str("lane_id").to_string();
+        let fields = ctx.report_fields.lock().ok().and_then(|f| f.clone());
+        let (Some(session), Some(fields)) = (ctx.session.clone(), fields) else {
+            self.sup.audit_stale(
+                "continuation-unreachable-generation",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            );
+            return;
+        };
+        let next_action = env.str("next_action").to_string();
+        if crate::protocol::work::next_action_digest(&next_action) != env.str("next_action_digest")
+        {
+            self.sup.audit_stale(
+                "continuation-digest-mismatch",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            );
+            return;
+        }
+        let id = env.str("continuation_id").to_string();
+        match env.str("phase") {
+            "accepted" => {
+                // Already given and answered: the coordinator is still waiting, so the
+                // result report was lost; send it again (the same step, the same key).
+                let answered = session
+                    .results
+                    .lock()
+                    .ok()
+                    .and_then(|r| r.get(&id).cloned());
+                if let Some(evidence) = answered {
+                    let mut f = fields;
+                    f.push(("idempotency_key", s(&format!("continuation-result/{id}"))));
+                    f.push(("continuation_id", s(&id)));
+                    f.push(("result_evidence_digest", s(&evidence)));
+                    self.send(MessageType::ContinuationResult, f);
+                    return;
+                }
+                let ours = session
+                    .accepted_here
+                    .lock()
+                    .map(|a| a.contains(&id))
+                    .unwrap_or(false);
+                if !ours {
+                    self.sup.audit_stale(
+                        "continuation-accepted-by-another-process",
+                        Some(&lane_id),
+                        env.uint("generation"),
+                        env.str("message_id"),
+                    );
+                    return;
+                }
+                session
+                    .next
+                    .send_replace(Some(crate::supervisor::lanesock::Continuation {
+                        continuation_id: id,
+                        next_action,
+                    }));
+            }
+            "offer" => {
+                let claim = env.str("claim_ref").to_string();
+                let fresh = ctx
+                    .offers
+                    .lock()
+                    .map(|mut o| o.insert(claim.clone()))
+                    .unwrap_or(false);
+                if !fresh {
+                    return; // already waiting to accept this claim
+                }
+                tokio::spawn(async move {
+                    let mut settled = session.settled.subscribe();
+                    // Bounded: a harness that never settles lets the claim lapse, and the
+                    // coordinator reclaims or expires it.
+                    let ok = tokio::time::timeout(
+                        std::time::Duration::from_secs(60),
+                        settled.wait_for(|s| *s),
+                    )
+                    .await;
+                    if !matches!(ok, Ok(Ok(_))) {
+                        return;
+                    }
+                    let mut f = fields;
+                    f.push((
+                        "idempotency_key",
+                        s(&format!("continuation-accept/{id}/{claim}")),
+                    ));
+                    f.push(("continuation_id", s(&id)));
+                    f.push(("claim_ref", s(&claim)));
+                    f.push(("next_action_digest", s(env.str("next_action_digest"))));
+                    f.push(("process_identity", ctx.identity.clone()));
+                    if let Ok(mut a) = session.accepted_here.lock() {
+                        a.insert(id.clone());
+                    }
+                    self.send(MessageType::ContinuationAccept, f);
+                });
+            }
+            _ => self.sup.audit_stale(
+                "continuation-phase-unknown",
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            ),
+        }
+    }
+
+    /// The coordinator's reconcile: end the listed generations, recreate the listed lanes.
+    pub(super) async fn on_reconcile(self: Arc<Self>, env: Envelope<Verified>) {
+        // Ending generations is authority: a reconcile must say whose (the link has checked
+        // that timeline and epoch against the highest this host has seen).
+        if !matches!(env.get("sot_incarnation"), Some(Value::Str(_)))
+            || env.uint("coordinator_epoch").is_none()
+        {
+            self.sup
+                .audit_stale("authority-missing", None, None, env.str("message_id"));
+            return;
+        }
+        let orders: Reconcile = match env.get("lanes").map(|v| report::from_value("reconcile", v)) {
+            Some(Ok(o)) => o,
+            Some(Err(e)) => {
+                tracing::warn!(error = %e, "malformed reconcile");
+                return;
+            }
+            None => return,
+        };
+        for (lane_id, order) in orders {
+            let Some(lane) = self.lane_name(&lane_id) else {
+                self.sup
+                    .audit_stale("other-host", Some(&lane_id), None, env.str("message_id"));
+                continue;
+            };
+            let this = self.clone();
+            tokio::spawn(async move {
+                for g in order.end {
+                    if let Ok(mut gate) = this.gate.lock() {
+                        gate.fence_generation(&lane_id, &order.lane_incarnation_id, g);
+                    }
+                    let runtime = this
+                        .chain_of(&lane_id)
+                        .filter(|c| c.generation == g)
+                        .map(|c| c.runtime.clone())
+                        .unwrap_or_else(|| "unknown".into());
+                    match this
+                        .sup
+                        .end_generation(&lane, &order.lane_incarnation_id, g, &runtime)
+                        .await
+                    {
+                        Ok(o) => {
+                            tracing::info!(lane_id, generation = g, outcome = ?o, "generation ended on the coordinator's order")
+                        }
+                        Err(e) => {
+                            tracing::error!(lane_id, generation = g, error = %e, "cannot end the generation")
+                        }
+                    }
+                }
+                if order.recreate {
+                    tracing::warn!(lane_id, "recreating the lane on the coordinator's order");
+                    match this.sup.lane_destroy(&lane).await {
+                        Ok(_) | Err(crate::supervisor::SupervisorError::NoSuchLane(_)) => {}
+                        Err(e) => {
+                            tracing::error!(lane_id, error = %e, "cannot destroy the lane; it stays as it is");
+                            return;
+                        }
+                    }
+                    if let Err(e) = this.sup.lane_create(&lane).await {
+                        tracing::error!(lane_id, error = %e, "cannot recreate the lane");
+                    }
+                }
+            });
+        }
+    }
+}

@@ -1,0 +1,212 @@
+//! What the host tells the coordinator about a live generation (its harness's reports),
+//! and the routing of each coordinator envelope to the chain it is for.
+
+use super::*;
+
+impl CoordinatedHost {
+    /// Signs and sends the RUNNING harness's reports (progress, blocker, continuation
+    /// results) for as long as the generation lives — also after a restart, for a re-adopted
+    /// generation whose lane socket is served again.
+    pub(super) async fn report_loop(self: Arc<Self>, ctx: Arc<ChainCtx>, session: Arc<GenSession>) {
+        let rx = session.reports_rx.lock().ok().and_then(|mut r| r.take());
+        let Some(mut rx) = rx else { return };
+        while let Some(report) = rx.recv().await {
+            let Some(mut f) = ctx.report_fields.lock().ok().and_then(|f| f.clone()) else {
+                continue;
+            };
+            let t = match report {
+                HarnessReport::Progress {
+                    kind,
+                    evidence_digest,
+                    next_action,
+                } => {
+                    f.push((
+                        "idempotency_key",
+                        s(&format!(
+                            "progress/{}/{evidence_digest}",
+                            ctx.binding.reservation_id
+                        )),
+                    ));
+                    f.push(("evidence_kind", s(&kind)));
+                    f.push(("evidence_digest", s(&evidence_digest)));
+                    if let Some(n) = next_action {
+                        f.push(("next_action", s(&n)));
+                    }
+                    MessageType::Progress
+                }
+                HarnessReport::ContinuationResult {
+                    continuation_id,
+                    evidence_digest,
+                } => {
+                    if let Ok(mut r) = session.results.lock() {
+                        r.insert(continuation_id.clone(), evidence_digest.clone());
+                    }
+                    f.push((
+                        "idempotency_key",
+                        s(&format!("continuation-result/{continuation_id}")),
+                    ));
+                    f.push(("continuation_id", s(&continuation_id)));
+                    f.push(("result_evidence_digest", s(&evidence_digest)));
+                    MessageType::ContinuationResult
+                }
+                HarnessReport::Blocked {
+                    code,
+                    evidence_digest,
+                    next_action,
+                } => {
+                    f.push((
+                        "idempotency_key",
+                        s(&format!(
+                            "blocked/{}/{evidence_digest}",
+                            ctx.binding.reservation_id
+                        )),
+                    ));
+                    f.push(("blocker_code", s(&code)));
+                    f.push(("blocker_evidence_digest", s(&evidence_digest)));
+                    f.push(("next_action", s(&next_action)));
+                    MessageType::Blocked
+                }
+            };
+            tracing::info!(
+                lane_incarnation_id = %ctx.lane_incarnation_id,
+                generation = ctx.generation,
+                message_type = t.as_str(),
+                "harness report to the coordinator"
+            );
+            self.send(t, f);
+        }
+    }
+
+    pub(super) async fn route(self: Arc<Self>, env: Envelope<Verified>) {
+        // Queue isolation: only the lane's current, unfenced generation receives anything.
+        let admitted = match self.gate.lock() {
+            Ok(g) => g.admit(&env),
+            Err(_) => return,
+        };
+        if let Err(audit) = admitted {
+            let line = serde_json::to_string(&*audit).unwrap_or_default();
+            self.sup.audit_stale(
+                audit.category,
+                Some(&audit.lane_id),
+                audit.generation,
+                &line,
+            );
+            return;
+        }
+        let lane_id = env.str("lane_id").to_string();
+        let Some(ctx) = self.chain_of(&lane_id) else {
+            return;
+        };
+        if let Err(why) = authority_of(&env, &ctx.binding) {
+            self.sup.audit_stale(
+                why,
+                Some(&lane_id),
+                env.uint("generation"),
+                env.str("message_id"),
+            );
+            return;
+        }
+        match env.message_type() {
+            MessageType::Contract => {
+                let Some(session) = &ctx.session else { return };
+                let text = env.str("task_text").to_string();
+                let digest = crate::protocol::contracts_digest(
+                    &text,
+                    env.str("scope_digest"),
+                    env.str("holds_digest"),
+                );
+                if digest != env.str("contracts_digest") {
+                    self.sup.audit_stale(
+                        "contract-digest-mismatch",
+                        Some(&lane_id),
+                        env.uint("generation"),
+                        env.str("message_id"),
+                    );
+                    return;
+                }
+                if let Ok(mut c) = ctx.contract.lock() {
+                    *c = Some(env.clone());
+                }
+                let key =
+                    crate::adapter::contract_key(&digest, &ctx.lane_incarnation_id, ctx.generation);
+                session.contract.send_replace(Some(Contract {
+                    task_text: text,
+                    contracts_digest: digest,
+                    key,
+                }));
+            }
+            MessageType::Challenge => {
+                let cid = env.str("challenge_id").to_string();
+                ctx.challenge.send_replace(Some(cid.clone()));
+                if let Some(session) = &ctx.session {
+                    session.challenged.send_replace(true);
+                    let phrase =
+                        crate::adapter::ack_phrase(&cid, &ctx.lane_incarnation_id, ctx.generation);
+                    let fresh = session.phrase.borrow().as_deref() != Some(phrase.as_str());
+                    session.phrase.send_replace(Some(phrase.clone()));
+                    if fresh {
+                        self.clone()
+                            .deliver_challenge(&ctx, session.clone(), &lane_id, phrase);
+                    }
+                }
+            }
+            MessageType::Continuation => self.clone().on_continuation(ctx, env),
+            MessageType::HandoffChallenge => {
+                if let Some(session) = &ctx.session {
+                    session
+                        .handoff
+                        .send_replace(Some(env.str("handoff_challenge_id").to_string()));
+                }
+                let resend = ctx.handoff.borrow().is_some()
+                    && ctx
+                        .session
+                        .as_ref()
+                        .is_some_and(|s| *s.handoff_ack_requested.borrow());
+                ctx.handoff.send_replace(Some(env.clone()));
+                // The coordinator sends the challenge again only while it has no ACK: the
+                // first was lost (a coordinator restart, say). Answer again, same key.
+                if resend {
+                    if let (Some(stage), Some(contract)) = (
+                        ctx.stage.as_ref(),
+                        ctx.contract.lock().ok().and_then(|c| c.clone()),
+                    ) {
+                        self.send(
+                            MessageType::HandoffAck,
+                            handoff_ack_fields(stage, &contract, &env, &ctx.identity),
+                        );
+                    }
+                }
+            }
+            MessageType::Control if env.str("control_op") == "activate" => {
+                let Some(lane) = self.lane_name(&lane_id) else {
+                    return;
+                };
+                // Durable first: a restarted supervisor must know this generation runs.
+                let fields = ctx
+                    .report_fields
+                    .lock()
+                    .ok()
+                    .and_then(|f| f.as_deref().map(fields_to_record));
+                match self.sup.mark_activated(&lane, ctx.generation, fields).await {
+                    Ok(true) => {
+                        tracing::info!(
+                            lane_id,
+                            generation = ctx.generation,
+                            assignment_id = %ctx.binding.assignment_id,
+                            "generation activated by the coordinator"
+                        );
+                        if let Some(session) = &ctx.session {
+                            session.activation.send_replace(Some(Ok(())));
+                        }
+                    }
+                    Ok(false) => {}
+                    Err(e) => tracing::error!(lane_id, error = %e, "cannot record the activation"),
+                }
+            }
+            other => tracing::warn!(
+                message_type = other.as_str(),
+                "unexpected coordinator message"
+            ),
+        }
+    }
+}

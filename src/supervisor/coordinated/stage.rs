@@ -1,0 +1,285 @@
+//! A stage for this host: the generation started for exactly the staged chain, its
+//! contract delivered, and the activation challenge typed into (or fetched by) the harness.
+
+use super::*;
+
+impl CoordinatedHost {
+    pub(super) async fn on_stage(self: Arc<Self>, stage: Envelope<Verified>) {
+        let lane_id = stage.str("lane_id").to_string();
+        let inc = stage.str("lane_incarnation_id").to_string();
+        let runtime = stage.str("runtime_id").to_string();
+        let generation = stage.uint("generation").unwrap_or(0);
+        let Some(lane) = self.lane_name(&lane_id) else {
+            self.sup.audit_stale(
+                "other-host",
+                Some(&lane_id),
+                Some(generation),
+                stage.str("message_id"),
+            );
+            return;
+        };
+        if !crate::protocol::fence::is_commitment(stage.str("fence_proof")) {
+            self.sup.audit_stale(
+                "fence-proof-not-a-commitment",
+                Some(&lane_id),
+                Some(generation),
+                stage.str("message_id"),
+            );
+            return;
+        }
+        let lock = match self.staging.lock() {
+            Ok(mut m) => m.entry(lane_id.clone()).or_default().clone(),
+            Err(_) => return,
+        };
+        let _one_stage_at_a_time = lock.lock().await;
+        // A duplicate of the stage we already acted on: say `staged` again.
+        if let Some(ctx) = self.chain_of(&lane_id) {
+            if ctx.generation == generation
+                && ctx.lane_incarnation_id == inc
+                && ctx.binding.reservation_id == stage.str("reservation_id")
+            {
+                self.send_staged(&ctx);
+                return;
+            }
+        }
+        let binding = CoordBinding {
+            reservation_id: stage.str("reservation_id").into(),
+            assignment_id: stage.str("assignment_id").into(),
+            assignment_attempt_id: stage.str("assignment_attempt_id").into(),
+            sot_incarnation: stage.str("sot_incarnation").into(),
+            coordinator_epoch: stage.uint("coordinator_epoch").unwrap_or(0),
+            fence_proof: stage.str("fence_proof").into(),
+            activated: false,
+            chain_fields: None,
+        };
+        let session = GenSession::new();
+        let started = self
+            .sup
+            .start_coordinated(
+                &lane,
+                &runtime,
+                &inc,
+                generation,
+                session.clone(),
+                binding.clone(),
+            )
+            .await;
+        let view = match started {
+            Ok(v) => v,
+            Err(e) => {
+                // Refused: a receipt says so, and the coordinator's chain ends at once.
+                tracing::error!(lane_id, generation, error = %e, "cannot stage the generation; refusing it");
+                if let Err(w) =
+                    self.sup
+                        .refuse_generation(&lane_id, &inc, generation, &runtime, &e.to_string())
+                {
+                    tracing::error!(lane_id, generation, error = %w, "cannot record the refusal; the coordinator's reservation will expire");
+                }
+                self.sup.publish_lanes().await;
+                return;
+            }
+        };
+        let Some(id) = view.process_identity else {
+            return;
+        };
+        if let Ok(mut g) = self.gate.lock() {
+            let _ = g.advance(&lane_id, &inc, generation);
+        }
+        let ctx = Arc::new(ChainCtx {
+            lane_incarnation_id: inc,
+            generation,
+            runtime,
+            binding,
+            stage: Some(stage),
+            session: Some(session),
+            identity: identity_value(&id),
+            contract: Mutex::new(None),
+            challenge: tokio::sync::watch::channel(None).0,
+            handoff: tokio::sync::watch::channel(None).0,
+            offers: Mutex::new(Default::default()),
+            report_fields: Mutex::new(None),
+        });
+        if let Ok(mut m) = self.chains.lock() {
+            m.insert(lane_id.clone(), ctx.clone());
+        }
+        self.send_staged(&ctx);
+        self.clone().bootstrap(&ctx, &lane_id);
+        tokio::spawn(self.clone().drive(ctx));
+    }
+
+    /// For a harness whose session starts at its first prompt: type a bootstrap turn, so its
+    /// session-start hook runs and takes the contract.
+    pub(super) fn bootstrap(self: Arc<Self>, ctx: &Arc<ChainCtx>, lane_id: &str) {
+        let Some(session) = ctx.session.clone() else {
+            return;
+        };
+        let family = session
+            .harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        let Some(text) = family.and_then(|f| f.adapter().bootstrap_turn()) else {
+            return;
+        };
+        let Some(lane) = self.lane_name(lane_id) else {
+            return;
+        };
+        let tmux = self.sup.inner.tmux(&lane);
+        let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
+        tokio::task::spawn_blocking(move || {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            // Only until the contract is delivered, and never into a successor's pane.
+            let waiting = || session.activation.borrow().is_none();
+            // Taken once its session-start hook took the contract.
+            let taken = || session.delivered.borrow().is_some();
+            match tmux.submit_line(&lane, text, text, deadline, &waiting, &taken) {
+                Ok(()) => {
+                    tracing::info!(%lane_id, generation, "bootstrap turn submitted in the pane")
+                }
+                Err(e) => {
+                    tracing::warn!(%lane_id, generation, error = %e, "cannot submit the bootstrap turn")
+                }
+            }
+        });
+    }
+
+    /// Waits for the harness to fetch the contract, reports it; waits for the challenge and
+    /// the harness's ACK request, signs the ACK.
+    pub(super) async fn drive(self: Arc<Self>, ctx: Arc<ChainCtx>) {
+        let (Some(session), Some(stage)) = (&ctx.session, &ctx.stage) else {
+            return;
+        };
+        let mut delivered = session.delivered.subscribe();
+        let Ok(digest) = delivered
+            .wait_for(|d| d.is_some())
+            .await
+            .map(|d| d.clone().unwrap_or_default())
+        else {
+            return;
+        };
+        let contract = ctx.contract.lock().ok().and_then(|c| c.clone());
+        let Some(contract) = contract else { return };
+        if let Ok(mut r) = ctx.report_fields.lock() {
+            *r = Some(Self::chain_fields(stage, Some(&contract)));
+        }
+        let mut f = Self::chain_fields(stage, Some(&contract));
+        f.push((
+            "idempotency_key",
+            s(&format!("injected/{}", stage.str("reservation_id"))),
+        ));
+        f.push(("delivered_contracts_digest", s(&digest)));
+        f.push(("process_identity", ctx.identity.clone()));
+        self.send(MessageType::Injected, f);
+        // A handoff target's generation: its handoff ACK, when the harness asks for it and
+        // the challenge is here, echoing every bound field of the challenge.
+        {
+            let (this, ctx, session, stage, contract) = (
+                self.clone(),
+                ctx.clone(),
+                session.clone(),
+                stage.clone(),
+                contract.clone(),
+            );
+            tokio::spawn(async move {
+                let mut asked = session.handoff_ack_requested.subscribe();
+                if asked.wait_for(|a| *a).await.is_err() {
+                    return;
+                }
+                let mut hc = ctx.handoff.subscribe();
+                let Ok(h) = hc.wait_for(|h| h.is_some()).await.map(|h| h.clone()) else {
+                    return;
+                };
+                let Some(h) = h else { return };
+                this.send(
+                    MessageType::HandoffAck,
+                    handoff_ack_fields(&stage, &contract, &h, &ctx.identity),
+                );
+            });
+        }
+        let mut asked = session.ack_requested.subscribe();
+        if asked.wait_for(|a| *a).await.is_err() {
+            return;
+        }
+        let mut ch = ctx.challenge.subscribe();
+        let Ok(challenge) = ch
+            .wait_for(|c| c.is_some())
+            .await
+            .map(|c| c.clone().unwrap_or_default())
+        else {
+            return;
+        };
+        let mut f = Self::chain_fields(stage, Some(&contract));
+        f.push(("idempotency_key", s(&format!("ack/{challenge}"))));
+        f.push(("challenge_id", s(&challenge)));
+        f.push(("process_identity", ctx.identity.clone()));
+        self.send(MessageType::Ack, f);
+        // Then, for as long as the generation lives: its reports, signed for it.
+        tokio::spawn(self.clone().report_loop(ctx.clone(), session.clone()));
+    }
+
+    /// For a harness that gets its activation check in its pane: type it in as a user turn.
+    /// The ACK is then the model's answer, reported by the harness's turn-end hook.
+    pub(super) fn deliver_challenge(
+        self: Arc<Self>,
+        ctx: &Arc<ChainCtx>,
+        session: Arc<GenSession>,
+        lane_id: &str,
+        phrase: String,
+    ) {
+        let family = session
+            .harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        let Some(family) = family else { return };
+        if family.adapter().challenge_delivery() != crate::adapter::ChallengeDelivery::PaneTurn {
+            return;
+        }
+        let Some(lane) = self.lane_name(lane_id) else {
+            return;
+        };
+        let tmux = self.sup.inner.tmux(&lane);
+        let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
+        let bootstrapped = family.adapter().bootstrap_turn().is_some();
+        tokio::task::spawn_blocking(move || {
+            let marker = crate::adapter::ackline::challenge(&phrase);
+            let line = crate::adapter::ackline::challenge_prompt(&phrase);
+            // Bounded by the chain: the coordinator's challenge deadline ends a generation
+            // that never answers.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+            // Only while this generation is the one waiting: never into a successor's pane.
+            let waiting = || session.activation.borrow().is_none();
+            // Never type into a running turn (where a keystroke could answer a dialog): wait
+            // until the harness is idle — every started turn ended, and a bootstrap turn, if
+            // the family needs one, finished.
+            loop {
+                let o = session.observations();
+                if !o.busy && (!bootstrapped || o.settled >= 1) {
+                    break;
+                }
+                if !waiting() || std::time::Instant::now() >= deadline {
+                    tracing::warn!(%lane_id, generation, "the harness never went idle for its activation check");
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            // Only a turn that starts from here on answers the check.
+            let started = session.observations().turns_started;
+            session
+                .answer_turns_after
+                .store(started, std::sync::atomic::Ordering::SeqCst);
+            // Taken once the harness started a turn for it (or it was already answered).
+            let taken = || {
+                *session.ack_requested.borrow() || session.observations().turns_started > started
+            };
+            match tmux.submit_line(&lane, &line, &marker, deadline, &waiting, &taken) {
+                Ok(()) => {
+                    tracing::info!(%lane_id, generation, "activation check submitted in the pane")
+                }
+                Err(e) => {
+                    tracing::warn!(%lane_id, generation, error = %e, "cannot submit the activation check in the pane")
+                }
+            }
+        });
+    }
+}

@@ -1,0 +1,225 @@
+//! The harness side of the lane socket: what `mosaic lane …` does inside a generation.
+//! Each call is one request over the generation's lane socket (`MOSAIC_LANE_SOCKET`); the
+//! CLI only parses arguments and prints what [`run`] returns.
+//!
+//! **Never:** reads evidence larger than the protocol's limit or anything but a regular
+//! file; sends evidence as anything but its bytes (hex) for the supervisor to digest;
+//! prints anything to a hook's stdout but what the adapter rendered for the harness.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use super::lanesock::{self, LaneRequest, LaneResponse};
+use crate::adapter::ackline;
+
+/// Largest hook event read from stdin.
+const MAX_HOOK_BYTES: u64 = 1 << 20;
+
+#[derive(Debug, thiserror::Error)]
+pub enum LaneClientError {
+    #[error("MOSAIC_LANE_SOCKET is not set: run this inside a Mosaic generation")]
+    NoSocket,
+    #[error("evidence {path}: {detail}")]
+    Evidence { path: PathBuf, detail: String },
+    #[error("reading the hook event from stdin: {0}")]
+    Stdin(#[source] std::io::Error),
+    #[error("a hook event is limited to {MAX_HOOK_BYTES} bytes")]
+    HookTooLarge,
+    #[error("the hook event is not JSON: {0}")]
+    HookNotJson(#[source] serde_json::Error),
+    #[error("give --evidence FILE or --commit ID")]
+    NoEvidence,
+    #[error("lane socket {path}: {source}")]
+    Socket {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl LaneClientError {
+    /// A stable category for the CLI's JSON.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::NoSocket => "not-in-a-generation",
+            Self::Evidence { .. } | Self::NoEvidence => "bad-evidence",
+            Self::Stdin(_) | Self::HookTooLarge | Self::HookNotJson(_) => "bad-hook-event",
+            Self::Socket { .. } => "lane-socket",
+        }
+    }
+}
+
+/// One harness-side lane command.
+#[derive(Debug, Clone)]
+pub enum LaneCall {
+    Contract,
+    Challenge,
+    /// With `None`: fetch the challenge and the contract key, and answer with both.
+    Ack {
+        response: Option<String>,
+    },
+    /// Forward one hook event (its JSON read from `stdin`).
+    Hook {
+        family: String,
+        event: String,
+    },
+    HandoffAck,
+    Next,
+    ContinuationResult {
+        continuation_id: String,
+        evidence: PathBuf,
+    },
+    Progress {
+        kind: String,
+        evidence: Option<PathBuf>,
+        commit: Option<String>,
+        next_action: Option<String>,
+    },
+    Blocked {
+        code: String,
+        evidence: PathBuf,
+        next_action: String,
+    },
+}
+
+/// What the command prints, and whether it succeeded.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Printed {
+    pub stdout: Option<String>,
+    pub stderr: Option<String>,
+    pub success: bool,
+}
+
+impl Printed {
+    fn json(resp: &LaneResponse) -> Self {
+        Self {
+            stdout: Some(serde_json::to_string(resp).unwrap_or_else(|e| {
+                format!("{{\"ok\":false,\"error\":\"cannot encode the answer: {e}\"}}")
+            })),
+            stderr: None,
+            success: resp.ok,
+        }
+    }
+}
+
+/// The lane socket this process was given.
+pub fn socket_from_env() -> Result<PathBuf, LaneClientError> {
+    std::env::var_os("MOSAIC_LANE_SOCKET")
+        .map(PathBuf::from)
+        .ok_or(LaneClientError::NoSocket)
+}
+
+fn call(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, LaneClientError> {
+    lanesock::call(socket, req).map_err(|source| LaneClientError::Socket {
+        path: socket.to_path_buf(),
+        source,
+    })
+}
+
+/// Evidence as hex of its bytes: a regular file within the protocol's limit.
+fn evidence_hex(p: &Path) -> Result<String, LaneClientError> {
+    let err = |detail: String| LaneClientError::Evidence {
+        path: p.to_path_buf(),
+        detail,
+    };
+    let meta = std::fs::metadata(p).map_err(|e| err(e.to_string()))?;
+    let max = crate::protocol::work::MAX_EVIDENCE_BYTES;
+    if !meta.is_file() || meta.len() as usize > max {
+        return Err(err(format!(
+            "must be a regular file of at most {max} bytes"
+        )));
+    }
+    Ok(hex::encode(
+        std::fs::read(p).map_err(|e| err(e.to_string()))?,
+    ))
+}
+
+/// Runs one lane command against `socket`; a hook event is read from `stdin`.
+pub fn run(socket: &Path, c: LaneCall, stdin: impl Read) -> Result<Printed, LaneClientError> {
+    let req = match c {
+        LaneCall::Contract => LaneRequest::Contract,
+        LaneCall::Challenge => LaneRequest::Challenge,
+        LaneCall::Ack {
+            response: Some(response),
+        } => LaneRequest::Ack { response },
+        LaneCall::Ack { response: None } => {
+            // The challenge's phrase and the contract's key: the answer binds both.
+            let ch = call(socket, &LaneRequest::Challenge)?;
+            if ch.ok && ch.state.as_deref() == Some("active") {
+                return Ok(Printed::json(&ch));
+            }
+            let phrase = ch.challenge.as_deref().and_then(ackline::parse_challenge);
+            let k = call(socket, &LaneRequest::Contract)?;
+            match (phrase, k.contract.as_ref().map(|k| k.key.as_str())) {
+                (Some(p), Some(key)) if !key.is_empty() => LaneRequest::Ack {
+                    response: ackline::ack(p, key),
+                },
+                _ => {
+                    let mut out = Printed::json(if ch.ok { &k } else { &ch });
+                    out.success = false;
+                    return Ok(out);
+                }
+            }
+        }
+        LaneCall::Hook { family, event } => {
+            let mut raw = Vec::new();
+            stdin
+                .take(MAX_HOOK_BYTES + 1)
+                .read_to_end(&mut raw)
+                .map_err(LaneClientError::Stdin)?;
+            if raw.len() as u64 > MAX_HOOK_BYTES {
+                return Err(LaneClientError::HookTooLarge);
+            }
+            let payload: serde_json::Value =
+                serde_json::from_slice(&raw).map_err(LaneClientError::HookNotJson)?;
+            let resp = call(
+                socket,
+                &LaneRequest::Hook {
+                    family,
+                    event,
+                    payload,
+                },
+            )?;
+            // The harness reads the hook's stdout: only what the adapter rendered.
+            return Ok(Printed {
+                stdout: resp.output.clone(),
+                stderr: (!resp.ok)
+                    .then(|| format!("mosaic lane hook: {}", resp.error.unwrap_or_default())),
+                success: resp.ok,
+            });
+        }
+        LaneCall::HandoffAck => LaneRequest::HandoffAck,
+        LaneCall::Next => LaneRequest::Next,
+        LaneCall::ContinuationResult {
+            continuation_id,
+            evidence,
+        } => LaneRequest::ContinuationResult {
+            continuation_id,
+            evidence_hex: evidence_hex(&evidence)?,
+        },
+        LaneCall::Progress {
+            kind,
+            evidence,
+            commit,
+            next_action,
+        } => LaneRequest::Progress {
+            kind,
+            evidence_hex: match (evidence, commit) {
+                (Some(p), _) => evidence_hex(&p)?,
+                (None, Some(c)) => hex::encode(c.trim()),
+                (None, None) => return Err(LaneClientError::NoEvidence),
+            },
+            next_action,
+        },
+        LaneCall::Blocked {
+            code,
+            evidence,
+            next_action,
+        } => LaneRequest::Blocked {
+            code,
+            evidence_hex: evidence_hex(&evidence)?,
+            next_action,
+        },
+    };
+    Ok(Printed::json(&call(socket, &req)?))
+}

@@ -1,0 +1,358 @@
+//! The harness's side door: a per-generation Unix socket for `mosaic lane …`, through which
+//! a harness fetches its contract and acknowledges its challenge.
+//!
+//! **Owns:** the per-generation hand-off points between the coordinator chain and the
+//! harness (contract, challenge, activation), and the peer check on every connection.
+//!
+//! **Never:** answers a process outside the generation's cgroup, hands out a contract or
+//! challenge of another generation, or lets the harness see a key.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use serde::{Deserialize, Serialize};
+use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+use tokio::net::UnixListener;
+use tokio::sync::watch;
+
+/// The contract as delivered to the harness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Contract {
+    pub task_text: String,
+    pub contracts_digest: String,
+    /// The generation's contract key (`adapter::contract_key`): the activation answer must
+    /// repeat it.
+    #[serde(default)]
+    pub key: String,
+}
+
+/// What a RUNNING harness reports through its socket. The evidence digest is computed here,
+/// by the supervisor, from the evidence bytes the harness handed over (never a digest the
+/// harness typed), so a report without new evidence cannot count as progress.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HarnessReport {
+    Progress {
+        kind: String,
+        evidence_digest: String,
+        next_action: Option<String>,
+    },
+    Blocked {
+        code: String,
+        evidence_digest: String,
+        next_action: String,
+    },
+    /// The result of a continuation the harness was given.
+    ContinuationResult {
+        continuation_id: String,
+        evidence_digest: String,
+    },
+}
+
+/// A continuation made visible to the harness.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Continuation {
+    pub continuation_id: String,
+    pub next_action: String,
+}
+
+use crate::adapter::{ChallengeDelivery, ContractInjection, Family, HookEvent};
+use crate::protocol::work::{self, evidence_digest, MAX_EVIDENCE_BYTES};
+
+/// One generation's hand-off state, shared by the socket server and the chain driver.
+#[derive(Debug)]
+pub struct GenSession {
+    pub contract: watch::Sender<Option<Contract>>,
+    /// Set when the harness fetched the contract (the digest it was given).
+    pub delivered: watch::Sender<Option<String>>,
+    /// Set when the harness asked to acknowledge.
+    pub ack_requested: watch::Sender<bool>,
+    /// `Some(Ok)` once activated (RUNNING), `Some(Err)` if the chain failed.
+    pub activation: watch::Sender<Option<Result<(), String>>>,
+    /// Set when a handoff challenge for this generation arrived (its id).
+    pub handoff: watch::Sender<Option<String>>,
+    /// Set when the harness asked to acknowledge the handoff challenge.
+    pub handoff_ack_requested: watch::Sender<bool>,
+    /// Set when this generation's activation challenge arrived (for a handoff target: the
+    /// handoff was accepted).
+    pub challenged: watch::Sender<bool>,
+    /// True while the harness waits in `mosaic lane next`: it is settled (nothing queued, no
+    /// turn running) — the only time a continuation is accepted for it.
+    pub settled: watch::Sender<bool>,
+    /// The continuation to hand to the waiting harness (its acceptance is committed).
+    pub next: watch::Sender<Option<Continuation>>,
+    /// Continuations already made visible: each at most once.
+    pub visible: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Continuations this process accepted. Only these are ever made visible: one accepted
+    /// by a previous supervisor process may already have been shown (its visibility is
+    /// unknown), so it is never shown again — the coordinator abandons it at its deadline and
+    /// replaces the generation. This is what lets the set above live in memory.
+    pub accepted_here: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// The result (evidence digest) the harness reported for each continuation, kept to
+    /// answer the coordinator again if the first report was lost.
+    pub results: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Reports of the RUNNING harness, for the chain driver to sign and send.
+    pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
+    /// The driver's end of `reports` (taken once).
+    pub reports_rx: std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<HarnessReport>>>,
+    /// The phrase the harness must answer, derived from this generation's activation
+    /// challenge (`adapter::ack_phrase`); set when the challenge arrives.
+    pub phrase: watch::Sender<Option<String>>,
+    /// The harness family and the conversation id it was started with.
+    pub harness: std::sync::Mutex<Option<(Family, Option<String>)>>,
+    /// Advisory observations from the harness's own events (never used for termination).
+    pub observed: std::sync::Mutex<Observed>,
+    /// For a harness answering in its own turns: the number of turns started before the
+    /// activation check was submitted. Only a turn started after it answers the challenge
+    /// (`u64::MAX` until then: no turn end is judged).
+    pub answer_turns_after: std::sync::atomic::AtomicU64,
+}
+
+/// What the harness's hooks reported, as the supervisor's status shows it. Advisory: no
+/// hook runs on SIGKILL, so none of this ever decides an ending.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+pub struct Observed {
+    /// Turn starts (a prompt taken) seen.
+    pub turns_started: u64,
+    /// A turn started and has not ended yet (the last turn event was a start).
+    pub busy: bool,
+    /// Turn ends (Stop / idle / settled events) seen.
+    pub settled: u64,
+    pub last_settled_at: Option<String>,
+    /// ACK answers that did not bind the challenge (refused).
+    pub ack_refused: u64,
+    /// Hook events refused (wrong family, another conversation, a resumed session).
+    pub refused_events: u64,
+    /// Compactions the harness announced, each answered with the delivered contract.
+    pub compactions: u64,
+    pub session_end: Option<String>,
+}
+
+impl GenSession {
+    pub fn new() -> Arc<Self> {
+        let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        Arc::new(Self {
+            contract: watch::channel(None).0,
+            delivered: watch::channel(None).0,
+            ack_requested: watch::channel(false).0,
+            activation: watch::channel(None).0,
+            handoff: watch::channel(None).0,
+            handoff_ack_requested: watch::channel(false).0,
+            challenged: watch::channel(false).0,
+            settled: watch::channel(false).0,
+            next: watch::channel(None).0,
+            visible: std::sync::Mutex::new(std::collections::HashSet::new()),
+            accepted_here: std::sync::Mutex::new(std::collections::HashSet::new()),
+            results: std::sync::Mutex::new(std::collections::HashMap::new()),
+            reports: tx,
+            reports_rx: std::sync::Mutex::new(Some(rx)),
+            phrase: watch::channel(None).0,
+            harness: std::sync::Mutex::new(None),
+            observed: std::sync::Mutex::new(Observed::default()),
+            answer_turns_after: std::sync::atomic::AtomicU64::new(u64::MAX),
+        })
+    }
+
+    /// Records which family runs here and its conversation id (at launch or re-adoption).
+    pub fn bind_harness(&self, family: Family, conversation: Option<String>) {
+        if let Ok(mut h) = self.harness.lock() {
+            *h = Some((family, conversation));
+        }
+    }
+
+    /// The conversation id bound to this generation (chosen at launch, or named by the
+    /// harness at its first session).
+    pub fn conversation(&self) -> Option<String> {
+        self.harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().and_then(|(_, c)| c.clone()))
+    }
+
+    /// The bound family; `None` (nothing bound) refuses every family-specific request.
+    fn family(&self) -> Option<Family> {
+        self.harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f))
+    }
+
+    fn observe(&self, f: impl FnOnce(&mut Observed)) {
+        if let Ok(mut o) = self.observed.lock() {
+            f(&mut o);
+        }
+    }
+
+    /// The advisory observations so far.
+    pub fn observations(&self) -> Observed {
+        self.observed.lock().map(|o| o.clone()).unwrap_or_default()
+    }
+
+    /// Takes `answer` as this generation's ACK if it binds the challenge. Returns whether it
+    /// was taken; an answer given before the challenge, or one that does not carry the
+    /// phrase, is refused (and counted).
+    fn take_answer(&self, answer: &str) -> Result<(), &'static str> {
+        if self.delivered.borrow().is_none() {
+            return Err("fetch the contract before acknowledging it");
+        }
+        let phrase = self.phrase.borrow().clone();
+        let Some(phrase) = phrase else {
+            return Err("no activation challenge has been issued to this generation yet");
+        };
+        let key = self
+            .contract
+            .borrow()
+            .as_ref()
+            .map(|c| c.key.clone())
+            .unwrap_or_default();
+        if key.is_empty() || !crate::adapter::answer_binds(answer, &phrase, &key) {
+            self.observe(|o| o.ack_refused += 1);
+            return Err("the answer does not bind this generation's challenge");
+        }
+        self.ack_requested.send_replace(true);
+        Ok(())
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "op", rename_all = "kebab-case", deny_unknown_fields)]
+pub enum LaneRequest {
+    Contract,
+    /// Wait for the activation challenge (families that fetch it over this socket).
+    Challenge,
+    /// Answer the challenge: `response` must carry `mosaic-ack:<phrase>`.
+    Ack {
+        response: String,
+    },
+    /// One event of the harness's own lifecycle, forwarded unchanged by its hook assets.
+    Hook {
+        family: String,
+        event: String,
+        payload: serde_json::Value,
+    },
+    /// Acknowledge this generation's handoff challenge (spec §8.1); answered once the
+    /// handoff was accepted (the activation challenge arrived) or the generation ended.
+    HandoffAck,
+    /// Progress with its evidence: the bytes of a file (hex), or a commit id.
+    Progress {
+        kind: String,
+        evidence_hex: String,
+        #[serde(default)]
+        next_action: Option<String>,
+    },
+    /// Blocked: a canonical code, the evidence file's bytes (hex), the unblock action.
+    Blocked {
+        code: String,
+        evidence_hex: String,
+        next_action: String,
+    },
+    /// The harness is settled and waits for the coordinator's next continuation.
+    Next,
+    /// The result of a continuation, with its evidence bytes (hex).
+    ContinuationResult {
+        continuation_id: String,
+        evidence_hex: String,
+    },
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct LaneResponse {
+    pub ok: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub contract: Option<Contract>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub state: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub continuation: Option<Continuation>,
+    /// The activation check to answer (`mosaic-challenge:<phrase>`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub challenge: Option<String>,
+    /// What a hook prints for its harness (e.g. the contract as additional context).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub output: Option<String>,
+}
+
+impl LaneResponse {
+    fn ok(state: &str) -> Self {
+        Self {
+            ok: true,
+            contract: None,
+            state: Some(state.into()),
+            error: None,
+            continuation: None,
+            challenge: None,
+            output: None,
+        }
+    }
+}
+
+mod serve;
+
+pub(crate) use serve::*;
+
+/// Client side, for `mosaic lane …`: one request, one response.
+pub fn call(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, std::io::Error> {
+    use std::io::{BufRead, Write};
+    let mut s = std::os::unix::net::UnixStream::connect(socket)?;
+    let mut line = serde_json::to_vec(req).map_err(std::io::Error::other)?;
+    line.push(b'\n');
+    s.write_all(&line)?;
+    let mut out = String::new();
+    std::io::BufReader::new(s).read_line(&mut out)?;
+    serde_json::from_str(&out).map_err(std::io::Error::other)
+}
+
+/// The path a generation's lane socket lives at (beside its shim socket).
+pub(crate) fn path_for(shim_socket: &Path) -> PathBuf {
+    shim_socket.with_extension("lane.sock")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+    use tokio::io::AsyncReadExt;
+
+    /// A request still waiting when the generation's socket is ended (its server task
+    /// aborted) ends with it: no connection task outlives the generation.
+    #[test]
+    fn ending_the_socket_ends_the_requests_still_waiting_on_it() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir()
+                .join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&dir).unwrap();
+            // Removed also when an assertion below fails.
+            struct Gone(PathBuf);
+            impl Drop for Gone {
+                fn drop(&mut self) {
+                    let _ = std::fs::remove_dir_all(&self.0);
+                }
+            }
+            let _gone = Gone(dir.clone());
+            let path = dir.join("lane.sock");
+            let s = GenSession::new();
+            s.bind_harness(crate::adapter::Family::Fake, None);
+            // This process is the "generation": the peer check passes, so the request
+            // waits (no contract is ever set).
+            let own = crate::cgroup::cgroup_of(None)
+                .expect("this test needs the host's cgroup v2 (as the supervisor does)");
+            let server = serve(&path, own, s.clone()).unwrap();
+            let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
+            c.write_all(b"{\"op\":\"contract\"}\n").await.unwrap();
+            let mut buf = Vec::new();
+            let waiting =
+                tokio::time::timeout(Duration::from_millis(300), c.read_to_end(&mut buf)).await;
+            assert!(waiting.is_err(), "the request did not wait: {buf:?}");
+            server.abort();
+            let ended = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf))
+                .await
+                .expect("the waiting request outlived its socket");
+            assert_eq!(ended.unwrap(), 0, "{buf:?}");
+        });
+    }
+}
