@@ -689,6 +689,18 @@ async fn mosaic_up_killed_or_stopped_and_restarted_leaves_every_lane_usable() {
             (up.lane_state(l) == "IDLE_CLEAN" && incarnation(&up, l) != *old).then_some(())
         });
     }
+    // The stopped coordinator's leadership loop gave its lease up as it stopped (it was
+    // asked to stop and awaited, not aborted): the new one took over a released lease.
+    assert_eq!(
+        up.count(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'leadership-acquire' \
+               AND (body->>'previous_released')::boolean \
+               AND coordinator_epoch = (SELECT max(coordinator_epoch) FROM transition_receipts WHERE transition = 'leadership-acquire')"
+        )
+        .await,
+        1,
+        "the stopped coordinator did not release its lease"
+    );
     let st = up.cli(&["status"]).unwrap();
     for a in st["assignments"].as_array().unwrap() {
         assert!(

@@ -129,7 +129,7 @@ impl Store {
         let row = tx
             .query_one(
                 "SELECT epoch, holder, launch_id, released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp() AS free, \
-                        credential_digest, mosaic_ts(lease_expires_at) AS lease_expires_at \
+                        credential_digest, mosaic_ts(lease_expires_at) AS lease_expires_at, released \
                  FROM leadership FOR UPDATE",
                 &[],
             )
@@ -148,6 +148,8 @@ impl Store {
             row.col("credential_digest")?,
         );
         let previous_lease: Option<String> = row.col("lease_expires_at")?;
+        // Whether the previous leader gave its lease up (a clean stop) rather than let it lapse.
+        let previous_released: bool = row.col::<Option<bool>>("released")?.unwrap_or(false);
         if !free && holder.as_deref() == Some(&c.holder) && launch.as_deref() == Some(&c.launch_id)
         {
             // Our own earlier acquisition committed (an ambiguous commit): no new epoch.
@@ -215,6 +217,7 @@ impl Store {
         );
         let digest = request_digest(OP, &[&c.holder, &c.launch_id, &new_epoch.to_string()]);
         let body = serde_json::json!({ "epoch": new_epoch, "previous_epoch": epoch, "previous_lease_expires_at": previous_lease,
+            "previous_released": previous_released,
             "holder": c.holder, "launch_id": c.launch_id,
             "lease_expires_at": l.lease_expires_at,
             "preactivation_chains_dispositioned": { "lanes": lanes, "generations_to_stop": gens, "assignments_to_recovery": asg, "reservations_released": res,

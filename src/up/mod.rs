@@ -287,11 +287,9 @@ async fn run_with(
         )
         .await;
         let _ = stop_hosts.send(true);
+        svc.shut_down().await;
         hosts.abort();
         ops.abort();
-        if let Ok(l) = svc.leader().await {
-            let _ = svc.store.release(&l).await;
-        }
         let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
         return outcome;
     }
@@ -369,11 +367,9 @@ async fn run_with(
     say!("mosaic up: stopping everything it started");
     teardown(&sup, &origin).await;
     let _ = stop_hosts.send(true);
+    svc.shut_down().await;
     hosts.abort();
     ops.abort();
-    if let Ok(l) = svc.leader().await {
-        let _ = svc.store.release(&l).await;
-    }
     let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
     outcome
 }

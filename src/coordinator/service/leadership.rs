@@ -144,15 +144,41 @@ impl Leadership {
     }
 }
 
-/// Runs until the process ends: acquire while standing by, renew while leading.
-pub(crate) async fn run(svc: std::sync::Arc<super::Service>, cand: Candidate, lease_ms: i64) {
+/// Acquires while standing by and renews while leading, until `stop` is triggered; then
+/// gives up the lease it holds, so a standby need not wait for it to expire.
+pub(crate) async fn run(
+    svc: std::sync::Arc<super::Service>,
+    cand: Candidate,
+    lease_ms: i64,
+    mut stop: crate::util::shutdown::ShutdownSignal,
+) {
+    lead(&svc, &cand, lease_ms, &mut stop).await;
+    if let Some(l) = svc.leadership.current().await {
+        match svc.store.release(&l).await {
+            Ok(()) => tracing::info!(epoch = l.epoch(), "leadership released"),
+            Err(e) => {
+                tracing::warn!(epoch = l.epoch(), error = %e, "cannot release leadership; it lapses at its deadline")
+            }
+        }
+    }
+}
+
+async fn lead(
+    svc: &std::sync::Arc<super::Service>,
+    cand: &Candidate,
+    lease_ms: i64,
+    stop: &mut crate::util::shutdown::ShutdownSignal,
+) {
     let renew_every = Duration::from_millis((lease_ms / 3).max(50) as u64);
     let retry_every = Duration::from_millis((lease_ms / 4).clamp(50, 2000) as u64);
     let mut client: Option<tokio_postgres::Client> = None;
     loop {
+        if stop.is_triggered() {
+            return;
+        }
         svc.leadership.turned();
         let Some(mut l) = svc.leadership.current().await else {
-            match svc.store.acquire(&cand, lease_ms).await {
+            match svc.store.acquire(cand, lease_ms).await {
                 Ok((l, r)) => {
                     tracing::info!(epoch = l.epoch(), receipt = %r.receipt_id, "leading");
                     svc.leadership.set(l).await;
@@ -165,6 +191,7 @@ pub(crate) async fn run(svc: std::sync::Arc<super::Service>, cand: Candidate, le
                     tokio::select! {
                         _ = tokio::time::sleep(retry_every) => {}
                         _ = svc.leadership.kick.notified() => {}
+                        _ = stop.triggered() => return,
                     }
                     continue;
                 }
@@ -173,6 +200,7 @@ pub(crate) async fn run(svc: std::sync::Arc<super::Service>, cand: Candidate, le
         tokio::select! {
             _ = tokio::time::sleep(renew_every) => {}
             _ = svc.leadership.kick.notified() => {}
+            _ = stop.triggered() => return,
         }
         if client.as_ref().is_none_or(|c| c.is_closed()) {
             client = match svc.store.dedicated().await {

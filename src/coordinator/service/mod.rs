@@ -57,6 +57,17 @@ pub struct Service {
     changed: watch::Sender<u64>,
     driver: driver::DriverState,
     pub(crate) metrics: crate::coordinator::metrics::CoordinatorMetrics,
+    /// Stops the leadership loop and the watchdog sweep ([`Service::shut_down`]).
+    shutdown: crate::util::shutdown::Shutdown,
+    /// The background work `shut_down` waits for: the watchdog sweep's task and the leadership
+    /// loop's thread.
+    background: std::sync::Mutex<Background>,
+}
+
+#[derive(Default)]
+struct Background {
+    watchdog: Option<tokio::task::JoinHandle<()>>,
+    leadership: Option<std::thread::JoinHandle<()>>,
 }
 
 impl Service {
@@ -112,24 +123,52 @@ impl Service {
             changed: watch::channel(0).0,
             driver: driver::DriverState::default(),
             metrics: crate::coordinator::metrics::CoordinatorMetrics::new(&store_stats),
+            shutdown: crate::util::shutdown::Shutdown::new(),
+            background: std::sync::Mutex::new(Background::default()),
         });
         // Leadership runs on a thread and runtime of its own: no amount of host-session or
         // operator work on the main runtime can delay a renewal past the lease.
-        let (l_svc, lease_ms) = (svc.clone(), timing.lease_ms);
-        std::thread::Builder::new()
+        let (l_svc, lease_ms, l_stop) = (svc.clone(), timing.lease_ms, svc.shutdown.signal());
+        let leadership = std::thread::Builder::new()
             .name("mosaic-leadership".into())
             .spawn(move || {
                 match tokio::runtime::Builder::new_current_thread()
                     .enable_all()
                     .build()
                 {
-                    Ok(rt) => rt.block_on(leadership::run(l_svc, cand, lease_ms)),
+                    Ok(rt) => rt.block_on(leadership::run(l_svc, cand, lease_ms, l_stop)),
                     Err(e) => tracing::error!(error = %e, "cannot start the leadership runtime; this coordinator never leads"),
                 }
             })
             .map_err(ServiceError::Io)?;
-        tokio::spawn(watchdog::run(svc.clone()));
+        let watchdog = tokio::spawn(watchdog::run(svc.clone(), svc.shutdown.signal()));
+        if let Ok(mut b) = svc.background.lock() {
+            b.leadership = Some(leadership);
+            b.watchdog = Some(watchdog);
+        }
         Ok(svc)
+    }
+
+    /// Stops the background work and waits for it: the watchdog sweep finishes the step it
+    /// is in, and the leadership loop gives up the lease it holds (so a standby need not
+    /// wait for it to expire) and ends. Idempotent.
+    pub async fn shut_down(&self) {
+        self.shutdown.trigger();
+        let (watchdog, leadership) = match self.background.lock() {
+            Ok(mut b) => (b.watchdog.take(), b.leadership.take()),
+            Err(_) => (None, None),
+        };
+        if let Some(w) = watchdog {
+            if let Err(e) = w.await {
+                tracing::error!(error = %e, "the watchdog sweep ended abnormally");
+            }
+        }
+        if let Some(t) = leadership {
+            match tokio::task::spawn_blocking(move || t.join()).await {
+                Ok(Ok(())) => {}
+                _ => tracing::error!("the leadership loop ended abnormally"),
+            }
+        }
     }
 
     /// Waits until this process leads.
@@ -382,13 +421,12 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     }
     crate::systemd::stopping();
     let _ = stop.send(true);
+    // The leadership loop releases the lease as it stops.
+    svc.shut_down().await;
     hosts.abort();
     ops.abort();
     if let Some(r) = remote {
         r.abort();
-    }
-    if let Some(l) = svc.leadership.current().await {
-        let _ = svc.store.release(&l).await;
     }
     let _ = std::fs::remove_file(&cfg.operator_socket);
     Ok(())

@@ -20,11 +20,14 @@ use crate::coordinator::states::{LaneState, Lifecycle, WatchdogStep};
 
 const TICK: Duration = Duration::from_millis(500);
 
-pub(crate) async fn run(svc: Arc<Service>) {
+/// Sweeps every tick while this process leads, until `stop` is triggered (a sweep in
+/// progress finishes first: each of its steps is a whole transition).
+pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::ShutdownSignal) {
     loop {
         let gained = tokio::select! {
             _ = tokio::time::sleep(TICK) => false,
             _ = svc.leadership.wait_gained() => true,
+            _ = stop.triggered() => return,
         };
         let Some(l) = svc.leadership.current().await else {
             continue;
