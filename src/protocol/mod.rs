@@ -13,6 +13,7 @@
 pub mod canonical;
 pub mod envelope;
 pub mod fence;
+pub mod messages;
 pub mod queue;
 pub mod report;
 pub mod schema;

@@ -135,30 +135,22 @@ impl Handler for HostHandler {
                     violation: Some(format!("malformed-{field}")),
                 };
             }
-            let out = match t {
-                MessageType::Hello | MessageType::Report => {
-                    svc.on_state(&host, &env).await.map(|()| vec![])
-                }
-                MessageType::Receipt => return svc.on_receipt(&host, &env).await,
-                MessageType::Staged => svc.on_staged(&host, &env).await.map(|()| vec![]),
-                MessageType::Injected => svc.on_injected(&host, &env).await.map(|()| vec![]),
-                MessageType::Ack => svc.on_ack(&host, &env).await.map(|()| vec![]),
-                MessageType::Progress => svc.on_progress(&host, &env).await.map(|()| vec![]),
-                MessageType::Blocked => svc.on_blocked(&host, &env).await.map(|()| vec![]),
-                MessageType::HandoffAck => svc.on_handoff_ack(&host, &env).await.map(|()| vec![]),
-                MessageType::ContinuationAccept => svc
-                    .on_continuation_accept(&host, &env)
-                    .await
-                    .map(|()| vec![]),
-                MessageType::ContinuationResult => svc
-                    .on_continuation_result(&host, &env)
-                    .await
-                    .map(|()| vec![]),
-                MessageType::Heartbeat => Ok(vec![]),
-                other => Err(OpError::new(
-                    Category::BadInput,
-                    format!("hosts do not send {}", other.as_str()),
-                )),
+            // A chain message becomes its typed struct here, once; its handler never reads
+            // the envelope's fields.
+            let out = match crate::protocol::messages::FromHostChain::decode(&env) {
+                Err(e) => Err(OpError::new(Category::BadInput, e.to_string())),
+                Ok(Some(m)) => svc.on_chain(&host, m).await.map(|()| vec![]),
+                Ok(None) => match t {
+                    MessageType::Hello | MessageType::Report => {
+                        svc.on_state(&host, &env).await.map(|()| vec![])
+                    }
+                    MessageType::Receipt => return svc.on_receipt(&host, &env).await,
+                    MessageType::Heartbeat => Ok(vec![]),
+                    other => Err(OpError::new(
+                        Category::BadInput,
+                        format!("hosts do not send {}", other.as_str()),
+                    )),
+                },
             };
             tracing::debug!(
                 host,
@@ -242,7 +234,7 @@ pub(super) fn non_empty(s: &str) -> Option<&str> {
 /// commitment of its generation.
 pub(super) fn owned(
     host: &str,
-    env: &Envelope<Verified>,
+    m: &crate::protocol::messages::ChainRef,
     c: &ChainRow,
     l: &Leader,
     fence_commitment: &str,
@@ -258,39 +250,35 @@ pub(super) fn owned(
     }
     let ch = &c.chain;
     let checks: [(&str, Option<String>, String); 7] = [
-        (
-            "lane_id",
-            Some(env.str("lane_id").to_string()),
-            ch.lane_id.clone(),
-        ),
+        ("lane_id", Some(m.lane_id.clone()), ch.lane_id.clone()),
         (
             "lane_incarnation_id",
-            Some(env.str("lane_incarnation_id").to_string()),
+            Some(m.lane_incarnation_id.clone()),
             ch.lane_incarnation_id.clone(),
         ),
         (
             "assignment_id",
-            Some(env.str("assignment_id").to_string()),
+            Some(m.assignment_id.clone()),
             ch.assignment_id.clone(),
         ),
         (
             "assignment_attempt_id",
-            Some(env.str("assignment_attempt_id").to_string()),
+            Some(m.assignment_attempt_id.clone()),
             ch.assignment_attempt_id.clone(),
         ),
         (
             "generation",
-            env.uint("generation").map(|g| g.to_string()),
+            Some(m.generation.to_string()),
             c.generation.map(|g| g.to_string()).unwrap_or_default(),
         ),
         (
             "sot_incarnation",
-            Some(env.str("sot_incarnation").to_string()),
+            Some(m.sot_incarnation.clone()),
             l.sot().to_string(),
         ),
         (
             "coordinator_epoch",
-            env.uint("coordinator_epoch").map(|e| e.to_string()),
+            Some(m.coordinator_epoch.to_string()),
             c.reservation_coordinator_epoch.to_string(),
         ),
     ];
@@ -303,7 +291,7 @@ pub(super) fn owned(
         }
     }
     use subtle::ConstantTimeEq;
-    let shown = env.str("fence_proof").as_bytes();
+    let shown = m.fence_proof.as_bytes();
     if shown.len() != fence_commitment.len()
         || !bool::from(shown.ct_eq(fence_commitment.as_bytes()))
     {

@@ -1,38 +1,54 @@
 //! What each chain message from a host decides: staged, injected, ACK, progress, handoff
-//! ACK, continuation accept and result, blocked.
+//! ACK, continuation accept and result, blocked. Each handler takes its typed message
+//! (`protocol::messages`), never the envelope.
 
 use super::*;
+use crate::protocol::messages::{
+    Ack, Blocked, ChainRef, ContinuationAccept, ContinuationResult, FromHostChain, HandoffAck,
+    Injected, Progress, Staged,
+};
 
 impl Service {
+    /// Routes one typed chain message to its handler.
+    pub(super) async fn on_chain(&self, host: &str, m: FromHostChain) -> Result<(), OpError> {
+        match m {
+            FromHostChain::Staged(m) => self.on_staged(host, m).await,
+            FromHostChain::Injected(m) => self.on_injected(host, m).await,
+            FromHostChain::Ack(m) => self.on_ack(host, m).await,
+            FromHostChain::Progress(m) => self.on_progress(host, m).await,
+            FromHostChain::Blocked(m) => self.on_blocked(host, m).await,
+            FromHostChain::HandoffAck(m) => self.on_handoff_ack(host, m).await,
+            FromHostChain::ContinuationAccept(m) => self.on_continuation_accept(host, m).await,
+            FromHostChain::ContinuationResult(m) => self.on_continuation_result(host, m).await,
+        }
+    }
+
+    /// The chain a message names, once the host is shown to own it and every chain field
+    /// and the fence proof match its rows.
     pub(super) async fn chain_for(
         &self,
         host: &str,
         l: &Leader,
-        env: &Envelope<Verified>,
+        m: &ChainRef,
     ) -> Result<ChainRow, OpError> {
-        let res = env.str("reservation_id");
+        let res = &m.reservation_id;
         let c = self
             .store
             .chain_by_reservation(res)
             .await?
             .ok_or_else(|| OpError::new(Category::NotFound, format!("no reservation {res}")))?;
-        owned(host, env, &c, l, &self.fence_commitment(&c))?;
+        owned(host, m, &c, l, &self.fence_commitment(&c))?;
         Ok(c)
     }
 
-    pub(super) async fn on_staged(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
+    async fn on_staged(&self, host: &str, m: Staged) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
-        let identity = canonical::to_json(env.get("process_identity").unwrap_or(&Value::Null));
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let generation = c.generation.unwrap_or(0);
         self.step(
             &l,
             self.store
-                .record_staged(&l, &c.chain, generation, &identity)
+                .record_staged(&l, &c.chain, generation, &m.process_identity)
                 .await,
         )
         .await?;
@@ -40,21 +56,16 @@ impl Service {
         Ok(())
     }
 
-    pub(super) async fn on_injected(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
+    async fn on_injected(&self, host: &str, m: Injected) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
-        let identity = canonical::to_json(env.get("process_identity").unwrap_or(&Value::Null));
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let r = self
             .store
             .record_injected(
                 &l,
                 &c.chain,
-                env.str("delivered_contracts_digest"),
-                &identity,
+                &m.delivered_contracts_digest,
+                &m.process_identity,
                 self.timing.challenge_ttl_ms,
             )
             .await;
@@ -63,29 +74,27 @@ impl Service {
         Ok(())
     }
 
-    pub(super) async fn on_ack(&self, host: &str, env: &Envelope<Verified>) -> Result<(), OpError> {
+    async fn on_ack(&self, host: &str, m: Ack) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let claim = AckClaim {
-            challenge_id: env.str("challenge_id").into(),
-            sot_incarnation: env.str("sot_incarnation").into(),
-            coordinator_epoch: env.uint("coordinator_epoch").unwrap_or(0) as i64,
-            reservation_id: env.str("reservation_id").into(),
-            reservation_epoch: env.uint("reservation_epoch").unwrap_or(0) as i64,
-            reservation_deadline: env.str("reservation_deadline").into(),
-            lane_id: env.str("lane_id").into(),
-            lane_incarnation_id: env.str("lane_incarnation_id").into(),
-            assignment_id: env.str("assignment_id").into(),
-            assignment_attempt_id: env.str("assignment_attempt_id").into(),
-            generation: env.uint("generation").unwrap_or(0) as i64,
-            process_identity: canonical::to_json(
-                env.get("process_identity").unwrap_or(&Value::Null),
-            ),
-            contracts_digest: env.str("contracts_digest").into(),
-            scope_digest: env.str("scope_digest").into(),
-            holds_digest: env.str("holds_digest").into(),
-            runtime_id: env.str("runtime_id").into(),
-            ack_digest: env.digest(),
+            challenge_id: m.challenge_id,
+            sot_incarnation: m.chain.sot_incarnation.clone(),
+            coordinator_epoch: m.chain.coordinator_epoch as i64,
+            reservation_id: m.chain.reservation_id.clone(),
+            reservation_epoch: m.reservation_epoch as i64,
+            reservation_deadline: m.reservation_deadline,
+            lane_id: m.chain.lane_id.clone(),
+            lane_incarnation_id: m.chain.lane_incarnation_id.clone(),
+            assignment_id: m.chain.assignment_id.clone(),
+            assignment_attempt_id: m.chain.assignment_attempt_id.clone(),
+            generation: m.chain.generation as i64,
+            process_identity: m.process_identity,
+            contracts_digest: m.contracts_digest,
+            scope_digest: m.scope_digest,
+            holds_digest: m.holds_digest,
+            runtime_id: m.runtime_id,
+            ack_digest: m.ack_digest,
         };
         self.step(&l, self.store.consume_ack(&l, &claim).await)
             .await?;
@@ -95,23 +104,16 @@ impl Service {
 
     /// A RUNNING generation's progress: bound to its own chain (the ownership checks), then
     /// the one fenced compare-and-swap that may move `last_progress_at`.
-    pub(super) async fn on_progress(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
+    async fn on_progress(&self, host: &str, m: Progress) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let claim = crate::coordinator::continuity::ProgressClaim {
             chain: c.chain.clone(),
-            generation: env.uint("generation").unwrap_or(0) as i64,
-            evidence_kind: env.str("evidence_kind").into(),
-            evidence_digest: env.str("evidence_digest").into(),
-            next_action: env.get("next_action").and_then(|v| match v {
-                Value::Str(s) => Some(s.clone()),
-                _ => None,
-            }),
-            message_id: env.str("message_id").into(),
+            generation: m.chain.generation as i64,
+            evidence_kind: m.evidence_kind,
+            evidence_digest: m.evidence_digest,
+            next_action: m.next_action,
+            message_id: m.message_id,
         };
         let r = self
             .step(&l, self.store.record_progress(&l, &claim).await)
@@ -125,31 +127,27 @@ impl Service {
 
     /// A handoff target's ACK: bound to its own chain (the ownership checks), then the one
     /// compare-and-swap that moves responsibility and fences the source.
-    pub(super) async fn on_handoff_ack(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
+    async fn on_handoff_ack(&self, host: &str, m: HandoffAck) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let claim = crate::coordinator::handoff::HandoffAckClaim {
-            handoff_challenge_id: env.str("handoff_challenge_id").into(),
-            sot_incarnation: env.str("sot_incarnation").into(),
-            coordinator_epoch: env.uint("coordinator_epoch").unwrap_or(0) as i64,
-            assignment_id: env.str("assignment_id").into(),
-            source_assignment_attempt_id: env.str("source_assignment_attempt_id").into(),
-            target_assignment_attempt_id: env.str("assignment_attempt_id").into(),
-            responsibility_owner: env.str("responsibility_owner").into(),
-            execution_owner: env.str("execution_owner").into(),
-            pending_target: env.str("pending_target").into(),
-            next_action_digest: env.str("next_action_digest").into(),
-            scope_digest: env.str("scope_digest").into(),
-            holds_digest: env.str("holds_digest").into(),
-            contracts_digest: env.str("contracts_digest").into(),
-            lane_incarnation_id: env.str("lane_incarnation_id").into(),
-            generation: env.uint("generation").unwrap_or(0) as i64,
-            challenge_deadline: env.str("challenge_deadline").into(),
-            ack_digest: env.digest(),
+            handoff_challenge_id: m.handoff_challenge_id,
+            sot_incarnation: m.chain.sot_incarnation.clone(),
+            coordinator_epoch: m.chain.coordinator_epoch as i64,
+            assignment_id: m.chain.assignment_id.clone(),
+            source_assignment_attempt_id: m.source_assignment_attempt_id,
+            target_assignment_attempt_id: m.chain.assignment_attempt_id.clone(),
+            responsibility_owner: m.responsibility_owner,
+            execution_owner: m.execution_owner,
+            pending_target: m.pending_target,
+            next_action_digest: m.next_action_digest,
+            scope_digest: m.scope_digest,
+            holds_digest: m.holds_digest,
+            contracts_digest: m.contracts_digest,
+            lane_incarnation_id: m.chain.lane_incarnation_id.clone(),
+            generation: m.chain.generation as i64,
+            challenge_deadline: m.challenge_deadline,
+            ack_digest: m.ack_digest,
         };
         let r = self
             .step(&l, self.store.accept_handoff(&l, &claim).await)
@@ -168,20 +166,20 @@ impl Service {
 
     /// The host accepts a continuation for its settled harness: exactly once, for the
     /// current claim (see `coordinator::continuation`); then it is told to make it visible.
-    pub(super) async fn on_continuation_accept(
+    async fn on_continuation_accept(
         &self,
         host: &str,
-        env: &Envelope<Verified>,
+        m: ContinuationAccept,
     ) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let claim = crate::coordinator::continuation::AcceptClaim {
-            continuation_id: env.str("continuation_id").into(),
-            claim_ref: env.str("claim_ref").into(),
+            continuation_id: m.continuation_id,
+            claim_ref: m.claim_ref,
             reservation_id: c.chain.reservation_id.clone(),
             lane_incarnation_id: c.chain.lane_incarnation_id.clone(),
-            generation: env.uint("generation").unwrap_or(0) as i64,
-            next_action_digest: env.str("next_action_digest").into(),
+            generation: m.chain.generation as i64,
+            next_action_digest: m.next_action_digest,
         };
         let r = self
             .step(&l, self.store.accept_continuation(&l, &claim).await)
@@ -195,21 +193,21 @@ impl Service {
         Ok(())
     }
 
-    pub(super) async fn on_continuation_result(
+    async fn on_continuation_result(
         &self,
         host: &str,
-        env: &Envelope<Verified>,
+        m: ContinuationResult,
     ) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let r = self
             .store
             .record_continuation_result(
                 &l,
-                env.str("continuation_id"),
+                &m.continuation_id,
                 &c.chain.lane_incarnation_id,
-                env.uint("generation").unwrap_or(0) as i64,
-                env.str("result_evidence_digest"),
+                m.chain.generation as i64,
+                &m.result_evidence_digest,
             )
             .await;
         self.step(&l, r).await?;
@@ -217,16 +215,12 @@ impl Service {
     }
 
     /// A RUNNING generation says it is blocked, with evidence and an unblock action.
-    pub(super) async fn on_blocked(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
+    async fn on_blocked(&self, host: &str, m: Blocked) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let c = self.chain_for(host, &l, env).await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
         let by = crate::coordinator::continuity::Blocker::Generation {
             chain: c.chain.clone(),
-            generation: env.uint("generation").unwrap_or(0) as i64,
+            generation: m.chain.generation as i64,
         };
         let r = self
             .store
@@ -234,14 +228,14 @@ impl Service {
                 &l,
                 &c.chain.assignment_id,
                 &by,
-                env.str("blocker_code"),
-                env.str("blocker_evidence_digest"),
-                env.str("next_action"),
+                &m.blocker_code,
+                &m.blocker_evidence_digest,
+                &m.next_action,
             )
             .await;
         self.step(&l, r).await?;
         tracing::warn!(lane_id = %c.chain.lane_id, assignment_id = %c.chain.assignment_id,
-            reason = env.str("blocker_code"), "work blocked by its generation");
+            reason = %m.blocker_code, "work blocked by its generation");
         Ok(())
     }
 
