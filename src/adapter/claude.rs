@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 
 use super::{
     copy_overlay, expand, write_new as write, AckMethod, Adapter, ContractInjection, Family,
-    HookEvent, PrepareCtx, Prepared, RegistryError,
+    HookEvent, HookRefusal, PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct ClaudeCode;
@@ -135,7 +135,7 @@ impl Adapter for ClaudeCode {
         event: &str,
         payload: &Value,
         conversation: Option<&str>,
-    ) -> Result<HookEvent, String> {
+    ) -> Result<HookEvent, HookRefusal> {
         hook_event(event, payload, conversation)
     }
 
@@ -151,21 +151,21 @@ pub(super) fn hook_event(
     event: &str,
     payload: &Value,
     conversation: Option<&str>,
-) -> Result<HookEvent, String> {
+) -> Result<HookEvent, HookRefusal> {
     let sid = payload["session_id"].as_str().unwrap_or("");
     if conversation != Some(sid) {
-        return Err(format!(
+        return Err(HookRefusal::OtherConversation(format!(
             "hook event about conversation {sid:?}, not this generation's"
-        ));
+        )));
     }
     match (event, payload["hook_event_name"].as_str()) {
         ("session-start", Some("SessionStart")) => match payload["source"].as_str() {
             Some("startup") => Ok(HookEvent::SessionStart),
             // The same conversation, its history summarized: not a resume.
             Some("compact") => Ok(HookEvent::ContextCompacted),
-            other => Err(format!(
+            other => Err(HookRefusal::Replaced(format!(
                 "SessionStart from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
-            )),
+            ))),
         },
         ("prompt-submit", Some("UserPromptSubmit")) => Ok(HookEvent::TurnStarted),
         ("stop", Some("Stop")) => Ok(HookEvent::Settled {
@@ -176,7 +176,9 @@ pub(super) fn hook_event(
         ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
             reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
         }),
-        (e, n) => Err(format!("unexpected hook {e:?} carrying event {n:?}")),
+        (e, n) => Err(HookRefusal::Unexpected(format!(
+            "unexpected hook {e:?} carrying event {n:?}"
+        ))),
     }
 }
 
@@ -202,13 +204,26 @@ mod tests {
             a.hook("stop", &stop, Some("s1")),
             Ok(HookEvent::Settled { .. })
         ));
-        assert!(a.hook("stop", &stop, Some("s2")).is_err());
-        assert!(a.hook("stop", &stop, None).is_err());
+        let category = |r: Result<HookEvent, HookRefusal>| r.map_err(|e| e.category());
+        assert_eq!(
+            category(a.hook("stop", &stop, Some("s2"))),
+            Err("other-conversation")
+        );
+        assert_eq!(
+            category(a.hook("stop", &stop, None)),
+            Err("other-conversation")
+        );
         // The event the hook was installed for must be the event it carries.
-        assert!(a.hook("session-start", &stop, Some("s1")).is_err());
+        assert_eq!(
+            category(a.hook("session-start", &stop, Some("s1"))),
+            Err("unexpected-event")
+        );
         let resumed =
             json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "resume"});
-        assert!(a.hook("session-start", &resumed, Some("s1")).is_err());
+        assert_eq!(
+            category(a.hook("session-start", &resumed, Some("s1"))),
+            Err("conversation-replaced")
+        );
         let compacted =
             json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "compact"});
         assert_eq!(

@@ -13,8 +13,8 @@
 use serde_json::Value;
 
 use super::{
-    expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent, PrepareCtx,
-    Prepared, RegistryError,
+    expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent, HookRefusal,
+    PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct Codex;
@@ -168,7 +168,7 @@ impl Adapter for Codex {
         event: &str,
         payload: &Value,
         conversation: Option<&str>,
-    ) -> Result<HookEvent, String> {
+    ) -> Result<HookEvent, HookRefusal> {
         // Codex speaks Claude Code's hook protocol.
         super::claude::hook_event(event, payload, conversation)
     }

@@ -2,8 +2,8 @@
 //! and challenge are fetched over the lane socket, and it keeps no state of its own.
 
 use super::{
-    expand, AckMethod, Adapter, ContractInjection, Family, HookEvent, PrepareCtx, Prepared,
-    RegistryError,
+    expand, AckMethod, Adapter, ContractInjection, Family, HookEvent, HookRefusal, PrepareCtx,
+    Prepared, RegistryError,
 };
 
 pub struct Fake;
@@ -48,8 +48,10 @@ impl Adapter for Fake {
         event: &str,
         _payload: &serde_json::Value,
         _conversation: Option<&str>,
-    ) -> Result<HookEvent, String> {
-        Err(format!("the fake harness has no hook {event:?}"))
+    ) -> Result<HookEvent, HookRefusal> {
+        Err(HookRefusal::Unexpected(format!(
+            "the fake harness has no hook {event:?}"
+        )))
     }
 
     fn render_contract(&self, contract: &str) -> String {

@@ -159,7 +159,7 @@ pub trait Adapter: Send + Sync {
         event: &str,
         payload: &serde_json::Value,
         conversation: Option<&str>,
-    ) -> Result<HookEvent, String>;
+    ) -> Result<HookEvent, HookRefusal>;
     /// What the SessionStart hook prints, carrying `contract` into the model's context.
     fn render_contract(&self, contract: &str) -> String;
     /// A turn the supervisor types in at start, for a harness whose session only starts
@@ -189,6 +189,34 @@ pub fn no_directives(family: Family, directives: &[String]) -> Result<(), Regist
 }
 
 pub use ackline::answer_binds;
+
+/// Why a harness's hook event was refused (each one is counted as a refused event and
+/// changes nothing).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HookRefusal {
+    /// The event is about another conversation than the one the generation was started
+    /// with (or, before it has one, names none).
+    #[error("{0}")]
+    OtherConversation(String),
+    /// The event would replace the conversation under a live generation (a resume, a
+    /// clear, a second session): in-band reset is disabled.
+    #[error("{0}")]
+    Replaced(String),
+    /// An event this family does not send, or one without a field it needs.
+    #[error("{0}")]
+    Unexpected(String),
+}
+
+impl HookRefusal {
+    /// A stable category for counting and the lane socket's answer.
+    pub fn category(&self) -> &'static str {
+        match self {
+            Self::OtherConversation(_) => "other-conversation",
+            Self::Replaced(_) => "conversation-replaced",
+            Self::Unexpected(_) => "unexpected-event",
+        }
+    }
+}
 
 /// Checks a task for `runtime_id` (`family@version`): what every task must be
 /// (`protocol::task::validate_envelope`), then the family's own grammar where it has one.

@@ -17,7 +17,7 @@ use serde_json::{json, Value};
 
 use super::{
     copy_overlay, expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent,
-    PrepareCtx, Prepared, RegistryError,
+    HookRefusal, PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct OpenCode;
@@ -124,16 +124,20 @@ impl Adapter for OpenCode {
         event: &str,
         payload: &Value,
         conversation: Option<&str>,
-    ) -> Result<HookEvent, String> {
+    ) -> Result<HookEvent, HookRefusal> {
         let sid = payload["session_id"].as_str();
         match event {
             "session-start" => match payload["reason"].as_str() {
                 Some("startup") => Ok(HookEvent::SessionStart),
-                other => Err(format!("plugin start from {other:?}")),
+                other => Err(HookRefusal::Replaced(format!(
+                    "plugin start from {other:?}"
+                ))),
             },
             "session-created" => {
                 let Some(sid) = sid.filter(|s| !s.is_empty()) else {
-                    return Err("session.created without a session id".into());
+                    return Err(HookRefusal::Unexpected(
+                        "session.created without a session id".into(),
+                    ));
                 };
                 if !payload["parent_id"].is_null() {
                     // A subagent's session: not the conversation, nothing to bind.
@@ -142,25 +146,25 @@ impl Adapter for OpenCode {
                 match conversation {
                     None => Ok(HookEvent::Conversation { id: sid.to_string() }),
                     Some(c) if c == sid => Ok(HookEvent::Ignored),
-                    Some(_) => Err(
+                    Some(_) => Err(HookRefusal::Replaced(
                         "a second top-level session: a generation has one conversation (in-band reset is disabled)"
                             .into(),
-                    ),
+                    )),
                 }
             }
             "session-busy" => {
                 if conversation.is_none() || conversation != sid {
-                    return Err(format!(
+                    return Err(HookRefusal::OtherConversation(format!(
                         "busy event about session {sid:?}, not this generation's conversation"
-                    ));
+                    )));
                 }
                 Ok(HookEvent::TurnStarted)
             }
             "session-idle" => {
                 if conversation.is_none() || conversation != sid {
-                    return Err(format!(
+                    return Err(HookRefusal::OtherConversation(format!(
                         "idle event about session {sid:?}, not this generation's conversation"
-                    ));
+                    )));
                 }
                 Ok(HookEvent::Settled {
                     last_message: payload["last_assistant_message"]
@@ -168,7 +172,9 @@ impl Adapter for OpenCode {
                         .map(str::to_string),
                 })
             }
-            e => Err(format!("unexpected OpenCode event {e:?}")),
+            e => Err(HookRefusal::Unexpected(format!(
+                "unexpected OpenCode event {e:?}"
+            ))),
         }
     }
 

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 use super::{
     copy_overlay, expand, write_new, AckMethod, Adapter, ContractInjection, Family, HookEvent,
-    PrepareCtx, Prepared, RegistryError,
+    HookRefusal, PrepareCtx, Prepared, RegistryError,
 };
 
 pub struct Pi;
@@ -108,19 +108,19 @@ impl Adapter for Pi {
         event: &str,
         payload: &Value,
         conversation: Option<&str>,
-    ) -> Result<HookEvent, String> {
+    ) -> Result<HookEvent, HookRefusal> {
         let sid = payload["session_id"].as_str().unwrap_or("");
         if conversation != Some(sid) {
-            return Err(format!(
+            return Err(HookRefusal::OtherConversation(format!(
                 "event about conversation {sid:?}, not this generation's"
-            ));
+            )));
         }
         match event {
             "session-start" => match payload["reason"].as_str() {
                 Some("startup") => Ok(HookEvent::SessionStart),
-                other => Err(format!(
+                other => Err(HookRefusal::Replaced(format!(
                     "session_start from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
-                )),
+                ))),
             },
             "agent-start" => Ok(HookEvent::TurnStarted),
             "agent-settled" => Ok(HookEvent::Settled {
@@ -131,7 +131,7 @@ impl Adapter for Pi {
             "session-shutdown" => Ok(HookEvent::SessionEnd {
                 reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
             }),
-            e => Err(format!("unexpected Pi event {e:?}")),
+            e => Err(HookRefusal::Unexpected(format!("unexpected Pi event {e:?}"))),
         }
     }
 

@@ -207,7 +207,8 @@ pub(super) async fn hook(
         Ok(ev) => ev,
         Err(e) => {
             s.observe(|o| o.refused_events += 1);
-            return err(&e);
+            tracing::warn!(category = e.category(), refusal = %e, "hook event refused");
+            return err(&e.to_string());
         }
     };
     match ev {
