@@ -513,23 +513,30 @@ async fn launch_failing_at_the_lane_socket_keeps_its_observed_receipt() {
         mosaic::coordinator::failpoint::enabled(),
         "this test injects a failure and needs a failpoints build (scripts/test makes one)"
     );
-    #[cfg(feature = "failpoints")]
-    fail::cfg(
-        mosaic::supervisor::LaunchStep::LaneSocket.failpoint(),
-        "1*return",
-    )
-    .unwrap();
     let (sup, w) = world();
     let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    // Scoped to this lane incarnation (the other tests of this process stage too), and
+    // removed once it has fired, so the lane's next stage goes through.
+    let point = mosaic::supervisor::LaunchStep::LaneSocket.failpoint();
+    #[cfg(feature = "failpoints")]
+    fail::cfg(&point, &format!("return({inc})")).unwrap();
     let (host, mut rx) = coordinated(&sup).await;
     host.dispatch(stage(&inc, 1, "rs-1")).await;
+    let started = std::time::Instant::now();
     let r = loop {
         let r = receipts_of(&sup, "h1:lane-1");
         if !r.is_empty() {
             break r;
         }
+        assert!(
+            started.elapsed() < common::PATIENCE,
+            "no receipt for the failed launch"
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     };
+    #[cfg(feature = "failpoints")]
+    fail::remove(&point);
+    let _ = &point;
     // Give the refusal path its chance to (wrongly) write a second receipt.
     tokio::time::sleep(Duration::from_millis(300)).await;
     let r2 = receipts_of(&sup, "h1:lane-1");

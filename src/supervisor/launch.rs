@@ -165,19 +165,22 @@ impl Step {
     }
 }
 
-/// Fails the step when its failpoint is set (`failpoints` builds only).
+/// Fails the step when its failpoint is set (`failpoints` builds only). A failpoint with an
+/// argument (`return(<incarnation>)`) fails only the launches of that lane incarnation, so
+/// tests sharing one process cannot trip each other's.
 #[cfg(feature = "failpoints")]
-fn inject(step: Step) -> Result<(), SupervisorError> {
+fn inject(step: Step, incarnation: &str) -> Result<(), SupervisorError> {
     let name = step.failpoint();
-    fail::fail_point!(&name, |_| Err(SupervisorError::Injected {
-        failpoint: name.clone()
-    }));
+    let fire = fail::eval(&name, |arg| arg.is_none_or(|a| a == incarnation)).unwrap_or(false);
+    if fire {
+        return Err(SupervisorError::Injected { failpoint: name });
+    }
     Ok(())
 }
 
 #[cfg(not(feature = "failpoints"))]
 #[inline(always)]
-fn inject(_step: Step) -> Result<(), SupervisorError> {
+fn inject(_step: Step, _incarnation: &str) -> Result<(), SupervisorError> {
     Ok(())
 }
 
@@ -352,21 +355,21 @@ impl Launching {
 
         // Stage: burned. The record comes before the cgroup, so a crash from here on
         // leaves a record that points at whatever was made, and a restart ends it.
-        inject(Step::Record)?;
+        inject(Step::Record, &self.rec.lane_incarnation_id)?;
         inner.store.save_gen(&self.rec)?;
 
-        inject(Step::Cgroup)?;
+        inject(Step::Cgroup, &self.rec.lane_incarnation_id)?;
         self.cg.create_fresh()?;
         self.stage = Stage::CgroupMade;
         phase("cgroup created");
 
         // Stage: cgroup made.
-        inject(Step::CgroupId)?;
+        inject(Step::CgroupId, &self.rec.lane_incarnation_id)?;
         let cgroup_id = self.cg.id()?;
         let cgroup_rel = inner.tree.rel(self.cg.path());
-        inject(Step::Socket)?;
+        inject(Step::Socket, &self.rec.lane_incarnation_id)?;
         self.listener = Some(bind_socket(&self.rec.socket)?);
-        inject(Step::Nonce)?;
+        inject(Step::Nonce, &self.rec.lane_incarnation_id)?;
         {
             let nonce = self.nonce.take().ok_or_else(|| SupervisorError::State {
                 detail: "launch nonce already handed off".into(),
@@ -377,11 +380,11 @@ impl Launching {
             durable::create_private(&self.nonce_file, nonce.expose_hex().as_bytes())?;
         }
         phase("nonce written, generation record durable");
-        inject(Step::Area)?;
+        inject(Step::Area, &self.rec.lane_incarnation_id)?;
         let prepared =
             prepare_harness(&inner, plan, &self.rec).map_err(|detail| self.launch_error(detail))?;
         if prepared.conversation_id.is_some() {
-            inject(Step::AreaRecord)?;
+            inject(Step::AreaRecord, &self.rec.lane_incarnation_id)?;
             self.rec.conversation_id = prepared.conversation_id.clone();
             inner.store.save_gen(&self.rec)?;
         }
@@ -399,7 +402,7 @@ impl Launching {
             "--exit-record".into(),
             self.rec.exit_record.display().to_string(),
         ];
-        inject(Step::Respawn)?;
+        inject(Step::Respawn, &self.rec.lane_incarnation_id)?;
         {
             let (inner, lane) = (inner.clone(), self.rec.lane.clone());
             tokio::task::spawn_blocking(move || inner.tmux_respawn(&lane, &shim_argv))
@@ -409,7 +412,7 @@ impl Launching {
                 })??;
         }
         phase("pane respawned");
-        inject(Step::Attach)?;
+        inject(Step::Attach, &self.rec.lane_incarnation_id)?;
         let listener = self
             .listener
             .as_ref()
@@ -434,7 +437,7 @@ impl Launching {
             ("MOSAIC_GENERATION".to_string(), generation.to_string()),
         ]);
         if let Origin::Coordinated { session, .. } = origin {
-            inject(Step::LaneSocket)?;
+            inject(Step::LaneSocket, &self.rec.lane_incarnation_id)?;
             session.bind_harness(plan.family, self.rec.conversation_id.clone());
             let path = super::lanesock::path_for(&self.rec.socket);
             let h = super::lanesock::serve(&path, cgroup_rel.clone(), session.clone())?;
@@ -447,7 +450,7 @@ impl Launching {
         }
 
         // Stage: harness started.
-        inject(Step::HarnessStart)?;
+        inject(Step::HarnessStart, &self.rec.lane_incarnation_id)?;
         let banner = format!(
             "mosaic: lane {} generation {} ({}) — incarnation {}",
             self.rec.lane_id, generation, self.rec.runtime, self.rec.lane_incarnation_id
@@ -508,7 +511,7 @@ impl Launching {
             harness_start_time: Some(harness_start_time),
         });
         self.rec.status = GenStatus::Live;
-        inject(Step::IdentityRecord)?;
+        inject(Step::IdentityRecord, &self.rec.lane_incarnation_id)?;
         if let Err(e) = inner.store.save_gen(&self.rec) {
             // Not durable: a restart could not re-adopt this tree, so it must not live.
             self.rec.status = GenStatus::Starting;
