@@ -2570,3 +2570,69 @@ async fn a_trigger_derived_decision_is_audited_with_its_cause() {
     );
     assert_eq!(rows[0].coordinator_epoch, Some(l.epoch()));
 }
+
+/// A chain step's refusal names the first of its expected values that does not hold, from
+/// the same predicate table its compare-and-swap is built from: every substituted chain
+/// field, a step out of order, and nothing changed by any of them.
+#[tokio::test]
+async fn a_refused_chain_step_names_the_predicate_that_failed() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let inc = f.lane.lane_incarnation_id.clone();
+    let res = s.reserve(l, &request(&inc, None, 60_000)).await.unwrap();
+    let good = res.chain.clone();
+    type Sub = (&'static str, fn(&mut Chain), Category);
+    let rows: Vec<Sub> = vec![
+        (
+            "lane incarnation",
+            |c| c.lane_incarnation_id = "li-other".into(),
+            Category::NotFound,
+        ),
+        (
+            "lane id",
+            |c| c.lane_id = "h1:w9".into(),
+            Category::Mismatch,
+        ),
+        (
+            "reservation",
+            |c| c.reservation_id = "rs-other".into(),
+            Category::NotFound,
+        ),
+        (
+            "reservation epoch",
+            |c| c.reservation_epoch += 1,
+            Category::Mismatch,
+        ),
+        (
+            "assignment",
+            |c| c.assignment_id = "as-other".into(),
+            Category::Mismatch,
+        ),
+        (
+            "attempt",
+            |c| c.assignment_attempt_id = "at-other".into(),
+            Category::Mismatch,
+        ),
+    ];
+    let before = authority_counts(&f.db.url).await;
+    for (what, sub, want) in rows {
+        let mut c = good.clone();
+        sub(&mut c);
+        assert_eq!(
+            category(s.checkpoint(l, &c).await),
+            want,
+            "substituted {what}"
+        );
+    }
+    // Out of order: fencing a chain that is still RESERVED.
+    assert_eq!(category(s.fence(l, &good).await), Category::WrongState);
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "a refused step changed something"
+    );
+    assert_eq!(state(s, "h1:w1").await, "RESERVED");
+    // The good chain goes on.
+    s.checkpoint(l, &good).await.unwrap();
+    assert_eq!(state(s, "h1:w1").await, "CHECKPOINTING");
+}

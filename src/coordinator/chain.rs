@@ -8,6 +8,7 @@
 
 use serde_json::json;
 
+use super::cas::{self, Pred};
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::{Chain, PREACTIVATION};
@@ -61,128 +62,87 @@ pub struct Reserved {
     pub receipt: Receipt,
 }
 
-/// The predicate every step of a chain shares: the lane in `from`, the reservation still
-/// this chain's own and open, the assignment active, and — before activation — the
-/// reservation unexpired and begun under the current epoch and timeline. Parameters: $1 the
-/// new state, $2..$7 the chain, $8 `from`, $9 epoch, $10 timeline; extras from $11.
-const STEP_CAS: &str = "UPDATE lane_incarnations li SET state = $1 FROM reservations r, assignments a \
-     WHERE li.lane_incarnation_id = $2 AND li.lane_id = $3 AND li.state = $8 AND li.retired_at IS NULL \
-       AND r.reservation_id = $4 AND r.reservation_epoch = $5 AND r.lane_incarnation_id = li.lane_incarnation_id \
-       AND r.assignment_id = $6 AND r.assignment_attempt_id = $7 AND r.released_at IS NULL \
-       AND a.assignment_id = r.assignment_id AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL \
-       AND r.deadline > clock_timestamp() AND r.coordinator_epoch = $9 AND r.sot_incarnation = $10";
+/// The expected state every step of a chain shares, in diagnosis order: the lane
+/// incarnation current and in `from`, the reservation this chain's own, open, unexpired and
+/// begun under the current epoch and timeline, the assignment active. Parameters: $1 the
+/// new state, $2 lane incarnation, $3 lane, $4 reservation, $5 its epoch, $6 assignment, $7
+/// attempt, $8 `from`, $9 epoch, $10 timeline; a step's own predicate uses $11 on.
+const STEP_PREDS: &[Pred] = &[
+    Pred { sql: "li.retired_at IS NULL", category: Category::Mismatch,
+        detail: "lane incarnation was retired (lane recreated)" },
+    Pred { sql: "li.lane_id = $3", category: Category::Mismatch, detail: "lane id differs" },
+    Pred { sql: "r.reservation_id IS NOT NULL", category: Category::NotFound, detail: "no such reservation" },
+    Pred { sql: "r.reservation_epoch = $5 AND r.lane_incarnation_id = li.lane_incarnation_id \
+                 AND r.assignment_id = $6 AND r.assignment_attempt_id = $7",
+        category: Category::Mismatch,
+        detail: "the chain's reservation, lane incarnation, assignment or attempt do not belong together" },
+    Pred { sql: "li.state = $8", category: Category::WrongState,
+        detail: "the lane is not in the state this step starts from" },
+    Pred { sql: "r.released_at IS NULL", category: Category::WrongState, detail: "the reservation was released" },
+    Pred { sql: "r.deadline > clock_timestamp()", category: Category::Expired,
+        detail: "the reservation deadline has passed (database time; equality is expired)" },
+    Pred { sql: "r.coordinator_epoch = $9 AND r.sot_incarnation = $10", category: Category::StaleLeader,
+        detail: "the chain began under another coordinator epoch" },
+    Pred { sql: "a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL", category: Category::WrongState,
+        detail: "the assignment is no longer advancing" },
+];
 
-/// Builds a step's CAS with its extra predicate (over `li`, `r`, `a`; parameters from $11).
-fn step_cas(extra: &str) -> String {
-    format!("{STEP_CAS} AND ({extra}) RETURNING li.lane_incarnation_id")
+/// A step's whole table: the shared predicates, then its own (over `li`, `r`, `a`).
+fn step_preds(extra: &'static str) -> Vec<Pred> {
+    let mut preds = STEP_PREDS.to_vec();
+    preds.push(Pred {
+        sql: extra,
+        category: Category::Mismatch,
+        detail: "a transition-specific precondition does not hold",
+    });
+    preds
 }
+
+/// The rows a step compares: the lane incarnation, the reservation, its assignment.
+const STEP_ROWS: &str =
+    "li.lane_incarnation_id = $2 AND r.reservation_id = $4 AND a.assignment_id = r.assignment_id";
+
+/// Builds a step's CAS from its table.
+fn step_cas(extra: &'static str) -> String {
+    format!(
+        "UPDATE lane_incarnations li SET state = $1 FROM reservations r, assignments a \
+         WHERE {STEP_ROWS} AND {} RETURNING li.lane_incarnation_id",
+        cas::conjunction(&step_preds(extra))
+    )
+}
+
+/// The predicate FENCED → STAGING adds: no generation allocated yet.
+const STAGE_EXTRA: &str = "r.generation IS NULL";
 
 /// FENCED → STAGING also allocates the generation in the same row update: the number
 /// returned is the one the lane's counter moved past.
 fn stage_cas() -> String {
-    STEP_CAS.replacen(
-        "SET state = $1",
-        "SET state = $1, next_generation = li.next_generation + 1",
-        1,
-    ) + " AND r.generation IS NULL RETURNING li.next_generation - 1 AS generation"
+    format!(
+        "UPDATE lane_incarnations li SET state = $1, next_generation = li.next_generation + 1 \
+         FROM reservations r, assignments a \
+         WHERE {STEP_ROWS} AND {} RETURNING li.next_generation - 1 AS generation",
+        cas::conjunction(&step_preds(STAGE_EXTRA))
+    )
 }
 
-/// Explains a failed chain CAS with the most specific category.
+/// Explains a refused step from the same table its CAS was built from: each predicate over
+/// the lane incarnation and, reached from it, the reservation and assignment. (`$1`, the
+/// new state, decides nothing here; it is named so both statements bind one parameter
+/// list.)
 pub(crate) async fn diagnose(
     u: Undecided<'_>,
-    c: &Chain,
-    from: LaneState,
-    epoch: i64,
+    extra: &'static str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<AuthorityError, AuthorityError> {
-    let li = u
-        .read_opt(
-            "SELECT state, lane_id, retired_at IS NOT NULL AS retired FROM lane_incarnations WHERE lane_incarnation_id = $1",
-            &[&c.lane_incarnation_id],
-        )
-        .await?;
-    let Some(li) = li else {
-        return u
-            .reject(Category::NotFound, "no such lane incarnation")
-            .await;
-    };
-    if li.col::<bool>("retired")? {
-        return u
-            .reject(
-                Category::Mismatch,
-                "lane incarnation was retired (lane recreated)",
-            )
-            .await;
-    }
-    if li.col::<String>("lane_id")? != c.lane_id {
-        return u.reject(Category::Mismatch, "lane id differs").await;
-    }
-    let r = u
-        .read_opt(
-            "SELECT r.reservation_epoch, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.released_at IS NOT NULL AS released, \
-                    r.deadline <= clock_timestamp() AS expired, r.coordinator_epoch, a.lifecycle, a.requested_outcome \
-             FROM reservations r JOIN assignments a USING (assignment_id) WHERE r.reservation_id = $1",
-            &[&c.reservation_id],
-        )
-        .await?;
-    let Some(r) = r else {
-        return u.reject(Category::NotFound, "no such reservation").await;
-    };
-    if r.col::<i64>("reservation_epoch")? != c.reservation_epoch
-        || r.col::<String>("lane_incarnation_id")? != c.lane_incarnation_id
-        || r.col::<String>("assignment_id")? != c.assignment_id
-        || r.col::<String>("assignment_attempt_id")? != c.assignment_attempt_id
-    {
-        return u
-            .reject(
-                Category::Mismatch,
-                "the chain's reservation, lane incarnation, assignment or attempt do not belong together",
-            )
-            .await;
-    }
-    let state: LaneState = li.col("state")?;
-    if state != from {
-        return u
-            .reject(
-                Category::WrongState,
-                format!("lane is {state}, expected {from}"),
-            )
-            .await;
-    }
-    if r.col::<bool>("released")? {
-        return u
-            .reject(Category::WrongState, "the reservation was released")
-            .await;
-    }
-    if r.col::<bool>("expired")? {
-        return u
-            .reject(
-                Category::Expired,
-                "the reservation deadline has passed (database time; equality is expired)",
-            )
-            .await;
-    }
-    if r.col::<i64>("coordinator_epoch")? != epoch {
-        return u
-            .reject(
-                Category::StaleLeader,
-                "the chain began under another coordinator epoch",
-            )
-            .await;
-    }
-    let lifecycle: Lifecycle = r.col("lifecycle")?;
-    if lifecycle != Lifecycle::Active || r.col::<Option<String>>("requested_outcome")?.is_some() {
-        return u
-            .reject(
-                Category::WrongState,
-                format!("assignment is {lifecycle} and no longer advancing"),
-            )
-            .await;
-    }
-    u.reject(
-        Category::Mismatch,
-        "a transition-specific precondition does not hold",
-    )
-    .await
+    let preds = step_preds(extra);
+    let sql = cas::diagnosis(
+        &preds,
+        "FROM lane_incarnations li LEFT JOIN reservations r ON r.reservation_id = $4 \
+         LEFT JOIN assignments a ON a.assignment_id = r.assignment_id \
+         WHERE li.lane_incarnation_id = $2 AND $1::text IS NOT NULL",
+    );
+    u.diagnose(&sql, params, &preds, "no such lane incarnation")
+        .await
 }
 
 fn chain_step(op: &'static str, l: &Leader, c: &Chain, key: String, parts: &[&str]) -> Step {
@@ -371,26 +331,21 @@ impl Store {
             body!(
                 [c, sot] | f | {
                     let sql = step_cas(extra);
-                    let d = match f
-                        .cas(
-                            &sql,
-                            &[
-                                &to,
-                                &c.lane_incarnation_id,
-                                &c.lane_id,
-                                &c.reservation_id,
-                                &c.reservation_epoch,
-                                &c.assignment_id,
-                                &c.assignment_attempt_id,
-                                &from,
-                                &epoch,
-                                &sot,
-                            ],
-                        )
-                        .await?
-                    {
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [
+                        &to,
+                        &c.lane_incarnation_id,
+                        &c.lane_id,
+                        &c.reservation_id,
+                        &c.reservation_epoch,
+                        &c.assignment_id,
+                        &c.assignment_attempt_id,
+                        &from,
+                        &epoch,
+                        &sot,
+                    ];
+                    let d = match f.cas(&sql, &params).await? {
                         Ok(d) => d,
-                        Err(u) => return Err(diagnose(u, &c, from, epoch).await?),
+                        Err(u) => return Err(diagnose(u, extra, &params).await?),
                     };
                     d.decide(json!({ "chain": c, "from": from, "to": to }))
                 }
@@ -438,10 +393,11 @@ impl Store {
             .transition(
                 &step,
                 body!([c, sot] |f| {
-                    let d = match f.cas(&stage_cas(), &[&LaneState::Staging, &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
-                        &c.assignment_id, &c.assignment_attempt_id, &LaneState::Fenced, &epoch, &sot]).await? {
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 10] = [&LaneState::Staging, &c.lane_incarnation_id, &c.lane_id,
+                        &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::Fenced, &epoch, &sot];
+                    let d = match f.cas(&stage_cas(), &params).await? {
                         Ok(d) => d,
-                        Err(u) => return Err(diagnose(u, &c, LaneState::Fenced, epoch).await?),
+                        Err(u) => return Err(diagnose(u, STAGE_EXTRA, &params).await?),
                     };
                     let generation: i64 = d.row().col("generation")?;
                     d.exec_one(
@@ -501,12 +457,14 @@ impl Store {
                 let (task_text, scope, holds): (String, String, String) =
                     (t.col("task_text")?, t.col("scope_digest")?, t.col("holds_digest")?);
                 let cd = crate::protocol::contracts_digest(&task_text, &scope, &holds);
-                let sql = step_cas("r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id \
-                                    AND g.generation = $11 AND g.state = 'STAGING' AND g.process_identity IS NULL AND g.stop_requested_at IS NULL)");
-                let d = match f.cas(&sql, &[&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
-                    &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation]).await? {
+                const EXTRA: &str = "r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g \
+                    WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $11 AND g.state = 'STAGING' \
+                    AND g.process_identity IS NULL AND g.stop_requested_at IS NULL)";
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id,
+                    &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation];
+                let d = match f.cas(&step_cas(EXTRA), &params).await? {
                     Ok(d) => d,
-                    Err(u) => return Err(diagnose(u, &c, LaneState::Staging, epoch).await?),
+                    Err(u) => return Err(diagnose(u, EXTRA, &params).await?),
                 };
                 // The identity on the generation and the reservation, and the contract, in one
                 // statement (the reservation update depends on the generation's).
@@ -560,11 +518,13 @@ impl Store {
             .transition(
                 &step,
                 body!([c, sot, delivered, id_text, ttl] |f| {
-                    let sql = step_cas("r.contracts_digest = $11 AND r.process_identity = $12::text::jsonb");
-                    let d = match f.cas(&sql, &[&LaneState::AwaitingAck, &c.lane_incarnation_id, &c.lane_id, &c.reservation_id, &c.reservation_epoch,
-                        &c.assignment_id, &c.assignment_attempt_id, &LaneState::ContractInjecting, &epoch, &sot, &delivered, &id_text]).await? {
+                    const EXTRA: &str = "r.contracts_digest = $11 AND r.process_identity = $12::text::jsonb";
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [&LaneState::AwaitingAck, &c.lane_incarnation_id, &c.lane_id,
+                        &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::ContractInjecting,
+                        &epoch, &sot, &delivered, &id_text];
+                    let d = match f.cas(&step_cas(EXTRA), &params).await? {
                         Ok(d) => d,
-                        Err(u) => return Err(diagnose(u, &c, LaneState::ContractInjecting, epoch).await?),
+                        Err(u) => return Err(diagnose(u, EXTRA, &params).await?),
                     };
                     // A handoff's target chain gets the handoff challenge now, and its own
                     // activation challenge only once the handoff is accepted.
