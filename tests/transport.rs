@@ -18,7 +18,7 @@ use mosaic::protocol::envelope::s;
 use mosaic::protocol::schema::MessageType;
 use mosaic::protocol::transport::{
     self, Admission, Handled, Handler, LinkParams, Outgoing, ServerParams, SessionHandle,
-    TlsIdentity,
+    TlsIdentity, Violation,
 };
 use mosaic::protocol::{Envelope, Verified};
 use tokio::sync::watch;
@@ -242,8 +242,11 @@ impl World {
             registry: Arc::new(registry()),
             audience: COORD.into(),
             trust_domain: DOMAIN.into(),
-            audit: Arc::new(move |peer: &str, cat: &str, _d: &str| {
-                audit.lock().unwrap().push((peer.into(), cat.into()))
+            audit: Arc::new(move |peer: &str, cat: &Violation, _d: &str| {
+                audit
+                    .lock()
+                    .unwrap()
+                    .push((peer.into(), cat.as_str().into()))
             }),
             signer: Arc::new(signer("coord-session")),
             liveness,
@@ -631,8 +634,11 @@ async fn the_server_serves_many_concurrent_host_sessions() {
         registry: reg,
         audience: COORD.into(),
         trust_domain: DOMAIN.into(),
-        audit: Arc::new(move |peer: &str, cat: &str, _d: &str| {
-            audit.lock().unwrap().push((peer.into(), cat.into()))
+        audit: Arc::new(move |peer: &str, cat: &Violation, _d: &str| {
+            audit
+                .lock()
+                .unwrap()
+                .push((peer.into(), cat.as_str().into()))
         }),
         signer: Arc::new(signer("coord-session")),
         liveness: Default::default(),

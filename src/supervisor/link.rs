@@ -315,7 +315,7 @@ impl Link<'_> {
             return refuse("not-our-coordinator");
         }
         if let Err(why) = hs.guard.check(&id) {
-            return refuse(why);
+            return refuse(why.as_str());
         }
         if env.get("session_id").is_some() && env.str("session_id") != hs.session_id {
             return refuse("other-session");

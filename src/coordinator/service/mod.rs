@@ -277,15 +277,15 @@ impl Service {
             registry: self.registry.clone(),
             audience: self.principal.clone(),
             trust_domain: self.domain.clone(),
-            audit: Arc::new(move |peer: &str, category: &str, detail: &str| {
-                tracing::warn!(peer, category, detail, "rejected a host frame");
+            audit: Arc::new(move |peer: &str, v: &transport::Violation, detail: &str| {
+                tracing::warn!(peer, violation = %v, detail, "rejected a host frame");
                 audit.record(
                     "wire",
-                    Category::BadInput,
+                    wire_category(v),
                     None,
                     None,
                     None,
-                    &format!("{peer}: {category}: {detail}"),
+                    &format!("{peer}: {v}: {detail}"),
                 );
             }),
             signer: self.session.clone(),
@@ -293,11 +293,11 @@ impl Service {
             limits: transport::Limits::default(),
             on_strike: {
                 let svc = self.clone();
-                Some(Arc::new(move |reason: &str| {
+                Some(Arc::new(move |v: &transport::Violation| {
                     svc.metrics
                         .invalid_frames
                         .get_or_create(&crate::coordinator::metrics::CategoryLabel {
-                            category: reason.to_string(),
+                            category: v.as_str().to_string(),
                         })
                         .inc();
                 }))
@@ -382,6 +382,19 @@ pub fn preflight(cfg: &CoordinatorConfig) -> Result<(), ServiceError> {
     }
 }
 
+/// The audit category of a refused frame or session: what kind of wrong it was, not one
+/// catch-all.
+fn wire_category(v: &transport::Violation) -> Category {
+    use transport::Violation as V;
+    match v {
+        V::Unverified(_) | V::BinaryFrame | V::Hostile(_) | V::SessionClosedAbusive => {
+            Category::BadInput
+        }
+        V::IssuerNotPeer | V::OtherSession => Category::NotOwner,
+        V::SecondHello | V::Replayed | V::SessionRefused => Category::Conflict,
+    }
+}
+
 pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     preflight(&cfg)?;
     let svc = Service::start(&cfg).await?;
@@ -430,4 +443,30 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     }
     let _ = std::fs::remove_file(&cfg.operator_socket);
     Ok(())
+}
+
+#[cfg(test)]
+mod wire_audit_tests {
+    use super::*;
+    use transport::Violation as V;
+
+    #[test]
+    fn a_refused_frame_is_audited_by_what_was_wrong_with_it() {
+        assert_eq!(wire_category(&V::Replayed), Category::Conflict);
+        assert_eq!(wire_category(&V::SecondHello), Category::Conflict);
+        assert_eq!(wire_category(&V::IssuerNotPeer), Category::NotOwner);
+        assert_eq!(wire_category(&V::OtherSession), Category::NotOwner);
+        assert_eq!(
+            wire_category(&V::Unverified("bad-signature")),
+            Category::BadInput
+        );
+        assert_eq!(wire_category(&V::SessionRefused), Category::Conflict);
+        // The label is the one the audit and the metric have always shown.
+        assert_eq!(V::Replayed.as_str(), "replayed");
+        assert_eq!(V::Unverified("too-large").as_str(), "too-large");
+        assert_eq!(
+            V::Hostile("malformed-lane_id".into()).as_str(),
+            "malformed-lane_id"
+        );
+    }
 }

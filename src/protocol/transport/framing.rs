@@ -131,15 +131,15 @@ impl ReplayGuard {
         }
     }
 
-    pub fn check(&mut self, message_id: &str) -> Result<(), &'static str> {
+    pub fn check(&mut self, message_id: &str) -> Result<(), Violation> {
         let n = message_id
             .strip_prefix(self.session_id.as_str())
             .and_then(|r| r.strip_prefix('.'))
             .filter(|d| !d.is_empty() && d.bytes().all(|b| b.is_ascii_digit()))
             .and_then(|d| d.parse::<u64>().ok())
-            .ok_or("other-session")?;
+            .ok_or(Violation::OtherSession)?;
         if self.last.is_some_and(|l| n <= l) {
-            return Err("replayed");
+            return Err(Violation::Replayed);
         }
         self.last = Some(n);
         Ok(())
@@ -226,6 +226,52 @@ impl std::fmt::Display for CloseReason {
             Self::PeerClosed => f.write_str("closed by the peer"),
             Self::Abusive(why) | Self::Transport(why) => f.write_str(why),
         }
+    }
+}
+
+/// Why the server refused a frame or a session: audited, counted and (for a frame) struck
+/// against the session. The text is the audit's and the metric's label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// Not a verified envelope: the verifier's category (`too-large`, `bad-signature`, …).
+    Unverified(&'static str),
+    /// Signed by a principal other than the TLS peer.
+    IssuerNotPeer,
+    /// A second hello on one session.
+    SecondHello,
+    /// A message id of another session.
+    OtherSession,
+    /// A message id at or below one the session already saw.
+    Replayed,
+    /// A binary WebSocket frame (envelopes are text).
+    BinaryFrame,
+    /// The handler refused the message as hostile; its reason.
+    Hostile(String),
+    /// A connection refused before its session began.
+    SessionRefused,
+    /// A session closed as abusive.
+    SessionClosedAbusive,
+}
+
+impl Violation {
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Unverified(c) => c,
+            Self::IssuerNotPeer => "issuer-not-peer",
+            Self::SecondHello => "second-hello",
+            Self::OtherSession => "other-session",
+            Self::Replayed => "replayed",
+            Self::BinaryFrame => "binary-frame",
+            Self::Hostile(why) => why,
+            Self::SessionRefused => "session-refused",
+            Self::SessionClosedAbusive => "session-closed-abusive",
+        }
+    }
+}
+
+impl std::fmt::Display for Violation {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
     }
 }
 

@@ -88,10 +88,10 @@ pub trait Handler: Send + Sync + 'static {
 }
 
 /// Called with the reason of every strike against a session.
-pub type StrikeHook = Arc<dyn Fn(&str) + Send + Sync>;
+pub type StrikeHook = Arc<dyn Fn(&Violation) + Send + Sync>;
 
 /// Where the server reports rejections (category + redacted detail, never frame content).
-pub type AuditSink = Arc<dyn Fn(&str, &str, &str) + Send + Sync>;
+pub type AuditSink = Arc<dyn Fn(&str, &Violation, &str) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct ServerParams {
@@ -238,7 +238,7 @@ pub async fn serve(
             if let Some(left_out) = refusals.admit(&source) {
                 (params.audit)(
                     &source,
-                    "session-refused",
+                    &Violation::SessionRefused,
                     &format!("more than {MAX_HANDSHAKES_PER_SOURCE} unfinished handshakes from {source} ({left_out} more refusals not audited)"),
                 );
             }
@@ -266,7 +266,7 @@ pub async fn serve(
                     } else {
                         e.to_string()
                     };
-                    (params.audit)(&source, "session-refused", &detail);
+                    (params.audit)(&source, &Violation::SessionRefused, &detail);
                 }
             }
         });
@@ -312,12 +312,15 @@ impl Strikes {
         p: &ServerParams,
         peer: &str,
         session_id: &str,
-        reason: &str,
+        reason: &Violation,
     ) -> bool {
         if let Some(f) = &p.on_strike {
             f(reason);
         }
-        let n = self.by_reason.entry(reason.to_string()).or_insert(0);
+        let n = self
+            .by_reason
+            .entry(reason.as_str().to_string())
+            .or_insert(0);
         *n += 1;
         if *n <= Self::AUDITED_PER_REASON {
             (p.audit)(peer, reason, session_id);
@@ -523,7 +526,7 @@ pub(super) async fn admitted(
     };
     let text = reason.to_string();
     if reason.abusive() {
-        (params.audit)(&peer, "session-closed-abusive", &text);
+        (params.audit)(&peer, &Violation::SessionClosedAbusive, &text);
     }
     let _ = tokio::time::timeout(params.liveness.interval, ws.close(close_frame(&text))).await;
     handler.closed(&peer, &session_id, &reason);
@@ -656,7 +659,7 @@ pub(super) async fn run_session(
                 match m {
                     Message::Text(t) => t,
                     Message::Binary(_) => {
-                        if strikes.strike(params, &peer, &sid, "binary-frame") {
+                        if strikes.strike(params, &peer, &sid, &Violation::BinaryFrame) {
                             return Ok(over(&strikes, "invalid-frame budget exceeded"));
                         }
                         continue;
@@ -666,14 +669,14 @@ pub(super) async fn run_session(
             }
         };
         let verdict = match verify(text.as_bytes(), &ctx(SystemTime::now())) {
-            Err(e) => Err(e.category().to_string()),
-            Ok(env) if env.str("issuer") != peer => Err("issuer-not-peer".into()),
-            Ok(env) if env.message_type() == MessageType::Hello => Err("second-hello".into()),
+            Err(e) => Err(Violation::Unverified(e.category())),
+            Ok(env) if env.str("issuer") != peer => Err(Violation::IssuerNotPeer),
+            Ok(env) if env.message_type() == MessageType::Hello => Err(Violation::SecondHello),
             Ok(env) if env.get("session_id").is_some() && env.str("session_id") != sid => {
-                Err("other-session".into())
+                Err(Violation::OtherSession)
             }
             Ok(env) => match guard.check(env.str("message_id")) {
-                Err(why) => Err(why.to_string()),
+                Err(why) => Err(why),
                 Ok(()) => Ok(env),
             },
         };
@@ -688,7 +691,7 @@ pub(super) async fn run_session(
         };
         let handled = handler.handle(peer.clone(), env).await;
         if let Some(v) = handled.violation {
-            if strikes.strike(params, &peer, &sid, &v) {
+            if strikes.strike(params, &peer, &sid, &Violation::Hostile(v)) {
                 return Ok(over(&strikes, "invalid-frame budget exceeded"));
             }
         }
