@@ -119,7 +119,7 @@ struct Collector {
 }
 
 impl Handler for Collector {
-    fn admit(&self, _peer: &str) -> BoxFuture<'static, Result<Admission, String>> {
+    fn admit(&self, _peer: &str) -> BoxFuture<'static, Result<Admission, transport::Refusal>> {
         let now = std::time::SystemTime::now();
         Box::pin(async move {
             Ok(Admission {
@@ -136,7 +136,7 @@ impl Handler for Collector {
         &self,
         _session: SessionHandle,
         _hello: &Envelope<Verified>,
-    ) -> BoxFuture<'static, Result<(), String>> {
+    ) -> BoxFuture<'static, Result<(), transport::Refusal>> {
         Box::pin(async { Ok(()) })
     }
 

@@ -275,6 +275,35 @@ impl std::fmt::Display for Violation {
     }
 }
 
+/// Why a handler refused a session (the connection is closed with its text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Refusal {
+    /// The peer's certificate names no principal this server serves sessions to.
+    NotAPeer(String),
+    /// This server does not lead: the peer should connect to the one that does.
+    NotLeader,
+    /// The peer has a live session already, or waits out a penalty or rate limit.
+    Busy(String),
+    /// The hello does not fit the session it answers.
+    BadHello(String),
+    /// The server cannot decide now (its database is unavailable).
+    Unavailable(String),
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::NotLeader => {
+                f.write_str("this coordinator is standing by; connect to the leader")
+            }
+            Self::NotAPeer(why)
+            | Self::Busy(why)
+            | Self::BadHello(why)
+            | Self::Unavailable(why) => f.write_str(why),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::CloseReason;

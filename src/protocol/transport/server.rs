@@ -71,7 +71,7 @@ impl Handled {
 pub trait Handler: Send + Sync + 'static {
     /// Decides whether `peer` (the TLS principal) may open a session at all — before any
     /// WebSocket or challenge work. A refusal closes the connection with the reason.
-    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, String>>;
+    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, Refusal>>;
 
     /// The peer answered the challenge with a valid hello: the session is live. A refusal
     /// closes it. Called before the hello is handled.
@@ -79,7 +79,7 @@ pub trait Handler: Send + Sync + 'static {
         &self,
         session: SessionHandle,
         hello: &Envelope<Verified>,
-    ) -> BoxFuture<'static, Result<(), String>>;
+    ) -> BoxFuture<'static, Result<(), Refusal>>;
 
     fn handle(&self, peer: String, env: Envelope<Verified>) -> BoxFuture<'static, Handled>;
 
@@ -418,6 +418,7 @@ pub(super) async fn admitted(
     let admission = match admission {
         Ok(a) => a,
         Err(reason) => {
+            let reason = reason.to_string();
             let _ = ws.close(close_frame(&reason)).await;
             return Err(TransportError::Refused(format!("{peer}: {reason}")));
         }
@@ -503,6 +504,7 @@ pub(super) async fn admitted(
         close_reason: Arc::new(std::sync::Mutex::new(None)),
     };
     if let Err(reason) = handler.open(handle.clone(), &hello).await {
+        let reason = reason.to_string();
         let _ = ws.close(close_frame(&reason)).await;
         return Err(refuse(format!("{peer}: {reason}")));
     }

@@ -13,24 +13,26 @@ pub(super) fn host_of(peer: &str) -> Option<&str> {
 pub(super) const CHALLENGE_TTL_MS: i64 = 10_000;
 
 impl Handler for HostHandler {
-    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, String>> {
+    fn admit(&self, peer: &str) -> BoxFuture<'static, Result<Admission, transport::Refusal>> {
         let svc = self.0.clone();
         let peer = peer.to_string();
         Box::pin(async move {
             let Some(host) = host_of(&peer) else {
-                return Err(format!("{peer} is not a host principal"));
+                return Err(transport::Refusal::NotAPeer(format!(
+                    "{peer} is not a host principal"
+                )));
             };
             let Some(l) = svc.leadership.current().await else {
-                return Err("this coordinator is standing by; connect to the leader".into());
+                return Err(transport::Refusal::NotLeader);
             };
             if let Some(why) = svc.hosts.refusal(host, &svc.timing.liveness) {
-                return Err(why);
+                return Err(transport::Refusal::Busy(why));
             }
             let (issued_at, expires_at) = svc
                 .store
                 .db_now_and(CHALLENGE_TTL_MS)
                 .await
-                .map_err(|e| format!("database: {e}"))?;
+                .map_err(|e| transport::Refusal::Unavailable(format!("database: {e}")))?;
             Ok(Admission {
                 sot_incarnation: Some(l.sot().to_string()),
                 coordinator_epoch: Some(l.epoch() as u64),
@@ -44,26 +46,33 @@ impl Handler for HostHandler {
         &self,
         session: SessionHandle,
         hello: &Envelope<Verified>,
-    ) -> BoxFuture<'static, Result<(), String>> {
+    ) -> BoxFuture<'static, Result<(), transport::Refusal>> {
         let svc = self.0.clone();
         let host_field = hello.str("host_id").to_string();
         Box::pin(async move {
             let Some(host) = host_of(&session.peer).map(String::from) else {
-                return Err("not a host principal".into());
+                return Err(transport::Refusal::NotAPeer("not a host principal".into()));
             };
             if host_field != host {
-                return Err("the hello names another host".into());
+                return Err(transport::Refusal::BadHello(
+                    "the hello names another host".into(),
+                ));
             }
-            let l = svc.leader().await.map_err(|e| e.message)?;
+            let l = svc
+                .leader()
+                .await
+                .map_err(|_| transport::Refusal::NotLeader)?;
             // Checked again: another session may have been admitted since the challenge.
             if let Some(why) = svc.hosts.refusal(&host, &svc.timing.liveness) {
-                return Err(why);
+                return Err(transport::Refusal::Busy(why));
             }
             let epoch = svc
                 .store
                 .open_host_session(&host, &session.session_id, l.epoch())
                 .await
-                .map_err(|e| format!("cannot record the session: {e}"))?;
+                .map_err(|e| {
+                    transport::Refusal::Unavailable(format!("cannot record the session: {e}"))
+                })?;
             let sid = session.session_id.clone();
             if let Some(old) = svc.hosts.install(&host, session, epoch) {
                 let reason = transport::CloseReason::Superseded {
