@@ -19,10 +19,8 @@ fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
 /// Top-level module → the top-level modules it names through `crate::`.
 fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
-    let mut files = vec![];
-    rust_files(&src, &mut files);
     let mut graph: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
-    for f in files {
+    for (f, text) in sources("") {
         let rel = f.strip_prefix(&src).unwrap();
         let first = rel
             .components()
@@ -35,7 +33,6 @@ fn module_graph() -> BTreeMap<String, BTreeSet<String>> {
         if matches!(module.as_str(), "main" | "lib" | "bin") {
             continue;
         }
-        let text = std::fs::read_to_string(&f).unwrap();
         let deps = graph.entry(module.clone()).or_default();
         for (i, _) in text.match_indices("crate::") {
             let name: String = text[i + "crate::".len()..]

@@ -11,7 +11,7 @@ use serde_json::json;
 use super::cas::{self, Pred};
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
-use super::model::{Chain, PREACTIVATION};
+use super::model::Chain;
 use super::rows::RowExt;
 use super::secret;
 use super::states::{HandoffState, LaneState, Lifecycle};
@@ -684,12 +684,4 @@ async fn why_not_reservable(
     }
     u.reject(Category::WrongState, "the lane cannot be reserved")
         .await
-}
-
-/// Whether a lane state (as the column holds it) is before activation; text that is no
-/// lane state is not.
-pub fn is_preactivation(state: &str) -> bool {
-    state
-        .parse::<super::states::LaneState>()
-        .is_ok_and(|s| PREACTIVATION.contains(&s))
 }

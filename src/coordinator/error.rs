@@ -188,15 +188,7 @@ impl From<tokio_postgres::Error> for AuthorityError {
             Some(d) => AuthorityError::Db(format!("{}: {}", d.code().code(), d.message())),
             // The whole cause chain ("error performing TLS handshake: invalid peer
             // certificate: UnknownIssuer"), so the log says what to fix.
-            None => {
-                let mut text = e.to_string();
-                let mut src = std::error::Error::source(&e);
-                while let Some(s) = src {
-                    text.push_str(&format!(": {s}"));
-                    src = s.source();
-                }
-                AuthorityError::Connection(text)
-            }
+            None => AuthorityError::Connection(with_causes(&e)),
         }
     }
 }
@@ -208,6 +200,17 @@ impl From<deadpool_postgres::PoolError> for AuthorityError {
             other => AuthorityError::Connection(format!("connection pool: {other}")),
         }
     }
+}
+
+/// An error and every cause under it, `outer: inner: …`.
+pub(crate) fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut src = e.source();
+    while let Some(s) = src {
+        text.push_str(&format!(": {s}"));
+        src = s.source();
+    }
+    text
 }
 
 pub(crate) fn reject(

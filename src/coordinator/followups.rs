@@ -26,6 +26,9 @@ pub(crate) enum RecoveryOf<'a> {
     Lane(&'a str),
 }
 
+const RELEASE_RESERVATION: &str = "UPDATE reservations SET released_at = clock_timestamp() \
+     WHERE reservation_id = $1 AND released_at IS NULL";
+
 impl Decided<'_> {
     /// The work goes to RECOVERY: no execution owner, no pending target, and `next_action`
     /// as the work record's next step. Returns the assignments moved.
@@ -80,22 +83,13 @@ impl Decided<'_> {
         &self,
         reservation: &str,
     ) -> Result<u64, AuthorityError> {
-        self.exec(
-            "UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id = $1 AND released_at IS NULL",
-            &[&reservation],
-        )
-        .await
+        self.exec(RELEASE_RESERVATION, &[&reservation]).await
     }
 
     /// The reservation is released, and it must have been open (the compare-and-swap
     /// proved it was: anything else aborts the transition).
     pub(crate) async fn release_one(&self, reservation: &str) -> Result<(), AuthorityError> {
-        match self.release_reservation(reservation).await? {
-            1 => Ok(()),
-            n => Err(AuthorityError::Internal(format!(
-                "releasing reservation {reservation} affected {n} rows, expected exactly one"
-            ))),
-        }
+        self.exec_one(RELEASE_RESERVATION, &[&reservation]).await
     }
 
     /// The durable intent that `generation` of `lane_incarnation` be stopped (for

@@ -149,7 +149,7 @@ impl Store {
         );
         let previous_lease: Option<String> = row.col("lease_expires_at")?;
         // Whether the previous leader gave its lease up (a clean stop) rather than let it lapse.
-        let previous_released: bool = row.col::<Option<bool>>("released")?.unwrap_or(false);
+        let previous_released: bool = row.col("released")?;
         if !free && holder.as_deref() == Some(&c.holder) && launch.as_deref() == Some(&c.launch_id)
         {
             // Our own earlier acquisition committed (an ambiguous commit): no new epoch.

@@ -9,7 +9,7 @@ use tokio_postgres::Row;
 
 use super::error::{AuthorityError, Category};
 use super::rows::RowExt;
-use super::states::{GenState, LaneState, Lifecycle, WatchdogStep, WorkStatus};
+use super::states::{GenState, LaneState, Lifecycle, WatchdogStep, WorkStatus, PREACTIVATION};
 use super::store::Store;
 
 /// The immutable identity of one reservation chain.
@@ -85,8 +85,6 @@ impl Outcome {
         .find(|o| o.as_str().eq_ignore_ascii_case(s))
     }
 }
-
-pub use super::states::PREACTIVATION;
 
 /// Everything the database holds about one chain: enough for any coordinator process to
 /// drive it on after the one that started it died.

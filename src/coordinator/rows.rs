@@ -16,17 +16,9 @@ pub trait RowExt {
 
 impl RowExt for Row {
     fn col<'a, T: FromSql<'a>>(&'a self, name: &str) -> Result<T, AuthorityError> {
-        self.try_get(name).map_err(|e| {
-            let mut detail = e.to_string();
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                detail.push_str(&format!(": {s}"));
-                src = s.source();
-            }
-            AuthorityError::Decode {
-                column: name.to_string(),
-                detail,
-            }
+        self.try_get(name).map_err(|e| AuthorityError::Decode {
+            column: name.to_string(),
+            detail: super::error::with_causes(&e),
         })
     }
 }

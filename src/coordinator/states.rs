@@ -58,6 +58,12 @@ macro_rules! state_enum {
             }
         }
 
+        impl From<$name> for &'static str {
+            fn from(s: $name) -> &'static str {
+                s.as_str()
+            }
+        }
+
         impl fmt::Display for $name {
             fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
                 f.write_str(self.as_str())
@@ -203,13 +209,6 @@ pub const PREACTIVATION: &[LaneState] = &[
     LaneState::Ready,
 ];
 
-/// Terminal lifecycles: the work is over (the work record says `done`).
-pub const TERMINAL: &[Lifecycle] = &[
-    Lifecycle::Completed,
-    Lifecycle::Failed,
-    Lifecycle::Cancelled,
-];
-
 /// Lifecycles that still have an owner and a next action.
 pub const NONTERMINAL: &[Lifecycle] = &[Lifecycle::Active, Lifecycle::Recovery];
 
@@ -229,25 +228,6 @@ pub fn sql_list<T: Copy + Into<&'static str>>(states: &[T]) -> String {
         .collect();
     format!("({})", items.join(", "))
 }
-
-macro_rules! into_str {
-    ($($t:ty),*) => {$(
-        impl From<$t> for &'static str {
-            fn from(s: $t) -> &'static str {
-                s.as_str()
-            }
-        }
-    )*};
-}
-into_str!(
-    LaneState,
-    Lifecycle,
-    GenState,
-    HandoffState,
-    ContinuationState,
-    WorkStatus,
-    WatchdogStep
-);
 
 #[cfg(test)]
 mod tests {

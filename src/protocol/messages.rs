@@ -139,20 +139,6 @@ pub enum FromHostChain {
 }
 
 impl FromHostChain {
-    /// The chain the message speaks for.
-    pub fn chain(&self) -> &ChainRef {
-        match self {
-            Self::Staged(m) => &m.chain,
-            Self::Injected(m) => &m.chain,
-            Self::Ack(m) => &m.chain,
-            Self::Progress(m) => &m.chain,
-            Self::Blocked(m) => &m.chain,
-            Self::HandoffAck(m) => &m.chain,
-            Self::ContinuationAccept(m) => &m.chain,
-            Self::ContinuationResult(m) => &m.chain,
-        }
-    }
-
     /// Converts a verified envelope; `Ok(None)` for a type that is not a host chain
     /// message.
     pub fn decode(env: &Envelope<Verified>) -> Result<Option<Self>, WireError> {

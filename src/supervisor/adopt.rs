@@ -324,14 +324,7 @@ async fn reattach(
 /// The lane socket of a re-adopted, activated coordinated generation, served again at the
 /// path its harness already knows, answering only that generation's cgroup. Nothing for a
 /// generation that was not activated or whose chain fields were never recorded.
-fn reserve_lane_socket(
-    inner: &Arc<Inner>,
-    g: &GenRecord,
-) -> Option<(
-    tokio::task::JoinHandle<()>,
-    Arc<super::lanesock::GenSession>,
-    std::path::PathBuf,
-)> {
+fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanesock::LaneServer> {
     let c = g.coord.as_ref().filter(|c| c.activated)?;
     let digest = c
         .chain_fields
@@ -352,7 +345,7 @@ fn reserve_lane_socket(
     let cg = inner.tree.at_abs(&g.cgroup);
     let _ = std::fs::remove_file(&path);
     match super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone()) {
-        Ok(h) => Some((h, session, path)),
+        Ok(server) => Some(server),
         Err(e) => {
             tracing::warn!(lane_id = %g.lane_id, generation = g.generation, error = %e,
                 "cannot serve the re-adopted generation's lane socket; its reports are lost until it is replaced");

@@ -203,11 +203,7 @@ pub(crate) struct Watcher {
     pub graceful: nix::sys::signal::Signal,
     pub grace: Duration,
     /// The lane socket server of a coordinated generation; ended with the generation.
-    pub lane_server: Option<(
-        tokio::task::JoinHandle<()>,
-        Arc<super::lanesock::GenSession>,
-        PathBuf,
-    )>,
+    pub lane_server: Option<super::lanesock::LaneServer>,
 }
 
 /// What ended a generation.
@@ -242,7 +238,7 @@ pub(crate) fn spawn_watcher(w: Watcher, adopted: bool) -> LiveGen {
     let (stop_tx, stop_rx) = mpsc::channel(1);
     let (done_tx, done) = watch::channel(None);
     let record = w.rec.clone();
-    let session = w.lane_server.as_ref().map(|(_, s, _)| s.clone());
+    let session = w.lane_server.as_ref().map(|l| l.session.clone());
     tokio::spawn(watch_generation(w, stop_rx, done_tx));
     LiveGen {
         record,
@@ -425,14 +421,8 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
             )
         }
     };
-    if let Some((h, session, path)) = w.lane_server.take() {
-        h.abort();
-        let _ = std::fs::remove_file(path);
-        if session.activation.borrow().is_none() {
-            session
-                .activation
-                .send_replace(Some(Err("the generation ended before activation".into())));
-        }
+    if let Some(server) = w.lane_server.take() {
+        server.end("the generation ended before activation");
     }
     let cleanup = cleanup_cgroup(&w.inner, w.rec.cgroup.clone()).await;
     if cleanup.verified_empty {

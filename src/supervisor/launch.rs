@@ -197,13 +197,6 @@ pub(crate) enum LaunchError {
     },
 }
 
-/// A lane socket served for a coordinated generation.
-type LaneServer = (
-    tokio::task::JoinHandle<()>,
-    Arc<super::lanesock::GenSession>,
-    PathBuf,
-);
-
 /// What a launch holds at any moment: each field is set by the stage that makes it, and
 /// `abort` ends each one that is set.
 struct Launching {
@@ -211,10 +204,9 @@ struct Launching {
     stage: Stage,
     rec: GenRecord,
     cg: Cg,
-    nonce: Option<LaunchNonce>,
     nonce_file: PathBuf,
     listener: Option<UnixListener>,
-    lane_server: Option<LaneServer>,
+    lane_server: Option<super::lanesock::LaneServer>,
     link: Option<Link>,
 }
 
@@ -223,7 +215,7 @@ struct Ready {
     link: Link,
     shim_pidfd: OwnedFd,
     harness_pidfd: Option<OwnedFd>,
-    lane_server: Option<LaneServer>,
+    lane_server: Option<super::lanesock::LaneServer>,
 }
 
 /// Launches a fresh generation on a lane whose previous generation is already gone.
@@ -299,13 +291,12 @@ pub(crate) async fn launch(
         stage: Stage::Burned,
         rec,
         cg,
-        nonce: Some(nonce),
         nonce_file,
         listener: None,
         lane_server: None,
         link: None,
     };
-    match l.run(&plan, &origin, phases).await {
+    match l.run(nonce, &plan, &origin, phases).await {
         Ok(ready) => {
             tracing::info!(
                 lane_id = %l.rec.lane_id,
@@ -346,6 +337,7 @@ impl Launching {
     /// by `abort`; what each step makes is stored in `self` before the next step runs.
     async fn run(
         &mut self,
+        nonce: LaunchNonce,
         plan: &LaunchPlan,
         origin: &Origin,
         phases: &Phases,
@@ -370,15 +362,11 @@ impl Launching {
         inject(Step::Socket, &self.rec.lane_incarnation_id)?;
         self.listener = Some(bind_socket(&self.rec.socket)?);
         inject(Step::Nonce, &self.rec.lane_incarnation_id)?;
-        {
-            let nonce = self.nonce.take().ok_or_else(|| SupervisorError::State {
-                detail: "launch nonce already handed off".into(),
-            })?;
-            // The nonce file is a hand-off to this start's shim, not state: a restart never
-            // reads it (a generation whose shim was not verified before a crash is ended),
-            // so it is not fsync'd. `abort` removes it.
-            durable::create_private(&self.nonce_file, nonce.expose_hex().as_bytes())?;
-        }
+        // The nonce file is a hand-off to this start's shim, not state: a restart never reads
+        // it (a generation whose shim was not verified before a crash is ended), so it is not
+        // fsync'd. `abort` removes it. The nonce itself (zeroized) goes at once.
+        durable::create_private(&self.nonce_file, nonce.expose_hex().as_bytes())?;
+        drop(nonce);
         phase("nonce written, generation record durable");
         inject(Step::Area, &self.rec.lane_incarnation_id)?;
         let prepared =
@@ -440,13 +428,13 @@ impl Launching {
             inject(Step::LaneSocket, &self.rec.lane_incarnation_id)?;
             session.bind_harness(plan.family, self.rec.conversation_id.clone());
             let path = super::lanesock::path_for(&self.rec.socket);
-            let h = super::lanesock::serve(&path, cgroup_rel.clone(), session.clone())?;
+            let server = super::lanesock::serve(&path, cgroup_rel.clone(), session.clone())?;
             env.push(("MOSAIC_LANE_SOCKET".into(), path.display().to_string()));
             env.push((
                 "MOSAIC_BIN".into(),
                 inner.cfg.mosaic_exe().display().to_string(),
             ));
-            self.lane_server = Some((h, session.clone(), path));
+            self.lane_server = Some(server);
         }
 
         // Stage: harness started.
@@ -547,12 +535,8 @@ impl Launching {
             error = %error,
             "launch failed"
         );
-        if let Some((h, session, path)) = self.lane_server.take() {
-            h.abort();
-            let _ = std::fs::remove_file(path);
-            session
-                .activation
-                .send_replace(Some(Err("the generation failed to start".into())));
+        if let Some(server) = self.lane_server.take() {
+            server.end("the generation failed to start");
         }
         if self.listener.take().is_some() {
             let _ = std::fs::remove_file(&self.rec.socket);

@@ -50,9 +50,7 @@ impl Shutdown {
 impl ShutdownSignal {
     /// Resolves once the shutdown is triggered (never, if its trigger is gone untriggered).
     pub async fn triggered(&mut self) {
-        if self.rx.wait_for(|s| *s).await.is_err() {
-            std::future::pending::<()>().await;
-        }
+        super::shutdown_signalled(&mut self.rx).await
     }
 
     pub fn is_triggered(&self) -> bool {

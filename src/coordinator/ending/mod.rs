@@ -20,9 +20,9 @@ use serde_json::json;
 use super::error::{reject, AuthorityError, Category};
 use super::followups::RecoveryOf;
 use super::leader::Leader;
-use super::model::{Chain, Outcome, PREACTIVATION};
+use super::model::{Chain, Outcome};
 use super::rows::RowExt;
-use super::states::{GenState, LaneState, Lifecycle, WorkStatus, NONTERMINAL};
+use super::states::{GenState, LaneState, Lifecycle, WorkStatus, NONTERMINAL, PREACTIVATION};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 

@@ -348,7 +348,7 @@ mod tests {
             let waiting =
                 tokio::time::timeout(Duration::from_millis(300), c.read_to_end(&mut buf)).await;
             assert!(waiting.is_err(), "the request did not wait: {buf:?}");
-            server.abort();
+            server.task.abort();
             let ended = tokio::time::timeout(Duration::from_secs(10), c.read_to_end(&mut buf))
                 .await
                 .expect("the waiting request outlived its socket");

@@ -5,13 +5,34 @@ use super::*;
 
 /// Serves the socket at `path` until the task is aborted. Only peers whose cgroup is
 /// `cgroup_rel` are answered.
+/// A generation's lane socket being served: ended with the generation (or its failed
+/// launch).
+pub(crate) struct LaneServer {
+    pub(crate) task: tokio::task::JoinHandle<()>,
+    pub(crate) session: Arc<GenSession>,
+    pub(crate) path: PathBuf,
+}
+
+impl LaneServer {
+    /// Stops serving (every request still waiting ends with it) and removes the socket; a
+    /// harness still waiting for its activation is told `why` it will not come.
+    pub(crate) fn end(self, why: &str) {
+        self.task.abort();
+        let _ = std::fs::remove_file(&self.path);
+        if self.session.activation.borrow().is_none() {
+            self.session.activation.send_replace(Some(Err(why.into())));
+        }
+    }
+}
+
 pub(crate) fn serve(
     path: &Path,
     cgroup_rel: String,
     s: Arc<GenSession>,
-) -> Result<tokio::task::JoinHandle<()>, crate::supervisor::SupervisorError> {
+) -> Result<LaneServer, crate::supervisor::SupervisorError> {
     let listener: UnixListener = crate::supervisor::generation::bind_socket(path)?;
-    Ok(tokio::spawn(async move {
+    let session = s.clone();
+    let task = tokio::spawn(async move {
         // Every connection is a task of this set, owned by the server task: when the
         // generation's socket is ended (its task aborted), every request still waiting on
         // it (a `lane next` waiting settled, a challenge) ends with it.
@@ -73,7 +94,12 @@ pub(crate) fn serve(
                 }
             });
         }
-    }))
+    });
+    Ok(LaneServer {
+        task,
+        session,
+        path: path.to_path_buf(),
+    })
 }
 
 pub(super) fn err(msg: &str) -> LaneResponse {

@@ -532,12 +532,9 @@ impl Service {
         };
         let done = |s: &Lifecycle| !crate::coordinator::states::NONTERMINAL.contains(s);
         let now = self.store.assignment(assignment_id).await?;
-        if !ended.awaiting_receipt || now.as_ref().is_some_and(|a| done(&a.lifecycle)) || !wait {
+        let final_now = now.as_ref().is_some_and(|a| done(&a.lifecycle));
+        if !ended.awaiting_receipt || final_now || !wait {
             let mut v = view(now);
-            let final_now = v["state"]
-                .as_str()
-                .and_then(|s| s.parse::<Lifecycle>().ok())
-                .is_some_and(|s| done(&s));
             if ended.awaiting_receipt && !final_now {
                 v["pending"] = json!("waiting for the host's termination receipt");
             }
