@@ -147,9 +147,8 @@ fn the_coordinator_reads_no_row_by_position() {
 
 /// No lane, lifecycle, generation, handoff or continuation state as a bare Rust string in
 /// the coordinator: code names states through the enums
-/// of `coordinator::states` (which alone spell them), so a typo cannot compile. (States in
-/// SQL text are the column values the statements compare; they are listed in
-/// ARCHITECTURE.md as what is left to bind.)
+/// of `coordinator::states` (which alone spell them), so a typo cannot compile. (SQL text
+/// is checked by `the_coordinator_spells_no_state_in_sql_text`.)
 #[test]
 fn the_coordinator_names_no_state_as_a_rust_string() {
     use mosaic::coordinator::states::*;
@@ -180,6 +179,56 @@ fn the_coordinator_names_no_state_as_a_rust_string() {
         }
     }
     assert!(found.is_empty(), "state literals:\n{}", found.join("\n"));
+}
+
+/// No state as a quoted SQL literal (`'RUNNING'`, `work_status = 'active'`) in coordinator
+/// statement text: statements build their text at compile time from the enums
+/// (`LaneState::Running.sql()` inside `concatcp!`), so a misspelt state is a compile error and
+/// the schema drift test covers every state a statement names.
+#[test]
+fn the_coordinator_spells_no_state_in_sql_text() {
+    use mosaic::coordinator::states::*;
+    let mut upper: Vec<&str> = vec![];
+    upper.extend(LaneState::ALL.iter().map(|s| s.as_str()));
+    upper.extend(Lifecycle::ALL.iter().map(|s| s.as_str()));
+    upper.extend(GenState::ALL.iter().map(|s| s.as_str()));
+    upper.extend(HandoffState::ALL.iter().map(|s| s.as_str()));
+    upper.extend(ContinuationState::ALL.iter().map(|s| s.as_str()));
+    // The lower-case columns are recognised by the column they are compared with or set to.
+    let lower: Vec<(&str, Vec<&str>)> = vec![
+        (
+            "work_status",
+            WorkStatus::ALL.iter().map(|s| s.as_str()).collect(),
+        ),
+        (
+            "watchdog_step",
+            WatchdogStep::ALL.iter().map(|s| s.as_str()).collect(),
+        ),
+    ];
+    let mut found = vec![];
+    for (f, text) in sources("coordinator") {
+        if f.file_name().unwrap() == "states.rs" {
+            continue;
+        }
+        for (n, line) in text.lines().enumerate() {
+            let mut hit = upper.iter().any(|st| line.contains(&format!("'{st}'")));
+            for (col, values) in &lower {
+                for v in values {
+                    for op in ["=", "<>", "IN ("] {
+                        hit |= line.contains(&format!("{col} {op} '{v}'"));
+                    }
+                }
+            }
+            if hit {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "states in SQL text:\n{}",
+        found.join("\n")
+    );
 }
 
 /// Files say what they hold: no source file grows past 800 lines (split it by concern,

@@ -5,6 +5,7 @@
 //! decided by one statement; activates without a consumed, persisted ACK of the same chain;
 //! issues a lease outside the activation commit.
 
+use const_format::concatcp;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -12,7 +13,7 @@ use std::sync::LazyLock;
 
 use super::cas::{self, Pred};
 use super::rows::RowExt;
-use super::states::LaneState;
+use super::states::{GenState, LaneState, Lifecycle, WatchdogStep};
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
@@ -95,44 +96,109 @@ impl Activation {
 /// $11 generation, $12 process identity, $13 contracts, $14 scope, $15 holds, $16 runtime,
 /// $17 and $18 the current leader's timeline and epoch.
 const CONSUME_PREDS: &[Pred] = &[
-    Pred { sql: "$2::text = $17::text AND $3::bigint = $18::bigint", category: Category::StaleLeader,
-        detail: "the ACK is bound to another coordinator epoch or timeline" },
-    Pred { sql: "c.consumed_at IS NULL", category: Category::ChallengeConsumed,
-        detail: "the challenge was already consumed" },
-    Pred { sql: "r.reservation_id = $4", category: Category::Mismatch,
-        detail: "reservation_id does not match the challenge's chain" },
-    Pred { sql: "c.sot_incarnation = $2 AND c.coordinator_epoch = $3", category: Category::StaleLeader,
-        detail: "the challenge was issued under another epoch or timeline" },
-    Pred { sql: "r.reservation_epoch = $5", category: Category::Mismatch,
-        detail: "reservation_epoch does not match the challenge's chain" },
-    Pred { sql: "mosaic_ts(r.deadline) = $6", category: Category::Mismatch,
-        detail: "reservation_deadline does not match the challenge's chain" },
-    Pred { sql: "li.lane_incarnation_id = $7", category: Category::Mismatch,
-        detail: "lane_incarnation_id does not match the challenge's chain" },
-    Pred { sql: "li.lane_id = $8", category: Category::Mismatch,
-        detail: "lane_id does not match the challenge's chain" },
-    Pred { sql: "a.assignment_id = $9", category: Category::Mismatch,
-        detail: "assignment_id does not match the challenge's chain" },
-    Pred { sql: "r.assignment_attempt_id = $10", category: Category::Mismatch,
-        detail: "assignment_attempt_id does not match the challenge's chain" },
-    Pred { sql: "r.generation = $11", category: Category::Mismatch,
-        detail: "generation does not match the challenge's chain" },
-    Pred { sql: "g.process_identity = $12::text::jsonb", category: Category::Mismatch,
-        detail: "process_identity does not match the challenge's chain" },
-    Pred { sql: "r.contracts_digest = $13 AND c.contracts_digest = $13", category: Category::Mismatch,
-        detail: "contracts_digest does not match the challenge's chain" },
-    Pred { sql: "a.scope_digest = $14", category: Category::Mismatch,
-        detail: "scope_digest does not match the challenge's chain" },
-    Pred { sql: "a.holds_digest = $15", category: Category::Mismatch,
-        detail: "holds_digest does not match the challenge's chain" },
-    Pred { sql: "a.runtime_id = $16", category: Category::Mismatch,
-        detail: "runtime_id does not match the challenge's chain" },
-    Pred { sql: "c.expires_at > clock_timestamp() AND r.deadline > clock_timestamp()", category: Category::Expired,
-        detail: "the challenge or its reservation expired (database time; equality is expired)" },
-    Pred { sql: "r.released_at IS NULL AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL AND g.stop_requested_at IS NULL",
-        category: Category::WrongState, detail: "the chain was ended (released, stopping or no longer active)" },
-    Pred { sql: "li.state = 'AWAITING_ACK' AND li.retired_at IS NULL", category: Category::WrongState,
-        detail: "the lane is not AWAITING_ACK" },
+    Pred {
+        sql: "$2::text = $17::text AND $3::bigint = $18::bigint",
+        category: Category::StaleLeader,
+        detail: "the ACK is bound to another coordinator epoch or timeline",
+    },
+    Pred {
+        sql: "c.consumed_at IS NULL",
+        category: Category::ChallengeConsumed,
+        detail: "the challenge was already consumed",
+    },
+    Pred {
+        sql: "r.reservation_id = $4",
+        category: Category::Mismatch,
+        detail: "reservation_id does not match the challenge's chain",
+    },
+    Pred {
+        sql: "c.sot_incarnation = $2 AND c.coordinator_epoch = $3",
+        category: Category::StaleLeader,
+        detail: "the challenge was issued under another epoch or timeline",
+    },
+    Pred {
+        sql: "r.reservation_epoch = $5",
+        category: Category::Mismatch,
+        detail: "reservation_epoch does not match the challenge's chain",
+    },
+    Pred {
+        sql: "mosaic_ts(r.deadline) = $6",
+        category: Category::Mismatch,
+        detail: "reservation_deadline does not match the challenge's chain",
+    },
+    Pred {
+        sql: "li.lane_incarnation_id = $7",
+        category: Category::Mismatch,
+        detail: "lane_incarnation_id does not match the challenge's chain",
+    },
+    Pred {
+        sql: "li.lane_id = $8",
+        category: Category::Mismatch,
+        detail: "lane_id does not match the challenge's chain",
+    },
+    Pred {
+        sql: "a.assignment_id = $9",
+        category: Category::Mismatch,
+        detail: "assignment_id does not match the challenge's chain",
+    },
+    Pred {
+        sql: "r.assignment_attempt_id = $10",
+        category: Category::Mismatch,
+        detail: "assignment_attempt_id does not match the challenge's chain",
+    },
+    Pred {
+        sql: "r.generation = $11",
+        category: Category::Mismatch,
+        detail: "generation does not match the challenge's chain",
+    },
+    Pred {
+        sql: "g.process_identity = $12::text::jsonb",
+        category: Category::Mismatch,
+        detail: "process_identity does not match the challenge's chain",
+    },
+    Pred {
+        sql: "r.contracts_digest = $13 AND c.contracts_digest = $13",
+        category: Category::Mismatch,
+        detail: "contracts_digest does not match the challenge's chain",
+    },
+    Pred {
+        sql: "a.scope_digest = $14",
+        category: Category::Mismatch,
+        detail: "scope_digest does not match the challenge's chain",
+    },
+    Pred {
+        sql: "a.holds_digest = $15",
+        category: Category::Mismatch,
+        detail: "holds_digest does not match the challenge's chain",
+    },
+    Pred {
+        sql: "a.runtime_id = $16",
+        category: Category::Mismatch,
+        detail: "runtime_id does not match the challenge's chain",
+    },
+    Pred {
+        sql: "c.expires_at > clock_timestamp() AND r.deadline > clock_timestamp()",
+        category: Category::Expired,
+        detail: "the challenge or its reservation expired (database time; equality is expired)",
+    },
+    Pred {
+        sql: concatcp!(
+            "r.released_at IS NULL AND a.lifecycle = ",
+            Lifecycle::Active.sql(),
+            " AND a.requested_outcome IS NULL AND g.stop_requested_at IS NULL"
+        ),
+        category: Category::WrongState,
+        detail: "the chain was ended (released, stopping or no longer active)",
+    },
+    Pred {
+        sql: concatcp!(
+            "li.state = ",
+            LaneState::AwaitingAck.sql(),
+            " AND li.retired_at IS NULL"
+        ),
+        category: Category::WrongState,
+        detail: "the lane is not AWAITING_ACK",
+    },
 ];
 
 /// AWAITING_ACK → READY and the challenge consumption in one statement: both happen or
@@ -141,7 +207,7 @@ const CONSUME_PREDS: &[Pred] = &[
 static CONSUME_CAS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "WITH ln AS ( \
-           UPDATE lane_incarnations li SET state = 'READY' \
+           UPDATE lane_incarnations li SET state = {ready} \
            FROM challenges c, reservations r, assignments a, generations g \
            WHERE c.challenge_id = $1 AND r.reservation_id = c.reservation_id AND li.lane_incarnation_id = r.lane_incarnation_id \
              AND a.assignment_id = r.assignment_id AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
@@ -150,7 +216,8 @@ static CONSUME_CAS: LazyLock<String> = LazyLock::new(|| {
          UPDATE challenges c SET consumed_at = clock_timestamp() FROM ln \
          WHERE c.challenge_id = $1 AND c.consumed_at IS NULL \
          RETURNING c.challenge_id",
-        cas::conjunction(CONSUME_PREDS)
+        cas::conjunction(CONSUME_PREDS),
+        ready = LaneState::Ready.sql()
     )
 });
 
@@ -206,7 +273,7 @@ const ACTIVATE_PREDS: &[Pred] = &[
         detail: "assignment_attempt_id differs from the chain's",
     },
     Pred {
-        sql: "li.state = 'READY'",
+        sql: concatcp!("li.state = ", LaneState::Ready.sql()),
         category: Category::WrongState,
         detail: "the lane is not READY",
     },
@@ -226,12 +293,20 @@ const ACTIVATE_PREDS: &[Pred] = &[
         detail: "the chain began under another coordinator epoch",
     },
     Pred {
-        sql: "a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL",
+        sql: concatcp!(
+            "a.lifecycle = ",
+            Lifecycle::Active.sql(),
+            " AND a.requested_outcome IS NULL"
+        ),
         category: Category::WrongState,
         detail: "the assignment is no longer advancing",
     },
     Pred {
-        sql: "g.state = 'STAGING' AND g.stop_requested_at IS NULL",
+        sql: concatcp!(
+            "g.state = ",
+            GenState::Staging.sql(),
+            " AND g.stop_requested_at IS NULL"
+        ),
         category: Category::WrongState,
         detail: "the generation is stopping or no longer staging",
     },
@@ -305,14 +380,15 @@ const ACTIVATE_PREDS: &[Pred] = &[
 /// READY → RUNNING over every expected value of spec §6.2.
 static ACTIVATE_CAS: LazyLock<String> = LazyLock::new(|| {
     format!(
-        "UPDATE lane_incarnations li SET state = 'RUNNING' \
+        "UPDATE lane_incarnations li SET state = {running} \
          FROM reservations r, assignments a, generations g, challenges c, ack_receipts k \
          WHERE r.reservation_id = $3 AND li.lane_incarnation_id = r.lane_incarnation_id AND a.assignment_id = r.assignment_id \
            AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
            AND c.challenge_id = $12 AND c.reservation_id = r.reservation_id AND k.challenge_id = c.challenge_id \
            AND {} \
          RETURNING k.ack_receipt_id, a.scope, a.holds",
-        cas::conjunction(ACTIVATE_PREDS)
+        cas::conjunction(ACTIVATE_PREDS),
+        running = LaneState::Running.sql()
     )
 });
 
@@ -453,17 +529,17 @@ impl Store {
                 // Owners, the generation and one lease per capability in one statement; the
                 // counts prove the owner and generation updates each hit their one row.
                 let out = d.query_one(
-                    "WITH a AS (UPDATE assignments a SET execution_owner = $2, pending_target = NULL, next_action = 'run the task under its contract', \
-                                       watchdog_step = 'none', inactivity_base_at = clock_timestamp(), \
+                    concatcp!("WITH a AS (UPDATE assignments a SET execution_owner = $2, pending_target = NULL, next_action = 'run the task under its contract', \
+                                       watchdog_step = ", WatchdogStep::None.sql(), ", inactivity_base_at = clock_timestamp(), \
                                        inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond' \
                                 FROM inactivity_policies pol WHERE a.assignment_id = $1 AND pol.policy_id = a.inactivity_policy RETURNING 1), \
-                          g AS (UPDATE generations SET state = 'LIVE' WHERE lane_incarnation_id = $3 AND generation = $4 RETURNING 1), \
+                          g AS (UPDATE generations SET state = ", GenState::Live.sql(), " WHERE lane_incarnation_id = $3 AND generation = $4 RETURNING 1), \
                           s AS (INSERT INTO leases (lease_id, scope, lease_epoch, assignment_id, assignment_attempt_id, lane_incarnation_id, generation, \
                                                     reservation_id, sot_incarnation, coordinator_epoch, expires_at) \
                                 SELECT 'ls-' || replace(gen_random_uuid()::text, '-', ''), cap, 1, $1, $5, $3, $4, $6, $7, $8, clock_timestamp() + $9::text::interval \
                                 FROM unnest($10::text[]) AS cap RETURNING lease_id, scope, mosaic_ts(expires_at) AS exp) \
                      SELECT (SELECT count(*) FROM a) AS owners, (SELECT count(*) FROM g) AS generations, \
-                            coalesce((SELECT jsonb_agg(jsonb_build_object('lease_id', lease_id, 'scope', scope, 'expires_at', exp) ORDER BY scope) FROM s), '[]'::jsonb) AS leases",
+                            coalesce((SELECT jsonb_agg(jsonb_build_object('lease_id', lease_id, 'scope', scope, 'expires_at', exp) ORDER BY scope) FROM s), '[]'::jsonb) AS leases"),
                     &[&c.assignment_id, &x.target, &c.lane_incarnation_id, &x.generation, &c.assignment_attempt_id, &c.reservation_id, &sot, &epoch, &ttl, &capabilities],
                 ).await?;
                 if (out.col::<i64>("owners")?, out.col::<i64>("generations")?) != (1, 1) {

@@ -6,6 +6,7 @@
 //! derived from what the step acts on (`stage/<reservation>`, …), so a retry — by this
 //! process or by the next leader — can only land on the same receipt.
 
+use const_format::concatcp;
 use serde_json::json;
 
 use super::cas::{self, Pred};
@@ -14,7 +15,7 @@ use super::leader::Leader;
 use super::model::Chain;
 use super::rows::RowExt;
 use super::secret;
-use super::states::{HandoffState, LaneState, Lifecycle};
+use super::states::{GenState, HandoffState, LaneState, Lifecycle, WatchdogStep, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step, Undecided};
 use crate::protocol::task;
@@ -83,7 +84,7 @@ const STEP_PREDS: &[Pred] = &[
         detail: "the reservation deadline has passed (database time; equality is expired)" },
     Pred { sql: "r.coordinator_epoch = $9 AND r.sot_incarnation = $10", category: Category::StaleLeader,
         detail: "the chain began under another coordinator epoch" },
-    Pred { sql: "a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL", category: Category::WrongState,
+    Pred { sql: concatcp!("a.lifecycle = ", Lifecycle::Active.sql(), " AND a.requested_outcome IS NULL"), category: Category::WrongState,
         detail: "the assignment is no longer advancing" },
 ];
 
@@ -216,17 +217,17 @@ impl Store {
                     // The lane and (when resuming) the assignment, both in their expected
                     // states, in one statement.
                     let d = f.cas(
-                        "UPDATE lane_incarnations li SET state = 'RESERVED' \
-                         WHERE li.lane_incarnation_id = $1 AND li.state = 'IDLE_CLEAN' AND li.retired_at IS NULL \
+                        concatcp!("UPDATE lane_incarnations li SET state = ", LaneState::Reserved.sql(), " \
+                         WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::IdleClean.sql(), " AND li.retired_at IS NULL \
                            AND li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL \
                            AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
-                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
-                           AND ($2::text = '' OR EXISTS (SELECT 1 FROM assignments a WHERE a.assignment_id = $2 AND a.lifecycle = 'RECOVERY' \
-                                  AND a.requested_outcome IS NULL AND a.work_status = 'active' AND a.runtime_id = $3 AND a.scope_digest = $4 AND a.holds_digest = $5 \
+                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
+                           AND ($2::text = '' OR EXISTS (SELECT 1 FROM assignments a WHERE a.assignment_id = $2 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " \
+                                  AND a.requested_outcome IS NULL AND a.work_status = ", WorkStatus::Active.sql(), " AND a.runtime_id = $3 AND a.scope_digest = $4 AND a.holds_digest = $5 \
                                   AND a.completion_policy_digest = $6 \
                                   AND NOT EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                                  AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED'))) \
-                         RETURNING li.lane_id",
+                                                  AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), "))) \
+                         RETURNING li.lane_id"),
                         &[&req.lane_incarnation_id, &req.assignment_id.clone().unwrap_or_default(), &req.runtime_id, &scope, &holds, &policy],
                     ).await?;
                     let d = match d {
@@ -254,12 +255,12 @@ impl Store {
                     } else {
                         // (Every parameter of the insert form is referenced, so both forms bind the
                         // same parameter list.)
-                        "UPDATE assignments SET lifecycle = 'ACTIVE', lane_incarnation_id = $2, responsibility_owner = $3, execution_owner = NULL, \
-                                pending_target = $3, next_action = $4, watchdog_step = 'none' \
-                         WHERE assignment_id = $1 AND lifecycle = 'RECOVERY' AND work_status = 'active' AND runtime_id = $5 AND scope_digest = $6 AND holds_digest = $7 \
+                        concatcp!("UPDATE assignments SET lifecycle = ", Lifecycle::Active.sql(), ", lane_incarnation_id = $2, responsibility_owner = $3, execution_owner = NULL, \
+                                pending_target = $3, next_action = $4, watchdog_step = ", WatchdogStep::None.sql(), " \
+                         WHERE assignment_id = $1 AND lifecycle = ", Lifecycle::Recovery.sql(), " AND work_status = ", WorkStatus::Active.sql(), " AND runtime_id = $5 AND scope_digest = $6 AND holds_digest = $7 \
                            AND completion_policy_digest = $8 AND $9::bigint IS NOT NULL AND $10::jsonb IS NOT NULL AND $11::jsonb IS NOT NULL AND $12::text IS NOT NULL \
                            AND $22::text IS NOT NULL \
-                         RETURNING assignment_id"
+                         RETURNING assignment_id")
                     };
                     let sql = format!(
                         "WITH a AS ({asg_sql}), \
@@ -377,8 +378,8 @@ impl Store {
             c,
             LaneState::Checkpointing,
             LaneState::Fenced,
-            "NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
-             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL)",
+            concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
+             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL)"),
         )
         .await
     }
@@ -401,8 +402,8 @@ impl Store {
                     };
                     let generation: i64 = d.row().col("generation")?;
                     d.exec_one(
-                        "WITH g AS (INSERT INTO generations (lane_incarnation_id, generation, reservation_id, state) VALUES ($1, $2, $3, 'STAGING') RETURNING 1) \
-                         UPDATE reservations r SET generation = $2 FROM g WHERE r.reservation_id = $3",
+                        concatcp!("WITH g AS (INSERT INTO generations (lane_incarnation_id, generation, reservation_id, state) VALUES ($1, $2, $3, ", GenState::Staging.sql(), ") RETURNING 1) \
+                         UPDATE reservations r SET generation = $2 FROM g WHERE r.reservation_id = $3"),
                         &[&c.lane_incarnation_id, &generation, &c.reservation_id],
                     ).await?;
                     d.decide(json!({ "chain": c, "generation": generation, "effect_leases": [] }))
@@ -457,9 +458,9 @@ impl Store {
                 let (task_text, scope, holds): (String, String, String) =
                     (t.col("task_text")?, t.col("scope_digest")?, t.col("holds_digest")?);
                 let cd = crate::protocol::contracts_digest(&task_text, &scope, &holds);
-                const EXTRA: &str = "r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g \
-                    WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $11 AND g.state = 'STAGING' \
-                    AND g.process_identity IS NULL AND g.stop_requested_at IS NULL)";
+                const EXTRA: &str = concatcp!("r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g \
+                    WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $11 AND g.state = ", GenState::Staging.sql(), " \
+                    AND g.process_identity IS NULL AND g.stop_requested_at IS NULL)");
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id,
                     &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation];
                 let d = match f.cas(&step_cas(EXTRA), &params).await? {
@@ -543,11 +544,11 @@ impl Store {
                         }
                         let hc = format!("hc-{}", crate::util::random_hex(32).map_err(AuthorityError::Internal)?);
                         let exp: String = d.query_one(
-                            "WITH n AS (UPDATE assignments SET next_action = 'the target acknowledges handoff challenge ' || $1 || ' (mosaic lane handoff-ack)' WHERE assignment_id = $5) \
-                             UPDATE handoffs h SET state = 'CHALLENGED', challenge_id = $1, challenge_epoch = $2, \
+                            concatcp!("WITH n AS (UPDATE assignments SET next_action = 'the target acknowledges handoff challenge ' || $1 || ' (mosaic lane handoff-ack)' WHERE assignment_id = $5) \
+                             UPDATE handoffs h SET state = ", HandoffState::Challenged.sql(), ", challenge_id = $1, challenge_epoch = $2, \
                                     challenge_deadline = LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
-                             FROM reservations r WHERE r.reservation_id = $4 AND h.handoff_id = r.handoff_id AND h.state = 'OFFERED' \
-                             RETURNING mosaic_ts(h.challenge_deadline) AS expires_at",
+                             FROM reservations r WHERE r.reservation_id = $4 AND h.handoff_id = r.handoff_id AND h.state = ", HandoffState::Offered.sql(), " \
+                             RETURNING mosaic_ts(h.challenge_deadline) AS expires_at"),
                             &[&hc, &epoch, &ttl, &c.reservation_id, &c.assignment_id],
                         ).await?.col("expires_at")?;
                         return d.decide(json!({ "chain": c, "challenge_id": hc, "challenge_kind": "handoff", "handoff_id": handoff_id,
@@ -577,11 +578,11 @@ async fn why_not_reservable(
     let inc = &req.lane_incarnation_id;
     let row = u
         .read_opt(
-            "SELECT state, retired_at IS NOT NULL AS retired, \
+            concatcp!("SELECT state, retired_at IS NOT NULL AS retired, \
                     EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND t.reconciled_at IS NULL) AS unreconciled, \
-                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND g.state <> 'ENDED') AS unended, \
+                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND g.state <> ", GenState::Ended.sql(), ") AS unended, \
                     recreate_requested_at IS NOT NULL AS recreating, host_quarantine_reason \
-             FROM lane_incarnations WHERE lane_incarnation_id = $1",
+             FROM lane_incarnations WHERE lane_incarnation_id = $1"),
             &[inc],
         )
         .await?;

@@ -21,12 +21,13 @@
 //! **Never:** lets a harness compose a continuation (only an operator or the coordinator
 //! creates one), accepts one for a stale claim, generation or fence, or re-injects.
 
+use const_format::concatcp;
 use serde_json::json;
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::rows::RowExt;
-use super::states::{ContinuationState, Lifecycle, WorkStatus};
+use super::states::{ContinuationState, GenState, LaneState, Lifecycle, WatchdogStep, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -107,30 +108,30 @@ impl Store {
             body!([asg, next, sot, nad, ttl] |f| {
                 let id = format!("cn-{}", uuid::Uuid::new_v4().simple());
                 let d = f.cas(
-                    "INSERT INTO continuations (continuation_id, assignment_id, assignment_attempt_id, reservation_id, lane_incarnation_id, generation, \
+                    concatcp!("INSERT INTO continuations (continuation_id, assignment_id, assignment_attempt_id, reservation_id, lane_incarnation_id, generation, \
                                                 next_action, next_action_digest, scope_digest, holds_digest, contracts_digest, sot_incarnation, \
                                                 coordinator_epoch, expires_at, max_attempts) \
                      SELECT $1, a.assignment_id, r.assignment_attempt_id, r.reservation_id, r.lane_incarnation_id, r.generation, $3, $4, \
                             a.scope_digest, a.holds_digest, r.contracts_digest, $5, $6, clock_timestamp() + $7::text::interval, $8 \
                      FROM assignments a JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL \
                        AND r.lane_incarnation_id = a.lane_incarnation_id \
-                     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id AND li.state = 'RUNNING' \
-                     JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation AND g.state = 'LIVE' \
+                     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::Running.sql(), " \
+                     JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation AND g.state = ", GenState::Live.sql(), " \
                        AND g.stop_requested_at IS NULL \
-                     WHERE a.assignment_id = $2 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' AND a.requested_outcome IS NULL \
+                     WHERE a.assignment_id = $2 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
                        AND a.continuation_budget > 0 \
                        AND NOT EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id \
-                                       AND c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')) \
-                     RETURNING continuation_id, mosaic_ts(expires_at) AS expires_at, generation",
+                                       AND c.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ", ", ContinuationState::DeliveryAccepted.sql(), ")) \
+                     RETURNING continuation_id, mosaic_ts(expires_at) AS expires_at, generation"),
                     &[&id, &asg, &next, &nad, &sot, &epoch, &ttl, &super::continuation::MAX_CLAIMS],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,
                     Err(u) => {
                         let r = u.read_opt(
-                            "SELECT a.lifecycle, a.work_status, a.continuation_budget, \
-                                    EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id AND c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')) AS open \
-                             FROM assignments a WHERE a.assignment_id = $1",
+                            concatcp!("SELECT a.lifecycle, a.work_status, a.continuation_budget, \
+                                    EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id AND c.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ", ", ContinuationState::DeliveryAccepted.sql(), ")) AS open \
+                             FROM assignments a WHERE a.assignment_id = $1"),
                             &[&asg],
                         ).await?;
                         let r = match r {
@@ -186,11 +187,11 @@ impl Store {
             body!([id, ttl] |f| {
                 let claim = format!("cc-{}", crate::util::random_hex(32).map_err(AuthorityError::Internal)?);
                 let d = f.cas(
-                    "UPDATE continuations c SET state = 'CLAIMED', claim_ref = $2, claimant_epoch = $3, \
+                    concatcp!("UPDATE continuations c SET state = ", ContinuationState::Claimed.sql(), ", claim_ref = $2, claimant_epoch = $3, \
                             claim_deadline = LEAST(c.expires_at, clock_timestamp() + $4::text::interval), attempts = c.attempts + 1 \
                      WHERE c.continuation_id = $1 AND c.attempts = $5 AND c.attempts < c.max_attempts AND c.expires_at > clock_timestamp() \
-                       AND (c.state = 'PENDING' OR (c.state = 'CLAIMED' AND (c.claim_deadline <= clock_timestamp() OR c.claimant_epoch <> $3))) \
-                     RETURNING mosaic_ts(c.claim_deadline) AS claim_deadline",
+                       AND (c.state = ", ContinuationState::Pending.sql(), " OR (c.state = ", ContinuationState::Claimed.sql(), " AND (c.claim_deadline <= clock_timestamp() OR c.claimant_epoch <> $3))) \
+                     RETURNING mosaic_ts(c.claim_deadline) AS claim_deadline"),
                     &[&id, &claim, &epoch, &ttl, &attempts],
                 ).await?;
                 let d = match d {
@@ -237,22 +238,22 @@ impl Store {
             &step,
             body!([a] |f| {
                 let d = f.cas(
-                    "WITH b AS (UPDATE assignments x SET continuation_budget = x.continuation_budget - 1 \
+                    concatcp!("WITH b AS (UPDATE assignments x SET continuation_budget = x.continuation_budget - 1 \
                                 FROM continuations c, reservations r, lane_incarnations li, generations g \
-                                WHERE c.continuation_id = $1 AND c.state = 'CLAIMED' AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
+                                WHERE c.continuation_id = $1 AND c.state = ", ContinuationState::Claimed.sql(), " AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
                                   AND c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp() \
                                   AND c.reservation_id = $3 AND c.lane_incarnation_id = $4 AND c.generation = $5 AND c.next_action_digest = $6 \
-                                  AND x.assignment_id = c.assignment_id AND x.lifecycle = 'ACTIVE' AND x.work_status = 'active' \
+                                  AND x.assignment_id = c.assignment_id AND x.lifecycle = ", Lifecycle::Active.sql(), " AND x.work_status = ", WorkStatus::Active.sql(), " \
                                   AND x.requested_outcome IS NULL AND x.continuation_budget > 0 \
                                   AND r.reservation_id = c.reservation_id AND r.released_at IS NULL AND r.generation = c.generation \
-                                  AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = 'RUNNING' \
-                                  AND g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation AND g.state = 'LIVE' \
+                                  AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::Running.sql(), " \
+                                  AND g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation AND g.state = ", GenState::Live.sql(), " \
                                   AND g.stop_requested_at IS NULL \
                                 RETURNING x.assignment_id, x.continuation_budget) \
-                     UPDATE continuations c SET state = 'DELIVERY_ACCEPTED', accepted_at = clock_timestamp(), budget_after = b.continuation_budget \
-                     FROM b WHERE c.continuation_id = $1 AND c.state = 'CLAIMED' AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
+                     UPDATE continuations c SET state = ", ContinuationState::DeliveryAccepted.sql(), ", accepted_at = clock_timestamp(), budget_after = b.continuation_budget \
+                     FROM b WHERE c.continuation_id = $1 AND c.state = ", ContinuationState::Claimed.sql(), " AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
                        AND c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp() \
-                     RETURNING c.assignment_id, c.next_action, b.continuation_budget",
+                     RETURNING c.assignment_id, c.next_action, b.continuation_budget"),
                     &[&a.continuation_id, &a.claim_ref, &a.reservation_id, &a.lane_incarnation_id, &a.generation, &a.next_action_digest, &epoch],
                 ).await?;
                 let d = match d {
@@ -334,9 +335,9 @@ impl Store {
             &step,
             body!([id, inc, ev] |f| {
                 let d = f.cas(
-                    "UPDATE continuations c SET state = 'RESULT_RECORDED', result_at = clock_timestamp(), result_evidence_digest = $4 \
-                     WHERE c.continuation_id = $1 AND c.state = 'DELIVERY_ACCEPTED' AND c.lane_incarnation_id = $2 AND c.generation = $3 \
-                     RETURNING c.assignment_id",
+                    concatcp!("UPDATE continuations c SET state = ", ContinuationState::ResultRecorded.sql(), ", result_at = clock_timestamp(), result_evidence_digest = $4 \
+                     WHERE c.continuation_id = $1 AND c.state = ", ContinuationState::DeliveryAccepted.sql(), " AND c.lane_incarnation_id = $2 AND c.generation = $3 \
+                     RETURNING c.assignment_id"),
                     &[&id, &inc, &generation, &ev],
                 ).await?;
                 let d = match d {
@@ -369,10 +370,10 @@ impl Store {
             &step,
             body!([id] |f| {
                 let d = f.cas(
-                    "UPDATE continuations c SET state = 'EXPIRED' WHERE c.continuation_id = $1 AND c.state IN ('PENDING', 'CLAIMED') \
+                    concatcp!("UPDATE continuations c SET state = ", ContinuationState::Expired.sql(), " WHERE c.continuation_id = $1 AND c.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ") \
                        AND (c.expires_at <= clock_timestamp() \
-                            OR (c.attempts >= c.max_attempts AND (c.state = 'PENDING' OR c.claim_deadline <= clock_timestamp()))) \
-                     RETURNING c.attempts",
+                            OR (c.attempts >= c.max_attempts AND (c.state = ", ContinuationState::Pending.sql(), " OR c.claim_deadline <= clock_timestamp()))) \
+                     RETURNING c.attempts"),
                     &[&id],
                 ).await?;
                 let d = match d {
@@ -407,9 +408,9 @@ impl Store {
             &step,
             body!([id] |f| {
                 let d = f.cas(
-                    "UPDATE continuations c SET state = 'ABANDONED' WHERE c.continuation_id = $1 AND c.state = 'DELIVERY_ACCEPTED' \
+                    concatcp!("UPDATE continuations c SET state = ", ContinuationState::Abandoned.sql(), " WHERE c.continuation_id = $1 AND c.state = ", ContinuationState::DeliveryAccepted.sql(), " \
                        AND c.expires_at <= clock_timestamp() \
-                     RETURNING c.assignment_id, c.reservation_id, c.lane_incarnation_id, c.generation",
+                     RETURNING c.assignment_id, c.reservation_id, c.lane_incarnation_id, c.generation"),
                     &[&id],
                 ).await?;
                 let d = match d {
@@ -425,12 +426,12 @@ impl Store {
                 // Replace the generation if it still runs this work: the same moves as an
                 // inactivity replacement.
                 let replaced = d.exec(
-                    "UPDATE assignments a SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, watchdog_step = 'replacing', \
+                    concatcp!("UPDATE assignments a SET lifecycle = ", Lifecycle::Recovery.sql(), ", execution_owner = NULL, pending_target = NULL, watchdog_step = ", WatchdogStep::Replacing.sql(), ", \
                             next_action = 'the watchdog starts a fresh generation: a continuation''s delivery is ambiguous' \
                      FROM reservations r, lane_incarnations li \
-                     WHERE a.assignment_id = $1 AND a.lifecycle = 'ACTIVE' AND a.requested_outcome IS NULL AND a.lane_incarnation_id = $3 \
+                     WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.requested_outcome IS NULL AND a.lane_incarnation_id = $3 \
                        AND r.reservation_id = $2 AND r.released_at IS NULL AND r.generation = $4 \
-                       AND li.lane_incarnation_id = $3 AND li.state = 'RUNNING'",
+                       AND li.lane_incarnation_id = $3 AND li.state = ", LaneState::Running.sql()),
                     &[&asg, &res, &inc, &g],
                 ).await?;
                 if replaced == 1 {
@@ -448,11 +449,11 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT c.continuation_id, c.assignment_id, c.reservation_id, c.state, c.next_action, c.next_action_digest, \
+                concatcp!("SELECT c.continuation_id, c.assignment_id, c.reservation_id, c.state, c.next_action, c.next_action_digest, \
                         mosaic_ts(c.expires_at) AS expires_at, c.claim_ref, c.claimant_epoch, c.claim_deadline <= clock_timestamp() AS claim_expired, \
                         c.expires_at <= clock_timestamp() AS expired, c.attempts, c.max_attempts, a.continuation_budget \
                  FROM continuations c JOIN assignments a USING (assignment_id) \
-                 WHERE c.state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED') ORDER BY c.created_at",
+                 WHERE c.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ", ", ContinuationState::DeliveryAccepted.sql(), ") ORDER BY c.created_at"),
                 &[],
             )
             .await?;

@@ -12,6 +12,7 @@
 //! **Never:** counts a heartbeat, output or a claim without evidence as progress; extends a
 //! deadline that has passed (equality is expired); decides with a host clock.
 
+use const_format::concatcp;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
@@ -19,7 +20,7 @@ use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::Chain;
 use super::rows::RowExt;
-use super::states::{LaneState, Lifecycle, WatchdogStep, WorkStatus};
+use super::states::{GenState, LaneState, Lifecycle, WatchdogStep, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -282,19 +283,19 @@ impl Store {
             body!([p, sot] |f| {
                 let c = &p.chain;
                 let d = f.cas(
-                    "UPDATE assignments a SET last_progress_at = clock_timestamp(), inactivity_base_at = clock_timestamp(), \
+                    concatcp!("UPDATE assignments a SET last_progress_at = clock_timestamp(), inactivity_base_at = clock_timestamp(), \
                             inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
-                            watchdog_step = 'none', next_action = coalesce($7, a.next_action) \
+                            watchdog_step = ", WatchdogStep::None.sql(), ", next_action = coalesce($7, a.next_action) \
                      FROM inactivity_policies pol, reservations r, lane_incarnations li, generations g \
-                     WHERE a.assignment_id = $1 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' AND a.requested_outcome IS NULL \
+                     WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
                        AND a.inactivity_deadline > clock_timestamp() \
                        AND pol.policy_id = a.inactivity_policy AND $5 = ANY(pol.evidence_kinds) \
                        AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.assignment_attempt_id = $3 \
                        AND r.released_at IS NULL AND r.generation = $4 AND r.sot_incarnation = $8 \
-                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = 'RUNNING' AND li.retired_at IS NULL \
-                       AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $4 AND g.state = 'LIVE' \
+                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::Running.sql(), " AND li.retired_at IS NULL \
+                       AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $4 AND g.state = ", GenState::Live.sql(), " \
                        AND NOT EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $6) \
-                     RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline",
+                     RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline"),
                     &[&c.assignment_id, &c.reservation_id, &c.assignment_attempt_id, &p.generation, &p.evidence_kind,
                       &p.evidence_digest, &p.next_action, &sot],
                 ).await?;
@@ -378,11 +379,14 @@ impl Store {
         .about(Some(&w.assignment_id), Some(&w.lane_incarnation_id));
         let sql = format!(
             "UPDATE assignments a SET watchdog_step = $3 FROM inactivity_policies pol, lane_incarnations li \
-             WHERE a.assignment_id = $1 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' AND a.requested_outcome IS NULL \
+             WHERE a.assignment_id = $1 AND a.lifecycle = {active} AND a.work_status = {work_active} AND a.requested_outcome IS NULL \
                AND a.watchdog_step = $2 AND mosaic_ts(a.inactivity_base_at) = $4 \
                AND pol.policy_id = a.inactivity_policy AND a.inactivity_base_at + pol.{column} * interval '1 millisecond' <= clock_timestamp() \
-               AND li.lane_incarnation_id = a.lane_incarnation_id AND li.state = 'RUNNING' \
-             RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.responsibility_owner, a.next_action"
+               AND li.lane_incarnation_id = a.lane_incarnation_id AND li.state = {running} \
+             RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.responsibility_owner, a.next_action",
+        active = Lifecycle::Active.sql(),
+        work_active = WorkStatus::Active.sql(),
+        running = LaneState::Running.sql()
         );
         let w = w.clone();
         // (The notice changes no authority; its CAS is the work row in its expected step.)
@@ -429,15 +433,15 @@ impl Store {
                 // The work row is the compare-and-swap (it is what progress updates too, so of
                 // the two exactly one decides, whatever the interleaving); the lane follows.
                 let d = f.cas(
-                    "UPDATE assignments a SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, watchdog_step = 'replacing', \
+                    concatcp!("UPDATE assignments a SET lifecycle = ", Lifecycle::Recovery.sql(), ", execution_owner = NULL, pending_target = NULL, watchdog_step = ", WatchdogStep::Replacing.sql(), ", \
                             next_action = 'the watchdog starts a fresh generation: no validated progress by the inactivity deadline' \
                      FROM reservations r, lane_incarnations li \
-                     WHERE a.assignment_id = $3 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' AND a.requested_outcome IS NULL \
+                     WHERE a.assignment_id = $3 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
                        AND a.inactivity_deadline <= clock_timestamp() AND a.lane_incarnation_id = $1 \
                        AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
-                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.lane_incarnation_id = $1 AND li.state = 'RUNNING' \
+                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.lane_incarnation_id = $1 AND li.state = ", LaneState::Running.sql(), " \
                        AND li.retired_at IS NULL \
-                     RETURNING r.generation, mosaic_ts(a.inactivity_base_at) AS base_at",
+                     RETURNING r.generation, mosaic_ts(a.inactivity_base_at) AS base_at"),
                     &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id],
                 ).await?;
                 let d = match d {
@@ -481,16 +485,16 @@ impl Store {
                 // The evidence: every inactivity receipt of the assignment, in order, digested
                 // in the same statement that decides.
                 let d = f.cas(
-                    "WITH ev AS (SELECT 'sha256:' || encode(sha256(convert_to(coalesce(string_agg(t.receipt_id || ':' || t.transition, ',' ORDER BY t.decided_at, t.receipt_id), ''), 'UTF8')), 'hex') AS digest \
+                    concatcp!("WITH ev AS (SELECT 'sha256:' || encode(sha256(convert_to(coalesce(string_agg(t.receipt_id || ':' || t.transition, ',' ORDER BY t.decided_at, t.receipt_id), ''), 'UTF8')), 'hex') AS digest \
                                  FROM transition_receipts t WHERE t.assignment_id = $1 AND t.transition LIKE 'inactivity-%') \
-                     UPDATE assignments a SET work_status = 'blocked', blocker_code = 'inactivity-exhausted', blocker_evidence_digest = ev.digest, \
-                            watchdog_step = 'none', \
+                     UPDATE assignments a SET work_status = ", WorkStatus::Blocked.sql(), ", blocker_code = 'inactivity-exhausted', blocker_evidence_digest = ev.digest, \
+                            watchdog_step = ", WatchdogStep::None.sql(), ", \
                             next_action = 'operator review: mosaic unblock --assignment ' || a.assignment_id || ' grants a fresh attempt budget; mosaic stop ends it' \
                      FROM ev, inactivity_policies pol \
-                     WHERE a.assignment_id = $1 AND a.lifecycle = 'RECOVERY' AND a.work_status = 'active' AND a.requested_outcome IS NULL \
+                     WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
                        AND pol.policy_id = a.inactivity_policy \
                        AND (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) - a.attempts_before_budget >= pol.max_attempts \
-                     RETURNING a.blocker_evidence_digest",
+                     RETURNING a.blocker_evidence_digest"),
                     &[&w.assignment_id],
                 ).await?;
                 let d = match d {
@@ -573,15 +577,15 @@ impl Store {
             body!([asg, code, ev, next, who, reservation] |f| {
                 // From a generation: only while it is the RUNNING one of its open reservation.
                 let d = f.cas(
-                    "UPDATE assignments a SET work_status = 'blocked', blocker_code = $2, blocker_evidence_digest = $3, next_action = $4, \
-                            watchdog_step = 'none' \
-                     WHERE a.assignment_id = $1 AND a.work_status = 'active' AND a.requested_outcome IS NULL \
-                       AND a.lifecycle IN ('ACTIVE', 'RECOVERY') \
+                    concatcp!("UPDATE assignments a SET work_status = ", WorkStatus::Blocked.sql(), ", blocker_code = $2, blocker_evidence_digest = $3, next_action = $4, \
+                            watchdog_step = ", WatchdogStep::None.sql(), " \
+                     WHERE a.assignment_id = $1 AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
+                       AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
                        AND ($5 = '' OR EXISTS (SELECT 1 FROM reservations r JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
                                                JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
                                                WHERE r.reservation_id = $5 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
-                                                 AND r.generation = $6 AND li.state = 'RUNNING' AND g.state = 'LIVE' AND a.lifecycle = 'ACTIVE')) \
-                     RETURNING a.responsibility_owner, a.lifecycle",
+                                                 AND r.generation = $6 AND li.state = ", LaneState::Running.sql(), " AND g.state = ", GenState::Live.sql(), " AND a.lifecycle = ", Lifecycle::Active.sql(), ")) \
+                     RETURNING a.responsibility_owner, a.lifecycle"),
                     &[&asg, &code, &ev, &next, &reservation, &generation],
                 ).await?;
                 let d = match d {
@@ -634,14 +638,14 @@ impl Store {
             &step,
             body!([asg, next] |f| {
                 let d = f.cas(
-                    "UPDATE assignments a SET work_status = 'active', next_action = $2, inactivity_base_at = clock_timestamp(), \
+                    concatcp!("UPDATE assignments a SET work_status = ", WorkStatus::Active.sql(), ", next_action = $2, inactivity_base_at = clock_timestamp(), \
                             inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
-                            watchdog_step = CASE WHEN a.lifecycle = 'RECOVERY' THEN 'replacing' ELSE 'none' END, \
+                            watchdog_step = CASE WHEN a.lifecycle = ", Lifecycle::Recovery.sql(), " THEN ", WatchdogStep::Replacing.sql(), " ELSE ", WatchdogStep::None.sql(), " END, \
                             attempts_before_budget = (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) \
                      FROM inactivity_policies pol \
-                     WHERE a.assignment_id = $1 AND a.work_status = 'blocked' AND a.lifecycle IN ('ACTIVE', 'RECOVERY') \
+                     WHERE a.assignment_id = $1 AND a.work_status = ", WorkStatus::Blocked.sql(), " AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
                        AND a.requested_outcome IS NULL AND pol.policy_id = a.inactivity_policy \
-                     RETURNING a.lifecycle, mosaic_ts(a.inactivity_deadline) AS inactivity_deadline",
+                     RETURNING a.lifecycle, mosaic_ts(a.inactivity_deadline) AS inactivity_deadline"),
                     &[&asg, &next],
                 ).await?;
                 let d = match d {
@@ -663,7 +667,7 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT a.assignment_id, a.lifecycle, a.watchdog_step, a.lane_incarnation_id, li.lane_id, li.state AS lane_state, ln.host_id, a.runtime_id, \
+                concatcp!("SELECT a.assignment_id, a.lifecycle, a.watchdog_step, a.lane_incarnation_id, li.lane_id, li.state AS lane_state, ln.host_id, a.runtime_id, \
                         mosaic_ts(a.inactivity_base_at) AS base_at, \
                         a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp() AS warn_due, \
                         a.inactivity_base_at + pol.escalate_after_ms * interval '1 millisecond' <= clock_timestamp() AS escalate_due, \
@@ -674,14 +678,14 @@ impl Store {
                         pol.replacements_before_reassign, \
                         r.reservation_id, r.assignment_attempt_id, r.reservation_epoch, \
                         EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED') AS unended, \
+                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), ") AS unended, \
                         (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) AS attempts_total \
                  FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy \
                  JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id \
                  LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
-                 WHERE a.work_status = 'active' AND a.requested_outcome IS NULL AND a.lifecycle IN ('ACTIVE', 'RECOVERY') \
+                 WHERE a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
                    AND a.inactivity_base_at IS NOT NULL \
-                   AND (a.watchdog_step = 'replacing' OR a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp())",
+                   AND (a.watchdog_step = ", WatchdogStep::Replacing.sql(), " OR a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp())"),
                 &[],
             )
             .await?;

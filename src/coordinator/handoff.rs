@@ -22,6 +22,7 @@
 //! **Never:** lets a handoff ACK stand in for an activation ACK or the reverse (separate
 //! tables, message types and compare-and-swaps), or transfers anything on a message alone.
 
+use const_format::concatcp;
 use serde_json::json;
 
 use super::error::{reject, AuthorityError, Category};
@@ -29,7 +30,7 @@ use super::leader::Leader;
 use super::model::Chain;
 use super::rows::RowExt;
 use super::secret;
-use super::states::{HandoffState, LaneState, Lifecycle, WorkStatus};
+use super::states::{GenState, HandoffState, LaneState, Lifecycle, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -91,35 +92,40 @@ pub use crate::protocol::work::next_action_digest;
 /// time), every bound field equal to the offer and to current state, the source still
 /// RUNNING on its open reservation, the target chain AWAITING_ACK on its own. It moves
 /// responsibility and the assignment's lane in the same row update.
-const ACCEPT_CAS: &str = "UPDATE assignments a SET responsibility_owner = h.pending_target, execution_owner = NULL, \
+const ACCEPT_CAS: &str = concatcp!("UPDATE assignments a SET responsibility_owner = h.pending_target, execution_owner = NULL, \
             lane_incarnation_id = h.target_lane_incarnation_id, handoff_ack = h.handoff_id, \
             next_action = 'the target acknowledges its own activation challenge (mosaic lane ack); then activation' \
      FROM handoffs h, reservations rs, lane_incarnations ls, reservations rt, lane_incarnations lt, generations gt \
-     WHERE h.challenge_id = $1 AND h.state = 'CHALLENGED' AND h.challenge_deadline > clock_timestamp() \
+     WHERE h.challenge_id = $1 AND h.state = ", HandoffState::Challenged.sql(), " AND h.challenge_deadline > clock_timestamp() \
        AND h.sot_incarnation = $2 AND h.challenge_epoch = $3 AND mosaic_ts(h.challenge_deadline) = $16 \
        AND a.assignment_id = h.assignment_id AND a.assignment_id = $4 \
-       AND a.lifecycle = 'ACTIVE' AND a.work_status = 'handoff' AND a.requested_outcome IS NULL \
+       AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Handoff.sql(), " AND a.requested_outcome IS NULL \
        AND h.source_attempt_id = $5 AND h.target_attempt_id = $6 \
        AND a.responsibility_owner = h.responsibility_owner AND h.responsibility_owner = $7 \
        AND a.execution_owner = h.execution_owner AND h.execution_owner = $8 \
        AND a.pending_target = h.pending_target AND h.pending_target = $9 \
        AND h.next_action_digest = $10 AND a.scope_digest = $11 AND a.holds_digest = $12 \
        AND rs.reservation_id = h.source_reservation_id AND rs.released_at IS NULL AND rs.assignment_attempt_id = h.source_attempt_id \
-       AND ls.lane_incarnation_id = rs.lane_incarnation_id AND ls.state = 'RUNNING' AND ls.retired_at IS NULL \
+       AND ls.lane_incarnation_id = rs.lane_incarnation_id AND ls.state = ", LaneState::Running.sql(), " AND ls.retired_at IS NULL \
        AND rt.reservation_id = h.target_reservation_id AND rt.released_at IS NULL AND rt.deadline > clock_timestamp() \
        AND rt.assignment_attempt_id = h.target_attempt_id AND rt.lane_incarnation_id = $13 AND rt.generation = $14 \
        AND rt.contracts_digest = $15 \
-       AND lt.lane_incarnation_id = rt.lane_incarnation_id AND lt.state = 'AWAITING_ACK' AND lt.retired_at IS NULL \
-       AND gt.lane_incarnation_id = rt.lane_incarnation_id AND gt.generation = rt.generation AND gt.state = 'STAGING' \
+       AND lt.lane_incarnation_id = rt.lane_incarnation_id AND lt.state = ", LaneState::AwaitingAck.sql(), " AND lt.retired_at IS NULL \
+       AND gt.lane_incarnation_id = rt.lane_incarnation_id AND gt.generation = rt.generation AND gt.state = ", GenState::Staging.sql(), " \
        AND gt.stop_requested_at IS NULL \
-     RETURNING h.handoff_id, rs.reservation_id, rs.lane_incarnation_id, rs.generation, h.pending_target";
+     RETURNING h.handoff_id, rs.reservation_id, rs.lane_incarnation_id, rs.generation, h.pending_target");
 
 /// Whether reservation `$1` is the target chain of a handoff still open (read before the
 /// chain is released: the release itself expires the offer and hands the work back to its
 /// source — migration 0009 — so such a chain's end must not move the work to recovery).
-pub(crate) const IS_OPEN_TARGET: &str =
+pub(crate) const IS_OPEN_TARGET: &str = concatcp!(
     "SELECT EXISTS (SELECT 1 FROM handoffs WHERE target_reservation_id = $1 \
-        AND state IN ('OFFERED', 'CHALLENGED')) AS open";
+        AND state IN (",
+    HandoffState::Offered.sql(),
+    ", ",
+    HandoffState::Challenged.sql(),
+    ")) AS open"
+);
 
 impl Store {
     /// Offers RUNNING work to an idle lane: the target chain is reserved in the same commit.
@@ -166,18 +172,18 @@ impl Store {
                 &step,
                 body!([req, sec, salt, sot] |f| {
                     let d = f.cas(
-                        "UPDATE lane_incarnations li SET state = 'RESERVED' \
-                         WHERE li.lane_incarnation_id = $1 AND li.state = 'IDLE_CLEAN' AND li.retired_at IS NULL \
+                        concatcp!("UPDATE lane_incarnations li SET state = ", LaneState::Reserved.sql(), " \
+                         WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::IdleClean.sql(), " AND li.retired_at IS NULL \
                            AND li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL \
                            AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
-                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
                            AND EXISTS (SELECT 1 FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id \
                                          AND rs.released_at IS NULL AND rs.lane_incarnation_id = a.lane_incarnation_id \
                                        JOIN lane_incarnations ls ON ls.lane_incarnation_id = rs.lane_incarnation_id \
-                                       WHERE a.assignment_id = $2 AND a.lifecycle = 'ACTIVE' AND a.work_status = 'active' \
+                                       WHERE a.assignment_id = $2 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
                                          AND a.requested_outcome IS NULL AND a.execution_owner IS NOT NULL AND a.pending_target IS NULL \
-                                         AND ls.state = 'RUNNING' AND ls.lane_incarnation_id <> li.lane_incarnation_id) \
-                         RETURNING li.lane_id",
+                                         AND ls.state = ", LaneState::Running.sql(), " AND ls.lane_incarnation_id <> li.lane_incarnation_id) \
+                         RETURNING li.lane_id"),
                         &[&req.target_lane_incarnation_id, &req.assignment_id],
                     ).await?;
                     let d = match d {
@@ -225,9 +231,9 @@ impl Store {
                     };
                     // Re-checked under the row lock: the lane's CAS only read the assignment.
                     let exec: Option<String> = d.query(
-                        "SELECT a.execution_owner FROM assignments a WHERE a.assignment_id = $1 AND a.lifecycle = 'ACTIVE' \
-                           AND a.work_status = 'active' AND a.requested_outcome IS NULL AND a.pending_target IS NULL \
-                           AND a.execution_owner IS NOT NULL",
+                        concatcp!("SELECT a.execution_owner FROM assignments a WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Active.sql(), " \
+                           AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL AND a.pending_target IS NULL \
+                           AND a.execution_owner IS NOT NULL"),
                         &[&req.assignment_id],
                     ).await?.first().map(|r| r.col("execution_owner")).transpose()?;
                     let Some(exec) = exec else {
@@ -268,7 +274,7 @@ impl Store {
                           &req.target_lane_incarnation_id, &next_action, &nad, &sot, &epoch],
                     ).await?;
                     d.exec_one(
-                        "UPDATE assignments SET pending_target = $2, work_status = 'handoff', next_action = $3 WHERE assignment_id = $1",
+                        concatcp!("UPDATE assignments SET pending_target = $2, work_status = ", WorkStatus::Handoff.sql(), ", next_action = $3 WHERE assignment_id = $1"),
                         &[&req.assignment_id, &target_lane, &next_action],
                     ).await?;
                     let chain = Chain {
@@ -365,7 +371,7 @@ impl Store {
                 let body = json!({ "handoff_challenge_id": a.handoff_challenge_id, "assignment_id": a.assignment_id,
                     "target_assignment_attempt_id": a.target_assignment_attempt_id, "generation": a.generation });
                 d.exec_one(
-                    "UPDATE handoffs SET state = 'ACCEPTED', accepted_at = clock_timestamp(), ack_digest = $2, ack_body = $3 WHERE handoff_id = $1",
+                    concatcp!("UPDATE handoffs SET state = ", HandoffState::Accepted.sql(), ", accepted_at = clock_timestamp(), ack_digest = $2, ack_body = $3 WHERE handoff_id = $1"),
                     &[&handoff, &a.ack_digest, &body],
                 ).await?;
                 // Fence the source: no lease, no reservation, its generation told to stop.
@@ -403,15 +409,15 @@ impl Store {
             body!([c, ttl] |f| {
                 let ch = format!("ch-{}", uuid::Uuid::new_v4().simple());
                 let d = f.cas(
-                    "INSERT INTO challenges (challenge_id, reservation_id, sot_incarnation, coordinator_epoch, contracts_digest, expires_at) \
+                    concatcp!("INSERT INTO challenges (challenge_id, reservation_id, sot_incarnation, coordinator_epoch, contracts_digest, expires_at) \
                      SELECT $1, r.reservation_id, r.sot_incarnation, $2, r.contracts_digest, LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
-                     FROM reservations r JOIN handoffs h ON h.handoff_id = r.handoff_id AND h.state = 'ACCEPTED' \
-                     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id AND li.state = 'AWAITING_ACK' \
-                     JOIN assignments a ON a.assignment_id = r.assignment_id AND a.lifecycle = 'ACTIVE' AND a.execution_owner IS NULL \
+                     FROM reservations r JOIN handoffs h ON h.handoff_id = r.handoff_id AND h.state = ", HandoffState::Accepted.sql(), " \
+                     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::AwaitingAck.sql(), " \
+                     JOIN assignments a ON a.assignment_id = r.assignment_id AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.execution_owner IS NULL \
                        AND a.responsibility_owner = h.pending_target AND a.pending_target = h.pending_target \
                      WHERE r.reservation_id = $4 AND r.released_at IS NULL AND r.deadline > clock_timestamp() AND r.coordinator_epoch = $2 \
                        AND NOT EXISTS (SELECT 1 FROM challenges c WHERE c.reservation_id = r.reservation_id) \
-                     RETURNING challenge_id, mosaic_ts(expires_at) AS expires_at",
+                     RETURNING challenge_id, mosaic_ts(expires_at) AS expires_at"),
                     &[&ch, &epoch, &ttl, &c.reservation_id],
                 ).await?;
                 let d = match d {

@@ -6,6 +6,7 @@
 //! back, or releases a quarantine while a generation, receipt, lease or reservation of the
 //! lane is still open or a cleanup was never verified.
 
+use const_format::concatcp;
 use serde_json::json;
 
 use super::ending::quarantine_follow_ups;
@@ -14,7 +15,7 @@ use super::followups::RecoveryOf;
 use super::leader::Leader;
 use super::model::LaneView;
 use super::rows::RowExt;
-use super::states::LaneState;
+use super::states::{GenState, LaneState, Lifecycle};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -120,16 +121,16 @@ impl Store {
                         // requested (the host's verified teardown of the lane is its end).
                         let fe = format!("sha256:{}", crate::util::sha256_hex("mosaic/lane-recreated/v1", &[old.as_bytes(), inc.as_bytes()]));
                         d.exec(
-                            "UPDATE assignments SET lifecycle = requested_outcome, final_evidence_digest = $2, finalized_at = clock_timestamp(), \
+                            concatcp!("UPDATE assignments SET lifecycle = requested_outcome, final_evidence_digest = $2, finalized_at = clock_timestamp(), \
                                     execution_owner = NULL, pending_target = NULL, next_action = 'none: ' || requested_outcome \
-                             WHERE lane_incarnation_id = $1 AND lifecycle IN ('ACTIVE', 'RECOVERY') AND requested_outcome IS NOT NULL",
+                             WHERE lane_incarnation_id = $1 AND lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") AND requested_outcome IS NOT NULL"),
                             &[&old, &fe],
                         ).await?;
                         d.to_recovery(RecoveryOf::Lane(&old), "resume on a fresh chain: the host recreated the lane").await?;
                         d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
                         d.exec("UPDATE reservations SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
                         d.exec(
-                            "UPDATE generations SET state = 'ENDED', ended_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state <> 'ENDED'",
+                            concatcp!("UPDATE generations SET state = ", GenState::Ended.sql(), ", ended_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state <> ", GenState::Ended.sql()),
                             &[&old],
                         ).await?;
                         d.exec_one(
@@ -201,11 +202,11 @@ impl Store {
             &step,
             body!([inc, reason] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations SET state = 'QUARANTINED', quarantine_reason = $2, \
+                    concatcp!("UPDATE lane_incarnations SET state = ", LaneState::Quarantined.sql(), ", quarantine_reason = $2, \
                             host_quarantine_reason = CASE WHEN $3 THEN $2 ELSE host_quarantine_reason END \
                      WHERE lane_incarnation_id = $1 AND retired_at IS NULL \
-                       AND (state <> 'QUARANTINED' OR ($3 AND host_quarantine_reason IS DISTINCT FROM $2)) \
-                     RETURNING lane_incarnation_id",
+                       AND (state <> ", LaneState::Quarantined.sql(), " OR ($3 AND host_quarantine_reason IS DISTINCT FROM $2)) \
+                     RETURNING lane_incarnation_id"),
                     &[&inc, &reason, &from_host],
                 ).await?;
                 let d = match d {
@@ -241,27 +242,27 @@ impl Store {
             &step,
             body!([inc] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET state = 'IDLE_CLEAN', quarantine_reason = NULL \
-                     WHERE li.lane_incarnation_id = $1 AND li.state = 'QUARANTINED' AND li.retired_at IS NULL \
+                    concatcp!("UPDATE lane_incarnations li SET state = ", LaneState::IdleClean.sql(), ", quarantine_reason = NULL \
+                     WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::Quarantined.sql(), " AND li.retired_at IS NULL \
                        AND li.host_quarantine_reason IS NULL \
-                       AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
+                       AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
                        AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.end_receipt IS NULL) \
                        AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id \
                                        AND (t.reconciled_at IS NULL OR NOT t.verified_empty)) \
-                       AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.lane_incarnation_id = li.lane_incarnation_id AND a.lifecycle = 'ACTIVE') \
+                       AND NOT EXISTS (SELECT 1 FROM assignments a WHERE a.lane_incarnation_id = li.lane_incarnation_id AND a.lifecycle = ", Lifecycle::Active.sql(), ") \
                        AND NOT EXISTS (SELECT 1 FROM leases s WHERE s.lane_incarnation_id = li.lane_incarnation_id AND s.released_at IS NULL) \
                        AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
-                     RETURNING li.lane_incarnation_id",
+                     RETURNING li.lane_incarnation_id"),
                     &[&inc],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,
                     Err(u) => {
                         let why = u.read_opt(
-                            "SELECT state, host_quarantine_reason, \
-                                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND (g.state <> 'ENDED' OR g.end_receipt IS NULL)) AS unended, \
+                            concatcp!("SELECT state, host_quarantine_reason, \
+                                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND (g.state <> ", GenState::Ended.sql(), " OR g.end_receipt IS NULL)) AS unended, \
                                     EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND NOT t.verified_empty) AS unverified \
-                             FROM lane_incarnations WHERE lane_incarnation_id = $1 AND retired_at IS NULL",
+                             FROM lane_incarnations WHERE lane_incarnation_id = $1 AND retired_at IS NULL"),
                             &[&inc],
                         ).await?;
                         let why = match why {
@@ -311,11 +312,11 @@ impl Store {
             &step,
             body!([inc] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET recreate_requested_at = clock_timestamp() \
+                    concatcp!("UPDATE lane_incarnations li SET recreate_requested_at = clock_timestamp() \
                      WHERE li.lane_incarnation_id = $1 AND li.retired_at IS NULL AND li.recreate_requested_at IS NULL \
-                       AND li.state IN ('IDLE_CLEAN', 'QUARANTINED') \
+                       AND li.state IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ") \
                        AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
-                     RETURNING li.lane_id",
+                     RETURNING li.lane_id"),
                     &[&inc],
                 ).await?;
                 let d = match d {

@@ -18,6 +18,7 @@ use tokio_postgres::types::ToSql;
 
 use super::error::{reject, AuthorityError, Category};
 use super::rows::RowExt;
+use super::states::{GenState, HandoffState, LaneState, Lifecycle};
 use super::store::Store;
 use super::txn::{request_digest, Receipt};
 
@@ -81,20 +82,27 @@ fn disposition_sql() -> String {
            FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
            WHERE r.released_at IS NULL AND r.coordinator_epoch < $1 AND li.state IN {preactivation} \
              AND li.retired_at IS NULL FOR UPDATE OF li), \
-         lanes AS (UPDATE lane_incarnations li SET state = CASE WHEN s.generation IS NULL THEN 'IDLE_CLEAN' ELSE 'DRAINING' END \
+         lanes AS (UPDATE lane_incarnations li SET state = CASE WHEN s.generation IS NULL THEN {idle_clean} ELSE {draining} END \
                    FROM stale s WHERE li.lane_incarnation_id = s.lane_incarnation_id RETURNING 1), \
          res AS (UPDATE reservations SET released_at = clock_timestamp() WHERE reservation_id IN (SELECT reservation_id FROM stale) RETURNING 1), \
          gens AS (UPDATE generations g SET stop_requested_at = clock_timestamp(), stop_reason = 'leadership changed before activation' \
-                  FROM stale s WHERE g.lane_incarnation_id = s.lane_incarnation_id AND g.generation = s.generation AND g.state <> 'ENDED' RETURNING 1), \
+                  FROM stale s WHERE g.lane_incarnation_id = s.lane_incarnation_id AND g.generation = s.generation AND g.state <> {ended} RETURNING 1), \
          offers AS (SELECT h.handoff_id, h.assignment_id FROM handoffs h JOIN stale s ON s.reservation_id = h.target_reservation_id \
-                    WHERE h.state IN ('OFFERED', 'CHALLENGED')), \
-         asg AS (UPDATE assignments SET lifecycle = 'RECOVERY', execution_owner = NULL, pending_target = NULL, \
+                    WHERE h.state IN ({offered}, {challenged})), \
+         asg AS (UPDATE assignments SET lifecycle = {recovery}, execution_owner = NULL, pending_target = NULL, \
                         next_action = 'resume on a fresh chain: leadership changed to epoch ' || $1 || ' before activation' \
                  WHERE (assignment_id, lane_incarnation_id) IN (SELECT assignment_id, lane_incarnation_id FROM stale) \
                    AND assignment_id NOT IN (SELECT assignment_id FROM offers) \
-                   AND lifecycle = 'ACTIVE' RETURNING 1) \
+                   AND lifecycle = {active} RETURNING 1) \
          SELECT (SELECT count(*) FROM lanes) AS lanes, (SELECT count(*) FROM gens) AS gens, (SELECT count(*) FROM asg) AS asg, \
-                (SELECT count(*) FROM res) AS res, (SELECT count(*) FROM offers) AS offers, (SELECT count(*) FROM offers) AS back"
+                (SELECT count(*) FROM res) AS res, (SELECT count(*) FROM offers) AS offers, (SELECT count(*) FROM offers) AS back",
+        idle_clean = LaneState::IdleClean.sql(),
+        draining = LaneState::Draining.sql(),
+        ended = GenState::Ended.sql(),
+        offered = HandoffState::Offered.sql(),
+        challenged = HandoffState::Challenged.sql(),
+        recovery = Lifecycle::Recovery.sql(),
+        active = Lifecycle::Active.sql()
     )
 }
 

@@ -4,6 +4,7 @@
 //! **Never:** holds authority. These are snapshots of rows; every decision re-checks them in
 //! a compare-and-swap.
 
+use const_format::concatcp;
 use serde::{Deserialize, Serialize};
 use tokio_postgres::Row;
 
@@ -253,11 +254,11 @@ pub struct AssignmentStatus {
     pub continuation: Option<serde_json::Value>,
 }
 
-const LANE_SELECT: &str = "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
+const LANE_SELECT: &str = concatcp!("SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, li.next_generation, li.quarantine_reason, \
         li.host_quarantine_reason, li.recreate_requested_at IS NOT NULL AS recreate_requested, \
-        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') AS unended_generation, \
+        (SELECT max(g.generation) FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") AS unended_generation, \
         (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id) AS since \
-     FROM lane_incarnations li JOIN lanes ln USING (lane_id) WHERE li.retired_at IS NULL";
+     FROM lane_incarnations li JOIN lanes ln USING (lane_id) WHERE li.retired_at IS NULL");
 
 fn lane_view(r: &Row) -> Result<LaneView, AuthorityError> {
     Ok(LaneView {
@@ -341,9 +342,15 @@ impl Store {
         host_id: Option<&str>,
     ) -> Result<Vec<ChainRow>, AuthorityError> {
         self.chain_query(
-            "WHERE ($1::text IS NULL OR ln.host_id = $1) AND li.retired_at IS NULL \
-               AND (r.released_at IS NULL OR (g.state IS NOT NULL AND g.state <> 'ENDED') OR li.state = 'RETIRING') \
-             ORDER BY r.created_at",
+            concatcp!(
+                "WHERE ($1::text IS NULL OR ln.host_id = $1) AND li.retired_at IS NULL \
+               AND (r.released_at IS NULL OR (g.state IS NOT NULL AND g.state <> ",
+                GenState::Ended.sql(),
+                ") OR li.state = ",
+                LaneState::Retiring.sql(),
+                ") \
+             ORDER BY r.created_at"
+            ),
             &[&host_id],
         )
         .await
@@ -414,11 +421,11 @@ impl Store {
             .query(
                 // The lane's state belongs to an assignment only while it holds the lane: an
                 // open reservation, or a generation of its still running or ending.
-                "SELECT a.assignment_id, a.lifecycle, li.lane_id, li.lane_incarnation_id, \
+                concatcp!("SELECT a.assignment_id, a.lifecycle, li.lane_id, li.lane_incarnation_id, \
                         CASE WHEN li.retired_at IS NULL AND EXISTS (SELECT 1 FROM reservations r \
                              WHERE r.assignment_id = a.assignment_id AND r.lane_incarnation_id = li.lane_incarnation_id \
                                AND (r.released_at IS NULL OR EXISTS (SELECT 1 FROM generations g \
-                                    WHERE g.reservation_id = r.reservation_id AND g.state <> 'ENDED'))) \
+                                    WHERE g.reservation_id = r.reservation_id AND g.state <> ", GenState::Ended.sql(), "))) \
                              THEN li.state END AS lane_state, a.runtime_id, \
                         (SELECT r.generation FROM reservations r WHERE r.assignment_id = a.assignment_id ORDER BY r.created_at DESC LIMIT 1) AS generation, \
                         (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) AS attempts, \
@@ -428,7 +435,7 @@ impl Store {
                         a.handoff_ack, a.continuation_budget, \
                         (SELECT jsonb_build_object('continuation_id', c.continuation_id, 'state', c.state, 'claims', c.attempts) \
                          FROM continuations c WHERE c.assignment_id = a.assignment_id ORDER BY c.created_at DESC LIMIT 1) AS continuation \
-                 FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at",
+                 FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at"),
                 &[],
             )
             .await?;
@@ -636,13 +643,13 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id, \
+                concatcp!("SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, ln.host_id, \
                         bool_or(s.expires_at <= clock_timestamp()) AS expired, \
                         bool_or(s.expires_at - clock_timestamp() < (s.expires_at - s.issued_at) / 2) AS past_half_life \
                  FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) JOIN lanes ln ON ln.lane_id = li.lane_id \
                  JOIN leases s ON s.reservation_id = r.reservation_id AND s.released_at IS NULL \
-                 WHERE li.state = 'RUNNING' AND li.retired_at IS NULL AND r.released_at IS NULL \
-                 GROUP BY 1, 2, 3, 4, 5, 6, 7",
+                 WHERE li.state = ", LaneState::Running.sql(), " AND li.retired_at IS NULL AND r.released_at IS NULL \
+                 GROUP BY 1, 2, 3, 4, 5, 6, 7"),
                 &[],
             )
             .await?;

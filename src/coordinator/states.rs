@@ -46,6 +46,14 @@ macro_rules! state_enum {
                     $( $name::$var => $s ),+
                 }
             }
+
+            /// This state as a quoted SQL literal, for statement text built at compile
+            /// time (`const_format::concatcp!`): the only way a state enters SQL text.
+            pub const fn sql(self) -> &'static str {
+                match self {
+                    $( $name::$var => concat!("'", $s, "'") ),+
+                }
+            }
         }
 
         impl std::str::FromStr for $name {

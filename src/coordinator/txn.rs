@@ -109,7 +109,7 @@ impl Step {
 /// ```compile_fail,E0599
 /// // A body that tries to write before its compare-and-swap does not compile.
 /// async fn body(f: mosaic::coordinator::txn::Frame<'_>) {
-///     let _ = f.exec("UPDATE lane_incarnations SET state = 'RUNNING'", &[]).await;
+///     let _ = f.exec("DELETE FROM audit_log", &[]).await;
 /// }
 /// ```
 ///

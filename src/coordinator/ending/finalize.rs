@@ -2,6 +2,8 @@
 //! lane inside a decided transition.
 
 use super::*;
+use crate::coordinator::states::{GenState, LaneState, Lifecycle};
+use const_format::concatcp;
 
 /// Finalizes a requested outcome once the generation's end is proven: the outcome itself if
 /// cleanup was verified, QUARANTINED if it was not (never a false completion).
@@ -27,9 +29,9 @@ pub(super) async fn finalize(
     };
     let fe = final_evidence(outcome, receipt_digest, supplied);
     d.exec_one(
-        "UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
-                pending_target = NULL, next_action = CASE WHEN $2 = 'QUARANTINED' THEN 'inspect the lane: cleanup was not verified' ELSE 'none: ' || $2 END \
-         WHERE assignment_id = $1",
+        concatcp!("UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
+                pending_target = NULL, next_action = CASE WHEN $2 = ", Lifecycle::Quarantined.sql(), " THEN 'inspect the lane: cleanup was not verified' ELSE 'none: ' || $2 END \
+         WHERE assignment_id = $1"),
         &[&assignment, &outcome, &fe],
     )
     .await?;
@@ -78,8 +80,12 @@ pub(super) async fn quarantine_for_receipt<'t>(
     }
     let d = f
         .cas(
-            "UPDATE lane_incarnations SET state = 'QUARANTINED', quarantine_reason = $3 \
-             WHERE lane_incarnation_id = $1 AND state = $2 AND retired_at IS NULL RETURNING 1",
+            concatcp!(
+                "UPDATE lane_incarnations SET state = ",
+                LaneState::Quarantined.sql(),
+                ", quarantine_reason = $3 \
+             WHERE lane_incarnation_id = $1 AND state = $2 AND retired_at IS NULL RETURNING 1"
+            ),
             &[&inc, &state, &reason],
         )
         .await?;
@@ -103,9 +109,13 @@ pub(crate) async fn quarantine_in(
     from_host: bool,
 ) -> Result<(), AuthorityError> {
     d.exec_one(
-        "UPDATE lane_incarnations SET state = 'QUARANTINED', quarantine_reason = $2, \
+        concatcp!(
+            "UPDATE lane_incarnations SET state = ",
+            LaneState::Quarantined.sql(),
+            ", quarantine_reason = $2, \
                 host_quarantine_reason = CASE WHEN $3 THEN $2 ELSE host_quarantine_reason END \
-         WHERE lane_incarnation_id = $1 AND retired_at IS NULL",
+         WHERE lane_incarnation_id = $1 AND retired_at IS NULL"
+        ),
         &[&inc, &reason, &from_host],
     )
     .await?;
@@ -130,8 +140,8 @@ pub(crate) async fn quarantine_follow_ups(
     )
     .await?;
     d.exec(
-        "UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'lane quarantined' \
-         WHERE lane_incarnation_id = $1 AND state <> 'ENDED' AND stop_requested_at IS NULL",
+        concatcp!("UPDATE generations SET stop_requested_at = clock_timestamp(), stop_reason = 'lane quarantined' \
+         WHERE lane_incarnation_id = $1 AND state <> ", GenState::Ended.sql(), " AND stop_requested_at IS NULL"),
         &[&inc],
     )
     .await?;

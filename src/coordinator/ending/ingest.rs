@@ -2,10 +2,12 @@
 //! lane's return from RETIRING once it proves cleanup.
 
 use super::*;
+use crate::coordinator::states::{GenState, LaneState};
+use const_format::concatcp;
 
 impl Store {
     /// Ingests a host termination receipt and reconciles it in the same commit. The deciding
-    /// compare-and-swap ends the generation (`state <> 'ENDED'`) against the lane state read
+    /// compare-and-swap ends the generation (a generation not yet ended) against the lane state read
     /// under lock, so of two receipts for one generation exactly one decides. A receipt is
     /// an observation: it moves work into recovery or a lane into quarantine, and finalizes
     /// only an outcome an operator already requested.
@@ -108,7 +110,7 @@ impl Store {
                         }
                         // Ended when its incarnation was retired: the receipt is the evidence.
                         let d = f.cas(
-                            "UPDATE generations SET end_receipt = $3 WHERE lane_incarnation_id = $1 AND generation = $2 AND state = 'ENDED' AND end_receipt IS NULL RETURNING 1",
+                            concatcp!("UPDATE generations SET end_receipt = $3 WHERE lane_incarnation_id = $1 AND generation = $2 AND state = ", GenState::Ended.sql(), " AND end_receipt IS NULL RETURNING 1"),
                             &[&inc, &generation, &key],
                         ).await?;
                         let Ok(d) = d else {
@@ -122,10 +124,10 @@ impl Store {
                     // The deciding CAS: this generation ends now, against the lane state read
                     // under lock.
                     let d = f.cas(
-                        "UPDATE generations g SET state = 'ENDED', ended_at = clock_timestamp(), end_receipt = $3 \
-                         FROM lane_incarnations li WHERE g.lane_incarnation_id = $1 AND g.generation = $2 AND g.state <> 'ENDED' \
+                        concatcp!("UPDATE generations g SET state = ", GenState::Ended.sql(), ", ended_at = clock_timestamp(), end_receipt = $3 \
+                         FROM lane_incarnations li WHERE g.lane_incarnation_id = $1 AND g.generation = $2 AND g.state <> ", GenState::Ended.sql(), " \
                            AND li.lane_incarnation_id = g.lane_incarnation_id AND li.state = $4 AND (li.retired_at IS NOT NULL) = $5 \
-                         RETURNING g.stop_requested_at IS NOT NULL",
+                         RETURNING g.stop_requested_at IS NOT NULL"),
                         &[&inc, &generation, &key, &state, &retired],
                     ).await?;
                     let Ok(d) = d else {
@@ -138,7 +140,7 @@ impl Store {
                     } else if state == LaneState::Draining {
                         // The requested end (an operator's, or a recovery drain): RETIRING, and
                         // the outcome final if one was requested.
-                        d.exec_one("UPDATE lane_incarnations SET state = 'RETIRING' WHERE lane_incarnation_id = $1", &[&inc]).await?;
+                        d.exec_one(concatcp!("UPDATE lane_incarnations SET state = ", LaneState::Retiring.sql(), " WHERE lane_incarnation_id = $1"), &[&inc]).await?;
                         d.revoke_leases(&reservation).await?;
                         d.release_reservation(&reservation).await?;
                         let outcome = if current {
@@ -151,8 +153,8 @@ impl Store {
                         // Died while it had (or was about to have) authority: recovery.
                         let to = if verified { LaneState::IdleClean } else { LaneState::Quarantined };
                         d.exec_one(
-                            "UPDATE lane_incarnations SET state = $2, quarantine_reason = CASE WHEN $2 = 'QUARANTINED' THEN 'generation ' || $3 || ' died and its cleanup was not verified' END \
-                             WHERE lane_incarnation_id = $1",
+                            concatcp!("UPDATE lane_incarnations SET state = $2, quarantine_reason = CASE WHEN $2 = ", LaneState::Quarantined.sql(), " THEN 'generation ' || $3 || ' died and its cleanup was not verified' END \
+                             WHERE lane_incarnation_id = $1"),
                             &[&inc, &to, &generation.to_string()],
                         ).await?;
                         let open_target: bool = d.query_one(crate::coordinator::handoff::IS_OPEN_TARGET, &[&reservation]).await?.col("open")?;
@@ -203,7 +205,7 @@ impl Store {
         let c = self.pool.get().await?;
         let g: Option<i64> = c
             .query_opt(
-                "SELECT max(generation) AS generation FROM generations WHERE lane_incarnation_id = $1 AND state = 'ENDED'",
+                concatcp!("SELECT max(generation) AS generation FROM generations WHERE lane_incarnation_id = $1 AND state = ", GenState::Ended.sql()),
                 &[&lane_incarnation_id],
             )
             .await?
@@ -224,13 +226,13 @@ impl Store {
             &step,
             body!([inc] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET state = CASE WHEN t.verified_empty THEN 'IDLE_CLEAN' ELSE 'QUARANTINED' END, \
+                    concatcp!("UPDATE lane_incarnations li SET state = CASE WHEN t.verified_empty THEN ", LaneState::IdleClean.sql(), " ELSE ", LaneState::Quarantined.sql(), " END, \
                             quarantine_reason = CASE WHEN t.verified_empty THEN NULL ELSE 'cleanup of generation ' || t.generation || ' was not verified' END \
                      FROM termination_receipts t \
-                     WHERE li.lane_incarnation_id = $1 AND li.state = 'RETIRING' AND li.retired_at IS NULL \
+                     WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::Retiring.sql(), " AND li.retired_at IS NULL \
                        AND t.lane_incarnation_id = li.lane_incarnation_id AND t.generation = $2 \
-                       AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> 'ENDED') \
-                     RETURNING li.state, t.idempotency_key",
+                       AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
+                     RETURNING li.state, t.idempotency_key"),
                     &[&inc, &generation],
                 ).await?;
                 let d = match d {

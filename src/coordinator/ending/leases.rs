@@ -2,6 +2,8 @@
 //! drains and the work goes to recovery).
 
 use super::*;
+use crate::coordinator::states::LaneState;
+use const_format::concatcp;
 
 impl Store {
     /// Extends the effect leases of a RUNNING chain (its host is connected). Each renewal
@@ -41,12 +43,12 @@ impl Store {
             &step,
             body!([c, ttl] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET state = 'RUNNING' FROM reservations r \
-                     WHERE li.lane_incarnation_id = $1 AND li.state = 'RUNNING' AND li.retired_at IS NULL AND r.reservation_id = $2 \
+                    concatcp!("UPDATE lane_incarnations li SET state = ", LaneState::Running.sql(), " FROM reservations r \
+                     WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::Running.sql(), " AND li.retired_at IS NULL AND r.reservation_id = $2 \
                        AND r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL \
                        AND NOT EXISTS (SELECT 1 FROM leases s WHERE s.reservation_id = r.reservation_id AND s.released_at IS NULL \
                                        AND (s.expires_at <= clock_timestamp() OR s.lease_epoch <> $3)) \
-                     RETURNING li.lane_incarnation_id",
+                     RETURNING li.lane_incarnation_id"),
                     &[&c.lane_incarnation_id, &c.reservation_id, &epoch],
                 ).await?;
                 let d = match d {
@@ -80,11 +82,11 @@ impl Store {
             &step,
             body!([c] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET state = 'DRAINING' FROM reservations r \
-                     WHERE li.lane_incarnation_id = $1 AND li.state = 'RUNNING' AND li.retired_at IS NULL AND r.reservation_id = $2 \
+                    concatcp!("UPDATE lane_incarnations li SET state = ", LaneState::Draining.sql(), " FROM reservations r \
+                     WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::Running.sql(), " AND li.retired_at IS NULL AND r.reservation_id = $2 \
                        AND r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL \
                        AND EXISTS (SELECT 1 FROM leases s WHERE s.reservation_id = r.reservation_id AND s.released_at IS NULL AND s.expires_at <= clock_timestamp()) \
-                     RETURNING r.generation",
+                     RETURNING r.generation"),
                     &[&c.lane_incarnation_id, &c.reservation_id],
                 ).await?;
                 let d = match d {

@@ -14,6 +14,7 @@
 //! without evidence under its completion policy; turns an unrequested end into anything
 //! but recovery; reconciles a receipt from a host that does not own the lane.
 
+use const_format::concatcp;
 use serde::Serialize;
 use serde_json::json;
 
@@ -122,12 +123,12 @@ impl Store {
             &step,
             body!([c] |f| {
                 let d = f.cas(
-                    "UPDATE lane_incarnations li SET state = CASE WHEN r.generation IS NULL THEN 'IDLE_CLEAN' ELSE 'DRAINING' END \
+                    concatcp!("UPDATE lane_incarnations li SET state = CASE WHEN r.generation IS NULL THEN ", LaneState::IdleClean.sql(), " ELSE ", LaneState::Draining.sql(), " END \
                      FROM reservations r, assignments a \
                      WHERE li.lane_incarnation_id = $1 AND r.reservation_id = $2 AND r.lane_incarnation_id = li.lane_incarnation_id \
                        AND r.assignment_id = $3 AND a.assignment_id = r.assignment_id AND r.released_at IS NULL \
                        AND li.state = ANY($4) AND li.retired_at IS NULL AND (NOT $5 OR r.deadline <= clock_timestamp()) \
-                     RETURNING li.state, r.generation, a.requested_outcome",
+                     RETURNING li.state, r.generation, a.requested_outcome"),
                     &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id, &PREACTIVATION, &expired_only],
                 ).await?;
                 let d = match d {
@@ -211,17 +212,17 @@ impl Store {
                 &step,
                 body!([asg, evidence] |f| {
                     let row = f.read_opt(
-                        "SELECT a.lifecycle, a.requested_outcome, li.state AS lane_state, r.reservation_id, r.generation, \
+                        concatcp!("SELECT a.lifecycle, a.requested_outcome, li.state AS lane_state, r.reservation_id, r.generation, \
                                 li.lane_incarnation_id, \
                                 EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                        AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> 'ENDED') AS unended, \
+                                        AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), ") AS unended, \
                                 (SELECT t.verified_empty FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1) AS last_verified, \
                                 (SELECT t.body_digest FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1) AS last_receipt, \
                                 EXISTS (SELECT 1 FROM transition_receipts x WHERE x.transition = 'activate' AND x.assignment_id = a.assignment_id) AS ever_ran, \
                                 a.work_status \
                          FROM assignments a JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id \
                          LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
-                         WHERE a.assignment_id = $1 FOR UPDATE OF a, li",
+                         WHERE a.assignment_id = $1 FOR UPDATE OF a, li"),
                         &[&asg],
                     ).await?;
                     let Some(row) = row else {
@@ -258,10 +259,10 @@ impl Store {
                                 return Err(reject(OP, Category::WrongState, "COMPLETED needs a RUNNING generation to end, not a chain before activation"));
                             }
                             let d = f.cas(
-                                "UPDATE lane_incarnations li SET state = CASE WHEN r.generation IS NULL THEN 'IDLE_CLEAN' ELSE 'DRAINING' END \
+                                concatcp!("UPDATE lane_incarnations li SET state = CASE WHEN r.generation IS NULL THEN ", LaneState::IdleClean.sql(), " ELSE ", LaneState::Draining.sql(), " END \
                                  FROM reservations r WHERE li.lane_incarnation_id = $1 AND li.state = $2 AND li.retired_at IS NULL \
                                    AND r.reservation_id = $3 AND r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL \
-                                 RETURNING li.state",
+                                 RETURNING li.state"),
                                 &[&inc, &lane_state, &res],
                             ).await?;
                             let Ok(d) = d else {
@@ -299,8 +300,8 @@ impl Store {
                                 return Err(reject(OP, Category::WrongState, "COMPLETED needs the verified end of the assignment's last generation"));
                             }
                             let d = f.cas(
-                                "UPDATE assignments SET requested_outcome = $2, requested_evidence_digest = $3 \
-                                 WHERE assignment_id = $1 AND lifecycle = 'RECOVERY' AND requested_outcome IS NULL RETURNING assignment_id",
+                                concatcp!("UPDATE assignments SET requested_outcome = $2, requested_evidence_digest = $3 \
+                                 WHERE assignment_id = $1 AND lifecycle = ", Lifecycle::Recovery.sql(), " AND requested_outcome IS NULL RETURNING assignment_id"),
                                 &[&asg, &o, &evidence],
                             ).await?;
                             let Ok(d) = d else {
