@@ -17,6 +17,7 @@ use futures_util::{SinkExt, StreamExt};
 use mosaic::coordinator::service::{operator_call, OpError, OperatorRequest};
 use mosaic::protocol::canonical::Value;
 use mosaic::protocol::envelope::{n, s};
+use mosaic::protocol::messages::{ChainAuthority, Digests, ToHost};
 use mosaic::protocol::schema::MessageType;
 use mosaic::protocol::transport::{self, HostSession, LinkParams, Outgoing, TlsIdentity};
 use mosaic::protocol::{verify, Envelope, Signer, TrustRegistry, Verified, VerifyContext};
@@ -374,24 +375,47 @@ async fn next_of(
     }
 }
 
+/// A coordinator message as the host's link converts it.
+fn typed(env: &Envelope<Verified>) -> ToHost {
+    ToHost::decode(env)
+        .expect("a well-formed coordinator message")
+        .expect("a message the coordinator sends hosts")
+}
+
+/// The chain authority a coordinator message carries.
+fn authority(env: &Envelope<Verified>) -> ChainAuthority {
+    typed(env).authority().expect("an ordinary message").clone()
+}
+
+/// The contract digests of a `contract`.
+fn contract_digests(env: &Envelope<Verified>) -> Digests {
+    match typed(env) {
+        ToHost::Contract(c) => c.digests,
+        other => panic!("not a contract: {other:?}"),
+    }
+}
+
+/// The verdict of a `receipt_ack`, as its wire text.
+fn verdict_text(env: &Envelope<Verified>) -> String {
+    match typed(env) {
+        ToHost::ReceiptAck(a) => a.verdict.encode(),
+        other => panic!("not a receipt ack: {other:?}"),
+    }
+}
+
 /// The fields a host repeats from the stage (as `coordinated.rs` builds them).
 fn chain_fields(stage: &Envelope<Verified>) -> Vec<(&'static str, Value)> {
+    let a = authority(stage);
     vec![
-        ("sot_incarnation", s(stage.str("sot_incarnation"))),
-        (
-            "coordinator_epoch",
-            n(stage.uint("coordinator_epoch").unwrap()),
-        ),
-        ("assignment_id", s(stage.str("assignment_id"))),
-        ("lane_id", s(stage.str("lane_id"))),
-        ("lane_incarnation_id", s(stage.str("lane_incarnation_id"))),
-        (
-            "assignment_attempt_id",
-            s(stage.str("assignment_attempt_id")),
-        ),
-        ("reservation_id", s(stage.str("reservation_id"))),
-        ("generation", n(stage.uint("generation").unwrap())),
-        ("fence_proof", s(stage.str("fence_proof"))),
+        ("sot_incarnation", s(&a.sot_incarnation)),
+        ("coordinator_epoch", n(a.coordinator_epoch)),
+        ("assignment_id", s(&a.assignment_id)),
+        ("lane_id", s(&a.lane_id)),
+        ("lane_incarnation_id", s(&a.lane_incarnation_id)),
+        ("assignment_attempt_id", s(&a.assignment_attempt_id)),
+        ("reservation_id", s(&a.reservation_id)),
+        ("generation", n(a.generation)),
+        ("fence_proof", s(&a.fence_proof)),
     ]
 }
 
@@ -553,13 +577,13 @@ async fn another_hosts_credentials_cannot_act_for_a_hosts_lanes() {
         .await
         .unwrap();
     let verdict = next_of(&mut hs, &p, &[MessageType::ReceiptAck]).await;
-    assert_eq!(verdict.str("verdict"), "refused:not-owner");
+    assert_eq!(verdict_text(&verdict), "refused:not-owner");
     let own = w.lane(1, "lane-x");
     hs.send(receipt(&own, &lane, "tr-forged-2"), COORD)
         .await
         .unwrap();
     let verdict = next_of(&mut hs, &p, &[MessageType::ReceiptAck]).await;
-    assert_eq!(verdict.str("verdict"), "refused:mismatch");
+    assert_eq!(verdict_text(&verdict), "refused:mismatch");
 
     // Every message refused and audited; nothing about authority changed.
     common::wait_until("four refusals audited as not-owner", || {
@@ -675,7 +699,7 @@ async fn a_second_session_or_a_replayed_hello_cannot_displace_the_live_one() {
         .then_some(())
     });
     let (mut ws, challenge) = transport::open(&pb, &w.listen).await.unwrap();
-    assert_ne!(challenge.str("session_id"), sid);
+    assert_ne!(challenge.session_id().unwrap(), sid);
     ws.send(Message::text(String::from_utf8(recorded).unwrap()))
         .await
         .unwrap();
@@ -743,22 +767,25 @@ async fn a_replayed_host_envelope_is_refused_on_the_same_and_on_another_session(
     // Replayed on the same session: refused before anything reads it.
     hs.ws.send(send(&staged)).await.unwrap();
     let mut post = vec![
+        ("reservation_epoch", n(authority(&stage).reservation_epoch)),
         (
-            "reservation_epoch",
-            n(stage.uint("reservation_epoch").unwrap()),
+            "reservation_deadline",
+            s(&authority(&stage).reservation_deadline),
         ),
-        ("reservation_deadline", s(stage.str("reservation_deadline"))),
-        ("runtime_id", s(stage.str("runtime_id"))),
-        ("contracts_digest", s(contract.str("contracts_digest"))),
-        ("scope_digest", s(contract.str("scope_digest"))),
-        ("holds_digest", s(contract.str("holds_digest"))),
+        ("runtime_id", s(&authority(&stage).runtime_id)),
+        (
+            "contracts_digest",
+            s(&contract_digests(&contract).contracts_digest),
+        ),
+        ("scope_digest", s(&contract_digests(&contract).scope_digest)),
+        ("holds_digest", s(&contract_digests(&contract).holds_digest)),
     ];
     let mut f = post.clone();
     f.extend([
         ("idempotency_key", s("injected-1")),
         (
             "delivered_contracts_digest",
-            s(contract.str("contracts_digest")),
+            s(&contract_digests(&contract).contracts_digest),
         ),
         ("process_identity", identity()),
     ]);
@@ -780,13 +807,23 @@ async fn a_replayed_host_envelope_is_refused_on_the_same_and_on_another_session(
     hs.ws.send(send(&injected)).await.unwrap();
     post.extend([
         ("idempotency_key", s("ack-1")),
-        ("challenge_id", s(next.str("challenge_id"))),
+        (
+            "challenge_id",
+            s(&match typed(&next) {
+                ToHost::Challenge(c) => c.challenge_id,
+                other => panic!("not a challenge: {other:?}"),
+            }),
+        ),
         ("process_identity", identity()),
     ]);
     let ack = seal(&mut hs, MessageType::Ack, post);
     hs.ws.send(send(&ack)).await.unwrap();
     let activated = next_of(&mut hs, &p, &[MessageType::Control, MessageType::Challenge]).await;
-    assert_eq!(activated.str("control_op"), "activate");
+    assert!(
+        matches!(typed(&activated), ToHost::Activate(_)),
+        "{:?}",
+        activated.message_type()
+    );
     hs.ws.send(send(&ack)).await.unwrap();
     common::wait_until("three replays refused on the same session", || {
         (w.audited("replayed") >= 3).then_some(())

@@ -12,6 +12,7 @@ use std::time::Duration;
 use fixture::*;
 use mosaic::protocol::canonical::Value;
 use mosaic::protocol::envelope::{n, s};
+use mosaic::protocol::messages::{FromHostChain, ToHost};
 use mosaic::protocol::schema::MessageType;
 use mosaic::protocol::transport::{Outgoing, Sequencer};
 use mosaic::protocol::{verify, Envelope, Verified};
@@ -131,6 +132,29 @@ fn contract(inc: &str, generation: u64, reservation: &str, task: &str) -> Envelo
     coord(MessageType::Contract, f)
 }
 
+/// Hands the host a coordinator envelope as its link does: converted to its typed message
+/// first (a test envelope that does not convert is a bug in the test).
+trait Deliver {
+    async fn deliver(&self, env: Envelope<Verified>);
+}
+
+impl Deliver for std::sync::Arc<CoordinatedHost> {
+    async fn deliver(&self, env: Envelope<Verified>) {
+        let msg = ToHost::decode(&env)
+            .expect("a well-formed coordinator message")
+            .expect("a message the coordinator sends hosts");
+        self.dispatch(env, msg).await
+    }
+}
+
+/// The contract digest an `injected` reports delivered.
+fn delivered(env: &Envelope<Verified>) -> String {
+    match FromHostChain::decode(env) {
+        Ok(Some(FromHostChain::Injected(m))) => m.delivered_contracts_digest,
+        other => panic!("not an injected: {other:?}"),
+    }
+}
+
 async fn next(rx: &mut mpsc::Receiver<Outgoing>, within: Duration) -> Option<Envelope<Verified>> {
     let out = tokio::time::timeout(within, rx.recv()).await.ok()??;
     let bytes = Sequencer::new("sess-test").seal(out, COORD).unwrap();
@@ -210,31 +234,32 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
     let (host, mut rx) = coordinated(&sup).await;
 
     // Generation 1 is staged, then replaced by generation 2 (new reservation).
-    host.dispatch(stage(&inc, 1, "rs-1")).await;
+    host.deliver(stage(&inc, 1, "rs-1")).await;
     let staged = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 1");
     assert_eq!(
-        (staged.message_type(), staged.uint("generation")),
+        (staged.message_type(), staged.address().generation),
         (MessageType::Staged, Some(1))
     );
-    host.dispatch(stage(&inc, 2, "rs-2")).await;
+    host.deliver(stage(&inc, 2, "rs-2")).await;
     let staged = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 2");
-    assert_eq!(staged.uint("generation"), Some(2));
+    assert_eq!(staged.address().generation, Some(2));
 
-    // The old generation's contract (and a stop for it) arrive late: rejected and audited.
-    host.dispatch(contract(&inc, 1, "rs-1", "print=stale-task"))
+    // The old generation's contract (and an activation for it) arrive late: rejected and
+    // audited.
+    host.deliver(contract(&inc, 1, "rs-1", "print=stale-task"))
         .await;
-    let mut stop = chain(&inc, 1, "rs-1");
-    stop.extend([
+    let mut activate = chain(&inc, 1, "rs-1");
+    activate.extend([
         ("contracts_digest", s(&format!("sha256:{}", "c".repeat(64)))),
         ("scope_digest", s(&format!("sha256:{}", "5".repeat(64)))),
         ("holds_digest", s(&format!("sha256:{}", "6".repeat(64)))),
-        ("stop_reason", s("late")),
+        ("control_op", s("activate")),
     ]);
-    host.dispatch(coord(MessageType::Stop, stop)).await;
+    host.deliver(coord(MessageType::Control, activate)).await;
     let audit = std::fs::read_to_string(sup.audit_path()).unwrap();
     assert_eq!(
         audit
@@ -255,20 +280,20 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
     assert_eq!(
         st.lanes[0].current_generation,
         Some(2),
-        "the late stop stopped the new generation"
+        "the late activation reached the new generation"
     );
 
     // The current generation's own contract does get through — and it is the first thing
     // generation 2's harness was given: had the stale contract reached it (it was handled
     // first, on the same ordered path), the harness would have fetched that one and the
     // digest it reports delivered would be the stale task's.
-    host.dispatch(contract(&inc, 2, "rs-2", "print=fresh-task"))
+    host.deliver(contract(&inc, 2, "rs-2", "print=fresh-task"))
         .await;
     let injected = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("injected for generation 2");
     assert_ne!(
-        injected.str("delivered_contracts_digest"),
+        delivered(&injected),
         mosaic::protocol::contracts_digest(
             "print=stale-task",
             &format!("sha256:{}", "5".repeat(64)),
@@ -277,11 +302,11 @@ async fn a_message_for_a_replaced_generation_is_rejected_and_never_reaches_the_n
         "the stale contract reached generation 2"
     );
     assert_eq!(
-        (injected.message_type(), injected.uint("generation")),
+        (injected.message_type(), injected.address().generation),
         (MessageType::Injected, Some(2))
     );
     assert_eq!(
-        injected.str("delivered_contracts_digest"),
+        delivered(&injected),
         mosaic::protocol::contracts_digest(
             "print=fresh-task",
             &format!("sha256:{}", "5".repeat(64)),
@@ -312,7 +337,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
     let settle = || tokio::time::sleep(Duration::from_millis(200));
 
     // A stale incarnation: nothing starts, a never-started receipt ends the chain.
-    host.dispatch(stage("li-stale", 1, "rs-a")).await;
+    host.deliver(stage("li-stale", 1, "rs-a")).await;
     settle().await;
     let r = receipts_of(&sup, "h1:lane-1");
     assert_eq!(r.len(), 1, "{r:?}");
@@ -365,14 +390,14 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
         },
     )
     .unwrap();
-    host.dispatch(rec).await;
+    host.deliver(rec).await;
     common::wait_until("generation 5 fenced", || {
         receipts_of(&sup, "h1:lane-1")
             .iter()
             .any(|r| r.generation == 5)
             .then_some(())
     });
-    host.dispatch(stage(&inc, 5, "rs-b")).await;
+    host.deliver(stage(&inc, 5, "rs-b")).await;
     settle().await;
     let fenced: Vec<_> = receipts_of(&sup, "h1:lane-1")
         .into_iter()
@@ -388,14 +413,14 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
         "a fenced generation started"
     );
     // The lane itself still works: the next generation starts and reports `staged`.
-    host.dispatch(stage(&inc, 6, "rs-c")).await;
+    host.deliver(stage(&inc, 6, "rs-c")).await;
     let staged = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 6");
-    assert_eq!(staged.uint("generation"), Some(6));
+    assert_eq!(staged.address().generation, Some(6));
 
     // An unknown lane of this host: refused the same way.
-    host.dispatch(coord(MessageType::Stage, {
+    host.deliver(coord(MessageType::Stage, {
         let mut f = chain("li-x", 1, "rs-d");
         f.retain(|(k, _)| *k != "lane_id" && *k != "fence_proof");
         f.push(("lane_id", s("h1:lane-9")));
@@ -418,7 +443,7 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
         .arg(w.dir.join("run/lanes/lane-1/tmux.sock"))
         .arg("kill-server")
         .status();
-    host.dispatch(stage(&inc, 7, "rs-e")).await;
+    host.deliver(stage(&inc, 7, "rs-e")).await;
     common::wait_until("generation 7 refused", || {
         receipts_of(&sup, "h1:lane-1")
             .into_iter()
@@ -434,7 +459,7 @@ async fn a_message_without_its_generations_authority_is_refused_by_the_host() {
     let (sup, w) = world();
     let inc = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
     let (host, mut rx) = coordinated(&sup).await;
-    host.dispatch(stage(&inc, 1, "rs-1")).await;
+    host.deliver(stage(&inc, 1, "rs-1")).await;
     next(&mut rx, Duration::from_secs(20))
         .await
         .expect("staged for generation 1");
@@ -471,7 +496,7 @@ async fn a_message_without_its_generations_authority_is_refused_by_the_host() {
             ("holds_digest", s(&holds)),
             ("task_text", s(&task)),
         ]);
-        host.dispatch(coord(MessageType::Contract, f)).await;
+        host.deliver(coord(MessageType::Contract, f)).await;
     }
     let audit = std::fs::read_to_string(sup.audit_path()).unwrap();
     for (category, _, _) in &bad {
@@ -485,13 +510,13 @@ async fn a_message_without_its_generations_authority_is_refused_by_the_host() {
         "payload in the audit log: {audit}"
     );
     // None reached the harness: the first contract it is given is the genuine one.
-    host.dispatch(contract(&inc, 1, "rs-1", "print=genuine"))
+    host.deliver(contract(&inc, 1, "rs-1", "print=genuine"))
         .await;
     let injected = next(&mut rx, Duration::from_secs(20))
         .await
         .expect("injected for generation 1");
     assert_eq!(
-        injected.str("delivered_contracts_digest"),
+        delivered(&injected),
         mosaic::protocol::contracts_digest(
             "print=genuine",
             &format!("sha256:{}", "5".repeat(64)),
@@ -521,7 +546,7 @@ async fn launch_failing_at_the_lane_socket_keeps_its_observed_receipt() {
     #[cfg(feature = "failpoints")]
     fail::cfg(&point, &format!("return({inc})")).unwrap();
     let (host, mut rx) = coordinated(&sup).await;
-    host.dispatch(stage(&inc, 1, "rs-1")).await;
+    host.deliver(stage(&inc, 1, "rs-1")).await;
     let started = std::time::Instant::now();
     let r = loop {
         let r = receipts_of(&sup, "h1:lane-1");
@@ -561,7 +586,7 @@ async fn launch_failing_at_the_lane_socket_keeps_its_observed_receipt() {
         mosaic::supervisor::state::LaneStatus::Active
     );
 
-    host.dispatch(stage(&inc, 2, "rs-2")).await;
+    host.deliver(stage(&inc, 2, "rs-2")).await;
     let staged = loop {
         let m = next(&mut rx, Duration::from_secs(20))
             .await
@@ -570,7 +595,7 @@ async fn launch_failing_at_the_lane_socket_keeps_its_observed_receipt() {
             break m;
         }
     };
-    assert_eq!(staged.uint("generation"), Some(2));
+    assert_eq!(staged.address().generation, Some(2));
     drop(w);
 }
 

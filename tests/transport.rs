@@ -15,6 +15,7 @@ use futures_util::future::BoxFuture;
 use futures_util::{SinkExt, StreamExt};
 use mosaic::pki::{self, Kind};
 use mosaic::protocol::envelope::s;
+use mosaic::protocol::messages::FromHostSession;
 use mosaic::protocol::schema::MessageType;
 use mosaic::protocol::transport::{
     self, Admission, Handled, Handler, LinkParams, Outgoing, ServerParams, SessionHandle,
@@ -159,13 +160,11 @@ impl Handler for Collector {
                 vec![]
             }
             MessageType::Receipt => {
-                let key = env.str("receipt_idempotency_key").to_string();
-                let rid = env
-                    .get("receipt")
-                    .and_then(|r| r.get("receipt_id"))
-                    .and_then(|v| v.as_str())
-                    .unwrap_or("")
-                    .to_string();
+                let Ok(Some(FromHostSession::Receipt(r))) = FromHostSession::decode(&env) else {
+                    panic!("a receipt that does not convert");
+                };
+                let key = r.receipt_idempotency_key;
+                let rid = r.receipt["receipt_id"].as_str().unwrap_or("").to_string();
                 self.receipts
                     .lock()
                     .unwrap()
@@ -183,8 +182,9 @@ impl Handler for Collector {
                             mosaic::protocol::canonical::Value::Null,
                         ),
                         ("assignment_id", mosaic::protocol::canonical::Value::Null),
-                        ("session_id", s(env.str("session_id"))),
+                        ("session_id", s(&r.session_id)),
                         ("receipt_idempotency_key", s(&key)),
+                        ("verdict", s("ingested")),
                     ],
                 )]
             }

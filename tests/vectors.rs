@@ -249,7 +249,7 @@ fn golden_vectors_match_and_verify() {
                 // issuer's key, and ends with the canonical envelope minus its proof.
                 let pre = hex::decode(c["preimage_hex"].as_str().unwrap()).unwrap();
                 let sig = hex::decode(c["proof"].as_str().unwrap()).unwrap();
-                let key = reg.resolve(env.str("key_id")).unwrap();
+                let key = reg.resolve(env.key_id()).unwrap();
                 key.public_key
                     .verify_strict(&pre, &ed25519_dalek::Signature::from_slice(&sig).unwrap())
                     .unwrap();

@@ -92,3 +92,240 @@ fn only_host_chain_messages_convert() {
         "staged: required field process_identity is missing or not an object"
     );
 }
+
+// ---- coordinator → host ----------------------------------------------------------------
+
+use mosaic::protocol::messages::{
+    Activate, ChainAuthority, Challenge, Continuation, ContinuationPhase, Contract, Digests,
+    HandoffBound, HandoffChallenge, Issued, ReceiptAck, Reconcile, Stage, ToHost, Verdict,
+};
+use mosaic::protocol::report::LaneOrderWire;
+
+fn authority() -> ChainAuthority {
+    ChainAuthority {
+        sot_incarnation: "sot-1".into(),
+        coordinator_epoch: 7,
+        assignment_id: "as-1".into(),
+        lane_id: "h1:lane-1".into(),
+        lane_incarnation_id: "li-1".into(),
+        assignment_attempt_id: "at-1".into(),
+        reservation_id: "rs-1".into(),
+        reservation_epoch: 1,
+        reservation_deadline: "2099-01-01T00:00:00.000000Z".into(),
+        runtime_id: "fake@1.0.0".into(),
+        generation: 3,
+        fence_proof: format!("sha256:{}", "f".repeat(64)),
+    }
+}
+
+fn digests() -> Digests {
+    let d = |c: char| format!("sha256:{}", c.to_string().repeat(64));
+    Digests {
+        contracts_digest: d('c'),
+        scope_digest: d('5'),
+        holds_digest: d('6'),
+    }
+}
+
+fn issued(key: &str) -> Issued {
+    Issued {
+        idempotency_key: key.into(),
+        issued_at: "2026-01-01T00:00:00.000000Z".into(),
+        expires_at: "2099-01-01T00:00:00.000000Z".into(),
+    }
+}
+
+/// One of every message the coordinator sends a host.
+fn every_to_host() -> Vec<ToHost> {
+    let mut lanes = std::collections::BTreeMap::new();
+    lanes.insert(
+        "h1:lane-1".to_string(),
+        LaneOrderWire {
+            lane_incarnation_id: "li-1".into(),
+            end: vec![2, 3],
+            recreate: true,
+        },
+    );
+    vec![
+        ToHost::Stage(Stage {
+            authority: authority(),
+            issued: issued("stage/rs-1"),
+        }),
+        ToHost::Contract(Contract {
+            authority: authority(),
+            digests: digests(),
+            task_text: "print=hello".into(),
+            issued: issued("contract/rs-1"),
+        }),
+        ToHost::Challenge(Challenge {
+            authority: authority(),
+            digests: digests(),
+            challenge_id: "ch-1".into(),
+            issued: issued("challenge/rs-1"),
+        }),
+        ToHost::HandoffChallenge(HandoffChallenge {
+            authority: authority(),
+            digests: digests(),
+            bound: HandoffBound {
+                handoff_challenge_id: "hc-1".into(),
+                source_assignment_attempt_id: "at-0".into(),
+                responsibility_owner: "operator:o".into(),
+                execution_owner: "host:h1".into(),
+                pending_target: "lane-2".into(),
+                next_action_digest: format!("sha256:{}", "a".repeat(64)),
+                challenge_deadline: "2099-01-01T00:00:00.000000Z".into(),
+            },
+            next_action: "carry on".into(),
+            issued: issued("handoff-challenge/rs-1"),
+        }),
+        ToHost::Continuation(Continuation {
+            authority: authority(),
+            digests: digests(),
+            continuation_id: "cn-1".into(),
+            claim_ref: "cl-1".into(),
+            next_action: "next".into(),
+            next_action_digest: format!("sha256:{}", "b".repeat(64)),
+            loop_budget: 4,
+            phase: ContinuationPhase::Accepted,
+            result_to: "coordinator".into(),
+            issued: issued("continuation/cn-1/cl-1/accepted"),
+        }),
+        ToHost::Activate(Activate {
+            authority: authority(),
+            digests: digests(),
+            issued: issued("activate/rs-1"),
+        }),
+        ToHost::Reconcile(Reconcile {
+            idempotency_key: "reconcile/1".into(),
+            sot_incarnation: Some("sot-1".into()),
+            coordinator_epoch: Some(7),
+            session_id: "sess-1".into(),
+            lanes,
+        }),
+        ToHost::ReceiptAck(ReceiptAck {
+            idempotency_key: "receipt-ack/tr-1".into(),
+            coordinator_epoch: None,
+            session_id: "sess-1".into(),
+            receipt_idempotency_key: "tr-1".into(),
+            verdict: Verdict::Refused("not-owner".into()),
+        }),
+    ]
+}
+
+/// Signs a message as the coordinator's key for its purpose would, and verifies it as a
+/// host does.
+fn round_trip(m: &ToHost) -> mosaic::protocol::Envelope<mosaic::protocol::Verified> {
+    let key = match m {
+        ToHost::Reconcile(_) | ToHost::ReceiptAck(_) => "coord-session",
+        _ => "coord-ordinary",
+    };
+    let mut f = m.fields();
+    f.push(("message_id", s("m-1")));
+    let bytes = signer(key).sign(m.message_type(), HOST, f).unwrap();
+    let reg = registry();
+    verify(&bytes, &ctx(&reg, HOST)).unwrap()
+}
+
+/// What the coordinator builds is what a host reads, for every message type: the one field
+/// set (`ToHost::fields`) passes the schema, and `ToHost::decode` gives back the same value.
+#[test]
+fn every_coordinator_message_survives_signing_and_conversion_unchanged() {
+    for m in every_to_host() {
+        let env = round_trip(&m);
+        assert_eq!(env.message_type(), m.message_type());
+        assert_eq!(
+            ToHost::decode(&env).unwrap(),
+            Some(m.clone()),
+            "{}",
+            m.message_type().as_str()
+        );
+    }
+}
+
+/// Re-signs `m` with one field replaced.
+fn with_field(
+    m: &ToHost,
+    field: &str,
+    v: Value,
+) -> mosaic::protocol::Envelope<mosaic::protocol::Verified> {
+    let key = match m {
+        ToHost::Reconcile(_) | ToHost::ReceiptAck(_) => "coord-session",
+        _ => "coord-ordinary",
+    };
+    let mut f: Vec<(&str, Value)> = m
+        .fields()
+        .into_iter()
+        .filter(|(k, _)| *k != field)
+        .collect();
+    f.push((field, v));
+    f.push(("message_id", s("m-1")));
+    let bytes = signer(key).sign(m.message_type(), HOST, f).unwrap();
+    let reg = registry();
+    verify(&bytes, &ctx(&reg, HOST)).unwrap()
+}
+
+/// A value this build does not know is refused whole — never read as the nearest thing it
+/// knows: a verdict that is not `ingested`/`retry:`/`refused:` acknowledges no receipt, a
+/// control operation other than `activate` activates nothing, a continuation phase other
+/// than `offer`/`accepted` delivers nothing.
+#[test]
+fn an_unknown_verdict_control_op_or_phase_is_refused() {
+    let all = every_to_host();
+    let pick = |t: MessageType| all.iter().find(|m| m.message_type() == t).unwrap().clone();
+    for (t, field, bad) in [
+        (MessageType::ReceiptAck, "verdict", "ingested-ish"),
+        (MessageType::ReceiptAck, "verdict", "refused:"),
+        (MessageType::ReceiptAck, "verdict", "acked:ok"),
+        (MessageType::Control, "control_op", "stop"),
+        (MessageType::Continuation, "phase", "offered"),
+    ] {
+        let env = with_field(&pick(t), field, s(bad));
+        match ToHost::decode(&env) {
+            Err(WireError::Unknown { field: f, .. }) => assert_eq!(f, field),
+            other => panic!("{} with {field}={bad:?} converted: {other:?}", t.as_str()),
+        }
+    }
+}
+
+/// The schema lets a receipt ACK omit its verdict; the host does not read a missing verdict
+/// as `ingested` (it would delete a receipt the coordinator never said it stored).
+#[test]
+fn a_receipt_ack_without_a_verdict_acknowledges_nothing() {
+    let m = every_to_host()
+        .into_iter()
+        .find(|m| matches!(m, ToHost::ReceiptAck(_)))
+        .unwrap();
+    let key = "coord-session";
+    let f: Vec<(&str, Value)> = m
+        .fields()
+        .into_iter()
+        .filter(|(k, _)| *k != "verdict")
+        .chain([("message_id", s("m-1"))])
+        .collect();
+    let bytes = signer(key).sign(m.message_type(), HOST, f).unwrap();
+    let reg = registry();
+    let env = verify(&bytes, &ctx(&reg, HOST)).unwrap();
+    assert!(
+        matches!(
+            ToHost::decode(&env),
+            Err(WireError::Field {
+                field: "verdict",
+                ..
+            })
+        ),
+        "{:?}",
+        ToHost::decode(&env)
+    );
+}
+
+/// Every verdict the coordinator writes reads back as itself.
+#[test]
+fn verdicts_round_trip_through_their_text() {
+    for v in [
+        Verdict::Ingested,
+        Verdict::Retry("unavailable".into()),
+        Verdict::Refused("mismatch".into()),
+    ] {
+        assert_eq!(Verdict::parse(&v.encode()), Some(v));
+    }
+}

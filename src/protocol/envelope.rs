@@ -105,6 +105,14 @@ impl EnvelopeError {
     }
 }
 
+/// The lane, incarnation and generation an envelope names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Address<'e> {
+    pub lane_id: Option<&'e str>,
+    pub lane_incarnation_id: Option<&'e str>,
+    pub generation: Option<u64>,
+}
+
 /// A verified envelope: the only thing handlers accept.
 #[derive(Debug, Clone)]
 pub struct Envelope<S> {
@@ -118,15 +126,61 @@ impl Envelope<Verified> {
     pub fn message_type(&self) -> MessageType {
         self.message_type
     }
-    pub fn get(&self, field: &str) -> Option<&Value> {
+    /// A field by name, for the protocol's own conversions (`protocol::messages`) only:
+    /// handlers take typed messages, never fields.
+    pub(in crate::protocol) fn get(&self, field: &str) -> Option<&Value> {
         self.fields.get(field)
     }
-    /// A string field the schema guarantees present; `""` if it is null.
-    pub fn str(&self, field: &str) -> &str {
-        self.get(field).and_then(Value::as_str).unwrap_or("")
+    fn text(&self, field: &str) -> Option<&str> {
+        self.get(field).and_then(Value::as_str)
     }
-    pub fn uint(&self, field: &str) -> Option<u64> {
+    fn uint(&self, field: &str) -> Option<u64> {
         self.get(field).and_then(Value::as_int).map(|i| i as u64)
+    }
+
+    // The header: the fields every message type binds (spec §7.1), and the authority and
+    // addressing fields the transport and the queue check before any handler sees the
+    // message. Everything else is read through `protocol::messages`.
+
+    /// Required in every message type (the schema guarantees it).
+    pub fn message_id(&self) -> &str {
+        self.text("message_id").unwrap_or("")
+    }
+    /// Required in every message type (the schema guarantees it).
+    pub fn issuer(&self) -> &str {
+        self.text("issuer").unwrap_or("")
+    }
+    /// Required in every message type (the schema guarantees it).
+    pub fn key_id(&self) -> &str {
+        self.text("key_id").unwrap_or("")
+    }
+    pub fn session_id(&self) -> Option<&str> {
+        self.text("session_id")
+    }
+    pub fn issued_at(&self) -> Option<&str> {
+        self.text("issued_at")
+    }
+    pub fn expires_at(&self) -> Option<&str> {
+        self.text("expires_at")
+    }
+    /// `None` when absent or null (a session message before any assignment exists).
+    pub fn sot_incarnation(&self) -> Option<&str> {
+        self.text("sot_incarnation")
+    }
+    pub fn coordinator_epoch(&self) -> Option<u64> {
+        self.uint("coordinator_epoch")
+    }
+    pub fn assignment_id(&self) -> Option<&str> {
+        self.text("assignment_id")
+    }
+    /// Which lane, incarnation and generation the message is addressed to (each absent in a
+    /// message that is not addressed to one).
+    pub fn address(&self) -> Address<'_> {
+        Address {
+            lane_id: self.text("lane_id"),
+            lane_incarnation_id: self.text("lane_incarnation_id"),
+            generation: self.uint("generation"),
+        }
     }
     /// The exact canonical bytes received.
     pub fn bytes(&self) -> &[u8] {

@@ -136,14 +136,15 @@ impl GenerationGate {
     /// generation of the current incarnation.
     /// On rejection, returns the redacted audit record (which carries the reason).
     pub fn admit(&self, env: &Envelope<Verified>) -> Result<(), Box<StaleAudit>> {
-        let lane = env.str("lane_id").to_string();
-        let inc = env.str("lane_incarnation_id").to_string();
-        let generation = env.uint("generation");
+        let address = env.address();
+        let lane = address.lane_id.unwrap_or("").to_string();
+        let inc = address.lane_incarnation_id.unwrap_or("").to_string();
+        let generation = address.generation;
         let audit = |s: Stale| StaleAudit {
             category: s.category(),
             message_type: env.message_type().as_str(),
-            message_id: env.str("message_id").into(),
-            issuer: env.str("issuer").into(),
+            message_id: env.message_id().into(),
+            issuer: env.issuer().into(),
             lane_id: lane.clone(),
             lane_incarnation_id: inc.clone(),
             generation,

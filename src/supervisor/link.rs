@@ -36,6 +36,7 @@ use tokio_tungstenite::tungstenite::Message;
 use super::authority::AuthorityFence;
 use crate::protocol::canonical::{self, Value};
 use crate::protocol::envelope::{n, s};
+use crate::protocol::messages::{ToHost, Verdict};
 use crate::protocol::schema::MessageType;
 use crate::protocol::transport::{HostSession, LinkParams, Outgoing, TransportError};
 use crate::protocol::{verify, Envelope, Verified, VerifyContext};
@@ -78,12 +79,12 @@ pub fn receipt_outgoing(
 
 /// What the host does with verified coordinator envelopes other than receipt acks.
 pub trait HostDispatch: Send + Sync + 'static {
-    fn dispatch(&self, env: Envelope<Verified>) -> BoxFuture<'static, ()>;
+    fn dispatch(&self, env: Envelope<Verified>, msg: ToHost) -> BoxFuture<'static, ()>;
 }
 
 struct NoDispatch;
 impl HostDispatch for NoDispatch {
-    fn dispatch(&self, _env: Envelope<Verified>) -> BoxFuture<'static, ()> {
+    fn dispatch(&self, _env: Envelope<Verified>, _msg: ToHost) -> BoxFuture<'static, ()> {
         Box::pin(async {})
     }
 }
@@ -215,11 +216,7 @@ impl Link<'_> {
         let fence = self.fence.clone();
         let audit = self.audit.clone();
         let check = move |c: &Envelope<Verified>| -> Result<(), String> {
-            let sot = match c.get("sot_incarnation") {
-                Some(Value::Str(v)) => Some(v.as_str()),
-                _ => None,
-            };
-            fence.admit(sot, c.uint("coordinator_epoch")).map_err(|r| {
+            fence.admit(c.sot_incarnation(), c.coordinator_epoch()).map_err(|r| {
                 audit(r.category(), "session challenge");
                 format!(
                     "the host refuses this coordinator ({}): it answers to another timeline or a higher epoch",
@@ -274,12 +271,11 @@ impl Link<'_> {
                         Some(Ok(Message::Text(t))) => { last_heard = Instant::now(); t }
                         Some(Ok(_)) => { last_heard = Instant::now(); continue } // pings (answered by tungstenite)
                     };
-                    let Some(env) = self.admit(&mut hs, t.as_bytes()) else { continue };
-                    if env.message_type() == MessageType::ReceiptAck {
-                        let key = env.str("receipt_idempotency_key").to_string();
-                        answered(self.outbox, &mut sent, &key, env.str("verdict"));
+                    let Some((env, msg)) = self.admit(&mut hs, t.as_bytes()) else { continue };
+                    if let ToHost::ReceiptAck(a) = &msg {
+                        answered(self.outbox, &mut sent, &a.receipt_idempotency_key, &a.verdict);
                     } else {
-                        self.dispatch.dispatch(env).await;
+                        self.dispatch.dispatch(env, msg).await;
                     }
                 }
                 _ = crate::util::shutdown_signalled(shutdown) => {
@@ -291,7 +287,7 @@ impl Link<'_> {
     }
 
     /// Every check a coordinator frame must pass before anything acts on it.
-    fn admit(&self, hs: &mut HostSession, bytes: &[u8]) -> Option<Envelope<Verified>> {
+    fn admit(&self, hs: &mut HostSession, bytes: &[u8]) -> Option<(Envelope<Verified>, ToHost)> {
         let p = self.p;
         let ctx = VerifyContext {
             registry: &p.registry,
@@ -306,31 +302,40 @@ impl Link<'_> {
                 return None;
             }
         };
-        let id = env.str("message_id").to_string();
+        let id = env.message_id().to_string();
         let refuse = |category: &str| {
             (self.audit)(category, &format!("{} {id}", env.message_type().as_str()));
             None
         };
-        if env.str("issuer") != p.coordinator {
+        if env.issuer() != p.coordinator {
             return refuse("not-our-coordinator");
         }
         if let Err(why) = hs.guard.check(&id) {
             return refuse(why.as_str());
         }
-        if env.get("session_id").is_some() && env.str("session_id") != hs.session_id {
+        if env.session_id().is_some_and(|s| s != hs.session_id) {
             return refuse("other-session");
         }
-        if env.get("expires_at").is_some() && hs.clock.expired(env.str("expires_at")) {
+        if env.expires_at().is_some_and(|at| hs.clock.expired(at)) {
             return refuse("expired");
         }
-        let sot = match env.get("sot_incarnation") {
-            Some(Value::Str(v)) => Some(v.as_str()),
-            _ => None,
-        };
-        if let Err(r) = self.fence.admit(sot, env.uint("coordinator_epoch")) {
+        if let Err(r) = self
+            .fence
+            .admit(env.sot_incarnation(), env.coordinator_epoch())
+        {
             return refuse(r.category());
         }
-        Some(env)
+        // The one place a coordinator envelope becomes its typed message: a field missing or
+        // a value this build does not know refuses the whole message, audited.
+        let msg = match ToHost::decode(&env) {
+            Ok(Some(m)) => m,
+            Ok(None) => return refuse("not-for-hosts"),
+            Err(e) => {
+                tracing::warn!(error = %e, "coordinator message refused: malformed");
+                return refuse("malformed");
+            }
+        };
+        Some((env, msg))
     }
 
     /// Sends every unacknowledged receipt not sent on this session yet, or whose backoff ran
@@ -380,9 +385,9 @@ fn answered(
     outbox: &super::outbox::Outbox,
     sent: &mut HashMap<String, Resend>,
     key: &str,
-    verdict: &str,
+    verdict: &Verdict,
 ) {
-    if let Some(category) = verdict.strip_prefix("refused:") {
+    if let Verdict::Refused(category) = verdict {
         tracing::error!(
             key,
             category,
@@ -392,7 +397,7 @@ fn answered(
             tracing::error!(receipt_key = %key, error = %e, "cannot set the refused receipt aside");
         }
         sent.remove(key);
-    } else if let Some(category) = verdict.strip_prefix("retry:") {
+    } else if let Verdict::Retry(category) = verdict {
         tracing::warn!(
             key,
             category,

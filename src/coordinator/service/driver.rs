@@ -18,9 +18,11 @@ use std::time::{Duration, Instant};
 use crate::coordinator::activation::Activation;
 use crate::coordinator::leader::Leader;
 use crate::coordinator::model::ChainRow;
-use crate::protocol::canonical::Value;
-use crate::protocol::envelope::{n, s};
-use crate::protocol::schema::MessageType;
+use crate::protocol::messages::{
+    Activate, ChainAuthority, Challenge, Continuation, ContinuationPhase, Contract, Digests,
+    HandoffBound, HandoffChallenge, Issued, Reconcile, Stage, ToHost,
+};
+use crate::protocol::report::LaneOrderWire;
 use crate::protocol::transport::Outgoing;
 
 use super::operator::OpError;
@@ -186,23 +188,32 @@ impl Service {
         }
     }
 
-    /// The chain fields every ordinary coordinator message carries.
-    fn chain_fields(&self, l: &Leader, c: &ChainRow, proof: Proof) -> Vec<(&'static str, Value)> {
+    /// The authority every ordinary coordinator message carries.
+    fn authority(&self, l: &Leader, c: &ChainRow, proof: Proof) -> ChainAuthority {
         let ch = &c.chain;
-        vec![
-            ("sot_incarnation", s(l.sot())),
-            ("coordinator_epoch", n(l.epoch() as u64)),
-            ("assignment_id", s(&ch.assignment_id)),
-            ("lane_id", s(&ch.lane_id)),
-            ("lane_incarnation_id", s(&ch.lane_incarnation_id)),
-            ("assignment_attempt_id", s(&ch.assignment_attempt_id)),
-            ("reservation_id", s(&ch.reservation_id)),
-            ("reservation_epoch", n(ch.reservation_epoch as u64)),
-            ("reservation_deadline", s(&c.reservation_deadline)),
-            ("runtime_id", s(&c.runtime_id)),
-            ("generation", n(c.generation.unwrap_or(0) as u64)),
-            ("fence_proof", s(&self.fence_proof(c, proof))),
-        ]
+        ChainAuthority {
+            sot_incarnation: l.sot().to_string(),
+            coordinator_epoch: l.epoch() as u64,
+            assignment_id: ch.assignment_id.clone(),
+            lane_id: ch.lane_id.clone(),
+            lane_incarnation_id: ch.lane_incarnation_id.clone(),
+            assignment_attempt_id: ch.assignment_attempt_id.clone(),
+            reservation_id: ch.reservation_id.clone(),
+            reservation_epoch: ch.reservation_epoch as u64,
+            reservation_deadline: c.reservation_deadline.clone(),
+            runtime_id: c.runtime_id.clone(),
+            generation: c.generation.unwrap_or(0) as u64,
+            fence_proof: self.fence_proof(c, proof),
+        }
+    }
+
+    /// The contract digests, once the chain has a contract.
+    fn digests(c: &ChainRow) -> Option<Digests> {
+        Some(Digests {
+            contracts_digest: c.contracts_digest.clone()?,
+            scope_digest: c.scope_digest.clone(),
+            holds_digest: c.holds_digest.clone(),
+        })
     }
 
     /// The generation's fence proof (see `protocol::fence`): derived from the fence token
@@ -227,67 +238,67 @@ impl Service {
         self.fence_proof(c, Proof::Commit)
     }
 
-    fn issued(at: &str, until: &str) -> [(&'static str, Value); 2] {
-        [("issued_at", s(at)), ("expires_at", s(until))]
+    fn issued(key: String, at: &str, until: &str) -> Issued {
+        Issued {
+            idempotency_key: key,
+            issued_at: at.to_string(),
+            expires_at: until.to_string(),
+        }
     }
 
-    fn sign_push(&self, host_id: &str, t: MessageType, fields: Vec<(&'static str, Value)>) -> bool {
-        crate::coordinator::failpoint::before_push(t.as_str());
+    fn sign_push(&self, host_id: &str, m: ToHost) -> bool {
+        crate::coordinator::failpoint::before_push(m.message_type().as_str());
         self.hosts
-            .push(host_id, Outgoing::new(&self.ordinary, t, fields))
+            .push(host_id, Outgoing::to_host(&self.ordinary, &m))
             .is_ok()
     }
 
     async fn push_stage(&self, l: &Leader, c: &ChainRow) -> bool {
-        let mut f = self.chain_fields(l, c, Proof::Commit);
-        f.push((
-            "idempotency_key",
-            s(&format!("stage/{}", c.chain.reservation_id)),
-        ));
-        f.extend(Self::issued(&c.last_decided_at, &c.reservation_deadline));
-        self.sign_push(&c.host_id, MessageType::Stage, f)
+        let m = Stage {
+            authority: self.authority(l, c, Proof::Commit),
+            issued: Self::issued(
+                format!("stage/{}", c.chain.reservation_id),
+                &c.last_decided_at,
+                &c.reservation_deadline,
+            ),
+        };
+        self.sign_push(&c.host_id, ToHost::Stage(m))
     }
 
     async fn push_contract(&self, l: &Leader, c: &ChainRow) -> bool {
-        let Some(cd) = &c.contracts_digest else {
+        let Some(digests) = Self::digests(c) else {
             return false;
         };
-        let mut f = self.chain_fields(l, c, Proof::Reveal);
-        f.extend([
-            (
-                "idempotency_key",
-                s(&format!("contract/{}", c.chain.reservation_id)),
+        let m = Contract {
+            authority: self.authority(l, c, Proof::Reveal),
+            digests,
+            task_text: c.task_text.clone(),
+            issued: Self::issued(
+                format!("contract/{}", c.chain.reservation_id),
+                &c.last_decided_at,
+                &c.reservation_deadline,
             ),
-            ("contracts_digest", s(cd)),
-            ("scope_digest", s(&c.scope_digest)),
-            ("holds_digest", s(&c.holds_digest)),
-            ("task_text", s(&c.task_text)),
-        ]);
-        f.extend(Self::issued(&c.last_decided_at, &c.reservation_deadline));
-        self.sign_push(&c.host_id, MessageType::Contract, f)
+        };
+        self.sign_push(&c.host_id, ToHost::Contract(m))
     }
 
     async fn push_challenge(&self, l: &Leader, c: &ChainRow) -> bool {
-        let (Some(cd), Some(ch), Some(exp)) = (
-            &c.contracts_digest,
-            &c.challenge_id,
-            &c.challenge_expires_at,
-        ) else {
+        let (Some(digests), Some(ch), Some(exp)) =
+            (Self::digests(c), &c.challenge_id, &c.challenge_expires_at)
+        else {
             return false;
         };
-        let mut f = self.chain_fields(l, c, Proof::Reveal);
-        f.extend([
-            (
-                "idempotency_key",
-                s(&format!("challenge/{}", c.chain.reservation_id)),
+        let m = Challenge {
+            authority: self.authority(l, c, Proof::Reveal),
+            digests,
+            challenge_id: ch.clone(),
+            issued: Self::issued(
+                format!("challenge/{}", c.chain.reservation_id),
+                &c.last_decided_at,
+                exp,
             ),
-            ("contracts_digest", s(cd)),
-            ("scope_digest", s(&c.scope_digest)),
-            ("holds_digest", s(&c.holds_digest)),
-            ("challenge_id", s(ch)),
-        ]);
-        f.extend(Self::issued(&c.last_decided_at, exp));
-        self.sign_push(&c.host_id, MessageType::Challenge, f)
+        };
+        self.sign_push(&c.host_id, ToHost::Challenge(m))
     }
 
     /// A handoff target's generation is sent its handoff challenge (spec §8.1), with every
@@ -300,34 +311,34 @@ impl Service {
         else {
             return false;
         };
-        let (Some(hc), Some(deadline), Some(cd)) =
-            (&h.challenge_id, &h.challenge_deadline, &c.contracts_digest)
+        let (Some(hc), Some(deadline), Some(digests)) =
+            (&h.challenge_id, &h.challenge_deadline, Self::digests(c))
         else {
             return false;
         };
         if h.state != HandoffState::Challenged {
             return false;
         }
-        let mut f = self.chain_fields(l, c, Proof::Reveal);
-        f.extend([
-            (
-                "idempotency_key",
-                s(&format!("handoff-challenge/{}", c.chain.reservation_id)),
+        let m = HandoffChallenge {
+            authority: self.authority(l, c, Proof::Reveal),
+            digests,
+            bound: HandoffBound {
+                handoff_challenge_id: hc.clone(),
+                source_assignment_attempt_id: h.source_attempt_id.clone(),
+                responsibility_owner: h.responsibility_owner.clone(),
+                execution_owner: h.execution_owner.clone(),
+                pending_target: h.pending_target.clone(),
+                next_action_digest: h.next_action_digest.clone(),
+                challenge_deadline: deadline.clone(),
+            },
+            next_action: h.next_action.clone(),
+            issued: Self::issued(
+                format!("handoff-challenge/{}", c.chain.reservation_id),
+                &c.last_decided_at,
+                deadline,
             ),
-            ("contracts_digest", s(cd)),
-            ("scope_digest", s(&c.scope_digest)),
-            ("holds_digest", s(&c.holds_digest)),
-            ("handoff_challenge_id", s(hc)),
-            ("source_assignment_attempt_id", s(&h.source_attempt_id)),
-            ("responsibility_owner", s(&h.responsibility_owner)),
-            ("execution_owner", s(&h.execution_owner)),
-            ("pending_target", s(&h.pending_target)),
-            ("next_action", s(&h.next_action)),
-            ("next_action_digest", s(&h.next_action_digest)),
-            ("challenge_deadline", s(deadline)),
-        ]);
-        f.extend(Self::issued(&c.last_decided_at, deadline));
-        self.sign_push(&c.host_id, MessageType::HandoffChallenge, f)
+        };
+        self.sign_push(&c.host_id, ToHost::HandoffChallenge(m))
     }
 
     /// Drives every open continuation (or just `only`): claims a pending one, reclaims one
@@ -407,9 +418,9 @@ impl Service {
             };
             let Some(claim_ref) = claim_ref else { continue };
             let phase = if v.state == ContinuationState::DeliveryAccepted {
-                "accepted"
+                ContinuationPhase::Accepted
             } else {
-                "offer"
+                ContinuationPhase::Offer
             };
             let Ok(Some(c)) = self.store.chain_by_reservation(&v.reservation_id).await else {
                 continue;
@@ -417,31 +428,30 @@ impl Service {
             if c.lane_state != LaneState::Running || !c.reservation_open {
                 continue;
             }
-            let Some(cd) = &c.contracts_digest else {
+            let Some(digests) = Self::digests(&c) else {
                 continue;
             };
-            let mut f = self.chain_fields(l, &c, Proof::Reveal);
-            f.extend([
-                (
-                    "idempotency_key",
-                    s(&format!(
-                        "continuation/{}/{claim_ref}/{phase}",
-                        v.continuation_id
-                    )),
+            let m = Continuation {
+                authority: self.authority(l, &c, Proof::Reveal),
+                digests,
+                continuation_id: v.continuation_id.clone(),
+                claim_ref: claim_ref.clone(),
+                next_action: v.next_action.clone(),
+                next_action_digest: v.next_action_digest.clone(),
+                loop_budget: v.budget.max(0) as u64,
+                phase,
+                result_to: "coordinator".into(),
+                issued: Self::issued(
+                    format!(
+                        "continuation/{}/{claim_ref}/{}",
+                        v.continuation_id,
+                        phase.as_str()
+                    ),
+                    &c.last_decided_at,
+                    &v.expires_at,
                 ),
-                ("contracts_digest", s(cd)),
-                ("scope_digest", s(&c.scope_digest)),
-                ("holds_digest", s(&c.holds_digest)),
-                ("continuation_id", s(&v.continuation_id)),
-                ("claim_ref", s(&claim_ref)),
-                ("next_action", s(&v.next_action)),
-                ("next_action_digest", s(&v.next_action_digest)),
-                ("loop_budget", n(v.budget.max(0) as u64)),
-                ("phase", s(phase)),
-                ("result_to", s("coordinator")),
-            ]);
-            f.extend(Self::issued(&c.last_decided_at, &v.expires_at));
-            if self.sign_push(&c.host_id, MessageType::Continuation, f) {
+            };
+            if self.sign_push(&c.host_id, ToHost::Continuation(m)) {
                 let state = if step {
                     ContinuationState::Claimed
                 } else {
@@ -457,7 +467,7 @@ impl Service {
     /// Tells the host its generation is RUNNING (after activation, and again whenever the
     /// host reports it does not know yet).
     pub(crate) async fn push_activated(&self, l: &Leader, c: &ChainRow) -> bool {
-        let Some(cd) = &c.contracts_digest else {
+        let Some(digests) = Self::digests(c) else {
             return false;
         };
         let lease_until = self
@@ -467,19 +477,16 @@ impl Service {
             .ok()
             .flatten()
             .unwrap_or_else(|| c.reservation_deadline.clone());
-        let mut f = self.chain_fields(l, c, Proof::Reveal);
-        f.extend([
-            (
-                "idempotency_key",
-                s(&format!("activate/{}", c.chain.reservation_id)),
+        let m = Activate {
+            authority: self.authority(l, c, Proof::Reveal),
+            digests,
+            issued: Self::issued(
+                format!("activate/{}", c.chain.reservation_id),
+                &c.last_decided_at,
+                &lease_until,
             ),
-            ("contracts_digest", s(cd)),
-            ("scope_digest", s(&c.scope_digest)),
-            ("holds_digest", s(&c.holds_digest)),
-            ("control_op", s("activate")),
-        ]);
-        f.extend(Self::issued(&c.last_decided_at, &lease_until));
-        self.sign_push(&c.host_id, MessageType::Control, f)
+        };
+        self.sign_push(&c.host_id, ToHost::Activate(m))
     }
 
     /// Sends a host what to end, per lane. Only ever takes authority away.
@@ -495,40 +502,26 @@ impl Service {
         let Some(session_id) = self.hosts.session_id(host_id) else {
             return false;
         };
-        let body = Value::Object(
-            lanes
-                .iter()
-                .map(|(lane, o)| {
-                    (
-                        lane.clone(),
-                        Value::Object(vec![
-                            (
-                                "end".into(),
-                                Value::Array(o.end.iter().map(|g| n(*g as u64)).collect()),
-                            ),
-                            ("lane_incarnation_id".into(), s(&o.incarnation)),
-                            ("recreate".into(), Value::Bool(o.recreate)),
-                        ]),
-                    )
-                })
-                .collect(),
-        );
+        let lanes = lanes
+            .iter()
+            .map(|(lane, o)| {
+                let order = LaneOrderWire {
+                    lane_incarnation_id: o.incarnation.clone(),
+                    end: o.end.iter().map(|g| *g as u64).collect(),
+                    recreate: o.recreate,
+                };
+                (lane.clone(), order)
+            })
+            .collect();
         crate::coordinator::failpoint::before_push("reconcile");
-        let env = Outgoing::new(
-            &self.session,
-            MessageType::Reconcile,
-            vec![
-                (
-                    "idempotency_key",
-                    s(&format!("reconcile/{}", uuid::Uuid::new_v4().simple())),
-                ),
-                ("sot_incarnation", s(l.sot())),
-                ("coordinator_epoch", n(l.epoch() as u64)),
-                ("assignment_id", Value::Null),
-                ("session_id", s(&session_id)),
-                ("lanes", body),
-            ],
-        );
+        let m = ToHost::Reconcile(Reconcile {
+            idempotency_key: format!("reconcile/{}", uuid::Uuid::new_v4().simple()),
+            sot_incarnation: Some(l.sot().to_string()),
+            coordinator_epoch: Some(l.epoch() as u64),
+            session_id,
+            lanes,
+        });
+        let env = Outgoing::to_host(&self.session, &m);
         self.hosts.push(host_id, env).is_ok()
     }
 

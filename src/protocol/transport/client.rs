@@ -223,18 +223,18 @@ pub async fn connect_checked(
         return Err(TransportError::Refused(why));
     }
     if challenge.message_type() != MessageType::SessionChallenge
-        || challenge.str("issuer") != p.coordinator
+        || challenge.issuer() != p.coordinator
     {
         return Err(TransportError::Refused(
             "the first frame was not our coordinator's session challenge".into(),
         ));
     }
-    let session_id = challenge.str("session_id").to_string();
+    let session_id = challenge.session_id().unwrap_or("").to_string();
     let mut guard = ReplayGuard::new(&session_id);
     guard
-        .check(challenge.str("message_id"))
+        .check(challenge.message_id())
         .map_err(|why| TransportError::Refused(format!("session challenge message id: {why}")))?;
-    let clock = CoordinatorClock::from_issued(challenge.str("issued_at"))?;
+    let clock = CoordinatorClock::from_issued(challenge.issued_at().unwrap_or(""))?;
     let mut seq = Sequencer::new(&session_id);
     let hello = seq.seal(
         Outgoing::new(
@@ -251,7 +251,7 @@ pub async fn connect_checked(
         seq,
         guard,
         clock,
-        coordinator_epoch: challenge.uint("coordinator_epoch"),
+        coordinator_epoch: challenge.coordinator_epoch(),
         sot_incarnation: match challenge.get("sot_incarnation") {
             Some(Value::Str(v)) => Some(v.clone()),
             _ => None,

@@ -86,6 +86,11 @@ impl Outgoing {
             fields,
         }
     }
+
+    /// A coordinator → host message, from its typed form.
+    pub fn to_host(signer: &Arc<Signer>, m: &crate::protocol::messages::ToHost) -> Self {
+        Self::new(signer, m.message_type(), m.fields())
+    }
 }
 
 /// Gives one sender's envelopes their message ids on one session.

@@ -477,20 +477,20 @@ pub(super) async fn admitted(
         }
     };
     let refuse = |why: String| TransportError::Refused(why);
-    if hello.message_type() != MessageType::Hello || hello.str("issuer") != peer {
+    if hello.message_type() != MessageType::Hello || hello.issuer() != peer {
         let _ = ws.close(close_frame("hello refused")).await;
         return Err(refuse(format!(
             "hello issuer {:?} is not the TLS peer {peer:?}",
-            hello.str("issuer")
+            hello.issuer()
         )));
     }
-    if hello.str("session_id") != session_id {
+    if hello.session_id() != Some(session_id.as_str()) {
         let _ = ws.close(close_frame("hello refused")).await;
         return Err(refuse(
             "the hello does not answer this connection's session challenge (replayed?)".into(),
         ));
     }
-    if let Err(why) = guard.check(hello.str("message_id")) {
+    if let Err(why) = guard.check(hello.message_id()) {
         let _ = ws.close(close_frame("hello refused")).await;
         return Err(refuse(format!("hello message id: {why}")));
     }
@@ -672,12 +672,10 @@ pub(super) async fn run_session(
         };
         let verdict = match verify(text.as_bytes(), &ctx(SystemTime::now())) {
             Err(e) => Err(Violation::Unverified(e.category())),
-            Ok(env) if env.str("issuer") != peer => Err(Violation::IssuerNotPeer),
+            Ok(env) if env.issuer() != peer => Err(Violation::IssuerNotPeer),
             Ok(env) if env.message_type() == MessageType::Hello => Err(Violation::SecondHello),
-            Ok(env) if env.get("session_id").is_some() && env.str("session_id") != sid => {
-                Err(Violation::OtherSession)
-            }
-            Ok(env) => match guard.check(env.str("message_id")) {
+            Ok(env) if env.session_id().is_some_and(|s| s != sid) => Err(Violation::OtherSession),
+            Ok(env) => match guard.check(env.message_id()) {
                 Err(why) => Err(why),
                 Ok(()) => Ok(env),
             },

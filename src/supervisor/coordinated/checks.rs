@@ -5,27 +5,17 @@ use super::*;
 
 /// A handoff ACK: the chain fields, and every bound field of the challenge echoed.
 pub(super) fn handoff_ack_fields(
-    stage: &Envelope<Verified>,
-    contract: &Envelope<Verified>,
-    h: &Envelope<Verified>,
+    stage: &wire::Stage,
+    contract: &wire::Contract,
+    h: &wire::HandoffChallenge,
     identity: &Value,
 ) -> Vec<(&'static str, Value)> {
     let mut f = CoordinatedHost::chain_fields(stage, Some(contract));
     f.push((
         "idempotency_key",
-        s(&format!("handoff-ack/{}", h.str("handoff_challenge_id"))),
+        s(&format!("handoff-ack/{}", h.bound.handoff_challenge_id)),
     ));
-    for k in [
-        "handoff_challenge_id",
-        "source_assignment_attempt_id",
-        "responsibility_owner",
-        "execution_owner",
-        "pending_target",
-        "next_action_digest",
-        "challenge_deadline",
-    ] {
-        f.push((k, s(h.str(k))));
-    }
+    f.extend(h.bound.fields());
     f.push(("process_identity", identity.clone()));
     f
 }
@@ -34,41 +24,46 @@ pub(super) fn handoff_ack_fields(
 /// generation was staged with: the same reservation and timeline, the staging epoch (a
 /// later one only for a control message, which a new leader sends for RUNNING work), and a
 /// fence proof that opens the stage's commitment (see `protocol::fence`).
-pub(super) fn authority_of(env: &Envelope<Verified>, b: &CoordBinding) -> Result<(), &'static str> {
-    if env.str("reservation_id") != b.reservation_id {
+pub(super) fn authority_of(m: &ToHost, b: &CoordBinding) -> Result<(), &'static str> {
+    let Some(a) = m.authority() else {
+        return Err("unaddressed");
+    };
+    if a.reservation_id != b.reservation_id {
         return Err("other-reservation");
     }
-    if env.str("sot_incarnation") != b.sot_incarnation {
+    if a.sot_incarnation != b.sot_incarnation {
         return Err("other-timeline");
     }
-    let epoch = env.uint("coordinator_epoch").unwrap_or(0);
-    let epoch_ok = match env.message_type() {
+    let epoch_ok = match m {
         // Sent for RUNNING work by whichever leader is current.
-        MessageType::Control | MessageType::Continuation => epoch >= b.coordinator_epoch,
-        _ => epoch == b.coordinator_epoch,
+        ToHost::Activate(_) | ToHost::Continuation(_) => a.coordinator_epoch >= b.coordinator_epoch,
+        _ => a.coordinator_epoch == b.coordinator_epoch,
     };
     if !epoch_ok {
         return Err("other-epoch");
     }
-    if !crate::protocol::fence::opens(&b.fence_proof, env.str("fence_proof")) {
+    if !crate::protocol::fence::opens(&b.fence_proof, &a.fence_proof) {
         return Err("fence-proof-refused");
     }
     Ok(())
 }
 
 impl HostDispatch for Arc<CoordinatedHost> {
-    fn dispatch(&self, env: Envelope<Verified>) -> BoxFuture<'static, ()> {
+    fn dispatch(&self, env: Envelope<Verified>, msg: ToHost) -> BoxFuture<'static, ()> {
         let this = self.clone();
         Box::pin(async move {
-            match env.message_type() {
-                MessageType::Stage => {
-                    tokio::spawn(this.on_stage(env));
+            let message_id = env.message_id().to_string();
+            match msg {
+                ToHost::Stage(m) => {
+                    tokio::spawn(this.on_stage(m, message_id));
                 }
-                MessageType::Reconcile => {
-                    tokio::spawn(this.on_reconcile(env));
+                ToHost::Reconcile(m) => {
+                    tokio::spawn(this.on_reconcile(m, message_id));
                 }
+                // The link consumes receipt verdicts itself.
+                ToHost::ReceiptAck(_) => {}
                 // In order, on the link's task: a contract is never overtaken by its challenge.
-                _ => this.route(env).await,
+                msg => this.route(env, msg).await,
             }
         })
     }

@@ -9,32 +9,36 @@ impl CoordinatedHost {
     /// cannot reach (no lane socket). `accepted`: the coordinator committed the acceptance
     /// and debited the loop budget; hand it to the waiting harness — only if this process
     /// accepted it — which gets each continuation at most once.
-    pub(super) fn on_continuation(self: Arc<Self>, ctx: Arc<ChainCtx>, env: Envelope<Verified>) {
-        let lane_id = env.str("lane_id").to_string();
+    pub(super) fn on_continuation(
+        self: Arc<Self>,
+        ctx: Arc<ChainCtx>,
+        m: wire::Continuation,
+        message_id: &str,
+    ) {
+        let (lane_id, generation) = (m.authority.lane_id.clone(), Some(m.authority.generation));
         let fields = ctx.report_fields.lock().ok().and_then(|f| f.clone());
         let (Some(session), Some(fields)) = (ctx.session.clone(), fields) else {
             self.sup.audit_stale(
                 "continuation-unreachable-generation",
                 Some(&lane_id),
-                env.uint("generation"),
-                env.str("message_id"),
+                generation,
+                message_id,
             );
             return;
         };
-        let next_action = env.str("next_action").to_string();
-        if crate::protocol::work::next_action_digest(&next_action) != env.str("next_action_digest")
-        {
+        let next_action = m.next_action.clone();
+        if crate::protocol::work::next_action_digest(&next_action) != m.next_action_digest {
             self.sup.audit_stale(
                 "continuation-digest-mismatch",
                 Some(&lane_id),
-                env.uint("generation"),
-                env.str("message_id"),
+                generation,
+                message_id,
             );
             return;
         }
-        let id = env.str("continuation_id").to_string();
-        match env.str("phase") {
-            "accepted" => {
+        let id = m.continuation_id.clone();
+        match m.phase {
+            wire::ContinuationPhase::Accepted => {
                 // Already given and answered: the coordinator is still waiting, so the
                 // result report was lost; send it again (the same step, the same key).
                 let answered = session
@@ -59,8 +63,8 @@ impl CoordinatedHost {
                     self.sup.audit_stale(
                         "continuation-accepted-by-another-process",
                         Some(&lane_id),
-                        env.uint("generation"),
-                        env.str("message_id"),
+                        generation,
+                        message_id,
                     );
                     return;
                 }
@@ -71,8 +75,8 @@ impl CoordinatedHost {
                         next_action,
                     }));
             }
-            "offer" => {
-                let claim = env.str("claim_ref").to_string();
+            wire::ContinuationPhase::Offer => {
+                let claim = m.claim_ref.clone();
                 let fresh = ctx
                     .offers
                     .lock()
@@ -100,7 +104,7 @@ impl CoordinatedHost {
                     ));
                     f.push(("continuation_id", s(&id)));
                     f.push(("claim_ref", s(&claim)));
-                    f.push(("next_action_digest", s(env.str("next_action_digest"))));
+                    f.push(("next_action_digest", s(&m.next_action_digest)));
                     f.push(("process_identity", ctx.identity.clone()));
                     if let Ok(mut a) = session.accepted_here.lock() {
                         a.insert(id.clone());
@@ -108,38 +112,22 @@ impl CoordinatedHost {
                     self.send(MessageType::ContinuationAccept, f);
                 });
             }
-            _ => self.sup.audit_stale(
-                "continuation-phase-unknown",
-                Some(&lane_id),
-                env.uint("generation"),
-                env.str("message_id"),
-            ),
         }
     }
 
     /// The coordinator's reconcile: end the listed generations, recreate the listed lanes.
-    pub(super) async fn on_reconcile(self: Arc<Self>, env: Envelope<Verified>) {
+    pub(super) async fn on_reconcile(self: Arc<Self>, m: wire::Reconcile, message_id: String) {
         // Ending generations is authority: a reconcile must say whose (the link has checked
         // that timeline and epoch against the highest this host has seen).
-        if !matches!(env.get("sot_incarnation"), Some(Value::Str(_)))
-            || env.uint("coordinator_epoch").is_none()
-        {
+        if m.sot_incarnation.is_none() || m.coordinator_epoch.is_none() {
             self.sup
-                .audit_stale("authority-missing", None, None, env.str("message_id"));
+                .audit_stale("authority-missing", None, None, &message_id);
             return;
         }
-        let orders: Reconcile = match env.get("lanes").map(|v| report::from_value("reconcile", v)) {
-            Some(Ok(o)) => o,
-            Some(Err(e)) => {
-                tracing::warn!(error = %e, "malformed reconcile");
-                return;
-            }
-            None => return,
-        };
-        for (lane_id, order) in orders {
+        for (lane_id, order) in m.lanes {
             let Some(lane) = self.lane_name(&lane_id) else {
                 self.sup
-                    .audit_stale("other-host", Some(&lane_id), None, env.str("message_id"));
+                    .audit_stale("other-host", Some(&lane_id), None, &message_id);
                 continue;
             };
             let this = self.clone();

@@ -31,8 +31,8 @@ use super::state::CoordBinding;
 use super::Supervisor;
 use crate::protocol::canonical::Value;
 use crate::protocol::envelope::{n, s, Signer};
+use crate::protocol::messages::{self as wire, ToHost};
 use crate::protocol::queue::GenerationGate;
-use crate::protocol::report::{self, Reconcile};
 use crate::protocol::schema::MessageType;
 use crate::protocol::transport::Outgoing;
 use crate::protocol::{Envelope, Verified};
@@ -44,15 +44,15 @@ struct ChainCtx {
     runtime: String,
     binding: CoordBinding,
     /// The stage as received (absent for a generation re-adopted after a restart).
-    stage: Option<Envelope<Verified>>,
+    stage: Option<wire::Stage>,
     /// The harness's hand-off points (absent after a restart: they died with the old
     /// supervisor process).
     session: Option<Arc<GenSession>>,
     identity: Value,
-    contract: Mutex<Option<Envelope<Verified>>>,
+    contract: Mutex<Option<wire::Contract>>,
     challenge: tokio::sync::watch::Sender<Option<String>>,
     /// The handoff challenge of a handoff target's generation (spec §8.1).
-    handoff: tokio::sync::watch::Sender<Option<Envelope<Verified>>>,
+    handoff: tokio::sync::watch::Sender<Option<wire::HandoffChallenge>>,
     /// Continuation claims this host is waiting to accept (until the harness settles).
     offers: Mutex<std::collections::HashSet<String>>,
     /// The chain fields of this generation's reports (known once its contract is; restored
@@ -215,37 +215,29 @@ impl CoordinatedHost {
 
     /// The chain fields every ordinary host message repeats from the stage.
     fn chain_fields(
-        stage: &Envelope<Verified>,
-        contract: Option<&Envelope<Verified>>,
+        stage: &wire::Stage,
+        contract: Option<&wire::Contract>,
     ) -> Vec<(&'static str, Value)> {
+        let a = &stage.authority;
         let mut f = vec![
-            ("sot_incarnation", s(stage.str("sot_incarnation"))),
-            (
-                "coordinator_epoch",
-                n(stage.uint("coordinator_epoch").unwrap_or(0)),
-            ),
-            ("assignment_id", s(stage.str("assignment_id"))),
-            ("lane_id", s(stage.str("lane_id"))),
-            ("lane_incarnation_id", s(stage.str("lane_incarnation_id"))),
-            (
-                "assignment_attempt_id",
-                s(stage.str("assignment_attempt_id")),
-            ),
-            ("reservation_id", s(stage.str("reservation_id"))),
-            ("generation", n(stage.uint("generation").unwrap_or(0))),
-            ("fence_proof", s(stage.str("fence_proof"))),
+            ("sot_incarnation", s(&a.sot_incarnation)),
+            ("coordinator_epoch", n(a.coordinator_epoch)),
+            ("assignment_id", s(&a.assignment_id)),
+            ("lane_id", s(&a.lane_id)),
+            ("lane_incarnation_id", s(&a.lane_incarnation_id)),
+            ("assignment_attempt_id", s(&a.assignment_attempt_id)),
+            ("reservation_id", s(&a.reservation_id)),
+            ("generation", n(a.generation)),
+            ("fence_proof", s(&a.fence_proof)),
         ];
         if let Some(c) = contract {
             f.extend([
-                (
-                    "reservation_epoch",
-                    n(stage.uint("reservation_epoch").unwrap_or(0)),
-                ),
-                ("reservation_deadline", s(stage.str("reservation_deadline"))),
-                ("runtime_id", s(stage.str("runtime_id"))),
-                ("contracts_digest", s(c.str("contracts_digest"))),
-                ("scope_digest", s(c.str("scope_digest"))),
-                ("holds_digest", s(c.str("holds_digest"))),
+                ("reservation_epoch", n(a.reservation_epoch)),
+                ("reservation_deadline", s(&a.reservation_deadline)),
+                ("runtime_id", s(&a.runtime_id)),
+                ("contracts_digest", s(&c.digests.contracts_digest)),
+                ("scope_digest", s(&c.digests.scope_digest)),
+                ("holds_digest", s(&c.digests.holds_digest)),
             ]);
         }
         f
@@ -256,7 +248,7 @@ impl CoordinatedHost {
         let mut f = Self::chain_fields(stage, None);
         f.push((
             "idempotency_key",
-            s(&format!("staged/{}", stage.str("reservation_id"))),
+            s(&format!("staged/{}", stage.authority.reservation_id)),
         ));
         f.push(("process_identity", ctx.identity.clone()));
         self.send(MessageType::Staged, f);

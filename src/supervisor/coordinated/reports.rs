@@ -77,7 +77,7 @@ impl CoordinatedHost {
         }
     }
 
-    pub(super) async fn route(self: Arc<Self>, env: Envelope<Verified>) {
+    pub(super) async fn route(self: Arc<Self>, env: Envelope<Verified>, msg: ToHost) {
         // Queue isolation: only the lane's current, unfenced generation receives anything.
         let admitted = match self.gate.lock() {
             Ok(g) => g.admit(&env),
@@ -93,39 +93,37 @@ impl CoordinatedHost {
             );
             return;
         }
-        let lane_id = env.str("lane_id").to_string();
+        let Some(a) = msg.authority() else { return };
+        let (lane_id, generation) = (a.lane_id.clone(), a.generation);
+        let message_id = env.message_id();
         let Some(ctx) = self.chain_of(&lane_id) else {
             return;
         };
-        if let Err(why) = authority_of(&env, &ctx.binding) {
-            self.sup.audit_stale(
-                why,
-                Some(&lane_id),
-                env.uint("generation"),
-                env.str("message_id"),
-            );
+        if let Err(why) = authority_of(&msg, &ctx.binding) {
+            self.sup
+                .audit_stale(why, Some(&lane_id), Some(generation), message_id);
             return;
         }
-        match env.message_type() {
-            MessageType::Contract => {
+        match msg {
+            ToHost::Contract(m) => {
                 let Some(session) = &ctx.session else { return };
-                let text = env.str("task_text").to_string();
                 let digest = crate::protocol::contracts_digest(
-                    &text,
-                    env.str("scope_digest"),
-                    env.str("holds_digest"),
+                    &m.task_text,
+                    &m.digests.scope_digest,
+                    &m.digests.holds_digest,
                 );
-                if digest != env.str("contracts_digest") {
+                if digest != m.digests.contracts_digest {
                     self.sup.audit_stale(
                         "contract-digest-mismatch",
                         Some(&lane_id),
-                        env.uint("generation"),
-                        env.str("message_id"),
+                        Some(generation),
+                        message_id,
                     );
                     return;
                 }
+                let text = m.task_text.clone();
                 if let Ok(mut c) = ctx.contract.lock() {
-                    *c = Some(env.clone());
+                    *c = Some(m);
                 }
                 let key =
                     crate::adapter::contract_key(&digest, &ctx.lane_incarnation_id, ctx.generation);
@@ -135,8 +133,8 @@ impl CoordinatedHost {
                     key,
                 }));
             }
-            MessageType::Challenge => {
-                let cid = env.str("challenge_id").to_string();
+            ToHost::Challenge(m) => {
+                let cid = m.challenge_id;
                 ctx.challenge.send_replace(Some(cid.clone()));
                 if let Some(session) = &ctx.session {
                     session.challenged.send_replace(true);
@@ -150,19 +148,19 @@ impl CoordinatedHost {
                     }
                 }
             }
-            MessageType::Continuation => self.clone().on_continuation(ctx, env),
-            MessageType::HandoffChallenge => {
+            ToHost::Continuation(m) => self.clone().on_continuation(ctx, m, message_id),
+            ToHost::HandoffChallenge(m) => {
                 if let Some(session) = &ctx.session {
                     session
                         .handoff
-                        .send_replace(Some(env.str("handoff_challenge_id").to_string()));
+                        .send_replace(Some(m.bound.handoff_challenge_id.clone()));
                 }
                 let resend = ctx.handoff.borrow().is_some()
                     && ctx
                         .session
                         .as_ref()
                         .is_some_and(|s| *s.handoff_ack_requested.borrow());
-                ctx.handoff.send_replace(Some(env.clone()));
+                ctx.handoff.send_replace(Some(m.clone()));
                 // The coordinator sends the challenge again only while it has no ACK: the
                 // first was lost (a coordinator restart, say). Answer again, same key.
                 if resend {
@@ -172,12 +170,12 @@ impl CoordinatedHost {
                     ) {
                         self.send(
                             MessageType::HandoffAck,
-                            handoff_ack_fields(stage, &contract, &env, &ctx.identity),
+                            handoff_ack_fields(stage, &contract, &m, &ctx.identity),
                         );
                     }
                 }
             }
-            MessageType::Control if env.str("control_op") == "activate" => {
+            ToHost::Activate(_) => {
                 let Some(lane) = self.lane_name(&lane_id) else {
                     return;
                 };
@@ -204,7 +202,7 @@ impl CoordinatedHost {
                 }
             }
             other => tracing::warn!(
-                message_type = other.as_str(),
+                message_type = other.message_type().as_str(),
                 "unexpected coordinator message"
             ),
         }

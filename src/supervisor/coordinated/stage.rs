@@ -4,26 +4,23 @@
 use super::*;
 
 impl CoordinatedHost {
-    pub(super) async fn on_stage(self: Arc<Self>, stage: Envelope<Verified>) {
-        let lane_id = stage.str("lane_id").to_string();
-        let inc = stage.str("lane_incarnation_id").to_string();
-        let runtime = stage.str("runtime_id").to_string();
-        let generation = stage.uint("generation").unwrap_or(0);
+    pub(super) async fn on_stage(self: Arc<Self>, stage: wire::Stage, message_id: String) {
+        let a = &stage.authority;
+        let lane_id = a.lane_id.clone();
+        let inc = a.lane_incarnation_id.clone();
+        let runtime = a.runtime_id.clone();
+        let generation = a.generation;
         let Some(lane) = self.lane_name(&lane_id) else {
-            self.sup.audit_stale(
-                "other-host",
-                Some(&lane_id),
-                Some(generation),
-                stage.str("message_id"),
-            );
+            self.sup
+                .audit_stale("other-host", Some(&lane_id), Some(generation), &message_id);
             return;
         };
-        if !crate::protocol::fence::is_commitment(stage.str("fence_proof")) {
+        if !crate::protocol::fence::is_commitment(&a.fence_proof) {
             self.sup.audit_stale(
                 "fence-proof-not-a-commitment",
                 Some(&lane_id),
                 Some(generation),
-                stage.str("message_id"),
+                &message_id,
             );
             return;
         }
@@ -36,19 +33,19 @@ impl CoordinatedHost {
         if let Some(ctx) = self.chain_of(&lane_id) {
             if ctx.generation == generation
                 && ctx.lane_incarnation_id == inc
-                && ctx.binding.reservation_id == stage.str("reservation_id")
+                && ctx.binding.reservation_id == a.reservation_id
             {
                 self.send_staged(&ctx);
                 return;
             }
         }
         let binding = CoordBinding {
-            reservation_id: stage.str("reservation_id").into(),
-            assignment_id: stage.str("assignment_id").into(),
-            assignment_attempt_id: stage.str("assignment_attempt_id").into(),
-            sot_incarnation: stage.str("sot_incarnation").into(),
-            coordinator_epoch: stage.uint("coordinator_epoch").unwrap_or(0),
-            fence_proof: stage.str("fence_proof").into(),
+            reservation_id: a.reservation_id.clone(),
+            assignment_id: a.assignment_id.clone(),
+            assignment_attempt_id: a.assignment_attempt_id.clone(),
+            sot_incarnation: a.sot_incarnation.clone(),
+            coordinator_epoch: a.coordinator_epoch,
+            fence_proof: a.fence_proof.clone(),
             activated: false,
             chain_fields: None,
         };
@@ -165,7 +162,7 @@ impl CoordinatedHost {
         let mut f = Self::chain_fields(stage, Some(&contract));
         f.push((
             "idempotency_key",
-            s(&format!("injected/{}", stage.str("reservation_id"))),
+            s(&format!("injected/{}", stage.authority.reservation_id)),
         ));
         f.push(("delivered_contracts_digest", s(&digest)));
         f.push(("process_identity", ctx.identity.clone()));

@@ -48,12 +48,15 @@ impl Handler for HostHandler {
         hello: &Envelope<Verified>,
     ) -> BoxFuture<'static, Result<(), transport::Refusal>> {
         let svc = self.0.clone();
-        let host_field = hello.str("host_id").to_string();
+        let host_field = match FromHostSession::decode(hello) {
+            Ok(Some(FromHostSession::State(h))) => Some(h.host_id),
+            _ => None,
+        };
         Box::pin(async move {
             let Some(host) = host_of(&session.peer).map(String::from) else {
                 return Err(transport::Refusal::NotAPeer("not a host principal".into()));
             };
-            if host_field != host {
+            if host_field.as_deref() != Some(host.as_str()) {
                 return Err(transport::Refusal::BadHello(
                     "the hello names another host".into(),
                 ));
@@ -113,19 +116,7 @@ impl Handler for HostHandler {
             tracing::debug!(host, message_type = t.as_str(), "host message");
             // Identifiers are looked up, logged and echoed: refuse any that is not shaped
             // like one Mosaic mints, without repeating it.
-            if let Some(field) = [
-                "reservation_id",
-                "assignment_id",
-                "assignment_attempt_id",
-                "lane_id",
-                "lane_incarnation_id",
-                "receipt_idempotency_key",
-                "challenge_id",
-                "host_id",
-            ]
-            .into_iter()
-            .find(|f| matches!(env.get(f), Some(Value::Str(v)) if !report::id_ok(v)))
-            {
+            if let Some(field) = crate::protocol::messages::malformed_identifier(&env) {
                 svc.metrics
                     .host_messages_refused
                     .get_or_create(&crate::coordinator::metrics::TypeCategory {
@@ -146,20 +137,18 @@ impl Handler for HostHandler {
             }
             // A chain message becomes its typed struct here, once; its handler never reads
             // the envelope's fields.
-            let out = match crate::protocol::messages::FromHostChain::decode(&env) {
+            let out = match decode(&env) {
                 Err(e) => Err(OpError::new(Category::BadInput, e.to_string())),
-                Ok(Some(m)) => svc.on_chain(&host, m).await.map(|()| vec![]),
-                Ok(None) => match t {
-                    MessageType::Hello | MessageType::Report => {
-                        svc.on_state(&host, &env).await.map(|()| vec![])
-                    }
-                    MessageType::Receipt => return svc.on_receipt(&host, &env).await,
-                    MessageType::Heartbeat => Ok(vec![]),
-                    other => Err(OpError::new(
-                        Category::BadInput,
-                        format!("hosts do not send {}", other.as_str()),
-                    )),
+                Ok(Some(Either::Chain(m))) => svc.on_chain(&host, *m).await.map(|()| vec![]),
+                Ok(Some(Either::Session(m))) => match m {
+                    FromHostSession::State(m) => svc.on_state(&host, m).await.map(|()| vec![]),
+                    FromHostSession::Receipt(m) => return svc.on_receipt(&host, m).await,
+                    FromHostSession::Heartbeat => Ok(vec![]),
                 },
+                Ok(None) => Err(OpError::new(
+                    Category::BadInput,
+                    format!("hosts do not send {}", t.as_str()),
+                )),
             };
             tracing::debug!(
                 host,
@@ -182,13 +171,9 @@ impl Handler for HostHandler {
                         &format!("host-{}", t.as_str()),
                         e.category,
                         None,
-                        non_empty(env.str("assignment_id")),
-                        non_empty(env.str("lane_incarnation_id")),
-                        &format!(
-                            "host:{host} message {}: {}",
-                            env.str("message_id"),
-                            e.message
-                        ),
+                        non_empty(env.assignment_id().unwrap_or("")),
+                        non_empty(env.address().lane_incarnation_id.unwrap_or("")),
+                        &format!("host:{host} message {}: {}", env.message_id(), e.message),
                     );
                     Handled {
                         replies: vec![],
@@ -313,4 +298,21 @@ pub(super) fn owned(
         ));
     }
     Ok(())
+}
+
+/// A host message, typed: a chain message or a session message.
+enum Either {
+    Chain(Box<FromHostChain>),
+    Session(FromHostSession),
+}
+
+/// The one place a host's envelope becomes its typed message; `Ok(None)` for a type hosts
+/// do not send.
+fn decode(
+    env: &Envelope<Verified>,
+) -> Result<Option<Either>, crate::protocol::messages::WireError> {
+    if let Some(m) = FromHostChain::decode(env)? {
+        return Ok(Some(Either::Chain(Box::new(m))));
+    }
+    Ok(FromHostSession::decode(env)?.map(Either::Session))
 }

@@ -27,10 +27,10 @@ use crate::coordinator::error::{AuthorityError, Category};
 use crate::coordinator::leader::Leader;
 use crate::coordinator::model::ChainRow;
 use crate::coordinator::states::{GenState, LaneState};
-use crate::protocol::canonical::{self, Value};
-use crate::protocol::envelope::{n, s};
+use crate::protocol::messages::{
+    FromHostChain, FromHostSession, HostState, Receipt, ReceiptAck, ToHost, Verdict,
+};
 use crate::protocol::report::{self, HostReport};
-use crate::protocol::schema::MessageType;
 use crate::protocol::transport::{self, Admission, Handled, Handler, Outgoing, SessionHandle};
 use crate::protocol::{Envelope, Verified};
 

@@ -7,10 +7,10 @@ impl Service {
     /// A termination receipt: ingested and reconciled, then acknowledged with a verdict —
     /// `ingested`, `retry:<category>` (the host sends it again later) or
     /// `refused:<category>` (it never will be ingestible).
-    pub(super) async fn on_receipt(&self, host: &str, env: &Envelope<Verified>) -> Handled {
-        let key = env.str("receipt_idempotency_key").to_string();
-        let verdict = match self.ingest_receipt(host, env).await {
-            Ok(()) => "ingested".to_string(),
+    pub(super) async fn on_receipt(&self, host: &str, m: Receipt) -> Handled {
+        let key = m.receipt_idempotency_key.clone();
+        let verdict = match self.ingest_receipt(host, &m).await {
+            Ok(()) => Verdict::Ingested,
             Err(e) => {
                 let final_refusal = matches!(
                     e.category,
@@ -26,39 +26,35 @@ impl Service {
                     e.category,
                     None,
                     None,
-                    non_empty(env.str("lane_incarnation_id")),
+                    non_empty(&m.lane_incarnation_id),
                     &format!("host:{host} receipt {key}: {}", e.message),
                 );
-                format!(
-                    "{}:{}",
-                    if final_refusal { "refused" } else { "retry" },
-                    e.category.as_str()
-                )
+                let category = e.category.as_str().to_string();
+                if final_refusal {
+                    Verdict::Refused(category)
+                } else {
+                    Verdict::Retry(category)
+                }
             }
         };
         // A host never has a receipt for a lane the coordinator does not know: for
         // receipts, `not-found` counts against the session too.
-        let violation = verdict
-            .strip_prefix("refused:")
-            .and_then(Category::parse)
-            .filter(|c| hostile(*c) || *c == Category::NotFound)
-            .map(|c| format!("refused-{}", c.as_str()));
+        let violation = match &verdict {
+            Verdict::Refused(c) => Category::parse(c)
+                .filter(|c| hostile(*c) || *c == Category::NotFound)
+                .map(|c| format!("refused-{}", c.as_str())),
+            _ => None,
+        };
         let epoch = self.leadership.current().await.map(|l| l.epoch());
-        let ack = Outgoing::new(
+        let ack = Outgoing::to_host(
             &self.session,
-            MessageType::ReceiptAck,
-            vec![
-                ("idempotency_key", s(&format!("receipt-ack/{key}"))),
-                ("sot_incarnation", Value::Null),
-                (
-                    "coordinator_epoch",
-                    epoch.map(|e| n(e as u64)).unwrap_or(Value::Null),
-                ),
-                ("assignment_id", Value::Null),
-                ("session_id", s(env.str("session_id"))),
-                ("receipt_idempotency_key", s(&key)),
-                ("verdict", s(&verdict)),
-            ],
+            &ToHost::ReceiptAck(ReceiptAck {
+                idempotency_key: format!("receipt-ack/{key}"),
+                coordinator_epoch: epoch.map(|e| e as u64),
+                session_id: m.session_id.clone(),
+                receipt_idempotency_key: key,
+                verdict,
+            }),
         );
         Handled {
             replies: vec![ack],
@@ -66,18 +62,14 @@ impl Service {
         }
     }
 
-    pub(super) async fn ingest_receipt(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
+    pub(super) async fn ingest_receipt(&self, host: &str, m: &Receipt) -> Result<(), OpError> {
         let l = self.leader().await?;
-        let body = canonical::to_json(env.get("receipt").unwrap_or(&Value::Null));
+        let body = &m.receipt;
         // The body must be about the very lane and generation the envelope names.
-        let same = body["lane_id"].as_str() == Some(env.str("lane_id"))
-            && body["lane_incarnation_id"].as_str() == Some(env.str("lane_incarnation_id"))
-            && body["generation"].as_u64() == env.uint("generation")
-            && body["idempotency_key"].as_str() == Some(env.str("receipt_idempotency_key"))
+        let same = body["lane_id"].as_str() == Some(m.lane_id.as_str())
+            && body["lane_incarnation_id"].as_str() == Some(m.lane_incarnation_id.as_str())
+            && body["generation"].as_u64() == Some(m.generation)
+            && body["idempotency_key"].as_str() == Some(m.receipt_idempotency_key.as_str())
             && body["host_id"].as_str() == Some(host);
         if !same {
             return Err(OpError::new(
@@ -86,20 +78,19 @@ impl Service {
             ));
         }
         let (rec, r) = self
-            .step(&l, self.store.ingest_termination(&l, host, &body).await)
+            .step(&l, self.store.ingest_termination(&l, host, body).await)
             .await?;
         tracing::info!(
             receipt_key = %body["idempotency_key"].as_str().unwrap_or(""),
-            lane_id = %env.str("lane_id"),
-            generation = env.uint("generation").unwrap_or(0),
+            lane_id = %m.lane_id,
+            generation = m.generation,
             reason = %body["termination_reason"].as_str().unwrap_or(""),
             ?rec,
             replayed = r.replayed,
             "termination receipt reconciled"
         );
         if matches!(rec, Reconciliation::Retiring { .. }) {
-            let inc = env.str("lane_incarnation_id");
-            match self.store.finish(&l, inc).await {
+            match self.store.finish(&l, &m.lane_incarnation_id).await {
                 Ok(_) => self.bump(),
                 Err(e) => {
                     self.note(&l, &e).await;
@@ -112,32 +103,24 @@ impl Service {
 
     /// A hello: adopt the lanes it names, record what the host advertises, and reconcile.
     /// A host's state: the hello that opened its session, or a `report` after a change.
-    pub(super) async fn on_state(
-        &self,
-        host: &str,
-        env: &Envelope<Verified>,
-    ) -> Result<(), OpError> {
-        if env.str("host_id") != host {
+    pub(super) async fn on_state(&self, host: &str, m: HostState) -> Result<(), OpError> {
+        if m.host_id != host {
             return Err(OpError::new(
                 Category::NotOwner,
                 "the report names another host",
             ));
         }
         let l = self.leader().await?;
-        let list = |field: &str| -> Vec<String> {
-            match env.get(field) {
-                Some(Value::Array(v)) => v
-                    .iter()
-                    .filter_map(Value::as_str)
-                    .map(String::from)
-                    .collect(),
-                _ => vec![],
-            }
-        };
         // The whole report is refused (and nothing adopted) if any entry is not a lane
         // name and incarnation as hosts make them, or there are more than a host may have.
-        let lanes = list("lanes");
-        let runtimes = list("runtimes");
+        let HostState {
+            hello,
+            session_id,
+            lanes,
+            runtimes,
+            lane_states: report,
+            ..
+        } = m;
         let lanes_ok = lanes.len() <= report::MAX_LANES
             && lanes.iter().all(|l| {
                 l.split_once('@')
@@ -156,10 +139,9 @@ impl Service {
                 ),
             ));
         }
-        let session_id = env.str("session_id");
-        if self.hosts.runtimes_changed(host, session_id, &runtimes) {
+        if self.hosts.runtimes_changed(host, &session_id, &runtimes) {
             self.store.record_host(host, &runtimes).await?;
-            self.hosts.runtimes_recorded(host, session_id, runtimes);
+            self.hosts.runtimes_recorded(host, &session_id, runtimes);
         }
         for lane in lanes {
             let Some((name, inc)) = lane.split_once('@') else {
@@ -177,15 +159,9 @@ impl Service {
                 self.bump();
             }
         }
-        let report: HostReport = match env.get("lane_states") {
-            Some(v) => report::from_value("lane_states", v)
-                .map_err(|e| OpError::new(Category::BadInput, e.to_string()))?,
-            None => HostReport::new(),
-        };
         // A session's hello resends whatever every chain of the host waits for; a later
         // report (the host's state changed) only reconciles what it reports.
-        let full = env.message_type() == MessageType::Hello;
-        self.reconcile_report(&l, host, Some(&report), full).await;
+        self.reconcile_report(&l, host, Some(&report), hello).await;
         Ok(())
     }
 

@@ -1,44 +1,9 @@
-//! Typed messages: a verified envelope converted, in one place, into one struct per message
-//! type, so handlers take fields by name and type instead of reading `env.str("…")`.
-//!
-//! Today this covers the chain messages a host sends the coordinator (staged, injected,
-//! ACK, progress, blocked, handoff ACK, continuation accept and result) — [`FromHostChain`].
-//! The session messages and the coordinator → host direction are still read from the
-//! envelope by their handlers.
-//!
-//! **Never:** converts an envelope that was not verified (`Envelope<Verified>` only), or
-//! fills a missing required field with a default: the schema guarantees each one, and a
-//! conversion that finds one missing is a typed error naming the field.
+//! Host → coordinator: the chain messages a host sends about one of its generations.
 
-use super::canonical::{self, Value};
-use super::envelope::{Envelope, Verified};
-use super::schema::MessageType;
-
-#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-pub enum WireError {
-    #[error("{message_type}: required field {field} is missing or not {expected}")]
-    Field {
-        message_type: &'static str,
-        field: &'static str,
-        expected: &'static str,
-    },
-}
-
-/// The chain a host's chain message speaks for: what the coordinator checks against the
-/// reservation's rows before anything else (`hosts::owned`).
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ChainRef {
-    pub reservation_id: String,
-    pub lane_id: String,
-    pub lane_incarnation_id: String,
-    pub assignment_id: String,
-    pub assignment_attempt_id: String,
-    pub generation: u64,
-    pub sot_incarnation: String,
-    pub coordinator_epoch: u64,
-    /// The stage's fence commitment, shown back.
-    pub fence_proof: String,
-}
+use super::{ChainRef, Fields, WireError};
+use crate::protocol::envelope::{Envelope, Verified};
+use crate::protocol::report::{self, HostReport};
+use crate::protocol::schema::MessageType;
 
 /// `staged`: the host started a fresh, verified process tree for this generation.
 #[derive(Debug, Clone, PartialEq)]
@@ -142,10 +107,7 @@ impl FromHostChain {
     /// Converts a verified envelope; `Ok(None)` for a type that is not a host chain
     /// message.
     pub fn decode(env: &Envelope<Verified>) -> Result<Option<Self>, WireError> {
-        let f = Fields {
-            env,
-            t: env.message_type().as_str(),
-        };
+        let f = Fields::of(env);
         let msg = match env.message_type() {
             MessageType::Staged => Self::Staged(Staged {
                 chain: f.chain()?,
@@ -212,60 +174,71 @@ impl FromHostChain {
     }
 }
 
-/// Field access for one envelope, each miss a typed error naming the field.
-struct Fields<'e> {
-    env: &'e Envelope<Verified>,
-    t: &'static str,
+/// `hello` (the one that opened the session) or `report` (the host's state changed).
+#[derive(Debug, Clone, PartialEq)]
+pub struct HostState {
+    /// Whether this is the session's hello (the coordinator then resends whatever every
+    /// chain of the host waits for).
+    pub hello: bool,
+    pub session_id: String,
+    pub host_id: String,
+    /// `lane@incarnation` of every live lane (shapes are checked by the handler).
+    pub lanes: Vec<String>,
+    /// The `family@version` entries of the host's registry.
+    pub runtimes: Vec<String>,
+    /// Per lane, the host's status and live generations; empty when not sent.
+    pub lane_states: HostReport,
 }
 
-impl Fields<'_> {
-    fn miss(&self, field: &'static str, expected: &'static str) -> WireError {
-        WireError::Field {
-            message_type: self.t,
-            field,
-            expected,
-        }
-    }
+/// `receipt`: a termination receipt, and the lane and generation its envelope names.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Receipt {
+    pub session_id: String,
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub generation: u64,
+    pub receipt_idempotency_key: String,
+    /// The receipt body as the host recorded it.
+    pub receipt: serde_json::Value,
+}
 
-    fn str(&self, field: &'static str) -> Result<String, WireError> {
-        match self.env.get(field) {
-            Some(Value::Str(s)) => Ok(s.clone()),
-            _ => Err(self.miss(field, "a string")),
-        }
-    }
+/// Every session message a host sends the coordinator.
+#[derive(Debug, Clone, PartialEq)]
+pub enum FromHostSession {
+    State(HostState),
+    Receipt(Receipt),
+    Heartbeat,
+}
 
-    fn opt_str(&self, field: &'static str) -> Option<String> {
-        match self.env.get(field) {
-            Some(Value::Str(s)) => Some(s.clone()),
-            _ => None,
-        }
-    }
-
-    fn uint(&self, field: &'static str) -> Result<u64, WireError> {
-        match self.env.get(field) {
-            Some(Value::Int(i)) if *i >= 0 => Ok(*i as u64),
-            _ => Err(self.miss(field, "a non-negative integer")),
-        }
-    }
-
-    fn json(&self, field: &'static str) -> Result<serde_json::Value, WireError> {
-        match self.env.get(field) {
-            Some(v @ Value::Object(_)) => Ok(canonical::to_json(v)),
-            _ => Err(self.miss(field, "an object")),
-        }
-    }
-
-    fn chain(&self) -> Result<ChainRef, WireError> {
-        Ok(ChainRef {
-            reservation_id: self.str("reservation_id")?,
-            lane_id: self.str("lane_id")?,
-            lane_incarnation_id: self.str("lane_incarnation_id")?,
-            assignment_id: self.str("assignment_id")?,
-            assignment_attempt_id: self.str("assignment_attempt_id")?,
-            generation: self.uint("generation")?,
-            sot_incarnation: self.str("sot_incarnation")?,
-            coordinator_epoch: self.uint("coordinator_epoch")?,
-            fence_proof: self.str("fence_proof")?,
-        })
+impl FromHostSession {
+    /// Converts a verified envelope; `Ok(None)` for a type that is not a host session
+    /// message.
+    pub fn decode(env: &Envelope<Verified>) -> Result<Option<Self>, WireError> {
+        let f = Fields::of(env);
+        let msg = match env.message_type() {
+            t @ (MessageType::Hello | MessageType::Report) => Self::State(HostState {
+                hello: t == MessageType::Hello,
+                session_id: f.str("session_id")?,
+                host_id: f.str("host_id")?,
+                lanes: f.str_list("lanes"),
+                runtimes: f.str_list("runtimes"),
+                lane_states: match env.get("lane_states") {
+                    Some(v) => report::from_value("lane_states", v)
+                        .map_err(|e| f.unknown("lane_states", &e.to_string()))?,
+                    None => HostReport::new(),
+                },
+            }),
+            MessageType::Receipt => Self::Receipt(Receipt {
+                session_id: f.str("session_id")?,
+                lane_id: f.str("lane_id")?,
+                lane_incarnation_id: f.str("lane_incarnation_id")?,
+                generation: f.uint("generation")?,
+                receipt_idempotency_key: f.str("receipt_idempotency_key")?,
+                receipt: f.json("receipt")?,
+            }),
+            MessageType::Heartbeat => Self::Heartbeat,
+            _ => return Ok(None),
+        };
+        Ok(Some(msg))
     }
 }
