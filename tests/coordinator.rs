@@ -1487,6 +1487,69 @@ async fn an_expired_reservation_chain_cannot_authorize_its_successor() {
     s.activate(l, &good).await.unwrap();
 }
 
+/// A reservation's epoch is the version of its lane incarnation's reservation authority: it
+/// moves with every reservation that replaces the last (spec §4), the previous chain's epoch
+/// no longer binds an ACK, and the database refuses an epoch that does not move forward and
+/// any change to one.
+#[tokio::test]
+async fn the_reservation_epoch_moves_with_every_replacement_and_never_back() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let inc = f.lane.lane_incarnation_id.clone();
+    let r1 = to_awaiting_ack(s, l, &inc, None, 1_000).await;
+    assert_eq!(r1.chain().reservation_epoch, 1);
+    tokio::time::sleep(std::time::Duration::from_millis(1_100)).await;
+    s.end_chain(l, r1.chain(), EndCause::Expired).await.unwrap();
+    s.ingest_termination(l, HOST, &receipt_for(&r1, "quit", true))
+        .await
+        .unwrap();
+    s.finish(l, &inc).await.unwrap();
+    let r2 = to_awaiting_ack(s, l, &inc, Some(&r1.chain().assignment_id), 60_000).await;
+    assert_eq!(r2.chain().reservation_epoch, 2, "the replacement moves the epoch");
+    let row = s
+        .chain_by_reservation(&r2.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(row.chain.reservation_epoch, 2, "the row holds what the receipt said");
+    // An ACK bound to the replaced authority's epoch does not bind the new chain.
+    let mut old = ack(l, &r2);
+    old.reservation_epoch = r1.chain().reservation_epoch;
+    assert_eq!(category(s.consume_ack(l, &old).await), Category::Mismatch);
+    // The database itself refuses an epoch that does not move forward, and any change.
+    let c = sql(&f.db.url).await;
+    let e = c
+        .batch_execute(&format!(
+            "INSERT INTO reservations (reservation_id, reservation_epoch, reservation_lease_id, assignment_id, assignment_attempt_id, \
+                                       lane_incarnation_id, sot_incarnation, coordinator_epoch, deadline, fence_digest, fence_salt) \
+             SELECT 'rs-forged', 2, 'rl-forged', assignment_id, 'at-forged', lane_incarnation_id, sot_incarnation, coordinator_epoch, \
+                    deadline, fence_digest, fence_salt FROM reservations WHERE reservation_id = '{}'",
+            r2.chain().reservation_id
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        e.as_db_error()
+            .is_some_and(|d| d.message().contains("does not replace epoch 2")),
+        "{e:?}"
+    );
+    let e = c
+        .batch_execute(&format!(
+            "UPDATE reservations SET reservation_epoch = 9 WHERE reservation_id = '{}'",
+            r1.chain().reservation_id
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        e.as_db_error()
+            .is_some_and(|d| d.message().contains("epoch never changes")),
+        "{e:?}"
+    );
+    // The new chain still activates with its own epoch.
+    s.consume_ack(l, &ack(l, &r2)).await.unwrap();
+    s.activate(l, &activation(s, &r2).await).await.unwrap();
+}
+
 #[tokio::test]
 async fn a_connection_dropped_at_any_activation_step_leaves_no_running_state() {
     let f = fx().await;

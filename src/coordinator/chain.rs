@@ -268,8 +268,8 @@ impl Store {
                                     SELECT $13, assignment_id, $9, $14, $15 FROM a RETURNING assignment_attempt_id) \
                          INSERT INTO reservations (reservation_id, reservation_epoch, reservation_lease_id, assignment_id, assignment_attempt_id, lane_incarnation_id, \
                                                    sot_incarnation, coordinator_epoch, deadline, fence_digest, fence_salt) \
-                         SELECT $16, 1, $17, $1, t.assignment_attempt_id, $2, $18, $9, clock_timestamp() + $19::text::interval, $20, $21 FROM t \
-                         RETURNING mosaic_ts(deadline) AS deadline"
+                         SELECT $16, (SELECT coalesce(max(px.reservation_epoch), 0) + 1 FROM reservations px WHERE px.lane_incarnation_id = $2), $17, $1, t.assignment_attempt_id, $2, $18, $9, clock_timestamp() + $19::text::interval, $20, $21 FROM t \
+                         RETURNING mosaic_ts(deadline) AS deadline, reservation_epoch"
                     );
                     let rows = d.query(
                         &sql,
@@ -285,13 +285,14 @@ impl Store {
                             else { format!("no published inactivity policy {}", req.inactivity_policy) }));
                     };
                     let deadline: String = row.col("deadline")?;
+                    let reservation_epoch: i64 = row.col("reservation_epoch")?;
                     let chain = Chain {
                         lane_id,
                         lane_incarnation_id: req.lane_incarnation_id.clone(),
                         assignment_id,
                         assignment_attempt_id: attempt,
                         reservation_id: reservation,
-                        reservation_epoch: 1,
+                        reservation_epoch,
                     };
                     d.decide(json!({ "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
                         "responsibility_owner": req.target, "execution_owner": null, "pending_target": req.target,

@@ -254,17 +254,19 @@ impl Store {
                     let next_action = format!("continue on {target_lane}: its fresh generation acknowledges handoff {handoff}, then its own activation");
                     let nad = next_action_digest(&next_action);
                     let task_digest = crate::protocol::task::task_digest(&task);
-                    let deadline: String = d.query_one(
+                    let row = d.query_one(
                         "WITH t AS (INSERT INTO attempts (assignment_attempt_id, assignment_id, created_epoch, task_text, task_digest) \
                                     VALUES ($1, $2, $3, $4, $5) RETURNING 1), \
                               r AS (INSERT INTO reservations (reservation_id, reservation_epoch, reservation_lease_id, assignment_id, assignment_attempt_id, \
                                                               lane_incarnation_id, sot_incarnation, coordinator_epoch, deadline, fence_digest, fence_salt, handoff_id) \
-                                    SELECT $6, 1, $7, $2, $1, $8, $9, $3, clock_timestamp() + $10::text::interval, $11, $12, $13 FROM t \
-                                    RETURNING deadline) \
-                         SELECT mosaic_ts(deadline) AS deadline FROM r",
+                                    SELECT $6, (SELECT coalesce(max(px.reservation_epoch), 0) + 1 FROM reservations px WHERE px.lane_incarnation_id = $8), $7, $2, $1, $8, $9, $3, clock_timestamp() + $10::text::interval, $11, $12, $13 FROM t \
+                                    RETURNING deadline, reservation_epoch) \
+                         SELECT mosaic_ts(deadline) AS deadline, reservation_epoch FROM r",
                         &[&attempt, &req.assignment_id, &epoch, &task, &task_digest, &reservation, &lease, &req.target_lane_incarnation_id,
                           &sot, &ttl, &fence_digest, &salt, &handoff],
-                    ).await?.col("deadline")?;
+                    ).await?;
+                    let deadline: String = row.col("deadline")?;
+                    let reservation_epoch: i64 = row.col("reservation_epoch")?;
                     d.exec_one(
                         "INSERT INTO handoffs (handoff_id, assignment_id, responsibility_owner, execution_owner, pending_target, source_attempt_id, \
                                                source_reservation_id, target_attempt_id, target_reservation_id, target_lane_incarnation_id, \
@@ -283,7 +285,7 @@ impl Store {
                         assignment_id: req.assignment_id.clone(),
                         assignment_attempt_id: attempt,
                         reservation_id: reservation,
-                        reservation_epoch: 1,
+                        reservation_epoch,
                     };
                     d.decide(json!({ "handoff_id": handoff, "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
                         "responsibility_owner": resp, "execution_owner": exec, "pending_target": target_lane,
