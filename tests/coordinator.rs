@@ -1505,13 +1505,20 @@ async fn the_reservation_epoch_moves_with_every_replacement_and_never_back() {
         .unwrap();
     s.finish(l, &inc).await.unwrap();
     let r2 = to_awaiting_ack(s, l, &inc, Some(&r1.chain().assignment_id), 60_000).await;
-    assert_eq!(r2.chain().reservation_epoch, 2, "the replacement moves the epoch");
+    assert_eq!(
+        r2.chain().reservation_epoch,
+        2,
+        "the replacement moves the epoch"
+    );
     let row = s
         .chain_by_reservation(&r2.chain().reservation_id)
         .await
         .unwrap()
         .unwrap();
-    assert_eq!(row.chain.reservation_epoch, 2, "the row holds what the receipt said");
+    assert_eq!(
+        row.chain.reservation_epoch, 2,
+        "the row holds what the receipt said"
+    );
     // An ACK bound to the replaced authority's epoch does not bind the new chain.
     let mut old = ack(l, &r2);
     old.reservation_epoch = r1.chain().reservation_epoch;

@@ -740,6 +740,58 @@ async fn a_leader_paused_past_its_lease_reacquires_and_its_inflight_transition_i
     w.usable(2).await;
 }
 
+/// Leadership acquisition runs in the transition frame like every other authority change,
+/// so it has the same crash points: killed before its commit it minted nothing (the next
+/// acquisition takes the very next epoch), killed after it the epoch and its receipt are
+/// there and the next one takes the epoch after — and lanes work under either.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_coordinator_killed_around_its_acquisition_commit_mints_an_epoch_only_with_its_receipt() {
+    let mut w = Split::new(1);
+    let first = w.wait_leading(0);
+    w.crash_coordinator(0);
+    // Before the commit: nothing of the acquisition survives.
+    w.start_coordinator(0, Some("before-commit:leadership-acquire=return"));
+    w.wait_coordinator_died(0, "before-commit:leadership-acquire");
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM epochs WHERE epoch > {first}"
+        ))
+        .await,
+        0,
+        "an acquisition killed before its commit minted an epoch"
+    );
+    w.start_coordinator(0, None);
+    let second = w.wait_leading(0);
+    assert_eq!(
+        second,
+        first + 1,
+        "the next acquisition takes the very next epoch"
+    );
+    w.crash_coordinator(0);
+    // After the commit: the epoch exists, with its receipt, though its holder is dead.
+    w.start_coordinator(0, Some("after-commit:leadership-acquire=return"));
+    w.wait_coordinator_died(0, "after-commit:leadership-acquire");
+    let receipts = format!(
+        "SELECT count(*) FROM transition_receipts r JOIN idempotency i USING (receipt_id) \
+         WHERE r.transition = 'leadership-acquire' AND r.coordinator_epoch = {}",
+        second + 1
+    );
+    assert_eq!(
+        w.count(&receipts).await,
+        1,
+        "the committed acquisition has its receipt"
+    );
+    w.start_coordinator(0, None);
+    let third = w.wait_leading(0);
+    assert_eq!(
+        third,
+        second + 2,
+        "the dead acquisition's epoch is never reused"
+    );
+    w.wait_host_connected();
+    w.usable(1).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn the_standby_takes_over_a_dead_leader_and_drives_every_chain_on() {
     let mut w = Split::new(2);

@@ -20,7 +20,7 @@ use super::error::{reject, AuthorityError, Category};
 use super::rows::RowExt;
 use super::states::{GenState, HandoffState, LaneState, Lifecycle};
 use super::store::Store;
-use super::txn::{request_digest, Receipt};
+use super::txn::{body, request_digest, Receipt, Step};
 
 pub(crate) const LEADER_OK: &str = "mosaic_leader_ok($1, $2, $3, $4, $5)";
 
@@ -127,21 +127,23 @@ impl Store {
             ));
         }
         let sot = self.ensure_sot().await?;
-        let mut client = self.pool.get().await?;
-        let tx = client.transaction().await?;
-        tx.execute(
-            "INSERT INTO leadership (sot_incarnation, epoch, released) VALUES ($1, 0, true) ON CONFLICT (singleton) DO NOTHING",
-            &[&sot],
-        )
-        .await?;
-        let row = tx
+        let client = self.pool.get().await?;
+        // The singleton's first row (epoch 0, released): a bootstrap, not an authority
+        // change — the acquisition below replaces it like any other.
+        client
+            .execute(
+                "INSERT INTO leadership (sot_incarnation, epoch, released) VALUES ($1, 0, true) ON CONFLICT (singleton) DO NOTHING",
+                &[&sot],
+            )
+            .await?;
+        let row = client
             .query_one(
                 "SELECT epoch, holder, launch_id, released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp() AS free, \
-                        credential_digest, mosaic_ts(lease_expires_at) AS lease_expires_at, released \
-                 FROM leadership FOR UPDATE",
+                        credential_digest FROM leadership",
                 &[],
             )
             .await?;
+        drop(client);
         let (epoch, holder, launch, free, cred): (
             i64,
             Option<String>,
@@ -155,13 +157,9 @@ impl Store {
             row.col("free")?,
             row.col("credential_digest")?,
         );
-        let previous_lease: Option<String> = row.col("lease_expires_at")?;
-        // Whether the previous leader gave its lease up (a clean stop) rather than let it lapse.
-        let previous_released: bool = row.col("released")?;
         if !free && holder.as_deref() == Some(&c.holder) && launch.as_deref() == Some(&c.launch_id)
         {
             // Our own earlier acquisition committed (an ambiguous commit): no new epoch.
-            tx.rollback().await?;
             if cred.as_deref() != Some(&c.credential_digest) {
                 return Err(reject(
                     OP,
@@ -173,7 +171,6 @@ impl Store {
             return Ok((l, self.acquisition_receipt(epoch).await?));
         }
         if !free {
-            drop(tx);
             self.audit.record(
                 OP,
                 Category::LeadershipHeld,
@@ -188,82 +185,98 @@ impl Store {
                 format!("epoch {epoch} holds an unexpired lease"),
             ));
         }
+        // The acquisition is a transition like every other: the frame opens only while the
+        // epoch it replaces is current and free, the compare-and-swap on the leadership row
+        // decides it, and its receipt and the epoch it mints commit together.
         let new_epoch = epoch + 1;
-        tx.execute("INSERT INTO epochs (epoch, sot_incarnation, holder, launch_id) VALUES ($1, $2, $3, $4)", &[&new_epoch, &sot, &c.holder, &c.launch_id])
-            .await?;
-        let lease = format!("{lease_ms} milliseconds");
-        let exp: String = tx
-            .query_one(
-                "UPDATE leadership SET sot_incarnation = $1, epoch = $2, holder = $3, credential_digest = $4, launch_id = $5, \
-                    acquired_at = clock_timestamp(), lease_expires_at = clock_timestamp() + $6::text::interval, released = false \
-                 RETURNING mosaic_ts(lease_expires_at) AS lease_expires_at",
-                &[&sot, &new_epoch, &c.holder, &c.credential_digest, &c.launch_id, &lease],
-            )
-            .await?
-            .col("lease_expires_at")?;
-        let moved = tx.query_one(&disposition_sql(), &[&new_epoch]).await?;
-        let (lanes, gens, asg, res, offers, back): (i64, i64, i64, i64, i64, i64) = (
-            moved.col("lanes")?,
-            moved.col("gens")?,
-            moved.col("asg")?,
-            moved.col("res")?,
-            moved.col("offers")?,
-            moved.col("back")?,
-        );
-        let l = Leader {
+        let mut l = Leader {
             epoch: new_epoch,
             holder: c.holder.clone(),
             launch_id: c.launch_id.clone(),
             credential_digest: c.credential_digest.clone(),
             sot,
-            lease_expires_at: exp,
+            lease_expires_at: String::new(),
         };
-        let id = format!("tr-{}", uuid::Uuid::new_v4().simple());
-        let idem = format!(
-            "leadership-acquire/{}/{}/{new_epoch}",
-            c.holder, c.launch_id
+        let step = Step::acquisition(
+            OP,
+            &l,
+            epoch,
+            format!(
+                "leadership-acquire/{}/{}/{new_epoch}",
+                c.holder, c.launch_id
+            ),
+            request_digest(OP, &[&c.holder, &c.launch_id, &new_epoch.to_string()]),
         );
-        let digest = request_digest(OP, &[&c.holder, &c.launch_id, &new_epoch.to_string()]);
-        let body = serde_json::json!({ "epoch": new_epoch, "previous_epoch": epoch, "previous_lease_expires_at": previous_lease,
-            "previous_released": previous_released,
-            "holder": c.holder, "launch_id": c.launch_id,
-            "lease_expires_at": l.lease_expires_at,
-            "preactivation_chains_dispositioned": { "lanes": lanes, "generations_to_stop": gens, "assignments_to_recovery": asg, "reservations_released": res,
-                "handoff_offers_expired": offers, "assignments_back_with_their_source": back } });
-        let decided: String = tx
-            .query_one(
-                "WITH r AS (INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, body) \
-                            VALUES ($1, $2, $3, $4, $5) RETURNING receipt_id, decided_at), \
-                      i AS (INSERT INTO idempotency (idempotency_key, operation, request_digest, receipt_id) SELECT $6, $2, $7, receipt_id FROM r) \
-                 SELECT mosaic_ts(decided_at) AS decided_at FROM r",
-                &[&id, &OP, &l.sot, &new_epoch, &body, &idem, &digest],
+        let lease = format!("{lease_ms} milliseconds");
+        let next = l.clone();
+        let r = self
+            .transition(
+                &step,
+                body!([lease, next] |f| {
+                    let held = || reject(OP, Category::LeadershipHeld,
+                        format!("epoch {epoch} was replaced by a concurrent acquisition, or its lease renewed"));
+                    let Some(prev) = f
+                        .read_opt(
+                            "SELECT mosaic_ts(lease_expires_at) AS lease_expires_at, released FROM leadership WHERE epoch = $1 FOR UPDATE",
+                            &[&epoch],
+                        )
+                        .await?
+                    else {
+                        return Err(held());
+                    };
+                    let previous_lease: Option<String> = prev.col("lease_expires_at")?;
+                    // Whether the previous leader gave its lease up (a clean stop) rather
+                    // than let it lapse.
+                    let previous_released: bool = prev.col("released")?;
+                    let d = match f
+                        .cas(
+                            "UPDATE leadership SET sot_incarnation = $1, epoch = $2, holder = $3, credential_digest = $4, launch_id = $5, \
+                                acquired_at = clock_timestamp(), lease_expires_at = clock_timestamp() + $6::text::interval, released = false \
+                             WHERE epoch = $7 AND (released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
+                             RETURNING mosaic_ts(lease_expires_at) AS lease_expires_at",
+                            &[&next.sot, &new_epoch, &next.holder, &next.credential_digest, &next.launch_id, &lease, &epoch],
+                        )
+                        .await?
+                    {
+                        Ok(d) => d,
+                        Err(_) => return Err(held()),
+                    };
+                    let exp: String = d.row().col("lease_expires_at")?;
+                    d.exec_one(
+                        "INSERT INTO epochs (epoch, sot_incarnation, holder, launch_id) VALUES ($1, $2, $3, $4)",
+                        &[&new_epoch, &next.sot, &next.holder, &next.launch_id],
+                    )
+                    .await?;
+                    let moved = d.query_one(&disposition_sql(), &[&new_epoch]).await?;
+                    let (lanes, gens, asg, res, offers, back): (i64, i64, i64, i64, i64, i64) = (
+                        moved.col("lanes")?,
+                        moved.col("gens")?,
+                        moved.col("asg")?,
+                        moved.col("res")?,
+                        moved.col("offers")?,
+                        moved.col("back")?,
+                    );
+                    d.decide(serde_json::json!({ "epoch": new_epoch, "previous_epoch": epoch,
+                        "previous_lease_expires_at": previous_lease, "previous_released": previous_released,
+                        "holder": next.holder, "launch_id": next.launch_id, "lease_expires_at": exp,
+                        "preactivation_chains_dispositioned": { "lanes": lanes, "generations_to_stop": gens,
+                            "assignments_to_recovery": asg, "reservations_released": res,
+                            "handoff_offers_expired": offers, "assignments_back_with_their_source": back } }))
+                }),
             )
-            .await?
-            .col("decided_at")?;
-        tx.commit().await?;
-        if lanes > 0 {
+            .await?;
+        l.lease_expires_at = r.str("lease_expires_at")?;
+        let moved = &r.body["preactivation_chains_dispositioned"];
+        if moved["lanes"].as_i64().unwrap_or(0) > 0 {
             tracing::warn!(
                 epoch = new_epoch,
-                lanes,
-                generations_to_stop = gens,
+                lanes = moved["lanes"].as_i64().unwrap_or(0),
+                generations_to_stop = moved["generations_to_stop"].as_i64().unwrap_or(0),
                 "preactivation chains of older epochs ended in recovery"
             );
         }
-        tracing::info!(epoch = new_epoch, holder = %c.holder, "leadership acquired");
-        Ok((
-            l.clone(),
-            Receipt {
-                receipt_id: id,
-                transition: OP.into(),
-                sot_incarnation: l.sot,
-                coordinator_epoch: new_epoch,
-                assignment_id: None,
-                lane_incarnation_id: None,
-                decided_at: decided,
-                body,
-                replayed: false,
-            },
-        ))
+        tracing::info!(epoch = new_epoch, holder = %c.holder, replayed = r.replayed, "leadership acquired");
+        Ok((l, r))
     }
 
     async fn current_leader(&self, c: &Candidate, sot: &str) -> Result<Leader, AuthorityError> {

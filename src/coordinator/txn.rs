@@ -3,7 +3,9 @@
 //!
 //! 1. **open**: one statement replays the idempotency key (same key + same request → the
 //!    original receipt, whoever asks; same key + other request → refused) and checks the
-//!    caller is the current, unexpired leader (`mosaic_leader_ok`, database time);
+//!    caller is the current, unexpired leader (`mosaic_leader_ok`, database time) — or, for
+//!    a leadership acquisition ([`Opening::Acquire`]), that the epoch it replaces is still
+//!    the current one and its lease is released or expired;
 //! 2. **decide**: the transition's body gets a [`Frame`], which can only *read* and run the
 //!    deciding compare-and-swap. [`Frame::cas`] returns [`Decided`] only when the statement
 //!    matched exactly one row in its expected state; every further write of the transaction
@@ -72,11 +74,23 @@ pub(crate) fn request_digest(op: &str, parts: &[&str]) -> String {
     crate::util::sha256_hex(&format!("mosaic/request/{op}"), &bytes)
 }
 
+/// What a transition's frame checks before its body runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Opening {
+    /// The step's leader is the current, unexpired leadership.
+    Leader,
+    /// A leadership acquisition: the step's leader is the leadership it would become; the
+    /// epoch it replaces is still current and free (released, or its lease expired by
+    /// database time). The body's compare-and-swap on the leadership row decides it.
+    Acquire { replaces: i64 },
+}
+
 /// What a transition is, for its frame.
 #[derive(Debug, Clone)]
 pub(crate) struct Step {
     pub op: &'static str,
     pub leader: Leader,
+    pub opening: Opening,
     /// Derived from what the transition acts on (reservation, assignment, receipt key,
     /// attempt) so that a retry of the same step can only ever land on the same receipt.
     pub key: String,
@@ -90,10 +104,26 @@ impl Step {
         Self {
             op,
             leader: leader.clone(),
+            opening: Opening::Leader,
             key,
             request,
             assignment: None,
             lane_incarnation: None,
+        }
+    }
+
+    /// A leadership acquisition that would make `leader` (a new epoch) the leadership, in
+    /// place of epoch `replaces`.
+    pub fn acquisition(
+        op: &'static str,
+        leader: &Leader,
+        replaces: i64,
+        key: String,
+        request: String,
+    ) -> Self {
+        Self {
+            opening: Opening::Acquire { replaces },
+            ..Self::new(op, leader, key, request)
         }
     }
     pub fn about(mut self, assignment: Option<&str>, lane_incarnation: Option<&str>) -> Self {
@@ -427,6 +457,18 @@ const OPEN_SQL: &str =
      LEFT JOIN idempotency i ON i.idempotency_key = $6 \
      LEFT JOIN transition_receipts r ON r.receipt_id = i.receipt_id";
 
+/// Opens an acquisition's frame: replay first, then whether the epoch it replaces is still
+/// the current leadership and free ($1: that epoch, $2: the key).
+const OPEN_ACQUIRE_SQL: &str =
+    "SELECT EXISTS (SELECT 1 FROM leadership l WHERE l.epoch = $1 \
+              AND (l.released OR l.lease_expires_at IS NULL OR l.lease_expires_at <= clock_timestamp())) AS leader_ok, \
+        i.operation, i.request_digest, \
+        r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, r.assignment_id, \
+        r.lane_incarnation_id, mosaic_ts(r.decided_at) AS decided_at, r.body \
+     FROM (SELECT 1) one \
+     LEFT JOIN idempotency i ON i.idempotency_key = $2 \
+     LEFT JOIN transition_receipts r ON r.receipt_id = i.receipt_id";
+
 /// Receipt and idempotency row in one statement.
 const RECEIPT_SQL: &str = "WITH r AS ( \
        INSERT INTO transition_receipts (receipt_id, transition, sot_incarnation, coordinator_epoch, assignment_id, lane_incarnation_id, body) \
@@ -549,9 +591,13 @@ impl Store {
         };
         let c = conn.client()?;
         let l = &step.leader;
-        let open = c.prepare_cached(OPEN_SQL).await?;
+        let (open, mut params): (_, Vec<&(dyn ToSql + Sync)>) = match &step.opening {
+            Opening::Leader => (c.prepare_cached(OPEN_SQL).await?, l.params().to_vec()),
+            Opening::Acquire { replaces } => {
+                (c.prepare_cached(OPEN_ACQUIRE_SQL).await?, vec![replaces])
+            }
+        };
         let receipt_stmt = c.prepare_cached(RECEIPT_SQL).await?;
-        let mut params: Vec<&(dyn ToSql + Sync)> = l.params().to_vec();
         params.push(&step.key);
         conn.open.store(true, Ordering::SeqCst);
         let (begun, row) = join(c.batch_execute("BEGIN"), c.query_one(&open, &params)).await;
@@ -571,14 +617,21 @@ impl Store {
         }
         if !row.col::<bool>("leader_ok")? {
             conn.rollback().await;
-            return Err(reject(
-                step.op,
-                Category::StaleLeader,
-                format!(
-                    "epoch {} is not the current unexpired leadership",
-                    l.epoch()
+            return Err(match step.opening {
+                Opening::Leader => reject(
+                    step.op,
+                    Category::StaleLeader,
+                    format!(
+                        "epoch {} is not the current unexpired leadership",
+                        l.epoch()
+                    ),
                 ),
-            ));
+                Opening::Acquire { replaces } => reject(
+                    step.op,
+                    Category::LeadershipHeld,
+                    format!("epoch {replaces} is no longer free to replace: its lease is held, or another acquisition replaced it"),
+                ),
+            });
         }
         crate::coordinator::failpoint::before_decide(step.op);
         let frame = Frame {
