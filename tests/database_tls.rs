@@ -180,6 +180,15 @@ async fn verify_full_connects_over_tls_and_refuses_another_ca_or_name() {
             .err()
             .unwrap_or_else(|| panic!("{tls:?} to a remote server was accepted"));
         assert!(e.to_string().contains("sslmode"), "{tls:?}: {e}");
+        // A configuration the operator must change, not an unavailable database.
+        assert!(
+            matches!(e, mosaic::coordinator::AuthorityError::BadDatabaseUrl(_)),
+            "{tls:?}: {e:?}"
+        );
+        assert_eq!(
+            e.operator_category(),
+            mosaic::coordinator::Category::BadInput
+        );
     }
     // The operator may accept a plain remote connection explicitly — this server refuses
     // it anyway (its rules say hostssl only), which is the server's right.

@@ -413,8 +413,10 @@ impl Store {
     /// consumed challenge is refused.
     pub async fn consume_ack(&self, l: &Leader, a: &AckClaim) -> Result<Receipt, AuthorityError> {
         const OP: &str = "consume-ack";
-        let claim =
-            serde_json::to_string(a).map_err(|e| AuthorityError::Internal(e.to_string()))?;
+        let claim = serde_json::to_string(a).map_err(|e| AuthorityError::Invariant {
+            op: "consume-ack",
+            detail: format!("the ACK claim does not encode: {e}"),
+        })?;
         let step = Step::new(
             OP,
             l,
@@ -543,7 +545,7 @@ impl Store {
                     &[&c.assignment_id, &x.target, &c.lane_incarnation_id, &x.generation, &c.assignment_attempt_id, &c.reservation_id, &sot, &epoch, &ttl, &capabilities],
                 ).await?;
                 if (out.col::<i64>("owners")?, out.col::<i64>("generations")?) != (1, 1) {
-                    return Err(AuthorityError::Internal("activate: the owner or generation update missed its row".into()));
+                    return Err(AuthorityError::Invariant { op: "activate", detail: "the owner or generation update missed its row".into() });
                 }
                 let leases: serde_json::Value = out.col("leases")?;
                 d.decide(json!({

@@ -203,7 +203,7 @@ impl Store {
         );
         let step = Step::new(OP, l, format!("reserve/{}", req.request_id), digest)
             .about(req.assignment_id.as_deref(), Some(&req.lane_incarnation_id));
-        let salt = secret::fence_salt().map_err(|e| AuthorityError::Internal(e.to_string()))?;
+        let salt = secret::fence_salt().map_err(|e| AuthorityError::Entropy(e.to_string()))?;
         let req = req.clone();
         let sec = self.secret.clone();
         let scope_json = json!(req.scope);
@@ -300,8 +300,12 @@ impl Store {
                 }),
             )
             .await?;
-        let chain: Chain = serde_json::from_value(r.body["chain"].clone())
-            .map_err(|e| AuthorityError::Internal(format!("reserve receipt: {e}")))?;
+        let chain: Chain = serde_json::from_value(r.body["chain"].clone()).map_err(|e| {
+            AuthorityError::Invariant {
+                op: "reserve",
+                detail: format!("its receipt has no chain: {e}"),
+            }
+        })?;
         Ok(Reserved {
             chain,
             reservation_lease_id: r.str("reservation_lease_id")?,
@@ -543,7 +547,7 @@ impl Store {
                             return Err(reject(OP, Category::WrongState, format!("handoff {handoff_id} is {}; its target gets no challenge",
                                 state.map(HandoffState::as_str).unwrap_or_default())));
                         }
-                        let hc = format!("hc-{}", crate::util::random_hex(32).map_err(AuthorityError::Internal)?);
+                        let hc = format!("hc-{}", crate::util::random_hex(32).map_err(AuthorityError::Entropy)?);
                         let exp: String = d.query_one(
                             concatcp!("WITH n AS (UPDATE assignments SET next_action = 'the target acknowledges handoff challenge ' || $1 || ' (mosaic lane handoff-ack)' WHERE assignment_id = $5) \
                              UPDATE handoffs h SET state = ", HandoffState::Challenged.sql(), ", challenge_id = $1, challenge_epoch = $2, \

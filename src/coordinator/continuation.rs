@@ -185,7 +185,7 @@ impl Store {
         self.transition(
             &step,
             body!([id, ttl] |f| {
-                let claim = format!("cc-{}", crate::util::random_hex(32).map_err(AuthorityError::Internal)?);
+                let claim = format!("cc-{}", crate::util::random_hex(32).map_err(AuthorityError::Entropy)?);
                 let d = f.cas(
                     concatcp!("UPDATE continuations c SET state = ", ContinuationState::Claimed.sql(), ", claim_ref = $2, claimant_epoch = $3, \
                             claim_deadline = LEAST(c.expires_at, clock_timestamp() + $4::text::interval), attempts = c.attempts + 1 \

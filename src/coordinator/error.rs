@@ -109,10 +109,16 @@ impl Category {
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthorityError {
-    /// A database error the statement reported (constraint, syntax, …): never a parameter
-    /// value, only the statement's own message.
-    #[error("database: {0}")]
-    Db(String),
+    /// A database error the statement reported (constraint, syntax, …): its SQLSTATE and
+    /// the server's own message, never a parameter value.
+    #[error("database: {code}: {message}")]
+    Statement { code: String, message: String },
+    /// The database URL cannot be used as given (syntax, an unsafe or unknown TLS mode).
+    #[error("database url: {0}")]
+    BadDatabaseUrl(String),
+    /// The CA file a `verify-full` URL names cannot be read or holds no certificate.
+    #[error("sslrootcert {path}: {detail}")]
+    RootCert { path: String, detail: String },
     /// The connection failed before the outcome was known.
     #[error("database connection: {0}")]
     Connection(String),
@@ -123,8 +129,13 @@ pub enum AuthorityError {
     Standby,
     #[error("database schema version {found} is newer than this coordinator knows ({known}); upgrade the coordinator")]
     SchemaTooNew { found: i32, known: i32 },
-    #[error("internal: {0}")]
-    Internal(String),
+    /// A promise this code makes to itself was broken (a compare-and-swap that matched more
+    /// than one row, a receipt without the field its transition writes): a bug, never input.
+    #[error("internal: {op}: {detail}")]
+    Invariant { op: &'static str, detail: String },
+    /// The system's random source failed (fence salts, ids).
+    #[error("random source: {0}")]
+    Entropy(String),
     /// A row did not decode: a column missing, of another type, NULL, or holding a state
     /// this binary does not know (a schema that moved ahead of it).
     #[error("decoding column {column}: {detail}")]
@@ -150,12 +161,14 @@ impl AuthorityError {
     pub fn operator_category(&self) -> Category {
         match self {
             Self::Rejected { category, .. } => *category,
-            Self::Db(_) | Self::Connection(_) | Self::Retryable(_) | Self::Standby => {
+            Self::Statement { .. } | Self::Connection(_) | Self::Retryable(_) | Self::Standby => {
                 Category::Unavailable
             }
-            Self::SchemaTooNew { .. } | Self::Internal(_) | Self::Decode { .. } => {
-                Category::Internal
-            }
+            Self::BadDatabaseUrl(_) | Self::RootCert { .. } => Category::BadInput,
+            Self::SchemaTooNew { .. }
+            | Self::Invariant { .. }
+            | Self::Entropy(_)
+            | Self::Decode { .. } => Category::Internal,
         }
     }
 }
@@ -185,7 +198,10 @@ impl From<tokio_postgres::Error> for AuthorityError {
             Some(d) if d.code().code().starts_with("57P") || d.code().code().starts_with("08") => {
                 AuthorityError::Connection(format!("{}: {}", d.code().code(), d.message()))
             }
-            Some(d) => AuthorityError::Db(format!("{}: {}", d.code().code(), d.message())),
+            Some(d) => AuthorityError::Statement {
+                code: d.code().code().to_string(),
+                message: d.message().to_string(),
+            },
             // The whole cause chain ("error performing TLS handshake: invalid peer
             // certificate: UnknownIssuer"), so the log says what to fix.
             None => AuthorityError::Connection(with_causes(&e)),

@@ -160,7 +160,7 @@ impl Store {
             Some(&req.assignment_id),
             Some(&req.target_lane_incarnation_id),
         );
-        let salt = secret::fence_salt().map_err(|e| AuthorityError::Internal(e.to_string()))?;
+        let salt = secret::fence_salt().map_err(|e| AuthorityError::Entropy(e.to_string()))?;
         let (req, sec, epoch, sot) = (
             req.clone(),
             self.secret.clone(),
@@ -293,8 +293,10 @@ impl Store {
                 }),
             )
             .await?;
-        serde_json::from_value(r.body["chain"].clone())
-            .map_err(|e| AuthorityError::Internal(format!("handoff-offer receipt: {e}")))
+        serde_json::from_value(r.body["chain"].clone()).map_err(|e| AuthorityError::Invariant {
+            op: "handoff-offer",
+            detail: format!("its receipt has no chain: {e}"),
+        })
     }
 
     /// The target's ACK: checked field by field against the offer and current state in one

@@ -157,7 +157,10 @@ fn is_local(cfg: &tokio_postgres::Config) -> bool {
 fn verify_full(path: &str) -> Result<rustls::ClientConfig, AuthorityError> {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::CertificateDer;
-    let bad = |e: &dyn std::fmt::Display| AuthorityError::Db(format!("sslrootcert {path}: {e}"));
+    let bad = |e: &dyn std::fmt::Display| AuthorityError::RootCert {
+        path: path.to_string(),
+        detail: e.to_string(),
+    };
     let mut roots = rustls::RootCertStore::empty();
     for c in CertificateDer::pem_file_iter(path).map_err(|e| bad(&e))? {
         roots.add(c.map_err(|e| bad(&e))?).map_err(|e| bad(&e))?;
@@ -185,11 +188,11 @@ fn config(
     let (rest, mode, root) = take_tls_params(url);
     let mut cfg: tokio_postgres::Config = rest
         .parse()
-        .map_err(|e: tokio_postgres::Error| AuthorityError::Db(format!("bad database url: {e}")))?;
+        .map_err(|e: tokio_postgres::Error| AuthorityError::BadDatabaseUrl(e.to_string()))?;
     let transport = match mode.as_deref() {
         Some("verify-full") => {
             let root = root.ok_or_else(|| {
-                AuthorityError::Db(
+                AuthorityError::BadDatabaseUrl(
                     "sslmode=verify-full needs sslrootcert=FILE (the CA that signed the server's certificate)".into(),
                 )
             })?;
@@ -199,13 +202,13 @@ fn config(
             )?))
         }
         Some(m @ ("require" | "verify-ca")) => {
-            return Err(AuthorityError::Db(format!(
+            return Err(AuthorityError::BadDatabaseUrl(format!(
                 "sslmode={m} accepts a server certificate without checking whose it is; use sslmode=verify-full with sslrootcert=FILE"
             )))
         }
         None | Some("disable" | "allow" | "prefer") => {
             if !is_local(&cfg) && !allow_insecure {
-                return Err(AuthorityError::Db(
+                return Err(AuthorityError::BadDatabaseUrl(
                     "the database is not on this machine and the URL does not ask for TLS: add sslmode=verify-full&sslrootcert=FILE, or set allow_insecure_database = true to accept a plain connection".into(),
                 ));
             }
@@ -213,7 +216,9 @@ fn config(
             Transport::Plain
         }
         Some(other) => {
-            return Err(AuthorityError::Db(format!("unknown sslmode {other:?}")));
+            return Err(AuthorityError::BadDatabaseUrl(format!(
+                "unknown sslmode {other:?}"
+            )));
         }
     };
     let opts = match cfg.get_options() {
@@ -249,10 +254,14 @@ impl Store {
             Transport::Plain => Manager::from_config(cfg.clone(), NoTls, mc),
             Transport::Tls(t) => Manager::from_config(cfg.clone(), t.clone(), mc),
         };
-        let pool = Pool::builder(mgr)
-            .max_size(32)
-            .build()
-            .map_err(|e| AuthorityError::Internal(e.to_string()))?;
+        let pool =
+            Pool::builder(mgr)
+                .max_size(32)
+                .build()
+                .map_err(|e| AuthorityError::Invariant {
+                    op: "connection pool",
+                    detail: e.to_string(),
+                })?;
         let s = Self {
             audit: Auditor::start(pool.clone()),
             pool,

@@ -56,14 +56,21 @@ impl Receipt {
     /// A string field of the body (receipt bodies are written by this crate; a missing field
     /// is a bug, reported as a typed error rather than a panic).
     pub fn str(&self, field: &str) -> Result<String, AuthorityError> {
-        self.body[field].as_str().map(String::from).ok_or_else(|| {
-            AuthorityError::Internal(format!("receipt {} has no {field}", self.transition))
-        })
+        self.body[field]
+            .as_str()
+            .map(String::from)
+            .ok_or_else(|| AuthorityError::Invariant {
+                op: "receipt",
+                detail: format!("receipt {} has no {field}", self.transition),
+            })
     }
     pub fn int(&self, field: &str) -> Result<i64, AuthorityError> {
-        self.body[field].as_i64().ok_or_else(|| {
-            AuthorityError::Internal(format!("receipt {} has no {field}", self.transition))
-        })
+        self.body[field]
+            .as_i64()
+            .ok_or_else(|| AuthorityError::Invariant {
+                op: "receipt",
+                detail: format!("receipt {} has no {field}", self.transition),
+            })
     }
 }
 
@@ -212,7 +219,10 @@ impl Conn {
     fn client(&self) -> Result<&ClientWrapper, AuthorityError> {
         self.obj
             .as_deref()
-            .ok_or_else(|| AuthorityError::Internal("connection already released".into()))
+            .ok_or_else(|| AuthorityError::Invariant {
+                op: "transition",
+                detail: "connection already released".into(),
+            })
     }
 
     /// Ends the transaction without committing (best effort: a failure leaves it open, and
@@ -290,24 +300,27 @@ impl<'t> Frame<'t> {
                 op: self.op,
                 leader: self.leader,
             })),
-            n => Err(AuthorityError::Internal(format!(
-                "{}: the compare-and-swap matched {n} rows; it must decide exactly one",
-                self.op
-            ))),
+            n => Err(AuthorityError::Invariant {
+                op: self.op,
+                detail: format!(
+                    "the compare-and-swap matched {n} rows; it must decide exactly one"
+                ),
+            }),
         }
     }
 }
 
 async fn read(
     tx: &ClientWrapper,
-    op: &str,
+    op: &'static str,
     sql: &str,
     params: &[&(dyn ToSql + Sync)],
 ) -> Result<Vec<Row>, AuthorityError> {
     if !is_read(sql) {
-        return Err(AuthorityError::Internal(format!(
-            "{op}: a write before the compare-and-swap"
-        )));
+        return Err(AuthorityError::Invariant {
+            op,
+            detail: "a write before the compare-and-swap".into(),
+        });
     }
     let stmt = tx.prepare_cached(sql).await?;
     Ok(tx.query(&stmt, params).await?)
@@ -343,10 +356,10 @@ impl<'t> Decided<'t> {
     ) -> Result<(), AuthorityError> {
         match self.exec(sql, params).await? {
             1 => Ok(()),
-            n => Err(AuthorityError::Internal(format!(
-                "{}: a follow-up write affected {n} rows, expected exactly one",
-                self.op
-            ))),
+            n => Err(AuthorityError::Invariant {
+                op: self.op,
+                detail: format!("a follow-up write affected {n} rows, expected exactly one"),
+            }),
         }
     }
 

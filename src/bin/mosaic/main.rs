@@ -68,7 +68,20 @@ fn main() -> ExitCode {
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {
-            eprintln!("mosaic: {e:#}");
+            // The typed error's category, when the failure has one, so a wrapper script can
+            // tell a bad configuration from an unavailable database.
+            let category = e.chain().find_map(|c| {
+                c.downcast_ref::<mosaic::coordinator::service::ServiceError>()
+                    .map(|s| s.category())
+                    .or_else(|| {
+                        c.downcast_ref::<mosaic::coordinator::AuthorityError>()
+                            .map(|a| a.operator_category())
+                    })
+            });
+            match category {
+                Some(c) => eprintln!("mosaic: {e:#} [{}]", c.as_str()),
+                None => eprintln!("mosaic: {e:#}"),
+            }
             ExitCode::FAILURE
         }
     }

@@ -190,7 +190,10 @@ impl Store {
             )
             .await?;
         let rec: Reconciliation = serde_json::from_value(r.body["reconciliation"].clone())
-            .map_err(|e| AuthorityError::Internal(format!("ingest receipt: {e}")))?;
+            .map_err(|e| AuthorityError::Invariant {
+                op: "ingest-termination",
+                detail: format!("its receipt body does not decode: {e}"),
+            })?;
         Ok((rec, r))
     }
 

@@ -79,8 +79,26 @@ impl CoordinatorConfig {
 
 #[derive(Debug, thiserror::Error)]
 pub enum ServiceError {
-    #[error("configuration: {0}")]
-    Config(String),
+    /// A file the configuration names cannot be read.
+    #[error("{}: {source}", path.display())]
+    ReadFile {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    /// A file the configuration names holds something unusable (a secret that is not 64 hex
+    /// digits, a trust registry that does not parse).
+    #[error("{}: {detail}", path.display())]
+    BadFile { path: PathBuf, detail: String },
+    /// A listener or socket the coordinator must serve cannot be set up.
+    #[error("cannot serve {what} at {at}: {detail}")]
+    Serve {
+        what: &'static str,
+        at: String,
+        detail: String,
+    },
+    /// The configuration was checked as a whole and these are what is wrong with it.
+    #[error("not starting: {}", problems.join("; "))]
+    Invalid { problems: Vec<String> },
     #[error(transparent)]
     Authority(#[from] AuthorityError),
     #[error(transparent)]
@@ -89,11 +107,30 @@ pub enum ServiceError {
     Io(#[from] std::io::Error),
 }
 
+impl ServiceError {
+    /// The category the CLI's JSON and the logs carry.
+    pub fn category(&self) -> crate::coordinator::Category {
+        use crate::coordinator::Category;
+        match self {
+            Self::ReadFile { .. } | Self::BadFile { .. } | Self::Invalid { .. } => {
+                Category::BadInput
+            }
+            Self::Serve { .. } | Self::Io(_) => Category::Unavailable,
+            Self::Authority(e) => e.operator_category(),
+            Self::Transport(_) => Category::Unavailable,
+        }
+    }
+}
+
 pub fn read_seed(path: &Path) -> Result<[u8; 32], ServiceError> {
-    let text = std::fs::read_to_string(path)
-        .map_err(|e| ServiceError::Config(format!("{}: {e}", path.display())))?;
+    let text = std::fs::read_to_string(path).map_err(|source| ServiceError::ReadFile {
+        path: path.to_path_buf(),
+        source,
+    })?;
     let mut b = [0u8; 32];
-    hex::decode_to_slice(text.trim(), &mut b)
-        .map_err(|_| ServiceError::Config(format!("{}: expected 64 hex digits", path.display())))?;
+    hex::decode_to_slice(text.trim(), &mut b).map_err(|_| ServiceError::BadFile {
+        path: path.to_path_buf(),
+        detail: "expected 64 hex digits".into(),
+    })?;
     Ok(b)
 }

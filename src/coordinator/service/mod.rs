@@ -74,18 +74,32 @@ impl Service {
     /// Connects, migrates, and starts the leadership loop and the watchdog. Returns at
     /// once: the service stands by until it leads (`wait_leading` waits for that).
     pub async fn start(cfg: &CoordinatorConfig) -> Result<Arc<Self>, ServiceError> {
-        let secret_hex = std::fs::read_to_string(&cfg.secret_file)
-            .map_err(|e| ServiceError::Config(format!("{}: {e}", cfg.secret_file.display())))?;
-        let secret = CoordinatorSecret::from_hex(&secret_hex)
-            .map_err(|e| ServiceError::Config(e.to_string()))?;
+        let secret_hex =
+            std::fs::read_to_string(&cfg.secret_file).map_err(|source| ServiceError::ReadFile {
+                path: cfg.secret_file.clone(),
+                source,
+            })?;
+        let secret =
+            CoordinatorSecret::from_hex(&secret_hex).map_err(|e| ServiceError::BadFile {
+                path: cfg.secret_file.clone(),
+                detail: e.to_string(),
+            })?;
         let store =
             Store::connect_with(&cfg.database_url, cfg.allow_insecure_database, secret).await?;
         store.migrate().await?;
-        let text = std::fs::read_to_string(&cfg.trust_registry)
-            .map_err(|e| ServiceError::Config(format!("{}: {e}", cfg.trust_registry.display())))?;
-        let registry = Arc::new(
-            TrustRegistry::from_toml(&text).map_err(|e| ServiceError::Config(e.to_string()))?,
-        );
+        let text = std::fs::read_to_string(&cfg.trust_registry).map_err(|source| {
+            ServiceError::ReadFile {
+                path: cfg.trust_registry.clone(),
+                source,
+            }
+        })?;
+        let registry =
+            Arc::new(
+                TrustRegistry::from_toml(&text).map_err(|e| ServiceError::BadFile {
+                    path: cfg.trust_registry.clone(),
+                    detail: e.to_string(),
+                })?,
+            );
         let principal = format!("coordinator:{}", cfg.name);
         let cand = Candidate {
             holder: principal.clone(),
@@ -242,7 +256,11 @@ impl Service {
     ) -> Result<String, ServiceError> {
         let listener = crate::metrics::bind(addr)
             .await
-            .map_err(|e| ServiceError::Config(e.to_string()))?;
+            .map_err(|e| ServiceError::Serve {
+                what: "metrics",
+                at: addr.to_string(),
+                detail: e.to_string(),
+            })?;
         let bound = listener.local_addr()?.to_string();
         let svc = self.clone();
         let refresh: crate::metrics::Refresh = Arc::new(move || {
@@ -375,10 +393,7 @@ pub fn preflight(cfg: &CoordinatorConfig) -> Result<(), ServiceError> {
     if problems.is_empty() {
         Ok(())
     } else {
-        Err(ServiceError::Config(format!(
-            "not starting: {}",
-            problems.join("; ")
-        )))
+        Err(ServiceError::Invalid { problems })
     }
 }
 

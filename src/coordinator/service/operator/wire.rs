@@ -39,8 +39,11 @@ impl AssignRequest {
 /// Binds the operator socket (mode 0600) so it exists before anyone is told it does.
 pub fn bind_operators(path: &Path) -> Result<tokio::net::UnixListener, ServiceError> {
     if let Some(dir) = path.parent() {
-        crate::util::durable::ensure_dir(dir, 0o700)
-            .map_err(|e| ServiceError::Config(e.to_string()))?;
+        crate::util::durable::ensure_dir(dir, 0o700).map_err(|e| ServiceError::Serve {
+            what: "the operator socket",
+            at: path.display().to_string(),
+            detail: e.to_string(),
+        })?;
     }
     let _ = std::fs::remove_file(path);
     let listener = tokio::net::UnixListener::bind(path)?;
