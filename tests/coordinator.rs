@@ -1883,6 +1883,95 @@ fn progress(r: &Ready, evidence: &str) -> mosaic::coordinator::continuity::Progr
     }
 }
 
+/// A refused progress report or block names the predicate of its compare-and-swap that
+/// failed (each refusal is built from the CAS's own predicate table), and changes nothing.
+#[tokio::test]
+async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
+    use mosaic::coordinator::continuity::Blocker;
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = r.chain().assignment_id.clone();
+    s.record_progress(l, &progress(&r, "first")).await.unwrap();
+    let before = authority_counts(&f.db.url).await;
+    let refused = |e: AuthorityError, cat: Category, says: &str| {
+        assert_eq!(e.category(), Some(cat), "{e}");
+        assert!(e.to_string().contains(says), "{says:?} not in: {e}");
+    };
+    // The same evidence again is the same step: its receipt, nothing counted twice.
+    assert!(
+        s.record_progress(l, &progress(&r, "first"))
+            .await
+            .unwrap()
+            .replayed
+    );
+    // Another generation of the chain.
+    let mut other = progress(&r, "second");
+    other.generation += 1;
+    refused(
+        s.record_progress(l, &other).await.unwrap_err(),
+        Category::WrongState,
+        "generation is not the chain's",
+    );
+    // A generation that is not RUNNING on the work's open reservation cannot block it.
+    let ev = d('e');
+    let by = Blocker::Generation {
+        chain: r.chain().clone(),
+        generation: r.generation + 1,
+    };
+    refused(
+        s.block(l, &asg, &by, "needs-review", &ev, "review it")
+            .await
+            .unwrap_err(),
+        Category::WrongState,
+        "RUNNING generation",
+    );
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "a refusal changed something"
+    );
+    // Blocked once, it cannot be blocked again.
+    s.block(
+        l,
+        &asg,
+        &Blocker::Operator,
+        "needs-review",
+        &ev,
+        "review it",
+    )
+    .await
+    .unwrap();
+    refused(
+        s.block(
+            l,
+            &asg,
+            &Blocker::Operator,
+            "needs-review",
+            &d('f'),
+            "review it",
+        )
+        .await
+        .unwrap_err(),
+        Category::WrongState,
+        "only active work",
+    );
+    refused(
+        s.block(
+            l,
+            "as-nowhere",
+            &Blocker::Operator,
+            "needs-review",
+            &ev,
+            "x",
+        )
+        .await
+        .unwrap_err(),
+        Category::NotFound,
+        "no such assignment",
+    );
+}
+
 /// Spec §14 rule 6 / §15 (Watchdog deadline race): progress at the inactivity deadline is
 /// expired and cannot extend it; one microsecond before, it does and the watchdog cannot
 /// replace. Repeated evidence never counts twice; progress of another generation never
@@ -2149,7 +2238,40 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
     let (s, l) = (&f.store, &f.leader);
     let w2 = adopt(s, l, "h1:w2").await;
     let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    // An offer is refused by the predicate of its compare-and-swap that failed, by name:
+    // onto the lane the work already runs on, or of work that does not exist.
+    let offer = |target: &str, asg: &str| mosaic::coordinator::handoff::OfferRequest {
+        request_id: uid("ho"),
+        assignment_id: asg.into(),
+        target_lane_incarnation_id: target.into(),
+        task_text: None,
+        ttl_ms: 60_000,
+    };
+    let e = s
+        .offer_handoff(
+            l,
+            &offer(&f.lane.lane_incarnation_id, &source.chain().assignment_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::BadInput), "{e}");
+    assert!(e.to_string().contains("already runs on"), "{e}");
+    let e = s
+        .offer_handoff(l, &offer(&w2.lane_incarnation_id, "as-nowhere"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::NotFound), "{e}");
     let (c, good, target) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    // A second offer while one is pending names that.
+    let e = s
+        .offer_handoff(
+            l,
+            &offer(&w2.lane_incarnation_id, &source.chain().assignment_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("only RUNNING active work"), "{e}");
     let before = authority_counts(&f.db.url).await;
     type Forge = (
         &'static str,
@@ -2180,14 +2302,37 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
             a.challenge_deadline = "2999-01-01T00:00:00.000000Z".into()
         }),
     ];
+    // Each forged field is refused by the predicate that compares it, and the refusal
+    // names that field (the diagnosis is built from the CAS's own predicate table).
+    let names = |what: &str| match what {
+        "challenge" => "",
+        "timeline" => "timeline",
+        "epoch" => "epoch",
+        "assignment" => "assignment_id",
+        "source attempt" => "source_assignment_attempt_id",
+        "target attempt" => "target_assignment_attempt_id",
+        "responsibility owner" => "responsibility_owner differs",
+        "execution owner" => "execution_owner differs",
+        "pending target" => "pending_target differs",
+        "next action" => "next_action_digest",
+        "scope" => "scope_digest",
+        "holds" => "holds_digest",
+        "contracts" => "contracts_digest",
+        "generation" => "generation differs",
+        "deadline" => "challenge_deadline differs",
+        other => panic!("no expectation for {other}"),
+    };
     for (what, forge) in forged {
         let mut a = good.clone();
         forge(&mut a);
-        let cat = category(s.accept_handoff(l, &a).await);
-        assert!(
-            matches!(cat, Category::Mismatch | Category::NotFound),
-            "forged {what}: {cat:?}"
-        );
+        let e = s.accept_handoff(l, &a).await.unwrap_err();
+        let cat = e.category();
+        if what == "challenge" {
+            assert_eq!(cat, Some(Category::NotFound), "forged {what}: {e}");
+        } else {
+            assert_eq!(cat, Some(Category::Mismatch), "forged {what}: {e}");
+            assert!(e.to_string().contains(names(what)), "forged {what}: {e}");
+        }
     }
     assert_eq!(
         authority_counts(&f.db.url).await,
@@ -2286,6 +2431,19 @@ async fn a_continuation_is_accepted_once_under_its_current_claim_only() {
         .await
         .unwrap();
     let cn = created.str("continuation_id").unwrap();
+    // One open continuation per assignment, and none for work that does not exist: each
+    // refusal names the predicate of the creating CAS that failed.
+    let e = s
+        .create_continuation(l, &asg, "another", &uid("rq"), 60_000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Conflict), "{e}");
+    assert!(e.to_string().contains("open continuation"), "{e}");
+    let e = s
+        .create_continuation(l, "as-nowhere", "x", &uid("rq"), 60_000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::NotFound), "{e}");
     // Partial authority: bound to the assignment's own scope, holds and contract.
     let bound = admin_count(
         &admin,
@@ -2340,16 +2498,19 @@ async fn a_continuation_is_accepted_once_under_its_current_claim_only() {
     // Another generation, or another next action, is refused.
     let mut other = claim(&new_ref);
     other.generation += 1;
-    assert_eq!(
-        category(s.accept_continuation(l, &other).await),
-        Category::WrongState
-    );
+    let e = s.accept_continuation(l, &other).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState));
+    assert!(e.to_string().contains("generation is not"), "{e}");
     let mut other = claim(&new_ref);
     other.next_action_digest = d('7');
-    assert_eq!(
-        category(s.accept_continuation(l, &other).await),
-        Category::WrongState
-    );
+    let e = s.accept_continuation(l, &other).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState));
+    assert!(e.to_string().contains("next_action_digest"), "{e}");
+    let mut other = claim(&new_ref);
+    other.reservation_id = r.chain().reservation_id.replace("rs-", "rs-0");
+    let e = s.accept_continuation(l, &other).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState));
+    assert!(e.to_string().contains("reservation_id"), "{e}");
     let budget_q = format!(
         "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{asg}'"
     );

@@ -23,7 +23,9 @@
 
 use const_format::concatcp;
 use serde_json::json;
+use std::sync::LazyLock;
 
+use super::cas::{self, Pred};
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::rows::RowExt;
@@ -65,6 +67,187 @@ pub struct AcceptClaim {
     pub generation: i64,
     pub next_action_digest: String,
 }
+
+/// Every expected value of a new continuation, in diagnosis order (over the assignment,
+/// its open reservation on its lane, that lane and its generation); the CAS and its
+/// refusal's explanation are both built from it. The predicates bind no parameter.
+const CREATE_PREDS: &[Pred] = &[
+    Pred {
+        sql: concatcp!("NOT EXISTS (SELECT 1 FROM continuations oc WHERE oc.assignment_id = a.assignment_id AND oc.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ", ", ContinuationState::DeliveryAccepted.sql(), "))"),
+        category: Category::Conflict,
+        detail: "the assignment already has an open continuation",
+    },
+    Pred {
+        sql: "a.continuation_budget > 0",
+        category: Category::WrongState,
+        detail: "the assignment's loop budget is used up",
+    },
+    Pred {
+        sql: concatcp!("a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL"),
+        category: Category::WrongState,
+        detail: "continuations go to active work only (not blocked, handed off, in recovery or finishing)",
+    },
+    Pred {
+        sql: "r.reservation_id IS NOT NULL",
+        category: Category::WrongState,
+        detail: "the work has no open reservation on its lane",
+    },
+    Pred {
+        sql: concatcp!("li.state = ", LaneState::Running.sql()),
+        category: Category::WrongState,
+        detail: "continuations go to RUNNING work only: the lane is not RUNNING",
+    },
+    Pred {
+        sql: concatcp!("g.state = ", GenState::Live.sql(), " AND g.stop_requested_at IS NULL"),
+        category: Category::WrongState,
+        detail: "the generation is not live, or is being stopped",
+    },
+];
+
+/// The rows `CREATE_PREDS` speak about, for the CAS (inner joins) and the diagnosis (left
+/// joins from the assignment, `$1` there).
+macro_rules! create_rows {
+    ($join:literal, $asg:literal) => {
+        concat!(
+            "FROM assignments a ", $join, " reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL \
+               AND r.lane_incarnation_id = a.lane_incarnation_id \
+             ", $join, " lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+             ", $join, " generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
+             WHERE a.assignment_id = ", $asg
+        )
+    };
+}
+
+/// A continuation for RUNNING active work with budget left and none open.
+static CREATE_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "INSERT INTO continuations (continuation_id, assignment_id, assignment_attempt_id, reservation_id, lane_incarnation_id, generation, \
+                                    next_action, next_action_digest, scope_digest, holds_digest, contracts_digest, sot_incarnation, \
+                                    coordinator_epoch, expires_at, max_attempts) \
+         SELECT $1, a.assignment_id, r.assignment_attempt_id, r.reservation_id, r.lane_incarnation_id, r.generation, $3, $4, \
+                a.scope_digest, a.holds_digest, r.contracts_digest, $5, $6, clock_timestamp() + $7::text::interval, $8 \
+         {} AND {} \
+         RETURNING continuation_id, mosaic_ts(expires_at) AS expires_at, generation",
+        create_rows!("JOIN", "$2"),
+        cas::conjunction(CREATE_PREDS)
+    )
+});
+
+/// The refusal's explanation, from the assignment the request names (`$1`).
+static CREATE_DIAGNOSIS: LazyLock<String> =
+    LazyLock::new(|| cas::diagnosis(CREATE_PREDS, create_rows!("LEFT JOIN", "$1")));
+
+/// Every expected value of a continuation's acceptance, in diagnosis order; the CAS and its
+/// refusal's explanation are both built from it. Parameters: $1 continuation, $2 claim, $3
+/// reservation, $4 lane incarnation, $5 generation, $6 next-action digest, $7 the
+/// claimant's epoch.
+const ACCEPT_PREDS: &[Pred] = &[
+    Pred {
+        sql: concatcp!("c.state = ", ContinuationState::Claimed.sql()),
+        category: Category::WrongState,
+        detail: "the continuation is not CLAIMED",
+    },
+    Pred {
+        sql: "c.claim_ref = $2 AND c.claimant_epoch = $7",
+        category: Category::Mismatch,
+        detail: "a stale claim: the continuation was reclaimed since",
+    },
+    Pred {
+        sql: "c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp()",
+        category: Category::Expired,
+        detail: "the claim or the continuation deadline has passed (database time)",
+    },
+    Pred {
+        sql: "c.reservation_id = $3",
+        category: Category::WrongState,
+        detail: "reservation_id is not the continuation's",
+    },
+    Pred {
+        sql: "c.lane_incarnation_id = $4",
+        category: Category::WrongState,
+        detail: "lane_incarnation_id is not the continuation's",
+    },
+    Pred {
+        sql: "c.generation = $5",
+        category: Category::WrongState,
+        detail: "generation is not the continuation's",
+    },
+    Pred {
+        sql: "c.next_action_digest = $6",
+        category: Category::WrongState,
+        detail: "next_action_digest is not the continuation's",
+    },
+    Pred {
+        sql: concatcp!(
+            "x.lifecycle = ",
+            Lifecycle::Active.sql(),
+            " AND x.work_status = ",
+            WorkStatus::Active.sql(),
+            " AND x.requested_outcome IS NULL"
+        ),
+        category: Category::WrongState,
+        detail: "the work is no longer active (blocked, handed off, or an outcome was requested)",
+    },
+    Pred {
+        sql: "x.continuation_budget > 0",
+        category: Category::WrongState,
+        detail: "the assignment's loop budget is used up",
+    },
+    Pred {
+        sql: "r.released_at IS NULL AND r.generation = c.generation",
+        category: Category::WrongState,
+        detail: "the generation's reservation was released",
+    },
+    Pred {
+        sql: concatcp!("li.state = ", LaneState::Running.sql()),
+        category: Category::WrongState,
+        detail: "the lane is not RUNNING",
+    },
+    Pred {
+        sql: concatcp!(
+            "g.state = ",
+            GenState::Live.sql(),
+            " AND g.stop_requested_at IS NULL"
+        ),
+        category: Category::WrongState,
+        detail: "the generation is not live, or is being stopped",
+    },
+];
+
+/// The acceptance: the loop budget debited (the work row decided first, so a concurrent
+/// change leaves the continuation untouched), then the continuation moved on, in one
+/// statement.
+static ACCEPT_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "WITH b AS (UPDATE assignments x SET continuation_budget = x.continuation_budget - 1 \
+                    FROM continuations c, reservations r, lane_incarnations li, generations g \
+                    WHERE c.continuation_id = $1 AND x.assignment_id = c.assignment_id AND r.reservation_id = c.reservation_id \
+                      AND li.lane_incarnation_id = r.lane_incarnation_id \
+                      AND g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
+                      AND {} \
+                    RETURNING x.assignment_id, x.continuation_budget) \
+         UPDATE continuations c SET state = {accepted}, accepted_at = clock_timestamp(), budget_after = b.continuation_budget \
+         FROM b WHERE c.continuation_id = $1 AND c.state = {claimed} AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
+           AND c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp() \
+         RETURNING c.assignment_id, c.next_action, b.continuation_budget",
+        cas::conjunction(ACCEPT_PREDS),
+        accepted = ContinuationState::DeliveryAccepted.sql(),
+        claimed = ContinuationState::Claimed.sql()
+    )
+});
+
+/// The refusal's explanation: each predicate over the same rows, reached from the
+/// continuation the acceptance names.
+static ACCEPT_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        ACCEPT_PREDS,
+        "FROM continuations c LEFT JOIN assignments x ON x.assignment_id = c.assignment_id \
+         LEFT JOIN reservations r ON r.reservation_id = c.reservation_id \
+         LEFT JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+         LEFT JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
+         WHERE c.continuation_id = $1",
+    )
+});
 
 impl Store {
     /// Creates a continuation for RUNNING active work: bound to its reservation,
@@ -108,47 +291,14 @@ impl Store {
             body!([asg, next, sot, nad, ttl] |f| {
                 let id = format!("cn-{}", uuid::Uuid::new_v4().simple());
                 let d = f.cas(
-                    concatcp!("INSERT INTO continuations (continuation_id, assignment_id, assignment_attempt_id, reservation_id, lane_incarnation_id, generation, \
-                                                next_action, next_action_digest, scope_digest, holds_digest, contracts_digest, sot_incarnation, \
-                                                coordinator_epoch, expires_at, max_attempts) \
-                     SELECT $1, a.assignment_id, r.assignment_attempt_id, r.reservation_id, r.lane_incarnation_id, r.generation, $3, $4, \
-                            a.scope_digest, a.holds_digest, r.contracts_digest, $5, $6, clock_timestamp() + $7::text::interval, $8 \
-                     FROM assignments a JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL \
-                       AND r.lane_incarnation_id = a.lane_incarnation_id \
-                     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::Running.sql(), " \
-                     JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation AND g.state = ", GenState::Live.sql(), " \
-                       AND g.stop_requested_at IS NULL \
-                     WHERE a.assignment_id = $2 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
-                       AND a.continuation_budget > 0 \
-                       AND NOT EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id \
-                                       AND c.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ", ", ContinuationState::DeliveryAccepted.sql(), ")) \
-                     RETURNING continuation_id, mosaic_ts(expires_at) AS expires_at, generation"),
+                    &CREATE_CAS,
                     &[&id, &asg, &next, &nad, &sot, &epoch, &ttl, &super::continuation::MAX_CLAIMS],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,
                     Err(u) => {
-                        let r = u.read_opt(
-                            concatcp!("SELECT a.lifecycle, a.work_status, a.continuation_budget, \
-                                    EXISTS (SELECT 1 FROM continuations c WHERE c.assignment_id = a.assignment_id AND c.state IN (", ContinuationState::Pending.sql(), ", ", ContinuationState::Claimed.sql(), ", ", ContinuationState::DeliveryAccepted.sql(), ")) AS open \
-                             FROM assignments a WHERE a.assignment_id = $1"),
-                            &[&asg],
-                        ).await?;
-                        let r = match r {
-                            None => None,
-                            Some(r) => Some((
-                                r.col::<Lifecycle>("lifecycle")?,
-                                r.col::<WorkStatus>("work_status")?,
-                                r.col::<i32>("continuation_budget")?,
-                                r.col::<bool>("open")?,
-                            )),
-                        };
-                        return Err(match r {
-                            None => u.reject(Category::NotFound, format!("no assignment {asg}")).await?,
-                            Some((.., true)) => u.reject(Category::Conflict, "the assignment already has an open continuation").await?,
-                            Some((_, _, 0, _)) => u.reject(Category::WrongState, "the assignment's loop budget is used up").await?,
-                            Some((life, work, ..)) => u.reject(Category::WrongState, format!("continuations go to RUNNING active work only (assignment {life}, work {work})")).await?,
-                        });
+                        let not_found = "no such assignment";
+                        return Err(u.diagnose(&CREATE_DIAGNOSIS, &[&asg], CREATE_PREDS, not_found).await?);
                     }
                 };
                 let exp: String = d.row().col("expires_at")?;
@@ -237,50 +387,12 @@ impl Store {
         self.transition(
             &step,
             body!([a] |f| {
-                let d = f.cas(
-                    concatcp!("WITH b AS (UPDATE assignments x SET continuation_budget = x.continuation_budget - 1 \
-                                FROM continuations c, reservations r, lane_incarnations li, generations g \
-                                WHERE c.continuation_id = $1 AND c.state = ", ContinuationState::Claimed.sql(), " AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
-                                  AND c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp() \
-                                  AND c.reservation_id = $3 AND c.lane_incarnation_id = $4 AND c.generation = $5 AND c.next_action_digest = $6 \
-                                  AND x.assignment_id = c.assignment_id AND x.lifecycle = ", Lifecycle::Active.sql(), " AND x.work_status = ", WorkStatus::Active.sql(), " \
-                                  AND x.requested_outcome IS NULL AND x.continuation_budget > 0 \
-                                  AND r.reservation_id = c.reservation_id AND r.released_at IS NULL AND r.generation = c.generation \
-                                  AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::Running.sql(), " \
-                                  AND g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation AND g.state = ", GenState::Live.sql(), " \
-                                  AND g.stop_requested_at IS NULL \
-                                RETURNING x.assignment_id, x.continuation_budget) \
-                     UPDATE continuations c SET state = ", ContinuationState::DeliveryAccepted.sql(), ", accepted_at = clock_timestamp(), budget_after = b.continuation_budget \
-                     FROM b WHERE c.continuation_id = $1 AND c.state = ", ContinuationState::Claimed.sql(), " AND c.claim_ref = $2 AND c.claimant_epoch = $7 \
-                       AND c.claim_deadline > clock_timestamp() AND c.expires_at > clock_timestamp() \
-                     RETURNING c.assignment_id, c.next_action, b.continuation_budget"),
-                    &[&a.continuation_id, &a.claim_ref, &a.reservation_id, &a.lane_incarnation_id, &a.generation, &a.next_action_digest, &epoch],
-                ).await?;
-                let d = match d {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [&a.continuation_id, &a.claim_ref,
+                    &a.reservation_id, &a.lane_incarnation_id, &a.generation, &a.next_action_digest, &epoch];
+                let d = match f.cas(&ACCEPT_CAS, &params).await? {
                     Ok(d) => d,
                     Err(u) => {
-                        let r = u.read_opt(
-                            "SELECT state, claim_ref = $2 AS same_claim, claim_deadline <= clock_timestamp() OR expires_at <= clock_timestamp() AS expired, \
-                                    claimant_epoch = $3 AS same_epoch \
-                             FROM continuations WHERE continuation_id = $1",
-                            &[&a.continuation_id, &a.claim_ref, &epoch],
-                        ).await?;
-                        let r = match r {
-                            None => None,
-                            Some(r) => Some((
-                                r.col::<ContinuationState>("state")?,
-                                r.col::<Option<bool>>("same_claim")?.unwrap_or(false)
-                                    && r.col::<Option<bool>>("same_epoch")?.unwrap_or(false),
-                                r.col::<Option<bool>>("expired")?.unwrap_or(true),
-                            )),
-                        };
-                        return Err(match r {
-                            None => u.reject(Category::NotFound, "no such continuation").await?,
-                            Some((state, ..)) if state != ContinuationState::Claimed => u.reject(Category::WrongState, format!("the continuation is {state}")).await?,
-                            Some((_, false, _)) => u.reject(Category::Mismatch, "a stale claim: the continuation was reclaimed since").await?,
-                            Some((_, _, true)) => u.reject(Category::Expired, "the claim or the continuation deadline has passed (database time)").await?,
-                            Some(_) => u.reject(Category::WrongState, "the generation, its fence or the loop budget no longer allow this continuation").await?,
-                        });
+                        return Err(u.diagnose(&ACCEPT_DIAGNOSIS, &params, ACCEPT_PREDS, "no such continuation").await?)
                     }
                 };
                 let asg: String = d.row().col("assignment_id")?;

@@ -15,7 +15,9 @@
 use const_format::concatcp;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
+use std::sync::LazyLock;
 
+use super::cas::{self, Pred};
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::Chain;
@@ -127,42 +129,152 @@ pub enum Blocker {
     Operator,
 }
 
-/// What the watchdog found due for one assignment.
-#[derive(Debug, Clone)]
-pub struct DueWork {
-    pub assignment_id: String,
-    pub lifecycle: Lifecycle,
-    pub step: WatchdogStep,
-    pub lane_incarnation_id: String,
-    pub lane_id: String,
-    pub lane_state: LaneState,
-    pub host_id: String,
-    pub runtime_id: String,
-    pub base_at: String,
-    pub warn_due: bool,
-    pub escalate_due: bool,
-    pub deadline_due: bool,
-    /// Attempts used against the current budget.
-    pub attempts_used: i64,
-    /// Attempts ever made (never reused as a request id).
-    pub attempts_total: i64,
-    pub max_attempts: i32,
-    pub attempts_on_lane: i64,
-    pub replacements_before_reassign: i32,
-    /// The open chain of a RUNNING assignment.
-    pub chain: Option<Chain>,
-    /// A generation of the assignment is not ended yet.
-    pub unended: bool,
-}
+/// Every expected value of a piece of progress evidence, in diagnosis order (over the
+/// assignment, its inactivity policy, the chain's reservation, lane and generation); the
+/// CAS and its refusal's explanation are both built from it. Parameters: $1 assignment, $2
+/// reservation, $3 attempt, $4 generation, $5 evidence kind, $6 evidence digest, $7 the
+/// next action (set, not compared), $8 the chain's timeline.
+const PROGRESS_PREDS: &[Pred] = &[
+    Pred {
+        sql: concatcp!("a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql()),
+        category: Category::WrongState,
+        detail: "progress counts only for active work (not blocked, handed off, in recovery or done)",
+    },
+    Pred {
+        sql: "NOT EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $6)",
+        category: Category::Conflict,
+        detail: "this evidence was already counted for the assignment: progress needs new evidence",
+    },
+    Pred {
+        sql: "$5 = ANY(pol.evidence_kinds)",
+        category: Category::BadInput,
+        detail: "the assignment's inactivity policy does not accept this kind of evidence",
+    },
+    Pred {
+        sql: "a.inactivity_deadline > clock_timestamp()",
+        category: Category::Expired,
+        detail: "the inactivity deadline has passed (database time; equality is expired)",
+    },
+    Pred {
+        sql: "a.requested_outcome IS NULL",
+        category: Category::WrongState,
+        detail: "an outcome was requested for the work: it is finishing",
+    },
+    Pred {
+        sql: "r.assignment_attempt_id = $3",
+        category: Category::WrongState,
+        detail: "progress counts only for the RUNNING generation: assignment_attempt_id is not the chain's",
+    },
+    Pred {
+        sql: "r.released_at IS NULL",
+        category: Category::WrongState,
+        detail: "progress counts only for the RUNNING generation: the chain's reservation was released",
+    },
+    Pred {
+        sql: "r.generation = $4",
+        category: Category::WrongState,
+        detail: "progress counts only for the RUNNING generation: generation is not the chain's",
+    },
+    Pred {
+        sql: "r.sot_incarnation = $8",
+        category: Category::WrongState,
+        detail: "progress counts only for the RUNNING generation: the chain is of another timeline",
+    },
+    Pred {
+        sql: concatcp!("li.state = ", LaneState::Running.sql(), " AND li.retired_at IS NULL"),
+        category: Category::WrongState,
+        detail: "progress counts only for the RUNNING generation: the lane is not RUNNING",
+    },
+    Pred {
+        sql: concatcp!("g.state = ", GenState::Live.sql()),
+        category: Category::WrongState,
+        detail: "progress counts only for the RUNNING generation: the generation is not live",
+    },
+];
 
-/// What the watchdog needs to start the next attempt.
-#[derive(Debug, Clone)]
-pub struct NextAttempt {
-    pub task_text: String,
-    pub scope: Vec<String>,
-    pub holds: Vec<String>,
-    pub completion_policy: String,
-}
+/// Progress resets the inactivity clock of the work it proves alive.
+static PROGRESS_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE assignments a SET last_progress_at = clock_timestamp(), inactivity_base_at = clock_timestamp(), \
+                inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
+                watchdog_step = {none}, next_action = coalesce($7, a.next_action) \
+         FROM inactivity_policies pol, reservations r, lane_incarnations li, generations g \
+         WHERE a.assignment_id = $1 AND pol.policy_id = a.inactivity_policy \
+           AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id \
+           AND li.lane_incarnation_id = r.lane_incarnation_id \
+           AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $4 \
+           AND {} \
+         RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline",
+        cas::conjunction(PROGRESS_PREDS),
+        none = WatchdogStep::None.sql()
+    )
+});
+
+/// The refusal's explanation: each predicate over the same rows, reached from the
+/// assignment. (It binds the CAS's parameters, `$7` included.)
+static PROGRESS_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        PROGRESS_PREDS,
+        "FROM assignments a LEFT JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy \
+         LEFT JOIN reservations r ON r.reservation_id = $2 AND r.assignment_id = a.assignment_id \
+         LEFT JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+         LEFT JOIN generations g ON g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $4 \
+         WHERE a.assignment_id = $1 AND ($7::text IS NULL OR true)",
+    )
+});
+
+/// Every expected value of a block, in diagnosis order; the CAS and its refusal's
+/// explanation are both built from it. Parameters: $1 assignment, $2 blocker code, $3
+/// evidence digest, $4 next action, $5 the blocking generation's reservation (`''` for an
+/// operator), $6 its generation.
+const BLOCK_PREDS: &[Pred] = &[
+    Pred {
+        sql: concatcp!("a.work_status = ", WorkStatus::Active.sql()),
+        category: Category::WrongState,
+        detail: "only active work can be blocked (it is already blocked, being handed off, or done)",
+    },
+    Pred {
+        sql: "a.requested_outcome IS NULL",
+        category: Category::WrongState,
+        detail: "an outcome was requested for the work: it is finishing",
+    },
+    Pred {
+        sql: concatcp!("a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ")"),
+        category: Category::WrongState,
+        detail: "only unfinished work can be blocked",
+    },
+    Pred {
+        sql: concatcp!("$5 = '' OR EXISTS (SELECT 1 FROM reservations r JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+                JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
+                WHERE r.reservation_id = $5 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
+                  AND r.generation = $6 AND li.state = ", LaneState::Running.sql(), " AND g.state = ", GenState::Live.sql(), " AND a.lifecycle = ", Lifecycle::Active.sql(), ")"),
+        category: Category::WrongState,
+        detail: "a generation blocks its work only while it is the RUNNING generation of the work's open reservation",
+    },
+];
+
+/// Active work becomes blocked, with its owner kept and the unblock action next.
+static BLOCK_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE assignments a SET work_status = {blocked}, blocker_code = $2, blocker_evidence_digest = $3, next_action = $4, \
+                watchdog_step = {none} \
+         WHERE a.assignment_id = $1 AND {} \
+         RETURNING a.responsibility_owner, a.lifecycle",
+        cas::conjunction(BLOCK_PREDS),
+        blocked = WorkStatus::Blocked.sql(),
+        none = WatchdogStep::None.sql()
+    )
+});
+
+/// The refusal's explanation, over the work the request names (binding the CAS's
+/// parameters; `$2`–`$4` are only typed there, the predicates do not compare them).
+static BLOCK_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        BLOCK_PREDS,
+        "FROM assignments a WHERE a.assignment_id = $1 \
+           AND ($2::text IS NULL OR $3::text IS NULL OR $4::text IS NULL OR true)",
+    )
+});
 
 impl Store {
     /// Publishes an inactivity policy version. Publishing the same body again is a no-op
@@ -282,53 +394,12 @@ impl Store {
             &step,
             body!([p, sot] |f| {
                 let c = &p.chain;
-                let d = f.cas(
-                    concatcp!("UPDATE assignments a SET last_progress_at = clock_timestamp(), inactivity_base_at = clock_timestamp(), \
-                            inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
-                            watchdog_step = ", WatchdogStep::None.sql(), ", next_action = coalesce($7, a.next_action) \
-                     FROM inactivity_policies pol, reservations r, lane_incarnations li, generations g \
-                     WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
-                       AND a.inactivity_deadline > clock_timestamp() \
-                       AND pol.policy_id = a.inactivity_policy AND $5 = ANY(pol.evidence_kinds) \
-                       AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.assignment_attempt_id = $3 \
-                       AND r.released_at IS NULL AND r.generation = $4 AND r.sot_incarnation = $8 \
-                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.state = ", LaneState::Running.sql(), " AND li.retired_at IS NULL \
-                       AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $4 AND g.state = ", GenState::Live.sql(), " \
-                       AND NOT EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $6) \
-                     RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline"),
-                    &[&c.assignment_id, &c.reservation_id, &c.assignment_attempt_id, &p.generation, &p.evidence_kind,
-                      &p.evidence_digest, &p.next_action, &sot],
-                ).await?;
-                let d = match d {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 8] = [&c.assignment_id, &c.reservation_id,
+                    &c.assignment_attempt_id, &p.generation, &p.evidence_kind, &p.evidence_digest, &p.next_action, &sot];
+                let d = match f.cas(&PROGRESS_CAS, &params).await? {
                     Ok(d) => d,
                     Err(u) => {
-                        let why = u.read_opt(
-                            "SELECT a.lifecycle, a.work_status, a.inactivity_deadline <= clock_timestamp() AS expired, \
-                                    EXISTS (SELECT 1 FROM progress_receipts x WHERE x.assignment_id = a.assignment_id AND x.evidence_digest = $2) AS counted, \
-                                    $3 = ANY(pol.evidence_kinds) AS kind_accepted \
-                             FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy WHERE a.assignment_id = $1",
-                            &[&c.assignment_id, &p.evidence_digest, &p.evidence_kind],
-                        ).await?;
-                        let why = match why {
-                            None => None,
-                            Some(r) => Some((
-                                r.col::<Lifecycle>("lifecycle")?,
-                                r.col::<WorkStatus>("work_status")?,
-                                r.col::<Option<bool>>("expired")?.unwrap_or(true),
-                                r.col::<bool>("counted")?,
-                                r.col::<bool>("kind_accepted")?,
-                            )),
-                        };
-                        let (cat, msg) = match why {
-                            None => (Category::NotFound, "no such assignment".to_string()),
-                            Some((life, work, ..)) if life != Lifecycle::Active || work != WorkStatus::Active =>
-                                (Category::WrongState, format!("progress counts only for active work (assignment {life}, work {work})")),
-                            Some((_, _, _, true, _)) => (Category::Conflict, "this evidence was already counted for the assignment: progress needs new evidence".into()),
-                            Some((_, _, _, _, false)) => (Category::BadInput, format!("the assignment's policy does not accept {} evidence", p.evidence_kind)),
-                            Some((_, _, true, _, _)) => (Category::Expired, "the inactivity deadline has passed (database time; equality is expired)".into()),
-                            Some((life, work, ..)) => (Category::WrongState, format!("progress counts only for the RUNNING generation of active work (assignment {life}, work {work})")),
-                        };
-                        return Err(u.reject(cat, msg).await?);
+                        return Err(u.diagnose(&PROGRESS_DIAGNOSIS, &params, PROGRESS_PREDS, "no such assignment").await?)
                     }
                 };
                 let deadline: String = d.row().col("inactivity_deadline")?;
@@ -342,168 +413,6 @@ impl Store {
                 ).await?;
                 d.decide(json!({ "chain": c, "generation": p.generation, "progress_id": id, "evidence_kind": p.evidence_kind,
                     "evidence_digest": p.evidence_digest, "inactivity_deadline": deadline }))
-            }),
-        )
-        .await
-    }
-
-    /// The watchdog's warning or escalation: one per inactivity period (the key names the
-    /// period's base), only past its threshold by database time.
-    pub async fn inactivity_notice(
-        &self,
-        l: &Leader,
-        w: &DueWork,
-        escalate: bool,
-    ) -> Result<Receipt, AuthorityError> {
-        let (op, from, to, column): (&'static str, WatchdogStep, WatchdogStep, &str) = if escalate {
-            (
-                "inactivity-escalate",
-                WatchdogStep::Warned,
-                WatchdogStep::Escalated,
-                "escalate_after_ms",
-            )
-        } else {
-            (
-                "inactivity-warn",
-                WatchdogStep::None,
-                WatchdogStep::Warned,
-                "warn_after_ms",
-            )
-        };
-        let step = Step::new(
-            op,
-            l,
-            format!("{op}/{}/{}", w.assignment_id, w.base_at),
-            request_digest(op, &[&w.assignment_id, &w.base_at]),
-        )
-        .about(Some(&w.assignment_id), Some(&w.lane_incarnation_id));
-        let sql = format!(
-            "UPDATE assignments a SET watchdog_step = $3 FROM inactivity_policies pol, lane_incarnations li \
-             WHERE a.assignment_id = $1 AND a.lifecycle = {active} AND a.work_status = {work_active} AND a.requested_outcome IS NULL \
-               AND a.watchdog_step = $2 AND mosaic_ts(a.inactivity_base_at) = $4 \
-               AND pol.policy_id = a.inactivity_policy AND a.inactivity_base_at + pol.{column} * interval '1 millisecond' <= clock_timestamp() \
-               AND li.lane_incarnation_id = a.lane_incarnation_id AND li.state = {running} \
-             RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.responsibility_owner, a.next_action",
-        active = Lifecycle::Active.sql(),
-        work_active = WorkStatus::Active.sql(),
-        running = LaneState::Running.sql()
-        );
-        let w = w.clone();
-        // (The notice changes no authority; its CAS is the work row in its expected step.)
-        self.transition(
-            &step,
-            body!([w, sql] |f| {
-                let d = f.cas(&sql, &[&w.assignment_id, &from, &to, &w.base_at]).await?;
-                let d = match d {
-                    Ok(d) => d,
-                    Err(u) => return Err(u.reject(Category::WrongState, format!(
-                        "not active RUNNING work {from} and past its threshold since {} (database time)", w.base_at)).await?),
-                };
-                let deadline: String = d.row().col("inactivity_deadline")?;
-                let owner: String = d.row().col("responsibility_owner")?;
-                let next: String = d.row().col("next_action")?;
-                d.decide(json!({ "assignment_id": w.assignment_id, "lane_id": w.lane_id, "watchdog_step": to,
-                    "no_progress_since": w.base_at, "inactivity_deadline": deadline, "responsibility_owner": owner, "next_action": next }))
-            }),
-        )
-        .await
-    }
-
-    /// The inactivity deadline passed on a RUNNING generation: its leases are revoked, the
-    /// host is told to stop it, and the assignment goes to recovery for the watchdog's next
-    /// attempt. Of this and a concurrent progress receipt exactly one decides: this one
-    /// needs `deadline <= now`, progress needs `deadline > now`, both on the same row.
-    pub async fn inactivity_replace(
-        &self,
-        l: &Leader,
-        c: &Chain,
-    ) -> Result<Receipt, AuthorityError> {
-        const OP: &str = "inactivity-replace";
-        let step = Step::new(
-            OP,
-            l,
-            format!("inactivity-replace/{}", c.reservation_id),
-            request_digest(OP, &[&c.key()]),
-        )
-        .about(Some(&c.assignment_id), Some(&c.lane_incarnation_id));
-        let c = c.clone();
-        self.transition(
-            &step,
-            body!([c] |f| {
-                // The work row is the compare-and-swap (it is what progress updates too, so of
-                // the two exactly one decides, whatever the interleaving); the lane follows.
-                let d = f.cas(
-                    concatcp!("UPDATE assignments a SET lifecycle = ", Lifecycle::Recovery.sql(), ", execution_owner = NULL, pending_target = NULL, watchdog_step = ", WatchdogStep::Replacing.sql(), ", \
-                            next_action = 'the watchdog starts a fresh generation: no validated progress by the inactivity deadline' \
-                     FROM reservations r, lane_incarnations li \
-                     WHERE a.assignment_id = $3 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
-                       AND a.inactivity_deadline <= clock_timestamp() AND a.lane_incarnation_id = $1 \
-                       AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
-                       AND li.lane_incarnation_id = r.lane_incarnation_id AND li.lane_incarnation_id = $1 AND li.state = ", LaneState::Running.sql(), " \
-                       AND li.retired_at IS NULL \
-                     RETURNING r.generation, mosaic_ts(a.inactivity_base_at) AS base_at"),
-                    &[&c.lane_incarnation_id, &c.reservation_id, &c.assignment_id],
-                ).await?;
-                let d = match d {
-                    Ok(d) => d,
-                    Err(u) => return Err(u.reject(Category::WrongState,
-                        "not active RUNNING work past its inactivity deadline (database time; equality is expired)").await?),
-                };
-                let g: Option<i64> = d.row().col("generation")?;
-                let since: String = d.row().col("base_at")?;
-                d.drain_running(&c.lane_incarnation_id, &c.reservation_id, g,
-                    "no validated progress by the inactivity deadline").await?;
-                d.decide(json!({ "chain": c, "to": LaneState::Draining, "generation_to_stop": g, "no_progress_since": since,
-                    "assignment_to": Lifecycle::Recovery, "watchdog_step": WatchdogStep::Replacing }))
-            }),
-        )
-        .await
-    }
-
-    /// Attempts are exhausted: the work is blocked for review with the digest of the
-    /// receipts that led here. `mosaic unblock` is the way out.
-    pub async fn inactivity_exhausted(
-        &self,
-        l: &Leader,
-        w: &DueWork,
-    ) -> Result<Receipt, AuthorityError> {
-        const OP: &str = "inactivity-exhausted";
-        let step = Step::new(
-            OP,
-            l,
-            format!(
-                "inactivity-exhausted/{}/{}",
-                w.assignment_id, w.attempts_used
-            ),
-            request_digest(OP, &[&w.assignment_id, &w.attempts_used.to_string()]),
-        )
-        .about(Some(&w.assignment_id), Some(&w.lane_incarnation_id));
-        let w = w.clone();
-        self.transition(
-            &step,
-            body!([w] |f| {
-                // The evidence: every inactivity receipt of the assignment, in order, digested
-                // in the same statement that decides.
-                let d = f.cas(
-                    concatcp!("WITH ev AS (SELECT 'sha256:' || encode(sha256(convert_to(coalesce(string_agg(t.receipt_id || ':' || t.transition, ',' ORDER BY t.decided_at, t.receipt_id), ''), 'UTF8')), 'hex') AS digest \
-                                 FROM transition_receipts t WHERE t.assignment_id = $1 AND t.transition LIKE 'inactivity-%') \
-                     UPDATE assignments a SET work_status = ", WorkStatus::Blocked.sql(), ", blocker_code = 'inactivity-exhausted', blocker_evidence_digest = ev.digest, \
-                            watchdog_step = ", WatchdogStep::None.sql(), ", \
-                            next_action = 'operator review: mosaic unblock --assignment ' || a.assignment_id || ' grants a fresh attempt budget; mosaic stop ends it' \
-                     FROM ev, inactivity_policies pol \
-                     WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
-                       AND pol.policy_id = a.inactivity_policy \
-                       AND (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) - a.attempts_before_budget >= pol.max_attempts \
-                     RETURNING a.blocker_evidence_digest"),
-                    &[&w.assignment_id],
-                ).await?;
-                let d = match d {
-                    Ok(d) => d,
-                    Err(u) => return Err(u.reject(Category::WrongState, "not active work in recovery with its attempts used up").await?),
-                };
-                let ev: String = d.row().col("blocker_evidence_digest")?;
-                d.decide(json!({ "assignment_id": w.assignment_id, "work_status": WorkStatus::Blocked, "blocker_code": "inactivity-exhausted",
-                    "blocker_evidence_digest": ev, "attempts_used": w.attempts_used }))
             }),
         )
         .await
@@ -576,29 +485,10 @@ impl Store {
             &step,
             body!([asg, code, ev, next, who, reservation] |f| {
                 // From a generation: only while it is the RUNNING one of its open reservation.
-                let d = f.cas(
-                    concatcp!("UPDATE assignments a SET work_status = ", WorkStatus::Blocked.sql(), ", blocker_code = $2, blocker_evidence_digest = $3, next_action = $4, \
-                            watchdog_step = ", WatchdogStep::None.sql(), " \
-                     WHERE a.assignment_id = $1 AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
-                       AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
-                       AND ($5 = '' OR EXISTS (SELECT 1 FROM reservations r JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
-                                               JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
-                                               WHERE r.reservation_id = $5 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
-                                                 AND r.generation = $6 AND li.state = ", LaneState::Running.sql(), " AND g.state = ", GenState::Live.sql(), " AND a.lifecycle = ", Lifecycle::Active.sql(), ")) \
-                     RETURNING a.responsibility_owner, a.lifecycle"),
-                    &[&asg, &code, &ev, &next, &reservation, &generation],
-                ).await?;
-                let d = match d {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&asg, &code, &ev, &next, &reservation, &generation];
+                let d = match f.cas(&BLOCK_CAS, &params).await? {
                     Ok(d) => d,
-                    Err(u) => {
-                        let r = u.read_opt("SELECT lifecycle, work_status FROM assignments WHERE assignment_id = $1", &[&asg]).await?;
-                        return Err(match r {
-                            None => u.reject(Category::NotFound, format!("no assignment {asg}")).await?,
-                            Some(r) => u.reject(Category::WrongState, format!("only active unfinished work can be blocked{} (assignment {}, work {})",
-                                if reservation.is_empty() { "" } else { " by its RUNNING generation" },
-                                r.col::<Lifecycle>("lifecycle")?, r.col::<WorkStatus>("work_status")?)).await?,
-                        });
-                    }
+                    Err(u) => return Err(u.diagnose(&BLOCK_DIAGNOSIS, &params, BLOCK_PREDS, "no such assignment").await?),
                 };
                 let owner: String = d.row().col("responsibility_owner")?;
                 let lifecycle: Lifecycle = d.row().col("lifecycle")?;
@@ -659,106 +549,5 @@ impl Store {
             }),
         )
         .await
-    }
-
-    /// Work the watchdog may have something to do for: active, unfinished, past its warning
-    /// threshold or waiting for its next attempt (database time).
-    pub async fn due_work(&self) -> Result<Vec<DueWork>, AuthorityError> {
-        let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                concatcp!("SELECT a.assignment_id, a.lifecycle, a.watchdog_step, a.lane_incarnation_id, li.lane_id, li.state AS lane_state, ln.host_id, a.runtime_id, \
-                        mosaic_ts(a.inactivity_base_at) AS base_at, \
-                        a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp() AS warn_due, \
-                        a.inactivity_base_at + pol.escalate_after_ms * interval '1 millisecond' <= clock_timestamp() AS escalate_due, \
-                        a.inactivity_deadline <= clock_timestamp() AS deadline_due, \
-                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) - a.attempts_before_budget AS attempts_used, \
-                        pol.max_attempts, \
-                        (SELECT count(*) FROM reservations r WHERE r.assignment_id = a.assignment_id AND r.lane_incarnation_id = a.lane_incarnation_id) AS attempts_on_lane, \
-                        pol.replacements_before_reassign, \
-                        r.reservation_id, r.assignment_attempt_id, r.reservation_epoch, \
-                        EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), ") AS unended, \
-                        (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) AS attempts_total \
-                 FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy \
-                 JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id \
-                 LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
-                 WHERE a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
-                   AND a.inactivity_base_at IS NOT NULL \
-                   AND (a.watchdog_step = ", WatchdogStep::Replacing.sql(), " OR a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp())"),
-                &[],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                // The open chain, when there is a reservation (the left join's side).
-                let chain = match r.col::<Option<String>>("reservation_id")? {
-                    Some(reservation_id) => Some(Chain {
-                        lane_id: r.col("lane_id")?,
-                        lane_incarnation_id: r.col("lane_incarnation_id")?,
-                        assignment_id: r.col("assignment_id")?,
-                        assignment_attempt_id: r
-                            .col::<Option<String>>("assignment_attempt_id")?
-                            .unwrap_or_default(),
-                        reservation_id,
-                        reservation_epoch: r.col::<Option<i64>>("reservation_epoch")?.unwrap_or(0),
-                    }),
-                    None => None,
-                };
-                Ok(DueWork {
-                    assignment_id: r.col("assignment_id")?,
-                    lifecycle: r.col("lifecycle")?,
-                    step: r.col("watchdog_step")?,
-                    lane_incarnation_id: r.col("lane_incarnation_id")?,
-                    lane_id: r.col("lane_id")?,
-                    lane_state: r.col("lane_state")?,
-                    host_id: r.col("host_id")?,
-                    runtime_id: r.col("runtime_id")?,
-                    base_at: r.col::<Option<String>>("base_at")?.unwrap_or_default(),
-                    warn_due: r.col::<Option<bool>>("warn_due")?.unwrap_or(false),
-                    escalate_due: r.col::<Option<bool>>("escalate_due")?.unwrap_or(false),
-                    deadline_due: r.col::<Option<bool>>("deadline_due")?.unwrap_or(false),
-                    attempts_used: r.col("attempts_used")?,
-                    max_attempts: r.col("max_attempts")?,
-                    attempts_on_lane: r.col("attempts_on_lane")?,
-                    replacements_before_reassign: r.col("replacements_before_reassign")?,
-                    chain,
-                    unended: r.col("unended")?,
-                    attempts_total: r.col("attempts_total")?,
-                })
-            })
-            .collect()
-    }
-
-    /// What the next attempt of an assignment carries: the last attempt's task, and what
-    /// the operator supplied for scope, holds and completion.
-    pub async fn next_attempt(
-        &self,
-        assignment_id: &str,
-    ) -> Result<Option<NextAttempt>, AuthorityError> {
-        let c = self.pool.get().await?;
-        let row = c
-            .query_opt(
-                "SELECT (SELECT t.task_text FROM attempts t WHERE t.assignment_id = a.assignment_id ORDER BY t.created_at DESC LIMIT 1) AS task_text, \
-                        a.scope, a.holds, a.completion_policy FROM assignments a WHERE a.assignment_id = $1",
-                &[&assignment_id],
-            )
-            .await?;
-        row.map(|r| {
-            let list = |v: serde_json::Value| -> Vec<String> {
-                v.as_array()
-                    .into_iter()
-                    .flatten()
-                    .filter_map(|s| s.as_str().map(String::from))
-                    .collect()
-            };
-            Ok(NextAttempt {
-                task_text: r.col::<Option<String>>("task_text")?.unwrap_or_default(),
-                scope: list(r.col("scope")?),
-                holds: list(r.col("holds")?),
-                completion_policy: r.col("completion_policy")?,
-            })
-        })
-        .transpose()
     }
 }

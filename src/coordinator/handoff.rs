@@ -24,7 +24,9 @@
 
 use const_format::concatcp;
 use serde_json::json;
+use std::sync::LazyLock;
 
+use super::cas::{self, Pred};
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::Chain;
@@ -88,32 +90,256 @@ pub struct HandoffView {
 
 pub use crate::protocol::work::next_action_digest;
 
-/// The one statement an ACK must satisfy: the challenge unused and unexpired (database
-/// time), every bound field equal to the offer and to current state, the source still
-/// RUNNING on its open reservation, the target chain AWAITING_ACK on its own. It moves
+/// Every expected value of a handoff ACK (spec §8.1), in diagnosis order: the challenge
+/// unused and unexpired (database time), every bound field equal to the offer and to
+/// current state, the source still RUNNING on its open reservation, the target chain
+/// AWAITING_ACK on its own. The CAS and its refusal's explanation are both built from it.
+/// Parameters: $1 handoff challenge, $2 and $3 the timeline and epoch it was issued under,
+/// $4 assignment, $5 source attempt, $6 target attempt, $7 responsibility owner, $8
+/// execution owner, $9 pending target, $10 next-action digest, $11 scope, $12 holds, $13
+/// target lane incarnation, $14 generation, $15 contracts, $16 challenge deadline.
+const ACCEPT_PREDS: &[Pred] = &[
+    Pred {
+        sql: concatcp!("h.state <> ", HandoffState::Accepted.sql()),
+        category: Category::ChallengeConsumed,
+        detail: "the handoff challenge was already used",
+    },
+    Pred {
+        sql: concatcp!("h.state = ", HandoffState::Challenged.sql()),
+        category: Category::WrongState,
+        detail: "the handoff is not CHALLENGED (withdrawn, expired or not yet challenged)",
+    },
+    Pred {
+        sql: "h.challenge_deadline > clock_timestamp()",
+        category: Category::Expired,
+        detail: "the handoff challenge deadline has passed (database time; equality is expired)",
+    },
+    Pred {
+        sql: "h.sot_incarnation = $2",
+        category: Category::Mismatch,
+        detail: "the challenge was issued under another timeline",
+    },
+    Pred {
+        sql: "h.challenge_epoch = $3",
+        category: Category::Mismatch,
+        detail: "the challenge was issued under another coordinator epoch",
+    },
+    Pred {
+        sql: "mosaic_ts(h.challenge_deadline) = $16",
+        category: Category::Mismatch,
+        detail: "challenge_deadline differs from the challenge's",
+    },
+    Pred {
+        sql: "a.assignment_id = $4",
+        category: Category::Mismatch,
+        detail: "assignment_id differs from the handoff's",
+    },
+    Pred {
+        sql: concatcp!("a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Handoff.sql(), " AND a.requested_outcome IS NULL"),
+        category: Category::WrongState,
+        detail: "the work is no longer active and being handed off (it left the handoff, or an outcome was requested)",
+    },
+    Pred {
+        sql: "h.source_attempt_id = $5",
+        category: Category::Mismatch,
+        detail: "source_assignment_attempt_id differs from the handoff's",
+    },
+    Pred {
+        sql: "h.target_attempt_id = $6",
+        category: Category::Mismatch,
+        detail: "target_assignment_attempt_id differs from the handoff's",
+    },
+    Pred {
+        sql: "h.responsibility_owner = $7",
+        category: Category::Mismatch,
+        detail: "responsibility_owner differs from the offer's",
+    },
+    Pred {
+        sql: "a.responsibility_owner = h.responsibility_owner",
+        category: Category::Conflict,
+        detail: "the work's responsibility_owner changed since the offer",
+    },
+    Pred {
+        sql: "h.execution_owner = $8",
+        category: Category::Mismatch,
+        detail: "execution_owner differs from the offer's",
+    },
+    Pred {
+        sql: "a.execution_owner = h.execution_owner",
+        category: Category::Conflict,
+        detail: "the work's execution_owner changed since the offer",
+    },
+    Pred {
+        sql: "h.pending_target = $9",
+        category: Category::Mismatch,
+        detail: "pending_target differs from the offer's",
+    },
+    Pred {
+        sql: "a.pending_target = h.pending_target",
+        category: Category::Conflict,
+        detail: "the work's pending_target changed since the offer",
+    },
+    Pred {
+        sql: "h.next_action_digest = $10",
+        category: Category::Mismatch,
+        detail: "next_action_digest differs from the offer's",
+    },
+    Pred {
+        sql: "a.scope_digest = $11",
+        category: Category::Mismatch,
+        detail: "scope_digest differs from the work's",
+    },
+    Pred {
+        sql: "a.holds_digest = $12",
+        category: Category::Mismatch,
+        detail: "holds_digest differs from the work's",
+    },
+    Pred {
+        sql: "rs.released_at IS NULL AND rs.assignment_attempt_id = h.source_attempt_id",
+        category: Category::WrongState,
+        detail: "the source chain's reservation was released",
+    },
+    Pred {
+        sql: concatcp!("ls.state = ", LaneState::Running.sql(), " AND ls.retired_at IS NULL"),
+        category: Category::WrongState,
+        detail: "the source lane is not RUNNING",
+    },
+    Pred {
+        sql: "rt.released_at IS NULL AND rt.deadline > clock_timestamp() AND rt.assignment_attempt_id = h.target_attempt_id",
+        category: Category::WrongState,
+        detail: "the target chain's reservation was released or has expired",
+    },
+    Pred {
+        sql: "rt.lane_incarnation_id = $13",
+        category: Category::Mismatch,
+        detail: "lane_incarnation_id differs from the target chain's",
+    },
+    Pred {
+        sql: "rt.generation = $14",
+        category: Category::Mismatch,
+        detail: "generation differs from the target chain's",
+    },
+    Pred {
+        sql: "rt.contracts_digest = $15",
+        category: Category::Mismatch,
+        detail: "contracts_digest differs from the target chain's",
+    },
+    Pred {
+        sql: concatcp!("lt.state = ", LaneState::AwaitingAck.sql(), " AND lt.retired_at IS NULL"),
+        category: Category::WrongState,
+        detail: "the target lane is not AWAITING_ACK",
+    },
+    Pred {
+        sql: concatcp!("gt.state = ", GenState::Staging.sql(), " AND gt.stop_requested_at IS NULL"),
+        category: Category::WrongState,
+        detail: "the target generation is not staging, or is being stopped",
+    },
+];
+
+/// The one statement an ACK must satisfy (`ACCEPT_PREDS` over the handoff's rows). It moves
 /// responsibility and the assignment's lane in the same row update.
-const ACCEPT_CAS: &str = concatcp!("UPDATE assignments a SET responsibility_owner = h.pending_target, execution_owner = NULL, \
-            lane_incarnation_id = h.target_lane_incarnation_id, handoff_ack = h.handoff_id, \
-            next_action = 'the target acknowledges its own activation challenge (mosaic lane ack); then activation' \
-     FROM handoffs h, reservations rs, lane_incarnations ls, reservations rt, lane_incarnations lt, generations gt \
-     WHERE h.challenge_id = $1 AND h.state = ", HandoffState::Challenged.sql(), " AND h.challenge_deadline > clock_timestamp() \
-       AND h.sot_incarnation = $2 AND h.challenge_epoch = $3 AND mosaic_ts(h.challenge_deadline) = $16 \
-       AND a.assignment_id = h.assignment_id AND a.assignment_id = $4 \
-       AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Handoff.sql(), " AND a.requested_outcome IS NULL \
-       AND h.source_attempt_id = $5 AND h.target_attempt_id = $6 \
-       AND a.responsibility_owner = h.responsibility_owner AND h.responsibility_owner = $7 \
-       AND a.execution_owner = h.execution_owner AND h.execution_owner = $8 \
-       AND a.pending_target = h.pending_target AND h.pending_target = $9 \
-       AND h.next_action_digest = $10 AND a.scope_digest = $11 AND a.holds_digest = $12 \
-       AND rs.reservation_id = h.source_reservation_id AND rs.released_at IS NULL AND rs.assignment_attempt_id = h.source_attempt_id \
-       AND ls.lane_incarnation_id = rs.lane_incarnation_id AND ls.state = ", LaneState::Running.sql(), " AND ls.retired_at IS NULL \
-       AND rt.reservation_id = h.target_reservation_id AND rt.released_at IS NULL AND rt.deadline > clock_timestamp() \
-       AND rt.assignment_attempt_id = h.target_attempt_id AND rt.lane_incarnation_id = $13 AND rt.generation = $14 \
-       AND rt.contracts_digest = $15 \
-       AND lt.lane_incarnation_id = rt.lane_incarnation_id AND lt.state = ", LaneState::AwaitingAck.sql(), " AND lt.retired_at IS NULL \
-       AND gt.lane_incarnation_id = rt.lane_incarnation_id AND gt.generation = rt.generation AND gt.state = ", GenState::Staging.sql(), " \
-       AND gt.stop_requested_at IS NULL \
-     RETURNING h.handoff_id, rs.reservation_id, rs.lane_incarnation_id, rs.generation, h.pending_target");
+static ACCEPT_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE assignments a SET responsibility_owner = h.pending_target, execution_owner = NULL, \
+                lane_incarnation_id = h.target_lane_incarnation_id, handoff_ack = h.handoff_id, \
+                next_action = 'the target acknowledges its own activation challenge (mosaic lane ack); then activation' \
+         FROM handoffs h, reservations rs, lane_incarnations ls, reservations rt, lane_incarnations lt, generations gt \
+         WHERE h.challenge_id = $1 AND a.assignment_id = h.assignment_id \
+           AND rs.reservation_id = h.source_reservation_id AND ls.lane_incarnation_id = rs.lane_incarnation_id \
+           AND rt.reservation_id = h.target_reservation_id AND lt.lane_incarnation_id = rt.lane_incarnation_id \
+           AND gt.lane_incarnation_id = rt.lane_incarnation_id AND gt.generation = rt.generation \
+           AND {} \
+         RETURNING h.handoff_id, rs.reservation_id, rs.lane_incarnation_id, rs.generation, h.pending_target",
+        cas::conjunction(ACCEPT_PREDS)
+    )
+});
+
+/// The refusal's explanation: each predicate over the same rows, reached from the
+/// handoff challenge the ACK names.
+static ACCEPT_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        ACCEPT_PREDS,
+        "FROM handoffs h LEFT JOIN assignments a ON a.assignment_id = h.assignment_id \
+         LEFT JOIN reservations rs ON rs.reservation_id = h.source_reservation_id \
+         LEFT JOIN lane_incarnations ls ON ls.lane_incarnation_id = rs.lane_incarnation_id \
+         LEFT JOIN reservations rt ON rt.reservation_id = h.target_reservation_id \
+         LEFT JOIN lane_incarnations lt ON lt.lane_incarnation_id = rt.lane_incarnation_id \
+         LEFT JOIN generations gt ON gt.lane_incarnation_id = rt.lane_incarnation_id AND gt.generation = rt.generation \
+         WHERE h.challenge_id = $1",
+    )
+});
+
+/// Every expected value of a handoff offer, in diagnosis order (over the work, its open
+/// reservation and lane, and the target lane); the CAS and its refusal's explanation are
+/// both built from it. Parameters: $1 target lane incarnation, $2 assignment.
+const OFFER_PREDS: &[Pred] = &[
+    Pred {
+        sql: "a.lane_incarnation_id IS DISTINCT FROM li.lane_incarnation_id",
+        category: Category::BadInput,
+        detail: "the target is the lane the work already runs on",
+    },
+    Pred {
+        sql: concatcp!("a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL"),
+        category: Category::WrongState,
+        detail: "only RUNNING active work is handed off: the work is not active (blocked, in recovery, being handed off, or finishing)",
+    },
+    Pred {
+        sql: "a.execution_owner IS NOT NULL AND a.pending_target IS NULL",
+        category: Category::WrongState,
+        detail: "only RUNNING active work is handed off: it has no execution owner, or a handoff is already pending",
+    },
+    Pred {
+        sql: concatcp!("rs.reservation_id IS NOT NULL AND ls.state = ", LaneState::Running.sql()),
+        category: Category::WrongState,
+        detail: "only RUNNING active work is handed off: its lane is not RUNNING on an open reservation",
+    },
+    Pred {
+        sql: concatcp!("li.state = ", LaneState::IdleClean.sql(), " AND li.retired_at IS NULL"),
+        category: Category::WrongState,
+        detail: "the target lane is not IDLE_CLEAN",
+    },
+    Pred {
+        sql: "li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL",
+        category: Category::WrongState,
+        detail: "the target lane is being recreated, or its host quarantined it",
+    },
+    Pred {
+        sql: "NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL)",
+        category: Category::WrongState,
+        detail: "the target lane has a termination receipt not reconciled yet",
+    },
+    Pred {
+        sql: concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ")"),
+        category: Category::WrongState,
+        detail: "the target lane has a generation not ended yet",
+    },
+];
+
+/// The target lane is reserved for the work (the offer's rows follow in the same commit).
+static OFFER_CAS: LazyLock<String> = LazyLock::new(|| {
+    format!(
+        "UPDATE lane_incarnations li SET state = {reserved} \
+         FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id \
+                AND rs.released_at IS NULL AND rs.lane_incarnation_id = a.lane_incarnation_id \
+              JOIN lane_incarnations ls ON ls.lane_incarnation_id = rs.lane_incarnation_id \
+         WHERE li.lane_incarnation_id = $1 AND a.assignment_id = $2 AND {} \
+         RETURNING li.lane_id",
+        cas::conjunction(OFFER_PREDS),
+        reserved = LaneState::Reserved.sql()
+    )
+});
+
+/// The refusal's explanation, from the work the offer names.
+static OFFER_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
+    cas::diagnosis(
+        OFFER_PREDS,
+        "FROM assignments a LEFT JOIN reservations rs ON rs.assignment_id = a.assignment_id \
+                AND rs.released_at IS NULL AND rs.lane_incarnation_id = a.lane_incarnation_id \
+              LEFT JOIN lane_incarnations ls ON ls.lane_incarnation_id = rs.lane_incarnation_id \
+              LEFT JOIN lane_incarnations li ON li.lane_incarnation_id = $1 \
+         WHERE a.assignment_id = $2",
+    )
+});
 
 /// Whether reservation `$1` is the target chain of a handoff still open (read before the
 /// chain is released: the release itself expires the offer and hands the work back to its
@@ -171,51 +397,11 @@ impl Store {
             .transition(
                 &step,
                 body!([req, sec, salt, sot] |f| {
-                    let d = f.cas(
-                        concatcp!("UPDATE lane_incarnations li SET state = ", LaneState::Reserved.sql(), " \
-                         WHERE li.lane_incarnation_id = $1 AND li.state = ", LaneState::IdleClean.sql(), " AND li.retired_at IS NULL \
-                           AND li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL \
-                           AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
-                           AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
-                           AND EXISTS (SELECT 1 FROM assignments a JOIN reservations rs ON rs.assignment_id = a.assignment_id \
-                                         AND rs.released_at IS NULL AND rs.lane_incarnation_id = a.lane_incarnation_id \
-                                       JOIN lane_incarnations ls ON ls.lane_incarnation_id = rs.lane_incarnation_id \
-                                       WHERE a.assignment_id = $2 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
-                                         AND a.requested_outcome IS NULL AND a.execution_owner IS NOT NULL AND a.pending_target IS NULL \
-                                         AND ls.state = ", LaneState::Running.sql(), " AND ls.lane_incarnation_id <> li.lane_incarnation_id) \
-                         RETURNING li.lane_id"),
-                        &[&req.target_lane_incarnation_id, &req.assignment_id],
-                    ).await?;
-                    let d = match d {
+                    let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
+                        [&req.target_lane_incarnation_id, &req.assignment_id];
+                    let d = match f.cas(&OFFER_CAS, &params).await? {
                         Ok(d) => d,
-                        Err(u) => {
-                            let why = u.read_opt(
-                                "SELECT a.lifecycle, a.work_status, a.execution_owner IS NOT NULL AS executing, \
-                                        (SELECT li.state FROM lane_incarnations li WHERE li.lane_incarnation_id = a.lane_incarnation_id) AS lane_state, \
-                                        a.lane_incarnation_id = $2 AS same_lane \
-                                 FROM assignments a WHERE a.assignment_id = $1",
-                                &[&req.assignment_id, &req.target_lane_incarnation_id],
-                            ).await?;
-                            let why = match why {
-                                None => None,
-                                Some(r) => Some((
-                                    r.col::<Lifecycle>("lifecycle")?,
-                                    r.col::<WorkStatus>("work_status")?,
-                                    r.col::<bool>("executing")?,
-                                    r.col::<Option<LaneState>>("lane_state")?,
-                                    r.col::<bool>("same_lane")?,
-                                )),
-                            };
-                            return Err(match why {
-                                None => u.reject(Category::NotFound, format!("no assignment {}", req.assignment_id)).await?,
-                                Some((.., true)) => u.reject(Category::BadInput, "the target is the lane the work already runs on").await?,
-                                Some((life, work, executing, lane, _)) if life != Lifecycle::Active || work != WorkStatus::Active || !executing
-                                    || lane != Some(LaneState::Running) =>
-                                    u.reject(Category::WrongState, format!("only RUNNING active work is handed off (assignment {life}, work {work}, lane {})",
-                                        lane.map(LaneState::as_str).unwrap_or_default())).await?,
-                                Some(_) => u.reject(Category::WrongState, "the target lane is not IDLE_CLEAN with every generation ended and reconciled").await?,
-                            });
-                        }
+                        Err(u) => return Err(u.diagnose(&OFFER_DIAGNOSIS, &params, OFFER_PREDS, "no such assignment").await?),
                     };
                     let target_lane: String = d.row().col("lane_id")?;
                     let src = d.query(
@@ -340,31 +526,14 @@ impl Store {
         self.transition(
             &step,
             body!([a] |f| {
-                let d = f.cas(ACCEPT_CAS, &[&a.handoff_challenge_id, &a.sot_incarnation, &a.coordinator_epoch, &a.assignment_id,
-                    &a.source_assignment_attempt_id, &a.target_assignment_attempt_id, &a.responsibility_owner, &a.execution_owner,
-                    &a.pending_target, &a.next_action_digest, &a.scope_digest, &a.holds_digest, &a.lane_incarnation_id, &a.generation,
-                    &a.contracts_digest, &a.challenge_deadline]).await?;
-                let d = match d {
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [&a.handoff_challenge_id, &a.sot_incarnation,
+                    &a.coordinator_epoch, &a.assignment_id, &a.source_assignment_attempt_id, &a.target_assignment_attempt_id,
+                    &a.responsibility_owner, &a.execution_owner, &a.pending_target, &a.next_action_digest, &a.scope_digest,
+                    &a.holds_digest, &a.lane_incarnation_id, &a.generation, &a.contracts_digest, &a.challenge_deadline];
+                let d = match f.cas(&ACCEPT_CAS, &params).await? {
                     Ok(d) => d,
                     Err(u) => {
-                        let h = u.read_opt(
-                            "SELECT state, challenge_deadline <= clock_timestamp() AS expired FROM handoffs WHERE challenge_id = $1",
-                            &[&a.handoff_challenge_id],
-                        ).await?;
-                        let h = match h {
-                            None => None,
-                            Some(r) => Some((
-                                r.col::<HandoffState>("state")?,
-                                r.col::<Option<bool>>("expired")?.unwrap_or(true),
-                            )),
-                        };
-                        return Err(match h {
-                            None => u.reject(Category::NotFound, "no such handoff challenge").await?,
-                            Some((HandoffState::Accepted, _)) => u.reject(Category::ChallengeConsumed, "the handoff challenge was already used").await?,
-                            Some((state, _)) if state != HandoffState::Challenged => u.reject(Category::WrongState, format!("the handoff is {state}")).await?,
-                            Some((_, true)) => u.reject(Category::Expired, "the handoff challenge deadline has passed (database time; equality is expired)").await?,
-                            Some(_) => u.reject(Category::Mismatch, "a bound handoff field differs from the offer or from current state").await?,
-                        });
+                        return Err(u.diagnose(&ACCEPT_DIAGNOSIS, &params, ACCEPT_PREDS, "no such handoff challenge").await?)
                     }
                 };
                 let handoff: String = d.row().col("handoff_id")?;

@@ -29,6 +29,7 @@ pub mod error;
 pub mod failpoint;
 mod followups;
 pub mod handoff;
+pub mod inactivity;
 pub mod lanes;
 pub mod leader;
 pub mod metrics;

@@ -200,7 +200,7 @@ impl Service {
     /// The next attempt of work in recovery: the same lane while the policy allows more
     /// replacements there, then another idle lane of a connected host offering the runtime.
     /// Nothing idle: nothing happens, and the next sweep tries again.
-    async fn next_attempt(&self, l: &Leader, w: &crate::coordinator::continuity::DueWork) {
+    async fn next_attempt(&self, l: &Leader, w: &crate::coordinator::inactivity::DueWork) {
         let mut same_lane_ok = w.attempts_on_lane <= i64::from(w.replacements_before_reassign);
         let lanes = match self.store.lanes().await {
             Ok(v) => v,
