@@ -1,9 +1,23 @@
-//! Host → coordinator: the chain messages a host sends about one of its generations.
+//! Host → coordinator: the chain messages a host sends about one of its generations, and
+//! its session messages. The host builds each chain message from its struct
+//! ([`FromHostChain::fields`], which also derives its idempotency key) and the coordinator
+//! reads it back with [`FromHostChain::decode`]: one field set, written once.
 
-use super::{ChainRef, Fields, WireError};
-use crate::protocol::envelope::{Envelope, Verified};
+use super::{ChainRef, Digests, Fields, HandoffBound, WireError};
+use crate::protocol::canonical::{self, Value};
+use crate::protocol::envelope::{n, s, Envelope, Verified};
 use crate::protocol::report::{self, HostReport};
 use crate::protocol::schema::MessageType;
+
+/// What every host message after the contract repeats from the stage and the contract
+/// (spec §7.2's ordinary fields beyond the chain).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ContractBound {
+    pub reservation_epoch: u64,
+    pub reservation_deadline: String,
+    pub runtime_id: String,
+    pub digests: Digests,
+}
 
 /// `staged`: the host started a fresh, verified process tree for this generation.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +30,7 @@ pub struct Staged {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Injected {
     pub chain: ChainRef,
+    pub bound: ContractBound,
     pub delivered_contracts_digest: String,
     pub process_identity: serde_json::Value,
 }
@@ -24,15 +39,10 @@ pub struct Injected {
 #[derive(Debug, Clone, PartialEq)]
 pub struct Ack {
     pub chain: ChainRef,
+    pub bound: ContractBound,
     pub challenge_id: String,
-    pub reservation_epoch: u64,
-    pub reservation_deadline: String,
     pub process_identity: serde_json::Value,
-    pub contracts_digest: String,
-    pub scope_digest: String,
-    pub holds_digest: String,
-    pub runtime_id: String,
-    /// The digest of the verified ACK envelope itself.
+    /// The digest of the verified ACK envelope itself (empty on a message being built).
     pub ack_digest: String,
 }
 
@@ -40,9 +50,11 @@ pub struct Ack {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Progress {
     pub chain: ChainRef,
+    pub bound: ContractBound,
     pub evidence_kind: String,
     pub evidence_digest: String,
     pub next_action: Option<String>,
+    /// The envelope's message id (empty on a message being built: the link assigns it).
     pub message_id: String,
 }
 
@@ -50,42 +62,41 @@ pub struct Progress {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Blocked {
     pub chain: ChainRef,
+    pub bound: ContractBound,
     pub blocker_code: String,
     pub blocker_evidence_digest: String,
     pub next_action: String,
 }
 
-/// `handoff_ack`: a handoff target's harness acknowledged the handoff (spec §8.1).
-#[derive(Debug, Clone, PartialEq, Eq)]
+/// `handoff_ack`: a handoff target's harness acknowledged the handoff (spec §8.1), echoing
+/// every bound field of its challenge.
+#[derive(Debug, Clone, PartialEq)]
 pub struct HandoffAck {
     pub chain: ChainRef,
-    pub handoff_challenge_id: String,
-    pub source_assignment_attempt_id: String,
-    pub responsibility_owner: String,
-    pub execution_owner: String,
-    pub pending_target: String,
-    pub next_action_digest: String,
-    pub scope_digest: String,
-    pub holds_digest: String,
-    pub contracts_digest: String,
-    pub challenge_deadline: String,
-    /// The digest of the verified handoff-ACK envelope itself.
+    pub bound: ContractBound,
+    pub handoff: HandoffBound,
+    pub process_identity: serde_json::Value,
+    /// The digest of the verified handoff-ACK envelope itself (empty on a message being
+    /// built).
     pub ack_digest: String,
 }
 
 /// `continuation_accept`: the host accepts an offered continuation for its settled harness.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ContinuationAccept {
     pub chain: ChainRef,
+    pub bound: ContractBound,
     pub continuation_id: String,
     pub claim_ref: String,
     pub next_action_digest: String,
+    pub process_identity: serde_json::Value,
 }
 
 /// `continuation_result`: what the harness produced for a continuation.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ContinuationResult {
     pub chain: ChainRef,
+    pub bound: ContractBound,
     pub continuation_id: String,
     pub result_evidence_digest: String,
 }
@@ -104,6 +115,111 @@ pub enum FromHostChain {
 }
 
 impl FromHostChain {
+    pub fn message_type(&self) -> MessageType {
+        match self {
+            Self::Staged(_) => MessageType::Staged,
+            Self::Injected(_) => MessageType::Injected,
+            Self::Ack(_) => MessageType::Ack,
+            Self::Progress(_) => MessageType::Progress,
+            Self::Blocked(_) => MessageType::Blocked,
+            Self::HandoffAck(_) => MessageType::HandoffAck,
+            Self::ContinuationAccept(_) => MessageType::ContinuationAccept,
+            Self::ContinuationResult(_) => MessageType::ContinuationResult,
+        }
+    }
+
+    pub fn chain(&self) -> &ChainRef {
+        match self {
+            Self::Staged(m) => &m.chain,
+            Self::Injected(m) => &m.chain,
+            Self::Ack(m) => &m.chain,
+            Self::Progress(m) => &m.chain,
+            Self::Blocked(m) => &m.chain,
+            Self::HandoffAck(m) => &m.chain,
+            Self::ContinuationAccept(m) => &m.chain,
+            Self::ContinuationResult(m) => &m.chain,
+        }
+    }
+
+    /// The key a retry of this message carries: derived from what it reports, so the
+    /// coordinator's step for it is the same step however often it is sent.
+    pub fn idempotency_key(&self) -> String {
+        let res = &self.chain().reservation_id;
+        match self {
+            Self::Staged(_) => format!("staged/{res}"),
+            Self::Injected(_) => format!("injected/{res}"),
+            Self::Ack(m) => format!("ack/{}", m.challenge_id),
+            Self::Progress(m) => format!("progress/{res}/{}", m.evidence_digest),
+            Self::Blocked(m) => format!("blocked/{res}/{}", m.blocker_evidence_digest),
+            Self::HandoffAck(m) => format!("handoff-ack/{}", m.handoff.handoff_challenge_id),
+            Self::ContinuationAccept(m) => {
+                format!("continuation-accept/{}/{}", m.continuation_id, m.claim_ref)
+            }
+            Self::ContinuationResult(m) => format!("continuation-result/{}", m.continuation_id),
+        }
+    }
+
+    /// The message's fields, for signing (the envelope's common fields are the signer's; a
+    /// process identity that is not canonical JSON is an error).
+    pub fn fields(&self) -> Result<Vec<(&'static str, Value)>, WireError> {
+        let mut f = vec![("idempotency_key", s(&self.idempotency_key()))];
+        chain(&mut f, self.chain());
+        match self {
+            Self::Staged(m) => f.push(("process_identity", identity(&m.process_identity)?)),
+            Self::Injected(m) => {
+                bound(&mut f, &m.bound);
+                f.push((
+                    "delivered_contracts_digest",
+                    s(&m.delivered_contracts_digest),
+                ));
+                f.push(("process_identity", identity(&m.process_identity)?));
+            }
+            Self::Ack(m) => {
+                bound(&mut f, &m.bound);
+                f.push(("challenge_id", s(&m.challenge_id)));
+                f.push(("process_identity", identity(&m.process_identity)?));
+            }
+            Self::Progress(m) => {
+                bound(&mut f, &m.bound);
+                f.push(("evidence_kind", s(&m.evidence_kind)));
+                f.push(("evidence_digest", s(&m.evidence_digest)));
+                if let Some(next) = &m.next_action {
+                    f.push(("next_action", s(next)));
+                }
+            }
+            Self::Blocked(m) => {
+                bound(&mut f, &m.bound);
+                f.extend([
+                    ("blocker_code", s(&m.blocker_code)),
+                    ("blocker_evidence_digest", s(&m.blocker_evidence_digest)),
+                    ("next_action", s(&m.next_action)),
+                ]);
+            }
+            Self::HandoffAck(m) => {
+                bound(&mut f, &m.bound);
+                f.extend(m.handoff.fields());
+                f.push(("process_identity", identity(&m.process_identity)?));
+            }
+            Self::ContinuationAccept(m) => {
+                bound(&mut f, &m.bound);
+                f.extend([
+                    ("continuation_id", s(&m.continuation_id)),
+                    ("claim_ref", s(&m.claim_ref)),
+                    ("next_action_digest", s(&m.next_action_digest)),
+                ]);
+                f.push(("process_identity", identity(&m.process_identity)?));
+            }
+            Self::ContinuationResult(m) => {
+                bound(&mut f, &m.bound);
+                f.extend([
+                    ("continuation_id", s(&m.continuation_id)),
+                    ("result_evidence_digest", s(&m.result_evidence_digest)),
+                ]);
+            }
+        }
+        Ok(f)
+    }
+
     /// Converts a verified envelope; `Ok(None)` for a type that is not a host chain
     /// message.
     pub fn decode(env: &Envelope<Verified>) -> Result<Option<Self>, WireError> {
@@ -115,23 +231,20 @@ impl FromHostChain {
             }),
             MessageType::Injected => Self::Injected(Injected {
                 chain: f.chain()?,
+                bound: f.bound()?,
                 delivered_contracts_digest: f.str("delivered_contracts_digest")?,
                 process_identity: f.json("process_identity")?,
             }),
             MessageType::Ack => Self::Ack(Ack {
                 chain: f.chain()?,
+                bound: f.bound()?,
                 challenge_id: f.str("challenge_id")?,
-                reservation_epoch: f.uint("reservation_epoch")?,
-                reservation_deadline: f.str("reservation_deadline")?,
                 process_identity: f.json("process_identity")?,
-                contracts_digest: f.str("contracts_digest")?,
-                scope_digest: f.str("scope_digest")?,
-                holds_digest: f.str("holds_digest")?,
-                runtime_id: f.str("runtime_id")?,
                 ack_digest: env.digest(),
             }),
             MessageType::Progress => Self::Progress(Progress {
                 chain: f.chain()?,
+                bound: f.bound()?,
                 evidence_kind: f.str("evidence_kind")?,
                 evidence_digest: f.str("evidence_digest")?,
                 next_action: f.opt_str("next_action"),
@@ -139,38 +252,95 @@ impl FromHostChain {
             }),
             MessageType::Blocked => Self::Blocked(Blocked {
                 chain: f.chain()?,
+                bound: f.bound()?,
                 blocker_code: f.str("blocker_code")?,
                 blocker_evidence_digest: f.str("blocker_evidence_digest")?,
                 next_action: f.str("next_action")?,
             }),
             MessageType::HandoffAck => Self::HandoffAck(HandoffAck {
                 chain: f.chain()?,
-                handoff_challenge_id: f.str("handoff_challenge_id")?,
-                source_assignment_attempt_id: f.str("source_assignment_attempt_id")?,
-                responsibility_owner: f.str("responsibility_owner")?,
-                execution_owner: f.str("execution_owner")?,
-                pending_target: f.str("pending_target")?,
-                next_action_digest: f.str("next_action_digest")?,
-                scope_digest: f.str("scope_digest")?,
-                holds_digest: f.str("holds_digest")?,
-                contracts_digest: f.str("contracts_digest")?,
-                challenge_deadline: f.str("challenge_deadline")?,
+                bound: f.bound()?,
+                handoff: f.handoff_bound()?,
+                process_identity: f.json("process_identity")?,
                 ack_digest: env.digest(),
             }),
             MessageType::ContinuationAccept => Self::ContinuationAccept(ContinuationAccept {
                 chain: f.chain()?,
+                bound: f.bound()?,
                 continuation_id: f.str("continuation_id")?,
                 claim_ref: f.str("claim_ref")?,
                 next_action_digest: f.str("next_action_digest")?,
+                process_identity: f.json("process_identity")?,
             }),
             MessageType::ContinuationResult => Self::ContinuationResult(ContinuationResult {
                 chain: f.chain()?,
+                bound: f.bound()?,
                 continuation_id: f.str("continuation_id")?,
                 result_evidence_digest: f.str("result_evidence_digest")?,
             }),
             _ => return Ok(None),
         };
         Ok(Some(msg))
+    }
+}
+
+fn identity(v: &serde_json::Value) -> Result<Value, WireError> {
+    canonical::from_json(v).map_err(|e| WireError::Unknown {
+        message_type: "host message",
+        field: "process_identity",
+        value: e.to_string(),
+    })
+}
+
+fn chain(f: &mut Vec<(&'static str, Value)>, c: &ChainRef) {
+    f.extend([
+        ("sot_incarnation", s(&c.sot_incarnation)),
+        ("coordinator_epoch", n(c.coordinator_epoch)),
+        ("assignment_id", s(&c.assignment_id)),
+        ("lane_id", s(&c.lane_id)),
+        ("lane_incarnation_id", s(&c.lane_incarnation_id)),
+        ("assignment_attempt_id", s(&c.assignment_attempt_id)),
+        ("reservation_id", s(&c.reservation_id)),
+        ("generation", n(c.generation)),
+        ("fence_proof", s(&c.fence_proof)),
+    ]);
+}
+
+fn bound(f: &mut Vec<(&'static str, Value)>, b: &ContractBound) {
+    f.extend([
+        ("reservation_epoch", n(b.reservation_epoch)),
+        ("reservation_deadline", s(&b.reservation_deadline)),
+        ("runtime_id", s(&b.runtime_id)),
+        ("contracts_digest", s(&b.digests.contracts_digest)),
+        ("scope_digest", s(&b.digests.scope_digest)),
+        ("holds_digest", s(&b.digests.holds_digest)),
+    ]);
+}
+
+impl Fields<'_> {
+    fn bound(&self) -> Result<ContractBound, WireError> {
+        Ok(ContractBound {
+            reservation_epoch: self.uint("reservation_epoch")?,
+            reservation_deadline: self.str("reservation_deadline")?,
+            runtime_id: self.str("runtime_id")?,
+            digests: Digests {
+                contracts_digest: self.str("contracts_digest")?,
+                scope_digest: self.str("scope_digest")?,
+                holds_digest: self.str("holds_digest")?,
+            },
+        })
+    }
+
+    fn handoff_bound(&self) -> Result<HandoffBound, WireError> {
+        Ok(HandoffBound {
+            handoff_challenge_id: self.str("handoff_challenge_id")?,
+            source_assignment_attempt_id: self.str("source_assignment_attempt_id")?,
+            responsibility_owner: self.str("responsibility_owner")?,
+            execution_owner: self.str("execution_owner")?,
+            pending_target: self.str("pending_target")?,
+            next_action_digest: self.str("next_action_digest")?,
+            challenge_deadline: self.str("challenge_deadline")?,
+        })
     }
 }
 

@@ -3,21 +3,21 @@
 
 use super::*;
 
-/// A handoff ACK: the chain fields, and every bound field of the challenge echoed.
-pub(super) fn handoff_ack_fields(
+/// A handoff ACK: the chain, and every bound field of the challenge echoed.
+pub(super) fn handoff_ack(
     stage: &wire::Stage,
     contract: &wire::Contract,
     h: &wire::HandoffChallenge,
     identity: &Value,
-) -> Vec<(&'static str, Value)> {
-    let mut f = CoordinatedHost::chain_fields(stage, Some(contract));
-    f.push((
-        "idempotency_key",
-        s(&format!("handoff-ack/{}", h.bound.handoff_challenge_id)),
-    ));
-    f.extend(h.bound.fields());
-    f.push(("process_identity", identity.clone()));
-    f
+) -> FromHostChain {
+    let base = ReportBase::of(stage, contract);
+    FromHostChain::HandoffAck(wire::HandoffAck {
+        chain: base.chain,
+        bound: base.bound,
+        handoff: h.bound.clone(),
+        process_identity: canonical::to_json(identity),
+        ack_digest: String::new(),
+    })
 }
 
 /// Whether a coordinator message for a staged generation carries the authority that

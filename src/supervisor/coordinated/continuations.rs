@@ -16,8 +16,8 @@ impl CoordinatedHost {
         message_id: &str,
     ) {
         let (lane_id, generation) = (m.authority.lane_id.clone(), Some(m.authority.generation));
-        let fields = ctx.report_fields.lock().ok().and_then(|f| f.clone());
-        let (Some(session), Some(fields)) = (ctx.session.clone(), fields) else {
+        let base = ctx.report_base.lock().ok().and_then(|f| f.clone());
+        let (Some(session), Some(base)) = (ctx.session.clone(), base) else {
             self.sup.audit_stale(
                 "continuation-unreachable-generation",
                 Some(&lane_id),
@@ -47,11 +47,14 @@ impl CoordinatedHost {
                     .ok()
                     .and_then(|r| r.get(&id).cloned());
                 if let Some(evidence) = answered {
-                    let mut f = fields;
-                    f.push(("idempotency_key", s(&format!("continuation-result/{id}"))));
-                    f.push(("continuation_id", s(&id)));
-                    f.push(("result_evidence_digest", s(&evidence)));
-                    self.send(MessageType::ContinuationResult, f);
+                    self.send(FromHostChain::ContinuationResult(
+                        wire::ContinuationResult {
+                            chain: base.chain,
+                            bound: base.bound,
+                            continuation_id: id,
+                            result_evidence_digest: evidence,
+                        },
+                    ));
                     return;
                 }
                 let ours = session
@@ -97,19 +100,19 @@ impl CoordinatedHost {
                     if !matches!(ok, Ok(Ok(_))) {
                         return;
                     }
-                    let mut f = fields;
-                    f.push((
-                        "idempotency_key",
-                        s(&format!("continuation-accept/{id}/{claim}")),
-                    ));
-                    f.push(("continuation_id", s(&id)));
-                    f.push(("claim_ref", s(&claim)));
-                    f.push(("next_action_digest", s(&m.next_action_digest)));
-                    f.push(("process_identity", ctx.identity.clone()));
                     if let Ok(mut a) = session.accepted_here.lock() {
                         a.insert(id.clone());
                     }
-                    self.send(MessageType::ContinuationAccept, f);
+                    self.send(FromHostChain::ContinuationAccept(
+                        wire::ContinuationAccept {
+                            chain: base.chain,
+                            bound: base.bound,
+                            continuation_id: id,
+                            claim_ref: claim,
+                            next_action_digest: m.next_action_digest,
+                            process_identity: canonical::to_json(&ctx.identity),
+                        },
+                    ));
                 });
             }
         }

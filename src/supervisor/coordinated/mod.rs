@@ -29,11 +29,11 @@ use super::lanesock::{Contract, GenSession, HarnessReport};
 use super::link::HostDispatch;
 use super::state::CoordBinding;
 use super::Supervisor;
+use crate::protocol::canonical;
 use crate::protocol::canonical::Value;
 use crate::protocol::envelope::{n, s, Signer};
-use crate::protocol::messages::{self as wire, ToHost};
+use crate::protocol::messages::{self as wire, ChainRef, ContractBound, FromHostChain, ToHost};
 use crate::protocol::queue::GenerationGate;
-use crate::protocol::schema::MessageType;
 use crate::protocol::transport::Outgoing;
 use crate::protocol::{Envelope, Verified};
 
@@ -55,12 +55,20 @@ struct ChainCtx {
     handoff: tokio::sync::watch::Sender<Option<wire::HandoffChallenge>>,
     /// Continuation claims this host is waiting to accept (until the harness settles).
     offers: Mutex<std::collections::HashSet<String>>,
-    /// The chain fields of this generation's reports (known once its contract is; restored
-    /// from the generation record after a restart).
-    report_fields: Mutex<Option<Vec<(&'static str, Value)>>>,
+    /// What this generation's reports repeat (known once its contract is; restored from the
+    /// generation record after a restart).
+    report_base: Mutex<Option<ReportBase>>,
 }
 
-/// The chain fields a host report carries, in the order they are recorded.
+/// What every report of a generation repeats (known once its contract is; restored from
+/// the generation record after a restart).
+#[derive(Debug, Clone, PartialEq)]
+struct ReportBase {
+    chain: ChainRef,
+    bound: ContractBound,
+}
+
+/// The keys a generation record stores its report base under (the record's format).
 const REPORT_KEYS: [&str; 15] = [
     "sot_incarnation",
     "coordinator_epoch",
@@ -79,28 +87,74 @@ const REPORT_KEYS: [&str; 15] = [
     "holds_digest",
 ];
 
-/// Report fields from their recorded form: exactly the known keys, strings and integers.
-fn fields_from_record(v: &serde_json::Value) -> Option<Vec<(&'static str, Value)>> {
-    REPORT_KEYS
-        .iter()
-        .map(|k| {
-            let x = v.get(*k)?;
-            Some((
-                *k,
-                match x {
-                    serde_json::Value::String(t) => s(t),
-                    serde_json::Value::Number(u) => n(u.as_u64()?),
-                    _ => return None,
+impl ReportBase {
+    /// From its recorded form: exactly the known keys, strings and integers where each
+    /// belongs; anything else is no base (the generation then sends no reports).
+    fn from_record(v: &serde_json::Value) -> Option<Self> {
+        let t = |k: &str| v.get(k)?.as_str().map(String::from);
+        let u = |k: &str| v.get(k)?.as_u64();
+        if REPORT_KEYS.iter().any(|k| v.get(*k).is_none()) {
+            return None;
+        }
+        Some(Self {
+            chain: ChainRef {
+                sot_incarnation: t("sot_incarnation")?,
+                coordinator_epoch: u("coordinator_epoch")?,
+                assignment_id: t("assignment_id")?,
+                lane_id: t("lane_id")?,
+                lane_incarnation_id: t("lane_incarnation_id")?,
+                assignment_attempt_id: t("assignment_attempt_id")?,
+                reservation_id: t("reservation_id")?,
+                generation: u("generation")?,
+                fence_proof: t("fence_proof")?,
+            },
+            bound: ContractBound {
+                reservation_epoch: u("reservation_epoch")?,
+                reservation_deadline: t("reservation_deadline")?,
+                runtime_id: t("runtime_id")?,
+                digests: wire::Digests {
+                    contracts_digest: t("contracts_digest")?,
+                    scope_digest: t("scope_digest")?,
+                    holds_digest: t("holds_digest")?,
                 },
-            ))
+            },
         })
-        .collect()
-}
+    }
 
-fn fields_to_record(f: &[(&'static str, Value)]) -> serde_json::Value {
-    crate::protocol::canonical::to_json(&Value::Object(
-        f.iter().map(|(k, v)| (k.to_string(), v.clone())).collect(),
-    ))
+    fn to_record(&self) -> serde_json::Value {
+        let (c, b) = (&self.chain, &self.bound);
+        serde_json::json!({
+            "sot_incarnation": c.sot_incarnation,
+            "coordinator_epoch": c.coordinator_epoch,
+            "assignment_id": c.assignment_id,
+            "lane_id": c.lane_id,
+            "lane_incarnation_id": c.lane_incarnation_id,
+            "assignment_attempt_id": c.assignment_attempt_id,
+            "reservation_id": c.reservation_id,
+            "generation": c.generation,
+            "fence_proof": c.fence_proof,
+            "reservation_epoch": b.reservation_epoch,
+            "reservation_deadline": b.reservation_deadline,
+            "runtime_id": b.runtime_id,
+            "contracts_digest": b.digests.contracts_digest,
+            "scope_digest": b.digests.scope_digest,
+            "holds_digest": b.digests.holds_digest,
+        })
+    }
+
+    /// The base of a generation staged by `stage` and given `contract`.
+    fn of(stage: &wire::Stage, contract: &wire::Contract) -> Self {
+        let a = &stage.authority;
+        Self {
+            chain: CoordinatedHost::chain_ref(stage),
+            bound: ContractBound {
+                reservation_epoch: a.reservation_epoch,
+                reservation_deadline: a.reservation_deadline.clone(),
+                runtime_id: a.runtime_id.clone(),
+                digests: contract.digests.clone(),
+            },
+        }
+    }
 }
 
 pub struct CoordinatedHost {
@@ -149,7 +203,10 @@ impl CoordinatedHost {
                     let Some(binding) = host.sup.binding(&lane.lane, g.generation).await else {
                         continue;
                     };
-                    let restored = binding.chain_fields.as_ref().and_then(fields_from_record);
+                    let restored = binding
+                        .chain_fields
+                        .as_ref()
+                        .and_then(ReportBase::from_record);
                     // Served again by the re-adoption when it was activated and its fields
                     // recorded (see `adopt::reserve_lane_socket`).
                     let session = match &restored {
@@ -176,7 +233,7 @@ impl CoordinatedHost {
                         challenge: tokio::sync::watch::channel(None).0,
                         handoff: tokio::sync::watch::channel(None).0,
                         offers: Mutex::new(Default::default()),
-                        report_fields: Mutex::new(restored),
+                        report_base: Mutex::new(restored),
                     });
                     if let Ok(mut m) = host.chains.lock() {
                         m.insert(lane.lane_id.clone(), ctx.clone());
@@ -198,8 +255,16 @@ impl CoordinatedHost {
         (host == self.sup.config().host.as_str()).then(|| lane.to_string())
     }
 
-    /// Queues a host envelope; the link seals it for the session that sends it.
-    fn send(&self, t: MessageType, fields: Vec<(&'static str, Value)>) {
+    /// Queues a host chain message; the link seals it for the session that sends it.
+    fn send(&self, m: FromHostChain) {
+        let t = m.message_type();
+        let fields = match m.fields() {
+            Ok(f) => f,
+            Err(e) => {
+                tracing::error!(message_type = t.as_str(), error = %e, "cannot encode a message for the coordinator; not sent");
+                return;
+            }
+        };
         tracing::debug!(message_type = t.as_str(), "to the coordinator");
         if self
             .out
@@ -213,45 +278,28 @@ impl CoordinatedHost {
         }
     }
 
-    /// The chain fields every ordinary host message repeats from the stage.
-    fn chain_fields(
-        stage: &wire::Stage,
-        contract: Option<&wire::Contract>,
-    ) -> Vec<(&'static str, Value)> {
+    /// The chain every host message about this generation speaks for, from its stage.
+    fn chain_ref(stage: &wire::Stage) -> ChainRef {
         let a = &stage.authority;
-        let mut f = vec![
-            ("sot_incarnation", s(&a.sot_incarnation)),
-            ("coordinator_epoch", n(a.coordinator_epoch)),
-            ("assignment_id", s(&a.assignment_id)),
-            ("lane_id", s(&a.lane_id)),
-            ("lane_incarnation_id", s(&a.lane_incarnation_id)),
-            ("assignment_attempt_id", s(&a.assignment_attempt_id)),
-            ("reservation_id", s(&a.reservation_id)),
-            ("generation", n(a.generation)),
-            ("fence_proof", s(&a.fence_proof)),
-        ];
-        if let Some(c) = contract {
-            f.extend([
-                ("reservation_epoch", n(a.reservation_epoch)),
-                ("reservation_deadline", s(&a.reservation_deadline)),
-                ("runtime_id", s(&a.runtime_id)),
-                ("contracts_digest", s(&c.digests.contracts_digest)),
-                ("scope_digest", s(&c.digests.scope_digest)),
-                ("holds_digest", s(&c.digests.holds_digest)),
-            ]);
+        ChainRef {
+            reservation_id: a.reservation_id.clone(),
+            lane_id: a.lane_id.clone(),
+            lane_incarnation_id: a.lane_incarnation_id.clone(),
+            assignment_id: a.assignment_id.clone(),
+            assignment_attempt_id: a.assignment_attempt_id.clone(),
+            generation: a.generation,
+            sot_incarnation: a.sot_incarnation.clone(),
+            coordinator_epoch: a.coordinator_epoch,
+            fence_proof: a.fence_proof.clone(),
         }
-        f
     }
 
     fn send_staged(&self, ctx: &ChainCtx) {
         let Some(stage) = &ctx.stage else { return };
-        let mut f = Self::chain_fields(stage, None);
-        f.push((
-            "idempotency_key",
-            s(&format!("staged/{}", stage.authority.reservation_id)),
-        ));
-        f.push(("process_identity", ctx.identity.clone()));
-        self.send(MessageType::Staged, f);
+        self.send(FromHostChain::Staged(wire::Staged {
+            chain: Self::chain_ref(stage),
+            process_identity: canonical::to_json(&ctx.identity),
+        }));
     }
 
     fn chain_of(&self, lane_id: &str) -> Option<Arc<ChainCtx>> {

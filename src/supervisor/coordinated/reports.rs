@@ -11,29 +11,24 @@ impl CoordinatedHost {
         let rx = session.reports_rx.lock().ok().and_then(|mut r| r.take());
         let Some(mut rx) = rx else { return };
         while let Some(report) = rx.recv().await {
-            let Some(mut f) = ctx.report_fields.lock().ok().and_then(|f| f.clone()) else {
+            let Some(ReportBase { chain, bound }) =
+                ctx.report_base.lock().ok().and_then(|f| f.clone())
+            else {
                 continue;
             };
-            let t = match report {
+            let m = match report {
                 HarnessReport::Progress {
                     kind,
                     evidence_digest,
                     next_action,
-                } => {
-                    f.push((
-                        "idempotency_key",
-                        s(&format!(
-                            "progress/{}/{evidence_digest}",
-                            ctx.binding.reservation_id
-                        )),
-                    ));
-                    f.push(("evidence_kind", s(&kind)));
-                    f.push(("evidence_digest", s(&evidence_digest)));
-                    if let Some(n) = next_action {
-                        f.push(("next_action", s(&n)));
-                    }
-                    MessageType::Progress
-                }
+                } => FromHostChain::Progress(wire::Progress {
+                    chain,
+                    bound,
+                    evidence_kind: kind,
+                    evidence_digest,
+                    next_action,
+                    message_id: String::new(),
+                }),
                 HarnessReport::ContinuationResult {
                     continuation_id,
                     evidence_digest,
@@ -41,39 +36,33 @@ impl CoordinatedHost {
                     if let Ok(mut r) = session.results.lock() {
                         r.insert(continuation_id.clone(), evidence_digest.clone());
                     }
-                    f.push((
-                        "idempotency_key",
-                        s(&format!("continuation-result/{continuation_id}")),
-                    ));
-                    f.push(("continuation_id", s(&continuation_id)));
-                    f.push(("result_evidence_digest", s(&evidence_digest)));
-                    MessageType::ContinuationResult
+                    FromHostChain::ContinuationResult(wire::ContinuationResult {
+                        chain,
+                        bound,
+                        continuation_id,
+                        result_evidence_digest: evidence_digest,
+                    })
                 }
                 HarnessReport::Blocked {
                     code,
                     evidence_digest,
                     next_action,
-                } => {
-                    f.push((
-                        "idempotency_key",
-                        s(&format!(
-                            "blocked/{}/{evidence_digest}",
-                            ctx.binding.reservation_id
-                        )),
-                    ));
-                    f.push(("blocker_code", s(&code)));
-                    f.push(("blocker_evidence_digest", s(&evidence_digest)));
-                    f.push(("next_action", s(&next_action)));
-                    MessageType::Blocked
-                }
+                } => FromHostChain::Blocked(wire::Blocked {
+                    chain,
+                    bound,
+                    blocker_code: code,
+                    blocker_evidence_digest: evidence_digest,
+                    next_action,
+                }),
             };
+            let t = m.message_type();
             tracing::info!(
                 lane_incarnation_id = %ctx.lane_incarnation_id,
                 generation = ctx.generation,
                 message_type = t.as_str(),
                 "harness report to the coordinator"
             );
-            self.send(t, f);
+            self.send(m);
         }
     }
 
@@ -168,10 +157,7 @@ impl CoordinatedHost {
                         ctx.stage.as_ref(),
                         ctx.contract.lock().ok().and_then(|c| c.clone()),
                     ) {
-                        self.send(
-                            MessageType::HandoffAck,
-                            handoff_ack_fields(stage, &contract, &m, &ctx.identity),
-                        );
+                        self.send(handoff_ack(stage, &contract, &m, &ctx.identity));
                     }
                 }
             }
@@ -181,10 +167,10 @@ impl CoordinatedHost {
                 };
                 // Durable first: a restarted supervisor must know this generation runs.
                 let fields = ctx
-                    .report_fields
+                    .report_base
                     .lock()
                     .ok()
-                    .and_then(|f| f.as_deref().map(fields_to_record));
+                    .and_then(|f| f.as_ref().map(ReportBase::to_record));
                 match self.sup.mark_activated(&lane, ctx.generation, fields).await {
                     Ok(true) => {
                         tracing::info!(

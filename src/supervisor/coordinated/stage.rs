@@ -94,7 +94,7 @@ impl CoordinatedHost {
             challenge: tokio::sync::watch::channel(None).0,
             handoff: tokio::sync::watch::channel(None).0,
             offers: Mutex::new(Default::default()),
-            report_fields: Mutex::new(None),
+            report_base: Mutex::new(None),
         });
         if let Ok(mut m) = self.chains.lock() {
             m.insert(lane_id.clone(), ctx.clone());
@@ -156,17 +156,16 @@ impl CoordinatedHost {
         };
         let contract = ctx.contract.lock().ok().and_then(|c| c.clone());
         let Some(contract) = contract else { return };
-        if let Ok(mut r) = ctx.report_fields.lock() {
-            *r = Some(Self::chain_fields(stage, Some(&contract)));
+        let base = ReportBase::of(stage, &contract);
+        if let Ok(mut r) = ctx.report_base.lock() {
+            *r = Some(base.clone());
         }
-        let mut f = Self::chain_fields(stage, Some(&contract));
-        f.push((
-            "idempotency_key",
-            s(&format!("injected/{}", stage.authority.reservation_id)),
-        ));
-        f.push(("delivered_contracts_digest", s(&digest)));
-        f.push(("process_identity", ctx.identity.clone()));
-        self.send(MessageType::Injected, f);
+        self.send(FromHostChain::Injected(wire::Injected {
+            chain: base.chain.clone(),
+            bound: base.bound.clone(),
+            delivered_contracts_digest: digest,
+            process_identity: canonical::to_json(&ctx.identity),
+        }));
         // A handoff target's generation: its handoff ACK, when the harness asks for it and
         // the challenge is here, echoing every bound field of the challenge.
         {
@@ -187,10 +186,7 @@ impl CoordinatedHost {
                     return;
                 };
                 let Some(h) = h else { return };
-                this.send(
-                    MessageType::HandoffAck,
-                    handoff_ack_fields(&stage, &contract, &h, &ctx.identity),
-                );
+                this.send(handoff_ack(&stage, &contract, &h, &ctx.identity));
             });
         }
         let mut asked = session.ack_requested.subscribe();
@@ -205,11 +201,13 @@ impl CoordinatedHost {
         else {
             return;
         };
-        let mut f = Self::chain_fields(stage, Some(&contract));
-        f.push(("idempotency_key", s(&format!("ack/{challenge}"))));
-        f.push(("challenge_id", s(&challenge)));
-        f.push(("process_identity", ctx.identity.clone()));
-        self.send(MessageType::Ack, f);
+        self.send(FromHostChain::Ack(wire::Ack {
+            chain: base.chain,
+            bound: base.bound,
+            challenge_id: challenge,
+            process_identity: canonical::to_json(&ctx.identity),
+            ack_digest: String::new(),
+        }));
         // Then, for as long as the generation lives: its reports, signed for it.
         tokio::spawn(self.clone().report_loop(ctx.clone(), session.clone()));
     }
