@@ -70,7 +70,7 @@ async fn running(s: &Store, l: &Leader, inc: &str, lane: &str) -> (Chain, i64) {
             sot_incarnation: l.sot().into(),
             coordinator_epoch: l.epoch(),
             reservation_id: c.reservation_id.clone(),
-            reservation_epoch: 1,
+            reservation_epoch: c.reservation_epoch,
             reservation_deadline: res.deadline.clone(),
             lane_id: c.lane_id.clone(),
             lane_incarnation_id: c.lane_incarnation_id.clone(),

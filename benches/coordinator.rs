@@ -77,7 +77,7 @@ async fn chain(s: &Store, l: &Leader, inc: &str, lane: &str, n: usize, times: &m
                 sot_incarnation: l.sot().into(),
                 coordinator_epoch: l.epoch(),
                 reservation_id: c.reservation_id.clone(),
-                reservation_epoch: 1,
+                reservation_epoch: c.reservation_epoch,
                 reservation_deadline: res.deadline.clone(),
                 lane_id: c.lane_id.clone(),
                 lane_incarnation_id: c.lane_incarnation_id.clone(),

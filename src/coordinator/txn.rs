@@ -717,10 +717,16 @@ impl Store {
                 return Ok(r);
             }
         }
+        // An acquisition never held the epoch it asked for: its refusal is recorded under
+        // the epoch it tried to replace.
+        let epoch = match step.opening {
+            Opening::Leader => step.leader.epoch(),
+            Opening::Acquire { replaces } => replaces,
+        };
         self.audit.record(
             step.op,
             *category,
-            Some(step.leader.epoch()),
+            Some(epoch),
             step.assignment.as_deref(),
             step.lane_incarnation.as_deref(),
             detail,

@@ -381,6 +381,14 @@ pub enum FromHostSession {
 }
 
 impl FromHostSession {
+    /// The host a `hello` or `report` names, read on its own: a session is admitted on the
+    /// host it names, while the rest of its state (which may come from a newer host, with
+    /// fields this build does not know) is judged when it is handled, so a report this
+    /// build cannot read refuses that report, not the session its receipts travel on.
+    pub fn host_named(env: &Envelope<Verified>) -> Result<String, WireError> {
+        Fields::of(env).str("host_id")
+    }
+
     /// Converts a verified envelope; `Ok(None)` for a type that is not a host session
     /// message.
     pub fn decode(env: &Envelope<Verified>) -> Result<Option<Self>, WireError> {

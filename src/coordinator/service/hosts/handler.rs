@@ -48,18 +48,19 @@ impl Handler for HostHandler {
         hello: &Envelope<Verified>,
     ) -> BoxFuture<'static, Result<(), transport::Refusal>> {
         let svc = self.0.clone();
-        let host_field = match FromHostSession::decode(hello) {
-            Ok(Some(FromHostSession::State(h))) => Some(h.host_id),
-            _ => None,
-        };
+        let host_field = FromHostSession::host_named(hello);
         Box::pin(async move {
             let Some(host) = host_of(&session.peer).map(String::from) else {
                 return Err(transport::Refusal::NotAPeer("not a host principal".into()));
             };
-            if host_field.as_deref() != Some(host.as_str()) {
-                return Err(transport::Refusal::BadHello(
-                    "the hello names another host".into(),
-                ));
+            match host_field {
+                Ok(h) if h == host => {}
+                Ok(_) => {
+                    return Err(transport::Refusal::BadHello(
+                        "the hello names another host".into(),
+                    ))
+                }
+                Err(e) => return Err(transport::Refusal::BadHello(e.to_string())),
             }
             let l = svc
                 .leader()
