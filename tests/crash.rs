@@ -11,13 +11,15 @@
 
 mod common;
 mod pg;
+mod world;
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mosaic::coordinator::service::{operator_call, OpError, OperatorRequest};
 use serde_json::Value;
+use world::{Spec, World};
 
 /// Every transition of the chain, in order.
 const CHAIN: [&str; 8] = [
@@ -35,40 +37,23 @@ const STOP: [&str; 3] = ["request-end", "ingest-termination", "finish"];
 
 const LEASE_MS: i64 = 1000;
 
+/// The world of these tests: one host (`lanes` lanes), two coordinators on one database
+/// (the second stands by until started), short leases.
 struct Split {
-    dir: PathBuf,
-    db: pg::TestDb,
-    host: String,
-    coord_cfg: [PathBuf; 2],
-    sup_cfg: PathBuf,
-    cgroup_root: PathBuf,
-    coord: [Option<Child>; 2],
-    sup: Option<Child>,
-    operator_addr: String,
+    w: World,
 }
 
-use common::free_port;
-
-fn spawn(args: &[&str], cfg: &PathBuf, log: PathBuf, failpoints: Option<&str>) -> Child {
-    let mut c = Command::new(common::MOSAIC);
-    c.args(args)
-        .arg("--config")
-        .arg(cfg)
-        .env("MOSAIC_LOG", "info")
-        .env_remove("FAILPOINTS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        );
-    if let Some(f) = failpoints {
-        c.env("FAILPOINTS", f);
+impl std::ops::Deref for Split {
+    type Target = World;
+    fn deref(&self) -> &World {
+        &self.w
     }
-    c.spawn().unwrap()
+}
+
+impl std::ops::DerefMut for Split {
+    fn deref_mut(&mut self) -> &mut World {
+        &mut self.w
+    }
 }
 
 fn require_failpoints() {
@@ -80,159 +65,34 @@ fn require_failpoints() {
 
 impl Split {
     fn new(lanes: usize) -> Self {
-        common::require_host();
         require_failpoints();
-        let db = pg::TestDb::new();
-        let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
-        let dir = std::env::temp_dir().join(format!("mosaic-split-{id}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let host = format!("s-{id}");
-        let listen = [
-            format!("127.0.0.1:{}", free_port()),
-            format!("127.0.0.1:{}", free_port()),
-        ];
-        let prov =
-            mosaic::up::provision(&dir, std::slice::from_ref(&host), &db.url, &listen[0]).unwrap();
-        let operator_addr = format!("127.0.0.1:{}", free_port());
-        let c = &prov.coordinator;
-        let coord_cfg = [
-            dir.join("coordinator-0.toml"),
-            dir.join("coordinator-1.toml"),
-        ];
-        for i in 0..2 {
-            std::fs::write(
-                &coord_cfg[i],
-                format!(
-                    "name = {:?}\ntrust_domain = {:?}\nlisten = {:?}\ndatabase_url = {:?}\nsecret_file = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
-                     trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = {LEASE_MS}\nreservation_ttl_ms = 6000\n{}",
-                    c.name, c.trust_domain, listen[i], c.database_url, c.secret_file, c.ca, c.cert, c.key, c.trust_registry, c.session_key, c.ordinary_key,
-                    dir.join(format!("run/coordinator-{i}.sock")),
-                    if i == 0 { format!("operator_listen = {operator_addr:?}\n") } else { String::new() }
-                ),
-            )
-            .unwrap();
-        }
-        let l = &prov.links[0];
-        let mount = mosaic::cgroup::discover_mount().unwrap();
-        let cgroup_root = mount.path.join(format!("mosaic-test-{id}"));
-        let lane_list: Vec<String> = (1..=lanes).map(|i| format!("\"lane-{i}\"")).collect();
-        let sup_cfg = dir.join("supervisor.toml");
-        std::fs::write(
-            &sup_cfg,
-            format!(
-                "host_id = {host:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {cgroup_root:?}\nbin_dir = {:?}\nlanes = [{}]\nreattach_timeout_ms = 3000\n\n\
-                 [coordinator]\naddress = {:?}\nfallback_addresses = [{:?}]\nserver_name = {:?}\nprincipal = {:?}\ntrust_domain = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\ntrust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\n",
-                dir.join("state"),
-                dir.join("rt"),
-                std::path::Path::new(common::MOSAIC).parent().unwrap(),
-                lane_list.join(", "),
-                listen[0], listen[1], l.server_name, l.principal, l.trust_domain, l.ca, l.cert, l.key, l.trust_registry, l.session_key, l.ordinary_key
-            ),
-        )
-        .unwrap();
-        let mut s = Self {
-            dir,
-            db,
-            host,
-            coord_cfg,
-            sup_cfg,
-            cgroup_root,
-            coord: [None, None],
-            sup: None,
-            operator_addr,
-        };
-        s.start_coordinator(0, None);
-        s.start_supervisor();
-        common::wait_until("lanes registered", || {
-            (s.op(&OperatorRequest::Lanes).ok()?.as_array()?.len() == lanes).then_some(())
+        let mut w = World::new(Spec {
+            hosts: 1,
+            supervisors: 1,
+            coordinators: 2,
+            lanes,
+            lease_ms: LEASE_MS as u64,
+            reservation_ttl_ms: Some(6000),
+            reattach_timeout_ms: Some(3000),
+            operator_listen: true,
+            tag: "split",
+            ..Spec::default()
         });
+        w.start_coordinator(0, None);
+        let mut s = Self { w };
+        s.start_supervisor();
+        s.wait_lanes(lanes);
         s
     }
 
-    fn socket(&self, i: usize) -> PathBuf {
-        self.dir.join(format!("run/coordinator-{i}.sock"))
-    }
-
-    /// An operator request to whichever coordinator leads.
-    fn op(&self, r: &OperatorRequest) -> Result<Value, OpError> {
-        let mut last = None;
-        for i in 0..2 {
-            if self.coord[i].is_none() {
-                continue;
-            }
-            match operator_call(&self.socket(i), r) {
-                Err(e)
-                    if e.category == mosaic::coordinator::Category::NotLeader
-                        || e.category == mosaic::coordinator::Category::Unavailable =>
-                {
-                    last = Some(e)
-                }
-                other => return other,
-            }
-        }
-        Err(last.unwrap_or_else(|| {
-            OpError::new(
-                mosaic::coordinator::Category::Unavailable,
-                "no coordinator running",
-            )
-        }))
-    }
-
-    fn start_coordinator(&mut self, i: usize, failpoints: Option<&str>) {
-        assert!(self.coord[i].is_none());
-        self.coord[i] = Some(spawn(
-            &["coordinator"],
-            &self.coord_cfg[i],
-            self.dir.join(format!("coordinator-{i}.log")),
-            failpoints,
-        ));
-        let sock = self.socket(i);
-        common::wait_until("coordinator serving", || {
-            operator_call(&sock, &OperatorRequest::Status).ok()
-        });
-    }
-
-    /// Waits for coordinator `i` to lead.
-    fn wait_leading(&self, i: usize) -> i64 {
-        let sock = self.socket(i);
-        common::wait_until(&format!("coordinator {i} leading"), || {
-            let st = operator_call(&sock, &OperatorRequest::Status).ok()?;
-            (st["leadership"]["state"] == "leading").then(|| st["coordinator_epoch"].as_i64())?
-        })
-    }
-
-    fn crash_coordinator(&mut self, i: usize) {
-        if let Some(mut c) = self.coord[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// Waits for coordinator `i` to kill itself at its failpoint.
-    fn wait_coordinator_died(&mut self, i: usize, what: &str) {
-        let c = self.coord[i].as_mut().unwrap();
-        let start = Instant::now();
-        loop {
-            if let Ok(Some(_)) = c.try_wait() {
-                self.coord[i] = None;
-                return;
-            }
-            assert!(
-                start.elapsed() < common::PATIENCE,
-                "the coordinator never reached its crash point {what}"
-            );
-            std::thread::sleep(Duration::from_millis(10));
-        }
-    }
-
     fn coord_pid(&self, i: usize) -> i32 {
-        self.coord[i].as_ref().unwrap().id() as i32
+        self.coordinator_pid(i)
     }
 
     /// Waits until the leading coordinator has the host's session (a standby answers
     /// `status` too, but holds no session).
     fn wait_host_connected(&self) {
-        let me = format!("host:{}", self.host);
+        let me = format!("host:{}", self.hosts[0]);
         common::wait_until("host connected", || {
             (0..2).find_map(|i| {
                 self.coord[i].as_ref()?;
@@ -248,13 +108,8 @@ impl Split {
     }
 
     fn start_supervisor(&mut self) {
-        self.sup = Some(spawn(
-            &["supervisor"],
-            &self.sup_cfg,
-            self.dir.join("supervisor.log"),
-            None,
-        ));
-        let sock = self.dir.join("rt/control.sock");
+        self.w.start_supervisor(0);
+        let sock = self.runtime_dir(0).join("control.sock");
         common::wait_until("supervisor up", || {
             mosaic::supervisor::control::call(&sock, &mosaic::supervisor::control::Request::Status)
                 .ok()
@@ -262,15 +117,12 @@ impl Split {
     }
 
     fn crash_supervisor(&mut self) {
-        if let Some(mut c) = self.sup.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.w.crash_supervisor(0);
     }
 
     fn host_status(&self) -> Value {
         mosaic::supervisor::control::call(
-            &self.dir.join("rt/control.sock"),
+            &self.runtime_dir(0).join("control.sock"),
             &mosaic::supervisor::control::Request::Status,
         )
         .unwrap()
@@ -287,7 +139,7 @@ impl Split {
     }
 
     fn lane(&self, n: usize) -> String {
-        format!("{}:lane-{n}", self.host)
+        self.lane_of(0, &format!("lane-{n}"))
     }
 
     fn assign(&self, n: usize, task: &str) -> Result<Value, OpError> {
@@ -331,35 +183,6 @@ impl Split {
                 .find(|a| a["assignment_id"] == assignment && a["state"] == "CANCELLED")
                 .cloned()
         })
-    }
-
-    async fn sql(&self) -> tokio_postgres::Client {
-        let (c, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    }
-
-    async fn count(&self, q: &str) -> i64 {
-        self.sql().await.query_one(q, &[]).await.unwrap().get(0)
-    }
-
-    /// Waits until the count `q` satisfies `done`, on one connection.
-    async fn wait_count(&self, q: &str, done: impl Fn(i64) -> bool, what: &str) {
-        let c = self.sql().await;
-        let start = Instant::now();
-        loop {
-            let n: i64 = c.query_one(q, &[]).await.unwrap().get(0);
-            if done(n) {
-                return;
-            }
-            assert!(
-                start.elapsed() < common::PATIENCE,
-                "timed out waiting for {what} ({n})"
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
     }
 
     async fn lane_row(&self, lane: &str) -> (String, Option<i64>) {
@@ -499,19 +322,6 @@ fn assign_req(lane: &str, task: &str, resume: Option<&str>) -> OperatorRequest {
     }
 }
 
-impl Drop for Split {
-    fn drop(&mut self) {
-        self.crash_supervisor();
-        self.crash_coordinator(0);
-        self.crash_coordinator(1);
-        common::teardown(
-            &self.dir,
-            &self.dir.join("rt/lanes"),
-            &self.cgroup_root,
-            &["coordinator-0.log", "coordinator-1.log", "supervisor.log"],
-        );
-    }
-}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_coordinator_killed_before_or_after_any_chain_commit_never_wedges_a_lane() {
@@ -855,7 +665,7 @@ async fn a_leader_that_loses_its_lease_to_the_standby_hands_its_hosts_over() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     // The old leader learns it lost (its renewal is refused) and lets its hosts go; the
     // host reconnects, the old leader refuses it as a standby, and it lands on the leader.
-    let me = format!("host:{}", w.host);
+    let me = format!("host:{}", w.hosts[0]);
     common::wait_until("the host on the new leader", || {
         let st = operator_call(&w.socket(1), &OperatorRequest::Status).ok()?;
         st["hosts_connected"]
@@ -891,7 +701,7 @@ async fn a_receipt_the_coordinator_never_got_is_asked_for_again() {
     // or a local ack behind its back, would leave).
     w.crash_coordinator(0);
     common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
-    let outbox = w.dir.join("state/outbox");
+    let outbox = w.state_dir(0).join("outbox");
     let file = common::wait_until("the receipt durable", || {
         std::fs::read_dir(&outbox)
             .ok()?
@@ -901,7 +711,7 @@ async fn a_receipt_the_coordinator_never_got_is_asked_for_again() {
     });
     std::fs::rename(
         &file,
-        w.dir.join("state/acked").join(file.file_name().unwrap()),
+        w.state_dir(0).join("acked").join(file.file_name().unwrap()),
     )
     .unwrap();
     // The database still says RUNNING; the host's report no longer lists the generation.
@@ -921,7 +731,7 @@ async fn a_receipt_the_coordinator_never_got_is_asked_for_again() {
     );
     // And a supervisor under a coordinator refuses to acknowledge receipts or start
     // generations on its own.
-    let sock = w.dir.join("rt/control.sock");
+    let sock = w.runtime_dir(0).join("control.sock");
     for req in [
         mosaic::supervisor::control::Request::Ack { key: "tr-x".into() },
         mosaic::supervisor::control::Request::Start {
@@ -947,7 +757,7 @@ async fn a_stop_with_the_host_unreachable_is_pending_until_it_reconnects() {
     let a = w.assign(1, "hang spawn=2").unwrap();
     let id = a["assignment_id"].as_str().unwrap().to_string();
     w.crash_supervisor();
-    let me = format!("host:{}", w.host);
+    let me = format!("host:{}", w.hosts[0]);
     common::wait_until("host gone", || {
         let st = w.op(&OperatorRequest::Status).ok()?;
         (!st["hosts_connected"]
@@ -1017,7 +827,7 @@ async fn refused_stages_expired_reservations_and_host_quarantines_end_visibly() 
     w.usable(1).await;
     // 2. A host-side quarantine (the lane's tmux server vanished) refuses the stage: the
     // chain ends at once (not at its deadline), and the coordinator shows the quarantine.
-    let sock = w.dir.join("rt/lanes/lane-2/tmux.sock");
+    let sock = w.runtime_dir(0).join("lanes/lane-2/tmux.sock");
     let _ = Command::new("tmux")
         .arg("-S")
         .arg(&sock)
@@ -1123,7 +933,7 @@ fn remote_operators_need_an_operator_certificate_from_the_ca() {
     let w = Split::new(1);
     let pki = w.dir.join("pki");
     let op = mosaic::pki::issue(&pki, mosaic::pki::Kind::Operator, "alice", 30, false).unwrap();
-    let url = format!("tls://{}", w.operator_addr);
+    let url = format!("tls://{}", w.operator_addr.as_deref().unwrap());
     let run = |cert: &std::path::Path, key: &std::path::Path, ca: &std::path::Path| {
         Command::new(common::MOSAIC)
             .args([
@@ -1153,8 +963,8 @@ fn remote_operators_need_an_operator_certificate_from_the_ca() {
     let lanes: Value = serde_json::from_slice(&ok.stdout).unwrap();
     assert_eq!(lanes[0]["lane_id"], w.lane(1).as_str());
     // A host's certificate is from the right CA but names no operator: refused.
-    let host_cert = pki.join(format!("host-{}.pem", w.host));
-    let host_key = pki.join(format!("host-{}-key.pem", w.host));
+    let host_cert = pki.join(format!("host-{}.pem", w.hosts[0]));
+    let host_key = pki.join(format!("host-{}-key.pem", w.hosts[0]));
     assert!(
         !run(&host_cert, &host_key, &ca).status.success(),
         "a host certificate got operator access"
@@ -1175,7 +985,7 @@ async fn assigning_to_a_disconnected_host_reserves_nothing() {
     let mut w = Split::new(1);
     w.wait_host_connected();
     w.crash_supervisor();
-    let me = format!("host:{}", w.host);
+    let me = format!("host:{}", w.hosts[0]);
     common::wait_until("host gone", || {
         let st = w.op(&OperatorRequest::Status).ok()?;
         (!st["hosts_connected"]
@@ -1198,7 +1008,7 @@ async fn assigning_to_a_disconnected_host_reserves_nothing() {
 async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_same_session() {
     use mosaic::supervisor::control::{call, Request};
     let w = Split::new(1);
-    let ctl = w.dir.join("rt/control.sock");
+    let ctl = w.runtime_dir(0).join("control.sock");
     let coordinator_incarnation = |lane: &str| -> Option<String> {
         w.op(&OperatorRequest::Lanes)
             .ok()?
@@ -1248,7 +1058,7 @@ async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_sa
     assert_eq!(w.count(&format!("SELECT count(*) FROM lane_incarnations WHERE lane_incarnation_id = '{inc}' AND retired_at IS NOT NULL")).await, 1);
     assert_eq!(w.assignment_row(&lane).await.unwrap().1, "RECOVERY");
     // All of it on the one session the supervisor opened.
-    let log = std::fs::read_to_string(w.dir.join("supervisor.log")).unwrap();
+    let log = std::fs::read_to_string(w.supervisor_log(0)).unwrap();
     assert_eq!(log.matches("coordinator link up").count(), 1, "{log}");
     w.usable(2).await;
 }

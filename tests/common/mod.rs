@@ -258,27 +258,36 @@ impl Drop for Host {
 /// every process in `cgroup_root` (then the cgroups themselves) and the state dir `dir`
 /// (keys, sockets). A failing test keeps only the named `logs`, moved beside the state dir.
 pub fn teardown(dir: &Path, lanes_dir: &Path, cgroup_root: &Path, logs: &[&str]) {
-    if let Ok(rd) = std::fs::read_dir(lanes_dir) {
-        for e in rd.flatten() {
-            let _ = Command::new("tmux")
-                .arg("-S")
-                .arg(e.path().join("tmux.sock"))
-                .arg("kill-server")
-                .stderr(Stdio::null())
-                .status();
+    teardown_all(dir, &[lanes_dir], &[cgroup_root], logs)
+}
+
+/// `teardown` for several supervisors: their lanes' tmux servers and their cgroup roots.
+pub fn teardown_all(dir: &Path, lanes_dirs: &[&Path], cgroup_roots: &[&Path], logs: &[&str]) {
+    for lanes_dir in lanes_dirs {
+        if let Ok(rd) = std::fs::read_dir(lanes_dir) {
+            for e in rd.flatten() {
+                let _ = Command::new("tmux")
+                    .arg("-S")
+                    .arg(e.path().join("tmux.sock"))
+                    .arg("kill-server")
+                    .stderr(Stdio::null())
+                    .status();
+            }
         }
     }
-    if cgroup_root.exists() {
-        let _ = std::fs::write(cgroup_root.join("cgroup.kill"), "1");
-        let deadline = Instant::now() + Duration::from_secs(10);
-        while Instant::now() < deadline
-            && !std::fs::read_to_string(cgroup_root.join("cgroup.events"))
-                .unwrap_or_default()
-                .contains("populated 0")
-        {
-            std::thread::sleep(Duration::from_millis(5));
+    for cgroup_root in cgroup_roots {
+        if cgroup_root.exists() {
+            let _ = std::fs::write(cgroup_root.join("cgroup.kill"), "1");
+            let deadline = Instant::now() + Duration::from_secs(10);
+            while Instant::now() < deadline
+                && !std::fs::read_to_string(cgroup_root.join("cgroup.events"))
+                    .unwrap_or_default()
+                    .contains("populated 0")
+            {
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            remove_tree(cgroup_root);
         }
-        remove_tree(cgroup_root);
     }
     if std::thread::panicking() {
         for name in logs {
