@@ -13,7 +13,6 @@ mod common;
 mod pg;
 mod world;
 
-
 use std::process::Command;
 use std::time::{Duration, Instant};
 
@@ -321,7 +320,6 @@ fn assign_req(lane: &str, task: &str, resume: Option<&str>) -> OperatorRequest {
         inactivity_policy: None,
     }
 }
-
 
 #[tokio::test(flavor = "multi_thread")]
 async fn the_coordinator_killed_before_or_after_any_chain_commit_never_wedges_a_lane() {

@@ -7,9 +7,10 @@
 
 mod common;
 mod pg;
+mod world;
 
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,19 +27,25 @@ use tokio_tungstenite::tungstenite::Message;
 
 const COORD: &str = "coordinator:main";
 
-use common::free_port;
-
+/// The world of these tests: two provisioned hosts (A runs a real supervisor with two lanes;
+/// B exists only as certificates and keys, for raw sessions), one coordinator.
 struct World {
-    dir: PathBuf,
-    db: pg::TestDb,
-    hosts: [String; 2],
-    prov: mosaic::up::Provisioned,
-    listen: String,
-    coord: Option<Child>,
-    sup: Option<Child>,
-    cgroup_root: PathBuf,
+    w: world::World,
     /// A proxy between host A and the coordinator that can go silent (no FIN).
     proxy: Option<Blackhole>,
+}
+
+impl std::ops::Deref for World {
+    type Target = world::World;
+    fn deref(&self) -> &world::World {
+        &self.w
+    }
+}
+
+impl std::ops::DerefMut for World {
+    fn deref_mut(&mut self) -> &mut world::World {
+        &mut self.w
+    }
 }
 
 #[derive(Default)]
@@ -49,109 +56,33 @@ struct Opts {
 
 impl World {
     fn new(o: Opts) -> Self {
-        common::require_host();
-        let db = pg::TestDb::new();
-        let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
-        let dir = std::env::temp_dir().join(format!("mosaic-sess-{id}"));
-        std::fs::create_dir_all(&dir).unwrap();
-        let hosts = [format!("a-{id}"), format!("b-{id}")];
-        let listen = format!("127.0.0.1:{}", free_port());
-        let prov = mosaic::up::provision(&dir, &hosts, &db.url, &listen).unwrap();
-        let c = &prov.coordinator;
-        let hb = o
-            .heartbeat_ms
-            .map(|h| format!("heartbeat_ms = {h}\n"))
-            .unwrap_or_default();
-        std::fs::write(
-            dir.join("coordinator.toml"),
-            format!(
-                "name = {:?}\ntrust_domain = {:?}\nlisten = {listen:?}\ndatabase_url = {:?}\nsecret_file = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
-                 trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = 2000\n{hb}",
-                c.name, c.trust_domain, c.database_url, c.secret_file, c.ca, c.cert, c.key, c.trust_registry, c.session_key, c.ordinary_key,
-                dir.join("run/coordinator.sock"),
-            ),
-        )
-        .unwrap();
-        let proxy = o.via_proxy.then(|| Blackhole::start(&listen));
-        let address = match &proxy {
-            Some(p) => format!("127.0.0.1:{}", p.port),
-            None => listen.clone(),
-        };
-        let l = &prov.links[0];
-        let mount = mosaic::cgroup::discover_mount().unwrap();
-        let cgroup_root = mount.path.join(format!("mosaic-test-{id}"));
-        std::fs::write(
-            dir.join("supervisor.toml"),
-            format!(
-                "host_id = {:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {cgroup_root:?}\nbin_dir = {:?}\nlanes = [\"lane-1\", \"lane-2\"]\n\n\
-                 [coordinator]\naddress = {address:?}\nserver_name = {:?}\nprincipal = {:?}\ntrust_domain = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\ntrust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\n{hb}",
-                hosts[0],
-                dir.join("state"),
-                dir.join("rt"),
-                std::path::Path::new(common::MOSAIC).parent().unwrap(),
-                l.server_name, l.principal, l.trust_domain, l.ca, l.cert, l.key, l.trust_registry, l.session_key, l.ordinary_key
-            ),
-        )
-        .unwrap();
-        let mut w = Self {
-            dir,
-            db,
-            hosts,
-            prov,
-            listen,
-            coord: None,
-            sup: None,
-            cgroup_root,
-            proxy,
-        };
-        w.coord = Some(w.spawn("coordinator", "coordinator.log"));
-        common::wait_until("coordinator leading", || {
-            let st = w.op(&OperatorRequest::Status).ok()?;
-            (st["leadership"]["state"] == "leading").then_some(())
+        let mut w = world::World::new(world::Spec {
+            hosts: 2,
+            supervisors: 1,
+            coordinators: 1,
+            lanes: 2,
+            heartbeat_ms: o.heartbeat_ms,
+            tag: "sess",
+            ..world::Spec::default()
         });
-        w.sup = Some(w.spawn("supervisor", "supervisor.log"));
-        common::wait_until("host A's lanes registered", || {
-            (w.op(&OperatorRequest::Lanes).ok()?.as_array()?.len() == 2).then_some(())
-        });
-        w
+        let proxy = o.via_proxy.then(|| Blackhole::start(&w.listen[0]));
+        if let Some(p) = &proxy {
+            w.write_supervisor_config(0, &[format!("127.0.0.1:{}", p.port)]);
+        }
+        w.start_coordinator(0, None);
+        w.wait_leading(0);
+        w.start_supervisor(0);
+        w.wait_lanes(2);
+        Self { w, proxy }
     }
 
-    fn spawn(&self, what: &str, log: &str) -> Child {
-        Command::new(common::MOSAIC)
-            .arg(what)
-            .arg("--config")
-            .arg(self.dir.join(format!("{what}.toml")))
-            .env("MOSAIC_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(self.dir.join(log))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap()
-    }
-
-    fn op(&self, r: &OperatorRequest) -> Result<Json, OpError> {
-        operator_call(&self.dir.join("run/coordinator.sock"), r)
+    /// The coordinator's operator socket.
+    fn operator_socket(&self) -> PathBuf {
+        self.socket(0)
     }
 
     fn assign(&self, lane: &str, task: &str, wait: bool) -> Result<Json, OpError> {
-        self.op(&OperatorRequest::Assign {
-            lane_id: lane.into(),
-            runtime: "fake@1.0.0".into(),
-            task: task.into(),
-            scope: vec![],
-            holds: vec![],
-            completion_policy: None,
-            wait,
-            resume: None,
-            request_id: None,
-            inactivity_policy: None,
-        })
+        self.assign_to(lane, task, wait)
     }
 
     fn stop(&self, assignment: &str) -> Json {
@@ -165,34 +96,7 @@ impl World {
     }
 
     fn lane(&self, host: usize, n: &str) -> String {
-        format!("{}:{n}", self.hosts[host])
-    }
-
-    fn status(&self) -> Json {
-        self.op(&OperatorRequest::Status).unwrap()
-    }
-
-    /// Audit rows whose detail mentions `needle`.
-    fn audited(&self, needle: &str) -> usize {
-        self.op(&OperatorRequest::Audit { since: 0 })
-            .unwrap()
-            .as_array()
-            .unwrap()
-            .iter()
-            .filter(|r| r["detail"].as_str().unwrap_or("").contains(needle))
-            .count()
-    }
-
-    async fn sql(&self) -> tokio_postgres::Client {
-        let (c, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls)
-            .await
-            .unwrap();
-        tokio::spawn(conn);
-        c
-    }
-
-    async fn count(&self, sql: &str) -> i64 {
-        self.sql().await.query_one(sql, &[]).await.unwrap().get(0)
+        self.lane_of(host, n)
     }
 
     /// Everything that says where authority stands, to compare before and after an attack.
@@ -226,7 +130,7 @@ impl World {
         let registry =
             TrustRegistry::from_toml(&std::fs::read_to_string(&l.trust_registry).unwrap()).unwrap();
         let p = LinkParams {
-            addr: self.listen.clone(),
+            addr: self.listen[0].clone(),
             fallback_addrs: vec![],
             server_name: l.server_name.clone(),
             coordinator: COORD.into(),
@@ -260,28 +164,12 @@ impl World {
     }
 
     fn coordinator_rss_kb(&self) -> u64 {
-        let pid = self.coord.as_ref().unwrap().id();
+        let pid = self.coordinator_pid(0);
         let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
         st.lines()
             .find_map(|l| l.strip_prefix("VmRSS:"))
             .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
             .unwrap()
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        for c in [self.sup.take(), self.coord.take()].into_iter().flatten() {
-            let mut c = c;
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-        common::teardown(
-            &self.dir,
-            &self.dir.join("rt/lanes"),
-            &self.cgroup_root,
-            &["coordinator.log", "supervisor.log"],
-        );
     }
 }
 
@@ -698,7 +586,7 @@ async fn a_second_session_or_a_replayed_hello_cannot_displace_the_live_one() {
             .any(|h| h == format!("host:{}", w.hosts[1]).as_str()))
         .then_some(())
     });
-    let (mut ws, challenge) = transport::open(&pb, &w.listen).await.unwrap();
+    let (mut ws, challenge) = transport::open(&pb, &w.listen[0]).await.unwrap();
     assert_ne!(challenge.session_id().unwrap(), sid);
     ws.send(Message::text(String::from_utf8(recorded).unwrap()))
         .await
@@ -952,7 +840,7 @@ async fn a_flood_costs_only_the_flooding_session() {
     let mut hs = common_retry_connect(&p).await;
     let lane = w.lane(0, "lane-1");
     let assign = {
-        let sock = w.dir.join("run/coordinator.sock");
+        let sock = w.operator_socket();
         let req = OperatorRequest::Assign {
             lane_id: lane.clone(),
             runtime: "fake@1.0.0".into(),
@@ -1125,7 +1013,7 @@ async fn malformed_names_cycling_sessions_and_a_host_that_refuses_the_coordinato
         lanes_before,
         "a malformed lane was adopted"
     );
-    let log = std::fs::read_to_string(w.dir.join("coordinator.log")).unwrap();
+    let log = std::fs::read_to_string(w.coordinator_log(0)).unwrap();
     assert!(
         !log.contains(&key[..100]),
         "an attacker's key reached the log"
@@ -1189,10 +1077,7 @@ async fn malformed_names_cycling_sessions_and_a_host_that_refuses_the_coordinato
     }
     // Host A's real supervisor holds its session; stop it so the fenced link may try.
     let mut w = w;
-    if let Some(mut c) = w.sup.take() {
-        let _ = c.kill();
-        let _ = c.wait();
-    }
+    w.crash_supervisor(0);
     let before = rows(&w).await;
     let (stop, rx) = tokio::sync::watch::channel(false);
     let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
