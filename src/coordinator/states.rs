@@ -1,7 +1,7 @@
 //! Every state column the coordinator's tables hold, as a Rust enum, and every set of
 //! states the code tests against, as one constant.
 //!
-//! Each enum is the whole of its column's `CHECK (… IN (…))` list: `tests/coordinator.rs`
+//! Each enum is the whole of its column's `CHECK (… IN (…))` list: `tests/chain.rs`
 //! reads the constraint back from PostgreSQL and fails if the two differ. Each one encodes
 //! to and decodes from its column (`ToSql`/`FromSql` as text): a value the enum does not
 //! know fails at decode, naming the value and the enum, never silently.

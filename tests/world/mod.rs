@@ -18,6 +18,8 @@ use mosaic::coordinator::service::{operator_call, OpError, OperatorRequest};
 use serde_json::Value;
 
 use crate::common::{self, free_port};
+
+pub mod split;
 use crate::pg;
 
 /// What a world is made of.

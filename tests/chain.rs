@@ -1,270 +1,16 @@
-//! The coordinator's authority core against a real PostgreSQL (spec §17 rows: replayed
-//! ACK, duplicate activation, consumed activation ACK, split-brain / stale epoch, epoch
-//! takeover, lane reincarnation, forged ACK fields, reservation-chain substitution, clock
-//! rollback/skew and deadline equality, premature completion, activation/lease crash, raw
-//! token leakage), plus the faults the transition primitive must survive: an ambiguous
-//! commit, races between transitions, and writes that bypass the frame. Every rejection row
-//! checks that nothing changed.
+//! The activation chain and its end: reserve → … → RUNNING, stops and termination receipts,
+//! at the store (against a real PostgreSQL: every rejection row checks nothing changed), with
+//! the coordinator killed at every commit, and end to end under `mosaic up`.
 
+mod common;
 mod pg;
+mod store;
+mod up;
+mod world;
 
-use mosaic::coordinator::{
-    AckClaim, Activation, AssignmentView, AuthorityError, Candidate, Category, Chain,
-    CoordinatorSecret, EndCause, LaneView, Leader, Outcome, Reconciliation, ReserveRequest,
-    Reserved, Store,
-};
-use mosaic::protocol::task;
-use pg::TestDb;
-use serde_json::json;
-
-fn d(c: char) -> String {
-    format!("sha256:{}", c.to_string().repeat(64))
-}
-
-fn candidate(name: &str) -> Candidate {
-    Candidate {
-        holder: format!("coordinator:{name}"),
-        credential_digest: d('c'),
-        launch_id: format!("launch-{}", uuid::Uuid::new_v4().simple()),
-    }
-}
-
-fn uid(tag: &str) -> String {
-    format!("{tag}-{}", uuid::Uuid::new_v4().simple())
-}
-
-const TARGET: &str = "h1:w1";
-const HOST: &str = "h1";
-const SCOPE: [&str; 2] = ["repo:demo", "issues:demo"];
-const HOLDS: [&str; 1] = ["issues:demo"];
-
-struct Fx {
-    db: TestDb,
-    store: Store,
-    secret: CoordinatorSecret,
-    leader: Leader,
-    lane: LaneView,
-}
-
-async fn fx_at(url_of: impl Fn(&str) -> String) -> Fx {
-    let db = TestDb::new();
-    let secret = CoordinatorSecret::generate().unwrap();
-    let store = Store::connect(&url_of(&db.name), secret.clone())
-        .await
-        .unwrap();
-    store.migrate().await.unwrap();
-    let (leader, _) = store.acquire(&candidate("a"), 60_000).await.unwrap();
-    let lane = adopt(&store, &leader, "h1:w1").await;
-    Fx {
-        db,
-        store,
-        secret,
-        leader,
-        lane,
-    }
-}
-
-async fn fx() -> Fx {
-    fx_at(|name| pg::server().url(name)).await
-}
-
-async fn adopt(s: &Store, l: &Leader, lane: &str) -> LaneView {
-    s.adopt_lane_incarnation(l, HOST, lane, &uid("li"))
-        .await
-        .unwrap()
-}
-
-fn identity(pid: i64) -> serde_json::Value {
-    json!({ "boot_id": "b-1", "cgroup_id": 158, "cgroup_path": "/mosaic/lanes/w1/gen", "exe_dev": 1, "exe_ino": 2,
-            "launch_nonce_digest": "ab".repeat(32), "root_pid": pid, "root_start_time": 1000 + pid })
-}
-
-fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
-    ReserveRequest {
-        request_id: uid("rq"),
-        lane_incarnation_id: inc.into(),
-        assignment_id: resume.map(String::from),
-        target: TARGET.into(),
-        runtime_id: "fake@1.0.0".into(),
-        task_text: "spawn=3 print=hello".into(),
-        scope: SCOPE.iter().map(|s| s.to_string()).collect(),
-        holds: HOLDS.iter().map(|s| s.to_string()).collect(),
-        completion_policy: "operator-evidence/v1".into(),
-        inactivity_policy: "default@1".into(),
-        ttl_ms,
-    }
-}
-
-fn scope_digest() -> String {
-    task::list_digest(
-        "scope",
-        &SCOPE.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-    )
-}
-fn holds_digest() -> String {
-    task::list_digest(
-        "holds",
-        &HOLDS.iter().map(|s| s.to_string()).collect::<Vec<_>>(),
-    )
-}
-
-/// A chain driven to AWAITING_ACK, with everything needed to ACK and activate it.
-struct Ready {
-    res: Reserved,
-    generation: i64,
-    identity: serde_json::Value,
-    contracts: String,
-    challenge: String,
-}
-
-impl Ready {
-    fn chain(&self) -> &Chain {
-        &self.res.chain
-    }
-}
-
-async fn to_awaiting_ack(
-    s: &Store,
-    l: &Leader,
-    inc: &str,
-    resume: Option<&str>,
-    ttl_ms: i64,
-) -> Ready {
-    let res = s.reserve(l, &request(inc, resume, ttl_ms)).await.unwrap();
-    let c = res.chain.clone();
-    s.checkpoint(l, &c).await.unwrap();
-    s.fence(l, &c).await.unwrap();
-    let (generation, _) = s.stage(l, &c).await.unwrap();
-    let identity = identity(4000 + generation);
-    let staged = s.record_staged(l, &c, generation, &identity).await.unwrap();
-    let contracts = staged.str("contracts_digest").unwrap();
-    assert_eq!(
-        contracts,
-        mosaic::protocol::contracts_digest("spawn=3 print=hello", &scope_digest(), &holds_digest()),
-        "the contract digest is computed from the task, scope and holds the operator supplied"
-    );
-    let (challenge, _, _) = s
-        .record_injected(l, &c, &contracts, &identity, 60_000)
-        .await
-        .unwrap();
-    Ready {
-        res,
-        generation,
-        identity,
-        contracts,
-        challenge,
-    }
-}
-
-fn ack(l: &Leader, r: &Ready) -> AckClaim {
-    let c = r.chain();
-    AckClaim {
-        challenge_id: r.challenge.clone(),
-        sot_incarnation: l.sot().into(),
-        coordinator_epoch: l.epoch(),
-        reservation_id: c.reservation_id.clone(),
-        reservation_epoch: c.reservation_epoch,
-        reservation_deadline: r.res.deadline.clone(),
-        lane_id: c.lane_id.clone(),
-        lane_incarnation_id: c.lane_incarnation_id.clone(),
-        assignment_id: c.assignment_id.clone(),
-        assignment_attempt_id: c.assignment_attempt_id.clone(),
-        generation: r.generation,
-        process_identity: r.identity.clone(),
-        contracts_digest: r.contracts.clone(),
-        scope_digest: scope_digest(),
-        holds_digest: holds_digest(),
-        runtime_id: "fake@1.0.0".into(),
-        ack_digest: d('a'),
-    }
-}
-
-/// The activation the chain's own rows call for (fence token re-derived from the secret).
-async fn activation(s: &Store, r: &Ready) -> Activation {
-    let row = s
-        .chain_by_reservation(&r.chain().reservation_id)
-        .await
-        .unwrap()
-        .unwrap();
-    Activation::of(s, &row, 60_000).expect("a READY chain with its consumed ACK")
-}
-
-fn category<T: std::fmt::Debug>(r: Result<T, AuthorityError>) -> Category {
-    match r {
-        Err(e) => e
-            .category()
-            .unwrap_or_else(|| panic!("not a rejection: {e}")),
-        Ok(v) => panic!("expected a rejection, got {v:?}"),
-    }
-}
-
-async fn sql(url: &str) -> tokio_postgres::Client {
-    let (client, conn) = tokio_postgres::connect(url, tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(conn);
-    client
-}
-
-async fn count(url: &str, q: &str) -> i64 {
-    sql(url).await.query_one(q, &[]).await.unwrap().get(0)
-}
-
-/// Row counts of every authority table: "nothing changed" is this before == after.
-async fn authority_counts(url: &str) -> Vec<(String, i64)> {
-    let mut v = Vec::new();
-    for t in [
-        "lane_incarnations",
-        "assignments",
-        "attempts",
-        "reservations",
-        "generations",
-        "challenges",
-        "ack_receipts",
-        "leases",
-        "transition_receipts",
-        "termination_receipts",
-    ] {
-        v.push((
-            t.to_string(),
-            count(url, &format!("SELECT count(*) FROM {t}")).await,
-        ));
-    }
-    v
-}
-
-async fn state(s: &Store, lane: &str) -> String {
-    s.lane(lane).await.unwrap().unwrap().state.to_string()
-}
-
-async fn assignment(s: &Store, id: &str) -> AssignmentView {
-    s.assignment(id).await.unwrap().unwrap()
-}
-
-async fn audited(s: &Store, op: &str, category: &str) -> usize {
-    s.audit_log(0)
-        .await
-        .unwrap()
-        .iter()
-        .filter(|a| a.operation == op && a.category == category)
-        .count()
-}
-
-/// A host receipt for `r`'s generation, keyed as the supervisor keys it.
-fn receipt_for(r: &Ready, reason: &str, verified: bool) -> serde_json::Value {
-    let c = r.chain();
-    json!({ "idempotency_key": mosaic::supervisor::receipt::idempotency_key(&c.lane_id, &c.lane_incarnation_id, r.generation as u64),
-            "host_id": HOST, "lane_id": c.lane_id, "lane_incarnation_id": c.lane_incarnation_id,
-            "generation": r.generation, "termination_reason": reason, "observation_source": "shim",
-            "cleanup": { "verified_empty": verified, "cgroup_removed": verified } })
-}
-
-async fn running(s: &Store, l: &Leader, inc: &str) -> Ready {
-    let r = to_awaiting_ack(s, l, inc, None, 60_000).await;
-    s.consume_ack(l, &ack(l, &r)).await.unwrap();
-    s.activate(l, &activation(s, &r).await).await.unwrap();
-    r
-}
+use store::*;
+use up::*;
+use world::split::*;
 
 #[tokio::test]
 async fn the_full_chain_round_trips_with_owners_evidence_and_receipts() {
@@ -852,203 +598,6 @@ async fn two_receipts_for_one_generation_at_once_have_one_decision() {
     assert_eq!(x.receipt_id, y.receipt_id);
     assert_eq!(usize::from(x.replayed) + usize::from(y.replayed), 1);
     assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
-}
-
-#[tokio::test]
-async fn split_brain_the_stale_coordinator_can_do_nothing() {
-    let f = fx().await;
-    let s = &f.store;
-    let inc = f.lane.lane_incarnation_id.clone();
-    // A releases; B takes a short lease, starts a chain, then stalls past expiry.
-    s.release(&f.leader).await.unwrap();
-    let (b, _) = s.acquire(&candidate("b"), 400).await.unwrap();
-    let r = to_awaiting_ack(s, &b, &inc, None, 60_000).await;
-    let b_ack = ack(&b, &r);
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    // C takes over (the lease expired by database time).
-    let (c, _) = s.acquire(&candidate("c"), 60_000).await.unwrap();
-    assert!(c.epoch() > b.epoch());
-    let lane2 = adopt(s, &c, "h1:w2").await;
-    let before = authority_counts(&f.db.url).await;
-    let mut b2 = b.clone();
-    assert_eq!(
-        category(
-            s.reserve(&b, &request(&lane2.lane_incarnation_id, None, 60_000))
-                .await
-        ),
-        Category::StaleLeader
-    );
-    assert_eq!(
-        category(s.consume_ack(&b, &b_ack).await),
-        Category::StaleLeader
-    );
-    assert_eq!(
-        category(
-            s.ingest_termination(&b, HOST, &receipt_for(&r, "sigkill", true))
-                .await
-        ),
-        Category::StaleLeader
-    );
-    assert_eq!(
-        category(
-            s.quarantine(&b, &lane2.lane_incarnation_id, "stale", false)
-                .await
-        ),
-        Category::StaleLeader
-    );
-    assert_eq!(
-        category(s.renew(&mut b2, 60_000).await),
-        Category::StaleLeader
-    );
-    assert_eq!(
-        authority_counts(&f.db.url).await,
-        before,
-        "the stale leader changed something"
-    );
-    assert_eq!(
-        audited(s, "reserve", "stale-leader").await
-            + audited(s, "consume-ack", "stale-leader").await
-            + audited(s, "ingest-termination", "stale-leader").await
-            + audited(s, "quarantine", "stale-leader").await
-            + audited(s, "leadership-renew", "stale-leader").await,
-        5
-    );
-    // The takeover ended B's preactivation chain: recovery, and its generation is to be
-    // stopped (the lane drains until the host proves it ended).
-    assert_eq!(state(s, "h1:w1").await, "DRAINING");
-    let a = assignment(s, &r.chain().assignment_id).await;
-    assert_eq!(
-        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
-        ("RECOVERY", None)
-    );
-    let row = s
-        .chain_by_reservation(&r.chain().reservation_id)
-        .await
-        .unwrap()
-        .unwrap();
-    assert!(row.stop_requested && !row.reservation_open);
-    // The old ACK cannot activate under the new epoch either.
-    let mut c_ack = b_ack.clone();
-    c_ack.coordinator_epoch = c.epoch();
-    assert_eq!(
-        category(s.consume_ack(&c, &c_ack).await),
-        Category::StaleLeader,
-        "the challenge was issued under epoch B"
-    );
-    // The host's receipt ends the generation; the lane is clean again.
-    s.ingest_termination(&c, HOST, &receipt_for(&r, "quit", true))
-        .await
-        .unwrap();
-    s.finish(&c, &inc).await.unwrap();
-    assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
-}
-
-#[tokio::test]
-async fn concurrent_epoch_acquisitions_yield_one_epoch() {
-    let f = fx().await;
-    let s = &f.store;
-    s.release(&f.leader).await.unwrap();
-    let before = count(&f.db.url, "SELECT max(epoch) FROM epochs").await;
-    let mut tasks = Vec::new();
-    for i in 0..16 {
-        let s = s.clone();
-        tasks.push(tokio::spawn(async move {
-            s.acquire(&candidate(&format!("n{i}")), 60_000).await
-        }));
-    }
-    let mut winners = Vec::new();
-    for t in tasks {
-        match t.await.unwrap() {
-            Ok((l, _)) => winners.push(l.epoch()),
-            Err(e) => assert_eq!(e.category(), Some(Category::LeadershipHeld)),
-        }
-    }
-    assert_eq!(winners, vec![before + 1]);
-    assert_eq!(
-        count(&f.db.url, "SELECT max(epoch) FROM epochs").await,
-        before + 1
-    );
-    // Epochs are never reused: rewriting history is refused by the schema.
-    let c = sql(&f.db.url).await;
-    assert!(c
-        .execute("UPDATE epochs SET epoch = 1000", &[])
-        .await
-        .is_err());
-}
-
-#[tokio::test]
-async fn a_lapsed_leader_reacquires_with_a_new_epoch_and_its_old_epoch_is_dead() {
-    let f = fx().await;
-    let s = &f.store;
-    let cand = candidate("lapsing");
-    s.release(&f.leader).await.unwrap();
-    let (first, _) = s.acquire(&cand, 300).await.unwrap();
-    // The same launch retrying after an ambiguous commit finds its own acquisition.
-    let (same, _) = s.acquire(&cand, 300).await.unwrap();
-    assert_eq!(same.epoch(), first.epoch());
-    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
-    let mut stale = first.clone();
-    assert_eq!(
-        category(s.renew(&mut stale, 300).await),
-        Category::StaleLeader
-    );
-    // The lapse heals: the same launch takes a new epoch (its key names the epoch).
-    let (again, r) = s.acquire(&cand, 60_000).await.unwrap();
-    assert_eq!(again.epoch(), first.epoch() + 1);
-    assert_eq!(r.body["previous_epoch"], first.epoch());
-    let lane = adopt(s, &again, "h1:w3").await;
-    assert_eq!(
-        category(
-            s.reserve(&first, &request(&lane.lane_incarnation_id, None, 60_000))
-                .await
-        ),
-        Category::StaleLeader
-    );
-    s.reserve(&again, &request(&lane.lane_incarnation_id, None, 60_000))
-        .await
-        .unwrap();
-}
-
-/// A store whose database clock is frozen at a settable instant, so deadline equality can
-/// be hit exactly by the schema's own predicates (not by a query of the test's).
-async fn frozen_fx() -> (Fx, tokio_postgres::Client) {
-    let db = TestDb::new();
-    let admin = sql(&db.url).await;
-    admin
-        .batch_execute(
-            "CREATE SCHEMA frozen; CREATE TABLE frozen.now (t timestamptz NOT NULL); \
-             INSERT INTO frozen.now VALUES ('2026-06-01 00:00:00+00'); \
-             CREATE FUNCTION frozen.clock_timestamp() RETURNS timestamptz LANGUAGE sql STABLE AS $$ SELECT t FROM frozen.now $$;",
-        )
-        .await
-        .unwrap();
-    let secret = CoordinatorSecret::generate().unwrap();
-    let url = format!(
-        "{} options='-c search_path=frozen,pg_catalog,public'",
-        db.url
-    );
-    let store = Store::connect(&url, secret.clone()).await.unwrap();
-    store.migrate().await.unwrap();
-    let (leader, _) = store.acquire(&candidate("a"), 60_000).await.unwrap();
-    let lane = adopt(&store, &leader, "h1:w1").await;
-    // The test moves deadlines by hand, outside any transition (triggers off for it); the
-    // schema lives where the store's search path put it.
-    admin
-        .batch_execute(
-            "SET session_replication_role = replica; SET search_path = frozen, pg_catalog, public",
-        )
-        .await
-        .unwrap();
-    (
-        Fx {
-            db,
-            store,
-            secret,
-            leader,
-            lane,
-        },
-        admin,
-    )
 }
 
 #[tokio::test]
@@ -1869,846 +1418,6 @@ async fn authority_refuses_to_run_on_a_standby() {
     }
 }
 
-fn progress(r: &Ready, evidence: &str) -> mosaic::coordinator::continuity::ProgressClaim {
-    mosaic::coordinator::continuity::ProgressClaim {
-        chain: r.chain().clone(),
-        generation: r.generation,
-        evidence_kind: "test-result".into(),
-        evidence_digest: mosaic::protocol::work::evidence_digest(
-            "test-result",
-            evidence.as_bytes(),
-        ),
-        next_action: None,
-        message_id: uid("msg"),
-    }
-}
-
-/// A refused progress report or block names the predicate of its compare-and-swap that
-/// failed (each refusal is built from the CAS's own predicate table), and changes nothing.
-#[tokio::test]
-async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
-    use mosaic::coordinator::continuity::Blocker;
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let r = running(s, l, &f.lane.lane_incarnation_id).await;
-    let asg = r.chain().assignment_id.clone();
-    s.record_progress(l, &progress(&r, "first")).await.unwrap();
-    let before = authority_counts(&f.db.url).await;
-    let refused = |e: AuthorityError, cat: Category, says: &str| {
-        assert_eq!(e.category(), Some(cat), "{e}");
-        assert!(e.to_string().contains(says), "{says:?} not in: {e}");
-    };
-    // The same evidence again is the same step: its receipt, nothing counted twice.
-    assert!(
-        s.record_progress(l, &progress(&r, "first"))
-            .await
-            .unwrap()
-            .replayed
-    );
-    // Another generation of the chain.
-    let mut other = progress(&r, "second");
-    other.generation += 1;
-    refused(
-        s.record_progress(l, &other).await.unwrap_err(),
-        Category::WrongState,
-        "generation is not the chain's",
-    );
-    // A generation that is not RUNNING on the work's open reservation cannot block it.
-    let ev = d('e');
-    let by = Blocker::Generation {
-        chain: r.chain().clone(),
-        generation: r.generation + 1,
-    };
-    refused(
-        s.block(l, &asg, &by, "needs-review", &ev, "review it")
-            .await
-            .unwrap_err(),
-        Category::WrongState,
-        "RUNNING generation",
-    );
-    assert_eq!(
-        authority_counts(&f.db.url).await,
-        before,
-        "a refusal changed something"
-    );
-    // Blocked once, it cannot be blocked again.
-    s.block(
-        l,
-        &asg,
-        &Blocker::Operator,
-        "needs-review",
-        &ev,
-        "review it",
-    )
-    .await
-    .unwrap();
-    refused(
-        s.block(
-            l,
-            &asg,
-            &Blocker::Operator,
-            "needs-review",
-            &d('f'),
-            "review it",
-        )
-        .await
-        .unwrap_err(),
-        Category::WrongState,
-        "only active work",
-    );
-    refused(
-        s.block(
-            l,
-            "as-nowhere",
-            &Blocker::Operator,
-            "needs-review",
-            &ev,
-            "x",
-        )
-        .await
-        .unwrap_err(),
-        Category::NotFound,
-        "no such assignment",
-    );
-}
-
-/// Spec §14 rule 6 / §15 (Watchdog deadline race): progress at the inactivity deadline is
-/// expired and cannot extend it; one microsecond before, it does and the watchdog cannot
-/// replace. Repeated evidence never counts twice; progress of another generation never
-/// counts.
-#[tokio::test]
-async fn progress_at_the_inactivity_deadline_is_expired_and_only_new_evidence_counts() {
-    let (f, admin) = frozen_fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let r = running(s, l, &f.lane.lane_incarnation_id).await;
-    let asg = r.chain().assignment_id.clone();
-    let set_deadline = |offset: &'static str| {
-        let asg = asg.clone();
-        let admin = &admin;
-        async move {
-            admin
-                .batch_execute(&format!(
-                    "UPDATE assignments SET inactivity_deadline = (SELECT t FROM frozen.now) + interval '{offset}' WHERE assignment_id = '{asg}'"
-                ))
-                .await
-                .unwrap();
-        }
-    };
-    // One microsecond before the deadline: the watchdog cannot replace, progress counts.
-    set_deadline("1 microsecond").await;
-    assert_eq!(
-        category(s.inactivity_replace(l, r.chain()).await),
-        Category::WrongState
-    );
-    s.record_progress(l, &progress(&r, "report 1"))
-        .await
-        .unwrap();
-    // The same evidence again, under a new message, is the same step: it lands on the first
-    // receipt and moves nothing.
-    set_deadline("1 microsecond").await;
-    let again = s
-        .record_progress(l, &progress(&r, "report 1"))
-        .await
-        .unwrap();
-    assert!(again.replayed);
-    let unmoved = format!(
-        "SELECT count(*) FROM assignments WHERE assignment_id = '{asg}' \
-         AND inactivity_deadline = '2026-06-01 00:00:00.000001+00'"
-    );
-    assert_eq!(
-        admin_count(&admin, &unmoved).await,
-        1,
-        "a repeated report extended the deadline"
-    );
-    // Another generation's progress never counts.
-    let mut other = progress(&r, "report 2");
-    other.generation += 1;
-    assert_eq!(
-        category(s.record_progress(l, &other).await),
-        Category::WrongState
-    );
-    // Evidence of a kind the policy does not know is refused before anything is read.
-    let mut odd = progress(&r, "report 3");
-    odd.evidence_kind = "vibes".into();
-    assert_eq!(
-        category(s.record_progress(l, &odd).await),
-        Category::BadInput
-    );
-    // At the deadline (equality): expired. Progress cannot extend it; the watchdog replaces.
-    set_deadline("0").await;
-    assert_eq!(
-        category(s.record_progress(l, &progress(&r, "report 4")).await),
-        Category::Expired
-    );
-    let rep = s.inactivity_replace(l, r.chain()).await.unwrap();
-    assert_eq!(rep.body["to"], "DRAINING");
-    assert_eq!(state(s, "h1:w1").await, "DRAINING");
-    let a = assignment(s, &asg).await;
-    assert_eq!(
-        (a.lifecycle.as_str(), a.execution_owner),
-        ("RECOVERY", None)
-    );
-    assert_eq!(
-        admin_count(&admin, "SELECT count(*) FROM progress_receipts").await,
-        1
-    );
-    assert_eq!(
-        admin_count(
-            &admin,
-            "SELECT count(*) FROM leases WHERE released_at IS NULL"
-        )
-        .await,
-        0
-    );
-    // After the replacement nothing of the old generation counts any more.
-    assert_eq!(
-        category(s.record_progress(l, &progress(&r, "report 5")).await),
-        Category::WrongState
-    );
-}
-
-/// Concurrent progress and replacement around the deadline (real clock): at most one
-/// replacement, and no progress is accepted after it.
-#[tokio::test]
-async fn concurrent_progress_and_replacement_have_one_order() {
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let r = running(s, l, &f.lane.lane_incarnation_id).await;
-    let admin = sql(&f.db.url).await;
-    admin
-        .batch_execute(&format!(
-            "SET session_replication_role = replica; \
-             UPDATE assignments SET inactivity_deadline = clock_timestamp() + interval '40 milliseconds' WHERE assignment_id = '{}'",
-            r.chain().assignment_id
-        ))
-        .await
-        .unwrap();
-    let mut tasks = Vec::new();
-    for i in 0..16u64 {
-        let (s, l, claim, chain) = (
-            s.clone(),
-            l.clone(),
-            progress(&r, &format!("report {i}")),
-            r.chain().clone(),
-        );
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(i * 6)).await;
-            if i % 2 == 0 {
-                (
-                    "progress",
-                    s.record_progress(&l, &claim).await.map(|x| x.decided_at),
-                )
-            } else {
-                (
-                    "replace",
-                    s.inactivity_replace(&l, &chain).await.map(|x| x.decided_at),
-                )
-            }
-        }));
-    }
-    let mut progress_at = Vec::new();
-    let mut replaced_at = Vec::new();
-    for t in tasks {
-        match t.await.unwrap() {
-            ("progress", Ok(at)) => progress_at.push(at),
-            (_, Ok(at)) => replaced_at.push(at),
-            (_, Err(e)) => assert!(
-                matches!(e.category(), Some(Category::WrongState | Category::Expired)),
-                "{e}"
-            ),
-        }
-    }
-    assert!(replaced_at.len() <= 1, "{replaced_at:?}");
-    // A replacement after an accepted extension would be a lost update: every accepted
-    // progress receipt's new deadline must precede the replacement.
-    if let Some(rep) = replaced_at.first() {
-        let late = count(
-            &f.db.url,
-            &format!(
-                "SELECT count(*) FROM progress_receipts WHERE mosaic_ts(new_deadline) > '{rep}'"
-            ),
-        )
-        .await;
-        assert_eq!(
-            late, 0,
-            "progress extended a deadline the replacement then ignored"
-        );
-    }
-    if let Some(rep) = replaced_at.first() {
-        assert!(
-            progress_at.iter().all(|p| p < rep),
-            "progress accepted after the replacement: {progress_at:?} vs {rep}"
-        );
-        assert_eq!(state(s, "h1:w1").await, "DRAINING");
-    } else {
-        assert_eq!(state(s, "h1:w1").await, "RUNNING");
-        assert!(!progress_at.is_empty());
-    }
-}
-
-async fn admin_count(admin: &tokio_postgres::Client, q: &str) -> i64 {
-    admin.query_one(q, &[]).await.unwrap().get(0)
-}
-
-/// A handoff offered from RUNNING work on w1 to w2, its target chain driven to its handoff
-/// challenge; returns the offer's target chain and the ACK that would be accepted.
-async fn handoff_to_challenge(
-    s: &Store,
-    l: &Leader,
-    source: &Ready,
-    target_inc: &str,
-) -> (Chain, mosaic::coordinator::handoff::HandoffAckClaim, Ready) {
-    use mosaic::coordinator::handoff::{HandoffAckClaim, OfferRequest};
-    let c = s
-        .offer_handoff(
-            l,
-            &OfferRequest {
-                request_id: uid("ho"),
-                assignment_id: source.chain().assignment_id.clone(),
-                target_lane_incarnation_id: target_inc.into(),
-                task_text: None,
-                ttl_ms: 60_000,
-            },
-        )
-        .await
-        .unwrap();
-    s.checkpoint(l, &c).await.unwrap();
-    s.fence(l, &c).await.unwrap();
-    let (generation, _) = s.stage(l, &c).await.unwrap();
-    let id = identity(7000 + generation);
-    let staged = s.record_staged(l, &c, generation, &id).await.unwrap();
-    let contracts = staged.str("contracts_digest").unwrap();
-    let (hc, _, r) = s
-        .record_injected(l, &c, &contracts, &id, 60_000)
-        .await
-        .unwrap();
-    assert_eq!(r.body["challenge_kind"], "handoff");
-    let h = s
-        .handoff_of_reservation(&c.reservation_id)
-        .await
-        .unwrap()
-        .unwrap();
-    let claim = HandoffAckClaim {
-        handoff_challenge_id: hc.clone(),
-        sot_incarnation: l.sot().into(),
-        coordinator_epoch: l.epoch(),
-        assignment_id: c.assignment_id.clone(),
-        source_assignment_attempt_id: source.chain().assignment_attempt_id.clone(),
-        target_assignment_attempt_id: c.assignment_attempt_id.clone(),
-        responsibility_owner: TARGET.into(),
-        execution_owner: TARGET.into(),
-        pending_target: "h1:w2".into(),
-        next_action_digest: h.next_action_digest.clone(),
-        scope_digest: scope_digest(),
-        holds_digest: holds_digest(),
-        contracts_digest: contracts.clone(),
-        lane_incarnation_id: c.lane_incarnation_id.clone(),
-        generation,
-        challenge_deadline: h.challenge_deadline.clone().unwrap(),
-        ack_digest: d('h'),
-    };
-    let deadline = s
-        .chain_by_reservation(&c.reservation_id)
-        .await
-        .unwrap()
-        .unwrap()
-        .reservation_deadline;
-    let target = Ready {
-        res: Reserved {
-            chain: c.clone(),
-            reservation_lease_id: String::new(),
-            deadline,
-            receipt: r,
-        },
-        generation,
-        identity: id,
-        contracts,
-        challenge: hc,
-    };
-    (c, claim, target)
-}
-
-/// §17 Authority-owner handoff binding and Handoff/activation confusion: every bound field
-/// of a handoff ACK is checked (one mismatch at a time is refused and changes nothing), a
-/// handoff challenge cannot be consumed as an activation challenge, an activation is
-/// impossible before the handoff is accepted, and the handoff receipt grants no lease.
-#[tokio::test]
-async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let w2 = adopt(s, l, "h1:w2").await;
-    let source = running(s, l, &f.lane.lane_incarnation_id).await;
-    // An offer is refused by the predicate of its compare-and-swap that failed, by name:
-    // onto the lane the work already runs on, or of work that does not exist.
-    let offer = |target: &str, asg: &str| mosaic::coordinator::handoff::OfferRequest {
-        request_id: uid("ho"),
-        assignment_id: asg.into(),
-        target_lane_incarnation_id: target.into(),
-        task_text: None,
-        ttl_ms: 60_000,
-    };
-    let e = s
-        .offer_handoff(
-            l,
-            &offer(&f.lane.lane_incarnation_id, &source.chain().assignment_id),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(e.category(), Some(Category::BadInput), "{e}");
-    assert!(e.to_string().contains("already runs on"), "{e}");
-    let e = s
-        .offer_handoff(l, &offer(&w2.lane_incarnation_id, "as-nowhere"))
-        .await
-        .unwrap_err();
-    assert_eq!(e.category(), Some(Category::NotFound), "{e}");
-    let (c, good, target) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
-    // A second offer while one is pending names that.
-    let e = s
-        .offer_handoff(
-            l,
-            &offer(&w2.lane_incarnation_id, &source.chain().assignment_id),
-        )
-        .await
-        .unwrap_err();
-    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
-    assert!(e.to_string().contains("only RUNNING active work"), "{e}");
-    let before = authority_counts(&f.db.url).await;
-    type Forge = (
-        &'static str,
-        fn(&mut mosaic::coordinator::handoff::HandoffAckClaim),
-    );
-    let forged: [Forge; 15] = [
-        ("challenge", |a| a.handoff_challenge_id = "hc-forged".into()),
-        ("timeline", |a| a.sot_incarnation = "sot-other".into()),
-        ("epoch", |a| a.coordinator_epoch += 1),
-        ("assignment", |a| a.assignment_id = "as-other".into()),
-        ("source attempt", |a| {
-            a.source_assignment_attempt_id = "at-other".into()
-        }),
-        ("target attempt", |a| {
-            a.target_assignment_attempt_id = "at-other".into()
-        }),
-        ("responsibility owner", |a| {
-            a.responsibility_owner = "h1:w2".into()
-        }),
-        ("execution owner", |a| a.execution_owner = "h1:w9".into()),
-        ("pending target", |a| a.pending_target = "h1:w1".into()),
-        ("next action", |a| a.next_action_digest = d('0')),
-        ("scope", |a| a.scope_digest = d('1')),
-        ("holds", |a| a.holds_digest = d('2')),
-        ("contracts", |a| a.contracts_digest = d('3')),
-        ("generation", |a| a.generation += 1),
-        ("deadline", |a| {
-            a.challenge_deadline = "2999-01-01T00:00:00.000000Z".into()
-        }),
-    ];
-    // Each forged field is refused by the predicate that compares it, and the refusal
-    // names that field (the diagnosis is built from the CAS's own predicate table).
-    let names = |what: &str| match what {
-        "challenge" => "",
-        "timeline" => "timeline",
-        "epoch" => "epoch",
-        "assignment" => "assignment_id",
-        "source attempt" => "source_assignment_attempt_id",
-        "target attempt" => "target_assignment_attempt_id",
-        "responsibility owner" => "responsibility_owner differs",
-        "execution owner" => "execution_owner differs",
-        "pending target" => "pending_target differs",
-        "next action" => "next_action_digest",
-        "scope" => "scope_digest",
-        "holds" => "holds_digest",
-        "contracts" => "contracts_digest",
-        "generation" => "generation differs",
-        "deadline" => "challenge_deadline differs",
-        other => panic!("no expectation for {other}"),
-    };
-    for (what, forge) in forged {
-        let mut a = good.clone();
-        forge(&mut a);
-        let e = s.accept_handoff(l, &a).await.unwrap_err();
-        let cat = e.category();
-        if what == "challenge" {
-            assert_eq!(cat, Some(Category::NotFound), "forged {what}: {e}");
-        } else {
-            assert_eq!(cat, Some(Category::Mismatch), "forged {what}: {e}");
-            assert!(e.to_string().contains(names(what)), "forged {what}: {e}");
-        }
-    }
-    assert_eq!(
-        authority_counts(&f.db.url).await,
-        before,
-        "a refused handoff ACK changed something"
-    );
-    // The handoff challenge is not an activation challenge.
-    assert_eq!(
-        category(s.consume_ack(l, &ack(l, &target)).await),
-        Category::NotFound
-    );
-    // No activation challenge exists for the target before the handoff is accepted.
-    assert_eq!(
-        category(s.issue_activation_challenge(l, &c, 60_000).await),
-        Category::WrongState
-    );
-    // The real ACK: responsibility moves, the source is fenced, nothing is granted.
-    let r = s.accept_handoff(l, &good).await.unwrap();
-    assert_eq!(r.body["execution_owner"], serde_json::Value::Null);
-    let a = assignment(s, &c.assignment_id).await;
-    assert_eq!(
-        (
-            a.responsibility_owner.as_str(),
-            a.execution_owner.as_deref(),
-            a.pending_target.as_deref()
-        ),
-        ("h1:w2", None, Some("h1:w2"))
-    );
-    assert_eq!(state(s, "h1:w1").await, "DRAINING");
-    assert_eq!(
-        state(s, "h1:w2").await,
-        "AWAITING_ACK",
-        "a handoff grants no READY"
-    );
-    assert_eq!(
-        count(
-            &f.db.url,
-            &format!(
-                "SELECT count(*) FROM leases WHERE assignment_id = '{}' AND released_at IS NULL",
-                c.assignment_id
-            )
-        )
-        .await,
-        0,
-        "the source's leases are revoked and the target has none"
-    );
-    // Replayed: the same ACK returns the same receipt; another ACK of the used challenge fails.
-    assert!(s.accept_handoff(l, &good).await.unwrap().replayed);
-    let mut other = good.clone();
-    other.ack_digest = d('9');
-    assert_eq!(
-        category(s.accept_handoff(l, &other).await),
-        Category::IdempotencyConflict
-    );
-    // The prior owner's authority is gone: its progress and lease renewal are refused.
-    assert_eq!(
-        category(s.record_progress(l, &progress(&source, "late")).await),
-        Category::WrongState
-    );
-    assert_eq!(
-        category(s.renew_leases(l, source.chain(), 60_000).await),
-        Category::WrongState
-    );
-    // Only now the target's own activation challenge, ACK and activation.
-    let ch = s.issue_activation_challenge(l, &c, 60_000).await.unwrap();
-    let mut t = target;
-    t.challenge = ch.str("challenge_id").unwrap();
-    s.consume_ack(l, &ack(l, &t)).await.unwrap();
-    s.activate(l, &activation(s, &t).await).await.unwrap();
-    let a = assignment(s, &c.assignment_id).await;
-    assert_eq!(
-        (
-            a.responsibility_owner.as_str(),
-            a.execution_owner.as_deref(),
-            a.pending_target.as_deref()
-        ),
-        ("h1:w2", Some("h1:w2"), None)
-    );
-    assert_eq!(state(s, "h1:w2").await, "RUNNING");
-}
-
-/// §17 Stale continuation claimant and Partial-authority continuation, at the store: a
-/// delivery under a lapsed or replaced claim is refused; acceptance is once, debits the loop
-/// budget once and needs the generation it was bound to; a continuation carries the
-/// assignment's own scope and holds (it cannot widen them), and none is created without
-/// budget.
-#[tokio::test]
-async fn a_continuation_is_accepted_once_under_its_current_claim_only() {
-    use mosaic::coordinator::continuation::AcceptClaim;
-    let (f, admin) = frozen_fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let r = running(s, l, &f.lane.lane_incarnation_id).await;
-    let asg = r.chain().assignment_id.clone();
-    let created = s
-        .create_continuation(l, &asg, "run the integration tests", &uid("rq"), 60_000)
-        .await
-        .unwrap();
-    let cn = created.str("continuation_id").unwrap();
-    // One open continuation per assignment, and none for work that does not exist: each
-    // refusal names the predicate of the creating CAS that failed.
-    let e = s
-        .create_continuation(l, &asg, "another", &uid("rq"), 60_000)
-        .await
-        .unwrap_err();
-    assert_eq!(e.category(), Some(Category::Conflict), "{e}");
-    assert!(e.to_string().contains("open continuation"), "{e}");
-    let e = s
-        .create_continuation(l, "as-nowhere", "x", &uid("rq"), 60_000)
-        .await
-        .unwrap_err();
-    assert_eq!(e.category(), Some(Category::NotFound), "{e}");
-    // Partial authority: bound to the assignment's own scope, holds and contract.
-    let bound = admin_count(
-        &admin,
-        &format!(
-            "SELECT count(*) FROM continuations c JOIN assignments a USING (assignment_id) JOIN reservations r ON r.reservation_id = c.reservation_id \
-             WHERE c.continuation_id = '{cn}' AND c.scope_digest = a.scope_digest AND c.holds_digest = a.holds_digest \
-               AND c.contracts_digest = r.contracts_digest"
-        ),
-    )
-    .await;
-    assert_eq!(bound, 1);
-    let view = |s: &Store| {
-        let cn = cn.clone();
-        let s = s.clone();
-        async move {
-            s.open_continuations()
-                .await
-                .unwrap()
-                .into_iter()
-                .find(|v| v.continuation_id == cn)
-                .unwrap()
-        }
-    };
-    let first = s.claim_continuation(l, &view(s).await).await.unwrap();
-    let old_ref = first.str("claim_ref").unwrap();
-    // A live claim of this epoch is not reclaimed.
-    assert_eq!(
-        category(s.claim_continuation(l, &view(s).await).await),
-        Category::WrongState
-    );
-    // Its deadline passes (equality): reclaimed, with a new reference.
-    admin
-        .batch_execute(&format!("UPDATE continuations SET claim_deadline = (SELECT t FROM frozen.now) WHERE continuation_id = '{cn}'"))
-        .await
-        .unwrap();
-    let second = s.claim_continuation(l, &view(s).await).await.unwrap();
-    let new_ref = second.str("claim_ref").unwrap();
-    assert_ne!(old_ref, new_ref);
-    let claim = |claim_ref: &str| AcceptClaim {
-        continuation_id: cn.clone(),
-        claim_ref: claim_ref.into(),
-        reservation_id: r.chain().reservation_id.clone(),
-        lane_incarnation_id: r.chain().lane_incarnation_id.clone(),
-        generation: r.generation,
-        next_action_digest: mosaic::protocol::work::next_action_digest("run the integration tests"),
-    };
-    // The stale claimant is refused.
-    assert_eq!(
-        category(s.accept_continuation(l, &claim(&old_ref)).await),
-        Category::Mismatch
-    );
-    // Another generation, or another next action, is refused.
-    let mut other = claim(&new_ref);
-    other.generation += 1;
-    let e = s.accept_continuation(l, &other).await.unwrap_err();
-    assert_eq!(e.category(), Some(Category::WrongState));
-    assert!(e.to_string().contains("generation is not"), "{e}");
-    let mut other = claim(&new_ref);
-    other.next_action_digest = d('7');
-    let e = s.accept_continuation(l, &other).await.unwrap_err();
-    assert_eq!(e.category(), Some(Category::WrongState));
-    assert!(e.to_string().contains("next_action_digest"), "{e}");
-    let mut other = claim(&new_ref);
-    other.reservation_id = r.chain().reservation_id.replace("rs-", "rs-0");
-    let e = s.accept_continuation(l, &other).await.unwrap_err();
-    assert_eq!(e.category(), Some(Category::WrongState));
-    assert!(e.to_string().contains("reservation_id"), "{e}");
-    let budget_q = format!(
-        "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{asg}'"
-    );
-    assert_eq!(
-        admin_count(&admin, &budget_q).await,
-        20,
-        "a refused acceptance debited the budget"
-    );
-    let ok = s.accept_continuation(l, &claim(&new_ref)).await.unwrap();
-    assert_eq!(ok.body["loop_budget_left"], 19);
-    // The same acceptance again is the same step; the budget is debited once.
-    assert!(
-        s.accept_continuation(l, &claim(&new_ref))
-            .await
-            .unwrap()
-            .replayed
-    );
-    assert_eq!(admin_count(&admin, &budget_q).await, 19);
-    // The result comes from the generation that accepted it, once.
-    assert_eq!(
-        category(
-            s.record_continuation_result(
-                l,
-                &cn,
-                &r.chain().lane_incarnation_id,
-                r.generation + 1,
-                &d('5')
-            )
-            .await
-        ),
-        Category::WrongState
-    );
-    s.record_continuation_result(
-        l,
-        &cn,
-        &r.chain().lane_incarnation_id,
-        r.generation,
-        &d('5'),
-    )
-    .await
-    .unwrap();
-    // No budget, no continuation.
-    admin
-        .batch_execute(&format!(
-            "UPDATE assignments SET continuation_budget = 0 WHERE assignment_id = '{asg}'"
-        ))
-        .await
-        .unwrap();
-    assert_eq!(
-        category(
-            s.create_continuation(l, &asg, "more", &uid("rq"), 60_000)
-                .await
-        ),
-        Category::WrongState
-    );
-}
-
-/// §17 Lease-transfer race: a handoff's acceptance racing the source's lease renewals. Either
-/// order is fine; afterwards the source holds no lease and every renewal after the accept
-/// was refused.
-#[tokio::test]
-async fn a_handoff_racing_lease_renewals_leaves_the_source_no_lease() {
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let w2 = adopt(s, l, "h1:w2").await;
-    let source = running(s, l, &f.lane.lane_incarnation_id).await;
-    let (_c, good, _t) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
-    let mut tasks = Vec::new();
-    for i in 0..12u64 {
-        let (s, l, chain) = (s.clone(), l.clone(), source.chain().clone());
-        tasks.push(tokio::spawn(async move {
-            tokio::time::sleep(std::time::Duration::from_millis(i)).await;
-            s.renew_leases(&l, &chain, 60_000)
-                .await
-                .map(|r| r.decided_at)
-        }));
-    }
-    let accepted = s.accept_handoff(l, &good).await.unwrap().decided_at;
-    for t in tasks {
-        match t.await.unwrap() {
-            Ok(at) => assert!(
-                at < accepted,
-                "a renewal decided after the handoff: {at} vs {accepted}"
-            ),
-            Err(e) => assert_eq!(e.category(), Some(Category::WrongState), "{e}"),
-        }
-    }
-    assert_eq!(
-        count(
-            &f.db.url,
-            &format!(
-                "SELECT count(*) FROM leases WHERE reservation_id = '{}' AND released_at IS NULL",
-                source.chain().reservation_id
-            )
-        )
-        .await,
-        0
-    );
-}
-
-/// Regressions from the outside review of the handoff: (1) the source's late termination
-/// receipt never finalizes work its target now runs; (2) a target lane quarantined under an
-/// open offer expires the offer and hands the work back to its source with a fresh
-/// inactivity period — the work is never left in `handoff` with no way out.
-#[tokio::test]
-async fn a_handoff_never_strands_work_or_lets_the_source_finalize_it() {
-    let f = fx().await;
-    let (s, l) = (&f.store, &f.leader);
-    let w2 = adopt(s, l, "h1:w2").await;
-    let w3 = adopt(s, l, "h1:w3").await;
-    let source = running(s, l, &f.lane.lane_incarnation_id).await;
-    let asg = source.chain().assignment_id.clone();
-    // (2) An offer to w3, whose lane is then quarantined (its host said so).
-    let (_c3, _good3, _t3) = handoff_to_challenge(s, l, &source, &w3.lane_incarnation_id).await;
-    let base_before = count(&f.db.url, &format!("SELECT extract(epoch from inactivity_base_at)::bigint FROM assignments WHERE assignment_id = '{asg}'")).await;
-    s.quarantine(l, &w3.lane_incarnation_id, "host-side quarantine", true)
-        .await
-        .unwrap();
-    let a = assignment(s, &asg).await;
-    assert_eq!(
-        (
-            a.lifecycle.as_str(),
-            a.execution_owner.as_deref(),
-            a.pending_target.as_deref()
-        ),
-        ("ACTIVE", Some("h1:w1"), None),
-        "the work went back to its source"
-    );
-    assert_eq!(
-        count(
-            &f.db.url,
-            &format!(
-                "SELECT count(*) FROM handoffs WHERE assignment_id = '{asg}' AND state = 'EXPIRED'"
-            )
-        )
-        .await,
-        1
-    );
-    assert_eq!(count(&f.db.url, &format!("SELECT count(*) FROM assignments WHERE assignment_id = '{asg}' AND work_status = 'active'")).await, 1);
-    assert!(
-        count(&f.db.url, &format!("SELECT extract(epoch from inactivity_base_at)::bigint FROM assignments WHERE assignment_id = '{asg}'")).await >= base_before,
-        "the inactivity period restarted"
-    );
-    // (1) A new offer to w2, accepted; the target activates; the operator asks to complete.
-    let (c2, good2, mut t2) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
-    s.accept_handoff(l, &good2).await.unwrap();
-    let ch = s.issue_activation_challenge(l, &c2, 60_000).await.unwrap();
-    t2.challenge = ch.str("challenge_id").unwrap();
-    s.consume_ack(l, &ack(l, &t2)).await.unwrap();
-    s.activate(l, &activation(s, &t2).await).await.unwrap();
-    s.request_end(l, &asg, Outcome::Completed, Some(&d('e')))
-        .await
-        .unwrap();
-    // The source's receipt arrives late: it ends the source generation, not the work.
-    s.ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
-        .await
-        .unwrap();
-    let a = assignment(s, &asg).await;
-    assert_eq!(
-        (a.lifecycle.as_str(), a.requested_outcome.as_deref()),
-        ("ACTIVE", Some("COMPLETED")),
-        "the source's end decided the target's work"
-    );
-    // The target's own receipt makes it final.
-    s.ingest_termination(l, HOST, &receipt_for(&t2, "quit", true))
-        .await
-        .unwrap();
-    assert_eq!(assignment(s, &asg).await.lifecycle, "COMPLETED");
-}
-
-/// The values a column's `CHECK (col IN (…))` constraint allows, read back from the
-/// migrated database (`pg_get_constraintdef`), so a migration that adds or drops a state is
-/// seen here whatever file it is in.
-async fn check_values(url: &str, table: &str, column: &str) -> std::collections::BTreeSet<String> {
-    let rows = sql(url)
-        .await
-        .query(
-            "SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conrelid = $1::text::regclass AND contype = 'c'",
-            &[&table],
-        )
-        .await
-        .unwrap();
-    // The one constraint that is exactly "CHECK ((col = ANY (ARRAY['A'::text, …])))".
-    let prefix = format!("CHECK (({column} = ANY (ARRAY[");
-    let defs: Vec<String> = rows
-        .iter()
-        .map(|r| r.get::<_, String>(0))
-        .filter(|d| d.starts_with(&prefix))
-        .collect();
-    assert_eq!(defs.len(), 1, "{table}.{column}: constraints {defs:?}");
-    defs[0]
-        .split('\'')
-        .skip(1)
-        .step_by(2)
-        .map(String::from)
-        .collect()
-}
-
 /// Every state enum is the whole of its column's CHECK list, no more and no less: a state
 /// added to the schema without the enum (or the other way round) fails here, by name.
 #[tokio::test]
@@ -2866,4 +1575,725 @@ async fn a_refused_chain_step_names_the_predicate_that_failed() {
     // The good chain goes on.
     s.checkpoint(l, &good).await.unwrap();
     assert_eq!(state(s, "h1:w1").await, "CHECKPOINTING");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_coordinator_killed_before_or_after_any_chain_commit_never_wedges_a_lane() {
+    let points: Vec<(&str, &str)> = CHAIN
+        .iter()
+        .flat_map(|op| [("before-commit", *op), ("after-commit", *op)])
+        .collect();
+    let mut w = Split::new(points.len());
+    w.crash_coordinator(0);
+    for (i, (when, op)) in points.iter().enumerate() {
+        let n = i + 1;
+        let lane = w.lane(n);
+        let point = format!("{when}:{op}");
+        w.start_coordinator(0, Some(&format!("{point}=return")));
+        w.wait_leading(0);
+        w.wait_host_connected();
+        let waiter = w.assign_async(n, "hang");
+        w.wait_coordinator_died(0, &point);
+        let _ = waiter.join();
+        w.invariants().await;
+        // A fresh process drives the chain on from the database: on to RUNNING if the
+        // activation committed, otherwise to a fail-closed end (a new epoch ends every
+        // chain before activation) with the host's generation stopped.
+        w.start_coordinator(0, None);
+        w.wait_leading(0);
+        let state = w.wait_settled(n, &point);
+        let a = w.assignment_row(&lane).await;
+        match (point.as_str(), a) {
+            ("after-commit:activate", Some((_, life, exec, pending, resp))) => {
+                assert_eq!(state, "RUNNING", "{point}");
+                assert_eq!(
+                    (
+                        life.as_str(),
+                        exec.as_deref(),
+                        pending.as_deref(),
+                        resp.as_str()
+                    ),
+                    ("ACTIVE", Some(lane.as_str()), None, lane.as_str()),
+                    "{point}"
+                );
+            }
+            ("before-commit:reserve", a) => {
+                assert_eq!(state, "IDLE_CLEAN", "{point}");
+                assert!(
+                    a.is_none(),
+                    "{point}: an uncommitted reservation left an assignment"
+                );
+            }
+            (_, Some((_, life, exec, pending, resp))) => {
+                assert_eq!(state, "IDLE_CLEAN", "{point}");
+                assert_eq!(
+                    (
+                        life.as_str(),
+                        exec.as_deref(),
+                        pending.as_deref(),
+                        resp.as_str()
+                    ),
+                    ("RECOVERY", None, None, lane.as_str()),
+                    "{point}: owners"
+                );
+            }
+            (_, None) => panic!("{point}: no assignment"),
+        }
+        w.invariants().await;
+        w.usable(n).await;
+        w.crash_coordinator(0);
+    }
+    assert!(
+        w.count("SELECT max(epoch) FROM epochs").await > points.len() as i64,
+        "every restart took a new epoch"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_coordinator_killed_before_or_after_any_stop_commit_finishes_the_stop() {
+    let points: Vec<(&str, &str)> = STOP
+        .iter()
+        .flat_map(|op| [("before-commit", *op), ("after-commit", *op)])
+        .collect();
+    let mut w = Split::new(points.len());
+    for (i, (when, op)) in points.iter().enumerate() {
+        let n = i + 1;
+        let point = format!("{when}:{op}");
+        w.crash_coordinator(0);
+        w.start_coordinator(0, Some(&format!("{point}=return")));
+        w.wait_leading(0);
+        w.wait_host_connected();
+        let a = w.assign(n, "hang spawn=2").unwrap();
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        let generation = a["generation"].as_i64().unwrap();
+        // The stop is cut short by the crash (or answers before it).
+        let _ = w.stop(&id);
+        w.wait_coordinator_died(0, &point);
+        w.invariants().await;
+        w.start_coordinator(0, None);
+        w.wait_leading(0);
+        // Repeating the stop is idempotent, and it finishes: the host's receipt proves the
+        // end, the outcome is final only then.
+        let out = w.stop_final(&id);
+        assert_eq!(out["state"], "CANCELLED", "{point}: {out}");
+        assert_eq!(w.wait_settled(n, &point), "IDLE_CLEAN");
+        assert_eq!(
+            w.count(&format!("SELECT count(*) FROM termination_receipts WHERE assignment_id = '{id}' AND generation = {generation} AND verified_empty")).await,
+            1,
+            "{point}: exactly one verified receipt"
+        );
+        common::wait_until("receipts acknowledged", || {
+            (w.host_status()["unacknowledged_receipts"] == 0).then_some(())
+        });
+        w.invariants().await;
+        w.usable(n).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_supervisor_killed_with_lanes_running_and_mid_chain_leaves_every_lane_usable() {
+    let mut w = Split::new(3);
+    w.wait_host_connected();
+    // Lane 1 RUNNING; lane 2 held before its ACK (the harness never acknowledges); lane 3
+    // idle.
+    let running = w.assign(1, "hang spawn=2").unwrap();
+    let waiter = w.assign_async(2, "no-ack hang");
+    let rt = tokio::runtime::Handle::current();
+    common::wait_until("lane 2 waiting for its ACK", || {
+        let (st, _) = std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(w.lane_row(&w.lane(2))))
+                .join()
+                .unwrap()
+        });
+        (st == "AWAITING_ACK").then_some(())
+    });
+    let before = w.host_status();
+    w.crash_supervisor();
+    w.start_supervisor();
+    w.wait_host_connected();
+    // The RUNNING generation was re-adopted (same identity) and keeps running; the chain
+    // whose hand-off died with the old supervisor is ended by the coordinator and its
+    // generation stopped — never activated.
+    assert_eq!(w.wait_settled(1, "re-adopted RUNNING"), "RUNNING");
+    assert_eq!(
+        w.host_status()["lanes"][0]["generation"]["process_identity"],
+        before["lanes"][0]["generation"]["process_identity"]
+    );
+    assert_eq!(w.wait_settled(2, "ended mid-chain"), "IDLE_CLEAN");
+    let out = waiter.join().unwrap();
+    assert!(
+        out.is_err(),
+        "a chain whose host lost it reported RUNNING: {out:?}"
+    );
+    let (id2, life, ..) = w.assignment_row(&w.lane(2)).await.unwrap();
+    assert_eq!(life, "RECOVERY");
+    // Resume works on the lane; the RUNNING one stops; new work runs everywhere.
+    let b = w.op(&assign_req(&w.lane(2), "hang", Some(&id2))).unwrap();
+    assert_eq!(
+        (b["state"].as_str(), b["assignment_id"].as_str()),
+        (Some("RUNNING"), Some(id2.as_str()))
+    );
+    assert_eq!(
+        w.stop(running["assignment_id"].as_str().unwrap()).unwrap()["state"],
+        "CANCELLED"
+    );
+    for n in 1..=3 {
+        w.usable(n).await;
+    }
+    // No receipt lost or duplicated.
+    common::wait_until("receipts acknowledged", || {
+        (w.host_status()["unacknowledged_receipts"] == 0).then_some(())
+    });
+    assert_eq!(
+        w.count("SELECT count(*) FROM generations WHERE state = 'ENDED' AND end_receipt IS NULL")
+            .await,
+        0,
+        "a generation ended without its receipt"
+    );
+    w.invariants().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn refused_stages_expired_reservations_and_host_quarantines_end_visibly() {
+    let w = Split::new(2);
+    w.wait_host_connected();
+    let rt = tokio::runtime::Handle::current();
+    let row = |lane: String| {
+        let w = &w;
+        let rt = rt.clone();
+        std::thread::scope(move |s| {
+            s.spawn(move || rt.block_on(w.lane_row(&lane)))
+                .join()
+                .unwrap()
+        })
+    };
+    // 1. An expired reservation (the harness never acknowledges): the chain ends, the
+    // host's generation is stopped, the lane is reusable.
+    let err = w.assign(1, "no-ack hang").unwrap_err();
+    assert_eq!(
+        err.category,
+        mosaic::coordinator::Category::ChainEnded,
+        "{err}"
+    );
+    assert_eq!(w.wait_settled(1, "after expiry"), "IDLE_CLEAN");
+    assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "RECOVERY");
+    w.usable(1).await;
+    // 2. A host-side quarantine (the lane's tmux server vanished) refuses the stage: the
+    // chain ends at once (not at its deadline), and the coordinator shows the quarantine.
+    let sock = w.runtime_dir(0).join("lanes/lane-2/tmux.sock");
+    let _ = Command::new("tmux")
+        .arg("-S")
+        .arg(&sock)
+        .arg("kill-server")
+        .status();
+    let started = Instant::now();
+    let err = w.assign(2, "hang").unwrap_err();
+    assert_eq!(
+        err.category,
+        mosaic::coordinator::Category::ChainEnded,
+        "{err}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(6),
+        "the refusal waited for the reservation deadline"
+    );
+    common::wait_until("host quarantine shown", || {
+        let (st, _) = row(w.lane(2));
+        (st == "QUARANTINED").then_some(())
+    });
+    let lanes = w.op(&OperatorRequest::Lanes).unwrap();
+    let l2 = lanes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lane_id"] == w.lane(2).as_str())
+        .unwrap()
+        .clone();
+    assert!(
+        l2["host_quarantine_reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("tmux")),
+        "{l2}"
+    );
+    // Release is refused while the host holds the quarantine; recreate is the way out.
+    let e = w
+        .op(&OperatorRequest::LaneRelease {
+            lane_id: w.lane(2),
+            request_id: None,
+        })
+        .unwrap_err();
+    assert_eq!(
+        e.category,
+        mosaic::coordinator::Category::Unreconciled,
+        "{e}"
+    );
+    let old = l2["lane_incarnation_id"].as_str().unwrap().to_string();
+    w.op(&OperatorRequest::LaneRecreate { lane_id: w.lane(2) })
+        .unwrap();
+    common::wait_until("lane recreated", || {
+        let lanes = w.op(&OperatorRequest::Lanes).ok()?;
+        let l = lanes
+            .as_array()?
+            .iter()
+            .find(|l| l["lane_id"] == w.lane(2).as_str())?
+            .clone();
+        (l["lane_incarnation_id"] != old.as_str() && l["state"] == "IDLE_CLEAN").then_some(())
+    });
+    w.usable(2).await;
+    // (A stage for a stale incarnation, an unknown lane or a fenced generation is refused
+    // the same way; tests/stale.rs drives each against the host directly.)
+    w.invariants().await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn assigning_to_a_disconnected_host_reserves_nothing() {
+    let mut w = Split::new(1);
+    w.wait_host_connected();
+    w.crash_supervisor();
+    let me = format!("host:{}", w.hosts[0]);
+    common::wait_until("host gone", || {
+        let st = w.op(&OperatorRequest::Status).ok()?;
+        (!st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == me.as_str()))
+        .then_some(())
+    });
+    let err = w.assign(1, "hang").unwrap_err();
+    assert_eq!(
+        err.category,
+        mosaic::coordinator::Category::HostUnreachable,
+        "{err}"
+    );
+    assert_eq!(w.count("SELECT count(*) FROM reservations").await, 0);
+    assert_eq!(w.lane_row(&w.lane(1)).await.0, "IDLE_CLEAN");
+}
+
+/// A restarted supervisor serves the lane sockets of its activated, re-adopted generations
+/// again: their harnesses go on reporting progress (no inactivity replacement) and taking
+/// continuations; nothing is run twice.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_restarted_supervisor_serves_its_running_harnesses_again() {
+    let mut w = Split::new(2);
+    w.op(&OperatorRequest::PolicyPublish {
+        policy: mosaic::coordinator::continuity::InactivityPolicy {
+            policy_id: "restart-fast@1".into(),
+            warn_after_ms: 600,
+            escalate_after_ms: 1200,
+            replace_after_ms: 2000,
+            replacements_before_reassign: 1,
+            max_attempts: 3,
+            exhaustion: "blocked".into(),
+            evidence_kinds: vec!["test-result".into()],
+        },
+    })
+    .unwrap();
+    let mut req = assign_req(&w.lane(1), "progress-every=0.3", None);
+    if let OperatorRequest::Assign {
+        inactivity_policy, ..
+    } = &mut req
+    {
+        *inactivity_policy = Some("restart-fast@1".into());
+    }
+    let a = w.op(&req).unwrap();
+    let reporting = a["assignment_id"].as_str().unwrap().to_string();
+    let b = w.assign(2, "take-continuations").unwrap();
+    let taking = b["assignment_id"].as_str().unwrap().to_string();
+    let progress =
+        |id: &str| format!("SELECT count(*) FROM progress_receipts WHERE assignment_id = '{id}'");
+    w.wait_count(
+        &progress(&reporting),
+        |n| n >= 2,
+        "progress before the restart",
+    )
+    .await;
+    w.crash_supervisor();
+    w.start_supervisor();
+    w.wait_host_connected();
+    let before = w.count(&progress(&reporting)).await;
+    // Longer than the policy's whole inactivity period.
+    tokio::time::sleep(Duration::from_millis(3000)).await;
+    assert!(
+        w.count(&progress(&reporting)).await > before,
+        "the re-adopted harness's progress no longer reaches the coordinator"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE assignment_id = '{reporting}' AND transition = 'inactivity-replace'"
+        ))
+        .await,
+        0,
+        "a reporting harness was replaced"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM attempts WHERE assignment_id = '{reporting}'"
+        ))
+        .await,
+        1
+    );
+    // The other harness takes a continuation through its re-served socket, once.
+    w.op(&OperatorRequest::Continue {
+        assignment_id: taking.clone(),
+        next_action: "after the restart".into(),
+        within_ms: None,
+        request_id: None,
+    })
+    .unwrap();
+    w.wait_count(
+        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{taking}' AND state = 'RESULT_RECORDED'"),
+        |n| n == 1,
+        "a continuation through the re-served socket",
+    )
+    .await;
+    w.stop_final(&reporting);
+    w.stop_final(&taking);
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    assert_eq!(up.lane_state(&lane), "IDLE_CLEAN");
+    let a = up.assign(&lane, "print=hello-e2e spawn=3");
+    assert_eq!(a["state"], "RUNNING");
+    assert_eq!(a["lane_id"], lane.as_str());
+    let pi = &a["process_identity"];
+    // The identity the coordinator activated is the one the supervisor verified.
+    let host = up.host(&["status"]);
+    let g = &host["lanes"][0]["generation"];
+    assert_eq!(pi["root_pid"], g["process_identity"]["root_pid"]);
+    assert_eq!(
+        pi["launch_nonce_digest"],
+        g["process_identity"]["launch_nonce_digest"]
+    );
+    assert_eq!(pi["cgroup_path"], g["process_identity"]["cgroup_path"]);
+    assert_eq!(g["generation"], a["generation"]);
+    // Owners after activation (spec §4): execution and responsibility with the lane.
+    let s = up.assignment(a["assignment_id"].as_str().unwrap());
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["lane_state"].as_str(),
+            s["execution_owner"].as_str(),
+            s["responsibility_owner"].as_str()
+        ),
+        (
+            Some("ACTIVE"),
+            Some("RUNNING"),
+            Some(lane.as_str()),
+            Some(lane.as_str())
+        )
+    );
+    // One effect lease per scoped capability (default: the lane itself).
+    assert_eq!(
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        1
+    );
+    // Attachable: the lane's tmux pane shows the harness, which ran its contract's task.
+    let sock = host["lanes"][0]["tmux_socket"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let screen = wait_for("pane output", || {
+        let out = Command::new("tmux")
+            .args(["-S", &sock, "capture-pane", "-p", "-t", "=lane-1:"])
+            .output()
+            .ok()?;
+        let t = String::from_utf8_lossy(&out.stdout).into_owned();
+        t.contains("hello-e2e").then_some(t)
+    });
+    assert!(screen.contains("generation is active"), "{screen}");
+    // Stop: leases revoked, the host stops the generation, its receipt makes the
+    // cancellation final, the lane is clean, nothing is left running.
+    let stopped = up
+        .cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
+        .unwrap();
+    assert_eq!(stopped["state"], "CANCELLED");
+    let s = up.assignment(a["assignment_id"].as_str().unwrap());
+    assert_eq!(
+        (s["state"].as_str(), s["execution_owner"].as_str()),
+        (Some("CANCELLED"), None)
+    );
+    wait_for("lane clean", || {
+        (up.lane_state(&lane) == "IDLE_CLEAN").then_some(())
+    });
+    assert_eq!(
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        0
+    );
+    let receipts = up.cli(&["receipts", "--lane", &lane]).unwrap();
+    let r = receipts.as_array().unwrap().last().unwrap().clone();
+    assert_eq!(
+        (
+            r["termination_reason"].as_str(),
+            r["reconciliation"].as_str()
+        ),
+        (Some("quit"), Some("retiring"))
+    );
+    assert!(up.host(&["status"])["lanes"][0]["generation"].is_null());
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
+    let up = Up::start(2);
+    let lane = up.lane_id(1);
+    let a = up.assign(&lane, "spawn=6");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let harness = up.host(&["status"])["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    common::kill(harness as i32, nix::sys::signal::Signal::SIGKILL);
+    let r = wait_for("reconciled receipt", || {
+        let rs = up.cli(&["receipts", "--lane", &lane]).ok()?;
+        rs.as_array()?
+            .iter()
+            .find(|r| r["generation"] == a["generation"] && !r["reconciliation"].is_null())
+            .cloned()
+    });
+    assert_eq!(
+        (
+            r["termination_reason"].as_str(),
+            r["observation_source"].as_str()
+        ),
+        (Some("sigkill"), Some("shim"))
+    );
+    assert_eq!(r["reconciliation"], "recovery");
+    assert_eq!(r["cleanup"]["verified_empty"], true);
+    let s = up.assignment(&id);
+    assert_eq!(
+        (s["state"].as_str(), s["execution_owner"].as_str()),
+        (Some("RECOVERY"), None),
+        "a killed run is never completed"
+    );
+    assert_eq!(
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        0,
+        "the dead generation's leases were revoked"
+    );
+    // The lane is reusable only after that reconciliation: the same assignment resumes, on a
+    // fresh generation with a fresh identity and a never-reused attempt.
+    assert_eq!(up.lane_state(&lane), "IDLE_CLEAN");
+    let b = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "print=again",
+            "--wait",
+            "running",
+            "--resume",
+            &id,
+        ])
+        .unwrap();
+    assert_eq!(b["assignment_id"], id.as_str());
+    assert_eq!(
+        b["generation"].as_i64(),
+        a["generation"].as_i64().map(|g| g + 1)
+    );
+    assert_ne!(
+        b["process_identity"]["launch_nonce_digest"],
+        a["process_identity"]["launch_nonce_digest"]
+    );
+    let s = up.assignment(&id);
+    assert_eq!(
+        (s["state"].as_str(), s["execution_owner"].as_str()),
+        (Some("ACTIVE"), Some(lane.as_str()))
+    );
+    // A resume that does not match an assignment in recovery (here: active again, and its
+    // scope is the first lane's) is refused, and the idle lane is left as it was. The store
+    // tests isolate each of those checks.
+    let other = up.lane_id(2);
+    let err = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &other,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "hang",
+            "--resume",
+            &id,
+        ])
+        .unwrap_err();
+    assert!(err.contains("only an assignment in recovery"), "{err}");
+    assert_eq!(up.lane_state(&other), "IDLE_CLEAN");
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn bad_requests_change_neither_status_nor_the_database() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    let status = up.cli(&["status"]).unwrap();
+    let rows = "SELECT (SELECT count(*) FROM assignments) + (SELECT count(*) FROM reservations) \
+                + (SELECT count(*) FROM attempts) + (SELECT count(*) FROM generations) + (SELECT count(*) FROM transition_receipts)";
+    let before = up.count(rows).await;
+    let big =
+        std::env::temp_dir().join(format!("mosaic-big-task-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::write(&big, "print=x ".repeat(20_000)).unwrap();
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (
+            vec!["--runtime", "fake@1.0.0", "--task", "explode"],
+            "bad-input",
+        ),
+        (
+            vec!["--runtime", "claude@9.9.9", "--task", "x"],
+            "unknown-runtime",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task-file",
+                big.to_str().unwrap(),
+            ],
+            "too-large",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task",
+                "hang",
+                "--completion-policy",
+                "agent-says-so",
+            ],
+            "bad-input",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task-file",
+                "/nonexistent/task",
+            ],
+            "bad-input",
+        ),
+        (
+            vec![
+                "--runtime",
+                "fake@1.0.0",
+                "--task",
+                "hang",
+                "--resume",
+                "as-doesnotexist",
+            ],
+            "not-found",
+        ),
+    ];
+    for (args, category) in cases {
+        let mut all = vec!["assign", "--lane", lane.as_str()];
+        all.extend(args.iter().copied());
+        let out = Command::new(common::MOSAIC)
+            .args(&all)
+            .arg("--state-dir")
+            .arg(&up.dir)
+            .arg("--json")
+            .output()
+            .unwrap();
+        assert!(!out.status.success(), "{all:?} was accepted");
+        let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_eq!(v["error"]["category"], category, "{all:?}: {v}");
+    }
+    // A lane that does not exist.
+    let out = Command::new(common::MOSAIC)
+        .args([
+            "assign",
+            "--lane",
+            "nowhere:lane-1",
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "hang",
+            "--json",
+            "--state-dir",
+        ])
+        .arg(&up.dir)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["category"], "not-found", "{v}");
+    let _ = std::fs::remove_file(&big);
+    assert_eq!(
+        up.count(rows).await,
+        before,
+        "a bad request changed the database"
+    );
+    let after = up.cli(&["status"]).unwrap();
+    assert_eq!(after["assignments"], status["assignments"]);
+    assert_eq!(after["lanes"], status["lanes"]);
+    // A task longer than a command line takes (here 120 KB) is accepted from a file.
+    std::fs::write(
+        &big,
+        format!(
+            "hang {}",
+            "print=abcdefghijklmnopqrstuvwxyz0123456789 ".repeat(3000)
+        ),
+    )
+    .unwrap();
+    let a = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task-file",
+            big.to_str().unwrap(),
+            "--wait",
+            "running",
+        ])
+        .unwrap();
+    assert_eq!(a["state"], "RUNNING");
+    let _ = std::fs::remove_file(&big);
+    // On a busy lane, resuming an assignment that does not exist is still `not-found`.
+    let e = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &lane,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "hang",
+            "--resume",
+            "as-doesnotexist",
+        ])
+        .unwrap_err();
+    assert!(
+        e.contains("not-found") || e.contains("no assignment"),
+        "{e}"
+    );
+    // A stop, then a stop asking for another outcome: a conflict, and nothing changes.
+    let id = a["assignment_id"].as_str().unwrap();
+    let stopped = up.cli(&["stop", "--assignment", id]).unwrap();
+    assert_eq!(stopped["state"], "CANCELLED");
+    let out = Command::new(common::MOSAIC)
+        .args([
+            "stop",
+            "--assignment",
+            id,
+            "--fail",
+            "--json",
+            "--state-dir",
+        ])
+        .arg(&up.dir)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["error"]["category"], "conflict", "{v}");
+    // A finished assignment no longer shows its old lane's state as its own.
+    let s = up.assignment(id);
+    assert_eq!(
+        (s["state"].as_str(), s["lane_state"].as_str()),
+        (Some("CANCELLED"), None),
+        "{s}"
+    );
 }

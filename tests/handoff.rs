@@ -1,0 +1,631 @@
+//! Handoff (spec §8.1): responsibility moves only by the target's ACK — at the store, with
+//! the coordinator killed around it, and end to end.
+
+mod common;
+mod pg;
+mod store;
+mod up;
+mod world;
+
+use store::*;
+use up::*;
+use world::split::*;
+
+/// §17 Authority-owner handoff binding and Handoff/activation confusion: every bound field
+/// of a handoff ACK is checked (one mismatch at a time is refused and changes nothing), a
+/// handoff challenge cannot be consumed as an activation challenge, an activation is
+/// impossible before the handoff is accepted, and the handoff receipt grants no lease.
+#[tokio::test]
+async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let w2 = adopt(s, l, "h1:w2").await;
+    let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    // An offer is refused by the predicate of its compare-and-swap that failed, by name:
+    // onto the lane the work already runs on, or of work that does not exist.
+    let offer = |target: &str, asg: &str| mosaic::coordinator::handoff::OfferRequest {
+        request_id: uid("ho"),
+        assignment_id: asg.into(),
+        target_lane_incarnation_id: target.into(),
+        task_text: None,
+        ttl_ms: 60_000,
+    };
+    let e = s
+        .offer_handoff(
+            l,
+            &offer(&f.lane.lane_incarnation_id, &source.chain().assignment_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::BadInput), "{e}");
+    assert!(e.to_string().contains("already runs on"), "{e}");
+    let e = s
+        .offer_handoff(l, &offer(&w2.lane_incarnation_id, "as-nowhere"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::NotFound), "{e}");
+    let (c, good, target) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    // A second offer while one is pending names that.
+    let e = s
+        .offer_handoff(
+            l,
+            &offer(&w2.lane_incarnation_id, &source.chain().assignment_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("only RUNNING active work"), "{e}");
+    let before = authority_counts(&f.db.url).await;
+    type Forge = (
+        &'static str,
+        fn(&mut mosaic::coordinator::handoff::HandoffAckClaim),
+    );
+    let forged: [Forge; 15] = [
+        ("challenge", |a| a.handoff_challenge_id = "hc-forged".into()),
+        ("timeline", |a| a.sot_incarnation = "sot-other".into()),
+        ("epoch", |a| a.coordinator_epoch += 1),
+        ("assignment", |a| a.assignment_id = "as-other".into()),
+        ("source attempt", |a| {
+            a.source_assignment_attempt_id = "at-other".into()
+        }),
+        ("target attempt", |a| {
+            a.target_assignment_attempt_id = "at-other".into()
+        }),
+        ("responsibility owner", |a| {
+            a.responsibility_owner = "h1:w2".into()
+        }),
+        ("execution owner", |a| a.execution_owner = "h1:w9".into()),
+        ("pending target", |a| a.pending_target = "h1:w1".into()),
+        ("next action", |a| a.next_action_digest = d('0')),
+        ("scope", |a| a.scope_digest = d('1')),
+        ("holds", |a| a.holds_digest = d('2')),
+        ("contracts", |a| a.contracts_digest = d('3')),
+        ("generation", |a| a.generation += 1),
+        ("deadline", |a| {
+            a.challenge_deadline = "2999-01-01T00:00:00.000000Z".into()
+        }),
+    ];
+    // Each forged field is refused by the predicate that compares it, and the refusal
+    // names that field (the diagnosis is built from the CAS's own predicate table).
+    let names = |what: &str| match what {
+        "challenge" => "",
+        "timeline" => "timeline",
+        "epoch" => "epoch",
+        "assignment" => "assignment_id",
+        "source attempt" => "source_assignment_attempt_id",
+        "target attempt" => "target_assignment_attempt_id",
+        "responsibility owner" => "responsibility_owner differs",
+        "execution owner" => "execution_owner differs",
+        "pending target" => "pending_target differs",
+        "next action" => "next_action_digest",
+        "scope" => "scope_digest",
+        "holds" => "holds_digest",
+        "contracts" => "contracts_digest",
+        "generation" => "generation differs",
+        "deadline" => "challenge_deadline differs",
+        other => panic!("no expectation for {other}"),
+    };
+    for (what, forge) in forged {
+        let mut a = good.clone();
+        forge(&mut a);
+        let e = s.accept_handoff(l, &a).await.unwrap_err();
+        let cat = e.category();
+        if what == "challenge" {
+            assert_eq!(cat, Some(Category::NotFound), "forged {what}: {e}");
+        } else {
+            assert_eq!(cat, Some(Category::Mismatch), "forged {what}: {e}");
+            assert!(e.to_string().contains(names(what)), "forged {what}: {e}");
+        }
+    }
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "a refused handoff ACK changed something"
+    );
+    // The handoff challenge is not an activation challenge.
+    assert_eq!(
+        category(s.consume_ack(l, &ack(l, &target)).await),
+        Category::NotFound
+    );
+    // No activation challenge exists for the target before the handoff is accepted.
+    assert_eq!(
+        category(s.issue_activation_challenge(l, &c, 60_000).await),
+        Category::WrongState
+    );
+    // The real ACK: responsibility moves, the source is fenced, nothing is granted.
+    let r = s.accept_handoff(l, &good).await.unwrap();
+    assert_eq!(r.body["execution_owner"], serde_json::Value::Null);
+    let a = assignment(s, &c.assignment_id).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("h1:w2", None, Some("h1:w2"))
+    );
+    assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    assert_eq!(
+        state(s, "h1:w2").await,
+        "AWAITING_ACK",
+        "a handoff grants no READY"
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM leases WHERE assignment_id = '{}' AND released_at IS NULL",
+                c.assignment_id
+            )
+        )
+        .await,
+        0,
+        "the source's leases are revoked and the target has none"
+    );
+    // Replayed: the same ACK returns the same receipt; another ACK of the used challenge fails.
+    assert!(s.accept_handoff(l, &good).await.unwrap().replayed);
+    let mut other = good.clone();
+    other.ack_digest = d('9');
+    assert_eq!(
+        category(s.accept_handoff(l, &other).await),
+        Category::IdempotencyConflict
+    );
+    // The prior owner's authority is gone: its progress and lease renewal are refused.
+    assert_eq!(
+        category(s.record_progress(l, &progress(&source, "late")).await),
+        Category::WrongState
+    );
+    assert_eq!(
+        category(s.renew_leases(l, source.chain(), 60_000).await),
+        Category::WrongState
+    );
+    // Only now the target's own activation challenge, ACK and activation.
+    let ch = s.issue_activation_challenge(l, &c, 60_000).await.unwrap();
+    let mut t = target;
+    t.challenge = ch.str("challenge_id").unwrap();
+    s.consume_ack(l, &ack(l, &t)).await.unwrap();
+    s.activate(l, &activation(s, &t).await).await.unwrap();
+    let a = assignment(s, &c.assignment_id).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("h1:w2", Some("h1:w2"), None)
+    );
+    assert_eq!(state(s, "h1:w2").await, "RUNNING");
+}
+
+/// §17 Lease-transfer race: a handoff's acceptance racing the source's lease renewals. Either
+/// order is fine; afterwards the source holds no lease and every renewal after the accept
+/// was refused.
+#[tokio::test]
+async fn a_handoff_racing_lease_renewals_leaves_the_source_no_lease() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let w2 = adopt(s, l, "h1:w2").await;
+    let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    let (_c, good, _t) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    let mut tasks = Vec::new();
+    for i in 0..12u64 {
+        let (s, l, chain) = (s.clone(), l.clone(), source.chain().clone());
+        tasks.push(tokio::spawn(async move {
+            tokio::time::sleep(std::time::Duration::from_millis(i)).await;
+            s.renew_leases(&l, &chain, 60_000)
+                .await
+                .map(|r| r.decided_at)
+        }));
+    }
+    let accepted = s.accept_handoff(l, &good).await.unwrap().decided_at;
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok(at) => assert!(
+                at < accepted,
+                "a renewal decided after the handoff: {at} vs {accepted}"
+            ),
+            Err(e) => assert_eq!(e.category(), Some(Category::WrongState), "{e}"),
+        }
+    }
+    assert_eq!(
+        count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM leases WHERE reservation_id = '{}' AND released_at IS NULL",
+                source.chain().reservation_id
+            )
+        )
+        .await,
+        0
+    );
+}
+
+/// Regressions from the outside review of the handoff: (1) the source's late termination
+/// receipt never finalizes work its target now runs; (2) a target lane quarantined under an
+/// open offer expires the offer and hands the work back to its source with a fresh
+/// inactivity period — the work is never left in `handoff` with no way out.
+#[tokio::test]
+async fn a_handoff_never_strands_work_or_lets_the_source_finalize_it() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let w2 = adopt(s, l, "h1:w2").await;
+    let w3 = adopt(s, l, "h1:w3").await;
+    let source = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = source.chain().assignment_id.clone();
+    // (2) An offer to w3, whose lane is then quarantined (its host said so).
+    let (_c3, _good3, _t3) = handoff_to_challenge(s, l, &source, &w3.lane_incarnation_id).await;
+    let base_before = count(&f.db.url, &format!("SELECT extract(epoch from inactivity_base_at)::bigint FROM assignments WHERE assignment_id = '{asg}'")).await;
+    s.quarantine(l, &w3.lane_incarnation_id, "host-side quarantine", true)
+        .await
+        .unwrap();
+    let a = assignment(s, &asg).await;
+    assert_eq!(
+        (
+            a.lifecycle.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("ACTIVE", Some("h1:w1"), None),
+        "the work went back to its source"
+    );
+    assert_eq!(
+        count(
+            &f.db.url,
+            &format!(
+                "SELECT count(*) FROM handoffs WHERE assignment_id = '{asg}' AND state = 'EXPIRED'"
+            )
+        )
+        .await,
+        1
+    );
+    assert_eq!(count(&f.db.url, &format!("SELECT count(*) FROM assignments WHERE assignment_id = '{asg}' AND work_status = 'active'")).await, 1);
+    assert!(
+        count(&f.db.url, &format!("SELECT extract(epoch from inactivity_base_at)::bigint FROM assignments WHERE assignment_id = '{asg}'")).await >= base_before,
+        "the inactivity period restarted"
+    );
+    // (1) A new offer to w2, accepted; the target activates; the operator asks to complete.
+    let (c2, good2, mut t2) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    s.accept_handoff(l, &good2).await.unwrap();
+    let ch = s.issue_activation_challenge(l, &c2, 60_000).await.unwrap();
+    t2.challenge = ch.str("challenge_id").unwrap();
+    s.consume_ack(l, &ack(l, &t2)).await.unwrap();
+    s.activate(l, &activation(s, &t2).await).await.unwrap();
+    s.request_end(l, &asg, Outcome::Completed, Some(&d('e')))
+        .await
+        .unwrap();
+    // The source's receipt arrives late: it ends the source generation, not the work.
+    s.ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
+        .await
+        .unwrap();
+    let a = assignment(s, &asg).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.requested_outcome.as_deref()),
+        ("ACTIVE", Some("COMPLETED")),
+        "the source's end decided the target's work"
+    );
+    // The target's own receipt makes it final.
+    s.ingest_termination(l, HOST, &receipt_for(&t2, "quit", true))
+        .await
+        .unwrap();
+    assert_eq!(assignment(s, &asg).await.lifecycle, "COMPLETED");
+}
+
+/// §17 Nonterminal replacement crash and Prior-owner handoff effect under a coordinator
+/// SIGKILL before and after the commit of a handoff's acceptance and of an inactivity
+/// replacement: there is never more than one live (executing) generation of the work, and
+/// afterwards never a lease on a lane the work left, and the work is either
+/// running or in recovery — never lost, never doubled.
+#[tokio::test(flavor = "multi_thread")]
+async fn responsibility_survives_a_coordinator_killed_around_handoff_and_replacement() {
+    for point in [
+        "before-commit:handoff-accept",
+        "after-commit:handoff-accept",
+        "before-commit:inactivity-replace",
+        "after-commit:inactivity-replace",
+    ] {
+        let mut w = Split::new(2);
+        let replace = point.ends_with("inactivity-replace");
+        w.crash_coordinator(0);
+        w.start_coordinator(0, Some(&format!("{point}=return")));
+        w.wait_leading(0);
+        w.wait_host_connected();
+        let policy = if replace {
+            w.op(&OperatorRequest::PolicyPublish {
+                policy: mosaic::coordinator::continuity::InactivityPolicy {
+                    policy_id: "crash-fast@1".into(),
+                    warn_after_ms: 300,
+                    escalate_after_ms: 600,
+                    replace_after_ms: 1000,
+                    replacements_before_reassign: 1,
+                    max_attempts: 3,
+                    exhaustion: "blocked".into(),
+                    evidence_kinds: vec!["test-result".into()],
+                },
+            })
+            .unwrap();
+            Some("crash-fast@1".to_string())
+        } else {
+            None
+        };
+        let mut req = assign_req(&w.lane(1), "hang", None);
+        if let OperatorRequest::Assign {
+            inactivity_policy, ..
+        } = &mut req
+        {
+            *inactivity_policy = policy;
+        }
+        let a = w.op(&req).unwrap();
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        if !replace {
+            let (sock, req) = (
+                w.socket(0),
+                OperatorRequest::Handoff {
+                    assignment_id: id.clone(),
+                    lane_id: w.lane(2),
+                    task: Some("accept-handoff hang".into()),
+                    within_ms: None,
+                    request_id: None,
+                },
+            );
+            std::thread::spawn(move || operator_call(&sock, &req));
+        }
+        w.wait_coordinator_died(0, point);
+        w.start_coordinator(0, None);
+        w.wait_leading(0);
+        w.wait_host_connected();
+        // Settled: the work runs somewhere, or waits in recovery, with every stopped
+        // generation's receipt in.
+        let start = Instant::now();
+        let (lifecycle, exec) = loop {
+            let r = w
+                .sql()
+                .await
+                .query_one(
+                    &format!(
+                        "SELECT a.lifecycle, a.execution_owner, \
+                                (SELECT count(*) FROM reservations r JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id \
+                                 AND g.generation = r.generation WHERE r.assignment_id = a.assignment_id AND g.state <> 'ENDED'), \
+                                (SELECT count(*) FROM lane_incarnations li WHERE li.state NOT IN ('IDLE_CLEAN', 'RUNNING') AND li.retired_at IS NULL), \
+                                (SELECT count(*) FROM reservations r JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id \
+                                 AND g.generation = r.generation WHERE r.assignment_id = a.assignment_id AND g.state = 'LIVE') \
+                         FROM assignments a WHERE a.assignment_id = '{id}'"
+                    ),
+                    &[],
+                )
+                .await
+                .unwrap();
+            let (lifecycle, exec, unended, busy, live): (String, Option<String>, i64, i64, i64) =
+                (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4));
+            assert!(
+                live <= 1,
+                "{point}: two live (executing) generations of one assignment"
+            );
+            if busy == 0
+                && ((lifecycle == "ACTIVE" && exec.is_some() && unended == 1)
+                    || (lifecycle == "RECOVERY" && unended == 0))
+            {
+                break (lifecycle, exec);
+            }
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "{point}: never settled ({lifecycle}, {exec:?}, {unended}, {busy})"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        // Owner counts: one responsible owner, at most one executing lane, and open leases
+        // only on the lane that executes.
+        let leases = w
+            .sql()
+            .await
+            .query(
+                &format!(
+                    "SELECT DISTINCT li.lane_id FROM leases l JOIN lane_incarnations li USING (lane_incarnation_id) \
+                     WHERE l.assignment_id = '{id}' AND l.released_at IS NULL"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let leased: Vec<String> = leases.iter().map(|r| r.get(0)).collect();
+        match (&lifecycle[..], &exec) {
+            ("ACTIVE", Some(lane)) => assert_eq!(
+                leased,
+                vec![lane.clone()],
+                "{point}: leases off the executing lane"
+            ),
+            _ => assert!(
+                leased.is_empty(),
+                "{point}: work in recovery holds leases {leased:?}"
+            ),
+        }
+        assert_eq!(
+            w.count(&format!("SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state IN ('OFFERED', 'CHALLENGED')")).await,
+            0,
+            "{point}: an offer left open"
+        );
+        if lifecycle == "ACTIVE" {
+            w.stop_final(&id);
+        }
+    }
+}
+
+/// Spec §8.1 and §17 rows Unacknowledged handoff, Prior-owner handoff effect and
+/// Handoff/activation confusion, end to end: an offer the target never acknowledges moves
+/// nothing; an acknowledged one moves responsibility, fences the source, and the target
+/// still goes through its own activation challenge and ACK before it runs.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_moves_responsibility_only_by_its_ack_and_the_target_still_activates() {
+    let up = Up::start(3);
+    let (lane1, lane2, lane3) = (up.lane_id(1), up.lane_id(2), up.lane_id(3));
+    let a = up.assign(&lane1, "hang");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let source_generation = a["generation"].as_i64().unwrap();
+
+    // 1. Unacknowledged: the target's harness never says handoff-ack.
+    let r = up
+        .cli(&[
+            "handoff",
+            "--assignment",
+            &id,
+            "--to",
+            &lane2,
+            "--task",
+            "hang",
+            "--within-ms",
+            "3000",
+        ])
+        .unwrap_or_else(|e| panic!("handoff: {e}"));
+    assert!(r["handoff_id"].is_string(), "{r}");
+    let s = up.assignment(&id);
+    assert_eq!(s["work_status"], "handoff");
+    assert_eq!(
+        (
+            s["responsibility_owner"].as_str(),
+            s["execution_owner"].as_str(),
+            s["pending_target"].as_str()
+        ),
+        (
+            Some(lane1.as_str()),
+            Some(lane1.as_str()),
+            Some(lane2.as_str())
+        ),
+        "an offer is not a transfer"
+    );
+    // A stop during the offer is refused, and a second offer is refused.
+    let err = up
+        .cli(&["stop", "--assignment", &id, "--no-wait"])
+        .unwrap_err();
+    assert!(err.contains("handoff"), "{err}");
+    let err = up
+        .cli(&["handoff", "--assignment", &id, "--to", &lane3])
+        .unwrap_err();
+    assert!(err.contains("wrong-state"), "{err}");
+    wait_for("the unacknowledged offer to expire", || {
+        let s = up.assignment(&id);
+        (s["work_status"] == "active" && s["pending_target"].is_null()).then_some(s)
+    });
+    let s = up.assignment(&id);
+    assert_eq!(
+        (
+            s["state"].as_str(),
+            s["responsibility_owner"].as_str(),
+            s["execution_owner"].as_str(),
+            s["lane_state"].as_str()
+        ),
+        (
+            Some("ACTIVE"),
+            Some(lane1.as_str()),
+            Some(lane1.as_str()),
+            Some("RUNNING")
+        ),
+        "the work stayed with its source"
+    );
+    assert_eq!(s["generation"].as_i64().map(|_| ()), Some(()));
+    assert_eq!(
+        up.count(&format!(
+            "SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state = 'EXPIRED'"
+        ))
+        .await,
+        1
+    );
+    assert_eq!(
+        up.count(&format!("SELECT count(*) FROM generations g JOIN reservations r USING (reservation_id) \
+                           WHERE r.assignment_id = '{id}' AND g.lane_incarnation_id = (SELECT lane_incarnation_id FROM lane_incarnations WHERE lane_id = '{lane1}' AND retired_at IS NULL) AND g.state = 'LIVE'")).await,
+        1,
+        "the source generation still runs"
+    );
+    wait_for("the target lane to be clean again", || {
+        (up.lane_state(&lane2) == "IDLE_CLEAN").then_some(())
+    });
+
+    // 2. Acknowledged: the target harness acknowledges the handoff, then its own activation.
+    let before_leases = up
+        .count(&format!("SELECT count(*) FROM leases l JOIN lane_incarnations li USING (lane_incarnation_id) WHERE li.lane_id = '{lane1}' AND l.released_at IS NULL"))
+        .await;
+    assert!(before_leases > 0, "the source holds its effect lease");
+    up.cli(&[
+        "handoff",
+        "--assignment",
+        &id,
+        "--to",
+        &lane3,
+        "--task",
+        "accept-handoff hang",
+    ])
+    .unwrap_or_else(|e| panic!("handoff: {e}"));
+    let s = wait_for("the target to run", || {
+        let s = up.assignment(&id);
+        (s["lane_id"] == lane3.as_str() && s["lane_state"] == "RUNNING").then_some(s)
+    });
+    assert_eq!(
+        (
+            s["responsibility_owner"].as_str(),
+            s["execution_owner"].as_str(),
+            s["pending_target"].as_str(),
+            s["work_status"].as_str()
+        ),
+        (
+            Some(lane3.as_str()),
+            Some(lane3.as_str()),
+            None,
+            Some("active")
+        )
+    );
+    // The order of decisions: accept, then the target's activation challenge and ACK, then
+    // activation — the handoff receipt granted nothing by itself.
+    let order = |t: &str| {
+        format!(
+        "SELECT coalesce(min(decided_at) FILTER (WHERE transition = '{t}'), 'infinity') < \
+                coalesce(min(decided_at) FILTER (WHERE transition = 'activation-challenge'), '-infinity') \
+         FROM transition_receipts WHERE assignment_id = '{id}'"
+    )
+    };
+    let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let accepted_first: bool = c
+        .query_one(&order("handoff-accept"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        accepted_first,
+        "the activation challenge came before the handoff was accepted"
+    );
+    let row = c
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM transition_receipts WHERE assignment_id = '{id}' AND transition = 'handoff-accept'), \
+                        (SELECT count(*) FROM transition_receipts WHERE assignment_id = '{id}' AND transition = 'activate'), \
+                        (SELECT count(*) FROM challenges c JOIN reservations r USING (reservation_id) WHERE r.assignment_id = '{id}'), \
+                        (SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state = 'ACCEPTED')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let counts: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(
+        counts,
+        (1, 2, 2, 1),
+        "(accepts, activations, activation challenges, accepted handoffs)"
+    );
+    // The prior owner holds nothing: its leases are revoked, its generation ended with a
+    // verified receipt, its lane is clean.
+    wait_for("the source generation's receipt", || {
+        (up.lane_state(&lane1) == "IDLE_CLEAN").then_some(())
+    });
+    assert_eq!(
+        up.count(&format!("SELECT count(*) FROM leases l JOIN lane_incarnations li USING (lane_incarnation_id) WHERE li.lane_id = '{lane1}' AND l.released_at IS NULL")).await,
+        0
+    );
+    assert_eq!(
+        up.count(&format!(
+            "SELECT count(*) FROM termination_receipts WHERE assignment_id = '{id}' AND lane_id = '{lane1}' AND generation = {source_generation} AND verified_empty"
+        ))
+        .await,
+        1
+    );
+    up.cli(&["stop", "--assignment", &id]).unwrap();
+}

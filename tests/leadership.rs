@@ -1,0 +1,478 @@
+//! Leadership (spec §5.1): one epoch at a time, rooted in the primary's clock — at the store,
+//! with coordinators killed, paused past their lease and taken over by a standby, and with
+//! `mosaic up` killed and restarted.
+
+mod common;
+mod pg;
+mod store;
+mod up;
+mod world;
+
+use store::*;
+use up::*;
+use world::split::*;
+
+#[tokio::test]
+async fn split_brain_the_stale_coordinator_can_do_nothing() {
+    let f = fx().await;
+    let s = &f.store;
+    let inc = f.lane.lane_incarnation_id.clone();
+    // A releases; B takes a short lease, starts a chain, then stalls past expiry.
+    s.release(&f.leader).await.unwrap();
+    let (b, _) = s.acquire(&candidate("b"), 400).await.unwrap();
+    let r = to_awaiting_ack(s, &b, &inc, None, 60_000).await;
+    let b_ack = ack(&b, &r);
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    // C takes over (the lease expired by database time).
+    let (c, _) = s.acquire(&candidate("c"), 60_000).await.unwrap();
+    assert!(c.epoch() > b.epoch());
+    let lane2 = adopt(s, &c, "h1:w2").await;
+    let before = authority_counts(&f.db.url).await;
+    let mut b2 = b.clone();
+    assert_eq!(
+        category(
+            s.reserve(&b, &request(&lane2.lane_incarnation_id, None, 60_000))
+                .await
+        ),
+        Category::StaleLeader
+    );
+    assert_eq!(
+        category(s.consume_ack(&b, &b_ack).await),
+        Category::StaleLeader
+    );
+    assert_eq!(
+        category(
+            s.ingest_termination(&b, HOST, &receipt_for(&r, "sigkill", true))
+                .await
+        ),
+        Category::StaleLeader
+    );
+    assert_eq!(
+        category(
+            s.quarantine(&b, &lane2.lane_incarnation_id, "stale", false)
+                .await
+        ),
+        Category::StaleLeader
+    );
+    assert_eq!(
+        category(s.renew(&mut b2, 60_000).await),
+        Category::StaleLeader
+    );
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "the stale leader changed something"
+    );
+    assert_eq!(
+        audited(s, "reserve", "stale-leader").await
+            + audited(s, "consume-ack", "stale-leader").await
+            + audited(s, "ingest-termination", "stale-leader").await
+            + audited(s, "quarantine", "stale-leader").await
+            + audited(s, "leadership-renew", "stale-leader").await,
+        5
+    );
+    // The takeover ended B's preactivation chain: recovery, and its generation is to be
+    // stopped (the lane drains until the host proves it ended).
+    assert_eq!(state(s, "h1:w1").await, "DRAINING");
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.execution_owner.as_deref()),
+        ("RECOVERY", None)
+    );
+    let row = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(row.stop_requested && !row.reservation_open);
+    // The old ACK cannot activate under the new epoch either.
+    let mut c_ack = b_ack.clone();
+    c_ack.coordinator_epoch = c.epoch();
+    assert_eq!(
+        category(s.consume_ack(&c, &c_ack).await),
+        Category::StaleLeader,
+        "the challenge was issued under epoch B"
+    );
+    // The host's receipt ends the generation; the lane is clean again.
+    s.ingest_termination(&c, HOST, &receipt_for(&r, "quit", true))
+        .await
+        .unwrap();
+    s.finish(&c, &inc).await.unwrap();
+    assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
+}
+
+#[tokio::test]
+async fn concurrent_epoch_acquisitions_yield_one_epoch() {
+    let f = fx().await;
+    let s = &f.store;
+    s.release(&f.leader).await.unwrap();
+    let before = count(&f.db.url, "SELECT max(epoch) FROM epochs").await;
+    let mut tasks = Vec::new();
+    for i in 0..16 {
+        let s = s.clone();
+        tasks.push(tokio::spawn(async move {
+            s.acquire(&candidate(&format!("n{i}")), 60_000).await
+        }));
+    }
+    let mut winners = Vec::new();
+    for t in tasks {
+        match t.await.unwrap() {
+            Ok((l, _)) => winners.push(l.epoch()),
+            Err(e) => assert_eq!(e.category(), Some(Category::LeadershipHeld)),
+        }
+    }
+    assert_eq!(winners, vec![before + 1]);
+    assert_eq!(
+        count(&f.db.url, "SELECT max(epoch) FROM epochs").await,
+        before + 1
+    );
+    // Epochs are never reused: rewriting history is refused by the schema.
+    let c = sql(&f.db.url).await;
+    assert!(c
+        .execute("UPDATE epochs SET epoch = 1000", &[])
+        .await
+        .is_err());
+}
+
+#[tokio::test]
+async fn a_lapsed_leader_reacquires_with_a_new_epoch_and_its_old_epoch_is_dead() {
+    let f = fx().await;
+    let s = &f.store;
+    let cand = candidate("lapsing");
+    s.release(&f.leader).await.unwrap();
+    let (first, _) = s.acquire(&cand, 300).await.unwrap();
+    // The same launch retrying after an ambiguous commit finds its own acquisition.
+    let (same, _) = s.acquire(&cand, 300).await.unwrap();
+    assert_eq!(same.epoch(), first.epoch());
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let mut stale = first.clone();
+    assert_eq!(
+        category(s.renew(&mut stale, 300).await),
+        Category::StaleLeader
+    );
+    // The lapse heals: the same launch takes a new epoch (its key names the epoch).
+    let (again, r) = s.acquire(&cand, 60_000).await.unwrap();
+    assert_eq!(again.epoch(), first.epoch() + 1);
+    assert_eq!(r.body["previous_epoch"], first.epoch());
+    let lane = adopt(s, &again, "h1:w3").await;
+    assert_eq!(
+        category(
+            s.reserve(&first, &request(&lane.lane_incarnation_id, None, 60_000))
+                .await
+        ),
+        Category::StaleLeader
+    );
+    s.reserve(&again, &request(&lane.lane_incarnation_id, None, 60_000))
+        .await
+        .unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_paused_past_its_lease_reacquires_and_its_inflight_transition_is_refused() {
+    let mut w = Split::new(2);
+    // The pause lands inside consume-ack: the transaction is open, its commit still ahead.
+    w.crash_coordinator(0);
+    w.start_coordinator(0, Some("before-commit:consume-ack=1*sleep(3000)"));
+    let first = w.wait_leading(0);
+    w.wait_host_connected();
+    let waiter = w.assign_async(1, "hang");
+    let rt = tokio::runtime::Handle::current();
+    // In flight: the lane waits for its ACK and a coordinator transaction has sat open far
+    // longer than any transition takes (the failpoint holds it before its commit).
+    common::wait_until("consume-ack in flight", || {
+        let n = std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(w.count(&format!(
+                "SELECT count(*) FROM pg_stat_activity a, lane_incarnations li \
+                 WHERE a.application_name = 'mosaic-coordinator' AND a.state = 'idle in transaction' \
+                   AND clock_timestamp() - a.state_change > interval '400 ms' \
+                   AND li.lane_id = '{}' AND li.retired_at IS NULL AND li.state = 'AWAITING_ACK'",
+                w.lane(1)
+            )))).join().unwrap()
+        });
+        (n > 0).then_some(())
+    });
+    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(3 * LEASE_MS as u64));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // The commit came after the lease lapsed: refused. No other coordinator runs, so the
+    // same process takes a higher epoch and ends the chain it had in flight.
+    let _ = waiter.join();
+    let second = w.wait_leading(0);
+    assert!(
+        second > first,
+        "re-acquired with a higher epoch ({first} → {second})"
+    );
+    assert_eq!(
+        w.count("SELECT count(*) FROM transition_receipts WHERE transition = 'consume-ack'")
+            .await,
+        0,
+        "the transition in flight across the lapse committed"
+    );
+    let st = w.op(&OperatorRequest::Status).unwrap();
+    assert!(st["leadership"]["losses"].as_u64().unwrap() >= 1, "{st}");
+    assert_eq!(w.wait_settled(1, "after the lapse"), "IDLE_CLEAN");
+    assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "RECOVERY");
+    // Work continues under the new epoch.
+    w.usable(1).await;
+    w.usable(2).await;
+}
+
+/// Leadership acquisition runs in the transition frame like every other authority change,
+/// so it has the same crash points: killed before its commit it minted nothing (the next
+/// acquisition takes the very next epoch), killed after it the epoch and its receipt are
+/// there and the next one takes the epoch after — and lanes work under either.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_coordinator_killed_around_its_acquisition_commit_mints_an_epoch_only_with_its_receipt() {
+    let mut w = Split::new(1);
+    let first = w.wait_leading(0);
+    w.crash_coordinator(0);
+    // Before the commit: nothing of the acquisition survives.
+    w.start_coordinator(0, Some("before-commit:leadership-acquire=return"));
+    w.wait_coordinator_died(0, "before-commit:leadership-acquire");
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM epochs WHERE epoch > {first}"
+        ))
+        .await,
+        0,
+        "an acquisition killed before its commit minted an epoch"
+    );
+    w.start_coordinator(0, None);
+    let second = w.wait_leading(0);
+    assert_eq!(
+        second,
+        first + 1,
+        "the next acquisition takes the very next epoch"
+    );
+    w.crash_coordinator(0);
+    // After the commit: the epoch exists, with its receipt, though its holder is dead.
+    w.start_coordinator(0, Some("after-commit:leadership-acquire=return"));
+    w.wait_coordinator_died(0, "after-commit:leadership-acquire");
+    let receipts = format!(
+        "SELECT count(*) FROM transition_receipts r JOIN idempotency i USING (receipt_id) \
+         WHERE r.transition = 'leadership-acquire' AND r.coordinator_epoch = {}",
+        second + 1
+    );
+    assert_eq!(
+        w.count(&receipts).await,
+        1,
+        "the committed acquisition has its receipt"
+    );
+    w.start_coordinator(0, None);
+    let third = w.wait_leading(0);
+    assert_eq!(
+        third,
+        second + 2,
+        "the dead acquisition's epoch is never reused"
+    );
+    w.wait_host_connected();
+    w.usable(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn the_standby_takes_over_a_dead_leader_and_drives_every_chain_on() {
+    let mut w = Split::new(2);
+    // The leader will die mid-chain on the second assignment, after the host's identity
+    // was recorded; the first one runs.
+    w.crash_coordinator(0);
+    w.start_coordinator(0, Some("after-commit:staged=1*print(first)->return"));
+    w.wait_leading(0);
+    w.wait_host_connected();
+    let running = w.assign(1, "hang").unwrap();
+    // A second coordinator on the same database stands by.
+    w.start_coordinator(1, None);
+    let st = operator_call(&w.socket(1), &OperatorRequest::Status).unwrap();
+    assert_eq!(st["leadership"]["state"], "standby");
+    let waiter = w.assign_async(2, "hang");
+    w.wait_coordinator_died(0, "after-commit:staged");
+    let _ = waiter.join();
+    // The standby leads within the lease plus one renewal interval of the old lease's end
+    // (database times, both from its acquisition receipt).
+    let epoch = w.wait_leading(1);
+    let gap_ms: f64 = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT EXTRACT(EPOCH FROM (decided_at - (body->>'previous_lease_expires_at')::timestamptz))::float8 * 1000 \
+             FROM transition_receipts WHERE transition = 'leadership-acquire' AND coordinator_epoch = $1",
+            &[&epoch],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        gap_ms <= (LEASE_MS + LEASE_MS / 3) as f64,
+        "took over {gap_ms} ms after the lease ended"
+    );
+    // It drives every chain on with no operator action: the host reconnects to it, the
+    // interrupted chain ends with its generation stopped, the RUNNING one keeps running.
+    assert_eq!(w.wait_settled(2, "driven on by the standby"), "IDLE_CLEAN");
+    assert_eq!(w.assignment_row(&w.lane(2)).await.unwrap().1, "RECOVERY");
+    assert_eq!(w.wait_settled(1, "kept running"), "RUNNING");
+    assert_eq!(
+        w.stop_final(running["assignment_id"].as_str().unwrap())["state"],
+        "CANCELLED"
+    );
+    w.usable(1).await;
+    w.usable(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_that_loses_its_lease_to_the_standby_hands_its_hosts_over() {
+    let mut w = Split::new(2);
+    w.wait_leading(0);
+    w.wait_host_connected();
+    let running = w.assign(1, "hang").unwrap();
+    w.start_coordinator(1, None);
+    // Paused for a few leases — far less than the session liveness limit (15 s), so the
+    // host sees nothing wrong with its session to the paused leader.
+    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let epoch = w.wait_leading(1);
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    // The old leader learns it lost (its renewal is refused) and lets its hosts go; the
+    // host reconnects, the old leader refuses it as a standby, and it lands on the leader.
+    let me = format!("host:{}", w.hosts[0]);
+    common::wait_until("the host on the new leader", || {
+        let st = operator_call(&w.socket(1), &OperatorRequest::Status).ok()?;
+        st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == me.as_str())
+            .then_some(())
+    });
+    let old = operator_call(&w.socket(0), &OperatorRequest::Status).unwrap();
+    assert_eq!(old["leadership"]["state"], "standby", "{old}");
+    assert!(
+        old["hosts_connected"].as_array().unwrap().is_empty(),
+        "the old leader kept a host session: {old}"
+    );
+    assert!(w.wait_leading(1) >= epoch);
+    assert_eq!(
+        w.stop_final(running["assignment_id"].as_str().unwrap())["state"],
+        "CANCELLED"
+    );
+    w.usable(2).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn mosaic_up_killed_or_stopped_and_restarted_leaves_every_lane_usable() {
+    let mut up = Up::start(2);
+    let (l1, l2) = (up.lane_id(1), up.lane_id(2));
+    let running = up.assign(&l1, "hang spawn=2");
+    // Lane 2 waits for an ACK that never comes.
+    let dir = up.dir.clone();
+    let l2c = l2.clone();
+    let pending = std::thread::spawn(move || {
+        Command::new(common::MOSAIC)
+            .args([
+                "assign",
+                "--lane",
+                &l2c,
+                "--runtime",
+                "fake@1.0.0",
+                "--task",
+                "no-ack hang",
+                "--wait",
+                "running",
+                "--json",
+                "--state-dir",
+            ])
+            .arg(&dir)
+            .output()
+    });
+    wait_for("lane 2 waiting for its ACK", || {
+        (up.lane_state(&l2) == "AWAITING_ACK").then_some(())
+    });
+    // SIGKILL: nothing is torn down. The restarted `up` re-adopts the RUNNING generation and
+    // ends the chain that lost its hand-off (new epoch), stopping its generation.
+    up.restart_after(nix::sys::signal::Signal::SIGKILL);
+    let _ = pending.join();
+    wait_for("lane 1 still RUNNING", || {
+        (up.lane_state(&l1) == "RUNNING").then_some(())
+    });
+    wait_for("lane 2 clean", || {
+        (up.lane_state(&l2) == "IDLE_CLEAN").then_some(())
+    });
+    let st = up.cli(&["status"]).unwrap();
+    let a2 = st["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["lane_id"] == l2.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(a2["state"], "RECOVERY");
+    // Stop, resume and new work all succeed.
+    let s = up
+        .cli(&[
+            "stop",
+            "--assignment",
+            running["assignment_id"].as_str().unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(s["state"], "CANCELLED");
+    let r = up
+        .cli(&[
+            "assign",
+            "--lane",
+            &l2,
+            "--runtime",
+            "fake@1.0.0",
+            "--task",
+            "hang",
+            "--wait",
+            "running",
+            "--resume",
+            a2["assignment_id"].as_str().unwrap(),
+        ])
+        .unwrap();
+    assert_eq!(r["state"], "RUNNING");
+    wait_for("lane 1 clean", || {
+        (up.lane_state(&l1) == "IDLE_CLEAN").then_some(())
+    });
+    let b = up.assign(&l1, "hang");
+    assert_eq!(b["state"], "RUNNING");
+    // SIGTERM tears every lane down; the restart makes fresh incarnations, and the work
+    // they had is in recovery — never a quarantined lane.
+    fn incarnation(up: &Up, l: &str) -> Option<String> {
+        up.cli(&["lanes"])
+            .ok()?
+            .as_array()?
+            .iter()
+            .find(|x| x["lane_id"] == l)?["lane_incarnation_id"]
+            .as_str()
+            .map(String::from)
+    }
+    let before: Vec<Option<String>> = [&l1, &l2].iter().map(|l| incarnation(&up, l)).collect();
+    up.restart_after(nix::sys::signal::Signal::SIGTERM);
+    // Fresh incarnations, registered from the new supervisor's hello (until then the
+    // coordinator still shows the old, idle ones).
+    for (l, old) in [&l1, &l2].iter().zip(&before) {
+        wait_for("fresh lane", || {
+            (up.lane_state(l) == "IDLE_CLEAN" && incarnation(&up, l) != *old).then_some(())
+        });
+    }
+    // The stopped coordinator's leadership loop gave its lease up as it stopped (it was
+    // asked to stop and awaited, not aborted): the new one took over a released lease.
+    assert_eq!(
+        up.count(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'leadership-acquire' \
+               AND (body->>'previous_released')::boolean \
+               AND coordinator_epoch = (SELECT max(coordinator_epoch) FROM transition_receipts WHERE transition = 'leadership-acquire')"
+        )
+        .await,
+        1,
+        "the stopped coordinator did not release its lease"
+    );
+    let st = up.cli(&["status"]).unwrap();
+    for a in st["assignments"].as_array().unwrap() {
+        assert!(
+            matches!(a["state"].as_str(), Some("RECOVERY" | "CANCELLED")),
+            "{a}"
+        );
+    }
+    assert_eq!(up.assign(&l1, "hang")["state"], "RUNNING");
+    assert_eq!(up.assign(&l2, "hang")["state"], "RUNNING");
+}

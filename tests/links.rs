@@ -1,0 +1,215 @@
+//! The host's link to the coordinator: receipts asked for again, written while the link is
+//! down, a stop with the host unreachable, lanes registered on the live session.
+
+mod common;
+mod pg;
+mod world;
+
+use world::split::*;
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_receipt_the_coordinator_never_got_is_asked_for_again() {
+    let mut w = Split::new(1);
+    w.wait_host_connected();
+    let a = w.assign(1, "hang").unwrap();
+    let hp = w.host_status()["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    // The coordinator is down when the harness dies; the receipt is then marked
+    // acknowledged on the host without the coordinator ever seeing it (what a lost ack,
+    // or a local ack behind its back, would leave).
+    w.crash_coordinator(0);
+    common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
+    let outbox = w.state_dir(0).join("outbox");
+    let file = common::wait_until("the receipt durable", || {
+        std::fs::read_dir(&outbox)
+            .ok()?
+            .flatten()
+            .map(|e| e.path())
+            .find(|p| p.extension().is_some_and(|x| x == "json"))
+    });
+    std::fs::rename(
+        &file,
+        w.state_dir(0).join("acked").join(file.file_name().unwrap()),
+    )
+    .unwrap();
+    // The database still says RUNNING; the host's report no longer lists the generation.
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    assert_eq!(
+        w.wait_settled(1, "the lost receipt recovered"),
+        "IDLE_CLEAN"
+    );
+    let (id, life, exec, ..) = w.assignment_row(&w.lane(1)).await.unwrap();
+    assert_eq!(id, a["assignment_id"].as_str().unwrap());
+    assert_eq!((life.as_str(), exec), ("RECOVERY", None));
+    assert_eq!(
+        w.count("SELECT count(*) FROM termination_receipts").await,
+        1,
+        "the receipt was not ingested exactly once"
+    );
+    // And a supervisor under a coordinator refuses to acknowledge receipts or start
+    // generations on its own.
+    let sock = w.runtime_dir(0).join("control.sock");
+    for req in [
+        mosaic::supervisor::control::Request::Ack { key: "tr-x".into() },
+        mosaic::supervisor::control::Request::Start {
+            lane: "lane-1".into(),
+            runtime: "fake@1.0.0".into(),
+            directives: vec!["hang".into()],
+        },
+    ] {
+        match mosaic::supervisor::control::call(&sock, &req) {
+            Err(mosaic::supervisor::control::ClientError::Refused { kind, .. }) => {
+                assert_eq!(kind, "coordinated")
+            }
+            other => panic!("{req:?} was not refused: {other:?}"),
+        }
+    }
+    w.usable(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_stop_with_the_host_unreachable_is_pending_until_it_reconnects() {
+    let mut w = Split::new(1);
+    w.wait_host_connected();
+    let a = w.assign(1, "hang spawn=2").unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    w.crash_supervisor();
+    let me = format!("host:{}", w.hosts[0]);
+    common::wait_until("host gone", || {
+        let st = w.op(&OperatorRequest::Status).ok()?;
+        (!st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == me.as_str()))
+        .then_some(())
+    });
+    // Leases revoked at once; no outcome before the host's receipt.
+    let out = w.stop(&id).unwrap();
+    assert!(
+        out["pending"]
+            .as_str()
+            .unwrap_or("")
+            .contains("host unreachable"),
+        "{out}"
+    );
+    assert_eq!(out["state"], "ACTIVE");
+    assert_eq!(
+        w.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+            .await,
+        0
+    );
+    assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "ACTIVE");
+    // Repeating it is idempotent.
+    let again = w.stop(&id).unwrap();
+    assert_eq!(again["state"], "ACTIVE");
+    assert_eq!(
+        w.count("SELECT count(*) FROM transition_receipts WHERE transition = 'request-end'")
+            .await,
+        1
+    );
+    // The host comes back: the generation is stopped, the receipt proves it, the outcome
+    // is final.
+    w.start_supervisor();
+    assert_eq!(w.wait_settled(1, "stopped on reconnect"), "IDLE_CLEAN");
+    assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "CANCELLED");
+    assert_eq!(w.stop(&id).unwrap()["state"], "CANCELLED");
+    w.invariants().await;
+    w.usable(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn receipts_written_while_the_link_is_down_arrive_once_after_it_is_restored() {
+    let mut w = Split::new(1);
+    let lane = w.lane(1);
+    let a = w.assign(1, "spawn=3").unwrap();
+    assert_eq!(a["state"], "RUNNING");
+    w.crash_coordinator(0);
+    // While the coordinator (and with it the link) is gone, the harness dies.
+    let hp = w.host_status()["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
+    common::wait_until("receipt in the outbox", || {
+        (w.host_status()["unacknowledged_receipts"] == 1).then_some(())
+    });
+    w.start_coordinator(0, None);
+    w.wait_host_connected();
+    common::wait_until("receipt delivered and acknowledged", || {
+        (w.host_status()["unacknowledged_receipts"] == 0).then_some(())
+    });
+    assert_eq!(
+        w.count("SELECT count(*) FROM termination_receipts").await,
+        1,
+        "exactly once"
+    );
+    let r = w
+        .op(&OperatorRequest::Receipts {
+            lane_id: Some(lane.clone()),
+        })
+        .unwrap();
+    assert_eq!(r[0]["reconciliation"], "recovery");
+    assert_eq!(w.lane_row(&lane).await.0, "IDLE_CLEAN");
+    w.invariants().await;
+    w.usable(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_same_session() {
+    use mosaic::supervisor::control::{call, Request};
+    let w = Split::new(1);
+    let ctl = w.runtime_dir(0).join("control.sock");
+    let coordinator_incarnation = |lane: &str| -> Option<String> {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .find(|l| l["lane_id"] == lane)?["lane_incarnation_id"]
+            .as_str()
+            .map(String::from)
+    };
+    // A lane made after the session came up becomes assignable without a reconnect.
+    let made = call(
+        &ctl,
+        &Request::LaneCreate {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    let lane = w.lane(2);
+    let inc = made["lane_incarnation_id"].as_str().unwrap().to_string();
+    common::wait_until("new lane registered", || {
+        (coordinator_incarnation(&lane)? == inc).then_some(())
+    });
+    let a = w.assign(2, "hang").unwrap();
+    assert_eq!(a["state"], "RUNNING");
+    // Destroyed and recreated by the host while RUNNING: the new incarnation replaces the
+    // old one, whose work goes to recovery (the host verified the old lane empty).
+    call(
+        &ctl,
+        &Request::LaneDestroy {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    let again = call(
+        &ctl,
+        &Request::LaneCreate {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    let inc2 = again["lane_incarnation_id"].as_str().unwrap().to_string();
+    assert_ne!(inc2, inc);
+    common::wait_until("recreated lane registered", || {
+        (coordinator_incarnation(&lane)? == inc2).then_some(())
+    });
+    assert_eq!(w.lane_row(&lane).await.0, "IDLE_CLEAN");
+    assert_eq!(w.count(&format!("SELECT count(*) FROM lane_incarnations WHERE lane_incarnation_id = '{inc}' AND retired_at IS NOT NULL")).await, 1);
+    assert_eq!(w.assignment_row(&lane).await.unwrap().1, "RECOVERY");
+    // All of it on the one session the supervisor opened.
+    let log = std::fs::read_to_string(w.supervisor_log(0)).unwrap();
+    assert_eq!(log.matches("coordinator link up").count(), 1, "{log}");
+    w.usable(2).await;
+}
