@@ -146,3 +146,44 @@ fn every_local_launch_step_has_a_regression_test() {
         );
     }
 }
+
+/// The clean-clone run of `refused_stages_expired_reservations_and_host_quarantines_end_visibly`
+/// (tests/chain.rs) found this: a lane whose tmux server was killed a moment before a stage
+/// was not quarantined, because `has-session` against a server caught while it exits says
+/// "server exited unexpectedly", which was read as "no answer" and never asked again — so
+/// the stage was refused and the dead lane stayed IDLE_CLEAN. Asked while its server dies,
+/// the session must come out as tmux sees it (there, or gone), never as no answer.
+#[test]
+fn a_tmux_server_caught_while_it_exits_is_seen_gone() {
+    use mosaic::supervisor::tmux::{SessionState, Tmux};
+    let tmux = mosaic::sysdeps::which("tmux").expect("tmux on PATH");
+    let dir = std::env::temp_dir().join(format!("mosaic-tmux-race-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    for i in 0..30 {
+        let sock = dir.join(format!("t{i}.sock"));
+        let ok = std::process::Command::new(&tmux)
+            .args(["-f", "/dev/null", "-S"])
+            .arg(&sock)
+            .args(["new-session", "-d", "-s", "lane", "sleep 100"])
+            .status()
+            .unwrap();
+        assert!(ok.success());
+        let mut kill = std::process::Command::new(&tmux)
+            .arg("-S")
+            .arg(&sock)
+            .arg("kill-server")
+            .spawn()
+            .unwrap();
+        // Asked while it dies: still there, or gone — never "no answer".
+        let t = Tmux::new(&tmux, sock.clone());
+        let state = t.session_state("lane");
+        let _ = kill.wait();
+        assert!(
+            matches!(state, SessionState::Present | SessionState::Absent),
+            "run {i}: {state:?}"
+        );
+        // And once it is dead, gone.
+        assert_eq!(t.session_state("lane"), SessionState::Absent, "run {i}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -146,6 +146,26 @@ impl Tmux {
     /// no such session) is `Absent`: a server that does not answer in time, or a tmux
     /// that cannot be run, is `Unknown`, never taken for gone.
     pub fn session_state(&self, session: &str) -> SessionState {
+        // A server caught while it exits (killed a moment ago) answers "server exited
+        // unexpectedly" or "no sessions": that is no answer yet, so ask again, a bounded
+        // number of times, until tmux says what is there.
+        let mut state = self.session_state_once(session);
+        for _ in 0..20 {
+            match &state {
+                SessionState::Unknown(said)
+                    if said.contains("server exited unexpectedly")
+                        || said.contains("no sessions") =>
+                {
+                    std::thread::sleep(std::time::Duration::from_millis(25));
+                    state = self.session_state_once(session);
+                }
+                _ => break,
+            }
+        }
+        state
+    }
+
+    fn session_state_once(&self, session: &str) -> SessionState {
         let mut c = self.cmd();
         c.args(["has-session", "-t", &format!("={session}")]);
         c.stdout(Stdio::null()).stderr(Stdio::piped());
