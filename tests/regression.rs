@@ -157,10 +157,17 @@ fn every_local_launch_step_has_a_regression_test() {
 fn a_tmux_server_caught_while_it_exits_is_seen_gone() {
     use mosaic::supervisor::tmux::{SessionState, Tmux};
     let tmux = mosaic::sysdeps::which("tmux").expect("tmux on PATH");
-    let dir = std::env::temp_dir().join(format!("mosaic-tmux-race-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    // Removed on drop, also when an assertion fails (every server is dead by then).
+    struct Dir(PathBuf);
+    impl Drop for Dir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let dir = Dir(std::env::temp_dir().join(format!("mosaic-tmux-race-{}", std::process::id())));
+    std::fs::create_dir_all(&dir.0).unwrap();
     for i in 0..30 {
-        let sock = dir.join(format!("t{i}.sock"));
+        let sock = dir.0.join(format!("t{i}.sock"));
         let ok = std::process::Command::new(&tmux)
             .args(["-f", "/dev/null", "-S"])
             .arg(&sock)
@@ -185,5 +192,4 @@ fn a_tmux_server_caught_while_it_exits_is_seen_gone() {
         // And once it is dead, gone.
         assert_eq!(t.session_state("lane"), SessionState::Absent, "run {i}");
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
