@@ -14,6 +14,7 @@
 //! receipt proves the generation ended. No old challenge, ACK or READY can activate under
 //! the new epoch.
 
+use const_format::concatcp;
 use tokio_postgres::types::ToSql;
 
 use super::error::{reject, AuthorityError, Category};
@@ -23,6 +24,12 @@ use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
 pub(crate) const LEADER_OK: &str = "mosaic_leader_ok($1, $2, $3, $4, $5)";
+
+/// The leadership row's lease may be taken: given up, never granted, or expired by database
+/// time (equality is expired). The pre-check, the acquisition frame's opening and its
+/// compare-and-swap all test exactly this.
+pub(crate) const LEASE_FREE: &str =
+    "(released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp())";
 
 /// Proof of current leadership, as last confirmed by the database. Every mutation
 /// re-checks it inside its own statement; holding a `Leader` grants nothing by itself.
@@ -138,8 +145,11 @@ impl Store {
             .await?;
         let row = client
             .query_one(
-                "SELECT epoch, holder, launch_id, released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp() AS free, \
-                        credential_digest FROM leadership",
+                concatcp!(
+                    "SELECT epoch, holder, launch_id, ",
+                    LEASE_FREE,
+                    " AS free, credential_digest FROM leadership"
+                ),
                 &[],
             )
             .await?;
@@ -230,10 +240,10 @@ impl Store {
                     let previous_released: bool = prev.col("released")?;
                     let d = match f
                         .cas(
-                            "UPDATE leadership SET sot_incarnation = $1, epoch = $2, holder = $3, credential_digest = $4, launch_id = $5, \
+                            concatcp!("UPDATE leadership SET sot_incarnation = $1, epoch = $2, holder = $3, credential_digest = $4, launch_id = $5, \
                                 acquired_at = clock_timestamp(), lease_expires_at = clock_timestamp() + $6::text::interval, released = false \
-                             WHERE epoch = $7 AND (released OR lease_expires_at IS NULL OR lease_expires_at <= clock_timestamp()) \
-                             RETURNING mosaic_ts(lease_expires_at) AS lease_expires_at",
+                             WHERE epoch = $7 AND ", LEASE_FREE, " \
+                             RETURNING mosaic_ts(lease_expires_at) AS lease_expires_at"),
                             &[&next.sot, &new_epoch, &next.holder, &next.credential_digest, &next.launch_id, &lease, &epoch],
                         )
                         .await?

@@ -24,6 +24,7 @@ use std::time::Duration;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 
+use const_format::concatcp;
 use deadpool_postgres::{ClientWrapper, Object};
 use futures_util::future::{join, BoxFuture};
 use serde::{Deserialize, Serialize};
@@ -472,15 +473,17 @@ const OPEN_SQL: &str =
 
 /// Opens an acquisition's frame: replay first, then whether the epoch it replaces is still
 /// the current leadership and free ($1: that epoch, $2: the key).
-const OPEN_ACQUIRE_SQL: &str =
-    "SELECT EXISTS (SELECT 1 FROM leadership l WHERE l.epoch = $1 \
-              AND (l.released OR l.lease_expires_at IS NULL OR l.lease_expires_at <= clock_timestamp())) AS leader_ok, \
+const OPEN_ACQUIRE_SQL: &str = concatcp!(
+    "SELECT EXISTS (SELECT 1 FROM leadership WHERE epoch = $1 AND ",
+    super::leader::LEASE_FREE,
+    ") AS leader_ok, \
         i.operation, i.request_digest, \
         r.receipt_id, r.transition, r.sot_incarnation, r.coordinator_epoch, r.assignment_id, \
         r.lane_incarnation_id, mosaic_ts(r.decided_at) AS decided_at, r.body \
      FROM (SELECT 1) one \
      LEFT JOIN idempotency i ON i.idempotency_key = $2 \
-     LEFT JOIN transition_receipts r ON r.receipt_id = i.receipt_id";
+     LEFT JOIN transition_receipts r ON r.receipt_id = i.receipt_id"
+);
 
 /// Receipt and idempotency row in one statement.
 const RECEIPT_SQL: &str = "WITH r AS ( \

@@ -331,7 +331,9 @@ impl Fields<'_> {
         })
     }
 
-    fn handoff_bound(&self) -> Result<HandoffBound, WireError> {
+    /// The bound fields of a handoff challenge, read the same way from the challenge and
+    /// from the ACK that echoes them.
+    pub(super) fn handoff_bound(&self) -> Result<HandoffBound, WireError> {
         Ok(HandoffBound {
             handoff_challenge_id: self.str("handoff_challenge_id")?,
             source_assignment_attempt_id: self.str("source_assignment_attempt_id")?,

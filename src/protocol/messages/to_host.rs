@@ -358,15 +358,7 @@ impl ToHost {
             MessageType::HandoffChallenge => Self::HandoffChallenge(HandoffChallenge {
                 authority: f.authority()?,
                 digests: f.digests()?,
-                bound: HandoffBound {
-                    handoff_challenge_id: f.str("handoff_challenge_id")?,
-                    source_assignment_attempt_id: f.str("source_assignment_attempt_id")?,
-                    responsibility_owner: f.str("responsibility_owner")?,
-                    execution_owner: f.str("execution_owner")?,
-                    pending_target: f.str("pending_target")?,
-                    next_action_digest: f.str("next_action_digest")?,
-                    challenge_deadline: f.str("challenge_deadline")?,
-                },
+                bound: f.handoff_bound()?,
                 next_action: f.str("next_action")?,
                 issued: f.issued()?,
             }),
