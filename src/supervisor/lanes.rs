@@ -234,7 +234,12 @@ impl Inner {
             Ok(()) => TmuxCheck::Ready,
             Err(e) => match self.tmux(lane).session_state(lane) {
                 tmux::SessionState::Absent => TmuxCheck::Gone,
-                tmux::SessionState::Present | tmux::SessionState::Unknown(_) => {
+                tmux::SessionState::Present => {
+                    tracing::warn!(lane, error = %e, "the lane's tmux session is there but no control client attaches");
+                    TmuxCheck::Unusable(e)
+                }
+                tmux::SessionState::Unknown(said) => {
+                    tracing::warn!(lane, error = %e, tmux_said = %said, "cannot tell whether the lane's tmux server is there: this start fails, the lane stays as it is");
                     TmuxCheck::Unusable(e)
                 }
             },

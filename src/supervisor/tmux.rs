@@ -147,15 +147,12 @@ impl Tmux {
     /// that cannot be run, is `Unknown`, never taken for gone.
     pub fn session_state(&self, session: &str) -> SessionState {
         // A server caught while it exits (killed a moment ago) answers "server exited
-        // unexpectedly" or "no sessions": that is no answer yet, so ask again, a bounded
-        // number of times, until tmux says what is there.
+        // unexpectedly": that is no answer yet, so ask again, a bounded number of times,
+        // until tmux says what is there.
         let mut state = self.session_state_once(session);
         for _ in 0..20 {
             match &state {
-                SessionState::Unknown(said)
-                    if said.contains("server exited unexpectedly")
-                        || said.contains("no sessions") =>
-                {
+                SessionState::Unknown(said) if said.contains("server exited unexpectedly") => {
                     std::thread::sleep(std::time::Duration::from_millis(25));
                     state = self.session_state_once(session);
                 }
@@ -173,8 +170,13 @@ impl Tmux {
             Ok(out) if out.status.success() => SessionState::Present,
             Ok(out) => {
                 let said = String::from_utf8_lossy(&out.stderr);
+                // "no sessions": the server on the lane's socket holds no session at
+                // all, so not the lane's either (a lane's server holds only its own).
                 if [
                     "can't find session",
+                    "no sessions",
+                    // `=name` against a server that is up but holds no session.
+                    "no current target",
                     "no server running",
                     "error connecting to",
                 ]

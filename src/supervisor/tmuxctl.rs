@@ -68,6 +68,10 @@ impl Control {
     pub fn attach(tmux: &Tmux, session: &str) -> Result<Self, SupervisorError> {
         let mut c = tmux.cmd();
         c.args([
+            // Never start a server: `attach-session` otherwise starts one on a socket whose
+            // server is gone, which answers "no sessions" and lingers while it exits,
+            // hiding the fact that the lane's own server died.
+            "-N",
             "-C",
             "attach-session",
             // The supervisor's environment stays out of the session's.
@@ -345,5 +349,121 @@ mod tests {
         assert!(
             matches!(&got[3], Block { sent_by_us: false, reply: Reply::Ok(b) } if b == "hooked\n")
         );
+    }
+
+    /// A scratch directory for real tmux servers, removed (servers killed) on drop.
+    struct Scratch(std::path::PathBuf, std::path::PathBuf);
+    impl Scratch {
+        fn new(tag: &str) -> Self {
+            let tmux = crate::sysdeps::which("tmux").expect("tmux on PATH");
+            let dir =
+                std::env::temp_dir().join(format!("mosaic-tmuxctl-{tag}-{}", std::process::id()));
+            std::fs::create_dir_all(&dir).unwrap();
+            Self(tmux, dir)
+        }
+        fn tmux(&self) -> Tmux {
+            Tmux::new(&self.0, self.1.join("s.sock"))
+        }
+        fn raw(&self, args: &[&str]) -> std::process::Output {
+            std::process::Command::new(&self.0)
+                .arg("-S")
+                .arg(self.1.join("s.sock"))
+                .args(args)
+                .output()
+                .unwrap()
+        }
+    }
+    impl Drop for Scratch {
+        fn drop(&mut self) {
+            let _ = self.raw(&["kill-server"]);
+            let _ = std::fs::remove_dir_all(&self.1);
+        }
+    }
+
+    /// Regression (clean-clone CI run, `a_dead_tmux_server_…_quarantines_the_lane`): the
+    /// re-attach after the lane's server was killed started a fresh server of its own
+    /// (`attach-session` starts one), which answered "no sessions" and lingered while it
+    /// exited; the check that followed could not tell the lane's server was gone, so the
+    /// lane was not quarantined. An attach to a dead server must fail as "no server",
+    /// and leave no server behind.
+    #[test]
+    fn attaching_to_a_dead_server_starts_none() {
+        let s = Scratch::new("dead");
+        assert!(s
+            .raw(&[
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "lane",
+                "sleep 100"
+            ])
+            .status
+            .success());
+        let c = Control::attach(&s.tmux(), "lane");
+        assert!(c.is_ok(), "{:?}", c.err());
+        drop(c);
+        assert!(s.raw(&["kill-server"]).status.success());
+        let e = match Control::attach(&s.tmux(), "lane") {
+            Ok(_) => panic!("attached to a killed server"),
+            Err(e) => e.to_string(),
+        };
+        assert!(
+            !e.contains("no sessions"),
+            "the attach started a server: {e}"
+        );
+        let ls = s.raw(&["list-sessions"]);
+        let said = String::from_utf8_lossy(&ls.stderr);
+        assert!(
+            said.contains("no server running") || said.contains("error connecting to"),
+            "a server is running on the lane's socket: {said}"
+        );
+        assert_eq!(
+            s.tmux().session_state("lane"),
+            super::super::tmux::SessionState::Absent
+        );
+    }
+
+    /// A lane's server keeps running without sessions (`exit-empty off`): its session
+    /// gone is still gone, whatever words tmux uses for it.
+    #[test]
+    fn a_server_without_the_session_reads_as_absent() {
+        let s = Scratch::new("empty");
+        assert!(s
+            .raw(&[
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "lane",
+                "sleep 100"
+            ])
+            .status
+            .success());
+        assert!(s
+            .raw(&["set-option", "-s", "exit-empty", "off"])
+            .status
+            .success());
+        let t = s.tmux();
+        assert_eq!(
+            t.session_state("lane"),
+            super::super::tmux::SessionState::Present
+        );
+        assert_eq!(
+            t.session_state("other"),
+            super::super::tmux::SessionState::Absent
+        );
+        assert!(s.raw(&["kill-session", "-t", "=lane"]).status.success());
+        assert!(
+            s.raw(&["list-sessions"]).status.success(),
+            "the server stays up"
+        );
+        assert_eq!(
+            t.session_state("lane"),
+            super::super::tmux::SessionState::Absent
+        );
+        assert!(Control::attach(&t, "lane").is_err());
     }
 }
