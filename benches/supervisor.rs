@@ -269,7 +269,11 @@ fn print_phases(log: &str) {
 
 fn main() {
     require_host();
-    let h = Host::new();
+    // Lane `u` is opted out of confinement: the same start, unconfined, side by side.
+    let h = Host::with(Options {
+        unconfined_lanes: vec!["u"],
+        ..Options::default()
+    });
     let dir = h.dir.clone();
     println!("Mosaic supervisor benchmarks — {}", machine());
     println!();
@@ -283,6 +287,14 @@ fn main() {
         h.start("a", "hang");
         mosaic_start.push(t.elapsed());
         h.call(&Request::Stop { lane: "a".into() });
+    }
+    h.create_lane("u");
+    let mut unconfined_start = Vec::new();
+    for _ in 0..n {
+        let t = Instant::now();
+        h.start("u", "hang");
+        unconfined_start.push(t.elapsed());
+        h.call(&Request::Stop { lane: "u".into() });
     }
     let mut anchor = bare_respawn(n, &dir);
     let mut control = control_respawn(n, &dir);
@@ -299,9 +311,16 @@ fn main() {
         if dynmods { "on" } else { "off" }
     );
     println!(
-        "    mosaic start        p50 {:7.2} ms  p99 {:7.2} ms   (new cgroup, shim, SO_PEERCRED + cgroup + start-time + nonce check, pidfds, fsync'd records)",
+        "    mosaic start        p50 {:7.2} ms  p99 {:7.2} ms   (new cgroup, shim, SO_PEERCRED + cgroup + start-time + nonce check, confinement built and verified, pidfds, fsync'd records)",
         ms(m50),
         ms(pct(&mut mosaic_start, 0.99))
+    );
+    let u50 = pct(&mut unconfined_start, 0.5);
+    println!(
+        "    mosaic start, unconfined lane   p50 {:7.2} ms  p99 {:7.2} ms   (confined / unconfined p50: {:.2}x)",
+        ms(u50),
+        ms(pct(&mut unconfined_start, 0.99)),
+        m50.as_secs_f64() / u50.as_secs_f64()
     );
     println!(
         "    tmux respawn-pane   p50 {:7.2} ms  p99 {:7.2} ms",

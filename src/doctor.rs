@@ -134,6 +134,25 @@ pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
             }
         });
     checks.push(check("tmux", true, tmux));
+    // Not required to run the supervisor: without it, confined lanes refuse every start
+    // (and say so); only lanes listed in `unconfined_lanes` run.
+    checks.push(check(
+        "confinement",
+        false,
+        crate::confine::probe()
+            .map(|s| {
+                format!(
+                    "landlock ABI {} (needs {}), seccomp filtering: generations run confined",
+                    s.landlock_abi,
+                    crate::confine::REQUIRED_ABI as i32
+                )
+            })
+            .map_err(|e| {
+                format!(
+                    "{e}: confined lanes refuse to start here; only lanes in unconfined_lanes run"
+                )
+            }),
+    ));
     let pg = match (sysdeps::pg_bin("initdb"), sysdeps::pg_bin("pg_ctl"), sysdeps::pg_bin("postgres")) {
         (Some(i), Some(_), Some(_)) => Ok(format!("PostgreSQL server binaries in {}", i.parent().map(|p| p.display().to_string()).unwrap_or_default())),
         _ => Err("PostgreSQL server binaries not found (needed by the coordinator and the test suite): apt-get install postgresql".into()),

@@ -17,10 +17,13 @@
 //! | `take-continuations` | in contract mode, instead of hanging: waits settled for each continuation (`mosaic lane next`), works on it, reports its result, and settles again |
 //! | `busy=SECONDS` | with `take-continuations`: works SECONDS on each continuation (unsettled meanwhile: work still queued) |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
+//! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`; see `attack`) |
 //!
 //! An unknown or malformed directive is an error before anything happens.
 
 use std::time::Duration;
+
+pub mod attack;
 
 pub const RUNTIME: &str = "fake";
 pub const VERSION: &str = "1.0.0";
@@ -41,11 +44,12 @@ pub enum Directive {
     AcceptHandoff,
     TakeContinuations,
     Busy(f64),
+    Attack(attack::Attack),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -89,6 +93,10 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
                 _ => return Err(DirectiveError::BadValue(tok.to_string())),
             },
             Some(("print", v)) => Directive::Print(v.to_string()),
+            Some(("attack", v)) => Directive::Attack(
+                attack::Attack::parse(v)
+                    .ok_or_else(|| DirectiveError::BadValue(tok.to_string()))?,
+            ),
             Some(("exit", v)) => Directive::Exit(
                 v.parse::<i32>()
                     .ok()
@@ -154,6 +162,16 @@ pub fn run(args: Vec<String>) -> i32 {
                 nix::sys::signal::SigHandler::SigIgn,
             )
         };
+    }
+    let attacks: Vec<&attack::Attack> = directives
+        .iter()
+        .filter_map(|d| match d {
+            Directive::Attack(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    if !attacks.is_empty() {
+        attack::run_all(&attacks);
     }
     for d in &directives {
         match d {

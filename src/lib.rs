@@ -13,6 +13,7 @@
 
 pub mod adapter;
 pub mod cgroup;
+pub mod confine;
 pub mod coordinator;
 pub mod doctor;
 pub mod fake_harness;

@@ -219,6 +219,50 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
             (false, false) => "unreachable from the harness's tools",
         }),
     );
+    // From inside, as a hostile tool would (spec §5.5): the model's shell tool writes
+    // outside the generation's areas, reads another process's environment (the `mosaic up`
+    // process, outside the generation) and moves itself out of its cgroup. Confinement
+    // denies all three; the host is unchanged.
+    let g = up.generation();
+    let work = up
+        .dir
+        .join("supervisor/harness")
+        .join(g["lane_incarnation_id"].as_str().unwrap())
+        .join(format!("gen-{}", g["generation"]))
+        .join("work");
+    let planted = up.dir.join("supervisor/planted-by-a-tool");
+    let cg = up.cgroup();
+    let settled_before = up.settled();
+    // In a script the test leaves in the tool's working directory, as a tool hiding its
+    // intent would: no harness-side check of the command line sees the paths; only the
+    // kernel boundary stands between the tool and the host.
+    std::fs::write(
+        work.join("hostile.sh"),
+        format!(
+            "echo x > {}; cat /proc/{}/environ > leak; echo $$ > {}/cgroup.procs; echo done > hostile\n",
+            planted.display(),
+            up.child.id(),
+            cg.parent().unwrap().display()
+        ),
+    )
+    .unwrap();
+    up.type_turn("model:run[sh hostile.sh]");
+    wait_for("the hostile tool ran", common::PATIENCE, || {
+        (up.settled() > settled_before && work.join("hostile").exists()).then_some(())
+    });
+    let leaked = std::fs::metadata(work.join("leak"))
+        .map(|m| m.len())
+        .unwrap_or(0);
+    let parent_members =
+        std::fs::read_to_string(cg.parent().unwrap().join("cgroup.procs")).unwrap();
+    checks.insert(
+        "hostile_tool",
+        json!({
+            "wrote_outside_its_areas": planted.exists(),
+            "read_another_process_environment": leaked > 0,
+            "left_its_cgroup": !parent_members.trim().is_empty(),
+        }),
+    );
 
     // 3. Settled only after a turn, never while its tool call still runs.
     let cg = up.cgroup();

@@ -92,6 +92,7 @@ impl Fixture {
             generation: 1,
             harness_pid: None,
             harness_start_time: None,
+            confinement: Default::default(),
         }
     }
 }

@@ -22,6 +22,9 @@ use mosaic::supervisor::link::HostDispatch;
 use mosaic::supervisor::Supervisor;
 use tokio::sync::mpsc;
 
+/// An in-process supervisor (the library's `Supervisor`, not a daemon: these cases call
+/// its coordinated host directly), with the shared teardown: every tmux server, cgroup and
+/// directory it made removed on drop.
 struct World {
     sup: Supervisor,
     dir: std::path::PathBuf,
@@ -31,18 +34,7 @@ struct World {
 impl Drop for World {
     fn drop(&mut self) {
         self.sup.shutdown();
-        if let Ok(rd) = std::fs::read_dir(self.dir.join("run/lanes")) {
-            for e in rd.flatten() {
-                let _ = std::process::Command::new("tmux")
-                    .arg("-S")
-                    .arg(e.path().join("tmux.sock"))
-                    .arg("kill-server")
-                    .status();
-            }
-        }
-        let _ = self.sup.cgroup_tree().destroy_all(Duration::from_secs(10));
-        let _ = std::fs::remove_dir_all(&self.dir);
-        let _ = &self.root;
+        common::teardown(&self.dir, &self.dir.join("run/lanes"), &self.root, &[]);
     }
 }
 
@@ -202,6 +194,7 @@ fn world() -> (Supervisor, World) {
         harness_root: None,
         credentials: Default::default(),
         harness_config: Default::default(),
+        unconfined_lanes: vec![],
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

@@ -7,7 +7,7 @@ mod pg;
 
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use mosaic::supervisor::control::{self, Request};
@@ -15,15 +15,14 @@ use mosaic::supervisor::control::{self, Request};
 struct World {
     dir: PathBuf,
     cgroup_root: PathBuf,
-    child: Option<Child>,
+    daemon: Option<common::Daemon>,
 }
 
 impl Drop for World {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(self.dir.join("stall"));
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
+        if let Some(mut d) = self.daemon.take() {
+            d.crash();
         }
         common::teardown(
             &self.dir,
@@ -46,7 +45,7 @@ fn world() -> World {
     World {
         dir,
         cgroup_root,
-        child: None,
+        daemon: None,
     }
 }
 
@@ -70,22 +69,18 @@ fn recv(s: &UnixDatagram, within: Duration) -> Vec<String> {
     out
 }
 
-fn spawn(w: &World, what: &str, config: &Path, watchdog_usec: Option<u64>) -> Child {
-    let mut c = Command::new(common::MOSAIC);
-    c.arg(what)
-        .arg("--config")
-        .arg(config)
-        .env("MOSAIC_LOG", "info")
-        .env("NOTIFY_SOCKET", w.dir.join("notify.sock"))
-        .env_remove("WATCHDOG_PID")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(std::fs::File::create(w.dir.join("daemon.log")).unwrap());
-    match watchdog_usec {
-        Some(u) => c.env("WATCHDOG_USEC", u.to_string()),
-        None => c.env_remove("WATCHDOG_USEC"),
-    };
-    c.spawn().unwrap()
+/// Starts `mosaic <what>` under the stand-in service manager: its notify socket, and a
+/// watchdog of `watchdog_usec` (none when `None`).
+fn spawn(w: &mut World, what: &'static str, config: &Path, watchdog_usec: Option<u64>) {
+    let mut d = common::Daemon::new(what, config.to_path_buf(), w.dir.join("daemon.log"));
+    d.set_env(
+        "NOTIFY_SOCKET",
+        Some(w.dir.join("notify.sock").display().to_string()),
+    );
+    d.set_env("WATCHDOG_PID", None);
+    d.set_env("WATCHDOG_USEC", watchdog_usec.map(|u| u.to_string()));
+    d.start(None);
+    w.daemon = Some(d);
 }
 
 #[test]
@@ -117,7 +112,7 @@ fn the_supervisor_is_ready_only_when_serving_and_its_watchdog_stops_when_a_lane_
     )
     .unwrap();
     let sock = listen(&w.dir);
-    w.child = Some(spawn(&w, "supervisor", &config, Some(600_000)));
+    spawn(&mut w, "supervisor", &config, Some(600_000));
     // READY=1 arrives, and at that moment the control socket already answers.
     let control_sock = w.dir.join("rt/control.sock");
     let deadline = Instant::now() + common::PATIENCE;
@@ -166,11 +161,10 @@ fn the_supervisor_is_ready_only_when_serving_and_its_watchdog_stops_when_a_lane_
         .count();
     assert!(pings >= 2, "{pings} pings after the lane came back");
     // SIGTERM: STOPPING=1.
-    common::kill(
-        w.child.as_ref().unwrap().id() as i32,
-        nix::sys::signal::Signal::SIGTERM,
-    );
-    let _ = w.child.as_mut().unwrap().wait();
+    w.daemon
+        .as_mut()
+        .unwrap()
+        .signal_and_wait(nix::sys::signal::Signal::SIGTERM);
     assert!(
         recv(&sock, Duration::from_millis(300))
             .iter()
@@ -212,7 +206,7 @@ fn the_coordinator_is_ready_only_when_serving_and_refuses_to_start_with_exposed_
     std::fs::set_permissions(&c.secret_file, std::fs::Permissions::from_mode(0o600)).unwrap();
 
     let sock = listen(&w.dir);
-    w.child = Some(spawn(&w, "coordinator", &config, Some(2_000_000)));
+    spawn(&mut w, "coordinator", &config, Some(2_000_000));
     let deadline = Instant::now() + common::PATIENCE;
     loop {
         assert!(Instant::now() < deadline, "no READY=1");

@@ -26,6 +26,7 @@ const HOOKS: &str = include_str!("../../adapters/codex/hooks.json");
 fn config_toml(
     overlay: Option<&std::path::Path>,
     work: &std::path::Path,
+    confined: bool,
 ) -> Result<String, String> {
     let mut t: toml::Table = match overlay.map(|o| o.join("config.toml")) {
         Some(p) if p.exists() => std::fs::read_to_string(&p)
@@ -41,6 +42,15 @@ fn config_toml(
         "check_for_update_on_startup".into(),
         toml::Value::Boolean(false),
     );
+    // Under Mosaic's confinement Codex's own sandbox (bwrap in new namespaces) cannot start
+    // (namespaces are denied) and would fail every tool call: the outer boundary is the
+    // sandbox, whatever the overlay says. Unconfined, Codex keeps its own.
+    if confined {
+        t.insert(
+            "sandbox_mode".into(),
+            toml::Value::String("danger-full-access".into()),
+        );
+    }
     let features = t
         .entry("features")
         .or_insert_with(|| toml::Value::Table(Default::default()));
@@ -128,7 +138,7 @@ impl Adapter for Codex {
                     .map_err(|err| fail(format!("config overlay: {err}")))?;
             }
         }
-        let config = config_toml(ctx.overlay, &work).map_err(&fail)?;
+        let config = config_toml(ctx.overlay, &work, ctx.confined).map_err(&fail)?;
         write_new(&home, "config.toml", &config, 0o600)
             .map_err(|e| fail(format!("config.toml: {e}")))?;
         let state = Value::String(dir.display().to_string()).to_string();
@@ -144,8 +154,14 @@ impl Adapter for Codex {
         let mut vars = ctx.plan.vars.clone();
         vars.state_dir = Some(dir.to_path_buf());
         let s = |p: &std::path::Path| p.display().to_string();
+        let mut argv = expand(&ctx.plan.template, &vars, &[]);
+        if ctx.confined {
+            // The config says so too; the flag also holds when a TUI mode switch would
+            // bring the configured default back.
+            argv.extend(["--sandbox".to_string(), "danger-full-access".to_string()]);
+        }
         Ok(Prepared {
-            argv: expand(&ctx.plan.template, &vars, &[]),
+            argv,
             env: vec![
                 ("CODEX_HOME".into(), s(&home)),
                 ("HOME".into(), s(&home)),
@@ -193,10 +209,22 @@ mod tests {
             "model = \"m\"\nnotify = [\"x\"]\n[features]\ndaemon_auto_start = true\n[model_providers.p]\nbase_url = \"http://x\"\n",
         )
         .unwrap();
-        let t: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"))
+        std::fs::write(
+            dir.join("config.toml"),
+            "model = \"m\"\nsandbox_mode = \"workspace-write\"\nnotify = [\"x\"]\n[features]\ndaemon_auto_start = true\n[model_providers.p]\nbase_url = \"http://x\"\n",
+        )
+        .unwrap();
+        let open: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"), false)
             .unwrap()
             .parse()
             .unwrap();
+        assert_eq!(open["sandbox_mode"].as_str(), Some("workspace-write"));
+        let t: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"), true)
+            .unwrap()
+            .parse()
+            .unwrap();
+        // Confined: Codex's own sandbox off, the outer one in its place.
+        assert_eq!(t["sandbox_mode"].as_str(), Some("danger-full-access"));
         assert_eq!(t["model"].as_str(), Some("m"));
         assert!(t.get("notify").is_none());
         assert_eq!(t["features"]["daemon_auto_start"].as_bool(), Some(false));

@@ -35,10 +35,25 @@ impl Adapter for Fake {
     }
 
     fn prepare(&self, ctx: &PrepareCtx<'_>) -> Result<Prepared, RegistryError> {
+        // Like every real harness: its home, temp and working directory in its private
+        // area, the only places a confined generation can write.
+        let (home, tmp, work) = (
+            ctx.state_dir.join("home"),
+            ctx.state_dir.join("tmp"),
+            ctx.state_dir.join("work"),
+        );
+        for d in [&home, &tmp, &work] {
+            crate::util::durable::ensure_dir(d, 0o700).map_err(|e| RegistryError::Prepare {
+                family: "fake".into(),
+                dir: ctx.state_dir.to_path_buf(),
+                detail: format!("{}: {e}", d.display()),
+            })?;
+        }
+        let s = |p: &std::path::Path| p.display().to_string();
         Ok(Prepared {
             argv: expand(&ctx.plan.template, &ctx.plan.vars, &ctx.plan.directives),
-            env: Vec::new(),
-            cwd: None,
+            env: vec![("HOME".into(), s(&home)), ("TMPDIR".into(), s(&tmp))],
+            cwd: Some(work),
             conversation_id: None,
         })
     }

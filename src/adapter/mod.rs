@@ -52,6 +52,10 @@ pub struct PrepareCtx<'a> {
     /// The operator's config overlay for this runtime (provider, model selection), copied
     /// into the harness's config home before the adapter writes its own files.
     pub overlay: Option<&'a Path>,
+    /// Whether the generation runs inside Mosaic's confinement (`crate::confine`): a
+    /// harness's own sandbox, which needs namespaces the confinement denies, is then turned
+    /// off in favour of the outer one.
+    pub confined: bool,
 }
 
 /// Writes a new file (never over an existing one) and syncs it.

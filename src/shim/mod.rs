@@ -9,7 +9,9 @@
 //!    silently is SIGKILL — which is what lets the supervisor call a silent death `sigkill`;
 //! 4. read and delete the nonce file, then present pid, start time and nonce on the
 //!    per-generation socket;
-//! 5. only after the supervisor verified all that, fork and exec the harness;
+//! 5. only after the supervisor verified all that, build the harness's confinement
+//!    (`crate::confine`: validated and built whole before the fork, applied by the child
+//!    between fork and exec), then fork and exec the harness;
 //! 6. reap everything, report the harness's exit, and wait to be cgroup-killed.
 //!
 //! **Never:** exits on its own after a successful launch (the supervisor ends it with the
@@ -173,23 +175,42 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         },
     )?;
     let mut reader = BufReader::new(clone(&stream)?);
-    let (argv, env, secret_env, cwd, banner) = match recv(&mut reader)? {
+    let (argv, env, secret_env, cwd, banner, confinement) = match recv(&mut reader)? {
         SupervisorMsg::Launch {
             argv,
             env,
             secret_env,
             cwd,
             banner,
-        } => (argv, env, secret_env, cwd, banner),
+            confinement,
+        } => (argv, env, secret_env, cwd, banner, confinement),
         SupervisorMsg::Reject { reason } => return Err(ShimError::Rejected(reason)),
         other => return Err(ShimError::Protocol(format!("{other:?}"))),
     };
     say(&banner);
 
-    // 5. launch.
-    let child = match argv.split_first() {
-        Some((prog, rest)) => {
+    // 5. launch: the confinement is validated and built whole first (a failure is a failed
+    //    start, reported like an exec failure); the child only applies it.
+    let confined = match &confinement {
+        crate::confine::Confinement::Enforced { policy } => {
+            crate::confine::Prepared::build(policy, cwd.as_deref().map(std::path::Path::new))
+                .map(Some)
+        }
+        crate::confine::Confinement::None => Ok(None),
+    };
+    let child = match (confined, argv.split_first()) {
+        (Err(e), _) => Err(std::io::Error::other(format!("confinement: {e}"))),
+        (Ok(confined), Some((prog, rest))) => {
             let mut c = std::process::Command::new(prog);
+            if let Some(p) = confined {
+                use std::os::unix::process::CommandExt;
+                // SAFETY: `enter` makes raw system calls on memory `p` owns (moved into
+                // the closure); it neither allocates nor locks. The shim has no other
+                // thread yet (the link keeper starts after the spawn).
+                unsafe {
+                    c.pre_exec(move || p.enter());
+                }
+            }
             c.args(rest).envs(env);
             for (k, v) in &secret_env {
                 c.env(k, &v.0);
@@ -202,7 +223,7 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
             drop(secret_env);
             spawned
         }
-        None => Err(std::io::Error::other("empty command")),
+        (Ok(_), None) => Err(std::io::Error::other("empty command")),
     };
     let child = match child {
         Ok(c) => c,

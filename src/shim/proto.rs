@@ -87,6 +87,8 @@ pub enum SupervisorMsg {
         #[serde(default)]
         cwd: Option<String>,
         banner: String,
+        /// How the harness is confined (required: a launch that does not say is refused).
+        confinement: crate::confine::Confinement,
     },
     /// Reattach verified: carry on.
     Adopted,

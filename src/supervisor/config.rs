@@ -56,6 +56,11 @@ pub struct ConfigFile {
     /// home before Mosaic's own files.
     #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
     pub harness_config: std::collections::BTreeMap<String, PathBuf>,
+    /// Lanes whose generations run unconfined (`crate::confine`): an explicit opt-out for
+    /// hosts that cannot confine, logged at every start and shown in `lanes`. Every other
+    /// lane is confined, and where the kernel cannot confine, its starts are refused.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unconfined_lanes: Vec<String>,
 }
 
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
@@ -108,6 +113,7 @@ pub struct Config {
     pub harness_root: PathBuf,
     pub credentials: std::collections::BTreeMap<String, PathBuf>,
     pub harness_config: std::collections::BTreeMap<String, PathBuf>,
+    pub unconfined_lanes: Vec<LaneName>,
 }
 
 impl Config {
@@ -182,6 +188,11 @@ impl Config {
                 .unwrap_or_else(|| PathBuf::from(DEFAULT_HARNESS_ROOT)),
             credentials: f.credentials,
             harness_config: f.harness_config,
+            unconfined_lanes: f
+                .unconfined_lanes
+                .iter()
+                .map(|l| LaneName::parse(l))
+                .collect::<Result<_, _>>()?,
         })
     }
 
@@ -192,6 +203,40 @@ impl Config {
     /// The first process of every generation (`src/bin/mosaic-shim.rs`).
     pub fn shim_exe(&self) -> PathBuf {
         self.bin_dir.join("mosaic-shim")
+    }
+
+    /// Whether lane `lane`'s generations run confined (all but the opted-out ones).
+    pub fn confined(&self, lane: &str) -> bool {
+        !self.unconfined_lanes.iter().any(|l| l.as_str() == lane)
+    }
+
+    /// The paths no generation may read: the supervisor's state and runtime directories
+    /// (every lane's records, private areas, sockets), every credentials file and config
+    /// overlay, and the coordinator link's keys and certificates. A generation's own areas
+    /// are granted on top (they lie below the state and runtime directories).
+    pub fn masked_paths(&self) -> Vec<PathBuf> {
+        let mut m = vec![self.state_dir.clone(), self.runtime_dir.clone()];
+        m.extend(self.credentials.values().cloned());
+        m.extend(self.harness_config.values().cloned());
+        if let Some(c) = &self.coordinator {
+            m.extend([
+                c.ca.clone(),
+                c.cert.clone(),
+                c.key.clone(),
+                c.trust_registry.clone(),
+                c.session_key.clone(),
+                c.ordinary_key.clone(),
+            ]);
+        }
+        // Rules follow links to their targets: the masks must name the targets too.
+        let canonical: Vec<PathBuf> = m
+            .iter()
+            .filter_map(|p| std::fs::canonicalize(p).ok())
+            .collect();
+        m.extend(canonical);
+        m.sort();
+        m.dedup();
+        m
     }
 
     pub fn control_socket(&self) -> PathBuf {

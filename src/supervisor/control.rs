@@ -106,6 +106,19 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), Superv
                 path: sup.config().control_socket(),
                 source,
             })?;
+        // A confined generation (or any tool it runs) never drives its own supervisor.
+        let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+        if crate::confine::refuse_peer(peer) {
+            sup.inner.audit.record(
+                "control-peer-refused",
+                None,
+                None,
+                &format!("pid {peer:?} is confined (a generation) or unreadable"),
+            );
+            tracing::warn!(pid = ?peer, "control socket: refused a confined (or unreadable) peer");
+            drop(stream);
+            continue;
+        }
         let sup = sup.clone();
         tokio::spawn(async move {
             let (r, mut w) = stream.into_split();

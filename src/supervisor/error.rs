@@ -45,6 +45,8 @@ pub enum SupervisorError {
         #[source]
         source: std::io::Error,
     },
+    #[error("lane {lane:?} cannot start a confined generation on this host: {reason} (run `mosaic doctor`; an operator may list the lane in unconfined_lanes)")]
+    ConfinementUnavailable { lane: String, reason: String },
     #[error("another supervisor already holds {0}")]
     AlreadyRunning(PathBuf),
     #[error("the supervisor is shutting down")]
@@ -78,6 +80,7 @@ impl SupervisorError {
             Self::Quarantined { .. } => "quarantined",
             Self::NoLiveGeneration(_) => "no-live-generation",
             Self::Launch { .. } => "launch-failed",
+            Self::ConfinementUnavailable { .. } => "confinement-unavailable",
             Self::AlreadyRunning(_) => "already-running",
             Self::ShuttingDown => "shutting-down",
             Self::Coordinated(_) => "coordinated",

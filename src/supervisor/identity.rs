@@ -180,6 +180,9 @@ pub struct ProcessIdentity {
     pub generation: u64,
     pub harness_pid: Option<i32>,
     pub harness_start_time: Option<u64>,
+    /// What the supervisor saw of the harness's confinement before it went live.
+    #[serde(default)]
+    pub confinement: crate::confine::Seen,
 }
 
 /// A process's claim to be a generation's root, as it arrives on the socket.

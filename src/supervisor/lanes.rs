@@ -188,6 +188,8 @@ pub(crate) struct Inner {
     pub(super) quarantined_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Each lane's attached tmux control client: the start path's way to the lane's server.
     pub(super) tmux_controls: tmuxctl::Controls,
+    /// What the kernel can confine, probed once at start (`crate::confine::probe`).
+    pub(super) confine_support: Result<crate::confine::Support, String>,
     pub(super) _lock: std::fs::File,
 }
 

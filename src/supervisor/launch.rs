@@ -376,6 +376,22 @@ impl Launching {
             self.rec.conversation_id = prepared.conversation_id.clone();
             inner.store.save_gen(&self.rec)?;
         }
+        let lane_socket = matches!(origin, Origin::Coordinated { .. })
+            .then(|| super::lanesock::path_for(&self.rec.socket));
+        let area = harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
+        let run = harness_run_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
+        let confinement = super::confinement::for_generation(
+            &inner.cfg,
+            &inner.confine_support,
+            &super::confinement::Generation {
+                lane: &self.rec.lane,
+                lane_id: &self.rec.lane_id,
+                area: &area,
+                run: &run,
+                lane_socket: lane_socket.as_deref(),
+                program: prepared.argv.first().map(String::as_str),
+            },
+        )?;
         phase("harness area prepared");
 
         // Stage: shim verified.
@@ -454,12 +470,18 @@ impl Launching {
                 secret_env: plan.secret_env.clone(),
                 cwd: prepared.cwd.as_ref().map(|d| d.display().to_string()),
                 banner,
+                confinement: confinement.clone(),
             },
         )
         .await
         .map_err(|detail| self.launch_error(detail))?;
         self.stage = Stage::HarnessStarted;
         phase("harness started");
+        // Live only once the harness shows its confinement (a harness already gone has its
+        // exit report next on the link).
+        let confinement_seen = super::confinement::verify(&confinement, harness_pid)
+            .map_err(|detail| self.launch_error(detail))?;
+        phase("confinement verified");
         // The harness may already be gone (exit=0); its exit report is then next on the link.
         let harness_pidfd = match identity::observe(harness_pid) {
             Ok(h)
@@ -497,6 +519,7 @@ impl Launching {
             generation,
             harness_pid: Some(harness_pid),
             harness_start_time: Some(harness_start_time),
+            confinement: confinement_seen,
         });
         self.rec.status = GenStatus::Live;
         inject(Step::IdentityRecord, &self.rec.lane_incarnation_id)?;
@@ -639,6 +662,7 @@ fn prepare_harness(
                 .harness_config
                 .get(&plan.runtime.runtime)
                 .map(|p| p.as_path()),
+            confined: inner.cfg.confined(&rec.lane),
         })
         .map_err(|e| e.to_string())?;
     if let Some((k, _)) = plan

@@ -28,6 +28,7 @@ pub mod tmux;
 mod tmuxctl;
 
 mod adopt;
+mod confinement;
 mod generation;
 mod launch;
 pub use launch::Step as LaunchStep;
@@ -135,6 +136,27 @@ impl Supervisor {
             metrics: Arc::new(metrics::HostMetrics::new()),
             quarantined_seen: std::sync::Mutex::new(Default::default()),
             tmux_controls: Default::default(),
+            confine_support: {
+                let probed = crate::confine::probe().map_err(|e| e.to_string());
+                // A host that cannot confine, for tests (`failpoints` builds only).
+                #[cfg(feature = "failpoints")]
+                let probed = match fail::eval("confine:probe", |_| ()) {
+                    Some(()) => {
+                        Err("failpoint confine:probe: landlock reported missing".to_string())
+                    }
+                    None => probed,
+                };
+                match &probed {
+                    Ok(s) => tracing::info!(
+                        landlock_abi = s.landlock_abi,
+                        "generations run confined (own mount and IPC namespaces, landlock, seccomp, no capabilities)"
+                    ),
+                    Err(e) => {
+                        tracing::error!(reason = %e, "this host cannot confine generations: confined lanes refuse to start (see `mosaic doctor`)")
+                    }
+                }
+                probed
+            },
             _lock: lock,
         };
         Ok(Self {
@@ -386,6 +408,11 @@ impl Supervisor {
             generation,
             attach: format!("tmux -S {} attach -t ={}", sock.display(), rec.lane),
             tmux_socket: sock,
+            confinement: if self.inner.cfg.confined(&rec.lane) {
+                "enforced"
+            } else {
+                "none"
+            },
         }
     }
 }

@@ -144,6 +144,16 @@ impl Supervisor {
                 });
             }
         }
+        // Before anything is reserved: a confined lane on a host that cannot confine.
+        if let (true, Err(reason)) = (
+            self.inner.cfg.confined(name.as_str()),
+            &self.inner.confine_support,
+        ) {
+            return Err(SupervisorError::ConfinementUnavailable {
+                lane: lane.to_string(),
+                reason: reason.clone(),
+            });
+        }
         let check = {
             let (inner, lane) = (self.inner.clone(), name.to_string());
             tokio::task::spawn_blocking(move || inner.tmux_check(&lane))

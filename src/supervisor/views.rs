@@ -18,6 +18,8 @@ pub struct LaneView {
     pub generation: Option<GenView>,
     pub tmux_socket: PathBuf,
     pub attach: String,
+    /// How the lane's generations run: `enforced`, or `none` (listed in unconfined_lanes).
+    pub confinement: &'static str,
 }
 
 /// A live generation as shown to operators: identity, never the nonce.

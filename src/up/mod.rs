@@ -155,6 +155,7 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         harness_root: None,
         credentials: Default::default(),
         harness_config: Default::default(),
+        unconfined_lanes: vec![],
     })
 }
 
@@ -434,6 +435,7 @@ fn member_config(
         harness_root: None,
         credentials: Default::default(),
         harness_config: Default::default(),
+        unconfined_lanes: vec![],
     })
 }
 

@@ -32,14 +32,116 @@ pub fn require_host() {
     );
 }
 
+/// One `mosaic <what> --config <config>` daemon as a separate process, its stdout and
+/// stderr appended to its log: every test world starts, crashes and reaps its daemons
+/// through this, so no test carries its own process handling. The test runner's own
+/// `FAILPOINTS` never leaks into a daemon; a test names a daemon's failpoints explicitly.
+pub struct Daemon {
+    pub what: &'static str,
+    pub config: PathBuf,
+    pub log: PathBuf,
+    /// `MOSAIC_LOG` for this daemon.
+    pub log_level: &'static str,
+    /// Extra environment (`FAILPOINTS`, `NOTIFY_SOCKET`, ...): set, or removed when `None`.
+    pub env: Vec<(&'static str, Option<String>)>,
+    child: Option<Child>,
+}
+
+impl Daemon {
+    pub fn new(what: &'static str, config: PathBuf, log: PathBuf) -> Self {
+        Self {
+            what,
+            config,
+            log,
+            log_level: "info",
+            env: vec![],
+            child: None,
+        }
+    }
+
+    /// Sets `key` (or removes it, `None`) in the daemon's environment for every later start.
+    pub fn set_env(&mut self, key: &'static str, value: Option<String>) {
+        self.env.retain(|(k, _)| *k != key);
+        self.env.push((key, value));
+    }
+
+    /// Starts the daemon (it must not be running), with `failpoints` for this start only.
+    pub fn start(&mut self, failpoints: Option<&str>) {
+        assert!(self.child.is_none(), "{} already runs", self.what);
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut c = Command::new(MOSAIC);
+        c.arg(self.what)
+            .arg("--config")
+            .arg(&self.config)
+            .env("MOSAIC_LOG", self.log_level)
+            .env_remove("FAILPOINTS")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        for (k, v) in &self.env {
+            match v {
+                Some(v) => c.env(k, v),
+                None => c.env_remove(k),
+            };
+        }
+        if let Some(f) = failpoints {
+            c.env("FAILPOINTS", f);
+        }
+        self.child = Some(c.spawn().unwrap());
+    }
+
+    /// SIGKILLs the daemon (if it runs) and reaps it: no chance to clean up, as in a crash.
+    pub fn crash(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    /// Sends `sig` and reaps the daemon; its exit status.
+    pub fn signal_and_wait(&mut self, sig: nix::sys::signal::Signal) -> std::process::ExitStatus {
+        let mut c = self.child.take().expect("the daemon runs");
+        kill(c.id() as i32, sig);
+        c.wait().unwrap()
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(Child::id)
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// The exit status, once the daemon ended by itself (it is then no longer running).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        let st = self.child.as_mut()?.try_wait().ok()??;
+        self.child = None;
+        Some(st)
+    }
+
+    pub fn log_text(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
+    }
+}
+
+impl Drop for Daemon {
+    fn drop(&mut self) {
+        self.crash();
+    }
+}
+
 pub struct Host {
     pub id: String,
     pub dir: PathBuf,
     pub config: PathBuf,
     pub cgroup_root: PathBuf,
     pub host_id: String,
-    env: Vec<(&'static str, String)>,
-    child: Option<Child>,
+    pub daemon: Daemon,
 }
 
 pub struct Options {
@@ -48,6 +150,8 @@ pub struct Options {
     pub reattach_timeout_ms: u64,
     /// Extra environment for the supervisor process (e.g. `FAILPOINTS`).
     pub env: Vec<(&'static str, String)>,
+    /// Lanes the operator opted out of confinement.
+    pub unconfined_lanes: Vec<&'static str>,
 }
 
 impl Default for Options {
@@ -57,6 +161,7 @@ impl Default for Options {
             lanes: vec![],
             reattach_timeout_ms: 5000,
             env: vec![],
+            unconfined_lanes: vec![],
         }
     }
 }
@@ -76,12 +181,17 @@ impl Host {
         let host_id = format!("t-{id}");
         let bin_dir = Path::new(MOSAIC).parent().unwrap();
         let lanes: Vec<String> = o.lanes.iter().map(|l| format!("{l:?}")).collect();
+        let unconfined: Vec<String> = o
+            .unconfined_lanes
+            .iter()
+            .map(|l| format!("{l:?}"))
+            .collect();
         let config = dir.join("supervisor.toml");
         std::fs::write(
             &config,
             format!(
                 "host_id = {host_id:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {:?}\n\
-                 bin_dir = {:?}\nlanes = [{}]\nforce_freezer_fallback = {}\nreattach_timeout_ms = {}\n",
+                 bin_dir = {:?}\nlanes = [{}]\nforce_freezer_fallback = {}\nreattach_timeout_ms = {}\nunconfined_lanes = [{}]\n",
                 dir.join("state"),
                 dir.join("run"),
                 cgroup_root,
@@ -89,17 +199,22 @@ impl Host {
                 lanes.join(", "),
                 o.force_freezer,
                 o.reattach_timeout_ms,
+                unconfined.join(", "),
             ),
         )
         .unwrap();
+        let mut daemon = Daemon::new("supervisor", config.clone(), dir.join("supervisor.log"));
+        daemon.log_level = "debug";
+        for (k, v) in o.env {
+            daemon.set_env(k, Some(v));
+        }
         let mut h = Self {
             id,
             dir,
             config,
             cgroup_root,
             host_id,
-            env: o.env,
-            child: None,
+            daemon,
         };
         h.start_supervisor();
         h
@@ -116,30 +231,13 @@ impl Host {
     }
 
     pub fn start_supervisor(&mut self) {
-        assert!(self.child.is_none(), "supervisor already running");
-        let log = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(self.dir.join("supervisor.log"))
-            .unwrap();
-        let child = Command::new(MOSAIC)
-            .args(["supervisor", "--config"])
-            .arg(&self.config)
-            .env("MOSAIC_LOG", "debug")
-            .envs(self.env.iter().map(|(k, v)| (*k, v.as_str())))
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .unwrap();
-        self.child = Some(child);
+        self.daemon.start(None);
         let start = Instant::now();
         loop {
-            if let Ok(v) = self.try_call(&Request::Status) {
-                let _ = v;
+            if self.try_call(&Request::Status).is_ok() {
                 return;
             }
-            if let Some(Ok(Some(st))) = self.child.as_mut().map(|c| c.try_wait()) {
+            if let Some(st) = self.daemon.exited() {
                 panic!("supervisor exited early ({st}); log:\n{}", self.log());
             }
             assert!(
@@ -153,18 +251,15 @@ impl Host {
 
     /// SIGKILLs the supervisor process: no chance to clean up, as in a crash.
     pub fn crash_supervisor(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.daemon.crash();
     }
 
     pub fn supervisor_pid(&self) -> Option<u32> {
-        self.child.as_ref().map(|c| c.id())
+        self.daemon.pid()
     }
 
     pub fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.join("supervisor.log")).unwrap_or_default()
+        self.daemon.log_text()
     }
 
     pub fn try_call(&self, r: &Request) -> Result<Value, ClientError> {

@@ -11,13 +11,12 @@
 #![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use mosaic::coordinator::service::{operator_call, OpError, OperatorRequest};
 use serde_json::Value;
 
-use crate::common::{self, free_port};
+use crate::common::{self, free_port, Daemon};
 
 pub mod split;
 use crate::pg;
@@ -70,32 +69,8 @@ pub struct World {
     /// One cgroup root per supervisor.
     pub cgroup_roots: Vec<PathBuf>,
     pub spec: Spec,
-    pub coord: Vec<Option<Child>>,
-    pub sup: Vec<Option<Child>>,
-}
-
-/// Starts `mosaic <what> --config <cfg>`, its stderr appended to `log`, with `failpoints`
-/// (and never the test runner's own `FAILPOINTS`).
-pub fn spawn(what: &str, cfg: &Path, log: &Path, failpoints: Option<&str>) -> Child {
-    let mut c = Command::new(common::MOSAIC);
-    c.arg(what)
-        .arg("--config")
-        .arg(cfg)
-        .env("MOSAIC_LOG", "info")
-        .env_remove("FAILPOINTS")
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(
-            std::fs::OpenOptions::new()
-                .create(true)
-                .append(true)
-                .open(log)
-                .unwrap(),
-        );
-    if let Some(f) = failpoints {
-        c.env("FAILPOINTS", f);
-    }
-    c.spawn().unwrap()
+    pub coord: Vec<Daemon>,
+    pub sup: Vec<Daemon>,
 }
 
 impl World {
@@ -129,10 +104,17 @@ impl World {
             listen,
             operator_addr,
             cgroup_roots,
-            coord: (0..spec.coordinators).map(|_| None).collect(),
-            sup: (0..spec.supervisors).map(|_| None).collect(),
+            coord: vec![],
+            sup: vec![],
             spec,
         };
+        let mut w = w;
+        w.coord = (0..w.spec.coordinators)
+            .map(|i| Daemon::new("coordinator", w.coordinator_config(i), w.coordinator_log(i)))
+            .collect();
+        w.sup = (0..w.spec.supervisors)
+            .map(|h| Daemon::new("supervisor", w.supervisor_config(h), w.supervisor_log(h)))
+            .collect();
         for i in 0..w.spec.coordinators {
             w.write_coordinator_config(i);
         }
@@ -240,13 +222,7 @@ impl World {
     }
 
     pub fn start_coordinator(&mut self, i: usize, failpoints: Option<&str>) {
-        assert!(self.coord[i].is_none(), "coordinator {i} already runs");
-        self.coord[i] = Some(spawn(
-            "coordinator",
-            &self.coordinator_config(i),
-            &self.coordinator_log(i),
-            failpoints,
-        ));
+        self.coord[i].start(failpoints);
         let sock = self.socket(i);
         common::wait_until("coordinator serving", || {
             operator_call(&sock, &OperatorRequest::Status).ok()
@@ -255,14 +231,11 @@ impl World {
 
     /// SIGKILLs coordinator `i` (if it runs) and reaps it.
     pub fn crash_coordinator(&mut self, i: usize) {
-        if let Some(mut c) = self.coord[i].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.coord[i].crash();
     }
 
     pub fn coordinator_pid(&self, i: usize) -> i32 {
-        self.coord[i].as_ref().expect("coordinator runs").id() as i32
+        self.coord[i].pid().expect("coordinator runs") as i32
     }
 
     /// Waits for coordinator `i` to lead; its epoch.
@@ -276,11 +249,10 @@ impl World {
 
     /// Waits for coordinator `i` to end by itself (a failpoint, a refusal to start).
     pub fn wait_coordinator_died(&mut self, i: usize, what: &str) {
-        let c = self.coord[i].as_mut().expect("coordinator runs");
+        assert!(self.coord[i].running(), "coordinator {i} runs");
         let start = Instant::now();
         loop {
-            if let Ok(Some(_)) = c.try_wait() {
-                self.coord[i] = None;
+            if self.coord[i].exited().is_some() {
                 return;
             }
             assert!(
@@ -292,21 +264,12 @@ impl World {
     }
 
     pub fn start_supervisor(&mut self, h: usize) {
-        assert!(self.sup[h].is_none(), "supervisor {h} already runs");
-        self.sup[h] = Some(spawn(
-            "supervisor",
-            &self.supervisor_config(h),
-            &self.supervisor_log(h),
-            None,
-        ));
+        self.sup[h].start(None);
     }
 
     /// SIGKILLs supervisor `h` (if it runs) and reaps it; its generations live on.
     pub fn crash_supervisor(&mut self, h: usize) {
-        if let Some(mut c) = self.sup[h].take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
+        self.sup[h].crash();
     }
 
     /// Waits until the coordinators know `n` lanes.
@@ -320,7 +283,7 @@ impl World {
     pub fn op(&self, r: &OperatorRequest) -> Result<Value, OpError> {
         let mut last = None;
         for i in 0..self.coord.len() {
-            if self.coord[i].is_none() {
+            if !self.coord[i].running() {
                 continue;
             }
             match operator_call(&self.socket(i), r) {

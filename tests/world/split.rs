@@ -84,7 +84,7 @@ impl Split {
         let me = format!("host:{}", self.hosts[0]);
         common::wait_until("host connected", || {
             (0..2).find_map(|i| {
-                self.coord[i].as_ref()?;
+                self.coord[i].running().then_some(())?;
                 let st = operator_call(&self.socket(i), &OperatorRequest::Status).ok()?;
                 (st["leadership"]["state"] == "leading"
                     && st["hosts_connected"]

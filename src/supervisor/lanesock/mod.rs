@@ -304,8 +304,12 @@ pub fn call(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, std::io::E
 }
 
 /// The path a generation's lane socket lives at (beside its shim socket).
+/// A generation's lane socket: `sock` in a directory of its own (`<tag>.lane/`), so that a
+/// confined harness, which sees only that directory mounted into its namespace, sees the
+/// socket a restarted supervisor binds there again (a socket file mounted on its own
+/// would stay the dead one).
 pub(crate) fn path_for(shim_socket: &Path) -> PathBuf {
-    shim_socket.with_extension("lane.sock")
+    shim_socket.with_extension("lane").join("sock")
 }
 
 #[cfg(test)]

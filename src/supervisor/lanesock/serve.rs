@@ -19,6 +19,9 @@ impl LaneServer {
     pub(crate) fn end(self, why: &str) {
         self.task.abort();
         let _ = std::fs::remove_file(&self.path);
+        if let Some(dir) = self.path.parent() {
+            let _ = std::fs::remove_dir(dir);
+        }
         if self.session.activation.borrow().is_none() {
             self.session.activation.send_replace(Some(Err(why.into())));
         }
@@ -30,6 +33,10 @@ pub(crate) fn serve(
     cgroup_rel: String,
     s: Arc<GenSession>,
 ) -> Result<LaneServer, crate::supervisor::SupervisorError> {
+    if let Some(dir) = path.parent() {
+        // Kept across a supervisor restart: a confined harness sees this directory.
+        crate::util::durable::ensure_dir(dir, 0o700)?;
+    }
     let listener: UnixListener = crate::supervisor::generation::bind_socket(path)?;
     let session = s.clone();
     let task = tokio::spawn(async move {

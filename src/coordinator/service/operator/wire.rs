@@ -58,6 +58,12 @@ pub async fn serve_operators(
 ) -> Result<(), ServiceError> {
     loop {
         let (stream, _) = listener.accept().await?;
+        // A confined generation (or any tool it runs) on this host is never an operator.
+        let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+        if crate::confine::refuse_peer(peer) {
+            tracing::warn!(pid = ?peer, "operator socket: refused a confined (or unreadable) peer");
+            continue;
+        }
         tokio::spawn(operator_session(svc.clone(), stream));
     }
 }

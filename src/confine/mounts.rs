@@ -1,0 +1,306 @@
+//! The harness's own mount and IPC namespaces: the supervisor's directories hidden under
+//! empty tmpfs mounts (so every socket in them, the lanes' tmux servers and the control
+//! socket among them, is unreachable by path), the generation's own areas and lane socket
+//! mounted back in place, and a private `/tmp` and `/dev/shm`.
+//!
+//! Everything is computed in `Plan::new`, before the fork (C strings, the directories to
+//! make); `Plan::enter` runs in the child and makes raw system calls only.
+
+use std::ffi::CString;
+use std::os::unix::ffi::OsStrExt;
+use std::path::{Path, PathBuf};
+
+use super::ConfineError;
+
+const OPEN_TREE_CLONE: libc::c_uint = 0x1;
+const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
+const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+fn cstr(p: &Path) -> Result<CString, ConfineError> {
+    CString::new(p.as_os_str().as_bytes())
+        .map_err(|_| ConfineError::Policy(format!("{} holds a NUL byte", p.display())))
+}
+
+/// One path mounted back below a covered directory.
+struct Exposed {
+    path: CString,
+    is_dir: bool,
+    read_only: bool,
+    /// Directories to make in the tmpfs, outermost first, before the mount point.
+    make: Vec<CString>,
+}
+
+#[repr(C, packed)]
+struct PathBeneathAttr {
+    allowed_access: u64,
+    parent_fd: i32,
+}
+
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// The most paths mounted back (the areas, a lane socket, a few read roots).
+pub const MAX_EXPOSED: usize = 16;
+
+pub struct Plan {
+    /// Covered with an empty tmpfs, parents before children: the directory, whether the
+    /// harness may write it, and the directories to make first (inside a covering parent).
+    covered: Vec<(CString, bool, Vec<CString>)>,
+    exposed: Vec<Exposed>,
+    tmpfs: CString,
+    hidden_opts: CString,
+    tmp_opts: CString,
+    /// Landlock rights a private directory gets (every filesystem right).
+    private_access: u64,
+}
+
+/// The directories to make, outermost first, from inside `root` down to `path` (itself
+/// included when `include_last`).
+fn chain(root: &Path, path: &Path, include_last: bool) -> Result<Vec<CString>, ConfineError> {
+    let mut make = Vec::new();
+    let mut acc = root.to_path_buf();
+    let comps: Vec<_> = path
+        .strip_prefix(root)
+        .unwrap_or(path)
+        .components()
+        .collect();
+    for (i, c) in comps.iter().enumerate() {
+        acc.push(c);
+        if i + 1 < comps.len() || include_last {
+            make.push(cstr(&acc)?);
+        }
+    }
+    Ok(make)
+}
+
+impl Plan {
+    /// `hidden`: directories covered by an empty tmpfs, read-only once what is exposed
+    /// below is in place; `private`: covered by a fresh tmpfs the harness may write
+    /// (`/tmp`, `/dev/shm`); `exposed`: paths below a covered directory that stay visible
+    /// (`true`: read-only).
+    pub fn new(
+        hidden: &[PathBuf],
+        private: &[PathBuf],
+        exposed: &[(PathBuf, bool)],
+        private_access: u64,
+    ) -> Result<Self, ConfineError> {
+        let mut all: Vec<(&PathBuf, bool)> = hidden
+            .iter()
+            .map(|h| (h, false))
+            .chain(private.iter().map(|p| (p, true)))
+            .filter(|(p, _)| p.is_dir())
+            .collect();
+        // Parents before children (a path sorts before every path below it).
+        all.sort();
+        all.dedup_by(|a, b| a.0 == b.0);
+        // The deepest covered directory above `p` (strictly).
+        let cover_of = |p: &Path| {
+            all.iter()
+                .filter(|(c, _)| p != c.as_path() && p.starts_with(c))
+                .max_by_key(|(c, _)| c.components().count())
+                .map(|(c, _)| c.to_path_buf())
+        };
+        let mut covered = Vec::new();
+        for (dir, writable) in &all {
+            let make = match cover_of(dir) {
+                Some(parent) => chain(&parent, dir, true)?,
+                None => vec![],
+            };
+            covered.push((cstr(dir)?, *writable, make));
+        }
+        let mut ex = Vec::new();
+        for (e, read_only) in exposed {
+            let Some(root) = cover_of(e) else {
+                continue; // not covered: nothing to mount back
+            };
+            let meta = std::fs::metadata(e).map_err(|source| ConfineError::Read {
+                path: e.clone(),
+                source,
+            })?;
+            ex.push(Exposed {
+                path: cstr(e)?,
+                is_dir: meta.is_dir(),
+                read_only: *read_only,
+                make: chain(&root, e, meta.is_dir())?,
+            });
+        }
+        if ex.len() > MAX_EXPOSED {
+            return Err(ConfineError::Policy(format!(
+                "{} paths to mount back; at most {MAX_EXPOSED}",
+                ex.len()
+            )));
+        }
+        Ok(Self {
+            covered,
+            exposed: ex,
+            tmpfs: cstr(Path::new("tmpfs"))?,
+            hidden_opts: cstr(Path::new("mode=0755,size=64k"))?,
+            // Bounded: a full /tmp must not take the host's memory with it.
+            tmp_opts: cstr(Path::new("mode=1777,size=25%"))?,
+            private_access,
+        })
+    }
+
+    /// In the forked child, before its capabilities are dropped: new mount and IPC
+    /// namespaces, the hidden directories covered, the exposed paths mounted back, the
+    /// private directories made writable in `ruleset` (not yet enforced).
+    pub fn enter(&self, ruleset: libc::c_int) -> std::io::Result<()> {
+        let fail = || Err(std::io::Error::last_os_error());
+        let null = std::ptr::null::<libc::c_char>();
+        // SAFETY: every pointer is to a C string or struct this value owns, alive for the
+        // call; the calls allocate nothing.
+        unsafe {
+            if libc::unshare(libc::CLONE_NEWNS | libc::CLONE_NEWIPC) != 0 {
+                return fail();
+            }
+            // Nothing done here propagates back to the host.
+            if libc::mount(
+                null,
+                c"/".as_ptr(),
+                null,
+                libc::MS_REC | libc::MS_PRIVATE,
+                std::ptr::null(),
+            ) != 0
+            {
+                return fail();
+            }
+            // Detached copies of what stays visible, taken before it is covered (a fixed
+            // array: no allocation).
+            let mut trees = [-1i32; MAX_EXPOSED];
+            for (i, e) in self.exposed.iter().enumerate() {
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    e.path.as_ptr(),
+                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+                ) as i32;
+                if fd < 0 {
+                    return fail();
+                }
+                if e.read_only {
+                    let attr = MountAttr {
+                        attr_set: MOUNT_ATTR_RDONLY,
+                        attr_clr: 0,
+                        propagation: 0,
+                        userns_fd: 0,
+                    };
+                    if libc::syscall(
+                        libc::SYS_mount_setattr,
+                        fd,
+                        c"".as_ptr(),
+                        libc::AT_EMPTY_PATH,
+                        &attr as *const MountAttr,
+                        std::mem::size_of::<MountAttr>(),
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                }
+                trees[i] = fd;
+            }
+            for (dir, writable, make) in &self.covered {
+                for d in make {
+                    if libc::mkdir(d.as_ptr(), 0o755) != 0
+                        && *libc::__errno_location() != libc::EEXIST
+                    {
+                        return fail();
+                    }
+                }
+                let opts = if *writable {
+                    &self.tmp_opts
+                } else {
+                    &self.hidden_opts
+                };
+                if libc::mount(
+                    self.tmpfs.as_ptr(),
+                    dir.as_ptr(),
+                    self.tmpfs.as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV,
+                    opts.as_ptr().cast(),
+                ) != 0
+                {
+                    return fail();
+                }
+            }
+            for (i, e) in self.exposed.iter().enumerate() {
+                for d in &e.make {
+                    if libc::mkdir(d.as_ptr(), 0o755) != 0
+                        && *libc::__errno_location() != libc::EEXIST
+                    {
+                        return fail();
+                    }
+                }
+                if !e.is_dir {
+                    let fd = libc::open(
+                        e.path.as_ptr(),
+                        libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
+                        0o600,
+                    );
+                    if fd < 0 {
+                        return fail();
+                    }
+                    libc::close(fd);
+                }
+                if libc::syscall(
+                    libc::SYS_move_mount,
+                    trees[i],
+                    c"".as_ptr(),
+                    libc::AT_FDCWD,
+                    e.path.as_ptr(),
+                    MOVE_MOUNT_F_EMPTY_PATH,
+                ) != 0
+                {
+                    return fail();
+                }
+                libc::close(trees[i]);
+            }
+            // A hidden directory's skeleton is read-only from here on (even inside a
+            // private one, whose landlock rule would let the harness write it).
+            for (dir, writable, _) in &self.covered {
+                if !*writable
+                    && libc::mount(
+                        null,
+                        dir.as_ptr(),
+                        null,
+                        libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                        std::ptr::null(),
+                    ) != 0
+                {
+                    return fail();
+                }
+            }
+            // The private directories are the harness's to write.
+            for (dir, writable, _) in &self.covered {
+                if !*writable {
+                    continue;
+                }
+                let fd = libc::open(dir.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return fail();
+                }
+                let attr = PathBeneathAttr {
+                    allowed_access: self.private_access,
+                    parent_fd: fd,
+                };
+                let r = libc::syscall(
+                    libc::SYS_landlock_add_rule,
+                    ruleset,
+                    LANDLOCK_RULE_PATH_BENEATH,
+                    &attr as *const PathBeneathAttr,
+                    0u32,
+                );
+                libc::close(fd);
+                if r != 0 {
+                    return fail();
+                }
+            }
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,176 @@
+//! The fake harness's hostile directives (`attack=KIND:ARG`): what a tool inside a
+//! generation would try in order to reach beyond it. Each attempt is made for real, and its
+//! outcome appended as one line to `$HOME/attacks` (`attack KIND:ARG allowed` or
+//! `attack KIND:ARG denied: <error>`), so a test can read what the kernel let through.
+//! A denied attempt is not a failure of the harness: it goes on with its other directives.
+
+use std::io::Write;
+use std::path::PathBuf;
+
+/// One hostile attempt.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Attack {
+    /// Create or append to a file.
+    Write(PathBuf),
+    /// Read a file (or list a directory).
+    Read(PathBuf),
+    /// Move itself into the cgroup at this directory (its own parent: leaving its cgroup).
+    Join(PathBuf),
+    /// Send SIGURG (ignored by default: harmless where it gets through) to a process.
+    Signal(i32),
+    /// Seize a process with ptrace (and let go at once).
+    Ptrace(i32),
+    /// Read another process's environment.
+    Environ(i32),
+    /// Open another process's memory.
+    Mem(i32),
+    /// Mount a tmpfs below its home.
+    Mount,
+    /// Enter new user and mount namespaces.
+    Unshare,
+    /// Use a descriptor it did not open.
+    Fd(i32),
+    /// Open a raw IP socket.
+    RawSocket,
+    /// Connect to a Unix socket, send one line and read the answer: allowed only when the
+    /// server answers (a daemon that refuses the peer closes without a word).
+    Connect(PathBuf),
+}
+
+impl Attack {
+    /// Parses the value of `attack=` (`KIND:ARG`, or `KIND` for those without one).
+    pub fn parse(v: &str) -> Option<Self> {
+        let (kind, arg) = v.split_once(':').unwrap_or((v, ""));
+        let pid = || arg.parse::<i32>().ok().filter(|p| *p > 0);
+        let path = || (arg.starts_with('/')).then(|| PathBuf::from(arg));
+        Some(match kind {
+            "write" => Self::Write(path()?),
+            "read" => Self::Read(path()?),
+            "join" => Self::Join(path()?),
+            "signal" => Self::Signal(pid()?),
+            "ptrace" => Self::Ptrace(pid()?),
+            "environ" => Self::Environ(pid()?),
+            "mem" => Self::Mem(pid()?),
+            "mount" if arg.is_empty() => Self::Mount,
+            "unshare" if arg.is_empty() => Self::Unshare,
+            "fd" => Self::Fd(arg.parse::<i32>().ok().filter(|f| *f >= 0)?),
+            "raw-socket" if arg.is_empty() => Self::RawSocket,
+            "connect" => Self::Connect(path()?),
+            _ => return None,
+        })
+    }
+
+    fn label(&self) -> String {
+        match self {
+            Self::Write(p) => format!("write:{}", p.display()),
+            Self::Read(p) => format!("read:{}", p.display()),
+            Self::Join(p) => format!("join:{}", p.display()),
+            Self::Signal(p) => format!("signal:{p}"),
+            Self::Ptrace(p) => format!("ptrace:{p}"),
+            Self::Environ(p) => format!("environ:{p}"),
+            Self::Mem(p) => format!("mem:{p}"),
+            Self::Mount => "mount".into(),
+            Self::Unshare => "unshare".into(),
+            Self::Fd(f) => format!("fd:{f}"),
+            Self::RawSocket => "raw-socket".into(),
+            Self::Connect(p) => format!("connect:{}", p.display()),
+        }
+    }
+
+    /// Makes the attempt; `Ok` when the kernel let it through.
+    fn attempt(&self) -> std::io::Result<()> {
+        use nix::errno::Errno;
+        let nix = |r: Result<(), Errno>| r.map_err(std::io::Error::from);
+        match self {
+            Self::Write(p) => std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(p)
+                .and_then(|mut f| f.write_all(b"attack\n")),
+            Self::Read(p) if p.is_dir() => std::fs::read_dir(p).map(|_| ()),
+            Self::Read(p) => std::fs::read(p).map(|_| ()),
+            Self::Join(dir) => std::fs::write(dir.join("cgroup.procs"), "0"),
+            Self::Signal(pid) => nix(nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*pid),
+                nix::sys::signal::Signal::SIGURG,
+            )),
+            Self::Ptrace(pid) => {
+                let p = nix::unistd::Pid::from_raw(*pid);
+                nix(nix::sys::ptrace::seize(
+                    p,
+                    nix::sys::ptrace::Options::empty(),
+                ))?;
+                let _ = nix::sys::ptrace::detach(p, None);
+                Ok(())
+            }
+            Self::Environ(pid) => std::fs::read(format!("/proc/{pid}/environ")).map(|_| ()),
+            Self::Mem(pid) => std::fs::File::open(format!("/proc/{pid}/mem")).map(|_| ()),
+            Self::Mount => {
+                let home = std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_default();
+                let at = home.join("mnt");
+                let _ = std::fs::create_dir_all(&at);
+                nix(nix::mount::mount(
+                    Some("tmpfs"),
+                    &at,
+                    Some("tmpfs"),
+                    nix::mount::MsFlags::empty(),
+                    None::<&str>,
+                ))
+            }
+            Self::Unshare => nix(nix::sched::unshare(
+                nix::sched::CloneFlags::CLONE_NEWUSER | nix::sched::CloneFlags::CLONE_NEWNS,
+            )),
+            Self::Fd(fd) => {
+                // SAFETY: F_GETFD reads a flag of the descriptor number; no memory.
+                match unsafe { libc::fcntl(*fd, libc::F_GETFD) } {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    _ => Ok(()),
+                }
+            }
+            Self::Connect(p) => {
+                use std::io::Read;
+                let mut s = std::os::unix::net::UnixStream::connect(p)?;
+                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+                s.write_all(b"{}\n")?;
+                let mut buf = [0u8; 1];
+                match s.read(&mut buf)? {
+                    0 => Err(std::io::Error::other("the server closed without answering")),
+                    _ => Ok(()),
+                }
+            }
+            Self::RawSocket => {
+                // SAFETY: socket(2) takes integers; the returned fd is closed at once.
+                match unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) } {
+                    -1 => Err(std::io::Error::last_os_error()),
+                    fd => {
+                        // SAFETY: fd was just returned by socket(2) and is ours.
+                        unsafe { libc::close(fd) };
+                        Ok(())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Makes every attempt in order and appends each outcome to `$HOME/attacks`.
+pub fn run_all(attacks: &[&Attack]) {
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    let mut out = String::new();
+    for a in attacks {
+        let line = match a.attempt() {
+            Ok(()) => format!("attack {} allowed\n", a.label()),
+            Err(e) => format!("attack {} denied: {e}\n", a.label()),
+        };
+        print!("{line}");
+        out.push_str(&line);
+    }
+    out.push_str("attacks done\n");
+    if let Err(e) = std::fs::write(home.join("attacks"), out) {
+        eprintln!("mosaic-fake-harness: cannot record attacks: {e}");
+    }
+}

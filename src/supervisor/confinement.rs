@@ -1,0 +1,110 @@
+//! The supervisor's side of a generation's confinement (`crate::confine`): the policy it
+//! sends the shim, and the check of the started harness before the generation counts as
+//! live.
+//!
+//! **Never:** starts a confined lane's generation on a host that cannot confine (refused
+//! with the probe's reason); counts a generation live whose harness does not show the
+//! confinement in `/proc`; runs a lane unconfined unless the operator listed it in
+//! `unconfined_lanes` (then says so at every start, at warn).
+
+use std::path::{Path, PathBuf};
+
+use crate::confine::{self, Confinement, Policy};
+
+use super::config::Config;
+use super::SupervisorError;
+
+/// One generation's places, as its confinement needs them.
+pub(crate) struct Generation<'a> {
+    pub lane: &'a str,
+    pub lane_id: &'a str,
+    /// Its private area and run directory: the only places it writes.
+    pub area: &'a Path,
+    pub run: &'a Path,
+    /// Its lane socket, when it has one (a coordinated generation).
+    pub lane_socket: Option<&'a Path>,
+    /// The harness's argv[0].
+    pub program: Option<&'a str>,
+}
+
+/// The confinement for generation `g`.
+pub(crate) fn for_generation(
+    cfg: &Config,
+    support: &Result<confine::Support, String>,
+    g: &Generation<'_>,
+) -> Result<Confinement, SupervisorError> {
+    let Generation {
+        lane,
+        lane_id,
+        area,
+        run,
+        lane_socket,
+        program,
+    } = *g;
+    if !cfg.confined(lane) {
+        tracing::warn!(
+            lane_id,
+            "starting a generation UNCONFINED: the lane is listed in unconfined_lanes"
+        );
+        return Ok(Confinement::None);
+    }
+    if let Err(reason) = support {
+        return Err(SupervisorError::ConfinementUnavailable {
+            lane: lane_id.to_string(),
+            reason: reason.clone(),
+        });
+    }
+    let mut read: Vec<PathBuf> = confine::SYSTEM_READ.iter().map(PathBuf::from).collect();
+    read.push(cfg.harness_root.clone());
+    read.push(cfg.bin_dir.clone());
+    if let Some(p) = program.map(Path::new) {
+        if let Some(dir) = std::fs::canonicalize(p)
+            .ok()
+            .and_then(|c| c.parent().map(Path::to_path_buf))
+        {
+            read.push(dir);
+        }
+    }
+    let policy = Policy {
+        read,
+        write: vec![area.to_path_buf(), run.to_path_buf()],
+        devices: confine::DEVICES.iter().map(PathBuf::from).collect(),
+        masked: cfg.masked_paths(),
+        hidden: vec![cfg.state_dir.clone(), cfg.runtime_dir.clone()],
+        private: ["/tmp", "/dev/shm"]
+            .iter()
+            .map(PathBuf::from)
+            .filter(|p| p.is_dir())
+            .collect(),
+        sockets: lane_socket
+            .and_then(Path::parent)
+            .map(Path::to_path_buf)
+            .into_iter()
+            .collect(),
+    };
+    policy
+        .validate()
+        .map_err(|e| SupervisorError::ConfinementUnavailable {
+            lane: lane_id.to_string(),
+            reason: e.to_string(),
+        })?;
+    Ok(Confinement::Enforced {
+        policy: Box::new(policy),
+    })
+}
+
+/// Checks that the started harness `pid` shows every layer of `c`: what was seen, or an
+/// error when it runs without its confinement (the launch then fails and is ended).
+pub(crate) fn verify(c: &Confinement, pid: i32) -> Result<confine::Seen, String> {
+    if matches!(c, Confinement::None) {
+        return Ok(confine::Seen::None);
+    }
+    match confine::observe(pid) {
+        Ok(o) if o.is_confined() => Ok(confine::Seen::Verified),
+        Ok(o) => Err(format!(
+            "harness pid {pid} runs without its confinement: {o:?}"
+        )),
+        Err(_) if !Path::new(&format!("/proc/{pid}")).exists() => Ok(confine::Seen::Unobserved),
+        Err(e) => Err(format!("cannot read harness pid {pid}'s confinement: {e}")),
+    }
+}
