@@ -280,22 +280,21 @@ fn main() {
 
     // (a)
     let n = 30;
-    h.create_lane("a");
-    let mut mosaic_start = Vec::new();
-    for _ in 0..n {
-        let t = Instant::now();
-        h.start("a", "hang");
-        mosaic_start.push(t.elapsed());
-        h.call(&Request::Stop { lane: "a".into() });
-    }
-    h.create_lane("u");
-    let mut unconfined_start = Vec::new();
-    for _ in 0..n {
-        let t = Instant::now();
-        h.start("u", "hang");
-        unconfined_start.push(t.elapsed());
-        h.call(&Request::Stop { lane: "u".into() });
-    }
+    // `n` starts (each stopped again) on a new lane: their start times.
+    let starts = |lane: &str| {
+        h.create_lane(lane);
+        (0..n)
+            .map(|_| {
+                let t = Instant::now();
+                h.start(lane, "hang");
+                let took = t.elapsed();
+                h.call(&Request::Stop { lane: lane.into() });
+                took
+            })
+            .collect::<Vec<_>>()
+    };
+    let mut mosaic_start = starts("a");
+    let mut unconfined_start = starts("u");
     let mut anchor = bare_respawn(n, &dir);
     let mut control = control_respawn(n, &dir);
     let (m50, a50, c50) = (

@@ -35,6 +35,11 @@ fn outcomes(h: &Host, lane: &str, generation: u64) -> Vec<(String, bool, String)
             .ok()
             .filter(|t| t.contains("attacks done"))
     });
+    parse_outcomes(&text)
+}
+
+/// `attack WHAT allowed` / `attack WHAT denied: …` lines: (what, allowed, what was said).
+fn parse_outcomes(text: &str) -> Vec<(String, bool, String)> {
     text.lines()
         .filter_map(|l| l.strip_prefix("attack "))
         .map(|l| {
@@ -272,13 +277,7 @@ fn run_confined(
     let out = c.output().unwrap();
     assert!(out.status.success(), "{out:?}");
     let text = std::fs::read_to_string(home.join("attacks")).unwrap();
-    text.lines()
-        .filter_map(|l| l.strip_prefix("attack "))
-        .map(|l| {
-            let (what, rest) = l.split_once(' ').unwrap();
-            (what.to_string(), rest == "allowed", rest.to_string())
-        })
-        .collect()
+    parse_outcomes(&text)
 }
 
 /// The layers one by one, each with the others out of the way: the test builds a policy

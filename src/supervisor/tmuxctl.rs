@@ -364,6 +364,19 @@ mod tests {
         fn tmux(&self) -> Tmux {
             Tmux::new(&self.0, self.1.join("s.sock"))
         }
+        /// A server with the session `lane`, as a lane's.
+        fn start_lane_session(&self) {
+            let out = self.raw(&[
+                "-f",
+                "/dev/null",
+                "new-session",
+                "-d",
+                "-s",
+                "lane",
+                "sleep 100",
+            ]);
+            assert!(out.status.success(), "{out:?}");
+        }
         fn raw(&self, args: &[&str]) -> std::process::Output {
             std::process::Command::new(&self.0)
                 .arg("-S")
@@ -389,18 +402,7 @@ mod tests {
     #[test]
     fn attaching_to_a_dead_server_starts_none() {
         let s = Scratch::new("dead");
-        assert!(s
-            .raw(&[
-                "-f",
-                "/dev/null",
-                "new-session",
-                "-d",
-                "-s",
-                "lane",
-                "sleep 100"
-            ])
-            .status
-            .success());
+        s.start_lane_session();
         let c = Control::attach(&s.tmux(), "lane");
         assert!(c.is_ok(), "{:?}", c.err());
         drop(c);
@@ -430,18 +432,7 @@ mod tests {
     #[test]
     fn a_server_without_the_session_reads_as_absent() {
         let s = Scratch::new("empty");
-        assert!(s
-            .raw(&[
-                "-f",
-                "/dev/null",
-                "new-session",
-                "-d",
-                "-s",
-                "lane",
-                "sleep 100"
-            ])
-            .status
-            .success());
+        s.start_lane_session();
         assert!(s
             .raw(&["set-option", "-s", "exit-empty", "off"])
             .status
