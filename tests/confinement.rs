@@ -55,6 +55,8 @@ fn pid(v: &Value) -> i32 {
 
 /// The victim: a live generation on lane `victim`, with a credential in its environment.
 struct Victim {
+    /// Its pane's terminal (the shim's stdin).
+    tty: PathBuf,
     harness: i32,
     harness_start: u64,
     cgroup: PathBuf,
@@ -72,6 +74,7 @@ fn victim(h: &Host) -> Victim {
         (m.len() >= 4).then_some(m)
     });
     Victim {
+        tty: std::fs::read_link(format!("/proc/{}/fd/0", pid(&id["root_pid"]))).unwrap(),
         harness: pid(&id["harness_pid"]),
         harness_start: id["harness_start_time"].as_u64().unwrap(),
         cgroup,
@@ -88,6 +91,8 @@ fn hostile(h: &Host, v: &Victim, own_cgroup_parent: &Path) -> Vec<String> {
         format!("attack=read:{}", v.area.display()),
         format!("attack=join:{}", v.cgroup.display()),
         format!("attack=join:{}", own_cgroup_parent.display()),
+        // Another pane's terminal: its input (the typed activation check), its screen.
+        format!("attack=open:{}", v.tty.display()),
         format!("attack=signal:{sup}"),
         format!("attack=signal:{}", v.harness),
         format!("attack=ptrace:{}", v.harness),
@@ -133,6 +138,19 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
     let incarnation = lane_incarnation(&h, "attacker");
     let own_cgroup_parent = h.cgroup_root.join(format!("lanes/attacker/{incarnation}"));
     let mut directives = hostile(&h, &v, &own_cgroup_parent);
+    // A host file's mode (landlock does not govern chmod; the harness is uid 0, the owner).
+    struct Probe(PathBuf);
+    impl Drop for Probe {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+    let probe = Probe(PathBuf::from(format!(
+        "/usr/local/mosaic-chmod-probe-{}",
+        std::process::id()
+    )));
+    std::fs::write(&probe.0, "x").unwrap();
+    directives.push(format!("attack=chmod:{}", probe.0.display()));
     // What it may do: write its own home and read the system.
     directives.push(format!("attack=write:{}", own.join("home/mine").display()));
     directives.push(format!("attack=write:{}", own.join("work/mine").display()));
@@ -181,6 +199,12 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
         "the generation's /tmp is private"
     );
     assert!(h.receipts(Some("victim"), true).is_empty());
+    use std::os::unix::fs::PermissionsExt;
+    assert_eq!(
+        std::fs::metadata(&probe.0).unwrap().permissions().mode() & 0o7777,
+        0o644,
+        "a host file's mode changed"
+    );
     assert_eq!(h.lane_status("attacker")["confinement"], "enforced");
     // The attacker is still in its own cgroup (it could not leave).
     let attacker_cg = cgroup_abs(&h, g["process_identity"]["cgroup_path"].as_str().unwrap());
@@ -305,14 +329,17 @@ fn each_layer_stops_what_it_covers_on_its_own() {
         policy,
         &home,
         &[
-            // landlock: the state dir is masked (and visible: nothing hides it here).
+            // landlock (and the read-only tree): the state dir is masked, and visible:
+            // nothing hides it here.
             format!("attack=write:{}", h.state_dir().join("planted").display()),
             format!(
                 "attack=read:{}",
                 h.state_dir().join("supervisor.lock").display()
             ),
-            // The daemon's peer check: the control socket is reachable by path here.
+            // The daemon's peer check: the control socket is reachable by path here; also
+            // through a zombie child that connected and exited.
             format!("attack=connect:{}", h.socket().display()),
+            format!("attack=zombie-connect:{}", h.socket().display()),
             // landlock's scopes and ptrace rule: the supervisor is outside the domain.
             format!("attack=signal:{}", h.supervisor_pid().unwrap()),
             format!("attack=environ:{}", h.supervisor_pid().unwrap()),
@@ -336,7 +363,14 @@ fn each_layer_stops_what_it_covers_on_its_own() {
         "{got:?}"
     );
     let said = |what: &str| &got.iter().find(|(w, _, _)| w.starts_with(what)).unwrap().2;
-    assert!(said("write:").contains("Permission denied"), "{got:?}");
+    // A write outside its areas: the read-only tree and landlock both stop it.
+    let w = said("write:");
+    assert!(
+        w.contains("Read-only file system") || w.contains("Permission denied"),
+        "{got:?}"
+    );
+    // Reads are landlock's alone here (nothing hides the state dir).
+    assert!(said("read:").contains("Permission denied"), "{got:?}");
     // Refused at accept: closed without a word (or reset, the line it sent unread).
     let c = said("connect:");
     assert!(

@@ -195,6 +195,7 @@ fn world() -> (Supervisor, World) {
         credentials: Default::default(),
         harness_config: Default::default(),
         unconfined_lanes: vec![],
+        hidden_paths: vec![],
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

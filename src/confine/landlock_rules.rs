@@ -28,9 +28,18 @@ pub fn abi() -> i32 {
     }
 }
 
-/// Every filesystem right the ruleset handles, as landlock's bit mask.
-pub fn all_access() -> u64 {
-    AccessFs::from_all(REQUIRED_ABI).bits()
+/// Rights on a device: read, write, terminal ioctls.
+fn device() -> BitFlags<AccessFs> {
+    AccessFs::from_read(REQUIRED_ABI) | AccessFs::WriteFile | AccessFs::IoctlDev
+}
+
+/// The right masks the child grants on what it mounts itself.
+pub fn mount_access() -> super::mounts::Access {
+    super::mounts::Access {
+        all: AccessFs::from_all(REQUIRED_ABI).bits(),
+        device: device().bits(),
+        device_file: (device() & AccessFs::from_file(REQUIRED_ABI)).bits(),
+    }
 }
 
 fn ll(e: impl std::fmt::Display) -> ConfineError {
@@ -59,9 +68,8 @@ pub fn build(policy: &Policy) -> Result<OwnedFd, ConfineError> {
     for w in &policy.write {
         rs = add(rs, w, all)?;
     }
-    let device = read | AccessFs::WriteFile | AccessFs::IoctlDev;
     for d in &policy.devices {
-        rs = add(rs, d, device)?;
+        rs = add(rs, d, device())?;
     }
     let fd: Option<OwnedFd> = rs.into();
     fd.ok_or_else(|| ll("the ruleset has no file descriptor"))
@@ -153,8 +161,18 @@ fn add_unmasked(
         // A rule follows a symbolic link to its target: one that leads into (or above) a
         // masked path is left out, not followed.
         if entry.file_type().is_ok_and(|t| t.is_symlink()) {
+            use std::os::unix::fs::PermissionsExt;
             match std::fs::canonicalize(&path) {
-                Ok(t) if !masked.iter().any(|m| t.starts_with(m) || m.starts_with(&t)) => {}
+                Ok(t) if !masked.iter().any(|m| t.starts_with(m) || m.starts_with(&t)) => {
+                    // Only to what every user could read anyway.
+                    let world_readable = std::fs::metadata(&t).is_ok_and(|m| {
+                        let need = if m.is_dir() { 0o005 } else { 0o004 };
+                        m.permissions().mode() & need == need
+                    });
+                    if !world_readable {
+                        continue;
+                    }
+                }
                 _ => continue,
             }
         }

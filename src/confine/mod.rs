@@ -52,6 +52,8 @@ pub enum ConfineError {
     Landlock(String),
     #[error("seccomp filter: {0}")]
     Seccomp(String),
+    #[error("{0}")]
+    Privilege(String),
     #[error("confinement policy: {0}")]
     Policy(String),
     #[error("cannot read {path}: {source}")]
@@ -65,7 +67,7 @@ pub enum ConfineError {
 impl ConfineError {
     pub fn category(&self) -> &'static str {
         match self {
-            Self::Landlock(_) | Self::Seccomp(_) => "confinement-unavailable",
+            Self::Landlock(_) | Self::Seccomp(_) | Self::Privilege(_) => "confinement-unavailable",
             Self::Policy(_) | Self::Read { .. } => "confinement",
         }
     }
@@ -141,7 +143,8 @@ pub const SYSTEM_READ: &[&str] = &[
 /// would otherwise be its to read. Walked at every launch (about a thousand entries).
 pub const WORLD_READABLE_ONLY: &[&str] = &["/etc"];
 
-/// Devices a harness uses: the null and zero devices, the terminal (its pane's pty).
+/// Devices a harness uses: the null and zero devices, the random devices, its controlling
+/// terminal. New terminals come from a devpts instance of its own, granted in the child.
 pub const DEVICES: &[&str] = &[
     "/dev/null",
     "/dev/zero",
@@ -149,9 +152,16 @@ pub const DEVICES: &[&str] = &[
     "/dev/random",
     "/dev/urandom",
     "/dev/tty",
-    "/dev/ptmx",
-    "/dev/pts",
 ];
+
+/// Directories hidden from every generation besides the supervisor's own: where other
+/// services keep their sockets and state (`/run`: docker, D-Bus, PostgreSQL, a coordinator
+/// on the same host; `/var`: every service's state; the users' homes). What a generation
+/// needs below them (its install, its areas) is mounted back.
+pub const SYSTEM_HIDDEN: &[&str] = &["/run", "/var", "/home", "/root", "/srv", "/mnt", "/media"];
+
+/// Directories replaced by a private tmpfs the harness may write.
+pub const PRIVATE: &[&str] = &["/tmp", "/var/tmp", "/dev/shm"];
 
 impl Policy {
     /// Checks the policy before anything is built from it: absolute paths only, no
@@ -214,7 +224,7 @@ impl Prepared {
             &policy.hidden,
             &policy.private,
             &exposed,
-            landlock_rules::all_access(),
+            landlock_rules::mount_access(),
         )?;
         let cwd = cwd
             .map(|c| {
@@ -380,6 +390,23 @@ pub fn probe() -> Result<Support, ConfineError> {
         )));
     }
     seccomp::programs()?;
+    // The shim (this process's child) needs CAP_SYS_ADMIN for the namespaces and
+    // mounts, and CAP_SETPCAP to empty the bounding set.
+    let eff = std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("CapEff:"))
+                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+        })
+        .unwrap_or(0);
+    for (bit, name) in [(21, "CAP_SYS_ADMIN"), (8, "CAP_SETPCAP")] {
+        if eff & (1 << bit) == 0 {
+            return Err(ConfineError::Privilege(format!(
+                "the supervisor lacks {name}, which building the confinement needs (run it as root)"
+            )));
+        }
+    }
     Ok(Support { landlock_abi: abi })
 }
 
@@ -424,13 +451,25 @@ impl Observed {
 
 /// Whether a local socket's peer must be refused by the daemons' own sockets (the
 /// supervisor's control socket, the coordinator's operator socket): a confined generation
-/// (or anything it started: every layer is inherited and permanent) never speaks them.
-/// A peer whose confinement cannot be read is refused too (fail closed).
+/// (or anything it started: `no_new_privs` and the empty bounding set are inherited and
+/// permanent) never speaks them. A peer that cannot be read, or is already dead (a zombie
+/// child that connected and exited, its socket used by its parent), is refused too.
 pub fn refuse_peer(pid: Option<i32>) -> bool {
-    match pid.map(observe) {
-        Some(Ok(o)) => o.is_confined(),
-        _ => true,
-    }
+    let Some(pid) = pid else {
+        return true;
+    };
+    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
+        return true;
+    };
+    let field = |name: &str| {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    };
+    let dead = field("State").is_none_or(|s| s.starts_with('Z') || s.starts_with('X'));
+    let no_new_privs = field("NoNewPrivs") != Some("0");
+    let no_bounding = field("CapBnd").is_none_or(|v| u64::from_str_radix(v, 16).ok() == Some(0));
+    dead || (no_new_privs && no_bounding)
 }
 
 /// Reads `pid`'s confinement from `/proc/<pid>/status`.

@@ -16,6 +16,30 @@ const OPEN_TREE_CLONE: libc::c_uint = 0x1;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
 const MOUNT_ATTR_RDONLY: u64 = 0x1;
+const MOUNT_ATTR_NOSUID: u64 = 0x2;
+const MOUNT_ATTR_NODEV: u64 = 0x4;
+const AT_RECURSIVE: libc::c_int = 0x8000;
+
+/// `mount_setattr(2)` on `dirfd`/`path`: raw, allocation-free.
+///
+/// # Safety
+/// `path` must be a valid C string.
+unsafe fn setattr(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int, set: u64) -> bool {
+    let attr = MountAttr {
+        attr_set: set,
+        attr_clr: 0,
+        propagation: 0,
+        userns_fd: 0,
+    };
+    libc::syscall(
+        libc::SYS_mount_setattr,
+        dirfd,
+        path.as_ptr(),
+        flags,
+        &attr as *const MountAttr,
+        std::mem::size_of::<MountAttr>(),
+    ) == 0
+}
 
 fn cstr(p: &Path) -> Result<CString, ConfineError> {
     CString::new(p.as_os_str().as_bytes())
@@ -26,6 +50,8 @@ fn cstr(p: &Path) -> Result<CString, ConfineError> {
 struct Exposed {
     path: CString,
     is_dir: bool,
+    /// Below a covered directory (its mount point is made); otherwise mounted onto itself.
+    covered: bool,
     read_only: bool,
     /// Directories to make in the tmpfs, outermost first, before the mount point.
     make: Vec<CString>,
@@ -45,8 +71,39 @@ struct MountAttr {
     userns_fd: u64,
 }
 
+/// Landlock right masks the child grants on what it mounts.
+pub struct Access {
+    pub all: u64,
+    pub device: u64,
+    pub device_file: u64,
+}
+
 /// The most paths mounted back (the areas, a lane socket, a few read roots).
 pub const MAX_EXPOSED: usize = 16;
+
+/// `landlock_add_rule(2)` for `path` (opened `O_PATH` here): raw, allocation-free.
+///
+/// # Safety
+/// `path` must be a valid C string.
+unsafe fn add_rule(ruleset: libc::c_int, path: &std::ffi::CStr, access: u64) -> bool {
+    let fd = libc::open(path.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
+    if fd < 0 {
+        return false;
+    }
+    let attr = PathBeneathAttr {
+        allowed_access: access,
+        parent_fd: fd,
+    };
+    let r = libc::syscall(
+        libc::SYS_landlock_add_rule,
+        ruleset,
+        LANDLOCK_RULE_PATH_BENEATH,
+        &attr as *const PathBeneathAttr,
+        0u32,
+    );
+    libc::close(fd);
+    r == 0
+}
 
 pub struct Plan {
     /// Covered with an empty tmpfs, parents before children: the directory, whether the
@@ -58,6 +115,9 @@ pub struct Plan {
     tmp_opts: CString,
     /// Landlock rights a private directory gets (every filesystem right).
     private_access: u64,
+    /// Landlock rights on the new terminals: the directory, and the ptmx file.
+    device_access: u64,
+    device_file_access: u64,
 }
 
 /// The directories to make, outermost first, from inside `root` down to `path` (itself
@@ -88,7 +148,7 @@ impl Plan {
         hidden: &[PathBuf],
         private: &[PathBuf],
         exposed: &[(PathBuf, bool)],
-        private_access: u64,
+        access: Access,
     ) -> Result<Self, ConfineError> {
         let mut all: Vec<(&PathBuf, bool)> = hidden
             .iter()
@@ -116,18 +176,32 @@ impl Plan {
         }
         let mut ex = Vec::new();
         for (e, read_only) in exposed {
-            let Some(root) = cover_of(e) else {
-                continue; // not covered: nothing to mount back
+            let root = cover_of(e);
+            if root.is_none() && *read_only {
+                continue; // in view, and read-only like the rest of the tree
+            }
+            let meta = match std::fs::metadata(e) {
+                Ok(m) => m,
+                // A root the host does not have (no harness install yet): nothing to mount.
+                Err(err) if err.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(source) => {
+                    return Err(ConfineError::Read {
+                        path: e.clone(),
+                        source,
+                    })
+                }
             };
-            let meta = std::fs::metadata(e).map_err(|source| ConfineError::Read {
-                path: e.clone(),
-                source,
-            })?;
             ex.push(Exposed {
                 path: cstr(e)?,
                 is_dir: meta.is_dir(),
+                covered: root.is_some(),
                 read_only: *read_only,
-                make: chain(&root, e, meta.is_dir())?,
+                // Writable and not covered: mounted back onto itself, over the read-only
+                // tree, with nothing to make.
+                make: match &root {
+                    Some(root) => chain(root, e, meta.is_dir())?,
+                    None => vec![],
+                },
             });
         }
         if ex.len() > MAX_EXPOSED {
@@ -143,7 +217,9 @@ impl Plan {
             hidden_opts: cstr(Path::new("mode=0755,size=64k"))?,
             // Bounded: a full /tmp must not take the host's memory with it.
             tmp_opts: cstr(Path::new("mode=1777,size=25%"))?,
-            private_access,
+            private_access: access.all,
+            device_access: access.device,
+            device_file_access: access.device_file,
         })
     }
 
@@ -183,26 +259,25 @@ impl Plan {
                 if fd < 0 {
                     return fail();
                 }
-                if e.read_only {
-                    let attr = MountAttr {
-                        attr_set: MOUNT_ATTR_RDONLY,
-                        attr_clr: 0,
-                        propagation: 0,
-                        userns_fd: 0,
-                    };
-                    if libc::syscall(
-                        libc::SYS_mount_setattr,
-                        fd,
-                        c"".as_ptr(),
-                        libc::AT_EMPTY_PATH,
-                        &attr as *const MountAttr,
-                        std::mem::size_of::<MountAttr>(),
-                    ) != 0
-                    {
-                        return fail();
-                    }
+                // What is mounted back keeps no setuid or device meaning; what is read
+                // only stays so.
+                let set = MOUNT_ATTR_NOSUID
+                    | MOUNT_ATTR_NODEV
+                    | if e.read_only { MOUNT_ATTR_RDONLY } else { 0 };
+                if !setattr(fd, c"", libc::AT_EMPTY_PATH, set) {
+                    return fail();
                 }
                 trees[i] = fd;
+            }
+            // The whole host tree read-only and without setuid: landlock does not govern
+            // chmod, chown, xattrs or timestamps, and the harness is uid 0 (its files' owner).
+            if !setattr(
+                libc::AT_FDCWD,
+                c"/",
+                AT_RECURSIVE,
+                MOUNT_ATTR_RDONLY | MOUNT_ATTR_NOSUID,
+            ) {
+                return fail();
             }
             for (dir, writable, make) in &self.covered {
                 for d in make {
@@ -236,7 +311,7 @@ impl Plan {
                         return fail();
                     }
                 }
-                if !e.is_dir {
+                if !e.is_dir && e.covered {
                     let fd = libc::open(
                         e.path.as_ptr(),
                         libc::O_CREAT | libc::O_WRONLY | libc::O_CLOEXEC,
@@ -275,30 +350,36 @@ impl Plan {
                     return fail();
                 }
             }
-            // The private directories are the harness's to write.
+            // Its own terminals: a new devpts instance (no other pane's terminal in it;
+            // its own stays open on its descriptors and as /dev/tty) and its ptmx.
+            if libc::mount(
+                c"devpts".as_ptr(),
+                c"/dev/pts".as_ptr(),
+                c"devpts".as_ptr(),
+                libc::MS_NOSUID | libc::MS_NOEXEC,
+                c"newinstance,ptmxmode=0666,mode=0620".as_ptr().cast(),
+            ) != 0
+                || libc::mount(
+                    c"/dev/pts/ptmx".as_ptr(),
+                    c"/dev/ptmx".as_ptr(),
+                    null,
+                    libc::MS_BIND,
+                    std::ptr::null(),
+                ) != 0
+            {
+                return fail();
+            }
+            // Rules for what exists only from here on: the private directories (every
+            // right) and the new terminals (device rights).
             for (dir, writable, _) in &self.covered {
-                if !*writable {
-                    continue;
-                }
-                let fd = libc::open(dir.as_ptr(), libc::O_PATH | libc::O_CLOEXEC);
-                if fd < 0 {
+                if *writable && !add_rule(ruleset, dir, self.private_access) {
                     return fail();
                 }
-                let attr = PathBeneathAttr {
-                    allowed_access: self.private_access,
-                    parent_fd: fd,
-                };
-                let r = libc::syscall(
-                    libc::SYS_landlock_add_rule,
-                    ruleset,
-                    LANDLOCK_RULE_PATH_BENEATH,
-                    &attr as *const PathBeneathAttr,
-                    0u32,
-                );
-                libc::close(fd);
-                if r != 0 {
-                    return fail();
-                }
+            }
+            if !add_rule(ruleset, c"/dev/pts", self.device_access)
+                || !add_rule(ruleset, c"/dev/ptmx", self.device_file_access)
+            {
+                return fail();
             }
         }
         Ok(())

@@ -127,16 +127,24 @@ pub fn programs() -> Result<Vec<BpfProgram>, ConfineError> {
             .collect::<Result<Vec<_>, _>>()?,
     )
     .map_err(sc)?;
-    let raw = |t: u64| -> Result<SeccompRule, ConfineError> {
-        SeccompRule::new(vec![cond(1, SeccompCmpOp::MaskedEq(0xf), t)?]).map_err(sc)
+    // A raw or packet socket of IPv4 or IPv6 (netlink's raw sockets stay: interface
+    // listing uses them).
+    let raw = |family: libc::c_int, t: u64| -> Result<SeccompRule, ConfineError> {
+        SeccompRule::new(vec![
+            cond(0, SeccompCmpOp::Eq, family as u64)?,
+            cond(1, SeccompCmpOp::MaskedEq(0xf), t)?,
+        ])
+        .map_err(sc)
     };
     denied.insert(
         libc::SYS_socket,
         vec![
             other_family,
-            raw(libc::SOCK_RAW as u64)?,
+            raw(libc::AF_INET, libc::SOCK_RAW as u64)?,
+            raw(libc::AF_INET6, libc::SOCK_RAW as u64)?,
             // SOCK_PACKET (10), the obsolete packet socket type.
-            raw(10)?,
+            raw(libc::AF_INET, 10)?,
+            raw(libc::AF_INET6, 10)?,
         ],
     );
     let absent: BTreeMap<i64, Vec<SeccompRule>> = ABSENT.iter().map(|&n| (n, vec![])).collect();

@@ -35,6 +35,13 @@ pub enum Attack {
     /// Connect to a Unix socket, send one line and read the answer: allowed only when the
     /// server answers (a daemon that refuses the peer closes without a word).
     Connect(PathBuf),
+    /// The same, through a zombie: a child connects and exits unreaped, the parent sends
+    /// on the connected socket (the server sees a dead peer).
+    ZombieConnect(PathBuf),
+    /// Change a file's mode to 04777 (setuid, writable by all).
+    Chmod(PathBuf),
+    /// Open a file (a device: another pane's terminal) for reading and writing.
+    Open(PathBuf),
 }
 
 impl Attack {
@@ -56,6 +63,9 @@ impl Attack {
             "fd" => Self::Fd(arg.parse::<i32>().ok().filter(|f| *f >= 0)?),
             "raw-socket" if arg.is_empty() => Self::RawSocket,
             "connect" => Self::Connect(path()?),
+            "zombie-connect" => Self::ZombieConnect(path()?),
+            "chmod" => Self::Chmod(path()?),
+            "open" => Self::Open(path()?),
             _ => return None,
         })
     }
@@ -74,6 +84,9 @@ impl Attack {
             Self::Fd(f) => format!("fd:{f}"),
             Self::RawSocket => "raw-socket".into(),
             Self::Connect(p) => format!("connect:{}", p.display()),
+            Self::ZombieConnect(p) => format!("zombie-connect:{}", p.display()),
+            Self::Chmod(p) => format!("chmod:{}", p.display()),
+            Self::Open(p) => format!("open:{}", p.display()),
         }
     }
 
@@ -140,6 +153,61 @@ impl Attack {
                     _ => Ok(()),
                 }
             }
+            Self::ZombieConnect(p) => {
+                use std::io::Read;
+                use std::os::fd::{AsRawFd, FromRawFd};
+                // SAFETY: socket(2) with integer arguments; the fd is owned below.
+                let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                // SAFETY: fd was just returned by socket(2) and is owned only here.
+                let mut s = unsafe { std::os::unix::net::UnixStream::from_raw_fd(fd) };
+                if p.as_os_str().len() >= 108 {
+                    return Err(std::io::Error::other("path too long for a Unix socket"));
+                }
+                let c = std::ffi::CString::new(p.as_os_str().as_encoded_bytes())
+                    .map_err(std::io::Error::other)?;
+                // SAFETY: the child only builds a sockaddr on its stack, connects and
+                // exits (async-signal-safe calls); the parent keeps the connected socket.
+                match unsafe { libc::fork() } {
+                    -1 => return Err(std::io::Error::last_os_error()),
+                    0 => unsafe {
+                        let mut sa: libc::sockaddr_un = std::mem::zeroed();
+                        sa.sun_family = libc::AF_UNIX as libc::sa_family_t;
+                        let bytes = c.as_bytes_with_nul();
+                        let n = bytes.len().min(sa.sun_path.len());
+                        for (d, b) in sa.sun_path.iter_mut().zip(&bytes[..n]) {
+                            *d = *b as libc::c_char;
+                        }
+                        let r = libc::connect(
+                            s.as_raw_fd(),
+                            &sa as *const libc::sockaddr_un as *const libc::sockaddr,
+                            std::mem::size_of::<libc::sockaddr_un>() as libc::socklen_t,
+                        );
+                        libc::_exit(if r == 0 { 0 } else { 1 });
+                    },
+                    _child => {}
+                }
+                // Not reaped: the connecting process stays a zombie while we talk.
+                std::thread::sleep(std::time::Duration::from_millis(200));
+                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+                s.write_all(b"{}\n")?;
+                let mut buf = [0u8; 1];
+                match s.read(&mut buf)? {
+                    0 => Err(std::io::Error::other("the server closed without answering")),
+                    _ => Ok(()),
+                }
+            }
+            Self::Chmod(p) => {
+                use std::os::unix::fs::PermissionsExt;
+                std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o4777))
+            }
+            Self::Open(p) => std::fs::OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(p)
+                .map(|_| ()),
             Self::RawSocket => {
                 // SAFETY: socket(2) takes integers; the returned fd is closed at once.
                 match unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) } {

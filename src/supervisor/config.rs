@@ -61,6 +61,11 @@ pub struct ConfigFile {
     /// lane is confined, and where the kernel cannot confine, its starts are refused.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub unconfined_lanes: Vec<String>,
+    /// Directories hidden from every generation besides the system's service directories
+    /// and this supervisor's own state and runtime: where other supervisors or a
+    /// coordinator on this machine keep their sockets and state, if not below /run or /var.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
@@ -114,6 +119,7 @@ pub struct Config {
     pub credentials: std::collections::BTreeMap<String, PathBuf>,
     pub harness_config: std::collections::BTreeMap<String, PathBuf>,
     pub unconfined_lanes: Vec<LaneName>,
+    pub hidden_paths: Vec<PathBuf>,
 }
 
 impl Config {
@@ -146,6 +152,11 @@ impl Config {
             Some(b) => b,
             None => default_bin_dir()?,
         };
+        if let Some(p) = f.hidden_paths.iter().find(|p| !p.is_absolute()) {
+            return Err(SupervisorError::Config {
+                detail: format!("hidden_paths must be absolute, got {}", p.display()),
+            });
+        }
         for (rt, p) in f.credentials.iter().chain(&f.harness_config) {
             if !p.is_absolute() {
                 return Err(SupervisorError::Config {
@@ -193,6 +204,7 @@ impl Config {
                 .iter()
                 .map(|l| LaneName::parse(l))
                 .collect::<Result<_, _>>()?,
+            hidden_paths: f.hidden_paths,
         })
     }
 

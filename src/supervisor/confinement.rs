@@ -65,15 +65,34 @@ pub(crate) fn for_generation(
             read.push(dir);
         }
     }
+    // A resolver configuration kept elsewhere (systemd-resolved's, below /run) stays
+    // readable: name resolution works.
+    if let Some(dir) = std::fs::canonicalize("/etc/resolv.conf")
+        .ok()
+        .and_then(|c| c.parent().map(Path::to_path_buf))
+        .filter(|d| d != Path::new("/etc"))
+    {
+        read.push(dir);
+    }
+    // Hidden: the system's service directories, this supervisor's state and runtime, and
+    // what the operator adds (other supervisors' on the same machine: `mosaic up` hides
+    // its whole state directory). By their real paths: a mount follows links.
+    let hidden = confine::SYSTEM_HIDDEN
+        .iter()
+        .map(PathBuf::from)
+        .chain([cfg.state_dir.clone(), cfg.runtime_dir.clone()])
+        .chain(cfg.hidden_paths.iter().cloned())
+        .filter_map(|p| std::fs::canonicalize(p).ok())
+        .collect();
     let policy = Policy {
         read,
         write: vec![area.to_path_buf(), run.to_path_buf()],
         devices: confine::DEVICES.iter().map(PathBuf::from).collect(),
         masked: cfg.masked_paths(),
-        hidden: vec![cfg.state_dir.clone(), cfg.runtime_dir.clone()],
-        private: ["/tmp", "/dev/shm"]
+        hidden,
+        private: confine::PRIVATE
             .iter()
-            .map(PathBuf::from)
+            .filter_map(|p| std::fs::canonicalize(p).ok())
             .filter(|p| p.is_dir())
             .collect(),
         sockets: lane_socket

@@ -156,6 +156,8 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         credentials: Default::default(),
         harness_config: Default::default(),
         unconfined_lanes: vec![],
+        // The coordinator's socket, the private cluster's, everything `up` keeps.
+        hidden_paths: vec![state_dir.clone()],
     })
 }
 
@@ -436,6 +438,8 @@ fn member_config(
         credentials: Default::default(),
         harness_config: Default::default(),
         unconfined_lanes: vec![],
+        // Every host's state and sockets, the coordinator's, the private cluster's.
+        hidden_paths: vec![state_dir.to_path_buf()],
     })
 }
 
