@@ -17,7 +17,7 @@
 //! | `take-continuations` | in contract mode, instead of hanging: waits settled for each continuation (`mosaic lane next`), works on it, reports its result, and settles again |
 //! | `busy=SECONDS` | with `take-continuations`: works SECONDS on each continuation (unsettled meanwhile: work still queued) |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
-//! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`, `zombie-connect:SOCKET`, `chmod:PATH`, `open:PATH`; see `attack`) |
+//! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`, `zombie-connect:SOCKET`, `chmod:PATH`, `open:PATH`, `prlimit:PID`, `renice:PID`; see `attack`) |
 //!
 //! An unknown or malformed directive is an error before anything happens.
 

@@ -97,6 +97,9 @@ fn hostile(h: &Host, v: &Victim, own_cgroup_parent: &Path) -> Vec<String> {
         format!("attack=signal:{}", v.harness),
         format!("attack=ptrace:{}", v.harness),
         format!("attack=ptrace:{sup}"),
+        // Same uid, so the kernel's own check would let these through: limits, priority.
+        format!("attack=prlimit:{sup}"),
+        format!("attack=renice:{sup}"),
         format!("attack=environ:{sup}"),
         format!("attack=environ:{}", v.harness),
         format!("attack=mem:{}", v.harness),
@@ -155,6 +158,9 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
     directives.push(format!("attack=write:{}", own.join("home/mine").display()));
     directives.push(format!("attack=write:{}", own.join("work/mine").display()));
     directives.push("attack=read:/usr/bin".to_string());
+    // What tools take for granted: their terminal by name, a listing of /etc.
+    directives.push("attack=write:/dev/stderr".to_string());
+    directives.push("attack=read:/etc".to_string());
     // Its /tmp is its own: writable, and nothing of it reaches the host's.
     let tmp_name = format!("mosaic-confined-{}", std::process::id());
     directives.push(format!("attack=write:/tmp/{tmp_name}"));
@@ -169,6 +175,8 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
     for (what, allowed, said) in &got {
         let own_area = what.contains(own.to_str().unwrap())
             || what == "read:/usr/bin"
+            || what == "write:/dev/stderr"
+            || what == "read:/etc"
             || *what == format!("write:/tmp/{tmp_name}");
         assert_eq!(
             *allowed, own_area,
@@ -346,6 +354,8 @@ fn each_layer_stops_what_it_covers_on_its_own() {
             // landlock: a file only root may read, below a readable hierarchy.
             "attack=read:/etc/shadow".into(),
             // seccomp (and no capabilities).
+            format!("attack=prlimit:{}", h.supervisor_pid().unwrap()),
+            format!("attack=renice:{}", h.supervisor_pid().unwrap()),
             "attack=unshare".into(),
             "attack=raw-socket".into(),
             format!("attack=write:{}", home.join("mine").display()),

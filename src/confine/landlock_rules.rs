@@ -71,6 +71,17 @@ pub fn build(policy: &Policy) -> Result<OwnedFd, ConfineError> {
     for d in &policy.devices {
         rs = add(rs, d, device())?;
     }
+    // Its pane's terminal, also by name (`/dev/stderr`, `/proc/self/fd/2`, `ttyname`):
+    // the one this shim was given, on the host's devpts, which the harness's own
+    // devpts instance covers.
+    if let Ok(tty) = std::fs::read_link("/proc/self/fd/0") {
+        if tty.starts_with("/dev/pts/") {
+            rs = add(rs, &tty, device())?;
+        }
+    }
+    // Directory listings (names only) everywhere: `ls /etc` works although /etc is
+    // granted entry by entry; what is hidden is not there to list.
+    rs = add(rs, Path::new("/"), BitFlags::from(AccessFs::ReadDir))?;
     let fd: Option<OwnedFd> = rs.into();
     fd.ok_or_else(|| ll("the ruleset has no file descriptor"))
 }

@@ -213,12 +213,18 @@ impl Prepared {
         policy.validate()?;
         let ruleset = landlock_rules::build(policy)?;
         let filters = seccomp::programs()?;
+        // The socket directory read-only: `connect` works through it, nothing else does.
         let exposed: Vec<(PathBuf, bool)> = policy
             .write
             .iter()
-            .chain(&policy.sockets)
             .map(|p| (p.clone(), false))
-            .chain(policy.read.iter().map(|p| (p.clone(), true)))
+            .chain(
+                policy
+                    .read
+                    .iter()
+                    .chain(&policy.sockets)
+                    .map(|p| (p.clone(), true)),
+            )
             .collect();
         let mounts = mounts::Plan::new(
             &policy.hidden,
@@ -251,10 +257,10 @@ impl Prepared {
             // 0. Its own mount and IPC namespaces (needs CAP_SYS_ADMIN: before the
             //    capabilities go), then back into its working directory as now mounted.
             self.mounts.enter(self.ruleset.as_raw_fd())?;
-            if let Some(d) = &self.cwd {
-                if libc::chdir(d.as_ptr()) != 0 {
-                    return fail();
-                }
+            // (No directory given: "/", never one left behind under a cover.)
+            let cwd = self.cwd.as_deref().unwrap_or(c"/");
+            if libc::chdir(cwd.as_ptr()) != 0 {
+                return fail();
             }
             // 1. No capabilities: empty the bounding set (needs CAP_SETPCAP, which the
             //    shim has as the supervisor's child), then the ambient set.
@@ -470,6 +476,18 @@ pub fn refuse_peer(pid: Option<i32>) -> bool {
     let no_new_privs = field("NoNewPrivs") != Some("0");
     let no_bounding = field("CapBnd").is_none_or(|v| u64::from_str_radix(v, 16).ok() == Some(0));
     dead || (no_new_privs && no_bounding)
+}
+
+/// Whether `pid` is gone or a zombie (or cannot be read).
+pub fn is_dead(pid: i32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .ok()
+        .and_then(|t| {
+            t.lines()
+                .find_map(|l| l.strip_prefix("State:"))
+                .map(|s| s.trim().starts_with(['Z', 'X']))
+        })
+        .unwrap_or(true)
 }
 
 /// Reads `pid`'s confinement from `/proc/<pid>/status`.

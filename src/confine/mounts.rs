@@ -156,9 +156,12 @@ impl Plan {
             .chain(private.iter().map(|p| (p, true)))
             .filter(|(p, _)| p.is_dir())
             .collect();
-        // Parents before children (a path sorts before every path below it).
+        // Parents before children (a path sorts before every path below it); a directory
+        // both hidden and private is private (`true` sorts after `false`: keep the last).
         all.sort();
+        all.reverse();
         all.dedup_by(|a, b| a.0 == b.0);
+        all.reverse();
         // The deepest covered directory above `p` (strictly).
         let cover_of = |p: &Path| {
             all.iter()
@@ -176,6 +179,14 @@ impl Plan {
         }
         let mut ex = Vec::new();
         for (e, read_only) in exposed {
+            // Mounted back over a cover above it would undo the cover: refused.
+            if let Some((c, _)) = all.iter().find(|(c, _)| c.starts_with(e)) {
+                return Err(ConfineError::Policy(format!(
+                    "{} would be mounted back over {}, which must stay covered",
+                    e.display(),
+                    c.display()
+                )));
+            }
             let root = cover_of(e);
             if root.is_none() && *read_only {
                 continue; // in view, and read-only like the rest of the tree
@@ -343,7 +354,12 @@ impl Plan {
                         null,
                         dir.as_ptr(),
                         null,
-                        libc::MS_REMOUNT | libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV,
+                        // MS_BIND: this mount's flags, never its filesystem's.
+                        libc::MS_REMOUNT
+                            | libc::MS_BIND
+                            | libc::MS_RDONLY
+                            | libc::MS_NOSUID
+                            | libc::MS_NODEV,
                         std::ptr::null(),
                     ) != 0
                 {

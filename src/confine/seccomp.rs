@@ -147,6 +147,30 @@ pub fn programs() -> Result<Vec<BpfProgram>, ConfineError> {
             raw(libc::AF_INET6, 10)?,
         ],
     );
+    // Scheduling, priorities and limits reach any process of the same uid (the kernel's
+    // only check, and landlock has none): the harness may set its own only (pid 0, or
+    // `PRIO_PROCESS`/`IOPRIO_WHO_PROCESS` with who 0).
+    let not_zero = |arg: u8| -> Result<SeccompRule, ConfineError> {
+        SeccompRule::new(vec![cond(arg, SeccompCmpOp::Ne, 0)?]).map_err(sc)
+    };
+    let not = |arg: u8, v: u64| -> Result<SeccompRule, ConfineError> {
+        SeccompRule::new(vec![cond(arg, SeccompCmpOp::Ne, v)?]).map_err(sc)
+    };
+    for call in [
+        libc::SYS_prlimit64,
+        libc::SYS_sched_setscheduler,
+        libc::SYS_sched_setparam,
+        libc::SYS_sched_setattr,
+        libc::SYS_sched_setaffinity,
+        libc::SYS_migrate_pages,
+        libc::SYS_move_pages,
+    ] {
+        denied.insert(call, vec![not_zero(0)?]);
+    }
+    // setpriority(which, who, prio): PRIO_PROCESS is 0.
+    denied.insert(libc::SYS_setpriority, vec![not_zero(0)?, not_zero(1)?]);
+    // ioprio_set(which, who, prio): IOPRIO_WHO_PROCESS is 1.
+    denied.insert(libc::SYS_ioprio_set, vec![not(0, 1)?, not_zero(1)?]);
     let absent: BTreeMap<i64, Vec<SeccompRule>> = ABSENT.iter().map(|&n| (n, vec![])).collect();
     let compile = |rules, errno: i32| -> Result<BpfProgram, ConfineError> {
         let f = SeccompFilter::new(

@@ -42,6 +42,10 @@ pub enum Attack {
     Chmod(PathBuf),
     /// Open a file (a device: another pane's terminal) for reading and writing.
     Open(PathBuf),
+    /// Read another process's resource limits through `prlimit` (the same call sets them).
+    Prlimit(i32),
+    /// Set another process's nice value to 0 (its usual value: harmless where it works).
+    Renice(i32),
 }
 
 impl Attack {
@@ -66,6 +70,8 @@ impl Attack {
             "zombie-connect" => Self::ZombieConnect(path()?),
             "chmod" => Self::Chmod(path()?),
             "open" => Self::Open(path()?),
+            "prlimit" => Self::Prlimit(pid()?),
+            "renice" => Self::Renice(pid()?),
             _ => return None,
         })
     }
@@ -87,6 +93,8 @@ impl Attack {
             Self::ZombieConnect(p) => format!("zombie-connect:{}", p.display()),
             Self::Chmod(p) => format!("chmod:{}", p.display()),
             Self::Open(p) => format!("open:{}", p.display()),
+            Self::Prlimit(p) => format!("prlimit:{p}"),
+            Self::Renice(p) => format!("renice:{p}"),
         }
     }
 
@@ -208,6 +216,26 @@ impl Attack {
                 .write(true)
                 .open(p)
                 .map(|_| ()),
+            Self::Prlimit(pid) => {
+                let mut old = libc::rlimit {
+                    rlim_cur: 0,
+                    rlim_max: 0,
+                };
+                // SAFETY: prlimit(2) writes only `old`, which lives on this stack.
+                match unsafe {
+                    libc::prlimit(*pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old)
+                } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            }
+            Self::Renice(pid) => {
+                // SAFETY: setpriority(2) takes integers only.
+                match unsafe { libc::setpriority(libc::PRIO_PROCESS, *pid as libc::id_t, 0) } {
+                    0 => Ok(()),
+                    _ => Err(std::io::Error::last_os_error()),
+                }
+            }
             Self::RawSocket => {
                 // SAFETY: socket(2) takes integers; the returned fd is closed at once.
                 match unsafe { libc::socket(libc::AF_INET, libc::SOCK_RAW, libc::IPPROTO_ICMP) } {

@@ -67,12 +67,12 @@ pub(crate) fn for_generation(
     }
     // A resolver configuration kept elsewhere (systemd-resolved's, below /run) stays
     // readable: name resolution works.
-    if let Some(dir) = std::fs::canonicalize("/etc/resolv.conf")
+    // The file alone: systemd-resolved's directory also holds its sockets.
+    if let Some(file) = std::fs::canonicalize("/etc/resolv.conf")
         .ok()
-        .and_then(|c| c.parent().map(Path::to_path_buf))
-        .filter(|d| d != Path::new("/etc"))
+        .filter(|f| !f.starts_with("/etc"))
     {
-        read.push(dir);
+        read.push(file);
     }
     // Hidden: the system's service directories, this supervisor's state and runtime, and
     // what the operator adds (other supervisors' on the same machine: `mosaic up` hides
@@ -117,6 +117,11 @@ pub(crate) fn for_generation(
 pub(crate) fn verify(c: &Confinement, pid: i32) -> Result<confine::Seen, String> {
     if matches!(c, Confinement::None) {
         return Ok(confine::Seen::None);
+    }
+    // Already exited (a zombie's namespaces cannot be read): not observed; its exit
+    // report follows on the link.
+    if confine::is_dead(pid) {
+        return Ok(confine::Seen::Unobserved);
     }
     match confine::observe(pid) {
         Ok(o) if o.is_confined() => Ok(confine::Seen::Verified),
