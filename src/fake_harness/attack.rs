@@ -150,19 +150,8 @@ impl Attack {
                     _ => Ok(()),
                 }
             }
-            Self::Connect(p) => {
-                use std::io::Read;
-                let mut s = std::os::unix::net::UnixStream::connect(p)?;
-                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-                s.write_all(b"{}\n")?;
-                let mut buf = [0u8; 1];
-                match s.read(&mut buf)? {
-                    0 => Err(std::io::Error::other("the server closed without answering")),
-                    _ => Ok(()),
-                }
-            }
+            Self::Connect(p) => ask(&mut std::os::unix::net::UnixStream::connect(p)?),
             Self::ZombieConnect(p) => {
-                use std::io::Read;
                 use std::os::fd::{AsRawFd, FromRawFd};
                 // SAFETY: socket(2) with integer arguments; the fd is owned below.
                 let fd = unsafe { libc::socket(libc::AF_UNIX, libc::SOCK_STREAM, 0) };
@@ -199,13 +188,7 @@ impl Attack {
                 }
                 // Not reaped: the connecting process stays a zombie while we talk.
                 std::thread::sleep(std::time::Duration::from_millis(200));
-                s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
-                s.write_all(b"{}\n")?;
-                let mut buf = [0u8; 1];
-                match s.read(&mut buf)? {
-                    0 => Err(std::io::Error::other("the server closed without answering")),
-                    _ => Ok(()),
-                }
+                ask(&mut s)
             }
             Self::Chmod(p) => {
                 use std::os::unix::fs::PermissionsExt;
@@ -248,6 +231,19 @@ impl Attack {
                 }
             }
         }
+    }
+}
+
+/// Sends one line on a connected socket and reads the answer: `Ok` only when the server
+/// answers (a daemon that refuses the peer closes without a word).
+fn ask(s: &mut std::os::unix::net::UnixStream) -> std::io::Result<()> {
+    use std::io::Read;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(5)))?;
+    s.write_all(b"{}\n")?;
+    let mut buf = [0u8; 1];
+    match s.read(&mut buf)? {
+        0 => Err(std::io::Error::other("the server closed without answering")),
+        _ => Ok(()),
     }
 }
 
