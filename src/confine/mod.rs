@@ -398,13 +398,8 @@ pub fn probe() -> Result<Support, ConfineError> {
     seccomp::programs()?;
     // The shim (this process's child) needs CAP_SYS_ADMIN for the namespaces and
     // mounts, and CAP_SETPCAP to empty the bounding set.
-    let eff = std::fs::read_to_string("/proc/self/status")
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("CapEff:"))
-                .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
-        })
+    let eff = Status::read("self")
+        .and_then(|s| s.hex("CapEff"))
         .unwrap_or(0);
     for (bit, name) in [(21, "CAP_SYS_ADMIN"), (8, "CAP_SETPCAP")] {
         if eff & (1 << bit) == 0 {
@@ -461,33 +456,47 @@ impl Observed {
 /// permanent) never speaks them. A peer that cannot be read, or is already dead (a zombie
 /// child that connected and exited, its socket used by its parent), is refused too.
 pub fn refuse_peer(pid: Option<i32>) -> bool {
-    let Some(pid) = pid else {
+    let Some(st) = pid.and_then(|p| Status::read(&p.to_string())) else {
         return true;
     };
-    let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/status")) else {
-        return true;
-    };
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
-    let dead = field("State").is_none_or(|s| s.starts_with('Z') || s.starts_with('X'));
-    let no_new_privs = field("NoNewPrivs") != Some("0");
-    let no_bounding = field("CapBnd").is_none_or(|v| u64::from_str_radix(v, 16).ok() == Some(0));
-    dead || (no_new_privs && no_bounding)
+    let no_new_privs = st.field("NoNewPrivs") != Some("0");
+    let no_bounding = st.hex("CapBnd").is_none_or(|v| v == 0);
+    st.dead() || (no_new_privs && no_bounding)
 }
 
 /// Whether `pid` is gone or a zombie (or cannot be read).
 pub fn is_dead(pid: i32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/status"))
-        .ok()
-        .and_then(|t| {
-            t.lines()
-                .find_map(|l| l.strip_prefix("State:"))
-                .map(|s| s.trim().starts_with(['Z', 'X']))
-        })
-        .unwrap_or(true)
+    Status::read(&pid.to_string()).is_none_or(|s| s.dead())
+}
+
+/// One process's `/proc/<pid>/status`, read once, its fields by name.
+struct Status(String);
+
+impl Status {
+    /// `who`: a pid, or `self`.
+    fn read(who: &str) -> Option<Self> {
+        std::fs::read_to_string(format!("/proc/{who}/status"))
+            .ok()
+            .map(Self)
+    }
+
+    fn field(&self, name: &str) -> Option<&str> {
+        self.0
+            .lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
+            .map(str::trim)
+    }
+
+    /// A hexadecimal field (the capability sets).
+    fn hex(&self, name: &str) -> Option<u64> {
+        u64::from_str_radix(self.field(name)?, 16).ok()
+    }
+
+    /// A zombie, or a process being torn down (or no state line at all).
+    fn dead(&self) -> bool {
+        self.field("State")
+            .is_none_or(|s| s.starts_with(['Z', 'X']))
+    }
 }
 
 /// Reads `pid`'s confinement from `/proc/<pid>/status`.
@@ -497,7 +506,7 @@ pub fn observe(pid: i32) -> Result<Observed, ConfineError> {
         path: path.clone(),
         source,
     })?;
-    let mut o = parse_status(&text).ok_or_else(|| ConfineError::Read {
+    let mut o = parse_status(&Status(text)).ok_or_else(|| ConfineError::Read {
         path,
         source: std::io::Error::other("no NoNewPrivs/Seccomp/Cap* lines"),
     })?;
@@ -509,20 +518,15 @@ pub fn observe(pid: i32) -> Result<Observed, ConfineError> {
     Ok(o)
 }
 
-fn parse_status(text: &str) -> Option<Observed> {
-    let field = |name: &str| {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(':'))
-            .map(str::trim)
-    };
+fn parse_status(st: &Status) -> Option<Observed> {
     let caps_empty = ["CapInh", "CapPrm", "CapEff", "CapBnd", "CapAmb"]
         .iter()
-        .map(|c| field(c).map(|v| u64::from_str_radix(v, 16).ok() == Some(0)))
+        .map(|c| st.hex(c).map(|v| v == 0))
         .collect::<Option<Vec<bool>>>()?;
     Some(Observed {
-        no_new_privs: field("NoNewPrivs")? == "1",
-        seccomp_mode: field("Seccomp")?.parse().ok()?,
-        seccomp_filters: field("Seccomp_filters")?.parse().ok()?,
+        no_new_privs: st.field("NoNewPrivs")? == "1",
+        seccomp_mode: st.field("Seccomp")?.parse().ok()?,
+        seccomp_filters: st.field("Seccomp_filters")?.parse().ok()?,
         no_capabilities: caps_empty.iter().all(|e| *e),
         own_namespaces: false,
     })
@@ -535,13 +539,14 @@ mod tests {
     #[test]
     fn status_lines_are_read_by_name() {
         let confined_text = "Name:\tx\nCapInh:\t0000000000000000\nCapPrm:\t0000000000000000\nCapEff:\t0000000000000000\nCapBnd:\t0000000000000000\nCapAmb:\t0000000000000000\nNoNewPrivs:\t1\nSeccomp:\t2\nSeccomp_filters:\t2\n";
+        let parse = |t: &str| parse_status(&Status(t.to_string()));
         let with_ns = |t: &str| Observed {
             own_namespaces: true,
-            ..parse_status(t).unwrap()
+            ..parse(t).unwrap()
         };
         assert!(with_ns(confined_text).is_confined());
         assert!(
-            !parse_status(confined_text).unwrap().is_confined(),
+            !parse(confined_text).unwrap().is_confined(),
             "namespaces unseen"
         );
         let confined = confined_text;
@@ -549,7 +554,10 @@ mod tests {
         assert!(!with_ns(&root).is_confined());
         let unfiltered = confined.replace("Seccomp:\t2", "Seccomp:\t0");
         assert!(!with_ns(&unfiltered).is_confined());
-        assert!(parse_status("Name:\tx\n").is_none());
+        assert!(parse("Name:\tx\n").is_none());
+        // A zombie is dead; a running process is not.
+        assert!(Status("State:\tZ (zombie)\n".into()).dead());
+        assert!(!Status("State:\tS (sleeping)\n".into()).dead());
     }
 
     #[test]

@@ -27,10 +27,26 @@ pub(crate) struct Generation<'a> {
     pub program: Option<&'a str>,
 }
 
-/// The confinement for generation `g`.
-pub(crate) fn for_generation(
+/// Refuses a start of confined lane `lane` on a host that cannot confine: called before
+/// anything is reserved for the start.
+pub(crate) fn check_host(
     cfg: &Config,
     support: &Result<confine::Support, String>,
+    lane: &str,
+    lane_id: &str,
+) -> Result<(), SupervisorError> {
+    match support {
+        Err(reason) if cfg.confined(lane) => Err(SupervisorError::ConfinementUnavailable {
+            lane: lane_id.to_string(),
+            reason: reason.clone(),
+        }),
+        _ => Ok(()),
+    }
+}
+
+/// The confinement for generation `g` (its host passed `check_host`).
+pub(crate) fn for_generation(
+    cfg: &Config,
     g: &Generation<'_>,
 ) -> Result<Confinement, SupervisorError> {
     let Generation {
@@ -47,12 +63,6 @@ pub(crate) fn for_generation(
             "starting a generation UNCONFINED: the lane is listed in unconfined_lanes"
         );
         return Ok(Confinement::None);
-    }
-    if let Err(reason) = support {
-        return Err(SupervisorError::ConfinementUnavailable {
-            lane: lane_id.to_string(),
-            reason: reason.clone(),
-        });
     }
     let mut read: Vec<PathBuf> = confine::SYSTEM_READ.iter().map(PathBuf::from).collect();
     read.push(cfg.harness_root.clone());

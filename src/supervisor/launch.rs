@@ -382,7 +382,6 @@ impl Launching {
         let run = harness_run_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
         let confinement = super::confinement::for_generation(
             &inner.cfg,
-            &inner.confine_support,
             &super::confinement::Generation {
                 lane: &self.rec.lane,
                 lane_id: &self.rec.lane_id,

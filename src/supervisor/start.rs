@@ -145,15 +145,12 @@ impl Supervisor {
             }
         }
         // Before anything is reserved: a confined lane on a host that cannot confine.
-        if let (true, Err(reason)) = (
-            self.inner.cfg.confined(name.as_str()),
+        super::confinement::check_host(
+            &self.inner.cfg,
             &self.inner.confine_support,
-        ) {
-            return Err(SupervisorError::ConfinementUnavailable {
-                lane: lane.to_string(),
-                reason: reason.clone(),
-            });
-        }
+            name.as_str(),
+            lane,
+        )?;
         let check = {
             let (inner, lane) = (self.inner.clone(), name.to_string());
             tokio::task::spawn_blocking(move || inner.tmux_check(&lane))

@@ -449,6 +449,24 @@ pub fn cgroup_abs(host: &Host, rel: &str) -> PathBuf {
     mount.join(rel.trim_start_matches('/'))
 }
 
+/// Ends `child` as a service manager would: SIGTERM, up to `grace` to exit on its own,
+/// then SIGKILL; reaped either way.
+pub fn terminate(child: &mut Child, grace: Duration) {
+    let _ = nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(child.id() as i32),
+        nix::sys::signal::Signal::SIGTERM,
+    );
+    let deadline = Instant::now() + grace;
+    while Instant::now() < deadline {
+        if let Ok(Some(_)) = child.try_wait() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
 pub fn kill(pid: i32, sig: nix::sys::signal::Signal) {
     nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig).unwrap();
 }

@@ -354,19 +354,7 @@ impl Drop for Up {
         if std::thread::panicking() {
             eprintln!("the lane's screen:\n{}", self.screen());
         }
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::terminate(&mut self.child, Duration::from_secs(30));
         let _ = std::fs::remove_dir_all(&self.dir);
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(self.dir.with_extension("log"));

@@ -122,7 +122,12 @@ impl Up {
     }
 
     pub fn assign(&self, lane: &str, task: &str) -> Value {
-        self.cli(&[
+        self.assign_with(lane, task, &[])
+    }
+
+    /// `mosaic assign` of the fake harness, waiting for RUNNING, with `extra` arguments.
+    pub fn assign_with(&self, lane: &str, task: &str, extra: &[&str]) -> Value {
+        let mut args = vec![
             "assign",
             "--lane",
             lane,
@@ -132,8 +137,9 @@ impl Up {
             task,
             "--wait",
             "running",
-        ])
-        .unwrap_or_else(|e| panic!("assign: {e}"))
+        ];
+        args.extend_from_slice(extra);
+        self.cli(&args).unwrap_or_else(|e| panic!("assign: {e}"))
     }
 
     pub fn lane_state(&self, lane: &str) -> String {
@@ -196,19 +202,7 @@ impl Up {
 
 impl Drop for Up {
     fn drop(&mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(self.child.id() as i32),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
-                break;
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        common::terminate(&mut self.child, Duration::from_secs(20));
         // The state dir (keys, sockets) always goes; a failed test keeps only its log.
         let _ = std::fs::remove_dir_all(&self.dir);
         if !std::thread::panicking() {
@@ -367,18 +361,5 @@ pub fn publish_policy(
 }
 
 pub fn assign_under(up: &Up, lane: &str, task: &str, policy: &str) -> Value {
-    up.cli(&[
-        "assign",
-        "--lane",
-        lane,
-        "--runtime",
-        "fake@1.0.0",
-        "--task",
-        task,
-        "--wait",
-        "running",
-        "--inactivity-policy",
-        policy,
-    ])
-    .unwrap_or_else(|e| panic!("assign: {e}"))
+    up.assign_with(lane, task, &["--inactivity-policy", policy])
 }

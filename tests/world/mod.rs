@@ -96,7 +96,7 @@ impl World {
         let cgroup_roots = (0..spec.supervisors)
             .map(|h| mount.join(format!("mosaic-test-{id}-{h}")))
             .collect();
-        let w = Self {
+        let mut w = Self {
             dir,
             db,
             hosts,
@@ -108,7 +108,6 @@ impl World {
             sup: vec![],
             spec,
         };
-        let mut w = w;
         w.coord = (0..w.spec.coordinators)
             .map(|i| Daemon::new("coordinator", w.coordinator_config(i), w.coordinator_log(i)))
             .collect();

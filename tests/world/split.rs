@@ -296,17 +296,7 @@ impl Split {
     }
 }
 
+/// A waited `assign` of the fake harness on `lane` (`super::assign_request`).
 pub fn assign_req(lane: &str, task: &str, resume: Option<&str>) -> OperatorRequest {
-    OperatorRequest::Assign {
-        lane_id: lane.into(),
-        runtime: "fake@1.0.0".into(),
-        task: task.into(),
-        scope: vec![],
-        holds: vec![],
-        completion_policy: None,
-        wait: true,
-        resume: resume.map(String::from),
-        request_id: None,
-        inactivity_policy: None,
-    }
+    super::assign_request(lane, task, resume, true)
 }
