@@ -187,3 +187,13 @@ pub fn programs() -> Result<Vec<BpfProgram>, ConfineError> {
         compile(absent, libc::ENOSYS)?,
     ])
 }
+
+#[cfg(test)]
+mod tests {
+    /// The supervisor checks `Seccomp_filters` against `FILTERS`: it must be what
+    /// `programs` installs, not a number written beside it.
+    #[test]
+    fn filters_counts_what_programs_installs() {
+        assert_eq!(super::programs().unwrap().len() as u32, super::FILTERS);
+    }
+}
