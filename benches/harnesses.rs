@@ -65,9 +65,9 @@ struct Row {
 fn fake_family() -> Family {
     Family {
         runtime: "fake@1.0.0",
-        credentials: |_, _| "FAKE_UNUSED=1\n".into(),
+        credentials: |_| "FAKE_UNUSED=1\n".into(),
         comm: "mosaic-fake-har",
-        overlay: |_| Vec::new(),
+        overlay: Vec::new,
         interrupt_after_tool_kill: &[],
     }
 }
@@ -79,9 +79,9 @@ fn bench(f: &Family) -> Row {
     let tmp = TempDir::new("mosaic-bh");
     let dir = tmp.0.clone();
     let creds = dir.join("creds.env");
-    std::fs::write(&creds, (f.credentials)(model.port, "bench-token")).unwrap();
+    std::fs::write(&creds, (f.credentials)("bench-token")).unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let files = (f.overlay)(model.port);
+    let files = (f.overlay)();
     let overlay = (!files.is_empty()).then(|| {
         let d = dir.join("overlay");
         std::fs::create_dir_all(&d).unwrap();
@@ -90,7 +90,13 @@ fn bench(f: &Family) -> Row {
         }
         d
     });
-    let up = Up::start(name, &creds, overlay.as_deref(), None);
+    let up = Up::start(
+        name,
+        &creds,
+        overlay.as_deref(),
+        None,
+        &format!("http://127.0.0.1:{}", model.port),
+    );
     let task = if fake {
         "hang"
     } else {

@@ -119,7 +119,7 @@ fn hostile(h: &Host, v: &Victim, own_cgroup_parent: &Path) -> Vec<String> {
             h.lane_tmux_socket("attacker").display()
         ),
         "attack=write:/etc/mosaic-planted".to_string(),
-        // Root's own files: the harness keeps uid 0, but not its reach.
+        // Root's own files: out of reach (its lane's uid, and landlock's cut-outs).
         "attack=read:/etc/shadow".to_string(),
         "attack=write:/usr/mosaic-planted".to_string(),
         "attack=mount".to_string(),
@@ -183,10 +183,15 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
             "{what}: {said} (only its own areas and the system's files are reachable)"
         );
     }
-    // The kernel's own view of the attacker: no capability, no_new_privs, seccomp on.
+    // The kernel's own view of the attacker: no capability, no_new_privs, seccomp on, its
+    // lane's own uid (not root, not the victim's).
     let harness = pid(&g["process_identity"]["harness_pid"]);
     let seen = mosaic::confine::observe(harness).unwrap();
     assert!(seen.is_confined(), "{seen:?}");
+    let uid = h.lane_status("attacker")["uid"].as_u64().unwrap() as u32;
+    assert_eq!(seen.only_id, Some((uid, uid)), "{seen:?}");
+    let victim_uid = mosaic::confine::observe(v.harness).unwrap().only_id;
+    assert!(uid >= 1000 && victim_uid.is_some_and(|(u, _)| u != uid && u >= 1000));
     // And the host is unchanged: the victim's tree whole, in its cgroup, nothing planted,
     // the supervisor serving, no receipt for the victim.
     assert!(!is_dead(v.harness, v.harness_start));
@@ -332,6 +337,8 @@ fn each_layer_stops_what_it_covers_on_its_own() {
         hidden: vec![],
         private: vec![],
         sockets: vec![],
+        gateway: None,
+        uid: None,
     };
     let got = run_confined(
         policy,
@@ -392,4 +399,341 @@ fn each_layer_stops_what_it_covers_on_its_own() {
         h.audit().contains("control-peer-refused"),
         "the refused peer is audited"
     );
+}
+
+/// The deterministic test model, as a separate process on the host's loopback.
+struct Model {
+    child: std::process::Child,
+    port: u16,
+    log: PathBuf,
+}
+
+impl Model {
+    fn start() -> Self {
+        use std::io::BufRead;
+        let log = std::env::temp_dir().join(format!(
+            "mosaic-model-{}.jsonl",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut child = std::process::Command::new(
+            Path::new(common::MOSAIC).with_file_name("mosaic-test-model"),
+        )
+        .arg("--log")
+        .arg(&log)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+        let mut line = String::new();
+        std::io::BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the test model said {line:?}"));
+        Self { child, port, log }
+    }
+
+    fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = std::fs::remove_file(&self.log);
+    }
+}
+
+/// A file removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A host whose `fake` runtime has the test model as its provider and a key in its
+/// credentials file.
+fn provider_host(model: &Model, token: &str, unconfined: Vec<&'static str>) -> (Host, Scratch) {
+    let creds = Scratch(std::env::temp_dir().join(format!(
+        "mosaic-creds-{}.env",
+        uuid::Uuid::new_v4().simple()
+    )));
+    std::fs::write(&creds.0, format!("FAKE_PROVIDER_KEY={token}\n")).unwrap();
+    std::fs::set_permissions(
+        &creds.0,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let h = Host::with(Options {
+        unconfined_lanes: unconfined,
+        extra_config: format!(
+            "[providers]\nfake = \"http://127.0.0.1:{}\"\n[credentials]\nfake = {:?}\n",
+            model.port, creds.0
+        ),
+        ..Options::default()
+    });
+    (h, creds)
+}
+
+/// Every environment in `cgroup` (each member's `/proc/<pid>/environ`), as text.
+fn environments(cgroup: &Path) -> Vec<(i32, String)> {
+    members(cgroup)
+        .iter()
+        .filter_map(|(p, _)| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .ok()
+                .map(|e| (*p, String::from_utf8_lossy(&e).into_owned()))
+        })
+        .collect()
+}
+
+#[test]
+fn a_confined_generation_reaches_its_provider_only_through_the_gateway_and_never_holds_its_key() {
+    let model = Model::start();
+    let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
+    let (h, _creds) = provider_host(&model, &token, vec![]);
+    h.create_lane("p");
+    let g = h.start(
+        "p",
+        &format!(
+            // The provider through the gateway, with the key its environment holds; the
+            // same provider straight at its address; an address outside the host.
+            "attack=provider:FAKE_PROVIDER_KEY attack=tcp:127.0.0.1:{} attack=tcp:192.0.2.1:80 hang",
+            model.port
+        ),
+    );
+    assert_eq!(g["process_identity"]["confinement"], "verified", "{g}");
+    let got = outcomes(&h, "p", 1);
+    let verdict: std::collections::BTreeMap<&str, bool> = got
+        .iter()
+        .map(|(w, allowed, _)| (w.split(':').next().unwrap(), *allowed))
+        .collect();
+    assert_eq!(got.len(), 3, "{got:?}");
+    assert!(got[0].1, "the gateway carried the request: {got:?}");
+    assert!(
+        !got[1].1 && !got[2].1,
+        "no address is reachable but the gateway: {got:?} ({verdict:?})"
+    );
+    // The real key reached the provider, added by the gateway; the placeholder did not.
+    let posts: Vec<Value> = model
+        .requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST")
+        .collect();
+    assert_eq!(posts.len(), 1, "{posts:?}");
+    let auth = posts[0]["headers"]["authorization"].as_str().unwrap_or("");
+    assert_eq!(auth, format!("Bearer {token}"), "the provider got {auth:?}");
+    // The key is in no environment of the generation; the harness has its placeholder.
+    let cg = cgroup_abs(&h, g["process_identity"]["cgroup_path"].as_str().unwrap());
+    let envs = environments(&cg);
+    assert!(envs.len() >= 2, "{envs:?}");
+    for (p, e) in &envs {
+        assert!(!e.contains(&token), "pid {p} holds the provider key");
+    }
+    let harness = pid(&g["process_identity"]["harness_pid"]);
+    let own = envs.iter().find(|(p, _)| *p == harness).unwrap();
+    assert!(
+        own.1
+            .contains("FAKE_PROVIDER_KEY=mosaic-credential-FAKE_PROVIDER_KEY"),
+        "{}",
+        own.1
+    );
+    // The gateway counted the answer's usage, as the answer itself reports it.
+    let answer: Value = serde_json::from_str(
+        &std::fs::read_to_string(area(&h, "p", 1).join("home/provider-answer")).unwrap(),
+    )
+    .unwrap();
+    let seen = &h.lane_status("p")["generation"]["gateway"];
+    assert_eq!(seen["requests"], 1, "{seen}");
+    assert_eq!(
+        seen["input_tokens"], answer["usage"]["prompt_tokens"],
+        "{seen}"
+    );
+    assert_eq!(
+        seen["output_tokens"], answer["usage"]["completion_tokens"],
+        "{seen}"
+    );
+    assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
+    // And the supervisor's log never shows the key.
+    assert!(!h.log().contains(&token), "the key reached the log");
+    let r = h.call(&Request::Stop { lane: "p".into() });
+    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+}
+
+#[test]
+fn a_readopted_generation_gets_its_gateway_back() {
+    let model = Model::start();
+    let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
+    let (mut h, _creds) = provider_host(&model, &token, vec![]);
+    h.create_lane("p");
+    let go = area(&h, "p", 1).join("work/go");
+    let g = h.start(
+        "p",
+        &format!(
+            "attack=wait:{} attack=provider:FAKE_PROVIDER_KEY hang",
+            go.display()
+        ),
+    );
+    h.crash_supervisor();
+    h.start_supervisor();
+    // The harness asks only now, after the restart: the listener its shim kept, served
+    // again by the new supervisor, carries it with the key read again from the file.
+    std::fs::write(&go, "").unwrap();
+    let got = outcomes(&h, "p", 1);
+    assert!(got.iter().all(|(_, a, _)| *a), "{got:?}");
+    let auth = model
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "POST")
+        .map(|r| {
+            r["headers"]["authorization"]
+                .as_str()
+                .unwrap_or("")
+                .to_string()
+        })
+        .collect::<Vec<_>>();
+    assert_eq!(auth, vec![format!("Bearer {token}")]);
+    assert_eq!(
+        h.lane_status("p")["generation"]["generation"],
+        g["generation"]
+    );
+    let r = h.call(&Request::Stop { lane: "p".into() });
+    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+}
+
+#[test]
+fn an_unconfined_lane_goes_straight_to_its_provider_with_its_key() {
+    let model = Model::start();
+    let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
+    let (h, _creds) = provider_host(&model, &token, vec!["open"]);
+    h.create_lane("open");
+    let g = h.start(
+        "open",
+        &format!(
+            "attack=provider:FAKE_PROVIDER_KEY attack=tcp:127.0.0.1:{} hang",
+            model.port
+        ),
+    );
+    let got = outcomes(&h, "open", 1);
+    assert!(got.iter().all(|(_, a, _)| *a), "{got:?}");
+    let harness = pid(&g["process_identity"]["harness_pid"]);
+    let env = std::fs::read(format!("/proc/{harness}/environ")).unwrap();
+    assert!(
+        String::from_utf8_lossy(&env).contains(&format!("FAKE_PROVIDER_KEY={token}")),
+        "an unconfined harness holds its key itself"
+    );
+    assert!(h.lane_status("open")["generation"]["gateway"].is_null());
+}
+
+/// The lane's uid on its own: a file only root may read, below a hierarchy landlock lets
+/// the harness read, is read by a harness that kept uid 0 and refused to one running as
+/// its lane's uid.
+#[test]
+fn a_lane_uid_keeps_root_only_files_out_of_reach() {
+    let h = Host::new();
+    let home = h.dir.join("uid-home");
+    std::fs::create_dir_all(&home).unwrap();
+    let probe = Scratch(PathBuf::from(format!(
+        "/usr/local/mosaic-root-only-{}",
+        uuid::Uuid::new_v4().simple()
+    )));
+    std::fs::write(&probe.0, "secret").unwrap();
+    std::fs::set_permissions(
+        &probe.0,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let policy = |uid: Option<u32>| mosaic::confine::Policy {
+        read: mosaic::confine::SYSTEM_READ
+            .iter()
+            .map(PathBuf::from)
+            .chain(["/usr/local".into()])
+            .chain([Path::new(common::MOSAIC).parent().unwrap().to_path_buf()])
+            .collect(),
+        write: vec![home.clone()],
+        devices: mosaic::confine::DEVICES.iter().map(PathBuf::from).collect(),
+        masked: vec![],
+        hidden: vec![],
+        private: vec![],
+        sockets: vec![],
+        gateway: None,
+        uid,
+    };
+    let read = format!("attack=read:{}", probe.0.display());
+    let as_root = run_confined(policy(None), &home, &[read.clone(), "exit=0".into()]);
+    assert!(as_root[0].1, "uid 0 reads it: {as_root:?}");
+    let uid = 1_900_999_999;
+    mosaic::util::durable::chown_tree(&home, uid, uid).unwrap();
+    let as_lane = run_confined(policy(Some(uid)), &home, &[read, "exit=0".into()]);
+    assert!(!as_lane[0].1, "the lane's uid does not: {as_lane:?}");
+}
+
+/// Every lane incarnation gets a uid of its own, never handed out again: not to a
+/// recreated lane, not after a restart.
+#[test]
+fn lane_uids_are_never_handed_out_twice() {
+    let mut h = Host::new();
+    let uid = |h: &Host, lane: &str| h.lane_status(lane)["uid"].as_u64().unwrap();
+    h.create_lane("a");
+    h.create_lane("b");
+    let (a1, b1) = (uid(&h, "a"), uid(&h, "b"));
+    assert_ne!(a1, b1);
+    h.call(&Request::LaneDestroy { lane: "a".into() });
+    h.create_lane("a");
+    let a2 = uid(&h, "a");
+    assert!(
+        a2 > a1.max(b1),
+        "a recreated lane got {a2} after {a1}, {b1}"
+    );
+    h.crash_supervisor();
+    h.start_supervisor();
+    h.create_lane("c");
+    assert!(uid(&h, "c") > a2);
+    // The generation runs as it, and its areas are its own.
+    let g = h.start("c", "hang");
+    let harness = pid(&g["process_identity"]["harness_pid"]);
+    let c = uid(&h, "c") as u32;
+    assert_eq!(
+        mosaic::confine::observe(harness).unwrap().only_id,
+        Some((c, c))
+    );
+    use std::os::unix::fs::MetadataExt;
+    assert_eq!(std::fs::metadata(area(&h, "c", 1)).unwrap().uid(), c);
+}
+
+/// A confined real harness has no way to its model but the gateway: without a declared
+/// provider its start is refused before anything is reserved. An unconfined lane reaches
+/// its provider itself, so the check does not apply there.
+#[test]
+fn a_confined_real_harness_without_a_provider_is_refused() {
+    let root = std::env::var("MOSAIC_HARNESS_ROOT")
+        .expect("MOSAIC_HARNESS_ROOT names the installed harnesses (scripts/test sets it)");
+    let h = Host::with(Options {
+        unconfined_lanes: vec!["open"],
+        extra_config: format!("harness_root = {root:?}\n"),
+        ..Options::default()
+    });
+    h.create_lane("w");
+    h.create_lane("open");
+    let start = |lane: &str| Request::Start {
+        lane: lane.into(),
+        runtime: "claude-code@2.1.332".into(),
+        directives: vec![],
+    };
+    let (k, msg) = h.refused(&start("w"));
+    assert_eq!(k, "no-provider", "{msg}");
+    assert!(msg.contains("providers.claude-code"), "{msg}");
+    assert!(h.lane_status("w")["current_generation"].is_null());
+    let (k, _) = h.refused(&start("open"));
+    assert_ne!(k, "no-provider");
 }

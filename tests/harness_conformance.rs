@@ -76,9 +76,9 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     let creds_dir = TempDir::new("mosaic-creds");
     let creds_dir = &creds_dir.0;
     let creds = creds_dir.join(format!("{name}.env"));
-    std::fs::write(&creds, (f.credentials)(model.port, &token)).unwrap();
+    std::fs::write(&creds, (f.credentials)(&token)).unwrap();
     std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let files = (f.overlay)(model.port);
+    let files = (f.overlay)();
     let overlay = (!files.is_empty()).then(|| {
         let d = creds_dir.join("overlay");
         std::fs::create_dir_all(&d).unwrap();
@@ -87,7 +87,13 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         }
         d
     });
-    let up = Up::start(name, &creds, overlay.as_deref(), registry);
+    let up = Up::start(
+        name,
+        &creds,
+        overlay.as_deref(),
+        registry,
+        &format!("http://127.0.0.1:{}", model.port),
+    );
 
     // Unknown lifecycle semantics: an unvalidated version is refused before anything.
     let other = format!("{name}@0.0.1");
@@ -239,10 +245,12 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     std::fs::write(
         work.join("hostile.sh"),
         format!(
-            "echo x > {}; cat /proc/{}/environ > leak; echo $$ > {}/cgroup.procs; echo done > hostile\n",
+            "echo x > {}; cat /proc/{}/environ > leak; echo $$ > {}/cgroup.procs; \
+             bash -c 'echo > /dev/tcp/127.0.0.1/{}' && echo x > direct; echo done > hostile\n",
             planted.display(),
             up.child.id(),
-            cg.parent().unwrap().display()
+            cg.parent().unwrap().display(),
+            model.port,
         ),
     )
     .unwrap();
@@ -261,8 +269,19 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
             "wrote_outside_its_areas": planted.exists(),
             "read_another_process_environment": leaked > 0,
             "left_its_cgroup": !parent_members.trim().is_empty(),
+            "reached_the_provider_directly": work.join("direct").exists(),
         }),
     );
+    // The provider's key is in no process of the generation: the gateway adds it.
+    let holders: Vec<i32> = common::members(&cg)
+        .iter()
+        .filter(|(p, _)| {
+            std::fs::read(format!("/proc/{p}/environ"))
+                .is_ok_and(|e| String::from_utf8_lossy(&e).contains(&token))
+        })
+        .map(|(p, _)| *p)
+        .collect();
+    checks.insert("key_in_generation_environment", json!(!holders.is_empty()));
 
     // 3. Settled only after a turn, never while its tool call still runs.
     let cg = up.cgroup();
@@ -493,6 +512,20 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     // The harness's own files (its transcript of the test token's requests) are its business
     // and are removed with its private area; the check above covers what remains.
     checks.insert("credentials_leaked_to", json!(leaked));
+    // Nothing of the lane's uid is left on the host's shared temporary directories (Codex
+    // made `/tmp/codex-daemon-<uid>` when it ran unconfined): a confined generation's are
+    // its own and go with it.
+    let lane_uid = up.host_status()["lanes"][0]["uid"].as_u64().unwrap() as u32;
+    let mut left = Vec::new();
+    for dir in ["/tmp", "/var/tmp", "/dev/shm"] {
+        use std::os::unix::fs::MetadataExt;
+        for e in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+            if e.metadata().is_ok_and(|m| m.uid() == lane_uid) {
+                left.push(e.path().display().to_string());
+            }
+        }
+    }
+    checks.insert("files_left_on_the_host", json!(left));
     drop(up);
 
     json!({
@@ -753,6 +786,7 @@ fn run(f: &Family) {
         ("/ack_taken_from_turn_end", json!(true)),
         ("/credentials_reach_the_harness", json!(true)),
         ("/credentials_leaked_to", json!([])),
+        ("/files_left_on_the_host", json!([])),
         ("/settled/while_tool_runs", json!(false)),
         ("/settled/after_the_turn", json!(true)),
         ("/started_fresh", json!(true)),
@@ -780,6 +814,15 @@ fn run(f: &Family) {
             json!(false),
         ),
         ("/parity/follow_up/settled_reports", json!(1)),
+        // A hostile tool reaches nothing beyond the generation; the key is never in it.
+        ("/hostile_tool/wrote_outside_its_areas", json!(false)),
+        (
+            "/hostile_tool/read_another_process_environment",
+            json!(false),
+        ),
+        ("/hostile_tool/left_its_cgroup", json!(false)),
+        ("/hostile_tool/reached_the_provider_directly", json!(false)),
+        ("/key_in_generation_environment", json!(false)),
     ] {
         assert_eq!(
             c.pointer(path),
@@ -806,6 +849,38 @@ fn run(f: &Family) {
         committed, text,
         "{name} no longer behaves as its committed evidence says; if the change is intended, run scripts/evidence and commit"
     );
+}
+
+/// The other documented form of Claude Code's credentials: `ANTHROPIC_API_KEY` (the suite
+/// runs with `ANTHROPIC_AUTH_TOKEN`). Claude Code asks before it uses a key it finds in its
+/// environment; the adapter answers in advance, so the session reaches its first turn and
+/// the real key (added by the gateway) reaches the provider.
+#[test]
+fn claude_code_activates_with_an_api_key() {
+    let model = Model::start();
+    let token = format!("mosaic-test-key-{}", uuid::Uuid::new_v4().simple());
+    let dir = TempDir::new("mosaic-creds");
+    let creds = dir.0.join("claude-code.env");
+    std::fs::write(&creds, format!("ANTHROPIC_API_KEY={token}\n")).unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let up = Up::start(
+        "claude-code",
+        &creds,
+        None,
+        None,
+        &format!("http://127.0.0.1:{}", model.port),
+    );
+    let a = up
+        .assign(CLAUDE.runtime, "TASKMARKER-KEY: keep the lane tidy", true)
+        .expect("an API key in the credentials file activates");
+    assert_eq!(a["state"], "RUNNING", "{a}");
+    let keyed = model
+        .requests()
+        .iter()
+        .filter(|r| r["method"] == "POST")
+        .all(|r| r["headers"]["x-api-key"] == json!(token));
+    assert!(keyed, "every provider request carried the real key");
+    up.stop(a["assignment_id"].as_str().unwrap());
 }
 
 #[test]

@@ -196,6 +196,8 @@ fn world() -> (Supervisor, World) {
         harness_config: Default::default(),
         unconfined_lanes: vec![],
         hidden_paths: vec![],
+        providers: Default::default(),
+        lane_uids: None,
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

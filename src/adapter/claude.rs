@@ -83,7 +83,7 @@ impl Adapter for ClaudeCode {
                 .map_err(|e| fail(format!("{}: {e}", d.display())))?;
         }
         if let Some(o) = ctx.overlay {
-            copy_overlay(o, &home).map_err(&fail)?;
+            copy_overlay(o, &home, ctx.provider).map_err(&fail)?;
         }
         let state = json_inner(&dir.display().to_string());
         write(dir, "hook.sh", HOOK_SH, 0o500).map_err(|e| io("hook.sh", e))?;
@@ -97,7 +97,7 @@ impl Adapter for ClaudeCode {
         write(
             &home,
             ".claude.json",
-            &CLAUDE_JSON.replace("{cwd}", &json_inner(&work.display().to_string())),
+            &claude_json(ctx, &work).map_err(&fail)?,
             0o600,
         )
         .map_err(|e| io(".claude.json", e))?;
@@ -122,6 +122,10 @@ impl Adapter for ClaudeCode {
             ("DISABLE_TELEMETRY".into(), "1".into()),
             ("DISABLE_ERROR_REPORTING".into(), "1".into()),
         ];
+        let mut env = env;
+        if let Some(url) = ctx.provider {
+            env.push(("ANTHROPIC_BASE_URL".into(), url.to_string()));
+        }
         Ok(Prepared {
             argv: expand(&ctx.plan.template, &vars, &[]),
             env,
@@ -147,6 +151,42 @@ impl Adapter for ClaudeCode {
 /// One event of the Claude-style hook protocol (Claude Code, and Codex, which speaks the
 /// same JSON): it must name this generation's conversation and be the event the hook was
 /// installed for.
+/// `.claude.json`: onboarding done, no updater, the working directory trusted, and an
+/// `ANTHROPIC_API_KEY` from the credentials file approved in advance. Claude Code asks
+/// whether to use a key it finds in its environment ("custom API key detected") and
+/// remembers the answer by the key's last 20 characters; unanswered, the dialog holds the
+/// session before its first turn, so no activation could reach it. The key it sees is the
+/// gateway's placeholder in a confined generation, the value itself in an unconfined one
+/// (whose harness holds the whole key in its environment anyway).
+fn claude_json(ctx: &PrepareCtx<'_>, work: &Path) -> Result<String, String> {
+    let mut v: serde_json::Value = serde_json::from_str(
+        &CLAUDE_JSON.replace("{cwd}", &json_inner(&work.display().to_string())),
+    )
+    .map_err(|e| format!("claude.json template: {e}"))?;
+    if let Some((name, value)) = ctx
+        .plan
+        .secret_env
+        .iter()
+        .find(|(k, _)| k == "ANTHROPIC_API_KEY")
+    {
+        let seen = zeroize::Zeroizing::new(if ctx.confined {
+            super::credentials::placeholder(name)
+        } else {
+            value.0.clone()
+        });
+        let tail: String = seen
+            .chars()
+            .rev()
+            .take(20)
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        v["customApiKeyResponses"] = serde_json::json!({"approved": [tail], "rejected": []});
+    }
+    Ok(v.to_string())
+}
+
 pub(super) fn hook_event(
     event: &str,
     payload: &Value,

@@ -27,12 +27,15 @@ fn config_toml(
     overlay: Option<&std::path::Path>,
     work: &std::path::Path,
     confined: bool,
+    provider: Option<&str>,
 ) -> Result<String, String> {
     let mut t: toml::Table = match overlay.map(|o| o.join("config.toml")) {
-        Some(p) if p.exists() => std::fs::read_to_string(&p)
-            .map_err(|e| format!("{}: {e}", p.display()))?
-            .parse()
-            .map_err(|e| format!("{}: {e}", p.display()))?,
+        Some(p) if p.exists() => {
+            let text = std::fs::read_to_string(&p).map_err(|e| format!("{}: {e}", p.display()))?;
+            super::expand_provider(&text, "config.toml", provider)?
+                .parse()
+                .map_err(|e| format!("{}: {e}", p.display()))?
+        }
         _ => toml::Table::new(),
     };
     // Its turn-complete notifications also fire for internal threads; the Stop hook is the
@@ -134,11 +137,14 @@ impl Adapter for Codex {
                 }
                 let text =
                     std::fs::read_to_string(e.path()).map_err(|err| fail(err.to_string()))?;
+                let text =
+                    super::expand_provider(&text, &e.file_name().to_string_lossy(), ctx.provider)
+                        .map_err(&fail)?;
                 write_new(&home, &e.file_name().to_string_lossy(), &text, 0o600)
                     .map_err(|err| fail(format!("config overlay: {err}")))?;
             }
         }
-        let config = config_toml(ctx.overlay, &work, ctx.confined).map_err(&fail)?;
+        let config = config_toml(ctx.overlay, &work, ctx.confined, ctx.provider).map_err(&fail)?;
         write_new(&home, "config.toml", &config, 0o600)
             .map_err(|e| fail(format!("config.toml: {e}")))?;
         let state = Value::String(dir.display().to_string()).to_string();
@@ -214,12 +220,12 @@ mod tests {
             "model = \"m\"\nsandbox_mode = \"workspace-write\"\nnotify = [\"x\"]\n[features]\ndaemon_auto_start = true\n[model_providers.p]\nbase_url = \"http://x\"\n",
         )
         .unwrap();
-        let open: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"), false)
+        let open: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"), false, None)
             .unwrap()
             .parse()
             .unwrap();
         assert_eq!(open["sandbox_mode"].as_str(), Some("workspace-write"));
-        let t: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"), true)
+        let t: toml::Table = config_toml(Some(&dir), std::path::Path::new("/w"), true, None)
             .unwrap()
             .parse()
             .unwrap();

@@ -1,6 +1,7 @@
 //! Per-runtime credentials: a `KEY=VALUE` file (one per line, `#` comments), readable by
-//! the supervisor's user alone, named in the supervisor config for one runtime. Its
-//! variables go into each generation's environment and nowhere else: never into a log,
+//! the supervisor's user alone, named in the supervisor config for one runtime. Its values
+//! go into an unconfined generation's environment, and to a confined generation's provider
+//! gateway (the generation itself gets `placeholder`s), and nowhere else: never into a log,
 //! record, receipt, status, error or envelope (errors name line numbers, never values).
 
 use std::path::Path;
@@ -8,6 +9,12 @@ use std::path::Path;
 use crate::shim::proto::SecretValue;
 
 use super::RegistryError;
+
+/// The placeholder a confined generation sees in place of credential `name`: only its own
+/// provider gateway replaces it with the value (`supervisor::gateway`).
+pub fn placeholder(name: &str) -> String {
+    format!("mosaic-credential-{name}")
+}
 
 fn key_ok(k: &str) -> bool {
     let mut b = k.bytes();

@@ -56,6 +56,28 @@ pub struct PrepareCtx<'a> {
     /// harness's own sandbox, which needs namespaces the confinement denies, is then turned
     /// off in favour of the outer one.
     pub confined: bool,
+    /// The base URL the harness reaches its model provider at: the gateway's inside a
+    /// confined generation, the declared upstream itself in an unconfined one; `None`
+    /// when the runtime declares no provider. Written where the family reads it (Claude
+    /// Code's `ANTHROPIC_BASE_URL`) and wherever a config overlay says `{mosaic-provider}`.
+    pub provider: Option<&'a str>,
+}
+
+/// What a config overlay writes where the harness's provider base URL goes.
+pub const PROVIDER_VAR: &str = "{mosaic-provider}";
+
+/// `text` (an overlay file named `name`) with `{mosaic-provider}` replaced by `provider`;
+/// refused when it names the variable and the runtime declares no provider.
+pub fn expand_provider(text: &str, name: &str, provider: Option<&str>) -> Result<String, String> {
+    if !text.contains(PROVIDER_VAR) {
+        return Ok(text.to_string());
+    }
+    match provider {
+        Some(url) => Ok(text.replace(PROVIDER_VAR, url)),
+        None => Err(format!(
+            "config overlay file {name} says {PROVIDER_VAR}, but the runtime declares no provider (providers.<runtime> in the supervisor config)"
+        )),
+    }
 }
 
 /// Writes a new file (never over an existing one) and syncs it.
@@ -71,10 +93,11 @@ pub fn write_new(dir: &Path, name: &str, text: &str, mode: u32) -> Result<(), st
     f.sync_all()
 }
 
-/// Copies the regular files at the top of `overlay` into `dest` (0600). Symlinks and
+/// Copies the regular files at the top of `overlay` into `dest` (0600), `{mosaic-provider}`
+/// expanded (`expand_provider`). Symlinks and
 /// subdirectories are refused: the overlay is a handful of config files, nothing more.
 /// A file the adapter writes itself then collides, which the adapter reports.
-pub fn copy_overlay(overlay: &Path, dest: &Path) -> Result<(), String> {
+pub fn copy_overlay(overlay: &Path, dest: &Path, provider: Option<&str>) -> Result<(), String> {
     let entries = std::fs::read_dir(overlay)
         .map_err(|e| format!("config overlay {}: {e}", overlay.display()))?;
     for e in entries {
@@ -92,6 +115,7 @@ pub fn copy_overlay(overlay: &Path, dest: &Path) -> Result<(), String> {
         let text = std::fs::read_to_string(e.path())
             .map_err(|err| format!("config overlay {}: {err}", e.path().display()))?;
         let name = e.file_name().to_string_lossy().into_owned();
+        let text = expand_provider(&text, &name, provider)?;
         write_new(dest, &name, &text, 0o600)
             .map_err(|err| format!("config overlay file {name}: {err}"))?;
     }
@@ -543,6 +567,19 @@ mod tests {
         assert!(!answer_binds(&format!("mosaic-challenge:{p}"), &p, &k));
         assert!(!answer_binds("mosaic-ack:", &p, &k));
         assert!(!answer_binds(&p, &p, &k));
+    }
+
+    #[test]
+    fn the_provider_variable_is_expanded_or_refused() {
+        let t = r#"{"baseUrl": "{mosaic-provider}/v1"}"#;
+        assert_eq!(
+            expand_provider(t, "m.json", Some("http://127.0.0.1:4741")).unwrap(),
+            r#"{"baseUrl": "http://127.0.0.1:4741/v1"}"#
+        );
+        assert!(expand_provider(t, "m.json", None)
+            .unwrap_err()
+            .contains("declares no provider"));
+        assert_eq!(expand_provider("plain", "m.json", None).unwrap(), "plain");
     }
 
     #[test]

@@ -22,6 +22,9 @@ use super::{
 
 pub struct OpenCode;
 
+/// The lockfile that tells OpenCode its config directory's plugin package is installed.
+const PLUGIN_LOCK: &str = r#"{"name":"mosaic-generation","lockfileVersion":3,"requires":true,"packages":{"":{"dependencies":{"@opencode-ai/plugin":"*"}}}}"#;
+
 const PLUGIN: &str = include_str!("../../adapters/opencode/mosaic.js");
 
 impl Adapter for OpenCode {
@@ -80,8 +83,18 @@ impl Adapter for OpenCode {
                 .map_err(|e| fail(format!("{}: {e}", d.display())))?;
         }
         if let Some(o) = ctx.overlay {
-            copy_overlay(o, &oc_config).map_err(&fail)?;
+            copy_overlay(o, &oc_config, ctx.provider).map_err(&fail)?;
         }
+        // OpenCode installs `@opencode-ai/plugin` from the npm registry into every config
+        // directory at start, and loads plugins only once that is done: under confinement
+        // (no network) it waits for the registry until its install gives up, and without
+        // it every generation downloads the package again. It skips the install when the
+        // directory has a `node_modules` and a lockfile naming the package; Mosaic's plugin
+        // imports nothing from it.
+        crate::util::durable::ensure_dir(&oc_config.join("node_modules"), 0o700)
+            .map_err(|e| fail(format!("config node_modules: {e}")))?;
+        write_new(&oc_config, "package-lock.json", PLUGIN_LOCK, 0o400)
+            .map_err(|e| fail(format!("package-lock.json: {e}")))?;
         write_new(dir, "mosaic.js", PLUGIN, 0o400).map_err(|e| fail(format!("mosaic.js: {e}")))?;
         let own = json!({
             "$schema": "https://opencode.ai/config.json",

@@ -77,7 +77,7 @@ impl Adapter for Pi {
                 .map_err(|e| fail(format!("{}: {e}", d.display())))?;
         }
         if let Some(o) = ctx.overlay {
-            copy_overlay(o, &agent).map_err(&fail)?;
+            copy_overlay(o, &agent, ctx.provider).map_err(&fail)?;
         }
         write_new(&agent.join("extensions"), "mosaic.js", EXTENSION, 0o400)
             .map_err(|e| fail(format!("extensions/mosaic.js: {e}")))?;

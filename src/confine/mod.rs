@@ -22,6 +22,9 @@
 //!    raw and exotic sockets) fail with `EPERM` (`ENOSYS` where a runtime falls back on
 //!    it: io_uring, clone3).
 //! 5. **No inherited descriptor**: every descriptor above stdio is marked close-on-exec.
+//! 6. **No network** (`net`): a network namespace of its own with loopback alone, made by
+//!    the shim on itself just before the fork; the broker's listener in it (the provider
+//!    gateway, served by the supervisor) is the only way out.
 //!
 //! Order: everything is validated and built in the shim before it forks (policy paths, the
 //! ruleset with every rule, both BPF programs: any failure is a failed start, nothing
@@ -38,6 +41,7 @@
 
 mod landlock_rules;
 mod mounts;
+pub mod net;
 mod seccomp;
 
 use std::path::PathBuf;
@@ -115,6 +119,14 @@ pub struct Policy {
     /// Socket directories below a covered directory the harness still reaches (its lane
     /// socket's: a directory, so a socket bound there again is seen).
     pub sockets: Vec<PathBuf>,
+    /// The loopback port of the provider gateway in the generation's own network namespace
+    /// (`net`), when its runtime has a provider; `None`: loopback alone, no way out.
+    #[serde(default)]
+    pub gateway: Option<u16>,
+    /// The unprivileged uid (and gid: the same number) the harness runs as, its lane
+    /// incarnation's own; `None`: the shim's (root's, without any capability).
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 /// System hierarchies a harness reads: programs, libraries, configuration (`/etc`: only
@@ -139,8 +151,9 @@ pub const SYSTEM_READ: &[&str] = &[
 ];
 
 /// Hierarchies where a file only its owner (root) may read is left out, whatever the
-/// rules above grant: the harness keeps uid 0, so `/etc/shadow`, host keys and the like
-/// would otherwise be its to read. Walked at every launch (about a thousand entries).
+/// rules above grant: a second layer behind the lane's own uid (which file permissions
+/// already keep from them), and the only one for a policy without a uid. Walked at every
+/// launch (about a thousand entries).
 pub const WORLD_READABLE_ONLY: &[&str] = &["/etc"];
 
 /// Devices a harness uses: the null and zero devices, the random devices, its controlling
@@ -204,6 +217,7 @@ pub struct Prepared {
     mounts: mounts::Plan,
     /// The harness's working directory, entered again once the mounts are in place.
     cwd: Option<std::ffi::CString>,
+    uid: Option<u32>,
 }
 
 impl Prepared {
@@ -211,6 +225,9 @@ impl Prepared {
     /// the seccomp programs). Nothing is applied yet.
     pub fn build(policy: &Policy, cwd: Option<&std::path::Path>) -> Result<Self, ConfineError> {
         policy.validate()?;
+        if policy.uid == Some(0) {
+            return Err(ConfineError::Policy("a harness never runs as uid 0".into()));
+        }
         let ruleset = landlock_rules::build(policy)?;
         let filters = seccomp::programs()?;
         // The socket directory read-only: `connect` works through it, nothing else does.
@@ -243,6 +260,7 @@ impl Prepared {
             filters,
             mounts,
             cwd,
+            uid: policy.uid,
         })
     }
 
@@ -281,6 +299,16 @@ impl Prepared {
             ) != 0
             {
                 return fail();
+            }
+            // 1b. Its lane's own uid and gid, no supplementary group: every set (real,
+            //     effective, saved, filesystem), so nothing can switch back.
+            if let Some(id) = self.uid {
+                if libc::setgroups(0, std::ptr::null()) != 0
+                    || libc::setresgid(id, id, id) != 0
+                    || libc::setresuid(id, id, id) != 0
+                {
+                    return fail();
+                }
             }
             // 2. no_new_privs.
             if libc::prctl(libc::PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0 {
@@ -369,6 +397,25 @@ fn last_cap() -> libc::c_ulong {
     cap
 }
 
+/// Gives the pane's terminal (the shim's stdio, a pty tmux made for this generation's
+/// pane alone) to the harness's uid, so the harness and its tools can open it by name
+/// (`/dev/stderr`, `/dev/tty`) as they would as its owner. Called by the shim before the
+/// fork; no other lane's uid can open it.
+pub fn give_terminal(uid: u32) -> Result<(), ConfineError> {
+    for fd in 0..=2 {
+        // SAFETY: isatty and fchown take an integer descriptor and ids.
+        unsafe {
+            if libc::isatty(fd) == 1 && libc::fchown(fd, uid, uid) != 0 {
+                return Err(ConfineError::Privilege(format!(
+                    "giving the pane's terminal to uid {uid}: {}",
+                    std::io::Error::last_os_error()
+                )));
+            }
+        }
+    }
+    Ok(())
+}
+
 /// What the host's kernel supports, probed once by the supervisor (and `mosaic doctor`).
 #[derive(Debug, Clone, Serialize)]
 pub struct Support {
@@ -397,11 +444,16 @@ pub fn probe() -> Result<Support, ConfineError> {
     }
     seccomp::programs()?;
     // The shim (this process's child) needs CAP_SYS_ADMIN for the namespaces and
-    // mounts, and CAP_SETPCAP to empty the bounding set.
+    // mounts, and CAP_SETPCAP to empty the bounding set; the supervisor needs
+    // CAP_SYS_PTRACE to take the gateway's listener from the shim (`pidfd_getfd`).
     let eff = Status::read("self")
         .and_then(|s| s.hex("CapEff"))
         .unwrap_or(0);
-    for (bit, name) in [(21, "CAP_SYS_ADMIN"), (8, "CAP_SETPCAP")] {
+    for (bit, name) in [
+        (21, "CAP_SYS_ADMIN"),
+        (8, "CAP_SETPCAP"),
+        (19, "CAP_SYS_PTRACE"),
+    ] {
         if eff & (1 << bit) == 0 {
             return Err(ConfineError::Privilege(format!(
                 "the supervisor lacks {name}, which building the confinement needs (run it as root)"
@@ -435,8 +487,11 @@ pub struct Observed {
     pub seccomp_filters: u32,
     /// Every capability set (effective, permitted, inheritable, bounding, ambient) empty.
     pub no_capabilities: bool,
-    /// In a mount and an IPC namespace other than the observer's.
+    /// In mount, IPC and network namespaces other than the observer's.
     pub own_namespaces: bool,
+    /// Its uid and gid when every one of their sets (real, effective, saved, filesystem)
+    /// holds the same number and it has no supplementary group; `None` otherwise.
+    pub only_id: Option<(u32, u32)>,
 }
 
 impl Observed {
@@ -511,7 +566,7 @@ pub fn observe(pid: i32) -> Result<Observed, ConfineError> {
         source: std::io::Error::other("no NoNewPrivs/Seccomp/Cap* lines"),
     })?;
     let ns = |who: &str, kind: &str| std::fs::read_link(format!("/proc/{who}/ns/{kind}")).ok();
-    o.own_namespaces = ["mnt", "ipc"].iter().all(|k| {
+    o.own_namespaces = ["mnt", "ipc", "net"].iter().all(|k| {
         let (theirs, ours) = (ns(&pid.to_string(), k), ns("self", k));
         theirs.is_some() && ours.is_some() && theirs != ours
     });
@@ -529,6 +584,20 @@ fn parse_status(st: &Status) -> Option<Observed> {
         seccomp_filters: st.field("Seccomp_filters")?.parse().ok()?,
         no_capabilities: caps_empty.iter().all(|e| *e),
         own_namespaces: false,
+        only_id: {
+            let same = |name: &str| -> Option<u32> {
+                let v: Vec<u32> = st
+                    .field(name)?
+                    .split_whitespace()
+                    .map(|x| x.parse().ok())
+                    .collect::<Option<_>>()?;
+                (v.len() == 4 && v.iter().all(|x| *x == v[0])).then_some(v[0])
+            };
+            match (same("Uid"), same("Gid"), st.field("Groups")) {
+                (Some(u), Some(g), Some("")) => Some((u, g)),
+                _ => None,
+            }
+        },
     })
 }
 
@@ -570,6 +639,8 @@ mod tests {
             hidden: vec![],
             private: vec![],
             sockets: vec![],
+            gateway: None,
+            uid: None,
         };
         assert!(p.validate().is_err());
         let rel = Policy {
@@ -580,6 +651,8 @@ mod tests {
             hidden: vec![],
             private: vec![],
             sockets: vec![],
+            gateway: None,
+            uid: None,
         };
         assert!(rel.validate().is_err());
     }

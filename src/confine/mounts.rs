@@ -281,7 +281,8 @@ impl Plan {
                 trees[i] = fd;
             }
             // The whole host tree read-only and without setuid: landlock does not govern
-            // chmod, chown, xattrs or timestamps, and the harness is uid 0 (its files' owner).
+            // chmod, chown, xattrs or timestamps (a policy without a uid keeps uid 0, the
+            // host files' owner).
             if !setattr(
                 libc::AT_FDCWD,
                 c"/",

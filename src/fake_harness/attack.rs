@@ -46,6 +46,15 @@ pub enum Attack {
     Prlimit(i32),
     /// Set another process's nice value to 0 (its usual value: harmless where it works).
     Renice(i32),
+    /// Open a TCP connection to `HOST:PORT` (a host loopback service, an outside address).
+    Tcp(String),
+    /// Ask the model provider for one chat completion at `$MOSAIC_PROVIDER_URL`, with the
+    /// API key the environment variable named by the argument holds, as a harness would:
+    /// allowed when the answer is `200`, its body then kept in `$HOME/provider-answer`.
+    Provider(String),
+    /// Wait (up to a minute) until a file exists, so a test can order the attempts after
+    /// it around its own steps (a supervisor restart); allowed once it exists.
+    Wait(PathBuf),
 }
 
 impl Attack {
@@ -72,6 +81,15 @@ impl Attack {
             "open" => Self::Open(path()?),
             "prlimit" => Self::Prlimit(pid()?),
             "renice" => Self::Renice(pid()?),
+            "tcp"
+                if arg
+                    .rsplit_once(':')
+                    .is_some_and(|(_, p)| p.parse::<u16>().is_ok()) =>
+            {
+                Self::Tcp(arg.to_string())
+            }
+            "provider" if !arg.is_empty() => Self::Provider(arg.to_string()),
+            "wait" => Self::Wait(path()?),
             _ => return None,
         })
     }
@@ -95,6 +113,9 @@ impl Attack {
             Self::Open(p) => format!("open:{}", p.display()),
             Self::Prlimit(p) => format!("prlimit:{p}"),
             Self::Renice(p) => format!("renice:{p}"),
+            Self::Tcp(a) => format!("tcp:{a}"),
+            Self::Provider(v) => format!("provider:{v}"),
+            Self::Wait(p) => format!("wait:{}", p.display()),
         }
     }
 
@@ -230,7 +251,61 @@ impl Attack {
                     }
                 }
             }
+            Self::Tcp(addr) => {
+                use std::net::ToSocketAddrs;
+                let to = addr
+                    .to_socket_addrs()?
+                    .next()
+                    .ok_or_else(|| std::io::Error::other("no address"))?;
+                std::net::TcpStream::connect_timeout(&to, std::time::Duration::from_secs(3))
+                    .map(drop)
+            }
+            Self::Provider(var) => provider_request(var),
+            Self::Wait(p) => {
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while !p.exists() {
+                    if std::time::Instant::now() > until {
+                        return Err(std::io::Error::other("it never appeared"));
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                Ok(())
+            }
         }
+    }
+}
+
+/// One chat completion from the provider at `$MOSAIC_PROVIDER_URL` (plain http, as the
+/// gateway serves it), keyed by the value of `key_var`.
+fn provider_request(key_var: &str) -> std::io::Result<()> {
+    use std::io::Read;
+    let base = std::env::var("MOSAIC_PROVIDER_URL")
+        .map_err(|_| std::io::Error::other("no MOSAIC_PROVIDER_URL"))?;
+    let key = std::env::var(key_var).map_err(|_| std::io::Error::other(format!("no {key_var}")))?;
+    let rest = base
+        .strip_prefix("http://")
+        .ok_or_else(|| std::io::Error::other("not an http:// provider URL"))?;
+    let (authority, prefix) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let body = r#"{"model":"mosaic-test-model","stream":false,"messages":[{"role":"user","content":"hello from a fake harness"}]}"#;
+    let mut s = std::net::TcpStream::connect(authority)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(10)))?;
+    let path = format!("/{prefix}/v1/chat/completions").replace("//", "/");
+    write!(
+        s,
+        "POST {path} HTTP/1.1\r\nHost: {authority}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )?;
+    let mut answer = Vec::new();
+    s.read_to_end(&mut answer)?;
+    let text = String::from_utf8_lossy(&answer).into_owned();
+    let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
+    let status = head.split(' ').nth(1).unwrap_or("");
+    if let Some(home) = std::env::var_os("HOME") {
+        std::fs::write(PathBuf::from(home).join("provider-answer"), body)?;
+    }
+    match status {
+        "200" => Ok(()),
+        other => Err(std::io::Error::other(format!("status {other}"))),
     }
 }
 

@@ -198,6 +198,23 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         }
         crate::confine::Confinement::None => Ok(None),
     };
+    // The network namespace last, on the shim itself, just before the fork: the harness is
+    // born in it. The gateway's listener stays open in the shim for the generation's life
+    // (close-on-exec: the harness never holds it), so a supervisor restarted later takes
+    // the same one again.
+    let confined = confined.and_then(|p| match (&p, &confinement) {
+        (Some(_), crate::confine::Confinement::Enforced { policy }) => policy
+            .uid
+            .map_or(Ok(()), crate::confine::give_terminal)
+            .and_then(|()| crate::confine::net::isolate(policy.gateway))
+            .map(|l| (p, l)),
+        _ => Ok((p, None)),
+    });
+    let (confined, gateway) = match confined {
+        Ok((p, l)) => (Ok(p), l),
+        Err(e) => (Err(e), None),
+    };
+    let gateway_fd = gateway.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     let child = match (confined, argv.split_first()) {
         (Err(e), _) => Err(std::io::Error::other(format!("confinement: {e}"))),
         (Ok(confined), Some((prog, rest))) => {
@@ -252,6 +269,7 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         &ShimMsg::Started {
             harness_pid,
             harness_start_time,
+            gateway_fd,
         },
     )?;
 
@@ -261,6 +279,7 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
             harness_pid,
             harness_start_time,
             exit: None,
+            gateway_fd,
         }),
     }));
     {
@@ -269,7 +288,8 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         std::thread::spawn(move || link_keeper(reader, shared, socket, pid, start_time, nonce));
     }
 
-    // 6. reap forever.
+    // 6. reap forever (holding the gateway's listener: see above).
+    let _gateway = gateway;
     loop {
         match waitpid(Pid::from_raw(-1), None) {
             Ok(status) => {
@@ -315,10 +335,15 @@ fn report_exit(
     harness_start_time: u64,
     exit: ExitStatus,
 ) {
+    let gateway_fd = match shared.lock() {
+        Ok(g) => g.harness.as_ref().and_then(|h| h.gateway_fd),
+        Err(p) => p.into_inner().harness.as_ref().and_then(|h| h.gateway_fd),
+    };
     let state = HarnessState {
         harness_pid,
         harness_start_time,
         exit: Some(exit),
+        gateway_fd,
     };
     // Durable first: a supervisor that restarts after the whole generation is gone can still
     // prove how the harness ended.

@@ -48,6 +48,9 @@ pub struct HarnessState {
     pub harness_pid: i32,
     pub harness_start_time: u64,
     pub exit: Option<ExitStatus>,
+    /// The shim's descriptor of the provider gateway's listener (see `Started`).
+    #[serde(default)]
+    pub gateway_fd: Option<i32>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -64,6 +67,11 @@ pub enum ShimMsg {
     Started {
         harness_pid: i32,
         harness_start_time: u64,
+        /// The descriptor number, in the shim, of the provider gateway's listener bound in
+        /// the generation's network namespace: the supervisor copies it from the verified
+        /// shim (`pidfd_getfd`) and serves it. `None`: no gateway.
+        #[serde(default)]
+        gateway_fd: Option<i32>,
     },
     Exited {
         harness_pid: i32,

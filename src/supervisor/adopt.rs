@@ -186,6 +186,7 @@ async fn finish_detached(inner: &Arc<Inner>, g: GenRecord, obs: Observation) -> 
         shim_pidfd: None,
         harness_pidfd: None,
         lane_server: None,
+        gateway: None,
     };
     generation::finish(&mut w, obs).await
 }
@@ -302,6 +303,9 @@ async fn reattach(
                 Duration::from_millis(g.grace_period_ms),
             ),
         };
+        let gateway = harness
+            .gateway_fd
+            .and_then(|fd| reserve_gateway(inner, g, &shim_pidfd, fd));
         tracing::info!(lane_id = %g.lane_id, generation = g.generation, root_pid = pid, "generation re-adopted");
         let w = Watcher {
             inner: inner.clone(),
@@ -316,8 +320,61 @@ async fn reattach(
             // fields were recorded gets its lane socket served again, so its harness can
             // go on reporting progress and taking continuations.
             lane_server: reserve_lane_socket(inner, g),
+            gateway,
         };
         return Ok((w, harness.exit));
+    }
+}
+
+/// The provider gateway of a re-adopted generation, served again on the listener its shim
+/// kept (requests made while no supervisor ran waited in its backlog), with the credentials
+/// read again from the runtime's file. A provider no longer declared serves nothing (the
+/// harness's requests then wait and time out); credentials that cannot be read are refused
+/// per request with the reason.
+fn reserve_gateway(
+    inner: &Arc<Inner>,
+    g: &GenRecord,
+    shim: &std::os::fd::OwnedFd,
+    fd: i32,
+) -> Option<super::gateway::Gateway> {
+    let runtime = crate::adapter::RuntimeRef::parse(&g.runtime).ok()?.runtime;
+    let Some(upstream) = inner.cfg.providers.get(&runtime).cloned() else {
+        tracing::warn!(lane_id = %g.lane_id, generation = g.generation, runtime = %runtime,
+            "the re-adopted generation's runtime no longer declares a provider; its gateway is not served");
+        return None;
+    };
+    let secrets = match inner.cfg.credentials.get(&runtime) {
+        None => Ok(Vec::new()),
+        Some(path) => crate::adapter::credentials::load(&runtime, path)
+            .map(|v| {
+                v.into_iter()
+                    .map(|(k, v)| (super::gateway::placeholder(&k), v))
+                    .collect()
+            })
+            .map_err(|e| e.to_string()),
+    };
+    let listener = match super::harness::take_listener(shim, fd) {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                "cannot take the re-adopted generation's gateway listener; its provider requests go unanswered");
+            return None;
+        }
+    };
+    let route = super::gateway::Route {
+        lane_id: g.lane_id.clone(),
+        generation: g.generation,
+        runtime,
+        upstream,
+        secrets,
+    };
+    match super::gateway::serve(listener, route, inner.metrics.clone()) {
+        Ok(gw) => Some(gw),
+        Err(e) => {
+            tracing::warn!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                "cannot serve the re-adopted generation's gateway");
+            None
+        }
     }
 }
 
@@ -344,7 +401,7 @@ fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanes
     let path = super::lanesock::path_for(&g.socket);
     let cg = inner.tree.at_abs(&g.cgroup);
     let _ = std::fs::remove_file(&path);
-    match super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone()) {
+    match super::lanesock::serve(&path, inner.tree.rel(cg.path()), session.clone(), g.uid) {
         Ok(server) => Some(server),
         Err(e) => {
             tracing::warn!(lane_id = %g.lane_id, generation = g.generation, error = %e,

@@ -66,6 +66,17 @@ pub struct ConfigFile {
     /// coordinator on this machine keep their sockets and state, if not below /run or /var.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub hidden_paths: Vec<PathBuf>,
+    /// Per-runtime model provider base URLs (`claude-code = "https://api.anthropic.com"`).
+    /// A confined generation reaches its provider only through the gateway
+    /// (`supervisor::gateway`), which sends its requests here with the real credentials;
+    /// the harness is pointed at the gateway (`{mosaic-provider}` in config overlays).
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub providers: std::collections::BTreeMap<String, String>,
+    /// The uids lane incarnations run their confined generations as (`{ first, count }`;
+    /// each incarnation gets its own, never reused; the gid is the same number). Default
+    /// 1900000000 and the million after it: no account of the host may lie in the range.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane_uids: Option<super::state::UidRange>,
 }
 
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
@@ -120,6 +131,8 @@ pub struct Config {
     pub harness_config: std::collections::BTreeMap<String, PathBuf>,
     pub unconfined_lanes: Vec<LaneName>,
     pub hidden_paths: Vec<PathBuf>,
+    pub providers: std::collections::BTreeMap<String, super::gateway::Upstream>,
+    pub lane_uids: super::state::UidRange,
 }
 
 impl Config {
@@ -166,6 +179,21 @@ impl Config {
                 });
             }
         }
+        let lane_uids = f.lane_uids.unwrap_or(super::state::UidRange::DEFAULT);
+        lane_uids
+            .check()
+            .map_err(|detail| SupervisorError::Config { detail })?;
+        let providers = f
+            .providers
+            .iter()
+            .map(|(rt, url)| {
+                super::gateway::Upstream::parse(url)
+                    .map(|u| (rt.clone(), u))
+                    .map_err(|e| SupervisorError::Config {
+                        detail: format!("providers.{rt}: {e}"),
+                    })
+            })
+            .collect::<Result<_, _>>()?;
         if !bin_dir.is_absolute() {
             return Err(SupervisorError::Config {
                 detail: format!(
@@ -205,6 +233,8 @@ impl Config {
                 .map(|l| LaneName::parse(l))
                 .collect::<Result<_, _>>()?,
             hidden_paths: f.hidden_paths,
+            providers,
+            lane_uids,
         })
     }
 

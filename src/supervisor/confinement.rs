@@ -25,6 +25,10 @@ pub(crate) struct Generation<'a> {
     pub lane_socket: Option<&'a Path>,
     /// The harness's argv[0].
     pub program: Option<&'a str>,
+    /// Whether its runtime has a provider, served by the gateway in its namespace.
+    pub gateway: bool,
+    /// The lane incarnation's own uid (and gid), which the harness runs as.
+    pub uid: Option<u32>,
 }
 
 /// Refuses a start of confined lane `lane` on a host that cannot confine: called before
@@ -56,6 +60,8 @@ pub(crate) fn for_generation(
         run,
         lane_socket,
         program,
+        gateway,
+        uid,
     } = *g;
     if !cfg.confined(lane) {
         tracing::warn!(
@@ -64,6 +70,12 @@ pub(crate) fn for_generation(
         );
         return Ok(Confinement::None);
     }
+    let Some(uid) = uid else {
+        return Err(SupervisorError::ConfinementUnavailable {
+            lane: lane_id.to_string(),
+            reason: "the lane has no uid of its own".into(),
+        });
+    };
     let mut read: Vec<PathBuf> = confine::SYSTEM_READ.iter().map(PathBuf::from).collect();
     read.push(cfg.harness_root.clone());
     read.push(cfg.bin_dir.clone());
@@ -110,6 +122,8 @@ pub(crate) fn for_generation(
             .map(Path::to_path_buf)
             .into_iter()
             .collect(),
+        gateway: gateway.then_some(confine::net::GATEWAY_PORT),
+        uid: Some(uid),
     };
     policy
         .validate()
@@ -133,8 +147,14 @@ pub(crate) fn verify(c: &Confinement, pid: i32) -> Result<confine::Seen, String>
     if confine::is_dead(pid) {
         return Ok(confine::Seen::Unobserved);
     }
+    let uid = match c {
+        Confinement::Enforced { policy } => policy.uid,
+        Confinement::None => None,
+    };
     match confine::observe(pid) {
-        Ok(o) if o.is_confined() => Ok(confine::Seen::Verified),
+        Ok(o) if o.is_confined() && uid.is_none_or(|u| o.only_id == Some((u, u))) => {
+            Ok(confine::Seen::Verified)
+        }
         Ok(o) => Err(format!(
             "harness pid {pid} runs without its confinement: {o:?}"
         )),

@@ -47,6 +47,10 @@ pub enum SupervisorError {
     },
     #[error("lane {lane:?} cannot start a confined generation on this host: {reason} (run `mosaic doctor`; an operator may list the lane in unconfined_lanes)")]
     ConfinementUnavailable { lane: String, reason: String },
+    #[error("lane {lane:?}: a confined {runtime} generation reaches its model only through the provider gateway, and the supervisor config declares no providers.{runtime}")]
+    NoProvider { lane: String, runtime: String },
+    #[error("lane uids: {detail}")]
+    LaneUids { detail: String },
     #[error("another supervisor already holds {0}")]
     AlreadyRunning(PathBuf),
     #[error("the supervisor is shutting down")]
@@ -81,6 +85,8 @@ impl SupervisorError {
             Self::NoLiveGeneration(_) => "no-live-generation",
             Self::Launch { .. } => "launch-failed",
             Self::ConfinementUnavailable { .. } => "confinement-unavailable",
+            Self::NoProvider { .. } => "no-provider",
+            Self::LaneUids { .. } => "lane-uids",
             Self::AlreadyRunning(_) => "already-running",
             Self::ShuttingDown => "shutting-down",
             Self::Coordinated(_) => "coordinated",

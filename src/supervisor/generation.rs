@@ -204,6 +204,9 @@ pub(crate) struct Watcher {
     pub grace: Duration,
     /// The lane socket server of a coordinated generation; ended with the generation.
     pub lane_server: Option<super::lanesock::LaneServer>,
+    /// The provider gateway of a confined generation whose runtime has a provider;
+    /// stopped with the generation.
+    pub gateway: Option<super::gateway::Gateway>,
 }
 
 /// What ended a generation.
@@ -239,6 +242,7 @@ pub(crate) fn spawn_watcher(w: Watcher, adopted: bool) -> LiveGen {
     let (done_tx, done) = watch::channel(None);
     let record = w.rec.clone();
     let session = w.lane_server.as_ref().map(|l| l.session.clone());
+    let gateway = w.gateway.as_ref().map(|g| g.handle());
     tokio::spawn(watch_generation(w, stop_rx, done_tx));
     LiveGen {
         record,
@@ -246,6 +250,7 @@ pub(crate) fn spawn_watcher(w: Watcher, adopted: bool) -> LiveGen {
         done,
         adopted,
         session,
+        gateway,
     }
 }
 
@@ -424,6 +429,7 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
     if let Some(server) = w.lane_server.take() {
         server.end("the generation ended before activation");
     }
+    w.gateway = None;
     let cleanup = cleanup_cgroup(&w.inner, w.rec.cgroup.clone()).await;
     if cleanup.verified_empty {
         remove_harness_dir(&w.inner, &w.rec.lane_incarnation_id, w.rec.generation);

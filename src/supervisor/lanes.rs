@@ -102,6 +102,8 @@ pub(crate) struct LiveGen {
     /// The lane socket's hand-off state of a coordinated generation (served again after a
     /// restart for an activated generation whose chain fields were recorded).
     pub session: Option<Arc<lanesock::GenSession>>,
+    /// The counters of its provider gateway, if it has one.
+    pub gateway: Option<super::gateway::GatewayHandle>,
 }
 
 #[derive(Debug)]

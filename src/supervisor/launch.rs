@@ -208,6 +208,7 @@ struct Launching {
     listener: Option<UnixListener>,
     lane_server: Option<super::lanesock::LaneServer>,
     link: Option<Link>,
+    gateway: Option<super::gateway::Gateway>,
 }
 
 /// What `run` hands over once the harness is started and its identity durable.
@@ -216,6 +217,7 @@ struct Ready {
     shim_pidfd: OwnedFd,
     harness_pidfd: Option<OwnedFd>,
     lane_server: Option<super::lanesock::LaneServer>,
+    gateway: Option<super::gateway::Gateway>,
 }
 
 /// Launches a fresh generation on a lane whose previous generation is already gone.
@@ -272,6 +274,11 @@ pub(crate) async fn launch(
             Origin::Coordinated { binding, .. } => Some(binding.clone()),
         },
         conversation_id: None,
+        uid: if inner.cfg.confined(&lane.lane) {
+            lane.uid
+        } else {
+            None
+        },
     };
 
     // The number is burned durably before anything is made, so a crash mid-launch can never
@@ -295,6 +302,7 @@ pub(crate) async fn launch(
         listener: None,
         lane_server: None,
         link: None,
+        gateway: None,
     };
     match l.run(nonce, &plan, &origin, phases).await {
         Ok(ready) => {
@@ -316,6 +324,7 @@ pub(crate) async fn launch(
                     shim_pidfd: Some(ready.shim_pidfd),
                     harness_pidfd: ready.harness_pidfd,
                     lane_server: ready.lane_server,
+                    gateway: ready.gateway,
                 },
                 false,
             ))
@@ -369,8 +378,17 @@ impl Launching {
         drop(nonce);
         phase("nonce written, generation record durable");
         inject(Step::Area, &self.rec.lane_incarnation_id)?;
-        let prepared =
-            prepare_harness(&inner, plan, &self.rec).map_err(|detail| self.launch_error(detail))?;
+        let confined = inner.cfg.confined(&self.rec.lane);
+        let upstream = inner.cfg.providers.get(&plan.runtime.runtime);
+        let provider_url = upstream.map(|u| {
+            if confined {
+                crate::confine::net::gateway_url()
+            } else {
+                u.url()
+            }
+        });
+        let prepared = super::harness::prepare(&inner, plan, &self.rec, provider_url.as_deref())
+            .map_err(|detail| self.launch_error(detail))?;
         if prepared.conversation_id.is_some() {
             inject(Step::AreaRecord, &self.rec.lane_incarnation_id)?;
             self.rec.conversation_id = prepared.conversation_id.clone();
@@ -380,6 +398,14 @@ impl Launching {
             .then(|| super::lanesock::path_for(&self.rec.socket));
         let area = harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
         let run = harness_run_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
+        // Its areas are its uid's alone (0700 each, as the adapter made them).
+        if let Some(uid) = self.rec.uid {
+            for d in [&area, &run] {
+                durable::chown_tree(d, uid, uid).map_err(|e| {
+                    self.launch_error(format!("giving {} to uid {uid}: {e}", d.display()))
+                })?;
+            }
+        }
         let confinement = super::confinement::for_generation(
             &inner.cfg,
             &super::confinement::Generation {
@@ -389,6 +415,8 @@ impl Launching {
                 run: &run,
                 lane_socket: lane_socket.as_deref(),
                 program: prepared.argv.first().map(String::as_str),
+                gateway: upstream.is_some(),
+                uid: self.rec.uid,
             },
         )?;
         phase("harness area prepared");
@@ -431,6 +459,11 @@ impl Launching {
 
         let generation = self.rec.generation;
         let mut env = prepared.env.clone();
+        let (secret_env, gateway_secrets) =
+            super::harness::credentials(&confinement, &plan.secret_env, &mut env);
+        if let Some(url) = &provider_url {
+            env.push(("MOSAIC_PROVIDER_URL".into(), url.clone()));
+        }
         env.extend([
             ("MOSAIC_LANE_ID".to_string(), self.rec.lane_id.clone()),
             (
@@ -443,7 +476,8 @@ impl Launching {
             inject(Step::LaneSocket, &self.rec.lane_incarnation_id)?;
             session.bind_harness(plan.family, self.rec.conversation_id.clone());
             let path = super::lanesock::path_for(&self.rec.socket);
-            let server = super::lanesock::serve(&path, cgroup_rel.clone(), session.clone())?;
+            let server =
+                super::lanesock::serve(&path, cgroup_rel.clone(), session.clone(), self.rec.uid)?;
             env.push(("MOSAIC_LANE_SOCKET".into(), path.display().to_string()));
             env.push((
                 "MOSAIC_BIN".into(),
@@ -461,12 +495,12 @@ impl Launching {
         let link = self.link.as_mut().ok_or_else(|| SupervisorError::State {
             detail: "shim link missing".into(),
         })?;
-        let (harness_pid, harness_start_time) = start_harness(
+        let (harness_pid, harness_start_time, gateway_fd) = start_harness(
             link,
             SupervisorMsg::Launch {
                 argv: prepared.argv.clone(),
                 env,
-                secret_env: plan.secret_env.clone(),
+                secret_env,
                 cwd: prepared.cwd.as_ref().map(|d| d.display().to_string()),
                 banner,
                 confinement: confinement.clone(),
@@ -476,6 +510,22 @@ impl Launching {
         .map_err(|detail| self.launch_error(detail))?;
         self.stage = Stage::HarnessStarted;
         phase("harness started");
+        // The gateway's listener, copied from the verified shim, served before the
+        // generation counts as live (requests made meanwhile wait in its backlog).
+        if let Some(upstream) = upstream.filter(|_| {
+            matches!(&confinement, crate::confine::Confinement::Enforced { policy } if policy.gateway.is_some())
+        }) {
+            let route = super::gateway::Route {
+                lane_id: self.rec.lane_id.clone(),
+                generation,
+                runtime: plan.runtime.runtime.clone(),
+                upstream: upstream.clone(),
+                secrets: Ok(gateway_secrets),
+            };
+            let served = super::harness::serve_gateway(&inner, &shim_pidfd, gateway_fd, route)
+                .map_err(|e| self.launch_error(e))?;
+            self.gateway = Some(served);
+        }
         // Live only once the harness shows its confinement (a harness already gone has its
         // exit report next on the link).
         let confinement_seen = super::confinement::verify(&confinement, harness_pid)
@@ -540,6 +590,7 @@ impl Launching {
             shim_pidfd,
             harness_pidfd,
             lane_server: self.lane_server.take(),
+            gateway: self.gateway.take(),
         })
     }
 
@@ -560,6 +611,7 @@ impl Launching {
         if let Some(server) = self.lane_server.take() {
             server.end("the generation failed to start");
         }
+        self.gateway = None;
         if self.listener.take().is_some() {
             let _ = std::fs::remove_file(&self.rec.socket);
         }
@@ -608,8 +660,12 @@ impl Launching {
     }
 }
 
-/// Sends the launch message and waits (bounded) for the shim's report of the harness start.
-async fn start_harness(link: &mut Link, launch: SupervisorMsg) -> Result<(i32, u64), String> {
+/// Sends the launch message and waits (bounded) for the shim's report of the harness start:
+/// its pid, start time, and the shim's gateway listener descriptor if it bound one.
+async fn start_harness(
+    link: &mut Link,
+    launch: SupervisorMsg,
+) -> Result<(i32, u64, Option<i32>), String> {
     link.send(&launch)
         .await
         .map_err(|e| format!("sending launch: {e}"))?;
@@ -617,7 +673,8 @@ async fn start_harness(link: &mut Link, launch: SupervisorMsg) -> Result<(i32, u
         Ok(Ok(Some(ShimMsg::Started {
             harness_pid,
             harness_start_time,
-        }))) => Ok((harness_pid, harness_start_time)),
+            gateway_fd,
+        }))) => Ok((harness_pid, harness_start_time, gateway_fd)),
         Ok(Ok(Some(ShimMsg::LaunchFailed { reason }))) => Err(reason),
         Ok(Ok(other)) => Err(format!(
             "unexpected shim message {}",
@@ -626,55 +683,6 @@ async fn start_harness(link: &mut Link, launch: SupervisorMsg) -> Result<(i32, u
         Ok(Err(e)) => Err(format!("shim link: {e}")),
         Err(_) => Err("shim did not report the harness start in time".into()),
     }
-}
-
-/// Creates the generation's private area and lets its family's adapter fill it.
-fn prepare_harness(
-    inner: &Inner,
-    plan: &LaunchPlan,
-    rec: &GenRecord,
-) -> Result<crate::adapter::Prepared, String> {
-    let dir = harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
-    if let Some(parent) = dir.parent() {
-        durable::ensure_dir(parent, 0o700).map_err(|e| e.to_string())?;
-    }
-    // Fresh: an area left by an earlier attempt at this number is never reused.
-    match std::fs::remove_dir_all(&dir) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(format!("cannot clear {}: {e}", dir.display())),
-    }
-    durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
-    let run = harness_run_dir(inner, &rec.lane_incarnation_id, rec.generation);
-    let _ = std::fs::remove_dir_all(&run);
-    durable::ensure_dir(&run, 0o700).map_err(|e| e.to_string())?;
-    let prepared = plan
-        .family
-        .adapter()
-        .prepare(&crate::adapter::PrepareCtx {
-            plan,
-            state_dir: &dir,
-            run_dir: &run,
-            mosaic_exe: &inner.cfg.mosaic_exe(),
-            overlay: inner
-                .cfg
-                .harness_config
-                .get(&plan.runtime.runtime)
-                .map(|p| p.as_path()),
-            confined: inner.cfg.confined(&rec.lane),
-        })
-        .map_err(|e| e.to_string())?;
-    if let Some((k, _)) = plan
-        .secret_env
-        .iter()
-        .find(|(k, _)| prepared.env.iter().any(|(e, _)| e == k))
-    {
-        return Err(format!(
-            "the credentials file sets {k}, which the {} adapter sets itself",
-            plan.family.name()
-        ));
-    }
-    Ok(prepared)
 }
 
 /// Accepts connections until one presents a valid first-attach identity. Every rejected

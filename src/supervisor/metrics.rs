@@ -26,6 +26,18 @@ pub struct CategoryLabel {
     pub category: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeOutcome {
+    pub runtime: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeDirection {
+    pub runtime: String,
+    pub direction: String,
+}
+
 pub struct HostMetrics {
     pub registry: Arc<Registry>,
     pub active_generation: Family<Lane, Gauge>,
@@ -39,6 +51,8 @@ pub struct HostMetrics {
     pub link_up: Gauge,
     pub link_refused: Family<CategoryLabel, Counter>,
     pub lanes: Gauge,
+    pub gateway_requests: Family<RuntimeOutcome, Counter>,
+    pub provider_tokens: Family<RuntimeDirection, Counter>,
 }
 
 impl HostMetrics {
@@ -54,6 +68,8 @@ impl HostMetrics {
         let link_up = Gauge::default();
         let link_refused = Family::<CategoryLabel, Counter>::default();
         let lanes = Gauge::default();
+        let gateway_requests = Family::<RuntimeOutcome, Counter>::default();
+        let provider_tokens = Family::<RuntimeDirection, Counter>::default();
         let mut r = Registry::with_prefix("mosaic");
         r.register(
             "lane_active_generation",
@@ -106,6 +122,16 @@ impl HostMetrics {
             link_refused.clone(),
         );
         r.register("lanes", "Lanes on this host", lanes.clone());
+        r.register(
+            "gateway_requests",
+            "Provider requests from confined generations, by runtime: carried to the upstream, or failed (unreachable, credentials unreadable)",
+            gateway_requests.clone(),
+        );
+        r.register(
+            "provider_tokens",
+            "Model tokens the provider reported in answers carried by the gateway, by runtime and direction (input, output)",
+            provider_tokens.clone(),
+        );
         Self {
             registry: Arc::new(r),
             active_generation,
@@ -119,12 +145,28 @@ impl HostMetrics {
             link_up,
             link_refused,
             lanes,
+            gateway_requests,
+            provider_tokens,
         }
     }
 
     pub fn lane(lane: &str) -> Lane {
         Lane {
             lane: lane.to_string(),
+        }
+    }
+
+    pub fn runtime_outcome(runtime: &str, outcome: &str) -> RuntimeOutcome {
+        RuntimeOutcome {
+            runtime: runtime.to_string(),
+            outcome: outcome.to_string(),
+        }
+    }
+
+    pub fn runtime_direction(runtime: &str, direction: &str) -> RuntimeDirection {
+        RuntimeDirection {
+            runtime: runtime.to_string(),
+            direction: direction.to_string(),
         }
     }
 

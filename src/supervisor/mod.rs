@@ -19,6 +19,7 @@ pub mod authority;
 pub mod config;
 pub mod control;
 pub mod coordinated;
+pub mod gateway;
 pub mod identity;
 pub mod names;
 pub mod outbox;
@@ -30,6 +31,7 @@ mod tmuxctl;
 mod adopt;
 mod confinement;
 mod generation;
+mod harness;
 mod launch;
 pub use launch::Step as LaunchStep;
 pub mod laneclient;
@@ -197,6 +199,16 @@ impl Supervisor {
         };
         let inc = IncarnationId::fresh();
         let lane_id = self.inner.cfg.host.lane_id(&name);
+        // Its own uid before anything of it exists (a failed creation burns one: uids are
+        // never handed out twice).
+        let uid = {
+            let (store, range) = (self.inner.store.clone(), self.inner.cfg.lane_uids);
+            tokio::task::spawn_blocking(move || store.allocate_uid(range))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("uid allocation task failed: {e}"),
+                })??
+        };
         let tree = &self.inner.tree;
         tree.lane_tmux(name.as_str()).create()?;
         tree.incarnation(name.as_str(), inc.as_str()).create()?;
@@ -235,6 +247,7 @@ impl Supervisor {
             next_generation: 1,
             current_generation: None,
             past_incarnations,
+            uid: Some(uid),
         };
         self.inner.store.save_lane(&rec)?;
         tracing::info!(lane_id = %rec.lane_id, incarnation = %rec.lane_incarnation_id, "lane created");
@@ -413,6 +426,7 @@ impl Supervisor {
             } else {
                 "none"
             },
+            uid: rec.uid.filter(|_| self.inner.cfg.confined(&rec.lane)),
         }
     }
 }

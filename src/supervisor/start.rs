@@ -76,6 +76,17 @@ impl Supervisor {
             .map_err(|e| SupervisorError::State {
                 detail: format!("probe task failed: {e}"),
             })??;
+            // A confined real harness has no network but the gateway: without a provider
+            // it could reach no model, so it is refused before anything is made.
+            if self.inner.cfg.confined(name.as_str())
+                && plan.family != crate::adapter::Family::Fake
+                && !self.inner.cfg.providers.contains_key(&plan.runtime.runtime)
+            {
+                return Err(SupervisorError::NoProvider {
+                    lane: lane.to_string(),
+                    runtime: plan.runtime.runtime.clone(),
+                });
+            }
             if matches!(origin, launch::Origin::Local)
                 && plan.family.adapter().challenge_delivery()
                     != crate::adapter::ChallengeDelivery::SocketFetch
@@ -151,6 +162,12 @@ impl Supervisor {
             name.as_str(),
             lane,
         )?;
+        // A lane recorded before lanes had their own uid gets one now, durably.
+        if l.rec.uid.is_none() && self.inner.cfg.confined(name.as_str()) {
+            let uid = self.inner.store.allocate_uid(self.inner.cfg.lane_uids)?;
+            l.rec.uid = Some(uid);
+            self.inner.store.save_lane(&l.rec)?;
+        }
         let check = {
             let (inner, lane) = (self.inner.clone(), name.to_string());
             tokio::task::spawn_blocking(move || inner.tmux_check(&lane))

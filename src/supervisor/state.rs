@@ -35,6 +35,12 @@ pub struct LaneRecord {
     pub current_generation: Option<u64>,
     /// Every incarnation this lane name has had, oldest first.
     pub past_incarnations: Vec<String>,
+    /// The unprivileged uid (and gid, the same number) this incarnation's confined
+    /// generations run as: allocated once per incarnation from `lane_uids`, never
+    /// handed out again (`Store::allocate_uid`). `None` in a record from before lanes had
+    /// their own; allocated at its next confined start.
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -93,12 +99,59 @@ pub struct GenRecord {
     /// must name it.
     #[serde(default)]
     pub conversation_id: Option<String>,
+    /// The uid (and gid) its harness runs as; `None`: the supervisor's own (an unconfined
+    /// lane).
+    #[serde(default)]
+    pub uid: Option<u32>,
 }
 
 #[derive(Debug, Clone)]
 pub struct Store {
     lanes: PathBuf,
     gens: PathBuf,
+    /// The uid counter (`uids.json`): the next uid of `lane_uids` to hand out.
+    uids: PathBuf,
+    uid_lock: std::sync::Arc<std::sync::Mutex<()>>,
+}
+
+/// The range lane uids come from (`lane_uids` in the config).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct UidRange {
+    pub first: u32,
+    pub count: u32,
+}
+
+impl UidRange {
+    /// Far above the accounts a distribution makes and the usual subordinate-uid ranges
+    /// of rootless containers (100000 and up, 65536 each), below 2^31.
+    pub const DEFAULT: Self = Self {
+        first: 1_900_000_000,
+        count: 1_000_000,
+    };
+
+    pub fn check(&self) -> Result<(), String> {
+        if self.first < 1000 {
+            return Err(format!(
+                "lane_uids.first {} would hand out system accounts (below 1000)",
+                self.first
+            ));
+        }
+        if self.count == 0
+            || self
+                .first
+                .checked_add(self.count)
+                .is_none_or(|e| e > 1 << 31)
+        {
+            return Err("lane_uids must be a non-empty range below 2^31".into());
+        }
+        Ok(())
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+struct UidCounter {
+    next: u32,
 }
 
 fn json<T: Serialize>(v: &T) -> Result<Vec<u8>, SupervisorError> {
@@ -134,10 +187,64 @@ impl Store {
         let s = Self {
             lanes: state_dir.join("lanes"),
             gens: state_dir.join("generations"),
+            uids: state_dir.join("uids.json"),
+            uid_lock: Default::default(),
         };
         durable::ensure_dir(&s.lanes, 0o700)?;
         durable::ensure_dir(&s.gens, 0o700)?;
         Ok(s)
+    }
+
+    /// Hands out the next uid of `range` for a new lane incarnation: durable before it is
+    /// returned, never handed out again (the counter only rises; uids a passwd entry
+    /// already names are skipped). Also moved past every uid a lane record holds, so a
+    /// lost or older counter file cannot hand out a uid in use. Exhausted: refused.
+    pub fn allocate_uid(&self, range: UidRange) -> Result<u32, SupervisorError> {
+        let _g = self.uid_lock.lock().unwrap_or_else(|p| p.into_inner());
+        let recorded: Option<UidCounter> = match std::fs::read(&self.uids) {
+            Ok(b) => Some(
+                serde_json::from_slice(&b).map_err(|e| SupervisorError::State {
+                    detail: format!("parse {}: {e}", self.uids.display()),
+                })?,
+            ),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
+            Err(e) => {
+                return Err(SupervisorError::State {
+                    detail: format!("read {}: {e}", self.uids.display()),
+                })
+            }
+        };
+        let held = self
+            .lanes()?
+            .iter()
+            .filter_map(|l| l.uid)
+            .map(|u| u.saturating_add(1))
+            .max()
+            .unwrap_or(0);
+        let end = range.first.saturating_add(range.count);
+        let mut uid = recorded
+            .map(|c| c.next)
+            .unwrap_or(range.first)
+            .max(held)
+            .max(range.first);
+        while uid < end
+            && nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+                .ok()
+                .flatten()
+                .is_some()
+        {
+            uid += 1;
+        }
+        if uid >= end {
+            return Err(SupervisorError::LaneUids {
+                detail: format!(
+                    "every uid of lane_uids ({}..{end}) has been handed out; uids are never reused, so widen or move the range",
+                    range.first
+                ),
+            });
+        }
+        durable::write_atomic(&self.uids, &json(&UidCounter { next: uid + 1 })?)?;
+        Ok(uid)
     }
 
     pub fn save_lane(&self, r: &LaneRecord) -> Result<(), SupervisorError> {

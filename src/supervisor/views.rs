@@ -20,6 +20,9 @@ pub struct LaneView {
     pub attach: String,
     /// How the lane's generations run: `enforced`, or `none` (listed in unconfined_lanes).
     pub confinement: &'static str,
+    /// The uid (and gid) its confined generations run as: this incarnation's own.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub uid: Option<u32>,
 }
 
 /// A live generation as shown to operators: identity, never the nonce.
@@ -38,6 +41,10 @@ pub struct GenView {
     /// The conversation id a real harness was started with (hook events must name it).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub conversation_id: Option<String>,
+    /// What the provider gateway carried for it (requests, token usage); absent without
+    /// one (an unconfined lane, a runtime with no provider).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub gateway: Option<gateway::StatsView>,
 }
 
 impl GenView {
@@ -51,6 +58,7 @@ impl GenView {
             process_identity: r.identity.clone(),
             harness: None,
             conversation_id: r.conversation_id.clone(),
+            gateway: None,
         }
     }
 
@@ -63,6 +71,7 @@ impl GenView {
                 .as_ref()
                 .and_then(|s| s.conversation())
                 .or(v.conversation_id.clone()),
+            gateway: g.gateway.as_ref().map(|h| h.view()),
             ..v
         }
     }

@@ -59,6 +59,8 @@ pub struct UpOptions {
     pub registry_dir: Option<PathBuf>,
     /// `runtime=DIR` config overlays for the supervisors.
     pub harness_config: Vec<(String, PathBuf)>,
+    /// `runtime=URL` model provider base URLs (the gateway's upstreams).
+    pub providers: Vec<(String, String)>,
 }
 
 /// The harness root `up` and `mosaic harness` use when none is given.
@@ -84,6 +86,9 @@ fn harness_settings(opts: &UpOptions, f: &mut ConfigFile) -> Result<(), UpError>
         let p =
             std::path::absolute(p).map_err(|e| UpError::Usage(format!("harness config: {e}")))?;
         f.harness_config.insert(rt.clone(), p);
+    }
+    for (rt, url) in &opts.providers {
+        f.providers.insert(rt.clone(), url.clone());
     }
     if let Some(d) = &opts.registry_dir {
         f.registry_dir =
@@ -158,6 +163,8 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         unconfined_lanes: vec![],
         // The coordinator's socket, the private cluster's, everything `up` keeps.
         hidden_paths: vec![state_dir.clone()],
+        providers: Default::default(),
+        lane_uids: None,
     })
 }
 
@@ -440,6 +447,8 @@ fn member_config(
         unconfined_lanes: vec![],
         // Every host's state and sockets, the coordinator's, the private cluster's.
         hidden_paths: vec![state_dir.to_path_buf()],
+        providers: Default::default(),
+        lane_uids: None,
     })
 }
 

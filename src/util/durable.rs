@@ -120,6 +120,22 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<(), DurableError> {
         .map_err(io_err("mkdir", path))
 }
 
+/// Gives `root` and everything below it to `uid`:`gid`, never following a symbolic link
+/// (a link is re-owned itself, its target left alone).
+pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    let mut stack = vec![root.to_path_buf()];
+    while let Some(p) = stack.pop() {
+        std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
+        let meta = std::fs::symlink_metadata(&p)?;
+        if meta.is_dir() {
+            for e in std::fs::read_dir(&p)? {
+                stack.push(e?.path());
+            }
+        }
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -152,6 +152,8 @@ pub struct Options {
     pub env: Vec<(&'static str, String)>,
     /// Lanes the operator opted out of confinement.
     pub unconfined_lanes: Vec<&'static str>,
+    /// TOML appended to the supervisor config (tables: providers, credentials).
+    pub extra_config: String,
 }
 
 impl Default for Options {
@@ -162,6 +164,7 @@ impl Default for Options {
             reattach_timeout_ms: 5000,
             env: vec![],
             unconfined_lanes: vec![],
+            extra_config: String::new(),
         }
     }
 }
@@ -191,7 +194,7 @@ impl Host {
             &config,
             format!(
                 "host_id = {host_id:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {:?}\n\
-                 bin_dir = {:?}\nlanes = [{}]\nforce_freezer_fallback = {}\nreattach_timeout_ms = {}\nunconfined_lanes = [{}]\n",
+                 bin_dir = {:?}\nlanes = [{}]\nforce_freezer_fallback = {}\nreattach_timeout_ms = {}\nunconfined_lanes = [{}]\n{}",
                 dir.join("state"),
                 dir.join("run"),
                 cgroup_root,
@@ -200,6 +203,7 @@ impl Host {
                 o.force_freezer,
                 o.reattach_timeout_ms,
                 unconfined.join(", "),
+                o.extra_config,
             ),
         )
         .unwrap();

@@ -147,6 +147,7 @@ impl Up {
         credentials: &Path,
         overlay: Option<&Path>,
         registry: Option<&Path>,
+        provider: &str,
     ) -> Self {
         common::require_host();
         let db = pg::TestDb::new();
@@ -157,7 +158,9 @@ impl Up {
             .args(["--database-url", &db.url, "--harness-root"])
             .arg(harness_root())
             .arg("--credentials")
-            .arg(format!("{runtime}={}", credentials.display()));
+            .arg(format!("{runtime}={}", credentials.display()))
+            .arg("--provider")
+            .arg(format!("{runtime}={provider}"));
         if let Some(r) = registry {
             cmd.arg("--registry-dir").arg(r);
         }
@@ -406,15 +409,17 @@ pub fn survivors(before: &[(i32, u64)]) -> usize {
         .count()
 }
 
-/// What differs between families: the runtime, and its credentials given the model port.
+/// What differs between families: the runtime, its credentials file, its config overlay.
 pub struct Family {
     pub runtime: &'static str,
     /// `KEY=VALUE` lines pointing the harness at the test model with `token`.
-    pub credentials: fn(u16, &str) -> String,
+    /// The credentials file's text for a key (its provider is the gateway's upstream).
+    pub credentials: fn(&str) -> String,
     /// The harness's own process name.
     pub comm: &'static str,
-    /// The operator's config overlay files pointing the harness at the test model.
-    pub overlay: fn(u16) -> Vec<(&'static str, String)>,
+    /// The operator's config overlay files pointing the harness at its provider
+    /// (`{mosaic-provider}`: the gateway, in a confined lane).
+    pub overlay: fn() -> Vec<(&'static str, String)>,
     /// Keys an operator presses to interrupt a turn whose tool child was SIGKILLed, for a
     /// harness that otherwise waits on it forever (OpenCode 1.18.33); empty if it settles
     /// by itself.
@@ -423,25 +428,24 @@ pub struct Family {
 
 pub const CLAUDE: Family = Family {
     runtime: "claude-code@2.1.332",
-    credentials: |port, token| {
-        format!("ANTHROPIC_BASE_URL=http://127.0.0.1:{port}\nANTHROPIC_AUTH_TOKEN={token}\n")
-    },
+    // Its base URL is the adapter's to set (ANTHROPIC_BASE_URL: the gateway).
+    credentials: |token| format!("ANTHROPIC_AUTH_TOKEN={token}\n"),
     comm: "claude",
-    overlay: |_| Vec::new(),
+    overlay: Vec::new,
     interrupt_after_tool_kill: &[],
 };
 
 pub const PI: Family = Family {
     runtime: "pi@1.6.0",
-    credentials: |_, token| format!("PI_TEST_API_KEY={token}\n"),
+    credentials: |token| format!("PI_TEST_API_KEY={token}\n"),
     comm: "pi",
     interrupt_after_tool_kill: &[],
-    overlay: |port| {
+    overlay: || {
         vec![
             (
                 "models.json",
                 json!({"providers": {"mosaic-test": {
-                    "baseUrl": format!("http://127.0.0.1:{port}/v1"),
+                    "baseUrl": "{mosaic-provider}/v1",
                     "api": "openai-completions",
                     "apiKey": "$PI_TEST_API_KEY",
                     "models": [{"id": "mosaic-test-model", "contextWindow": 200000,
@@ -469,16 +473,16 @@ impl Family {
 
 pub const OPENCODE: Family = Family {
     runtime: "opencode@1.18.33",
-    credentials: |_, token| format!("OC_TEST_API_KEY={token}\n"),
+    credentials: |token| format!("OC_TEST_API_KEY={token}\n"),
     comm: "opencode",
     interrupt_after_tool_kill: &["Escape", "Escape"],
-    overlay: |port| {
+    overlay: || {
         vec![(
             "opencode.json",
             json!({"$schema": "https://opencode.ai/config.json",
                 "provider": {"mosaic-test": {"npm": "@ai-sdk/openai-compatible",
                     "name": "Mosaic test",
-                    "options": {"baseURL": format!("http://127.0.0.1:{port}/v1"),
+                    "options": {"baseURL": "{mosaic-provider}/v1",
                         "apiKey": "{env:OC_TEST_API_KEY}"},
                     "models": {"mosaic-test-model": {"name": "Mosaic test model",
                         "limit": {"context": 200000, "output": 8000}}}}},
@@ -490,20 +494,19 @@ pub const OPENCODE: Family = Family {
 
 pub const CODEX: Family = Family {
     runtime: "codex@0.171.0",
-    credentials: |_, token| format!("CX_TEST_API_KEY={token}\n"),
+    credentials: |token| format!("CX_TEST_API_KEY={token}\n"),
     comm: "codex",
     interrupt_after_tool_kill: &[],
-    overlay: |port| {
+    overlay: || {
         vec![(
             "config.toml",
-            format!(
-                "model = \"mosaic-test-model\"\nmodel_provider = \"mosaic-test\"\n\
-                 model_context_window = 200000\nmodel_auto_compact_token_limit = 150000\n\n\
-                 [model_providers.mosaic-test]\nname = \"Mosaic test\"\n\
-                 base_url = \"http://127.0.0.1:{port}/v1\"\nwire_api = \"responses\"\n\
-                 env_key = \"CX_TEST_API_KEY\"\nrequires_openai_auth = false\n\
-                 supports_websockets = false\n"
-            ),
+            "model = \"mosaic-test-model\"\nmodel_provider = \"mosaic-test\"\n\
+             model_context_window = 200000\nmodel_auto_compact_token_limit = 150000\n\n\
+             [model_providers.mosaic-test]\nname = \"Mosaic test\"\n\
+             base_url = \"{mosaic-provider}/v1\"\nwire_api = \"responses\"\n\
+             env_key = \"CX_TEST_API_KEY\"\nrequires_openai_auth = false\n\
+             supports_websockets = false\n"
+                .to_string(),
         )]
     },
 };

@@ -53,6 +53,11 @@ pub(crate) enum Cmd {
         /// model selection) copied into each of its generations, e.g. `pi=/etc/mosaic/pi`.
         #[arg(long = "harness-config", value_parser = parse_runtime_path)]
         harness_config: Vec<(String, PathBuf)>,
+        /// A runtime's model provider, `RUNTIME=URL` (repeatable), e.g.
+        /// `claude-code=https://api.anthropic.com`: confined generations reach it only
+        /// through the supervisor's gateway, which adds the credentials.
+        #[arg(long = "provider", value_parser = parse_runtime_url)]
+        provider: Vec<(String, String)>,
     },
     /// Install the pinned real harnesses from npm (into the harness root), or check them.
     Harness {
@@ -411,6 +416,17 @@ pub(crate) fn parse_runtime_path(s: &str) -> Result<(String, PathBuf), String> {
         return Err("expected RUNTIME=PATH".into());
     }
     Ok((rt.to_string(), PathBuf::from(path)))
+}
+
+pub(crate) fn parse_runtime_url(s: &str) -> Result<(String, String), String> {
+    let (rt, url) = s.split_once('=').ok_or_else(|| {
+        "expected RUNTIME=URL, e.g. claude-code=https://api.anthropic.com".to_string()
+    })?;
+    mosaic::supervisor::gateway::Upstream::parse(url).map_err(|e| e.to_string())?;
+    if rt.is_empty() {
+        return Err("expected RUNTIME=URL".into());
+    }
+    Ok((rt.to_string(), url.to_string()))
 }
 
 #[derive(Subcommand)]

@@ -295,6 +295,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             credentials,
             registry_dir,
             harness_config,
+            provider,
         } => {
             init_logging();
             runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
@@ -307,6 +308,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 credentials,
                 registry_dir,
                 harness_config,
+                providers: provider,
             }))?;
             Ok(ExitCode::SUCCESS)
         }

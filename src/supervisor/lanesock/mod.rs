@@ -345,7 +345,7 @@ mod tests {
             // waits (no contract is ever set).
             let own = crate::cgroup::cgroup_of(None)
                 .expect("this test needs the host's cgroup v2 (as the supervisor does)");
-            let server = serve(&path, own, s.clone()).unwrap();
+            let server = serve(&path, own, s.clone(), None).unwrap();
             let mut c = tokio::net::UnixStream::connect(&path).await.unwrap();
             c.write_all(b"{\"op\":\"contract\"}\n").await.unwrap();
             let mut buf = Vec::new();

@@ -28,16 +28,31 @@ impl LaneServer {
     }
 }
 
+/// Serves generation's lane socket at `path`, answering only processes in `cgroup_rel`.
+/// `owner`: the lane's uid, which alone may open the socket and its directory (a confined
+/// harness runs as it); `None`: the supervisor's user.
 pub(crate) fn serve(
     path: &Path,
     cgroup_rel: String,
     s: Arc<GenSession>,
+    owner: Option<u32>,
 ) -> Result<LaneServer, crate::supervisor::SupervisorError> {
     if let Some(dir) = path.parent() {
         // Kept across a supervisor restart: a confined harness sees this directory.
         crate::util::durable::ensure_dir(dir, 0o700)?;
     }
     let listener: UnixListener = crate::supervisor::generation::bind_socket(path)?;
+    if let Some(uid) = owner {
+        for p in path.parent().into_iter().chain([path]) {
+            std::os::unix::fs::lchown(p, Some(uid), Some(uid)).map_err(|source| {
+                crate::supervisor::SupervisorError::Io {
+                    what: "chown",
+                    path: p.to_path_buf(),
+                    source,
+                }
+            })?;
+        }
+    }
     let session = s.clone();
     let task = tokio::spawn(async move {
         // Every connection is a task of this set, owned by the server task: when the

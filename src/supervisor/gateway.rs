@@ -1,0 +1,576 @@
+//! The provider gateway: the one way a confined generation reaches its model provider.
+//!
+//! A confined harness has a network namespace with loopback alone (`crate::confine::net`).
+//! In it, at `127.0.0.1:GATEWAY_PORT`, is a listener the shim bound and the supervisor
+//! serves: every request to it is sent on to the runtime's declared upstream (the
+//! `providers.<runtime>.upstream` base URL; https verified against the system's roots) and
+//! its answer streamed back.
+//!
+//! The generation never holds its credentials. Its environment has, for each variable of
+//! the runtime's credentials file, a placeholder (`mosaic-credential-<NAME>`); the gateway
+//! replaces a placeholder found in a request's header values with the real value, which
+//! the supervisor alone read from the file. A placeholder is worth nothing elsewhere: only
+//! this generation's gateway replaces it, and only toward its declared upstream.
+//!
+//! Each answer's token usage (the `usage` fields of the Anthropic and OpenAI APIs, streamed
+//! or not) is counted per generation (`host status`, `lanes`) and per runtime (metrics).
+//!
+//! **Never:** sends a request anywhere but the declared upstream; puts a credential in a
+//! log, an error, a view or a metric; replaces a placeholder in a body or a URL; keeps a
+//! request's headers or body after it is answered.
+
+use std::net::TcpListener;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use http_body_util::{combinators::BoxBody, BodyExt, Full};
+use hyper::body::{Bytes, Incoming};
+use hyper::{Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::Serialize;
+
+use crate::shim::proto::SecretValue;
+
+use super::metrics::HostMetrics;
+
+pub use crate::adapter::credentials::placeholder;
+
+#[derive(Debug, thiserror::Error)]
+pub enum GatewayError {
+    #[error("provider upstream {url:?}: {detail}")]
+    Upstream { url: String, detail: String },
+}
+
+/// A provider's base URL, checked: http or https, a host, no user info, query or fragment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Upstream {
+    pub https: bool,
+    pub host: String,
+    pub port: u16,
+    /// Prefixed to every request's path ("" or "/v1", never a trailing slash).
+    pub base_path: String,
+}
+
+impl Upstream {
+    pub fn parse(url: &str) -> Result<Self, GatewayError> {
+        let bad = |detail: &str| GatewayError::Upstream {
+            url: url.to_string(),
+            detail: detail.to_string(),
+        };
+        let uri: hyper::Uri = url.parse().map_err(|_| bad("not a URL"))?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err(bad("must be an http:// or https:// URL")),
+        };
+        let auth = uri.authority().ok_or_else(|| bad("names no host"))?;
+        if auth.as_str().contains('@') {
+            return Err(bad(
+                "must not carry user info (credentials go in the credentials file)",
+            ));
+        }
+        if uri.query().is_some() || url.contains('#') {
+            return Err(bad("must not carry a query or fragment"));
+        }
+        let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err(bad("names no host"));
+        }
+        Ok(Self {
+            https,
+            host: host.to_string(),
+            port: auth.port_u16().unwrap_or(if https { 443 } else { 80 }),
+            base_path: uri.path().trim_end_matches('/').to_string(),
+        })
+    }
+
+    /// The base URL, normalized.
+    pub fn url(&self) -> String {
+        format!(
+            "{}://{}{}",
+            if self.https { "https" } else { "http" },
+            self.authority(),
+            self.base_path
+        )
+    }
+
+    fn authority(&self) -> String {
+        let host = if self.host.contains(':') {
+            format!("[{}]", self.host)
+        } else {
+            self.host.clone()
+        };
+        match (self.https, self.port) {
+            (true, 443) | (false, 80) => host,
+            _ => format!("{host}:{}", self.port),
+        }
+    }
+}
+
+/// What one generation's gateway did, as its views show it.
+#[derive(Debug, Default)]
+pub struct Stats {
+    requests: AtomicU64,
+    failed: AtomicU64,
+    input_tokens: AtomicU64,
+    output_tokens: AtomicU64,
+}
+
+#[derive(Debug, Clone, Serialize, PartialEq, Eq)]
+pub struct StatsView {
+    pub upstream: String,
+    /// Requests answered by the upstream (any status).
+    pub requests: u64,
+    /// Requests the gateway could not carry (upstream unreachable, credentials unreadable).
+    pub failed: u64,
+    pub input_tokens: u64,
+    pub output_tokens: u64,
+}
+
+/// One generation's route: where it goes and what replaces its placeholders.
+pub struct Route {
+    pub lane_id: String,
+    pub generation: u64,
+    pub runtime: String,
+    pub upstream: Upstream,
+    /// (placeholder, real value); `Err`: the credentials could not be read (a re-adopted
+    /// generation whose file went bad), and every request is refused with the reason.
+    pub secrets: Result<Vec<(String, SecretValue)>, String>,
+}
+
+/// A served gateway; dropping it stops serving (the listener's copy in the shim stays).
+pub struct Gateway {
+    task: tokio::task::JoinHandle<()>,
+    pub stats: Arc<Stats>,
+    upstream: String,
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Gateway {
+    pub fn view(&self) -> StatsView {
+        let s = &self.stats;
+        StatsView {
+            upstream: self.upstream.clone(),
+            requests: s.requests.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
+            input_tokens: s.input_tokens.load(Ordering::Relaxed),
+            output_tokens: s.output_tokens.load(Ordering::Relaxed),
+        }
+    }
+
+    /// A handle on the same counters (the live view keeps one).
+    pub fn handle(&self) -> GatewayHandle {
+        GatewayHandle {
+            stats: self.stats.clone(),
+            upstream: self.upstream.clone(),
+        }
+    }
+}
+
+/// The counters of a served gateway, for views.
+#[derive(Clone, Debug)]
+pub struct GatewayHandle {
+    stats: Arc<Stats>,
+    upstream: String,
+}
+
+impl GatewayHandle {
+    pub fn view(&self) -> StatsView {
+        let s = &self.stats;
+        StatsView {
+            upstream: self.upstream.clone(),
+            requests: s.requests.load(Ordering::Relaxed),
+            failed: s.failed.load(Ordering::Relaxed),
+            input_tokens: s.input_tokens.load(Ordering::Relaxed),
+            output_tokens: s.output_tokens.load(Ordering::Relaxed),
+        }
+    }
+}
+
+type Body = BoxBody<Bytes, hyper::Error>;
+
+struct Shared {
+    route: Route,
+    stats: Arc<Stats>,
+    metrics: Arc<HostMetrics>,
+}
+
+/// Serves `listener` (the shim's, copied) for one generation until dropped.
+pub fn serve(
+    listener: TcpListener,
+    route: Route,
+    metrics: Arc<HostMetrics>,
+) -> std::io::Result<Gateway> {
+    listener.set_nonblocking(true)?;
+    let listener = tokio::net::TcpListener::from_std(listener)?;
+    let stats = Arc::new(Stats::default());
+    let upstream = route.upstream.url();
+    let shared = Arc::new(Shared {
+        route,
+        stats: stats.clone(),
+        metrics,
+    });
+    let task = tokio::spawn(async move {
+        loop {
+            let Ok((stream, _)) = listener.accept().await else {
+                // EMFILE and the like: back off rather than spin.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                continue;
+            };
+            let _ = stream.set_nodelay(true);
+            let shared = shared.clone();
+            tokio::spawn(async move {
+                let svc = hyper::service::service_fn(move |req| {
+                    let shared = shared.clone();
+                    async move { Ok::<_, std::convert::Infallible>(handle(&shared, req).await) }
+                });
+                let _ = hyper::server::conn::http1::Builder::new()
+                    .serve_connection(TokioIo::new(stream), svc)
+                    .await;
+            });
+        }
+    });
+    Ok(Gateway {
+        task,
+        stats,
+        upstream,
+    })
+}
+
+/// Headers that describe one hop, not the request: never forwarded.
+const HOP_BY_HOP: &[&str] = &[
+    "connection",
+    "keep-alive",
+    "proxy-connection",
+    "proxy-authorization",
+    "proxy-authenticate",
+    "te",
+    "trailer",
+    "transfer-encoding",
+    "upgrade",
+    "host",
+    // Answers are read for their usage: asked for uncompressed.
+    "accept-encoding",
+];
+
+fn refusal(status: StatusCode, message: &str) -> Response<Body> {
+    let body = serde_json::json!({"error": {"type": "mosaic_gateway", "message": message}});
+    let mut r = Response::new(
+        Full::new(Bytes::from(body.to_string()))
+            .map_err(|never| match never {})
+            .boxed(),
+    );
+    *r.status_mut() = status;
+    r.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    r
+}
+
+async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
+    let route = &shared.route;
+    let runtime = &route.runtime;
+    let fail = |status: StatusCode, why: &str| {
+        shared.stats.failed.fetch_add(1, Ordering::Relaxed);
+        shared
+            .metrics
+            .gateway_requests
+            .get_or_create(&HostMetrics::runtime_outcome(runtime, "failed"))
+            .inc();
+        tracing::warn!(lane_id = %route.lane_id, generation = route.generation, reason = why,
+            "provider gateway refused a request");
+        refusal(status, why)
+    };
+    let secrets = match &route.secrets {
+        Ok(s) => s,
+        Err(why) => return fail(StatusCode::SERVICE_UNAVAILABLE, why),
+    };
+    let (mut parts, body) = req.into_parts();
+    let path = parts
+        .uri
+        .path_and_query()
+        .map(|p| p.as_str())
+        .unwrap_or("/");
+    if !path.starts_with('/') {
+        return fail(
+            StatusCode::BAD_REQUEST,
+            "only origin-form requests (a path) are carried",
+        );
+    }
+    let uri = match format!("{}{path}", route.upstream.base_path).parse::<hyper::Uri>() {
+        Ok(u) => u,
+        Err(_) => return fail(StatusCode::BAD_REQUEST, "malformed request path"),
+    };
+    parts.uri = uri;
+    let mut headers = hyper::HeaderMap::with_capacity(parts.headers.len() + 2);
+    for (name, value) in parts.headers.iter() {
+        if HOP_BY_HOP.contains(&name.as_str()) {
+            continue;
+        }
+        let mut v = value.clone();
+        if let Ok(text) = value.to_str() {
+            if text.contains("mosaic-credential-") {
+                let mut t = zeroize::Zeroizing::new(text.to_string());
+                for (p, real) in secrets {
+                    if t.contains(p.as_str()) {
+                        *t = t.replace(p.as_str(), &real.0);
+                    }
+                }
+                match hyper::header::HeaderValue::from_str(&t) {
+                    Ok(mut hv) => {
+                        hv.set_sensitive(true);
+                        v = hv;
+                    }
+                    Err(_) => {
+                        return fail(
+                            StatusCode::BAD_REQUEST,
+                            "a credential does not fit in a header value",
+                        )
+                    }
+                }
+            }
+        }
+        headers.append(name.clone(), v);
+    }
+    match hyper::header::HeaderValue::from_str(&route.upstream.authority()) {
+        Ok(h) => {
+            headers.insert(hyper::header::HOST, h);
+        }
+        Err(_) => {
+            return fail(
+                StatusCode::BAD_GATEWAY,
+                "upstream host is not a header value",
+            )
+        }
+    }
+    headers.insert(
+        hyper::header::ACCEPT_ENCODING,
+        hyper::header::HeaderValue::from_static("identity"),
+    );
+    parts.headers = headers;
+    let upstream_req = Request::from_parts(parts, body);
+    let mut sender = match connect(&route.upstream).await {
+        Ok(s) => s,
+        Err(why) => return fail(StatusCode::BAD_GATEWAY, &why),
+    };
+    let resp = match sender.send_request(upstream_req).await {
+        Ok(r) => r,
+        Err(e) => return fail(StatusCode::BAD_GATEWAY, &format!("upstream request: {e}")),
+    };
+    shared.stats.requests.fetch_add(1, Ordering::Relaxed);
+    shared
+        .metrics
+        .gateway_requests
+        .get_or_create(&HostMetrics::runtime_outcome(runtime, "carried"))
+        .inc();
+    let (parts, body) = resp.into_parts();
+    let mut scan = Usage {
+        tail: Vec::new(),
+        input: 0,
+        output: 0,
+        stats: shared.stats.clone(),
+        metrics: shared.metrics.clone(),
+        runtime: runtime.clone(),
+    };
+    let body = body
+        .map_frame(move |frame| {
+            if let Some(d) = frame.data_ref() {
+                scan.feed(d);
+            }
+            frame
+        })
+        .boxed();
+    let mut r = Response::from_parts(parts, body);
+    for h in HOP_BY_HOP {
+        r.headers_mut().remove(*h);
+    }
+    r
+}
+
+/// One connection to the upstream, for one request (no pooling: a generation's requests
+/// are few and long).
+async fn connect(
+    u: &Upstream,
+) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, String> {
+    let tcp = tokio::net::TcpStream::connect((u.host.as_str(), u.port))
+        .await
+        .map_err(|e| format!("upstream {}:{} unreachable: {e}", u.host, u.port))?;
+    let _ = tcp.set_nodelay(true);
+    if !u.https {
+        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .map_err(|e| format!("upstream handshake: {e}"))?;
+        tokio::spawn(conn);
+        return Ok(sender);
+    }
+    let cfg = tls_config()?;
+    let name = rustls_pki_types::ServerName::try_from(u.host.clone())
+        .map_err(|_| format!("{:?} is not a TLS server name", u.host))?;
+    let tls = tokio_rustls::TlsConnector::from(cfg)
+        .connect(name, tcp)
+        .await
+        .map_err(|e| format!("upstream TLS: {e}"))?;
+    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+        .await
+        .map_err(|e| format!("upstream handshake: {e}"))?;
+    tokio::spawn(conn);
+    Ok(sender)
+}
+
+/// The client TLS configuration for https upstreams: the system's roots, loaded once.
+fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
+    static CFG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
+    CFG.get_or_init(|| {
+        let found = rustls_native_certs::load_native_certs();
+        let mut roots = rustls::RootCertStore::empty();
+        let (added, _) = roots.add_parsable_certificates(found.certs);
+        if added == 0 {
+            return Err(format!(
+                "no system root certificate could be loaded ({} errors)",
+                found.errors.len()
+            ));
+        }
+        rustls::ClientConfig::builder_with_provider(Arc::new(
+            rustls::crypto::ring::default_provider(),
+        ))
+        .with_safe_default_protocol_versions()
+        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
+        .map_err(|e| e.to_string())
+    })
+    .clone()
+}
+
+/// Reads an answer's token usage as it streams past, and counts it once the answer's body
+/// is gone (finished or abandoned). Within one answer each field is taken at its largest:
+/// streamed APIs repeat a running total (Anthropic's `message_delta`), so a sum would
+/// count twice.
+struct Usage {
+    /// The end of the previous chunk, so a field split across two chunks is still seen.
+    tail: Vec<u8>,
+    input: u64,
+    output: u64,
+    stats: Arc<Stats>,
+    metrics: Arc<HostMetrics>,
+    runtime: String,
+}
+
+/// `"name":` patterns (with the leading quote, so `cache_read_input_tokens` is not
+/// `input_tokens`) and whether each counts as input.
+const FIELDS: &[(&[u8], bool)] = &[
+    (b"\"input_tokens\":", true),
+    (b"\"prompt_tokens\":", true),
+    (b"\"output_tokens\":", false),
+    (b"\"completion_tokens\":", false),
+];
+
+const TAIL: usize = 48;
+
+impl Usage {
+    fn feed(&mut self, chunk: &[u8]) {
+        let mut buf = std::mem::take(&mut self.tail);
+        buf.extend_from_slice(chunk);
+        for (pat, input) in FIELDS {
+            let mut from = 0;
+            while let Some(at) = find(&buf[from..], pat) {
+                let start = from + at + pat.len();
+                let digits: Vec<u8> = buf[start..]
+                    .iter()
+                    .skip_while(|c| **c == b' ')
+                    .take_while(|c| c.is_ascii_digit())
+                    .copied()
+                    .collect();
+                if let Some(n) = std::str::from_utf8(&digits)
+                    .ok()
+                    .and_then(|d| d.parse::<u64>().ok())
+                {
+                    let slot = if *input {
+                        &mut self.input
+                    } else {
+                        &mut self.output
+                    };
+                    *slot = (*slot).max(n);
+                }
+                from = start;
+            }
+        }
+        let keep = buf.len().saturating_sub(TAIL);
+        self.tail = buf.split_off(keep);
+    }
+}
+
+fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
+    hay.windows(needle.len()).position(|w| w == needle)
+}
+
+impl Drop for Usage {
+    fn drop(&mut self) {
+        self.stats
+            .input_tokens
+            .fetch_add(self.input, Ordering::Relaxed);
+        self.stats
+            .output_tokens
+            .fetch_add(self.output, Ordering::Relaxed);
+        for (dir, n) in [("input", self.input), ("output", self.output)] {
+            self.metrics
+                .provider_tokens
+                .get_or_create(&HostMetrics::runtime_direction(&self.runtime, dir))
+                .inc_by(n);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstreams_are_checked() {
+        let u = Upstream::parse("https://api.example.com/v1/").unwrap();
+        assert_eq!(
+            (u.https, u.host.as_str(), u.port, u.base_path.as_str()),
+            (true, "api.example.com", 443, "/v1")
+        );
+        let u = Upstream::parse("http://127.0.0.1:8080").unwrap();
+        assert_eq!((u.port, u.base_path.as_str()), (8080, ""));
+        assert_eq!(u.authority(), "127.0.0.1:8080");
+        for bad in [
+            "ftp://x",
+            "api.example.com",
+            "https://user:pw@x.example",
+            "https://x.example/?key=1",
+            "https://x.example/#f",
+            "",
+        ] {
+            assert!(Upstream::parse(bad).is_err(), "{bad} accepted");
+        }
+    }
+
+    #[test]
+    fn usage_is_read_across_chunks_at_its_largest() {
+        let m = Arc::new(HostMetrics::new());
+        let stats = Arc::new(Stats::default());
+        let mut u = Usage {
+            tail: Vec::new(),
+            input: 0,
+            output: 0,
+            stats: stats.clone(),
+            metrics: m,
+            runtime: "x".into(),
+        };
+        // Anthropic streaming: input in message_start, a running output total later; a
+        // cache field that must not count as input; a field split across two chunks.
+        u.feed(br#"data: {"message":{"usage":{"input_tokens":120,"cache_read_input_tokens":9999,"output_tokens":1}}}"#);
+        u.feed(br#"data: {"usage":{"output_tok"#);
+        u.feed(br#"ens": 37}}"#);
+        u.feed(br#"data: {"usage":{"output_tokens":40}}"#);
+        drop(u);
+        assert_eq!(stats.input_tokens.load(Ordering::Relaxed), 120);
+        assert_eq!(stats.output_tokens.load(Ordering::Relaxed), 40);
+    }
+}
