@@ -737,3 +737,41 @@ fn a_confined_real_harness_without_a_provider_is_refused() {
     let (k, _) = h.refused(&start("open"));
     assert_ne!(k, "no-provider");
 }
+
+/// A generation that floods its gateway with connections gets a bounded share of the
+/// supervisor: the supervisor's descriptors grow by at most the gateway's connection limit,
+/// it keeps answering, and the gateway carries the generation's next request.
+#[test]
+fn a_flood_of_gateway_connections_is_bounded() {
+    let model = Model::start();
+    let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
+    let (h, _creds) = provider_host(&model, &token, vec![]);
+    let fds = |h: &Host| {
+        std::fs::read_dir(format!("/proc/{}/fd", h.supervisor_pid().unwrap()))
+            .unwrap()
+            .count()
+    };
+    h.create_lane("p");
+    let before = fds(&h);
+    let g = h.start(
+        "p",
+        "attack=flood:150 attack=provider:FAKE_PROVIDER_KEY hang",
+    );
+    let home = area(&h, "p", g["generation"].as_u64().unwrap()).join("home");
+    wait_until("the flood held", || {
+        home.join("flooding").exists().then_some(())
+    });
+    // Give the supervisor time to accept all it would.
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let during = fds(&h);
+    assert!(
+        during < before + mosaic::supervisor::gateway::MAX_CONNECTIONS + 24,
+        "the supervisor holds {during} descriptors, {before} before the flood"
+    );
+    h.status();
+    std::fs::write(home.join("release"), "").unwrap();
+    let got = outcomes(&h, "p", 1);
+    assert!(got.iter().all(|(_, a, _)| *a), "{got:?}");
+    let r = h.call(&Request::Stop { lane: "p".into() });
+    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+}

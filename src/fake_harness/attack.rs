@@ -55,6 +55,10 @@ pub enum Attack {
     /// Wait (up to a minute) until a file exists, so a test can order the attempts after
     /// it around its own steps (a supervisor restart); allowed once it exists.
     Wait(PathBuf),
+    /// Open this many connections to the provider gateway and hold them (idle) until
+    /// `$HOME/release` exists (at most a minute), having written `$HOME/flooding`: allowed
+    /// when every one connected.
+    Flood(u32),
 }
 
 impl Attack {
@@ -90,6 +94,7 @@ impl Attack {
             }
             "provider" if !arg.is_empty() => Self::Provider(arg.to_string()),
             "wait" => Self::Wait(path()?),
+            "flood" => Self::Flood(arg.parse().ok().filter(|n| (1..=1000).contains(n))?),
             _ => return None,
         })
     }
@@ -116,6 +121,7 @@ impl Attack {
             Self::Tcp(a) => format!("tcp:{a}"),
             Self::Provider(v) => format!("provider:{v}"),
             Self::Wait(p) => format!("wait:{}", p.display()),
+            Self::Flood(n) => format!("flood:{n}"),
         }
     }
 
@@ -261,6 +267,25 @@ impl Attack {
                     .map(drop)
             }
             Self::Provider(var) => provider_request(var),
+            Self::Flood(n) => {
+                let base = std::env::var("MOSAIC_PROVIDER_URL")
+                    .map_err(|_| std::io::Error::other("no MOSAIC_PROVIDER_URL"))?;
+                let authority = base
+                    .strip_prefix("http://")
+                    .and_then(|r| r.split('/').next())
+                    .ok_or_else(|| std::io::Error::other("not an http:// provider URL"))?
+                    .to_string();
+                let held = (0..*n)
+                    .map(|_| std::net::TcpStream::connect(authority.as_str()))
+                    .collect::<std::io::Result<Vec<_>>>();
+                let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
+                std::fs::write(home.join("flooding"), "")?;
+                let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+                while !home.join("release").exists() && std::time::Instant::now() < until {
+                    std::thread::sleep(std::time::Duration::from_millis(20));
+                }
+                held.map(drop)
+            }
             Self::Wait(p) => {
                 let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
                 while !p.exists() {

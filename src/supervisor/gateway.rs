@@ -215,21 +215,39 @@ pub fn serve(
         stats: stats.clone(),
         metrics,
     });
+    // A hostile generation must not exhaust the supervisor: at most `MAX_CONNECTIONS` of
+    // its connections are served at once (the rest wait in the listener's backlog), and a
+    // connection that sends no complete request head in time is closed.
+    let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
     let task = tokio::spawn(async move {
+        let mut conns = tokio::task::JoinSet::new();
         loop {
-            let Ok((stream, _)) = listener.accept().await else {
-                // EMFILE and the like: back off rather than spin.
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                continue;
+            let Ok(permit) = permits.clone().acquire_owned().await else {
+                return;
+            };
+            let stream = tokio::select! {
+                accepted = listener.accept() => match accepted {
+                    Ok((stream, _)) => stream,
+                    Err(_) => {
+                        // EMFILE and the like: back off rather than spin.
+                        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+                        continue;
+                    }
+                },
+                Some(_) = conns.join_next(), if !conns.is_empty() => continue,
             };
             let _ = stream.set_nodelay(true);
             let shared = shared.clone();
-            tokio::spawn(async move {
+            // Owned by this task: when the gateway is dropped, its connections end too.
+            conns.spawn(async move {
+                let _permit = permit;
                 let svc = hyper::service::service_fn(move |req| {
                     let shared = shared.clone();
                     async move { Ok::<_, std::convert::Infallible>(handle(&shared, req).await) }
                 });
                 let _ = hyper::server::conn::http1::Builder::new()
+                    .timer(hyper_util::rt::TokioTimer::new())
+                    .header_read_timeout(HEAD_TIMEOUT)
                     .serve_connection(TokioIo::new(stream), svc)
                     .await;
             });
@@ -241,6 +259,13 @@ pub fn serve(
         upstream,
     })
 }
+
+/// Connections of one generation served at once.
+pub const MAX_CONNECTIONS: usize = 32;
+/// How long a connection has to send a request's head.
+const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
+/// How long the upstream has to accept a connection.
+const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 
 /// Headers that describe one hop, not the request: never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -398,9 +423,13 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
 async fn connect(
     u: &Upstream,
 ) -> Result<hyper::client::conn::http1::SendRequest<Incoming>, String> {
-    let tcp = tokio::net::TcpStream::connect((u.host.as_str(), u.port))
-        .await
-        .map_err(|e| format!("upstream {}:{} unreachable: {e}", u.host, u.port))?;
+    let tcp = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio::net::TcpStream::connect((u.host.as_str(), u.port)),
+    )
+    .await
+    .map_err(|_| format!("upstream {}:{} did not answer in time", u.host, u.port))?
+    .map_err(|e| format!("upstream {}:{} unreachable: {e}", u.host, u.port))?;
     let _ = tcp.set_nodelay(true);
     if !u.https {
         let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
