@@ -103,6 +103,11 @@ fn hostile(h: &Host, v: &Victim, own_cgroup_parent: &Path) -> Vec<String> {
         format!("attack=environ:{sup}"),
         format!("attack=environ:{}", v.harness),
         format!("attack=mem:{}", v.harness),
+        // No other process exists for it: not the supervisor's, not another lane's
+        // command line (world-readable on the host's /proc).
+        format!("attack=read:/proc/{sup}/cmdline"),
+        format!("attack=read:/proc/{}/cmdline", v.harness),
+        "attack=read:/proc/1/cmdline".to_string(),
         format!(
             "attack=read:{}",
             h.state_dir().join("supervisor.lock").display()
@@ -158,6 +163,8 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
     directives.push(format!("attack=write:{}", own.join("home/mine").display()));
     directives.push(format!("attack=write:{}", own.join("work/mine").display()));
     directives.push("attack=read:/usr/bin".to_string());
+    // Its own processes are there for it.
+    directives.push("attack=read:/proc/self/status".to_string());
     // What tools take for granted: their terminal by name, a listing of /etc.
     directives.push("attack=write:/dev/stderr".to_string());
     directives.push("attack=read:/etc".to_string());
@@ -175,6 +182,7 @@ fn a_confined_generation_reaches_nothing_beyond_its_own_areas() {
     for (what, allowed, said) in &got {
         let own_area = what.contains(own.to_str().unwrap())
             || what == "read:/usr/bin"
+            || what == "read:/proc/self/status"
             || what == "write:/dev/stderr"
             || what == "read:/etc"
             || *what == format!("write:/tmp/{tmp_name}");

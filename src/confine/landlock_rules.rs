@@ -39,6 +39,7 @@ pub fn mount_access() -> super::mounts::Access {
         all: AccessFs::from_all(REQUIRED_ABI).bits(),
         device: device().bits(),
         device_file: (device() & AccessFs::from_file(REQUIRED_ABI)).bits(),
+        read: AccessFs::from_read(REQUIRED_ABI).bits(),
     }
 }
 

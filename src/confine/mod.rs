@@ -248,6 +248,7 @@ impl Prepared {
             &policy.private,
             &exposed,
             landlock_rules::mount_access(),
+            policy.uid.is_some(),
         )?;
         let cwd = cwd
             .map(|c| {

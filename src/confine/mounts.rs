@@ -76,6 +76,8 @@ pub struct Access {
     pub all: u64,
     pub device: u64,
     pub device_file: u64,
+    /// What a read root gets (the new `/proc`).
+    pub read: u64,
 }
 
 /// The most paths mounted back (the areas, a lane socket, a few read roots).
@@ -118,6 +120,9 @@ pub struct Plan {
     /// Landlock rights on the new terminals: the directory, and the ptmx file.
     device_access: u64,
     device_file_access: u64,
+    /// A procfs of its own over `/proc` that shows only its own uid's processes
+    /// (`hidepid=invisible`), with read rights: for a harness that has a uid of its own.
+    own_proc: Option<u64>,
 }
 
 /// The directories to make, outermost first, from inside `root` down to `path` (itself
@@ -149,6 +154,7 @@ impl Plan {
         private: &[PathBuf],
         exposed: &[(PathBuf, bool)],
         access: Access,
+        own_proc: bool,
     ) -> Result<Self, ConfineError> {
         let mut all: Vec<(&PathBuf, bool)> = hidden
             .iter()
@@ -231,6 +237,7 @@ impl Plan {
             private_access: access.all,
             device_access: access.device,
             device_file_access: access.device_file,
+            own_proc: own_proc.then_some(access.read),
         })
     }
 
@@ -385,6 +392,22 @@ impl Plan {
                 ) != 0
             {
                 return fail();
+            }
+            // Its own processes only: a procfs instance that hides every process of
+            // another uid (the shim, the supervisor, other lanes, the host's services:
+            // their command lines, their existence). The host's /proc stays beneath it.
+            if let Some(read) = self.own_proc {
+                if libc::mount(
+                    c"proc".as_ptr(),
+                    c"/proc".as_ptr(),
+                    c"proc".as_ptr(),
+                    libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+                    c"hidepid=invisible".as_ptr().cast(),
+                ) != 0
+                    || !add_rule(ruleset, c"/proc", read)
+                {
+                    return fail();
+                }
             }
             // Rules for what exists only from here on: the private directories (every
             // right) and the new terminals (device rights).
