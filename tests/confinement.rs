@@ -783,3 +783,26 @@ fn a_flood_of_gateway_connections_is_bounded() {
     let r = h.call(&Request::Stop { lane: "p".into() });
     assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
 }
+
+/// Every generation has a network namespace never used before: no two generations of a
+/// lane, and no generation and the supervisor, share one. Its gateway works in each.
+#[test]
+fn every_generation_gets_a_network_namespace_of_its_own() {
+    let model = Model::start();
+    let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
+    let (h, _creds) = provider_host(&model, &token, vec![]);
+    h.create_lane("p");
+    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    let sup = ns(h.supervisor_pid().unwrap() as i32);
+    let mut seen = vec![sup.clone()];
+    for n in 1..=3u64 {
+        let g = h.start("p", "attack=provider:FAKE_PROVIDER_KEY hang");
+        assert_eq!(g["process_identity"]["confinement"], "verified", "{g}");
+        let mine = ns(pid(&g["process_identity"]["harness_pid"]));
+        assert!(!seen.contains(&mine), "generation {n} shares {mine:?}");
+        seen.push(mine);
+        let got = outcomes(&h, "p", n);
+        assert!(got[0].1, "{got:?}");
+        h.call(&Request::Stop { lane: "p".into() });
+    }
+}
