@@ -252,10 +252,14 @@ fn an_opted_out_lane_runs_unconfined_and_says_so() {
     let parent = h
         .cgroup_root
         .join(format!("lanes/open/{}", lane_incarnation(&h, "open")));
+    // It attacks only once its start is through: an unconfined harness that left its
+    // cgroup before the supervisor saw it there would fail its own launch (as it should).
+    let go = h.dir.join("open-go");
     let g = h.start(
         "open",
         &format!(
-            "attack=write:{} attack=environ:{sup} attack=read:{} attack=join:{} attack=connect:{} hang",
+            "attack=wait:{} attack=write:{} attack=environ:{sup} attack=read:{} attack=join:{} attack=connect:{} hang",
+            go.display(),
             planted.display(),
             h.state_dir().join("supervisor.lock").display(),
             parent.display(),
@@ -263,6 +267,7 @@ fn an_opted_out_lane_runs_unconfined_and_says_so() {
         ),
     );
     assert_eq!(g["process_identity"]["confinement"], "none", "{g}");
+    std::fs::write(&go, "").unwrap();
     let got = outcomes(&h, "open", 1);
     assert!(got.iter().all(|(_, allowed, _)| *allowed), "{got:?}");
     assert!(
@@ -707,6 +712,15 @@ fn lane_uids_are_never_handed_out_twice() {
     h.start_supervisor();
     h.create_lane("c");
     assert!(uid(&h, "c") > a2);
+    // Another supervisor on the same machine (its own state directory) never hands out
+    // one of them: the host's ledger is shared.
+    let other = Host::new();
+    other.create_lane("a");
+    let o = uid(&other, "a");
+    assert!(
+        ![a1, b1, a2, uid(&h, "c")].contains(&o),
+        "{o} handed out twice"
+    );
     // The generation runs as it, and its areas are its own.
     let g = h.start("c", "hang");
     let harness = pid(&g["process_identity"]["harness_pid"]);
@@ -792,9 +806,18 @@ fn every_generation_gets_a_network_namespace_of_its_own() {
     let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
     let (h, _creds) = provider_host(&model, &token, vec![]);
     h.create_lane("p");
-    let ns = |pid: i32| std::fs::read_link(format!("/proc/{pid}/ns/net")).unwrap();
+    // Each namespace is held open here, so the kernel cannot free it and reuse its number
+    // for a later one: equal numbers would be one namespace.
+    let mut held = Vec::new();
+    let mut ns = |pid: i32| {
+        use std::os::unix::fs::MetadataExt;
+        let f = std::fs::File::open(format!("/proc/{pid}/ns/net")).unwrap();
+        let ino = f.metadata().unwrap().ino();
+        held.push(f);
+        ino
+    };
     let sup = ns(h.supervisor_pid().unwrap() as i32);
-    let mut seen = vec![sup.clone()];
+    let mut seen = vec![sup];
     for n in 1..=3u64 {
         let g = h.start("p", "attack=provider:FAKE_PROVIDER_KEY hang");
         assert_eq!(g["process_identity"]["confinement"], "verified", "{g}");

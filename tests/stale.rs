@@ -198,6 +198,7 @@ fn world() -> (Supervisor, World) {
         hidden_paths: vec![],
         providers: Default::default(),
         lane_uids: None,
+        lane_uid_ledger: None,
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

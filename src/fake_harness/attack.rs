@@ -325,6 +325,14 @@ fn provider_request(key_var: &str) -> std::io::Result<()> {
     let text = String::from_utf8_lossy(&answer).into_owned();
     let (head, body) = text.split_once("\r\n\r\n").unwrap_or((&text, ""));
     let status = head.split(' ').nth(1).unwrap_or("");
+    let body = if head
+        .to_ascii_lowercase()
+        .contains("transfer-encoding: chunked")
+    {
+        dechunk(body)
+    } else {
+        body.to_string()
+    };
     if let Some(home) = std::env::var_os("HOME") {
         std::fs::write(PathBuf::from(home).join("provider-answer"), body)?;
     }
@@ -332,6 +340,20 @@ fn provider_request(key_var: &str) -> std::io::Result<()> {
         "200" => Ok(()),
         other => Err(std::io::Error::other(format!("status {other}"))),
     }
+}
+
+/// A chunked body's data (sizes in hex, each chunk followed by CRLF, a zero chunk last).
+fn dechunk(mut rest: &str) -> String {
+    let mut out = String::new();
+    while let Some((size, after)) = rest.split_once("\r\n") {
+        let n = usize::from_str_radix(size.split(';').next().unwrap_or("").trim(), 16).unwrap_or(0);
+        if n == 0 || after.len() < n {
+            break;
+        }
+        out.push_str(&after[..n]);
+        rest = after[n..].trim_start_matches("\r\n");
+    }
+    out
 }
 
 /// Sends one line on a connected socket and reads the answer: `Ok` only when the server

@@ -203,11 +203,16 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
     // (close-on-exec: the harness never holds it), so a supervisor restarted later takes
     // the same one again.
     let confined = confined.and_then(|p| match (&p, &confinement) {
-        (Some(_), crate::confine::Confinement::Enforced { policy }) => policy
-            .uid
-            .map_or(Ok(()), crate::confine::give_terminal)
-            .and_then(|()| crate::confine::net::isolate(policy.gateway))
-            .map(|l| (p, l)),
+        // The pane's terminal goes to the lane's uid last: a start that failed before
+        // leaves it as it was.
+        (Some(_), crate::confine::Confinement::Enforced { policy }) => {
+            crate::confine::net::isolate(policy.gateway).and_then(|l| {
+                policy
+                    .uid
+                    .map_or(Ok(()), crate::confine::give_terminal)
+                    .map(|()| (p, l))
+            })
+        }
         _ => Ok((p, None)),
     });
     let (confined, gateway) = match confined {

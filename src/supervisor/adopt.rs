@@ -351,7 +351,11 @@ fn reserve_gateway(
                     .map(|(k, v)| (super::gateway::placeholder(&k), v))
                     .collect()
             })
-            .map_err(|e| e.to_string()),
+            .map_err(|e| {
+                tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                    "cannot read the re-adopted generation's credentials; its provider requests are refused");
+                "the supervisor cannot read this runtime's credentials (see its log)".to_string()
+            }),
     };
     let listener = match super::harness::take_listener(shim, fd) {
         Ok(l) => l,

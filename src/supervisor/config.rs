@@ -77,6 +77,11 @@ pub struct ConfigFile {
     /// 1900000000 and the million after it: no account of the host may lie in the range.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane_uids: Option<super::state::UidRange>,
+    /// The host's record of lane uids handed out, shared by every supervisor of the
+    /// machine so no two give one uid to two lanes. Default
+    /// /var/lib/mosaic/lane-uids.json.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lane_uid_ledger: Option<PathBuf>,
 }
 
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
@@ -133,6 +138,7 @@ pub struct Config {
     pub hidden_paths: Vec<PathBuf>,
     pub providers: std::collections::BTreeMap<String, super::gateway::Upstream>,
     pub lane_uids: super::state::UidRange,
+    pub lane_uid_ledger: PathBuf,
 }
 
 impl Config {
@@ -235,6 +241,9 @@ impl Config {
             hidden_paths: f.hidden_paths,
             providers,
             lane_uids,
+            lane_uid_ledger: f
+                .lane_uid_ledger
+                .unwrap_or_else(|| PathBuf::from("/var/lib/mosaic/lane-uids.json")),
         })
     }
 

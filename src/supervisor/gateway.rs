@@ -53,8 +53,18 @@ pub struct Upstream {
 
 impl Upstream {
     pub fn parse(url: &str) -> Result<Self, GatewayError> {
+        // Named by scheme and host only: a URL carrying user info or a query may carry a
+        // secret, and errors reach logs.
+        let shown = url
+            .split_once("://")
+            .map(|(scheme, rest)| {
+                let host = rest.split(['/', '?', '#']).next().unwrap_or("");
+                let host = host.rsplit('@').next().unwrap_or(host);
+                format!("{scheme}://{host}")
+            })
+            .unwrap_or_else(|| "(not a URL)".into());
         let bad = |detail: &str| GatewayError::Upstream {
-            url: url.to_string(),
+            url: shown.clone(),
             detail: detail.to_string(),
         };
         let uri: hyper::Uri = url.parse().map_err(|_| bad("not a URL"))?;
@@ -219,11 +229,24 @@ pub fn serve(
     // its connections are served at once (the rest wait in the listener's backlog), and a
     // connection that sends no complete request head in time is closed.
     let permits = Arc::new(tokio::sync::Semaphore::new(MAX_CONNECTIONS));
+    let (lane_id, generation) = (shared.route.lane_id.clone(), shared.route.generation);
     let task = tokio::spawn(async move {
         let mut conns = tokio::task::JoinSet::new();
+        let mut saturated = false;
         loop {
-            let Ok(permit) = permits.clone().acquire_owned().await else {
-                return;
+            let permit = match permits.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    if !saturated {
+                        saturated = true;
+                        tracing::warn!(lane_id = %lane_id, generation,
+                            "the generation holds {MAX_CONNECTIONS} gateway connections; further ones wait");
+                    }
+                    let Ok(p) = permits.clone().acquire_owned().await else {
+                        return;
+                    };
+                    p
+                }
             };
             let stream = tokio::select! {
                 accepted = listener.accept() => match accepted {
@@ -264,8 +287,10 @@ pub fn serve(
 pub const MAX_CONNECTIONS: usize = 32;
 /// How long a connection has to send a request's head.
 const HEAD_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
-/// How long the upstream has to accept a connection.
+/// How long the upstream has to accept a connection (TLS handshake included).
 const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
+/// How long the upstream has to begin its answer (a model may think for minutes).
+const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
 /// Headers that describe one hop, not the request: never forwarded.
 const HOP_BY_HOP: &[&str] = &[
@@ -298,6 +323,66 @@ fn refusal(status: StatusCode, message: &str) -> Response<Body> {
     r
 }
 
+/// Headers a credential may go in, and only as the whole value (`authorization` also as
+/// `Bearer <placeholder>`): where providers read their keys. A placeholder anywhere else —
+/// another header, part of a value — is refused: a header the provider might quote back
+/// (an error naming a bad value, an echoed origin) must never carry a key.
+const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "api-key", "x-goog-api-key"];
+
+/// `value` of header `name` as sent upstream: a placeholder in an allowed form replaced by
+/// its credential (marked sensitive), anything else unchanged; a placeholder elsewhere is
+/// refused.
+fn substitute(
+    name: &str,
+    value: &hyper::header::HeaderValue,
+    secrets: &[(String, SecretValue)],
+) -> Result<hyper::header::HeaderValue, &'static str> {
+    const MARK: &[u8] = b"mosaic-credential-";
+    if !value.as_bytes().windows(MARK.len()).any(|w| w == MARK) {
+        return Ok(value.clone());
+    }
+    let text = value
+        .to_str()
+        .map_err(|_| "a malformed header names a credential")?;
+    let (prefix, token) = match text.strip_prefix("Bearer ") {
+        Some(t) if name == "authorization" => ("Bearer ", t),
+        _ => ("", text),
+    };
+    if !CREDENTIAL_HEADERS.contains(&name) {
+        return Err("a credential may go only in a provider's key header");
+    }
+    let real = secrets
+        .iter()
+        .find(|(p, _)| p == token)
+        .map(|(_, v)| v)
+        .ok_or("the header names no credential of this runtime (or not as its whole value)")?;
+    let full = zeroize::Zeroizing::new(format!("{prefix}{}", real.0));
+    let mut hv = hyper::header::HeaderValue::from_str(&full)
+        .map_err(|_| "a credential does not fit in a header value")?;
+    hv.set_sensitive(true);
+    Ok(hv)
+}
+
+/// Refuses a request path that could leave the upstream's base path or be read two ways:
+/// dot segments, empty segments, encoded dots or slashes, a missing leading slash.
+fn check_path(path: &str) -> Result<(), &'static str> {
+    let p = path.split(['?', '#']).next().unwrap_or("");
+    if !p.starts_with('/') {
+        return Err("only origin-form requests (a path) are carried");
+    }
+    let lower = p.to_ascii_lowercase();
+    if p[1..].split('/').any(|seg| seg == "." || seg == "..")
+        || p.contains("//")
+        || lower.contains("%2e")
+        || lower.contains("%2f")
+        || lower.contains("%5c")
+        || p.contains('\\')
+    {
+        return Err("the request path has dot, empty or encoded segments");
+    }
+    Ok(())
+}
+
 async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
     let route = &shared.route;
     let runtime = &route.runtime;
@@ -308,7 +393,9 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             .gateway_requests
             .get_or_create(&HostMetrics::runtime_outcome(runtime, "failed"))
             .inc();
-        tracing::warn!(lane_id = %route.lane_id, generation = route.generation, reason = why,
+        // Counted (metrics, the view), logged at debug: a generation must not be able to
+        // flood the supervisor's log.
+        tracing::debug!(lane_id = %route.lane_id, generation = route.generation, reason = why,
             "provider gateway refused a request");
         refusal(status, why)
     };
@@ -317,16 +404,19 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         Err(why) => return fail(StatusCode::SERVICE_UNAVAILABLE, why),
     };
     let (mut parts, body) = req.into_parts();
+    if parts.method != hyper::Method::GET && parts.method != hyper::Method::POST {
+        return fail(
+            StatusCode::METHOD_NOT_ALLOWED,
+            "the gateway carries GET and POST only",
+        );
+    }
     let path = parts
         .uri
         .path_and_query()
         .map(|p| p.as_str())
         .unwrap_or("/");
-    if !path.starts_with('/') {
-        return fail(
-            StatusCode::BAD_REQUEST,
-            "only origin-form requests (a path) are carried",
-        );
+    if let Err(why) = check_path(path) {
+        return fail(StatusCode::BAD_REQUEST, why);
     }
     let uri = match format!("{}{path}", route.upstream.base_path).parse::<hyper::Uri>() {
         Ok(u) => u,
@@ -338,30 +428,12 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         if HOP_BY_HOP.contains(&name.as_str()) {
             continue;
         }
-        let mut v = value.clone();
-        if let Ok(text) = value.to_str() {
-            if text.contains("mosaic-credential-") {
-                let mut t = zeroize::Zeroizing::new(text.to_string());
-                for (p, real) in secrets {
-                    if t.contains(p.as_str()) {
-                        *t = t.replace(p.as_str(), &real.0);
-                    }
-                }
-                match hyper::header::HeaderValue::from_str(&t) {
-                    Ok(mut hv) => {
-                        hv.set_sensitive(true);
-                        v = hv;
-                    }
-                    Err(_) => {
-                        return fail(
-                            StatusCode::BAD_REQUEST,
-                            "a credential does not fit in a header value",
-                        )
-                    }
-                }
+        match substitute(name.as_str(), value, secrets) {
+            Ok(v) => {
+                headers.append(name.clone(), v);
             }
+            Err(why) => return fail(StatusCode::BAD_REQUEST, why),
         }
-        headers.append(name.clone(), v);
     }
     match hyper::header::HeaderValue::from_str(&route.upstream.authority()) {
         Ok(h) => {
@@ -384,9 +456,15 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
         Ok(s) => s,
         Err(why) => return fail(StatusCode::BAD_GATEWAY, &why),
     };
-    let resp = match sender.send_request(upstream_req).await {
-        Ok(r) => r,
-        Err(e) => return fail(StatusCode::BAD_GATEWAY, &format!("upstream request: {e}")),
+    let resp = match tokio::time::timeout(ANSWER_TIMEOUT, sender.send_request(upstream_req)).await {
+        Ok(Ok(r)) => r,
+        Ok(Err(e)) => return fail(StatusCode::BAD_GATEWAY, &format!("upstream request: {e}")),
+        Err(_) => {
+            return fail(
+                StatusCode::GATEWAY_TIMEOUT,
+                "the upstream did not answer in time",
+            )
+        }
     };
     shared.stats.requests.fetch_add(1, Ordering::Relaxed);
     shared
@@ -411,11 +489,132 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
             frame
         })
         .boxed();
-    let mut r = Response::from_parts(parts, body);
+    // A provider that quotes a key back (in an error, a header) must not hand it to the
+    // generation: every credential is cut out of the answer, headers and body.
+    let keys: Arc<Vec<Vec<u8>>> = Arc::new(
+        secrets
+            .iter()
+            .map(|(_, v)| v.0.as_bytes().to_vec())
+            .filter(|k| !k.is_empty())
+            .collect(),
+    );
+    let mut r = Response::from_parts(
+        parts,
+        Redacted {
+            inner: body,
+            keys: keys.clone(),
+            carry: Vec::new(),
+            pending: None,
+            done: false,
+        }
+        .boxed(),
+    );
     for h in HOP_BY_HOP {
         r.headers_mut().remove(*h);
     }
+    if !keys.is_empty() {
+        // Its length may change where a key is cut out: sent chunked instead.
+        r.headers_mut().remove(hyper::header::CONTENT_LENGTH);
+    }
+    for v in r.headers_mut().values_mut() {
+        if keys.iter().any(|k| find(v.as_bytes(), k).is_some()) {
+            *v = hyper::header::HeaderValue::from_static(REDACTED);
+        }
+    }
     r
+}
+
+const REDACTED: &str = "[redacted by mosaic]";
+
+/// An answer's body with every credential cut out, even one split across two chunks. It
+/// holds back only the end of a chunk that could begin a credential, so a streamed answer
+/// is not delayed otherwise.
+struct Redacted {
+    inner: Body,
+    keys: Arc<Vec<Vec<u8>>>,
+    carry: Vec<u8>,
+    /// A trailers frame, passed on once the carry before it is out.
+    pending: Option<hyper::body::Frame<Bytes>>,
+    done: bool,
+}
+
+impl Redacted {
+    /// Cuts every key out of the carry; returns how many bytes at its end must wait (the
+    /// longest end that begins some key).
+    fn redact(&mut self) -> usize {
+        for k in self.keys.iter() {
+            let mut from = 0;
+            while let Some(at) = find(&self.carry[from..], k) {
+                let at = from + at;
+                self.carry
+                    .splice(at..at + k.len(), REDACTED.bytes())
+                    .for_each(drop);
+                from = at + REDACTED.len();
+            }
+        }
+        let n = self.carry.len();
+        (1..n.min(self.keys.iter().map(Vec::len).max().unwrap_or(0)))
+            .rev()
+            .find(|k| {
+                self.keys
+                    .iter()
+                    .any(|key| key.starts_with(&self.carry[n - k..]))
+            })
+            .unwrap_or(0)
+    }
+}
+
+impl hyper::body::Body for Redacted {
+    type Data = Bytes;
+    type Error = hyper::Error;
+
+    fn poll_frame(
+        mut self: std::pin::Pin<&mut Self>,
+        cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
+        use std::task::Poll;
+        let this = &mut *self;
+        loop {
+            if let Some(f) = this.pending.take() {
+                return Poll::Ready(Some(Ok(f)));
+            }
+            if this.done {
+                return Poll::Ready(None);
+            }
+            match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
+                Poll::Pending => return Poll::Pending,
+                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
+                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
+                    Ok(data) => {
+                        this.carry.extend_from_slice(&data);
+                        let keep = this.redact();
+                        let emit = this.carry.len() - keep;
+                        if emit == 0 {
+                            continue;
+                        }
+                        let out: Vec<u8> = this.carry.drain(..emit).collect();
+                        return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))));
+                    }
+                    Err(other) => {
+                        this.pending = Some(other);
+                        if !this.carry.is_empty() {
+                            let out = std::mem::take(&mut this.carry);
+                            return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(
+                                out,
+                            )))));
+                        }
+                    }
+                },
+                Poll::Ready(None) => {
+                    this.done = true;
+                    if !this.carry.is_empty() {
+                        let out = std::mem::take(&mut this.carry);
+                        return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))));
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// One connection to the upstream, for one request (no pooling: a generation's requests
@@ -441,10 +640,13 @@ async fn connect(
     let cfg = tls_config()?;
     let name = rustls_pki_types::ServerName::try_from(u.host.clone())
         .map_err(|_| format!("{:?} is not a TLS server name", u.host))?;
-    let tls = tokio_rustls::TlsConnector::from(cfg)
-        .connect(name, tcp)
-        .await
-        .map_err(|e| format!("upstream TLS: {e}"))?;
+    let tls = tokio::time::timeout(
+        CONNECT_TIMEOUT,
+        tokio_rustls::TlsConnector::from(cfg).connect(name, tcp),
+    )
+    .await
+    .map_err(|_| "the upstream's TLS handshake did not finish in time".to_string())?
+    .map_err(|e| format!("upstream TLS: {e}"))?;
     let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
         .await
         .map_err(|e| format!("upstream handshake: {e}"))?;
@@ -578,6 +780,137 @@ mod tests {
         ] {
             assert!(Upstream::parse(bad).is_err(), "{bad} accepted");
         }
+    }
+
+    /// An upstream that quotes the request's Authorization header back, in a header and
+    /// in its body split across two writes (the key cut in the middle); records what it got.
+    fn echo_upstream() -> (u16, std::sync::mpsc::Receiver<String>) {
+        use std::io::{Read, Write};
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for s in l.incoming() {
+                let Ok(mut s) = s else { return };
+                let mut buf = vec![0u8; 8192];
+                let n = s.read(&mut buf).unwrap_or(0);
+                let head = String::from_utf8_lossy(&buf[..n]).into_owned();
+                let auth = head
+                    .lines()
+                    .find_map(|l| l.strip_prefix("authorization: "))
+                    .unwrap_or("")
+                    .trim()
+                    .to_string();
+                let _ = tx.send(head.clone());
+                let body = format!("{{\"error\":\"bad key {auth}\"}}");
+                let (a, b) = body.split_at(body.len() / 2 + 3);
+                let _ = write!(
+                    s,
+                    "HTTP/1.1 401 Unauthorized\r\nx-echo: {auth}\r\ncontent-length: {}\r\n\r\n{a}",
+                    body.len()
+                );
+                let _ = s.flush();
+                std::thread::sleep(std::time::Duration::from_millis(30));
+                let _ = s.write_all(b.as_bytes());
+            }
+        });
+        (port, rx)
+    }
+
+    fn ask(port: u16, head: &str) -> String {
+        use std::io::{Read, Write};
+        let mut s = std::net::TcpStream::connect(("127.0.0.1", port)).unwrap();
+        write!(
+            s,
+            "{head}Host: x\r\nContent-Length: 0\r\nConnection: close\r\n\r\n"
+        )
+        .unwrap();
+        let mut out = Vec::new();
+        s.read_to_end(&mut out).unwrap();
+        String::from_utf8_lossy(&out).into_owned()
+    }
+
+    #[test]
+    fn credentials_go_only_where_a_key_goes_and_never_come_back() {
+        let rt = tokio::runtime::Runtime::new().unwrap();
+        let (up, got) = echo_upstream();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        let secret = "sk-real-secret-value-0123456789";
+        let _gw = rt.block_on(async {
+            serve(
+                l,
+                Route {
+                    lane_id: "h:l".into(),
+                    generation: 1,
+                    runtime: "r".into(),
+                    upstream: Upstream::parse(&format!("http://127.0.0.1:{up}")).unwrap(),
+                    secrets: Ok(vec![
+                        (placeholder("KEY"), SecretValue(secret.into())),
+                        (
+                            placeholder("KEY_2"),
+                            SecretValue("other-secret-value".into()),
+                        ),
+                    ]),
+                },
+                Arc::new(HostMetrics::new()),
+            )
+            .unwrap()
+        });
+        // The key reaches the upstream in its header; quoted back, it is cut out of the
+        // answer's header and body (split across two chunks).
+        let answer = ask(
+            port,
+            "POST /v1/x HTTP/1.1\r\nAuthorization: Bearer mosaic-credential-KEY\r\n",
+        );
+        let sent = got.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        assert!(
+            sent.contains(&format!("authorization: Bearer {secret}")),
+            "{sent}"
+        );
+        assert!(!answer.contains(secret), "{answer}");
+        assert!(answer.contains("x-echo: [redacted by mosaic]"), "{answer}");
+        // (The body arrives chunked: its length changed.)
+        assert!(answer.contains("bad key Bearer "), "{answer}");
+        assert!(answer.contains("[redacted by mosaic]\"}"), "{answer}");
+        // A name that begins another's is that other one, exactly.
+        ask(
+            port,
+            "POST /v1/x HTTP/1.1\r\nAuthorization: Bearer mosaic-credential-KEY_2\r\n",
+        );
+        let sent = got.recv_timeout(std::time::Duration::from_secs(5)).unwrap();
+        assert!(
+            sent.contains("authorization: Bearer other-secret-value\r\n"),
+            "{sent}"
+        );
+        // Refused before anything is sent: a placeholder in a header a provider might
+        // quote back, a path that leaves the base, a method that is not GET or POST.
+        for (head, status) in [
+            (
+                "POST /v1/x HTTP/1.1\r\nanthropic-beta: mosaic-credential-KEY\r\n",
+                "400",
+            ),
+            (
+                "POST /v1/x HTTP/1.1\r\nx-api-key: pre-mosaic-credential-KEY\r\n",
+                "400",
+            ),
+            ("POST /v1/../admin HTTP/1.1\r\n", "400"),
+            ("POST /v1/%2e%2e/admin HTTP/1.1\r\n", "400"),
+            ("POST //evil.example/x HTTP/1.1\r\n", "400"),
+            ("DELETE /v1/x HTTP/1.1\r\n", "405"),
+        ] {
+            let answer = ask(port, head);
+            assert!(
+                answer.starts_with(&format!("HTTP/1.1 {status}")),
+                "{head}: {answer}"
+            );
+            assert!(!answer.contains(secret));
+        }
+        assert!(
+            got.recv_timeout(std::time::Duration::from_millis(200))
+                .is_err(),
+            "a refused request reached the upstream"
+        );
     }
 
     #[test]

@@ -69,7 +69,18 @@ pub(crate) fn take_listener(shim: &OwnedFd, fd: i32) -> Result<std::net::TcpList
             "descriptor {fd} of the shim is not a listening stream socket"
         ));
     }
-    Ok(std::net::TcpListener::from(got))
+    let l = std::net::TcpListener::from(got);
+    let at = l.local_addr().map_err(|e| e.to_string())?;
+    let want = std::net::SocketAddr::from((
+        std::net::Ipv4Addr::LOCALHOST,
+        crate::confine::net::GATEWAY_PORT,
+    ));
+    if at != want {
+        return Err(format!(
+            "descriptor {fd} of the shim listens on {at}, not {want}"
+        ));
+    }
+    Ok(l)
 }
 
 /// Creates the generation's private area and lets its family's adapter fill it.

@@ -202,8 +202,12 @@ impl Supervisor {
         // Its own uid before anything of it exists (a failed creation burns one: uids are
         // never handed out twice).
         let uid = {
-            let (store, range) = (self.inner.store.clone(), self.inner.cfg.lane_uids);
-            tokio::task::spawn_blocking(move || store.allocate_uid(range))
+            let (store, range, ledger) = (
+                self.inner.store.clone(),
+                self.inner.cfg.lane_uids,
+                self.inner.cfg.lane_uid_ledger.clone(),
+            );
+            tokio::task::spawn_blocking(move || store.allocate_uid(range, &ledger))
                 .await
                 .map_err(|e| SupervisorError::State {
                     detail: format!("uid allocation task failed: {e}"),

@@ -164,7 +164,16 @@ impl Supervisor {
         )?;
         // A lane recorded before lanes had their own uid gets one now, durably.
         if l.rec.uid.is_none() && self.inner.cfg.confined(name.as_str()) {
-            let uid = self.inner.store.allocate_uid(self.inner.cfg.lane_uids)?;
+            let (store, range, ledger) = (
+                self.inner.store.clone(),
+                self.inner.cfg.lane_uids,
+                self.inner.cfg.lane_uid_ledger.clone(),
+            );
+            let uid = tokio::task::spawn_blocking(move || store.allocate_uid(range, &ledger))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("uid allocation task failed: {e}"),
+                })??;
             l.rec.uid = Some(uid);
             self.inner.store.save_lane(&l.rec)?;
         }

@@ -196,22 +196,33 @@ impl Store {
     }
 
     /// Hands out the next uid of `range` for a new lane incarnation: durable before it is
-    /// returned, never handed out again (the counter only rises; uids a passwd entry
-    /// already names are skipped). Also moved past every uid a lane record holds, so a
-    /// lost or older counter file cannot hand out a uid in use. Exhausted: refused.
-    pub fn allocate_uid(&self, range: UidRange) -> Result<u32, SupervisorError> {
+    /// returned, never handed out again, by this supervisor or any other on the host. Two
+    /// counters only rise: this state directory's (`uids.json`) and the host's `ledger`
+    /// (shared by every supervisor of the machine, taken under an exclusive lock); the uid
+    /// is above both and above every uid a lane record here holds, and skips every uid or
+    /// gid the account databases name. Exhausted: refused.
+    pub fn allocate_uid(&self, range: UidRange, ledger: &Path) -> Result<u32, SupervisorError> {
         let _g = self.uid_lock.lock().unwrap_or_else(|p| p.into_inner());
-        let recorded: Option<UidCounter> = match std::fs::read(&self.uids) {
-            Ok(b) => Some(
-                serde_json::from_slice(&b).map_err(|e| SupervisorError::State {
-                    detail: format!("parse {}: {e}", self.uids.display()),
-                })?,
-            ),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => None,
-            Err(e) => {
-                return Err(SupervisorError::State {
-                    detail: format!("read {}: {e}", self.uids.display()),
-                })
+        let state = |detail: String| SupervisorError::State { detail };
+        if let Some(dir) = ledger.parent() {
+            durable::ensure_dir(dir, 0o700)?;
+        }
+        let lock = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(ledger.with_extension("lock"))
+            .map_err(|e| state(format!("open {}: {e}", ledger.display())))?;
+        rustix::fs::flock(&lock, rustix::fs::FlockOperation::LockExclusive)
+            .map_err(|e| state(format!("lock {}: {e}", ledger.display())))?;
+        let read = |p: &Path| -> Result<Option<u32>, SupervisorError> {
+            match std::fs::read(p) {
+                Ok(b) => serde_json::from_slice::<UidCounter>(&b)
+                    .map(|c| Some(c.next))
+                    .map_err(|e| state(format!("parse {}: {e}", p.display()))),
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
+                Err(e) => Err(state(format!("read {}: {e}", p.display()))),
             }
         };
         let held = self
@@ -222,17 +233,27 @@ impl Store {
             .max()
             .unwrap_or(0);
         let end = range.first.saturating_add(range.count);
-        let mut uid = recorded
-            .map(|c| c.next)
-            .unwrap_or(range.first)
-            .max(held)
-            .max(range.first);
-        while uid < end
-            && nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(uid))
+        let mut uid = [
+            read(&self.uids)?,
+            read(ledger)?,
+            Some(held),
+            Some(range.first),
+        ]
+        .into_iter()
+        .flatten()
+        .max()
+        .unwrap_or(range.first);
+        let taken = |id: u32| {
+            nix::unistd::User::from_uid(nix::unistd::Uid::from_raw(id))
                 .ok()
                 .flatten()
                 .is_some()
-        {
+                || nix::unistd::Group::from_gid(nix::unistd::Gid::from_raw(id))
+                    .ok()
+                    .flatten()
+                    .is_some()
+        };
+        while uid < end && taken(uid) {
             uid += 1;
         }
         if uid >= end {
@@ -243,7 +264,9 @@ impl Store {
                 ),
             });
         }
-        durable::write_atomic(&self.uids, &json(&UidCounter { next: uid + 1 })?)?;
+        let next = json(&UidCounter { next: uid + 1 })?;
+        durable::write_atomic(ledger, &next)?;
+        durable::write_atomic(&self.uids, &next)?;
         Ok(uid)
     }
 

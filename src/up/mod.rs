@@ -165,6 +165,7 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         hidden_paths: vec![state_dir.clone()],
         providers: Default::default(),
         lane_uids: None,
+        lane_uid_ledger: None,
     })
 }
 
@@ -449,6 +450,7 @@ fn member_config(
         hidden_paths: vec![state_dir.to_path_buf()],
         providers: Default::default(),
         lane_uids: None,
+        lane_uid_ledger: None,
     })
 }
 
