@@ -8,9 +8,11 @@
 //! kernel is the same loopback). Not measured: an effect claim per request, which is not
 //! built. Run: `cargo bench --bench gateway`. Prints; asserts nothing about speed.
 
-use std::io::{BufRead, Read, Write};
+#[path = "../tests/common/mod.rs"]
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -48,23 +50,8 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 }
 
 fn main() {
-    let log = std::env::temp_dir().join(format!("mosaic-bench-model-{}.jsonl", std::process::id()));
-    let mut model = Command::new(env!("CARGO_BIN_EXE_mosaic-test-model"))
-        .arg("--log")
-        .arg(&log)
-        .stdout(Stdio::piped())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    std::io::BufReader::new(model.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port: u16 = line
-        .trim()
-        .strip_prefix("listening ")
-        .unwrap()
-        .parse()
-        .unwrap();
+    let model = common::Model::start();
+    let port = model.port;
 
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -118,7 +105,5 @@ fn main() {
         seen.requests, seen.input_tokens, seen.output_tokens
     );
     drop(served);
-    let _ = model.kill();
-    let _ = model.wait();
-    let _ = std::fs::remove_file(&log);
+    drop(model);
 }

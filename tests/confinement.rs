@@ -414,57 +414,6 @@ fn each_layer_stops_what_it_covers_on_its_own() {
     );
 }
 
-/// The deterministic test model, as a separate process on the host's loopback.
-struct Model {
-    child: std::process::Child,
-    port: u16,
-    log: PathBuf,
-}
-
-impl Model {
-    fn start() -> Self {
-        use std::io::BufRead;
-        let log = std::env::temp_dir().join(format!(
-            "mosaic-model-{}.jsonl",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let mut child = std::process::Command::new(
-            Path::new(common::MOSAIC).with_file_name("mosaic-test-model"),
-        )
-        .arg("--log")
-        .arg(&log)
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the test model said {line:?}"));
-        Self { child, port, log }
-    }
-
-    fn requests(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-}
-
-impl Drop for Model {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        let _ = std::fs::remove_file(&self.log);
-    }
-}
-
 /// A file removed on drop.
 struct Scratch(PathBuf);
 

@@ -60,6 +60,8 @@ pub enum ConfineError {
     Privilege(String),
     #[error("confinement policy: {0}")]
     Policy(String),
+    #[error("process {pid} is exiting: its namespaces are gone")]
+    Exiting { pid: i32 },
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
@@ -72,7 +74,7 @@ impl ConfineError {
     pub fn category(&self) -> &'static str {
         match self {
             Self::Landlock(_) | Self::Seccomp(_) | Self::Privilege(_) => "confinement-unavailable",
-            Self::Policy(_) | Self::Read { .. } => "confinement",
+            Self::Policy(_) | Self::Read { .. } | Self::Exiting { .. } => "confinement",
         }
     }
 }
@@ -567,10 +569,17 @@ pub fn observe(pid: i32) -> Result<Observed, ConfineError> {
         source: std::io::Error::other("no NoNewPrivs/Seccomp/Cap* lines"),
     })?;
     let ns = |who: &str, kind: &str| std::fs::read_link(format!("/proc/{who}/ns/{kind}")).ok();
-    o.own_namespaces = ["mnt", "ipc", "net"].iter().all(|k| {
-        let (theirs, ours) = (ns(&pid.to_string(), k), ns("self", k));
-        theirs.is_some() && ours.is_some() && theirs != ours
-    });
+    let kinds = ["mnt", "ipc", "net"];
+    let theirs: Vec<_> = kinds.iter().map(|k| ns(&pid.to_string(), k)).collect();
+    // A process gives up its namespaces only in exit, just before it becomes a zombie:
+    // then they cannot be read, and nothing can be said of them.
+    if theirs.iter().any(Option::is_none) {
+        return Err(ConfineError::Exiting { pid });
+    }
+    o.own_namespaces = kinds
+        .iter()
+        .zip(&theirs)
+        .all(|(k, t)| ns("self", k).is_some_and(|ours| Some(ours) != *t));
     Ok(o)
 }
 

@@ -158,6 +158,9 @@ pub(crate) fn verify(c: &Confinement, pid: i32) -> Result<confine::Seen, String>
         Ok(o) => Err(format!(
             "harness pid {pid} runs without its confinement: {o:?}"
         )),
+        // Exiting (its namespaces already released) or gone: not observed; its exit
+        // report follows on the link.
+        Err(confine::ConfineError::Exiting { .. }) => Ok(confine::Seen::Unobserved),
         Err(_) if !Path::new(&format!("/proc/{pid}")).exists() => Ok(confine::Seen::Unobserved),
         Err(e) => Err(format!("cannot read harness pid {pid}'s confinement: {e}")),
     }

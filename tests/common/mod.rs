@@ -14,6 +14,7 @@ use serde_json::Value;
 
 pub const MOSAIC: &str = env!("CARGO_BIN_EXE_mosaic");
 pub const SHIM: &str = env!("CARGO_BIN_EXE_mosaic-shim");
+pub const MODEL: &str = env!("CARGO_BIN_EXE_mosaic-test-model");
 /// Upper bound for waits on events that must happen; a guard against hangs, not a
 /// performance assertion.
 pub const PATIENCE: Duration = Duration::from_secs(30);
@@ -491,4 +492,67 @@ pub fn free_port() -> u16 {
         }
     }
     panic!("no free port between 20000 and 32000")
+}
+
+/// The deterministic model endpoint, as a separate process.
+pub struct Model {
+    pub child: Child,
+    pub port: u16,
+    pub log: PathBuf,
+}
+
+impl Model {
+    pub fn start() -> Self {
+        let log = std::env::temp_dir().join(format!(
+            "mosaic-model-{}.jsonl",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let mut child = Command::new(MODEL)
+            .arg("--log")
+            .arg(&log)
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        std::io::BufRead::read_line(
+            &mut std::io::BufReader::new(child.stdout.take().unwrap()),
+            &mut line,
+        )
+        .unwrap();
+        let port = line
+            .trim()
+            .strip_prefix("listening ")
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("the test model said {line:?}"));
+        Self { child, port, log }
+    }
+
+    pub fn requests(&self) -> Vec<Value> {
+        std::fs::read_to_string(&self.log)
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Requests of the harness's main conversation (those offering tools), as text.
+    pub fn conversation(&self) -> Vec<String> {
+        self.requests()
+            .iter()
+            .filter(|r| r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty()))
+            .map(|r| r["body"].to_string())
+            .collect()
+    }
+}
+
+impl Drop for Model {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        if !std::thread::panicking() && std::env::var_os("MOSAIC_KEEP_MODEL_LOG").is_none() {
+            let _ = std::fs::remove_file(&self.log);
+        } else {
+            eprintln!("test model log kept: {}", self.log.display());
+        }
+    }
 }

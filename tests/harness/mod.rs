@@ -13,8 +13,6 @@ use serde_json::{json, Value};
 
 use super::{common, pg};
 
-pub const MODEL: &str = env!("CARGO_BIN_EXE_mosaic-test-model");
-
 pub fn registry_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("registry")
 }
@@ -73,66 +71,7 @@ impl Drop for TempDir {
     }
 }
 
-/// The deterministic model endpoint, as a separate process.
-pub struct Model {
-    pub child: Child,
-    pub port: u16,
-    pub log: PathBuf,
-}
-
-impl Model {
-    pub fn start() -> Self {
-        let log = std::env::temp_dir().join(format!(
-            "mosaic-model-{}.jsonl",
-            uuid::Uuid::new_v4().simple()
-        ));
-        let mut child = Command::new(MODEL)
-            .arg("--log")
-            .arg(&log)
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        std::io::BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let port = line
-            .trim()
-            .strip_prefix("listening ")
-            .and_then(|p| p.parse().ok())
-            .unwrap_or_else(|| panic!("the test model said {line:?}"));
-        Self { child, port, log }
-    }
-
-    pub fn requests(&self) -> Vec<Value> {
-        std::fs::read_to_string(&self.log)
-            .unwrap_or_default()
-            .lines()
-            .filter_map(|l| serde_json::from_str(l).ok())
-            .collect()
-    }
-
-    /// Requests of the harness's main conversation (those offering tools), as text.
-    pub fn conversation(&self) -> Vec<String> {
-        self.requests()
-            .iter()
-            .filter(|r| r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty()))
-            .map(|r| r["body"].to_string())
-            .collect()
-    }
-}
-
-impl Drop for Model {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-        if !std::thread::panicking() && std::env::var_os("MOSAIC_KEEP_MODEL_LOG").is_none() {
-            let _ = std::fs::remove_file(&self.log);
-        } else {
-            eprintln!("test model log kept: {}", self.log.display());
-        }
-    }
-}
+pub use super::common::Model;
 
 /// `mosaic up` with one lane, the installed harnesses, and a credentials file.
 pub struct Up {

@@ -35,6 +35,12 @@ use super::metrics::HostMetrics;
 
 pub use crate::adapter::credentials::placeholder;
 
+mod answer;
+mod request;
+
+use answer::{find, Redacted, Usage, REDACTED};
+use request::{check_path, substitute, HOP_BY_HOP};
+
 #[derive(Debug, thiserror::Error)]
 pub enum GatewayError {
     #[error("provider upstream {url:?}: {detail}")]
@@ -163,14 +169,7 @@ impl Drop for Gateway {
 
 impl Gateway {
     pub fn view(&self) -> StatsView {
-        let s = &self.stats;
-        StatsView {
-            upstream: self.upstream.clone(),
-            requests: s.requests.load(Ordering::Relaxed),
-            failed: s.failed.load(Ordering::Relaxed),
-            input_tokens: s.input_tokens.load(Ordering::Relaxed),
-            output_tokens: s.output_tokens.load(Ordering::Relaxed),
-        }
+        self.handle().view()
     }
 
     /// A handle on the same counters (the live view keeps one).
@@ -292,22 +291,6 @@ const CONNECT_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(15);
 /// How long the upstream has to begin its answer (a model may think for minutes).
 const ANSWER_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(600);
 
-/// Headers that describe one hop, not the request: never forwarded.
-const HOP_BY_HOP: &[&str] = &[
-    "connection",
-    "keep-alive",
-    "proxy-connection",
-    "proxy-authorization",
-    "proxy-authenticate",
-    "te",
-    "trailer",
-    "transfer-encoding",
-    "upgrade",
-    "host",
-    // Answers are read for their usage: asked for uncompressed.
-    "accept-encoding",
-];
-
 fn refusal(status: StatusCode, message: &str) -> Response<Body> {
     let body = serde_json::json!({"error": {"type": "mosaic_gateway", "message": message}});
     let mut r = Response::new(
@@ -321,66 +304,6 @@ fn refusal(status: StatusCode, message: &str) -> Response<Body> {
         hyper::header::HeaderValue::from_static("application/json"),
     );
     r
-}
-
-/// Headers a credential may go in, and only as the whole value (`authorization` also as
-/// `Bearer <placeholder>`): where providers read their keys. A placeholder anywhere else —
-/// another header, part of a value — is refused: a header the provider might quote back
-/// (an error naming a bad value, an echoed origin) must never carry a key.
-const CREDENTIAL_HEADERS: &[&str] = &["authorization", "x-api-key", "api-key", "x-goog-api-key"];
-
-/// `value` of header `name` as sent upstream: a placeholder in an allowed form replaced by
-/// its credential (marked sensitive), anything else unchanged; a placeholder elsewhere is
-/// refused.
-fn substitute(
-    name: &str,
-    value: &hyper::header::HeaderValue,
-    secrets: &[(String, SecretValue)],
-) -> Result<hyper::header::HeaderValue, &'static str> {
-    const MARK: &[u8] = b"mosaic-credential-";
-    if !value.as_bytes().windows(MARK.len()).any(|w| w == MARK) {
-        return Ok(value.clone());
-    }
-    let text = value
-        .to_str()
-        .map_err(|_| "a malformed header names a credential")?;
-    let (prefix, token) = match text.strip_prefix("Bearer ") {
-        Some(t) if name == "authorization" => ("Bearer ", t),
-        _ => ("", text),
-    };
-    if !CREDENTIAL_HEADERS.contains(&name) {
-        return Err("a credential may go only in a provider's key header");
-    }
-    let real = secrets
-        .iter()
-        .find(|(p, _)| p == token)
-        .map(|(_, v)| v)
-        .ok_or("the header names no credential of this runtime (or not as its whole value)")?;
-    let full = zeroize::Zeroizing::new(format!("{prefix}{}", real.0));
-    let mut hv = hyper::header::HeaderValue::from_str(&full)
-        .map_err(|_| "a credential does not fit in a header value")?;
-    hv.set_sensitive(true);
-    Ok(hv)
-}
-
-/// Refuses a request path that could leave the upstream's base path or be read two ways:
-/// dot segments, empty segments, encoded dots or slashes, a missing leading slash.
-fn check_path(path: &str) -> Result<(), &'static str> {
-    let p = path.split(['?', '#']).next().unwrap_or("");
-    if !p.starts_with('/') {
-        return Err("only origin-form requests (a path) are carried");
-    }
-    let lower = p.to_ascii_lowercase();
-    if p[1..].split('/').any(|seg| seg == "." || seg == "..")
-        || p.contains("//")
-        || lower.contains("%2e")
-        || lower.contains("%2f")
-        || lower.contains("%5c")
-        || p.contains('\\')
-    {
-        return Err("the request path has dot, empty or encoded segments");
-    }
-    Ok(())
 }
 
 async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
@@ -524,99 +447,6 @@ async fn handle(shared: &Shared, req: Request<Incoming>) -> Response<Body> {
     r
 }
 
-const REDACTED: &str = "[redacted by mosaic]";
-
-/// An answer's body with every credential cut out, even one split across two chunks. It
-/// holds back only the end of a chunk that could begin a credential, so a streamed answer
-/// is not delayed otherwise.
-struct Redacted {
-    inner: Body,
-    keys: Arc<Vec<Vec<u8>>>,
-    carry: Vec<u8>,
-    /// A trailers frame, passed on once the carry before it is out.
-    pending: Option<hyper::body::Frame<Bytes>>,
-    done: bool,
-}
-
-impl Redacted {
-    /// Cuts every key out of the carry; returns how many bytes at its end must wait (the
-    /// longest end that begins some key).
-    fn redact(&mut self) -> usize {
-        for k in self.keys.iter() {
-            let mut from = 0;
-            while let Some(at) = find(&self.carry[from..], k) {
-                let at = from + at;
-                self.carry
-                    .splice(at..at + k.len(), REDACTED.bytes())
-                    .for_each(drop);
-                from = at + REDACTED.len();
-            }
-        }
-        let n = self.carry.len();
-        (1..n.min(self.keys.iter().map(Vec::len).max().unwrap_or(0)))
-            .rev()
-            .find(|k| {
-                self.keys
-                    .iter()
-                    .any(|key| key.starts_with(&self.carry[n - k..]))
-            })
-            .unwrap_or(0)
-    }
-}
-
-impl hyper::body::Body for Redacted {
-    type Data = Bytes;
-    type Error = hyper::Error;
-
-    fn poll_frame(
-        mut self: std::pin::Pin<&mut Self>,
-        cx: &mut std::task::Context<'_>,
-    ) -> std::task::Poll<Option<Result<hyper::body::Frame<Bytes>, hyper::Error>>> {
-        use std::task::Poll;
-        let this = &mut *self;
-        loop {
-            if let Some(f) = this.pending.take() {
-                return Poll::Ready(Some(Ok(f)));
-            }
-            if this.done {
-                return Poll::Ready(None);
-            }
-            match std::pin::Pin::new(&mut this.inner).poll_frame(cx) {
-                Poll::Pending => return Poll::Pending,
-                Poll::Ready(Some(Err(e))) => return Poll::Ready(Some(Err(e))),
-                Poll::Ready(Some(Ok(frame))) => match frame.into_data() {
-                    Ok(data) => {
-                        this.carry.extend_from_slice(&data);
-                        let keep = this.redact();
-                        let emit = this.carry.len() - keep;
-                        if emit == 0 {
-                            continue;
-                        }
-                        let out: Vec<u8> = this.carry.drain(..emit).collect();
-                        return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))));
-                    }
-                    Err(other) => {
-                        this.pending = Some(other);
-                        if !this.carry.is_empty() {
-                            let out = std::mem::take(&mut this.carry);
-                            return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(
-                                out,
-                            )))));
-                        }
-                    }
-                },
-                Poll::Ready(None) => {
-                    this.done = true;
-                    if !this.carry.is_empty() {
-                        let out = std::mem::take(&mut this.carry);
-                        return Poll::Ready(Some(Ok(hyper::body::Frame::data(Bytes::from(out)))));
-                    }
-                }
-            }
-        }
-    }
-}
-
 /// One connection to the upstream, for one request (no pooling: a generation's requests
 /// are few and long).
 async fn connect(
@@ -675,85 +505,6 @@ fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
         .map_err(|e| e.to_string())
     })
     .clone()
-}
-
-/// Reads an answer's token usage as it streams past, and counts it once the answer's body
-/// is gone (finished or abandoned). Within one answer each field is taken at its largest:
-/// streamed APIs repeat a running total (Anthropic's `message_delta`), so a sum would
-/// count twice.
-struct Usage {
-    /// The end of the previous chunk, so a field split across two chunks is still seen.
-    tail: Vec<u8>,
-    input: u64,
-    output: u64,
-    stats: Arc<Stats>,
-    metrics: Arc<HostMetrics>,
-    runtime: String,
-}
-
-/// `"name":` patterns (with the leading quote, so `cache_read_input_tokens` is not
-/// `input_tokens`) and whether each counts as input.
-const FIELDS: &[(&[u8], bool)] = &[
-    (b"\"input_tokens\":", true),
-    (b"\"prompt_tokens\":", true),
-    (b"\"output_tokens\":", false),
-    (b"\"completion_tokens\":", false),
-];
-
-const TAIL: usize = 48;
-
-impl Usage {
-    fn feed(&mut self, chunk: &[u8]) {
-        let mut buf = std::mem::take(&mut self.tail);
-        buf.extend_from_slice(chunk);
-        for (pat, input) in FIELDS {
-            let mut from = 0;
-            while let Some(at) = find(&buf[from..], pat) {
-                let start = from + at + pat.len();
-                let digits: Vec<u8> = buf[start..]
-                    .iter()
-                    .skip_while(|c| **c == b' ')
-                    .take_while(|c| c.is_ascii_digit())
-                    .copied()
-                    .collect();
-                if let Some(n) = std::str::from_utf8(&digits)
-                    .ok()
-                    .and_then(|d| d.parse::<u64>().ok())
-                {
-                    let slot = if *input {
-                        &mut self.input
-                    } else {
-                        &mut self.output
-                    };
-                    *slot = (*slot).max(n);
-                }
-                from = start;
-            }
-        }
-        let keep = buf.len().saturating_sub(TAIL);
-        self.tail = buf.split_off(keep);
-    }
-}
-
-fn find(hay: &[u8], needle: &[u8]) -> Option<usize> {
-    hay.windows(needle.len()).position(|w| w == needle)
-}
-
-impl Drop for Usage {
-    fn drop(&mut self) {
-        self.stats
-            .input_tokens
-            .fetch_add(self.input, Ordering::Relaxed);
-        self.stats
-            .output_tokens
-            .fetch_add(self.output, Ordering::Relaxed);
-        for (dir, n) in [("input", self.input), ("output", self.output)] {
-            self.metrics
-                .provider_tokens
-                .get_or_create(&HostMetrics::runtime_direction(&self.runtime, dir))
-                .inc_by(n);
-        }
-    }
 }
 
 #[cfg(test)]
