@@ -778,3 +778,28 @@ fn every_generation_gets_a_network_namespace_of_its_own() {
         h.call(&Request::Stop { lane: "p".into() });
     }
 }
+
+/// The supervisor checks the started harness's ids against its lane's, from its own record:
+/// a harness running as any other uid (here the shim is sent a wrong one) fails its launch,
+/// ended with its receipt.
+#[test]
+fn a_harness_under_another_uid_than_its_lanes_fails_its_launch() {
+    assert!(
+        mosaic::coordinator::failpoint::enabled(),
+        "this test sends the shim a wrong uid with a failpoint: cargo test --features failpoints (scripts/test does)"
+    );
+    let h = Host::with(Options {
+        env: vec![("FAILPOINTS", "confine:wrong-uid=return".into())],
+        ..Options::default()
+    });
+    h.create_lane("w");
+    let (k, msg) = h.refused(&Request::Start {
+        lane: "w".into(),
+        runtime: "fake@1.0.0".into(),
+        directives: vec!["hang".into()],
+    });
+    assert_eq!(k, "launch-failed", "{msg}");
+    assert!(msg.contains("runs without its confinement"), "{msg}");
+    let receipts = h.receipts(Some("w"), true);
+    assert_eq!(receipts.len(), 1, "{receipts:?}");
+}

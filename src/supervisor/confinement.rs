@@ -136,9 +136,10 @@ pub(crate) fn for_generation(
     })
 }
 
-/// Checks that the started harness `pid` shows every layer of `c`: what was seen, or an
+/// Checks that the started harness `pid` shows every layer of `c` and runs as `uid` (the
+/// lane's, from the generation's record, not from the policy sent): what was seen, or an
 /// error when it runs without its confinement (the launch then fails and is ended).
-pub(crate) fn verify(c: &Confinement, pid: i32) -> Result<confine::Seen, String> {
+pub(crate) fn verify(c: &Confinement, pid: i32, uid: Option<u32>) -> Result<confine::Seen, String> {
     if matches!(c, Confinement::None) {
         return Ok(confine::Seen::None);
     }
@@ -147,10 +148,6 @@ pub(crate) fn verify(c: &Confinement, pid: i32) -> Result<confine::Seen, String>
     if confine::is_dead(pid) {
         return Ok(confine::Seen::Unobserved);
     }
-    let uid = match c {
-        Confinement::Enforced { policy } => policy.uid,
-        Confinement::None => None,
-    };
     match confine::observe(pid) {
         Ok(o) if o.is_confined() && uid.is_none_or(|u| o.only_id == Some((u, u))) => {
             Ok(confine::Seen::Verified)

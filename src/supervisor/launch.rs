@@ -503,7 +503,7 @@ impl Launching {
                 secret_env,
                 cwd: prepared.cwd.as_ref().map(|d| d.display().to_string()),
                 banner,
-                confinement: confinement.clone(),
+                confinement: sent_confinement(&confinement),
             },
         )
         .await
@@ -528,7 +528,7 @@ impl Launching {
         }
         // Live only once the harness shows its confinement (a harness already gone has its
         // exit report next on the link).
-        let confinement_seen = super::confinement::verify(&confinement, harness_pid)
+        let confinement_seen = super::confinement::verify(&confinement, harness_pid, self.rec.uid)
             .map_err(|detail| self.launch_error(detail))?;
         phase("confinement verified");
         // The harness may already be gone (exit=0); its exit report is then next on the link.
@@ -658,6 +658,21 @@ impl Launching {
             }),
         }
     }
+}
+
+/// The confinement as sent to the shim. With the `failpoints` feature,
+/// `FAILPOINTS=confine:wrong-uid=return` sends another uid than the lane's, so a test can
+/// show that the supervisor's check of the started harness refuses it.
+fn sent_confinement(c: &crate::confine::Confinement) -> crate::confine::Confinement {
+    #[allow(unused_mut)]
+    let mut sent = c.clone();
+    #[cfg(feature = "failpoints")]
+    if fail::eval("confine:wrong-uid", |_| ()).is_some() {
+        if let crate::confine::Confinement::Enforced { policy } = &mut sent {
+            policy.uid = policy.uid.map(|u| u + 1);
+        }
+    }
+    sent
 }
 
 /// Sends the launch message and waits (bounded) for the shim's report of the harness start:
