@@ -219,6 +219,22 @@ impl Cluster {
         self.run("pg_ctl start", c)
     }
 
+    /// Whether the cluster's postmaster runs: the pid its `postmaster.pid` names is alive
+    /// (not a zombie). A missing or unreadable pid file: not running.
+    pub fn running(&self) -> bool {
+        let Ok(text) = std::fs::read_to_string(self.data_dir().join("postmaster.pid")) else {
+            return false;
+        };
+        let Some(pid) = text
+            .lines()
+            .next()
+            .and_then(|l| l.trim().parse::<i32>().ok())
+        else {
+            return false;
+        };
+        pid > 0 && !crate::confine::is_dead(pid)
+    }
+
     pub fn stop(&self) -> Result<(), ClusterError> {
         let mut c = Command::new(self.bin("pg_ctl"));
         c.arg("-D")

@@ -152,6 +152,9 @@ pub struct CoordinatorMetrics {
     quarantine_releases: Gauge,
     lease_renewals: Gauge,
     lease_expiries: Gauge,
+    /// Restarts of the database by the process that supervises it (`mosaic up`'s private
+    /// cluster); zero where the database is someone else's to run.
+    pub database_restarts: Counter,
 }
 
 impl CoordinatorMetrics {
@@ -176,6 +179,7 @@ impl CoordinatorMetrics {
             quarantine_releases: Gauge::default(),
             lease_renewals: Gauge::default(),
             lease_expiries: Gauge::default(),
+            database_restarts: Counter::default(),
         };
         r.register(
             "transitions",
@@ -281,6 +285,11 @@ impl CoordinatorMetrics {
             "lease_expiries",
             "Effect-lease expiry transitions (database)",
             m.lease_expiries.clone(),
+        );
+        r.register(
+            "database_restarts",
+            "Times mosaic up restarted its private PostgreSQL after its postmaster died",
+            m.database_restarts.clone(),
         );
         Self {
             registry: Arc::new(r),

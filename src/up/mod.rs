@@ -229,7 +229,7 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
         (None, Some(c)) => c.url("mosaic"),
         (None, None) => return Err(UpError::Usage("no database".into())),
     };
-    let outcome = run_with(&opts, &state_dir, &mut cfg, &database_url).await;
+    let outcome = run_with(&opts, &state_dir, &mut cfg, &database_url, cluster.as_ref()).await;
     if let Some(c) = cluster {
         if let Err(e) = c.stop() {
             esay!("mosaic up: stopping PostgreSQL: {e}");
@@ -243,6 +243,7 @@ async fn run_with(
     state_dir: &std::path::Path,
     cfg: &mut Config,
     database_url: &str,
+    cluster: Option<&crate::pgcluster::Cluster>,
 ) -> Result<(), UpError> {
     let usage = |e: &dyn std::fmt::Display| UpError::Usage(e.to_string());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
@@ -261,6 +262,13 @@ async fn run_with(
         .await
         .map_err(|e| usage(&e))?;
     let leading = svc.wait_leading().await;
+    // The private cluster is `up`'s to keep running: watched until `run_with` returns.
+    let _watchdog = cluster.map(|c| {
+        Watchdog(tokio::spawn(watch_cluster(
+            c.clone(),
+            svc.metrics.database_restarts.clone(),
+        )))
+    });
     let (stop_hosts, hosts_rx) = tokio::sync::watch::channel(false);
     let hosts_rx_metrics = hosts_rx.clone();
     let tls = crate::protocol::transport::TlsIdentity {
@@ -690,3 +698,56 @@ async fn demo(
 mod provision;
 
 pub use provision::*;
+
+/// Stops watching the private cluster when dropped (before `up` stops the cluster itself).
+struct Watchdog(tokio::task::JoinHandle<()>);
+
+impl Drop for Watchdog {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Restarts the private cluster whenever its postmaster is gone: checked every second,
+/// restarted at once, then with a doubling wait (up to 30 s) while restarts fail. Each
+/// death and each restart is logged and counted (`mosaic_database_restarts_total`); the
+/// coordinator and the supervisors reconnect on their own, as after any database restart.
+async fn watch_cluster(
+    c: crate::pgcluster::Cluster,
+    restarts: prometheus_client::metrics::counter::Counter,
+) {
+    let mut backoff = std::time::Duration::from_secs(1);
+    loop {
+        tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+        let probe = c.clone();
+        if tokio::task::spawn_blocking(move || probe.running())
+            .await
+            .unwrap_or(true)
+        {
+            backoff = std::time::Duration::from_secs(1);
+            continue;
+        }
+        tracing::error!("the private PostgreSQL's postmaster is gone; restarting it");
+        let again = c.clone();
+        match tokio::task::spawn_blocking(move || {
+            again.start(crate::pgcluster::Durability::Durable)
+        })
+        .await
+        {
+            Ok(Ok(())) => {
+                restarts.inc();
+                tracing::warn!(
+                    restarts = restarts.get(),
+                    "the private PostgreSQL is running again"
+                );
+                backoff = std::time::Duration::from_secs(1);
+            }
+            Ok(Err(e)) => {
+                tracing::error!(error = %e, retry_in_s = backoff.as_secs(), "restarting the private PostgreSQL failed");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(std::time::Duration::from_secs(30));
+            }
+            Err(e) => tracing::error!(error = %e, "the restart task failed"),
+        }
+    }
+}
