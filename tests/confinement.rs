@@ -626,7 +626,9 @@ fn a_lane_uid_keeps_root_only_files_out_of_reach() {
         devices: mosaic::confine::DEVICES.iter().map(PathBuf::from).collect(),
         masked: vec![],
         hidden: vec![],
-        private: vec![],
+        // Its own /tmp, as every generation has: what it runs (this build, maybe below a
+        // 0700 directory in /tmp, as on a CI clone) is mounted back where it can reach it.
+        private: vec![PathBuf::from("/tmp")],
         sockets: vec![],
         gateway: None,
         uid,
