@@ -1778,8 +1778,10 @@ async fn refused_stages_expired_reservations_and_host_quarantines_end_visibly() 
     assert_eq!(w.wait_settled(1, "after expiry"), "IDLE_CLEAN");
     assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "RECOVERY");
     w.usable(1).await;
-    // 2. A host-side quarantine (the lane's tmux server vanished) refuses the stage: the
-    // chain ends at once (not at its deadline), and the coordinator shows the quarantine.
+    // 2. A host-side quarantine (the lane's tmux server vanished): the host's watch of its
+    // lanes' servers or, if the assign comes first, its refusal of the stage quarantines it;
+    // either way the assign fails at once (not at the reservation deadline), and the
+    // coordinator shows the quarantine. (The stage refusal on its own: tests/stale.rs.)
     let sock = w.runtime_dir(0).join("lanes/lane-2/tmux.sock");
     let _ = Command::new("tmux")
         .arg("-S")
@@ -1788,9 +1790,11 @@ async fn refused_stages_expired_reservations_and_host_quarantines_end_visibly() 
         .status();
     let started = Instant::now();
     let err = w.assign(2, "hang").unwrap_err();
-    assert_eq!(
-        err.category,
-        mosaic::coordinator::Category::ChainEnded,
+    assert!(
+        matches!(
+            err.category,
+            mosaic::coordinator::Category::ChainEnded | mosaic::coordinator::Category::WrongState
+        ),
         "{err}"
     );
     assert!(

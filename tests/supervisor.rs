@@ -571,48 +571,6 @@ fn receipts_survive_a_supervisor_crash_until_acknowledged() {
     assert_eq!(k, "storage");
 }
 
-#[test]
-fn a_dead_tmux_server_leaves_the_generation_running_and_quarantines_the_lane() {
-    let h = Host::new();
-    h.create_lane("w1");
-    let g = h.start("w1", "spawn=2");
-    let id = identity(&g);
-    std::process::Command::new("tmux")
-        .arg("-S")
-        .arg(h.lane_tmux_socket("w1"))
-        .arg("kill-server")
-        .status()
-        .unwrap();
-    // Only the session leader (the shim, which ignores it) gets SIGHUP: the work goes on.
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    for (pid, st) in [
-        ("root_pid", "root_start_time"),
-        ("harness_pid", "harness_start_time"),
-    ] {
-        assert!(
-            !is_dead(pid_of(&id[pid]), id[st].as_u64().unwrap()),
-            "{pid} died with the tmux server"
-        );
-    }
-    assert!(h.receipts(Some("w1"), true).is_empty());
-    // It can still be stopped cleanly...
-    let r = h.call(&Request::Stop { lane: "w1".into() });
-    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
-    // ...but a lane without its tmux server cannot host a fresh generation: quarantined, loudly.
-    let (k, msg) = h.refused(&Request::Start {
-        lane: "w1".into(),
-        runtime: "fake@1.0.0".into(),
-        directives: vec![],
-    });
-    assert_eq!(k, "quarantined", "{msg}");
-    assert!(msg.contains("tmux server is gone"), "{msg}");
-    assert_eq!(h.lane_status("w1")["status"], "quarantined");
-    // Destroy + recreate is the way out: a fresh incarnation with a fresh tmux server.
-    h.call(&Request::LaneDestroy { lane: "w1".into() });
-    h.create_lane("w1");
-    assert_eq!(h.start("w1", "hang")["generation"], 1);
-}
-
 /// The supervisor's attached tmux control clients (its children running `tmux -C`).
 fn control_clients(h: &Host) -> Vec<i32> {
     let sup = h.supervisor_pid().unwrap() as i32;

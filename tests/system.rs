@@ -409,6 +409,51 @@ async fn two_hosts_under_mosaic_up_keep_to_their_own_lanes_and_survive_each_othe
     }
 }
 
+/// A lane's tmux server killed from outside under a RUNNING assignment: the host notices on
+/// its own (nobody assigning or attaching), stops and receipts the generation, quarantines
+/// the lane; the assignment goes to RECOVERY (never COMPLETED), and after a recreate the
+/// new incarnation's server is watched the same way (it used to come back IDLE_CLEAN).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lost_lane_server_is_noticed_receipted_and_watched_again_after_recreate() {
+    let up = Up::start(1);
+    let lane = up.lane_id(1);
+    let a = up.assign(&lane, "hang spawn=1");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let kill_server = || {
+        let st = Command::new("tmux")
+            .arg("-S")
+            .arg(up.dir.join("run/lanes/lane-1/tmux.sock"))
+            .arg("kill-server")
+            .status()
+            .unwrap();
+        assert!(st.success());
+    };
+    kill_server();
+    wait_for("recovery and quarantine", || {
+        (up.assignment(&id)["state"] == "RECOVERY" && up.lane_state(&lane) == "QUARANTINED")
+            .then_some(())
+    });
+    let receipts = up.host(&["receipts", "--all"]);
+    let r = receipts.as_array().unwrap();
+    assert_eq!(r.len(), 1, "{receipts}");
+    // Its terminal went with the server: the harness either ended on that itself (a crash
+    // receipt, as observed) or was stopped by the host's watch of the server.
+    assert!(
+        r[0]["stop"]["cause"] == "lane-server-lost" || r[0]["termination_reason"] == "crash",
+        "{receipts}"
+    );
+    assert_eq!(r[0]["unfinished_status"], true, "{receipts}");
+    assert_eq!(r[0]["cleanup"]["verified_empty"], true, "{receipts}");
+    up.cli(&["lane", "recreate", "--lane", &lane]).unwrap();
+    wait_for("lane recreated", || {
+        (up.lane_state(&lane) == "IDLE_CLEAN").then_some(())
+    });
+    kill_server();
+    wait_for("the recreated lane quarantined too", || {
+        (up.lane_state(&lane) == "QUARANTINED").then_some(())
+    });
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn metrics_agree_with_the_database_after_a_scripted_run() {
     let up = Up::start(2);
@@ -434,18 +479,7 @@ async fn metrics_agree_with_the_database_after_a_scripted_run() {
         .arg(up.dir.join("run/lanes/lane-2/tmux.sock"))
         .arg("kill-server")
         .status();
-    // The host notices at its next use of the lane: an assign it must refuse.
-    let _ = up.cli(&[
-        "assign",
-        "--lane",
-        &l2,
-        "--runtime",
-        "fake@1.0.0",
-        "--task",
-        "hang",
-        "--wait",
-        "running",
-    ]);
+    // The host notices on its own (it watches its lanes' servers), nobody assigning.
     wait_for("lane 2 quarantined", || {
         (up.lane_state(&l2) == "QUARANTINED").then_some(())
     });

@@ -57,8 +57,14 @@ impl Audit {
             .append(true)
             .open(&self.path)
             .and_then(|mut f| {
-                f.write_all(&bytes)?;
-                f.sync_data()
+                // A line cut short by a full filesystem is taken back, so the next one
+                // does not continue it: every line stays one whole JSON object.
+                let before = f.metadata()?.len();
+                let r = f.write_all(&bytes).and_then(|()| f.sync_data());
+                if r.is_err() {
+                    let _ = f.set_len(before);
+                }
+                r
             });
         if let Err(e) = res {
             tracing::error!(path = %self.path.display(), error = %e, "cannot append to the audit log");

@@ -36,6 +36,10 @@ impl Supervisor {
                     self.publish_lanes().await;
                     return Ok(EndOutcome::Stopped);
                 }
+                if self.inner.unwritten.contains(&key) {
+                    // Ended here; its receipt is held until the filesystem takes it.
+                    return Ok(EndOutcome::AlreadyEnded);
+                }
                 if self.inner.outbox.contains(&key) {
                     self.resend_receipt(&key);
                     return Ok(EndOutcome::AlreadyEnded);
@@ -54,6 +58,9 @@ impl Supervisor {
                 )?;
                 return Ok(EndOutcome::FencedNeverStarted);
             }
+        }
+        if self.inner.unwritten.contains(&key) {
+            return Ok(EndOutcome::AlreadyEnded);
         }
         if self.inner.outbox.contains(&key) {
             self.resend_receipt(&key);
@@ -106,7 +113,7 @@ impl Supervisor {
         // of it (a launch abort or its watcher writes it, or a restart finds it). Writing
         // "never started" over a generation that did start would be a guess.
         let key = receipt::idempotency_key(lane_id, incarnation, generation);
-        if self.inner.outbox.contains(&key) {
+        if self.inner.outbox.contains(&key) || self.inner.unwritten.contains(&key) {
             return Ok(());
         }
         if self.inner.store.gen_exists(incarnation, generation) {
@@ -152,6 +159,13 @@ impl Supervisor {
             .ok_or_else(|| SupervisorError::NoLiveGeneration(lane.to_string()))?;
         let fin = generation::stop(live, StopCause::Operator).await?;
         l.apply_finish(&self.inner.store, &fin);
+        // Stopped, but nobody is told of a receipt before it is durable.
+        if self.inner.unwritten.contains(&fin.receipt.idempotency_key) {
+            return Err(SupervisorError::ReceiptNotDurable {
+                lane: lane.to_string(),
+                generation: fin.receipt.generation,
+            });
+        }
         Ok(fin.receipt.clone())
     }
 }

@@ -30,6 +30,8 @@ pub enum SupervisorError {
     LaneExists { lane: String, incarnation: String },
     #[error("lane {lane:?} is quarantined: {reason}; destroy and recreate it to get a fresh incarnation")]
     Quarantined { lane: String, reason: String },
+    #[error("lane {lane}: the termination receipt of generation {generation} is not durable yet (the state filesystem refused it); it is written again until it is — free space on the state filesystem, then destroy or recreate the lane")]
+    ReceiptNotDurable { lane: String, generation: u64 },
     #[error("lane {0:?} has no live generation")]
     NoLiveGeneration(String),
     #[error("generation {generation} of lane {lane:?} failed to launch: {detail}")]
@@ -82,6 +84,7 @@ impl SupervisorError {
             Self::NoSuchLane(_) => "no-such-lane",
             Self::LaneExists { .. } => "lane-exists",
             Self::Quarantined { .. } => "quarantined",
+            Self::ReceiptNotDurable { .. } => "receipt-not-durable",
             Self::NoLiveGeneration(_) => "no-live-generation",
             Self::Launch { .. } => "launch-failed",
             Self::ConfinementUnavailable { .. } => "confinement-unavailable",

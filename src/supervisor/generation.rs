@@ -445,15 +445,12 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
     );
     r.unfinished_status =
         !(reason == TerminationReason::Quit && r.stop.is_none() && r.exit_code == Some(0));
-    if let Err(e) = write_receipt(&w.inner, &r) {
-        quarantine.get_or_insert(format!(
-            "termination receipt could not be made durable: {e}"
-        ));
+    // The receipt, then the record as ended; what cannot be written now is held and
+    // written again (never rebuilt from a later guess).
+    if let Some(why) = super::unwritten::settle_end(&w.inner, &r, &w.rec) {
+        quarantine.get_or_insert(why);
     }
     w.rec.status = GenStatus::Terminated;
-    if let Err(e) = w.inner.store.save_gen(&w.rec) {
-        tracing::error!(lane_id = %w.rec.lane_id, generation = w.rec.generation, error = %e, "cannot persist generation record");
-    }
     Finished {
         receipt: r,
         quarantine,

@@ -186,6 +186,8 @@ pub(crate) struct Inner {
     /// overwrite a newer state with the one it read earlier.
     pub(super) publish_lock: Mutex<()>,
     pub metrics: Arc<metrics::HostMetrics>,
+    /// Observed ends whose receipt (or record) is not durable yet, written again until it is.
+    pub(crate) unwritten: super::unwritten::Unwritten,
     /// Lane incarnations last published as quarantined (to count entries once).
     pub(super) quarantined_seen: std::sync::Mutex<std::collections::BTreeSet<String>>,
     /// Each lane's attached tmux control client: the start path's way to the lane's server.

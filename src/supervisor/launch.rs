@@ -640,16 +640,10 @@ impl Launching {
                 self.stage.as_str()
             )),
         );
-        if let Err(e) = generation::write_receipt(&inner, &r) {
-            quarantine.get_or_insert(format!(
-                "termination receipt of generation {} could not be made durable: {e}",
-                self.rec.generation
-            ));
+        if let Some(why) = super::unwritten::settle_end(&inner, &r, &self.rec) {
+            quarantine.get_or_insert(why);
         }
         self.rec.status = GenStatus::Terminated;
-        if let Err(e) = inner.store.save_gen(&self.rec) {
-            tracing::error!(lane_id = %self.rec.lane_id, generation = self.rec.generation, error = %e, "cannot persist generation record");
-        }
         LaunchError::Aborted {
             error,
             finished: Box::new(Finished {

@@ -53,6 +53,7 @@ pub struct HostMetrics {
     pub lanes: Gauge,
     pub gateway_requests: Family<RuntimeOutcome, Counter>,
     pub provider_tokens: Family<RuntimeDirection, Counter>,
+    pub receipts_not_durable: Gauge,
 }
 
 impl HostMetrics {
@@ -70,6 +71,7 @@ impl HostMetrics {
         let lanes = Gauge::default();
         let gateway_requests = Family::<RuntimeOutcome, Counter>::default();
         let provider_tokens = Family::<RuntimeDirection, Counter>::default();
+        let receipts_not_durable = Gauge::default();
         let mut r = Registry::with_prefix("mosaic");
         r.register(
             "lane_active_generation",
@@ -132,6 +134,11 @@ impl HostMetrics {
             "Model tokens the provider reported in answers carried by the gateway, by runtime and direction (input, output)",
             provider_tokens.clone(),
         );
+        r.register(
+            "receipts_not_durable",
+            "Observed generation ends whose receipt or record could not be written yet (full or read-only state filesystem), held in memory and written again",
+            receipts_not_durable.clone(),
+        );
         Self {
             registry: Arc::new(r),
             active_generation,
@@ -147,6 +154,7 @@ impl HostMetrics {
             lanes,
             gateway_requests,
             provider_tokens,
+            receipts_not_durable,
         }
     }
 

@@ -60,7 +60,9 @@ mod daemon;
 mod end;
 mod error;
 mod lanes;
+mod lanewatch;
 mod start;
+mod unwritten;
 mod views;
 
 pub use daemon::run_daemon;
@@ -109,11 +111,17 @@ impl Supervisor {
         durable::ensure_dir(&cfg.runtime_dir.join("gen"), 0o700)?;
         durable::ensure_dir(&cfg.runtime_dir.join("lanes"), 0o700)?;
         let lock_path = cfg.state_dir.join("supervisor.lock");
+        // Held open read-only: a descriptor open for writing would keep the state
+        // filesystem from being remounted read-only under a running supervisor.
         let lock = std::fs::OpenOptions::new()
             .create(true)
             .truncate(false)
             .write(true)
             .open(&lock_path)
+            .and_then(|created| {
+                drop(created);
+                std::fs::File::open(&lock_path)
+            })
             .map_err(|source| SupervisorError::Io {
                 what: "open",
                 path: lock_path.clone(),
@@ -138,6 +146,7 @@ impl Supervisor {
             metrics: Arc::new(metrics::HostMetrics::new()),
             quarantined_seen: std::sync::Mutex::new(Default::default()),
             tmux_controls: Default::default(),
+            unwritten: Default::default(),
             confine_support: {
                 let probed = crate::confine::probe().map_err(|e| e.to_string());
                 // A host that cannot confine, for tests (`failpoints` builds only).
@@ -174,10 +183,15 @@ impl Supervisor {
         &self.inner.tree
     }
 
-    /// Re-adopts what survived a previous supervisor and writes receipts for what did not.
-    /// Must run once, before serving requests.
+    /// Re-adopts what survived a previous supervisor and writes receipts for what did not,
+    /// then starts the host's own watches: the writer of held receipts (`unwritten`) and
+    /// the watch of every lane's tmux server (`lanewatch`). Must run once, before serving
+    /// requests.
     pub async fn recover(&self) -> Result<adopt::RecoveryReport, SupervisorError> {
-        adopt::recover(&self.inner).await
+        let report = adopt::recover(&self.inner).await?;
+        tokio::spawn(unwritten::retry(self.inner.clone()));
+        tokio::spawn(lanewatch::watch(self.inner.clone()));
+        Ok(report)
     }
 
     /// Creates a lane, or recreates a destroyed one under a fresh incarnation.
@@ -278,6 +292,18 @@ impl Supervisor {
         if l.rec.status == LaneStatus::Destroyed {
             return Err(SupervisorError::NoSuchLane(lane.to_string()));
         }
+        // The quarantine of a lane whose last end is not durable is its record of that end:
+        // it stays until the held receipt is written.
+        if let Some(generation) = self
+            .inner
+            .unwritten
+            .holds_incarnation(&l.rec.lane_incarnation_id)
+        {
+            return Err(SupervisorError::ReceiptNotDurable {
+                lane: lane.to_string(),
+                generation,
+            });
+        }
         if let Some(live) = l.live.take() {
             let fin = generation::stop(live, StopCause::LaneDestroy).await?;
             l.apply_finish(&self.inner.store, &fin);
@@ -333,6 +359,7 @@ impl Supervisor {
             kill_method: self.inner.tree.kill_method(),
             lanes,
             unacknowledged_receipts: self.inner.outbox.list(false)?.len(),
+            receipts_not_durable: self.inner.unwritten.views(),
         })
     }
 

@@ -55,6 +55,9 @@ pub enum StopCause {
     Unverifiable,
     /// The coordinator asked for it to end.
     Coordinator,
+    /// The lane's tmux server was lost (killed from outside): the generation could no
+    /// longer be attached to or driven.
+    LaneServerLost,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]

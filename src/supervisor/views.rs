@@ -84,4 +84,7 @@ pub struct StatusView {
     pub kill_method: crate::cgroup::KillMethod,
     pub lanes: Vec<LaneView>,
     pub unacknowledged_receipts: usize,
+    /// Ends observed but not yet durable (see `unwritten`), written again until they are.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub receipts_not_durable: Vec<super::unwritten::HeldView>,
 }

@@ -36,6 +36,8 @@ fn tmp_name(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Writes `bytes` to a fresh temp file beside `path` and fsyncs it. A write that fails
+/// (a full or read-only filesystem) removes its temp file: nothing half-written stays.
 fn write_tmp(path: &Path, bytes: &[u8]) -> Result<PathBuf, DurableError> {
     let tmp = tmp_name(path);
     let mut f = OpenOptions::new()
@@ -44,8 +46,15 @@ fn write_tmp(path: &Path, bytes: &[u8]) -> Result<PathBuf, DurableError> {
         .mode(0o600)
         .open(&tmp)
         .map_err(io_err("create", &tmp))?;
-    f.write_all(bytes).map_err(io_err("write", &tmp))?;
-    f.sync_all().map_err(io_err("fsync", &tmp))?;
+    let written = f
+        .write_all(bytes)
+        .map_err(io_err("write", &tmp))
+        .and_then(|()| f.sync_all().map_err(io_err("fsync", &tmp)));
+    if let Err(e) = written {
+        drop(f);
+        let _ = fs::remove_file(&tmp);
+        return Err(e);
+    }
     Ok(tmp)
 }
 
@@ -63,7 +72,10 @@ fn parent(path: &Path) -> &Path {
 /// Atomically replaces `path` with `bytes`.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), DurableError> {
     let tmp = write_tmp(path, bytes)?;
-    fs::rename(&tmp, path).map_err(io_err("rename", path))?;
+    if let Err(e) = fs::rename(&tmp, path) {
+        let _ = fs::remove_file(&tmp);
+        return Err(io_err("rename", path)(e));
+    }
     sync_dir(parent(path))
 }
 

@@ -155,6 +155,9 @@ pub struct Options {
     pub unconfined_lanes: Vec<&'static str>,
     /// TOML appended to the supervisor config (tables: providers, credentials).
     pub extra_config: String,
+    /// Puts the state directory on its own tmpfs of this size (`"2m"`), so a test can fill
+    /// it or make it read-only; unmounted at teardown.
+    pub state_fs: Option<&'static str>,
 }
 
 impl Default for Options {
@@ -166,6 +169,7 @@ impl Default for Options {
             env: vec![],
             unconfined_lanes: vec![],
             extra_config: String::new(),
+            state_fs: None,
         }
     }
 }
@@ -180,6 +184,18 @@ impl Host {
         let id = uuid::Uuid::new_v4().simple().to_string()[..10].to_string();
         let dir = PathBuf::from(format!("/tmp/mosaic-t-{id}"));
         std::fs::create_dir_all(&dir).unwrap();
+        if let Some(size) = o.state_fs {
+            let state = dir.join("state");
+            std::fs::create_dir_all(&state).unwrap();
+            nix::mount::mount(
+                Some("tmpfs"),
+                &state,
+                Some("tmpfs"),
+                nix::mount::MsFlags::MS_NOSUID | nix::mount::MsFlags::MS_NODEV,
+                Some(format!("size={size},mode=0700").as_str()),
+            )
+            .expect("mount the state tmpfs");
+        }
         let mount = mosaic::cgroup::discover_mount().unwrap();
         let cgroup_root = mount.path.join(format!("mosaic-test-{id}"));
         let host_id = format!("t-{id}");
@@ -345,12 +361,32 @@ impl Host {
 impl Drop for Host {
     fn drop(&mut self) {
         self.crash_supervisor();
+        let state = self.state_dir();
+        if is_mount_point(&state) {
+            // After the lanes' servers and cgroups are gone nothing holds it.
+            teardown(
+                &self.dir.join("nothing"),
+                &self.dir.join("run/lanes"),
+                &self.cgroup_root,
+                &[],
+            );
+            let _ = nix::mount::umount2(&state, nix::mount::MntFlags::MNT_DETACH);
+        }
         teardown(
             &self.dir,
             &self.dir.join("run/lanes"),
             &self.cgroup_root,
             &["supervisor.log"],
         );
+    }
+}
+
+/// Whether `p` is the root of a mount (its device differs from its parent's).
+pub fn is_mount_point(p: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (std::fs::metadata(p), p.parent().map(std::fs::metadata)) {
+        (Ok(a), Some(Ok(b))) => a.dev() != b.dev(),
+        _ => false,
     }
 }
 

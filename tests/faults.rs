@@ -1,0 +1,388 @@
+//! The fault matrix: a dependency of the supervisor fails at a step of a generation's life,
+//! and afterwards the same invariants are checked for every row.
+//!
+//! Each row is one line (`row!(name, fault, step)`) and its own test, so rows run in
+//! parallel and a new fault or step is one more line. The invariants, after the fault is
+//! healed and the lane's way out (if it was quarantined) taken:
+//!
+//! - every generation begun here has exactly one receipt, and its facts are the observed
+//!   ones (the reason the step produced, the identity it started with, a verified cleanup);
+//! - every generation record agrees with the receipts (terminated exactly when receipted);
+//! - no temporary file of a failed write is left in the state directory, and the audit log
+//!   is whole JSON lines;
+//! - the lane is usable again: it takes a fresh generation, directly or after the
+//!   documented way out of its quarantine (destroy, then create).
+//!
+//! Real parts only: the state directory is its own tmpfs, filled or remounted read-only;
+//! the lane's tmux server is really killed; the harness is really SIGKILLed.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+
+use common::*;
+use mosaic::supervisor::control::Request;
+use nix::sys::signal::Signal;
+use serde_json::Value;
+
+/// What fails.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Fault {
+    /// The state filesystem has no space left.
+    StateFull,
+    /// The state filesystem is remounted read-only.
+    StateReadOnly,
+    /// The lane's tmux server is killed from outside.
+    TmuxKilled,
+}
+
+/// When it fails.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Step {
+    /// The lane is idle (no generation).
+    Idle,
+    /// An operator starts a generation.
+    Start,
+    /// A generation runs (its harness keeps running, or is SIGKILLed: see `Kill`).
+    Running,
+    /// The harness is SIGKILLed while the fault holds.
+    HarnessKilled,
+    /// The harness is SIGKILLed while the fault holds, then the supervisor crashes before
+    /// the fault heals (the held receipt is lost with it; the restart observes the end).
+    HarnessKilledThenCrash,
+    /// An operator stops the generation.
+    Stop,
+}
+
+macro_rules! row {
+    ($name:ident, $fault:expr, $step:expr) => {
+        #[test]
+        fn $name() {
+            run($fault, $step)
+        }
+    };
+}
+
+row!(state_full_at_start, Fault::StateFull, Step::Start);
+row!(
+    state_full_at_harness_kill,
+    Fault::StateFull,
+    Step::HarnessKilled
+);
+row!(
+    state_full_at_harness_kill_then_supervisor_crash,
+    Fault::StateFull,
+    Step::HarnessKilledThenCrash
+);
+row!(state_full_at_stop, Fault::StateFull, Step::Stop);
+row!(state_read_only_at_start, Fault::StateReadOnly, Step::Start);
+row!(
+    state_read_only_at_harness_kill,
+    Fault::StateReadOnly,
+    Step::HarnessKilled
+);
+row!(state_read_only_at_stop, Fault::StateReadOnly, Step::Stop);
+row!(tmux_killed_while_idle, Fault::TmuxKilled, Step::Idle);
+row!(tmux_killed_while_running, Fault::TmuxKilled, Step::Running);
+
+const LANE: &str = "w1";
+
+/// What the row's step should have ended the first generation with, if it started one.
+fn expected_reason(fault: Fault, step: Step) -> Option<&'static [&'static str]> {
+    match (fault, step) {
+        (_, Step::Idle | Step::Start) => None,
+        (_, Step::HarnessKilled) => Some(&["sigkill"]),
+        // The restart finds the shim's exit record (in the runtime directory, which did not
+        // fill) or, without it, says it does not know: never a guess.
+        (_, Step::HarnessKilledThenCrash) => Some(&["sigkill", "unknown"]),
+        (_, Step::Stop) => Some(&["quit"]),
+        (Fault::TmuxKilled, Step::Running) => Some(&["quit", "timeout"]),
+        (_, Step::Running) => None,
+    }
+}
+
+struct Injected {
+    state: PathBuf,
+    fill: PathBuf,
+}
+
+impl Injected {
+    fn new(h: &Host) -> Self {
+        Self {
+            state: h.state_dir(),
+            fill: h.dir.join("state/fill"),
+        }
+    }
+
+    fn inject(&self, h: &Host, fault: Fault) {
+        match fault {
+            Fault::StateFull => fill(&self.fill),
+            Fault::StateReadOnly => remount(&self.state, true),
+            Fault::TmuxKilled => {
+                let st = std::process::Command::new("tmux")
+                    .arg("-S")
+                    .arg(h.lane_tmux_socket(LANE))
+                    .arg("kill-server")
+                    .status()
+                    .unwrap();
+                assert!(st.success(), "tmux kill-server failed");
+            }
+        }
+    }
+
+    fn heal(&self, fault: Fault) {
+        match fault {
+            Fault::StateFull => std::fs::remove_file(&self.fill).unwrap(),
+            Fault::StateReadOnly => remount(&self.state, false),
+            Fault::TmuxKilled => {}
+        }
+    }
+}
+
+/// Fills the filesystem holding `path` until a write fails with ENOSPC.
+fn fill(path: &Path) {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).unwrap();
+    let block = vec![0u8; 64 * 1024];
+    loop {
+        match f.write(&block) {
+            Ok(0) => break,
+            Ok(_) => continue,
+            Err(e) if e.raw_os_error() == Some(nix::libc::ENOSPC) => break,
+            Err(e) => panic!("filling {}: {e}", path.display()),
+        }
+    }
+    // Whatever one page is left to a partial write goes too.
+    while f.write(&[0u8; 512]).is_ok_and(|n| n > 0) {}
+    let probe = path.with_file_name("probe");
+    assert!(
+        std::fs::write(&probe, vec![0u8; 4096]).is_err(),
+        "the state filesystem still takes writes after filling"
+    );
+    let _ = std::fs::remove_file(&probe);
+}
+
+fn remount(mountpoint: &Path, read_only: bool) {
+    use nix::mount::MsFlags;
+    let mut flags = MsFlags::MS_REMOUNT | MsFlags::MS_BIND | MsFlags::MS_NOSUID | MsFlags::MS_NODEV;
+    if read_only {
+        flags |= MsFlags::MS_RDONLY;
+    }
+    nix::mount::mount(None::<&str>, mountpoint, None::<&str>, flags, None::<&str>).unwrap_or_else(
+        |e| {
+            panic!(
+                "remount {} (read-only {read_only}): {e}",
+                mountpoint.display()
+            )
+        },
+    );
+}
+
+fn harness_pid(g: &Value) -> i32 {
+    g["process_identity"]["harness_pid"].as_i64().unwrap() as i32
+}
+
+fn run(fault: Fault, step: Step) {
+    let storage = matches!(fault, Fault::StateFull | Fault::StateReadOnly);
+    let mut h = Host::with(Options {
+        state_fs: storage.then_some("4m"),
+        ..Options::default()
+    });
+    h.create_lane(LANE);
+    let inj = Injected::new(&h);
+    let mut started: Vec<Value> = Vec::new();
+    match step {
+        Step::Idle => inj.inject(&h, fault),
+        Step::Start => {
+            inj.inject(&h, fault);
+            let (kind, msg) = h.refused(&Request::Start {
+                lane: LANE.into(),
+                runtime: "fake@1.0.0".into(),
+                directives: vec!["hang".into()],
+            });
+            assert_eq!(kind, "storage", "{msg}");
+            // Refused before anything ran: no generation cgroup, no receipt.
+            assert!(h.lane_status(LANE)["current_generation"].is_null());
+            assert!(h.receipts(None, true).is_empty());
+        }
+        Step::Running | Step::HarnessKilled | Step::HarnessKilledThenCrash | Step::Stop => {
+            started.push(h.start(LANE, "spawn=2"));
+            inj.inject(&h, fault);
+            match step {
+                Step::HarnessKilled | Step::HarnessKilledThenCrash => {
+                    kill(harness_pid(&started[0]), Signal::SIGKILL)
+                }
+                Step::Stop => {
+                    let (kind, msg) = h.refused(&Request::Stop { lane: LANE.into() });
+                    assert_eq!(kind, "receipt-not-durable", "{msg}");
+                }
+                _ => {}
+            }
+        }
+    }
+    if storage && started.len() == 1 {
+        held_while_the_fault_lasts(&h);
+    }
+    if fault == Fault::TmuxKilled {
+        // Noticed without anyone starting anything: the running generation is stopped and
+        // receipted, and the lane quarantined.
+        let st = wait_until("the lost tmux server is noticed", || {
+            let l = h.lane_status(LANE);
+            (l["status"] == "quarantined").then_some(l)
+        });
+        assert!(
+            st["quarantine_reason"]
+                .as_str()
+                .unwrap()
+                .contains("tmux server"),
+            "{st}"
+        );
+    }
+    if step == Step::HarnessKilledThenCrash {
+        h.crash_supervisor();
+        inj.heal(fault);
+        h.start_supervisor();
+    } else {
+        inj.heal(fault);
+    }
+    check_invariants(&h, fault, step, &started);
+}
+
+/// While the state filesystem refuses writes: the generation's end is held, not guessed.
+fn held_while_the_fault_lasts(h: &Host) {
+    let st = wait_until("the end is held and the lane quarantined", || {
+        let st = h.status();
+        let held = st["receipts_not_durable"]
+            .as_array()
+            .is_some_and(|v| v.len() == 1);
+        (held && st["lanes"][0]["status"] == "quarantined").then_some(st)
+    });
+    assert_eq!(st["receipts_not_durable"][0]["generation"], 1, "{st}");
+    assert_eq!(
+        st["receipts_not_durable"][0]["receipt_durable"], false,
+        "{st}"
+    );
+    let lane = h.lane_status(LANE);
+    assert_eq!(lane["status"], "quarantined", "{lane}");
+    // Nobody is told of a receipt that is not durable, and the quarantine holds.
+    assert!(h.receipts(None, true).is_empty());
+    let (kind, msg) = h.refused(&Request::LaneDestroy { lane: LANE.into() });
+    assert_eq!(kind, "receipt-not-durable", "{msg}");
+    let (kind, msg) = h.refused(&Request::Start {
+        lane: LANE.into(),
+        runtime: "fake@1.0.0".into(),
+        directives: vec!["hang".into()],
+    });
+    assert_eq!(kind, "quarantined", "{msg}");
+    assert_no_temp_files(&h.state_dir());
+}
+
+fn check_invariants(h: &Host, fault: Fault, step: Step, started: &[Value]) {
+    // One receipt per generation begun, with the observed facts.
+    if let Some(reasons) = expected_reason(fault, step) {
+        let r = h.wait_receipt(LANE, 1);
+        let reason = r["termination_reason"].as_str().unwrap();
+        assert!(
+            reasons.contains(&reason),
+            "reason {reason}, expected one of {reasons:?}: {r}"
+        );
+        assert_eq!(
+            r["process_identity"], started[0]["process_identity"],
+            "the receipt names another process than the one that started"
+        );
+        assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+        assert_ne!(r["termination_reason"], "never-started");
+        if step == Step::Stop {
+            assert_eq!(r["stop"]["cause"], "operator", "{r}");
+        }
+        if fault == Fault::TmuxKilled {
+            assert_eq!(r["stop"]["cause"], "lane-server-lost", "{r}");
+        }
+    }
+    let receipts = h.receipts(None, true);
+    let mut keys: Vec<&str> = receipts
+        .iter()
+        .map(|r| r["idempotency_key"].as_str().unwrap())
+        .collect();
+    keys.sort();
+    let n = keys.len();
+    keys.dedup();
+    assert_eq!(
+        n,
+        keys.len(),
+        "two receipts for one generation: {receipts:?}"
+    );
+    assert_eq!(
+        n,
+        usize::from(expected_reason(fault, step).is_some()),
+        "receipts: {receipts:?}"
+    );
+    assert!(
+        h.status()["receipts_not_durable"].is_null(),
+        "{}",
+        h.status()
+    );
+    // Records agree with receipts.
+    for rec in gen_records(&h.state_dir()) {
+        let receipted = receipts.iter().any(|r| {
+            r["lane_incarnation_id"] == rec["lane_incarnation_id"]
+                && r["generation"] == rec["generation"]
+        });
+        let terminated = rec["status"] == "terminated";
+        assert_eq!(
+            terminated, receipted,
+            "record {rec} against receipts {receipts:?}"
+        );
+    }
+    assert_no_temp_files(&h.state_dir());
+    for line in h.audit().lines() {
+        serde_json::from_str::<Value>(line).unwrap_or_else(|e| panic!("audit line {line:?}: {e}"));
+    }
+    // The lane is usable again, directly or through its way out.
+    if h.lane_status(LANE)["status"] == "quarantined" {
+        h.call(&Request::LaneDestroy { lane: LANE.into() });
+        h.create_lane(LANE);
+    }
+    let g = h.start(LANE, "hang");
+    assert!(g["process_identity"]["harness_pid"].is_i64(), "{g}");
+}
+
+fn gen_records(state: &Path) -> Vec<Value> {
+    let mut out = Vec::new();
+    let Ok(rd) = std::fs::read_dir(state.join("generations")) else {
+        return out;
+    };
+    for inc in rd.flatten() {
+        for f in std::fs::read_dir(inc.path()).unwrap().flatten() {
+            let p = f.path();
+            if p.extension().is_some_and(|x| x == "json") {
+                out.push(serde_json::from_slice(&std::fs::read(&p).unwrap()).unwrap());
+            }
+        }
+    }
+    out
+}
+
+fn assert_no_temp_files(dir: &Path) {
+    fn walk(d: &Path, out: &mut Vec<PathBuf>) {
+        if let Ok(rd) = std::fs::read_dir(d) {
+            for e in rd.flatten() {
+                let p = e.path();
+                if e.file_type().is_ok_and(|t| t.is_dir()) {
+                    walk(&p, out);
+                } else if p
+                    .file_name()
+                    .is_some_and(|n| n.to_string_lossy().contains(".tmp-"))
+                {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    let mut left = Vec::new();
+    walk(dir, &mut left);
+    assert!(
+        left.is_empty(),
+        "temporary files of failed writes left behind: {left:?}"
+    );
+}
