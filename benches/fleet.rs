@@ -481,5 +481,6 @@ fn link_params(dir: &std::path::Path, host: &str) -> mosaic::protocol::transport
         report: Default::default(),
         runtimes: vec![],
         liveness: Default::default(),
+        max_clock_skew_ms: mosaic::protocol::transport::ClockSkew::DEFAULT_TOLERANCE_MS,
     }
 }

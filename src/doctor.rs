@@ -158,11 +158,39 @@ pub fn run(cgroup_root: Option<&std::path::Path>) -> Report {
         _ => Err("PostgreSQL server binaries not found (needed by the coordinator and the test suite): apt-get install postgresql".into()),
     };
     checks.push(check("postgresql", false, pg));
+    checks.push(check("clock", false, clock_sync()));
     let can = checks.iter().all(|c| c.ok || !c.required);
     Report {
         can_run_supervisor: can,
         checks,
     }
+}
+
+/// Whether the kernel says the system clock is synchronized (the NTP state `adjtimex`
+/// reads, as `timedatectl` shows it). A host whose clock drifts beyond the transport
+/// tolerance from the coordinator's database time opens no session; the offset a running
+/// supervisor measured is in `mosaic host status` (`coordinator_clock`).
+fn clock_sync() -> Result<String, String> {
+    // SAFETY: with `modes` 0, adjtimex only reads the kernel's clock state into `t`, a
+    // zeroed plain-data struct it is allowed to fill.
+    let mut t: nix::libc::timex = unsafe { std::mem::zeroed() };
+    let state = unsafe { nix::libc::adjtimex(&mut t) };
+    let tolerance = crate::protocol::transport::ClockSkew::DEFAULT_TOLERANCE_MS / 1000;
+    if state < 0 {
+        return Err(format!(
+            "cannot read the clock state: {}",
+            std::io::Error::last_os_error()
+        ));
+    }
+    if state == nix::libc::TIME_ERROR || t.status & nix::libc::STA_UNSYNC != 0 {
+        return Err(format!(
+            "the system clock is not synchronized (no NTP): a host more than {tolerance} s from the coordinator's database time opens no session (install chrony or systemd-timesyncd); `mosaic host status` shows the offset the supervisor measured"
+        ));
+    }
+    Ok(format!(
+        "synchronized (estimated error {} µs); sessions need it within {tolerance} s of the coordinator's database time",
+        t.esterror
+    ))
 }
 
 /// Under systemd (`INVOCATION_ID` set): the unit must have `Delegate=yes` when the

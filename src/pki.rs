@@ -144,13 +144,19 @@ pub fn init(dir: &Path, force: bool) -> Result<PathBuf, PkiError> {
         KeyUsagePurpose::DigitalSignature,
     ];
     let now = OffsetDateTime::now_utc();
-    p.not_before = now - Duration::minutes(5);
+    p.not_before = now - BACKDATE;
     p.not_after = now + Duration::days(3650);
     let c = p.self_signed(&kp)?;
     write(&key, &kp.serialize_pem(), 0o600)?;
     write(&cert, &c.pem(), 0o644)?;
     Ok(cert)
 }
+
+/// How far back a new certificate's validity starts. A peer whose clock is behind the
+/// issuer's still completes TLS, so the session's own clock check (which measures the
+/// offset against the coordinator's database time and names it) is what refuses a skew
+/// beyond the transport tolerance — not an unexplained "certificate not valid yet".
+pub const BACKDATE: Duration = Duration::days(1);
 
 /// Issues a certificate for `kind:name`, valid for `days` from now.
 pub fn issue(
@@ -168,7 +174,7 @@ pub fn issue(
         dir,
         kind,
         name,
-        now - Duration::minutes(5),
+        now - BACKDATE,
         now + Duration::days(days),
         force,
     )

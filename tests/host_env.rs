@@ -233,9 +233,18 @@ fn doctor_reports_this_host() {
         "pidfd",
         "tmux",
         "postgresql",
+        "clock",
     ] {
         assert!(names.contains(&n), "doctor has no {n} check: {names:?}");
     }
+    // The clock check names the transport tolerance sessions need (synchronized or not).
+    let clock = v["checks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["name"] == "clock")
+        .unwrap();
+    assert!(clock["detail"].as_str().unwrap().contains("300 s"), "{clock}");
     // A root the supervisor could not use makes doctor fail, with a non-zero exit.
     let out = Command::new(common::MOSAIC)
         .args(["doctor", "--json", "--cgroup-root", "/tmp"])

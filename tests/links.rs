@@ -213,3 +213,121 @@ async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_sa
     assert_eq!(log.matches("coordinator link up").count(), 1, "{log}");
     w.usable(2).await;
 }
+
+/// libfaketime, which shifts one process's wall clock (its `clock_gettime`) and nothing
+/// else: the supervisor's clock is stepped while the coordinator and the database keep
+/// the real one.
+fn faketime_lib() -> String {
+    let found = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists());
+    found
+        .unwrap_or_else(|| {
+            panic!("the clock-skew tests need libfaketime (apt-get install faketime; scripts/test installs it)")
+        })
+        .to_string()
+}
+
+fn skew_supervisor(w: &mut world::World, offset: &str) {
+    let d = &mut w.sup[0];
+    d.set_env("LD_PRELOAD", Some(faketime_lib()));
+    d.set_env("FAKETIME", Some(offset.to_string()));
+    // Timers and timeouts keep the real monotonic clock; only the wall clock moves.
+    d.set_env("FAKETIME_DONT_FAKE_MONOTONIC", Some("1".into()));
+    d.set_env("FAKETIME_NO_CACHE", Some("1".into()));
+}
+
+fn host_clock(w: &world::World) -> Option<serde_json::Value> {
+    let st = mosaic::supervisor::control::call(
+        &w.runtime_dir(0).join("control.sock"),
+        &mosaic::supervisor::control::Request::Status,
+    )
+    .ok()?;
+    let c = st["coordinator_clock"].clone();
+    (!c.is_null()).then_some(c)
+}
+
+/// A supervisor whose clock is an hour behind: TLS still completes (certificates are
+/// backdated a day), and then the host refuses to open a session, naming the offset —
+/// in its log, its status and its metrics — and the coordinator audits the refusal with
+/// the host's reason. With the host's own check relaxed, the coordinator's check of the
+/// hello refuses it the same way. A two-minute skew, inside the tolerance, connects.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_clock_an_hour_off_is_refused_with_the_offset_named_and_an_ordinary_skew_connects() {
+    use world::{Spec, World};
+    let mut w = World::new(Spec {
+        lanes: 1,
+        tag: "skew",
+        ..Spec::default()
+    });
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    let connected = |w: &World| {
+        w.status()["hosts_connected"]
+            .as_array()
+            .is_some_and(|h| !h.is_empty())
+    };
+
+    // 1. An hour behind: the host refuses, and says by how much.
+    skew_supervisor(&mut w, "-3600");
+    w.start_supervisor(0);
+    let c = common::wait_until("the host measures its clock", || host_clock(&w));
+    assert_eq!(c["refused"], true, "{c}");
+    let off = c["host_ahead_ms"].as_i64().unwrap();
+    assert!(
+        (-3_660_000..=-3_540_000).contains(&off),
+        "measured {off} ms"
+    );
+    common::wait_until("the refusal in the host's log", || {
+        w.sup[0]
+            .log_text()
+            .contains("s behind the coordinator's database time")
+            .then_some(())
+    });
+    assert!(w.sup[0]
+        .log_text()
+        .contains("s behind the coordinator's database time"));
+    common::wait_until("the coordinator audits the host's reason", || {
+        (w.audited("clock-skew: host -3") > 0).then_some(())
+    });
+    assert!(
+        !connected(&w),
+        "a session was opened with the clock an hour off"
+    );
+
+    // 2. The host's own check relaxed: the coordinator's check of the hello refuses it.
+    w.crash_supervisor(0);
+    let cfg = w.supervisor_config(0);
+    let mut text = std::fs::read_to_string(&cfg).unwrap();
+    text.push_str("max_clock_skew_ms = 86400000\n");
+    std::fs::write(&cfg, text).unwrap();
+    w.start_supervisor(0);
+    common::wait_until("the coordinator refuses the hello for its clock", || {
+        (w.audited("clock skew: the host's clock is 3") > 0).then_some(())
+    });
+    assert!(
+        !connected(&w),
+        "the coordinator opened a session with the clock an hour off"
+    );
+
+    // 3. Two minutes behind, within both tolerances: connected, the offset shown.
+    w.crash_supervisor(0);
+    let text = std::fs::read_to_string(&cfg)
+        .unwrap()
+        .replace("max_clock_skew_ms = 86400000\n", "");
+    std::fs::write(&cfg, text).unwrap();
+    skew_supervisor(&mut w, "-120");
+    w.start_supervisor(0);
+    common::wait_until("connected with a small skew", || {
+        connected(&w).then_some(())
+    });
+    let c = common::wait_until("the host measures its clock", || {
+        host_clock(&w).filter(|c| c["refused"] == false)
+    });
+    let off = c["host_ahead_ms"].as_i64().unwrap();
+    assert!((-180_000..=-60_000).contains(&off), "measured {off} ms");
+}

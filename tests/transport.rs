@@ -280,6 +280,7 @@ impl World {
             report: Default::default(),
             runtimes: vec!["fake@1.0.0".into()],
             liveness: Default::default(),
+            max_clock_skew_ms: mosaic::protocol::transport::ClockSkew::DEFAULT_TOLERANCE_MS,
         }
     }
 

@@ -63,6 +63,11 @@ pub struct Kind {
     pub kind: String,
 }
 
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HostLabel {
+    pub host: String,
+}
+
 fn transition_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.0005, 2.0, 14))
 }
@@ -155,6 +160,8 @@ pub struct CoordinatorMetrics {
     /// Restarts of the database by the process that supervises it (`mosaic up`'s private
     /// cluster); zero where the database is someone else's to run.
     pub database_restarts: Counter,
+    /// Each host's clock minus database time, measured from its last hello (ms).
+    pub host_clock_offset: Family<HostLabel, Gauge>,
 }
 
 impl CoordinatorMetrics {
@@ -180,7 +187,13 @@ impl CoordinatorMetrics {
             lease_renewals: Gauge::default(),
             lease_expiries: Gauge::default(),
             database_restarts: Counter::default(),
+            host_clock_offset: Family::default(),
         };
+        r.register(
+            "host_clock_offset_ms",
+            "Each host's clock minus the database time, measured from the hello of its last session (ms); a host beyond the transport tolerance opens no session",
+            m.host_clock_offset.clone(),
+        );
         r.register(
             "transitions",
             "Authority transitions this process ran, by transition and result (decided, replayed, or the refusal's category)",

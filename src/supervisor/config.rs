@@ -114,6 +114,10 @@ pub struct CoordinatorLink {
     /// intervals is given up and reconnected to.
     #[serde(default)]
     pub heartbeat_ms: Option<u64>,
+    /// The largest offset of this host's clock from the coordinator's database time a
+    /// session is opened with (default 300000: five minutes).
+    #[serde(default)]
+    pub max_clock_skew_ms: Option<u64>,
 }
 
 /// A validated configuration.

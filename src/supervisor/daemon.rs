@@ -57,6 +57,9 @@ impl Supervisor {
             report: state.report,
             runtimes: self.inner.registry.runtimes(),
             liveness: crate::protocol::transport::Liveness::from_heartbeat_ms(link.heartbeat_ms),
+            max_clock_skew_ms: link
+                .max_clock_skew_ms
+                .unwrap_or(crate::protocol::transport::ClockSkew::DEFAULT_TOLERANCE_MS),
         };
         let fence = Arc::new(authority::AuthorityFence::load(&self.inner.cfg.state_dir)?);
         let audit: link::LinkAudit = {

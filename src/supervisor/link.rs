@@ -224,7 +224,24 @@ impl Link<'_> {
                 )
             })
         };
-        let mut hs = crate::protocol::transport::connect_checked(p, addr, &check).await?;
+        let res = crate::protocol::transport::connect_checked(p, addr, &check).await;
+        if let Some(m) = metrics {
+            match &res {
+                Ok(hs) => m.clock_measured(hs.clock.host_ahead_ms(), p.max_clock_skew_ms, false),
+                Err(TransportError::ClockSkew(s)) => {
+                    m.clock_measured(s.host_ahead_ms, s.tolerance_ms, true)
+                }
+                Err(_) => {}
+            }
+        }
+        if let Err(TransportError::ClockSkew(s)) = &res {
+            tracing::error!(
+                host_ahead_ms = s.host_ahead_ms,
+                tolerance_ms = s.tolerance_ms,
+                "{s}"
+            );
+        }
+        let mut hs = res?;
         // Only a session the host accepted resets the reconnect backoff.
         *connected = true;
         let session_id = hs.session_id.clone();

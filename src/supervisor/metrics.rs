@@ -54,6 +54,21 @@ pub struct HostMetrics {
     pub gateway_requests: Family<RuntimeOutcome, Counter>,
     pub provider_tokens: Family<RuntimeDirection, Counter>,
     pub receipts_not_durable: Gauge,
+    pub clock_offset_ms: Gauge,
+    pub clock_skew_refusals: Counter,
+    /// The last clock measurement against the coordinator (for `status`).
+    pub clock: std::sync::Mutex<Option<ClockReading>>,
+}
+
+/// This host's clock against the coordinator's database time, measured at session start.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ClockReading {
+    /// Positive: this host is ahead.
+    pub host_ahead_ms: i64,
+    pub tolerance_ms: u64,
+    /// The offset was beyond the tolerance, so no session was opened.
+    pub refused: bool,
+    pub measured_at: String,
 }
 
 impl HostMetrics {
@@ -72,6 +87,8 @@ impl HostMetrics {
         let gateway_requests = Family::<RuntimeOutcome, Counter>::default();
         let provider_tokens = Family::<RuntimeDirection, Counter>::default();
         let receipts_not_durable = Gauge::default();
+        let clock_offset_ms = Gauge::default();
+        let clock_skew_refusals = Counter::default();
         let mut r = Registry::with_prefix("mosaic");
         r.register(
             "lane_active_generation",
@@ -139,6 +156,16 @@ impl HostMetrics {
             "Observed generation ends whose receipt or record could not be written yet (full or read-only state filesystem), held in memory and written again",
             receipts_not_durable.clone(),
         );
+        r.register(
+            "coordinator_clock_offset_ms",
+            "This host's clock minus the coordinator's database time, measured at each session start (ms)",
+            clock_offset_ms.clone(),
+        );
+        r.register(
+            "coordinator_clock_skew_refusals",
+            "Sessions not opened because this host's clock was beyond the transport tolerance",
+            clock_skew_refusals.clone(),
+        );
         Self {
             registry: Arc::new(r),
             active_generation,
@@ -155,6 +182,9 @@ impl HostMetrics {
             gateway_requests,
             provider_tokens,
             receipts_not_durable,
+            clock_offset_ms,
+            clock_skew_refusals,
+            clock: std::sync::Mutex::new(None),
         }
     }
 
@@ -186,6 +216,22 @@ impl HostMetrics {
 }
 
 impl HostMetrics {
+    /// A clock measurement at session start (`refused`: beyond the tolerance).
+    pub fn clock_measured(&self, host_ahead_ms: i64, tolerance_ms: u64, refused: bool) {
+        self.clock_offset_ms.set(host_ahead_ms);
+        if refused {
+            self.clock_skew_refusals.inc();
+        }
+        if let Ok(mut c) = self.clock.lock() {
+            *c = Some(ClockReading {
+                host_ahead_ms,
+                tolerance_ms,
+                refused,
+                measured_at: crate::util::now_rfc3339(),
+            });
+        }
+    }
+
     /// A new durable receipt: counted by source and reason; descendants killed after an
     /// end nobody asked for are orphans the cleanup found.
     pub fn count_receipt(&self, r: &super::receipt::TerminationReceipt) {

@@ -360,6 +360,7 @@ impl Supervisor {
             lanes,
             unacknowledged_receipts: self.inner.outbox.list(false)?.len(),
             receipts_not_durable: self.inner.unwritten.views(),
+            coordinator_clock: self.inner.metrics.clock.lock().ok().and_then(|c| c.clone()),
         })
     }
 

@@ -87,4 +87,8 @@ pub struct StatusView {
     /// Ends observed but not yet durable (see `unwritten`), written again until they are.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     pub receipts_not_durable: Vec<super::unwritten::HeldView>,
+    /// This host's clock against the coordinator's database time, at the last session
+    /// start; absent before the first.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub coordinator_clock: Option<metrics::ClockReading>,
 }

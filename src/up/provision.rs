@@ -135,6 +135,7 @@ pub fn provision(
             session_key: keys.join(format!("host-{h}-session")),
             ordinary_key: keys.join(format!("host-{h}-ordinary")),
             heartbeat_ms: None,
+            max_clock_skew_ms: None,
         });
     }
     Ok(Provisioned {
@@ -157,6 +158,7 @@ pub fn provision(
             lease_ttl_ms: None,
             operator_listen: None,
             heartbeat_ms: None,
+            max_clock_skew_ms: None,
             metrics_listen: None,
         },
         links,

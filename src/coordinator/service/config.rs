@@ -49,6 +49,11 @@ pub struct CoordinatorConfig {
     /// intervals is disconnected.
     #[serde(default)]
     pub heartbeat_ms: Option<u64>,
+    /// The largest offset of a host's clock from the database time a host session is
+    /// opened with (default 300000: five minutes); beyond it the hello is refused with the
+    /// offset named.
+    #[serde(default)]
+    pub max_clock_skew_ms: Option<u64>,
     /// Serve Prometheus metrics at `http://<this>/metrics` (e.g. `127.0.0.1:9465`). Off
     /// when absent.
     #[serde(default)]
@@ -63,6 +68,7 @@ pub struct Timing {
     pub lease_ttl_ms: i64,
     pub challenge_ttl_ms: i64,
     pub liveness: transport::Liveness,
+    pub max_clock_skew_ms: u64,
 }
 
 impl CoordinatorConfig {
@@ -73,6 +79,9 @@ impl CoordinatorConfig {
             lease_ttl_ms: self.lease_ttl_ms.unwrap_or(900_000),
             challenge_ttl_ms: 60_000,
             liveness: transport::Liveness::from_heartbeat_ms(self.heartbeat_ms),
+            max_clock_skew_ms: self
+                .max_clock_skew_ms
+                .unwrap_or(transport::ClockSkew::DEFAULT_TOLERANCE_MS),
         }
     }
 }

@@ -308,7 +308,10 @@ impl Service {
             }),
             signer: self.session.clone(),
             liveness: self.timing.liveness,
-            limits: transport::Limits::default(),
+            limits: transport::Limits {
+                max_clock_skew_ms: self.timing.max_clock_skew_ms,
+                ..transport::Limits::default()
+            },
             on_strike: {
                 let svc = self.clone();
                 Some(Arc::new(move |v: &transport::Violation| {

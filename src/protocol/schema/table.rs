@@ -194,10 +194,13 @@ pub static SCHEMAS: [Schema; 28] = [
         // `lanes`: `lane@incarnation` of every live lane; `runtimes`: the `family@version`
         // entries of the host's registry; `lane_states`: per lane, the host's status and
         // its live generations (what the coordinator reconciles against).
+        // `host_clock`: the host's own wall clock when it sent the hello, never an
+        // authoritative time: the coordinator measures the host's offset with it.
         [
             ("lanes", StrList),
             ("runtimes", StrList),
-            ("lane_states", Object)
+            ("lane_states", Object),
+            ("host_clock", Str)
         ],
         [NO_AUTHORITATIVE_TIME]
     ),

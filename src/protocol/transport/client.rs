@@ -26,6 +26,9 @@ pub struct LinkParams {
     /// `family@version` of every runtime this host can start.
     pub runtimes: Vec<String>,
     pub liveness: Liveness,
+    /// The largest clock offset from the coordinator's database time a session is opened
+    /// with (`ClockSkew::DEFAULT_TOLERANCE_MS` unless configured).
+    pub max_clock_skew_ms: u64,
 }
 
 /// The host's view of the coordinator's clock, from the session challenge: coordinator
@@ -63,6 +66,12 @@ impl CoordinatorClock {
             }
         };
         ms(SystemTime::now()) + self.ahead_ms >= ms(at)
+    }
+
+    /// How far this host's clock is from the coordinator's (positive: the host is ahead).
+    /// Good to the challenge's one-way delay.
+    pub fn host_ahead_ms(&self) -> i64 {
+        (-self.ahead_ms).clamp(i64::MIN as i128, i64::MAX as i128) as i64
     }
 }
 
@@ -235,13 +244,26 @@ pub async fn connect_checked(
         .check(challenge.message_id())
         .map_err(|why| TransportError::Refused(format!("session challenge message id: {why}")))?;
     let clock = CoordinatorClock::from_issued(challenge.issued_at().unwrap_or(""))?;
+    // The coordinator's database time is the reference: a host too far from it opens no
+    // session, and says by how much (the coordinator learns it from the close reason).
+    let skew = super::ClockSkew {
+        host_ahead_ms: clock.host_ahead_ms(),
+        tolerance_ms: p.max_clock_skew_ms,
+    };
+    if skew.beyond_tolerance() {
+        let _ = ws
+            .close(close_frame(&format!(
+                "clock-skew: host {:+} ms",
+                skew.host_ahead_ms
+            )))
+            .await;
+        return Err(TransportError::ClockSkew(skew));
+    }
     let mut seq = Sequencer::new(&session_id);
+    let mut fields = state_fields(p, &session_id, &p.lanes, &p.report)?;
+    fields.push(("host_clock", Value::Str(crate::util::now_rfc3339())));
     let hello = seq.seal(
-        Outgoing::new(
-            &p.signer,
-            MessageType::Hello,
-            state_fields(p, &session_id, &p.lanes, &p.report)?,
-        ),
+        Outgoing::new(&p.signer, MessageType::Hello, fields),
         &p.coordinator,
     )?;
     send_text(&mut ws, hello).await?;

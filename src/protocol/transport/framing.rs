@@ -50,6 +50,9 @@ pub struct Limits {
     pub burst: u32,
     /// Frames queued for the peer; a session whose peer does not read is closed.
     pub queue: usize,
+    /// The largest offset of a host's clock from the coordinator's database time a session
+    /// is opened with (see `ClockSkew`).
+    pub max_clock_skew_ms: u64,
 }
 
 impl Default for Limits {
@@ -60,6 +63,7 @@ impl Default for Limits {
             frames_per_second: 200,
             burst: 2000,
             queue: 1024,
+            max_clock_skew_ms: super::ClockSkew::DEFAULT_TOLERANCE_MS,
         }
     }
 }

@@ -43,8 +43,45 @@ pub enum TransportError {
     Ws(String),
     #[error("session refused: {0}")]
     Refused(String),
+    /// The clocks of the two sides differ by more than the transport tolerance.
+    #[error("{0}")]
+    ClockSkew(ClockSkew),
     #[error("timed out during {0}")]
     Timeout(&'static str),
+}
+
+/// How far a host's clock is from the coordinator's database time (the reference), as
+/// measured at session start. Positive: the host is ahead.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ClockSkew {
+    pub host_ahead_ms: i64,
+    pub tolerance_ms: u64,
+}
+
+impl ClockSkew {
+    /// The default transport tolerance: five minutes, as Kerberos allows; an ordinary
+    /// unsynchronized host stays well inside it, a clock off by an hour does not.
+    pub const DEFAULT_TOLERANCE_MS: u64 = 300_000;
+
+    pub fn beyond_tolerance(&self) -> bool {
+        self.host_ahead_ms.unsigned_abs() > self.tolerance_ms
+    }
+}
+
+impl std::fmt::Display for ClockSkew {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let secs = self.host_ahead_ms.unsigned_abs() as f64 / 1000.0;
+        let side = if self.host_ahead_ms >= 0 {
+            "ahead of"
+        } else {
+            "behind"
+        };
+        write!(
+            f,
+            "clock skew: the host's clock is {secs:.1} s {side} the coordinator's database time (tolerance {} s); fix the host's time (NTP) — no session is opened until it is within the tolerance",
+            self.tolerance_ms / 1000
+        )
+    }
 }
 
 mod client;

@@ -14,6 +14,9 @@ pub struct SessionHandle {
     pub push: tokio::sync::mpsc::Sender<Outgoing>,
     /// When the last frame arrived from the peer ([`mono_ms`]).
     pub last_frame: Arc<std::sync::atomic::AtomicU64>,
+    /// The peer's clock offset from the coordinator's database time, measured from its
+    /// hello (positive: the peer is ahead); `None` for a hello without `host_clock`.
+    pub clock_offset_ms: Option<i64>,
     close: Arc<tokio::sync::Notify>,
     close_reason: Arc<std::sync::Mutex<Option<CloseReason>>>,
 }
@@ -273,6 +276,21 @@ pub async fn serve(
     }
 }
 
+/// The host's offset from the coordinator's database time: its `host_clock` against the
+/// database time of the admission (`db_at`) plus the time since. `None` if either is not
+/// an RFC 3339 time.
+fn host_offset(host_clock: &str, db_at: &str, since: Duration) -> Option<i64> {
+    let ms = |t: SystemTime| -> i128 {
+        match t.duration_since(SystemTime::UNIX_EPOCH) {
+            Ok(d) => d.as_millis() as i128,
+            Err(e) => -(e.duration().as_millis() as i128),
+        }
+    };
+    let host = ms(humantime::parse_rfc3339(host_clock).ok()?);
+    let db = ms(humantime::parse_rfc3339(db_at).ok()?) + since.as_millis() as i128;
+    Some((host - db).clamp(i64::MIN as i128, i64::MAX as i128) as i64)
+}
+
 pub(super) fn close_frame(
     reason: &str,
 ) -> Option<tokio_tungstenite::tungstenite::protocol::CloseFrame> {
@@ -408,6 +426,9 @@ pub(super) async fn admitted(
 ) -> Result<(), TransportError> {
     let peer = peer.to_string();
     let admission = handler.admit(&peer).await;
+    // `issued_at` is database time at this instant: with the time since, the coordinator's
+    // estimate of database time when the hello arrives.
+    let admitted_at = std::time::Instant::now();
     let mut ws = tokio::time::timeout(
         TLS_TIMEOUT,
         tokio_tungstenite::accept_async_with_config(tls, Some(ws_config())),
@@ -470,6 +491,13 @@ pub(super) async fn admitted(
     let hello = match first {
         Some(Ok(Message::Text(t))) => verify(t.as_bytes(), &ctx(SystemTime::now()))
             .map_err(|e| TransportError::Refused(format!("hello: {}", e.category())))?,
+        // A host that will not open this session says why (its clock, its authority fence).
+        Some(Ok(Message::Close(Some(f)))) => {
+            return Err(TransportError::Refused(format!(
+                "the host closed before its hello: {}",
+                f.reason
+            )))
+        }
         _ => {
             return Err(TransportError::Refused(
                 "first frame was not a text hello".into(),
@@ -494,12 +522,34 @@ pub(super) async fn admitted(
         let _ = ws.close(close_frame("hello refused")).await;
         return Err(refuse(format!("hello message id: {why}")));
     }
+    let clock_offset_ms = match hello.get("host_clock") {
+        Some(Value::Str(at)) => {
+            let skew = host_offset(at, &admission.issued_at, admitted_at.elapsed())
+                .map(|host_ahead_ms| super::ClockSkew {
+                    host_ahead_ms,
+                    tolerance_ms: params.limits.max_clock_skew_ms,
+                })
+                .ok_or_else(|| refuse("hello: host_clock is not an RFC 3339 time".into()))?;
+            if skew.beyond_tolerance() {
+                let _ = ws
+                    .close(close_frame(&format!(
+                        "clock-skew: host {:+} ms",
+                        skew.host_ahead_ms
+                    )))
+                    .await;
+                return Err(TransportError::ClockSkew(skew));
+            }
+            Some(skew.host_ahead_ms)
+        }
+        _ => None,
+    };
     let (push, mut pushed) = tokio::sync::mpsc::channel::<Outgoing>(params.limits.queue);
     let handle = SessionHandle {
         peer: peer.clone(),
         session_id: session_id.clone(),
         push,
         last_frame: Arc::new(std::sync::atomic::AtomicU64::new(mono_ms())),
+        clock_offset_ms,
         close: Arc::new(tokio::sync::Notify::new()),
         close_reason: Arc::new(std::sync::Mutex::new(None)),
     };

@@ -62,6 +62,12 @@ impl Handler for HostHandler {
                 }
                 Err(e) => return Err(transport::Refusal::BadHello(e.to_string())),
             }
+            if let Some(ms) = session.clock_offset_ms {
+                svc.metrics
+                    .host_clock_offset
+                    .get_or_create(&crate::coordinator::metrics::HostLabel { host: host.clone() })
+                    .set(ms);
+            }
             let l = svc
                 .leader()
                 .await
