@@ -331,3 +331,82 @@ async fn a_host_clock_an_hour_off_is_refused_with_the_offset_named_and_an_ordina
     let off = c["host_ahead_ms"].as_i64().unwrap();
     assert!((-180_000..=-60_000).contains(&off), "measured {off} ms");
 }
+
+/// The database refuses the coordinator (its database closed to connections, every
+/// connection cut): the refusals the coordinator records meanwhile (here, connections that
+/// are not TLS) are spooled on its disk, not dropped, and written once the database
+/// answers again — each once, with the time it was recorded.
+#[tokio::test(flavor = "multi_thread")]
+async fn audit_records_of_a_database_outage_are_spooled_and_written_later_with_their_times() {
+    use world::{Spec, World};
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "spool",
+        ..Spec::default()
+    });
+    let db = w.db.name.clone();
+    let spool = w.coordinator_state_dir(0).join("audit-spool.jsonl");
+    let lines = |p: &std::path::Path| -> Vec<serde_json::Value> {
+        std::fs::read_to_string(p)
+            .unwrap_or_default()
+            .lines()
+            .filter(|l| !l.trim().is_empty())
+            .map(|l| serde_json::from_str(l).unwrap())
+            .collect()
+    };
+    let outage_began = std::time::SystemTime::now();
+    pg::server().psql(
+        "postgres",
+        &format!(
+            "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS false; \
+             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
+        ),
+    );
+    // A connection that is not TLS at all: refused, and audited, database or not.
+    let garbage = || {
+        use std::io::{Read, Write};
+        if let Ok(mut t) = std::net::TcpStream::connect(&w.listen[0]) {
+            let _ = t.set_read_timeout(Some(std::time::Duration::from_secs(5)));
+            let _ = t.write_all(b"GET / HTTP/1.0\r\n\r\n");
+            let _ = t.read_to_end(&mut Vec::new());
+        }
+    };
+    let spooled = common::wait_until("refusals spooled during the outage", || {
+        garbage();
+        let v = lines(&spool);
+        (!v.is_empty()).then_some(v)
+    });
+    let healed_at = std::time::SystemTime::now();
+    pg::server().psql(
+        "postgres",
+        &format!("ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS true;"),
+    );
+    common::wait_until("the spool written out", || {
+        lines(&spool).is_empty().then_some(())
+    });
+    let c = w.sql().await;
+    for row in &spooled {
+        let id = row["spool_id"].as_str().unwrap();
+        let got = c
+            .query(
+                "SELECT extract(epoch FROM at)::float8 AS at, detail FROM audit WHERE spool_id = $1",
+                &[&id],
+            )
+            .await
+            .unwrap();
+        assert_eq!(got.len(), 1, "spooled record {id} written {} times", got.len());
+        let at: f64 = got[0].get("at");
+        let secs = |t: std::time::SystemTime| {
+            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+        };
+        assert!(
+            // Recorded before the database came back; written late, it keeps that time.
+            at >= secs(outage_began) - 1.0 && at < secs(healed_at),
+            "record {id} carries {at}, not a time within the outage ({} – {})",
+            secs(outage_began),
+            secs(healed_at)
+        );
+        let detail: String = got[0].get("detail");
+        assert_eq!(detail, row["detail"].as_str().unwrap());
+    }
+}

@@ -162,6 +162,8 @@ pub struct CoordinatorMetrics {
     pub database_restarts: Counter,
     /// Each host's clock minus database time, measured from its last hello (ms).
     pub host_clock_offset: Family<HostLabel, Gauge>,
+    audit_spooled: Gauge,
+    audit_spool_lost: Gauge,
 }
 
 impl CoordinatorMetrics {
@@ -188,7 +190,19 @@ impl CoordinatorMetrics {
             lease_expiries: Gauge::default(),
             database_restarts: Counter::default(),
             host_clock_offset: Family::default(),
+            audit_spooled: Gauge::default(),
+            audit_spool_lost: Gauge::default(),
         };
+        r.register(
+            "audit_spooled",
+            "Audit records waiting in the spool for the database to answer",
+            m.audit_spooled.clone(),
+        );
+        r.register(
+            "audit_spool_lost",
+            "Audit records not spooled because the spool was full, since it was last written out",
+            m.audit_spool_lost.clone(),
+        );
         r.register(
             "host_clock_offset_ms",
             "Each host's clock minus the database time, measured from the hello of its last session (ms); a host beyond the transport tolerance opens no session",
@@ -322,6 +336,9 @@ impl CoordinatorMetrics {
         self.epoch.set(leading_epoch.unwrap_or(0));
         self.losses.set(losses as i64);
         self.host_sessions.set(host_sessions as i64);
+        let (spooled, lost) = store.auditor().spooled();
+        self.audit_spooled.set(spooled as i64);
+        self.audit_spool_lost.set(lost as i64);
         if let Err(e) = self.refresh_db(store).await {
             tracing::warn!(error = %e, "metrics: database values not refreshed");
         }

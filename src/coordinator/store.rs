@@ -27,6 +27,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0009_continuity_closure.sql"),
     include_str!("../../migrations/0010_trigger_decisions_audited.sql"),
     include_str!("../../migrations/0011_reservation_epoch_moves.sql"),
+    include_str!("../../migrations/0012_audit_spool.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

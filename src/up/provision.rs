@@ -146,6 +146,7 @@ pub fn provision(
             database_url: database_url.into(),
             allow_insecure_database: false,
             secret_file: keys.join("coordinator-secret"),
+            state_dir: None,
             ca,
             cert: c_cert,
             key: c_key,

@@ -153,9 +153,9 @@ impl World {
             self.coordinator_config(i),
             format!(
                 "name = {:?}\ntrust_domain = {:?}\nlisten = {:?}\ndatabase_url = {:?}\nsecret_file = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\n\
-                 trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = {}\n{extra}",
+                 trust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\noperator_socket = {:?}\nlease_ms = {}\nstate_dir = {:?}\n{extra}",
                 c.name, c.trust_domain, self.listen[i], c.database_url, c.secret_file, c.ca, c.cert, c.key, c.trust_registry,
-                c.session_key, c.ordinary_key, self.socket(i), s.lease_ms,
+                c.session_key, c.ordinary_key, self.socket(i), s.lease_ms, self.coordinator_state_dir(i),
             ),
         )
         .unwrap();
@@ -193,6 +193,11 @@ impl World {
             ),
         )
         .unwrap();
+    }
+
+    /// Coordinator `i`'s own state directory (its audit spool).
+    pub fn coordinator_state_dir(&self, i: usize) -> PathBuf {
+        self.dir.join(format!("coordinator-{i}-state"))
     }
 
     pub fn coordinator_config(&self, i: usize) -> PathBuf {

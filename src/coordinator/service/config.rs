@@ -25,6 +25,11 @@ pub struct CoordinatorConfig {
     /// File holding the coordinator secret (64 hex digits). Every coordinator of one
     /// database must hold the same secret: fence tokens are derived from it.
     pub secret_file: PathBuf,
+    /// Where the coordinator keeps what must outlive it on its own disk: the audit spool
+    /// (records written while the database is unreachable). Default: the directory of
+    /// `secret_file`.
+    #[serde(default)]
+    pub state_dir: Option<PathBuf>,
     pub ca: PathBuf,
     pub cert: PathBuf,
     pub key: PathBuf,

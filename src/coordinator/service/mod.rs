@@ -113,6 +113,16 @@ impl Service {
             launch_id: format!("launch-{}", uuid::Uuid::new_v4().simple()),
         };
         let timing = cfg.timing();
+        let state_dir = cfg
+            .state_dir
+            .clone()
+            .or_else(|| cfg.secret_file.parent().map(std::path::PathBuf::from))
+            .unwrap_or_else(|| std::path::PathBuf::from("."));
+        let spool = state_dir.join("audit-spool.jsonl");
+        store
+            .auditor()
+            .spool_to(spool.clone())
+            .map_err(|source| ServiceError::ReadFile { path: spool, source })?;
         let store_stats = store.stats.clone();
         let svc = Arc::new(Self {
             session: Arc::new(Signer::new(
