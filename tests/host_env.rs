@@ -244,7 +244,10 @@ fn doctor_reports_this_host() {
         .iter()
         .find(|c| c["name"] == "clock")
         .unwrap();
-    assert!(clock["detail"].as_str().unwrap().contains("300 s"), "{clock}");
+    assert!(
+        clock["detail"].as_str().unwrap().contains("300 s"),
+        "{clock}"
+    );
     // A root the supervisor could not use makes doctor fail, with a non-zero exit.
     let out = Command::new(common::MOSAIC)
         .args(["doctor", "--json", "--cgroup-root", "/tmp"])

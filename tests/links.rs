@@ -394,10 +394,17 @@ async fn audit_records_of_a_database_outage_are_spooled_and_written_later_with_t
             )
             .await
             .unwrap();
-        assert_eq!(got.len(), 1, "spooled record {id} written {} times", got.len());
+        assert_eq!(
+            got.len(),
+            1,
+            "spooled record {id} written {} times",
+            got.len()
+        );
         let at: f64 = got[0].get("at");
         let secs = |t: std::time::SystemTime| {
-            t.duration_since(std::time::UNIX_EPOCH).unwrap().as_secs_f64()
+            t.duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_secs_f64()
         };
         assert!(
             // Recorded before the database came back; written late, it keeps that time.

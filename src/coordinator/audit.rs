@@ -169,7 +169,10 @@ async fn writer(
     loop {
         // Take what is queued, up to a batch, waiting at most one window for more; with
         // rows spooled, wake up to try them against the database anyway.
-        let pending = spool.lock().map(|s| s.rows > 0 || s.overflow > 0).unwrap_or(false);
+        let pending = spool
+            .lock()
+            .map(|s| s.rows > 0 || s.overflow > 0)
+            .unwrap_or(false);
         let first = if pending {
             match tokio::time::timeout(SPOOL_RETRY, rx.recv()).await {
                 Ok(Some(m)) => Some(m),
@@ -247,7 +250,11 @@ fn spool_rows(spool: &Arc<Mutex<Spool>>, rows: Vec<Row>, why: &str) {
     }
     let Ok(mut s) = spool.lock() else { return };
     let Some(path) = s.path.clone() else {
-        tracing::error!(rows = rows.len(), error = why, "cannot write audit records (no spool configured)");
+        tracing::error!(
+            rows = rows.len(),
+            error = why,
+            "cannot write audit records (no spool configured)"
+        );
         return;
     };
     let room = SPOOL_MAX.saturating_sub(s.rows);
@@ -355,7 +362,10 @@ async fn replay(pool: &Pool, spool: &Arc<Mutex<Spool>>) {
         return;
     }
     if let Ok(mut s) = spool.lock() {
-        tracing::warn!(rows = rows.len(), "spooled audit records written to the database");
+        tracing::warn!(
+            rows = rows.len(),
+            "spooled audit records written to the database"
+        );
         s.rows = 0;
         s.overflow = s.overflow.saturating_sub(overflow);
     }

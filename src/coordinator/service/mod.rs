@@ -122,7 +122,10 @@ impl Service {
         store
             .auditor()
             .spool_to(spool.clone())
-            .map_err(|source| ServiceError::ReadFile { path: spool, source })?;
+            .map_err(|source| ServiceError::ReadFile {
+                path: spool,
+                source,
+            })?;
         let store_stats = store.stats.clone();
         let svc = Arc::new(Self {
             session: Arc::new(Signer::new(
