@@ -581,8 +581,27 @@ pub(super) async fn admitted(
         (params.audit)(&peer, &Violation::SessionClosedAbusive, &text);
     }
     let _ = tokio::time::timeout(params.liveness.interval, ws.close(close_frame(&text))).await;
+    // The session is over for everyone at once; the drain is only the socket's.
     handler.closed(&peer, &session_id, &reason);
+    drain(&mut ws).await;
     Ok(())
+}
+
+/// How long a closed session's peer may go on sending before its socket is dropped.
+const CLOSE_DRAIN: Duration = Duration::from_secs(2);
+
+/// After our close frame, reads (and drops) what the peer still sends until it closes too,
+/// for at most `CLOSE_DRAIN`. A socket closed with unread input is reset, and the reset can
+/// destroy the close frame — and the reason it carries — before the peer has read it: a
+/// flooding peer would then see "broken pipe" instead of why it was closed.
+async fn drain<S>(ws: &mut S)
+where
+    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
+{
+    let _ = tokio::time::timeout(CLOSE_DRAIN, async {
+        while let Some(Ok(_)) = ws.next().await {}
+    })
+    .await;
 }
 
 pub(super) async fn send_text<S>(ws: &mut S, bytes: Vec<u8>) -> Result<(), TransportError>
