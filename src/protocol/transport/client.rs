@@ -251,12 +251,7 @@ pub async fn connect_checked(
         tolerance_ms: p.max_clock_skew_ms,
     };
     if skew.beyond_tolerance() {
-        let _ = ws
-            .close(close_frame(&format!(
-                "clock-skew: host {:+} ms",
-                skew.host_ahead_ms
-            )))
-            .await;
+        let _ = ws.close(close_frame(&skew.close_reason())).await;
         return Err(TransportError::ClockSkew(skew));
     }
     let mut seq = Sequencer::new(&session_id);

@@ -66,6 +66,11 @@ impl ClockSkew {
     pub fn beyond_tolerance(&self) -> bool {
         self.host_ahead_ms.unsigned_abs() > self.tolerance_ms
     }
+
+    /// What the refusing side's close frame says (short: a close reason is 123 bytes).
+    pub fn close_reason(&self) -> String {
+        format!("clock-skew: host {:+} ms", self.host_ahead_ms)
+    }
 }
 
 impl std::fmt::Display for ClockSkew {

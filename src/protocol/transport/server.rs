@@ -531,12 +531,7 @@ pub(super) async fn admitted(
                 })
                 .ok_or_else(|| refuse("hello: host_clock is not an RFC 3339 time".into()))?;
             if skew.beyond_tolerance() {
-                let _ = ws
-                    .close(close_frame(&format!(
-                        "clock-skew: host {:+} ms",
-                        skew.host_ahead_ms
-                    )))
-                    .await;
+                let _ = ws.close(close_frame(&skew.close_reason())).await;
                 return Err(TransportError::ClockSkew(skew));
             }
             Some(skew.host_ahead_ms)
