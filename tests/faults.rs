@@ -14,7 +14,8 @@
 //!   documented way out of its quarantine (destroy, then create).
 //!
 //! Real parts only: the state directory is its own tmpfs, filled or remounted read-only;
-//! the lane's tmux server is really killed; the harness is really SIGKILLed.
+//! the lane's tmux server is really killed; the harness is really SIGKILLed or SIGSTOPped;
+//! the supervisor is really SIGKILLed and started again.
 
 mod common;
 
@@ -34,6 +35,11 @@ enum Fault {
     StateReadOnly,
     /// The lane's tmux server is killed from outside.
     TmuxKilled,
+    /// The harness hangs: it ignores SIGTERM and is stopped (SIGSTOP), so it answers no
+    /// signal but SIGKILL.
+    HarnessHung,
+    /// The supervisor is SIGKILLed (and started again when the fault heals).
+    SupervisorKilled,
 }
 
 /// When it fails.
@@ -84,6 +90,22 @@ row!(
 row!(state_read_only_at_stop, Fault::StateReadOnly, Step::Stop);
 row!(tmux_killed_while_idle, Fault::TmuxKilled, Step::Idle);
 row!(tmux_killed_while_running, Fault::TmuxKilled, Step::Running);
+row!(harness_hung_at_stop, Fault::HarnessHung, Step::Stop);
+row!(
+    supervisor_killed_while_running,
+    Fault::SupervisorKilled,
+    Step::Running
+);
+row!(
+    supervisor_killed_then_harness_killed,
+    Fault::SupervisorKilled,
+    Step::HarnessKilled
+);
+row!(
+    supervisor_killed_while_idle,
+    Fault::SupervisorKilled,
+    Step::Idle
+);
 
 const LANE: &str = "w1";
 
@@ -95,8 +117,12 @@ fn expected_reason(fault: Fault, step: Step) -> Option<&'static [&'static str]> 
         // The restart finds the shim's exit record (in the runtime directory, which did not
         // fill) or, without it, says it does not know: never a guess.
         (_, Step::HarnessKilledThenCrash) => Some(&["sigkill", "unknown"]),
+        // A hung harness ignores the graceful signal: killed when the grace period ends.
+        (Fault::HarnessHung, Step::Stop) => Some(&["timeout"]),
         (_, Step::Stop) => Some(&["quit"]),
         (Fault::TmuxKilled, Step::Running) => Some(&["quit", "timeout"]),
+        // Re-adopted by the restarted supervisor, then stopped by the operator.
+        (Fault::SupervisorKilled, Step::Running) => Some(&["quit"]),
         (_, Step::Running) => None,
     }
 }
@@ -114,8 +140,13 @@ impl Injected {
         }
     }
 
-    fn inject(&self, h: &Host, fault: Fault) {
+    fn inject(&self, h: &mut Host, fault: Fault, started: Option<&Value>) {
         match fault {
+            Fault::HarnessHung => kill(
+                harness_pid(started.expect("a hung harness needs a generation")),
+                Signal::SIGSTOP,
+            ),
+            Fault::SupervisorKilled => h.crash_supervisor(),
             Fault::StateFull => fill(&self.fill),
             Fault::StateReadOnly => remount(&self.state, true),
             Fault::TmuxKilled => {
@@ -130,11 +161,13 @@ impl Injected {
         }
     }
 
-    fn heal(&self, fault: Fault) {
+    fn heal(&self, h: &mut Host, fault: Fault) {
         match fault {
             Fault::StateFull => std::fs::remove_file(&self.fill).unwrap(),
             Fault::StateReadOnly => remount(&self.state, false),
-            Fault::TmuxKilled => {}
+            Fault::SupervisorKilled => h.start_supervisor(),
+            // The stop killed it; nothing was broken but the harness.
+            Fault::TmuxKilled | Fault::HarnessHung => {}
         }
     }
 }
@@ -192,9 +225,9 @@ fn run(fault: Fault, step: Step) {
     let inj = Injected::new(&h);
     let mut started: Vec<Value> = Vec::new();
     match step {
-        Step::Idle => inj.inject(&h, fault),
+        Step::Idle => inj.inject(&mut h, fault, None),
         Step::Start => {
-            inj.inject(&h, fault);
+            inj.inject(&mut h, fault, None);
             let (kind, msg) = h.refused(&Request::Start {
                 lane: LANE.into(),
                 runtime: "fake@1.0.0".into(),
@@ -206,15 +239,27 @@ fn run(fault: Fault, step: Step) {
             assert!(h.receipts(None, true).is_empty());
         }
         Step::Running | Step::HarnessKilled | Step::HarnessKilledThenCrash | Step::Stop => {
-            started.push(h.start(LANE, "spawn=2"));
-            inj.inject(&h, fault);
+            // A stopped process still dies of a fatal signal it does not handle: a hung
+            // harness is one that also ignores the graceful one.
+            let directives = if fault == Fault::HarnessHung {
+                "ignore-term spawn=2"
+            } else {
+                "spawn=2"
+            };
+            started.push(h.start(LANE, directives));
+            inj.inject(&mut h, fault, started.first());
             match step {
                 Step::HarnessKilled | Step::HarnessKilledThenCrash => {
                     kill(harness_pid(&started[0]), Signal::SIGKILL)
                 }
-                Step::Stop => {
+                // Stopped, but its receipt cannot be written: nobody is told of one.
+                Step::Stop if storage => {
                     let (kind, msg) = h.refused(&Request::Stop { lane: LANE.into() });
                     assert_eq!(kind, "receipt-not-durable", "{msg}");
+                }
+                Step::Stop => {
+                    let r = h.call(&Request::Stop { lane: LANE.into() });
+                    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
                 }
                 _ => {}
             }
@@ -240,10 +285,19 @@ fn run(fault: Fault, step: Step) {
     }
     if step == Step::HarnessKilledThenCrash {
         h.crash_supervisor();
-        inj.heal(fault);
+        inj.heal(&mut h, fault);
         h.start_supervisor();
     } else {
-        inj.heal(fault);
+        inj.heal(&mut h, fault);
+    }
+    if fault == Fault::SupervisorKilled && step == Step::Running {
+        // Re-adopted, identity proven again: it still answers a stop.
+        let g = h.lane_status(LANE);
+        assert_eq!(
+            g["generation"]["process_identity"], started[0]["process_identity"],
+            "the restarted supervisor does not hold the generation that ran: {g}"
+        );
+        h.call(&Request::Stop { lane: LANE.into() });
     }
     check_invariants(&h, fault, step, &started);
 }
@@ -292,8 +346,11 @@ fn check_invariants(h: &Host, fault: Fault, step: Step, started: &[Value]) {
         );
         assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
         assert_ne!(r["termination_reason"], "never-started");
-        if step == Step::Stop {
+        if step == Step::Stop || (fault, step) == (Fault::SupervisorKilled, Step::Running) {
             assert_eq!(r["stop"]["cause"], "operator", "{r}");
+        }
+        if fault == Fault::HarnessHung {
+            assert_eq!(r["stop"]["forced"], true, "{r}");
         }
         if fault == Fault::TmuxKilled {
             assert_eq!(r["stop"]["cause"], "lane-server-lost", "{r}");
