@@ -165,16 +165,7 @@ fn mosaic_up_restarts_its_private_cluster_when_the_postmaster_dies() {
     }
     let mut up = Running { child, dir, log };
     let mut out = std::io::BufReader::new(up.child.stdout.take().unwrap());
-    loop {
-        let mut line = String::new();
-        assert!(
-            out.read_line(&mut line).unwrap() > 0,
-            "mosaic up ended early"
-        );
-        if line.contains("Ctrl-C stops everything") {
-            break;
-        }
-    }
+    common::read_until(&mut out, "Ctrl-C stops everything");
     std::thread::spawn(move || for _ in out.lines() {});
     let pidfile = up.dir.join("pg/data/postmaster.pid");
     let postmaster = || -> Option<i32> {

@@ -175,20 +175,19 @@ async fn writer(
             .unwrap_or(false);
         let first = if pending {
             match tokio::time::timeout(SPOOL_RETRY, rx.recv()).await {
-                Ok(Some(m)) => Some(m),
+                Ok(Some(m)) => m,
                 Ok(None) => return,
-                Err(_) => None,
+                Err(_) => {
+                    replay(&pool, &spool).await;
+                    continue;
+                }
             }
         } else {
             match rx.recv().await {
-                Some(m) => Some(m),
+                Some(m) => m,
                 None => return,
             }
         };
-        if pending {
-            replay(&pool, &spool).await;
-        }
-        let Some(first) = first else { continue };
         let deadline = tokio::time::Instant::now() + WINDOW;
         let mut next = Some(first);
         while let Some(m) = next.take() {
@@ -265,8 +264,9 @@ fn spool_rows(spool: &Arc<Mutex<Spool>>, rows: Vec<Row>, why: &str) {
     } else {
         (rows, 0)
     };
+    let n = kept.len();
     let mut text = String::new();
-    for mut r in kept.iter().cloned() {
+    for mut r in kept {
         r.spool_id
             .get_or_insert_with(|| format!("sp-{}", uuid::Uuid::new_v4().simple()));
         if let Ok(line) = serde_json::to_string(&r) {
@@ -294,12 +294,12 @@ fn spool_rows(spool: &Arc<Mutex<Spool>>, rows: Vec<Row>, why: &str) {
             if s.rows == 0 {
                 tracing::error!(error = why, path = %path.display(), "the database cannot take audit records: spooling them until it can");
             }
-            s.rows += kept.len();
+            s.rows += n;
             s.overflow += lost;
         }
         Err(e) => {
-            s.overflow += (kept.len() as u64) + lost;
-            tracing::error!(rows = kept.len(), error = %e, path = %path.display(), "cannot spool audit records");
+            s.overflow += (n as u64) + lost;
+            tracing::error!(rows = n, error = %e, path = %path.display(), "cannot spool audit records");
         }
     }
 }

@@ -36,12 +36,7 @@ impl Supervisor {
                     self.publish_lanes().await;
                     return Ok(EndOutcome::Stopped);
                 }
-                if self.inner.unwritten.contains(&key) {
-                    // Ended here; its receipt is held until the filesystem takes it.
-                    return Ok(EndOutcome::AlreadyEnded);
-                }
-                if self.inner.outbox.contains(&key) {
-                    self.resend_receipt(&key);
+                if self.already_ended(&key) {
                     return Ok(EndOutcome::AlreadyEnded);
                 }
                 // Fence the number before anything else can use it.
@@ -59,11 +54,7 @@ impl Supervisor {
                 return Ok(EndOutcome::FencedNeverStarted);
             }
         }
-        if self.inner.unwritten.contains(&key) {
-            return Ok(EndOutcome::AlreadyEnded);
-        }
-        if self.inner.outbox.contains(&key) {
-            self.resend_receipt(&key);
+        if self.already_ended(&key) {
             return Ok(EndOutcome::AlreadyEnded);
         }
         self.write_never_started(
@@ -74,6 +65,20 @@ impl Supervisor {
             "no such lane incarnation on this host",
         )?;
         Ok(EndOutcome::FencedNeverStarted)
+    }
+
+    /// Whether this host already ended the generation of receipt `key`: its receipt is
+    /// held until the filesystem takes it (it is sent once durable), or is in the outbox
+    /// (sent again: the coordinator asking means it lacks it).
+    fn already_ended(&self, key: &str) -> bool {
+        if self.inner.unwritten.contains(key) {
+            return true;
+        }
+        if self.inner.outbox.contains(key) {
+            self.resend_receipt(key);
+            return true;
+        }
+        false
     }
 
     /// The coordinator asks to end a generation this host already ended: it never got (or

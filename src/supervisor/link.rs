@@ -225,21 +225,23 @@ impl Link<'_> {
             })
         };
         let res = crate::protocol::transport::connect_checked(p, addr, &check).await;
-        if let Some(m) = metrics {
-            match &res {
-                Ok(hs) => m.clock_measured(hs.clock.host_ahead_ms(), p.max_clock_skew_ms, false),
-                Err(TransportError::ClockSkew(s)) => {
+        match &res {
+            Ok(hs) => {
+                if let Some(m) = metrics {
+                    m.clock_measured(hs.clock.host_ahead_ms(), p.max_clock_skew_ms, false)
+                }
+            }
+            Err(TransportError::ClockSkew(s)) => {
+                tracing::error!(
+                    host_ahead_ms = s.host_ahead_ms,
+                    tolerance_ms = s.tolerance_ms,
+                    "{s}"
+                );
+                if let Some(m) = metrics {
                     m.clock_measured(s.host_ahead_ms, s.tolerance_ms, true)
                 }
-                Err(_) => {}
             }
-        }
-        if let Err(TransportError::ClockSkew(s)) = &res {
-            tracing::error!(
-                host_ahead_ms = s.host_ahead_ms,
-                tolerance_ms = s.tolerance_ms,
-                "{s}"
-            );
+            Err(_) => {}
         }
         let mut hs = res?;
         // Only a session the host accepted resets the reconnect backoff.

@@ -181,20 +181,19 @@ pub(crate) async fn retry(inner: Arc<Inner>) {
                 continue;
             };
             h.attempts += 1;
-            let res = {
+            let tried = {
                 let inner = inner.clone();
-                let mut h2 = h.clone();
                 tokio::task::spawn_blocking(move || {
-                    let r = attempt(&inner, &mut h2);
-                    (r, h2)
+                    let r = attempt(&inner, &mut h);
+                    (r, h)
                 })
                 .await
             };
-            let (res, after) = match res {
-                Ok(v) => v,
-                Err(e) => (Err(format!("write task failed: {e}")), h.clone()),
+            // A write task that panicked leaves the held end as it was, in the map.
+            let Ok((res, mut h)) = tried else {
+                failed = true;
+                continue;
             };
-            h = after;
             match res {
                 Ok(()) => {
                     inner.unwritten.lock().remove(&key);

@@ -592,3 +592,18 @@ impl Drop for Model {
         }
     }
 }
+
+/// Reads `mosaic up`'s output up to and including the first line containing `marker`.
+pub fn read_until(out: &mut impl std::io::BufRead, marker: &str) -> String {
+    let mut text = String::new();
+    loop {
+        let mut line = String::new();
+        if out.read_line(&mut line).unwrap() == 0 {
+            panic!("mosaic up ended early:\n{text}");
+        }
+        text.push_str(&line);
+        if line.contains(marker) {
+            return text;
+        }
+    }
+}

@@ -124,16 +124,7 @@ impl Up {
             .spawn()
             .unwrap();
         let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        loop {
-            let mut line = String::new();
-            assert!(
-                out.read_line(&mut line).unwrap() > 0,
-                "mosaic up ended early"
-            );
-            if line.contains("Ctrl-C stops everything") {
-                break;
-            }
-        }
+        common::read_until(&mut out, "Ctrl-C stops everything");
         std::thread::spawn(move || for _ in out.lines() {});
         Self { child, dir, db }
     }

@@ -4,6 +4,7 @@
 #![allow(dead_code, unused_imports)]
 
 use crate::common;
+pub use crate::common::read_until;
 use crate::pg;
 pub use serde_json::Value;
 pub use std::io::BufRead;
@@ -209,21 +210,6 @@ impl Drop for Up {
             let _ = std::fs::remove_file(log_of(&self.dir));
         } else {
             eprintln!("mosaic up log kept: {}", log_of(&self.dir).display());
-        }
-    }
-}
-
-/// Reads `mosaic up`'s output up to and including the first line containing `marker`.
-pub fn read_until(out: &mut impl BufRead, marker: &str) -> String {
-    let mut text = String::new();
-    loop {
-        let mut line = String::new();
-        if out.read_line(&mut line).unwrap() == 0 {
-            panic!("mosaic up ended early:\n{text}");
-        }
-        text.push_str(&line);
-        if line.contains(marker) {
-            return text;
         }
     }
 }

@@ -43,14 +43,8 @@ impl CoordinatorClock {
     pub(super) fn from_issued(issued_at: &str) -> Result<Self, TransportError> {
         let at = humantime::parse_rfc3339(issued_at)
             .map_err(|e| TransportError::Refused(format!("challenge issued_at: {e}")))?;
-        let ms = |t: SystemTime| -> i128 {
-            match t.duration_since(SystemTime::UNIX_EPOCH) {
-                Ok(d) => d.as_millis() as i128,
-                Err(e) => -(e.duration().as_millis() as i128),
-            }
-        };
         Ok(Self {
-            ahead_ms: ms(at) - ms(SystemTime::now()),
+            ahead_ms: unix_ms(at) - unix_ms(SystemTime::now()),
         })
     }
 
@@ -59,13 +53,7 @@ impl CoordinatorClock {
         let Ok(at) = humantime::parse_rfc3339(expires_at) else {
             return true;
         };
-        let ms = |t: SystemTime| -> i128 {
-            match t.duration_since(SystemTime::UNIX_EPOCH) {
-                Ok(d) => d.as_millis() as i128,
-                Err(e) => -(e.duration().as_millis() as i128),
-            }
-        };
-        ms(SystemTime::now()) + self.ahead_ms >= ms(at)
+        unix_ms(SystemTime::now()) + self.ahead_ms >= unix_ms(at)
     }
 
     /// How far this host's clock is from the coordinator's (positive: the host is ahead).

@@ -89,6 +89,14 @@ impl std::fmt::Display for ClockSkew {
     }
 }
 
+/// Milliseconds since the Unix epoch, negative before it (a clock set far back).
+fn unix_ms(t: SystemTime) -> i128 {
+    match t.duration_since(SystemTime::UNIX_EPOCH) {
+        Ok(d) => d.as_millis() as i128,
+        Err(e) => -(e.duration().as_millis() as i128),
+    }
+}
+
 mod client;
 mod framing;
 mod server;

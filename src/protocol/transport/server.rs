@@ -280,14 +280,8 @@ pub async fn serve(
 /// database time of the admission (`db_at`) plus the time since. `None` if either is not
 /// an RFC 3339 time.
 fn host_offset(host_clock: &str, db_at: &str, since: Duration) -> Option<i64> {
-    let ms = |t: SystemTime| -> i128 {
-        match t.duration_since(SystemTime::UNIX_EPOCH) {
-            Ok(d) => d.as_millis() as i128,
-            Err(e) => -(e.duration().as_millis() as i128),
-        }
-    };
-    let host = ms(humantime::parse_rfc3339(host_clock).ok()?);
-    let db = ms(humantime::parse_rfc3339(db_at).ok()?) + since.as_millis() as i128;
+    let host = unix_ms(humantime::parse_rfc3339(host_clock).ok()?);
+    let db = unix_ms(humantime::parse_rfc3339(db_at).ok()?) + since.as_millis() as i128;
     Some((host - db).clamp(i64::MIN as i128, i64::MAX as i128) as i64)
 }
 
