@@ -24,10 +24,18 @@ pub struct SessionHandle {
 impl SessionHandle {
     /// Ends the session with `reason` (sent to the peer in the close frame).
     pub fn close(&self, reason: CloseReason) {
-        if let Ok(mut r) = self.close_reason.lock() {
-            r.get_or_insert(reason);
-        }
+        let _ = self.close_for(reason);
+    }
+
+    /// Closes the session with `reason` unless it already has one, and returns the reason
+    /// it is closed for: the first one given wins, so every record of the close agrees.
+    pub fn close_for(&self, reason: CloseReason) -> CloseReason {
+        let effective = match self.close_reason.lock() {
+            Ok(mut r) => r.get_or_insert(reason).clone(),
+            Err(_) => reason,
+        };
         self.close.notify_one();
+        effective
     }
 
     /// How long ago the peer last sent a frame.
@@ -565,6 +573,9 @@ pub(super) async fn admitted(
         Ok(Ended::Closed(r)) => r,
         Err(e) => CloseReason::Transport(e.to_string()),
     };
+    // A reason already given to the handle (a replacing session's, a shutdown's) wins, so
+    // the peer, the log and the database all see the one decision.
+    let reason = handle.close_for(reason);
     let text = reason.to_string();
     if reason.abusive() {
         (params.audit)(&peer, &Violation::SessionClosedAbusive, &text);

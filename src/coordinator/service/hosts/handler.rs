@@ -84,16 +84,17 @@ impl Handler for HostHandler {
                     transport::Refusal::Unavailable(format!("cannot record the session: {e}"))
                 })?;
             let sid = session.session_id.clone();
-            if let Some(old) = svc.hosts.install(&host, session, epoch) {
-                let reason = transport::CloseReason::Superseded {
-                    session_epoch: epoch,
-                }
-                .to_string();
+            if let Some((old, why)) = svc
+                .hosts
+                .install(&host, session, epoch, &svc.timing.liveness)
+            {
+                let reason = why.to_string();
                 tracing::warn!(
                     host,
                     old_session_epoch = old.session_epoch,
                     session_epoch = epoch,
-                    "host session superseded"
+                    reason = %reason,
+                    "host session replaced"
                 );
                 svc.store.auditor().record(
                     "host-session",

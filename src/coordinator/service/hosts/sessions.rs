@@ -129,14 +129,18 @@ impl Sessions {
         })
     }
 
-    /// Makes `handle` the host's live session; the one it replaces (closed, or silent past
-    /// the limit) is closed with the reason.
+    /// Makes `handle` the host's live session. The one it replaces (closed, or silent past
+    /// the limit, as [`Self::refusal`] admitted) is closed here, and the reason is decided
+    /// once: silent past the limit is `silent` — the reason it could be replaced at all —
+    /// even when its own liveness tick has not come round yet; otherwise `superseded`.
+    /// Returns the old session and that reason, which every record of the close uses.
     pub(super) fn install(
         &self,
         host_id: &str,
         handle: SessionHandle,
         session_epoch: i64,
-    ) -> Option<Session> {
+        liveness: &transport::Liveness,
+    ) -> Option<(Session, transport::CloseReason)> {
         if let Ok(mut o) = self.opens.lock() {
             o.entry(host_id.to_string())
                 .or_default()
@@ -151,12 +155,16 @@ impl Sessions {
                 handle,
                 runtimes: None,
             },
-        );
-        if let Some(o) = &old {
-            o.handle
-                .close(transport::CloseReason::Superseded { session_epoch });
-        }
-        old
+        )?;
+        let why = if old.handle.silent_for() > liveness.limit {
+            transport::CloseReason::Silent {
+                limit_s: liveness.limit.as_secs(),
+            }
+        } else {
+            transport::CloseReason::Superseded { session_epoch }
+        };
+        let reason = old.handle.close_for(why);
+        Some((old, reason))
     }
 
     /// Closes every live session with `reason`.
