@@ -84,6 +84,7 @@ fn main() {
                 outcome: None,
                 evidence_digest: None,
                 wait: true,
+                request_id: None,
             },
         )
         .unwrap();

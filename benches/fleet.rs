@@ -54,6 +54,7 @@ fn stop_req(id: &str) -> OperatorRequest {
         outcome: None,
         evidence_digest: None,
         wait: true,
+        request_id: None,
     }
 }
 

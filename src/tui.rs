@@ -349,6 +349,7 @@ fn key(app: &mut App, k: KeyEvent, opts: &TuiOptions, term: &mut Term) -> Result
                         outcome: Some("cancelled".into()),
                         evidence_digest: None,
                         wait: false,
+                        request_id: None,
                     };
                     app.message = match operator_request(&opts.target, &req) {
                         Ok(v) => format!("stop {}: {}", r.assignment, s(&v["state"])),

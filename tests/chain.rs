@@ -1832,8 +1832,11 @@ async fn refused_stages_expired_reservations_and_host_quarantines_end_visibly() 
         "{e}"
     );
     let old = l2["lane_incarnation_id"].as_str().unwrap().to_string();
-    w.op(&OperatorRequest::LaneRecreate { lane_id: w.lane(2) })
-        .unwrap();
+    w.op(&OperatorRequest::LaneRecreate {
+        lane_id: w.lane(2),
+        request_id: None,
+    })
+    .unwrap();
     common::wait_until("lane recreated", || {
         let lanes = w.op(&OperatorRequest::Lanes).ok()?;
         let l = lanes
@@ -1890,6 +1893,7 @@ async fn a_restarted_supervisor_serves_its_running_harnesses_again() {
             exhaustion: "blocked".into(),
             evidence_kinds: vec!["test-result".into()],
         },
+        request_id: None,
     })
     .unwrap();
     let mut req = assign_req(&w.lane(1), "progress-every=0.3", None);

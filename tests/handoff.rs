@@ -341,6 +341,7 @@ async fn responsibility_survives_a_coordinator_killed_around_handoff_and_replace
                     exhaustion: "blocked".into(),
                     evidence_kinds: vec!["test-result".into()],
                 },
+                request_id: None,
             })
             .unwrap();
             Some("crash-fast@1".to_string())

@@ -417,3 +417,222 @@ async fn audit_records_of_a_database_outage_are_spooled_and_written_later_with_t
         assert_eq!(detail, row["detail"].as_str().unwrap());
     }
 }
+
+/// Operator requests cut off mid-way answer with their key and `state: unknown`, and the key
+/// resolves them: `request show` tells what became of the request, and repeating it with the
+/// key finishes it — the same assignment, never a conflict, never done twice. Three cuts: the
+/// coordinator SIGKILLed with an assign in hand (the client itself sees no answer), and the
+/// database closed to connections right after an assign's reservation and right after a
+/// stop's request-end committed (the coordinator answers). A repeat of an answered request
+/// gets the recorded answer back, with what its assignment is now.
+#[tokio::test(flavor = "multi_thread")]
+async fn requests_cut_off_mid_way_answer_unknown_with_their_key_and_the_key_resolves_them() {
+    use mosaic::coordinator::service::RequestState;
+    use mosaic::coordinator::Category;
+    use world::{assign_request, Spec, World};
+    require_failpoints();
+    let mut w = World::new(Spec {
+        lanes: 1,
+        // Longer than any cut below: the leadership (and with it the chain) outlives it.
+        lease_ms: 10_000,
+        tag: "requests",
+        ..Spec::default()
+    });
+    let hold = |name: &str| w.dir.join(format!("go-{name}"));
+    let (go_crash, go_assign, go_stop) = (hold("crash"), hold("assign"), hold("stop"));
+    w.start_coordinator(
+        0,
+        Some(&format!(
+            "hold-after-commit:reserve=return({})",
+            go_crash.display()
+        )),
+    );
+    w.wait_leading(0);
+    w.start_supervisor(0);
+    w.wait_lanes(1);
+    let lane = w.lane_of(0, "lane-1");
+    let db = w.db.name.clone();
+    let cut = || {
+        pg::server().psql(
+            "postgres",
+            &format!(
+                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS false; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
+            ),
+        )
+    };
+    let heal = || {
+        pg::server().psql(
+            "postgres",
+            &format!("ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS true;"),
+        )
+    };
+    let keyed = |mut r: OperatorRequest, key: &str| {
+        r.set_request_id(key.into());
+        r
+    };
+    let sock = w.socket(0);
+    let in_background = |r: OperatorRequest| {
+        let sock = sock.clone();
+        std::thread::spawn(move || operator_call(&sock, &r))
+    };
+    async fn committed(w: &World, key: String) {
+        w.wait_count(
+            &format!("SELECT count(*) FROM idempotency WHERE idempotency_key = '{key}'"),
+            |n| n == 1,
+            &key,
+        )
+        .await
+    }
+    fn show(w: &World, key: &str) -> Value {
+        w.op(&OperatorRequest::Request {
+            request_id: key.into(),
+        })
+        .unwrap()
+    }
+    let unknown = |e: OpError, key: &str| {
+        assert_eq!(e.state, Some(RequestState::Unknown), "{e}");
+        assert_eq!(e.request_id.as_deref(), Some(key), "{e}");
+        assert!(e.to_string().contains("request show"), "{e}");
+    };
+
+    // 1. The coordinator dies holding an assign whose reservation committed.
+    let k0 = "ops-crash-1";
+    let first = in_background(keyed(assign_request(&lane, "hang", None, true), k0));
+    committed(&w, format!("reserve/{k0}")).await;
+    w.crash_coordinator(0);
+    let e = first.join().unwrap().unwrap_err();
+    assert_eq!(e.category, Category::Unavailable, "{e}");
+    unknown(e, k0);
+    w.start_coordinator(
+        0,
+        Some(&format!(
+            "hold-after-commit:reserve=return({});hold-after-commit:request-end=return({})",
+            go_assign.display(),
+            go_stop.display()
+        )),
+    );
+    w.wait_leading(0);
+    let host = format!("host:{}", w.hosts[0]);
+    common::wait_until("the host back", || {
+        w.op(&OperatorRequest::Status).ok()?["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == host.as_str())
+            .then_some(())
+    });
+    let s = show(&w, k0);
+    assert_eq!(s["state"], "unknown", "{s}");
+    assert_eq!(s["reserved"], true, "{s}");
+    let a0 = s["now"]["assignment_id"].as_str().unwrap().to_string();
+    // Repeated with its key: a definite answer about that same assignment (RUNNING, or the
+    // chain the restart ended), never unknown and never a conflict.
+    let again = w.op(&keyed(assign_request(&lane, "hang", None, true), k0));
+    match &again {
+        Ok(v) => assert_eq!(v["assignment_id"], a0.as_str(), "{v}"),
+        Err(e) => {
+            assert_eq!(e.category, Category::ChainEnded, "{e}");
+            assert_eq!(e.state, None, "{e}");
+        }
+    }
+    // (Its stop passes the hold on request-end that part 3 uses.)
+    std::fs::write(&go_stop, "").unwrap();
+    let st = w.op(&OperatorRequest::Stop {
+        assignment_id: a0.clone(),
+        outcome: None,
+        evidence_digest: None,
+        wait: true,
+        request_id: None,
+    });
+    let st = st.unwrap();
+    assert!(st["request_id"].is_string(), "{st}");
+    common::wait_until("the first assignment final", || {
+        (w.op(&OperatorRequest::Status).ok()?["lanes"][0]["state"] == "IDLE_CLEAN").then_some(())
+    });
+    std::fs::remove_file(&go_stop).unwrap();
+
+    // 2. The database goes away right after an assign's reservation committed.
+    let k1 = "ops-assign-1";
+    let first = in_background(keyed(assign_request(&lane, "hang", None, true), k1));
+    committed(&w, format!("reserve/{k1}")).await;
+    cut();
+    std::fs::write(&go_assign, "").unwrap();
+    unknown(first.join().unwrap().unwrap_err(), k1);
+    heal();
+    let s = show(&w, k1);
+    assert_eq!(
+        (&s["state"], &s["reserved"]),
+        (&"unknown".into(), &true.into()),
+        "{s}"
+    );
+    let a1 = s["now"]["assignment_id"].as_str().unwrap().to_string();
+    let done = w
+        .op(&keyed(assign_request(&lane, "hang", None, true), k1))
+        .unwrap();
+    assert_eq!(
+        (&done["assignment_id"], &done["state"]),
+        (&a1.as_str().into(), &"RUNNING".into()),
+        "{done}"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM assignments WHERE assignment_id <> '{a0}'"
+        ))
+        .await,
+        1,
+        "the repeat made a second assignment"
+    );
+
+    // 3. The database goes away right after a stop's request-end committed.
+    let k2 = "ops-stop-1";
+    let stop = || OperatorRequest::Stop {
+        assignment_id: a1.clone(),
+        outcome: None,
+        evidence_digest: None,
+        wait: true,
+        request_id: Some(k2.into()),
+    };
+    let first = in_background(stop());
+    committed(&w, format!("request-end/{a1}")).await;
+    cut();
+    std::fs::write(&go_stop, "").unwrap();
+    unknown(first.join().unwrap().unwrap_err(), k2);
+    heal();
+    assert_eq!(show(&w, k2)["state"], "unknown");
+    let stopped = w.op(&stop()).unwrap();
+    assert_eq!(stopped["state"], "CANCELLED", "{stopped}");
+    let s = show(&w, k2);
+    assert_eq!(
+        (&s["state"], &s["now"]["state"]),
+        (&"answered".into(), &"CANCELLED".into()),
+        "{s}"
+    );
+
+    // The assign is answered now: its repeat gets that answer back (not carried out again,
+    // which would report the chain its stop ended), with what the assignment is now.
+    let replay = w
+        .op(&keyed(assign_request(&lane, "hang", None, true), k1))
+        .unwrap();
+    assert_eq!(replay["replayed"], true, "{replay}");
+    assert_eq!(replay["state"], "RUNNING", "{replay}");
+    assert_eq!(replay["now"]["state"], "CANCELLED", "{replay}");
+    // The key of one request names no other: refused, nothing reserved.
+    let other = w
+        .op(&keyed(assign_request(&lane, "other task", None, true), k1))
+        .unwrap_err();
+    assert_eq!(other.category, Category::IdempotencyConflict, "{other}");
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM assignments WHERE assignment_id NOT IN ('{a0}', '{a1}')"
+        ))
+        .await,
+        0
+    );
+    let bad = w
+        .op(&keyed(
+            assign_request(&lane, "hang", None, true),
+            "no/slashes",
+        ))
+        .unwrap_err();
+    assert_eq!(bad.category, Category::BadInput, "{bad}");
+}

@@ -91,6 +91,7 @@ impl World {
             outcome: None,
             evidence_digest: None,
             wait: true,
+            request_id: None,
         })
         .unwrap()
     }

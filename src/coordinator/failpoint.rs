@@ -26,6 +26,27 @@ pub(crate) fn before_commit(op: &str) {
 pub(crate) fn after_commit(op: &str) {
     point("after-commit", op)
 }
+/// Holds the caller until the file named by the failpoint's argument exists (see the
+/// module docs); polled every 20 ms, and logged once when it begins.
+pub(crate) async fn hold_after_commit(op: &str) {
+    #[cfg(feature = "failpoints")]
+    {
+        let name = format!("hold-after-commit:{op}");
+        let path: Option<String> = (|| {
+            fail::fail_point!(&name, |arg| arg);
+            None
+        })();
+        if let Some(p) = path {
+            tracing::warn!(failpoint = %name, until = %p, "failpoint: holding this request");
+            while !std::path::Path::new(&p).exists() {
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = op;
+}
+
 pub(crate) fn before_push(message_type: &str) {
     point("before-push", message_type)
 }

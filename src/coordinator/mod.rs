@@ -34,6 +34,7 @@ pub mod lanes;
 pub mod leader;
 pub mod metrics;
 pub mod model;
+pub mod requests;
 pub mod rows;
 pub mod secret;
 pub mod service;

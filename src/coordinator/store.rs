@@ -28,6 +28,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0010_trigger_decisions_audited.sql"),
     include_str!("../../migrations/0011_reservation_epoch_moves.sql"),
     include_str!("../../migrations/0012_audit_spool.sql"),
+    include_str!("../../migrations/0013_operator_requests.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

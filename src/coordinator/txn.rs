@@ -580,8 +580,10 @@ impl Store {
                         micros = started.elapsed().as_micros() as u64,
                         "transition decided"
                     );
+                    crate::coordinator::requests::note_commit();
                     if !r.replayed {
                         crate::coordinator::failpoint::after_commit(step.op);
+                        crate::coordinator::failpoint::hold_after_commit(step.op).await;
                     }
                     return Ok(r);
                 }

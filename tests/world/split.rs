@@ -151,6 +151,7 @@ impl Split {
             outcome: None,
             evidence_digest: None,
             wait: true,
+            request_id: None,
         })
     }
 

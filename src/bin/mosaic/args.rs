@@ -278,6 +278,24 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         op: LaneOp,
     },
+    /// What became of an operator request (its key: `--request-id`, or the `request_id` of
+    /// its answer).
+    Request {
+        #[command(subcommand)]
+        op: RequestOp,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RequestOp {
+    /// The request's operation, what it named, and its state: answered (with the answer and
+    /// its subject now), refused (nothing changed), or unknown (repeat it with its key).
+    Show {
+        #[arg(value_name = "REQUEST_ID")]
+        id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
 }
 
 /// Where the coordinator is: its local socket (from a state dir, or explicit), or a
@@ -307,6 +325,11 @@ pub(crate) struct CoordinatorAt {
     /// Print compact JSON.
     #[arg(long)]
     pub(crate) json: bool,
+    /// The idempotency key of a request that changes anything (default: a fresh `cli-…`).
+    /// Repeating a request with its key returns its outcome and never carries it out twice;
+    /// use the key an `unknown` answer named.
+    #[arg(long)]
+    pub(crate) request_id: Option<String>,
 }
 
 impl CoordinatorAt {
@@ -338,7 +361,16 @@ impl CoordinatorAt {
 
     /// Sends the request and prints the result as JSON; a refusal prints
     /// `{"ok": false, "error": {"category": …, "message": …}}` and exits 1.
-    pub(crate) fn call(&self, req: OperatorRequest) -> anyhow::Result<ExitCode> {
+    pub(crate) fn call(&self, mut req: OperatorRequest) -> anyhow::Result<ExitCode> {
+        if let Some(id) = &self.request_id {
+            if req.mutation().is_none() {
+                return self.refuse(
+                    "--request-id is for requests that change something; this one only reads"
+                        .into(),
+                );
+            }
+            req.set_request_id(id.clone());
+        }
         let result = mosaic::coordinator::service::operator_request(&self.target()?, &req);
         self.print(result)
     }
@@ -360,10 +392,13 @@ impl CoordinatorAt {
             Ok(v) => (v, ExitCode::SUCCESS),
             Err(e) => {
                 eprintln!("mosaic: {e}");
-                (
-                    serde_json::json!({ "ok": false, "error": e }),
-                    ExitCode::FAILURE,
-                )
+                // 3: the request may or may not have taken effect (its key is in the answer).
+                let code = if e.state.is_some() {
+                    ExitCode::from(3)
+                } else {
+                    ExitCode::FAILURE
+                };
+                (serde_json::json!({ "ok": false, "error": e }), code)
             }
         };
         if self.json {
@@ -581,4 +616,16 @@ pub(crate) enum HostOp {
     },
     /// Acknowledge a receipt by idempotency key (the consumer took it over).
     Ack { key: String },
+}
+
+#[cfg(test)]
+mod tests {
+    /// Every subcommand's arguments are well formed (clap checks names, conflicts and
+    /// requirements only when a command is built — which would otherwise be the first run
+    /// of that subcommand).
+    #[test]
+    fn the_command_line_is_well_formed() {
+        use clap::CommandFactory;
+        super::Cli::command().debug_assert();
+    }
 }

@@ -125,6 +125,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 outcome: Some(outcome.into()),
                 evidence_digest,
                 wait: !no_wait,
+                request_id: None,
             })
         }
         Cmd::Cancel {
@@ -136,6 +137,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             outcome: Some("cancelled".into()),
             evidence_digest: None,
             wait: !no_wait,
+            request_id: None,
         }),
         Cmd::Audit { since, at } => at.call(OperatorRequest::Audit { since }),
         Cmd::Tui { at } => {
@@ -202,9 +204,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 completion_policy,
                 wait,
                 resume,
-                // One id per invocation: a retry inside the client lands on the same
-                // reservation.
-                request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+                // The client gives it a key (--request-id, or a fresh one).
+                request_id: None,
                 inactivity_policy,
             })
         }
@@ -227,6 +228,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 code,
                 evidence_digest,
                 next_action,
+                request_id: None,
             })
         }
         Cmd::Handoff {
@@ -240,7 +242,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             lane_id,
             task,
             within_ms,
-            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+            request_id: None,
         }),
         Cmd::Continue {
             assignment_id,
@@ -251,7 +253,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             assignment_id,
             next_action,
             within_ms,
-            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+            request_id: None,
         }),
         Cmd::Unblock {
             assignment_id,
@@ -260,7 +262,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => at.call(OperatorRequest::Unblock {
             assignment_id,
             next_action,
-            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+            request_id: None,
         }),
         Cmd::Policy {
             op: PolicyOp::Publish { file, at },
@@ -274,7 +276,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 Ok(p) => p,
                 Err(e) => return at.refuse(e),
             };
-            at.call(OperatorRequest::PolicyPublish { policy })
+            at.call(OperatorRequest::PolicyPublish {
+                policy,
+                request_id: None,
+            })
         }
         Cmd::Policy {
             op: PolicyOp::Show { policy_id, at },
@@ -338,11 +343,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             op: LaneOp::Release { lane_id, at },
         } => at.call(OperatorRequest::LaneRelease {
             lane_id,
-            request_id: Some(format!("cli-{}", uuid::Uuid::new_v4().simple())),
+            request_id: None,
         }),
         Cmd::Lane {
             op: LaneOp::Recreate { lane_id, at },
-        } => at.call(OperatorRequest::LaneRecreate { lane_id }),
+        } => at.call(OperatorRequest::LaneRecreate {
+            lane_id,
+            request_id: None,
+        }),
+        Cmd::Request {
+            op: RequestOp::Show { id, at },
+        } => at.call(OperatorRequest::Request { request_id: id }),
         Cmd::Lane { op } => {
             use mosaic::supervisor::laneclient::{self, LaneCall};
             let call = match op {

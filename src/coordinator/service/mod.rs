@@ -33,7 +33,7 @@ use tokio::sync::watch;
 pub use config::{read_seed, CoordinatorConfig, ServiceError, Timing};
 pub use operator::{
     bind_operators, operator_call, operator_request, parse_coordinator_addr, serve_operators,
-    serve_remote_operators, OpError, OperatorRequest, OperatorTarget,
+    serve_remote_operators, OpError, OperatorRequest, OperatorTarget, RequestState,
 };
 
 use super::error::{AuthorityError, Category};

@@ -19,10 +19,14 @@ use super::Service;
 use crate::coordinator::states::{LaneState, Lifecycle, WatchdogStep};
 
 const TICK: Duration = Duration::from_millis(500);
+/// How often the leader forgets old operator requests, and after how many days.
+const PRUNE_EVERY: Duration = Duration::from_secs(3600);
+const REQUESTS_KEPT_DAYS: i32 = 30;
 
 /// Sweeps every tick while this process leads, until `stop` is triggered (a sweep in
 /// progress finishes first: each of its steps is a whole transition).
 pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::ShutdownSignal) {
+    let mut pruned = std::time::Instant::now();
     loop {
         let gained = tokio::select! {
             _ = tokio::time::sleep(TICK) => false,
@@ -42,6 +46,17 @@ pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::Shut
             }
         }
         svc.sweep(&l).await;
+        if pruned.elapsed() >= PRUNE_EVERY {
+            pruned = std::time::Instant::now();
+            match svc.store.prune_requests(REQUESTS_KEPT_DAYS).await {
+                Ok(0) => {}
+                Ok(n) => tracing::info!(
+                    forgotten = n,
+                    "operator requests older than {REQUESTS_KEPT_DAYS} days forgotten"
+                ),
+                Err(e) => tracing::warn!(error = %e, "operator requests could not be pruned"),
+            }
+        }
     }
 }
 

@@ -4,12 +4,171 @@
 use super::*;
 
 impl Service {
-    /// Runs one operator request.
+    /// Runs one operator request. A mutating one is journaled under its idempotency key
+    /// first (given, or made here): a key used for another request is refused, an answered
+    /// request gets its answer back (with what its subject is now), and one without a
+    /// recorded answer is carried out — again, if an earlier try ended ambiguously, landing
+    /// on what that try committed. Only an answer that says the request took effect is
+    /// recorded as its answer; a refusal changed nothing and is remembered only for `request
+    /// show`; an answer that leaves the outcome open is not recorded at all, and says so
+    /// (`state: unknown`, with the key).
     pub async fn operate(
         self: &Arc<Self>,
-        req: OperatorRequest,
+        mut req: OperatorRequest,
     ) -> Result<serde_json::Value, OpError> {
+        let (Some(operation), Some(id)) = (req.mutation(), req.keyed()) else {
+            return self.perform(req).await;
+        };
+        let subject = req.subject();
+        let opened = self
+            .store
+            .open_request(&id, operation, &req.digest(), &subject)
+            .await
+            .map_err(|e| OpError::from(e).of_request(&id))?;
+        match &opened {
+            Opened::OtherRequest { operation: other } => {
+                return Err(OpError::new(
+                    Category::IdempotencyConflict,
+                    format!("request id {id} belongs to another request ({other}); a new request needs a new id"),
+                )
+                .of_request(&id))
+            }
+            Opened::Answered(a) if a["ok"] == true => {
+                let a = a.clone();
+                let mut v = a["result"].clone();
+                v["replayed"] = json!(true);
+                v["now"] = self.now_of(operation, &subject, &v).await;
+                return Ok(v);
+            }
+            Opened::Answered(_) | Opened::New | Opened::Unanswered => {}
+        }
+        // An earlier try ended with its outcome open: a refusal of this one does not close it.
+        let earlier_open = opened == Opened::Unanswered;
+        let (out, committed) =
+            crate::coordinator::requests::tracking_commits(self.perform(req)).await;
+        match out {
+            Ok(mut v) => {
+                if v.is_object() {
+                    v["request_id"] = json!(id);
+                }
+                // The answer stands whether or not it could be recorded: a repeat finds no
+                // answer and carries the request out again, landing on this outcome.
+                if let Err(e) = self
+                    .store
+                    .record_answer(&id, &json!({ "ok": true, "result": v }))
+                    .await
+                {
+                    tracing::warn!(request_id = %id, error = %e, "the answer of an operator request could not be recorded");
+                }
+                Ok(v)
+            }
+            Err(e) => {
+                let mut e = e.of_request(&id);
+                // Part of the request committed (in this try, or in an earlier one whose
+                // outcome was left open) and then it failed: unless the refusal is the
+                // definite end of what committed (a chain that ended before RUNNING), the
+                // rest may still be carried out by a repeat.
+                if (committed || earlier_open) && e.category != Category::ChainEnded {
+                    e.state = Some(RequestState::Unknown);
+                }
+                if e.state.is_none() {
+                    let _ = self
+                        .store
+                        .record_answer(
+                            &id,
+                            &json!({ "ok": false, "error": e, "took_effect": committed }),
+                        )
+                        .await;
+                }
+                Err(e)
+            }
+        }
+    }
+
+    /// What the subject of an answered request is now: its assignment's lifecycle and next
+    /// action, or its lane's state.
+    async fn now_of(
+        &self,
+        operation: &str,
+        subject: &serde_json::Value,
+        answer: &serde_json::Value,
+    ) -> serde_json::Value {
+        let assignment = answer["assignment_id"]
+            .as_str()
+            .or(subject["assignment_id"].as_str())
+            .map(String::from);
+        if operation != "lane-release" && operation != "lane-recreate" {
+            if let Some(id) = assignment {
+                return match self.store.assignment(&id).await {
+                    Ok(Some(a)) => {
+                        json!({ "assignment_id": id, "state": a.lifecycle, "next_action": a.next_action })
+                    }
+                    Ok(None) => json!({ "assignment_id": id, "state": null }),
+                    Err(e) => json!({ "unavailable": e.to_string() }),
+                };
+            }
+        }
+        if let Some(lane) = subject["lane_id"].as_str() {
+            return match self.store.lane(lane).await {
+                Ok(Some(l)) => {
+                    json!({ "lane_id": lane, "lane_incarnation_id": l.lane_incarnation_id, "state": l.state })
+                }
+                Ok(None) => json!({ "lane_id": lane, "state": null }),
+                Err(e) => json!({ "unavailable": e.to_string() }),
+            };
+        }
+        serde_json::Value::Null
+    }
+
+    /// `mosaic request show ID`: the journal's row, read as `answered` (with the answer and
+    /// what its subject is now), `refused` (nothing changed; it may be repeated), `failed`
+    /// (it took effect, then ended short of its goal: the error says how) or `unknown` (no
+    /// answer recorded: its try was cut short or is still running; for an assign, whether
+    /// its reservation committed).
+    async fn show_request(&self, id: &str) -> Result<serde_json::Value, OpError> {
+        let Some(e) = self.store.journal_entry(id).await? else {
+            return Err(OpError::new(
+                Category::NotFound,
+                format!("no operator request {id} (requests are kept 30 days)"),
+            ));
+        };
+        let answer = e.answer.clone().unwrap_or(serde_json::Value::Null);
+        let state = match (answer["ok"].as_bool(), answer["took_effect"] == true) {
+            (Some(true), _) => "answered",
+            (Some(false), true) => "failed",
+            (Some(false), false) => "refused",
+            (None, _) => "unknown",
+        };
+        let mut out = json!({ "request_id": e.request_id, "operation": e.operation, "subject": e.subject,
+                              "received_at": e.received_at, "answered_at": e.answered_at, "state": state });
+        if state == "answered" {
+            out["answer"] = answer["result"].clone();
+            out["now"] = self
+                .now_of(&e.operation, &e.subject, &answer["result"])
+                .await;
+            return Ok(out);
+        }
+        // An assign's assignment is known once its reservation committed, answer or not.
+        let mut known = serde_json::Value::Null;
+        if e.operation == "assign" {
+            if let Some(a) = self.store.assignment_of_request(id).await? {
+                known = json!({ "assignment_id": a });
+            }
+            out["reserved"] = json!(!known.is_null());
+        }
+        out["now"] = self.now_of(&e.operation, &e.subject, &known).await;
+        if state == "unknown" {
+            out["next"] = json!(format!("repeat the request with --request-id {id}: it returns the outcome, and carries out only what had not been"));
+        } else {
+            out["error"] = answer["error"].clone();
+        }
+        Ok(out)
+    }
+
+    /// Runs one operator request (after the journal, for a mutating one).
+    async fn perform(self: &Arc<Self>, req: OperatorRequest) -> Result<serde_json::Value, OpError> {
         Ok(match req {
+            OperatorRequest::Request { request_id } => self.show_request(&request_id).await?,
             OperatorRequest::Lanes => json!(self.store.lanes().await?),
             OperatorRequest::Status => self.status_json().await?,
             OperatorRequest::Watch { version } => {
@@ -60,6 +219,7 @@ impl Service {
                 outcome,
                 evidence_digest,
                 wait,
+                request_id: _,
             } => {
                 let outcome = match outcome.as_deref() {
                     None => Outcome::Cancelled,
@@ -92,7 +252,10 @@ impl Service {
                 let r = self.settled(&l, r).await?;
                 json!({ "lane_id": lane_id, "lane_incarnation_id": lane.lane_incarnation_id, "state": LaneState::IdleClean, "receipt_id": r.receipt_id })
             }
-            OperatorRequest::LaneRecreate { lane_id } => {
+            OperatorRequest::LaneRecreate {
+                lane_id,
+                request_id: _,
+            } => {
                 let l = self.leader().await?;
                 let lane = self.known_lane(&lane_id).await?;
                 let r = self
@@ -115,6 +278,7 @@ impl Service {
                 code,
                 evidence_digest,
                 next_action,
+                request_id: _,
             } => {
                 let l = self.leader().await?;
                 let r = self
@@ -146,7 +310,10 @@ impl Service {
                 json!({ "assignment_id": assignment_id, "work_status": WorkStatus::Active, "next_action": next_action,
                         "inactivity_deadline": r.body["inactivity_deadline"], "receipt_id": r.receipt_id })
             }
-            OperatorRequest::PolicyPublish { policy } => {
+            OperatorRequest::PolicyPublish {
+                policy,
+                request_id: _,
+            } => {
                 let l = self.leader().await?;
                 let r = self.store.publish_policy(&l, &policy).await;
                 let r = self.settled(&l, r).await?;

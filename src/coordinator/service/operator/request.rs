@@ -2,12 +2,37 @@
 
 use super::*;
 
-/// A refusal as operators see it: a category to count and script on, then prose.
+/// A refusal as operators see it: a category to count and script on, then prose; on the
+/// answer to a mutating request, its key, and `state: unknown` when the request may or may
+/// not have taken effect.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
-#[error("{}: {message}", category.as_str())]
+#[error("{}: {message}{}", category.as_str(), unknown_hint(request_id.as_deref(), *state))]
 pub struct OpError {
     pub category: Category,
     pub message: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub request_id: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub state: Option<RequestState>,
+}
+
+/// What is known of a request that got no definite answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RequestState {
+    /// It may or may not have taken effect: repeat it with the same `--request-id` (which
+    /// returns its outcome, carrying it out only if it had not been), or ask
+    /// `mosaic request show ID`.
+    Unknown,
+}
+
+fn unknown_hint(id: Option<&str>, state: Option<RequestState>) -> String {
+    match (id, state) {
+        (Some(id), Some(RequestState::Unknown)) => format!(
+            " (request {id}: outcome unknown; `mosaic request show {id}` tells what became of it, and repeating the request with --request-id {id} finishes it without doing anything twice)"
+        ),
+        _ => String::new(),
+    }
 }
 
 impl<'de> Deserialize<'de> for Category {
@@ -23,8 +48,30 @@ impl OpError {
         Self {
             category,
             message: message.into(),
+            request_id: None,
+            state: None,
         }
     }
+
+    /// The answer to the request under `request_id`: its key, and `unknown` if the category
+    /// leaves the outcome open.
+    pub fn of_request(mut self, request_id: &str) -> Self {
+        self.request_id = Some(request_id.to_string());
+        if leaves_outcome_open(self.category) {
+            self.state = Some(RequestState::Unknown);
+        }
+        self
+    }
+}
+
+/// The categories of an answer that does not say whether the request took effect: the
+/// database or the connection failed part-way (a commit may have happened), a bug, or a
+/// wait that ran out while the work went on.
+pub fn leaves_outcome_open(c: Category) -> bool {
+    matches!(
+        c,
+        Category::Unavailable | Category::Internal | Category::Timeout
+    )
 }
 
 impl From<AuthorityError> for OpError {
@@ -79,6 +126,8 @@ pub enum OperatorRequest {
         evidence_digest: Option<String>,
         #[serde(default = "yes")]
         wait: bool,
+        #[serde(default)]
+        request_id: Option<String>,
     },
     LaneRelease {
         lane_id: String,
@@ -87,6 +136,8 @@ pub enum OperatorRequest {
     },
     LaneRecreate {
         lane_id: String,
+        #[serde(default)]
+        request_id: Option<String>,
     },
     Audit {
         #[serde(default)]
@@ -99,6 +150,8 @@ pub enum OperatorRequest {
         code: String,
         evidence_digest: String,
         next_action: String,
+        #[serde(default)]
+        request_id: Option<String>,
     },
     /// Makes blocked work active again, with a fresh inactivity period and attempt budget.
     Unblock {
@@ -110,6 +163,8 @@ pub enum OperatorRequest {
     /// Publishes an inactivity policy version (frozen once published).
     PolicyPublish {
         policy: crate::coordinator::continuity::InactivityPolicy,
+        #[serde(default)]
+        request_id: Option<String>,
     },
     /// Continues RUNNING work with a next action, delivered to the live generation at its
     /// next settled boundary and accepted exactly once.
@@ -147,6 +202,119 @@ pub enum OperatorRequest {
         #[serde(default)]
         version: u64,
     },
+    /// What became of the mutating request under this id (`mosaic request show`).
+    Request {
+        request_id: String,
+    },
+}
+
+impl OperatorRequest {
+    /// The operation's name if the request changes anything (and so is journaled under its
+    /// idempotency key); `None` for reads.
+    pub fn mutation(&self) -> Option<&'static str> {
+        Some(match self {
+            Self::Assign { .. } => "assign",
+            Self::Stop { .. } => "stop",
+            Self::LaneRelease { .. } => "lane-release",
+            Self::LaneRecreate { .. } => "lane-recreate",
+            Self::Block { .. } => "block",
+            Self::Unblock { .. } => "unblock",
+            Self::PolicyPublish { .. } => "policy-publish",
+            Self::Continue { .. } => "continue",
+            Self::Handoff { .. } => "handoff",
+            Self::Lanes
+            | Self::Status
+            | Self::Receipts { .. }
+            | Self::Audit { .. }
+            | Self::Policy { .. }
+            | Self::Watch { .. }
+            | Self::Request { .. } => return None,
+        })
+    }
+
+    /// A mutating request's idempotency key (`None` for reads, and for a mutating request
+    /// whose sender left it to the coordinator).
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Self::Assign { request_id, .. }
+            | Self::Stop { request_id, .. }
+            | Self::LaneRelease { request_id, .. }
+            | Self::LaneRecreate { request_id, .. }
+            | Self::Block { request_id, .. }
+            | Self::Unblock { request_id, .. }
+            | Self::PolicyPublish { request_id, .. }
+            | Self::Continue { request_id, .. }
+            | Self::Handoff { request_id, .. } => request_id.as_deref(),
+            _ => None,
+        }
+    }
+
+    /// Gives a mutating request its key if it has none; returns the key.
+    pub(super) fn keyed(&mut self) -> Option<String> {
+        let slot = self.key_slot()?;
+        Some(slot.get_or_insert_with(|| self::request_id(None)).clone())
+    }
+
+    /// Sets a mutating request's key (nothing, for a read).
+    pub fn set_request_id(&mut self, id: String) {
+        if let Some(slot) = self.key_slot() {
+            *slot = Some(id);
+        }
+    }
+
+    fn key_slot(&mut self) -> Option<&mut Option<String>> {
+        Some(match self {
+            Self::Assign { request_id, .. }
+            | Self::Stop { request_id, .. }
+            | Self::LaneRelease { request_id, .. }
+            | Self::LaneRecreate { request_id, .. }
+            | Self::Block { request_id, .. }
+            | Self::Unblock { request_id, .. }
+            | Self::PolicyPublish { request_id, .. }
+            | Self::Continue { request_id, .. }
+            | Self::Handoff { request_id, .. } => request_id,
+            _ => return None,
+        })
+    }
+
+    /// What the request asks, for telling a repeat from another request under the same key:
+    /// every field but the key itself and `wait` (how long to wait for the answer changes
+    /// nothing the request does). serde_json's maps are sorted, so the bytes are canonical.
+    pub(super) fn digest(&self) -> String {
+        let mut v = serde_json::to_value(self).unwrap_or(serde_json::Value::Null);
+        if let Some(m) = v.as_object_mut() {
+            m.remove("request_id");
+            m.remove("wait");
+        }
+        crate::util::sha256_hex("mosaic/operator-request", &[v.to_string().as_bytes()])
+    }
+
+    /// The ids the request names, to say later what became of them.
+    pub(super) fn subject(&self) -> serde_json::Value {
+        match self {
+            Self::Assign {
+                lane_id, resume, ..
+            } => serde_json::json!({ "lane_id": lane_id, "assignment_id": resume }),
+            Self::Stop { assignment_id, .. }
+            | Self::Block { assignment_id, .. }
+            | Self::Unblock { assignment_id, .. }
+            | Self::Continue { assignment_id, .. } => {
+                serde_json::json!({ "assignment_id": assignment_id })
+            }
+            Self::Handoff {
+                assignment_id,
+                lane_id,
+                ..
+            } => serde_json::json!({ "assignment_id": assignment_id, "lane_id": lane_id }),
+            Self::LaneRelease { lane_id, .. } | Self::LaneRecreate { lane_id, .. } => {
+                serde_json::json!({ "lane_id": lane_id })
+            }
+            Self::PolicyPublish { policy, .. } => {
+                serde_json::json!({ "policy_id": policy.policy_id })
+            }
+            _ => serde_json::Value::Null,
+        }
+    }
 }
 
 /// The inactivity policy of an assignment whose operator named none (migration 0006).

@@ -170,7 +170,9 @@ pub(super) fn unavailable(e: impl std::fmt::Display) -> OpError {
     OpError::new(Category::Unavailable, e.to_string())
 }
 
-/// Sends one operator request to `target` (blocking; for the CLI and tests).
+/// Sends one operator request to `target` (blocking; for the CLI and tests). A mutating
+/// request without a key gets one here (`cli-…`), so that whatever happens its answer names
+/// it: a connection lost after the request was sent answers `state: unknown` with the key.
 pub fn operator_request(
     target: &OperatorTarget,
     req: &OperatorRequest,
@@ -182,24 +184,28 @@ pub fn operator_request(
             server_name,
             tls,
         } => {
+            let (line, id) = keyed_line(req)?;
             let rt = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()
                 .map_err(unavailable)?;
-            rt.block_on(async {
-                let cfg = transport::client_tls(tls).map_err(unavailable)?;
-                let tcp = tokio::net::TcpStream::connect(addr)
-                    .await
-                    .map_err(|e| unavailable(format!("cannot reach {addr}: {e}")))?;
-                let _ = tcp.set_nodelay(true);
-                let name = rustls::pki_types::ServerName::try_from(server_name.clone())
-                    .map_err(unavailable)?;
-                let mut s = tokio_rustls::TlsConnector::from(cfg)
-                    .connect(name, tcp)
-                    .await
-                    .map_err(|e| unavailable(format!("TLS: {e}")))?;
-                let mut line = serde_json::to_vec(req).map_err(unavailable)?;
-                line.push(b'\n');
+            let mut s = rt
+                .block_on(async {
+                    let cfg = transport::client_tls(tls).map_err(unavailable)?;
+                    let tcp = tokio::net::TcpStream::connect(addr)
+                        .await
+                        .map_err(|e| unavailable(format!("cannot reach {addr}: {e}")))?;
+                    let _ = tcp.set_nodelay(true);
+                    let name = rustls::pki_types::ServerName::try_from(server_name.clone())
+                        .map_err(unavailable)?;
+                    tokio_rustls::TlsConnector::from(cfg)
+                        .connect(name, tcp)
+                        .await
+                        .map_err(|e| unavailable(format!("TLS: {e}")))
+                })
+                .map_err(|e| not_sent(e, id.as_deref()))?;
+            let answered = rt.block_on(async {
+                // From the first byte written on, the request may have been received.
                 s.write_all(&line).await.map_err(unavailable)?;
                 s.flush().await.map_err(unavailable)?;
                 let mut out = String::new();
@@ -211,9 +217,42 @@ pub fn operator_request(
                     &out,
                     "is this an operator certificate from its CA? did the coordinator stop?",
                 )
-            })
+            });
+            sent(answered, id.as_deref())
         }
     }
+}
+
+/// The request as one line, with a key if it is a mutating one; and that key.
+fn keyed_line(req: &OperatorRequest) -> Result<(Vec<u8>, Option<String>), OpError> {
+    let mut req = req.clone();
+    if req.mutation().is_some() && req.request_id().is_none() {
+        req.set_request_id(format!("cli-{}", uuid::Uuid::new_v4().simple()));
+    }
+    let id = req.request_id().map(String::from);
+    let mut line = serde_json::to_vec(&req).map_err(unavailable)?;
+    line.push(b'\n');
+    Ok((line, id))
+}
+
+/// A failure before any byte of the request left: nothing this call sent took effect.
+fn not_sent(e: OpError, id: Option<&str>) -> OpError {
+    OpError {
+        request_id: id.map(String::from),
+        ..e
+    }
+}
+
+/// The answer to a request that was sent: a failure with no answer from the coordinator
+/// leaves its outcome unknown.
+fn sent(
+    r: Result<serde_json::Value, OpError>,
+    id: Option<&str>,
+) -> Result<serde_json::Value, OpError> {
+    r.map_err(|e| match (id, e.request_id.is_some()) {
+        (Some(id), false) => e.of_request(id),
+        _ => e,
+    })
 }
 
 /// `hint`: what an unanswered request most likely means on this kind of connection.
@@ -238,23 +277,24 @@ pub(super) fn decode_operator_response(
 /// Sends one operator request over the local socket (blocking; for the CLI and tests).
 pub fn operator_call(path: &Path, req: &OperatorRequest) -> Result<serde_json::Value, OpError> {
     use std::io::{BufRead, Write};
-    let mut s = std::os::unix::net::UnixStream::connect(path).map_err(|e| {
-        unavailable(format!(
-            "cannot reach the coordinator at {}: {e}",
-            path.display()
-        ))
-    })?;
-    let mut line = serde_json::to_vec(req).map_err(unavailable)?;
-    line.push(b'\n');
-    s.write_all(&line).map_err(unavailable)?;
-    let mut out = String::new();
-    std::io::BufReader::new(s)
-        .read_line(&mut out)
-        .map_err(unavailable)?;
-    decode_operator_response(
-        &out,
-        "it stopped or restarted while answering; the request may or may not have been applied — `status` shows which",
-    )
+    let (line, id) = keyed_line(req)?;
+    let mut s = std::os::unix::net::UnixStream::connect(path)
+        .map_err(|e| {
+            unavailable(format!(
+                "cannot reach the coordinator at {}: {e}",
+                path.display()
+            ))
+        })
+        .map_err(|e| not_sent(e, id.as_deref()))?;
+    let answered = (|| {
+        s.write_all(&line).map_err(unavailable)?;
+        let mut out = String::new();
+        std::io::BufReader::new(&s)
+            .read_line(&mut out)
+            .map_err(unavailable)?;
+        decode_operator_response(&out, "it stopped or restarted while answering")
+    })();
+    sent(answered, id.as_deref())
 }
 
 #[cfg(test)]
