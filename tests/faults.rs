@@ -18,6 +18,8 @@
 //! the supervisor is really SIGKILLed and started again.
 
 mod common;
+mod pg;
+mod world;
 
 use std::path::{Path, PathBuf};
 
@@ -442,4 +444,226 @@ fn assert_no_temp_files(dir: &Path) {
         left.is_empty(),
         "temporary files of failed writes left behind: {left:?}"
     );
+}
+
+/// The coordinated half of the matrix: the coordinator's database fails right after a step
+/// of the chain or of a stop committed — the request that made the step is held there (the
+/// `hold-after-commit:<op>` failpoint) until the fault is in place — on the crash tests'
+/// world (one host, two coordinators, one-second leases). Each row is `crow!(name, fault,
+/// step)`. After every row, besides the invariants of the crash tests and a lane usable
+/// again: the operator's request has a definite answer, or an `unknown` one whose key,
+/// repeated, gives one — the same assignment, never a second.
+///
+/// Sampled, to keep the suite within its limit: a cut at every step; a reset and a hang at
+/// the steps where an operator's request, a host's message and the stop's receipt each
+/// commit.
+mod coordinated {
+    use super::world::split::*;
+    use super::{common, pg};
+    use mosaic::coordinator::Category;
+
+    /// How the database fails.
+    #[derive(Debug, Clone, Copy, PartialEq)]
+    enum Db {
+        /// Closed to connections and every connection cut, for longer than a lease.
+        Cut,
+        /// Every connection cut once; new ones are let in at once.
+        Reset,
+        /// Every backend serving the coordinator SIGSTOPped for longer than a lease (its
+        /// statements hang mid-way), then continued.
+        Hung,
+    }
+
+    macro_rules! crow {
+        ($name:ident, $fault:expr, $step:expr) => {
+            #[tokio::test(flavor = "multi_thread")]
+            async fn $name() {
+                run($fault, $step).await
+            }
+        };
+    }
+
+    crow!(db_cut_after_reserve, Db::Cut, "reserve");
+    crow!(db_cut_after_checkpoint, Db::Cut, "checkpoint");
+    crow!(db_cut_after_fence, Db::Cut, "fence");
+    crow!(db_cut_after_stage, Db::Cut, "stage");
+    crow!(db_cut_after_staged, Db::Cut, "staged");
+    crow!(db_cut_after_injected, Db::Cut, "injected");
+    crow!(db_cut_after_consume_ack, Db::Cut, "consume-ack");
+    crow!(db_cut_after_activate, Db::Cut, "activate");
+    crow!(db_cut_after_request_end, Db::Cut, "request-end");
+    crow!(
+        db_cut_after_ingest_termination,
+        Db::Cut,
+        "ingest-termination"
+    );
+    crow!(db_cut_after_finish, Db::Cut, "finish");
+    crow!(db_reset_after_reserve, Db::Reset, "reserve");
+    crow!(db_reset_after_staged, Db::Reset, "staged");
+    crow!(db_reset_after_activate, Db::Reset, "activate");
+    crow!(db_reset_after_request_end, Db::Reset, "request-end");
+    crow!(db_hung_after_reserve, Db::Hung, "reserve");
+    crow!(db_hung_after_consume_ack, Db::Hung, "consume-ack");
+    crow!(db_hung_after_request_end, Db::Hung, "request-end");
+    crow!(
+        db_hung_after_ingest_termination,
+        Db::Hung,
+        "ingest-termination"
+    );
+
+    /// How long a cut or a hang lasts: past the lease, so leadership is lost meanwhile.
+    const OUTAGE: Duration = Duration::from_millis(2 * LEASE_MS as u64);
+
+    fn cut(db: &str, allow: bool) {
+        pg::server().psql(
+            "postgres",
+            &format!(
+                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS {allow}; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
+            ),
+        );
+    }
+
+    /// The pids of the backends serving database `db` now.
+    async fn backends(db: &str) -> Vec<i32> {
+        let (c, conn) =
+            tokio_postgres::connect(&pg::server().url("postgres"), tokio_postgres::NoTls)
+                .await
+                .unwrap();
+        tokio::spawn(conn);
+        c.query(
+            "SELECT pid FROM pg_stat_activity WHERE datname = $1 AND backend_type = 'client backend'",
+            &[&db],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect()
+    }
+
+    async fn run(fault: Db, step: &'static str) {
+        let mut w = Split::new(1);
+        let go = w.dir.join("go");
+        w.crash_coordinator(0);
+        w.start_coordinator(
+            0,
+            Some(&format!(
+                "hold-after-commit:{step}=return({})",
+                go.display()
+            )),
+        );
+        w.wait_leading(0);
+        w.wait_host_connected();
+        let lane = w.lane(1);
+        let key = format!("row-{step}");
+        let stopping = STOP.contains(&step);
+        let mut req = if stopping {
+            let a = w.assign(1, "hang").unwrap();
+            OperatorRequest::Stop {
+                assignment_id: a["assignment_id"].as_str().unwrap().into(),
+                outcome: None,
+                evidence_digest: None,
+                wait: true,
+                request_id: None,
+            }
+        } else {
+            assign_req(&lane, "hang", None)
+        };
+        req.set_request_id(key.clone());
+        let (sock, r) = (w.socket(0), req.clone());
+        let first = std::thread::spawn(move || operator_call(&sock, &r));
+        let log = w.coordinator_log(0);
+        let held = format!("failpoint=hold-after-commit:{step} ");
+        common::wait_until(&format!("the request held after {step}"), || {
+            std::fs::read_to_string(&log)
+                .ok()?
+                .contains(&held)
+                .then_some(())
+        });
+        let db = w.db.name.clone();
+        let stopped = match fault {
+            Db::Cut => {
+                cut(&db, false);
+                vec![]
+            }
+            Db::Reset => {
+                cut(&db, true);
+                vec![]
+            }
+            Db::Hung => {
+                let pids = backends(&db).await;
+                assert!(!pids.is_empty(), "no backend of the coordinator to hang");
+                for p in &pids {
+                    common::kill(*p, nix::sys::signal::Signal::SIGSTOP);
+                }
+                pids
+            }
+        };
+        std::fs::write(&go, "").unwrap();
+        if fault != Db::Reset {
+            // The fault's duration, not a wait for anything.
+            tokio::time::sleep(OUTAGE).await;
+        }
+        match fault {
+            Db::Cut => cut(&db, true),
+            Db::Reset => {}
+            Db::Hung => {
+                for p in &stopped {
+                    common::kill(*p, nix::sys::signal::Signal::SIGCONT);
+                }
+            }
+        }
+        // The request's answer is definite, or names its key; repeated with the key, it is
+        // definite once the coordinator leads again.
+        let answer = match first.join().unwrap() {
+            Err(e) if e.state.is_some() => {
+                assert_eq!(e.request_id.as_deref(), Some(key.as_str()), "{e}");
+                w.wait_host_connected();
+                common::wait_until("a definite answer to the repeat", || match w.op(&req) {
+                    Err(e) if e.state.is_some() || e.category == Category::NotLeader => None,
+                    other => Some(other),
+                })
+            }
+            other => other,
+        };
+        match (&answer, stopping) {
+            (Ok(v), false) => assert_eq!(v["state"], "RUNNING", "{v}"),
+            (Ok(v), true) => assert!(v["state"] == "CANCELLED" || v["pending"].is_string(), "{v}"),
+            (Err(e), false) => assert_eq!(e.category, Category::ChainEnded, "{e}"),
+            (Err(e), true) => panic!("the stop was refused: {e}"),
+        }
+        // Leading again, with the host back (a refusal while it is not is definite, and
+        // says nothing about the row).
+        w.wait_host_connected();
+        let shown = w
+            .op(&OperatorRequest::Request {
+                request_id: key.clone(),
+            })
+            .unwrap();
+        assert!(
+            shown["state"] == "answered" || shown["state"] == "failed",
+            "{shown}"
+        );
+        // One assignment for the one request (a stop's row: the one it stopped).
+        assert_eq!(
+            w.count("SELECT count(*) FROM assignments").await,
+            1,
+            "a repeat made a second assignment"
+        );
+        if stopping {
+            let id = req_assignment(&req);
+            let out = w.stop_final(&id);
+            assert_eq!(out["state"], "CANCELLED", "{out}");
+        }
+        w.invariants().await;
+        w.usable(1).await;
+    }
+
+    fn req_assignment(r: &OperatorRequest) -> String {
+        match r {
+            OperatorRequest::Stop { assignment_id, .. } => assignment_id.clone(),
+            _ => unreachable!("a stop's row"),
+        }
+    }
 }

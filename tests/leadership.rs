@@ -476,3 +476,42 @@ async fn mosaic_up_killed_or_stopped_and_restarted_leaves_every_lane_usable() {
     assert_eq!(up.assign(&l1, "hang")["state"], "RUNNING");
     assert_eq!(up.assign(&l2, "hang")["state"], "RUNNING");
 }
+
+/// A leader whose database stops answering (closed to connections, every connection cut)
+/// cannot renew, and cannot learn that its lease lapsed: it stops believing it leads once a
+/// lease has passed since its last renewal was sent — by its own monotonic clock, never
+/// longer than the database's deadline — and closes its host sessions, rather than going on
+/// answering `leading` (and refusing each transition as stale) until the database is back.
+/// Healed, it leads again under a new epoch and the host returns.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_cut_off_from_its_database_stops_believing_it_leads_when_its_lease_runs_out() {
+    let w = Split::new(1);
+    w.wait_host_connected();
+    let epoch = w.status()["coordinator_epoch"].as_i64().unwrap();
+    let db = w.db.name.clone();
+    let cut = |allow: bool| {
+        pg::server().psql(
+            "postgres",
+            &format!(
+                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS {allow}; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
+            ),
+        )
+    };
+    cut(false);
+    let st = common::wait_until("the leader steps down", || {
+        let st = w.status();
+        (st["leadership"]["state"] != "leading").then_some(st)
+    });
+    assert!(st["coordinator_epoch"].is_null(), "{st}");
+    assert_eq!(
+        st["hosts_connected"].as_array().map(Vec::len),
+        Some(0),
+        "a host session outlived the leadership: {st}"
+    );
+    cut(true);
+    w.wait_host_connected();
+    let now = w.status()["coordinator_epoch"].as_i64().unwrap();
+    assert!(now > epoch, "epoch {now} after {epoch}");
+    w.usable(1).await;
+}

@@ -163,6 +163,18 @@ pub(crate) async fn run(
     }
 }
 
+/// This process no longer leads epoch `l` (if that is still the one it believed it led):
+/// forgotten, counted, and every host session closed.
+async fn step_down(svc: &std::sync::Arc<super::Service>, l: &Leader, why: &str) {
+    let mut cur = svc.leadership.current.write().await;
+    if cur.as_ref().map(|x| x.epoch()) == Some(l.epoch()) {
+        *cur = None;
+        drop(cur);
+        svc.leadership.lost(l.epoch(), why);
+        svc.leadership_lost();
+    }
+}
+
 async fn lead(
     svc: &std::sync::Arc<super::Service>,
     cand: &Candidate,
@@ -171,16 +183,25 @@ async fn lead(
 ) {
     let renew_every = Duration::from_millis((lease_ms / 3).max(50) as u64);
     let retry_every = Duration::from_millis((lease_ms / 4).clamp(50, 2000) as u64);
+    let lease = Duration::from_millis(lease_ms.max(0) as u64);
     let mut client: Option<tokio_postgres::Client> = None;
+    // Until when this process may believe it leads, by its own monotonic clock: one lease
+    // from the moment the last successful acquisition or renewal was *sent*. The database
+    // set its deadline no earlier than that, so believing no longer than this never outlasts
+    // the real lease — whatever the clocks say — even when the database cannot be reached to
+    // say it lapsed.
+    let mut believed_until = tokio::time::Instant::now();
     loop {
         if stop.is_triggered() {
             return;
         }
         svc.leadership.turned();
         let Some(mut l) = svc.leadership.current().await else {
+            let sent = tokio::time::Instant::now();
             match svc.store.acquire(cand, lease_ms).await {
                 Ok((l, r)) => {
                     tracing::info!(epoch = l.epoch(), receipt = %r.receipt_id, "leading");
+                    believed_until = sent + lease;
                     svc.leadership.set(l).await;
                     continue;
                 }
@@ -199,8 +220,18 @@ async fn lead(
         };
         tokio::select! {
             _ = tokio::time::sleep(renew_every) => {}
+            _ = tokio::time::sleep_until(believed_until) => {}
             _ = svc.leadership.kick.notified() => {}
             _ = stop.triggered() => return,
+        }
+        if tokio::time::Instant::now() >= believed_until {
+            step_down(
+                svc,
+                &l,
+                "the lease ran out unrenewed (the database did not answer in time); it may have lapsed",
+            )
+            .await;
+            continue;
         }
         if client.as_ref().is_none_or(|c| c.is_closed()) {
             client = match svc.store.dedicated().await {
@@ -212,19 +243,19 @@ async fn lead(
             };
         }
         let Some(c) = &client else { continue };
+        let sent = tokio::time::Instant::now();
         match svc.store.renew_on(c, &mut l, lease_ms).await {
-            Ok(()) => svc.leadership.renewed(l).await,
+            Ok(()) => {
+                believed_until = sent + lease;
+                svc.leadership.renewed(l).await
+            }
             Err(AuthorityError::Rejected { .. }) => {
-                let mut cur = svc.leadership.current.write().await;
-                if cur.as_ref().map(|x| x.epoch()) == Some(l.epoch()) {
-                    *cur = None;
-                    drop(cur);
-                    svc.leadership.lost(
-                        l.epoch(),
-                        "the lease expired or was taken over before renewal",
-                    );
-                    svc.leadership_lost();
-                }
+                step_down(
+                    svc,
+                    &l,
+                    "the lease expired or was taken over before renewal",
+                )
+                .await
             }
             Err(e) => {
                 // The connection failed: the database decides whether the lease lapses.

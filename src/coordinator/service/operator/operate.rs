@@ -397,11 +397,23 @@ impl Service {
             .ok_or_else(|| OpError::new(Category::NotFound, format!("no lane {lane_id}")))
     }
 
+    /// The status; with the database unreachable, what this process knows without it
+    /// (its leadership, its host sessions) and the database's error in place of the rows.
     pub(super) async fn status_json(&self) -> Result<serde_json::Value, OpError> {
         let epoch = self.leadership.current().await.map(|l| l.epoch());
+        let mut unreachable = None;
+        let mut rows = |r: Result<serde_json::Value, AuthorityError>| {
+            r.unwrap_or_else(|e| {
+                unreachable.get_or_insert(e.to_string());
+                serde_json::Value::Null
+            })
+        };
+        let assignments = rows(self.store.assignment_statuses().await.map(|v| json!(v)));
+        let lanes = rows(self.store.lanes().await.map(|v| json!(v)));
         Ok(json!({
-            "assignments": self.store.assignment_statuses().await?,
-            "lanes": self.store.lanes().await?,
+            "database_unreachable": unreachable,
+            "assignments": assignments,
+            "lanes": lanes,
             "coordinator_epoch": epoch,
             "leadership": self.leadership_status(),
             "hosts_connected": self.connected_hosts(),
