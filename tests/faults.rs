@@ -514,16 +514,6 @@ mod coordinated {
     /// How long a cut or a hang lasts: past the lease, so leadership is lost meanwhile.
     const OUTAGE: Duration = Duration::from_millis(2 * LEASE_MS as u64);
 
-    fn cut(db: &str, allow: bool) {
-        pg::server().psql(
-            "postgres",
-            &format!(
-                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS {allow}; \
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
-            ),
-        );
-    }
-
     /// The pids of the backends serving database `db` now.
     async fn backends(db: &str) -> Vec<i32> {
         let (c, conn) =
@@ -584,11 +574,11 @@ mod coordinated {
         let db = w.db.name.clone();
         let stopped = match fault {
             Db::Cut => {
-                cut(&db, false);
+                w.close_database(true);
                 vec![]
             }
             Db::Reset => {
-                cut(&db, true);
+                w.close_database(false);
                 vec![]
             }
             Db::Hung => {
@@ -606,7 +596,7 @@ mod coordinated {
             tokio::time::sleep(OUTAGE).await;
         }
         match fault {
-            Db::Cut => cut(&db, true),
+            Db::Cut => w.close_database(false),
             Db::Reset => {}
             Db::Hung => {
                 for p in &stopped {

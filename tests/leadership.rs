@@ -488,17 +488,7 @@ async fn a_leader_cut_off_from_its_database_stops_believing_it_leads_when_its_le
     let w = Split::new(1);
     w.wait_host_connected();
     let epoch = w.status()["coordinator_epoch"].as_i64().unwrap();
-    let db = w.db.name.clone();
-    let cut = |allow: bool| {
-        pg::server().psql(
-            "postgres",
-            &format!(
-                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS {allow}; \
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
-            ),
-        )
-    };
-    cut(false);
+    w.close_database(true);
     let st = common::wait_until("the leader steps down", || {
         let st = w.status();
         (st["leadership"]["state"] != "leading").then_some(st)
@@ -509,7 +499,7 @@ async fn a_leader_cut_off_from_its_database_stops_believing_it_leads_when_its_le
         Some(0),
         "a host session outlived the leadership: {st}"
     );
-    cut(true);
+    w.close_database(false);
     w.wait_host_connected();
     let now = w.status()["coordinator_epoch"].as_i64().unwrap();
     assert!(now > epoch, "epoch {now} after {epoch}");

@@ -344,7 +344,6 @@ async fn audit_records_of_a_database_outage_are_spooled_and_written_later_with_t
         tag: "spool",
         ..Spec::default()
     });
-    let db = w.db.name.clone();
     let spool = w.coordinator_state_dir(0).join("audit-spool.jsonl");
     let lines = |p: &std::path::Path| -> Vec<serde_json::Value> {
         std::fs::read_to_string(p)
@@ -355,13 +354,7 @@ async fn audit_records_of_a_database_outage_are_spooled_and_written_later_with_t
             .collect()
     };
     let outage_began = std::time::SystemTime::now();
-    pg::server().psql(
-        "postgres",
-        &format!(
-            "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS false; \
-             SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
-        ),
-    );
+    w.close_database(true);
     // A connection that is not TLS at all: refused, and audited, database or not.
     let garbage = || {
         use std::io::{Read, Write};
@@ -377,10 +370,7 @@ async fn audit_records_of_a_database_outage_are_spooled_and_written_later_with_t
         (!v.is_empty()).then_some(v)
     });
     let healed_at = std::time::SystemTime::now();
-    pg::server().psql(
-        "postgres",
-        &format!("ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS true;"),
-    );
+    w.close_database(false);
     common::wait_until("the spool written out", || {
         lines(&spool).is_empty().then_some(())
     });
@@ -451,22 +441,6 @@ async fn requests_cut_off_mid_way_answer_unknown_with_their_key_and_the_key_reso
     w.start_supervisor(0);
     w.wait_lanes(1);
     let lane = w.lane_of(0, "lane-1");
-    let db = w.db.name.clone();
-    let cut = || {
-        pg::server().psql(
-            "postgres",
-            &format!(
-                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS false; \
-                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';"
-            ),
-        )
-    };
-    let heal = || {
-        pg::server().psql(
-            "postgres",
-            &format!("ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS true;"),
-        )
-    };
     let keyed = |mut r: OperatorRequest, key: &str| {
         r.set_request_id(key.into());
         r
@@ -555,10 +529,10 @@ async fn requests_cut_off_mid_way_answer_unknown_with_their_key_and_the_key_reso
     let k1 = "ops-assign-1";
     let first = in_background(keyed(assign_request(&lane, "hang", None, true), k1));
     committed(&w, format!("reserve/{k1}")).await;
-    cut();
+    w.close_database(true);
     std::fs::write(&go_assign, "").unwrap();
     unknown(first.join().unwrap().unwrap_err(), k1);
-    heal();
+    w.close_database(false);
     let s = show(&w, k1);
     assert_eq!(
         (&s["state"], &s["reserved"]),
@@ -594,10 +568,10 @@ async fn requests_cut_off_mid_way_answer_unknown_with_their_key_and_the_key_reso
     };
     let first = in_background(stop());
     committed(&w, format!("request-end/{a1}")).await;
-    cut();
+    w.close_database(true);
     std::fs::write(&go_stop, "").unwrap();
     unknown(first.join().unwrap().unwrap_err(), k2);
-    heal();
+    w.close_database(false);
     assert_eq!(show(&w, k2)["state"], "unknown");
     let stopped = w.op(&stop()).unwrap();
     assert_eq!(stopped["state"], "CANCELLED", "{stopped}");

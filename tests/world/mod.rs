@@ -332,6 +332,20 @@ impl World {
             .count()
     }
 
+    /// Cuts every connection of this world's database, leaving it closed to new ones
+    /// (`closed`) or open (a reset; also how a closed one is opened again).
+    pub fn close_database(&self, closed: bool) {
+        let db = &self.db.name;
+        pg::server().psql(
+            "postgres",
+            &format!(
+                "ALTER DATABASE \"{db}\" WITH ALLOW_CONNECTIONS {}; \
+                 SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = '{db}';",
+                !closed
+            ),
+        );
+    }
+
     pub async fn sql(&self) -> tokio_postgres::Client {
         let (c, conn) = tokio_postgres::connect(&self.db.url, tokio_postgres::NoTls)
             .await

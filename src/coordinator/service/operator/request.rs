@@ -208,6 +208,25 @@ pub enum OperatorRequest {
     },
 }
 
+/// `$then` with `$k` bound to the key field of a mutating request, else `$otherwise`: the
+/// one list of which variants carry a key.
+macro_rules! key_of {
+    ($req:expr, $k:ident => $then:expr, $otherwise:expr) => {
+        match $req {
+            OperatorRequest::Assign { request_id: $k, .. }
+            | OperatorRequest::Stop { request_id: $k, .. }
+            | OperatorRequest::LaneRelease { request_id: $k, .. }
+            | OperatorRequest::LaneRecreate { request_id: $k, .. }
+            | OperatorRequest::Block { request_id: $k, .. }
+            | OperatorRequest::Unblock { request_id: $k, .. }
+            | OperatorRequest::PolicyPublish { request_id: $k, .. }
+            | OperatorRequest::Continue { request_id: $k, .. }
+            | OperatorRequest::Handoff { request_id: $k, .. } => $then,
+            _ => $otherwise,
+        }
+    };
+}
+
 impl OperatorRequest {
     /// The operation's name if the request changes anything (and so is journaled under its
     /// idempotency key); `None` for reads.
@@ -235,46 +254,17 @@ impl OperatorRequest {
     /// A mutating request's idempotency key (`None` for reads, and for a mutating request
     /// whose sender left it to the coordinator).
     pub fn request_id(&self) -> Option<&str> {
-        match self {
-            Self::Assign { request_id, .. }
-            | Self::Stop { request_id, .. }
-            | Self::LaneRelease { request_id, .. }
-            | Self::LaneRecreate { request_id, .. }
-            | Self::Block { request_id, .. }
-            | Self::Unblock { request_id, .. }
-            | Self::PolicyPublish { request_id, .. }
-            | Self::Continue { request_id, .. }
-            | Self::Handoff { request_id, .. } => request_id.as_deref(),
-            _ => None,
-        }
+        key_of!(self, request_id => request_id.as_deref(), None)
     }
 
     /// Gives a mutating request its key if it has none; returns the key.
     pub(super) fn keyed(&mut self) -> Option<String> {
-        let slot = self.key_slot()?;
-        Some(slot.get_or_insert_with(|| self::request_id(None)).clone())
+        key_of!(self, slot => Some(slot.get_or_insert_with(|| self::request_id(None)).clone()), None)
     }
 
     /// Sets a mutating request's key (nothing, for a read).
     pub fn set_request_id(&mut self, id: String) {
-        if let Some(slot) = self.key_slot() {
-            *slot = Some(id);
-        }
-    }
-
-    fn key_slot(&mut self) -> Option<&mut Option<String>> {
-        Some(match self {
-            Self::Assign { request_id, .. }
-            | Self::Stop { request_id, .. }
-            | Self::LaneRelease { request_id, .. }
-            | Self::LaneRecreate { request_id, .. }
-            | Self::Block { request_id, .. }
-            | Self::Unblock { request_id, .. }
-            | Self::PolicyPublish { request_id, .. }
-            | Self::Continue { request_id, .. }
-            | Self::Handoff { request_id, .. } => request_id,
-            _ => return None,
-        })
+        key_of!(self, slot => *slot = Some(id), ())
     }
 
     /// What the request asks, for telling a repeat from another request under the same key:
