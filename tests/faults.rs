@@ -454,24 +454,29 @@ fn assert_no_temp_files(dir: &Path) {
 /// again: the operator's request has a definite answer, or an `unknown` one whose key,
 /// repeated, gives one — the same assignment, never a second.
 ///
-/// Sampled, to keep the suite within its limit: a cut at every step; a reset and a hang at
-/// the steps where an operator's request, a host's message and the stop's receipt each
-/// commit.
+/// Sampled, to keep the suite within its limit: a database cut at every step; a reset, a
+/// hang, the coordinator SIGSTOPped past its lease and the supervisor SIGKILLed at the steps
+/// where an operator's request, a host's message and the stop's receipt each commit.
 mod coordinated {
     use super::world::split::*;
     use super::{common, pg};
     use mosaic::coordinator::Category;
 
-    /// How the database fails.
+    /// What fails, right after the step committed.
     #[derive(Debug, Clone, Copy, PartialEq)]
-    enum Db {
-        /// Closed to connections and every connection cut, for longer than a lease.
+    enum Fault {
+        /// The database: closed to connections and every connection cut, for longer than
+        /// a lease.
         Cut,
-        /// Every connection cut once; new ones are let in at once.
+        /// The database: every connection cut once; new ones are let in at once.
         Reset,
-        /// Every backend serving the coordinator SIGSTOPped for longer than a lease (its
-        /// statements hang mid-way), then continued.
+        /// The database: every backend serving the coordinator SIGSTOPped for longer than a
+        /// lease (its statements hang mid-way), then continued.
         Hung,
+        /// The coordinator itself SIGSTOPped past its lease, then continued.
+        CoordinatorStopped,
+        /// The supervisor SIGKILLed, and started again after the outage.
+        SupervisorKilled,
     }
 
     macro_rules! crow {
@@ -483,32 +488,72 @@ mod coordinated {
         };
     }
 
-    crow!(db_cut_after_reserve, Db::Cut, "reserve");
-    crow!(db_cut_after_checkpoint, Db::Cut, "checkpoint");
-    crow!(db_cut_after_fence, Db::Cut, "fence");
-    crow!(db_cut_after_stage, Db::Cut, "stage");
-    crow!(db_cut_after_staged, Db::Cut, "staged");
-    crow!(db_cut_after_injected, Db::Cut, "injected");
-    crow!(db_cut_after_consume_ack, Db::Cut, "consume-ack");
-    crow!(db_cut_after_activate, Db::Cut, "activate");
-    crow!(db_cut_after_request_end, Db::Cut, "request-end");
+    crow!(db_cut_after_reserve, Fault::Cut, "reserve");
+    crow!(db_cut_after_checkpoint, Fault::Cut, "checkpoint");
+    crow!(db_cut_after_fence, Fault::Cut, "fence");
+    crow!(db_cut_after_stage, Fault::Cut, "stage");
+    crow!(db_cut_after_staged, Fault::Cut, "staged");
+    crow!(db_cut_after_injected, Fault::Cut, "injected");
+    crow!(db_cut_after_consume_ack, Fault::Cut, "consume-ack");
+    crow!(db_cut_after_activate, Fault::Cut, "activate");
+    crow!(db_cut_after_request_end, Fault::Cut, "request-end");
     crow!(
         db_cut_after_ingest_termination,
-        Db::Cut,
+        Fault::Cut,
         "ingest-termination"
     );
-    crow!(db_cut_after_finish, Db::Cut, "finish");
-    crow!(db_reset_after_reserve, Db::Reset, "reserve");
-    crow!(db_reset_after_staged, Db::Reset, "staged");
-    crow!(db_reset_after_activate, Db::Reset, "activate");
-    crow!(db_reset_after_request_end, Db::Reset, "request-end");
-    crow!(db_hung_after_reserve, Db::Hung, "reserve");
-    crow!(db_hung_after_consume_ack, Db::Hung, "consume-ack");
-    crow!(db_hung_after_request_end, Db::Hung, "request-end");
+    crow!(db_cut_after_finish, Fault::Cut, "finish");
+    crow!(db_reset_after_reserve, Fault::Reset, "reserve");
+    crow!(db_reset_after_staged, Fault::Reset, "staged");
+    crow!(db_reset_after_activate, Fault::Reset, "activate");
+    crow!(db_reset_after_request_end, Fault::Reset, "request-end");
+    crow!(db_hung_after_reserve, Fault::Hung, "reserve");
+    crow!(db_hung_after_consume_ack, Fault::Hung, "consume-ack");
+    crow!(db_hung_after_request_end, Fault::Hung, "request-end");
     crow!(
         db_hung_after_ingest_termination,
-        Db::Hung,
+        Fault::Hung,
         "ingest-termination"
+    );
+    crow!(
+        coordinator_stopped_after_reserve,
+        Fault::CoordinatorStopped,
+        "reserve"
+    );
+    crow!(
+        coordinator_stopped_after_staged,
+        Fault::CoordinatorStopped,
+        "staged"
+    );
+    crow!(
+        coordinator_stopped_after_activate,
+        Fault::CoordinatorStopped,
+        "activate"
+    );
+    crow!(
+        coordinator_stopped_after_request_end,
+        Fault::CoordinatorStopped,
+        "request-end"
+    );
+    crow!(
+        supervisor_killed_after_stage,
+        Fault::SupervisorKilled,
+        "stage"
+    );
+    crow!(
+        supervisor_killed_after_injected,
+        Fault::SupervisorKilled,
+        "injected"
+    );
+    crow!(
+        supervisor_killed_after_activate,
+        Fault::SupervisorKilled,
+        "activate"
+    );
+    crow!(
+        supervisor_killed_after_request_end,
+        Fault::SupervisorKilled,
+        "request-end"
     );
 
     /// How long a cut or a hang lasts: past the lease, so leadership is lost meanwhile.
@@ -532,7 +577,7 @@ mod coordinated {
         .collect()
     }
 
-    async fn run(fault: Db, step: &'static str) {
+    async fn run(fault: Fault, step: &'static str) {
         let mut w = Split::new(1);
         let go = w.dir.join("go");
         w.crash_coordinator(0);
@@ -573,15 +618,15 @@ mod coordinated {
         });
         let db = w.db.name.clone();
         let stopped = match fault {
-            Db::Cut => {
+            Fault::Cut => {
                 w.close_database(true);
                 vec![]
             }
-            Db::Reset => {
+            Fault::Reset => {
                 w.close_database(false);
                 vec![]
             }
-            Db::Hung => {
+            Fault::Hung => {
                 let pids = backends(&db).await;
                 assert!(!pids.is_empty(), "no backend of the coordinator to hang");
                 for p in &pids {
@@ -589,20 +634,30 @@ mod coordinated {
                 }
                 pids
             }
+            Fault::CoordinatorStopped => {
+                let pid = w.coord_pid(0);
+                common::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+                vec![pid]
+            }
+            Fault::SupervisorKilled => {
+                w.crash_supervisor();
+                vec![]
+            }
         };
         std::fs::write(&go, "").unwrap();
-        if fault != Db::Reset {
+        if fault != Fault::Reset {
             // The fault's duration, not a wait for anything.
             tokio::time::sleep(OUTAGE).await;
         }
         match fault {
-            Db::Cut => w.close_database(false),
-            Db::Reset => {}
-            Db::Hung => {
+            Fault::Cut => w.close_database(false),
+            Fault::Reset => {}
+            Fault::Hung | Fault::CoordinatorStopped => {
                 for p in &stopped {
                     common::kill(*p, nix::sys::signal::Signal::SIGCONT);
                 }
             }
+            Fault::SupervisorKilled => w.start_supervisor(),
         }
         // The request's answer is definite, or names its key; repeated with the key, it is
         // definite once the coordinator leads again.
