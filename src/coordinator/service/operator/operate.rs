@@ -400,7 +400,6 @@ impl Service {
     /// The status; with the database unreachable, what this process knows without it
     /// (its leadership, its host sessions) and the database's error in place of the rows.
     pub(super) async fn status_json(&self) -> Result<serde_json::Value, OpError> {
-        let epoch = self.leadership.current().await.map(|l| l.epoch());
         let mut unreachable = None;
         let mut rows = |r: Result<serde_json::Value, AuthorityError>| {
             r.unwrap_or_else(|e| {
@@ -410,12 +409,16 @@ impl Service {
         };
         let assignments = rows(self.store.assignment_statuses().await.map(|v| json!(v)));
         let lanes = rows(self.store.lanes().await.map(|v| json!(v)));
+        // One snapshot of the leadership for both its fields, taken after the rows (which
+        // may take long when the database is away), so they never disagree.
+        let leadership = self.leadership_status();
+        let epoch = leadership.epoch;
         Ok(json!({
             "database_unreachable": unreachable,
             "assignments": assignments,
             "lanes": lanes,
             "coordinator_epoch": epoch,
-            "leadership": self.leadership_status(),
+            "leadership": leadership,
             "hosts_connected": self.connected_hosts(),
             "host_sessions": self.hosts.views(),
         }))
