@@ -593,17 +593,22 @@ mod coordinated {
         let lane = w.lane(1);
         let key = format!("row-{step}");
         let stopping = STOP.contains(&step);
-        let mut req = if stopping {
-            let a = w.assign(1, "hang").unwrap();
-            OperatorRequest::Stop {
-                assignment_id: a["assignment_id"].as_str().unwrap().into(),
+        // A stop's row stops the assignment it first takes to RUNNING.
+        let stopped_assignment = stopping.then(|| {
+            w.assign(1, "hang").unwrap()["assignment_id"]
+                .as_str()
+                .unwrap()
+                .to_string()
+        });
+        let mut req = match &stopped_assignment {
+            Some(id) => OperatorRequest::Stop {
+                assignment_id: id.clone(),
                 outcome: None,
                 evidence_digest: None,
                 wait: true,
                 request_id: None,
-            }
-        } else {
-            assign_req(&lane, "hang", None)
+            },
+            None => assign_req(&lane, "hang", None),
         };
         req.set_request_id(key.clone());
         let (sock, r) = (w.socket(0), req.clone());
@@ -696,19 +701,11 @@ mod coordinated {
             1,
             "a repeat made a second assignment"
         );
-        if stopping {
-            let id = req_assignment(&req);
-            let out = w.stop_final(&id);
+        if let Some(id) = &stopped_assignment {
+            let out = w.stop_final(id);
             assert_eq!(out["state"], "CANCELLED", "{out}");
         }
         w.invariants().await;
         w.usable(1).await;
-    }
-
-    fn req_assignment(r: &OperatorRequest) -> String {
-        match r {
-            OperatorRequest::Stop { assignment_id, .. } => assignment_id.clone(),
-            _ => unreachable!("a stop's row"),
-        }
     }
 }

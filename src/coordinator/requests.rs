@@ -146,9 +146,8 @@ impl Store {
         let c = self.pool.get().await?;
         let Some(r) = c
             .query_opt(
-                "SELECT request_id, operation, subject, \
-                        to_char(received_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS received_at, \
-                        to_char(answered_at AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS.MS\"Z\"') AS answered_at, answer \
+                "SELECT request_id, operation, subject, mosaic_ts(received_at) AS received_at, \
+                        mosaic_ts(answered_at) AS answered_at, answer \
                  FROM operator_requests WHERE request_id = $1",
                 &[&request_id],
             )

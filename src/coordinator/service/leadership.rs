@@ -87,14 +87,23 @@ impl Leadership {
     /// A transition under `epoch` was refused as stale: stop using it and re-acquire.
     /// True when this dropped the current leadership.
     pub async fn stale(&self, epoch: i64) -> bool {
+        let dropped = self
+            .drop_epoch(epoch, "a transition was refused: stale leadership")
+            .await;
+        self.kick.notify_one();
+        dropped
+    }
+
+    /// Stops using `epoch` if it is still the one this process believes it leads, and
+    /// records why; true when it was.
+    async fn drop_epoch(&self, epoch: i64, why: &str) -> bool {
         let mut cur = self.current.write().await;
         let dropped = cur.as_ref().map(|l| l.epoch()) == Some(epoch);
         if dropped {
             *cur = None;
             drop(cur);
-            self.lost(epoch, "a transition was refused: stale leadership");
+            self.lost(epoch, why);
         }
-        self.kick.notify_one();
         dropped
     }
 
@@ -166,11 +175,7 @@ pub(crate) async fn run(
 /// This process no longer leads epoch `l` (if that is still the one it believed it led):
 /// forgotten, counted, and every host session closed.
 async fn step_down(svc: &std::sync::Arc<super::Service>, l: &Leader, why: &str) {
-    let mut cur = svc.leadership.current.write().await;
-    if cur.as_ref().map(|x| x.epoch()) == Some(l.epoch()) {
-        *cur = None;
-        drop(cur);
-        svc.leadership.lost(l.epoch(), why);
+    if svc.leadership.drop_epoch(l.epoch(), why).await {
         svc.leadership_lost();
     }
 }

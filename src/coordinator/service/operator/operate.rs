@@ -34,10 +34,9 @@ impl Service {
                 .of_request(&id))
             }
             Opened::Answered(a) if a["ok"] == true => {
-                let a = a.clone();
                 let mut v = a["result"].clone();
                 v["replayed"] = json!(true);
-                v["now"] = self.now_of(operation, &subject, &v).await;
+                v["now"] = self.now_of(&subject, &v).await;
                 return Ok(v);
             }
             Opened::Answered(_) | Opened::New | Opened::Unanswered => {}
@@ -86,27 +85,24 @@ impl Service {
     }
 
     /// What the subject of an answered request is now: its assignment's lifecycle and next
-    /// action, or its lane's state.
+    /// action (the one the answer names, else the one the request named), or its lane's
+    /// state (lane requests name no assignment).
     async fn now_of(
         &self,
-        operation: &str,
         subject: &serde_json::Value,
         answer: &serde_json::Value,
     ) -> serde_json::Value {
         let assignment = answer["assignment_id"]
             .as_str()
-            .or(subject["assignment_id"].as_str())
-            .map(String::from);
-        if operation != "lane-release" && operation != "lane-recreate" {
-            if let Some(id) = assignment {
-                return match self.store.assignment(&id).await {
-                    Ok(Some(a)) => {
-                        json!({ "assignment_id": id, "state": a.lifecycle, "next_action": a.next_action })
-                    }
-                    Ok(None) => json!({ "assignment_id": id, "state": null }),
-                    Err(e) => json!({ "unavailable": e.to_string() }),
-                };
-            }
+            .or(subject["assignment_id"].as_str());
+        if let Some(id) = assignment {
+            return match self.store.assignment(id).await {
+                Ok(Some(a)) => {
+                    json!({ "assignment_id": id, "state": a.lifecycle, "next_action": a.next_action })
+                }
+                Ok(None) => json!({ "assignment_id": id, "state": null }),
+                Err(e) => json!({ "unavailable": e.to_string() }),
+            };
         }
         if let Some(lane) = subject["lane_id"].as_str() {
             return match self.store.lane(lane).await {
@@ -143,9 +139,7 @@ impl Service {
                               "received_at": e.received_at, "answered_at": e.answered_at, "state": state });
         if state == "answered" {
             out["answer"] = answer["result"].clone();
-            out["now"] = self
-                .now_of(&e.operation, &e.subject, &answer["result"])
-                .await;
+            out["now"] = self.now_of(&e.subject, &answer["result"]).await;
             return Ok(out);
         }
         // An assign's assignment is known once its reservation committed, answer or not.
@@ -156,7 +150,7 @@ impl Service {
             }
             out["reserved"] = json!(!known.is_null());
         }
-        out["now"] = self.now_of(&e.operation, &e.subject, &known).await;
+        out["now"] = self.now_of(&e.subject, &known).await;
         if state == "unknown" {
             out["next"] = json!(format!("repeat the request with --request-id {id}: it returns the outcome, and carries out only what had not been"));
         } else {
