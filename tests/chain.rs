@@ -496,6 +496,8 @@ async fn consume_ack_racing_the_end_of_its_chain_is_linearizable() {
             identity: id,
             contracts: cd,
             challenge,
+            scope_digest: scope_digest(),
+            holds_digest: holds_digest(),
         };
         let a = ack(l, &r);
         let (s1, l1, s2, l2, c2) = (s.clone(), l.clone(), s.clone(), l.clone(), c.clone());
@@ -1437,6 +1439,7 @@ async fn every_state_enum_matches_its_column_constraint() {
         ("continuations", "state", names(ContinuationState::ALL)),
         ("assignments", "work_status", names(WorkStatus::ALL)),
         ("assignments", "watchdog_step", names(WatchdogStep::ALL)),
+        ("effect_claims", "state", names(ClaimState::ALL)),
     ];
     for (table, column, enum_values) in cases {
         let db_values = check_values(&url, table, column).await;

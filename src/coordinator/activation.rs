@@ -13,7 +13,7 @@ use std::sync::LazyLock;
 
 use super::cas::{self, Pred};
 use super::rows::RowExt;
-use super::states::{GenState, LaneState, Lifecycle, WatchdogStep};
+use super::states::{ClaimState, GenState, LaneState, Lifecycle, WatchdogStep};
 
 use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
@@ -374,6 +374,12 @@ const ACTIVATE_PREDS: &[Pred] = &[
         sql: "a.completion_policy_digest = $18",
         category: Category::Mismatch,
         detail: "completion_policy_digest differs from the assignment's",
+    },
+    Pred {
+        sql: concatcp!("NOT EXISTS (SELECT 1 FROM effect_claims x WHERE x.assignment_id = a.assignment_id AND x.state IN (",
+            ClaimState::Admitted.sql(), ", ", ClaimState::Unknown.sql(), "))"),
+        category: Category::Unreconciled,
+        detail: "an effect claim of an earlier generation of the assignment is not settled yet",
     },
 ];
 

@@ -32,6 +32,8 @@ pub enum Category {
     BadInput,
     /// A runtime the lane's host did not advertise.
     UnknownRuntime,
+    /// An effect the assignment's scope does not license (or its holds withhold).
+    OutOfScope,
     /// A task larger than the documented limit.
     TooLarge,
     /// Two observations disagree.
@@ -51,7 +53,7 @@ pub enum Category {
 }
 
 /// Every category, for parsing and documentation.
-pub const ALL_CATEGORIES: [Category; 21] = [
+pub const ALL_CATEGORIES: [Category; 22] = [
     Category::StaleLeader,
     Category::LeadershipHeld,
     Category::NotLeader,
@@ -65,6 +67,7 @@ pub const ALL_CATEGORIES: [Category; 21] = [
     Category::Unreconciled,
     Category::BadInput,
     Category::UnknownRuntime,
+    Category::OutOfScope,
     Category::TooLarge,
     Category::Conflict,
     Category::HostUnreachable,
@@ -95,6 +98,7 @@ impl Category {
             Self::Unreconciled => "unreconciled",
             Self::BadInput => "bad-input",
             Self::UnknownRuntime => "unknown-runtime",
+            Self::OutOfScope => "out-of-scope",
             Self::TooLarge => "too-large",
             Self::Conflict => "conflict",
             Self::HostUnreachable => "host-unreachable",

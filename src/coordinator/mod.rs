@@ -24,6 +24,7 @@ mod cas;
 pub mod chain;
 pub mod continuation;
 pub mod continuity;
+pub mod effects;
 pub mod ending;
 pub mod error;
 pub mod failpoint;
@@ -44,6 +45,7 @@ pub mod txn;
 
 pub use activation::{AckClaim, Activation};
 pub use chain::{ReserveRequest, Reserved};
+pub use effects::{Admission, ClaimView, EffectClaim, Observed, UsageView};
 pub use ending::{EndCause, EndRequested, Reconciliation};
 pub use error::{AuthorityError, Category};
 pub use leader::{Candidate, Leader, LeadershipView};

@@ -205,6 +205,38 @@ state_enum! {
     }
 }
 
+state_enum! {
+    /// `effect_claims.state` (spec §5.5): admitted, then what the broker observed, or
+    /// unknown until reconciled.
+    ClaimState ("effect claim state") {
+        Admitted = "ADMITTED",
+        Completed = "COMPLETED",
+        Failed = "FAILED",
+        Aborted = "ABORTED",
+        NotDispatched = "NOT_DISPATCHED",
+        Unknown = "UNKNOWN",
+        Reconciled = "RECONCILED",
+    }
+}
+
+impl ClaimState {
+    /// The state a broker's observation puts a claim in.
+    pub fn observed(o: crate::protocol::effects::Outcome) -> Self {
+        use crate::protocol::effects::Outcome;
+        match o {
+            Outcome::Completed => Self::Completed,
+            Outcome::Failed => Self::Failed,
+            Outcome::Aborted => Self::Aborted,
+            Outcome::NotDispatched => Self::NotDispatched,
+        }
+    }
+}
+
+/// Claims not yet settled: one that is admitted and not yet observed, or whose outcome is
+/// unknown. Handoff, activation of another generation and a final outcome wait for none of
+/// these to remain.
+pub const OPEN_CLAIMS: &[ClaimState] = &[ClaimState::Admitted, ClaimState::Unknown];
+
 /// Lane states before activation (spec §6): a chain in one of these has no RUNNING
 /// generation yet. The one list the code and its statements test against.
 pub const PREACTIVATION: &[LaneState] = &[

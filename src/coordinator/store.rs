@@ -29,6 +29,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0011_reservation_epoch_moves.sql"),
     include_str!("../../migrations/0012_audit_spool.sql"),
     include_str!("../../migrations/0013_operator_requests.sql"),
+    include_str!("../../migrations/0014_effect_claims.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -11,6 +11,7 @@
 //! This is the only module both sides share.
 
 pub mod canonical;
+pub mod effects;
 pub mod envelope;
 pub mod fence;
 pub mod messages;

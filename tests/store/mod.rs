@@ -112,6 +112,8 @@ pub struct Ready {
     pub identity: serde_json::Value,
     pub contracts: String,
     pub challenge: String,
+    pub scope_digest: String,
+    pub holds_digest: String,
 }
 
 impl Ready {
@@ -127,7 +129,27 @@ pub async fn to_awaiting_ack(
     resume: Option<&str>,
     ttl_ms: i64,
 ) -> Ready {
-    let res = s.reserve(l, &request(inc, resume, ttl_ms)).await.unwrap();
+    to_awaiting_ack_scoped(s, l, inc, resume, ttl_ms, &SCOPE, &HOLDS).await
+}
+
+/// As `to_awaiting_ack`, for a task with this scope and these holds.
+pub async fn to_awaiting_ack_scoped(
+    s: &Store,
+    l: &Leader,
+    inc: &str,
+    resume: Option<&str>,
+    ttl_ms: i64,
+    scope: &[&str],
+    holds: &[&str],
+) -> Ready {
+    let mut req = request(inc, resume, ttl_ms);
+    req.scope = scope.iter().map(|x| x.to_string()).collect();
+    req.holds = holds.iter().map(|x| x.to_string()).collect();
+    let (scope_digest, holds_digest) = (
+        task::list_digest("scope", &req.scope),
+        task::list_digest("holds", &req.holds),
+    );
+    let res = s.reserve(l, &req).await.unwrap();
     let c = res.chain.clone();
     s.checkpoint(l, &c).await.unwrap();
     s.fence(l, &c).await.unwrap();
@@ -137,7 +159,7 @@ pub async fn to_awaiting_ack(
     let contracts = staged.str("contracts_digest").unwrap();
     assert_eq!(
         contracts,
-        mosaic::protocol::contracts_digest("spawn=3 print=hello", &scope_digest(), &holds_digest()),
+        mosaic::protocol::contracts_digest("spawn=3 print=hello", &scope_digest, &holds_digest),
         "the contract digest is computed from the task, scope and holds the operator supplied"
     );
     let (challenge, _, _) = s
@@ -150,6 +172,8 @@ pub async fn to_awaiting_ack(
         identity,
         contracts,
         challenge,
+        scope_digest,
+        holds_digest,
     }
 }
 
@@ -169,8 +193,8 @@ pub fn ack(l: &Leader, r: &Ready) -> AckClaim {
         generation: r.generation,
         process_identity: r.identity.clone(),
         contracts_digest: r.contracts.clone(),
-        scope_digest: scope_digest(),
-        holds_digest: holds_digest(),
+        scope_digest: r.scope_digest.clone(),
+        holds_digest: r.holds_digest.clone(),
         runtime_id: "fake@1.0.0".into(),
         ack_digest: d('a'),
     }
@@ -258,6 +282,21 @@ pub fn receipt_for(r: &Ready, reason: &str, verified: bool) -> serde_json::Value
 
 pub async fn running(s: &Store, l: &Leader, inc: &str) -> Ready {
     let r = to_awaiting_ack(s, l, inc, None, 60_000).await;
+    s.consume_ack(l, &ack(l, &r)).await.unwrap();
+    s.activate(l, &activation(s, &r).await).await.unwrap();
+    r
+}
+
+/// A RUNNING chain whose task has this scope and these holds.
+pub async fn running_scoped(
+    s: &Store,
+    l: &Leader,
+    inc: &str,
+    resume: Option<&str>,
+    scope: &[&str],
+    holds: &[&str],
+) -> Ready {
+    let r = to_awaiting_ack_scoped(s, l, inc, resume, 60_000, scope, holds).await;
     s.consume_ack(l, &ack(l, &r)).await.unwrap();
     s.activate(l, &activation(s, &r).await).await.unwrap();
     r
@@ -397,6 +436,8 @@ pub async fn handoff_to_challenge(
         identity: id,
         contracts,
         challenge: hc,
+        scope_digest: source.scope_digest.clone(),
+        holds_digest: source.holds_digest.clone(),
     };
     (c, claim, target)
 }

@@ -22,17 +22,28 @@ pub(super) async fn finalize(
     if !NONTERMINAL.contains(&lifecycle) {
         return Ok(None);
     }
-    let outcome = if verified {
-        req
+    // An effect of the work whose outcome nobody knows keeps it from any outcome but
+    // QUARANTINED, with the claim's reconciliation owner named (spec §5.5).
+    let open = crate::coordinator::effects::open_claims(d, assignment).await?;
+    let (outcome, review) = if open > 0 {
+        (
+            Lifecycle::Quarantined.as_str(),
+            format!("{}: resolve the effect claims whose outcome is unknown (mosaic effects --assignment {assignment}; mosaic effect resolve), then review the work", crate::protocol::effects::RECONCILIATION_OWNER),
+        )
+    } else if verified {
+        (req, String::new())
     } else {
-        Lifecycle::Quarantined.as_str()
+        (
+            Lifecycle::Quarantined.as_str(),
+            "inspect the lane: cleanup was not verified".to_string(),
+        )
     };
     let fe = final_evidence(outcome, receipt_digest, supplied);
     d.exec_one(
         concatcp!("UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
-                pending_target = NULL, next_action = CASE WHEN $2 = ", Lifecycle::Quarantined.sql(), " THEN 'inspect the lane: cleanup was not verified' ELSE 'none: ' || $2 END \
+                pending_target = NULL, next_action = CASE WHEN $2 = ", Lifecycle::Quarantined.sql(), " THEN $4 ELSE 'none: ' || $2 END \
          WHERE assignment_id = $1"),
-        &[&assignment, &outcome, &fe],
+        &[&assignment, &outcome, &fe, &review],
     )
     .await?;
     Ok(Some(outcome.to_string()))

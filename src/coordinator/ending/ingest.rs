@@ -59,10 +59,22 @@ impl Store {
         )
         .about(None, Some(&inc));
         let host = host_id.to_string();
+        // What the host's broker observed of this generation's effects and had not seen
+        // recorded yet: settled with the receipt (an entry not of the expected shape
+        // counts as unobserved).
+        let observed: Vec<crate::coordinator::effects::Observed> = receipt
+            .get("effects")
+            .and_then(|e| e.as_array())
+            .map(|a| {
+                a.iter()
+                    .filter_map(crate::coordinator::effects::Observed::from_receipt_entry)
+                    .collect()
+            })
+            .unwrap_or_default();
         let r = self
             .transition(
                 &step,
-                body!([key, lane_id, inc, body_text, body_digest, host] |f| {
+                body!([key, lane_id, inc, body_text, body_digest, host, observed] |f| {
                     let lane = f.read_opt(
                         "SELECT li.lane_id, li.state, li.retired_at IS NOT NULL AS retired, ln.host_id FROM lane_incarnations li JOIN lanes ln USING (lane_id) \
                          WHERE li.lane_incarnation_id = $1 FOR UPDATE OF li",
@@ -116,10 +128,11 @@ impl Store {
                         let Ok(d) = d else {
                             return Err(reject(OP, Category::Conflict, "the generation's end was recorded concurrently"));
                         };
+                        let settled = crate::coordinator::effects::settle_at_end(&d, &inc, generation, &observed).await?;
                         let rec = Reconciliation::Evidence { lane_state: state.to_string() };
                         insert_receipt(&d, &key, &lane_id, &inc, generation, &body_text, &body_digest, verified, d.epoch(), &rec,
                             (&reservation, &assignment, &attempt, &resp, exec.as_deref())).await?;
-                        return d.decide(json!({ "termination_receipt": key, "generation": generation, "reconciliation": rec }));
+                        return d.decide(json!({ "termination_receipt": key, "generation": generation, "reconciliation": rec, "effects": settled }));
                     }
                     // The deciding CAS: this generation ends now, against the lane state read
                     // under lock.
@@ -134,6 +147,8 @@ impl Store {
                         return Err(reject(OP, Category::Conflict, "the generation or its lane changed concurrently"));
                     };
                     let epoch = d.epoch();
+                    // Its effects are settled first: a final outcome below depends on them.
+                    let settled = crate::coordinator::effects::settle_at_end(&d, &inc, generation, &observed).await?;
                     let is_chain_gen = res_open;
                     let rec = if retired {
                         Reconciliation::Evidence { lane_state: "RETIRED".into() }
@@ -185,7 +200,7 @@ impl Store {
                     insert_receipt(&d, &key, &lane_id, &inc, generation, &body_text, &body_digest, verified, epoch, &rec,
                         (&reservation, &assignment, &attempt, &resp, exec.as_deref())).await?;
                     d.decide(json!({ "termination_receipt": key, "generation": generation, "assignment_id": assignment,
-                        "verified_empty": verified, "reconciliation": rec }))
+                        "verified_empty": verified, "reconciliation": rec, "effects": settled }))
                 }),
             )
             .await?;

@@ -1,0 +1,557 @@
+//! Effect claims (spec §5.5): every protected effect is admitted by one fenced
+//! compare-and-swap in PostgreSQL before its broker dispatches it, and settled after — at
+//! the store (the CAS and its refusals, idempotency, settlement at a generation's end).
+
+mod common;
+mod pg;
+mod store;
+
+use mosaic::coordinator::effects::{EffectClaim, Observed};
+use mosaic::coordinator::states::ClaimState;
+use mosaic::protocol::effects::{self, Executor, Outcome, Target};
+use store::*;
+
+/// The scope every test task here has: model calls, one host on the web ports, one
+/// withheld by a hold.
+const EFFECT_SCOPE: [&str; 4] = [
+    "provider",
+    "egress:pypi.org",
+    "egress:files.example:443",
+    "lane:h1:w1",
+];
+const EFFECT_HOLDS: [&str; 1] = ["egress:files.example:443"];
+
+async fn running_with_effects(f: &Fx) -> Ready {
+    running_scoped(
+        &f.store,
+        &f.leader,
+        &f.lane.lane_incarnation_id,
+        None,
+        &EFFECT_SCOPE,
+        &EFFECT_HOLDS,
+    )
+    .await
+}
+
+/// A claim of `r`'s generation, as its host's broker would present it.
+fn claim(r: &Ready, executor: Executor, target: &str, key: &str, op: &str) -> EffectClaim {
+    let target = Target::parse(executor, target).unwrap();
+    EffectClaim {
+        chain: r.chain().clone(),
+        generation: r.generation,
+        operation_digest: effects::operation_digest(&target, &[op.as_bytes()]),
+        target,
+        idempotency_key: key.into(),
+        responsibility_owner: TARGET.into(),
+        execution_owner: TARGET.into(),
+        process_identity: r.identity.clone(),
+        fence_reference: "fp1:reference".into(),
+        scope_digest: r.scope_digest.clone(),
+        holds_digest: r.holds_digest.clone(),
+    }
+}
+
+fn provider(r: &Ready, key: &str) -> EffectClaim {
+    claim(r, Executor::Provider, "provider", key, "POST /v1/messages")
+}
+
+/// Row counts of the authority tables and the claims: "nothing changed".
+async fn counts(url: &str) -> Vec<(String, i64)> {
+    let mut v = authority_counts(url).await;
+    v.push((
+        "effect_claims".into(),
+        count(url, "SELECT count(*) FROM effect_claims").await,
+    ));
+    v
+}
+
+async fn claim_state(url: &str, effect_id: &str) -> String {
+    sql(url)
+        .await
+        .query_one(
+            "SELECT state FROM effect_claims WHERE effect_id = $1",
+            &[&effect_id],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+fn refused<T: std::fmt::Debug>(r: Result<T, AuthorityError>, cat: Category, says: &str) {
+    match r {
+        Err(e) => {
+            assert_eq!(e.category(), Some(cat), "{e}");
+            assert!(e.to_string().contains(says), "{says:?} not in: {e}");
+        }
+        Ok(v) => panic!("admitted, expected {cat:?} ({says}): {v:?}"),
+    }
+}
+
+/// The claim CAS admits only what every expected value allows; each refusal names the
+/// predicate that failed and changes nothing. The admitted claim binds the whole authority
+/// it was admitted under.
+#[tokio::test]
+async fn a_claim_is_admitted_only_for_the_running_generation_under_a_lease_that_licenses_it() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running_with_effects(&f).await;
+    let before = counts(&f.db.url).await;
+    type Bend = fn(&mut EffectClaim);
+    let cases: Vec<(&str, Bend, Category, &str)> = vec![
+        (
+            "not in the scope",
+            |c| c.target = Target::parse(Executor::Egress, "egress:evil.example:443").unwrap(),
+            Category::OutOfScope,
+            "does not license",
+        ),
+        (
+            "withheld by a hold",
+            |c| c.target = Target::parse(Executor::Egress, "egress:files.example:443").unwrap(),
+            Category::OutOfScope,
+            "does not license",
+        ),
+        (
+            "a port its host entry does not cover",
+            |c| c.target = Target::parse(Executor::Egress, "egress:pypi.org:22").unwrap(),
+            Category::OutOfScope,
+            "does not license",
+        ),
+        (
+            "another generation",
+            |c| c.generation += 1,
+            Category::Mismatch,
+            "generation is not the chain's",
+        ),
+        (
+            "another process",
+            |c| c.process_identity["root_pid"] = serde_json::json!(1),
+            Category::Mismatch,
+            "process identity",
+        ),
+        (
+            "another execution owner",
+            |c| c.execution_owner = "h1:w2".into(),
+            Category::WrongState,
+            "owner is not the work's",
+        ),
+        (
+            "another responsibility owner",
+            |c| c.responsibility_owner = "h1:w2".into(),
+            Category::WrongState,
+            "owner is not the work's",
+        ),
+        (
+            "another scope digest",
+            |c| c.scope_digest = d('9'),
+            Category::Mismatch,
+            "scope or holds digest",
+        ),
+        (
+            "a malformed key",
+            |c| c.idempotency_key = "two words".into(),
+            Category::BadInput,
+            "idempotency key",
+        ),
+    ];
+    for (what, bend, cat, says) in cases {
+        let mut c = provider(&r, &uid("k"));
+        bend(&mut c);
+        let got = s.admit_effect(l, &c).await;
+        assert!(got.is_err(), "{what}: admitted");
+        refused(got, cat, says);
+    }
+    assert_eq!(
+        counts(&f.db.url).await,
+        before,
+        "a refusal changed something"
+    );
+    assert!(audited(s, "admit-effect", "out-of-scope").await >= 3);
+
+    // Admitted: the lease that licenses it, the whole binding in the row.
+    let web = claim(
+        &r,
+        Executor::Egress,
+        "egress:pypi.org:443",
+        "k-web",
+        "CONNECT",
+    );
+    let a = s.admit_effect(l, &web).await.unwrap();
+    assert_eq!(a.state, ClaimState::Admitted);
+    assert!(!a.replayed);
+    assert_eq!(
+        a.effect_id,
+        effects::effect_id(&r.chain().assignment_id, "k-web")
+    );
+    let row = sql(&f.db.url)
+        .await
+        .query_one(
+            "SELECT e.lease_id, e.lease_epoch, e.execution_owner, e.responsibility_owner, e.sink_class, e.coordinator_epoch, \
+                    e.sot_incarnation, e.generation, e.scope_digest, s.scope, e.fence_reference \
+             FROM effect_claims e JOIN leases s USING (lease_id) WHERE e.effect_id = $1",
+            &[&a.effect_id],
+        )
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, String>("lease_id"), a.lease_id);
+    assert_eq!(row.get::<_, String>("scope"), "egress:pypi.org");
+    assert_eq!(
+        row.get::<_, String>("sink_class"),
+        "non-retryable-on-ambiguity"
+    );
+    assert_eq!(row.get::<_, String>("execution_owner"), TARGET);
+    assert_eq!(row.get::<_, String>("responsibility_owner"), TARGET);
+    assert_eq!(row.get::<_, i64>("coordinator_epoch"), l.epoch());
+    assert_eq!(row.get::<_, String>("sot_incarnation"), l.sot());
+    assert_eq!(row.get::<_, i64>("generation"), r.generation);
+    assert_eq!(row.get::<_, String>("scope_digest"), r.scope_digest);
+    assert_eq!(row.get::<_, String>("fence_reference"), "fp1:reference");
+    // Its binding cannot change, and it cannot be deleted.
+    let c = sql(&f.db.url).await;
+    for stmt in [
+        "UPDATE effect_claims SET target = 'egress:x:1' WHERE effect_id = $1",
+        "UPDATE effect_claims SET state = 'ADMITTED' WHERE effect_id = $1",
+        "DELETE FROM effect_claims WHERE effect_id = $1",
+    ] {
+        let e = c.execute(stmt, &[&a.effect_id]).await.unwrap_err();
+        let msg = e
+            .as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default();
+        assert!(msg.starts_with("mosaic: "), "{stmt}: {e:?}");
+    }
+}
+
+/// A work with no execution owner admits nothing: before activation (staging), and a
+/// chain of another leader's epoch is refused as stale.
+#[tokio::test]
+async fn staging_and_a_stale_leader_admit_nothing() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = to_awaiting_ack_scoped(
+        s,
+        l,
+        &f.lane.lane_incarnation_id,
+        None,
+        60_000,
+        &EFFECT_SCOPE,
+        &EFFECT_HOLDS,
+    )
+    .await;
+    refused(
+        s.admit_effect(l, &provider(&r, "k1")).await,
+        Category::WrongState,
+        "no execution owner",
+    );
+    s.consume_ack(l, &ack(l, &r)).await.unwrap();
+    refused(
+        s.admit_effect(l, &provider(&r, "k1")).await,
+        Category::WrongState,
+        "no execution owner",
+    );
+    s.activate(l, &activation(s, &r).await).await.unwrap();
+    s.admit_effect(l, &provider(&r, "k1")).await.unwrap();
+    // A takeover: the old leader's claim is refused, the new one's admitted.
+    s.release(l).await.unwrap();
+    let (l2, _) = s.acquire(&candidate("b"), 60_000).await.unwrap();
+    refused(
+        s.admit_effect(l, &provider(&r, "k2")).await,
+        Category::StaleLeader,
+        "not the current unexpired leadership",
+    );
+    let a = s.admit_effect(&l2, &provider(&r, "k2")).await.unwrap();
+    assert_eq!(a.state, ClaimState::Admitted);
+}
+
+/// The same key with the same operation is the same claim (its current state the answer,
+/// nothing dispatched twice); the same key with another operation is refused, and the lane
+/// of the generation that tried is quarantined.
+#[tokio::test]
+async fn an_idempotency_key_is_bound_to_its_operation_for_good() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running_with_effects(&f).await;
+    let push = |op: &str| claim(&r, Executor::Egress, "egress:pypi.org:443", "push-once", op);
+    let first = s.admit_effect(l, &push("update a")).await.unwrap();
+    let again = s.admit_effect(l, &push("update a")).await.unwrap();
+    assert!(again.replayed);
+    assert_eq!(again.effect_id, first.effect_id);
+    assert_eq!(again.state, ClaimState::Admitted);
+    let observed = Observed {
+        effect_id: first.effect_id.clone(),
+        outcome: Outcome::Completed,
+        result_digest: d('7'),
+        input_tokens: None,
+        output_tokens: None,
+    };
+    s.record_effect_result(l, r.chain(), r.generation, &observed)
+        .await
+        .unwrap();
+    // The same result again is the same step; another result for the claim is refused.
+    assert!(
+        s.record_effect_result(l, r.chain(), r.generation, &observed)
+            .await
+            .unwrap()
+            .replayed
+    );
+    let mut other = observed.clone();
+    other.outcome = Outcome::Failed;
+    refused(
+        s.record_effect_result(l, r.chain(), r.generation, &other)
+            .await,
+        Category::IdempotencyConflict,
+        "different request",
+    );
+    let settled = s.admit_effect(l, &push("update a")).await.unwrap();
+    assert_eq!(
+        (settled.state, settled.result_digest.as_deref()),
+        (ClaimState::Completed, Some(d('7').as_str())),
+        "a repeat learns what became of the claim"
+    );
+    let before = counts(&f.db.url).await;
+    refused(
+        s.admit_effect(l, &push("update b")).await,
+        Category::IdempotencyConflict,
+        "different request",
+    );
+    assert_eq!(counts(&f.db.url).await, before);
+    s.quarantine_for_substitution(
+        l,
+        r.chain(),
+        "push-once",
+        &push("update b").operation_digest,
+    )
+    .await
+    .unwrap();
+    assert_eq!(state(s, TARGET).await, "QUARANTINED");
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(
+        a.lifecycle,
+        mosaic::coordinator::states::Lifecycle::Recovery,
+        "{a:?}"
+    );
+    refused(
+        s.admit_effect(l, &provider(&r, "after")).await,
+        Category::WrongState,
+        "",
+    );
+}
+
+/// A fence closes admission at once: a requested end (stop), an open handoff offer, and an
+/// expired lease each refuse the next claim.
+#[tokio::test]
+async fn every_fence_closes_admission() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    // An end requested.
+    let r = running_with_effects(&f).await;
+    s.admit_effect(l, &provider(&r, "a")).await.unwrap();
+    s.request_end(l, &r.chain().assignment_id, store::Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    refused(
+        s.admit_effect(l, &provider(&r, "b")).await,
+        Category::WrongState,
+        "admission is closed",
+    );
+
+    // A handoff offered: the source keeps running, but admits nothing more.
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let target = adopt(s, l, "h1:w2").await;
+    let r = running_scoped(
+        s,
+        l,
+        &f.lane.lane_incarnation_id,
+        None,
+        &EFFECT_SCOPE,
+        &EFFECT_HOLDS,
+    )
+    .await;
+    handoff_to_challenge(s, l, &r, &target.lane_incarnation_id).await;
+    refused(
+        s.admit_effect(l, &provider(&r, "c")).await,
+        Category::WrongState,
+        "handoff of the work is pending",
+    );
+
+    // A lease that ran out (database time): refused as expired, before any watchdog acted.
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = to_awaiting_ack_scoped(
+        s,
+        l,
+        &f.lane.lane_incarnation_id,
+        None,
+        60_000,
+        &EFFECT_SCOPE,
+        &EFFECT_HOLDS,
+    )
+    .await;
+    s.consume_ack(l, &ack(l, &r)).await.unwrap();
+    let row = s
+        .chain_by_reservation(&r.chain().reservation_id)
+        .await
+        .unwrap()
+        .unwrap();
+    let short = Activation::of(s, &row, 1000).unwrap();
+    s.activate(l, &short).await.unwrap();
+    s.admit_effect(l, &provider(&r, "d")).await.unwrap();
+    tokio::time::sleep(std::time::Duration::from_millis(1100)).await;
+    refused(
+        s.admit_effect(l, &provider(&r, "e")).await,
+        Category::Expired,
+        "expired",
+    );
+}
+
+/// An ended generation's claims are settled with its receipt: by what the receipt says the
+/// broker observed, then by rule — a provider call reconciled, an egress connection left
+/// unknown for the operator. An unknown outcome keeps the work from any outcome but
+/// QUARANTINED and from any later activation until it is resolved.
+#[tokio::test]
+async fn an_ended_generations_claims_are_settled_by_what_was_observed_then_by_rule() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running_with_effects(&f).await;
+    let observed = s.admit_effect(l, &provider(&r, "seen")).await.unwrap();
+    let model = s.admit_effect(l, &provider(&r, "unseen")).await.unwrap();
+    let web = s
+        .admit_effect(
+            l,
+            &claim(
+                &r,
+                Executor::Egress,
+                "egress:pypi.org:443",
+                "conn",
+                "CONNECT",
+            ),
+        )
+        .await
+        .unwrap();
+    s.request_end(l, &r.chain().assignment_id, store::Outcome::Cancelled, None)
+        .await
+        .unwrap();
+    let mut receipt = receipt_for(&r, "stopped", true);
+    receipt["effects"] = serde_json::json!([
+        { "effect_id": observed.effect_id, "outcome": "completed", "result_digest": d('5'),
+          "input_tokens": 120, "output_tokens": 40 },
+        // Not the shape of an observation: counts as unobserved.
+        { "effect_id": web.effect_id, "outcome": "maybe", "result_digest": d('6') },
+    ]);
+    let (_, rc) = s.ingest_termination(l, HOST, &receipt).await.unwrap();
+    assert_eq!(
+        rc.body["effects"],
+        serde_json::json!({"observed": 1, "reconciled": 1, "unknown": 1}),
+        "{}",
+        rc.body
+    );
+    let url = &f.db.url;
+    assert_eq!(claim_state(url, &observed.effect_id).await, "COMPLETED");
+    assert_eq!(claim_state(url, &model.effect_id).await, "RECONCILED");
+    assert_eq!(claim_state(url, &web.effect_id).await, "UNKNOWN");
+    let usage = s.effect_usage().await.unwrap();
+    assert_eq!(
+        (
+            usage[0].input_tokens,
+            usage[0].output_tokens,
+            usage[0].unknown
+        ),
+        (120, 40, 1)
+    );
+    // The requested CANCELLED is not given while an effect's outcome is unknown.
+    let a = assignment(s, &r.chain().assignment_id).await;
+    assert_eq!(a.lifecycle.as_str(), "QUARANTINED", "{a:?}");
+    assert!(a.next_action.contains("mosaic effect resolve"), "{a:?}");
+
+    // A resumed chain of the same work cannot activate while it is unknown.
+    let f2 = fx().await;
+    let (s, l) = (&f2.store, &f2.leader);
+    let r = running_with_effects(&f2).await;
+    let web = s
+        .admit_effect(
+            l,
+            &claim(
+                &r,
+                Executor::Egress,
+                "egress:pypi.org:443",
+                "conn",
+                "CONNECT",
+            ),
+        )
+        .await
+        .unwrap();
+    // The generation dies on its own: recovery, the claim unknown.
+    s.ingest_termination(l, HOST, &receipt_for(&r, "crash", true))
+        .await
+        .unwrap();
+    assert_eq!(claim_state(&f2.db.url, &web.effect_id).await, "UNKNOWN");
+    s.finish(l, &f2.lane.lane_incarnation_id).await.ok();
+    let asg = r.chain().assignment_id.clone();
+    let r2 = to_awaiting_ack_scoped(
+        s,
+        l,
+        &f2.lane.lane_incarnation_id,
+        Some(&asg),
+        60_000,
+        &EFFECT_SCOPE,
+        &EFFECT_HOLDS,
+    )
+    .await;
+    s.consume_ack(l, &ack(l, &r2)).await.unwrap();
+    refused(
+        s.activate(l, &activation(s, &r2).await).await,
+        Category::Unreconciled,
+        "not settled",
+    );
+    // Its owner resolves it (the evidence: what the sink shows), then it activates.
+    refused(
+        s.resolve_effect(l, &web.effect_id, true, "not a digest", "rq-1")
+            .await,
+        Category::BadInput,
+        "digest",
+    );
+    s.resolve_effect(l, &web.effect_id, true, &d('4'), "rq-1")
+        .await
+        .unwrap();
+    assert_eq!(claim_state(&f2.db.url, &web.effect_id).await, "RECONCILED");
+    refused(
+        s.resolve_effect(l, &web.effect_id, false, &d('4'), "rq-2")
+            .await,
+        Category::WrongState,
+        "only a claim whose outcome is unknown",
+    );
+    s.activate(l, &activation(s, &r2).await).await.unwrap();
+    // A late observation of an unknown claim reconciles it.
+    let c3 = s
+        .admit_effect(
+            l,
+            &claim(
+                &r2,
+                Executor::Egress,
+                "egress:pypi.org:443",
+                "late",
+                "CONNECT",
+            ),
+        )
+        .await
+        .unwrap();
+    s.ingest_termination(l, HOST, &receipt_for(&r2, "crash", true))
+        .await
+        .unwrap();
+    assert_eq!(claim_state(&f2.db.url, &c3.effect_id).await, "UNKNOWN");
+    s.record_effect_result(
+        l,
+        r2.chain(),
+        r2.generation,
+        &Observed {
+            effect_id: c3.effect_id.clone(),
+            outcome: Outcome::Completed,
+            result_digest: d('3'),
+            input_tokens: None,
+            output_tokens: None,
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(claim_state(&f2.db.url, &c3.effect_id).await, "RECONCILED");
+}
