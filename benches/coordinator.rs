@@ -1,6 +1,7 @@
 //! Coordinator benchmark: full activation chains per second on a durable (fsync on)
-//! PostgreSQL, per-transition latency p50/p99, and — same run, same server — pgbench's
-//! built-in simple-update TPS as the ceiling. Prints; asserts nothing about speed.
+//! PostgreSQL, per-transition latency p50/p99, effect claims admitted (and their results
+//! recorded) per second on RUNNING chains, and — same run, same server — pgbench's built-in
+//! simple-update TPS as the ceiling. Prints; asserts nothing about speed.
 //!
 //! `cargo bench --bench coordinator` (as root: the cluster runs as `postgres`).
 
@@ -16,6 +17,7 @@ use serde_json::json;
 
 const WORKERS: usize = 8;
 const CHAINS_PER_WORKER: usize = 100;
+const CLAIMS_PER_WORKER: usize = 250;
 
 fn d(c: char) -> String {
     format!("sha256:{}", c.to_string().repeat(64))
@@ -36,7 +38,81 @@ macro_rules! timed {
     }};
 }
 
+/// A chain driven to RUNNING: its ids, generation, process identity and digests.
+struct Running {
+    chain: mosaic::coordinator::Chain,
+    generation: i64,
+    identity: serde_json::Value,
+    scope_digest: String,
+    holds_digest: String,
+}
+
 async fn chain(s: &Store, l: &Leader, inc: &str, lane: &str, n: usize, times: &mut Times) {
+    let r = to_running(s, l, inc, lane, n, times).await;
+    let (c, g) = (r.chain, r.generation);
+    timed!(
+        times,
+        "request-end",
+        s.request_end(l, &c.assignment_id, Outcome::Cancelled, None)
+            .await
+            .unwrap()
+    );
+    let key =
+        mosaic::supervisor::receipt::idempotency_key(&c.lane_id, &c.lane_incarnation_id, g as u64);
+    let receipt = json!({ "idempotency_key": key, "host_id": "bench", "lane_id": c.lane_id, "lane_incarnation_id": c.lane_incarnation_id,
+                          "generation": g, "termination_reason": "quit", "cleanup": { "verified_empty": true } });
+    timed!(
+        times,
+        "ingest-termination",
+        s.ingest_termination(l, "bench", &receipt).await.unwrap()
+    );
+    timed!(times, "finish", s.finish(l, inc).await.unwrap());
+}
+
+/// Claims of one RUNNING chain, one after another, each with its result recorded.
+async fn claims(s: &Store, l: &Leader, r: &Running, times: &mut Times) {
+    use mosaic::coordinator::effects::{EffectClaim, Observed};
+    use mosaic::protocol::effects::{operation_digest, Outcome as Seen, Target};
+    for i in 0..CLAIMS_PER_WORKER {
+        let x = EffectClaim {
+            chain: r.chain.clone(),
+            generation: r.generation,
+            target: Target::Provider,
+            idempotency_key: k("gw"),
+            operation_digest: operation_digest(&Target::Provider, &[i.to_string().as_bytes()]),
+            responsibility_owner: r.chain.lane_id.clone(),
+            execution_owner: r.chain.lane_id.clone(),
+            process_identity: r.identity.clone(),
+            fence_reference: "fp1:bench".into(),
+            scope_digest: r.scope_digest.clone(),
+            holds_digest: r.holds_digest.clone(),
+        };
+        let a = timed!(times, "admit-effect", s.admit_effect(l, &x).await.unwrap());
+        let o = Observed {
+            effect_id: a.effect_id,
+            outcome: Seen::Completed,
+            result_digest: d('7'),
+            input_tokens: Some(10),
+            output_tokens: Some(5),
+        };
+        timed!(
+            times,
+            "effect-result",
+            s.record_effect_result(l, &r.chain, r.generation, &o)
+                .await
+                .unwrap()
+        );
+    }
+}
+
+async fn to_running(
+    s: &Store,
+    l: &Leader,
+    inc: &str,
+    lane: &str,
+    n: usize,
+    times: &mut Times,
+) -> Running {
     let req = ReserveRequest {
         request_id: k("rq"),
         lane_incarnation_id: inc.into(),
@@ -44,7 +120,7 @@ async fn chain(s: &Store, l: &Leader, inc: &str, lane: &str, n: usize, times: &m
         target: lane.into(),
         runtime_id: "fake@1.0.0".into(),
         task_text: "hang".into(),
-        scope: vec![format!("lane:{lane}")],
+        scope: vec![format!("lane:{lane}"), "provider".into()],
         holds: vec![],
         completion_policy: "operator-evidence/v1".into(),
         inactivity_policy: "default@1".into(),
@@ -104,23 +180,13 @@ async fn chain(s: &Store, l: &Leader, inc: &str, lane: &str, n: usize, times: &m
         .unwrap();
     let x = Activation::of(s, &row, 600_000).unwrap();
     timed!(times, "activate", s.activate(l, &x).await.unwrap());
-    timed!(
-        times,
-        "request-end",
-        s.request_end(l, &c.assignment_id, Outcome::Cancelled, None)
-            .await
-            .unwrap()
-    );
-    let key =
-        mosaic::supervisor::receipt::idempotency_key(&c.lane_id, &c.lane_incarnation_id, g as u64);
-    let receipt = json!({ "idempotency_key": key, "host_id": "bench", "lane_id": c.lane_id, "lane_incarnation_id": c.lane_incarnation_id,
-                          "generation": g, "termination_reason": "quit", "cleanup": { "verified_empty": true } });
-    timed!(
-        times,
-        "ingest-termination",
-        s.ingest_termination(l, "bench", &receipt).await.unwrap()
-    );
-    timed!(times, "finish", s.finish(l, inc).await.unwrap());
+    Running {
+        chain: c,
+        generation: g,
+        identity: id,
+        scope_digest: req.scope_digest(),
+        holds_digest: req.holds_digest(),
+    }
 }
 
 fn pct(v: &mut [Duration], p: f64) -> f64 {
@@ -177,14 +243,17 @@ async fn run(cluster: &Cluster) {
         .await
         .unwrap();
     let mut lanes = Vec::new();
+    let mut lanes2 = Vec::new();
     for i in 0..WORKERS {
-        let lane = format!("bench:w{i}");
-        let inc = store
-            .adopt_lane_incarnation(&leader, "bench", &lane, &k("li"))
-            .await
-            .unwrap()
-            .lane_incarnation_id;
-        lanes.push((lane, inc));
+        for (set, tag) in [(&mut lanes, "w"), (&mut lanes2, "e")] {
+            let lane = format!("bench:{tag}{i}");
+            let inc = store
+                .adopt_lane_incarnation(&leader, "bench", &lane, &k("li"))
+                .await
+                .unwrap()
+                .lane_incarnation_id;
+            set.push((lane, inc));
+        }
     }
     println!("Mosaic coordinator benchmark — PostgreSQL {} with fsync on, {WORKERS} concurrent workers, {} chains", pg_version(cluster), WORKERS * CHAINS_PER_WORKER);
     let t0 = Instant::now();
@@ -213,6 +282,44 @@ async fn run(cluster: &Cluster) {
     println!();
     println!("  {:<20} {:>9} {:>9}", "transition", "p50 ms", "p99 ms");
     for (name, mut v) in all {
+        println!(
+            "  {:<20} {:>9.2} {:>9.2}",
+            name,
+            pct(&mut v, 0.5),
+            pct(&mut v, 0.99)
+        );
+    }
+    // Effect claims: one RUNNING chain per worker, each admitting claims one after another
+    // and recording each one's result (what a broker does for every provider request).
+    let mut tasks = Vec::new();
+    for (i, (lane, inc)) in lanes2.into_iter().enumerate() {
+        let (s, l) = (store.clone(), leader.clone());
+        tasks.push(tokio::spawn(async move {
+            let mut setup = Times::new();
+            let r = to_running(&s, &l, &inc, &lane, 100_000 + i, &mut setup).await;
+            let mut times = Times::new();
+            let t = Instant::now();
+            claims(&s, &l, &r, &mut times).await;
+            (times, t.elapsed())
+        }));
+    }
+    let mut claim_times = Times::new();
+    let mut slowest = Duration::ZERO;
+    for t in tasks {
+        let (times, took) = t.await.unwrap();
+        slowest = slowest.max(took);
+        for (k, v) in times {
+            claim_times.entry(k).or_default().extend(v);
+        }
+    }
+    let admitted = (WORKERS * CLAIMS_PER_WORKER) as f64;
+    let claims_per_s = admitted / slowest.as_secs_f64();
+    println!();
+    println!(
+        "  effect claims ({WORKERS} RUNNING chains, {CLAIMS_PER_WORKER} each; admit, then record its result): {claims_per_s:.0} claims/s, {:.0} transitions/s",
+        2.0 * claims_per_s
+    );
+    for (name, mut v) in claim_times {
         println!(
             "  {:<20} {:>9.2} {:>9.2}",
             name,
@@ -259,6 +366,11 @@ async fn run(cluster: &Cluster) {
         "  ratio: authority transitions/s are {:.0}% of pgbench simple-update tps (one transition ≈ {:.2} simple-update transactions)",
         100.0 * ours / tps_num,
         tps_num / ours
+    );
+    println!(
+        "  ratio: effect claims admitted/s are {:.0}% of pgbench simple-update tps (with each result recorded: {:.0}% in transitions)",
+        100.0 * claims_per_s / tps_num,
+        200.0 * claims_per_s / tps_num
     );
 }
 

@@ -1,24 +1,25 @@
-//! The provider gateway beside its anchor, in one run: one chat completion through the
-//! gateway (the credential's placeholder replaced in its headers, the answer streamed back,
-//! its token usage counted) against the same request straight to the test model endpoint,
-//! interleaved, each on a fresh connection as the fake harness makes them.
+//! The provider gateway beside its anchor, in one run: one chat completion through a
+//! RUNNING generation's gateway — its claim admitted by the coordinator in PostgreSQL
+//! (fsync on) before it is sent, the credential's placeholder replaced in its headers, the
+//! answer streamed back, its result and token usage recorded — against the same request
+//! straight to the test model endpoint, interleaved, each on a fresh connection as a
+//! harness's tool makes them.
 //!
-//! The gateway is served in this process on a loopback listener (in a generation it is the
-//! listener its shim bound in the generation's network namespace; the path through the
-//! kernel is the same loopback). Not measured: an effect claim per request, which is not
-//! built. Run: `cargo bench --bench gateway`. Prints; asserts nothing about speed.
+//! The whole system runs as a user runs it (`mosaic up` with the test model as the fake
+//! runtime's provider); the gateway's requests are made from inside the generation's own
+//! network namespace (a thread of this process joins it), where the gateway is the only
+//! listener. Run as root: `cargo bench --bench gateway`. Prints; asserts nothing about speed.
 
 #[path = "../tests/common/mod.rs"]
 mod common;
 
-use std::io::{Read, Write};
+use std::io::{BufRead, Read, Write};
 use std::net::TcpStream;
-use std::sync::Arc;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use mosaic::shim::proto::SecretValue;
-use mosaic::supervisor::gateway::{self, Route, Upstream};
-use mosaic::supervisor::metrics::HostMetrics;
+use mosaic::coordinator::service::{operator_call, OperatorRequest};
+use mosaic::supervisor::control::{call, Request};
 
 const N: usize = 400;
 const BODY: &str = r#"{"model":"mosaic-test-model","stream":false,"messages":[{"role":"user","content":"hello"}]}"#;
@@ -51,59 +52,126 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
 
 fn main() {
     let model = common::Model::start();
-    let port = model.port;
-
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
+    let dir = std::env::temp_dir().join(format!(
+        "mosaic-bench-gateway-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let creds = dir.join("fake.env");
+    std::fs::write(&creds, "FAKE_PROVIDER_KEY=bench-secret\n").unwrap();
+    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    let state = dir.join("state");
+    let mut up = Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(["up", "--lanes", "1", "--state-dir"])
+        .arg(&state)
+        .arg("--provider")
+        .arg(format!("fake=http://127.0.0.1:{}", model.port))
+        .arg("--credentials")
+        .arg(format!("fake={}", creds.display()))
+        .env("MOSAIC_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
         .unwrap();
-    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let gw_port = listener.local_addr().unwrap().port();
-    let metrics = Arc::new(HostMetrics::new());
-    let served = rt.block_on(async {
-        gateway::serve(
-            listener,
-            Route {
-                lane_id: "bench:l".into(),
-                generation: 1,
-                runtime: "fake".into(),
-                upstream: Upstream::parse(&format!("http://127.0.0.1:{port}")).unwrap(),
-                secrets: Ok(vec![(
-                    gateway::placeholder("KEY"),
-                    SecretValue("bench-secret".into()),
-                )]),
-            },
-            metrics,
-        )
-        .unwrap()
+    let mut out = std::io::BufReader::new(up.stdout.take().unwrap());
+    loop {
+        let mut line = String::new();
+        assert!(
+            out.read_line(&mut line).unwrap() > 0,
+            "mosaic up ended early"
+        );
+        if line.contains("Ctrl-C stops everything") {
+            break;
+        }
+    }
+    std::thread::spawn(move || for _ in out.lines() {});
+    let ops = state.join("run/coordinator.sock");
+    let host = state.join("run/control.sock");
+    let lane = format!(
+        "{}:lane-1",
+        nix::unistd::gethostname().unwrap().to_string_lossy()
+    );
+    let a = operator_call(
+        &ops,
+        &OperatorRequest::Assign {
+            lane_id: lane,
+            runtime: "fake@1.0.0".into(),
+            task: "hang".into(),
+            scope: vec![],
+            holds: vec![],
+            completion_policy: None,
+            wait: true,
+            resume: None,
+            request_id: None,
+            inactivity_policy: None,
+        },
+    )
+    .unwrap();
+    assert_eq!(a["state"], "RUNNING", "{a}");
+    let st = call(&host, &Request::Status).unwrap();
+    let harness = st["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    // A thread in the generation's network namespace: the gateway is its 127.0.0.1:4741.
+    let ns = std::fs::File::open(format!("/proc/{harness}/ns/net")).unwrap();
+    let (ask, asked) = std::sync::mpsc::channel::<()>();
+    let (done, took) = std::sync::mpsc::channel::<Duration>();
+    let inside = std::thread::spawn(move || {
+        nix::sched::setns(&ns, nix::sched::CloneFlags::CLONE_NEWNET).unwrap();
+        let placeholder = mosaic::supervisor::gateway::placeholder("FAKE_PROVIDER_KEY");
+        let port = mosaic::confine::net::GATEWAY_PORT;
+        for () in asked {
+            done.send(request(port, &placeholder)).unwrap();
+        }
     });
-    let placeholder = gateway::placeholder("KEY");
+    let through = |n: usize| -> Vec<Duration> {
+        (0..n)
+            .map(|_| {
+                ask.send(()).unwrap();
+                took.recv().unwrap()
+            })
+            .collect()
+    };
     // Warm both paths (the model's first answers, the gateway's first connections).
     for _ in 0..20 {
-        request(port, "bench-secret");
-        request(gw_port, &placeholder);
+        request(model.port, "bench-secret");
+        through(1);
     }
-    let (mut direct, mut through) = (Vec::with_capacity(N), Vec::with_capacity(N));
+    let (mut direct, mut gw) = (Vec::with_capacity(N), Vec::with_capacity(N));
     for _ in 0..N {
-        direct.push(request(port, "bench-secret"));
-        through.push(request(gw_port, &placeholder));
+        direct.push(request(model.port, "bench-secret"));
+        gw.extend(through(1));
     }
-    let seen = served.view();
+    drop(ask);
+    inside.join().unwrap();
+    let seen = call(&host, &Request::Status).unwrap()["lanes"][0]["generation"]["gateway"].clone();
     let (d50, d99) = (pct(&mut direct, 0.5), pct(&mut direct, 0.99));
-    let (g50, g99) = (pct(&mut through, 0.5), pct(&mut through, 0.99));
+    let (g50, g99) = (pct(&mut gw, 0.5), pct(&mut gw, 0.99));
     println!("provider request, n={N} each, interleaved, fresh connection each:");
-    println!("  straight to the test model endpoint   p50 {d50:.3} ms  p99 {d99:.3} ms");
-    println!("  through the gateway (no claim)        p50 {g50:.3} ms  p99 {g99:.3} ms");
+    println!("  straight to the test model endpoint        p50 {d50:.3} ms  p99 {d99:.3} ms");
+    println!("  through the gateway, claim admitted first  p50 {g50:.3} ms  p99 {g99:.3} ms");
     println!(
-        "  added by the gateway                  p50 {:.3} ms ({:.2}x); goal <= 3 ms with its claim",
+        "  added by the gateway and its claim         p50 {:.3} ms ({:.2}x); goal <= 3 ms",
         g50 - d50,
         g50 / d50
     );
     println!(
         "  gateway counted {} requests, {} input / {} output tokens",
-        seen.requests, seen.input_tokens, seen.output_tokens
+        seen["requests"], seen["input_tokens"], seen["output_tokens"]
     );
-    drop(served);
+    let effects = operator_call(
+        &ops,
+        &OperatorRequest::Effects {
+            assignment_id: a["assignment_id"].as_str().map(String::from),
+            limit: Some(10_000),
+        },
+    )
+    .unwrap();
+    println!(
+        "  effect claims recorded for the assignment: {}",
+        effects.as_array().map_or(0, Vec::len)
+    );
+    common::terminate(&mut up, Duration::from_secs(20));
+    let _ = std::fs::remove_dir_all(&dir);
     drop(model);
 }

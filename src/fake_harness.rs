@@ -17,7 +17,8 @@
 //! | `take-continuations` | in contract mode, instead of hanging: waits settled for each continuation (`mosaic lane next`), works on it, reports its result, and settles again |
 //! | `busy=SECONDS` | with `take-continuations`: works SECONDS on each continuation (unsettled meanwhile: work still queued) |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
-//! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`, `zombie-connect:SOCKET`, `chmod:PATH`, `open:PATH`, `prlimit:PID`, `renice:PID`; see `attack`) |
+//! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`, `zombie-connect:SOCKET`, `chmod:PATH`, `open:PATH`, `prlimit:PID`, `renice:PID`, `tcp:HOST:PORT`, `provider:KEY-VAR`, `egress:HOST:PORT`, `wait:PATH`, `flood:N`; see `attack`); in contract mode, once active |
+//! | `staging-attack=KIND:ARG` | in contract mode: the same, made after the contract is fetched and before the ACK (a staging generation's attempt), its outcome in `$HOME/staging-attacks` |
 //!
 //! An unknown or malformed directive is an error before anything happens.
 
@@ -45,11 +46,12 @@ pub enum Directive {
     TakeContinuations,
     Busy(f64),
     Attack(attack::Attack),
+    StagingAttack(attack::Attack),
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -94,6 +96,10 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             },
             Some(("print", v)) => Directive::Print(v.to_string()),
             Some(("attack", v)) => Directive::Attack(
+                attack::Attack::parse(v)
+                    .ok_or_else(|| DirectiveError::BadValue(tok.to_string()))?,
+            ),
+            Some(("staging-attack", v)) => Directive::StagingAttack(
                 attack::Attack::parse(v)
                     .ok_or_else(|| DirectiveError::BadValue(tok.to_string()))?,
             ),
@@ -365,6 +371,16 @@ fn from_contract() -> Result<Vec<String>, String> {
         loop {
             sleep_reaping(Duration::from_secs(3600));
         }
+    }
+    let staging: Vec<&attack::Attack> = directives
+        .iter()
+        .filter_map(|d| match d {
+            Directive::StagingAttack(a) => Some(a),
+            _ => None,
+        })
+        .collect();
+    if !staging.is_empty() {
+        attack::run_into(&staging, "staging-attacks");
     }
     if directives.contains(&Directive::AcceptHandoff) {
         let h = run("handoff-ack")?;

@@ -1996,11 +1996,11 @@ async fn a_task_reaches_running_in_a_fresh_attachable_generation() {
             Some(lane.as_str())
         )
     );
-    // One effect lease per scoped capability (default: the lane itself).
+    // One effect lease per scoped capability (default: the lane itself and its provider).
     assert_eq!(
-        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL")
+        up.count("SELECT count(*) FROM leases WHERE released_at IS NULL AND scope IN ('provider', 'lane:' || (SELECT lane_id FROM lanes LIMIT 1))")
             .await,
-        1
+        2
     );
     // Attachable: the lane's tmux pane shows the harness, which ran its contract's task.
     let sock = host["lanes"][0]["tmux_socket"]

@@ -5,12 +5,15 @@
 //! opted out (`unconfined_lanes`) get through: the confinement is what stops them.
 
 mod common;
+mod pg;
+mod world;
 
 use std::path::{Path, PathBuf};
 
 use common::*;
 use mosaic::supervisor::control::Request;
 use serde_json::Value;
+use world::{Spec, World};
 
 fn lane_incarnation(h: &Host, lane: &str) -> String {
     h.lane_status(lane)["lane_incarnation_id"]
@@ -423,9 +426,10 @@ impl Drop for Scratch {
     }
 }
 
-/// A host whose `fake` runtime has the test model as its provider and a key in its
-/// credentials file.
-fn provider_host(model: &Model, token: &str, unconfined: Vec<&'static str>) -> (Host, Scratch) {
+/// A world (coordinator, PostgreSQL, one supervisor) whose `fake` runtime has the test
+/// model as its provider and a key in its credentials file: a generation's provider
+/// requests are effects, admitted only under an assignment (`tests/effects.rs`).
+fn provider_world(model: &Model, token: &str, unconfined: &[&str]) -> (World, Scratch) {
     let creds = Scratch(std::env::temp_dir().join(format!(
         "mosaic-creds-{}.env",
         uuid::Uuid::new_v4().simple()
@@ -436,15 +440,51 @@ fn provider_host(model: &Model, token: &str, unconfined: Vec<&'static str>) -> (
         std::os::unix::fs::PermissionsExt::from_mode(0o600),
     )
     .unwrap();
-    let h = Host::with(Options {
-        unconfined_lanes: unconfined,
-        extra_config: format!(
+    let unconfined: Vec<String> = unconfined.iter().map(|l| format!("{l:?}")).collect();
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "gateway",
+        supervisor_extra: format!(
             "[providers]\nfake = \"http://127.0.0.1:{}\"\n[credentials]\nfake = {:?}\n",
             model.port, creds.0
         ),
-        ..Options::default()
+        supervisor_top: format!("unconfined_lanes = [{}]\n", unconfined.join(", ")),
+        ..Spec::default()
     });
-    (h, creds)
+    (w, creds)
+}
+
+/// Runs `task` on lane-1 of `w` to RUNNING: (the assign's answer, the generation's area).
+fn run(w: &World, task: &str) -> (Value, PathBuf) {
+    let a = w.assign_to(&w.lane_of(0, "lane-1"), task, true).unwrap();
+    let area = w.area(
+        0,
+        a["lane_incarnation_id"].as_str().unwrap(),
+        a["generation"].as_u64().unwrap(),
+    );
+    (a, area)
+}
+
+/// The attempts recorded in `home/attacks` of `area`, once all were made.
+fn outcomes_in(area: &Path) -> Vec<(String, bool, String)> {
+    let file = area.join("home/attacks");
+    let text = wait_until("the attacker's outcomes", || {
+        std::fs::read_to_string(&file)
+            .ok()
+            .filter(|t| t.contains("attacks done"))
+    });
+    parse_outcomes(&text)
+}
+
+fn stop(w: &World, a: &Value) {
+    w.op(&mosaic::coordinator::service::OperatorRequest::Stop {
+        assignment_id: a["assignment_id"].as_str().unwrap().into(),
+        outcome: None,
+        evidence_digest: None,
+        wait: true,
+        request_id: None,
+    })
+    .unwrap();
 }
 
 /// Every environment in `cgroup` (each member's `/proc/<pid>/environ`), as text.
@@ -463,10 +503,9 @@ fn environments(cgroup: &Path) -> Vec<(i32, String)> {
 fn a_confined_generation_reaches_its_provider_only_through_the_gateway_and_never_holds_its_key() {
     let model = Model::start();
     let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
-    let (h, _creds) = provider_host(&model, &token, vec![]);
-    h.create_lane("p");
-    let g = h.start(
-        "p",
+    let (w, _creds) = provider_world(&model, &token, &[]);
+    let (a, area) = run(
+        &w,
         &format!(
             // The provider through the gateway, with the key its environment holds; the
             // same provider straight at its address; an address outside the host.
@@ -474,17 +513,12 @@ fn a_confined_generation_reaches_its_provider_only_through_the_gateway_and_never
             model.port
         ),
     );
-    assert_eq!(g["process_identity"]["confinement"], "verified", "{g}");
-    let got = outcomes(&h, "p", 1);
-    let verdict: std::collections::BTreeMap<&str, bool> = got
-        .iter()
-        .map(|(w, allowed, _)| (w.split(':').next().unwrap(), *allowed))
-        .collect();
+    let got = outcomes_in(&area);
     assert_eq!(got.len(), 3, "{got:?}");
     assert!(got[0].1, "the gateway carried the request: {got:?}");
     assert!(
         !got[1].1 && !got[2].1,
-        "no address is reachable but the gateway: {got:?} ({verdict:?})"
+        "no address is reachable but the gateway: {got:?}"
     );
     // The real key reached the provider, added by the gateway; the placeholder did not.
     let posts: Vec<Value> = model
@@ -496,38 +530,96 @@ fn a_confined_generation_reaches_its_provider_only_through_the_gateway_and_never
     let auth = posts[0]["headers"]["authorization"].as_str().unwrap_or("");
     assert_eq!(auth, format!("Bearer {token}"), "the provider got {auth:?}");
     // The key is in no environment of the generation; the harness has its placeholder.
-    let cg = cgroup_abs(&h, g["process_identity"]["cgroup_path"].as_str().unwrap());
+    let mount = mosaic::cgroup::discover_mount().unwrap().path;
+    let cg = mount.join(
+        a["process_identity"]["cgroup_path"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches('/'),
+    );
     let envs = environments(&cg);
     assert!(envs.len() >= 2, "{envs:?}");
     for (p, e) in &envs {
         assert!(!e.contains(&token), "pid {p} holds the provider key");
     }
-    let harness = pid(&g["process_identity"]["harness_pid"]);
-    let own = envs.iter().find(|(p, _)| *p == harness).unwrap();
+    let harness = envs
+        .iter()
+        .find(|(_, e)| e.contains("FAKE_PROVIDER_KEY="))
+        .expect("the harness's environment names its key");
     assert!(
-        own.1
+        harness
+            .1
             .contains("FAKE_PROVIDER_KEY=mosaic-credential-FAKE_PROVIDER_KEY"),
         "{}",
-        own.1
+        harness.1
     );
     // The gateway counted the answer's usage, as the answer itself reports it.
-    let answer: Value = serde_json::from_str(
-        &std::fs::read_to_string(area(&h, "p", 1).join("home/provider-answer")).unwrap(),
-    )
-    .unwrap();
-    let seen = &h.lane_status("p")["generation"]["gateway"];
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(area.join("home/provider-answer")).unwrap())
+            .unwrap();
+    let seen = wait_until("the gateway's count", || {
+        let g = w.host_status(0)["lanes"][0]["generation"]["gateway"].clone();
+        (g["input_tokens"] == answer["usage"]["prompt_tokens"]).then_some(g)
+    });
     assert_eq!(seen["requests"], 1, "{seen}");
-    assert_eq!(
-        seen["input_tokens"], answer["usage"]["prompt_tokens"],
-        "{seen}"
-    );
     assert_eq!(
         seen["output_tokens"], answer["usage"]["completion_tokens"],
         "{seen}"
     );
     assert!(answer["usage"]["prompt_tokens"].as_u64().unwrap() > 0);
-    // And the supervisor's log never shows the key.
-    assert!(!h.log().contains(&token), "the key reached the log");
+    // And no log shows the key.
+    for log in [w.supervisor_log(0), w.coordinator_log(0)] {
+        assert!(
+            !std::fs::read_to_string(&log)
+                .unwrap_or_default()
+                .contains(&token),
+            "the key reached {}",
+            log.display()
+        );
+    }
+    stop(&w, &a);
+}
+
+/// A supervisor without a coordinator admits no effect: a generation started locally is
+/// under no assignment, and its gateway refuses its provider requests (they reach nothing).
+#[test]
+fn a_generation_under_no_assignment_makes_no_effect() {
+    let model = Model::start();
+    let creds = Scratch(std::env::temp_dir().join(format!(
+        "mosaic-creds-{}.env",
+        uuid::Uuid::new_v4().simple()
+    )));
+    std::fs::write(&creds.0, "FAKE_PROVIDER_KEY=k\n").unwrap();
+    std::fs::set_permissions(
+        &creds.0,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let h = Host::with(Options {
+        extra_config: format!(
+            "[providers]\nfake = \"http://127.0.0.1:{}\"\n[credentials]\nfake = {:?}\n",
+            model.port, creds.0
+        ),
+        ..Options::default()
+    });
+    h.create_lane("p");
+    h.start(
+        "p",
+        "attack=provider:FAKE_PROVIDER_KEY attack=egress:192.0.2.1:443 hang",
+    );
+    let got = outcomes(&h, "p", 1);
+    assert!(!got[0].1 && got[0].2.contains("403"), "{got:?}");
+    assert!(
+        std::fs::read_to_string(area(&h, "p", 1).join("home/provider-answer"))
+            .unwrap()
+            .contains("no-authority"),
+        "the refusal says why"
+    );
+    assert!(!got[1].1 && got[1].2.contains("no-authority"), "{got:?}");
+    assert!(
+        model.requests().is_empty(),
+        "a request reached the provider"
+    );
     let r = h.call(&Request::Stop { lane: "p".into() });
     assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
 }
@@ -536,22 +628,29 @@ fn a_confined_generation_reaches_its_provider_only_through_the_gateway_and_never
 fn a_readopted_generation_gets_its_gateway_back() {
     let model = Model::start();
     let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
-    let (mut h, _creds) = provider_host(&model, &token, vec![]);
-    h.create_lane("p");
-    let go = area(&h, "p", 1).join("work/go");
-    let g = h.start(
-        "p",
+    let (mut w, _creds) = provider_world(&model, &token, &[]);
+    // The harness asks only once told to, after the restart: it waits for a file in its
+    // own home (the lane's first generation's area).
+    let go = w.area(0, &w.incarnation_of(0, "lane-1"), 1).join("home/go");
+    let (a, area) = run(
+        &w,
         &format!(
             "attack=wait:{} attack=provider:FAKE_PROVIDER_KEY hang",
             go.display()
         ),
     );
-    h.crash_supervisor();
-    h.start_supervisor();
-    // The harness asks only now, after the restart: the listener its shim kept, served
-    // again by the new supervisor, carries it with the key read again from the file.
-    std::fs::write(&go, "").unwrap();
-    let got = outcomes(&h, "p", 1);
+    assert_eq!(a["generation"], 1);
+    // Crashed once the host recorded the activation (before, a restart stops the
+    // generation: a chain is not resumed mid-way).
+    wait_until("the activation recorded", || {
+        (w.host_status(0)["lanes"][0]["generation"]["activated"] == true).then_some(())
+    });
+    w.crash_supervisor(0);
+    w.start_supervisor(0);
+    // The listener its shim kept, served again by the new supervisor, carries it with the
+    // key read again from the file, once its claim is admitted.
+    std::fs::write(area.join("home/go"), "").unwrap();
+    let got = outcomes_in(&area);
     assert!(got.iter().all(|(_, a, _)| *a), "{got:?}");
     let auth = model
         .requests()
@@ -565,36 +664,32 @@ fn a_readopted_generation_gets_its_gateway_back() {
         })
         .collect::<Vec<_>>();
     assert_eq!(auth, vec![format!("Bearer {token}")]);
-    assert_eq!(
-        h.lane_status("p")["generation"]["generation"],
-        g["generation"]
-    );
-    let r = h.call(&Request::Stop { lane: "p".into() });
-    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+    stop(&w, &a);
 }
 
 #[test]
 fn an_unconfined_lane_goes_straight_to_its_provider_with_its_key() {
     let model = Model::start();
     let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
-    let (h, _creds) = provider_host(&model, &token, vec!["open"]);
-    h.create_lane("open");
-    let g = h.start(
-        "open",
+    let (w, _creds) = provider_world(&model, &token, &["lane-1"]);
+    let (a, area) = run(
+        &w,
         &format!(
             "attack=provider:FAKE_PROVIDER_KEY attack=tcp:127.0.0.1:{} hang",
             model.port
         ),
     );
-    let got = outcomes(&h, "open", 1);
+    let got = outcomes_in(&area);
     assert!(got.iter().all(|(_, a, _)| *a), "{got:?}");
-    let harness = pid(&g["process_identity"]["harness_pid"]);
+    let harness =
+        pid(&w.host_status(0)["lanes"][0]["generation"]["process_identity"]["harness_pid"]);
     let env = std::fs::read(format!("/proc/{harness}/environ")).unwrap();
     assert!(
         String::from_utf8_lossy(&env).contains(&format!("FAKE_PROVIDER_KEY={token}")),
         "an unconfined harness holds its key itself"
     );
-    assert!(h.lane_status("open")["generation"]["gateway"].is_null());
+    assert!(w.host_status(0)["lanes"][0]["generation"]["gateway"].is_null());
+    stop(&w, &a);
 }
 
 /// The lane's uid on its own: a file only root may read, below a hierarchy landlock lets
@@ -718,35 +813,34 @@ fn a_confined_real_harness_without_a_provider_is_refused() {
 fn a_flood_of_gateway_connections_is_bounded() {
     let model = Model::start();
     let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
-    let (h, _creds) = provider_host(&model, &token, vec![]);
-    let fds = |h: &Host| {
-        std::fs::read_dir(format!("/proc/{}/fd", h.supervisor_pid().unwrap()))
+    let (w, _creds) = provider_world(&model, &token, &[]);
+    let sup = w.sup[0].pid().unwrap();
+    let fds = || {
+        std::fs::read_dir(format!("/proc/{sup}/fd"))
             .unwrap()
             .count()
     };
-    h.create_lane("p");
-    let before = fds(&h);
-    let g = h.start(
-        "p",
+    let before = fds();
+    let (a, area) = run(
+        &w,
         "attack=flood:150 attack=provider:FAKE_PROVIDER_KEY hang",
     );
-    let home = area(&h, "p", g["generation"].as_u64().unwrap()).join("home");
+    let home = area.join("home");
     wait_until("the flood held", || {
         home.join("flooding").exists().then_some(())
     });
     // Give the supervisor time to accept all it would.
     std::thread::sleep(std::time::Duration::from_millis(300));
-    let during = fds(&h);
+    let during = fds();
     assert!(
         during < before + mosaic::supervisor::gateway::MAX_CONNECTIONS + 24,
         "the supervisor holds {during} descriptors, {before} before the flood"
     );
-    h.status();
+    w.host_status(0);
     std::fs::write(home.join("release"), "").unwrap();
-    let got = outcomes(&h, "p", 1);
+    let got = outcomes_in(&area);
     assert!(got.iter().all(|(_, a, _)| *a), "{got:?}");
-    let r = h.call(&Request::Stop { lane: "p".into() });
-    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+    stop(&w, &a);
 }
 
 /// Every generation has a network namespace never used before: no two generations of a
@@ -755,8 +849,7 @@ fn a_flood_of_gateway_connections_is_bounded() {
 fn every_generation_gets_a_network_namespace_of_its_own() {
     let model = Model::start();
     let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
-    let (h, _creds) = provider_host(&model, &token, vec![]);
-    h.create_lane("p");
+    let (w, _creds) = provider_world(&model, &token, &[]);
     // Each namespace is held open here, so the kernel cannot free it and reuse its number
     // for a later one: equal numbers would be one namespace.
     let mut held = Vec::new();
@@ -767,17 +860,19 @@ fn every_generation_gets_a_network_namespace_of_its_own() {
         held.push(f);
         ino
     };
-    let sup = ns(h.supervisor_pid().unwrap() as i32);
+    let sup = ns(w.sup[0].pid().unwrap() as i32);
     let mut seen = vec![sup];
     for n in 1..=3u64 {
-        let g = h.start("p", "attack=provider:FAKE_PROVIDER_KEY hang");
+        let (a, area) = run(&w, "attack=provider:FAKE_PROVIDER_KEY hang");
+        assert_eq!(a["generation"], n);
+        let g = &w.host_status(0)["lanes"][0]["generation"];
         assert_eq!(g["process_identity"]["confinement"], "verified", "{g}");
         let mine = ns(pid(&g["process_identity"]["harness_pid"]));
         assert!(!seen.contains(&mine), "generation {n} shares {mine:?}");
         seen.push(mine);
-        let got = outcomes(&h, "p", n);
+        let got = outcomes_in(&area);
         assert!(got[0].1, "{got:?}");
-        h.call(&Request::Stop { lane: "p".into() });
+        stop(&w, &a);
     }
 }
 

@@ -5,11 +5,18 @@
 mod common;
 mod pg;
 mod store;
+mod world;
 
+use std::path::{Path, PathBuf};
+
+use common::{wait_until, Model};
 use mosaic::coordinator::effects::{EffectClaim, Observed};
+use mosaic::coordinator::service::OperatorRequest;
 use mosaic::coordinator::states::ClaimState;
 use mosaic::protocol::effects::{self, Executor, Outcome, Target};
+use serde_json::Value;
 use store::*;
+use world::{Spec, World};
 
 /// The scope every test task here has: model calls, one host on the web ports, one
 /// withheld by a hold.
@@ -554,4 +561,405 @@ async fn an_ended_generations_claims_are_settled_by_what_was_observed_then_by_ru
     .await
     .unwrap();
     assert_eq!(claim_state(&f2.db.url, &c3.effect_id).await, "RECONCILED");
+}
+
+// ---- The daemons: a real generation's effects through its broker ----------------------
+
+/// A file removed on drop.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// A world whose `fake` runtime has the test model as its provider, with a key in its
+/// credentials file.
+fn provider_world(model: &Model, token: &str, lanes: usize) -> (World, Scratch) {
+    let creds = Scratch(std::env::temp_dir().join(format!(
+        "mosaic-creds-{}.env",
+        uuid::Uuid::new_v4().simple()
+    )));
+    std::fs::write(&creds.0, format!("FAKE_PROVIDER_KEY={token}\n")).unwrap();
+    std::fs::set_permissions(
+        &creds.0,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let w = World::started(Spec {
+        lanes,
+        tag: "effects",
+        supervisor_extra: format!(
+            "[providers]\nfake = \"http://127.0.0.1:{}\"\n[credentials]\nfake = {:?}\n",
+            model.port, creds.0
+        ),
+        ..Spec::default()
+    });
+    (w, creds)
+}
+
+/// An assign of the fake harness with an explicit scope.
+fn assign_scoped(w: &World, lane: &str, task: &str, scope: &[String], wait: bool) -> Value {
+    let mut r = world::assign_request(lane, task, None, wait);
+    if let OperatorRequest::Assign { scope: s, .. } = &mut r {
+        *s = scope.to_vec();
+    }
+    w.op(&r).unwrap_or_else(|e| panic!("assign: {e:?}"))
+}
+
+/// The fake harness's `$HOME` of the generation an assign answered with.
+fn home(w: &World, a: &Value) -> PathBuf {
+    w.area(
+        0,
+        a["lane_incarnation_id"].as_str().unwrap(),
+        a["generation"].as_u64().unwrap(),
+    )
+    .join("home")
+}
+
+/// The attempts recorded in `file` once all were made: (what, allowed, what was said).
+fn outcomes(file: &Path) -> Vec<(String, bool, String)> {
+    let text = wait_until("the attacker's outcomes", || {
+        std::fs::read_to_string(file)
+            .ok()
+            .filter(|t| t.contains("attacks done"))
+    });
+    parse(&text)
+}
+
+/// `attack WHAT allowed` / `attack WHAT denied: …` lines.
+fn parse(text: &str) -> Vec<(String, bool, String)> {
+    text.lines()
+        .filter_map(|l| l.strip_prefix("attack "))
+        .map(|l| {
+            let (what, rest) = l.split_once(' ').unwrap();
+            (what.to_string(), rest == "allowed", rest.to_string())
+        })
+        .collect()
+}
+
+/// Every claim of `assignment`: (executor, target, state, input tokens, output tokens).
+async fn claims_of(
+    w: &World,
+    assignment: &str,
+) -> Vec<(String, String, String, Option<i64>, Option<i64>)> {
+    w.sql()
+        .await
+        .query(
+            "SELECT executor, target, state, input_tokens, output_tokens FROM effect_claims \
+             WHERE assignment_id = $1 ORDER BY admitted_at",
+            &[&assignment],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3), r.get(4)))
+        .collect()
+}
+
+fn posts(model: &Model) -> Vec<Value> {
+    model
+        .requests()
+        .into_iter()
+        .filter(|r| r["method"] == "POST")
+        .collect()
+}
+
+/// A RUNNING generation's provider request is one claim, admitted before it is sent and
+/// settled with the usage the answer reported; before activation its model requests are
+/// answered by the gateway itself, and nothing reaches the provider.
+#[tokio::test(flavor = "multi_thread")]
+async fn provider_calls_are_claims_admitted_before_dispatch_and_staging_reaches_no_provider() {
+    let model = Model::start();
+    let token = format!("mosaic-secret-{}", uuid::Uuid::new_v4().simple());
+    let (w, _creds) = provider_world(&model, &token, 1);
+    let lane = w.lane_of(0, "lane-1");
+    let a = tokio::task::block_in_place(|| {
+        w.assign_to(
+            &lane,
+            "staging-attack=provider:FAKE_PROVIDER_KEY attack=provider:FAKE_PROVIDER_KEY hang",
+            true,
+        )
+        .unwrap()
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let home = home(&w, &a);
+    let staged = tokio::task::block_in_place(|| outcomes(&home.join("staging-attacks")));
+    let active = tokio::task::block_in_place(|| outcomes(&home.join("attacks")));
+    assert!(
+        staged[0].1,
+        "the gateway answers before activation: {staged:?}"
+    );
+    assert!(active[0].1, "the provider answers once active: {active:?}");
+    // Only the active generation's request reached the provider, with the real key.
+    let sent = posts(&model);
+    assert_eq!(sent.len(), 1, "{sent:?}");
+    assert_eq!(
+        sent[0]["headers"]["authorization"],
+        format!("Bearer {token}")
+    );
+    // It is one claim, completed, with the usage the answer itself reported.
+    let answer: Value =
+        serde_json::from_str(&std::fs::read_to_string(home.join("provider-answer")).unwrap())
+            .unwrap();
+    w.wait_count(
+        &format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state = 'COMPLETED'"),
+        |n| n == 1,
+        "the provider call's claim settled",
+    )
+    .await;
+    let claims = claims_of(&w, &asg).await;
+    assert_eq!(claims.len(), 1, "{claims:?}");
+    let (executor, target, state, input, output) = &claims[0];
+    assert_eq!(
+        (executor.as_str(), target.as_str(), state.as_str()),
+        ("provider", "provider", "COMPLETED")
+    );
+    assert_eq!(*input, answer["usage"]["prompt_tokens"].as_i64());
+    assert_eq!(*output, answer["usage"]["completion_tokens"].as_i64());
+    // Stopped: every claim settled, nothing left open.
+    tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::Stop {
+            assignment_id: asg.clone(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+            request_id: None,
+        })
+        .unwrap()
+    });
+    assert_eq!(
+        w.count(&format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state IN ('ADMITTED', 'UNKNOWN')")).await,
+        0
+    );
+}
+
+/// An address of this host that is not loopback (where its default route leaves from), for
+/// a server a tunnel may reach: egress never reaches the host's loopback.
+fn host_address() -> std::net::Ipv4Addr {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0").unwrap();
+    // Connecting a UDP socket sends nothing: it only picks the route's source address.
+    s.connect("192.0.2.1:9")
+        .expect("the egress tests need a route off this host (a non-loopback address)");
+    match s.local_addr().unwrap().ip() {
+        std::net::IpAddr::V4(a) if !a.is_loopback() => a,
+        other => panic!("the egress tests need a non-loopback IPv4 address; this host has {other}"),
+    }
+}
+
+/// A TCP server on `host_address()` that answers each connection's first line with
+/// `echo: <line>`; its port.
+fn echo_server() -> u16 {
+    use std::io::{BufRead, Write};
+    let l = std::net::TcpListener::bind((host_address(), 0)).unwrap();
+    let port = l.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        for s in l.incoming() {
+            let Ok(mut s) = s else { return };
+            std::thread::spawn(move || {
+                let mut line = String::new();
+                if std::io::BufReader::new(&s).read_line(&mut line).is_ok() {
+                    let _ = s.write_all(format!("echo: {line}").as_bytes());
+                }
+            });
+        }
+    });
+    port
+}
+
+/// From inside a RUNNING generation: a tunnel to a host its scope names is admitted and
+/// carried; one its scope does not name, one to the host's own loopback (even when the
+/// scope names it) and a direct connection are not. Each tunnel the coordinator admitted
+/// is a claim settled with what happened to it; refused ones are audited.
+#[tokio::test(flavor = "multi_thread")]
+async fn egress_reaches_only_what_the_scope_names_and_never_the_host_itself() {
+    let model = Model::start();
+    let (w, _creds) = provider_world(&model, "k", 1);
+    let lane = w.lane_of(0, "lane-1");
+    let ip = host_address();
+    let (open, closed) = (echo_server(), echo_server());
+    let scope: Vec<String> = vec![
+        format!("lane:{lane}"),
+        "provider".into(),
+        format!("egress:{ip}:{open}"),
+        format!("egress:127.0.0.1:{}", model.port),
+    ];
+    let task = format!(
+        "attack=egress:{ip}:{open} attack=egress:{ip}:{closed} attack=egress:127.0.0.1:{} \
+         attack=tcp:{ip}:{open} hang",
+        model.port
+    );
+    let a = tokio::task::block_in_place(|| assign_scoped(&w, &lane, &task, &scope, true));
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let home = home(&w, &a);
+    let got = tokio::task::block_in_place(|| outcomes(&home.join("attacks")));
+    assert_eq!(got.len(), 4, "{got:?}");
+    assert!(got[0].1, "the scoped host: {got:?}");
+    assert_eq!(
+        std::fs::read_to_string(home.join("egress-answer")).unwrap(),
+        "echo: ping\n",
+        "the tunnel carried both ways"
+    );
+    assert!(
+        !got[1].1 && got[1].2.contains("out-of-scope"),
+        "another port: {got:?}"
+    );
+    assert!(
+        !got[2].1 && got[2].2.contains("never reaches"),
+        "loopback: {got:?}"
+    );
+    assert!(!got[3].1, "a direct connection: {got:?}");
+    // The model's port on loopback got nothing from the tunnel.
+    assert!(posts(&model).is_empty());
+    w.wait_count(
+        &format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state = 'COMPLETED'"),
+        |n| n == 1,
+        "the tunnel's claim settled once it closed",
+    )
+    .await;
+    let claims = claims_of(&w, &asg).await;
+    let states: Vec<(&str, &str)> = claims
+        .iter()
+        .map(|c| (c.1.as_str(), c.2.as_str()))
+        .collect();
+    assert_eq!(
+        states,
+        vec![
+            (format!("egress:{ip}:{open}").as_str(), "COMPLETED"),
+            (
+                format!("egress:127.0.0.1:{}", model.port).as_str(),
+                "FAILED"
+            ),
+        ],
+        "one claim per admitted tunnel; none for the out-of-scope one"
+    );
+    assert!(tokio::task::block_in_place(|| w.audited("does not license")) >= 1);
+}
+
+/// A bare repository standing in for a host's remote; removed on drop.
+struct Remote(PathBuf);
+
+impl Remote {
+    fn new() -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "mosaic-remote-{}.git",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let ok = std::process::Command::new("git")
+            .args(["init", "--bare", "-q"])
+            .arg(&p)
+            .status()
+            .expect("the push tests need git on this host");
+        assert!(ok.success());
+        Self(p)
+    }
+
+    /// The commit `reference` names, if it exists.
+    fn at(&self, reference: &str) -> Option<String> {
+        let out = std::process::Command::new("git")
+            .arg("--git-dir")
+            .arg(&self.0)
+            .args(["rev-parse", "--verify", "-q", reference])
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A push goes out only through the push executor, after the coordinator admitted the
+/// exact ref update: the assignment's own branch under `push:REPO`, nothing outside the
+/// scope; the same commit again claims and pushes nothing; another update under a key
+/// already bound is refused, and the lane of the generation that tried is quarantined.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_push_is_an_admitted_claim_bound_to_its_exact_ref_update() {
+    let remote = Remote::new();
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "push",
+        supervisor_extra: format!("[repositories.app]\nurl = {:?}\n", remote.0),
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let scope = vec![format!("lane:{lane}"), "push:app".into()];
+    let a = tokio::task::block_in_place(|| {
+        assign_scoped(
+            &w,
+            &lane,
+            "attack=push:app attack=repush:app attack=push-ref:app:refs/heads/main \
+             attack=push:app:k1 attack=push:app:k1 hang",
+            &scope,
+            true,
+        )
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let home = home(&w, &a);
+    // The last attempt quarantines the lane: its generation may be stopped before it
+    // records its own refusal.
+    let got = tokio::task::block_in_place(|| {
+        wait_until("the first four attempts", || {
+            let text = std::fs::read_to_string(home.join("attacks")).ok()?;
+            let got = parse(&text);
+            (got.len() >= 4).then_some(got)
+        })
+    });
+    assert!(got[0].1, "its own branch: {got:?}");
+    assert!(
+        got[1].1,
+        "the same commit again (up to date, nothing pushed): {got:?}"
+    );
+    assert!(
+        !got[2].1 && got[2].2.contains("out-of-scope"),
+        "another ref: {got:?}"
+    );
+    assert!(got[3].1, "a new commit under a key of its own: {got:?}");
+    // The substitution quarantined the lane, and its generation was stopped.
+    tokio::task::block_in_place(|| {
+        wait_until("the lane quarantined", || {
+            let lanes = w.op(&OperatorRequest::Lanes).ok()?;
+            (lanes[0]["state"] == "QUARANTINED").then_some(())
+        })
+    });
+    let got = parse(&std::fs::read_to_string(home.join("attacks")).unwrap());
+    if let Some(fifth) = got.get(4) {
+        assert!(
+            !fifth.1 && fifth.2.contains("idempotency-conflict"),
+            "another update under a bound key: {got:?}"
+        );
+    }
+    let answers: Vec<Value> = std::fs::read_to_string(home.join("push-answers"))
+        .unwrap()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect();
+    let branch = format!("refs/heads/mosaic/{asg}");
+    assert_eq!(
+        remote.at(&branch).as_deref(),
+        answers[3]["push"]["new"].as_str(),
+        "the remote has the last admitted update"
+    );
+    assert_eq!(answers[1]["push"]["state"], "up-to-date");
+    assert_eq!(answers[1]["push"]["effect_id"], "");
+    assert!(remote.at("refs/heads/main").is_none());
+    let claims = claims_of(&w, &asg).await;
+    let pushes: Vec<(&str, &str)> = claims
+        .iter()
+        .map(|c| (c.1.as_str(), c.2.as_str()))
+        .collect();
+    assert_eq!(
+        pushes,
+        vec![
+            (format!("push:app:{branch}").as_str(), "COMPLETED"),
+            (format!("push:app:{branch}").as_str(), "COMPLETED"),
+        ]
+    );
+    assert!(tokio::task::block_in_place(|| w.audited("idempotency key already used")) >= 1);
 }

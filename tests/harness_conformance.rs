@@ -107,15 +107,37 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         }),
     );
 
-    // 1. A task reaches RUNNING: contract in the model's context, then the activation check
-    //    typed into the pane, ACK taken from the turn's answer (the Stop hook).
+    // 1. A task reaches RUNNING: the contract in the harness's context, then the activation
+    //    check typed into the pane as a turn, answered by the gateway from that turn's own
+    //    request (nothing reaches a model before activation), the ACK taken from the turn's
+    //    end (the Stop hook).
     let a = up
         .assign(f.runtime, "TASKMARKER-ONE: keep the lane tidy", true)
         .expect("assign reaches RUNNING");
     checks.insert("reaches_running", a["state"].clone());
     let id1 = a["assignment_id"].as_str().unwrap().to_string();
+    let before_activation = model.requests().len();
+    let g1 = up.generation();
+    checks.insert(
+        "activation_answered_without_a_model",
+        json!(before_activation == 0 && g1["gateway"]["staged_answers"].as_u64() >= Some(1)),
+    );
+    checks.insert(
+        "ack_taken_from_turn_end",
+        json!(
+            g1["harness"]["settled"].as_u64().unwrap_or(0) >= 1
+                && up.screen().contains("mosaic-ack:")
+        ),
+    );
+    // The first turn after activation takes the contract, and the activation exchange, to
+    // the model.
+    let settled_before = up.settled();
+    up.type_turn("TASKMARKER-ONE-FOLLOWUP: begin");
+    wait_for("the first active turn settled", common::PATIENCE, || {
+        (up.settled() > settled_before).then_some(())
+    });
     let conv = model.conversation();
-    let with_contract = conv.iter().any(|b| b.contains("TASKMARKER-ONE"));
+    let with_contract = conv.iter().any(|b| b.contains("TASKMARKER-ONE:"));
     // The digest the supervisor reported as delivered is the contract's own, and it is the
     // one the model was given.
     let delivered = up.sql(
@@ -142,26 +164,32 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         .collect();
     checks.insert(
         "challenge_turn_carries_contract",
-        json!(!challenged.is_empty() && challenged.iter().all(|b| b.contains("TASKMARKER-ONE"))),
-    );
-    let g1 = up.generation();
-    checks.insert(
-        "ack_taken_from_turn_end",
-        json!(
-            g1["harness"]["settled"].as_u64().unwrap_or(0) >= 1
-                && up.screen().contains("mosaic-ack:")
-        ),
+        json!(!challenged.is_empty() && challenged.iter().all(|b| b.contains("TASKMARKER-ONE:"))),
     );
     // Credentials reached the endpoint, from the file, and nowhere else.
     let all = model.requests();
     let bearer = format!("Bearer {token}");
-    let reached = all.iter().filter(|r| r["method"] == "POST").all(|r| {
-        r["headers"].as_object().is_some_and(|h| {
-            h.values()
-                .any(|v| v == &json!(bearer) || v == &json!(token))
-        })
-    });
+    let posts: Vec<&Value> = all.iter().filter(|r| r["method"] == "POST").collect();
+    let reached = !posts.is_empty()
+        && posts.iter().all(|r| {
+            r["headers"].as_object().is_some_and(|h| {
+                h.values()
+                    .any(|v| v == &json!(bearer) || v == &json!(token))
+            })
+        });
     checks.insert("credentials_reach_the_harness", json!(reached));
+    // Every request that reached the model was an effect admitted by the coordinator.
+    let claims = up
+        .sql(
+            "SELECT count(*)::text FROM effect_claims WHERE assignment_id = $1 AND executor = 'provider'",
+            &id1,
+        )
+        .and_then(|n| n.parse::<usize>().ok())
+        .unwrap_or(0);
+    checks.insert(
+        "every_model_request_a_claim",
+        json!(claims >= posts.len() && !posts.is_empty()),
+    );
 
     // 2. Forged settled events: from outside the generation's cgroup, and from inside it
     //    about another conversation.
@@ -366,6 +394,14 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         .assign(f.runtime, "TASKMARKER-TWO: a different task", true)
         .expect("second assign");
     let id2 = b["assignment_id"].as_str().unwrap().to_string();
+    // Its first active turn: what the fresh generation's model is given.
+    let settled_before = up.settled();
+    up.type_turn("TASKMARKER-TWO-FOLLOWUP: begin");
+    wait_for(
+        "the second generation's first turn",
+        common::PATIENCE,
+        || (up.settled() > settled_before).then_some(()),
+    );
     let second: Vec<String> = model.conversation().split_off(n_before);
     checks.insert(
         "fresh_state_per_generation",
@@ -783,6 +819,8 @@ fn run(f: &Family) {
         ("/contract_in_model_context/task_text", json!(true)),
         ("/contract_in_model_context/delivered_digest", json!(true)),
         ("/challenge_turn_carries_contract", json!(true)),
+        ("/activation_answered_without_a_model", json!(true)),
+        ("/every_model_request_a_claim", json!(true)),
         ("/ack_taken_from_turn_end", json!(true)),
         ("/credentials_reach_the_harness", json!(true)),
         ("/credentials_leaked_to", json!([])),

@@ -1098,3 +1098,183 @@ async fn malformed_names_cycling_sessions_and_a_host_that_refuses_the_coordinato
         "the coordinator saw no refused session"
     );
 }
+
+/// The coordinator's own check of every claim a host presents (spec §5.5, §17 "Unknown
+/// executor", "Revoked cached lease"): host B, played by the raw client through its own
+/// chain to RUNNING, names an executor nobody registered, an effect id its key does not
+/// name, a target its scope does not license, and presents an admitted claim again. The
+/// first three are refused and audited; the repeat is the same claim, answered `settled`,
+/// never a second admission to dispatch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_claim_is_checked_against_the_registry_its_key_and_its_scope() {
+    let w = World::new(Opts::default());
+    let inc = incarnation();
+    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let lane = w.lane(1, "lane-x");
+    common::wait_until("B's lane registered", || {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .any(|l| l["lane_id"] == lane.as_str())
+            .then_some(())
+    });
+    let a = w.assign(&lane, "hang", false).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    let send = |hs: &mut HostSession, t: MessageType, extra: Vec<(&'static str, Value)>| {
+        let mut f = chain_fields(&stage);
+        f.extend(extra);
+        let bytes = hs.seq.seal(Outgoing::new(&ordinary, t, f), COORD).unwrap();
+        Message::text(String::from_utf8(bytes).unwrap())
+    };
+    let m = send(
+        &mut hs,
+        MessageType::Staged,
+        vec![
+            ("idempotency_key", s("staged-1")),
+            ("process_identity", identity()),
+        ],
+    );
+    hs.ws.send(m).await.unwrap();
+    let contract = next_of(&mut hs, &p, &[MessageType::Contract]).await;
+    let a_ = authority(&stage);
+    let d = contract_digests(&contract);
+    let post = |extra: Vec<(&'static str, Value)>| {
+        let mut f = vec![
+            ("reservation_epoch", n(a_.reservation_epoch)),
+            ("reservation_deadline", s(&a_.reservation_deadline)),
+            ("runtime_id", s(&a_.runtime_id)),
+            ("contracts_digest", s(&d.contracts_digest)),
+            ("scope_digest", s(&d.scope_digest)),
+            ("holds_digest", s(&d.holds_digest)),
+        ];
+        f.extend(extra);
+        f
+    };
+    let m = send(
+        &mut hs,
+        MessageType::Injected,
+        post(vec![
+            ("idempotency_key", s("injected-1")),
+            ("delivered_contracts_digest", s(&d.contracts_digest)),
+            ("process_identity", identity()),
+        ]),
+    );
+    hs.ws.send(m).await.unwrap();
+    let challenge = next_of(&mut hs, &p, &[MessageType::Challenge]).await;
+    let challenge_id = match typed(&challenge) {
+        ToHost::Challenge(c) => c.challenge_id,
+        other => panic!("not a challenge: {other:?}"),
+    };
+    let m = send(
+        &mut hs,
+        MessageType::Ack,
+        post(vec![
+            ("idempotency_key", s("ack-1")),
+            ("challenge_id", s(&challenge_id)),
+            ("process_identity", identity()),
+        ]),
+    );
+    hs.ws.send(m).await.unwrap();
+    let activated = next_of(&mut hs, &p, &[MessageType::Control]).await;
+    assert!(matches!(typed(&activated), ToHost::Activate(_)));
+
+    let claim = |executor: &str, target: &str, key: &str, effect_id: &str| {
+        post(vec![
+            ("idempotency_key", s(key)),
+            ("effect_id", s(effect_id)),
+            ("executor", s(executor)),
+            ("target", s(target)),
+            ("operation_digest", s(&format!("sha256:{}", "e".repeat(64)))),
+            ("responsibility_owner", s(&lane)),
+            ("execution_owner", s(&lane)),
+            ("process_identity", identity()),
+        ])
+    };
+    let id_of = |key: &str| mosaic::protocol::effects::effect_id(&asg, key);
+    let verdict = |env: &Envelope<Verified>| match typed(env) {
+        ToHost::EffectVerdict(v) => v,
+        other => panic!("not an effect verdict: {other:?}"),
+    };
+    use mosaic::protocol::messages::EffectAnswer;
+    // An executor nobody registered.
+    let m = send(
+        &mut hs,
+        MessageType::Effect,
+        claim("deploy", "deploy:prod", "k-deploy", &id_of("k-deploy")),
+    );
+    hs.ws.send(m).await.unwrap();
+    let v = verdict(&next_of(&mut hs, &p, &[MessageType::EffectVerdict]).await);
+    assert_eq!(
+        v.answer,
+        EffectAnswer::Refused {
+            category: "bad-input".into()
+        }
+    );
+    // An effect id its key does not name.
+    let m = send(
+        &mut hs,
+        MessageType::Effect,
+        claim("provider", "provider", "k-1", &id_of("k-other")),
+    );
+    hs.ws.send(m).await.unwrap();
+    let v = verdict(&next_of(&mut hs, &p, &[MessageType::EffectVerdict]).await);
+    assert_eq!(
+        v.answer,
+        EffectAnswer::Refused {
+            category: "bad-input".into()
+        }
+    );
+    // A target its scope does not license (the default scope: the lane and its provider).
+    let m = send(
+        &mut hs,
+        MessageType::Effect,
+        claim("egress", "egress:example.com:443", "k-web", &id_of("k-web")),
+    );
+    hs.ws.send(m).await.unwrap();
+    let v = verdict(&next_of(&mut hs, &p, &[MessageType::EffectVerdict]).await);
+    assert_eq!(
+        v.answer,
+        EffectAnswer::Refused {
+            category: "out-of-scope".into()
+        }
+    );
+    // Admitted once; the same claim again is answered with what it is, never admitted anew.
+    let m = send(
+        &mut hs,
+        MessageType::Effect,
+        claim("provider", "provider", "k-model", &id_of("k-model")),
+    );
+    hs.ws.send(m).await.unwrap();
+    let v = verdict(&next_of(&mut hs, &p, &[MessageType::EffectVerdict]).await);
+    assert!(matches!(v.answer, EffectAnswer::Admitted { .. }), "{v:?}");
+    let m = send(
+        &mut hs,
+        MessageType::Effect,
+        claim("provider", "provider", "k-model", &id_of("k-model")),
+    );
+    hs.ws.send(m).await.unwrap();
+    let v = verdict(&next_of(&mut hs, &p, &[MessageType::EffectVerdict]).await);
+    assert_eq!(
+        v.answer,
+        EffectAnswer::Settled {
+            claim_state: "ADMITTED".into(),
+            result_digest: None
+        }
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}'"
+        ))
+        .await,
+        1
+    );
+    common::wait_until("the refusals audited", || {
+        (w.audited("unknown executor") >= 1
+            && w.audited("the effect id is not the one its key names") >= 1
+            && w.audited("does not license") >= 1)
+            .then_some(())
+    });
+}

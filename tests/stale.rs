@@ -199,6 +199,7 @@ fn world() -> (Supervisor, World) {
         providers: Default::default(),
         lane_uids: None,
         lane_uid_ledger: None,
+        repositories: Default::default(),
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

@@ -15,6 +15,7 @@ pub mod codex;
 pub mod credentials;
 pub mod fake;
 pub mod install;
+pub mod modelwire;
 pub mod opencode;
 pub mod pi;
 mod probe;

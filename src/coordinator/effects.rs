@@ -70,7 +70,14 @@ pub struct Admission {
     /// True when this is the original admission returned again (same key, same operation).
     pub replayed: bool,
     pub result_digest: Option<String>,
+    /// A fresh admission's database time, and the end of the window its broker has to
+    /// dispatch it (`VERDICT_TTL`); `None` for a repeat.
+    pub window: Option<(String, String)>,
 }
+
+/// How long a fresh admission's verdict is good for (database time): a broker that learns
+/// of it later does not dispatch it.
+pub const VERDICT_TTL: &str = "30 seconds";
 
 /// What a broker observed of one effect.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -212,7 +219,8 @@ static ADMIT_CAS: LazyLock<String> = LazyLock::new(|| {
          JOIN generations g ON g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
          {LEASE_OF} \
          WHERE r.reservation_id = $16 AND {} \
-         RETURNING effect_id, lease_id, lease_epoch",
+         RETURNING effect_id, lease_id, lease_epoch, mosaic_ts(clock_timestamp()) AS admitted_at, \
+             mosaic_ts(clock_timestamp() + interval '{VERDICT_TTL}') AS dispatch_until",
         cas::conjunction(ADMIT_PREDS),
     )
 });
@@ -291,8 +299,10 @@ impl Store {
                         }
                     };
                     let (lease_id, lease_epoch): (String, i64) = (d.row().col("lease_id")?, d.row().col("lease_epoch")?);
+                    let (at, until): (String, String) = (d.row().col("admitted_at")?, d.row().col("dispatch_until")?);
                     d.decide(json!({ "effect_id": effect_id, "executor": exec, "target": target, "lease_id": lease_id,
-                        "lease_epoch": lease_epoch, "generation": x.generation, "operation_digest": x.operation_digest }))
+                        "lease_epoch": lease_epoch, "generation": x.generation, "operation_digest": x.operation_digest,
+                        "admitted_at": at, "dispatch_until": until }))
                 }),
             )
             .await?;
@@ -305,6 +315,7 @@ impl Store {
                 state: ClaimState::Admitted,
                 replayed: false,
                 result_digest: None,
+                window: Some((r.str("admitted_at")?, r.str("dispatch_until")?)),
             });
         }
         // The same claim presented again: what became of it is the answer.
@@ -323,6 +334,7 @@ impl Store {
             state: row.col("state")?,
             replayed: true,
             result_digest: row.col("result_digest")?,
+            window: None,
         })
     }
 

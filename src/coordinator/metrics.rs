@@ -164,9 +164,28 @@ pub struct CoordinatorMetrics {
     pub host_clock_offset: Family<HostLabel, Gauge>,
     audit_spooled: Gauge,
     audit_spool_lost: Gauge,
+    /// Effect claims answered, by executor and result (admitted, settled, substituted,
+    /// refused-<category>): the §18 executor fence denials are the refusals.
+    effects: Family<ExecutorResult, Counter>,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ExecutorResult {
+    pub executor: String,
+    pub result: String,
 }
 
 impl CoordinatorMetrics {
+    /// Counts one effect claim's answer.
+    pub fn effect(&self, executor: &str, result: &str) {
+        self.effects
+            .get_or_create(&ExecutorResult {
+                executor: executor.into(),
+                result: result.into(),
+            })
+            .inc();
+    }
+
     pub fn new(t: &TransitionMetrics) -> Self {
         let mut r = Registry::with_prefix("mosaic");
         let m = Self {
@@ -192,7 +211,13 @@ impl CoordinatorMetrics {
             host_clock_offset: Family::default(),
             audit_spooled: Gauge::default(),
             audit_spool_lost: Gauge::default(),
+            effects: Family::default(),
         };
+        r.register(
+            "effect_claims",
+            "Effect claims answered, by executor and result (admitted; settled: the key named a claim already admitted; substituted: the key was bound to another operation; refused-<category>)",
+            m.effects.clone(),
+        );
         r.register(
             "audit_spooled",
             "Audit records waiting in the spool for the database to answer",

@@ -55,6 +55,21 @@ pub enum Attack {
     /// Wait (up to a minute) until a file exists, so a test can order the attempts after
     /// it around its own steps (a supervisor restart); allowed once it exists.
     Wait(PathBuf),
+    /// Open a tunnel to `HOST:PORT` through the egress proxy in `$HTTPS_PROXY` (`CONNECT`),
+    /// as a tool honouring the variable would; once open, send `ping` and keep what comes
+    /// back in `$HOME/egress-answer`: allowed when the proxy opened the tunnel.
+    Egress(String),
+    /// Commit (empty) to `$HOME/pushrepo` (made on first use) and push it through
+    /// `mosaic lane push --repo REPO` (to the assignment's own branch unless a ref is given,
+    /// under the key given if any); its answer appended to `$HOME/push-answers`: allowed
+    /// when the remote took it.
+    Push {
+        repo: String,
+        reference: Option<String>,
+        key: Option<String>,
+        /// Make a new commit first (`repush` does not: the same commit again).
+        commit: bool,
+    },
     /// Open this many connections to the provider gateway and hold them (idle) until
     /// `$HOME/release` exists (at most a minute), having written `$HOME/flooding`: allowed
     /// when every one connected.
@@ -93,6 +108,34 @@ impl Attack {
                 Self::Tcp(arg.to_string())
             }
             "provider" if !arg.is_empty() => Self::Provider(arg.to_string()),
+            "egress"
+                if arg
+                    .rsplit_once(':')
+                    .is_some_and(|(h, p)| !h.is_empty() && p.parse::<u16>().is_ok()) =>
+            {
+                Self::Egress(arg.to_string())
+            }
+            // push:REPO, push:REPO:KEY (the assignment's branch); push-ref:REPO:REF.
+            "push" | "repush" if !arg.is_empty() => {
+                let (repo, key) = arg
+                    .split_once(':')
+                    .map_or((arg, None), |(r, k)| (r, Some(k)));
+                Self::Push {
+                    repo: repo.to_string(),
+                    reference: None,
+                    key: key.map(String::from),
+                    commit: kind == "push",
+                }
+            }
+            "push-ref" => {
+                let (repo, reference) = arg.split_once(':')?;
+                Self::Push {
+                    repo: repo.to_string(),
+                    reference: Some(reference.to_string()),
+                    key: None,
+                    commit: true,
+                }
+            }
             "wait" => Self::Wait(path()?),
             "flood" => Self::Flood(arg.parse().ok().filter(|n| (1..=1000).contains(n))?),
             _ => return None,
@@ -120,6 +163,20 @@ impl Attack {
             Self::Renice(p) => format!("renice:{p}"),
             Self::Tcp(a) => format!("tcp:{a}"),
             Self::Provider(v) => format!("provider:{v}"),
+            Self::Egress(a) => format!("egress:{a}"),
+            Self::Push {
+                repo,
+                reference,
+                key,
+                commit,
+            } => {
+                let kind = if *commit { "push" } else { "repush" };
+                match (reference, key) {
+                    (Some(r), _) => format!("push-ref:{repo}:{r}"),
+                    (None, Some(k)) => format!("{kind}:{repo}:{k}"),
+                    (None, None) => format!("{kind}:{repo}"),
+                }
+            }
             Self::Wait(p) => format!("wait:{}", p.display()),
             Self::Flood(n) => format!("flood:{n}"),
         }
@@ -267,6 +324,13 @@ impl Attack {
                     .map(drop)
             }
             Self::Provider(var) => provider_request(var),
+            Self::Egress(to) => egress_request(to),
+            Self::Push {
+                repo,
+                reference,
+                key,
+                commit,
+            } => push_request(repo, reference.as_deref(), key.as_deref(), *commit),
             Self::Flood(n) => {
                 let base = std::env::var("MOSAIC_PROVIDER_URL")
                     .map_err(|_| std::io::Error::other("no MOSAIC_PROVIDER_URL"))?;
@@ -342,6 +406,137 @@ fn provider_request(key_var: &str) -> std::io::Result<()> {
     }
 }
 
+/// A tunnel to `to` through the proxy `$HTTPS_PROXY` names.
+fn egress_request(to: &str) -> std::io::Result<()> {
+    use std::io::Read;
+    let proxy =
+        std::env::var("HTTPS_PROXY").map_err(|_| std::io::Error::other("no HTTPS_PROXY"))?;
+    let authority = proxy
+        .strip_prefix("http://")
+        .map(|r| r.trim_end_matches('/'))
+        .ok_or_else(|| std::io::Error::other("not an http:// proxy"))?;
+    let mut s = std::net::TcpStream::connect(authority)?;
+    s.set_read_timeout(Some(std::time::Duration::from_secs(15)))?;
+    write!(s, "CONNECT {to} HTTP/1.1\r\nHost: {to}\r\n\r\n")?;
+    // The proxy's answer head, byte by byte (what follows it is the tunnel's).
+    let mut head = Vec::new();
+    let mut b = [0u8; 1];
+    while !head.ends_with(b"\r\n\r\n") && head.len() < 8192 {
+        if s.read(&mut b)? == 0 {
+            break;
+        }
+        head.push(b[0]);
+    }
+    let head = String::from_utf8_lossy(&head).into_owned();
+    let status = head.split(' ').nth(1).unwrap_or("").to_string();
+    if status != "200" {
+        // The refusal's body says why (the connection stays open: read its length).
+        let len = head
+            .lines()
+            .find_map(|l| {
+                l.to_ascii_lowercase()
+                    .strip_prefix("content-length:")
+                    .and_then(|v| v.trim().parse::<usize>().ok())
+            })
+            .unwrap_or(0)
+            .min(8192);
+        let mut rest = vec![0u8; len];
+        let _ = s.read_exact(&mut rest);
+        return Err(std::io::Error::other(format!(
+            "status {status}: {}",
+            String::from_utf8_lossy(&rest)
+                .chars()
+                .take(300)
+                .collect::<String>()
+        )));
+    }
+    s.write_all(b"ping\n")?;
+    // The answer's first line.
+    let mut answer = Vec::new();
+    while !answer.ends_with(b"\n") && answer.len() < 256 {
+        match s.read(&mut b) {
+            Ok(1) => answer.push(b[0]),
+            _ => break,
+        }
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        std::fs::write(PathBuf::from(home).join("egress-answer"), &answer)?;
+    }
+    Ok(())
+}
+
+/// A fresh commit of `$HOME/pushrepo`, pushed through `mosaic lane push`.
+fn push_request(
+    repo: &str,
+    reference: Option<&str>,
+    key: Option<&str>,
+    commit: bool,
+) -> std::io::Result<()> {
+    let home = PathBuf::from(std::env::var_os("HOME").unwrap_or_default());
+    let dir = home.join("pushrepo");
+    let git = |args: &[&str]| -> std::io::Result<()> {
+        let st = std::process::Command::new("git")
+            .arg("-C")
+            .arg(&dir)
+            .args([
+                "-c",
+                "user.name=fake",
+                "-c",
+                "user.email=fake@mosaic.invalid",
+            ])
+            .args(args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()?;
+        if st.success() {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("git {} failed", args[0])))
+        }
+    };
+    if !dir.join(".git").exists() {
+        std::fs::create_dir_all(&dir)?;
+        git(&["init", "-q"])?;
+    }
+    if commit {
+        git(&[
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "a fake harness's commit",
+        ])?;
+    }
+    let bin =
+        std::env::var_os("MOSAIC_BIN").ok_or_else(|| std::io::Error::other("no MOSAIC_BIN"))?;
+    let mut c = std::process::Command::new(bin);
+    c.args(["lane", "push", "--repo", repo, "--from"]).arg(&dir);
+    if let Some(r) = reference {
+        c.args(["--ref", r]);
+    }
+    if let Some(k) = key {
+        c.args(["--key", k]);
+    }
+    let out = c.output()?;
+    let answer = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(home.join("push-answers"))?;
+    writeln!(f, "{}", answer.trim())?;
+    let v: serde_json::Value = serde_json::from_str(answer.trim()).unwrap_or_default();
+    if v["ok"] == true && matches!(v["push"]["state"].as_str(), Some("pushed" | "up-to-date")) {
+        Ok(())
+    } else {
+        Err(std::io::Error::other(
+            v["error"]
+                .as_str()
+                .unwrap_or(v["state"].as_str().unwrap_or("no answer"))
+                .to_string(),
+        ))
+    }
+}
+
 /// A chunked body's data (sizes in hex, each chunk followed by CRLF, a zero chunk last).
 fn dechunk(mut rest: &str) -> String {
     let mut out = String::new();
@@ -369,22 +564,35 @@ fn ask(s: &mut std::os::unix::net::UnixStream) -> std::io::Result<()> {
     }
 }
 
-/// Makes every attempt in order and appends each outcome to `$HOME/attacks`.
+/// Makes every attempt in order and records each outcome in `$HOME/attacks`.
 pub fn run_all(attacks: &[&Attack]) {
+    run_into(attacks, "attacks")
+}
+
+/// Makes every attempt in order and records each outcome in `$HOME/<file>`, one line as
+/// each ends (so a harness stopped part-way leaves what it did), then `attacks done`.
+pub fn run_into(attacks: &[&Attack], file: &str) {
     let home = std::env::var_os("HOME")
         .map(PathBuf::from)
         .unwrap_or_default();
-    let mut out = String::new();
+    let path = home.join(file);
+    let _ = std::fs::remove_file(&path);
+    let record = |line: &str| {
+        print!("{line}");
+        let written = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = written {
+            eprintln!("mosaic-fake-harness: cannot record attacks: {e}");
+        }
+    };
     for a in attacks {
-        let line = match a.attempt() {
+        record(&match a.attempt() {
             Ok(()) => format!("attack {} allowed\n", a.label()),
             Err(e) => format!("attack {} denied: {e}\n", a.label()),
-        };
-        print!("{line}");
-        out.push_str(&line);
+        });
     }
-    out.push_str("attacks done\n");
-    if let Err(e) = std::fs::write(home.join("attacks"), out) {
-        eprintln!("mosaic-fake-harness: cannot record attacks: {e}");
-    }
+    record("attacks done\n");
 }

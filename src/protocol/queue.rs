@@ -132,6 +132,13 @@ impl GenerationGate {
         }
     }
 
+    /// Whether (incarnation, generation) is the lane's current, unfenced generation.
+    pub fn is_current(&self, lane: &str, incarnation: &str, generation: u64) -> bool {
+        self.lanes.get(lane).is_some_and(|c| {
+            c.incarnation == incarnation && c.generation == generation && !c.fenced
+        })
+    }
+
     /// Admits `env` for delivery only if it is addressed to the lane's current, unfenced
     /// generation of the current incarnation.
     /// On rejection, returns the redacted audit record (which carries the reason).

@@ -326,11 +326,10 @@ async fn reattach(
     }
 }
 
-/// The provider gateway of a re-adopted generation, served again on the listener its shim
+/// The broker's listener of a re-adopted generation, served again on the listener its shim
 /// kept (requests made while no supervisor ran waited in its backlog), with the credentials
-/// read again from the runtime's file. A provider no longer declared serves nothing (the
-/// harness's requests then wait and time out); credentials that cannot be read are refused
-/// per request with the reason.
+/// read again from the runtime's file. A provider no longer declared answers its requests
+/// 404; credentials that cannot be read are refused per request with the reason.
 fn reserve_gateway(
     inner: &Arc<Inner>,
     g: &GenRecord,
@@ -338,11 +337,7 @@ fn reserve_gateway(
     fd: i32,
 ) -> Option<super::gateway::Gateway> {
     let runtime = crate::adapter::RuntimeRef::parse(&g.runtime).ok()?.runtime;
-    let Some(upstream) = inner.cfg.providers.get(&runtime).cloned() else {
-        tracing::warn!(lane_id = %g.lane_id, generation = g.generation, runtime = %runtime,
-            "the re-adopted generation's runtime no longer declares a provider; its gateway is not served");
-        return None;
-    };
+    let upstream = inner.cfg.providers.get(&runtime).cloned();
     let secrets = match inner.cfg.credentials.get(&runtime) {
         None => Ok(Vec::new()),
         Some(path) => crate::adapter::credentials::load(&runtime, path)
@@ -371,6 +366,7 @@ fn reserve_gateway(
         runtime,
         upstream,
         secrets,
+        broker: inner.broker.clone(),
     };
     match super::gateway::serve(listener, route, inner.metrics.clone()) {
         Ok(gw) => Some(gw),
@@ -402,6 +398,11 @@ fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanes
     }
     session.delivered.send_replace(Some(digest));
     session.activation.send_replace(Some(Ok(())));
+    let _ = session.assignment_id.set(c.assignment_id.clone());
+    if inner.cfg.confined(&g.lane) {
+        let area = super::generation::harness_dir(inner, &g.lane_incarnation_id, g.generation);
+        let _ = session.push.set(super::harness::push_ctx(inner, g, &area));
+    }
     let path = super::lanesock::path_for(&g.socket);
     let cg = inner.tree.at_abs(&g.cgroup);
     let _ = std::fs::remove_file(&path);

@@ -82,6 +82,12 @@ pub struct ConfigFile {
     /// /var/lib/mosaic/lane-uids.json.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub lane_uid_ledger: Option<PathBuf>,
+    /// Repositories a confined generation may push to through `mosaic lane push`
+    /// (`supervisor::push`), by name: `[repositories.app] url = "…"`, optionally
+    /// `env = "/etc/mosaic/app-git.env"` (variables for `git push` alone). The generation
+    /// never sees either.
+    #[serde(default, skip_serializing_if = "std::collections::BTreeMap::is_empty")]
+    pub repositories: std::collections::BTreeMap<String, super::push::Repository>,
 }
 
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
@@ -143,6 +149,7 @@ pub struct Config {
     pub providers: std::collections::BTreeMap<String, super::gateway::Upstream>,
     pub lane_uids: super::state::UidRange,
     pub lane_uid_ledger: PathBuf,
+    pub repositories: std::collections::BTreeMap<String, super::push::Repository>,
 }
 
 impl Config {
@@ -204,6 +211,33 @@ impl Config {
                     })
             })
             .collect::<Result<_, _>>()?;
+        for (name, r) in &f.repositories {
+            if !crate::protocol::effects::repo_ok(name) {
+                return Err(SupervisorError::Config {
+                    detail: format!("repositories.{name}: a name is letters, digits, . _ -"),
+                });
+            }
+            // A URL carrying a password would reach logs and errors: credentials go in
+            // the env file.
+            let userinfo = r
+                .url
+                .split_once("://")
+                .and_then(|(_, rest)| rest.split('/').next())
+                .and_then(|auth| auth.rsplit_once('@'))
+                .map(|(u, _)| u.to_string());
+            if userinfo.is_some_and(|u| u.contains(':')) || r.url.trim().is_empty() {
+                return Err(SupervisorError::Config {
+                    detail: format!(
+                        "repositories.{name}: the url must name the remote without a password (put credentials in its env file)"
+                    ),
+                });
+            }
+            if r.env.as_ref().is_some_and(|p| !p.is_absolute()) {
+                return Err(SupervisorError::Config {
+                    detail: format!("repositories.{name}: env must be an absolute path"),
+                });
+            }
+        }
         if !bin_dir.is_absolute() {
             return Err(SupervisorError::Config {
                 detail: format!(
@@ -248,6 +282,7 @@ impl Config {
             lane_uid_ledger: f
                 .lane_uid_ledger
                 .unwrap_or_else(|| PathBuf::from("/var/lib/mosaic/lane-uids.json")),
+            repositories: f.repositories,
         })
     }
 

@@ -634,6 +634,7 @@ pub(crate) fn build_receipt(
         last_validated_progress_at: None,
         last_progress_receipt_digest: None,
         detail,
+        effects: inner.broker.unrecorded(&rec.lane_id, rec.generation),
     }
 }
 

@@ -139,3 +139,42 @@ pub(crate) fn prepare(
     }
     Ok(prepared)
 }
+
+/// The proxy environment of a confined generation: every tool that honours the usual
+/// variables reaches other hosts through the egress proxy (the broker's listener), and the
+/// listener itself directly. A tool that ignores them has no route anywhere.
+pub(crate) fn proxy_env() -> Vec<(String, String)> {
+    let url = crate::confine::net::gateway_url();
+    let mut env: Vec<(String, String)> = [
+        "HTTPS_PROXY",
+        "https_proxy",
+        "HTTP_PROXY",
+        "http_proxy",
+        "ALL_PROXY",
+        "all_proxy",
+    ]
+    .into_iter()
+    .map(|k| (k.to_string(), url.clone()))
+    .collect();
+    for k in ["NO_PROXY", "no_proxy"] {
+        env.push((k.to_string(), "127.0.0.1,localhost".to_string()));
+    }
+    env
+}
+
+/// What a confined generation's pushes need: its area (bundles are read from beneath it),
+/// the host's repositories, the supervisor's mirrors and the broker.
+pub(crate) fn push_ctx(
+    inner: &Inner,
+    rec: &super::state::GenRecord,
+    area: &std::path::Path,
+) -> super::push::Shared {
+    std::sync::Arc::new(super::push::PushCtx {
+        lane_id: rec.lane_id.clone(),
+        generation: rec.generation,
+        area: area.to_path_buf(),
+        repos: inner.cfg.repositories.clone(),
+        mirrors: inner.cfg.state_dir.join("push"),
+        broker: inner.broker.clone(),
+    })
+}

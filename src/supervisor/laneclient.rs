@@ -29,6 +29,8 @@ pub enum LaneClientError {
     HookNotJson(#[source] serde_json::Error),
     #[error("give --evidence FILE or --commit ID")]
     NoEvidence,
+    #[error("git in {dir}: {detail}")]
+    Git { dir: PathBuf, detail: String },
     #[error("lane socket {path}: {source}")]
     Socket {
         path: PathBuf,
@@ -45,6 +47,7 @@ impl LaneClientError {
             Self::Evidence { .. } | Self::NoEvidence => "bad-evidence",
             Self::Stdin(_) | Self::HookTooLarge | Self::HookNotJson(_) => "bad-hook-event",
             Self::Socket { .. } => "lane-socket",
+            Self::Git { .. } => "git",
         }
     }
 }
@@ -79,6 +82,13 @@ pub enum LaneCall {
         code: String,
         evidence: PathBuf,
         next_action: String,
+    },
+    /// Bundle the current commit of `from` and hand it to the supervisor's push executor.
+    Push {
+        repo: String,
+        reference: Option<String>,
+        from: Option<PathBuf>,
+        key: Option<String>,
     },
 }
 
@@ -220,6 +230,68 @@ pub fn run(socket: &Path, c: LaneCall, stdin: impl Read) -> Result<Printed, Lane
             evidence_hex: evidence_hex(&evidence)?,
             next_action,
         },
+        LaneCall::Push {
+            repo,
+            reference,
+            from,
+            key,
+        } => {
+            let from = match from {
+                Some(f) => f,
+                None => std::env::current_dir().map_err(|e| LaneClientError::Git {
+                    dir: PathBuf::from("."),
+                    detail: e.to_string(),
+                })?,
+            };
+            // Bundled here, inside the generation, by its own git: the supervisor only reads
+            // the bundle (as data), never this repository.
+            let new = git(&from, &["rev-parse", "--verify", "HEAD^{commit}"])?;
+            let git_dir = git(&from, &["rev-parse", "--absolute-git-dir"])?;
+            let bundle = PathBuf::from(git_dir).join(format!(
+                "mosaic-push-{}.bundle",
+                uuid::Uuid::new_v4().simple()
+            ));
+            let b = bundle.display().to_string();
+            git(&from, &["bundle", "create", "--quiet", &b, "HEAD"])?;
+            let resp = call(
+                socket,
+                &LaneRequest::Push(crate::supervisor::push::PushRequest {
+                    repo,
+                    reference,
+                    bundle: bundle.clone(),
+                    new,
+                    key,
+                }),
+            );
+            let _ = std::fs::remove_file(&bundle);
+            return Ok(Printed::json(&resp?));
+        }
     };
     Ok(Printed::json(&call(socket, &req)?))
+}
+
+/// Runs git in `dir` (the generation's own repository, as the generation); its trimmed
+/// stdout.
+fn git(dir: &Path, args: &[&str]) -> Result<String, LaneClientError> {
+    let out = std::process::Command::new("git")
+        .arg("-C")
+        .arg(dir)
+        .args(args)
+        .stdin(std::process::Stdio::null())
+        .output()
+        .map_err(|e| LaneClientError::Git {
+            dir: dir.to_path_buf(),
+            detail: format!("running git: {e}"),
+        })?;
+    if !out.status.success() {
+        return Err(LaneClientError::Git {
+            dir: dir.to_path_buf(),
+            detail: String::from_utf8_lossy(&out.stderr)
+                .lines()
+                .next()
+                .unwrap_or("failed")
+                .to_string(),
+        });
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }

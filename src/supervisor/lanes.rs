@@ -194,6 +194,8 @@ pub(crate) struct Inner {
     pub(super) tmux_controls: tmuxctl::Controls,
     /// What the kernel can confine, probed once at start (`crate::confine::probe`).
     pub(super) confine_support: Result<crate::confine::Support, String>,
+    /// The authority this host's effect paths ask (none: every effect is refused).
+    pub(crate) broker: super::broker::BrokerSlot,
     pub(super) _lock: std::fs::File,
 }
 

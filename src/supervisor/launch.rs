@@ -415,7 +415,9 @@ impl Launching {
                 run: &run,
                 lane_socket: lane_socket.as_deref(),
                 program: prepared.argv.first().map(String::as_str),
-                gateway: upstream.is_some(),
+                // Every confined generation has the broker's listener: its provider (if
+                // its runtime declares one) and egress to what its scope names.
+                gateway: true,
                 uid: self.rec.uid,
             },
         )?;
@@ -464,6 +466,9 @@ impl Launching {
         if let Some(url) = &provider_url {
             env.push(("MOSAIC_PROVIDER_URL".into(), url.clone()));
         }
+        if confined {
+            env.extend(super::harness::proxy_env());
+        }
         env.extend([
             ("MOSAIC_LANE_ID".to_string(), self.rec.lane_id.clone()),
             (
@@ -472,9 +477,18 @@ impl Launching {
             ),
             ("MOSAIC_GENERATION".to_string(), generation.to_string()),
         ]);
-        if let Origin::Coordinated { session, .. } = origin {
+        if let Origin::Coordinated {
+            session, binding, ..
+        } = origin
+        {
             inject(Step::LaneSocket, &self.rec.lane_incarnation_id)?;
             session.bind_harness(plan.family, self.rec.conversation_id.clone());
+            let _ = session.assignment_id.set(binding.assignment_id.clone());
+            if confined {
+                let _ = session
+                    .push
+                    .set(super::harness::push_ctx(&inner, &self.rec, &area));
+            }
             let path = super::lanesock::path_for(&self.rec.socket);
             let server =
                 super::lanesock::serve(&path, cgroup_rel.clone(), session.clone(), self.rec.uid)?;
@@ -512,15 +526,15 @@ impl Launching {
         phase("harness started");
         // The gateway's listener, copied from the verified shim, served before the
         // generation counts as live (requests made meanwhile wait in its backlog).
-        if let Some(upstream) = upstream.filter(|_| {
-            matches!(&confinement, crate::confine::Confinement::Enforced { policy } if policy.gateway.is_some())
-        }) {
+        if matches!(&confinement, crate::confine::Confinement::Enforced { policy } if policy.gateway.is_some())
+        {
             let route = super::gateway::Route {
                 lane_id: self.rec.lane_id.clone(),
                 generation,
                 runtime: plan.runtime.runtime.clone(),
-                upstream: upstream.clone(),
+                upstream: upstream.cloned(),
                 secrets: Ok(gateway_secrets),
+                broker: inner.broker.clone(),
             };
             let served = super::harness::serve_gateway(&inner, &shim_pidfd, gateway_fd, route)
                 .map_err(|e| self.launch_error(e))?;

@@ -16,6 +16,7 @@
 
 pub mod audit;
 pub mod authority;
+pub mod broker;
 pub mod config;
 pub mod control;
 pub mod coordinated;
@@ -23,6 +24,7 @@ pub mod gateway;
 pub mod identity;
 pub mod names;
 pub mod outbox;
+pub mod push;
 pub mod receipt;
 pub mod state;
 pub mod tmux;
@@ -168,8 +170,12 @@ impl Supervisor {
                 }
                 probed
             },
+            broker: Default::default(),
             _lock: lock,
         };
+        if inner.cfg.coordinator.is_some() {
+            inner.broker.expect();
+        }
         Ok(Self {
             inner: Arc::new(inner),
         })
@@ -177,6 +183,11 @@ impl Supervisor {
 
     pub fn config(&self) -> &Config {
         &self.inner.cfg
+    }
+
+    /// Where this host's effect paths find the authority that admits their effects.
+    pub fn broker_slot(&self) -> &broker::BrokerSlot {
+        &self.inner.broker
     }
 
     pub fn cgroup_tree(&self) -> &CgroupTree {

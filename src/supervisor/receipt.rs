@@ -114,6 +114,10 @@ pub struct TerminationReceipt {
     pub last_validated_progress_at: Option<String>,
     pub last_progress_receipt_digest: Option<String>,
     pub detail: Option<String>,
+    /// What the broker observed of the generation's admitted effects that the coordinator
+    /// had not recorded when the receipt was written (spec §5.5): settled with it.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub effects: Vec<super::broker::EffectObservation>,
 }
 
 /// One receipt per generation: the key depends only on which generation ended, so a
@@ -182,6 +186,7 @@ pub fn never_started(
         last_validated_progress_at: None,
         last_progress_receipt_digest: None,
         detail: Some(format!("never started: {why}")),
+        effects: vec![],
     }
 }
 

@@ -45,6 +45,10 @@ pub struct GenView {
     /// one (an unconfined lane, a runtime with no provider).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub gateway: Option<gateway::StatsView>,
+    /// Whether the coordinator's activation of a coordinated generation is recorded here
+    /// (its effects may then be claimed); absent for a local one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub activated: Option<bool>,
 }
 
 impl GenView {
@@ -59,6 +63,7 @@ impl GenView {
             harness: None,
             conversation_id: r.conversation_id.clone(),
             gateway: None,
+            activated: r.coord.as_ref().map(|c| c.activated),
         }
     }
 

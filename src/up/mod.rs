@@ -166,6 +166,7 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         providers: Default::default(),
         lane_uids: None,
         lane_uid_ledger: None,
+        repositories: Default::default(),
     })
 }
 
@@ -459,6 +460,7 @@ fn member_config(
         providers: Default::default(),
         lane_uids: None,
         lane_uid_ledger: None,
+        repositories: Default::default(),
     })
 }
 

@@ -39,6 +39,10 @@ pub struct Spec {
     pub operator_listen: bool,
     /// A name for the world's directory, so a kept log says which test it came from.
     pub tag: &'static str,
+    /// Appended to every supervisor's config (tables such as `[providers]`).
+    pub supervisor_extra: String,
+    /// Top-level keys of every supervisor's config (`unconfined_lanes = [...]`).
+    pub supervisor_top: String,
 }
 
 impl Default for Spec {
@@ -54,6 +58,8 @@ impl Default for Spec {
             reattach_timeout_ms: None,
             operator_listen: false,
             tag: "world",
+            supervisor_extra: String::new(),
+            supervisor_top: String::new(),
         }
     }
 }
@@ -179,17 +185,19 @@ impl World {
         std::fs::write(
             self.supervisor_config(h),
             format!(
-                "host_id = {:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {:?}\nbin_dir = {:?}\nlanes = [{}]\n{reattach}\n\
-                 [coordinator]\naddress = {:?}\nfallback_addresses = [{}]\nserver_name = {:?}\nprincipal = {:?}\ntrust_domain = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\ntrust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\n{hb}",
+                "host_id = {:?}\nstate_dir = {:?}\nruntime_dir = {:?}\ncgroup_root = {:?}\nbin_dir = {:?}\nlanes = [{}]\n{reattach}{}\n\
+                 [coordinator]\naddress = {:?}\nfallback_addresses = [{}]\nserver_name = {:?}\nprincipal = {:?}\ntrust_domain = {:?}\nca = {:?}\ncert = {:?}\nkey = {:?}\ntrust_registry = {:?}\nsession_key = {:?}\nordinary_key = {:?}\n{hb}\n{}",
                 self.hosts[h],
                 self.state_dir(h),
                 self.runtime_dir(h),
                 self.cgroup_roots[h],
                 Path::new(common::MOSAIC).parent().unwrap(),
                 lanes.join(", "),
+                s.supervisor_top,
                 addresses[0],
                 fallbacks.join(", "),
-                l.server_name, l.principal, l.trust_domain, l.ca, l.cert, l.key, l.trust_registry, l.session_key, l.ordinary_key
+                l.server_name, l.principal, l.trust_domain, l.ca, l.cert, l.key, l.trust_registry, l.session_key, l.ordinary_key,
+                s.supervisor_extra,
             ),
         )
         .unwrap();
@@ -373,6 +381,39 @@ impl World {
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+impl World {
+    /// Supervisor `h`'s own status (`mosaic host status`), from its control socket.
+    pub fn host_status(&self, h: usize) -> Value {
+        mosaic::supervisor::control::call(
+            &self.runtime_dir(h).join("control.sock"),
+            &mosaic::supervisor::control::Request::Status,
+        )
+        .unwrap()
+    }
+
+    /// The current incarnation of lane `name` of host `h`.
+    pub fn incarnation_of(&self, h: usize, name: &str) -> String {
+        let lane = self.lane_of(h, name);
+        self.op(&OperatorRequest::Lanes)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lane_id"] == lane.as_str())
+            .and_then(|l| l["lane_incarnation_id"].as_str().map(String::from))
+            .unwrap_or_else(|| panic!("no lane {lane}"))
+    }
+
+    /// Generation `generation` of lane `name` of host `h`'s private area (its `home/` is the
+    /// fake harness's `$HOME`).
+    pub fn area(&self, h: usize, lane_incarnation_id: &str, generation: u64) -> PathBuf {
+        self.state_dir(h)
+            .join("harness")
+            .join(lane_incarnation_id)
+            .join(format!("gen-{generation}"))
     }
 }
 

@@ -284,6 +284,48 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         op: RequestOp,
     },
+    /// Effect claims (spec §5.5): each protected effect a generation made through its host's
+    /// broker — provider requests, egress tunnels, pushes — with its state, digests and
+    /// token usage. Newest first.
+    Effects {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[arg(long)]
+        limit: Option<i64>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// One effect claim.
+    Effect {
+        #[command(subcommand)]
+        op: EffectOp,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum EffectOp {
+    /// Settle a claim whose outcome is unknown (its broker died with it): say whether it
+    /// was applied at its sink, with the evidence that shows it (what the sink shows now:
+    /// the remote's ref, the service's record). Until then its assignment neither resumes
+    /// nor gets an outcome but QUARANTINED.
+    Resolve {
+        #[arg(long = "effect", value_name = "EFFECT_ID")]
+        effect_id: String,
+        /// It took effect at its sink.
+        #[arg(
+            long,
+            conflicts_with = "not_applied",
+            required_unless_present = "not_applied"
+        )]
+        applied: bool,
+        /// It did not.
+        #[arg(long)]
+        not_applied: bool,
+        #[arg(long)]
+        evidence: PathBuf,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
 }
 
 #[derive(Subcommand)]
@@ -522,6 +564,23 @@ pub(crate) enum LaneOp {
         evidence: PathBuf,
         #[arg(long)]
         next_action: String,
+    },
+    /// Push the current commit of a repository in this generation's area to a repository
+    /// the host declares (`[repositories.NAME]`), with the host's credentials: the
+    /// coordinator admits the exact ref update first. Default ref: the assignment's own
+    /// branch, `refs/heads/mosaic/<assignment>`. Never a force push or a delete.
+    Push {
+        #[arg(long)]
+        repo: String,
+        #[arg(long = "ref")]
+        reference: Option<String>,
+        /// The repository to push from (default: the working directory).
+        #[arg(long)]
+        from: Option<PathBuf>,
+        /// The claim's idempotency key (default: one derived from the update): the same key
+        /// again names the same update, and another update under it is refused.
+        #[arg(long)]
+        key: Option<String>,
     },
     /// Return a QUARANTINED lane to IDLE_CLEAN; refused unless every generation's cleanup
     /// was verified and nothing of the lane is still open.

@@ -354,6 +354,40 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Request {
             op: RequestOp::Show { id, at },
         } => at.call(OperatorRequest::Request { request_id: id }),
+        Cmd::Effects {
+            assignment_id,
+            limit,
+            at,
+        } => at.call(OperatorRequest::Effects {
+            assignment_id,
+            limit,
+        }),
+        Cmd::Effect {
+            op:
+                EffectOp::Resolve {
+                    effect_id,
+                    applied,
+                    not_applied: _,
+                    evidence,
+                    at,
+                },
+        } => {
+            let evidence_digest = match std::fs::read(&evidence) {
+                Ok(b) if !b.is_empty() => {
+                    mosaic::protocol::work::evidence_digest("effect-reconciliation", &b)
+                }
+                Ok(_) => return at.refuse(format!("evidence {} is empty", evidence.display())),
+                Err(e) => {
+                    return at.refuse(format!("reading evidence {}: {e}", evidence.display()))
+                }
+            };
+            at.call(OperatorRequest::EffectResolve {
+                effect_id,
+                applied,
+                evidence_digest,
+                request_id: None,
+            })
+        }
         Cmd::Lane { op } => {
             use mosaic::supervisor::laneclient::{self, LaneCall};
             let call = match op {
@@ -389,6 +423,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     code,
                     evidence,
                     next_action,
+                },
+                LaneOp::Push {
+                    repo,
+                    reference,
+                    from,
+                    key,
+                } => LaneCall::Push {
+                    repo,
+                    reference,
+                    from,
+                    key,
                 },
                 LaneOp::Release { .. } | LaneOp::Recreate { .. } => unreachable!("matched above"),
             };

@@ -40,7 +40,7 @@ pub(crate) const RESEND_AFTER: Duration = Duration::from_secs(5);
 
 /// Which form of the generation's fence proof a message carries (see `protocol::fence`).
 #[derive(Clone, Copy)]
-enum Proof {
+pub(crate) enum Proof {
     /// The stage: the commitment.
     Commit,
     /// Everything after: the reveal that opens it.
@@ -189,7 +189,7 @@ impl Service {
     }
 
     /// The authority every ordinary coordinator message carries.
-    fn authority(&self, l: &Leader, c: &ChainRow, proof: Proof) -> ChainAuthority {
+    pub(crate) fn authority(&self, l: &Leader, c: &ChainRow, proof: Proof) -> ChainAuthority {
         let ch = &c.chain;
         ChainAuthority {
             sot_incarnation: l.sot().to_string(),
@@ -208,7 +208,7 @@ impl Service {
     }
 
     /// The contract digests, once the chain has a contract.
-    fn digests(c: &ChainRow) -> Option<Digests> {
+    pub(crate) fn digests(c: &ChainRow) -> Option<Digests> {
         Some(Digests {
             contracts_digest: c.contracts_digest.clone()?,
             scope_digest: c.scope_digest.clone(),

@@ -101,6 +101,34 @@ pub struct ContinuationResult {
     pub result_evidence_digest: String,
 }
 
+/// `effect`: the broker asks to admit one protected effect of a RUNNING generation (spec
+/// §5.5). Its idempotency key is the claim's own.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Effect {
+    pub chain: ChainRef,
+    pub bound: ContractBound,
+    pub idempotency_key: String,
+    pub effect_id: String,
+    pub executor: String,
+    pub target: String,
+    pub operation_digest: String,
+    pub responsibility_owner: String,
+    pub execution_owner: String,
+    pub process_identity: serde_json::Value,
+}
+
+/// `effect_result`: what the broker observed of an admitted effect.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectResult {
+    pub chain: ChainRef,
+    pub bound: ContractBound,
+    pub effect_id: String,
+    pub outcome: String,
+    pub result_digest: String,
+    pub input_tokens: Option<u64>,
+    pub output_tokens: Option<u64>,
+}
+
 /// Every chain message a host sends the coordinator.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromHostChain {
@@ -112,6 +140,8 @@ pub enum FromHostChain {
     HandoffAck(HandoffAck),
     ContinuationAccept(ContinuationAccept),
     ContinuationResult(ContinuationResult),
+    Effect(Effect),
+    EffectResult(EffectResult),
 }
 
 impl FromHostChain {
@@ -125,6 +155,8 @@ impl FromHostChain {
             Self::HandoffAck(_) => MessageType::HandoffAck,
             Self::ContinuationAccept(_) => MessageType::ContinuationAccept,
             Self::ContinuationResult(_) => MessageType::ContinuationResult,
+            Self::Effect(_) => MessageType::Effect,
+            Self::EffectResult(_) => MessageType::EffectResult,
         }
     }
 
@@ -138,6 +170,8 @@ impl FromHostChain {
             Self::HandoffAck(m) => &m.chain,
             Self::ContinuationAccept(m) => &m.chain,
             Self::ContinuationResult(m) => &m.chain,
+            Self::Effect(m) => &m.chain,
+            Self::EffectResult(m) => &m.chain,
         }
     }
 
@@ -156,6 +190,8 @@ impl FromHostChain {
                 format!("continuation-accept/{}/{}", m.continuation_id, m.claim_ref)
             }
             Self::ContinuationResult(m) => format!("continuation-result/{}", m.continuation_id),
+            Self::Effect(m) => m.idempotency_key.clone(),
+            Self::EffectResult(m) => format!("effect-result/{}", m.effect_id),
         }
     }
 
@@ -215,6 +251,32 @@ impl FromHostChain {
                     ("continuation_id", s(&m.continuation_id)),
                     ("result_evidence_digest", s(&m.result_evidence_digest)),
                 ]);
+            }
+            Self::Effect(m) => {
+                bound(&mut f, &m.bound);
+                f.extend([
+                    ("effect_id", s(&m.effect_id)),
+                    ("executor", s(&m.executor)),
+                    ("target", s(&m.target)),
+                    ("operation_digest", s(&m.operation_digest)),
+                    ("responsibility_owner", s(&m.responsibility_owner)),
+                    ("execution_owner", s(&m.execution_owner)),
+                ]);
+                f.push(("process_identity", identity(&m.process_identity)?));
+            }
+            Self::EffectResult(m) => {
+                bound(&mut f, &m.bound);
+                f.extend([
+                    ("effect_id", s(&m.effect_id)),
+                    ("outcome", s(&m.outcome)),
+                    ("result_digest", s(&m.result_digest)),
+                ]);
+                if let Some(t) = m.input_tokens {
+                    f.push(("input_tokens", n(t)));
+                }
+                if let Some(t) = m.output_tokens {
+                    f.push(("output_tokens", n(t)));
+                }
             }
         }
         Ok(f)
@@ -277,6 +339,27 @@ impl FromHostChain {
                 bound: f.bound()?,
                 continuation_id: f.str("continuation_id")?,
                 result_evidence_digest: f.str("result_evidence_digest")?,
+            }),
+            MessageType::Effect => Self::Effect(Effect {
+                chain: f.chain()?,
+                bound: f.bound()?,
+                idempotency_key: f.str("idempotency_key")?,
+                effect_id: f.str("effect_id")?,
+                executor: f.str("executor")?,
+                target: f.str("target")?,
+                operation_digest: f.str("operation_digest")?,
+                responsibility_owner: f.str("responsibility_owner")?,
+                execution_owner: f.str("execution_owner")?,
+                process_identity: f.json("process_identity")?,
+            }),
+            MessageType::EffectResult => Self::EffectResult(EffectResult {
+                chain: f.chain()?,
+                bound: f.bound()?,
+                effect_id: f.str("effect_id")?,
+                outcome: f.str("outcome")?,
+                result_digest: f.str("result_digest")?,
+                input_tokens: f.opt_uint("input_tokens"),
+                output_tokens: f.opt_uint("output_tokens"),
             }),
             _ => return Ok(None),
         };

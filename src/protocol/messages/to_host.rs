@@ -209,6 +209,48 @@ pub struct ReceiptAck {
     pub verdict: Verdict,
 }
 
+/// The coordinator's answer about one effect claim or result (spec §5.5).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EffectAnswer {
+    /// The claim is admitted: the broker may dispatch it now, once.
+    Admitted { lease_id: String, lease_epoch: u64 },
+    /// The key already names this operation's claim, admitted before; this is what became
+    /// of it (`ADMITTED` still, or settled). The broker does not dispatch it again.
+    Settled {
+        claim_state: String,
+        result_digest: Option<String>,
+    },
+    /// The claim is refused (its category says why); nothing was admitted.
+    Refused { category: String },
+    /// The result is recorded.
+    Recorded,
+    /// The result was not recorded, for good (its category says why): the broker stops
+    /// reporting it.
+    NotRecorded { category: String },
+}
+
+impl EffectAnswer {
+    fn verdict(&self) -> &'static str {
+        match self {
+            Self::Admitted { .. } => "admitted",
+            Self::Settled { .. } => "settled",
+            Self::Refused { .. } => "refused",
+            Self::Recorded => "recorded",
+            Self::NotRecorded { .. } => "not-recorded",
+        }
+    }
+}
+
+/// `effect_verdict`: the answer about one claim or result of a generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct EffectVerdict {
+    pub authority: ChainAuthority,
+    pub digests: Digests,
+    pub effect_id: String,
+    pub answer: EffectAnswer,
+    pub issued: Issued,
+}
+
 /// Every message the coordinator sends a host.
 #[derive(Debug, Clone, PartialEq)]
 pub enum ToHost {
@@ -220,6 +262,7 @@ pub enum ToHost {
     Activate(Activate),
     Reconcile(Reconcile),
     ReceiptAck(ReceiptAck),
+    EffectVerdict(EffectVerdict),
 }
 
 impl ToHost {
@@ -233,6 +276,7 @@ impl ToHost {
             Self::Activate(_) => MessageType::Control,
             Self::Reconcile(_) => MessageType::Reconcile,
             Self::ReceiptAck(_) => MessageType::ReceiptAck,
+            Self::EffectVerdict(_) => MessageType::EffectVerdict,
         }
     }
 
@@ -245,6 +289,7 @@ impl ToHost {
             Self::HandoffChallenge(m) => Some(&m.authority),
             Self::Continuation(m) => Some(&m.authority),
             Self::Activate(m) => Some(&m.authority),
+            Self::EffectVerdict(m) => Some(&m.authority),
             Self::Reconcile(_) | Self::ReceiptAck(_) => None,
         }
     }
@@ -320,6 +365,35 @@ impl ToHost {
                     ("session_id", s(&m.session_id)),
                     ("lanes", Value::Object(lanes)),
                 ]);
+            }
+            Self::EffectVerdict(m) => {
+                authority(&mut f, &m.authority);
+                digests(&mut f, &m.digests);
+                f.push(("effect_id", s(&m.effect_id)));
+                f.push(("verdict", s(m.answer.verdict())));
+                match &m.answer {
+                    EffectAnswer::Admitted {
+                        lease_id,
+                        lease_epoch,
+                    } => {
+                        f.push(("lease_id", s(lease_id)));
+                        f.push(("lease_epoch", n(*lease_epoch)));
+                    }
+                    EffectAnswer::Settled {
+                        claim_state,
+                        result_digest,
+                    } => {
+                        f.push(("claim_state", s(claim_state)));
+                        if let Some(d) = result_digest {
+                            f.push(("result_digest", s(d)));
+                        }
+                    }
+                    EffectAnswer::Refused { category } | EffectAnswer::NotRecorded { category } => {
+                        f.push(("category", s(category)))
+                    }
+                    EffectAnswer::Recorded => {}
+                }
+                issued(&mut f, &m.issued);
             }
             Self::ReceiptAck(m) => f.extend([
                 ("idempotency_key", s(&m.idempotency_key)),
@@ -397,6 +471,33 @@ impl ToHost {
                     None => return Err(f.miss("lanes", "an object")),
                 },
             }),
+            MessageType::EffectVerdict => {
+                let answer = match f.str("verdict")?.as_str() {
+                    "admitted" => EffectAnswer::Admitted {
+                        lease_id: f.str("lease_id")?,
+                        lease_epoch: f.uint("lease_epoch")?,
+                    },
+                    "settled" => EffectAnswer::Settled {
+                        claim_state: f.str("claim_state")?,
+                        result_digest: f.opt_str("result_digest"),
+                    },
+                    "refused" => EffectAnswer::Refused {
+                        category: f.str("category")?,
+                    },
+                    "recorded" => EffectAnswer::Recorded,
+                    "not-recorded" => EffectAnswer::NotRecorded {
+                        category: f.str("category")?,
+                    },
+                    other => return Err(f.unknown("verdict", other)),
+                };
+                Self::EffectVerdict(EffectVerdict {
+                    authority: f.authority()?,
+                    digests: f.digests()?,
+                    effect_id: f.str("effect_id")?,
+                    answer,
+                    issued: f.issued()?,
+                })
+            }
             MessageType::ReceiptAck => {
                 let verdict = f.str("verdict")?;
                 Self::ReceiptAck(ReceiptAck {

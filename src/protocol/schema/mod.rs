@@ -61,9 +61,11 @@ pub enum MessageType {
     Continuation,
     ContinuationAccept,
     ContinuationResult,
+    EffectResult,
+    EffectVerdict,
 }
 
-pub const ALL_TYPES: [MessageType; 28] = [
+pub const ALL_TYPES: [MessageType; 30] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -92,6 +94,8 @@ pub const ALL_TYPES: [MessageType; 28] = [
     MessageType::Continuation,
     MessageType::ContinuationAccept,
     MessageType::ContinuationResult,
+    MessageType::EffectResult,
+    MessageType::EffectVerdict,
 ];
 
 impl MessageType {
@@ -125,6 +129,8 @@ impl MessageType {
             Self::Continuation => "continuation",
             Self::ContinuationAccept => "continuation_accept",
             Self::ContinuationResult => "continuation_result",
+            Self::EffectResult => "effect_result",
+            Self::EffectVerdict => "effect_verdict",
         }
     }
 

@@ -149,7 +149,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 28] = [
+pub static SCHEMAS: [Schema; 30] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -536,6 +536,10 @@ pub static SCHEMAS: [Schema; 28] = [
         [("lease_id", Str)],
         []
     ),
+    // An effect claim (spec §5.5): the host's broker asks the coordinator to admit one
+    // protected effect of a RUNNING generation before dispatching it. The envelope's
+    // idempotency key is the claim's; the lease is the coordinator's to find (one that
+    // licenses the target), never the host's to name.
     schema!(
         Effect,
         "effect",
@@ -546,13 +550,59 @@ pub static SCHEMAS: [Schema; 28] = [
             AUTHORITY,
             ORDINARY,
             &[
-                ("lease_id", Str),
                 ("effect_id", Str),
-                ("operation_digest", Digest)
+                ("executor", Str),
+                ("target", Str),
+                ("operation_digest", Digest),
+                ("responsibility_owner", Str),
+                ("execution_owner", Str),
+                ("process_identity", ProcessIdentity)
             ]
         ],
         [],
-        [NO_AUTHORITATIVE_TIME]
+        [&["lease_id", "challenge_id"], NO_AUTHORITATIVE_TIME]
+    ),
+    // What the broker observed of an admitted effect.
+    schema!(
+        EffectResult,
+        "effect_result",
+        Ordinary,
+        Host,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            &[
+                ("effect_id", Str),
+                ("outcome", Str),
+                ("result_digest", Digest)
+            ]
+        ],
+        [("input_tokens", Uint), ("output_tokens", Uint)],
+        [&["lease_id", "challenge_id"], NO_AUTHORITATIVE_TIME]
+    ),
+    // The coordinator's answer to a claim (admitted, settled before, refused) or to a
+    // result (recorded, not recorded).
+    schema!(
+        EffectVerdict,
+        "effect_verdict",
+        Ordinary,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY,
+            ORDINARY,
+            ISSUED,
+            &[("effect_id", Str), ("verdict", Str)]
+        ],
+        [
+            ("category", Str),
+            ("claim_state", Str),
+            ("lease_id", Str),
+            ("lease_epoch", Uint),
+            ("result_digest", Digest)
+        ],
+        [&["challenge_id"]]
     ),
     schema!(
         Lease,

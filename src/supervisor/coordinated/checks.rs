@@ -36,7 +36,9 @@ pub(super) fn authority_of(m: &ToHost, b: &CoordBinding) -> Result<(), &'static 
     }
     let epoch_ok = match m {
         // Sent for RUNNING work by whichever leader is current.
-        ToHost::Activate(_) | ToHost::Continuation(_) => a.coordinator_epoch >= b.coordinator_epoch,
+        ToHost::Activate(_) | ToHost::Continuation(_) | ToHost::EffectVerdict(_) => {
+            a.coordinator_epoch >= b.coordinator_epoch
+        }
         _ => a.coordinator_epoch == b.coordinator_epoch,
     };
     if !epoch_ok {
@@ -62,6 +64,10 @@ impl HostDispatch for Arc<CoordinatedHost> {
                 }
                 // The link consumes receipt verdicts itself.
                 ToHost::ReceiptAck(_) => {}
+                // An answer to this host's own claim or result, not a delivery to the
+                // generation: it waits for no queue (an admission is acted on only while
+                // the generation may still dispatch).
+                ToHost::EffectVerdict(m) => this.on_effect_verdict(m, &message_id),
                 // In order, on the link's task: a contract is never overtaken by its challenge.
                 msg => this.route(env, msg).await,
             }

@@ -139,6 +139,10 @@ impl CoordinatedHost {
                     if let Ok(mut gate) = this.gate.lock() {
                         gate.fence_generation(&lane_id, &order.lane_incarnation_id, g);
                     }
+                    // Nothing more of it is dispatched, whatever was admitted before.
+                    if let Some(c) = this.chain_of(&lane_id).filter(|c| c.generation == g) {
+                        c.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+                    }
                     let runtime = this
                         .chain_of(&lane_id)
                         .filter(|c| c.generation == g)

@@ -58,6 +58,11 @@ struct ChainCtx {
     /// What this generation's reports repeat (known once its contract is; restored from the
     /// generation record after a restart).
     report_base: Mutex<Option<ReportBase>>,
+    /// The coordinator told this host the generation is RUNNING (recorded first): its
+    /// effects may be claimed.
+    active: std::sync::atomic::AtomicBool,
+    /// The coordinator ordered it ended: nothing more of it is dispatched.
+    stopping: std::sync::atomic::AtomicBool,
 }
 
 /// What every report of a generation repeats (known once its contract is; restored from
@@ -163,6 +168,8 @@ pub struct CoordinatedHost {
     out: mpsc::Sender<Outgoing>,
     chains: Mutex<HashMap<String, Arc<ChainCtx>>>,
     gate: Mutex<GenerationGate>,
+    /// Claims waiting for their verdicts, observations waiting to be recorded.
+    effects: effects::Effects,
     /// One stage at a time per lane, so a duplicate stage finds the first one's result.
     staging: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
@@ -194,8 +201,13 @@ impl CoordinatedHost {
             out,
             chains: Mutex::new(HashMap::new()),
             gate: Mutex::new(GenerationGate::new()),
+            effects: Default::default(),
             staging: Mutex::new(HashMap::new()),
         });
+        host.sup
+            .broker_slot()
+            .install(Arc::new(effects::HostBroker(Arc::downgrade(&host))));
+        tokio::spawn(Self::resend_results(Arc::downgrade(&host)));
         match host.sup.status().await {
             Ok(st) => {
                 for lane in st.lanes {
@@ -207,6 +219,7 @@ impl CoordinatedHost {
                         .chain_fields
                         .as_ref()
                         .and_then(ReportBase::from_record);
+                    let activated = binding.activated;
                     // Served again by the re-adoption when it was activated and its fields
                     // recorded (see `adopt::reserve_lane_socket`).
                     let session = match &restored {
@@ -233,7 +246,9 @@ impl CoordinatedHost {
                         challenge: tokio::sync::watch::channel(None).0,
                         handoff: tokio::sync::watch::channel(None).0,
                         offers: Mutex::new(Default::default()),
+                        active: std::sync::atomic::AtomicBool::new(activated && restored.is_some()),
                         report_base: Mutex::new(restored),
+                        stopping: std::sync::atomic::AtomicBool::new(false),
                     });
                     if let Ok(mut m) = host.chains.lock() {
                         m.insert(lane.lane_id.clone(), ctx.clone());
@@ -309,7 +324,10 @@ impl CoordinatedHost {
 
 mod checks;
 mod continuations;
+mod effects;
 mod reports;
 mod stage;
+
+pub use effects::ADMIT_TIMEOUT;
 
 use checks::*;

@@ -173,6 +173,7 @@ impl CoordinatedHost {
                     .and_then(|f| f.as_ref().map(ReportBase::to_record));
                 match self.sup.mark_activated(&lane, ctx.generation, fields).await {
                     Ok(true) => {
+                        ctx.active.store(true, std::sync::atomic::Ordering::SeqCst);
                         tracing::info!(
                             lane_id,
                             generation = ctx.generation,

@@ -95,6 +95,8 @@ impl CoordinatedHost {
             handoff: tokio::sync::watch::channel(None).0,
             offers: Mutex::new(Default::default()),
             report_base: Mutex::new(None),
+            active: std::sync::atomic::AtomicBool::new(false),
+            stopping: std::sync::atomic::AtomicBool::new(false),
         });
         if let Ok(mut m) = self.chains.lock() {
             m.insert(lane_id.clone(), ctx.clone());

@@ -113,6 +113,8 @@ pub(super) struct Usage {
     pub(super) stats: Arc<Stats>,
     pub(super) metrics: Arc<HostMetrics>,
     pub(super) runtime: String,
+    /// The effect this answer belongs to: its usage goes with its observation.
+    pub(super) settle: Option<Arc<super::settle::Settle>>,
 }
 
 /// `"name":` patterns (with the leading quote, so `cache_read_input_tokens` is not
@@ -156,6 +158,10 @@ impl Usage {
         }
         let keep = buf.len().saturating_sub(TAIL);
         self.tail = buf.split_off(keep);
+        if let Some(s) = &self.settle {
+            s.input.fetch_max(self.input, Ordering::SeqCst);
+            s.output.fetch_max(self.output, Ordering::SeqCst);
+        }
     }
 }
 

@@ -105,6 +105,10 @@ pub struct GenSession {
     /// activation check was submitted. Only a turn started after it answers the challenge
     /// (`u64::MAX` until then: no turn end is judged).
     pub answer_turns_after: std::sync::atomic::AtomicU64,
+    /// What its pushes need (set at launch or re-adoption of a confined generation).
+    pub push: std::sync::OnceLock<crate::supervisor::push::Shared>,
+    /// The assignment it runs for (known from its stage; restored at re-adoption).
+    pub assignment_id: std::sync::OnceLock<String>,
 }
 
 /// What the harness's hooks reported, as the supervisor's status shows it. Advisory: no
@@ -149,6 +153,8 @@ impl GenSession {
             harness: std::sync::Mutex::new(None),
             observed: std::sync::Mutex::new(Observed::default()),
             answer_turns_after: std::sync::atomic::AtomicU64::new(u64::MAX),
+            push: std::sync::OnceLock::new(),
+            assignment_id: std::sync::OnceLock::new(),
         })
     }
 
@@ -252,6 +258,8 @@ pub enum LaneRequest {
         continuation_id: String,
         evidence_hex: String,
     },
+    /// Push a bundle of the harness's branch to a configured repository (`supervisor::push`).
+    Push(crate::supervisor::push::PushRequest),
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -271,6 +279,9 @@ pub struct LaneResponse {
     /// What a hook prints for its harness (e.g. the contract as additional context).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub output: Option<String>,
+    /// What came of a push.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub push: Option<crate::supervisor::push::PushAnswer>,
 }
 
 impl LaneResponse {
@@ -283,6 +294,7 @@ impl LaneResponse {
             continuation: None,
             challenge: None,
             output: None,
+            push: None,
         }
     }
 }

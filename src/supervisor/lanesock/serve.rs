@@ -107,6 +107,7 @@ pub(crate) fn serve(
                             | LaneRequest::Blocked { .. }
                             | LaneRequest::ContinuationResult { .. }),
                         ) => report(&s, r),
+                        Ok(LaneRequest::Push(r)) => push(&s, r).await,
                         Err(e) => err(&format!("bad request: {e}")),
                     }
                 };
@@ -133,6 +134,23 @@ pub(super) fn err(msg: &str) -> LaneResponse {
         continuation: None,
         challenge: None,
         output: None,
+        push: None,
+    }
+}
+
+/// A push, once the generation is RUNNING (its claim is the coordinator's to admit).
+async fn push(s: &GenSession, r: crate::supervisor::push::PushRequest) -> LaneResponse {
+    let (Some(ctx), Some(assignment)) = (s.push.get(), s.assignment_id.get()) else {
+        return err("push is not available to this generation (not a confined, coordinated one)");
+    };
+    match crate::supervisor::push::push(ctx, assignment, r).await {
+        Ok(a) => {
+            let mut resp = LaneResponse::ok(&a.state);
+            resp.ok = matches!(a.state.as_str(), "pushed" | "up-to-date" | "settled-before");
+            resp.push = Some(a);
+            resp
+        }
+        Err(e) => err(&format!("{e} [{}]", e.category())),
     }
 }
 
@@ -517,7 +535,8 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
         | LaneRequest::Ack { .. }
         | LaneRequest::Hook { .. }
         | LaneRequest::HandoffAck
-        | LaneRequest::Next => return err("not a report"),
+        | LaneRequest::Next
+        | LaneRequest::Push(_) => return err("not a report"),
     };
     if s.reports.send(report).is_err() {
         return err("the generation ended");

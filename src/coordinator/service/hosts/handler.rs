@@ -147,6 +147,21 @@ impl Handler for HostHandler {
             // the envelope's fields.
             let out = match decode(&env) {
                 Err(e) => Err(OpError::new(Category::BadInput, e.to_string())),
+                // Effects are answered whatever the outcome (the broker waits for it), so they
+                // say themselves whether they were hostile.
+                Ok(Some(Either::Chain(m)))
+                    if matches!(
+                        *m,
+                        FromHostChain::Effect(_) | FromHostChain::EffectResult(_)
+                    ) =>
+                {
+                    let (replies, violation) = match *m {
+                        FromHostChain::Effect(m) => svc.on_effect(&host, m).await,
+                        FromHostChain::EffectResult(m) => svc.on_effect_result(&host, m).await,
+                        _ => (vec![], None),
+                    };
+                    return Handled { replies, violation };
+                }
                 Ok(Some(Either::Chain(m))) => svc.on_chain(&host, *m).await.map(|()| vec![]),
                 Ok(Some(Either::Session(m))) => match m {
                     FromHostSession::State(m) => svc.on_state(&host, m).await.map(|()| vec![]),

@@ -20,6 +20,8 @@ impl Service {
             FromHostChain::HandoffAck(m) => self.on_handoff_ack(host, m).await,
             FromHostChain::ContinuationAccept(m) => self.on_continuation_accept(host, m).await,
             FromHostChain::ContinuationResult(m) => self.on_continuation_result(host, m).await,
+            // Answered with a verdict by `handle` (`on_effect`, `on_effect_result`).
+            FromHostChain::Effect(_) | FromHostChain::EffectResult(_) => Ok(()),
         }
     }
 

@@ -38,6 +38,7 @@ use super::driver::LaneOrder;
 use super::operator::OpError;
 use super::Service;
 
+mod effects;
 mod handler;
 mod messages;
 mod receipts;

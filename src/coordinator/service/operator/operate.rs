@@ -267,6 +267,35 @@ impl Service {
                                    else { "host unreachable: the lane is recreated when its host reconnects" } })
             }
             OperatorRequest::Audit { since } => json!(self.store.audit_log(since).await?),
+            OperatorRequest::Effects {
+                assignment_id,
+                limit,
+            } => json!(
+                self.store
+                    .effect_claims(
+                        assignment_id.as_deref(),
+                        limit.unwrap_or(200).clamp(1, 10_000)
+                    )
+                    .await?
+            ),
+            OperatorRequest::EffectResolve {
+                effect_id,
+                applied,
+                evidence_digest,
+                request_id: rid,
+            } => {
+                let l = self.leader().await?;
+                let r = self
+                    .store
+                    .resolve_effect(&l, &effect_id, applied, &evidence_digest, &request_id(rid))
+                    .await;
+                let r = self.settled(&l, r).await?;
+                // A chain that waited for this claim (an activation) may go on now.
+                self.bump();
+                self.advance_all(&l, None).await;
+                json!({ "effect_id": effect_id, "assignment_id": r.body["assignment_id"], "state": r.body["state"],
+                        "reconciliation": r.body["reconciliation"], "receipt_id": r.receipt_id })
+            }
             OperatorRequest::Block {
                 assignment_id,
                 code,
@@ -401,7 +430,27 @@ impl Service {
                 serde_json::Value::Null
             })
         };
-        let assignments = rows(self.store.assignment_statuses().await.map(|v| json!(v)));
+        let mut assignments = rows(self.store.assignment_statuses().await.map(|v| json!(v)));
+        // Each assignment's effect claims (by state) and the token usage its provider calls
+        // reported (spec §18).
+        if let Ok(usage) = self.store.effect_usage().await {
+            if let Some(list) = assignments.as_array_mut() {
+                for a in list {
+                    let u = usage
+                        .iter()
+                        .find(|u| a["assignment_id"] == u.assignment_id.as_str());
+                    a["effects"] = match u {
+                        Some(u) => {
+                            json!({ "claims": u.claims, "open": u.open, "unknown": u.unknown,
+                                           "input_tokens": u.input_tokens, "output_tokens": u.output_tokens })
+                        }
+                        None => {
+                            json!({ "claims": 0, "open": 0, "unknown": 0, "input_tokens": 0, "output_tokens": 0 })
+                        }
+                    };
+                }
+            }
+        }
         let lanes = rows(self.store.lanes().await.map(|v| json!(v)));
         // One snapshot of the leadership for both its fields, taken after the rows (which
         // may take long when the database is away), so they never disagree.
@@ -485,8 +534,10 @@ impl Service {
                 ),
             ));
         }
+        // The default scope: the lane itself and its model provider. Egress and pushes are
+        // named explicitly (`egress:HOST[:PORT]`, `push:REPO[:REF]`).
         let scope = if a.scope.is_empty() {
-            vec![format!("lane:{}", a.lane_id)]
+            vec![format!("lane:{}", a.lane_id), "provider".to_string()]
         } else {
             a.scope.clone()
         };

@@ -206,6 +206,22 @@ pub enum OperatorRequest {
     Request {
         request_id: String,
     },
+    /// Effect claims, newest first (of one assignment, or all), with digests only.
+    Effects {
+        #[serde(default)]
+        assignment_id: Option<String>,
+        #[serde(default)]
+        limit: Option<i64>,
+    },
+    /// The reconciliation owner settles a claim whose outcome is unknown: `applied` or not,
+    /// with the digest of the evidence that shows it (what the sink shows now).
+    EffectResolve {
+        effect_id: String,
+        applied: bool,
+        evidence_digest: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
 }
 
 /// `$then` with `$k` bound to the key field of a mutating request, else `$otherwise`: the
@@ -221,7 +237,8 @@ macro_rules! key_of {
             | OperatorRequest::Unblock { request_id: $k, .. }
             | OperatorRequest::PolicyPublish { request_id: $k, .. }
             | OperatorRequest::Continue { request_id: $k, .. }
-            | OperatorRequest::Handoff { request_id: $k, .. } => $then,
+            | OperatorRequest::Handoff { request_id: $k, .. }
+            | OperatorRequest::EffectResolve { request_id: $k, .. } => $then,
             _ => $otherwise,
         }
     };
@@ -241,13 +258,15 @@ impl OperatorRequest {
             Self::PolicyPublish { .. } => "policy-publish",
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
+            Self::EffectResolve { .. } => "effect-resolve",
             Self::Lanes
             | Self::Status
             | Self::Receipts { .. }
             | Self::Audit { .. }
             | Self::Policy { .. }
             | Self::Watch { .. }
-            | Self::Request { .. } => return None,
+            | Self::Request { .. }
+            | Self::Effects { .. } => return None,
         })
     }
 
@@ -302,6 +321,7 @@ impl OperatorRequest {
             Self::PolicyPublish { policy, .. } => {
                 serde_json::json!({ "policy_id": policy.policy_id })
             }
+            Self::EffectResolve { effect_id, .. } => serde_json::json!({ "effect_id": effect_id }),
             _ => serde_json::Value::Null,
         }
     }
