@@ -963,3 +963,361 @@ async fn a_push_is_an_admitted_claim_bound_to_its_exact_ref_update() {
     );
     assert!(tokio::task::block_in_place(|| w.audited("idempotency key already used")) >= 1);
 }
+
+// ---- Effect admission races (spec §17): a revocation, a takeover, a crash or a handoff
+// between a claim and its dispatch, its sink and its result ------------------------------
+
+/// A world as `provider_world`, with `coordinators` coordinators and its supervisor started
+/// under `failpoints` (`effect:pre-dispatch` / `effect:post-sink` hold an effect until a
+/// file exists).
+fn race_world(
+    model: &Model,
+    lanes: usize,
+    coordinators: usize,
+    failpoints: &str,
+    extra_scope_world: &str,
+) -> (World, Scratch) {
+    assert!(
+        mosaic::coordinator::failpoint::enabled(),
+        "the race tests hold effects with failpoints: cargo test --features failpoints (scripts/test does)"
+    );
+    let creds = Scratch(std::env::temp_dir().join(format!(
+        "mosaic-creds-{}.env",
+        uuid::Uuid::new_v4().simple()
+    )));
+    std::fs::write(&creds.0, "FAKE_PROVIDER_KEY=race-key\n").unwrap();
+    std::fs::set_permissions(
+        &creds.0,
+        std::os::unix::fs::PermissionsExt::from_mode(0o600),
+    )
+    .unwrap();
+    let mut w = World::new(Spec {
+        lanes,
+        coordinators,
+        tag: "race",
+        supervisor_extra: format!(
+            "[providers]\nfake = \"http://127.0.0.1:{}\"\n[credentials]\nfake = {:?}\n{extra_scope_world}",
+            model.port, creds.0
+        ),
+        ..Spec::default()
+    });
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    for i in 1..coordinators {
+        w.start_coordinator(i, None);
+    }
+    w.sup[0].start(Some(failpoints));
+    w.wait_lanes(lanes);
+    (w, creds)
+}
+
+/// A file that does not exist yet (created to release a held effect), removed on drop.
+fn hold_file() -> Scratch {
+    Scratch(std::env::temp_dir().join(format!("mosaic-hold-{}", uuid::Uuid::new_v4().simple())))
+}
+
+fn supervisor_says(w: &World, what: &str) {
+    wait_until(what, || {
+        std::fs::read_to_string(w.supervisor_log(0))
+            .ok()?
+            .contains(what)
+            .then_some(())
+    });
+}
+
+fn stop(w: &World, asg: &str, wait: bool) -> Value {
+    w.op(&OperatorRequest::Stop {
+        assignment_id: asg.into(),
+        outcome: None,
+        evidence_digest: None,
+        wait,
+        request_id: None,
+    })
+    .unwrap()
+}
+
+async fn claim_states(w: &World, asg: &str) -> Vec<String> {
+    claims_of(w, asg).await.into_iter().map(|c| c.2).collect()
+}
+
+/// Post-claim, pre-dispatch: the claim was admitted, then the work was stopped. The host
+/// learns of the stop, and the executor's own fence check (right before dispatch) sends
+/// nothing: the claim is settled NOT_DISPATCHED, the provider never sees the request.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_admitted_effect_is_not_dispatched_once_its_generation_is_fenced() {
+    let model = Model::start();
+    let hold = hold_file();
+    let (w, _c) = race_world(
+        &model,
+        1,
+        1,
+        &format!("effect:pre-dispatch=return({})", hold.0.display()),
+        "",
+    );
+    let lane = w.lane_of(0, "lane-1");
+    let a = tokio::task::block_in_place(|| {
+        w.assign_to(
+            &lane,
+            "ignore-term attack=provider:FAKE_PROVIDER_KEY hang",
+            true,
+        )
+        .unwrap()
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    tokio::task::block_in_place(|| supervisor_says(&w, "failpoint: holding this effect"));
+    assert_eq!(claim_states(&w, &asg).await, vec!["ADMITTED"]);
+    tokio::task::block_in_place(|| {
+        stop(&w, &asg, false);
+        supervisor_says(&w, "generation fenced on the coordinator's order");
+    });
+    std::fs::write(&hold.0, "").unwrap();
+    let home = home(&w, &a);
+    let got = tokio::task::block_in_place(|| outcomes(&home.join("attacks")));
+    assert!(!got[0].1, "{got:?}");
+    let said = std::fs::read_to_string(home.join("provider-answer")).unwrap();
+    assert!(said.contains("fenced"), "{said}");
+    assert!(
+        posts(&model).is_empty(),
+        "the provider saw a fenced request"
+    );
+    w.wait_count(
+        &format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state = 'NOT_DISPATCHED'"),
+        |n| n == 1,
+        "the claim settled as not dispatched",
+    )
+    .await;
+    tokio::task::block_in_place(|| {
+        wait_until("the stop final", || {
+            (stop(&w, &asg, true)["state"] == "CANCELLED").then_some(())
+        })
+    });
+}
+
+/// Sink accepted, then revoked: the provider is answering when the work is stopped and its
+/// generation killed. The claim preceded the revocation (admission orders it); what is
+/// observed is that it was cut part-way: ABORTED, carried by the generation's receipt, and
+/// the requested outcome stands (the effect's outcome is known).
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effect_cut_by_its_generations_end_is_settled_aborted() {
+    let model = Model::start();
+    let hold = hold_file();
+    let (w, _c) = race_world(
+        &model,
+        1,
+        1,
+        &format!("effect:post-sink=return({})", hold.0.display()),
+        "",
+    );
+    let lane = w.lane_of(0, "lane-1");
+    let a = tokio::task::block_in_place(|| {
+        w.assign_to(&lane, "attack=provider:FAKE_PROVIDER_KEY hang", true)
+            .unwrap()
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    tokio::task::block_in_place(|| supervisor_says(&w, "failpoint: holding this effect"));
+    assert_eq!(posts(&model).len(), 1, "the sink took the request");
+    let stopped = tokio::task::block_in_place(|| stop(&w, &asg, true));
+    assert_eq!(stopped["state"], "CANCELLED", "{stopped}");
+    assert_eq!(claim_states(&w, &asg).await, vec!["ABORTED"]);
+    let receipts = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT body->'effects' FROM termination_receipts WHERE assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .get::<_, serde_json::Value>(0);
+    assert_eq!(receipts[0]["outcome"], "aborted", "{receipts}");
+    std::fs::write(&hold.0, "").unwrap();
+}
+
+/// Post-sink, pre-result, with the broker gone: the supervisor is SIGKILLed while a tunnel
+/// it was admitted for is in flight. Nobody observed its outcome, and a tunnel's sink cannot
+/// be asked: when the generation's end is ingested the claim is UNKNOWN, owned by the
+/// operator, and the requested CANCELLED becomes QUARANTINED. The operator's resolve, with
+/// evidence, settles it.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effect_nobody_observed_is_unknown_until_its_owner_resolves_it() {
+    let model = Model::start();
+    let hold = hold_file();
+    let ip = host_address();
+    let port = echo_server();
+    let (mut w, _c) = race_world(
+        &model,
+        1,
+        1,
+        &format!("effect:pre-dispatch=return({})", hold.0.display()),
+        "",
+    );
+    let lane = w.lane_of(0, "lane-1");
+    let scope = vec![format!("lane:{lane}"), format!("egress:{ip}:{port}")];
+    let a = tokio::task::block_in_place(|| {
+        assign_scoped(
+            &w,
+            &lane,
+            &format!("attack=egress:{ip}:{port} hang"),
+            &scope,
+            true,
+        )
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    tokio::task::block_in_place(|| supervisor_says(&w, "failpoint: holding this effect"));
+    w.crash_supervisor(0);
+    w.start_supervisor(0);
+    // Final once the restarted host reconnects and its receipt is ingested.
+    tokio::task::block_in_place(|| {
+        wait_until("the stop final", || {
+            (stop(&w, &asg, true)["state"] == "QUARANTINED").then_some(())
+        })
+    });
+    let claims = claims_of(&w, &asg).await;
+    assert_eq!(claims.len(), 1);
+    assert_eq!(claims[0].2, "UNKNOWN");
+    let listed = tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::Effects {
+            assignment_id: Some(asg.clone()),
+            limit: None,
+        })
+        .unwrap()
+    });
+    assert_eq!(listed[0]["reconciliation_owner"], "operator");
+    let st = tokio::task::block_in_place(|| w.status());
+    let mine = st["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["assignment_id"] == asg.as_str())
+        .cloned()
+        .unwrap();
+    assert_eq!(mine["effects"]["unknown"], 1, "{mine}");
+    assert!(mine["next_action"]
+        .as_str()
+        .unwrap()
+        .contains("mosaic effect resolve"));
+    let effect = listed[0]["effect_id"].as_str().unwrap().to_string();
+    let resolved = tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::EffectResolve {
+            effect_id: effect.clone(),
+            applied: false,
+            evidence_digest: mosaic::protocol::work::evidence_digest(
+                "effect-reconciliation",
+                b"the echo server's log shows no connection",
+            ),
+            request_id: None,
+        })
+        .unwrap()
+    });
+    assert_eq!(resolved["state"], "RECONCILED", "{resolved}");
+    assert_eq!(claim_states(&w, &asg).await, vec!["RECONCILED"]);
+    std::fs::write(&hold.0, "").unwrap();
+}
+
+/// A takeover between a claim and its result: admitted by the first leader, the effect is
+/// carried (admission ordered it), and its result — sent again until answered — is
+/// recorded by the next leader.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_effects_result_is_recorded_across_a_takeover() {
+    let model = Model::start();
+    let hold = hold_file();
+    let (mut w, _c) = race_world(
+        &model,
+        1,
+        2,
+        &format!("effect:post-sink=return({})", hold.0.display()),
+        "",
+    );
+    let lane = w.lane_of(0, "lane-1");
+    let a = tokio::task::block_in_place(|| {
+        w.assign_to(&lane, "attack=provider:FAKE_PROVIDER_KEY hang", true)
+            .unwrap()
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    tokio::task::block_in_place(|| supervisor_says(&w, "failpoint: holding this effect"));
+    let first = w.status()["coordinator_epoch"].as_i64().unwrap();
+    w.crash_coordinator(0);
+    let second = tokio::task::block_in_place(|| w.wait_leading(1));
+    assert!(second > first);
+    std::fs::write(&hold.0, "").unwrap();
+    w.wait_count(
+        &format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state = 'COMPLETED'"),
+        |n| n == 1,
+        "the result recorded by the new leader",
+    )
+    .await;
+    let c = w.sql().await;
+    let admitted: i64 = c
+        .query_one(
+            "SELECT coordinator_epoch FROM effect_claims WHERE assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let recorded: i64 = c
+        .query_one(
+            "SELECT coordinator_epoch FROM transition_receipts WHERE transition = 'effect-result' AND assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!((admitted, recorded), (first, second));
+}
+
+/// A handoff offered: the source keeps running until the target acknowledges, but admits
+/// nothing more (spec §6.1: the source's new-effect admission is fenced at the offer).
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_offer_fences_the_sources_admission() {
+    let model = Model::start();
+    let hold = hold_file();
+    let (w, _c) = race_world(
+        &model,
+        2,
+        1,
+        // Nothing held: the failpoint names a file created before any effect.
+        &format!("effect:pre-dispatch=return({})", hold.0.display()),
+        "",
+    );
+    std::fs::write(&hold.0, "").unwrap();
+    let (src, dst) = (w.lane_of(0, "lane-1"), w.lane_of(0, "lane-2"));
+    let go = w.area(0, &w.incarnation_of(0, "lane-1"), 1).join("home/go");
+    let a = tokio::task::block_in_place(|| {
+        w.assign_to(
+            &src,
+            &format!(
+                "attack=provider:FAKE_PROVIDER_KEY attack=wait:{} attack=provider:FAKE_PROVIDER_KEY hang",
+                go.display()
+            ),
+            true,
+        )
+        .unwrap()
+    });
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    w.wait_count(
+        &format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state = 'COMPLETED'"),
+        |n| n == 1,
+        "the first request carried",
+    )
+    .await;
+    // The target never acknowledges: the offer stays open.
+    tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::Handoff {
+            assignment_id: asg.clone(),
+            lane_id: dst,
+            task: Some("no-ack".into()),
+            within_ms: Some(60_000),
+            request_id: None,
+        })
+        .unwrap()
+    });
+    std::fs::write(&go, "").unwrap();
+    let got = tokio::task::block_in_place(|| outcomes(&home(&w, &a).join("attacks")));
+    assert!(got[0].1, "before the offer: {got:?}");
+    assert!(!got[2].1, "after the offer: {got:?}");
+    let said = std::fs::read_to_string(home(&w, &a).join("provider-answer")).unwrap();
+    assert!(said.contains("wrong-state"), "{said}");
+    assert!(tokio::task::block_in_place(|| w.audited("a handoff of the work is pending")) >= 1);
+    assert_eq!(claim_states(&w, &asg).await, vec!["COMPLETED"]);
+}

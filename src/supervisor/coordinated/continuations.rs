@@ -141,7 +141,10 @@ impl CoordinatedHost {
                     }
                     // Nothing more of it is dispatched, whatever was admitted before.
                     if let Some(c) = this.chain_of(&lane_id).filter(|c| c.generation == g) {
-                        c.stopping.store(true, std::sync::atomic::Ordering::SeqCst);
+                        if !c.stopping.swap(true, std::sync::atomic::Ordering::SeqCst) {
+                            tracing::info!(lane_id, generation = g,
+                                "generation fenced on the coordinator's order: nothing more of it is dispatched");
+                        }
                     }
                     let runtime = this
                         .chain_of(&lane_id)

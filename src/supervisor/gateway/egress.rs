@@ -124,6 +124,7 @@ pub(super) async fn tunnel(shared: &Arc<Shared>, mut req: Request<Incoming>) -> 
         settle.finish(Outcome::NotDispatched);
         return denied(shared, &Denied::Fenced);
     }
+    settle.dispatching();
     let tcp =
         match tokio::time::timeout(CONNECT_TIMEOUT, tokio::net::TcpStream::connect(addr)).await {
             Ok(Ok(t)) => t,
@@ -144,7 +145,7 @@ pub(super) async fn tunnel(shared: &Arc<Shared>, mut req: Request<Incoming>) -> 
         let mut tcp = tcp;
         let upgraded = tokio::select! {
             u = upgrade => u,
-            _ = closed.wait_for(|c| *c) => { settle.finish(Outcome::Aborted); return; }
+            _ = closed.wait_for(|c| *c) => { settle.cut(); return; }
         };
         let Ok(upgraded) = upgraded else {
             settle.finish(Outcome::Aborted);

@@ -140,6 +140,7 @@ pub(super) async fn forward(shared: &Arc<Shared>, req: Request<Incoming>) -> Res
     parts.uri = uri;
     parts.headers = headers;
     let upstream_req = Request::from_parts(parts, Full::new(bytes));
+    settle.dispatching();
     let mut sender = match super::connect(upstream).await {
         Ok(s) => s,
         Err(why) => {

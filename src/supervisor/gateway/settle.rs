@@ -31,6 +31,8 @@ pub(super) struct Settle {
     /// A tunnel's bytes each way.
     pub(super) up: AtomicU64,
     pub(super) down: AtomicU64,
+    /// Sent on toward its sink (before: cut means not dispatched; after: aborted).
+    dispatched: AtomicBool,
     inflight: Weak<Inflight>,
 }
 
@@ -56,12 +58,27 @@ impl Settle {
             output: AtomicU64::new(0),
             up: AtomicU64::new(0),
             down: AtomicU64::new(0),
+            dispatched: AtomicBool::new(false),
             inflight: Arc::downgrade(inflight),
         });
         if let Ok(mut m) = inflight.lock() {
             m.insert(effect_id.to_string(), s.clone());
         }
         s
+    }
+
+    /// It is being sent on toward its sink now.
+    pub(super) fn dispatching(&self) {
+        self.dispatched.store(true, Ordering::SeqCst);
+    }
+
+    /// Cut before its end: not dispatched if it never left, aborted if it had.
+    pub(super) fn cut(&self) {
+        self.finish(if self.dispatched.load(Ordering::SeqCst) {
+            Outcome::Aborted
+        } else {
+            Outcome::NotDispatched
+        });
     }
 
     /// Its end, observed: reported once (a later call does nothing).
@@ -107,7 +124,7 @@ pub(super) fn abort_all(inflight: &Inflight) {
         .map(|m| m.values().cloned().collect())
         .unwrap_or_default();
     for s in open {
-        s.finish(Outcome::Aborted);
+        s.cut();
     }
 }
 
