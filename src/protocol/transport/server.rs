@@ -61,20 +61,43 @@ pub struct Admission {
 }
 
 /// The result of handling one verified frame.
-#[derive(Default)]
 pub struct Handled {
     pub replies: Vec<Outgoing>,
     /// The frame was refused as hostile (another host's lane, a field that contradicts
     /// its chain, …): it counts against the session's invalid-frame budget.
     pub violation: Option<String>,
+    /// Work the session may finish after later frames (an effect claim, which nothing
+    /// else on the session waits on): its replies are sent and its violation counted when
+    /// it ends. At most `MAX_DEFERRED` run at once per session; the session reads no
+    /// further frame while that many are in flight.
+    pub deferred: Option<BoxFuture<'static, Handled>>,
 }
+
+/// Deferred handlings in flight on one session at once.
+pub const MAX_DEFERRED: usize = 64;
 
 impl Handled {
     pub fn reply(replies: Vec<Outgoing>) -> Self {
         Self {
             replies,
             violation: None,
+            deferred: None,
         }
+    }
+
+    /// Nothing now; `work` is finished by the session after later frames.
+    pub fn defer(work: BoxFuture<'static, Handled>) -> Self {
+        Self {
+            replies: vec![],
+            violation: None,
+            deferred: Some(work),
+        }
+    }
+}
+
+impl Default for Handled {
+    fn default() -> Self {
+        Self::reply(vec![])
     }
 }
 
@@ -681,9 +704,22 @@ pub(super) async fn run_session(
             None => why.to_string(),
         }))
     };
+    let mut deferred = futures_util::stream::FuturesUnordered::new();
     loop {
         let frame = tokio::select! {
-            f = ws.next() => f,
+            f = ws.next(), if deferred.len() < MAX_DEFERRED => f,
+            Some(done) = deferred.next(), if !deferred.is_empty() => {
+                let done: Handled = done;
+                if let Some(v) = done.violation {
+                    if strikes.strike(params, &peer, &sid, &Violation::Hostile(v)) {
+                        return Ok(over(&strikes, "invalid-frame budget exceeded"));
+                    }
+                }
+                for out in done.replies {
+                    send_or_end!(send_text(ws, seq.seal(out, &peer)?));
+                }
+                continue;
+            }
             Some(out) = pushed.recv() => {
                 send_or_end!(send_text(ws, seq.seal(out, &peer)?));
                 continue;
@@ -759,6 +795,9 @@ pub(super) async fn run_session(
             }
         };
         let handled = handler.handle(peer.clone(), env).await;
+        if let Some(work) = handled.deferred {
+            deferred.push(work);
+        }
         if let Some(v) = handled.violation {
             if strikes.strike(params, &peer, &sid, &Violation::Hostile(v)) {
                 return Ok(over(&strikes, "invalid-frame budget exceeded"));

@@ -141,6 +141,7 @@ impl Handler for HostHandler {
                 return Handled {
                     replies: vec![],
                     violation: Some(format!("malformed-{field}")),
+                    deferred: None,
                 };
             }
             // A chain message becomes its typed struct here, once; its handler never reads
@@ -148,19 +149,28 @@ impl Handler for HostHandler {
             let out = match decode(&env) {
                 Err(e) => Err(OpError::new(Category::BadInput, e.to_string())),
                 // Effects are answered whatever the outcome (the broker waits for it), so they
-                // say themselves whether they were hostile.
+                // say themselves whether they were hostile; nothing else on the session waits
+                // on them, so they run beside the frames that follow (each claim is its own
+                // transition; its order against the chain's is the database's).
                 Ok(Some(Either::Chain(m)))
                     if matches!(
                         *m,
                         FromHostChain::Effect(_) | FromHostChain::EffectResult(_)
                     ) =>
                 {
-                    let (replies, violation) = match *m {
-                        FromHostChain::Effect(m) => svc.on_effect(&host, m).await,
-                        FromHostChain::EffectResult(m) => svc.on_effect_result(&host, m).await,
-                        _ => (vec![], None),
+                    let work = async move {
+                        let (replies, violation) = match *m {
+                            FromHostChain::Effect(m) => svc.on_effect(&host, m).await,
+                            FromHostChain::EffectResult(m) => svc.on_effect_result(&host, m).await,
+                            _ => (vec![], None),
+                        };
+                        Handled {
+                            replies,
+                            violation,
+                            deferred: None,
+                        }
                     };
-                    return Handled { replies, violation };
+                    return Handled::defer(Box::pin(work));
                 }
                 Ok(Some(Either::Chain(m))) => svc.on_chain(&host, *m).await.map(|()| vec![]),
                 Ok(Some(Either::Session(m))) => match m {
@@ -202,6 +212,7 @@ impl Handler for HostHandler {
                         replies: vec![],
                         violation: hostile(e.category)
                             .then(|| format!("refused-{}", e.category.as_str())),
+                        deferred: None,
                     }
                 }
             }

@@ -59,6 +59,7 @@ impl Service {
         Handled {
             replies: vec![ack],
             violation,
+            deferred: None,
         }
     }
 
