@@ -900,3 +900,53 @@ fn a_harness_under_another_uid_than_its_lanes_fails_its_launch() {
     let receipts = h.receipts(Some("w"), true);
     assert_eq!(receipts.len(), 1, "{receipts:?}");
 }
+
+/// `/proc/<pid>/status`'s `NSpid`: the pid in each namespace, outermost first.
+fn ns_pids(pid: i32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap()
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .unwrap()
+        .split_whitespace()
+        .map(|p| p.parse().unwrap())
+        .collect()
+}
+
+#[test]
+fn a_confined_generation_is_a_pid_namespace_that_ends_with_its_harness() {
+    let h = Host::new();
+    h.create_lane("w");
+    let go = area(&h, "w", 1).join("home/go");
+    // Waits for `go`, then starts three long-lived descendants (one double-forked: an
+    // orphan of the namespace) and exits 7 without waiting for them.
+    let g = h.start("w", &format!("attack=wait:{} spawn=3 exit=7", go.display()));
+    let id = &g["process_identity"];
+    let (init, root) = (pid(&id["harness_pid"]), pid(&id["root_pid"]));
+    // The supervisor's harness pid is the namespace's init, the shim's child; the harness
+    // is the init's only child, the namespace's second process.
+    let comm = std::fs::read_to_string(format!("/proc/{init}/comm")).unwrap();
+    assert_eq!(comm.trim(), mosaic::confine::pidns::INIT_NAME);
+    assert_eq!(ns_pids(init)[1..], [1]);
+    let ns = |p: i32| std::fs::read_link(format!("/proc/{p}/ns/pid")).unwrap();
+    assert_ne!(ns(init), ns(root), "the init is in a namespace of its own");
+    let cg = cgroup_abs(&h, id["cgroup_path"].as_str().unwrap());
+    let harness = wait_until("the harness", || {
+        members(&cg)
+            .into_iter()
+            .map(|(p, _)| p)
+            .find(|p| *p != init && *p != root)
+    });
+    assert_eq!(ns_pids(harness)[1..], [2]);
+    assert_eq!(ns(harness), ns(init));
+    // Its end ends the namespace: the kernel kills every process left in it before the
+    // init's own exit is seen, so the supervisor's kill finds only the shim; the receipt
+    // has the harness's own exit, which the init handed over.
+    std::fs::write(&go, "").unwrap();
+    let r = h.wait_receipt("w", 1);
+    assert_eq!(r["exit_code"], 7, "{r}");
+    assert_eq!(r["termination_reason"], "crash", "{r}");
+    assert_eq!(r["cleanup"]["members_killed"], 1, "{r}");
+    assert_eq!(r["cleanup"]["verified_empty"], true, "{r}");
+    assert!(!cg.exists());
+}

@@ -193,7 +193,9 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
 
     // 2. Forged settled events: from outside the generation's cgroup, and from inside it
     //    about another conversation.
-    let harness_pid = g1["process_identity"]["harness_pid"].as_i64().unwrap() as i32;
+    // The harness itself (the recorded pid is its PID namespace's init).
+    let harness_pid =
+        common::harness_process(g1["process_identity"]["harness_pid"].as_i64().unwrap() as i32);
     let socket = std::fs::read(format!("/proc/{harness_pid}/environ"))
         .unwrap()
         .split(|b| *b == 0)
@@ -274,7 +276,10 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         work.join("hostile.sh"),
         format!(
             "echo x > {}; cat /proc/{}/environ > leak; echo $$ > {}/cgroup.procs; \
-             bash -c 'echo > /dev/tcp/127.0.0.1/{}' && echo x > direct; echo done > hostile\n",
+             bash -c 'echo > /dev/tcp/127.0.0.1/{}' && echo x > direct; \
+             bash -c 'p=${{HTTPS_PROXY#http://}}; exec 3<>/dev/tcp/${{p%:*}}/${{p##*:}}; \
+               printf \"CONNECT 192.0.2.9:443 HTTP/1.1\\r\\nHost: 192.0.2.9:443\\r\\n\\r\\n\" >&3; head -c 12 <&3' > egress; \
+             echo done > hostile\n",
             planted.display(),
             up.child.id(),
             cg.parent().unwrap().display(),
@@ -298,6 +303,29 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
             "read_another_process_environment": leaked > 0,
             "left_its_cgroup": !parent_members.trim().is_empty(),
             "reached_the_provider_directly": work.join("direct").exists(),
+        }),
+    );
+    // Partial authority (§17): the harness's model calls go on (this very turn settled
+    // through them) while a tunnel its scope does not name is refused by the broker.
+    let egress = std::fs::read_to_string(work.join("egress")).unwrap_or_default();
+    let tunnels = up
+        .sql(
+            "SELECT count(*)::text FROM effect_claims WHERE assignment_id = $1 AND executor = 'egress'",
+            &id1,
+        )
+        .unwrap_or_default();
+    checks.insert(
+        "partial_authority",
+        json!({
+            "egress_outside_the_scope": if egress.starts_with("HTTP/1.1 403") {
+                "refused"
+            } else if egress.is_empty() {
+                "no route (its tools get no proxy variable)"
+            } else {
+                "ACCEPTED"
+            },
+            "egress_claims": tunnels,
+            "model_turns_carried": up.settled() > settled_before,
         }),
     );
     // The provider's key is in no process of the generation: the gateway adds it.
@@ -334,9 +362,10 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     // 3b. §17 row 76: no settled report while the harness still has work of its own.
     checks.insert("parity", parity(&up, &model, &cg));
 
-    // 4. No updater, daemon or resume: at rest, the generation is the shim and the harness.
-    // At rest: once the last turn's hook processes (a shell, `mosaic lane hook`) are gone,
-    // only the shim (`mosaic-shim`) and the harness remain — no updater, daemon or helper.
+    // 4. No updater, daemon or resume: at rest, the generation is the shim, its PID
+    // namespace's init and the harness. Once the last turn's hook processes (a shell,
+    // `mosaic lane hook`) are gone, only the shim (`mosaic-shim`), the init (`mosaic-init`)
+    // and the harness remain — no updater, daemon or helper.
     let mut at_rest: Vec<String> = wait_for("the hook processes gone", common::PATIENCE, || {
         let c: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
         (c.iter().filter(|x| *x == "mosaic-shim").count() == 1
@@ -453,7 +482,9 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         let m = members_running(&cg, "sleep 100");
         (m.len() >= 2).then_some(m)
     });
-    let hp = g2["process_identity"]["harness_pid"].as_i64().unwrap() as i32;
+    // The harness itself, not its namespace's init.
+    let hp =
+        common::harness_process(g2["process_identity"]["harness_pid"].as_i64().unwrap() as i32);
     let mut tree = tree;
     tree.extend(common::members(&cg));
     common::kill(hp, nix::sys::signal::Signal::SIGKILL);
@@ -860,6 +891,8 @@ fn run(f: &Family) {
         ),
         ("/hostile_tool/left_its_cgroup", json!(false)),
         ("/hostile_tool/reached_the_provider_directly", json!(false)),
+        ("/partial_authority/egress_claims", json!("0")),
+        ("/partial_authority/model_turns_carried", json!(true)),
         ("/key_in_generation_environment", json!(false)),
     ] {
         assert_eq!(

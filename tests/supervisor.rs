@@ -25,7 +25,16 @@ fn pid_of(v: &Value) -> i32 {
 /// descendants are in the generation's cgroup. Returns the generation, its cgroup
 /// directory and the members (pid, start time) seen.
 fn start_with_tree(h: &Host, lane: &str, n: usize) -> (Value, std::path::PathBuf, Vec<(i32, u64)>) {
-    let g = h.start(lane, &format!("spawn={n}"));
+    start_tree(h, lane, "", n)
+}
+
+fn start_tree(
+    h: &Host,
+    lane: &str,
+    more: &str,
+    n: usize,
+) -> (Value, std::path::PathBuf, Vec<(i32, u64)>) {
+    let g = h.start(lane, &format!("{more} spawn={n}"));
     let cg = cgroup_abs(h, identity(&g)["cgroup_path"].as_str().unwrap());
     let before = wait_until("all descendants", || {
         let m = members(&cg);
@@ -113,11 +122,13 @@ fn identity_fields_are_correct() {
     );
 }
 
-/// Starts `spawn=N`, waits for every descendant, stops, and checks zero survivors.
+/// Starts `spawn=N`, waits for every descendant, stops, and checks zero survivors. The
+/// tree ignores its graceful signal, so it is the kill's to end (a harness that exits
+/// takes its PID namespace with it, and the kernel ends the rest before the kill runs).
 fn stop_kills_tree(h: &Host, n: usize) {
     h.create_lane("big");
     // shim + harness + n descendants (double forks leave one grandchild each).
-    let (_, cg, before) = start_with_tree(h, "big", n);
+    let (_, cg, before) = start_tree(h, "big", "ignore-term", n);
     let distinct = |field: fn(&procfs::process::Stat) -> i32| -> BTreeSet<i32> {
         before
             .iter()

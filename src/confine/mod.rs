@@ -42,6 +42,7 @@
 mod landlock_rules;
 mod mounts;
 pub mod net;
+pub mod pidns;
 mod seccomp;
 
 use std::path::PathBuf;
@@ -569,7 +570,7 @@ pub fn observe(pid: i32) -> Result<Observed, ConfineError> {
         source: std::io::Error::other("no NoNewPrivs/Seccomp/Cap* lines"),
     })?;
     let ns = |who: &str, kind: &str| std::fs::read_link(format!("/proc/{who}/ns/{kind}")).ok();
-    let kinds = ["mnt", "ipc", "net"];
+    let kinds = ["mnt", "ipc", "net", "pid"];
     let theirs: Vec<_> = kinds.iter().map(|k| ns(&pid.to_string(), k)).collect();
     // A process gives up its namespaces only in exit, just before it becomes a zombie:
     // then they cannot be read, and nothing can be said of them.

@@ -202,22 +202,37 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
     // born in it. The gateway's listener stays open in the shim for the generation's life
     // (close-on-exec: the harness never holds it), so a supervisor restarted later takes
     // the same one again.
+    // Its PID namespace too: the harness's parent inside it is the namespace's init (see
+    // `confine::pidns`), which hands the harness's wait status back through this pipe.
     let confined = confined.and_then(|p| match (&p, &confinement) {
         // The pane's terminal goes to the lane's uid last: a start that failed before
         // leaves it as it was.
         (Some(_), crate::confine::Confinement::Enforced { policy }) => {
             crate::confine::net::isolate(policy.gateway).and_then(|l| {
-                policy
-                    .uid
-                    .map_or(Ok(()), crate::confine::give_terminal)
-                    .map(|()| (p, l))
+                let pidns = crate::confine::pidns::isolate()?;
+                match policy.uid.map_or(Ok(()), crate::confine::give_terminal) {
+                    Ok(()) => Ok((p, l, Some(pidns))),
+                    Err(e) => {
+                        let _ = pidns.end();
+                        Err(e)
+                    }
+                }
             })
         }
-        _ => Ok((p, None)),
+        _ => Ok((p, None, None)),
     });
-    let (confined, gateway) = match confined {
-        Ok((p, l)) => (Ok(p), l),
-        Err(e) => (Err(e), None),
+    let status_pipe = match &confined {
+        Ok((Some(_), _, _)) => Some(nix::unistd::pipe2(nix::fcntl::OFlag::O_CLOEXEC).map_err(
+            |source| ShimError::Sys {
+                what: "pipe2",
+                source,
+            },
+        )?),
+        _ => None,
+    };
+    let (confined, gateway, pidns) = match confined {
+        Ok((p, l, n)) => (Ok(p), l, n),
+        Err(e) => (Err(e), None, None),
     };
     let gateway_fd = gateway.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
     let child = match (confined, argv.split_first()) {
@@ -225,12 +240,19 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         (Ok(confined), Some((prog, rest))) => {
             let mut c = std::process::Command::new(prog);
             if let Some(p) = confined {
+                use std::os::fd::AsRawFd;
                 use std::os::unix::process::CommandExt;
-                // SAFETY: `enter` makes raw system calls on memory `p` owns (moved into
-                // the closure); it neither allocates nor locks. The shim has no other
-                // thread yet (the link keeper starts after the spawn).
+                let status_w = status_pipe.as_ref().map_or(-1, |(_, w)| w.as_raw_fd());
+                // SAFETY: `enter` and `split` make raw system calls on memory `p` owns
+                // (moved into the closure) or on the stack; they neither allocate nor
+                // lock. The shim has no other thread yet (the link keeper starts after the
+                // spawn: the kernel refuses one before `pidns.end()`), so the child may
+                // fork the harness.
                 unsafe {
-                    c.pre_exec(move || p.enter());
+                    c.pre_exec(move || {
+                        p.enter()?;
+                        crate::confine::pidns::split(status_w)
+                    });
                 }
             }
             c.args(rest).envs(env);
@@ -247,6 +269,12 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
         }
         (Ok(_), None) => Err(std::io::Error::other("empty command")),
     };
+    // Back in its own PID namespace, or no thread: a harness started meanwhile is killed
+    // with the cgroup on the failure this reports.
+    let child = match pidns.map(crate::confine::pidns::Isolated::end) {
+        Some(Err(e)) => Err(std::io::Error::other(format!("confinement: {e}"))),
+        _ => child,
+    };
     let child = match child {
         Ok(c) => c,
         Err(e) => {
@@ -261,6 +289,11 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
             std::process::exit(127);
         }
     };
+    // The read end only: the init holds the write end until the harness ends.
+    let status_read = status_pipe.map(|(r, w)| {
+        drop(w);
+        r
+    });
     let harness_pid = child.id() as i32;
     // If the harness already exited, its start time is unreadable; 0 marks "unknown", and
     // its exit is reported by the reaper below anyway.
@@ -290,7 +323,13 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
     {
         let shared = shared.clone();
         let socket = args.socket.clone();
-        std::thread::spawn(move || link_keeper(reader, shared, socket, pid, start_time, nonce));
+        std::thread::Builder::new()
+            .name("link-keeper".into())
+            .spawn(move || link_keeper(reader, shared, socket, pid, start_time, nonce))
+            .map_err(|source| ShimError::Io {
+                what: "starting the link keeper".into(),
+                source,
+            })?;
     }
 
     // 6. reap forever (holding the gateway's listener: see above).
@@ -318,6 +357,10 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
                     _ => continue,
                 };
                 if who.as_raw() == harness_pid {
+                    // Confined, the harness's own status, as its namespace's init saw it
+                    // (the init's is only its echo); else, or if the init died before it
+                    // could say (killed with the namespace), the init's own.
+                    let exit = status_read.as_ref().and_then(read_status).unwrap_or(exit);
                     report_exit(&shared, &args, harness_pid, harness_start_time, exit);
                 }
             }
@@ -331,6 +374,21 @@ pub fn run(args: ShimArgs) -> Result<std::convert::Infallible, ShimError> {
             }
         }
     }
+}
+
+/// The harness's wait status the namespace's init wrote, if it wrote one.
+fn read_status(fd: &std::os::fd::OwnedFd) -> Option<ExitStatus> {
+    let mut raw = [0u8; 4];
+    let n = nix::unistd::read(fd, &mut raw).ok()?;
+    if n != raw.len() {
+        return None;
+    }
+    let (code, signal, core_dumped) = crate::confine::pidns::decode(raw);
+    (code.is_some() || signal.is_some()).then_some(ExitStatus {
+        code,
+        signal,
+        core_dumped,
+    })
 }
 
 fn report_exit(

@@ -162,7 +162,7 @@ impl Supervisor {
                 match &probed {
                     Ok(s) => tracing::info!(
                         landlock_abi = s.landlock_abi,
-                        "generations run confined (own mount and IPC namespaces, landlock, seccomp, no capabilities)"
+                        "generations run confined (own mount, IPC, network and PID namespaces, landlock, seccomp, no capabilities)"
                     ),
                     Err(e) => {
                         tracing::error!(reason = %e, "this host cannot confine generations: confined lanes refuse to start (see `mosaic doctor`)")

@@ -607,3 +607,22 @@ pub fn read_until(out: &mut impl std::io::BufRead, marker: &str) -> String {
         }
     }
 }
+
+/// The harness process of a generation whose recorded `harness_pid` is `pid`: confined,
+/// that is its PID namespace's init (`mosaic-init`), and the harness is the init's one
+/// child; unconfined, `pid` itself.
+#[allow(dead_code)]
+pub fn harness_process(pid: i32) -> i32 {
+    let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+    if comm.trim() != mosaic::confine::pidns::INIT_NAME {
+        return pid;
+    }
+    wait_until("the init's child", || {
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+            .ok()?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    })
+}
