@@ -171,7 +171,40 @@ fn main() {
         "  effect claims recorded for the assignment: {}",
         effects.as_array().map_or(0, Vec::len)
     );
+    // Where the added time goes: the coordinator's own time per transition (its
+    // histogram's mean over every request, warm-up included), the rest being the two hops
+    // between gateway, supervisor and coordinator and the signing at each end.
+    let metrics = coordinator_metrics(&state);
+    for op in ["admit-effect", "effect-result"] {
+        let get = |what: &str| {
+            metrics.lines().find_map(|l| {
+                l.strip_prefix(&format!("mosaic_transition_seconds_{what}{{op=\"{op}\"}} "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+        };
+        if let (Some(sum), Some(n)) = (get("sum"), get("count")) {
+            println!(
+                "  coordinator's {op} transition (BEGIN to COMMIT)  mean {:.3} ms over {n}",
+                sum / n * 1000.0
+            );
+        }
+    }
     common::terminate(&mut up, Duration::from_secs(20));
     let _ = std::fs::remove_dir_all(&dir);
     drop(model);
+}
+
+/// The coordinator's `/metrics` text (its address is in the state's run directory).
+fn coordinator_metrics(state: &std::path::Path) -> String {
+    let addr = std::fs::read_to_string(state.join("run/metrics-coordinator.addr")).unwrap();
+    let mut s = TcpStream::connect(addr.trim()).unwrap();
+    write!(
+        s,
+        "GET /metrics HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        addr.trim()
+    )
+    .unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).unwrap();
+    text
 }

@@ -1321,3 +1321,109 @@ async fn a_handoff_offer_fences_the_sources_admission() {
     assert!(tokio::task::block_in_place(|| w.audited("a handoff of the work is pending")) >= 1);
     assert_eq!(claim_states(&w, &asg).await, vec!["COMPLETED"]);
 }
+
+/// The attempts recorded in `file` so far, once there are at least `n`.
+fn first_outcomes(file: &Path, n: usize) -> Vec<(String, bool, String)> {
+    wait_until("the attacker's first outcomes", || {
+        let got = parse(&std::fs::read_to_string(file).ok()?);
+        (got.len() >= n).then_some(got)
+    })
+}
+
+/// §17 "Staging write attempt" and "Fence revocation race" for the workspace: before its
+/// activation commits, a generation's workspace (its working directory) is read-only to
+/// it; its activation opens it; the coordinator's fence closes it again before the stop's
+/// grace period runs out, while the harness lives on (it ignores its graceful signal).
+#[tokio::test(flavor = "multi_thread")]
+async fn the_workspace_is_writable_only_between_activation_and_fence() {
+    let model = Model::start();
+    let (w, _c) = provider_world(&model, "ws-key", 1);
+    let lane = w.lane_of(0, "lane-1");
+    let area = w.area(0, &w.incarnation_of(0, "lane-1"), 1);
+    let (work, home) = (area.join("work"), area.join("home"));
+    let task = format!(
+        "ignore-term staging-attack=write:{0}/staged attack=write:{0}/active \
+         attack=wait:{1}/go attack=write:{0}/fenced hang",
+        work.display(),
+        home.display()
+    );
+    let a = tokio::task::block_in_place(|| w.assign_to(&lane, &task, true).unwrap());
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let staged = tokio::task::block_in_place(|| outcomes(&home.join("staging-attacks")));
+    assert!(!staged[0].1, "staging wrote its workspace: {staged:?}");
+    assert!(staged[0].2.contains("Read-only"), "{staged:?}");
+    let active = tokio::task::block_in_place(|| first_outcomes(&home.join("attacks"), 1));
+    assert!(
+        active[0].1,
+        "the activated generation cannot write: {active:?}"
+    );
+    tokio::task::block_in_place(|| {
+        stop(&w, &asg, false);
+        supervisor_says(&w, "the fenced generation's workspace is read-only");
+    });
+    std::fs::write(home.join("go"), "").unwrap();
+    let got = tokio::task::block_in_place(|| outcomes(&home.join("attacks")));
+    assert!(
+        !got[2].1,
+        "the fenced generation wrote its workspace: {got:?}"
+    );
+    assert!(!work.join("staged").exists() && !work.join("fenced").exists());
+    tokio::task::block_in_place(|| {
+        wait_until("the stop final", || {
+            (stop(&w, &asg, true)["state"] == "CANCELLED").then_some(())
+        })
+    });
+}
+
+/// A file held open for writing keeps the kernel from making the workspace read-only at
+/// the fence: the generation is frozen instead, so the write it makes afterwards through
+/// that descriptor never happens; its stop still ends it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_fenced_generation_holding_a_workspace_file_open_is_frozen() {
+    let model = Model::start();
+    let (w, _c) = provider_world(&model, "ws-key", 1);
+    let lane = w.lane_of(0, "lane-1");
+    let area = w.area(0, &w.incarnation_of(0, "lane-1"), 1);
+    let (work, home) = (area.join("work"), area.join("home"));
+    let task = format!(
+        "ignore-term attack=write:{0}/active attack=hold-write:{0}/held hang",
+        work.display()
+    );
+    let a = tokio::task::block_in_place(|| w.assign_to(&lane, &task, true).unwrap());
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let active = tokio::task::block_in_place(|| first_outcomes(&home.join("attacks"), 1));
+    assert!(active[0].1, "{active:?}");
+    let mount = mosaic::cgroup::discover_mount().unwrap().path;
+    let cg = mount.join(
+        a["process_identity"]["cgroup_path"]
+            .as_str()
+            .unwrap()
+            .trim_start_matches('/'),
+    );
+    // The held file exists (opened) before the fence.
+    tokio::task::block_in_place(|| {
+        wait_until("the held file", || work.join("held").exists().then_some(()));
+        stop(&w, &asg, false);
+        supervisor_says(&w, "the fenced generation is frozen");
+    });
+    // The kernel's word: nothing of it runs (so what follows is not a race).
+    tokio::task::block_in_place(|| {
+        wait_until("the generation frozen", || {
+            std::fs::read_to_string(cg.join("cgroup.events"))
+                .ok()?
+                .contains("frozen 1")
+                .then_some(())
+        })
+    });
+    std::fs::write(home.join("go"), "").unwrap();
+    assert_eq!(
+        std::fs::read_to_string(work.join("held")).unwrap(),
+        "",
+        "the fenced generation wrote through its held descriptor"
+    );
+    tokio::task::block_in_place(|| {
+        wait_until("the stop final", || {
+            (stop(&w, &asg, true)["state"] == "CANCELLED").then_some(())
+        })
+    });
+}

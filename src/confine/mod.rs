@@ -44,6 +44,7 @@ mod mounts;
 pub mod net;
 pub mod pidns;
 mod seccomp;
+pub mod workspace;
 
 use std::path::PathBuf;
 
@@ -130,6 +131,11 @@ pub struct Policy {
     /// incarnation's own; `None`: the shim's (root's, without any capability).
     #[serde(default)]
     pub uid: Option<u32>,
+    /// The workspace: a directory below a `write` hierarchy mounted read-only until the
+    /// supervisor opens it (`workspace::switch`, at activation); `None`: no such switch
+    /// (writable like the rest of its hierarchy).
+    #[serde(default)]
+    pub staged: Option<PathBuf>,
 }
 
 /// System hierarchies a harness reads: programs, libraries, configuration (`/etc`: only
@@ -200,6 +206,14 @@ impl Policy {
                 )));
             }
         }
+        if let Some(st) = &self.staged {
+            if !st.is_absolute() || !self.write.iter().any(|w| st.starts_with(w) && st != w) {
+                return Err(ConfineError::Policy(format!(
+                    "the workspace {} lies below no writable hierarchy",
+                    st.display()
+                )));
+            }
+        }
         for w in &self.write {
             if let Some(m) = self.masked.iter().find(|m| m.starts_with(w)) {
                 return Err(ConfineError::Policy(format!(
@@ -252,6 +266,7 @@ impl Prepared {
             &exposed,
             landlock_rules::mount_access(),
             policy.uid.is_some(),
+            policy.staged.as_deref(),
         )?;
         let cwd = cwd
             .map(|c| {
@@ -652,8 +667,26 @@ mod tests {
             sockets: vec![],
             gateway: None,
             uid: None,
+            staged: None,
         };
         assert!(p.validate().is_err());
+        // A workspace only below a writable hierarchy (never the hierarchy itself).
+        for (write, staged) in [("/srv/a", "/srv/b/work"), ("/srv/a", "/srv/a")] {
+            let w = Policy {
+                write: vec![write.into()],
+                masked: vec![],
+                staged: Some(staged.into()),
+                ..p.clone()
+            };
+            assert!(w.validate().is_err(), "{write} {staged}");
+        }
+        let ok = Policy {
+            write: vec!["/srv/a".into()],
+            masked: vec![],
+            staged: Some("/srv/a/work".into()),
+            ..p.clone()
+        };
+        assert!(ok.validate().is_ok());
         let rel = Policy {
             read: vec!["usr".into()],
             write: vec![],
@@ -664,6 +697,7 @@ mod tests {
             sockets: vec![],
             gateway: None,
             uid: None,
+            staged: None,
         };
         assert!(rel.validate().is_err());
     }

@@ -123,6 +123,8 @@ pub struct Plan {
     /// A procfs of its own over `/proc` that shows only its own uid's processes
     /// (`hidepid=invisible`), with read rights: for a harness that has a uid of its own.
     own_proc: Option<u64>,
+    /// The workspace, mounted onto itself read-only once everything else is in place.
+    staged: Option<CString>,
 }
 
 /// The directories to make, outermost first, from inside `root` down to `path` (itself
@@ -155,6 +157,7 @@ impl Plan {
         exposed: &[(PathBuf, bool)],
         access: Access,
         own_proc: bool,
+        staged: Option<&Path>,
     ) -> Result<Self, ConfineError> {
         let mut all: Vec<(&PathBuf, bool)> = hidden
             .iter()
@@ -238,6 +241,7 @@ impl Plan {
             device_access: access.device,
             device_file_access: access.device_file,
             own_proc: own_proc.then_some(access.read),
+            staged: staged.map(cstr).transpose()?,
         })
     }
 
@@ -373,6 +377,35 @@ impl Plan {
                 {
                     return fail();
                 }
+            }
+            // The workspace read-only until the supervisor opens it: a mount of its own
+            // (cloned from what is now mounted there), the one flag the switch changes.
+            if let Some(ws) = &self.staged {
+                let fd = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    ws.as_ptr(),
+                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+                ) as i32;
+                if fd < 0
+                    || !setattr(
+                        fd,
+                        c"",
+                        libc::AT_EMPTY_PATH,
+                        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_RDONLY,
+                    )
+                    || libc::syscall(
+                        libc::SYS_move_mount,
+                        fd,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        ws.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ) != 0
+                {
+                    return fail();
+                }
+                libc::close(fd);
             }
             // Its own terminals: a new devpts instance (no other pane's terminal in it;
             // its own stays open on its descriptors and as /dev/tty) and its ptmx.

@@ -70,6 +70,9 @@ pub enum Attack {
         /// Make a new commit first (`repush` does not: the same commit again).
         commit: bool,
     },
+    /// Open a file for writing, wait (up to a minute) until `$HOME/go` exists, then write
+    /// through the descriptor it held all along: allowed when the write went through.
+    HoldWrite(PathBuf),
     /// Open this many connections to the provider gateway and hold them (idle) until
     /// `$HOME/release` exists (at most a minute), having written `$HOME/flooding`: allowed
     /// when every one connected.
@@ -137,6 +140,7 @@ impl Attack {
                 }
             }
             "wait" => Self::Wait(path()?),
+            "hold-write" => Self::HoldWrite(path()?),
             "flood" => Self::Flood(arg.parse().ok().filter(|n| (1..=1000).contains(n))?),
             _ => return None,
         })
@@ -178,6 +182,7 @@ impl Attack {
                 }
             }
             Self::Wait(p) => format!("wait:{}", p.display()),
+            Self::HoldWrite(p) => format!("hold-write:{}", p.display()),
             Self::Flood(n) => format!("flood:{n}"),
         }
     }
@@ -350,18 +355,32 @@ impl Attack {
                 }
                 held.map(drop)
             }
-            Self::Wait(p) => {
-                let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
-                while !p.exists() {
-                    if std::time::Instant::now() > until {
-                        return Err(std::io::Error::other("it never appeared"));
-                    }
-                    std::thread::sleep(std::time::Duration::from_millis(20));
-                }
-                Ok(())
+            Self::Wait(p) => wait_for(p),
+            Self::HoldWrite(p) => {
+                let mut f = std::fs::OpenOptions::new()
+                    .create(true)
+                    .append(true)
+                    .open(p)?;
+                let home = std::env::var_os("HOME")
+                    .map(PathBuf::from)
+                    .unwrap_or_default();
+                wait_for(&home.join("go"))?;
+                f.write_all(b"held\n")
             }
         }
     }
+}
+
+/// Waits (up to a minute) until `p` exists.
+fn wait_for(p: &std::path::Path) -> std::io::Result<()> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while !p.exists() {
+        if std::time::Instant::now() > until {
+            return Err(std::io::Error::other("it never appeared"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Ok(())
 }
 
 /// One chat completion from the provider at `$MOSAIC_PROVIDER_URL` (plain http, as the

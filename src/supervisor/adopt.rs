@@ -306,6 +306,15 @@ async fn reattach(
         let gateway = harness
             .gateway_fd
             .and_then(|fd| reserve_gateway(inner, g, &shim_pidfd, fd));
+        // An activated generation's workspace is open: again, in case the old process died
+        // between recording the activation and opening it (idempotent otherwise). One that
+        // cannot be opened stays read-only: it writes nothing it was not allowed to.
+        if g.coord.as_ref().is_some_and(|c| c.activated) && harness.exit.is_none() {
+            if let Err(e) = super::start::open_workspace(g, true).await {
+                tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                    "cannot open the re-adopted generation's workspace; it stays read-only");
+            }
+        }
         tracing::info!(lane_id = %g.lane_id, generation = g.generation, root_pid = pid, "generation re-adopted");
         let w = Watcher {
             inner: inner.clone(),

@@ -29,6 +29,8 @@ pub(crate) struct Generation<'a> {
     pub gateway: bool,
     /// The lane incarnation's own uid (and gid), which the harness runs as.
     pub uid: Option<u32>,
+    /// Its workspace, read-only until activation (a coordinated generation's).
+    pub workspace: Option<&'a Path>,
 }
 
 /// Refuses a start of confined lane `lane` on a host that cannot confine: called before
@@ -62,6 +64,7 @@ pub(crate) fn for_generation(
         program,
         gateway,
         uid,
+        workspace,
     } = *g;
     if !cfg.confined(lane) {
         tracing::warn!(
@@ -124,6 +127,7 @@ pub(crate) fn for_generation(
             .collect(),
         gateway: gateway.then_some(confine::net::GATEWAY_PORT),
         uid: Some(uid),
+        staged: workspace.map(Path::to_path_buf),
     };
     policy
         .validate()

@@ -51,6 +51,14 @@ pub enum SupervisorError {
     ConfinementUnavailable { lane: String, reason: String },
     #[error("lane {lane:?}: a confined {runtime} generation reaches its model only through the provider gateway, and the supervisor config declares no providers.{runtime}")]
     NoProvider { lane: String, runtime: String },
+    #[error("lane {lane_id} generation {generation}: cannot {action} its workspace: {source}")]
+    Workspace {
+        lane_id: String,
+        generation: u64,
+        action: &'static str,
+        #[source]
+        source: crate::confine::workspace::SwitchError,
+    },
     #[error("lane uids: {detail}")]
     LaneUids { detail: String },
     #[error("another supervisor already holds {0}")]
@@ -89,6 +97,7 @@ impl SupervisorError {
             Self::Launch { .. } => "launch-failed",
             Self::ConfinementUnavailable { .. } => "confinement-unavailable",
             Self::NoProvider { .. } => "no-provider",
+            Self::Workspace { .. } => "workspace",
             Self::LaneUids { .. } => "lane-uids",
             Self::AlreadyRunning(_) => "already-running",
             Self::ShuttingDown => "shutting-down",

@@ -274,6 +274,7 @@ pub(crate) async fn launch(
             Origin::Coordinated { binding, .. } => Some(binding.clone()),
         },
         conversation_id: None,
+        workspace: None,
         uid: if inner.cfg.confined(&lane.lane) {
             lane.uid
         } else {
@@ -389,13 +390,18 @@ impl Launching {
         });
         let prepared = super::harness::prepare(&inner, plan, &self.rec, provider_url.as_deref())
             .map_err(|detail| self.launch_error(detail))?;
-        if prepared.conversation_id.is_some() {
+        let coordinated = matches!(origin, Origin::Coordinated { .. });
+        // A confined, coordinated generation's workspace is read-only to it until its
+        // activation commits (staging makes no effect); recorded before its shim starts,
+        // so a restarted supervisor knows what to open or close.
+        let workspace = prepared.cwd.clone().filter(|_| confined && coordinated);
+        if prepared.conversation_id.is_some() || workspace.is_some() {
             inject(Step::AreaRecord, &self.rec.lane_incarnation_id)?;
             self.rec.conversation_id = prepared.conversation_id.clone();
+            self.rec.workspace = workspace.clone();
             inner.store.save_gen(&self.rec)?;
         }
-        let lane_socket = matches!(origin, Origin::Coordinated { .. })
-            .then(|| super::lanesock::path_for(&self.rec.socket));
+        let lane_socket = coordinated.then(|| super::lanesock::path_for(&self.rec.socket));
         let area = harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
         let run = harness_run_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
         // Its areas are its uid's alone (0700 each, as the adapter made them).
@@ -419,6 +425,7 @@ impl Launching {
                 // its runtime declares one) and egress to what its scope names.
                 gateway: true,
                 uid: self.rec.uid,
+                workspace: workspace.as_deref(),
             },
         )?;
         phase("harness area prepared");

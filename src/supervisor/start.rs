@@ -280,6 +280,14 @@ impl Supervisor {
         else {
             return Ok(false);
         };
+        if live.record.coord.is_none() {
+            return Ok(false);
+        }
+        // Its workspace writable before the activation is recorded: a supervisor that
+        // crashes between the two finds it not activated and stops it (and one that crashes
+        // after opens it again at re-adoption). A workspace that cannot be opened fails the
+        // activation here: the caller ends the generation.
+        open_workspace(&live.record, true).await?;
         let Some(c) = live.record.coord.as_mut() else {
             return Ok(false);
         };
@@ -293,5 +301,85 @@ impl Supervisor {
         drop(l);
         self.publish_lanes().await;
         Ok(true)
+    }
+}
+
+/// Opens (`writable`) or closes the workspace of generation `g`, if it has one that
+/// switches (a confined, coordinated generation with a recorded harness): whether it did.
+/// Blocking work (a fork into its mount namespace) runs off the runtime's threads.
+pub(crate) async fn open_workspace(
+    g: &super::state::GenRecord,
+    writable: bool,
+) -> Result<bool, SupervisorError> {
+    let (Some(path), Some((pid, start))) = (
+        g.workspace.clone(),
+        g.identity
+            .as_ref()
+            .and_then(|i| Some((i.harness_pid?, i.harness_start_time?))),
+    ) else {
+        return Ok(false);
+    };
+    let action = if writable { "open" } else { "close" };
+    let done = tokio::task::spawn_blocking(move || {
+        crate::confine::workspace::switch(pid, start, &path, writable)
+    })
+    .await
+    .map_err(|e| SupervisorError::State {
+        detail: format!("workspace switch task failed: {e}"),
+    })?;
+    done.map(|()| true)
+        .map_err(|source| SupervisorError::Workspace {
+            lane_id: g.lane_id.clone(),
+            generation: g.generation,
+            action,
+            source,
+        })
+}
+
+impl Supervisor {
+    /// Closes generation `generation`'s workspace on `lane` (the coordinator fenced it):
+    /// read-only from now on; if a file is still open for writing there (the kernel then
+    /// keeps the mount writable), the generation's cgroup is frozen instead, so nothing
+    /// more is written before its stop kills it. Nothing for a generation that is not
+    /// live or has no workspace that switches.
+    pub async fn close_workspace(
+        &self,
+        lane: &str,
+        generation: u64,
+    ) -> Result<(), SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let rec = {
+            let l = slot.lock().await;
+            match l
+                .live
+                .as_ref()
+                .filter(|g| g.record.generation == generation)
+            {
+                Some(g) => g.record.clone(),
+                None => return Ok(()),
+            }
+        };
+        match open_workspace(&rec, false).await {
+            Err(SupervisorError::Workspace { source, .. }) if source.busy() => {
+                tracing::warn!(lane_id = %rec.lane_id, generation,
+                    "a file is open for writing in the fenced generation's workspace: its cgroup is frozen until its stop");
+                self.inner
+                    .tree
+                    .at_abs(&rec.cgroup)
+                    .freeze()
+                    .map_err(SupervisorError::from)?;
+                tracing::info!(lane_id = %rec.lane_id, generation, "the fenced generation is frozen");
+                Ok(())
+            }
+            Ok(switched) => {
+                if switched {
+                    tracing::info!(lane_id = %rec.lane_id, generation,
+                        "the fenced generation's workspace is read-only");
+                }
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
     }
 }

@@ -103,6 +103,11 @@ pub struct GenRecord {
     /// lane).
     #[serde(default)]
     pub uid: Option<u32>,
+    /// Its workspace (working directory), when it is read-only to the harness until the
+    /// coordinator activates it (a confined, coordinated generation): the mount the
+    /// supervisor opens at activation and closes at a fence (`confine::workspace`).
+    #[serde(default)]
+    pub workspace: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]

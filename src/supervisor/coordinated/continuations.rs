@@ -146,6 +146,12 @@ impl CoordinatedHost {
                                 "generation fenced on the coordinator's order: nothing more of it is dispatched");
                         }
                     }
+                    // Nor written: its workspace read-only (or the generation frozen) before
+                    // its stop, which gives it a grace period.
+                    if let Err(e) = this.sup.close_workspace(&lane, g).await {
+                        tracing::error!(lane_id, generation = g, error = %e,
+                            "cannot close the fenced generation's workspace; its stop follows");
+                    }
                     let runtime = this
                         .chain_of(&lane_id)
                         .filter(|c| c.generation == g)

@@ -204,9 +204,6 @@ impl CoordinatedHost {
             effects: Default::default(),
             staging: Mutex::new(HashMap::new()),
         });
-        host.sup
-            .broker_slot()
-            .install(Arc::new(effects::HostBroker(Arc::downgrade(&host))));
         tokio::spawn(Self::resend_results(Arc::downgrade(&host)));
         match host.sup.status().await {
             Ok(st) => {
@@ -262,6 +259,12 @@ impl CoordinatedHost {
             }
             Err(e) => tracing::error!(error = %e, "cannot rebuild the coordinated chain state"),
         }
+        // Installed once every re-adopted chain is known: a gateway that waits for the
+        // broker (`BrokerSlot::ready`) never asks it about a generation it does not know
+        // yet (it would be refused as having no authority).
+        host.sup
+            .broker_slot()
+            .install(Arc::new(effects::HostBroker(Arc::downgrade(&host))));
         host
     }
 

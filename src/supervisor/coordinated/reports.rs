@@ -185,7 +185,24 @@ impl CoordinatedHost {
                         }
                     }
                     Ok(false) => {}
-                    Err(e) => tracing::error!(lane_id, error = %e, "cannot record the activation"),
+                    // Its workspace cannot be opened, or the activation not recorded: it
+                    // cannot do the work it was activated for, so it ends (the receipt
+                    // tells the coordinator) rather than run on half-activated.
+                    Err(e) => {
+                        tracing::error!(lane_id, generation = ctx.generation, error = %e,
+                            "cannot honour the activation: the generation is ended");
+                        let (sup, inc, g, runtime) = (
+                            self.sup.clone(),
+                            ctx.lane_incarnation_id.clone(),
+                            ctx.generation,
+                            ctx.runtime.clone(),
+                        );
+                        tokio::spawn(async move {
+                            if let Err(e) = sup.end_generation(&lane, &inc, g, &runtime).await {
+                                tracing::error!(generation = g, error = %e, "cannot end the generation");
+                            }
+                        });
+                    }
                 }
             }
             other => tracing::warn!(

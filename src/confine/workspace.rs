@@ -1,0 +1,146 @@
+//! A confined generation's workspace (its working directory) is one mount of its own in the
+//! generation's mount namespace, read-only until its activation commits (spec §3 invariant
+//! 7: staging makes no effect) and read-only again once the coordinator fences it. The
+//! shim's child mounts it read-only (`mounts::Plan`); the supervisor switches that one
+//! mount's read-only flag from outside, in a short-lived child that enters the namespace.
+//! Landlock grants the write rights from the start: the mount flag is the switch, and
+//! nothing in the generation can change it (no capability, no mount system call).
+//!
+//! **Never** switches a mount of a process it has not identified by its start time (a pid
+//! alone names nothing), or allocates in the child between fork and exit.
+
+use std::ffi::CString;
+use std::os::fd::AsRawFd;
+use std::os::unix::ffi::OsStrExt;
+use std::path::Path;
+
+use super::ConfineError;
+
+const MOUNT_ATTR_RDONLY: u64 = 0x1;
+
+/// `struct mount_attr` (linux/mount.h).
+#[repr(C)]
+struct MountAttr {
+    attr_set: u64,
+    attr_clr: u64,
+    propagation: u64,
+    userns_fd: u64,
+}
+
+/// Why a switch failed: the process is not (any longer) the one named, or the kernel
+/// refused (`EBUSY` closing a workspace a file is still open for writing in).
+#[derive(Debug, thiserror::Error)]
+pub enum SwitchError {
+    #[error("the generation's process {pid} is gone or not the one recorded")]
+    Gone { pid: i32 },
+    #[error("{what}: {source}")]
+    Sys {
+        what: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl SwitchError {
+    /// Closing found a file open for writing in the workspace (the kernel keeps such a
+    /// mount writable).
+    pub fn busy(&self) -> bool {
+        matches!(self, Self::Sys { source, .. } if source.raw_os_error() == Some(libc::EBUSY))
+    }
+}
+
+impl From<SwitchError> for ConfineError {
+    fn from(e: SwitchError) -> Self {
+        ConfineError::Privilege(e.to_string())
+    }
+}
+
+/// Makes the workspace mount at `path` in the mount namespace of process `pid` (whose start
+/// time, in clock ticks after boot, must be `start_time`) writable or read-only.
+/// Idempotent. Blocks for the child's life (a fork, two system calls): call it off the
+/// async runtime's threads.
+pub fn switch(pid: i32, start_time: u64, path: &Path, writable: bool) -> Result<(), SwitchError> {
+    let target = CString::new(path.as_os_str().as_bytes()).map_err(|_| SwitchError::Sys {
+        what: "workspace path",
+        source: std::io::Error::from_raw_os_error(libc::EINVAL),
+    })?;
+    // The namespace first, the identity after: if the start time still matches once the
+    // descriptor is open, the descriptor is that process's (a pid is not reused while its
+    // process lives).
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/mnt"))
+        .map_err(|_| SwitchError::Gone { pid })?;
+    let started = procfs::process::Process::new(pid)
+        .and_then(|p| p.stat())
+        .map(|s| s.starttime)
+        .map_err(|_| SwitchError::Gone { pid })?;
+    if started != start_time {
+        return Err(SwitchError::Gone { pid });
+    }
+    let attr = MountAttr {
+        attr_set: if writable { 0 } else { MOUNT_ATTR_RDONLY },
+        attr_clr: if writable { MOUNT_ATTR_RDONLY } else { 0 },
+        propagation: 0,
+        userns_fd: 0,
+    };
+    // SAFETY: the child makes only raw system calls (setns, mount_setattr, _exit) on memory
+    // prepared before the fork; it never returns. The parent waits for exactly that child.
+    unsafe {
+        match libc::fork() {
+            -1 => Err(SwitchError::Sys {
+                what: "fork",
+                source: std::io::Error::last_os_error(),
+            }),
+            0 => {
+                // Exit code: 0, or 1 + which step failed, its errno in the low bits.
+                let code = if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
+                    0x40 | (*libc::__errno_location() & 0x3f)
+                } else if libc::syscall(
+                    libc::SYS_mount_setattr,
+                    libc::AT_FDCWD,
+                    target.as_ptr(),
+                    0u32,
+                    &attr as *const MountAttr,
+                    std::mem::size_of::<MountAttr>(),
+                ) != 0
+                {
+                    0x80 | (*libc::__errno_location() & 0x3f)
+                } else {
+                    0
+                };
+                libc::_exit(code)
+            }
+            child => {
+                let mut st: libc::c_int = 0;
+                loop {
+                    if libc::waitpid(child, &mut st, 0) == child {
+                        break;
+                    }
+                    let e = std::io::Error::last_os_error();
+                    if e.raw_os_error() != Some(libc::EINTR) {
+                        return Err(SwitchError::Sys {
+                            what: "waitpid",
+                            source: e,
+                        });
+                    }
+                }
+                if !libc::WIFEXITED(st) {
+                    return Err(SwitchError::Sys {
+                        what: "workspace switch",
+                        source: std::io::Error::other("its child was killed"),
+                    });
+                }
+                match libc::WEXITSTATUS(st) {
+                    0 => Ok(()),
+                    c => Err(SwitchError::Sys {
+                        what: if c & 0x40 != 0 {
+                            "entering the generation's mount namespace"
+                        } else {
+                            "mount_setattr on the workspace"
+                        },
+                        source: std::io::Error::from_raw_os_error(c & 0x3f),
+                    }),
+                }
+            }
+        }
+    }
+}
