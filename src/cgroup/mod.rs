@@ -457,10 +457,22 @@ impl Cg {
         })
     }
 
-    /// Freezes the cgroup's whole subtree (no member runs until a kill ends it or it is
-    /// thawed): a fenced generation that cannot be kept from writing otherwise.
-    pub fn freeze(&self) -> Result<(), CgroupError> {
-        write_file(&self.abs.join("cgroup.freeze"), "1")
+    /// Freezes the cgroup's whole subtree and waits (up to `timeout`) until the kernel says
+    /// it is frozen: no member runs (a system call under way has returned) until a kill
+    /// ends it or it is thawed. Blocking.
+    pub fn freeze_and_wait(&self, timeout: Duration) -> Result<(), CgroupError> {
+        let start = Instant::now();
+        write_file(&self.abs.join("cgroup.freeze"), "1")?;
+        self.wait_until(start, timeout, |e| e.frozen || !e.populated)
+            .map_err(|_| CgroupError::WillNotFreeze {
+                path: self.abs.clone(),
+                waited: start.elapsed(),
+            })
+    }
+
+    /// Lets a frozen cgroup run again.
+    pub fn thaw(&self) -> Result<(), CgroupError> {
+        write_file(&self.abs.join("cgroup.freeze"), "0")
     }
 
     /// The fallback for kernels without `cgroup.kill`. While the cgroup is frozen its

@@ -207,9 +207,16 @@ impl Policy {
             }
         }
         if let Some(st) = &self.staged {
-            if !st.is_absolute() || !self.write.iter().any(|w| st.starts_with(w) && st != w) {
+            // Directly below a writable root: nothing between the two the harness could
+            // rename and replace with a link, so the supervisor's switch, which names the
+            // workspace by path, always finds its mount.
+            if !st.is_absolute()
+                || !st
+                    .parent()
+                    .is_some_and(|p| self.write.iter().any(|w| w == p))
+            {
                 return Err(ConfineError::Policy(format!(
-                    "the workspace {} lies below no writable hierarchy",
+                    "the workspace {} is not directly below a writable hierarchy",
                     st.display()
                 )));
             }
@@ -671,7 +678,11 @@ mod tests {
         };
         assert!(p.validate().is_err());
         // A workspace only below a writable hierarchy (never the hierarchy itself).
-        for (write, staged) in [("/srv/a", "/srv/b/work"), ("/srv/a", "/srv/a")] {
+        for (write, staged) in [
+            ("/srv/a", "/srv/b/work"),
+            ("/srv/a", "/srv/a"),
+            ("/srv/a", "/srv/a/b/work"),
+        ] {
             let w = Policy {
                 write: vec![write.into()],
                 masked: vec![],

@@ -4,7 +4,8 @@
 //! that child, once its confinement is applied, forks the harness and stays as the
 //! namespace's init (`mosaic-init`): it forwards to the harness every signal a process sent
 //! it (the supervisor's graceful signal; a terminal's signals reach the harness directly
-//! and are not sent twice), reaps every orphan of the namespace, and when the harness ends
+//! and are not forwarded; one a process sends to the whole process group reaches the
+//! harness twice, directly and forwarded), reaps every orphan of the namespace, and when the harness ends
 //! hands its wait status to the shim and exits — the kernel then kills whatever is left in
 //! the namespace. Inside, pids are the generation's own: no process outside it exists.
 //!
@@ -74,7 +75,21 @@ pub unsafe fn split(status_fd: libc::c_int) -> std::io::Result<()> {
     match libc::fork() {
         -1 => Err(std::io::Error::last_os_error()),
         0 => {
-            // The harness: a standard signal state, then exec.
+            // The harness: a standard signal state, then exec. Handlers inherited from the
+            // shim go back to the default first (exec would do it, but a signal the init
+            // forwards before the exec would run the shim's no-op handler and be lost);
+            // what is ignored stays ignored, as across exec.
+            for sig in 1..32 {
+                let mut old: libc::sigaction = std::mem::zeroed();
+                if libc::sigaction(sig, std::ptr::null(), &mut old) == 0
+                    && old.sa_sigaction != libc::SIG_DFL
+                    && old.sa_sigaction != libc::SIG_IGN
+                {
+                    let mut dfl: libc::sigaction = std::mem::zeroed();
+                    dfl.sa_sigaction = libc::SIG_DFL;
+                    libc::sigaction(sig, &dfl, std::ptr::null_mut());
+                }
+            }
             if libc::sigprocmask(libc::SIG_SETMASK, &none, std::ptr::null_mut()) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -86,6 +101,9 @@ pub unsafe fn split(status_fd: libc::c_int) -> std::io::Result<()> {
 
 unsafe fn init(harness: libc::pid_t, status_fd: libc::c_int, all: &libc::sigset_t) -> ! {
     libc::prctl(libc::PR_SET_NAME, c"mosaic-init".as_ptr(), 0, 0, 0);
+    // Not dumpable, whatever `fs.suid_dumpable` says: the harness (same uid) can neither
+    // trace it nor see it in its `/proc` (`hidepid=invisible` hides what it may not trace).
+    libc::prctl(libc::PR_SET_DUMPABLE, 0, 0, 0, 0);
     // Nothing but stdio and the status pipe: the spawn's own error pipe must close here
     // (its reader waits for every copy of it to close).
     if status_fd < 3 {

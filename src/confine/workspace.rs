@@ -91,9 +91,10 @@ pub fn switch(pid: i32, start_time: u64, path: &Path, writable: bool) -> Result<
                 source: std::io::Error::last_os_error(),
             }),
             0 => {
-                // Exit code: 0, or 1 + which step failed, its errno in the low bits.
+                // Exit code: 0, or the errno of the step that failed (below 128), with
+                // 0x80 set when it was mount_setattr.
                 let code = if libc::setns(ns.as_raw_fd(), libc::CLONE_NEWNS) != 0 {
-                    0x40 | (*libc::__errno_location() & 0x3f)
+                    *libc::__errno_location() & 0x7f
                 } else if libc::syscall(
                     libc::SYS_mount_setattr,
                     libc::AT_FDCWD,
@@ -103,7 +104,7 @@ pub fn switch(pid: i32, start_time: u64, path: &Path, writable: bool) -> Result<
                     std::mem::size_of::<MountAttr>(),
                 ) != 0
                 {
-                    0x80 | (*libc::__errno_location() & 0x3f)
+                    0x80 | (*libc::__errno_location() & 0x7f)
                 } else {
                     0
                 };
@@ -132,12 +133,12 @@ pub fn switch(pid: i32, start_time: u64, path: &Path, writable: bool) -> Result<
                 match libc::WEXITSTATUS(st) {
                     0 => Ok(()),
                     c => Err(SwitchError::Sys {
-                        what: if c & 0x40 != 0 {
+                        what: if c & 0x80 == 0 {
                             "entering the generation's mount namespace"
                         } else {
                             "mount_setattr on the workspace"
                         },
-                        source: std::io::Error::from_raw_os_error(c & 0x3f),
+                        source: std::io::Error::from_raw_os_error(c & 0x7f),
                     }),
                 }
             }

@@ -306,13 +306,28 @@ async fn reattach(
         let gateway = harness
             .gateway_fd
             .and_then(|fd| reserve_gateway(inner, g, &shim_pidfd, fd));
-        // An activated generation's workspace is open: again, in case the old process died
-        // between recording the activation and opening it (idempotent otherwise). One that
-        // cannot be opened stays read-only: it writes nothing it was not allowed to.
-        if g.coord.as_ref().is_some_and(|c| c.activated) && harness.exit.is_none() {
-            if let Err(e) = super::start::open_workspace(g, true).await {
+        // An activated generation's workspace is open, any other's closed: again, in case
+        // the old process died between switching it and recording why (idempotent
+        // otherwise). One that cannot be opened stays read-only (it writes nothing it was
+        // not allowed to); one that cannot be closed is frozen until it is ended.
+        if g.workspace.is_some() && harness.exit.is_none() {
+            let open = g.coord.as_ref().is_some_and(|c| c.activated) && !g.fenced;
+            if let Err(e) = super::start::open_workspace(g, open).await {
                 tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
-                    "cannot open the re-adopted generation's workspace; it stays read-only");
+                    "cannot switch the re-adopted generation's workspace");
+                if !open {
+                    let cg = inner.tree.at_abs(&g.cgroup);
+                    let frozen = tokio::task::spawn_blocking(move || {
+                        cg.freeze_and_wait(std::time::Duration::from_secs(5))
+                            .map_err(|e| e.to_string())
+                    })
+                    .await
+                    .map_err(|e| e.to_string())
+                    .and_then(|r| r);
+                    if let Err(e) = frozen {
+                        tracing::error!(lane_id = %g.lane_id, error = %e, "cannot freeze it either");
+                    }
+                }
             }
         }
         tracing::info!(lane_id = %g.lane_id, generation = g.generation, root_pid = pid, "generation re-adopted");

@@ -280,13 +280,14 @@ impl Supervisor {
         else {
             return Ok(false);
         };
-        if live.record.coord.is_none() {
+        // Fenced meanwhile (the close holds this lock while it switches): not honoured.
+        if live.record.coord.is_none() || live.record.fenced {
             return Ok(false);
         }
-        // Its workspace writable before the activation is recorded: a supervisor that
-        // crashes between the two finds it not activated and stops it (and one that crashes
-        // after opens it again at re-adoption). A workspace that cannot be opened fails the
-        // activation here: the caller ends the generation.
+        // Its workspace writable before the activation is recorded: one that crashes
+        // between the two is closed again at re-adoption (not activated), one that crashes
+        // after is opened again. A workspace that cannot be opened fails the activation
+        // here: the caller ends the generation.
         open_workspace(&live.record, true).await?;
         let Some(c) = live.record.coord.as_mut() else {
             return Ok(false);
@@ -337,49 +338,75 @@ pub(crate) async fn open_workspace(
 }
 
 impl Supervisor {
-    /// Closes generation `generation`'s workspace on `lane` (the coordinator fenced it):
-    /// read-only from now on; if a file is still open for writing there (the kernel then
-    /// keeps the mount writable), the generation's cgroup is frozen instead, so nothing
-    /// more is written before its stop kills it. Nothing for a generation that is not
-    /// live or has no workspace that switches.
+    /// Closes the workspace of `lane`'s live generation `generation` of incarnation
+    /// `incarnation` (the coordinator fenced it), for good: recorded first, then read-only.
+    /// When the kernel refuses (`EBUSY`: a write under way, or a file held open for
+    /// writing), the generation's cgroup is frozen and the switch tried again: made, the
+    /// generation is thawed for its stop's grace period; refused again (a file held open),
+    /// or failing for any reason but the harness being gone, it stays frozen until its stop
+    /// kills it. Nothing for a generation that is not live or has no workspace that
+    /// switches.
     pub async fn close_workspace(
         &self,
         lane: &str,
+        incarnation: &str,
         generation: u64,
     ) -> Result<(), SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
-        let rec = {
-            let l = slot.lock().await;
-            match l
-                .live
-                .as_ref()
-                .filter(|g| g.record.generation == generation)
-            {
-                Some(g) => g.record.clone(),
-                None => return Ok(()),
-            }
+        // Held throughout: an activation arriving meanwhile waits, then sees the fence.
+        let mut l = slot.lock().await;
+        let Some(live) = l.live.as_mut().filter(|g| {
+            g.record.generation == generation && g.record.lane_incarnation_id == incarnation
+        }) else {
+            return Ok(());
         };
-        match open_workspace(&rec, false).await {
-            Err(SupervisorError::Workspace { source, .. }) if source.busy() => {
-                tracing::warn!(lane_id = %rec.lane_id, generation,
-                    "a file is open for writing in the fenced generation's workspace: its cgroup is frozen until its stop");
-                self.inner
-                    .tree
-                    .at_abs(&rec.cgroup)
-                    .freeze()
-                    .map_err(SupervisorError::from)?;
-                tracing::info!(lane_id = %rec.lane_id, generation, "the fenced generation is frozen");
-                Ok(())
-            }
+        if live.record.workspace.is_none() {
+            return Ok(());
+        }
+        if !live.record.fenced {
+            live.record.fenced = true;
+            self.inner.store.save_gen(&live.record)?;
+        }
+        let rec = live.record.clone();
+        let first = match open_workspace(&rec, false).await {
             Ok(switched) => {
                 if switched {
                     tracing::info!(lane_id = %rec.lane_id, generation,
                         "the fenced generation's workspace is read-only");
                 }
+                return Ok(());
+            }
+            Err(SupervisorError::Workspace {
+                source: crate::confine::workspace::SwitchError::Gone { .. },
+                ..
+            }) => {
+                return Ok(());
+            }
+            Err(e) => e,
+        };
+        let (tree, path) = (self.inner.tree.clone(), rec.cgroup.clone());
+        tokio::task::spawn_blocking(move || tree.at_abs(&path).freeze_and_wait(FREEZE_TIMEOUT))
+            .await
+            .map_err(|e| SupervisorError::State {
+                detail: format!("freeze task failed: {e}"),
+            })??;
+        match open_workspace(&rec, false).await {
+            Ok(_) => {
+                self.inner.tree.at_abs(&rec.cgroup).thaw()?;
+                tracing::info!(lane_id = %rec.lane_id, generation,
+                    "the fenced generation's workspace is read-only (after a write under way)");
                 Ok(())
             }
-            Err(e) => Err(e),
+            Err(again) => {
+                tracing::warn!(lane_id = %rec.lane_id, generation, first = %first, error = %again,
+                    "the fenced generation's workspace cannot be made read-only: it stays frozen until its stop");
+                tracing::info!(lane_id = %rec.lane_id, generation, "the fenced generation is frozen");
+                Ok(())
+            }
         }
     }
 }
+
+/// How long a fenced generation's cgroup may take to freeze.
+const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

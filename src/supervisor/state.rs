@@ -108,6 +108,10 @@ pub struct GenRecord {
     /// supervisor opens at activation and closes at a fence (`confine::workspace`).
     #[serde(default)]
     pub workspace: Option<PathBuf>,
+    /// The coordinator ordered it ended: its workspace is closed for good (an activation
+    /// that arrives after is not honoured, a restarted supervisor does not reopen it).
+    #[serde(default)]
+    pub fenced: bool,
 }
 
 #[derive(Debug, Clone)]

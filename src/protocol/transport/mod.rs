@@ -100,9 +100,11 @@ fn unix_ms(t: SystemTime) -> i128 {
 mod client;
 mod framing;
 mod server;
+mod session_loop;
 mod tls;
 
 pub use client::*;
 pub use framing::*;
 pub use server::*;
+use session_loop::*;
 pub use tls::*;

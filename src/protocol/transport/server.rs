@@ -17,8 +17,8 @@ pub struct SessionHandle {
     /// The peer's clock offset from the coordinator's database time, measured from its
     /// hello (positive: the peer is ahead); `None` for a hello without `host_clock`.
     pub clock_offset_ms: Option<i64>,
-    close: Arc<tokio::sync::Notify>,
-    close_reason: Arc<std::sync::Mutex<Option<CloseReason>>>,
+    pub(super) close: Arc<tokio::sync::Notify>,
+    pub(super) close_reason: Arc<std::sync::Mutex<Option<CloseReason>>>,
 }
 
 impl SessionHandle {
@@ -67,14 +67,17 @@ pub struct Handled {
     /// its chain, …): it counts against the session's invalid-frame budget.
     pub violation: Option<String>,
     /// Work the session may finish after later frames (an effect claim, which nothing
-    /// else on the session waits on): its replies are sent and its violation counted when
-    /// it ends. At most `MAX_DEFERRED` run at once per session; the session reads no
-    /// further frame while that many are in flight.
+    /// else on the session waits on): run as a task of its own, so it progresses whatever
+    /// the session awaits; its replies are sent and its violation counted when it ends. At
+    /// most `MAX_DEFERRED` run at once per session (below the store's pool size, so one host
+    /// cannot take every connection); the session reads no further frame while that many
+    /// are in flight. One still running when its session ends is finished all the same
+    /// (its transition completes; only its reply is lost, and the host asks again).
     pub deferred: Option<BoxFuture<'static, Handled>>,
 }
 
 /// Deferred handlings in flight on one session at once.
-pub const MAX_DEFERRED: usize = 64;
+pub const MAX_DEFERRED: usize = 16;
 
 impl Handled {
     pub fn reply(replies: Vec<Outgoing>) -> Self {
@@ -331,85 +334,6 @@ pub(super) fn close_frame(
     })
 }
 
-/// Counts a session's invalid frames; audits the first few of each reason and the totals.
-pub(super) struct Strikes {
-    window_start: std::time::Instant,
-    in_window: u32,
-    by_reason: std::collections::BTreeMap<String, u64>,
-}
-
-impl Strikes {
-    const AUDITED_PER_REASON: u64 = 3;
-
-    pub(super) fn new() -> Self {
-        Self {
-            window_start: std::time::Instant::now(),
-            in_window: 0,
-            by_reason: Default::default(),
-        }
-    }
-
-    /// Records one invalid frame; true when the session is over its budget.
-    pub(super) fn strike(
-        &mut self,
-        p: &ServerParams,
-        peer: &str,
-        session_id: &str,
-        reason: &Violation,
-    ) -> bool {
-        if let Some(f) = &p.on_strike {
-            f(reason);
-        }
-        let n = self
-            .by_reason
-            .entry(reason.as_str().to_string())
-            .or_insert(0);
-        *n += 1;
-        if *n <= Self::AUDITED_PER_REASON {
-            (p.audit)(peer, reason, session_id);
-        }
-        if self.window_start.elapsed() > p.limits.window {
-            self.window_start = std::time::Instant::now();
-            self.in_window = 0;
-        }
-        self.in_window += 1;
-        self.in_window > p.limits.invalid_frames
-    }
-
-    pub(super) fn summary(&self) -> Option<String> {
-        let total: u64 = self.by_reason.values().sum();
-        (total > 0).then(|| {
-            let parts: Vec<String> = self
-                .by_reason
-                .iter()
-                .map(|(r, n)| format!("{r}={n}"))
-                .collect();
-            format!("{total} invalid frames ({})", parts.join(", "))
-        })
-    }
-}
-
-/// A token bucket over all frames of a session.
-pub(super) struct Rate {
-    tokens: f64,
-    at: std::time::Instant,
-}
-
-impl Rate {
-    pub(super) fn allow(&mut self, l: &Limits) -> bool {
-        let now = std::time::Instant::now();
-        let refill = now.duration_since(self.at).as_secs_f64() * f64::from(l.frames_per_second);
-        self.tokens = (self.tokens + refill).min(f64::from(l.burst));
-        self.at = now;
-        if self.tokens >= 1.0 {
-            self.tokens -= 1.0;
-            true
-        } else {
-            false
-        }
-    }
-}
-
 /// How a session ended.
 pub(super) enum Ended {
     Closed(CloseReason),
@@ -608,203 +532,4 @@ pub(super) async fn admitted(
     handler.closed(&peer, &session_id, &reason);
     drain(&mut ws).await;
     Ok(())
-}
-
-/// How long a closed session's peer may go on sending before its socket is dropped.
-const CLOSE_DRAIN: Duration = Duration::from_secs(2);
-
-/// After our close frame, reads (and drops) what the peer still sends until it closes too,
-/// for at most `CLOSE_DRAIN`. A socket closed with unread input is reset, and the reset can
-/// destroy the close frame — and the reason it carries — before the peer has read it: a
-/// flooding peer would then see "broken pipe" instead of why it was closed.
-async fn drain<S>(ws: &mut S)
-where
-    S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
-{
-    let _ = tokio::time::timeout(CLOSE_DRAIN, async {
-        while let Some(Ok(_)) = ws.next().await {}
-    })
-    .await;
-}
-
-pub(super) async fn send_text<S>(ws: &mut S, bytes: Vec<u8>) -> Result<(), TransportError>
-where
-    S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
-{
-    let text = String::from_utf8(bytes).map_err(|e| TransportError::Ws(e.to_string()))?;
-    ws.send(Message::text(text))
-        .await
-        .map_err(|e| TransportError::Ws(e.to_string()))
-}
-
-#[allow(clippy::too_many_arguments)]
-pub(super) async fn run_session(
-    ws: &mut tokio_tungstenite::WebSocketStream<tokio_rustls::server::TlsStream<TcpStream>>,
-    params: &ServerParams,
-    handler: &Arc<dyn Handler>,
-    handle: &SessionHandle,
-    hello: Envelope<Verified>,
-    seq: &mut Sequencer,
-    guard: &mut ReplayGuard,
-    pushed: &mut tokio::sync::mpsc::Receiver<Outgoing>,
-    shutdown: &mut watch::Receiver<bool>,
-) -> Result<Ended, TransportError> {
-    let peer = handle.peer.clone();
-    let sid = handle.session_id.clone();
-    // Every write is bounded by the liveness limit: a peer that stops reading must not
-    // freeze this task (its liveness checks, its close, shutdown) behind a full socket.
-    let limit = params.liveness.limit;
-    // While a write waits for the peer to read, this task reads nothing: that time is not
-    // the peer's silence. Silence counts from the later of its last frame and the end of
-    // the last write that kept us from listening.
-    let mut listening_since = std::time::Instant::now();
-    macro_rules! send_or_end {
-        ($fut:expr) => {{
-            let began = std::time::Instant::now();
-            let r = match tokio::time::timeout(limit, $fut).await {
-                Ok(r) => r?,
-                Err(_) => {
-                    return Ok(Ended::Closed(CloseReason::NotReading {
-                        limit_s: limit.as_secs(),
-                    }))
-                }
-            };
-            if began.elapsed() >= params.liveness.interval {
-                listening_since = std::time::Instant::now();
-            }
-            r
-        }};
-    }
-    let first = handler.handle(peer.clone(), hello).await;
-    for out in first.replies {
-        send_or_end!(send_text(ws, seq.seal(out, &peer)?));
-    }
-    // A hello the handler refused as hostile ends the session it opened.
-    if let Some(v) = first.violation {
-        return Ok(Ended::Closed(CloseReason::Abusive(format!(
-            "hello refused: {v}"
-        ))));
-    }
-    let ctx = |now| VerifyContext {
-        registry: &params.registry,
-        audience: &params.audience,
-        trust_domain: &params.trust_domain,
-        now,
-    };
-    let mut strikes = Strikes::new();
-    let mut rate = Rate {
-        tokens: f64::from(params.limits.burst),
-        at: std::time::Instant::now(),
-    };
-    let mut ping = tokio::time::interval(params.liveness.interval);
-    ping.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let over = |strikes: &Strikes, why: &str| {
-        Ended::Closed(CloseReason::Abusive(match strikes.summary() {
-            Some(s) => format!("{why}: {s}"),
-            None => why.to_string(),
-        }))
-    };
-    let mut deferred = futures_util::stream::FuturesUnordered::new();
-    loop {
-        let frame = tokio::select! {
-            f = ws.next(), if deferred.len() < MAX_DEFERRED => f,
-            Some(done) = deferred.next(), if !deferred.is_empty() => {
-                let done: Handled = done;
-                if let Some(v) = done.violation {
-                    if strikes.strike(params, &peer, &sid, &Violation::Hostile(v)) {
-                        return Ok(over(&strikes, "invalid-frame budget exceeded"));
-                    }
-                }
-                for out in done.replies {
-                    send_or_end!(send_text(ws, seq.seal(out, &peer)?));
-                }
-                continue;
-            }
-            Some(out) = pushed.recv() => {
-                send_or_end!(send_text(ws, seq.seal(out, &peer)?));
-                continue;
-            }
-            _ = ping.tick() => {
-                if handle.silent_for().min(listening_since.elapsed()) > params.liveness.limit {
-                    return Ok(Ended::Closed(CloseReason::Silent { limit_s: params.liveness.limit.as_secs() }));
-                }
-                send_or_end!(async { ws.send(Message::Ping(Vec::new().into())).await.map_err(|e| TransportError::Ws(e.to_string())) });
-                continue;
-            }
-            _ = handle.close.notified() => {
-                let reason = handle.close_reason.lock().ok().and_then(|r| r.clone())
-                    .unwrap_or_else(|| CloseReason::Transport("closed".into()));
-                return Ok(Ended::Closed(reason));
-            }
-            _ = crate::util::shutdown_signalled(shutdown) => return Ok(Ended::Closed(CloseReason::Shutdown)),
-        };
-        // Frames decoded from TLS buffers never touch the socket, so a flooding peer would
-        // otherwise keep this task (and its worker thread) busy without ever yielding.
-        tokio::task::coop::consume_budget().await;
-        let text = match frame {
-            None | Some(Ok(Message::Close(_))) => {
-                return Ok(Ended::Closed(CloseReason::PeerClosed))
-            }
-            Some(Err(e)) => {
-                use tokio_tungstenite::tungstenite::Error as WsError;
-                // A frame no envelope can be, or a WebSocket protocol violation, is the
-                // peer's doing; a reset or EOF is the network's.
-                return Ok(match e {
-                    WsError::Capacity(_) | WsError::Protocol(_) | WsError::Utf8(_) => {
-                        Ended::Closed(CloseReason::Abusive(format!("transport: {e}")))
-                    }
-                    _ => Ended::Closed(CloseReason::Transport(format!("transport: {e}"))),
-                });
-            }
-            Some(Ok(m)) => {
-                handle
-                    .last_frame
-                    .store(mono_ms(), std::sync::atomic::Ordering::Relaxed);
-                if !rate.allow(&params.limits) {
-                    return Ok(over(&strikes, "frame rate over the session's limit"));
-                }
-                match m {
-                    Message::Text(t) => t,
-                    Message::Binary(_) => {
-                        if strikes.strike(params, &peer, &sid, &Violation::BinaryFrame) {
-                            return Ok(over(&strikes, "invalid-frame budget exceeded"));
-                        }
-                        continue;
-                    }
-                    _ => continue, // ping/pong: liveness only (tungstenite answers pings)
-                }
-            }
-        };
-        let verdict = match verify(text.as_bytes(), &ctx(SystemTime::now())) {
-            Err(e) => Err(Violation::Unverified(e.category())),
-            Ok(env) if env.issuer() != peer => Err(Violation::IssuerNotPeer),
-            Ok(env) if env.message_type() == MessageType::Hello => Err(Violation::SecondHello),
-            Ok(env) if env.session_id().is_some_and(|s| s != sid) => Err(Violation::OtherSession),
-            Ok(env) => match guard.check(env.message_id()) {
-                Err(why) => Err(why),
-                Ok(()) => Ok(env),
-            },
-        };
-        let env = match verdict {
-            Ok(env) => env,
-            Err(reason) => {
-                if strikes.strike(params, &peer, &sid, &reason) {
-                    return Ok(over(&strikes, "invalid-frame budget exceeded"));
-                }
-                continue;
-            }
-        };
-        let handled = handler.handle(peer.clone(), env).await;
-        if let Some(work) = handled.deferred {
-            deferred.push(work);
-        }
-        if let Some(v) = handled.violation {
-            if strikes.strike(params, &peer, &sid, &Violation::Hostile(v)) {
-                return Ok(over(&strikes, "invalid-frame budget exceeded"));
-            }
-        }
-        for out in handled.replies {
-            send_or_end!(send_text(ws, seq.seal(out, &peer)?));
-        }
-    }
 }

@@ -148,7 +148,11 @@ impl CoordinatedHost {
                     }
                     // Nor written: its workspace read-only (or the generation frozen) before
                     // its stop, which gives it a grace period.
-                    if let Err(e) = this.sup.close_workspace(&lane, g).await {
+                    if let Err(e) = this
+                        .sup
+                        .close_workspace(&lane, &order.lane_incarnation_id, g)
+                        .await
+                    {
                         tracing::error!(lane_id, generation = g, error = %e,
                             "cannot close the fenced generation's workspace; its stop follows");
                     }
