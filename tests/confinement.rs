@@ -531,13 +531,7 @@ fn a_confined_generation_reaches_its_provider_only_through_the_gateway_and_never
     let auth = posts[0]["headers"]["authorization"].as_str().unwrap_or("");
     assert_eq!(auth, format!("Bearer {token}"), "the provider got {auth:?}");
     // The key is in no environment of the generation; the harness has its placeholder.
-    let mount = mosaic::cgroup::discover_mount().unwrap().path;
-    let cg = mount.join(
-        a["process_identity"]["cgroup_path"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches('/'),
-    );
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
     let envs = environments(&cg);
     assert!(envs.len() >= 2, "{envs:?}");
     for (p, e) in &envs {

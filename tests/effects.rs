@@ -9,7 +9,7 @@ mod world;
 
 use std::path::{Path, PathBuf};
 
-use common::{wait_until, Model};
+use common::{cgroup_at, wait_until, Model};
 use mosaic::coordinator::effects::{EffectClaim, Observed};
 use mosaic::coordinator::service::OperatorRequest;
 use mosaic::coordinator::states::ClaimState;
@@ -1036,6 +1036,15 @@ fn stop(w: &World, asg: &str, wait: bool) -> Value {
     .unwrap()
 }
 
+/// Waits until a stop of `asg` answers with its final state, cancelled.
+fn stop_final(w: &World, asg: &str) {
+    tokio::task::block_in_place(|| {
+        wait_until("the stop final", || {
+            (stop(w, asg, true)["state"] == "CANCELLED").then_some(())
+        })
+    });
+}
+
 async fn claim_states(w: &World, asg: &str) -> Vec<String> {
     claims_of(w, asg).await.into_iter().map(|c| c.2).collect()
 }
@@ -1086,11 +1095,7 @@ async fn an_admitted_effect_is_not_dispatched_once_its_generation_is_fenced() {
         "the claim settled as not dispatched",
     )
     .await;
-    tokio::task::block_in_place(|| {
-        wait_until("the stop final", || {
-            (stop(&w, &asg, true)["state"] == "CANCELLED").then_some(())
-        })
-    });
+    stop_final(&w, &asg);
 }
 
 /// Sink accepted, then revoked: the provider is answering when the work is stopped and its
@@ -1368,11 +1373,7 @@ async fn the_workspace_is_writable_only_between_activation_and_fence() {
         "the fenced generation wrote its workspace: {got:?}"
     );
     assert!(!work.join("staged").exists() && !work.join("fenced").exists());
-    tokio::task::block_in_place(|| {
-        wait_until("the stop final", || {
-            (stop(&w, &asg, true)["state"] == "CANCELLED").then_some(())
-        })
-    });
+    stop_final(&w, &asg);
 }
 
 /// A file held open for writing keeps the kernel from making the workspace read-only at
@@ -1393,13 +1394,7 @@ async fn a_fenced_generation_holding_a_workspace_file_open_is_frozen() {
     let asg = a["assignment_id"].as_str().unwrap().to_string();
     let active = tokio::task::block_in_place(|| first_outcomes(&home.join("attacks"), 1));
     assert!(active[0].1, "{active:?}");
-    let mount = mosaic::cgroup::discover_mount().unwrap().path;
-    let cg = mount.join(
-        a["process_identity"]["cgroup_path"]
-            .as_str()
-            .unwrap()
-            .trim_start_matches('/'),
-    );
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
     // The held file exists (opened) before the fence.
     tokio::task::block_in_place(|| {
         wait_until("the held file", || work.join("held").exists().then_some(()));
@@ -1421,9 +1416,5 @@ async fn a_fenced_generation_holding_a_workspace_file_open_is_frozen() {
         "",
         "the fenced generation wrote through its held descriptor"
     );
-    tokio::task::block_in_place(|| {
-        wait_until("the stop final", || {
-            (stop(&w, &asg, true)["state"] == "CANCELLED").then_some(())
-        })
-    });
+    stop_final(&w, &asg);
 }

@@ -15,7 +15,7 @@ use super::ConfineError;
 const OPEN_TREE_CLONE: libc::c_uint = 0x1;
 const MOVE_MOUNT_F_EMPTY_PATH: libc::c_uint = 0x4;
 const LANDLOCK_RULE_PATH_BENEATH: libc::c_int = 1;
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
+pub(super) const MOUNT_ATTR_RDONLY: u64 = 0x1;
 const MOUNT_ATTR_NOSUID: u64 = 0x2;
 const MOUNT_ATTR_NODEV: u64 = 0x4;
 const AT_RECURSIVE: libc::c_int = 0x8000;
@@ -63,12 +63,13 @@ struct PathBeneathAttr {
     parent_fd: i32,
 }
 
+/// `struct mount_attr` (linux/mount.h).
 #[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
+pub(super) struct MountAttr {
+    pub(super) attr_set: u64,
+    pub(super) attr_clr: u64,
+    pub(super) propagation: u64,
+    pub(super) userns_fd: u64,
 }
 
 /// Landlock right masks the child grants on what it mounts.

@@ -16,16 +16,7 @@ use std::path::Path;
 
 use super::ConfineError;
 
-const MOUNT_ATTR_RDONLY: u64 = 0x1;
-
-/// `struct mount_attr` (linux/mount.h).
-#[repr(C)]
-struct MountAttr {
-    attr_set: u64,
-    attr_clr: u64,
-    propagation: u64,
-    userns_fd: u64,
-}
+use super::mounts::{MountAttr, MOUNT_ATTR_RDONLY};
 
 /// Why a switch failed: the process is not (any longer) the one named, or the kernel
 /// refused (`EBUSY` closing a workspace a file is still open for writing in).

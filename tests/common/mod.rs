@@ -485,8 +485,13 @@ pub fn is_dead(pid: i32, st: u64) -> bool {
 }
 
 pub fn cgroup_abs(host: &Host, rel: &str) -> PathBuf {
-    let mount = mosaic::cgroup::discover_mount().unwrap().path;
     let _ = host;
+    cgroup_at(rel)
+}
+
+/// The cgroup directory of a `cgroup_path` as identities carry it (relative to the mount).
+pub fn cgroup_at(rel: &str) -> PathBuf {
+    let mount = mosaic::cgroup::discover_mount().unwrap().path;
     mount.join(rel.trim_start_matches('/'))
 }
 
@@ -611,7 +616,6 @@ pub fn read_until(out: &mut impl std::io::BufRead, marker: &str) -> String {
 /// The harness process of a generation whose recorded `harness_pid` is `pid`: confined,
 /// that is its PID namespace's init (`mosaic-init`), and the harness is the init's one
 /// child; unconfined, `pid` itself.
-#[allow(dead_code)]
 pub fn harness_process(pid: i32) -> i32 {
     let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
     if comm.trim() != mosaic::confine::pidns::INIT_NAME {
