@@ -785,6 +785,61 @@ async fn a_stop_is_cancelled_only_after_the_hosts_receipt_and_repeats_idempotent
     assert_eq!(state(s, "h1:w1").await, "IDLE_CLEAN");
 }
 
+/// A stop of work in recovery racing the receipt of its last generation: the receipt
+/// commits while the stop waits for the rows it locks; the stop must then see the
+/// generation ended and make the outcome final (it once decided on a snapshot taken before
+/// it waited, saw the generation still running, and waited for a receipt already in).
+#[tokio::test]
+async fn a_stop_racing_the_last_receipt_of_work_in_recovery_still_ends_it() {
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let inc = f.lane.lane_incarnation_id.clone();
+    let r = to_awaiting_ack(s, l, &inc, None, 60_000).await;
+    s.end_chain(l, r.chain(), EndCause::Abandoned)
+        .await
+        .unwrap();
+    let id = r.chain().assignment_id.clone();
+    // A third session holds the assignment's row, so the receipt queues for it first and
+    // the stop after it.
+    let mut holder = sql(&f.db.url).await;
+    let tx = holder.transaction().await.unwrap();
+    tx.execute(
+        "SELECT 1 FROM assignments WHERE assignment_id = $1 FOR UPDATE",
+        &[&id],
+    )
+    .await
+    .unwrap();
+    let url = f.db.url.clone();
+    let waiting = |n: i64| {
+        let url = url.clone();
+        async move {
+            loop {
+                let q = "SELECT count(*) FROM pg_stat_activity \
+                         WHERE datname = current_database() AND wait_event_type = 'Lock'";
+                if count(&url, q).await == n {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+            }
+        }
+    };
+    let (s1, l1, rec) = (s.clone(), l.clone(), receipt_for(&r, "quit", true));
+    let receipt = tokio::spawn(async move { s1.ingest_termination(&l1, HOST, &rec).await });
+    waiting(1).await;
+    let (s2, l2, id2) = (s.clone(), l.clone(), id.clone());
+    let stop =
+        tokio::spawn(async move { s2.request_end(&l2, &id2, Outcome::Cancelled, None).await });
+    waiting(2).await;
+    tx.rollback().await.unwrap();
+    receipt.await.unwrap().unwrap();
+    let e = stop.await.unwrap().unwrap();
+    assert!(
+        !e.awaiting_receipt,
+        "the stop waits for a receipt already reconciled"
+    );
+    assert_eq!(assignment(s, &id).await.lifecycle, "CANCELLED");
+}
+
 #[tokio::test]
 async fn termination_receipts_are_observations_reconciled_into_recovery_or_quarantine() {
     let f = fx().await;

@@ -211,6 +211,16 @@ impl Store {
             .transition(
                 &step,
                 body!([asg, evidence] |f| {
+                    // The rows first, then what is decided on, in a statement of its own: a
+                    // statement that waited for a lock still reads the snapshot it started
+                    // with, so a receipt committed meanwhile (its generation ended, the work
+                    // not finalized since no end was asked for yet) would be read as still
+                    // running, and the end would wait for a receipt already reconciled.
+                    f.read_opt(
+                        "SELECT 1 FROM assignments a JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id \
+                         WHERE a.assignment_id = $1 FOR UPDATE OF a, li",
+                        &[&asg],
+                    ).await?;
                     let row = f.read_opt(
                         concatcp!("SELECT a.lifecycle, a.requested_outcome, li.state AS lane_state, r.reservation_id, r.generation, \
                                 li.lane_incarnation_id, \
