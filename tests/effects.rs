@@ -1327,6 +1327,79 @@ async fn a_handoff_offer_fences_the_sources_admission() {
     assert_eq!(claim_states(&w, &asg).await, vec!["COMPLETED"]);
 }
 
+/// §6.1 `RUNNING → HANDOFF_PENDING` for the workspace: an open handoff offer holds the
+/// source's workspace read-only while it runs on (as its admission is closed), and an offer
+/// that ends without moving the work — here its target generation killed before it
+/// acknowledges — gives the source its workspace back.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_offer_holds_the_sources_workspace_until_it_ends() {
+    let model = Model::start();
+    let (w, _c) = provider_world(&model, "ws-key", 2);
+    let (src, dst) = (w.lane_of(0, "lane-1"), w.lane_of(0, "lane-2"));
+    let area = w.area(0, &w.incarnation_of(0, "lane-1"), 1);
+    let (work, home) = (area.join("work"), area.join("home"));
+    let task = format!(
+        "attack=write:{0}/before attack=wait:{1}/go attack=write:{0}/offered \
+         attack=wait:{1}/back attack=write:{0}/back hang",
+        work.display(),
+        home.display()
+    );
+    let a = tokio::task::block_in_place(|| w.assign_to(&src, &task, true).unwrap());
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let first = tokio::task::block_in_place(|| first_outcomes(&home.join("attacks"), 1));
+    assert!(first[0].1, "the activated source cannot write: {first:?}");
+    tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::Handoff {
+            assignment_id: asg.clone(),
+            lane_id: dst,
+            task: Some("no-ack".into()),
+            within_ms: Some(600_000),
+            request_id: None,
+        })
+        .unwrap();
+        supervisor_says(&w, "the held generation's workspace is read-only");
+    });
+    std::fs::write(home.join("go"), "").unwrap();
+    let held = tokio::task::block_in_place(|| first_outcomes(&home.join("attacks"), 3));
+    assert!(
+        !held[2].1,
+        "the source wrote its workspace under an open offer: {held:?}"
+    );
+    assert!(held[2].2.contains("Read-only"), "{held:?}");
+    // The target dies before it acknowledges: the offer ends, the work stays with its
+    // source, whose workspace opens again.
+    let target = w.incarnation_of(0, "lane-2");
+    let cg: String = tokio::task::block_in_place(|| {
+        wait_until("the target's identity", || {
+            tokio::runtime::Handle::current().block_on(async {
+                w.sql()
+                    .await
+                    .query_opt(
+                        "SELECT process_identity->>'cgroup_path' FROM generations \
+                     WHERE lane_incarnation_id = $1 AND process_identity IS NOT NULL",
+                        &[&target],
+                    )
+                    .await
+                    .unwrap()
+                    .map(|r| r.get::<_, String>(0))
+            })
+        })
+    });
+    std::fs::write(cgroup_at(&cg).join("cgroup.kill"), "1").unwrap();
+    tokio::task::block_in_place(|| {
+        supervisor_says(&w, "the released generation's workspace is writable again")
+    });
+    std::fs::write(home.join("back"), "").unwrap();
+    let back = tokio::task::block_in_place(|| first_outcomes(&home.join("attacks"), 5));
+    assert!(
+        back[4].1,
+        "the source's workspace stayed closed after the offer ended: {back:?}"
+    );
+    assert!(work.join("before").exists() && work.join("back").exists());
+    assert!(!work.join("offered").exists());
+    stop_final(&w, &asg);
+}
+
 /// The attempts recorded in `file` so far, once there are at least `n`.
 fn first_outcomes(file: &Path, n: usize) -> Vec<(String, bool, String)> {
     wait_until("the attacker's first outcomes", || {

@@ -360,6 +360,8 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
         mosaic::protocol::report::LaneOrderWire {
             lane_incarnation_id: inc.clone(),
             end: vec![5],
+            hold: vec![],
+            release: vec![],
             recreate: false,
         },
     )]))

@@ -143,6 +143,8 @@ fn every_to_host() -> Vec<ToHost> {
         LaneOrderWire {
             lane_incarnation_id: "li-1".into(),
             end: vec![2, 3],
+            hold: vec![4],
+            release: vec![1],
             recreate: true,
         },
     );

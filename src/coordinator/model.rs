@@ -142,6 +142,30 @@ const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignme
      LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id";
 
 impl ChainRow {
+    /// Its work is offered to another lane while it runs (a handoff offer is open): its
+    /// workspace is held read-only, as its effect admission is closed.
+    pub fn workspace_held(&self) -> bool {
+        self.lane_state == LaneState::Running
+            && self.reservation_open
+            && self
+                .pending_target
+                .as_deref()
+                .is_some_and(|t| t != self.chain.lane_id)
+    }
+
+    /// It runs with its work its own again (no offer open, its end not asked for): a held
+    /// workspace may be released. Neither this nor `workspace_held` after an accepted
+    /// handoff, whose end order closes the source for good.
+    pub fn workspace_releasable(&self) -> bool {
+        self.lane_state == LaneState::Running
+            && self.reservation_open
+            && !self.stop_requested
+            && self.pending_target.is_none()
+            && self.execution_owner.is_some()
+            && self.requested_outcome.is_none()
+            && self.lifecycle == Lifecycle::Active
+    }
+
     /// Decodes one row of `CHAIN_SELECT` by column name. The nullable sides of the left
     /// joins (no generation or challenge yet) decode as absent or false.
     fn from_row(r: &Row) -> Result<Self, AuthorityError> {
@@ -333,6 +357,20 @@ impl Store {
             .await?
             .into_iter()
             .next())
+    }
+
+    /// The running chains whose work is offered to another lane (`workspace_held`).
+    pub async fn held_sources(&self) -> Result<Vec<ChainRow>, AuthorityError> {
+        self.chain_query(
+            concatcp!(
+                "WHERE r.released_at IS NULL AND li.state = ",
+                LaneState::Running.sql(),
+                " AND a.pending_target IS NOT NULL AND a.pending_target <> li.lane_id \
+                 AND r.generation IS NOT NULL ORDER BY r.created_at"
+            ),
+            &[],
+        )
+        .await
     }
 
     /// Every chain that still needs something: an open reservation, or a generation not

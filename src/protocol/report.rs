@@ -35,6 +35,8 @@ pub struct GenReport {
     /// The host still holds its half of the chain (false after a supervisor restart
     /// before activation: the harness's hand-off state died with the old process).
     pub chain_held: bool,
+    /// Its workspace is held read-only because its work is offered to another lane.
+    pub held: bool,
 }
 
 /// The `lane_states` field: lane name → report.
@@ -47,6 +49,12 @@ pub struct LaneOrderWire {
     pub lane_incarnation_id: String,
     /// Generations to end: stop them if they run, fence them as never started if not.
     pub end: Vec<u64>,
+    /// Generations whose work is offered to another lane: their workspace is closed while
+    /// they run on (a handoff offer, spec §6.1 `RUNNING → HANDOFF_PENDING`).
+    pub hold: Vec<u64>,
+    /// Held generations whose work came back (the offer ended without moving it): their
+    /// workspace is open again.
+    pub release: Vec<u64>,
     /// Destroy the lane and create it again (a fresh incarnation).
     pub recreate: bool,
 }

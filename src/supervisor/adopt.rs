@@ -306,12 +306,13 @@ async fn reattach(
         let gateway = harness
             .gateway_fd
             .and_then(|fd| reserve_gateway(inner, g, &shim_pidfd, fd));
-        // An activated generation's workspace is open, any other's closed: again, in case
+        // An activated generation's workspace is open (unless fenced or held), any other's
+        // closed: again, in case
         // the old process died between switching it and recording why (idempotent
         // otherwise). One that cannot be opened stays read-only (it writes nothing it was
         // not allowed to); one that cannot be closed is frozen until it is ended.
         if g.workspace.is_some() && harness.exit.is_none() {
-            let open = g.coord.as_ref().is_some_and(|c| c.activated) && !g.fenced;
+            let open = g.workspace_open();
             if let Err(e) = super::start::open_workspace(g, open).await {
                 tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
                     "cannot switch the re-adopted generation's workspace");

@@ -46,6 +46,7 @@ pub(crate) async fn publish(inner: &Arc<Inner>) {
                 reservation_id: g.record.coord.as_ref().map(|c| c.reservation_id.clone()),
                 activated: g.record.coord.as_ref().is_some_and(|c| c.activated),
                 chain_held: g.record.coord.as_ref().is_some_and(|c| c.activated) || !g.adopted,
+                held: g.record.held,
             })
             .collect();
         st.report.insert(

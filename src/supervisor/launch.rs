@@ -276,6 +276,7 @@ pub(crate) async fn launch(
         conversation_id: None,
         workspace: None,
         fenced: false,
+        held: false,
         uid: if inner.cfg.confined(&lane.lane) {
             lane.uid
         } else {

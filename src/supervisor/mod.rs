@@ -36,6 +36,7 @@ mod generation;
 mod harness;
 mod launch;
 pub use launch::Step as LaunchStep;
+pub use start::WorkspaceOrder;
 pub mod laneclient;
 pub mod lanesock;
 pub mod link;

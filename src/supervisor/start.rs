@@ -288,7 +288,9 @@ impl Supervisor {
         // between the two is closed again at re-adoption (not activated), one that crashes
         // after is opened again. A workspace that cannot be opened fails the activation
         // here: the caller ends the generation.
-        open_workspace(&live.record, true).await?;
+        if !live.record.held {
+            open_workspace(&live.record, true).await?;
+        }
         let Some(c) = live.record.coord.as_mut() else {
             return Ok(false);
         };
@@ -337,24 +339,47 @@ pub(crate) async fn open_workspace(
         })
 }
 
+/// What the coordinator ordered about a live generation's workspace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WorkspaceOrder {
+    /// It is fenced: closed for good.
+    Fence,
+    /// Its work is offered to another lane: closed while the offer is open.
+    Hold,
+    /// The offer ended without moving the work: open again (unless fenced).
+    Release,
+}
+
+impl WorkspaceOrder {
+    fn as_str(self) -> &'static str {
+        match self {
+            Self::Fence => "fenced",
+            Self::Hold => "held",
+            Self::Release => "released",
+        }
+    }
+}
+
 impl Supervisor {
-    /// Closes the workspace of `lane`'s live generation `generation` of incarnation
-    /// `incarnation` (the coordinator fenced it), for good: recorded first, then read-only.
-    /// When the kernel refuses (`EBUSY`: a write under way, or a file held open for
-    /// writing), the generation's cgroup is frozen and the switch tried again: made, the
-    /// generation is thawed for its stop's grace period; refused again (a file held open),
-    /// or failing for any reason but the harness being gone, it stays frozen until its stop
-    /// kills it. Nothing for a generation that is not live or has no workspace that
+    /// Applies the coordinator's `order` to the workspace of `lane`'s live generation
+    /// `generation` of incarnation `incarnation`: recorded first, then switched to what
+    /// the record now says (`GenRecord::workspace_open`). When the kernel refuses a close
+    /// (`EBUSY`: a write under way, or a file held open for writing), the generation's
+    /// cgroup is frozen and the switch tried again: made, the generation is thawed;
+    /// refused again (a file held open), or failing for any reason but the harness being
+    /// gone, it stays frozen — until its stop kills it (fenced) or the hold is released.
+    /// An open thaws it. Nothing for a generation that is not live or has no workspace that
     /// switches.
-    pub async fn close_workspace(
+    pub async fn order_workspace(
         &self,
         lane: &str,
         incarnation: &str,
         generation: u64,
+        order: WorkspaceOrder,
     ) -> Result<(), SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
-        // Held throughout: an activation arriving meanwhile waits, then sees the fence.
+        // Held throughout: an activation arriving meanwhile waits, then sees the record.
         let mut l = slot.lock().await;
         let Some(live) = l.live.as_mut().filter(|g| {
             g.record.generation == generation && g.record.lane_incarnation_id == incarnation
@@ -364,49 +389,68 @@ impl Supervisor {
         if live.record.workspace.is_none() {
             return Ok(());
         }
-        if !live.record.fenced {
-            live.record.fenced = true;
+        let (fenced, held) = match order {
+            WorkspaceOrder::Fence => (true, live.record.held),
+            WorkspaceOrder::Hold => (live.record.fenced, true),
+            WorkspaceOrder::Release => (live.record.fenced, false),
+        };
+        if (fenced, held) != (live.record.fenced, live.record.held) {
+            live.record.fenced = fenced;
+            live.record.held = held;
             self.inner.store.save_gen(&live.record)?;
         }
         let rec = live.record.clone();
+        let open = rec.workspace_open();
+        let what = order.as_str();
+        let cg = self.inner.tree.at_abs(&rec.cgroup);
+        if open {
+            // A held generation that could not be closed was frozen: thawed once open.
+            open_workspace(&rec, true).await?;
+            cg.thaw()?;
+            drop(l);
+            tracing::info!(lane_id = %rec.lane_id, generation, "the {what} generation's workspace is writable again");
+            self.publish_lanes().await;
+            return Ok(());
+        }
         let first = match open_workspace(&rec, false).await {
             Ok(switched) => {
                 if switched {
                     tracing::info!(lane_id = %rec.lane_id, generation,
-                        "the fenced generation's workspace is read-only");
+                        "the {what} generation's workspace is read-only");
                 }
-                return Ok(());
+                None
             }
             Err(SupervisorError::Workspace {
                 source: crate::confine::workspace::SwitchError::Gone { .. },
                 ..
-            }) => {
-                return Ok(());
-            }
-            Err(e) => e,
+            }) => None,
+            Err(e) => Some(e),
         };
-        let (tree, path) = (self.inner.tree.clone(), rec.cgroup.clone());
-        tokio::task::spawn_blocking(move || tree.at_abs(&path).freeze_and_wait(FREEZE_TIMEOUT))
-            .await
-            .map_err(|e| SupervisorError::State {
-                detail: format!("freeze task failed: {e}"),
-            })??;
-        match open_workspace(&rec, false).await {
-            Ok(_) => {
-                self.inner.tree.at_abs(&rec.cgroup).thaw()?;
-                tracing::info!(lane_id = %rec.lane_id, generation,
-                    "the fenced generation's workspace is read-only (after a write under way)");
-                Ok(())
-            }
-            Err(again) => {
-                tracing::warn!(lane_id = %rec.lane_id, generation, first = %first, error = %again,
-                    "the fenced generation's workspace cannot be made read-only: it stays frozen until its stop");
-                tracing::info!(lane_id = %rec.lane_id, generation, "the fenced generation is frozen");
-                Ok(())
+        if let Some(first) = first {
+            let (tree, path) = (self.inner.tree.clone(), rec.cgroup.clone());
+            tokio::task::spawn_blocking(move || tree.at_abs(&path).freeze_and_wait(FREEZE_TIMEOUT))
+                .await
+                .map_err(|e| SupervisorError::State {
+                    detail: format!("freeze task failed: {e}"),
+                })??;
+            match open_workspace(&rec, false).await {
+                Ok(_) => {
+                    cg.thaw()?;
+                    tracing::info!(lane_id = %rec.lane_id, generation,
+                        "the {what} generation's workspace is read-only (after a write under way)");
+                }
+                Err(again) => {
+                    tracing::warn!(lane_id = %rec.lane_id, generation, first = %first, error = %again,
+                        "the {what} generation's workspace cannot be made read-only: it stays frozen");
+                    tracing::info!(lane_id = %rec.lane_id, generation, "the {what} generation is frozen");
+                }
             }
         }
+        drop(l);
+        self.publish_lanes().await;
+        Ok(())
     }
 }
 
-/// How long a fenced generation's cgroup may take to freeze.
+/// How long a generation's cgroup may take to freeze.
 const FREEZE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);

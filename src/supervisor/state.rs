@@ -112,6 +112,19 @@ pub struct GenRecord {
     /// that arrives after is not honoured, a restarted supervisor does not reopen it).
     #[serde(default)]
     pub fenced: bool,
+    /// Its work is offered to another lane (a handoff offer is open): its workspace is
+    /// read-only until the offer ends without moving the work (then open again) or the
+    /// accepted handoff fences it.
+    #[serde(default)]
+    pub held: bool,
+}
+
+impl GenRecord {
+    /// Whether its workspace is to be writable: activated, neither fenced nor held. The
+    /// one rule the activation, the coordinator's orders and re-adoption all follow.
+    pub fn workspace_open(&self) -> bool {
+        self.coord.as_ref().is_some_and(|c| c.activated) && !self.fenced && !self.held
+    }
 }
 
 #[derive(Debug, Clone)]

@@ -33,6 +33,9 @@ use crate::coordinator::states::{ContinuationState, GenState, HandoffState, Lane
 #[derive(Default)]
 pub(crate) struct DriverState {
     sent: Mutex<HashMap<String, (String, Instant)>>,
+    /// The source generations this process told to hold their workspace (by reservation),
+    /// so that it can release them when the offer ends (see `holds.rs`).
+    pub(super) held: Mutex<BTreeMap<String, super::holds::Held>>,
 }
 
 /// How long a chain waits for its host before the watchdog sends the same message again.
@@ -139,7 +142,7 @@ impl Service {
                     LaneOrder {
                         incarnation: c.chain.lane_incarnation_id.clone(),
                         end: BTreeSet::from([g]),
-                        recreate: false,
+                        ..LaneOrder::default()
                     },
                 );
                 if self.push_reconcile(l, &c.host_id, &lanes).await {
@@ -489,7 +492,8 @@ impl Service {
         self.sign_push(&c.host_id, ToHost::Activate(m))
     }
 
-    /// Sends a host what to end, per lane. Only ever takes authority away.
+    /// Sends a host what to end (or hold, or release), per lane. Only ever takes authority
+    /// away, but for a release, which gives back only what the work's own chain had.
     pub(crate) async fn push_reconcile(
         &self,
         l: &Leader,
@@ -505,9 +509,12 @@ impl Service {
         let lanes = lanes
             .iter()
             .map(|(lane, o)| {
+                let gens = |s: &BTreeSet<i64>| s.iter().map(|g| *g as u64).collect();
                 let order = LaneOrderWire {
                     lane_incarnation_id: o.incarnation.clone(),
-                    end: o.end.iter().map(|g| *g as u64).collect(),
+                    end: gens(&o.end),
+                    hold: gens(&o.hold),
+                    release: gens(&o.release),
                     recreate: o.recreate,
                 };
                 (lane.clone(), order)
@@ -547,5 +554,9 @@ impl Service {
 pub(crate) struct LaneOrder {
     pub incarnation: String,
     pub end: BTreeSet<i64>,
+    /// Generations whose workspace is held read-only (their work is offered away).
+    pub hold: BTreeSet<i64>,
+    /// Held generations whose work came back: their workspace opens again.
+    pub release: BTreeSet<i64>,
     pub recreate: bool,
 }

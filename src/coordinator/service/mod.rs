@@ -21,6 +21,7 @@
 
 pub mod config;
 mod driver;
+mod holds;
 mod hosts;
 pub mod leadership;
 pub mod operator;

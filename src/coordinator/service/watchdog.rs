@@ -46,6 +46,7 @@ pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::Shut
             }
         }
         svc.sweep(&l).await;
+        svc.sync_holds(&l).await;
         if pruned.elapsed() >= PRUNE_EVERY {
             pruned = std::time::Instant::now();
             match svc.store.prune_requests(REQUESTS_KEPT_DAYS).await {

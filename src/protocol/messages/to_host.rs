@@ -346,13 +346,13 @@ impl ToHost {
                     .lanes
                     .iter()
                     .map(|(lane, o)| {
+                        let gens = |g: &[u64]| Value::Array(g.iter().map(|g| n(*g)).collect());
                         let order = Value::Object(vec![
-                            (
-                                "end".into(),
-                                Value::Array(o.end.iter().map(|g| n(*g)).collect()),
-                            ),
+                            ("end".into(), gens(&o.end)),
+                            ("hold".into(), gens(&o.hold)),
                             ("lane_incarnation_id".into(), s(&o.lane_incarnation_id)),
                             ("recreate".into(), Value::Bool(o.recreate)),
+                            ("release".into(), gens(&o.release)),
                         ]);
                         (lane.clone(), order)
                     })

@@ -1,7 +1,8 @@
 //! Continuations offered to a settled generation, and the coordinator's reconcile order
-//! (generations to end, lanes to recreate).
+//! (generations to end, workspaces to hold or release, lanes to recreate).
 
 use super::*;
+use crate::supervisor::WorkspaceOrder;
 
 impl CoordinatedHost {
     /// A continuation for this generation. `offer`: accepted (signed back) once the harness
@@ -135,6 +136,23 @@ impl CoordinatedHost {
             };
             let this = self.clone();
             tokio::spawn(async move {
+                // A handoff offer holds the source's workspace read-only while it runs on;
+                // an offer that ends without moving the work releases it.
+                let holds = order.hold.iter().map(|g| (*g, WorkspaceOrder::Hold));
+                let releases = order.release.iter().map(|g| (*g, WorkspaceOrder::Release));
+                for (g, o) in holds.chain(releases) {
+                    if order.end.contains(&g) {
+                        continue; // ended below, which closes it for good
+                    }
+                    if let Err(e) = this
+                        .sup
+                        .order_workspace(&lane, &order.lane_incarnation_id, g, o)
+                        .await
+                    {
+                        tracing::error!(lane_id, generation = g, order = ?o, error = %e,
+                            "cannot apply the coordinator's order to the generation's workspace");
+                    }
+                }
                 for g in order.end {
                     if let Ok(mut gate) = this.gate.lock() {
                         gate.fence_generation(&lane_id, &order.lane_incarnation_id, g);
@@ -150,7 +168,12 @@ impl CoordinatedHost {
                     // its stop, which gives it a grace period.
                     if let Err(e) = this
                         .sup
-                        .close_workspace(&lane, &order.lane_incarnation_id, g)
+                        .order_workspace(
+                            &lane,
+                            &order.lane_incarnation_id,
+                            g,
+                            WorkspaceOrder::Fence,
+                        )
                         .await
                     {
                         tracing::error!(lane_id, generation = g, error = %e,

@@ -194,6 +194,7 @@ impl Service {
                 .and_then(|r| r.get(name))
                 .filter(|r| r.lane_incarnation_id == inc);
             let mut end: BTreeSet<i64> = BTreeSet::new();
+            let (mut hold, mut release) = (BTreeSet::new(), BTreeSet::new());
             if let Some(rep) = rep {
                 if rep.status == "quarantined" {
                     let reason = format!(
@@ -249,6 +250,14 @@ impl Service {
                         {
                             self.push_activated(l, &c).await;
                         }
+                        // A handoff offer holds the source's workspace; its end releases it
+                        // (`holds.rs`): the host's `held` agrees with the database.
+                        Some(c) if !g.held && c.workspace_held() => {
+                            hold.insert(gen);
+                        }
+                        Some(c) if g.held && c.workspace_releasable() => {
+                            release.insert(gen);
+                        }
                         Some(_) => {}
                     }
                 }
@@ -267,12 +276,15 @@ impl Service {
                     }
                 }
             }
-            if !end.is_empty() || lane.recreate_requested {
+            if !end.is_empty() || !hold.is_empty() || !release.is_empty() || lane.recreate_requested
+            {
                 orders.insert(
                     lane.lane_id.clone(),
                     LaneOrder {
                         incarnation: inc,
                         end,
+                        hold,
+                        release,
                         recreate: lane.recreate_requested,
                     },
                 );

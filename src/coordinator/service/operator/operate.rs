@@ -666,6 +666,8 @@ impl Service {
         };
         let r = self.store.offer_handoff(&l, &req).await;
         let chain = self.settled(&l, r).await?;
+        // The source's workspace is held from now on (its admission closed with the offer).
+        self.sync_holds(&l).await;
         let c = self.advance(&l, &chain.reservation_id).await?;
         let h = self
             .store
