@@ -52,6 +52,7 @@ async fn running(s: &Store, l: &Leader, inc: &str, lane: &str) -> (Chain, i64) {
         completion_policy: "operator-evidence/v1".into(),
         inactivity_policy: "default@1".into(),
         ttl_ms: 600_000,
+        repository: None,
     };
     let res = s.reserve(l, &req).await.unwrap();
     let c = res.chain.clone();

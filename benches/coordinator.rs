@@ -125,6 +125,7 @@ async fn to_running(
         completion_policy: "operator-evidence/v1".into(),
         inactivity_policy: "default@1".into(),
         ttl_ms: 600_000,
+        repository: None,
     };
     let res = timed!(times, "reserve", s.reserve(l, &req).await.unwrap());
     let c = res.chain.clone();

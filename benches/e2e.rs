@@ -67,6 +67,8 @@ fn main() {
                 resume: None,
                 request_id: None,
                 inactivity_policy: None,
+                repo: None,
+                base: None,
             },
         )
         .unwrap()

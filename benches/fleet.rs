@@ -45,6 +45,8 @@ fn assign_req(lane: &str) -> OperatorRequest {
         resume: None,
         request_id: None,
         inactivity_policy: None,
+        repo: None,
+        base: None,
     }
 }
 

@@ -104,6 +104,8 @@ fn main() {
             resume: None,
             request_id: None,
             inactivity_policy: None,
+            repo: None,
+            base: None,
         },
     )
     .unwrap();

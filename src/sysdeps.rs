@@ -1,4 +1,5 @@
-//! System packages Mosaic needs (tmux; PostgreSQL server binaries), found or installed.
+//! System packages Mosaic needs (tmux; git for workspaces; PostgreSQL server binaries),
+//! found or installed.
 //!
 //! Installs only when it can do so safely and non-interactively: as root, with apt-get.
 //! Otherwise it stops and prints the exact command to run.
@@ -21,6 +22,8 @@ pub enum SysdepsError {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Dep {
     Tmux,
+    /// Workspaces: an assignment that names a repository works in a clone of it.
+    Git,
     PostgresServer,
     /// For `mosaic harness install` (the real harnesses come from the npm registry).
     Npm,
@@ -30,6 +33,7 @@ impl Dep {
     pub fn package(self) -> &'static str {
         match self {
             Dep::Tmux => "tmux",
+            Dep::Git => "git",
             Dep::PostgresServer => "postgresql",
             Dep::Npm => "npm",
         }
@@ -37,6 +41,7 @@ impl Dep {
     pub fn present(self) -> bool {
         match self {
             Dep::Tmux => which("tmux").is_some(),
+            Dep::Git => which("git").is_some(),
             Dep::PostgresServer => pg_bin("initdb").is_some() && pg_bin("pg_ctl").is_some(),
             Dep::Npm => which("npm").is_some(),
         }

@@ -413,6 +413,8 @@ fn assign(app: &mut App, opts: &TuiOptions, input: &str, resume: Option<String>)
         resume,
         request_id: None,
         inactivity_policy: None,
+        repo: None,
+        base: None,
     };
     app.message = match operator_request(&opts.target, &req) {
         Ok(v) => format!(

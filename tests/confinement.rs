@@ -356,6 +356,7 @@ fn each_layer_stops_what_it_covers_on_its_own() {
         gateway: None,
         uid: None,
         staged: None,
+        workspace_source: None,
     };
     let got = run_confined(
         policy,
@@ -723,6 +724,7 @@ fn a_lane_uid_keeps_root_only_files_out_of_reach() {
         gateway: None,
         uid,
         staged: None,
+        workspace_source: None,
     };
     let read = format!("attack=read:{}", probe.0.display());
     let as_root = run_confined(policy(None), &home, &[read.clone(), "exit=0".into()]);

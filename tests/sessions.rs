@@ -854,6 +854,8 @@ async fn a_flood_costs_only_the_flooding_session() {
             resume: None,
             request_id: None,
             inactivity_policy: None,
+            repo: None,
+            base: None,
         };
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

@@ -152,6 +152,11 @@ fn every_to_host() -> Vec<ToHost> {
         ToHost::Stage(Stage {
             authority: authority(),
             issued: issued("stage/rs-1"),
+            repository: Some(mosaic::protocol::repo::RepoBinding {
+                name: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
+                source: mosaic::protocol::repo::RepoSource::path("/srv/demo").unwrap(),
+                base: mosaic::protocol::repo::BaseRef::parse("main").unwrap(),
+            }),
         }),
         ToHost::Contract(Contract {
             authority: authority(),

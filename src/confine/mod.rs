@@ -136,6 +136,12 @@ pub struct Policy {
     /// (writable like the rest of its hierarchy).
     #[serde(default)]
     pub staged: Option<PathBuf>,
+    /// The assignment's workspace, a directory of the host kept across its generations
+    /// (a repository clone): bound over `staged` before it is made read-only, so the
+    /// harness works in it under the same switch. Taken before anything is covered (it
+    /// lies below the supervisor's hidden state).
+    #[serde(default)]
+    pub workspace_source: Option<PathBuf>,
 }
 
 /// System hierarchies a harness reads: programs, libraries, configuration (`/etc`: only
@@ -221,6 +227,14 @@ impl Policy {
                 )));
             }
         }
+        if let Some(src) = &self.workspace_source {
+            if self.staged.is_none() || !src.is_absolute() {
+                return Err(ConfineError::Policy(format!(
+                    "the workspace {} is bound only over a staged working directory, by an absolute path",
+                    src.display()
+                )));
+            }
+        }
         for w in &self.write {
             if let Some(m) = self.masked.iter().find(|m| m.starts_with(w)) {
                 return Err(ConfineError::Policy(format!(
@@ -274,6 +288,7 @@ impl Prepared {
             landlock_rules::mount_access(),
             policy.uid.is_some(),
             policy.staged.as_deref(),
+            policy.workspace_source.as_deref(),
         )?;
         let cwd = cwd
             .map(|c| {
@@ -675,6 +690,7 @@ mod tests {
             gateway: None,
             uid: None,
             staged: None,
+            workspace_source: None,
         };
         assert!(p.validate().is_err());
         // A workspace only below a writable hierarchy (never the hierarchy itself).
@@ -687,6 +703,7 @@ mod tests {
                 write: vec![write.into()],
                 masked: vec![],
                 staged: Some(staged.into()),
+                workspace_source: None,
                 ..p.clone()
             };
             assert!(w.validate().is_err(), "{write} {staged}");
@@ -695,6 +712,7 @@ mod tests {
             write: vec!["/srv/a".into()],
             masked: vec![],
             staged: Some("/srv/a/work".into()),
+            workspace_source: None,
             ..p.clone()
         };
         assert!(ok.validate().is_ok());
@@ -709,6 +727,7 @@ mod tests {
             gateway: None,
             uid: None,
             staged: None,
+            workspace_source: None,
         };
         assert!(rel.validate().is_err());
     }

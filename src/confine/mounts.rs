@@ -126,6 +126,8 @@ pub struct Plan {
     own_proc: Option<u64>,
     /// The workspace, mounted onto itself read-only once everything else is in place.
     staged: Option<CString>,
+    /// A directory of the host bound over the workspace first (the assignment's own).
+    bound: Option<CString>,
 }
 
 /// The directories to make, outermost first, from inside `root` down to `path` (itself
@@ -159,6 +161,7 @@ impl Plan {
         access: Access,
         own_proc: bool,
         staged: Option<&Path>,
+        bound: Option<&Path>,
     ) -> Result<Self, ConfineError> {
         let mut all: Vec<(&PathBuf, bool)> = hidden
             .iter()
@@ -243,6 +246,7 @@ impl Plan {
             device_file_access: access.device_file,
             own_proc: own_proc.then_some(access.read),
             staged: staged.map(cstr).transpose()?,
+            bound: bound.map(cstr).transpose()?,
         })
     }
 
@@ -291,6 +295,26 @@ impl Plan {
                     return fail();
                 }
                 trees[i] = fd;
+            }
+            // The assignment's workspace, detached before its parent is covered.
+            let mut bound = -1i32;
+            if let Some(b) = &self.bound {
+                bound = libc::syscall(
+                    libc::SYS_open_tree,
+                    libc::AT_FDCWD,
+                    b.as_ptr(),
+                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+                ) as i32;
+                if bound < 0
+                    || !setattr(
+                        bound,
+                        c"",
+                        libc::AT_EMPTY_PATH,
+                        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
+                    )
+                {
+                    return fail();
+                }
             }
             // The whole host tree read-only and without setuid: landlock does not govern
             // chmod, chown, xattrs or timestamps (a policy without a uid keeps uid 0, the
@@ -382,6 +406,20 @@ impl Plan {
             // The workspace read-only until the supervisor opens it: a mount of its own
             // (cloned from what is now mounted there), the one flag the switch changes.
             if let Some(ws) = &self.staged {
+                if bound >= 0 {
+                    if libc::syscall(
+                        libc::SYS_move_mount,
+                        bound,
+                        c"".as_ptr(),
+                        libc::AT_FDCWD,
+                        ws.as_ptr(),
+                        MOVE_MOUNT_F_EMPTY_PATH,
+                    ) != 0
+                    {
+                        return fail();
+                    }
+                    libc::close(bound);
+                }
                 let fd = libc::syscall(
                     libc::SYS_open_tree,
                     libc::AT_FDCWD,

@@ -40,6 +40,12 @@ pub struct ReserveRequest {
     /// one keeps its own.
     pub inactivity_policy: String,
     pub ttl_ms: i64,
+    /// The repository a new assignment works in, and the ref its branch starts at (a
+    /// resumed one keeps its own: these are ignored for it).
+    pub repository: Option<(
+        crate::protocol::repo::RepoName,
+        crate::protocol::repo::BaseRef,
+    )>,
 }
 
 impl ReserveRequest {
@@ -248,9 +254,9 @@ impl Store {
                     let asg_sql = if req.assignment_id.is_none() {
                         "INSERT INTO assignments (assignment_id, lane_incarnation_id, responsibility_owner, execution_owner, pending_target, next_action, \
                                                   runtime_id, scope_digest, holds_digest, completion_policy_digest, created_epoch, scope, holds, completion_policy, \
-                                                  inactivity_policy, inactivity_base_at, inactivity_deadline) \
+                                                  inactivity_policy, inactivity_base_at, inactivity_deadline, repository, base_ref) \
                          SELECT $1, $2, $3, NULL, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, pol.policy_id, clock_timestamp(), \
-                                clock_timestamp() + pol.replace_after_ms * interval '1 millisecond' \
+                                clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', $23, $24 \
                          FROM inactivity_policies pol WHERE pol.policy_id = $22 RETURNING assignment_id"
                     } else {
                         // (Every parameter of the insert form is referenced, so both forms bind the
@@ -259,7 +265,7 @@ impl Store {
                                 pending_target = $3, next_action = $4, watchdog_step = ", WatchdogStep::None.sql(), " \
                          WHERE assignment_id = $1 AND lifecycle = ", Lifecycle::Recovery.sql(), " AND work_status = ", WorkStatus::Active.sql(), " AND runtime_id = $5 AND scope_digest = $6 AND holds_digest = $7 \
                            AND completion_policy_digest = $8 AND $9::bigint IS NOT NULL AND $10::jsonb IS NOT NULL AND $11::jsonb IS NOT NULL AND $12::text IS NOT NULL \
-                           AND $22::text IS NOT NULL \
+                           AND $22::text IS NOT NULL AND ($23::text IS NULL OR $23::text IS NOT NULL) AND ($24::text IS NULL OR $24::text IS NOT NULL) \
                          RETURNING assignment_id")
                     };
                     let sql = format!(
@@ -271,11 +277,15 @@ impl Store {
                          SELECT $16, (SELECT coalesce(max(px.reservation_epoch), 0) + 1 FROM reservations px WHERE px.lane_incarnation_id = $2), $17, $1, t.assignment_attempt_id, $2, $18, $9, clock_timestamp() + $19::text::interval, $20, $21 FROM t \
                          RETURNING mosaic_ts(deadline) AS deadline, reservation_epoch"
                     );
+                    let (repo, base): (Option<&str>, Option<&str>) = match &req.repository {
+                        Some((r, b)) => (Some(r.as_str()), Some(b.as_str())),
+                        None => (None, None),
+                    };
                     let rows = d.query(
                         &sql,
                         &[&assignment_id, &req.lane_incarnation_id, &req.target, &next_action, &req.runtime_id, &scope, &holds, &policy, &epoch,
                           &scope_json, &holds_json, &req.completion_policy, &attempt, &req.task_text, &task_digest, &reservation, &lease, &sot,
-                          &ttl, &fence_digest, &salt, &req.inactivity_policy],
+                          &ttl, &fence_digest, &salt, &req.inactivity_policy, &repo, &base],
                     ).await?;
                     // A resume misses when the assignment left recovery under us; a new one when
                     // its inactivity policy is not published.

@@ -35,6 +35,7 @@ pub mod lanes;
 pub mod leader;
 pub mod metrics;
 pub mod model;
+pub mod repos;
 pub mod requests;
 pub mod rows;
 pub mod secret;

@@ -122,6 +122,34 @@ pub struct ChainRow {
     pub ack_digest: Option<String>,
     /// The coordinator-issued time of the latest receipt of this chain (for `issued_at`).
     pub last_decided_at: String,
+    /// The repository its work's workspace is cloned from, if it has one.
+    pub repository: Option<crate::protocol::repo::RepoBinding>,
+}
+
+/// The repository columns of a chain row, checked as the wire checks them.
+fn repo_binding(r: &Row) -> Result<Option<crate::protocol::repo::RepoBinding>, AuthorityError> {
+    use crate::protocol::repo::{BaseRef, RepoBinding, RepoName, RepoSource};
+    let name: Option<String> = r.col("repository")?;
+    let Some(name) = name else {
+        return Ok(None);
+    };
+    let (base, kind, source): (Option<String>, Option<String>, Option<String>) = (
+        r.col("base_ref")?,
+        r.col("repository_kind")?,
+        r.col("repository_source")?,
+    );
+    let bad = |detail: String| AuthorityError::Invariant {
+        op: "chain-row",
+        detail,
+    };
+    let (Some(base), Some(kind), Some(source)) = (base, kind, source) else {
+        return Err(bad(format!("repository {name} without its base or source")));
+    };
+    Ok(Some(RepoBinding {
+        name: RepoName::parse(&name).map_err(|e| bad(e.to_string()))?,
+        source: RepoSource::of(&kind, &source).map_err(|e| bad(e.to_string()))?,
+        base: BaseRef::parse(&base).map_err(|e| bad(e.to_string()))?,
+    }))
 }
 
 const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, \
@@ -131,7 +159,8 @@ const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignme
         r.coordinator_epoch AS reservation_coordinator_epoch, r.fence_salt, at.task_text, \
         r.generation, g.state AS generation_state, g.stop_requested_at IS NOT NULL AS stop_requested, g.process_identity, r.contracts_digest, \
         c.challenge_id, mosaic_ts(c.expires_at) AS challenge_expires_at, c.consumed_at IS NOT NULL AS challenge_consumed, k.ack_digest, \
-        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) AS last_decided_at \
+        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) AS last_decided_at, \
+        a.repository, a.base_ref, rp.source_kind AS repository_kind, rp.source AS repository_source \
      FROM reservations r \
      JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
      JOIN lanes ln ON ln.lane_id = li.lane_id \
@@ -139,7 +168,8 @@ const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignme
      JOIN attempts at ON at.assignment_attempt_id = r.assignment_attempt_id \
      LEFT JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
      LEFT JOIN challenges c ON c.reservation_id = r.reservation_id \
-     LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id";
+     LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id \
+     LEFT JOIN repositories rp ON rp.name = a.repository";
 
 impl ChainRow {
     /// Its work is offered to another lane while it runs (a handoff offer is open): its
@@ -203,6 +233,7 @@ impl ChainRow {
             last_decided_at: r
                 .col::<Option<String>>("last_decided_at")?
                 .unwrap_or_default(),
+            repository: repo_binding(r)?,
         })
     }
 }

@@ -30,6 +30,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0012_audit_spool.sql"),
     include_str!("../../migrations/0013_operator_requests.sql"),
     include_str!("../../migrations/0014_effect_claims.sql"),
+    include_str!("../../migrations/0015_repositories.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

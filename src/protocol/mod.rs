@@ -16,6 +16,7 @@ pub mod envelope;
 pub mod fence;
 pub mod messages;
 pub mod queue;
+pub mod repo;
 pub mod report;
 pub mod schema;
 pub mod task;

@@ -31,6 +31,9 @@ pub(crate) struct Generation<'a> {
     pub uid: Option<u32>,
     /// Its workspace, read-only until activation (a coordinated generation's).
     pub workspace: Option<&'a Path>,
+    /// The assignment's own workspace directory, bound over `workspace` (work in a
+    /// repository).
+    pub workspace_source: Option<&'a Path>,
 }
 
 /// Refuses a start of confined lane `lane` on a host that cannot confine: called before
@@ -65,6 +68,7 @@ pub(crate) fn for_generation(
         gateway,
         uid,
         workspace,
+        workspace_source,
     } = *g;
     if !cfg.confined(lane) {
         tracing::warn!(
@@ -128,6 +132,7 @@ pub(crate) fn for_generation(
         gateway: gateway.then_some(confine::net::GATEWAY_PORT),
         uid: Some(uid),
         staged: workspace.map(Path::to_path_buf),
+        workspace_source: workspace_source.map(Path::to_path_buf),
     };
     policy
         .validate()

@@ -45,32 +45,20 @@ pub(crate) enum Origin {
     Coordinated {
         generation: u64,
         session: Arc<super::lanesock::GenSession>,
-        binding: super::state::CoordBinding,
+        binding: Box<super::state::CoordBinding>,
     },
 }
 
-/// The start path's profile: each phase is logged at debug level with the time since the
-/// start request arrived (`benches/supervisor.rs` prints the median of each).
-pub(crate) struct Phases(std::time::Instant);
-
-impl Phases {
-    pub(crate) fn new() -> Self {
-        Self(std::time::Instant::now())
-    }
-
-    /// Time since the start request arrived.
-    pub(crate) fn elapsed(&self) -> Duration {
-        self.0.elapsed()
-    }
-
-    pub(crate) fn mark(&self, what: &'static str) {
-        tracing::debug!(
-            phase = what,
-            elapsed_us = self.elapsed().as_micros() as u64,
-            "launch phase"
-        )
+impl Origin {
+    fn binding(&self) -> Option<&super::state::CoordBinding> {
+        match self {
+            Self::Coordinated { binding, .. } => Some(binding),
+            Self::Local => None,
+        }
     }
 }
+
+pub(crate) use super::phases::Phases;
 
 /// How far a launch got. An abort names the last stage reached in its receipt.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
@@ -271,7 +259,7 @@ pub(crate) async fn launch(
         receipt_key: receipt::idempotency_key(&lane.lane_id, &lane.lane_incarnation_id, generation),
         coord: match &origin {
             Origin::Local => None,
-            Origin::Coordinated { binding, .. } => Some(binding.clone()),
+            Origin::Coordinated { binding, .. } => Some((**binding).clone()),
         },
         conversation_id: None,
         workspace: None,
@@ -393,6 +381,15 @@ impl Launching {
         let prepared = super::harness::prepare(&inner, plan, &self.rec, provider_url.as_deref())
             .map_err(|detail| self.launch_error(detail))?;
         let coordinated = matches!(origin, Origin::Coordinated { .. });
+        // Work in a repository: its own workspace, bound over a confined generation's
+        // working directory, or (unconfined) its working directory outright.
+        let repo_dir = super::workspaces::prepare(&inner, origin.binding(), self.rec.uid)
+            .await
+            .map_err(|e| self.launch_error(e))?;
+        let mut prepared = prepared;
+        if let (Some(dir), false) = (&repo_dir, confined) {
+            prepared.cwd = Some(dir.clone());
+        }
         // A confined, coordinated generation's workspace is read-only to it until its
         // activation commits (staging makes no effect); recorded before its shim starts,
         // so a restarted supervisor knows what to open or close.
@@ -428,6 +425,7 @@ impl Launching {
                 gateway: true,
                 uid: self.rec.uid,
                 workspace: workspace.as_deref(),
+                workspace_source: repo_dir.as_deref().filter(|_| confined),
             },
         )?;
         phase("harness area prepared");

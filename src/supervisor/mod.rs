@@ -35,6 +35,7 @@ mod confinement;
 mod generation;
 mod harness;
 mod launch;
+mod phases;
 pub use launch::Step as LaunchStep;
 pub use start::WorkspaceOrder;
 pub mod laneclient;
@@ -67,6 +68,7 @@ mod lanewatch;
 mod start;
 mod unwritten;
 mod views;
+mod workspaces;
 
 pub use daemon::run_daemon;
 pub(crate) use daemon::spawn_applier;

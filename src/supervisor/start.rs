@@ -42,7 +42,7 @@ impl Supervisor {
             launch::Origin::Coordinated {
                 generation,
                 session,
-                binding,
+                binding: Box::new(binding),
             },
             Some(incarnation),
         )

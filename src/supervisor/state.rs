@@ -67,6 +67,9 @@ pub struct CoordBinding {
     pub fence_proof: String,
     /// The coordinator told this host the generation is RUNNING (recorded before the
     /// harness is told).
+    /// The repository the work's workspace is cloned from (`None`: a scratch directory).
+    #[serde(default)]
+    pub repository: Option<crate::protocol::repo::RepoBinding>,
     pub activated: bool,
     /// The chain fields this host's messages about the generation carry (identifiers,
     /// digests, the fence commitment — nothing secret), recorded at activation so that a

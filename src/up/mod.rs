@@ -184,6 +184,7 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     }
     crate::sysdeps::ensure(&[
         crate::sysdeps::Dep::Tmux,
+        crate::sysdeps::Dep::Git,
         crate::sysdeps::Dep::PostgresServer,
     ])?;
     let state_dir = opts.state_dir.clone().unwrap_or_else(default_state_dir);

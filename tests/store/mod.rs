@@ -89,6 +89,7 @@ pub fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
         completion_policy: "operator-evidence/v1".into(),
         inactivity_policy: "default@1".into(),
         ttl_ms,
+        repository: None,
     }
 }
 

@@ -430,6 +430,8 @@ pub fn assign_request(lane: &str, task: &str, resume: Option<&str>, wait: bool) 
         resume: resume.map(String::from),
         request_id: None,
         inactivity_policy: None,
+        repo: None,
+        base: None,
     }
 }
 

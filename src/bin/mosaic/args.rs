@@ -114,8 +114,21 @@ pub(crate) enum Cmd {
         /// Default: default@1.
         #[arg(long)]
         inactivity_policy: Option<String>,
+        /// A declared repository (`mosaic repo add`) the assignment works in: its
+        /// workspace is a clone on the branch mosaic/<assignment_id>, kept for the
+        /// assignment's next generations. Without it: a private scratch directory.
+        #[arg(long)]
+        repo: Option<String>,
+        /// The ref that branch starts at (default: the repository's HEAD).
+        #[arg(long, requires = "repo")]
+        base: Option<String>,
         #[command(flatten)]
         at: CoordinatorAt,
+    },
+    /// Repositories assignments work in (a roster declaration, not authority).
+    Repo {
+        #[command(subcommand)]
+        op: RepoOp,
     },
     /// Block active work: a canonical code, an evidence file and the action that would
     /// unblock it (the work keeps its owner; the watchdog leaves it alone).
@@ -299,6 +312,35 @@ pub(crate) enum Cmd {
     Effect {
         #[command(subcommand)]
         op: EffectOp,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RepoOp {
+    /// Declare a repository: a directory on one host (--path, --host) or a remote every
+    /// host can fetch (--url). The same declaration again is a no-op; a name keeps its
+    /// source.
+    Add {
+        name: String,
+        #[arg(
+            long,
+            conflicts_with = "url",
+            required_unless_present = "url",
+            requires = "host"
+        )]
+        path: Option<String>,
+        #[arg(long)]
+        url: Option<String>,
+        /// The host the path is on.
+        #[arg(long)]
+        host: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The declared repositories.
+    List {
+        #[command(flatten)]
+        at: CoordinatorAt,
     },
 }
 

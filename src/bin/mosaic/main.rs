@@ -167,6 +167,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             wait,
             resume,
             inactivity_policy,
+            repo,
+            base,
             at,
         } => {
             let wait = match wait.as_deref() {
@@ -207,8 +209,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 // The client gives it a key (--request-id, or a fresh one).
                 request_id: None,
                 inactivity_policy,
+                repo,
+                base,
             })
         }
+        Cmd::Repo {
+            op:
+                RepoOp::Add {
+                    name,
+                    path,
+                    url,
+                    host,
+                    at,
+                },
+        } => at.call(OperatorRequest::RepoAdd {
+            name,
+            path,
+            url,
+            host_id: host,
+        }),
+        Cmd::Repo {
+            op: RepoOp::List { at },
+        } => at.call(OperatorRequest::Repos),
         Cmd::Block {
             assignment_id,
             code,
@@ -333,10 +355,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Setup => {
             mosaic::sysdeps::ensure(&[
                 mosaic::sysdeps::Dep::Tmux,
+                mosaic::sysdeps::Dep::Git,
                 mosaic::sysdeps::Dep::PostgresServer,
                 mosaic::sysdeps::Dep::Npm,
             ])?;
-            println!("mosaic setup: tmux, the PostgreSQL server binaries and npm are present");
+            println!("mosaic setup: tmux, git, the PostgreSQL server binaries and npm are present");
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Lane {

@@ -264,6 +264,7 @@ impl Service {
                 &c.last_decided_at,
                 &c.reservation_deadline,
             ),
+            repository: c.repository.clone(),
         };
         self.sign_push(&c.host_id, ToHost::Stage(m))
     }

@@ -237,9 +237,20 @@ impl Service {
             });
             same_lane_ok = usable;
         }
+        // Work with a workspace stays on the host that has it (no checkpoint moves it yet).
+        let home = match self.store.workspace_of(&w.assignment_id).await {
+            Ok(h) => h.map(|(_, host)| host),
+            Err(e) => {
+                tracing::warn!(error = %e, "watchdog cannot read the work's workspace");
+                return;
+            }
+        };
         let mut candidates = Vec::new();
         for lane in lanes {
             let same = lane.lane_id == w.lane_id;
+            if home.as_ref().is_some_and(|h| *h != lane.host_id) {
+                continue;
+            }
             if lane.state != LaneState::IdleClean
                 || lane.recreate_requested
                 || lane.host_quarantine_reason.is_some()
@@ -280,6 +291,7 @@ impl Service {
             completion_policy: next.completion_policy,
             inactivity_policy: String::new(),
             ttl_ms: self.timing.reservation_ttl_ms,
+            repository: None, // a resumed assignment keeps its own
         };
         match self.store.reserve(l, &req).await {
             Ok(r) => {

@@ -116,6 +116,38 @@ impl<'e> Fields<'e> {
         }
     }
 
+    /// A stage's repository: its four fields all present and valid, or none of them.
+    pub(super) fn repository(
+        &self,
+    ) -> Result<Option<crate::protocol::repo::RepoBinding>, WireError> {
+        use crate::protocol::repo::{BaseRef, RepoBinding, RepoName, RepoSource};
+        let fields = [
+            "repository",
+            "repository_kind",
+            "repository_source",
+            "base_ref",
+        ];
+        let got: Vec<Option<String>> = fields.iter().map(|f| self.opt_str(f)).collect();
+        if got.iter().all(Option::is_none) {
+            return Ok(None);
+        }
+        let get = |i: usize| {
+            got[i]
+                .clone()
+                .ok_or_else(|| self.miss(fields[i], "a string"))
+        };
+        let (name, kind, source, base) = (get(0)?, get(1)?, get(2)?, get(3)?);
+        let name = RepoName::parse(&name).map_err(|_| self.unknown("repository", &name))?;
+        let source = match kind.as_str() {
+            "path" => RepoSource::path(&source),
+            "url" => RepoSource::url(&source),
+            _ => return Err(self.unknown("repository_kind", &kind)),
+        }
+        .map_err(|_| self.unknown("repository_source", &source))?;
+        let base = BaseRef::parse(&base).map_err(|_| self.unknown("base_ref", &base))?;
+        Ok(Some(RepoBinding { name, source, base }))
+    }
+
     /// A list of strings (an optional field): empty when absent.
     pub(super) fn str_list(&self, field: &'static str) -> Vec<String> {
         match self.env.get(field) {

@@ -50,6 +50,9 @@ pub struct Issued {
 pub struct Stage {
     pub authority: ChainAuthority,
     pub issued: Issued,
+    /// The repository the work's workspace is cloned from (kept for its next
+    /// generations); `None`: a private scratch directory.
+    pub repository: Option<crate::protocol::repo::RepoBinding>,
 }
 
 /// `contract`: the task and the digests the harness must take.
@@ -301,6 +304,14 @@ impl ToHost {
             Self::Stage(m) => {
                 authority(&mut f, &m.authority);
                 issued(&mut f, &m.issued);
+                if let Some(r) = &m.repository {
+                    f.extend([
+                        ("repository", s(r.name.as_str())),
+                        ("repository_kind", s(r.source.kind())),
+                        ("repository_source", s(r.source.as_str())),
+                        ("base_ref", s(r.base.as_str())),
+                    ]);
+                }
             }
             Self::Contract(m) => {
                 authority(&mut f, &m.authority);
@@ -416,6 +427,7 @@ impl ToHost {
             MessageType::Stage => Self::Stage(Stage {
                 authority: f.authority()?,
                 issued: f.issued()?,
+                repository: f.repository()?,
             }),
             MessageType::Contract => Self::Contract(Contract {
                 authority: f.authority()?,

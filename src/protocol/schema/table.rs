@@ -285,7 +285,13 @@ pub static SCHEMAS: [Schema; 30] = [
                 ("fence_proof", Str)
             ]
         ],
-        [],
+        // The assignment's workspace, when it works in a repository: all four or none.
+        [
+            ("repository", Str),
+            ("repository_kind", Str),
+            ("repository_source", Text),
+            ("base_ref", Str)
+        ],
         [PRE_CONTRACT]
     ),
     schema!(

@@ -48,6 +48,7 @@ impl CoordinatedHost {
             fence_proof: a.fence_proof.clone(),
             activated: false,
             chain_fields: None,
+            repository: stage.repository.clone(),
         };
         let session = GenSession::new();
         let started = self

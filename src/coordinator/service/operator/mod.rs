@@ -27,7 +27,9 @@ use crate::protocol::transport::{self, TlsIdentity};
 use super::{Service, ServiceError};
 use crate::coordinator::states::{ContinuationState, LaneState, Lifecycle, WorkStatus};
 
+mod handoff;
 mod operate;
+mod repos;
 mod request;
 mod wire;
 

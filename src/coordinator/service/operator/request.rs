@@ -113,7 +113,29 @@ pub enum OperatorRequest {
         /// The inactivity policy (`name@version`) of a new assignment; `default@1` if absent.
         #[serde(default)]
         inactivity_policy: Option<String>,
+        /// The declared repository a new assignment works in (its workspace: a clone on
+        /// the branch `mosaic/<assignment_id>`); none: a private scratch directory.
+        #[serde(default)]
+        repo: Option<String>,
+        /// The ref that branch starts at; `HEAD` (the repository's default) if absent.
+        #[serde(default)]
+        base: Option<String>,
     },
+    /// Declares a repository assignments can work in: a roster entry, not authority, and
+    /// idempotent by its content (the same declaration again is a no-op; another source
+    /// under the same name is refused), so it carries no request key.
+    RepoAdd {
+        name: String,
+        /// A directory on `host_id`.
+        #[serde(default)]
+        path: Option<String>,
+        /// A remote every host can fetch.
+        #[serde(default)]
+        url: Option<String>,
+        #[serde(default)]
+        host_id: Option<String>,
+    },
+    Repos,
     Receipts {
         lane_id: Option<String>,
     },
@@ -260,6 +282,8 @@ impl OperatorRequest {
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
             Self::Lanes
+            | Self::RepoAdd { .. }
+            | Self::Repos
             | Self::Status
             | Self::Receipts { .. }
             | Self::Audit { .. }

@@ -16,6 +16,9 @@ pub struct AssignRequest {
     pub resume: Option<String>,
     pub request_id: String,
     pub inactivity_policy: String,
+    /// The repository (and base ref) a new assignment works in.
+    pub repo: Option<String>,
+    pub base: Option<String>,
 }
 
 impl AssignRequest {
@@ -32,6 +35,8 @@ impl AssignRequest {
             resume: None,
             request_id: request_id(None),
             inactivity_policy: DEFAULT_INACTIVITY_POLICY.into(),
+            repo: None,
+            base: None,
         }
     }
 }

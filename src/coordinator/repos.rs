@@ -1,0 +1,126 @@
+//! The repositories of the roster (migration 0015): declarations an assignment's workspace
+//! is cloned from. Not authority — no transition, no fence — but validated like everything
+//! an operator sends, and never changed under an assignment that names one (a name, once
+//! declared, keeps its source; another source is another name).
+
+use super::error::{reject, AuthorityError, Category};
+use super::rows::RowExt;
+use super::store::Store;
+use crate::protocol::repo::{RepoName, RepoSource};
+
+/// One declared repository.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
+pub struct Repository {
+    pub name: RepoName,
+    /// The host a path is on; `None` for a URL (any host fetches it).
+    pub host_id: Option<String>,
+    #[serde(flatten)]
+    pub source: RepoSource,
+    pub created_at: String,
+}
+
+impl Repository {
+    fn from_row(r: &tokio_postgres::Row) -> Result<Self, AuthorityError> {
+        let name: String = r.col("name")?;
+        let (kind, source): (String, String) = (r.col("source_kind")?, r.col("source")?);
+        let bad = |e: crate::protocol::repo::RepoError| AuthorityError::Invariant {
+            op: "repository",
+            detail: e.to_string(),
+        };
+        Ok(Self {
+            name: RepoName::parse(&name).map_err(bad)?,
+            host_id: r.col("host_id")?,
+            source: RepoSource::of(&kind, &source).map_err(bad)?,
+            created_at: r.col("created_at")?,
+        })
+    }
+
+    /// Whether a lane of `host_id` can clone it.
+    pub fn reachable_from(&self, host_id: &str) -> bool {
+        self.host_id.as_deref().is_none_or(|h| h == host_id)
+    }
+}
+
+const SELECT: &str =
+    "SELECT name, host_id, source_kind, source, mosaic_ts(created_at) AS created_at FROM repositories";
+
+impl Store {
+    /// Declares `name`; declaring it again with the same source and host is a no-op (the
+    /// row is returned), with another is a conflict.
+    pub async fn add_repository(
+        &self,
+        name: &RepoName,
+        source: &RepoSource,
+        host_id: Option<&str>,
+    ) -> Result<(Repository, bool), AuthorityError> {
+        if matches!(source, RepoSource::Path(_)) && host_id.is_none() {
+            return Err(reject(
+                "repo-add",
+                Category::BadInput,
+                "a repository path is a directory on one host: name it (--host)",
+            ));
+        }
+        let c = self.pool.get().await?;
+        let inserted = c
+            .execute(
+                "INSERT INTO repositories (name, host_id, source_kind, source) VALUES ($1, $2, $3, $4) \
+                 ON CONFLICT (name) DO NOTHING",
+                &[&name.as_str(), &host_id, &source.kind(), &source.as_str()],
+            )
+            .await?
+            == 1;
+        let row = c
+            .query_one(&format!("{SELECT} WHERE name = $1"), &[&name.as_str()])
+            .await?;
+        let r = Repository::from_row(&row)?;
+        if r.source != *source || r.host_id.as_deref() != host_id {
+            return Err(reject(
+                "repo-add",
+                Category::Conflict,
+                format!(
+                    "repository {} is already declared with another source or host; a name keeps its source (declare another name)",
+                    name.as_str()
+                ),
+            ));
+        }
+        Ok((r, inserted))
+    }
+
+    pub async fn repositories(&self) -> Result<Vec<Repository>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query(&format!("{SELECT} ORDER BY name"), &[])
+            .await?
+            .iter()
+            .map(Repository::from_row)
+            .collect()
+    }
+
+    pub async fn repository(&self, name: &str) -> Result<Option<Repository>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query_opt(&format!("{SELECT} WHERE name = $1"), &[&name])
+            .await?
+            .as_ref()
+            .map(Repository::from_row)
+            .transpose()
+    }
+
+    /// The repository an assignment works in, and the host its workspace is on (the
+    /// host of its latest chain), if it has one.
+    pub async fn workspace_of(
+        &self,
+        assignment_id: &str,
+    ) -> Result<Option<(String, String)>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query_opt(
+            "SELECT a.repository, ln.host_id FROM assignments a \
+             JOIN reservations r ON r.assignment_id = a.assignment_id \
+             JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+             JOIN lanes ln ON ln.lane_id = li.lane_id \
+             WHERE a.assignment_id = $1 AND a.repository IS NOT NULL ORDER BY r.created_at DESC LIMIT 1",
+            &[&assignment_id],
+        )
+        .await?
+        .map(|r| Ok((r.col("repository")?, r.col("host_id")?)))
+        .transpose()
+    }
+}

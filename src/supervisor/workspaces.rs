@@ -1,0 +1,164 @@
+//! An assignment's workspace on this host: a clone of its repository on the branch
+//! `mosaic/<assignment_id>`, made once (at its first stage here) and kept for its next
+//! generations — a resume, a watchdog replacement, a handoff to another lane of this
+//! host — each of which works in it under its own lane's uid.
+//!
+//! A clone, not a linked `git worktree`: a worktree's git directory lives inside the
+//! source repository, which a confined generation must not be able to write (its objects,
+//! its other branches, and its hooks, which run as whoever next uses that repository). The
+//! clone carries its own objects (`--no-hardlinks`: an object shared by a hard link would
+//! be handed to the lane's uid with the source's copy) and lives below the supervisor's
+//! state directory, which every confined generation sees covered; the generation sees it
+//! only bound over its own working directory (`confine::Policy::workspace_source`).
+//!
+//! The supervisor runs git here only on a clone it has just made, before any harness has
+//! touched it (never in a directory a generation could have written: its config and hooks
+//! would be the harness's).
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use super::Inner;
+use crate::protocol::repo::{branch_of, RepoBinding};
+
+/// Where an assignment's workspace is on this host.
+pub(crate) fn dir_of(inner: &Inner, assignment_id: &str) -> PathBuf {
+    inner.cfg.state_dir.join("workspaces").join(assignment_id)
+}
+
+fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
+    let mut c = Command::new("git");
+    if let Some(d) = dir {
+        c.arg("-C").arg(d);
+    }
+    // Nothing of the host's git configuration but the repository's own, no prompt (a
+    // remote that asks for a password fails instead of hanging the start).
+    c.args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .stdin(std::process::Stdio::null());
+    let out = c
+        .output()
+        .map_err(|e| format!("running git (is it installed?): {e}"))?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        return Err(format!(
+            "git {} failed: {}",
+            args.first().copied().unwrap_or(""),
+            err.trim().chars().take(400).collect::<String>()
+        ));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
+}
+
+/// The workspace of a coordinated generation's work, if it has a repository (`ensure`, off
+/// the runtime's threads).
+pub(crate) async fn prepare(
+    inner: &std::sync::Arc<Inner>,
+    binding: Option<&super::state::CoordBinding>,
+    uid: Option<u32>,
+) -> Result<Option<PathBuf>, String> {
+    let Some((binding, repo)) = binding.and_then(|b| Some((b, b.repository.clone()?))) else {
+        return Ok(None);
+    };
+    let (inner, asg) = (inner.clone(), binding.assignment_id.clone());
+    tokio::task::spawn_blocking(move || ensure(&inner, &asg, &repo, uid))
+        .await
+        .map_err(|e| format!("workspace task failed: {e}"))?
+        .map(Some)
+}
+
+/// The workspace of `assignment_id`, made from `repo` if this host has none yet, and
+/// given to `uid` (the lane's) when there is one. Blocking.
+pub(crate) fn ensure(
+    inner: &Inner,
+    assignment_id: &str,
+    repo: &RepoBinding,
+    uid: Option<u32>,
+) -> Result<PathBuf, String> {
+    if !crate::protocol::report::id_ok(assignment_id) {
+        return Err(format!(
+            "assignment id {assignment_id:?} is not one Mosaic mints"
+        ));
+    }
+    let dir = dir_of(inner, assignment_id);
+    if !dir.is_dir() {
+        let parent = dir.parent().unwrap_or(&inner.cfg.state_dir).to_path_buf();
+        crate::util::durable::ensure_dir(&parent, 0o700).map_err(|e| e.to_string())?;
+        // Made aside and renamed into place: a start that dies half-way leaves no
+        // half-made workspace under the assignment's name.
+        let tmp = parent.join(format!(
+            ".new-{assignment_id}-{}",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let made = clone_into(&tmp, assignment_id, repo);
+        if let Err(e) = made.and_then(|()| std::fs::rename(&tmp, &dir).map_err(|e| e.to_string())) {
+            let _ = std::fs::remove_dir_all(&tmp);
+            return Err(format!(
+                "making the workspace of {assignment_id} from repository {}: {e}",
+                repo.name.as_str()
+            ));
+        }
+        tracing::info!(assignment_id, repository = repo.name.as_str(), base = repo.base.as_str(),
+            branch = %branch_of(assignment_id), "workspace made");
+    }
+    // Its next generation may run under another lane's uid: everything is handed over.
+    // Nothing of the assignment runs now (its previous generation's cgroup is empty), so
+    // nothing in the tree can change while it is walked; links are not followed.
+    if let Some(uid) = uid {
+        crate::util::durable::chown_tree(&dir, uid, uid)
+            .map_err(|e| format!("giving the workspace of {assignment_id} to uid {uid}: {e}"))?;
+    }
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
+        .map_err(|e| e.to_string())?;
+    Ok(dir)
+}
+
+fn clone_into(tmp: &Path, assignment_id: &str, repo: &RepoBinding) -> Result<(), String> {
+    let tmp_s = tmp.to_string_lossy().to_string();
+    git(
+        &[
+            "clone",
+            "--quiet",
+            "--no-hardlinks",
+            "--no-checkout",
+            "--",
+            repo.source.as_str(),
+            &tmp_s,
+        ],
+        None,
+    )?;
+    // The base as the source names it: a local branch or tag, else a branch of the
+    // source (a clone has only its default branch locally), else a commit id.
+    let base = repo.base.as_str();
+    let commit = [
+        format!("{base}^{{commit}}"),
+        format!("origin/{base}^{{commit}}"),
+    ]
+    .iter()
+    .find_map(|r| git(&["rev-parse", "--verify", "--quiet", r], Some(tmp)).ok())
+    .filter(|c| !c.is_empty())
+    .ok_or_else(|| format!("no ref {base} in the repository"))?;
+    git(
+        &[
+            "checkout",
+            "--quiet",
+            "-B",
+            &branch_of(assignment_id),
+            &commit,
+        ],
+        Some(tmp),
+    )?;
+    // Commits the agent makes need an author; no host identity is lent to it.
+    git(&["config", "user.name", "Mosaic agent"], Some(tmp))?;
+    git(
+        &[
+            "config",
+            "user.email",
+            &format!("{assignment_id}@mosaic.invalid"),
+        ],
+        Some(tmp),
+    )?;
+    Ok(())
+}

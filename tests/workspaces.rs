@@ -1,0 +1,273 @@
+//! Workspaces: an assignment that names a repository works in a clone of it on the branch
+//! `mosaic/<assignment_id>`, kept on its host for the assignment's next generations, so
+//! what an agent wrote survives its generation's SIGKILL and is there for its resume
+//! (real git, tmux, cgroups, PostgreSQL, confined generations).
+
+mod common;
+mod pg;
+mod world;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::{cgroup_at, wait_until};
+use mosaic::coordinator::service::OperatorRequest;
+use serde_json::Value;
+use world::{Spec, World};
+
+fn git(dir: &Path, args: &[&str]) -> String {
+    let out = Command::new("git")
+        .args(["-c", "safe.directory=*", "-C"])
+        .arg(dir)
+        .args(args)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .output()
+        .expect("git runs (the suite needs git)");
+    assert!(
+        out.status.success(),
+        "git {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
+/// A repository with two commits on `main` and a branch `feature`.
+struct Repo(PathBuf);
+
+impl Repo {
+    fn new() -> Self {
+        let dir =
+            std::env::temp_dir().join(format!("mosaic-repo-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        git(&dir, &["init", "-q", "-b", "main"]);
+        git(&dir, &["config", "user.name", "t"]);
+        git(&dir, &["config", "user.email", "t@example.invalid"]);
+        std::fs::write(dir.join("a.txt"), "one\n").unwrap();
+        std::fs::write(dir.join(".gitignore"), "*.log\n").unwrap();
+        git(&dir, &["add", "."]);
+        git(&dir, &["commit", "-q", "-m", "first"]);
+        git(&dir, &["branch", "feature"]);
+        std::fs::write(dir.join("b.txt"), "two\n").unwrap();
+        git(&dir, &["add", "."]);
+        git(&dir, &["commit", "-q", "-m", "second"]);
+        Repo(dir)
+    }
+}
+
+impl Drop for Repo {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+fn host_of(lane: &str) -> String {
+    lane.split_once(':').unwrap().0.to_string()
+}
+
+fn add_repo(w: &World, name: &str, path: &Path, host: &str) -> Value {
+    w.op(&OperatorRequest::RepoAdd {
+        name: name.into(),
+        path: Some(path.display().to_string()),
+        url: None,
+        host_id: Some(host.into()),
+    })
+    .unwrap_or_else(|e| panic!("repo add: {e:?}"))
+}
+
+fn assign_in(
+    w: &World,
+    lane: &str,
+    task: &str,
+    repo: Option<&str>,
+    base: Option<&str>,
+    resume: Option<&str>,
+) -> Result<Value, mosaic::coordinator::service::OpError> {
+    let mut r = world::assign_request(lane, task, resume, true);
+    if let OperatorRequest::Assign {
+        repo: rp, base: b, ..
+    } = &mut r
+    {
+        *rp = repo.map(String::from);
+        *b = base.map(String::from);
+    }
+    w.op(&r)
+}
+
+/// `attack WHAT allowed|denied: …` lines of `file`, once `n` are there.
+fn attempts(file: &Path, n: usize) -> Vec<(String, bool)> {
+    wait_until("the harness's attempts", || {
+        let text = std::fs::read_to_string(file).ok()?;
+        let got: Vec<(String, bool)> = text
+            .lines()
+            .filter_map(|l| l.strip_prefix("attack "))
+            .filter_map(|l| l.split_once(' '))
+            .map(|(what, rest)| (what.to_string(), rest == "allowed"))
+            .collect();
+        (got.len() >= n).then_some(got)
+    })
+}
+
+fn lifecycle(w: &World, asg: &str) -> Option<String> {
+    w.status()["assignments"]
+        .as_array()?
+        .iter()
+        .find(|a| a["assignment_id"] == asg)
+        .and_then(|a| a["state"].as_str().map(String::from))
+}
+
+/// The whole path: a declared repository, an assignment working in its clone on its own
+/// branch, the work SIGKILLed with uncommitted and untracked changes, and the resumed
+/// generation finding exactly those files in the same workspace.
+#[test]
+fn work_in_a_repository_survives_its_generation() {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        lanes: 2,
+        tag: "workspaces",
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let host = host_of(&lane);
+    let added = add_repo(&w, "demo", &repo.0, &host);
+    assert_eq!(added["added"], true, "{added}");
+    // The same declaration again is a no-op; another source under the name is refused.
+    assert_eq!(add_repo(&w, "demo", &repo.0, &host)["added"], false);
+    let other = w.op(&OperatorRequest::RepoAdd {
+        name: "demo".into(),
+        path: Some("/elsewhere".into()),
+        url: None,
+        host_id: Some(host.clone()),
+    });
+    assert!(format!("{other:?}").contains("conflict"), "{other:?}");
+
+    let inc = w.incarnation_of(0, "lane-1");
+    let work1 = w.area(0, &inc, 1).join("work");
+    let task = format!(
+        "attack=write:{0}/a.txt attack=write:{0}/new.txt attack=write:{0}/scratch.log hang",
+        work1.display()
+    );
+    let a = assign_in(&w, &lane, &task, Some("demo"), Some("feature"), None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let done = attempts(&w.area(0, &inc, 1).join("home/attacks"), 3);
+    assert!(done.iter().all(|(_, ok)| *ok), "{done:?}");
+
+    // On the host: the assignment's clone, on its own branch from `feature`, the lane's.
+    let ws = w.state_dir(0).join("workspaces").join(&asg);
+    assert_eq!(
+        git(&ws, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        format!("mosaic/{asg}")
+    );
+    assert_eq!(
+        git(&ws, &["rev-parse", "HEAD"]),
+        git(&repo.0, &["rev-parse", "feature"])
+    );
+    assert!(!ws.join("b.txt").exists(), "the base is feature, not main");
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata(ws.join("new.txt")).unwrap().uid();
+    assert_ne!(uid, 0, "the workspace is the lane's, not root's");
+    assert_eq!(std::fs::metadata(&ws).unwrap().uid(), uid);
+    let status = git(&ws, &["status", "--porcelain"]);
+    let lines: Vec<&str> = status.lines().map(str::trim).collect();
+    assert!(
+        lines.contains(&"M a.txt") && lines.contains(&"?? new.txt"),
+        "{status}"
+    );
+    assert!(
+        !status.contains("scratch.log"),
+        "ignored files stay ignored: {status}"
+    );
+    // The source repository is untouched: the work lives in the clone.
+    assert!(git(&repo.0, &["status", "--porcelain"]).is_empty());
+    assert!(!git(&repo.0, &["branch", "--list", "mosaic/*"]).contains("mosaic/"));
+
+    // Another lane's generation reaches none of it, by its host path.
+    let inc2 = w.incarnation_of(0, "lane-2");
+    let spy = format!(
+        "attack=read:{0} attack=read:{0}/new.txt attack=write:{0}/planted.txt hang",
+        ws.display()
+    );
+    let s = assign_in(&w, &w.lane_of(0, "lane-2"), &spy, None, None, None).unwrap();
+    let denied = attempts(&w.area(0, &inc2, 1).join("home/attacks"), 3);
+    assert!(
+        denied.iter().all(|(_, ok)| !*ok),
+        "another lane reached the workspace: {denied:?}"
+    );
+    assert!(!ws.join("planted.txt").exists());
+    let out = w
+        .op(&OperatorRequest::Stop {
+            assignment_id: s["assignment_id"].as_str().unwrap().into(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+            request_id: None,
+        })
+        .unwrap();
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+
+    // SIGKILL: the work goes to recovery; the workspace stays.
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    wait_until("the work in recovery", || {
+        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
+    });
+    let work2 = w.area(0, &inc, 2).join("work");
+    let task2 = format!(
+        "attack=read:{0}/new.txt attack=read:{0}/scratch.log attack=write:{0}/after.txt hang",
+        work2.display()
+    );
+    let b = assign_in(&w, &lane, &task2, None, None, Some(&asg)).unwrap();
+    assert_eq!(b["generation"], 2, "{b}");
+    let seen = attempts(&w.area(0, &inc, 2).join("home/attacks"), 3);
+    assert!(
+        seen.iter().all(|(_, ok)| *ok),
+        "the resumed generation: {seen:?}"
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("a.txt")).unwrap(),
+        "one\nattack\n"
+    );
+    assert!(ws.join("after.txt").exists() && ws.join("new.txt").exists());
+    let out = w
+        .op(&OperatorRequest::Stop {
+            assignment_id: asg.clone(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+            request_id: None,
+        })
+        .unwrap();
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+}
+
+/// An assign naming no declared repository, a repository on another host, or a base git
+/// could read as an option or a range is refused before anything is reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_bad_workspace_request_reserves_nothing() {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "workspaces-bad",
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let host = host_of(&lane);
+    tokio::task::block_in_place(|| {
+        add_repo(&w, "demo", &repo.0, &host);
+        add_repo(&w, "far", &repo.0, "some-other-host");
+    });
+    let before = w.count("SELECT count(*) FROM reservations").await;
+    for (repo, base, why) in [
+        (Some("nope"), None, "not-found"),
+        (Some("far"), None, "bad-input"),
+        (Some("demo"), Some("a..b"), "bad-input"),
+        (Some("demo"), Some("--upload-pack=x"), "bad-input"),
+        (Some("../x"), None, "bad-input"),
+        (None, Some("main"), "bad-input"),
+    ] {
+        let e = tokio::task::block_in_place(|| assign_in(&w, &lane, "hang", repo, base, None))
+            .expect_err("refused");
+        assert_eq!(e.category.as_str(), why, "{repo:?} {base:?}: {e:?}");
+    }
+    assert_eq!(w.count("SELECT count(*) FROM reservations").await, before);
+    assert_eq!(w.count("SELECT count(*) FROM assignments").await, 0);
+}
