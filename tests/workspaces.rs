@@ -60,8 +60,17 @@ impl Drop for Repo {
     }
 }
 
-fn host_of(lane: &str) -> String {
-    lane.split_once(':').unwrap().0.to_string()
+/// A repository and a world of `lanes` lanes; its `lane-1` and that lane's host.
+fn world(lanes: usize, tag: &'static str) -> (Repo, World, String, String) {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        lanes,
+        tag,
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let host = lane.split_once(':').unwrap().0.to_string();
+    (repo, w, lane, host)
 }
 
 fn add_repo(w: &World, name: &str, path: &Path, host: &str) -> Value {
@@ -120,14 +129,7 @@ fn lifecycle(w: &World, asg: &str) -> Option<String> {
 /// generation finding exactly those files in the same workspace.
 #[test]
 fn work_in_a_repository_survives_its_generation() {
-    let repo = Repo::new();
-    let w = World::started(Spec {
-        lanes: 2,
-        tag: "workspaces",
-        ..Spec::default()
-    });
-    let lane = w.lane_of(0, "lane-1");
-    let host = host_of(&lane);
+    let (repo, w, lane, host) = world(2, "workspaces");
     let added = add_repo(&w, "demo", &repo.0, &host);
     assert_eq!(added["added"], true, "{added}");
     // The same declaration again is a no-op; another source under the name is refused.
@@ -243,14 +245,7 @@ fn work_in_a_repository_survives_its_generation() {
 /// could read as an option or a range is refused before anything is reserved.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_bad_workspace_request_reserves_nothing() {
-    let repo = Repo::new();
-    let w = World::started(Spec {
-        lanes: 1,
-        tag: "workspaces-bad",
-        ..Spec::default()
-    });
-    let lane = w.lane_of(0, "lane-1");
-    let host = host_of(&lane);
+    let (repo, w, lane, host) = world(1, "workspaces-bad");
     tokio::task::block_in_place(|| {
         add_repo(&w, "demo", &repo.0, &host);
         add_repo(&w, "far", &repo.0, "some-other-host");

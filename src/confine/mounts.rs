@@ -41,6 +41,41 @@ unsafe fn setattr(dirfd: libc::c_int, path: &std::ffi::CStr, flags: libc::c_int,
     ) == 0
 }
 
+/// A detached copy of the mount tree at `path` with `attrs` set: its descriptor, or -1.
+///
+/// # Safety
+/// Raw system calls on a C string the caller owns; allocates nothing (the forked child).
+unsafe fn clone_tree(path: &std::ffi::CStr, attrs: u64) -> libc::c_int {
+    let fd = libc::syscall(
+        libc::SYS_open_tree,
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
+    ) as libc::c_int;
+    if fd >= 0 && !setattr(fd, c"", libc::AT_EMPTY_PATH, attrs) {
+        libc::close(fd);
+        return -1;
+    }
+    fd
+}
+
+/// Mounts the detached tree `fd` at `path` and closes it: whether it was mounted.
+///
+/// # Safety
+/// As `clone_tree`.
+unsafe fn attach_tree(fd: libc::c_int, path: &std::ffi::CStr) -> bool {
+    let ok = libc::syscall(
+        libc::SYS_move_mount,
+        fd,
+        c"".as_ptr(),
+        libc::AT_FDCWD,
+        path.as_ptr(),
+        MOVE_MOUNT_F_EMPTY_PATH,
+    ) == 0;
+    libc::close(fd);
+    ok
+}
+
 fn cstr(p: &Path) -> Result<CString, ConfineError> {
     CString::new(p.as_os_str().as_bytes())
         .map_err(|_| ConfineError::Policy(format!("{} holds a NUL byte", p.display())))
@@ -277,42 +312,21 @@ impl Plan {
             // array: no allocation).
             let mut trees = [-1i32; MAX_EXPOSED];
             for (i, e) in self.exposed.iter().enumerate() {
-                let fd = libc::syscall(
-                    libc::SYS_open_tree,
-                    libc::AT_FDCWD,
-                    e.path.as_ptr(),
-                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-                ) as i32;
-                if fd < 0 {
-                    return fail();
-                }
                 // What is mounted back keeps no setuid or device meaning; what is read
                 // only stays so.
                 let set = MOUNT_ATTR_NOSUID
                     | MOUNT_ATTR_NODEV
                     | if e.read_only { MOUNT_ATTR_RDONLY } else { 0 };
-                if !setattr(fd, c"", libc::AT_EMPTY_PATH, set) {
+                trees[i] = clone_tree(&e.path, set);
+                if trees[i] < 0 {
                     return fail();
                 }
-                trees[i] = fd;
             }
             // The assignment's workspace, detached before its parent is covered.
             let mut bound = -1i32;
             if let Some(b) = &self.bound {
-                bound = libc::syscall(
-                    libc::SYS_open_tree,
-                    libc::AT_FDCWD,
-                    b.as_ptr(),
-                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-                ) as i32;
-                if bound < 0
-                    || !setattr(
-                        bound,
-                        c"",
-                        libc::AT_EMPTY_PATH,
-                        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV,
-                    )
-                {
+                bound = clone_tree(b, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV);
+                if bound < 0 {
                     return fail();
                 }
             }
@@ -370,18 +384,9 @@ impl Plan {
                     }
                     libc::close(fd);
                 }
-                if libc::syscall(
-                    libc::SYS_move_mount,
-                    trees[i],
-                    c"".as_ptr(),
-                    libc::AT_FDCWD,
-                    e.path.as_ptr(),
-                    MOVE_MOUNT_F_EMPTY_PATH,
-                ) != 0
-                {
+                if !attach_tree(trees[i], &e.path) {
                     return fail();
                 }
-                libc::close(trees[i]);
             }
             // A hidden directory's skeleton is read-only from here on (even inside a
             // private one, whose landlock rule would let the harness write it).
@@ -406,45 +411,13 @@ impl Plan {
             // The workspace read-only until the supervisor opens it: a mount of its own
             // (cloned from what is now mounted there), the one flag the switch changes.
             if let Some(ws) = &self.staged {
-                if bound >= 0 {
-                    if libc::syscall(
-                        libc::SYS_move_mount,
-                        bound,
-                        c"".as_ptr(),
-                        libc::AT_FDCWD,
-                        ws.as_ptr(),
-                        MOVE_MOUNT_F_EMPTY_PATH,
-                    ) != 0
-                    {
-                        return fail();
-                    }
-                    libc::close(bound);
-                }
-                let fd = libc::syscall(
-                    libc::SYS_open_tree,
-                    libc::AT_FDCWD,
-                    ws.as_ptr(),
-                    OPEN_TREE_CLONE | libc::O_CLOEXEC as libc::c_uint,
-                ) as i32;
-                if fd < 0
-                    || !setattr(
-                        fd,
-                        c"",
-                        libc::AT_EMPTY_PATH,
-                        MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_RDONLY,
-                    )
-                    || libc::syscall(
-                        libc::SYS_move_mount,
-                        fd,
-                        c"".as_ptr(),
-                        libc::AT_FDCWD,
-                        ws.as_ptr(),
-                        MOVE_MOUNT_F_EMPTY_PATH,
-                    ) != 0
-                {
+                if bound >= 0 && !attach_tree(bound, ws) {
                     return fail();
                 }
-                libc::close(fd);
+                let fd = clone_tree(ws, MOUNT_ATTR_NOSUID | MOUNT_ATTR_NODEV | MOUNT_ATTR_RDONLY);
+                if fd < 0 || !attach_tree(fd, ws) {
+                    return fail();
+                }
             }
             // Its own terminals: a new devpts instance (no other pane's terminal in it;
             // its own stays open on its descriptors and as /dev/tty) and its ptmx.
