@@ -19,3 +19,35 @@ ALTER TABLE assignments
     ADD COLUMN repository text REFERENCES repositories (name),
     ADD COLUMN base_ref text CHECK (base_ref IS NULL OR (base_ref ~ '^[A-Za-z0-9][A-Za-z0-9._/-]{0,199}$' AND base_ref !~ '\.\.')),
     ADD CHECK ((repository IS NULL) = (base_ref IS NULL));
+
+-- A checkpoint of an assignment's workspace, taken by its host when one of its generations
+-- ended with its cleanup verified (nothing of it left to write): a synthetic commit of
+-- every file the repository does not ignore — committed, staged, unstaged and untracked
+-- alike — on a hidden ref of the host's own checkpoint repository, never in the agent's.
+-- Content addressed: the digest is derived from the commit and tree ids (the coordinator
+-- derives it again before it records the row), and it is the receipt's checkpoint_digest.
+CREATE TABLE checkpoints (
+    checkpoint_digest text PRIMARY KEY CHECK (checkpoint_digest ~ '^sha256:[0-9a-f]{64}$'),
+    commit_id text NOT NULL CHECK (commit_id ~ '^[0-9a-f]{40}$'),
+    tree_id text NOT NULL CHECK (tree_id ~ '^[0-9a-f]{40}$'),
+    repository text NOT NULL REFERENCES repositories (name),
+    classification text NOT NULL CHECK (classification IN ('workspace')),
+    retention_policy_digest text NOT NULL CHECK (retention_policy_digest ~ '^sha256:[0-9a-f]{64}$'),
+    purpose text NOT NULL CHECK (purpose IN ('same-assignment-recovery')),
+    assignment_id text NOT NULL REFERENCES assignments,
+    assignment_attempt_id text NOT NULL,
+    lane_incarnation_id text NOT NULL,
+    generation bigint NOT NULL,
+    host_id text NOT NULL,
+    termination_receipt text NOT NULL REFERENCES termination_receipts (idempotency_key),
+    created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
+    UNIQUE (lane_incarnation_id, generation)
+);
+CREATE INDEX checkpoints_of_assignment ON checkpoints (assignment_id, created_at);
+
+-- A generation of work in a repository that ran and ended without a recorded checkpoint
+-- (its capture failed, or its cleanup was never verified) quarantines its lane; the
+-- operator's release of that quarantine is the explicit decision to go on without it,
+-- recorded here (and in the release's transition receipt). The lane's next fence needs,
+-- for every such generation, a checkpoint or this.
+ALTER TABLE generations ADD COLUMN checkpoint_waived_at timestamptz;

@@ -195,15 +195,7 @@ fn work_in_a_repository_survives_its_generation() {
         "another lane reached the workspace: {denied:?}"
     );
     assert!(!ws.join("planted.txt").exists());
-    let out = w
-        .op(&OperatorRequest::Stop {
-            assignment_id: s["assignment_id"].as_str().unwrap().into(),
-            outcome: None,
-            evidence_digest: None,
-            wait: true,
-            request_id: None,
-        })
-        .unwrap();
+    let out = stop(&w, s["assignment_id"].as_str().unwrap());
     assert_eq!(out["state"], "CANCELLED", "{out}");
 
     // SIGKILL: the work goes to recovery; the workspace stays.
@@ -212,6 +204,57 @@ fn work_in_a_repository_survives_its_generation() {
     wait_until("the work in recovery", || {
         (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
     });
+    // Its end was checkpointed, from the receipt path: a synthetic commit of every file
+    // not ignored, in the host's own checkpoint repository, recorded with the receipt.
+    let rows = checkpoints(&w, &asg, 1);
+    let ck = &rows[0];
+    assert_eq!(ck["generation"], 1, "{ck}");
+    let store = w.state_dir(0).join("checkpoints/demo.git");
+    let commit = ck["commit_id"].as_str().unwrap();
+    assert_eq!(
+        git_dir(
+            &store,
+            &["rev-parse", &format!("refs/mosaic/checkpoints/{asg}/1")]
+        ),
+        commit
+    );
+    assert_eq!(
+        git_dir(&store, &["rev-parse", &format!("{commit}^{{tree}}")]),
+        ck["tree_id"]
+    );
+    assert_eq!(
+        git_dir(&store, &["show", &format!("{commit}:a.txt")]),
+        "one\nattack"
+    );
+    let names = git_dir(&store, &["ls-tree", "-r", "--name-only", commit]);
+    let names: Vec<&str> = names.lines().collect();
+    assert_eq!(
+        names,
+        [".gitignore", "a.txt", "new.txt"],
+        "ignored files and .git stay out"
+    );
+    let receipt_digest: String = tokio_block(async {
+        w.sql()
+            .await
+            .query_one(
+                "SELECT body->>'checkpoint_digest' FROM termination_receipts \
+                 WHERE lane_incarnation_id = $1 AND generation = 1",
+                &[&inc],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(
+        ck["checkpoint_digest"].as_str(),
+        Some(receipt_digest.as_str())
+    );
+    // The agent's repository was not touched by the capture: no index, no ref of it.
+    assert_eq!(
+        git(&ws, &["status", "--porcelain"]),
+        status,
+        "the checkpoint changed the agent's repository"
+    );
     let work2 = w.area(0, &inc, 2).join("work");
     let task2 = format!(
         "attack=read:{0}/new.txt attack=read:{0}/scratch.log attack=write:{0}/after.txt hang",
@@ -229,16 +272,50 @@ fn work_in_a_repository_survives_its_generation() {
         "one\nattack\n"
     );
     assert!(ws.join("after.txt").exists() && ws.join("new.txt").exists());
-    let out = w
-        .op(&OperatorRequest::Stop {
-            assignment_id: asg.clone(),
-            outcome: None,
-            evidence_digest: None,
-            wait: true,
-            request_id: None,
-        })
-        .unwrap();
+    let out = stop(&w, asg.clone());
     assert_eq!(out["state"], "CANCELLED", "{out}");
+    let rows = checkpoints(&w, &asg, 2);
+    let last = rows[1]["commit_id"].as_str().unwrap();
+    assert!(git_dir(&store, &["ls-tree", "-r", "--name-only", last]).contains("after.txt"));
+}
+
+/// A waited stop of `asg`.
+fn stop(w: &World, asg: impl Into<String>) -> Value {
+    w.op(&OperatorRequest::Stop {
+        assignment_id: asg.into(),
+        outcome: None,
+        evidence_digest: None,
+        wait: true,
+        request_id: None,
+    })
+    .unwrap()
+}
+
+fn git_dir(store: &Path, args: &[&str]) -> String {
+    let mut all = vec!["--git-dir", store.to_str().unwrap()];
+    all.extend_from_slice(args);
+    git(Path::new("/"), &all)
+}
+
+fn tokio_block<T>(f: impl std::future::Future<Output = T>) -> T {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(f)
+}
+
+/// The recorded checkpoints of `asg`, once there are `n`.
+fn checkpoints(w: &World, asg: &str, n: usize) -> Vec<Value> {
+    wait_until("the checkpoints recorded", || {
+        let v = w
+            .op(&OperatorRequest::Checkpoints {
+                assignment_id: Some(asg.into()),
+            })
+            .ok()?;
+        let rows = v.as_array()?.clone();
+        (rows.len() >= n).then_some(rows)
+    })
 }
 
 /// An assign naming no declared repository, a repository on another host, or a base git
@@ -265,4 +342,59 @@ async fn a_bad_workspace_request_reserves_nothing() {
     }
     assert_eq!(w.count("SELECT count(*) FROM reservations").await, before);
     assert_eq!(w.count("SELECT count(*) FROM assignments").await, 0);
+}
+
+/// A generation of work in a repository whose checkpoint cannot be taken (here the host's
+/// checkpoint repository is a file) quarantines its lane, saying why; nothing is recorded
+/// as a checkpoint. The operator's release goes on without one (recorded on the
+/// generation), and only then does the lane's next chain get past its fence.
+#[test]
+fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
+    let (repo, w, lane, host) = world(1, "workspaces-nock");
+    add_repo(&w, "demo", &repo.0, &host);
+    let dir = w.state_dir(0).join("checkpoints");
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("demo.git"), "not a repository").unwrap();
+    let a = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let out = stop(&w, asg.clone());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+    let reason = wait_until("the lane quarantined", || {
+        let lanes = w.op(&OperatorRequest::Lanes).ok()?;
+        let l = lanes
+            .as_array()?
+            .iter()
+            .find(|l| l["lane_id"] == lane.as_str())?
+            .clone();
+        (l["state"] == "QUARANTINED")
+            .then(|| l["quarantine_reason"].as_str().unwrap_or("").to_string())
+    });
+    assert!(reason.contains("without a checkpoint"), "{reason}");
+    let none = w
+        .op(&OperatorRequest::Checkpoints {
+            assignment_id: Some(asg.clone()),
+        })
+        .unwrap();
+    assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");
+    w.op(&OperatorRequest::LaneRelease {
+        lane_id: lane.clone(),
+        request_id: None,
+    })
+    .unwrap();
+    let waived: i64 = tokio_block(async {
+        w.sql()
+            .await
+            .query_one(
+                "SELECT count(*) FROM generations WHERE checkpoint_waived_at IS NOT NULL",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(waived, 1);
+    let b = assign_in(&w, &lane, "hang", None, None, None).unwrap();
+    assert_eq!(b["state"], "RUNNING", "{b}");
+    let out = stop(&w, b["assignment_id"].as_str().unwrap());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
 }

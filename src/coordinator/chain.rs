@@ -160,6 +160,22 @@ fn chain_step(op: &'static str, l: &Leader, c: &Chain, key: String, parts: &[&st
         .about(Some(&c.assignment_id), Some(&c.lane_incarnation_id))
 }
 
+/// The ended generations that ran for work in a repository and have neither a recorded
+/// checkpoint nor the operator's waiver (`SELECT g.lane_incarnation_id, g.generation …
+/// WHERE …`: callers add their own condition on `g`). A generation that never ran a process wrote nothing.
+pub(crate) const UNCHECKPOINTED: &str = concatcp!(
+    "SELECT g.lane_incarnation_id, g.generation ",
+    UNCHECKPOINTED_FROM
+);
+/// Its `FROM … WHERE …`.
+const UNCHECKPOINTED_FROM: &str = "FROM generations g \
+     JOIN reservations rg ON rg.lane_incarnation_id = g.lane_incarnation_id AND rg.generation = g.generation \
+     JOIN assignments ag ON ag.assignment_id = rg.assignment_id \
+     JOIN termination_receipts tg ON tg.idempotency_key = g.end_receipt \
+     WHERE ag.repository IS NOT NULL AND g.checkpoint_waived_at IS NULL \
+       AND jsonb_typeof(tg.body->'process_identity') = 'object' \
+       AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.lane_incarnation_id = g.lane_incarnation_id AND k.generation = g.generation)";
+
 impl Store {
     /// IDLE_CLEAN → RESERVED. Creates (or revives from recovery) the assignment with
     /// `responsibility_owner = pending_target = target` and no execution owner, a never-reused
@@ -384,8 +400,9 @@ impl Store {
         .await
     }
 
-    /// CHECKPOINTING → FENCED: every earlier generation of the incarnation has ended and
-    /// its termination receipt is reconciled.
+    /// CHECKPOINTING → FENCED: every earlier generation of the incarnation has ended, its
+    /// termination receipt is reconciled, and each that ran for work in a repository has
+    /// its checkpoint recorded (or the operator's release went on without it).
     pub async fn fence(&self, l: &Leader, c: &Chain) -> Result<Receipt, AuthorityError> {
         self.simple_step(
             "fence",
@@ -394,7 +411,8 @@ impl Store {
             LaneState::Checkpointing,
             LaneState::Fenced,
             concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
-             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL)"),
+             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
+             AND NOT EXISTS (", UNCHECKPOINTED, " AND g.lane_incarnation_id = li.lane_incarnation_id)"),
         )
         .await
     }

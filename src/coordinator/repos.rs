@@ -123,4 +123,36 @@ impl Store {
         .map(|r| Ok((r.col("repository")?, r.col("host_id")?)))
         .transpose()
     }
+
+    /// The recorded checkpoints (of one assignment), oldest first: ids and digests only.
+    pub async fn checkpoints(
+        &self,
+        assignment_id: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
+                        assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, \
+                        mosaic_ts(created_at) AS created_at \
+                 FROM checkpoints WHERE ($1::text IS NULL OR assignment_id = $1) ORDER BY created_at, generation",
+                &[&assignment_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                let text = |c: &str| r.col::<String>(c);
+                Ok(serde_json::json!({
+                    "checkpoint_digest": text("checkpoint_digest")?, "commit_id": text("commit_id")?,
+                    "tree_id": text("tree_id")?, "repository": text("repository")?,
+                    "classification": text("classification")?,
+                    "retention_policy_digest": text("retention_policy_digest")?, "purpose": text("purpose")?,
+                    "assignment_id": text("assignment_id")?, "assignment_attempt_id": text("assignment_attempt_id")?,
+                    "lane_incarnation_id": text("lane_incarnation_id")?, "generation": r.col::<i64>("generation")?,
+                    "host_id": text("host_id")?, "termination_receipt": text("termination_receipt")?,
+                    "created_at": text("created_at")?,
+                }))
+            })
+            .collect()
+    }
 }

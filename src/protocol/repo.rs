@@ -150,6 +150,58 @@ pub struct RepoBinding {
     pub base: BaseRef,
 }
 
+/// A checkpoint of a workspace as its host took it: the synthetic commit on the hidden
+/// ref of its checkpoint repository, and that commit's tree.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRef {
+    pub repository: RepoName,
+    pub commit_id: String,
+    pub tree_id: String,
+}
+
+/// A git object id as git prints it (SHA-1: 40 lower-case hex digits).
+pub fn object_id_ok(s: &str) -> bool {
+    s.len() == 40
+        && s.bytes()
+            .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+}
+
+impl CheckpointRef {
+    /// Its content address: derived from the commit and tree ids alone (either side can
+    /// compute it), `sha256:` and 64 hex digits.
+    pub fn digest(&self) -> String {
+        format!(
+            "sha256:{}",
+            crate::util::sha256_hex(
+                "mosaic/checkpoint/v1",
+                &[self.commit_id.as_bytes(), self.tree_id.as_bytes()]
+            )
+        )
+    }
+
+    /// Both ids are object ids.
+    pub fn well_formed(&self) -> bool {
+        object_id_ok(&self.commit_id) && object_id_ok(&self.tree_id)
+    }
+}
+
+/// The hidden ref a checkpoint is kept under in the host's checkpoint repository.
+pub fn checkpoint_ref(assignment_id: &str, generation: u64) -> String {
+    format!("refs/mosaic/checkpoints/{assignment_id}/{generation}")
+}
+
+/// The one retention policy checkpoints have today: kept until an operator removes them.
+pub const RETENTION_POLICY: &str = "mosaic/retention/keep-until-removed/v1";
+
+/// Its digest, recorded with every checkpoint.
+pub fn retention_policy_digest() -> String {
+    format!(
+        "sha256:{}",
+        crate::util::sha256_hex("mosaic/retention-policy", &[RETENTION_POLICY.as_bytes()])
+    )
+}
+
 /// The branch an assignment's workspace works on.
 pub fn branch_of(assignment_id: &str) -> String {
     format!("mosaic/{assignment_id}")

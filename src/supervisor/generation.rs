@@ -601,6 +601,26 @@ pub(crate) fn build_receipt(
     cleanup: Cleanup,
     detail: Option<String>,
 ) -> TerminationReceipt {
+    // Work in a repository: its workspace checkpointed now that nothing of the generation
+    // is left to write it (only then: a checkpoint of a tree still changing is no fact).
+    let mut detail = detail;
+    let checkpoint = if cleanup.verified_empty {
+        match super::workspaces::checkpoint(inner, rec) {
+            Some(Ok(c)) => Some(c),
+            Some(Err(e)) => {
+                tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,
+                    "cannot checkpoint the generation's workspace; its receipt says so");
+                detail = Some(match detail {
+                    Some(d) => format!("{d}; no checkpoint: {e}"),
+                    None => format!("no checkpoint: {e}"),
+                });
+                None
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
     let now = crate::util::now_rfc3339();
     TerminationReceipt {
         receipt_id: format!("rcpt-{}", uuid::Uuid::new_v4().simple()),
@@ -629,7 +649,8 @@ pub(crate) fn build_receipt(
         written_at: now,
         unfinished_status: true,
         next_action_digest: None,
-        checkpoint_digest: None,
+        checkpoint_digest: checkpoint.as_ref().map(|c| c.digest()),
+        checkpoint,
         handoff_state_digest: None,
         last_validated_progress_at: None,
         last_progress_receipt_digest: None,

@@ -110,6 +110,9 @@ pub struct TerminationReceipt {
     pub unfinished_status: bool,
     pub next_action_digest: Option<String>,
     pub checkpoint_digest: Option<String>,
+    /// What `checkpoint_digest` is the address of (work in a repository).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<crate::protocol::repo::CheckpointRef>,
     pub handoff_state_digest: Option<String>,
     pub last_validated_progress_at: Option<String>,
     pub last_progress_receipt_digest: Option<String>,
@@ -182,6 +185,7 @@ pub fn never_started(
         unfinished_status: true,
         next_action_digest: None,
         checkpoint_digest: None,
+        checkpoint: None,
         handoff_state_digest: None,
         last_validated_progress_at: None,
         last_progress_receipt_digest: None,

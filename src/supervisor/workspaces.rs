@@ -18,8 +18,9 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+use super::state::GenRecord;
 use super::Inner;
-use crate::protocol::repo::{branch_of, RepoBinding};
+use crate::protocol::repo::{branch_of, checkpoint_ref, CheckpointRef, RepoBinding};
 
 /// Where an assignment's workspace is on this host.
 pub(crate) fn dir_of(inner: &Inner, assignment_id: &str) -> PathBuf {
@@ -27,9 +28,16 @@ pub(crate) fn dir_of(inner: &Inner, assignment_id: &str) -> PathBuf {
 }
 
 fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
+    git_with(args, dir, &[])
+}
+
+fn git_with(args: &[&str], dir: Option<&Path>, env: &[(&str, &Path)]) -> Result<String, String> {
     let mut c = Command::new("git");
     if let Some(d) = dir {
         c.arg("-C").arg(d);
+    }
+    for (k, v) in env {
+        c.env(k, v);
     }
     // Nothing of the host's git configuration but the repository's own, no prompt (a
     // remote that asks for a password fails instead of hanging the start).
@@ -161,4 +169,99 @@ fn clone_into(tmp: &Path, assignment_id: &str, repo: &RepoBinding) -> Result<(),
         Some(tmp),
     )?;
     Ok(())
+}
+
+/// git's empty tree: the attribute source of a checkpoint, so no `.gitattributes` of the
+/// workspace converts a byte of what is captured (line endings, filters).
+const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+/// A checkpoint of the workspace of `rec`'s work, if it works in a repository and its
+/// workspace exists here: every file the repository does not ignore (committed or not,
+/// untracked too), as a synthetic commit on a hidden ref of this host's checkpoint
+/// repository for it. The call comes only once the generation's cgroup is verified empty
+/// (nothing of it can change the tree meanwhile). git runs with the checkpoint
+/// repository's own directory, index and configuration: the workspace is read as files,
+/// its `.git` (config, hooks, index) never consulted. Blocking.
+pub(crate) fn checkpoint(inner: &Inner, rec: &GenRecord) -> Option<Result<CheckpointRef, String>> {
+    let c = rec.coord.as_ref()?;
+    let repo = c.repository.as_ref()?;
+    let ws = dir_of(inner, &c.assignment_id);
+    if !ws.is_dir() {
+        return None; // never made (its start failed before): nothing was written
+    }
+    Some(capture(inner, &ws, &c.assignment_id, rec.generation, repo))
+}
+
+fn capture(
+    inner: &Inner,
+    ws: &Path,
+    assignment_id: &str,
+    generation: u64,
+    repo: &RepoBinding,
+) -> Result<CheckpointRef, String> {
+    let dir = inner.cfg.state_dir.join("checkpoints");
+    crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
+    let store = dir.join(format!("{}.git", repo.name.as_str()));
+    if !store.is_dir() {
+        let s = store.to_string_lossy().to_string();
+        git(&["init", "--quiet", "--bare", &s], None)?;
+    }
+    let index = dir.join(format!(".index-{}", uuid::Uuid::new_v4().simple()));
+    let null = Path::new("/dev/null");
+    let env: [(&str, &Path); 5] = [
+        ("GIT_DIR", &store),
+        ("GIT_WORK_TREE", ws),
+        ("GIT_INDEX_FILE", &index),
+        ("GIT_CONFIG_GLOBAL", null),
+        ("GIT_ATTR_SOURCE", Path::new(EMPTY_TREE)),
+    ];
+    let exact = [
+        "-c",
+        "core.autocrlf=false",
+        "-c",
+        "core.safecrlf=false",
+        "-c",
+        "core.fsmonitor=false",
+        "-c",
+        "core.untrackedCache=false",
+        "-c",
+        "core.symlinks=true",
+        "-c",
+        "core.hooksPath=/dev/null",
+        "-c",
+        "user.name=Mosaic",
+        "-c",
+        "user.email=checkpoint@mosaic.invalid",
+    ];
+    let run = |args: &[&str]| {
+        let all: Vec<&str> = exact.iter().chain(args).copied().collect();
+        git_with(&all, Some(ws), &env)
+    };
+    let made = (|| {
+        run(&["add", "--all", "--", "."])?;
+        let tree_id = run(&["write-tree"])?;
+        let msg = format!("mosaic checkpoint of {assignment_id}, generation {generation}");
+        let commit_id = run(&["commit-tree", &tree_id, "-m", &msg])?;
+        run(&[
+            "update-ref",
+            &checkpoint_ref(assignment_id, generation),
+            &commit_id,
+        ])?;
+        Ok::<_, String>(CheckpointRef {
+            repository: repo.name.clone(),
+            commit_id,
+            tree_id,
+        })
+    })();
+    let _ = std::fs::remove_file(&index);
+    let c = made?;
+    if !c.well_formed() {
+        return Err(format!(
+            "git answered {:?} / {:?} for the checkpoint's ids",
+            c.commit_id, c.tree_id
+        ));
+    }
+    tracing::info!(assignment_id, generation, repository = repo.name.as_str(),
+        commit = %c.commit_id, digest = %c.digest(), "workspace checkpointed");
+    Ok(c)
 }

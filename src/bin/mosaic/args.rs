@@ -130,6 +130,11 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         op: RepoOp,
     },
+    /// Checkpoints of workspaces (taken when a generation of work in a repository ends).
+    Checkpoint {
+        #[command(subcommand)]
+        op: CheckpointOp,
+    },
     /// Block active work: a canonical code, an evidence file and the action that would
     /// unblock it (the work keeps its owner; the watchdog leaves it alone).
     Block {
@@ -312,6 +317,17 @@ pub(crate) enum Cmd {
     Effect {
         #[command(subcommand)]
         op: EffectOp,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum CheckpointOp {
+    /// The recorded checkpoints: digests, commit and tree ids, what they bind.
+    List {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
     },
 }
 

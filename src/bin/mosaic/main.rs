@@ -231,6 +231,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Repo {
             op: RepoOp::List { at },
         } => at.call(OperatorRequest::Repos),
+        Cmd::Checkpoint {
+            op: CheckpointOp::List { assignment_id, at },
+        } => at.call(OperatorRequest::Checkpoints { assignment_id }),
         Cmd::Block {
             assignment_id,
             code,

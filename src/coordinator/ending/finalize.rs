@@ -70,7 +70,93 @@ pub(super) async fn insert_receipt(
          VALUES ($1, $2, $3, $4, $5::text::jsonb, $6, $7, $8, clock_timestamp(), $9, $10, $11, $12, $13, $14)",
         &[&key, &lane_id, &inc, &generation, &body_text, &body_digest, &verified, &epoch, &rec.label(), &reservation, &assignment, &attempt, &resp, &exec],
     )
-    .await
+    .await?;
+    record_checkpoint(d, key, inc, generation, body_text, assignment, attempt).await
+}
+
+/// The checkpoint a receipt carries, if it is one the coordinator records: well formed,
+/// its digest the one its ids give.
+fn checkpoint_in(body: &serde_json::Value) -> Option<crate::protocol::repo::CheckpointRef> {
+    let c = body.get("checkpoint").filter(|c| !c.is_null())?;
+    let claimed = body.get("checkpoint_digest").and_then(|v| v.as_str());
+    serde_json::from_value::<crate::protocol::repo::CheckpointRef>(c.clone())
+        .ok()
+        .filter(|c| c.well_formed() && claimed == Some(c.digest().as_str()))
+}
+
+/// Why the receipt of `generation` leaves its work without the checkpoint it needs, if it
+/// does: work in a repository, a generation that ran a process, and no checkpoint of that
+/// repository the coordinator can record.
+pub(super) async fn missing_checkpoint(
+    d: &crate::coordinator::txn::Decided<'_>,
+    assignment: &str,
+    generation: i64,
+    body_text: &str,
+) -> Result<Option<String>, AuthorityError> {
+    let repo: Option<String> = d
+        .query_one(
+            "SELECT repository FROM assignments WHERE assignment_id = $1",
+            &[&assignment],
+        )
+        .await?
+        .col("repository")?;
+    let Some(repo) = repo else {
+        return Ok(None);
+    };
+    let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
+    if !body.get("process_identity").is_some_and(|p| p.is_object()) {
+        return Ok(None); // nothing ran, nothing was written
+    }
+    if checkpoint_in(&body).is_some_and(|c| c.repository.as_str() == repo) {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "generation {generation} of {assignment} (repository {repo}) ended without a checkpoint of its workspace: \
+         look at it on its host (workspaces/{assignment} in the supervisor's state directory), then mosaic lane release goes on without one"
+    )))
+}
+
+/// The checkpoint a receipt carries, recorded with it (same transaction): only if it is
+/// well formed, its digest is the one its ids give, and it names its assignment's own
+/// repository. Anything else records no checkpoint (the receipt still stands, and says
+/// what the host sent): a fact the coordinator cannot check is not recorded as one.
+async fn record_checkpoint(
+    d: &crate::coordinator::txn::Decided<'_>,
+    key: &str,
+    inc: &str,
+    generation: i64,
+    body_text: &str,
+    assignment: &str,
+    attempt: &str,
+) -> Result<(), AuthorityError> {
+    use crate::protocol::repo::retention_policy_digest;
+    let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
+    if body.get("checkpoint").is_none_or(|c| c.is_null()) {
+        return Ok(());
+    }
+    let Some(c) = checkpoint_in(&body) else {
+        tracing::warn!(
+            receipt = key,
+            "a receipt's checkpoint is malformed or its digest is not its ids': not recorded"
+        );
+        return Ok(());
+    };
+    let host = body.get("host_id").and_then(|v| v.as_str()).unwrap_or("");
+    let n = d
+        .exec(
+            "INSERT INTO checkpoints (checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
+                                      assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt) \
+             SELECT $1, $2, $3, a.repository, 'workspace', $4, 'same-assignment-recovery', a.assignment_id, $6, $7, $8, $9, $10 \
+             FROM assignments a WHERE a.assignment_id = $5 AND a.repository = $11 \
+             ON CONFLICT DO NOTHING",
+            &[&c.digest(), &c.commit_id, &c.tree_id, &retention_policy_digest(), &assignment, &attempt, &inc, &generation, &host, &key,
+              &c.repository.as_str()],
+        )
+        .await?;
+    if n == 0 {
+        tracing::warn!(receipt = key, assignment, "a receipt's checkpoint names another repository than its work's (or is recorded): not recorded again");
+    }
+    Ok(())
 }
 
 /// A receipt that contradicts the coordinator's state: the lane (if current) is quarantined;

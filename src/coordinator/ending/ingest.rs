@@ -197,6 +197,16 @@ impl Store {
                         quarantine_in(&d, &inc, &reason, false).await?;
                         Reconciliation::Quarantined { reason }
                     };
+                    // Work in a repository whose generation ran, ended cleanly, and left no
+                    // checkpoint the coordinator can record: its lane waits for the operator
+                    // (who may look at the workspace, then release it and go on without).
+                    let rec = match super::finalize::missing_checkpoint(&d, &assignment, generation, &body_text).await? {
+                        Some(reason) if verified && !retired && !matches!(rec, Reconciliation::Quarantined { .. }) => {
+                            quarantine_in(&d, &inc, &reason, false).await?;
+                            Reconciliation::Quarantined { reason }
+                        }
+                        _ => rec,
+                    };
                     insert_receipt(&d, &key, &lane_id, &inc, generation, &body_text, &body_digest, verified, epoch, &rec,
                         (&reservation, &assignment, &attempt, &resp, exec.as_deref())).await?;
                     d.decide(json!({ "termination_receipt": key, "generation": generation, "assignment_id": assignment,

@@ -216,6 +216,9 @@ impl Service {
                 host_id,
             } => self.repo_add(&name, path, url, host_id).await?,
             OperatorRequest::Repos => json!(self.store.repositories().await?),
+            OperatorRequest::Checkpoints { assignment_id } => {
+                json!(self.store.checkpoints(assignment_id.as_deref()).await?)
+            }
             OperatorRequest::Receipts { lane_id } => {
                 json!(self.store.termination_receipts(lane_id.as_deref()).await?)
             }

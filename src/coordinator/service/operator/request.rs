@@ -136,6 +136,11 @@ pub enum OperatorRequest {
         host_id: Option<String>,
     },
     Repos,
+    /// The recorded checkpoints (of one assignment).
+    Checkpoints {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
     Receipts {
         lane_id: Option<String>,
     },
@@ -284,6 +289,7 @@ impl OperatorRequest {
             Self::Lanes
             | Self::RepoAdd { .. }
             | Self::Repos
+            | Self::Checkpoints { .. }
             | Self::Status
             | Self::Receipts { .. }
             | Self::Audit { .. }
