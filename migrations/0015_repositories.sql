@@ -27,7 +27,7 @@ ALTER TABLE assignments
 -- Content addressed: the digest is derived from the commit and tree ids (the coordinator
 -- derives it again before it records the row), and it is the receipt's checkpoint_digest.
 CREATE TABLE checkpoints (
-    checkpoint_digest text PRIMARY KEY CHECK (checkpoint_digest ~ '^sha256:[0-9a-f]{64}$'),
+    checkpoint_digest text NOT NULL CHECK (checkpoint_digest ~ '^sha256:[0-9a-f]{64}$'),
     commit_id text NOT NULL CHECK (commit_id ~ '^[0-9a-f]{40}$'),
     tree_id text NOT NULL CHECK (tree_id ~ '^[0-9a-f]{40}$'),
     repository text NOT NULL REFERENCES repositories (name),
@@ -41,7 +41,8 @@ CREATE TABLE checkpoints (
     host_id text NOT NULL,
     termination_receipt text NOT NULL REFERENCES termination_receipts (idempotency_key),
     created_at timestamptz NOT NULL DEFAULT clock_timestamp(),
-    UNIQUE (lane_incarnation_id, generation)
+    -- One per generation (two generations may well leave the same tree).
+    PRIMARY KEY (lane_incarnation_id, generation)
 );
 CREATE INDEX checkpoints_of_assignment ON checkpoints (assignment_id, created_at);
 

@@ -818,6 +818,14 @@ async fn egress_reaches_only_what_the_scope_names_and_never_the_host_itself() {
         "the tunnel's claim settled once it closed",
     )
     .await;
+    // The refused tunnel's result reaches the coordinator after the harness's answer (the
+    // broker reports what it observed, resending until recorded): waited for, not raced.
+    w.wait_count(
+        &format!("SELECT count(*) FROM effect_claims WHERE assignment_id = '{asg}' AND state = 'ADMITTED'"),
+        |n| n == 0,
+        "every claim's result recorded",
+    )
+    .await;
     let claims = claims_of(&w, &asg).await;
     let states: Vec<(&str, &str)> = claims
         .iter()

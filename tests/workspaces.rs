@@ -214,7 +214,10 @@ fn work_in_a_repository_survives_its_generation() {
     assert_eq!(
         git_dir(
             &store,
-            &["rev-parse", &format!("refs/mosaic/checkpoints/{asg}/1")]
+            &[
+                "rev-parse",
+                &format!("refs/mosaic/checkpoints/{asg}/{inc}/1")
+            ]
         ),
         commit
     );
@@ -262,6 +265,18 @@ fn work_in_a_repository_survives_its_generation() {
     );
     let b = assign_in(&w, &lane, &task2, None, None, Some(&asg)).unwrap();
     assert_eq!(b["generation"], 2, "{b}");
+    // Not handed off: its target would share the workspace with its running source.
+    let refused = w.op(&OperatorRequest::Handoff {
+        assignment_id: asg.clone(),
+        lane_id: w.lane_of(0, "lane-2"),
+        task: Some("hang".into()),
+        within_ms: None,
+        request_id: None,
+    });
+    assert!(
+        format!("{refused:?}").contains("works in repository demo"),
+        "{refused:?}"
+    );
     let seen = attempts(&w.area(0, &inc, 2).join("home/attacks"), 3);
     assert!(
         seen.iter().all(|(_, ok)| *ok),
@@ -344,19 +359,23 @@ async fn a_bad_workspace_request_reserves_nothing() {
     assert_eq!(w.count("SELECT count(*) FROM assignments").await, 0);
 }
 
-/// A generation of work in a repository whose checkpoint cannot be taken (here the host's
-/// checkpoint repository is a file) quarantines its lane, saying why; nothing is recorded
-/// as a checkpoint. The operator's release goes on without one (recorded on the
+/// A generation of work in a repository whose checkpoint cannot be taken (here its
+/// workspace holds a FIFO named `.gitignore`, which git would wait on forever) quarantines
+/// its lane, saying why; nothing is recorded as a checkpoint. The operator's release goes on without one (recorded on the
 /// generation), and only then does the lane's next chain get past its fence.
 #[test]
 fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
     let (repo, w, lane, host) = world(1, "workspaces-nock");
     add_repo(&w, "demo", &repo.0, &host);
-    let dir = w.state_dir(0).join("checkpoints");
-    std::fs::create_dir_all(&dir).unwrap();
-    std::fs::write(dir.join("demo.git"), "not a repository").unwrap();
     let a = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let ws = w.state_dir(0).join("workspaces").join(&asg);
+    std::fs::remove_file(ws.join(".gitignore")).unwrap();
+    nix::unistd::mkfifo(
+        &ws.join(".gitignore"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
     let out = stop(&w, asg.clone());
     assert_eq!(out["state"], "CANCELLED", "{out}");
     let reason = wait_until("the lane quarantined", || {
@@ -370,6 +389,21 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
             .then(|| l["quarantine_reason"].as_str().unwrap_or("").to_string())
     });
     assert!(reason.contains("without a checkpoint"), "{reason}");
+    let detail: String = tokio_block(async {
+        w.sql()
+            .await
+            .query_one(
+                "SELECT body->>'detail' FROM termination_receipts WHERE assignment_id = $1",
+                &[&asg],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert!(
+        detail.contains(".gitignore is not a regular file"),
+        "{detail}"
+    );
     let none = w
         .op(&OperatorRequest::Checkpoints {
             assignment_id: Some(asg.clone()),

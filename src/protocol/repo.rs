@@ -187,8 +187,8 @@ impl CheckpointRef {
 }
 
 /// The hidden ref a checkpoint is kept under in the host's checkpoint repository.
-pub fn checkpoint_ref(assignment_id: &str, generation: u64) -> String {
-    format!("refs/mosaic/checkpoints/{assignment_id}/{generation}")
+pub fn checkpoint_ref(assignment_id: &str, incarnation: &str, generation: u64) -> String {
+    format!("refs/mosaic/checkpoints/{assignment_id}/{incarnation}/{generation}")
 }
 
 /// The one retention policy checkpoints have today: kept until an operator removes them.

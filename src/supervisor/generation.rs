@@ -605,7 +605,15 @@ pub(crate) fn build_receipt(
     // is left to write it (only then: a checkpoint of a tree still changing is no fact).
     let mut detail = detail;
     let checkpoint = if cleanup.verified_empty {
-        match super::workspaces::checkpoint(inner, rec) {
+        // git runs here (bounded by its deadline): off the runtime's worker if on one.
+        let take = || super::workspaces::checkpoint(inner, rec);
+        let taken = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(take)
+            }
+            _ => take(),
+        };
+        match taken {
             Some(Ok(c)) => Some(c),
             Some(Err(e)) => {
                 tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,

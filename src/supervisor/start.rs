@@ -386,18 +386,25 @@ impl Supervisor {
         }) else {
             return Ok(());
         };
-        if live.record.workspace.is_none() {
-            return Ok(());
-        }
         let (fenced, held) = match order {
             WorkspaceOrder::Fence => (true, live.record.held),
             WorkspaceOrder::Hold => (live.record.fenced, true),
             WorkspaceOrder::Release => (live.record.fenced, false),
         };
-        if (fenced, held) != (live.record.fenced, live.record.held) {
+        // Recorded even with no workspace to switch (an unconfined generation), so the
+        // host's report says what the coordinator ordered instead of asking again.
+        let changed = (fenced, held) != (live.record.fenced, live.record.held);
+        if changed {
             live.record.fenced = fenced;
             live.record.held = held;
             self.inner.store.save_gen(&live.record)?;
+        }
+        if live.record.workspace.is_none() {
+            drop(l);
+            if changed {
+                self.publish_lanes().await;
+            }
+            return Ok(());
         }
         let rec = live.record.clone();
         let open = rec.workspace_open();

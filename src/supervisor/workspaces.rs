@@ -31,6 +31,10 @@ fn git(args: &[&str], dir: Option<&Path>) -> Result<String, String> {
     git_with(args, dir, &[])
 }
 
+/// How long one git command may take (a clone of a large repository, the capture of a
+/// large workspace) before it is killed and the step fails.
+const GIT_DEADLINE: std::time::Duration = std::time::Duration::from_secs(300);
+
 fn git_with(args: &[&str], dir: Option<&Path>, env: &[(&str, &Path)]) -> Result<String, String> {
     let mut c = Command::new("git");
     if let Some(d) = dir {
@@ -39,20 +43,47 @@ fn git_with(args: &[&str], dir: Option<&Path>, env: &[(&str, &Path)]) -> Result<
     for (k, v) in env {
         c.env(k, v);
     }
-    // Nothing of the host's git configuration but the repository's own, no prompt (a
+    // Nothing of the host's git configuration (system, root's global, XDG), no prompt (a
     // remote that asks for a password fails instead of hanging the start).
     c.args(args)
         .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("XDG_CONFIG_HOME", "/nonexistent")
         .env("GIT_TERMINAL_PROMPT", "0")
-        .stdin(std::process::Stdio::null());
-    let out = c
-        .output()
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
+    let what = args
+        .iter()
+        .find(|a| !a.starts_with('-') && !a.contains('='))
+        .copied()
+        .unwrap_or("");
+    let child = c
+        .spawn()
         .map_err(|e| format!("running git (is it installed?): {e}"))?;
+    // Waited for with a deadline, killed past it: nothing git reads may hold a start or a
+    // receipt forever.
+    let pid = nix::unistd::Pid::from_raw(child.id() as i32);
+    let (tx, rx) = std::sync::mpsc::channel();
+    let waiter = std::thread::spawn(move || {
+        let _ = tx.send(child.wait_with_output());
+    });
+    let out = match rx.recv_timeout(GIT_DEADLINE) {
+        Ok(r) => r.map_err(|e| format!("waiting for git {what}: {e}"))?,
+        Err(_) => {
+            let _ = nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGKILL);
+            let _ = waiter.join();
+            return Err(format!(
+                "git {what} took longer than {} s: killed",
+                GIT_DEADLINE.as_secs()
+            ));
+        }
+    };
+    let _ = waiter.join();
     if !out.status.success() {
         let err = String::from_utf8_lossy(&out.stderr);
         return Err(format!(
-            "git {} failed: {}",
-            args.first().copied().unwrap_or(""),
+            "git {what} failed: {}",
             err.trim().chars().take(400).collect::<String>()
         ));
     }
@@ -189,16 +220,75 @@ pub(crate) fn checkpoint(inner: &Inner, rec: &GenRecord) -> Option<Result<Checkp
     if !ws.is_dir() {
         return None; // never made (its start failed before): nothing was written
     }
-    Some(capture(inner, &ws, &c.assignment_id, rec.generation, repo))
+    Some(capture(
+        inner,
+        &ws,
+        &c.assignment_id,
+        &rec.lane_incarnation_id,
+        rec.generation,
+        repo,
+    ))
+}
+
+/// Most a workspace may hold to be checkpointed (regular files' sizes, sparse ones
+/// counted whole) and most files: beyond, the checkpoint fails with the reason.
+pub(crate) const CHECKPOINT_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const CHECKPOINT_MAX_FILES: usize = 200_000;
+
+/// What the capture would refuse to read, found before git runs (nothing of the assignment
+/// runs now, so the tree cannot change after this walk): a `.gitignore` that is not a
+/// regular file (git would open a FIFO and wait forever, or follow a link as root), a
+/// nested repository (git would read whatever its `.git` names and record only a commit
+/// id: its files would be lost), more than the limits. Links are never followed.
+fn survey(ws: &Path) -> Result<(), String> {
+    let (mut bytes, mut files) = (0u64, 0usize);
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        for e in entries {
+            let e = e.map_err(|e| e.to_string())?;
+            let p = e.path();
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| e.to_string())?;
+            let name = e.file_name();
+            let rel = p.strip_prefix(ws).unwrap_or(&p).display().to_string();
+            if name == ".git" {
+                if dir == ws {
+                    continue; // the agent's own repository: never read
+                }
+                return Err(format!(
+                    "a nested repository at {rel}: its files cannot be checkpointed"
+                ));
+            }
+            if (name == ".gitignore" || name == ".gitattributes") && !meta.is_file() {
+                return Err(format!("{rel} is not a regular file"));
+            }
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() {
+                files += 1;
+                bytes = bytes.saturating_add(meta.len());
+            }
+            if bytes > CHECKPOINT_MAX_BYTES || files > CHECKPOINT_MAX_FILES {
+                return Err(format!(
+                    "the workspace holds more than {} MiB or {CHECKPOINT_MAX_FILES} files",
+                    CHECKPOINT_MAX_BYTES >> 20
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn capture(
     inner: &Inner,
     ws: &Path,
     assignment_id: &str,
+    incarnation: &str,
     generation: u64,
     repo: &RepoBinding,
 ) -> Result<CheckpointRef, String> {
+    survey(ws)?;
     let dir = inner.cfg.state_dir.join("checkpoints");
     crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
     let store = dir.join(format!("{}.git", repo.name.as_str()));
@@ -232,6 +322,10 @@ fn capture(
         "user.name=Mosaic",
         "-c",
         "user.email=checkpoint@mosaic.invalid",
+        "-c",
+        "core.excludesFile=/dev/null",
+        "-c",
+        "core.attributesFile=/dev/null",
     ];
     let run = |args: &[&str]| {
         let all: Vec<&str> = exact.iter().chain(args).copied().collect();
@@ -240,13 +334,13 @@ fn capture(
     let made = (|| {
         run(&["add", "--all", "--", "."])?;
         let tree_id = run(&["write-tree"])?;
-        let msg = format!("mosaic checkpoint of {assignment_id}, generation {generation}");
+        let msg =
+            format!("mosaic checkpoint of {assignment_id}, {incarnation} generation {generation}");
         let commit_id = run(&["commit-tree", &tree_id, "-m", &msg])?;
-        run(&[
-            "update-ref",
-            &checkpoint_ref(assignment_id, generation),
-            &commit_id,
-        ])?;
+        // Never over another checkpoint's ref (the zero id: it must not exist yet).
+        let zero = "0".repeat(40);
+        let r = checkpoint_ref(assignment_id, incarnation, generation);
+        run(&["update-ref", &r, &commit_id, &zero])?;
         Ok::<_, String>(CheckpointRef {
             repository: repo.name.clone(),
             commit_id,

@@ -21,15 +21,14 @@ impl Service {
                 "--within-ms takes 1000..86400000",
             ));
         }
-        // Its workspace stays on its host: a handoff to another host would start from
-        // nothing (nothing moves a workspace between hosts yet).
-        if let Some((repo, host)) = self.store.workspace_of(assignment_id).await? {
-            if host != lane.host_id {
-                return Err(OpError::new(
-                    Category::WrongState,
-                    format!("{assignment_id} works in repository {repo} on host:{host}; hand it off to a lane of that host (nothing moves a workspace between hosts yet)"),
-                ));
-            }
+        // Work in a repository is not handed off yet: its target would start in the same
+        // workspace while its source still runs (two uids, two writers, one tree), or on
+        // another host from nothing. A handoff of it waits for checkpoint restore.
+        if let Some((repo, _)) = self.store.workspace_of(assignment_id).await? {
+            return Err(OpError::new(
+                Category::WrongState,
+                format!("{assignment_id} works in repository {repo}: a handoff would share or lose its workspace (restoring a checkpoint on the target is not built yet); stop it and resume it instead"),
+            ));
         }
         let Some(a) = self.store.assignment(assignment_id).await? else {
             return Err(OpError::new(
