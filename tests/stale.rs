@@ -626,3 +626,83 @@ async fn a_begun_generation_is_never_receipted_as_never_started() {
     sup.stop("lane-1").await.unwrap();
     drop(w);
 }
+
+/// A reconcile that recreates a lane names the incarnation it means: the same order again
+/// (the coordinator sends it on every report until it sees the new incarnation) finds
+/// another incarnation and does nothing — it once destroyed the fresh incarnation and what
+/// had just been staged on it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_repeated_recreate_order_leaves_the_fresh_incarnation_alone() {
+    let (sup, w) = world();
+    let old = sup.lane_create("lane-1").await.unwrap().lane_incarnation_id;
+    let (host, _rx) = coordinated(&sup).await;
+    let reg = registry();
+    let recreate = |id: &str| {
+        let orders = mosaic::protocol::report::to_value(&std::collections::BTreeMap::from([(
+            "h1:lane-1".to_string(),
+            mosaic::protocol::report::LaneOrderWire {
+                lane_incarnation_id: old.clone(),
+                end: vec![],
+                hold: vec![],
+                release: vec![],
+                recreate: true,
+            },
+        )]))
+        .unwrap();
+        let env = signer("coord-session")
+            .sign(
+                MessageType::Reconcile,
+                HOST,
+                vec![
+                    ("message_id", s(&format!("m-{id}"))),
+                    ("idempotency_key", s(&format!("k-{id}"))),
+                    ("sot_incarnation", s("sot-1")),
+                    ("coordinator_epoch", n(7)),
+                    ("assignment_id", Value::Null),
+                    ("session_id", s("sess-1")),
+                    ("lanes", orders),
+                ],
+            )
+            .unwrap();
+        verify(
+            &env,
+            &mosaic::protocol::VerifyContext {
+                now: std::time::SystemTime::now(),
+                ..ctx(&reg, HOST)
+            },
+        )
+        .unwrap()
+    };
+    let current = || async {
+        sup.status()
+            .await
+            .unwrap()
+            .lanes
+            .first()
+            .map(|l| l.lane_incarnation_id.clone())
+    };
+    host.deliver(recreate("1")).await;
+    let fresh = loop {
+        if let Some(i) = current().await.filter(|i| *i != old) {
+            break i;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    host.deliver(recreate("2")).await;
+    // The host's own word that it refused the repeat (the audit line), then the lane.
+    let path = sup.audit_path();
+    tokio::task::block_in_place(|| {
+        common::wait_until("the repeat refused", || {
+            std::fs::read_to_string(&path)
+                .ok()?
+                .contains("recreate-of-another-incarnation")
+                .then_some(())
+        })
+    });
+    assert_eq!(
+        current().await.as_deref(),
+        Some(fresh.as_str()),
+        "the repeated order recreated the fresh incarnation"
+    );
+    drop(w);
+}

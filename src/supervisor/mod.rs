@@ -299,6 +299,17 @@ impl Supervisor {
     /// Stops the live generation (if any), kills the lane's tmux server and removes its
     /// cgroups. The lane record stays, marked destroyed, so a recreate gets a new
     /// incarnation and the history is kept.
+    /// The lane's current incarnation, and whether it is destroyed (`None`: no such lane).
+    pub async fn lane_incarnation(&self, lane: &str) -> Option<(String, bool)> {
+        let name = LaneName::parse(lane).ok()?;
+        let slot = self.inner.slot(&name).ok()?;
+        let l = slot.lock().await;
+        Some((
+            l.rec.lane_incarnation_id.clone(),
+            l.rec.status == LaneStatus::Destroyed,
+        ))
+    }
+
     pub async fn lane_destroy(&self, lane: &str) -> Result<LaneView, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;

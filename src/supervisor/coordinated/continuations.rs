@@ -135,6 +135,7 @@ impl CoordinatedHost {
                 continue;
             };
             let this = self.clone();
+            let message_id = message_id.clone();
             tokio::spawn(async move {
                 // A handoff offer holds the source's workspace read-only while it runs on;
                 // an offer that ends without moving the work releases it.
@@ -198,6 +199,26 @@ impl CoordinatedHost {
                     }
                 }
                 if order.recreate {
+                    // One recreate (or stage) of a lane at a time, and only of the
+                    // incarnation the order names: a repeated order (sent again on a later
+                    // report, before the coordinator saw the new incarnation) must not end
+                    // the fresh one and whatever was staged on it.
+                    let lock = match this.staging.lock() {
+                        Ok(mut m) => m.entry(lane_id.clone()).or_default().clone(),
+                        Err(_) => return,
+                    };
+                    let _one_at_a_time = lock.lock().await;
+                    if let Some((inc, _)) = this.sup.lane_incarnation(&lane).await {
+                        if inc != order.lane_incarnation_id {
+                            this.sup.audit_stale(
+                                "recreate-of-another-incarnation",
+                                Some(&lane_id),
+                                None,
+                                &message_id,
+                            );
+                            return;
+                        }
+                    }
                     tracing::warn!(lane_id, "recreating the lane on the coordinator's order");
                     match this.sup.lane_destroy(&lane).await {
                         Ok(_) | Err(crate::supervisor::SupervisorError::NoSuchLane(_)) => {}
