@@ -69,6 +69,7 @@ fn main() {
                 inactivity_policy: None,
                 repo: None,
                 base: None,
+                replace_task: false,
             },
         )
         .unwrap()

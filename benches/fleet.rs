@@ -47,6 +47,7 @@ fn assign_req(lane: &str) -> OperatorRequest {
         inactivity_policy: None,
         repo: None,
         base: None,
+        replace_task: false,
     }
 }
 

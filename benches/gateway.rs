@@ -106,6 +106,7 @@ fn main() {
             inactivity_policy: None,
             repo: None,
             base: None,
+            replace_task: false,
         },
     )
     .unwrap();

@@ -255,3 +255,139 @@ pub fn print_human(r: &Report) {
         }
     );
 }
+
+/// What `mosaic doctor --coordinator-config` found.
+#[derive(Debug, Clone, Serialize)]
+pub struct CoordinatorReport {
+    pub config: std::path::PathBuf,
+    pub checks: Vec<Check>,
+}
+
+/// Can the coordinator configured in `path` start: its files and their modes, its own keys
+/// in its trust registry, its certificate (principal, validity, names), its database.
+pub async fn coordinator(path: &std::path::Path) -> CoordinatorReport {
+    use crate::coordinator::service::{self, CoordinatorConfig};
+    let mut checks = vec![];
+    let cfg: Result<CoordinatorConfig, String> = std::fs::read_to_string(path)
+        .map_err(|e| format!("{}: {e}", path.display()))
+        .and_then(|t| toml::from_str(&t).map_err(|e| format!("{}: {e}", path.display())));
+    let cfg = match cfg {
+        Ok(c) => {
+            checks.push(check("config", true, Ok(format!("coordinator:{}", c.name))));
+            c
+        }
+        Err(e) => {
+            checks.push(check("config", true, Err(e)));
+            return CoordinatorReport {
+                config: path.into(),
+                checks,
+            };
+        }
+    };
+    checks.push(check(
+        "files",
+        true,
+        service::preflight(&cfg)
+            .map(|()| "secret, keys and certificate present; private files 0600".into())
+            .map_err(|e| e.to_string()),
+    ));
+    let principal = format!("coordinator:{}", cfg.name);
+    let own = |p: &std::path::Path, purpose, name: &str| {
+        service::read_seed(p)
+            .map(|seed| {
+                let k = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+                (format!("{principal}/{name}"), purpose, k)
+            })
+            .map_err(|e| e.to_string())
+    };
+    use crate::protocol::schema::Purpose;
+    checks.push(check(
+        "trust-registry",
+        true,
+        (|| {
+            let keys = vec![
+                own(&cfg.session_key, Purpose::Session, "session")?,
+                own(&cfg.ordinary_key, Purpose::Ordinary, "ordinary")?,
+            ];
+            let text = std::fs::read_to_string(&cfg.trust_registry)
+                .map_err(|e| format!("{}: {e}", cfg.trust_registry.display()))?;
+            let reg = service::trust::effective(&text, &principal, &keys, &Default::default())?;
+            let hosts = reg
+                .entries()
+                .filter(|e| e.principal.starts_with("host:"))
+                .map(|e| e.principal.as_str())
+                .collect::<std::collections::BTreeSet<_>>();
+            Ok(format!(
+                "{} keys, this coordinator's own among them; {} hosts enrolled",
+                reg.entries().count(),
+                hosts.len()
+            ))
+        })(),
+    ));
+    checks.push(check(
+        "certificate",
+        true,
+        (|| {
+            let pem = std::fs::read_to_string(&cfg.cert)
+                .map_err(|e| format!("{}: {e}", cfg.cert.display()))?;
+            let der = x509_parser::pem::parse_x509_pem(pem.as_bytes())
+                .map_err(|e| format!("{}: {e}", cfg.cert.display()))?
+                .1;
+            let named = crate::pki::principal_of(&der.contents);
+            if named.as_deref() != Some(principal.as_str()) {
+                return Err(format!(
+                    "{} names {named:?}, not {principal}",
+                    cfg.cert.display()
+                ));
+            }
+            let x = der.parse_x509().map_err(|e| e.to_string())?;
+            if !x.validity().is_valid() {
+                return Err(format!(
+                    "{} is not valid now ({} to {})",
+                    cfg.cert.display(),
+                    x.validity().not_before,
+                    x.validity().not_after
+                ));
+            }
+            let (dns, ips) = crate::pki::server_names_of(&pem).unwrap_or_default();
+            Ok(format!(
+                "{principal}, valid until {}; hosts may dial it as: {}",
+                x.validity().not_after,
+                dns.iter()
+                    .map(String::from)
+                    .chain(ips.iter().map(|i| i.to_string()))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ))
+        })(),
+    ));
+    let db = async {
+        let text = std::fs::read_to_string(&cfg.secret_file)
+            .map_err(|e| format!("{}: {e}", cfg.secret_file.display()))?;
+        let secret = crate::coordinator::secret::CoordinatorSecret::from_hex(&text)
+            .map_err(|e| format!("{}: {e}", cfg.secret_file.display()))?;
+        let store = crate::coordinator::store::Store::connect_with(
+            &cfg.database_url,
+            cfg.allow_insecure_database,
+            secret,
+        )
+        .await
+        .map_err(|e| e.to_string())?;
+        let v = store.schema_found().await.map_err(|e| e.to_string())?;
+        let known = crate::coordinator::store::SCHEMA_VERSION;
+        match v {
+            0 => Ok(format!("a writable primary, no schema yet (the coordinator creates version {known} at start)")),
+            v if v > known => Err(format!("schema version {v} is newer than this build's {known}: upgrade mosaic")),
+            v if v < known => Ok(format!("a writable primary at schema version {v} (migrated to {known} at start)")),
+            v => Ok(format!("a writable primary at schema version {v}")),
+        }
+    };
+    let db = tokio::time::timeout(std::time::Duration::from_secs(15), db)
+        .await
+        .unwrap_or_else(|_| Err("no answer within 15 s".into()));
+    checks.push(check("database", true, db));
+    CoordinatorReport {
+        config: path.into(),
+        checks,
+    }
+}

@@ -16,6 +16,7 @@ pub mod cgroup;
 pub mod confine;
 pub mod coordinator;
 pub mod doctor;
+pub mod enroll;
 pub mod fake_harness;
 pub mod metrics;
 pub mod pgcluster;

@@ -189,15 +189,52 @@ pub fn issue_with_validity(
     not_after: OffsetDateTime,
     force: bool,
 ) -> Result<Issued, PkiError> {
+    issue_to(
+        dir,
+        dir,
+        kind,
+        name,
+        &ServerNames::default(),
+        (not_before, not_after),
+        force,
+    )
+}
+
+/// The names a coordinator's certificate is reachable by, besides its own name,
+/// `localhost` and 127.0.0.1: the DNS names and addresses hosts and operators dial.
+#[derive(Debug, Clone, Default)]
+pub struct ServerNames {
+    pub dns: Vec<String>,
+    pub ips: Vec<std::net::IpAddr>,
+}
+
+/// Issues `kind:name` from the CA in `ca_dir` into `out_dir` (`<kind>-<name>.pem` and
+/// `-key.pem`), valid over `validity`; a coordinator's certificate also names `names`.
+pub fn issue_to(
+    ca_dir: &Path,
+    out_dir: &Path,
+    kind: Kind,
+    name: &str,
+    names: &ServerNames,
+    validity: (OffsetDateTime, OffsetDateTime),
+    force: bool,
+) -> Result<Issued, PkiError> {
+    let (not_before, not_after) = validity;
+    let dir = ca_dir;
     check_name(kind, name)?;
     let stem = format!("{}-{name}", kind.as_str());
-    let cert_path = dir.join(format!("{stem}.pem"));
-    let key_path = dir.join(format!("{stem}-key.pem"));
+    let cert_path = out_dir.join(format!("{stem}.pem"));
+    let key_path = out_dir.join(format!("{stem}-key.pem"));
     refuse_existing(&[&cert_path, &key_path], force)?;
     let ca_pem =
         std::fs::read_to_string(ca_cert_path(dir)).map_err(|_| PkiError::NoCa(dir.into()))?;
     let ca_key =
         std::fs::read_to_string(ca_key_path(dir)).map_err(|_| PkiError::NoCa(dir.into()))?;
+    std::fs::create_dir_all(out_dir).map_err(|source| PkiError::Io {
+        what: "mkdir",
+        path: out_dir.into(),
+        source,
+    })?;
     let ca_kp = KeyPair::from_pem(&ca_key)?;
     let issuer = Issuer::from_ca_cert_pem(&ca_pem, ca_kp)?;
 
@@ -218,6 +255,22 @@ pub fn issue_with_validity(
                 .push(SanType::DnsName("localhost".try_into()?));
             p.subject_alt_names
                 .push(SanType::IpAddress([127, 0, 0, 1].into()));
+            for d in &names.dns {
+                if d != name && d != "localhost" {
+                    p.subject_alt_names
+                        .push(SanType::DnsName(d.as_str().try_into().map_err(|_| {
+                            PkiError::BadName {
+                                kind: "DNS",
+                                name: d.clone(),
+                            }
+                        })?));
+                }
+            }
+            for ip in &names.ips {
+                if *ip != std::net::IpAddr::from([127, 0, 0, 1]) {
+                    p.subject_alt_names.push(SanType::IpAddress(*ip));
+                }
+            }
             vec![ExtendedKeyUsagePurpose::ServerAuth]
         }
         Kind::Host | Kind::Operator => vec![ExtendedKeyUsagePurpose::ClientAuth],
@@ -233,6 +286,27 @@ pub fn issue_with_validity(
         key: key_path,
         principal: format!("{}:{name}", kind.as_str()),
     })
+}
+
+/// The DNS names and IP addresses a certificate (PEM) can be verified as.
+pub fn server_names_of(pem: &str) -> Option<(Vec<String>, Vec<std::net::IpAddr>)> {
+    use x509_parser::prelude::*;
+    let (_, der) = x509_parser::pem::parse_x509_pem(pem.as_bytes()).ok()?;
+    let (_, cert) = X509Certificate::from_der(&der.contents).ok()?;
+    let san = cert.subject_alternative_name().ok()??;
+    let (mut dns, mut ips) = (vec![], vec![]);
+    for g in &san.value.general_names {
+        match g {
+            GeneralName::DNSName(d) => dns.push(d.to_string()),
+            GeneralName::IPAddress(b) => match b.len() {
+                4 => ips.push(std::net::IpAddr::from(<[u8; 4]>::try_from(*b).ok()?)),
+                16 => ips.push(std::net::IpAddr::from(<[u8; 16]>::try_from(*b).ok()?)),
+                _ => {}
+            },
+            _ => {}
+        }
+    }
+    Some((dns, ips))
 }
 
 /// The Mosaic principal (`kind:name`) a DER certificate names in its URI SAN, if exactly

@@ -415,6 +415,7 @@ fn assign(app: &mut App, opts: &TuiOptions, input: &str, resume: Option<String>)
         inactivity_policy: None,
         repo: None,
         base: None,
+        replace_task: false,
     };
     app.message = match operator_request(&opts.target, &req) {
         Ok(v) => format!(

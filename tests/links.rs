@@ -610,3 +610,82 @@ async fn requests_cut_off_mid_way_answer_unknown_with_their_key_and_the_key_reso
         .unwrap_err();
     assert_eq!(bad.category, Category::BadInput, "{bad}");
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_lane_destroyed_on_its_host_is_gone_at_once_and_an_assign_to_it_reserves_nothing() {
+    use mosaic::supervisor::control::{call, Request};
+    let w = Split::new(2);
+    let ctl = w.runtime_dir(0).join("control.sock");
+    let lane = w.lane(2);
+    let inc = w.incarnation_of(0, "lane-2");
+    call(
+        &ctl,
+        &Request::LaneDestroy {
+            lane: "lane-2".into(),
+        },
+    )
+    .unwrap();
+    // Retired by the host's own report, on the live session (no reconnect, no guess).
+    common::wait_until("the destroyed lane retired", || {
+        let lanes = w.op(&OperatorRequest::Lanes).ok()?;
+        (!lanes
+            .as_array()?
+            .iter()
+            .any(|l| l["lane_id"] == lane.as_str()))
+        .then_some(())
+    });
+    assert_eq!(
+        w.count(&format!("SELECT count(*) FROM lane_incarnations WHERE lane_incarnation_id = '{inc}' AND retired_at IS NOT NULL")).await,
+        1
+    );
+    let e = w.assign(2, "hang").unwrap_err();
+    assert_eq!(e.category, mosaic::coordinator::Category::NotFound, "{e}");
+    assert_eq!(w.count("SELECT count(*) FROM reservations").await, 0);
+    assert_eq!(w.count("SELECT count(*) FROM assignments").await, 0);
+    // The other lane is untouched and takes work.
+    w.usable(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resume_keeps_the_assignments_task_unless_another_is_given_on_purpose() {
+    let w = Split::new(1);
+    w.wait_host_connected();
+    let a = w.assign(1, "hang").unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let hp = w.host_status()["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
+    assert_eq!(w.wait_settled(1, "the harness died"), "IDLE_CLEAN");
+    assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "RECOVERY");
+    let attempts = || async {
+        w.count(&format!(
+            "SELECT count(*) FROM attempts WHERE assignment_id = '{id}'"
+        ))
+        .await
+    };
+    let before = attempts().await;
+    // Another task text without --replace-task: refused, nothing reserved.
+    let e = w
+        .op(&assign_req(&w.lane(1), "hang spawn=1", Some(&id)))
+        .unwrap_err();
+    assert_eq!(e.category, mosaic::coordinator::Category::Mismatch, "{e}");
+    assert!(e.message.contains("--replace-task"), "{e}");
+    assert_eq!(attempts().await, before);
+    // No task: the assignment's own is resumed.
+    let r = w.op(&assign_req(&w.lane(1), "", Some(&id))).unwrap();
+    assert_eq!(r["state"], "RUNNING", "{r}");
+    let task: String = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT task_text FROM attempts WHERE assignment_id = $1 ORDER BY created_at DESC LIMIT 1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(task, "hang");
+    assert_eq!(attempts().await, before + 1);
+    w.usable(1).await;
+}

@@ -856,6 +856,7 @@ async fn a_flood_costs_only_the_flooding_session() {
             inactivity_policy: None,
             repo: None,
             base: None,
+            replace_task: false,
         };
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

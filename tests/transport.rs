@@ -239,7 +239,7 @@ impl World {
         let addr = listener.local_addr().unwrap().to_string();
         let audit = self.audit.clone();
         let params = ServerParams {
-            registry: Arc::new(registry()),
+            registry: mosaic::protocol::LiveRegistry::new(registry()),
             audience: COORD.into(),
             trust_domain: DOMAIN.into(),
             audit: Arc::new(move |peer: &str, cat: &Violation, _d: &str| {
@@ -632,7 +632,7 @@ async fn the_server_serves_many_concurrent_host_sessions() {
     let addr2 = listener.local_addr().unwrap().to_string();
     let audit = w.audit.clone();
     let params = ServerParams {
-        registry: reg,
+        registry: mosaic::protocol::LiveRegistry::new((*reg).clone()),
         audience: COORD.into(),
         trust_domain: DOMAIN.into(),
         audit: Arc::new(move |peer: &str, cat: &Violation, _d: &str| {

@@ -258,6 +258,24 @@ impl CgroupTree {
     pub fn supervisor(&self) -> Cg {
         self.at("supervisor")
     }
+
+    /// Moves this process out of the tree (to the root's parent) and removes the whole
+    /// tree: a supervisor leaving the fleet (`mosaic host decommission`). Refused by the
+    /// kernel while anything still runs in it.
+    pub fn leave_and_remove(&self) -> Result<(), CgroupError> {
+        let procs = self
+            .root
+            .parent()
+            .unwrap_or(&self.mount)
+            .join("cgroup.procs");
+        fs::write(&procs, std::process::id().to_string()).map_err(|source| {
+            CgroupError::Remove {
+                path: procs.clone(),
+                source,
+            }
+        })?;
+        self.at("").remove_tree()
+    }
     pub fn lanes(&self) -> Cg {
         self.at("lanes")
     }

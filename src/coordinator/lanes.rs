@@ -117,22 +117,7 @@ impl Store {
                         let Ok(d) = d else {
                             return Err(reject(OP, Category::Conflict, "the lane changed concurrently"));
                         };
-                        // The old incarnation's open work: recovery, or final if an end was
-                        // requested (the host's verified teardown of the lane is its end).
-                        let fe = format!("sha256:{}", crate::util::sha256_hex("mosaic/lane-recreated/v1", &[old.as_bytes(), inc.as_bytes()]));
-                        d.exec(
-                            concatcp!("UPDATE assignments SET lifecycle = requested_outcome, final_evidence_digest = $2, finalized_at = clock_timestamp(), \
-                                    execution_owner = NULL, pending_target = NULL, next_action = 'none: ' || requested_outcome \
-                             WHERE lane_incarnation_id = $1 AND lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") AND requested_outcome IS NOT NULL"),
-                            &[&old, &fe],
-                        ).await?;
-                        d.to_recovery(RecoveryOf::Lane(&old), "resume on a fresh chain: the host recreated the lane").await?;
-                        d.exec("UPDATE leases SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
-                        d.exec("UPDATE reservations SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
-                        d.exec(
-                            concatcp!("UPDATE generations SET state = ", GenState::Ended.sql(), ", ended_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state <> ", GenState::Ended.sql()),
-                            &[&old],
-                        ).await?;
+                        d.retire_open_work(&old, &inc, "resume on a fresh chain: the host recreated the lane").await?;
                         d.exec_one(
                             "INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) VALUES ($1, $2, $3)",
                             &[&inc, &lane, &epoch],
@@ -349,5 +334,95 @@ impl Store {
     ) -> Result<Receipt, AuthorityError> {
         self.quarantine(l, lane_incarnation_id, &format!("host: {reason}"), true)
             .await
+    }
+}
+
+impl super::txn::Decided<'_> {
+    /// The open work of a retired incarnation: final if an end was requested (the host's
+    /// verified teardown of the lane is its end), recovery otherwise; its leases and
+    /// reservation released, its generations recorded as ended with it (a late receipt
+    /// for one is kept as evidence). `cause` names what retired it (digested into the
+    /// final evidence).
+    async fn retire_open_work(
+        &self,
+        old: &str,
+        cause: &str,
+        next_action: &str,
+    ) -> Result<(), AuthorityError> {
+        let fe = format!(
+            "sha256:{}",
+            crate::util::sha256_hex(
+                "mosaic/lane-recreated/v1",
+                &[old.as_bytes(), cause.as_bytes()]
+            )
+        );
+        self.exec(
+            concatcp!("UPDATE assignments SET lifecycle = requested_outcome, final_evidence_digest = $2, finalized_at = clock_timestamp(), \
+                    execution_owner = NULL, pending_target = NULL, next_action = 'none: ' || requested_outcome \
+             WHERE lane_incarnation_id = $1 AND lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") AND requested_outcome IS NOT NULL"),
+            &[&old, &fe],
+        ).await?;
+        self.to_recovery(RecoveryOf::Lane(old), next_action).await?;
+        self.exec("UPDATE leases SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
+        self.exec("UPDATE reservations SET released_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND released_at IS NULL", &[&old]).await?;
+        self.exec(
+            concatcp!(
+                "UPDATE generations SET state = ",
+                GenState::Ended.sql(),
+                ", ended_at = clock_timestamp() WHERE lane_incarnation_id = $1 AND state <> ",
+                GenState::Ended.sql()
+            ),
+            &[&old],
+        )
+        .await?;
+        Ok(())
+    }
+}
+
+impl Store {
+    /// Retires the lane incarnation its host reports destroyed (`mosaic host lane-destroy`,
+    /// a decommission): the host reports that only after it stopped the lane's generation,
+    /// killed its tmux server and removed its cgroup, so the lane is gone here at once and
+    /// no assignment can be reserved on it. Its open work goes to recovery, as when a lane
+    /// is recreated. A lane the host creates again arrives as a new incarnation.
+    pub async fn retire_destroyed_lane(
+        &self,
+        l: &Leader,
+        host_id: &str,
+        lane_id: &str,
+        incarnation: &str,
+    ) -> Result<(), AuthorityError> {
+        const OP: &str = "lane-destroyed";
+        let step = Step::new(
+            OP,
+            l,
+            format!("lane-destroyed/{lane_id}/{incarnation}"),
+            request_digest(OP, &[lane_id, host_id, incarnation]),
+        )
+        .about(None, Some(incarnation));
+        let (host, lane, inc) = (
+            host_id.to_string(),
+            lane_id.to_string(),
+            incarnation.to_string(),
+        );
+        self.transition(
+            &step,
+            body!([host, lane, inc] |f| {
+                let d = f.cas(
+                    "UPDATE lane_incarnations li SET retired_at = clock_timestamp() FROM lanes ln \
+                     WHERE li.lane_incarnation_id = $1 AND li.lane_id = $2 AND ln.lane_id = li.lane_id AND ln.host_id = $3 AND li.retired_at IS NULL \
+                     RETURNING li.lane_incarnation_id, li.state",
+                    &[&inc, &lane, &host],
+                ).await?;
+                let Ok(d) = d else {
+                    return Err(reject(OP, Category::Conflict, format!("incarnation {inc} of {lane} is not the current one of this host's lane")));
+                };
+                let old_state: LaneState = d.row().col("state")?;
+                d.retire_open_work(&inc, "destroyed", "resume on another lane: its host destroyed the lane").await?;
+                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "retired_state": old_state, "cause": "destroyed on its host" }))
+            }),
+        )
+        .await?;
+        Ok(())
     }
 }

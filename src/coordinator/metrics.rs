@@ -160,6 +160,10 @@ pub struct CoordinatorMetrics {
     /// Restarts of the database by the process that supervises it (`mosaic up`'s private
     /// cluster); zero where the database is someone else's to run.
     pub database_restarts: Counter,
+    /// Trust registry loads that replaced the registry in use, and reloads refused (the
+    /// file did not load; the registry in use stayed).
+    pub trust_reloads: Counter,
+    pub trust_reload_failures: Counter,
     /// Each host's clock minus database time, measured from its last hello (ms).
     pub host_clock_offset: Family<HostLabel, Gauge>,
     audit_spooled: Gauge,
@@ -208,6 +212,8 @@ impl CoordinatorMetrics {
             lease_renewals: Gauge::default(),
             lease_expiries: Gauge::default(),
             database_restarts: Counter::default(),
+            trust_reloads: Counter::default(),
+            trust_reload_failures: Counter::default(),
             host_clock_offset: Family::default(),
             audit_spooled: Gauge::default(),
             audit_spool_lost: Gauge::default(),
@@ -342,6 +348,16 @@ impl CoordinatorMetrics {
             "database_restarts",
             "Times mosaic up restarted its private PostgreSQL after its postmaster died",
             m.database_restarts.clone(),
+        );
+        r.register(
+            "trust_reloads",
+            "Trust registry loads that replaced the registry in use (file changes, SIGHUP, revocations)",
+            m.trust_reloads.clone(),
+        );
+        r.register(
+            "trust_reload_failures",
+            "Trust registry reloads refused because the file did not load or lacked this coordinator's keys (the registry in use stays)",
+            m.trust_reload_failures.clone(),
         );
         Self {
             registry: Arc::new(r),

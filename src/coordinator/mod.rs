@@ -42,6 +42,7 @@ pub mod secret;
 pub mod service;
 pub mod states;
 pub mod store;
+pub mod trust;
 pub mod txn;
 
 pub use activation::{AckClaim, Activation};

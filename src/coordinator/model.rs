@@ -459,6 +459,18 @@ impl Store {
             .collect()
     }
 
+    /// The task text of an assignment's latest attempt (what a resume continues).
+    pub async fn latest_task(&self, assignment: &str) -> Result<Option<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query_opt(
+            "SELECT task_text FROM attempts WHERE assignment_id = $1 ORDER BY created_at DESC, assignment_attempt_id DESC LIMIT 1",
+            &[&assignment],
+        )
+        .await?
+        .map(|r| r.col("task_text"))
+        .transpose()
+    }
+
     pub async fn assignment(&self, id: &str) -> Result<Option<AssignmentView>, AuthorityError> {
         let c = self.pool.get().await?;
         c.query_opt(

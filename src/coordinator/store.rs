@@ -31,6 +31,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0013_operator_requests.sql"),
     include_str!("../../migrations/0014_effect_claims.sql"),
     include_str!("../../migrations/0015_repositories.sql"),
+    include_str!("../../migrations/0016_trust_revocations.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
@@ -418,4 +419,91 @@ pub struct AuditRow {
     pub assignment_id: Option<String>,
     pub lane_incarnation_id: Option<String>,
     pub detail: String,
+}
+
+/// `mosaic db init`: the coordinator's role (LOGIN; with `password` for a coordinator on
+/// another machine) and its database, owned by it — each made only if missing, so running
+/// it again changes nothing but a given password. Connects with an administrator's URL,
+/// over the local socket or the network without TLS: run it on the database's machine.
+pub async fn init_database(
+    admin_url: &str,
+    role: &str,
+    database: &str,
+    password: Option<&str>,
+) -> Result<serde_json::Value, AuthorityError> {
+    let ident_ok = |s: &str| {
+        !s.is_empty()
+            && s.len() <= 63
+            && s.as_bytes()[0].is_ascii_lowercase()
+            && s.bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'_')
+    };
+    for (what, v) in [("role", role), ("database", database)] {
+        if !ident_ok(v) {
+            return Err(super::error::reject(
+                "db-init",
+                super::error::Category::BadInput,
+                format!("{what} {v:?}: use 1-63 of a-z, 0-9, _ (starting with a letter)"),
+            ));
+        }
+    }
+    let (c, conn) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls).await?;
+    let conn = tokio::spawn(conn);
+    let literal = |p: &str| format!("'{}'", p.replace('\'', "''"));
+    let role_exists = c
+        .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
+        .await?
+        .is_some();
+    if !role_exists {
+        c.batch_execute(&format!("CREATE ROLE \"{role}\" LOGIN"))
+            .await?;
+    }
+    if let Some(p) = password {
+        c.batch_execute(&format!(
+            "ALTER ROLE \"{role}\" LOGIN PASSWORD {}",
+            literal(p)
+        ))
+        .await?;
+    }
+    let db_exists = c
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&database])
+        .await?
+        .is_some();
+    if !db_exists {
+        c.batch_execute(&format!("CREATE DATABASE \"{database}\" OWNER \"{role}\""))
+            .await?;
+    }
+    drop(c);
+    let _ = conn.await;
+    Ok(serde_json::json!({
+        "role": role,
+        "database": database,
+        "created_role": !role_exists,
+        "created_database": !db_exists,
+        "password_set": password.is_some(),
+        "database_url": format!("dbname={database} user={role}"),
+        "next": "add host=… (and, from another machine, password, sslmode=verify-full, sslrootcert=…) to database_url; the coordinator migrates the schema when it starts",
+    }))
+}
+
+impl Store {
+    /// `mosaic doctor --coordinator-config`: the server is a writable primary, and the
+    /// schema version it holds (0: none yet; the coordinator migrates it when it starts).
+    pub async fn schema_found(&self) -> Result<i32, AuthorityError> {
+        self.require_primary().await?;
+        let c = self.pool.get().await?;
+        let exists: bool = c
+            .query_one(
+                "SELECT to_regclass('public.mosaic_schema') IS NOT NULL AS present",
+                &[],
+            )
+            .await?
+            .col("present")?;
+        if !exists {
+            return Ok(0);
+        }
+        c.query_one("SELECT version FROM mosaic_schema", &[])
+            .await?
+            .col("version")
+    }
 }

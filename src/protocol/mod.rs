@@ -26,7 +26,7 @@ pub mod work;
 
 pub use envelope::{verify, Envelope, EnvelopeError, Signer, Verified, VerifyContext};
 pub use schema::{MessageType, Purpose, Role};
-pub use trust::{KeyEntry, TrustRegistry};
+pub use trust::{KeyEntry, LiveRegistry, TrustRegistry};
 
 /// Content address of a contract (task text, scope, holds): SHA-256 over its canonical
 /// JSON. Computed identically by the coordinator that records it and the host that checks

@@ -16,7 +16,8 @@ use super::canonical::{self, Value};
 #[serde(deny_unknown_fields)]
 pub struct LaneReport {
     pub lane_incarnation_id: String,
-    /// `active` or `quarantined`.
+    /// `active`, `quarantined`, or `destroyed` (its teardown verified; the coordinator
+    /// retires the incarnation).
     pub status: String,
     pub quarantine_reason: Option<String>,
     /// Generations with a live (or still starting) process tree.

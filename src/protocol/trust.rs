@@ -198,3 +198,95 @@ impl TrustRegistry {
         Ok(reg)
     }
 }
+
+impl TrustRegistry {
+    /// Every key, for listings (`mosaic trust list`).
+    pub fn entries(&self) -> impl Iterator<Item = &KeyEntry> {
+        self.entries.values()
+    }
+
+    /// Marks revoked every key whose id or principal is `subject`; how many it marked.
+    pub fn revoke_subject(&mut self, subject: &str) -> usize {
+        let mut n = 0;
+        for e in self.entries.values_mut() {
+            if e.key_id == subject || e.principal == subject {
+                e.revoked = true;
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// A daemon's own key must be in the registry it loads, as itself: the same public
+    /// key, principal and purpose, not revoked, valid now. A daemon whose key is missing
+    /// would start and then be refused by every peer (or refuse its own signatures).
+    pub fn check_own(
+        &self,
+        key_id: &str,
+        principal: &str,
+        purpose: Purpose,
+        public: &VerifyingKey,
+        now: SystemTime,
+    ) -> Result<(), TrustError> {
+        let bad = |detail: &str| TrustError::Inconsistent {
+            key_id: key_id.to_string(),
+            detail: detail.to_string(),
+        };
+        let Some(e) = self.entries.get(key_id) else {
+            return Err(bad(
+                "this daemon's own key is not in the trust registry it loads (mosaic init / mosaic enroll adds it)",
+            ));
+        };
+        if e.principal != principal || e.purpose != purpose {
+            return Err(bad(
+                "the registry names another principal or purpose for it",
+            ));
+        }
+        if e.public_key != *public {
+            return Err(bad(
+                "the registry holds another public key under this id than the key file's (mosaic keys show FILE prints it)",
+            ));
+        }
+        if e.revoked {
+            return Err(bad("it is revoked"));
+        }
+        if now < e.not_before || now >= e.not_after {
+            return Err(bad("it is outside its validity window now"));
+        }
+        Ok(())
+    }
+}
+
+/// A registry that can be replaced while sessions run (a reload of its file, a
+/// revocation): every verification reads the one current at that moment.
+#[derive(Debug, Clone, Default)]
+pub struct LiveRegistry(std::sync::Arc<std::sync::RwLock<std::sync::Arc<TrustRegistry>>>);
+
+impl LiveRegistry {
+    pub fn new(r: TrustRegistry) -> Self {
+        Self(std::sync::Arc::new(std::sync::RwLock::new(
+            std::sync::Arc::new(r),
+        )))
+    }
+
+    pub fn current(&self) -> std::sync::Arc<TrustRegistry> {
+        match self.0.read() {
+            Ok(g) => g.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    pub fn replace(&self, r: TrustRegistry) {
+        let mut g = match self.0.write() {
+            Ok(g) => g,
+            Err(p) => p.into_inner(),
+        };
+        *g = std::sync::Arc::new(r);
+    }
+}
+
+impl From<TrustRegistry> for LiveRegistry {
+    fn from(r: TrustRegistry) -> Self {
+        Self::new(r)
+    }
+}

@@ -41,6 +41,8 @@ pub enum Request {
     Ack {
         key: String,
     },
+    /// Destroy every lane, tell the coordinator, and exit (`mosaic host decommission`).
+    Decommission,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -124,8 +126,14 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), Superv
             let (r, mut w) = stream.into_split();
             let mut lines = tokio::io::BufReader::new(r).lines();
             while let Ok(Some(line)) = lines.next_line().await {
+                let mut leave = false;
                 let resp = match serde_json::from_str::<Request>(&line) {
-                    Ok(req) => handle(&sup, req).await,
+                    Ok(req) => {
+                        let decommission = matches!(req, Request::Decommission);
+                        let resp = handle(&sup, req).await;
+                        leave = decommission && resp.ok;
+                        resp
+                    }
                     Err(e) => {
                         sup.inner
                             .audit
@@ -139,6 +147,12 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), Superv
                 if w.write_all(&out).await.is_err() {
                     break;
                 }
+                if leave {
+                    // Answered first: the daemon stops serving once it is told.
+                    let _ = w.flush().await;
+                    sup.inner.decommissioned.send_replace(true);
+                    break;
+                }
             }
         });
     }
@@ -147,6 +161,7 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), Superv
 async fn handle(sup: &Supervisor, req: Request) -> Response {
     match req {
         Request::Status => Response::from(sup.status().await),
+        Request::Decommission => Response::from(sup.decommission().await),
         Request::LaneCreate { lane } => Response::from(sup.lane_create(&lane).await),
         Request::LaneDestroy { lane } => Response::from(sup.lane_destroy(&lane).await),
         Request::Start {

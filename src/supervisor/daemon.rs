@@ -29,6 +29,37 @@ impl Supervisor {
             .and_then(|t| {
                 crate::protocol::TrustRegistry::from_toml(&t).map_err(|e| cfg_err(e.to_string()))
             })?;
+        // Its own keys must be in the registry it loads, as its own: a host whose key the
+        // registry lacks would connect only to be refused at its hello.
+        for (path, purpose, name) in [
+            (
+                &link.session_key,
+                crate::protocol::schema::Purpose::Session,
+                "session",
+            ),
+            (
+                &link.ordinary_key,
+                crate::protocol::schema::Purpose::Ordinary,
+                "ordinary",
+            ),
+        ] {
+            let public = ed25519_dalek::SigningKey::from_bytes(&seed(path)?).verifying_key();
+            registry
+                .check_own(
+                    &format!("{principal}/{name}"),
+                    &principal,
+                    purpose,
+                    &public,
+                    std::time::SystemTime::now(),
+                )
+                .map_err(|e| {
+                    cfg_err(format!(
+                        "{}: {e} (the key file is {})",
+                        link.trust_registry.display(),
+                        path.display()
+                    ))
+                })?;
+        }
         let tls =
             crate::protocol::transport::client_tls(&crate::protocol::transport::TlsIdentity {
                 ca: link.ca.clone(),
@@ -91,6 +122,7 @@ impl Supervisor {
             fence,
             audit,
             Some(self.inner.metrics.clone()),
+            Some(self.inner.reported.clone()),
             self.inner.shutdown.subscribe(),
         ));
         Ok(())
@@ -224,13 +256,18 @@ pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
             path: PathBuf::from("SIGTERM"),
             source,
         })?;
-    tokio::select! {
-        r = control::serve(sup.clone(), listener) => r?,
-        _ = term.recv() => tracing::info!("SIGTERM: leaving lanes running"),
-        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT: leaving lanes running"),
-    }
+    let mut decommissioned = sup.inner.decommissioned.subscribe();
+    let left = tokio::select! {
+        r = control::serve(sup.clone(), listener) => { r?; false }
+        _ = term.recv() => { tracing::info!("SIGTERM: leaving lanes running"); false }
+        _ = tokio::signal::ctrl_c() => { tracing::info!("SIGINT: leaving lanes running"); false }
+        _ = decommissioned.wait_for(|d| *d) => true,
+    };
     crate::systemd::stopping();
     sup.shutdown();
     let _ = std::fs::remove_file(sup.inner.cfg.control_socket());
+    if left {
+        sup.remove_traces();
+    }
     Ok(())
 }

@@ -28,6 +28,18 @@ pub(crate) async fn publish(inner: &Arc<Inner>) {
         if l.rec.status == LaneStatus::Destroyed {
             m.active_generation
                 .remove(&metrics::HostMetrics::lane(&l.rec.lane_id));
+            // Said explicitly (and only after its teardown was verified), so the
+            // coordinator retires the incarnation at once rather than guessing from an
+            // absence.
+            st.report.insert(
+                l.rec.lane.clone(),
+                LaneReport {
+                    lane_incarnation_id: l.rec.lane_incarnation_id.clone(),
+                    status: "destroyed".into(),
+                    quarantine_reason: None,
+                    generations: vec![],
+                },
+            );
             continue;
         }
         m.active_generation
@@ -183,6 +195,11 @@ pub(crate) struct Inner {
     /// created, destroyed or quarantined; a generation started, activated or ended), so
     /// the link registers it again without reconnecting.
     pub(super) host_state: watch::Sender<HostState>,
+    /// The host state the coordinator link last sent (`decommission` waits for its lanes'
+    /// destruction to be reported).
+    pub(super) reported: Arc<watch::Sender<HostState>>,
+    /// Set once `decommission` answered: the daemon stops and removes its traces.
+    pub(super) decommissioned: watch::Sender<bool>,
     /// Serializes read-and-publish of the host state, so a slower publisher cannot
     /// overwrite a newer state with the one it read earlier.
     pub(super) publish_lock: Mutex<()>,

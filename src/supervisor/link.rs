@@ -118,6 +118,7 @@ pub async fn run_receipt_link(
         fence,
         audit,
         None,
+        None,
         shutdown,
     )
     .await
@@ -137,6 +138,7 @@ pub async fn run_link(
     fence: Arc<AuthorityFence>,
     audit: LinkAudit,
     metrics: Option<Arc<super::metrics::HostMetrics>>,
+    reported: Option<Arc<watch::Sender<super::HostState>>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -160,6 +162,7 @@ pub async fn run_link(
             dispatch: dispatch.as_ref(),
             fence: &fence,
             audit: &audit,
+            reported: reported.as_deref(),
         };
         let outcome = link
             .once(
@@ -198,6 +201,8 @@ struct Link<'a> {
     dispatch: &'a dyn HostDispatch,
     fence: &'a Arc<AuthorityFence>,
     audit: &'a LinkAudit,
+    /// The host state the coordinator was last sent (its hello's, then each report's).
+    reported: Option<&'a watch::Sender<super::HostState>>,
 }
 
 impl Link<'_> {
@@ -246,6 +251,12 @@ impl Link<'_> {
         let mut hs = res?;
         // Only a session the host accepted resets the reconnect backoff.
         *connected = true;
+        if let Some(r) = self.reported {
+            r.send_replace(super::HostState {
+                lanes: p.lanes.clone(),
+                report: p.report.clone(),
+            });
+        }
         let session_id = hs.session_id.clone();
         tracing::info!(coordinator = %p.coordinator, addr, session_id, "coordinator link up");
         if let Some(m) = metrics {
@@ -280,6 +291,9 @@ impl Link<'_> {
                     let now = lanes.borrow_and_update().clone();
                     let report = crate::protocol::transport::report_outgoing(p, &session_id, &now.lanes, &now.report)?;
                     hs.send(report, &p.coordinator).await?;
+                    if let Some(r) = self.reported {
+                        r.send_replace(now.clone());
+                    }
                     tracing::debug!(lanes = now.lanes.len(), session_id, "host state changed: reported");
                 }
                 Some(out) = outgoing.recv() => hs.send(out, &p.coordinator).await?,

@@ -61,6 +61,7 @@ use receipt::{StopCause, TerminationReceipt};
 use state::{GenRecord, LaneRecord, LaneStatus, Store};
 
 mod daemon;
+mod decommission;
 mod end;
 mod error;
 mod lanes;
@@ -147,6 +148,8 @@ impl Supervisor {
             create_lock: Mutex::new(()),
             shutdown,
             host_state: watch::channel(HostState::default()).0,
+            reported: Arc::new(watch::channel(HostState::default()).0),
+            decommissioned: watch::channel(false).0,
             publish_lock: Mutex::new(()),
             metrics: Arc::new(metrics::HostMetrics::new()),
             quarantined_seen: std::sync::Mutex::new(Default::default()),

@@ -158,6 +158,7 @@ pub fn provision(
             reservation_ttl_ms: None,
             lease_ttl_ms: None,
             operator_listen: None,
+            advertise_operator: None,
             heartbeat_ms: None,
             max_clock_skew_ms: None,
             metrics_listen: None,

@@ -432,6 +432,7 @@ pub fn assign_request(lane: &str, task: &str, resume: Option<&str>, wait: bool) 
         inactivity_policy: None,
         repo: None,
         base: None,
+        replace_task: false,
     }
 }
 

@@ -1,11 +1,10 @@
 //! The command line: every subcommand and its options (clap). `main.rs` dispatches them.
 
 use std::path::PathBuf;
-use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
-use mosaic::coordinator::service::OperatorRequest;
+pub(crate) use crate::at::CoordinatorAt;
 
 #[derive(Parser)]
 #[command(
@@ -81,11 +80,12 @@ pub(crate) enum Cmd {
         lane_id: String,
         #[arg(long)]
         runtime: String,
-        /// The task text; `-` reads it from standard input.
+        /// The task text; `-` reads it from standard input. With --resume it may be left
+        /// out (the assignment's own task is resumed).
         #[arg(
             long,
             conflicts_with = "task_file",
-            required_unless_present = "task_file"
+            required_unless_present_any = ["task_file", "resume"]
         )]
         task: Option<String>,
         /// Read the task text from this file (for tasks too long for a command line).
@@ -109,6 +109,10 @@ pub(crate) enum Cmd {
         /// fresh generation instead of creating a new assignment.
         #[arg(long)]
         resume: Option<String>,
+        /// With --resume: give the assignment this new task (a different task is refused
+        /// without it, so a typo never silently runs other work).
+        #[arg(long, requires = "resume")]
+        replace_task: bool,
         /// The inactivity policy (`name@version`, published with `mosaic policy publish`)
         /// that decides when idle work is warned, escalated, replaced and reassigned.
         /// Default: default@1.
@@ -261,13 +265,13 @@ pub(crate) enum Cmd {
     /// Talk to a running supervisor over its local control socket.
     Host {
         /// Control socket path.
-        #[arg(long, conflicts_with_all = ["config", "state_dir"])]
+        #[arg(long, global = true, conflicts_with_all = ["config", "state_dir"])]
         socket: Option<PathBuf>,
         /// The supervisor's config file (its runtime_dir holds the socket).
-        #[arg(long, conflicts_with = "state_dir")]
+        #[arg(long, global = true, conflicts_with = "state_dir")]
         config: Option<PathBuf>,
         /// The state dir of `mosaic up` (default: $MOSAIC_STATE_DIR or the user state dir).
-        #[arg(long)]
+        #[arg(long, global = true)]
         state_dir: Option<PathBuf>,
         /// Print compact JSON instead of indented JSON.
         #[arg(long, global = true)]
@@ -275,16 +279,45 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         op: HostOp,
     },
-    /// Check whether this host can run the supervisor.
+    /// Check whether this host can run the supervisor; with --coordinator-config, whether
+    /// that coordinator can start (its files, keys, registry, certificate names, database).
     Doctor {
         #[arg(long)]
         json: bool,
+        #[arg(long)]
+        coordinator_config: Option<PathBuf>,
         /// The cgroup root the supervisor would be configured with.
         #[arg(long)]
         cgroup_root: Option<PathBuf>,
     },
     /// Install missing system packages (tmux, PostgreSQL server) when root with apt.
     Setup,
+    /// Make a coordinator's directory (CA, certificate, keys, secret, trust registry,
+    /// config), or a standby's (README: Production).
+    Init {
+        #[command(subcommand)]
+        op: crate::fleet::InitOp,
+    },
+    /// Enrol a host or an operator with the coordinator whose directory holds the CA.
+    Enroll {
+        #[command(subcommand)]
+        op: crate::fleet::EnrollOp,
+    },
+    /// Ed25519 signing keys: print a seed file's public half, or make one.
+    Keys {
+        #[command(subcommand)]
+        op: crate::fleet::KeysOp,
+    },
+    /// The trust registry in use; revoke a key or a principal.
+    Trust {
+        #[command(subcommand)]
+        op: crate::fleet::TrustOp,
+    },
+    /// The coordinator's PostgreSQL role and database.
+    Db {
+        #[command(subcommand)]
+        op: crate::fleet::DbOp,
+    },
     /// A private CA and mutual-TLS certificates for coordinators, hosts and operators.
     Pki {
         #[command(subcommand)]
@@ -396,118 +429,6 @@ pub(crate) enum RequestOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
-}
-
-/// Where the coordinator is: its local socket (from a state dir, or explicit), or a
-/// remote operator listener reached with an operator certificate.
-#[derive(clap::Args)]
-pub(crate) struct CoordinatorAt {
-    /// The state dir of `mosaic up` (default: $MOSAIC_STATE_DIR or the user state dir).
-    #[arg(long)]
-    pub(crate) state_dir: Option<PathBuf>,
-    /// The coordinator's operator socket.
-    #[arg(long, conflicts_with = "state_dir")]
-    pub(crate) coordinator_socket: Option<PathBuf>,
-    /// A remote coordinator's operator listener (HOST:PORT or tls://HOST:PORT); needs --ca,
-    /// --cert, --key.
-    #[arg(long, conflicts_with_all = ["state_dir", "coordinator_socket"], requires_all = ["ca", "cert", "key"])]
-    pub(crate) coordinator: Option<String>,
-    /// DNS name in the coordinator's certificate (default: the host part of --coordinator).
-    #[arg(long)]
-    pub(crate) server_name: Option<String>,
-    /// The CA certificate, and this operator's certificate and key (`mosaic pki issue-operator`).
-    #[arg(long)]
-    pub(crate) ca: Option<PathBuf>,
-    #[arg(long)]
-    pub(crate) cert: Option<PathBuf>,
-    #[arg(long)]
-    pub(crate) key: Option<PathBuf>,
-    /// Print compact JSON.
-    #[arg(long)]
-    pub(crate) json: bool,
-    /// The idempotency key of a request that changes anything (default: a fresh `cli-…`).
-    /// Repeating a request with its key returns its outcome and never carries it out twice;
-    /// use the key an `unknown` answer named.
-    #[arg(long)]
-    pub(crate) request_id: Option<String>,
-}
-
-impl CoordinatorAt {
-    pub(crate) fn target(&self) -> anyhow::Result<mosaic::coordinator::service::OperatorTarget> {
-        use mosaic::coordinator::service::OperatorTarget;
-        Ok(match (&self.coordinator, &self.coordinator_socket) {
-            (Some(at), _) => {
-                let (addr, host) = mosaic::coordinator::service::parse_coordinator_addr(at)
-                    .map_err(|e| anyhow::anyhow!(e))?;
-                OperatorTarget::Remote {
-                    addr,
-                    server_name: self.server_name.clone().unwrap_or(host),
-                    tls: mosaic::protocol::transport::TlsIdentity {
-                        ca: self.ca.clone().unwrap_or_default(),
-                        cert: self.cert.clone().unwrap_or_default(),
-                        key: self.key.clone().unwrap_or_default(),
-                    },
-                }
-            }
-            (None, Some(s)) => OperatorTarget::Socket(s.clone()),
-            (None, None) => OperatorTarget::Socket(mosaic::up::coordinator_socket(
-                &self
-                    .state_dir
-                    .clone()
-                    .unwrap_or_else(mosaic::up::default_state_dir),
-            )),
-        })
-    }
-
-    /// Sends the request and prints the result as JSON; a refusal prints
-    /// `{"ok": false, "error": {"category": …, "message": …}}` and exits 1.
-    pub(crate) fn call(&self, mut req: OperatorRequest) -> anyhow::Result<ExitCode> {
-        if let Some(id) = &self.request_id {
-            if req.mutation().is_none() {
-                return self.refuse(
-                    "--request-id is for requests that change something; this one only reads"
-                        .into(),
-                );
-            }
-            req.set_request_id(id.clone());
-        }
-        let result = mosaic::coordinator::service::operator_request(&self.target()?, &req);
-        self.print(result)
-    }
-
-    /// Refuses a request before it is sent (its input could not be read), the same way a
-    /// coordinator refusal is printed.
-    pub(crate) fn refuse(&self, message: String) -> anyhow::Result<ExitCode> {
-        self.print(Err(mosaic::coordinator::service::OpError::new(
-            mosaic::coordinator::Category::BadInput,
-            message,
-        )))
-    }
-
-    pub(crate) fn print(
-        &self,
-        result: Result<serde_json::Value, mosaic::coordinator::service::OpError>,
-    ) -> anyhow::Result<ExitCode> {
-        let out = match result {
-            Ok(v) => (v, ExitCode::SUCCESS),
-            Err(e) => {
-                eprintln!("mosaic: {e}");
-                // 3: the request may or may not have taken effect (its key is in the answer).
-                let code = if e.state.is_some() {
-                    ExitCode::from(3)
-                } else {
-                    ExitCode::FAILURE
-                };
-                (serde_json::json!({ "ok": false, "error": e }), code)
-            }
-        };
-        if self.json {
-            println!("{}", serde_json::to_string(&out.0)?);
-        } else {
-            println!("{}", serde_json::to_string_pretty(&out.0)?);
-        }
-        Ok(out.1)
-    }
 }
 
 #[derive(Subcommand)]
@@ -667,12 +588,19 @@ pub(crate) enum PkiOp {
         #[arg(long)]
         force: bool,
     },
-    /// Issue a coordinator (server) certificate; NAME goes in the SAN.
+    /// Issue a coordinator (server) certificate; NAME, localhost, 127.0.0.1 and every
+    /// --dns and --ip go in its SANs.
     IssueCoordinator {
         #[arg(long)]
         dir: PathBuf,
         #[arg(long)]
         name: String,
+        /// A DNS name hosts dial it by (repeatable).
+        #[arg(long = "dns")]
+        dns: Vec<String>,
+        /// An IP address they dial (repeatable).
+        #[arg(long = "ip")]
+        ips: Vec<std::net::IpAddr>,
         #[arg(long, default_value_t = 365)]
         days: i64,
         #[arg(long)]
@@ -707,9 +635,15 @@ pub(crate) enum HostOp {
     /// Lanes, live generations and their identities.
     Status,
     /// Create a lane (or recreate a destroyed one with a fresh incarnation).
-    LaneCreate { lane: String },
-    /// Stop the lane's generation and remove the lane.
-    LaneDestroy { lane: String },
+    LaneCreate {
+        #[arg(long)]
+        lane: String,
+    },
+    /// Stop the lane's generation and remove the lane (its coordinator retires it at once).
+    LaneDestroy {
+        #[arg(long)]
+        lane: String,
+    },
     /// Start a fresh generation (any previous one is stopped and verified gone first).
     Start {
         #[arg(long)]
@@ -733,6 +667,10 @@ pub(crate) enum HostOp {
     },
     /// Acknowledge a receipt by idempotency key (the consumer took it over).
     Ack { key: String },
+    /// Take this host out of the fleet: destroy every lane (the coordinator retires each),
+    /// then the supervisor exits and removes its cgroup root and sockets. Its state dir
+    /// stays. Then disable its unit and revoke its keys (`mosaic trust revoke host:ID`).
+    Decommission,
 }
 
 #[cfg(test)]
@@ -744,5 +682,55 @@ mod tests {
     fn the_command_line_is_well_formed() {
         use clap::CommandFactory;
         super::Cli::command().debug_assert();
+    }
+
+    /// `--config` is accepted after a host subcommand too, and every host command names its
+    /// lane with `--lane`.
+    #[test]
+    fn host_commands_take_config_anywhere_and_name_lanes_alike() {
+        use clap::Parser;
+        for args in [
+            &["mosaic", "host", "status", "--config", "f.toml"][..],
+            &["mosaic", "host", "--config", "f.toml", "status"],
+            &[
+                "mosaic",
+                "host",
+                "lane-destroy",
+                "--lane",
+                "l",
+                "--config",
+                "f.toml",
+            ],
+            &["mosaic", "host", "lane-create", "--lane", "l"],
+            &["mosaic", "host", "stop", "--lane", "l"],
+            &["mosaic", "host", "decommission", "--config", "f.toml"],
+        ] {
+            assert!(super::Cli::try_parse_from(args).is_ok(), "{args:?}");
+        }
+        assert!(super::Cli::try_parse_from(["mosaic", "host", "lane-destroy", "l"]).is_err());
+        // --replace-task only with --resume; --task may be left out with --resume.
+        assert!(super::Cli::try_parse_from([
+            "mosaic",
+            "assign",
+            "--lane",
+            "h:l",
+            "--runtime",
+            "fake@1.0.0",
+            "--replace-task",
+            "--task",
+            "x"
+        ])
+        .is_err());
+        assert!(super::Cli::try_parse_from([
+            "mosaic",
+            "assign",
+            "--lane",
+            "h:l",
+            "--runtime",
+            "fake@1.0.0",
+            "--resume",
+            "a-1"
+        ])
+        .is_ok());
     }
 }

@@ -7,6 +7,8 @@ use anyhow::Context;
 use clap::Parser;
 
 mod args;
+mod at;
+mod fleet;
 
 use args::*;
 
@@ -141,8 +143,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }),
         Cmd::Audit { since, at } => at.call(OperatorRequest::Audit { since }),
         Cmd::Tui { at } => {
-            let state_dir = match (&at.coordinator, &at.coordinator_socket) {
-                (None, None) => Some(
+            let state_dir = match (
+                at.coordinator.is_empty(),
+                &at.coordinator_socket,
+                &at.coordinator_config,
+            ) {
+                (true, None, None) => Some(
                     at.state_dir
                         .clone()
                         .unwrap_or_else(mosaic::up::default_state_dir),
@@ -166,6 +172,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             completion_policy,
             wait,
             resume,
+            replace_task,
             inactivity_policy,
             repo,
             base,
@@ -191,6 +198,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     t
                 }
                 (Some(t), None) => t.to_string(),
+                // The coordinator resumes the assignment's own task.
+                (None, None) if resume.is_some() => String::new(),
                 (None, None) => {
                     return at.refuse(
                         "give the task with --task TEXT, --task - or --task-file PATH".into(),
@@ -211,6 +220,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 inactivity_policy,
                 repo,
                 base,
+                replace_task,
             })
         }
         Cmd::Repo {
@@ -342,7 +352,41 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }))?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Doctor { json, cgroup_root } => {
+        Cmd::Init { op } => fleet::init(op),
+        Cmd::Enroll { op } => fleet::enroll(op),
+        Cmd::Keys { op } => fleet::keys(op),
+        Cmd::Trust { op } => fleet::trust(op),
+        Cmd::Db { op } => fleet::db(op),
+        Cmd::Doctor {
+            coordinator_config: Some(path),
+            json,
+            ..
+        } => {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()?;
+            let r = rt.block_on(mosaic::doctor::coordinator(&path));
+            if json {
+                println!("{}", serde_json::to_string_pretty(&r)?);
+            } else {
+                for c in &r.checks {
+                    println!(
+                        "{} {:<22} {}",
+                        if c.ok { "ok  " } else { "FAIL" },
+                        c.name,
+                        c.detail
+                    );
+                }
+            }
+            Ok(if r.checks.iter().all(|c| c.ok) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
+        Cmd::Doctor {
+            json, cgroup_root, ..
+        } => {
             let r = mosaic::doctor::run(cgroup_root.as_deref());
             if json {
                 println!("{}", serde_json::to_string_pretty(&r)?);
@@ -522,12 +566,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 PkiOp::IssueCoordinator {
                     dir,
                     name,
+                    dns,
+                    ips,
                     days,
                     force,
-                } => (
-                    pki::issue(&dir, Kind::Coordinator, &name, days, force)?,
-                    "coordinator",
-                ),
+                } => {
+                    if !(1..=3650).contains(&days) {
+                        anyhow::bail!("validity must be between 1 and 3650 days");
+                    }
+                    let now = time::OffsetDateTime::now_utc();
+                    (
+                        pki::issue_to(
+                            &dir,
+                            &dir,
+                            Kind::Coordinator,
+                            &name,
+                            &pki::ServerNames { dns, ips },
+                            (now - pki::BACKDATE, now + time::Duration::days(days)),
+                            force,
+                        )?,
+                        "coordinator",
+                    )
+                }
                 PkiOp::IssueHost {
                     dir,
                     host_id,
@@ -588,6 +648,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     include_acked: all,
                 },
                 HostOp::Ack { key } => Request::Ack { key },
+                HostOp::Decommission => Request::Decommission,
             };
             let v = control::call(&socket, &req)?;
             if json {

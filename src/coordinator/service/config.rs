@@ -50,6 +50,11 @@ pub struct CoordinatorConfig {
     /// Optional TCP address for remote operators: mutual TLS, and the client certificate
     /// must name an `operator:` principal (`mosaic pki issue-operator`).
     pub operator_listen: Option<String>,
+    /// The address operators reach `operator_listen` at (`tls://HOST:PORT`), named to them
+    /// by a standby's `not-leader` answer while this coordinator leads. Default:
+    /// `operator_listen`, unless it is a wildcard address.
+    #[serde(default)]
+    pub advertise_operator: Option<String>,
     /// Host sessions: ping every this many ms (default 5000); a host silent for three
     /// intervals is disconnected.
     #[serde(default)]

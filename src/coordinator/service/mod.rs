@@ -25,6 +25,7 @@ mod holds;
 mod hosts;
 pub mod leadership;
 pub mod operator;
+pub mod trust;
 mod watchdog;
 
 use std::sync::Arc;
@@ -33,14 +34,16 @@ use tokio::sync::watch;
 
 pub use config::{read_seed, CoordinatorConfig, ServiceError, Timing};
 pub use operator::{
-    bind_operators, operator_call, operator_request, parse_coordinator_addr, serve_operators,
-    serve_remote_operators, OpError, OperatorRequest, OperatorTarget, RequestState,
+    bind_operators, operator_call, operator_request, operator_request_any, parse_coordinator_addr,
+    serve_operators, serve_remote_operators, OpError, OperatorRequest, OperatorTarget,
+    RequestState,
 };
 
 use super::error::{AuthorityError, Category};
 use super::leader::{Candidate, Leader};
 use super::secret::CoordinatorSecret;
 use super::store::Store;
+use crate::protocol::schema::Purpose;
 use crate::protocol::transport::{self, ServerParams, TlsIdentity};
 use crate::protocol::{Signer, TrustRegistry};
 
@@ -48,7 +51,10 @@ pub struct Service {
     pub store: Store,
     timing: Timing,
     leadership: leadership::Leadership,
-    registry: Arc<TrustRegistry>,
+    /// The registry every host envelope is verified with: the file, reloaded when it
+    /// changes, with the database's revocations applied (`trust`).
+    registry: crate::protocol::LiveRegistry,
+    trust: trust::TrustSource,
     principal: String,
     domain: String,
     session: Arc<Signer>,
@@ -88,20 +94,31 @@ impl Service {
         let store =
             Store::connect_with(&cfg.database_url, cfg.allow_insecure_database, secret).await?;
         store.migrate().await?;
-        let text = std::fs::read_to_string(&cfg.trust_registry).map_err(|source| {
-            ServiceError::ReadFile {
-                path: cfg.trust_registry.clone(),
-                source,
-            }
-        })?;
-        let registry =
-            Arc::new(
-                TrustRegistry::from_toml(&text).map_err(|e| ServiceError::BadFile {
-                    path: cfg.trust_registry.clone(),
-                    detail: e.to_string(),
-                })?,
-            );
         let principal = format!("coordinator:{}", cfg.name);
+        let (session_seed, ordinary_seed) =
+            (read_seed(&cfg.session_key)?, read_seed(&cfg.ordinary_key)?);
+        let own = [
+            (Purpose::Session, &session_seed),
+            (Purpose::Ordinary, &ordinary_seed),
+        ]
+        .map(|(purpose, seed)| trust::OwnKey {
+            key_id: format!(
+                "{principal}/{}",
+                if purpose == Purpose::Session {
+                    "session"
+                } else {
+                    "ordinary"
+                }
+            ),
+            purpose,
+            public: ed25519_dalek::SigningKey::from_bytes(seed).verifying_key(),
+        })
+        .to_vec();
+        let trust = trust::TrustSource::new(cfg.trust_registry.clone(), principal.clone(), own);
+        // Revocations are authority: a restart applies every one before it verifies anything.
+        let revoked = store.revocations().await?;
+        trust.learn_all(revoked.into_iter().map(|r| r.subject));
+        let registry = crate::protocol::LiveRegistry::new(trust.load()?);
         let cand = Candidate {
             holder: principal.clone(),
             credential_digest: format!(
@@ -113,6 +130,15 @@ impl Service {
             ),
             launch_id: format!("launch-{}", uuid::Uuid::new_v4().simple()),
         };
+        let advertise = cfg.advertise_operator.clone().or_else(|| {
+            cfg.operator_listen
+                .clone()
+                .filter(|a| !(a.starts_with("0.0.0.0:") || a.starts_with("[::]:")))
+                .map(|a| format!("tls://{a}"))
+        });
+        store
+            .record_endpoint(&cand.launch_id, &principal, advertise.as_deref())
+            .await?;
         let timing = cfg.timing();
         let state_dir = cfg
             .state_dir
@@ -133,18 +159,19 @@ impl Service {
                 &format!("{principal}/session"),
                 &principal,
                 &cfg.trust_domain,
-                read_seed(&cfg.session_key)?,
+                session_seed,
             )),
             ordinary: Arc::new(Signer::new(
                 &format!("{principal}/ordinary"),
                 &principal,
                 &cfg.trust_domain,
-                read_seed(&cfg.ordinary_key)?,
+                ordinary_seed,
             )),
             store,
             timing,
             leadership: leadership::Leadership::new(),
             registry,
+            trust,
             principal,
             domain: cfg.trust_domain.clone(),
             hosts: hosts::Sessions::default(),
@@ -170,6 +197,7 @@ impl Service {
             })
             .map_err(ServiceError::Io)?;
         let watchdog = tokio::spawn(watchdog::run(svc.clone(), svc.shutdown.signal()));
+        tokio::spawn(trust::watch(svc.clone(), svc.shutdown.signal()));
         if let Ok(mut b) = svc.background.lock() {
             b.leadership = Some(leadership);
             b.watchdog = Some(watchdog);
@@ -212,14 +240,29 @@ impl Service {
         }
     }
 
-    /// The leadership to act under, or `not-leader`.
+    /// The leadership to act under, or `not-leader` naming the leader's operator address
+    /// when it advertises one.
     pub async fn leader(&self) -> Result<Leader, OpError> {
-        self.leadership.current().await.ok_or_else(|| {
-            OpError::new(
-                Category::NotLeader,
-                "this coordinator is standing by; another one leads (or none yet)",
-            )
-        })
+        if let Some(l) = self.leadership.current().await {
+            return Ok(l);
+        }
+        let at = tokio::time::timeout(
+            std::time::Duration::from_secs(2),
+            self.store.leader_endpoint(),
+        )
+        .await
+        .ok()
+        .and_then(Result::ok)
+        .flatten();
+        let mut e = OpError::new(
+            Category::NotLeader,
+            match &at {
+                Some(a) => format!("this coordinator is standing by; the leader takes operator requests at {a}"),
+                None => "this coordinator is standing by; another one leads (or none yet), and it advertises no operator address".to_string(),
+            },
+        );
+        e.leader = at;
+        Err(e)
     }
 
     pub fn leadership_status(&self) -> leadership::LeadershipStatus {

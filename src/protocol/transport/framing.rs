@@ -189,6 +189,8 @@ pub enum CloseReason {
     NotLeader,
     /// This process is shutting down.
     Shutdown,
+    /// The peer's key or principal was revoked (`mosaic trust revoke`).
+    Revoked(String),
     /// The peer closed the session.
     PeerClosed,
     /// A hostile session: refused hello, too many strikes, a flood, a protocol violation
@@ -208,6 +210,7 @@ impl CloseReason {
             Self::Shutdown => "shutdown",
             Self::PeerClosed => "closed",
             Self::Abusive(_) => "abusive",
+            Self::Revoked(_) => "revoked",
             // A peer that does not read is counted with the network's failures.
             Self::NotReading { .. } | Self::QueueFull | Self::Transport(_) => "transport",
         }
@@ -232,6 +235,7 @@ impl std::fmt::Display for CloseReason {
                 f.write_str("this coordinator no longer leads; reconnect to the leader")
             }
             Self::Shutdown => f.write_str("coordinator shutting down"),
+            Self::Revoked(subject) => write!(f, "{subject} was revoked"),
             Self::PeerClosed => f.write_str("closed by the peer"),
             Self::Abusive(why) | Self::Transport(why) => f.write_str(why),
         }

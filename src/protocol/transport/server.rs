@@ -132,7 +132,8 @@ pub type AuditSink = Arc<dyn Fn(&str, &Violation, &str) + Send + Sync>;
 
 #[derive(Clone)]
 pub struct ServerParams {
-    pub registry: Arc<TrustRegistry>,
+    /// Read at every verification: a reload or a revocation applies to live sessions.
+    pub registry: crate::protocol::LiveRegistry,
     /// The server's own principal: every envelope must be addressed to it.
     pub audience: String,
     pub trust_domain: String,
@@ -428,18 +429,20 @@ pub(super) async fn admitted(
         &peer,
     )?;
     send_text(&mut ws, challenge).await?;
-    let ctx = |now| VerifyContext {
-        registry: &params.registry,
-        audience: &params.audience,
-        trust_domain: &params.trust_domain,
-        now,
-    };
     let first = tokio::time::timeout(TLS_TIMEOUT, ws.next())
         .await
         .map_err(|_| TransportError::Timeout("hello"))?;
     let hello = match first {
-        Some(Ok(Message::Text(t))) => verify(t.as_bytes(), &ctx(SystemTime::now()))
-            .map_err(|e| TransportError::Refused(format!("hello: {}", e.category())))?,
+        Some(Ok(Message::Text(t))) => verify(
+            t.as_bytes(),
+            &VerifyContext {
+                registry: &params.registry.current(),
+                audience: &params.audience,
+                trust_domain: &params.trust_domain,
+                now: SystemTime::now(),
+            },
+        )
+        .map_err(|e| TransportError::Refused(format!("hello: {}", e.category())))?,
         // A host that will not open this session says why (its clock, its authority fence).
         Some(Ok(Message::Close(Some(f)))) => {
             return Err(TransportError::Refused(format!(

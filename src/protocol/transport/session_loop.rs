@@ -168,12 +168,6 @@ pub(super) async fn run_session(
             "hello refused: {v}"
         ))));
     }
-    let ctx = |now| VerifyContext {
-        registry: &params.registry,
-        audience: &params.audience,
-        trust_domain: &params.trust_domain,
-        now,
-    };
     let mut strikes = Strikes::new();
     let mut rate = Rate {
         tokens: f64::from(params.limits.burst),
@@ -264,7 +258,15 @@ pub(super) async fn run_session(
                 }
             }
         };
-        let verdict = match verify(text.as_bytes(), &ctx(SystemTime::now())) {
+        let verdict = match verify(
+            text.as_bytes(),
+            &VerifyContext {
+                registry: &params.registry.current(),
+                audience: &params.audience,
+                trust_domain: &params.trust_domain,
+                now: SystemTime::now(),
+            },
+        ) {
             Err(e) => Err(Violation::Unverified(e.category())),
             Ok(env) if env.issuer() != peer => Err(Violation::IssuerNotPeer),
             Ok(env) if env.message_type() == MessageType::Hello => Err(Violation::SecondHello),

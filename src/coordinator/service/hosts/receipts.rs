@@ -195,6 +195,18 @@ impl Service {
                 .filter(|r| r.lane_incarnation_id == inc);
             let mut end: BTreeSet<i64> = BTreeSet::new();
             let (mut hold, mut release) = (BTreeSet::new(), BTreeSet::new());
+            if rep.is_some_and(|r| r.status == "destroyed") {
+                // The host tore the lane down (verified) and says so: it is gone here too,
+                // before anything else can be reserved on it.
+                let r = self
+                    .store
+                    .retire_destroyed_lane(l, host, &lane.lane_id, &inc)
+                    .await;
+                if self.step(l, r).await.is_ok() {
+                    tracing::info!(lane_id = %lane.lane_id, incarnation = %inc, "the host destroyed the lane: retired");
+                }
+                continue;
+            }
             if let Some(rep) = rep {
                 if rep.status == "quarantined" {
                     let reason = format!(

@@ -176,6 +176,14 @@ impl Sessions {
         }
     }
 
+    /// Closes the session of `host_id`, if it has one.
+    pub fn close_host(&self, host_id: &str, reason: transport::CloseReason) -> bool {
+        match self.map.lock() {
+            Ok(m) => m.get(host_id).map(|s| s.handle.close(reason)).is_some(),
+            Err(_) => false,
+        }
+    }
+
     pub(super) fn remove(&self, host_id: &str, session_id: &str) {
         if let Ok(mut m) = self.map.lock() {
             if m.get(host_id).is_some_and(|s| s.session_id == session_id) {

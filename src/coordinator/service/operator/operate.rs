@@ -190,6 +190,7 @@ impl Service {
                 inactivity_policy,
                 repo,
                 base,
+                replace_task,
             } => {
                 self.assign(AssignRequest {
                     lane_id,
@@ -206,6 +207,7 @@ impl Service {
                         .unwrap_or_else(|| DEFAULT_INACTIVITY_POLICY.into()),
                     repo,
                     base,
+                    replace_task,
                 })
                 .await?
             }
@@ -216,6 +218,8 @@ impl Service {
                 host_id,
             } => self.repo_add(&name, path, url, host_id).await?,
             OperatorRequest::Repos => json!(self.store.repositories().await?),
+            OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
+            OperatorRequest::Trust => self.trust_listing(),
             OperatorRequest::Checkpoints { assignment_id } => {
                 json!(self.store.checkpoints(assignment_id.as_deref()).await?)
             }
@@ -483,7 +487,10 @@ impl Service {
 
     /// `mosaic assign`: validates everything, reserves, and drives the chain; with `wait`,
     /// returns once the generation is RUNNING (or the chain ended).
-    pub async fn assign(self: &Arc<Self>, a: AssignRequest) -> Result<serde_json::Value, OpError> {
+    pub async fn assign(
+        self: &Arc<Self>,
+        mut a: AssignRequest,
+    ) -> Result<serde_json::Value, OpError> {
         let l = self.leader().await?;
         let lane = self.known_lane(&a.lane_id).await?;
         if let Some(r) = &a.resume {
@@ -493,6 +500,26 @@ impl Service {
                     format!("no assignment {r} to resume"),
                 ));
             }
+            // A resume continues the assignment's own task; another text only on purpose
+            // (the new attempt records it, and its contract digest binds it).
+            match self.store.latest_task(r).await? {
+                Some(own) if a.task.is_empty() => a.task = own,
+                Some(own) if own != a.task && !a.replace_task => {
+                    return Err(OpError::new(
+                        Category::Mismatch,
+                        format!(
+                            "assignment {r} has another task (sha256 {}…); omit --task to resume it as it is, or pass --replace-task to give it this one",
+                            &crate::util::sha256_hex("mosaic/task/v1", &[own.as_bytes()])[..12]
+                        ),
+                    ));
+                }
+                _ => {}
+            }
+        } else if a.replace_task {
+            return Err(OpError::new(
+                Category::BadInput,
+                "--replace-task is for --resume",
+            ));
         }
         if !self.hosts.is_connected(&lane.host_id) {
             return Err(OpError::new(

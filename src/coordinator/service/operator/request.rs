@@ -14,6 +14,10 @@ pub struct OpError {
     pub request_id: Option<String>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub state: Option<RequestState>,
+    /// On `not-leader`: the operator address of the coordinator that leads, if it
+    /// advertises one (the CLI follows it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub leader: Option<String>,
 }
 
 /// What is known of a request that got no definite answer.
@@ -50,6 +54,7 @@ impl OpError {
             message: message.into(),
             request_id: None,
             state: None,
+            leader: None,
         }
     }
 
@@ -120,6 +125,10 @@ pub enum OperatorRequest {
         /// The ref that branch starts at; `HEAD` (the repository's default) if absent.
         #[serde(default)]
         base: Option<String>,
+        /// With `resume`: the task differs from the assignment's on purpose (a resume with
+        /// another task is refused without it; an empty task resumes the assignment's own).
+        #[serde(default)]
+        replace_task: bool,
     },
     /// Declares a repository assignments can work in: a roster entry, not authority, and
     /// idempotent by its content (the same declaration again is a no-op; another source
@@ -249,6 +258,17 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_id: Option<String>,
     },
+    /// Revokes a key (`host:h/session`) or every key of a principal (`host:h`,
+    /// `operator:o`) for good: its live session closes, its later envelopes and
+    /// connections are refused and audited, and every coordinator applies it from the
+    /// database from then on.
+    TrustRevoke {
+        subject: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// The trust registry in use: every key (revoked or not) and the revocations.
+    Trust,
 }
 
 /// `$then` with `$k` bound to the key field of a mutating request, else `$otherwise`: the
@@ -265,7 +285,8 @@ macro_rules! key_of {
             | OperatorRequest::PolicyPublish { request_id: $k, .. }
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
-            | OperatorRequest::EffectResolve { request_id: $k, .. } => $then,
+            | OperatorRequest::EffectResolve { request_id: $k, .. }
+            | OperatorRequest::TrustRevoke { request_id: $k, .. } => $then,
             _ => $otherwise,
         }
     };
@@ -286,7 +307,9 @@ impl OperatorRequest {
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
-            Self::Lanes
+            Self::TrustRevoke { .. } => "trust-revoke",
+            Self::Trust
+            | Self::Lanes
             | Self::RepoAdd { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
@@ -352,6 +375,7 @@ impl OperatorRequest {
                 serde_json::json!({ "policy_id": policy.policy_id })
             }
             Self::EffectResolve { effect_id, .. } => serde_json::json!({ "effect_id": effect_id }),
+            Self::TrustRevoke { subject, .. } => serde_json::json!({ "subject": subject }),
             _ => serde_json::Value::Null,
         }
     }

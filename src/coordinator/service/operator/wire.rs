@@ -19,6 +19,8 @@ pub struct AssignRequest {
     /// The repository (and base ref) a new assignment works in.
     pub repo: Option<String>,
     pub base: Option<String>,
+    /// A resume with a task other than the assignment's is meant (see `OperatorRequest`).
+    pub replace_task: bool,
 }
 
 impl AssignRequest {
@@ -37,6 +39,7 @@ impl AssignRequest {
             inactivity_policy: DEFAULT_INACTIVITY_POLICY.into(),
             repo: None,
             base: None,
+            replace_task: false,
         }
     }
 }
@@ -97,13 +100,40 @@ pub async fn serve_remote_operators(
                 .peer_certificates()
                 .and_then(|c| c.first())
                 .and_then(|c| crate::pki::principal_of(c));
-            match principal {
+            let refusal = match &principal {
+                Some(p) if p.starts_with("operator:") && svc.trust.is_revoked(p) => {
+                    format!("{p} was revoked (mosaic trust revoke); this coordinator takes no request from it")
+                }
                 Some(p) if p.starts_with("operator:") => {
                     tracing::info!(operator = %p, %addr, "operator connected");
                     operator_session(svc, stream).await;
+                    return;
                 }
-                other => tracing::warn!(?other, %addr, "refused: not an operator certificate"),
-            }
+                Some(p) => format!("the client certificate names {p}, not an operator: operator requests need a certificate from `mosaic enroll operator NAME`"),
+                None => "the client certificate names no Mosaic principal (urn:mosaic:operator:NAME): issue one with `mosaic enroll operator NAME`".to_string(),
+            };
+            tracing::warn!(?principal, %addr, reason = %refusal, "operator connection refused");
+            svc.store.auditor().record(
+                "operator-connect",
+                Category::NotOwner,
+                None,
+                None,
+                None,
+                &format!("{addr}: {refusal}"),
+            );
+            // Said to the client too, as the answer to its first request (read first, so
+            // closing never resets the connection under the answer).
+            let mut stream = tokio::io::BufReader::new(stream);
+            let mut first = String::new();
+            let _ =
+                tokio::time::timeout(Duration::from_secs(5), stream.read_line(&mut first)).await;
+            let line = json!({ "ok": false, "error": OpError::new(Category::NotOwner, refusal) });
+            let mut out = line.to_string().into_bytes();
+            out.push(b'\n');
+            let mut stream = stream.into_inner();
+            let _ = stream.write_all(&out).await;
+            let _ = stream.flush().await;
+            let _ = stream.shutdown().await;
         });
     }
 }
@@ -226,6 +256,47 @@ pub fn operator_request(
             sent(answered, id.as_deref())
         }
     }
+}
+
+/// Sends one request to the first of `targets` that takes it: a coordinator that cannot
+/// be reached (nothing sent) or answers `not-leader` passes it on to the next — first to
+/// the leader it names, if any. A mutating request carries one key across every try, so
+/// it is carried out at most once whichever coordinator ends up taking it.
+pub fn operator_request_any(
+    targets: &[OperatorTarget],
+    req: &OperatorRequest,
+) -> Result<serde_json::Value, OpError> {
+    let mut req = req.clone();
+    if req.mutation().is_some() && req.request_id().is_none() {
+        req.set_request_id(format!("cli-{}", uuid::Uuid::new_v4().simple()));
+    }
+    let mut queue: std::collections::VecDeque<OperatorTarget> = targets.iter().cloned().collect();
+    let mut tried = 0;
+    let mut last = None;
+    while let Some(t) = queue.pop_front() {
+        tried += 1;
+        if tried > targets.len() + 3 {
+            break;
+        }
+        match operator_request(&t, &req) {
+            Err(e) if e.category == Category::NotLeader => {
+                if let (Some(at), OperatorTarget::Remote { tls, .. }) = (&e.leader, &t) {
+                    if let Ok((addr, host)) = parse_coordinator_addr(at) {
+                        queue.push_front(OperatorTarget::Remote {
+                            addr,
+                            server_name: host,
+                            tls: tls.clone(),
+                        });
+                    }
+                }
+                last = Some(e);
+            }
+            // Never reached: nothing was sent, so the next one may take it.
+            Err(e) if e.category == Category::Unavailable && e.state.is_none() => last = Some(e),
+            other => return other,
+        }
+    }
+    Err(last.unwrap_or_else(|| unavailable("no coordinator to ask")))
 }
 
 /// The request as one line, with a key if it is a mutating one; and that key.
