@@ -1,13 +1,18 @@
 -- Mosaic schema 16: revocations of trust registry keys and principals (issue: deployment).
 --
 -- `mosaic trust revoke SUBJECT` revokes a key (`host:h/session`) or every key of a
--- principal (`host:h`, `operator:o`) at once and for good: the revocation is authority, so
--- it lives here, decided by a fenced transition (its transition receipt is its audit), and
--- every coordinator of the database applies it on top of the registry file it loads — a
--- restart, a reload or a standby taking over never brings a revoked key back. There is no
--- un-revoke: a host that must come back is enrolled again under new keys.
+-- principal (`host:h`) at once and for good: the revocation is authority, so it lives
+-- here, decided by a fenced transition (its transition receipt is its audit), and every
+-- coordinator of the database applies it on top of the registry file it loads — a
+-- restart, a reload or a standby taking over never brings a revoked key back. What is
+-- revoked is the key material the subject had (`public_keys`): the same public key under
+-- any id stays refused, and a host enrolled again under new keys is trusted again. An
+-- operator has no signing keys: `operator:o` revokes its certificate's principal, by name.
 CREATE TABLE trust_revocations (
-    subject text PRIMARY KEY CHECK (subject ~ '^(coordinator|host|operator):[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/(session|ordinary))?$'),
+    subject text PRIMARY KEY CHECK (subject ~ '^(coordinator|host):[A-Za-z0-9][A-Za-z0-9._-]{0,63}(/(session|ordinary))?$'
+                                    OR subject ~ '^operator:[A-Za-z0-9][A-Za-z0-9._-]{0,63}$'),
+    public_keys text[] NOT NULL DEFAULT '{}' CHECK (array_to_string(public_keys, ',') ~ '^([0-9a-f]{64}(,[0-9a-f]{64})*)?$'),
+    CHECK ((subject LIKE 'operator:%') = (cardinality(public_keys) = 0)),
     revoked_epoch bigint NOT NULL,
     revoked_at timestamptz NOT NULL DEFAULT clock_timestamp()
 );

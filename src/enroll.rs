@@ -154,6 +154,9 @@ impl RegistryFile {
     pub fn add(&mut self, k: &KeySpec<'_>, force: bool) -> Result<String, EnrollError> {
         let purpose = purpose_str(k.purpose);
         let key_id = format!("{}/{purpose}", k.principal);
+        // A replaced key keeps whom it could address (a coordinator's new keys still
+        // address every enrolled host).
+        let mut audiences: Vec<String> = vec![];
         if let Some(i) = self.find(&key_id) {
             if !force {
                 return Err(EnrollError::Usage(format!(
@@ -161,7 +164,15 @@ impl RegistryFile {
                     self.path.display()
                 )));
             }
-            self.keys.remove(i);
+            let old = self.keys.remove(i);
+            if let Some(toml::Value::Array(a)) = old.get("audiences") {
+                audiences.extend(a.iter().filter_map(|v| v.as_str().map(String::from)));
+            }
+        }
+        for a in &k.audiences {
+            if !audiences.contains(a) {
+                audiences.push(a.clone());
+            }
         }
         let types: Vec<toml::Value> = ALL_TYPES
             .into_iter()
@@ -179,7 +190,7 @@ impl RegistryFile {
         t.insert("allowed_types".into(), toml::Value::Array(types));
         t.insert(
             "audiences".into(),
-            toml::Value::Array(k.audiences.iter().map(|a| s(a)).collect()),
+            toml::Value::Array(audiences.iter().map(|a| s(a)).collect()),
         );
         t.insert("trust_domain".into(), s(k.trust_domain));
         // A day back, like the certificates: a clock a little behind still verifies.
@@ -265,14 +276,20 @@ fn absolute(p: &Path) -> Result<PathBuf, EnrollError> {
     std::path::absolute(p).map_err(|e| file_err(p, e))
 }
 
-fn write_config(path: &Path, text: &str, force: bool) -> Result<(), EnrollError> {
+/// Writes a config: 0600 (a coordinator's `database_url` may hold a password) unless
+/// `public`.
+fn write_config(path: &Path, text: &str, force: bool, public: bool) -> Result<(), EnrollError> {
     if path.exists() && !force {
         return Err(EnrollError::Exists(path.to_path_buf()));
     }
+    // write_atomic's temporary file is 0600 from its creation.
     crate::util::durable::write_atomic(path, text.as_bytes()).map_err(|e| file_err(path, e))?;
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
-        .map_err(|e| file_err(path, e))
+    if public {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o644))
+            .map_err(|e| file_err(path, e))?;
+    }
+    Ok(())
 }
 
 fn coordinator_toml(c: &CoordinatorConfig) -> String {
@@ -340,8 +357,12 @@ pub fn init_coordinator(o: &InitCoordinator) -> Result<serde_json::Value, Enroll
     let principal = format!("coordinator:{}", o.name);
     let session = new_seed(&keys.join("coordinator-session"), o.force)?;
     let ordinary = new_seed(&keys.join("coordinator-ordinary"), o.force)?;
+    // The secret is kept even with --force: fence tokens of open reservations and every
+    // standby depend on it.
     let secret = keys.join("coordinator-secret");
-    new_seed(&secret, o.force)?;
+    if !secret.exists() {
+        new_seed(&secret, false)?;
+    }
     let trust = dir.join("trust.toml");
     let mut reg = RegistryFile::open(&trust)?;
     for (purpose, public_key) in [(Purpose::Session, session), (Purpose::Ordinary, ordinary)] {
@@ -386,7 +407,7 @@ pub fn init_coordinator(o: &InitCoordinator) -> Result<serde_json::Value, Enroll
         max_clock_skew_ms: None,
         metrics_listen: None,
     };
-    write_config(&cfg_path, &coordinator_toml(&cfg), o.force)?;
+    write_config(&cfg_path, &coordinator_toml(&cfg), o.force, false)?;
     Ok(json!({
         "config": cfg_path,
         "principal": principal,
@@ -472,7 +493,7 @@ pub fn init_standby(o: &InitStandby) -> Result<serde_json::Value, EnrollError> {
     cfg.advertise_operator = o.advertise_operator.clone();
     cfg.state_dir = Some(o.state_dir.clone());
     cfg.metrics_listen = None;
-    write_config(&cfg_path, &coordinator_toml(&cfg), o.force)?;
+    write_config(&cfg_path, &coordinator_toml(&cfg), o.force, false)?;
     Ok(json!({
         "config": cfg_path,
         "principal": format!("coordinator:{}", cfg.name),
@@ -568,15 +589,8 @@ pub fn enroll_host(o: &EnrollHost) -> Result<serde_json::Value, EnrollError> {
     let at = |p: &Path| -> PathBuf { o.install_dir.join(p.strip_prefix(&out).unwrap_or(p)) };
     let file = crate::supervisor::config::ConfigFile {
         host_id: Some(o.host_id.clone()),
-        state_dir: o.state_dir.clone(),
-        runtime_dir: o.runtime_dir.clone(),
         cgroup_root: o.cgroup_root.clone(),
-        registry_dir: None,
-        bin_dir: None,
-        tmux: None,
         lanes: o.lanes.clone(),
-        force_freezer_fallback: false,
-        reattach_timeout_ms: None,
         coordinator: Some(crate::supervisor::config::CoordinatorLink {
             address: first.clone(),
             fallback_addresses: o.addresses[1..].to_vec(),
@@ -592,16 +606,7 @@ pub fn enroll_host(o: &EnrollHost) -> Result<serde_json::Value, EnrollError> {
             heartbeat_ms: None,
             max_clock_skew_ms: None,
         }),
-        metrics_listen: None,
-        harness_root: None,
-        credentials: Default::default(),
-        harness_config: Default::default(),
-        unconfined_lanes: vec![],
-        hidden_paths: vec![],
-        providers: Default::default(),
-        lane_uids: None,
-        lane_uid_ledger: None,
-        repositories: Default::default(),
+        ..crate::supervisor::config::ConfigFile::new(o.state_dir.clone(), o.runtime_dir.clone())
     };
     let text = toml::to_string(&file).map_err(|e| EnrollError::Usage(e.to_string()))?;
     let cfg_path = out.join("supervisor.toml");
@@ -611,6 +616,7 @@ pub fn enroll_host(o: &EnrollHost) -> Result<serde_json::Value, EnrollError> {
             "# Written by `mosaic enroll host {}` (README: Production).\n{text}",
             o.host_id
         ),
+        true,
         true,
     )?;
     Ok(json!({

@@ -1786,7 +1786,11 @@ async fn a_supervisor_killed_with_lanes_running_and_mid_chain_leaves_every_lane_
     let (id2, life, ..) = w.assignment_row(&w.lane(2)).await.unwrap();
     assert_eq!(life, "RECOVERY");
     // Resume works on the lane; the RUNNING one stops; new work runs everywhere.
-    let b = w.op(&assign_req(&w.lane(2), "hang", Some(&id2))).unwrap();
+    let mut resume = assign_req(&w.lane(2), "hang", Some(&id2));
+    if let OperatorRequest::Assign { replace_task, .. } = &mut resume {
+        *replace_task = true;
+    }
+    let b = w.op(&resume).unwrap();
     assert_eq!(
         (b["state"].as_str(), b["assignment_id"].as_str()),
         (Some("RUNNING"), Some(id2.as_str()))
@@ -2154,6 +2158,7 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
             "print=again",
             "--wait",
             "running",
+            "--replace-task",
             "--resume",
             &id,
         ])
@@ -2185,6 +2190,7 @@ async fn sigkill_becomes_a_receipt_and_a_recovery_never_a_completion() {
             "fake@1.0.0",
             "--task",
             "hang",
+            "--replace-task",
             "--resume",
             &id,
         ])

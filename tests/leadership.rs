@@ -424,6 +424,7 @@ async fn mosaic_up_killed_or_stopped_and_restarted_leaves_every_lane_usable() {
             "hang",
             "--wait",
             "running",
+            "--replace-task",
             "--resume",
             a2["assignment_id"].as_str().unwrap(),
         ])

@@ -656,8 +656,13 @@ async fn a_resume_keeps_the_assignments_task_unless_another_is_given_on_purpose(
         .as_i64()
         .unwrap();
     common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
+    // Settled could still mean RUNNING before the death is seen: wait for the recovery.
+    let in_recovery = format!(
+        "SELECT count(*) FROM assignments WHERE assignment_id = '{id}' AND lifecycle = 'RECOVERY'"
+    );
+    w.wait_count(&in_recovery, |n| n == 1, "the work in recovery")
+        .await;
     assert_eq!(w.wait_settled(1, "the harness died"), "IDLE_CLEAN");
-    assert_eq!(w.assignment_row(&w.lane(1)).await.unwrap().1, "RECOVERY");
     let attempts = || async {
         w.count(&format!(
             "SELECT count(*) FROM attempts WHERE assignment_id = '{id}'"
@@ -687,5 +692,29 @@ async fn a_resume_keeps_the_assignments_task_unless_another_is_given_on_purpose(
         .get(0);
     assert_eq!(task, "hang");
     assert_eq!(attempts().await, before + 1);
+    // Another task on purpose: the new attempt records it.
+    let hp = w.host_status()["lanes"][0]["generation"]["process_identity"]["harness_pid"]
+        .as_i64()
+        .unwrap();
+    common::kill(hp as i32, nix::sys::signal::Signal::SIGKILL);
+    w.wait_count(&in_recovery, |n| n == 1, "the work in recovery again")
+        .await;
+    assert_eq!(w.wait_settled(1, "the harness died again"), "IDLE_CLEAN");
+    let mut replace = assign_req(&w.lane(1), "hang spawn=1", Some(&id));
+    if let OperatorRequest::Assign { replace_task, .. } = &mut replace {
+        *replace_task = true;
+    }
+    assert_eq!(w.op(&replace).unwrap()["state"], "RUNNING");
+    let task: String = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT task_text FROM attempts WHERE assignment_id = $1 ORDER BY created_at DESC LIMIT 1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(task, "hang spawn=1");
     w.usable(1).await;
 }

@@ -175,31 +175,14 @@ fn world() -> (Supervisor, World) {
         .join(format!("mosaic-test-{id}"));
     let cfg = Config::from_file(ConfigFile {
         host_id: Some("h1".into()),
-        state_dir: dir.join("state"),
-        runtime_dir: dir.join("run"),
         cgroup_root: Some(root.clone()),
-        registry_dir: None,
         bin_dir: Some(
             std::path::Path::new(common::MOSAIC)
                 .parent()
                 .unwrap()
                 .to_path_buf(),
         ),
-        tmux: None,
-        lanes: vec![],
-        force_freezer_fallback: false,
-        reattach_timeout_ms: None,
-        coordinator: None,
-        metrics_listen: None,
-        harness_root: None,
-        credentials: Default::default(),
-        harness_config: Default::default(),
-        unconfined_lanes: vec![],
-        hidden_paths: vec![],
-        providers: Default::default(),
-        lane_uids: None,
-        lane_uid_ledger: None,
-        repositories: Default::default(),
+        ..ConfigFile::new(dir.join("state"), dir.join("run"))
     })
     .unwrap();
     let sup = Supervisor::open(cfg).unwrap();

@@ -9,7 +9,6 @@ mod common;
 mod pg;
 
 use std::path::{Path, PathBuf};
-use std::time::Duration;
 
 use common::Daemon;
 use mosaic::coordinator::service::{
@@ -168,15 +167,6 @@ impl Fleet {
         });
     }
 
-    fn audited(&self, needle: &str) -> bool {
-        self.op(&OperatorRequest::Audit { since: 0 })
-            .ok()
-            .and_then(|v| v.as_array().cloned())
-            .unwrap_or_default()
-            .iter()
-            .any(|r| r["detail"].as_str().unwrap_or("").contains(needle))
-    }
-
     fn operator_target(&self, i: usize, name: &str) -> OperatorTarget {
         let b = self.coord_dir().join("operators").join(name);
         OperatorTarget::Remote {
@@ -216,6 +206,39 @@ impl Drop for Fleet {
     }
 }
 
+/// Rows of the audit whose detail mentions `needle`.
+fn audit_count(f: &Fleet, needle: &str) -> usize {
+    f.op(&OperatorRequest::Audit { since: 0 })
+        .ok()
+        .and_then(|v| v.as_array().cloned())
+        .unwrap_or_default()
+        .iter()
+        .filter(|r| r["detail"].as_str().unwrap_or("").contains(needle))
+        .count()
+}
+
+fn without_keys(text: &str, drop: impl Fn(&toml::Value) -> bool) -> String {
+    let doc: toml::Table = toml::from_str(text).unwrap();
+    let keys: Vec<toml::Value> = doc["key"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|k| !drop(k))
+        .cloned()
+        .collect();
+    let mut t = toml::Table::new();
+    t.insert("key".into(), toml::Value::Array(keys));
+    toml::to_string(&t).unwrap()
+}
+
+fn trust_has(f: &Fleet, key_id: &str) -> bool {
+    f.op(&OperatorRequest::Trust).unwrap()["keys"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .any(|k| k["key_id"] == key_id)
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_enrolled_while_the_coordinator_runs_connects_and_a_revoked_one_stays_out() {
     let mut f = Fleet::new(0);
@@ -233,24 +256,33 @@ async fn a_host_enrolled_while_the_coordinator_runs_connects_and_a_revoked_one_s
     f.wait_connected(&h1);
     assert_eq!(f.coord[0].pid(), pid);
 
-    // A registry that does not load is refused whole; the one in use stays (h1's keys).
+    // A registry that does not load, and one without the coordinator's own key, are each
+    // refused whole; the one in use stays (h1's keys in it).
     let reg = f.coord_dir().join("trust.toml");
     let good = std::fs::read_to_string(&reg).unwrap();
-    std::fs::write(&reg, "[[key]]\nkey_id = 1\n").unwrap();
-    common::wait_until("the bad registry refused and audited", || {
-        f.audited("trust-reload")
-            .then_some(())
-            .or_else(|| f.audited("refused:").then_some(()))
-    });
-    let trust = f.op(&OperatorRequest::Trust).unwrap();
-    assert!(
-        trust["keys"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .any(|k| k["key_id"] == format!("host:{h1}/session")),
-        "the registry in use lost a key after a bad reload: {trust}"
-    );
+    for (bad, why) in [
+        (
+            "[[key]]\nkey_id = 1\n".to_string(),
+            "trust registry reload refused",
+        ),
+        (
+            without_keys(&good, |k| {
+                k["key_id"].as_str() == Some("coordinator:main/session")
+            }),
+            "coordinator:main/session",
+        ),
+    ] {
+        let before = audit_count(&f, why);
+        std::fs::write(&reg, &bad).unwrap();
+        common::wait_until(&format!("the bad registry refused ({why})"), || {
+            (audit_count(&f, why) > before).then_some(())
+        });
+        assert!(
+            trust_has(&f, &format!("host:{h1}/session")),
+            "the registry in use changed after a bad reload ({why})"
+        );
+        assert!(trust_has(&f, "coordinator:main/session"));
+    }
     std::fs::write(&reg, &good).unwrap();
 
     // Revoking h1: its live session closes at once, and its hellos are refused, audited.
@@ -269,18 +301,22 @@ async fn a_host_enrolled_while_the_coordinator_runs_connects_and_a_revoked_one_s
             .any(|h| *h == format!("host:{h1}")))
         .then_some(())
     });
+    let refused = format!("host:{h1}: session-refused");
     common::wait_until("a refused hello of the revoked host audited", || {
-        f.audited(&format!("host:{h1}: session-refused"))
-            .then_some(())
+        (audit_count(&f, &refused) > 0).then_some(())
     });
     // The other host is untouched.
     f.wait_connected(&h0);
-    // A restart keeps the revocation (it is in the database): h1 never gets back in.
+    // A restart keeps the revocation (it is in the database): h1's next hellos are refused
+    // again — counted after the restart, so a host merely backing off proves nothing.
     f.coord[0].crash();
+    let before = audit_count(&f, &refused);
     f.coord[0].start(None);
     f.wait_leading();
     f.wait_connected(&h0);
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    common::wait_until("the revoked host refused again after the restart", || {
+        (audit_count(&f, &refused) > before).then_some(())
+    });
     let st = f.op(&OperatorRequest::Status).unwrap();
     assert!(
         !st["hosts_connected"]
@@ -290,10 +326,13 @@ async fn a_host_enrolled_while_the_coordinator_runs_connects_and_a_revoked_one_s
             .any(|h| *h == format!("host:{h1}")),
         "a revoked host reconnected after a restart: {st}"
     );
-    // Revoking the coordinator itself is refused, and a malformed subject too.
+    // Refused: the coordinator itself, a malformed subject, an operator key id, a host
+    // the registry does not know (a typo would otherwise be recorded for ever).
     for (s, cat) in [
         ("coordinator:main", Category::BadInput),
         ("lane:x", Category::BadInput),
+        ("operator:ann/session", Category::BadInput),
+        ("host:nobody-here", Category::NotFound),
     ] {
         let e = f
             .op(&OperatorRequest::TrustRevoke {
@@ -303,6 +342,27 @@ async fn a_host_enrolled_while_the_coordinator_runs_connects_and_a_revoked_one_s
             .unwrap_err();
         assert_eq!(e.category, cat, "{s}: {e}");
     }
+    // What is revoked is its keys: enrolled again under new keys, h1 is back.
+    f.sup[1].1.crash();
+    let h = f.host_id(1);
+    let out = f.dir.join(&h);
+    enroll::enroll_host(&enroll::EnrollHost {
+        dir: f.coord_dir(),
+        host_id: h.clone(),
+        addresses: f.listen.clone(),
+        server_name: None,
+        out: Some(out.clone()),
+        install_dir: out.clone(),
+        lanes: vec!["lane-1".into()],
+        state_dir: out.join("state"),
+        runtime_dir: out.join("run"),
+        cgroup_root: Some(f.cgroup_root(1)),
+        days: 30,
+        force: true,
+    })
+    .unwrap();
+    f.sup[1].1.start(None);
+    f.wait_connected(&h1);
 }
 
 #[tokio::test(flavor = "multi_thread")]
@@ -376,7 +436,6 @@ fn operators_find_the_leader_and_a_refused_certificate_says_why() {
     // The standby alone is named: its not-leader answer names the leader, and the request
     // lands there.
     let standby = f.operator_target(1, "ann");
-    let e = operator_request(&standby, &OperatorRequest::Lanes);
     let status = common::wait_until("the standby names the leader", || {
         let e = operator_request(
             &standby,
@@ -392,7 +451,6 @@ fn operators_find_the_leader_and_a_refused_certificate_says_why() {
         status.leader.as_deref(),
         Some(format!("tls://{}", f.operator_addr[0]).as_str())
     );
-    drop(e);
     // A request only the leader carries out, sent to the standby alone.
     let v = operator_request_any(
         std::slice::from_ref(&standby),
@@ -433,12 +491,57 @@ fn operators_find_the_leader_and_a_refused_certificate_says_why() {
         );
     }
 
-    // A revoked operator and a host's certificate are refused, each with its reason.
+    // A connection bob opened before his revocation is refused at its next request.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let bob = f.operator_target(0, "bob");
+    let OperatorTarget::Remote { addr, tls, .. } = &bob else {
+        unreachable!()
+    };
+    let mut conn = rt.block_on(async {
+        let cfg = mosaic::protocol::transport::client_tls(tls).unwrap();
+        let tcp = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let name = rustls::pki_types::ServerName::try_from("127.0.0.1").unwrap();
+        let s = tokio_rustls::TlsConnector::from(cfg)
+            .connect(name, tcp)
+            .await
+            .unwrap();
+        tokio::io::BufReader::new(s)
+    });
+    type Conn = tokio::io::BufReader<tokio_rustls::client::TlsStream<tokio::net::TcpStream>>;
+    let ask = |conn: &mut Conn| -> serde_json::Value {
+        use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
+        rt.block_on(async {
+            let mut line = serde_json::to_vec(&OperatorRequest::Lanes).unwrap();
+            line.push(b'\n');
+            conn.get_mut().write_all(&line).await.unwrap();
+            let mut out = String::new();
+            conn.read_line(&mut out).await.unwrap();
+            serde_json::from_str(&out).unwrap()
+        })
+    };
+    assert_eq!(ask(&mut conn)["ok"], true);
+    // Revoked through the leader; the standby applies it too.
     f.op(&OperatorRequest::TrustRevoke {
         subject: "operator:bob".into(),
         request_id: None,
     })
     .unwrap();
+    let refused = ask(&mut conn);
+    assert_eq!(refused["ok"], false, "{refused}");
+    assert_eq!(refused["error"]["category"], "not-owner", "{refused}");
+    drop(conn);
+    common::wait_until("the standby applies the revocation", || {
+        let t = operator_request(&standby, &OperatorRequest::Trust).ok()?;
+        t["revoked"]
+            .as_array()?
+            .iter()
+            .any(|s| s == "operator:bob")
+            .then_some(())
+    });
+    // A revoked operator and a host's certificate are refused, each with its reason.
     let e = operator_request(&f.operator_target(0, "bob"), &OperatorRequest::Status).unwrap_err();
     assert_eq!(e.category, Category::NotOwner, "{e}");
     assert!(e.message.contains("operator:bob was revoked"), "{e}");
@@ -484,5 +587,30 @@ async fn db_init_is_idempotent_and_refuses_bad_names() {
         .await
         .unwrap_err();
     assert_eq!(e.operator_category(), Category::BadInput, "{e}");
-    server.psql("postgres", &format!("DROP DATABASE \"{name}\""));
+    // A password reaches the server as a SCRAM verifier only.
+    let role = format!("r_{}", &name[7..]);
+    let secret = "s3cret'quote";
+    mosaic::coordinator::store::init_database(&admin, &role, &name, Some(secret))
+        .await
+        .unwrap();
+    let (c, conn) = tokio_postgres::connect(&admin, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let stored: String = c
+        .query_one(
+            "SELECT rolpassword FROM pg_authid WHERE rolname = $1",
+            &[&role],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(
+        stored.starts_with("SCRAM-SHA-256$") && !stored.contains(secret),
+        "{stored}"
+    );
+    server.psql(
+        "postgres",
+        &format!("DROP DATABASE \"{name}\"; DROP ROLE \"{role}\""),
+    );
 }

@@ -93,11 +93,16 @@ fn assign_in(
 ) -> Result<Value, mosaic::coordinator::service::OpError> {
     let mut r = world::assign_request(lane, task, resume, true);
     if let OperatorRequest::Assign {
-        repo: rp, base: b, ..
+        repo: rp,
+        base: b,
+        replace_task,
+        ..
     } = &mut r
     {
         *rp = repo.map(String::from);
         *b = base.map(String::from);
+        // A resume here runs the next step of the test's script: another task on purpose.
+        *replace_task = resume.is_some();
     }
     w.op(&r)
 }

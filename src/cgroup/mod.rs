@@ -259,9 +259,10 @@ impl CgroupTree {
         self.at("supervisor")
     }
 
-    /// Moves this process out of the tree (to the root's parent) and removes the whole
-    /// tree: a supervisor leaving the fleet (`mosaic host decommission`). Refused by the
-    /// kernel while anything still runs in it.
+    /// Moves this process out of the tree (to the root's parent) and removes what Mosaic
+    /// made in it (`lanes/`, `supervisor/`) and then the root: a supervisor leaving the
+    /// fleet (`mosaic host decommission`). Refused by the kernel while anything still runs
+    /// in it; a root holding anything else is left (its rmdir fails).
     pub fn leave_and_remove(&self) -> Result<(), CgroupError> {
         let procs = self
             .root
@@ -274,7 +275,16 @@ impl CgroupTree {
                 source,
             }
         })?;
-        self.at("").remove_tree()
+        for part in ["lanes", "supervisor"] {
+            let c = self.at(part);
+            if c.exists() {
+                c.remove_tree()?;
+            }
+        }
+        fs::remove_dir(&self.root).map_err(|source| CgroupError::Remove {
+            path: self.root.clone(),
+            source,
+        })
     }
     pub fn lanes(&self) -> Cg {
         self.at("lanes")

@@ -19,6 +19,30 @@ use super::states::{GenState, LaneState, Lifecycle};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
+/// The step of a host's lane report about one incarnation (keyed by lane and incarnation,
+/// so a repeated report lands on the same receipt), and the owned ids its body captures.
+fn lane_step(
+    op: &'static str,
+    l: &Leader,
+    host_id: &str,
+    lane_id: &str,
+    incarnation: &str,
+) -> (Step, String, String, String) {
+    let step = Step::new(
+        op,
+        l,
+        format!("{op}/{lane_id}/{incarnation}"),
+        request_digest(op, &[lane_id, host_id, incarnation]),
+    )
+    .about(None, Some(incarnation));
+    (
+        step,
+        host_id.to_string(),
+        lane_id.to_string(),
+        incarnation.to_string(),
+    )
+}
+
 fn digest_of(s: &str) -> String {
     crate::util::sha256_hex("mosaic/reason/v1", &[s.as_bytes()])[..16].to_string()
 }
@@ -72,18 +96,7 @@ impl Store {
             );
             return Err(e);
         }
-        let step = Step::new(
-            OP,
-            l,
-            format!("lane-adopt/{lane_id}/{incarnation}"),
-            request_digest(OP, &[lane_id, host_id, incarnation]),
-        )
-        .about(None, Some(incarnation));
-        let (host, lane, inc) = (
-            host_id.to_string(),
-            lane_id.to_string(),
-            incarnation.to_string(),
-        );
+        let (step, host, lane, inc) = lane_step(OP, l, host_id, lane_id, incarnation);
         self.transition(
             &step,
             body!([host, lane, inc] |f| {
@@ -393,18 +406,7 @@ impl Store {
         incarnation: &str,
     ) -> Result<(), AuthorityError> {
         const OP: &str = "lane-destroyed";
-        let step = Step::new(
-            OP,
-            l,
-            format!("lane-destroyed/{lane_id}/{incarnation}"),
-            request_digest(OP, &[lane_id, host_id, incarnation]),
-        )
-        .about(None, Some(incarnation));
-        let (host, lane, inc) = (
-            host_id.to_string(),
-            lane_id.to_string(),
-            incarnation.to_string(),
-        );
+        let (step, host, lane, inc) = lane_step(OP, l, host_id, lane_id, incarnation);
         self.transition(
             &step,
             body!([host, lane, inc] |f| {

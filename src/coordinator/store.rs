@@ -449,7 +449,10 @@ pub async fn init_database(
     }
     let (c, conn) = tokio_postgres::connect(admin_url, tokio_postgres::NoTls).await?;
     let conn = tokio::spawn(conn);
-    let literal = |p: &str| format!("'{}'", p.replace('\'', "''"));
+    // The server is given a SCRAM verifier, never the password: nothing it logs or shows
+    // (statement logs, pg_stat_statements) holds the password itself. The verifier is
+    // base64 and `$`-separated: nothing in it needs quoting.
+    let verifier = |p: &str| postgres_protocol::password::scram_sha_256(p.as_bytes());
     let role_exists = c
         .query_opt("SELECT 1 FROM pg_roles WHERE rolname = $1", &[&role])
         .await?
@@ -460,8 +463,8 @@ pub async fn init_database(
     }
     if let Some(p) = password {
         c.batch_execute(&format!(
-            "ALTER ROLE \"{role}\" LOGIN PASSWORD {}",
-            literal(p)
+            "ALTER ROLE \"{role}\" LOGIN PASSWORD '{}'",
+            verifier(p)
         ))
         .await?;
     }

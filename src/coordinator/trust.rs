@@ -12,16 +12,22 @@ use super::rows::RowExt;
 use super::store::Store;
 use super::txn::{body, request_digest, Step};
 
-/// A revoked key id or principal.
+/// A revoked key id or principal, and the key material it had then.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
 pub struct Revocation {
     pub subject: String,
+    /// The public keys (hex) revoked; empty for an operator (revoked by name).
+    pub public_keys: Vec<String>,
     pub revoked_epoch: i64,
     pub revoked_at: String,
 }
 
-/// `kind:name` or `kind:name/purpose`, as the registry names principals and keys.
+/// `kind:name` or `kind:name/purpose`, as the registry names principals and keys (an
+/// operator has no keys: `operator:name` only).
 pub fn subject_ok(s: &str) -> bool {
+    if s.starts_with("operator:") && s.contains('/') {
+        return false;
+    }
     let (principal, purpose) = match s.split_once('/') {
         Some((p, k)) => (p, Some(k)),
         None => (s, None),
@@ -74,7 +80,7 @@ impl Store {
     pub async fn revocations(&self) -> Result<Vec<Revocation>, AuthorityError> {
         let c = self.pool.get().await?;
         c.query(
-            "SELECT subject, revoked_epoch, mosaic_ts(revoked_at) AS revoked_at FROM trust_revocations ORDER BY revoked_at, subject",
+            "SELECT subject, public_keys, revoked_epoch, mosaic_ts(revoked_at) AS revoked_at FROM trust_revocations ORDER BY revoked_at, subject",
             &[],
         )
         .await?
@@ -82,6 +88,7 @@ impl Store {
         .map(|r| {
             Ok(Revocation {
                 subject: r.col("subject")?,
+                public_keys: r.col("public_keys")?,
                 revoked_epoch: r.col("revoked_epoch")?,
                 revoked_at: r.col("revoked_at")?,
             })
@@ -89,26 +96,30 @@ impl Store {
         .collect()
     }
 
-    /// Revokes `subject` for good. Revoking it again answers the first revocation.
+    /// Revokes `subject` for good, with `public_keys`, the keys it names in the registry in
+    /// use (none for an operator; a host or key that names none is refused: a typo would
+    /// otherwise be recorded for ever and revoke nothing). Revoking it again answers the
+    /// first revocation.
     pub async fn revoke(
         &self,
         l: &Leader,
         subject: &str,
         own_principal: &str,
+        public_keys: Vec<String>,
     ) -> Result<Revocation, AuthorityError> {
         const OP: &str = "trust-revoke";
         if !subject_ok(subject) {
             return Err(reject(
                 OP,
                 Category::BadInput,
-                format!("{subject:?} is not a principal (host:ID, operator:NAME) or a key id (PRINCIPAL/session|ordinary)"),
+                format!("{subject:?} is not a principal (host:ID, operator:NAME) or a key id (host:ID/session|ordinary)"),
             ));
         }
         if subject.split('/').next() == Some(own_principal) {
             return Err(reject(
                 OP,
                 Category::BadInput,
-                format!("{subject} is this coordinator's own: a coordinator cannot revoke itself (give it new keys with mosaic init coordinator --force)"),
+                format!("{subject} is this coordinator's own: a coordinator cannot revoke itself (rotate its keys with `mosaic init coordinator --force` in its directory, which keeps its secret and the hosts it addresses, then give every host and standby the new trust.toml)"),
             ));
         }
         if let Some(r) = self
@@ -119,6 +130,15 @@ impl Store {
         {
             return Ok(r);
         }
+        let operator = subject.starts_with("operator:");
+        if !operator && public_keys.is_empty() {
+            return Err(reject(
+                OP,
+                Category::NotFound,
+                format!("no key in the trust registry in use is {subject} or belongs to it"),
+            ));
+        }
+        let public_keys = if operator { vec![] } else { public_keys };
         let step = Step::new(
             OP,
             l,
@@ -128,16 +148,16 @@ impl Store {
         let s = subject.to_string();
         self.transition(
             &step,
-            body!([s] |f| {
+            body!([s, public_keys] |f| {
                 let epoch = f.leader().epoch();
                 let d = f.cas(
-                    "INSERT INTO trust_revocations (subject, revoked_epoch) VALUES ($1, $2) ON CONFLICT (subject) DO NOTHING RETURNING subject",
-                    &[&s, &epoch],
+                    "INSERT INTO trust_revocations (subject, public_keys, revoked_epoch) VALUES ($1, $2, $3) ON CONFLICT (subject) DO NOTHING RETURNING subject",
+                    &[&s, &public_keys, &epoch],
                 ).await?;
                 let Ok(d) = d else {
                     return Err(reject(OP, Category::Conflict, format!("{s} was revoked concurrently")));
                 };
-                d.decide(json!({ "subject": s }))
+                d.decide(json!({ "subject": s, "public_keys": public_keys }))
             }),
         )
         .await?;
@@ -165,6 +185,7 @@ mod tests {
             "",
             "host:",
             "lane:x",
+            "operator:ann/session",
             "host:a/other",
             "host:-a",
             "host:a b",

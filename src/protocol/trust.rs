@@ -205,11 +205,21 @@ impl TrustRegistry {
         self.entries.values()
     }
 
-    /// Marks revoked every key whose id or principal is `subject`; how many it marked.
-    pub fn revoke_subject(&mut self, subject: &str) -> usize {
+    /// The public keys (hex) of every key whose id or principal is `subject`.
+    pub fn keys_of(&self, subject: &str) -> std::collections::BTreeSet<String> {
+        self.entries
+            .values()
+            .filter(|e| e.key_id == subject || e.principal == subject)
+            .map(|e| hex::encode(e.public_key.to_bytes()))
+            .collect()
+    }
+
+    /// Marks revoked every key whose public key (hex) is in `keys`, under whatever id; how
+    /// many it marked.
+    pub fn revoke_keys(&mut self, keys: &std::collections::BTreeSet<String>) -> usize {
         let mut n = 0;
         for e in self.entries.values_mut() {
-            if e.key_id == subject || e.principal == subject {
+            if keys.contains(&hex::encode(e.public_key.to_bytes())) {
                 e.revoked = true;
                 n += 1;
             }

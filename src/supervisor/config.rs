@@ -90,6 +90,36 @@ pub struct ConfigFile {
     pub repositories: std::collections::BTreeMap<String, super::push::Repository>,
 }
 
+impl ConfigFile {
+    /// A config with every optional key at its default: the base the programs that write
+    /// configs (`mosaic up`, `mosaic enroll host`) start from.
+    pub fn new(state_dir: PathBuf, runtime_dir: PathBuf) -> Self {
+        Self {
+            host_id: None,
+            state_dir,
+            runtime_dir,
+            cgroup_root: None,
+            registry_dir: None,
+            bin_dir: None,
+            tmux: None,
+            lanes: vec![],
+            force_freezer_fallback: false,
+            reattach_timeout_ms: None,
+            coordinator: None,
+            metrics_listen: None,
+            harness_root: None,
+            credentials: Default::default(),
+            harness_config: Default::default(),
+            unconfined_lanes: vec![],
+            hidden_paths: vec![],
+            providers: Default::default(),
+            lane_uids: None,
+            lane_uid_ledger: None,
+            repositories: Default::default(),
+        }
+    }
+}
+
 /// Where `mosaic harness install` puts harnesses unless told otherwise.
 pub const DEFAULT_HARNESS_ROOT: &str = "/var/lib/mosaic/harnesses";
 

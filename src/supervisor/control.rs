@@ -41,8 +41,12 @@ pub enum Request {
     Ack {
         key: String,
     },
-    /// Destroy every lane, tell the coordinator, and exit (`mosaic host decommission`).
-    Decommission,
+    /// Destroy every lane, tell the coordinator, and exit (`mosaic host decommission`);
+    /// `force`: exit even if the coordinator could not be told.
+    Decommission {
+        #[serde(default)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -129,7 +133,7 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), Superv
                 let mut leave = false;
                 let resp = match serde_json::from_str::<Request>(&line) {
                     Ok(req) => {
-                        let decommission = matches!(req, Request::Decommission);
+                        let decommission = matches!(req, Request::Decommission { .. });
                         let resp = handle(&sup, req).await;
                         leave = decommission && resp.ok;
                         resp
@@ -161,7 +165,7 @@ pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), Superv
 async fn handle(sup: &Supervisor, req: Request) -> Response {
     match req {
         Request::Status => Response::from(sup.status().await),
-        Request::Decommission => Response::from(sup.decommission().await),
+        Request::Decommission { force } => Response::from(sup.decommission(force).await),
         Request::LaneCreate { lane } => Response::from(sup.lane_create(&lane).await),
         Request::LaneDestroy { lane } => Response::from(sup.lane_destroy(&lane).await),
         Request::Start {

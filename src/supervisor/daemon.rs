@@ -193,6 +193,7 @@ pub(crate) fn spawn_applier(inner: Arc<Inner>, lane: String, live: &LiveGen) {
 
 /// Runs the supervisor daemon until SIGTERM or SIGINT.
 pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
+    decommission::refuse_if_decommissioned(&cfg.state_dir)?;
     // Every lane's gateway holds descriptors for its connections: the soft limit (often
     // 1024) goes up towards the hard one (at most 65536, which every child inherits), so a
     // few busy lanes cannot starve the rest.

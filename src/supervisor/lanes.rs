@@ -189,6 +189,8 @@ pub(crate) struct Inner {
     pub(super) lanes: std::sync::Mutex<BTreeMap<String, Arc<Mutex<Lane>>>>,
     /// Serializes lane creation: two creates of one new name must not both start servers.
     pub(super) create_lock: Mutex<()>,
+    /// Set while the host is being decommissioned: no lane is created.
+    pub(super) leaving: std::sync::atomic::AtomicBool,
     pub shutdown: watch::Sender<bool>,
     /// What the coordinator link reports in its hello: the live lanes (`lane@incarnation`)
     /// and each lane's status and live generations. Republished on every change (a lane

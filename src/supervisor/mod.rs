@@ -146,6 +146,7 @@ impl Supervisor {
             cfg,
             lanes: std::sync::Mutex::new(BTreeMap::new()),
             create_lock: Mutex::new(()),
+            leaving: std::sync::atomic::AtomicBool::new(false),
             shutdown,
             host_state: watch::channel(HostState::default()).0,
             reported: Arc::new(watch::channel(HostState::default()).0),
@@ -215,6 +216,11 @@ impl Supervisor {
     pub async fn lane_create(&self, lane: &str) -> Result<LaneView, SupervisorError> {
         let name = LaneName::parse(lane)?;
         let _creating = self.inner.create_lock.lock().await;
+        if self.inner.leaving.load(std::sync::atomic::Ordering::SeqCst) {
+            return Err(SupervisorError::State {
+                detail: format!("lane {lane} not created: this host is being decommissioned"),
+            });
+        }
         let prior = match self.inner.slot(&name) {
             Ok(slot) => {
                 let l = slot.lock().await;

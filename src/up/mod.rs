@@ -145,28 +145,11 @@ fn config_file_for(state_dir: &std::path::Path, lanes: u32) -> Result<ConfigFile
         std::path::absolute(state_dir).map_err(|e| UpError::Usage(format!("state dir: {e}")))?;
     let cgroup_root = up_cgroup_root(&state_dir, "")?;
     Ok(ConfigFile {
-        host_id: None,
-        state_dir: state_dir.join("supervisor"),
-        runtime_dir: state_dir.join("run"),
         cgroup_root,
-        registry_dir: None,
-        bin_dir: None,
-        tmux: None,
         lanes: (1..=lanes).map(|i| format!("lane-{i}")).collect(),
-        force_freezer_fallback: false,
-        reattach_timeout_ms: None,
-        coordinator: None,
-        metrics_listen: None,
-        harness_root: None,
-        credentials: Default::default(),
-        harness_config: Default::default(),
-        unconfined_lanes: vec![],
         // The coordinator's socket, the private cluster's, everything `up` keeps.
         hidden_paths: vec![state_dir.clone()],
-        providers: Default::default(),
-        lane_uids: None,
-        lane_uid_ledger: None,
-        repositories: Default::default(),
+        ..ConfigFile::new(state_dir.join("supervisor"), state_dir.join("run"))
     })
 }
 
@@ -440,28 +423,17 @@ fn member_config(
     let cgroup_root = up_cgroup_root(state_dir, &format!("-h{k}"))?;
     Ok(ConfigFile {
         host_id: Some(host_id.to_string()),
-        state_dir: state_dir.join("hosts").join(host_id),
-        // Short: tmux and lane socket paths must fit a sockaddr_un.
-        runtime_dir: state_dir.join("run").join(format!("h{k}")),
         cgroup_root,
-        registry_dir: None,
-        bin_dir: None,
-        tmux: None,
         lanes: (1..=lanes).map(|i| format!("lane-{i}")).collect(),
-        force_freezer_fallback: false,
-        reattach_timeout_ms: None,
         coordinator: Some(link.clone()),
         metrics_listen: Some("127.0.0.1:0".into()),
-        harness_root: None,
-        credentials: Default::default(),
-        harness_config: Default::default(),
-        unconfined_lanes: vec![],
         // Every host's state and sockets, the coordinator's, the private cluster's.
         hidden_paths: vec![state_dir.to_path_buf()],
-        providers: Default::default(),
-        lane_uids: None,
-        lane_uid_ledger: None,
-        repositories: Default::default(),
+        // The runtime dir is short: tmux and lane socket paths must fit a sockaddr_un.
+        ..ConfigFile::new(
+            state_dir.join("hosts").join(host_id),
+            state_dir.join("run").join(format!("h{k}")),
+        )
     })
 }
 
@@ -685,6 +657,8 @@ async fn demo(
     let b = svc
         .assign(AssignRequest {
             resume: a["assignment_id"].as_str().map(String::from),
+            // The demo resumes it with a task that shows it is the resumed one.
+            replace_task: true,
             ..AssignRequest::new(&lane_id, "fake@1.0.0", "print=resumed spawn=2", true)
         })
         .await

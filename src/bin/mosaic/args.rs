@@ -669,8 +669,14 @@ pub(crate) enum HostOp {
     Ack { key: String },
     /// Take this host out of the fleet: destroy every lane (the coordinator retires each),
     /// then the supervisor exits and removes its cgroup root and sockets. Its state dir
-    /// stays. Then disable its unit and revoke its keys (`mosaic trust revoke host:ID`).
-    Decommission,
+    /// stays, with a marker that keeps the supervisor from starting on it again. Then
+    /// disable its unit and revoke its keys (`mosaic trust revoke host:ID`).
+    Decommission {
+        /// Leave even if the coordinator cannot be told (it retires the lanes when it
+        /// hears from this host, which may be never).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[cfg(test)]

@@ -648,7 +648,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     include_acked: all,
                 },
                 HostOp::Ack { key } => Request::Ack { key },
-                HostOp::Decommission => Request::Decommission,
+                HostOp::Decommission { force } => Request::Decommission { force },
             };
             let v = control::call(&socket, &req)?;
             if json {

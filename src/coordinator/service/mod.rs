@@ -116,8 +116,7 @@ impl Service {
         .to_vec();
         let trust = trust::TrustSource::new(cfg.trust_registry.clone(), principal.clone(), own);
         // Revocations are authority: a restart applies every one before it verifies anything.
-        let revoked = store.revocations().await?;
-        trust.learn_all(revoked.into_iter().map(|r| r.subject));
+        trust.learn(store.revocations().await?);
         let registry = crate::protocol::LiveRegistry::new(trust.load()?);
         let cand = Candidate {
             holder: principal.clone(),
@@ -502,6 +501,7 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     if let Some(every) = crate::systemd::watchdog() {
         tokio::spawn(watchdog(svc.clone(), every));
     }
+    tokio::spawn(trust::reload_on_hangup(svc.clone()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
     tokio::select! {
         _ = term.recv() => {}

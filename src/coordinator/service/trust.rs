@@ -3,7 +3,9 @@
 //!
 //! **Never:** swaps in a registry that did not parse or lacks this coordinator's own keys
 //! (the old one stays, and the log, the audit and the metric say why); forgets a
-//! revocation it has seen (the set only grows, even while the database is away).
+//! revocation it has seen (the set only grows, even while the database is away); lets two
+//! refreshes interleave (one lock from reading the revocations to the replace, so an older
+//! load can never overwrite a newer revocation).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -26,15 +28,31 @@ pub(super) struct OwnKey {
     pub public: VerifyingKey,
 }
 
+/// Every revocation seen (grows only).
+#[derive(Debug, Clone, Default)]
+pub(super) struct Revoked {
+    /// Subjects (`host:h`, `host:h/session`, `operator:o`).
+    pub subjects: BTreeSet<String>,
+    /// Public keys (hex) revoked, under whatever id they appear.
+    pub keys: BTreeSet<String>,
+}
+
 /// What the reload watches.
 pub(super) struct TrustSource {
     pub path: PathBuf,
     pub principal: String,
     pub own: Vec<OwnKey>,
-    /// Every subject seen revoked (grows only).
-    revoked: Mutex<BTreeSet<String>>,
+    revoked: Mutex<Revoked>,
     /// The file as last loaded (or last refused): mtime, size, inode.
     stamp: Mutex<Option<Stamp>>,
+    /// Held by a refresh from its first read to its replace.
+    refresh: tokio::sync::Mutex<()>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    // A panic while holding it cannot leave a half-written set (inserts are atomic): go
+    // on with it rather than forget revocations.
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 type Stamp = (SystemTime, u64, u64);
@@ -46,12 +64,12 @@ fn stamp(path: &Path) -> Option<Stamp> {
 }
 
 /// The registry in `text` as this coordinator would use it: parsed, its own keys present
-/// and its own, every revoked subject applied.
+/// and its own, every revoked public key (`revoked_keys`, hex) marked revoked.
 pub fn effective(
     text: &str,
     principal: &str,
     own: &[(String, Purpose, VerifyingKey)],
-    revoked: &BTreeSet<String>,
+    revoked_keys: &BTreeSet<String>,
 ) -> Result<TrustRegistry, String> {
     let mut reg = TrustRegistry::from_toml(text).map_err(|e| e.to_string())?;
     let now = SystemTime::now();
@@ -59,9 +77,7 @@ pub fn effective(
         reg.check_own(key_id, principal, *purpose, public, now)
             .map_err(|e| e.to_string())?;
     }
-    for s in revoked {
-        reg.revoke_subject(s);
-    }
+    reg.revoke_keys(revoked_keys);
     Ok(reg)
 }
 
@@ -71,8 +87,9 @@ impl TrustSource {
             path,
             principal,
             own,
-            revoked: Mutex::new(BTreeSet::new()),
+            revoked: Mutex::new(Revoked::default()),
             stamp: Mutex::new(None),
+            refresh: tokio::sync::Mutex::new(()),
         }
     }
 
@@ -83,31 +100,29 @@ impl TrustSource {
             .collect()
     }
 
-    pub(super) fn revoked(&self) -> BTreeSet<String> {
-        self.revoked.lock().map(|r| r.clone()).unwrap_or_default()
+    pub(super) fn revoked(&self) -> Revoked {
+        lock(&self.revoked).clone()
     }
 
-    /// Whether `principal` (or every key of it) was revoked.
+    /// Whether `principal` itself was revoked (an operator's certificate principal).
     pub(super) fn is_revoked(&self, principal: &str) -> bool {
-        self.revoked
-            .lock()
-            .map(|r| r.contains(principal))
-            .unwrap_or(true)
+        lock(&self.revoked).subjects.contains(principal)
     }
 
-    pub(super) fn learn_all(&self, subjects: impl IntoIterator<Item = String>) {
-        self.learn(subjects);
-    }
-
-    /// Adds revoked subjects; the ones not seen before.
-    fn learn(&self, subjects: impl IntoIterator<Item = String>) -> Vec<String> {
-        let Ok(mut r) = self.revoked.lock() else {
-            return vec![];
-        };
-        subjects
-            .into_iter()
-            .filter(|s| r.insert(s.clone()))
-            .collect()
+    /// Adds revocations; the subjects not seen before.
+    pub(super) fn learn(
+        &self,
+        rows: impl IntoIterator<Item = crate::coordinator::trust::Revocation>,
+    ) -> Vec<String> {
+        let mut r = lock(&self.revoked);
+        let mut fresh = vec![];
+        for row in rows {
+            r.keys.extend(row.public_keys);
+            if r.subjects.insert(row.subject.clone()) {
+                fresh.push(row.subject);
+            }
+        }
+        fresh
     }
 
     /// Loads the file as this coordinator would use it (start: an error refuses to start).
@@ -118,16 +133,13 @@ impl TrustSource {
                 path: self.path.clone(),
                 source,
             })?;
-        let reg =
-            effective(&text, &self.principal, &self.own(), &self.revoked()).map_err(|detail| {
-                ServiceError::BadFile {
-                    path: self.path.clone(),
-                    detail,
-                }
-            })?;
-        if let Ok(mut s) = self.stamp.lock() {
-            *s = before;
-        }
+        let reg = effective(&text, &self.principal, &self.own(), &self.revoked().keys).map_err(
+            |detail| ServiceError::BadFile {
+                path: self.path.clone(),
+                detail,
+            },
+        )?;
+        *lock(&self.stamp) = before;
         Ok(reg)
     }
 }
@@ -135,18 +147,20 @@ impl TrustSource {
 impl Service {
     /// Reads the database's revocations and the registry file (if it changed, or `force`)
     /// and replaces the live registry when anything did. A file that does not load keeps
-    /// the registry in use, loudly. Sessions of newly revoked hosts are closed.
+    /// the registry in use, loudly. Sessions of newly revoked hosts are closed. One
+    /// refresh at a time, from the first read to the replace.
     pub(crate) async fn refresh_trust(&self, force: bool) {
         let src = &self.trust;
+        let _one = src.refresh.lock().await;
         let mut fresh = vec![];
         match self.store.revocations().await {
-            Ok(rows) => fresh = src.learn(rows.into_iter().map(|r| r.subject)),
+            Ok(rows) => fresh = src.learn(rows),
             Err(e) => {
                 tracing::debug!(error = %e, "revocations not read (database away); keeping those seen")
             }
         }
         let now = stamp(&src.path);
-        let changed = src.stamp.lock().map(|s| *s != now).unwrap_or(true);
+        let changed = *lock(&src.stamp) != now;
         if !(force || changed || !fresh.is_empty()) {
             return;
         }
@@ -161,9 +175,7 @@ impl Service {
             }
             Err(e) => {
                 // Not retried until the file changes again.
-                if let Ok(mut s) = src.stamp.lock() {
-                    *s = now;
-                }
+                *lock(&src.stamp) = now;
                 self.metrics.trust_reload_failures.inc();
                 tracing::error!(error = %e, "trust registry NOT reloaded: it does not load; the registry in use stays");
                 self.store.auditor().record(
@@ -172,14 +184,12 @@ impl Service {
                     None,
                     None,
                     None,
-                    &format!("refused: {e}"),
+                    &format!("trust registry reload refused: {e}"),
                 );
                 // A revocation still applies to the registry in use.
                 if !fresh.is_empty() {
                     let mut reg = (*self.registry.current()).clone();
-                    for s in &fresh {
-                        reg.revoke_subject(s);
-                    }
+                    reg.revoke_keys(&src.revoked().keys);
                     self.registry.replace(reg);
                 }
             }
@@ -202,11 +212,17 @@ impl Service {
         }
     }
 
-    /// `mosaic trust revoke`: recorded (fenced), applied at once, the session closed.
+    /// `mosaic trust revoke`: recorded (fenced) with the public keys it names in the
+    /// registry in use, applied at once, the session closed.
     pub(crate) async fn revoke(&self, subject: &str) -> Result<serde_json::Value, OpError> {
         let l = self.leader().await?;
-        let r = self.store.revoke(&l, subject, &self.principal).await;
-        let r = match r {
+        let keys = self
+            .registry
+            .current()
+            .keys_of(subject)
+            .into_iter()
+            .collect();
+        let r = match self.store.revoke(&l, subject, &self.principal, keys).await {
             Ok(r) => r,
             Err(e) => {
                 self.note(&l, &e).await;
@@ -218,7 +234,11 @@ impl Service {
             .registry
             .current()
             .entries()
-            .filter(|e| e.revoked && (e.key_id == subject || e.principal == subject))
+            .filter(|e| {
+                e.revoked
+                    && r.public_keys
+                        .contains(&hex::encode(e.public_key.to_bytes()))
+            })
             .map(|e| e.key_id.clone())
             .collect();
         Ok(serde_json::json!({ "revoked": r, "keys": keys }))
@@ -244,26 +264,34 @@ impl Service {
         serde_json::json!({
             "path": self.trust.path,
             "keys": keys,
-            "revoked": self.trust.revoked(),
+            "revoked": self.trust.revoked().subjects,
         })
     }
 }
 
-/// Reloads on SIGHUP, and checks the file and the revocations every second.
+/// Checks the file and the revocations every second.
 pub(super) async fn watch(svc: Arc<Service>, mut stop: crate::util::shutdown::ShutdownSignal) {
-    let mut hup = match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
-        Ok(h) => Some(h),
-        Err(e) => {
-            tracing::warn!(error = %e, "no SIGHUP reload (the registry is still reloaded when its file changes)");
-            None
-        }
-    };
     loop {
-        let force = tokio::select! {
+        tokio::select! {
             _ = stop.triggered() => return,
-            Some(()) = async { match hup.as_mut() { Some(h) => h.recv().await, None => std::future::pending().await } } => true,
-            _ = tokio::time::sleep(Duration::from_secs(1)) => false,
+            _ = tokio::time::sleep(Duration::from_secs(1)) => {}
         };
-        svc.refresh_trust(force).await;
+        svc.refresh_trust(false).await;
+    }
+}
+
+/// The coordinator daemon reloads its registry on SIGHUP (`mosaic up`, which runs the
+/// service in-process, keeps SIGHUP's usual meaning).
+pub(super) async fn reload_on_hangup(svc: Arc<Service>) {
+    match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::hangup()) {
+        Ok(mut h) => {
+            while h.recv().await.is_some() {
+                tracing::info!("SIGHUP: reloading the trust registry");
+                svc.refresh_trust(true).await;
+            }
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "no SIGHUP reload (the registry is still reloaded when its file changes)")
+        }
     }
 }

@@ -195,7 +195,9 @@ impl Service {
                 .filter(|r| r.lane_incarnation_id == inc);
             let mut end: BTreeSet<i64> = BTreeSet::new();
             let (mut hold, mut release) = (BTreeSet::new(), BTreeSet::new());
-            if rep.is_some_and(|r| r.status == "destroyed") {
+            // A recreate the coordinator ordered retires the old incarnation when the new
+            // one is reported (`adopt_lane_incarnation`), with the recreate's meaning.
+            if rep.is_some_and(|r| r.status == "destroyed") && !lane.recreate_requested {
                 // The host tore the lane down (verified) and says so: it is gone here too,
                 // before anything else can be reserved on it.
                 let r = self

@@ -72,7 +72,7 @@ pub async fn serve_operators(
             tracing::warn!(pid = ?peer, "operator socket: refused a confined (or unreadable) peer");
             continue;
         }
-        tokio::spawn(operator_session(svc.clone(), stream));
+        tokio::spawn(operator_session(svc.clone(), stream, None));
     }
 }
 
@@ -106,7 +106,7 @@ pub async fn serve_remote_operators(
                 }
                 Some(p) if p.starts_with("operator:") => {
                     tracing::info!(operator = %p, %addr, "operator connected");
-                    operator_session(svc, stream).await;
+                    operator_session(svc, stream, Some(p.clone())).await;
                     return;
                 }
                 Some(p) => format!("the client certificate names {p}, not an operator: operator requests need a certificate from `mosaic enroll operator NAME`"),
@@ -123,10 +123,15 @@ pub async fn serve_remote_operators(
             );
             // Said to the client too, as the answer to its first request (read first, so
             // closing never resets the connection under the answer).
+            // At most 64 KiB of it, for at most 5 s.
             let mut stream = tokio::io::BufReader::new(stream);
-            let mut first = String::new();
-            let _ =
-                tokio::time::timeout(Duration::from_secs(5), stream.read_line(&mut first)).await;
+            let mut first = Vec::new();
+            let mut limited = tokio::io::AsyncReadExt::take(&mut stream, 64 * 1024);
+            let _ = tokio::time::timeout(
+                Duration::from_secs(5),
+                limited.read_until(b'\n', &mut first),
+            )
+            .await;
             let line = json!({ "ok": false, "error": OpError::new(Category::NotOwner, refusal) });
             let mut out = line.to_string().into_bytes();
             out.push(b'\n');
@@ -138,14 +143,36 @@ pub async fn serve_remote_operators(
     }
 }
 
-/// One operator connection: JSON requests, one per line, answered in order.
+/// One operator connection: JSON requests, one per line, answered in order. A remote
+/// operator's (`principal`) is checked against the revocations before every request: a
+/// revocation ends a connection opened before it at its next request.
 pub(super) async fn operator_session<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     svc: Arc<Service>,
     stream: S,
+    principal: Option<String>,
 ) {
     let (r, mut w) = tokio::io::split(stream);
     let mut lines = tokio::io::BufReader::new(r).lines();
     while let Ok(Some(line)) = lines.next_line().await {
+        if let Some(p) = principal.as_deref().filter(|p| svc.trust.is_revoked(p)) {
+            let refusal = format!(
+                "{p} was revoked (mosaic trust revoke); this coordinator takes no request from it"
+            );
+            svc.store.auditor().record(
+                "operator-request",
+                Category::NotOwner,
+                None,
+                None,
+                None,
+                &refusal,
+            );
+            let resp = json!({ "ok": false, "error": OpError::new(Category::NotOwner, refusal) });
+            let mut out = resp.to_string().into_bytes();
+            out.push(b'\n');
+            let _ = w.write_all(&out).await;
+            let _ = w.flush().await;
+            break;
+        }
         let resp = match serde_json::from_str::<OperatorRequest>(&line) {
             Err(e) => {
                 json!({ "ok": false, "error": OpError::new(Category::BadInput, format!("bad request: {e}")) })
