@@ -718,3 +718,53 @@ async fn a_resume_keeps_the_assignments_task_unless_another_is_given_on_purpose(
     assert_eq!(task, "hang spawn=1");
     w.usable(1).await;
 }
+
+#[tokio::test(flavor = "multi_thread")]
+async fn a_decommission_leaves_only_once_the_coordinator_was_told_and_for_good() {
+    use mosaic::supervisor::control::{call, ClientError, Request};
+    let mut w = Split::new(2);
+    w.wait_host_connected();
+    let ctl = w.runtime_dir(0).join("control.sock");
+    // The coordinator away: the lanes are destroyed, but the host does not leave.
+    w.crash_coordinator(0);
+    match call(&ctl, &Request::Decommission { force: false }) {
+        Err(ClientError::Refused { message, .. }) => {
+            assert!(message.contains("not reached"), "{message}")
+        }
+        other => panic!("a decommission nobody was told of was not refused: {other:?}"),
+    }
+    assert!(call(&ctl, &Request::Status).is_ok(), "the supervisor left");
+    // Once told (the lanes are retired there), it leaves, and for good.
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    w.wait_host_connected();
+    let v = call(&ctl, &Request::Decommission { force: false }).unwrap();
+    assert_eq!(v["coordinator_told"], true, "{v}");
+    common::wait_until("the host's lanes retired", || {
+        let lanes = w.op(&OperatorRequest::Lanes).ok()?;
+        lanes.as_array()?.is_empty().then_some(())
+    });
+    assert_eq!(
+        w.count("SELECT count(*) FROM lane_incarnations WHERE retired_at IS NULL")
+            .await,
+        0
+    );
+    common::wait_until("the supervisor exits", || w.sup[0].exited());
+    assert!(
+        !w.cgroup_roots[0].exists(),
+        "the cgroup root was left behind"
+    );
+    assert!(!ctl.exists(), "the control socket was left behind");
+    world::World::start_supervisor(&mut w, 0);
+    let st = common::wait_until("the decommissioned supervisor refuses to start", || {
+        w.sup[0].exited()
+    });
+    assert!(!st.success());
+    assert!(
+        w.sup[0].log_text().contains("was decommissioned"),
+        "{}",
+        w.sup[0].log_text()
+    );
+    let e = w.assign(1, "hang").unwrap_err();
+    assert_eq!(e.category, mosaic::coordinator::Category::NotFound, "{e}");
+}
