@@ -460,12 +460,33 @@ pub fn init_standby(o: &InitStandby) -> Result<serde_json::Value, EnrollError> {
         .unwrap_or_default();
     let (pki_dir, keys) = (dir.join("pki"), dir.join("keys"));
     crate::util::durable::ensure_dir(&keys, 0o700).map_err(|e| file_err(&keys, e))?;
+    // Hosts check every coordinator they dial against one name (their `server_name`, the
+    // leader's): the standby's certificate carries the leader's names besides its own.
+    let leader_pem =
+        std::fs::read_to_string(&leader.cert).map_err(|e| file_err(&leader.cert, e))?;
+    let (dns, ips) = pki::server_names_of(&leader_pem).ok_or_else(|| {
+        file_err(
+            &leader.cert,
+            "no subject alternative names could be read from it",
+        )
+    })?;
+    let mut names = o.names.clone();
+    for d in dns {
+        if !names.dns.contains(&d) {
+            names.dns.push(d);
+        }
+    }
+    for i in ips {
+        if !names.ips.contains(&i) {
+            names.ips.push(i);
+        }
+    }
     let cert = pki::issue_to(
         &ca_dir,
         &pki_dir,
         Kind::Coordinator,
         &leader.name,
-        &o.names,
+        &names,
         validity(o.days)?,
         o.force,
     )?;

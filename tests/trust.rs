@@ -8,6 +8,7 @@
 mod common;
 mod pg;
 
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 
 use common::Daemon;
@@ -609,8 +610,124 @@ async fn db_init_is_idempotent_and_refuses_bad_names() {
         stored.starts_with("SCRAM-SHA-256$") && !stored.contains(secret),
         "{stored}"
     );
-    server.psql(
-        "postgres",
-        &format!("DROP DATABASE \"{name}\"; DROP ROLE \"{role}\""),
+    server.psql("postgres", &format!("DROP DATABASE \"{name}\""));
+    server.psql("postgres", &format!("DROP ROLE \"{role}\""));
+}
+
+fn init_at(dir: &Path, force: bool) -> serde_json::Value {
+    enroll::init_coordinator(&enroll::InitCoordinator {
+        dir: dir.into(),
+        name: "main".into(),
+        trust_domain: "t.test".into(),
+        names: mosaic::pki::ServerNames {
+            dns: vec!["coord.example".into()],
+            ips: vec![],
+        },
+        listen: "127.0.0.1:1".into(),
+        database_url: "host=/run/postgresql dbname=m user=m password=secret".into(),
+        operator_socket: dir.join("op.sock"),
+        operator_listen: None,
+        advertise_operator: None,
+        state_dir: dir.join("state"),
+        days: 30,
+        force,
+    })
+    .unwrap()
+}
+
+#[test]
+fn a_coordinator_directory_a_standby_and_a_rotation_keep_what_the_fleet_relies_on() {
+    let tmp = std::env::temp_dir().join(format!("mosaic-enroll-{}", uuid::Uuid::new_v4().simple()));
+    let d = tmp.join("coord");
+    init_at(&d, false);
+    // Its config may hold a database password: readable by its owner only.
+    let mode = std::fs::metadata(d.join("coordinator.toml"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600);
+    // Again without --force: refused, nothing replaced.
+    assert!(matches!(
+        enroll::init_coordinator(&enroll::InitCoordinator {
+            dir: d.clone(),
+            name: "main".into(),
+            trust_domain: "t.test".into(),
+            names: mosaic::pki::ServerNames::default(),
+            listen: "x:1".into(),
+            database_url: String::new(),
+            operator_socket: d.join("op.sock"),
+            operator_listen: None,
+            advertise_operator: None,
+            state_dir: d.join("state"),
+            days: 30,
+            force: false,
+        }),
+        Err(enroll::EnrollError::Exists(_))
+    ));
+    let h = enroll::enroll_host(&enroll::EnrollHost {
+        dir: d.clone(),
+        host_id: "h1".into(),
+        addresses: vec!["coord.example:7443".into()],
+        server_name: None,
+        out: None,
+        install_dir: "/etc/mosaic".into(),
+        lanes: vec!["lane-1".into()],
+        state_dir: "/var/lib/mosaic".into(),
+        runtime_dir: "/run/mosaic".into(),
+        cgroup_root: None,
+        days: 30,
+        force: false,
+    })
+    .unwrap();
+    let bundle = PathBuf::from(h["bundle"].as_str().unwrap());
+    assert!(
+        !bundle.join("pki/ca-key.pem").exists(),
+        "the CA key left its directory"
     );
+    let sup = std::fs::read_to_string(bundle.join("supervisor.toml")).unwrap();
+    assert!(sup.contains("server_name = \"coord.example\""), "{sup}");
+    // A standby's certificate names the leader's names too (hosts check one name).
+    let s = tmp.join("standby");
+    enroll::init_standby(&enroll::InitStandby {
+        dir: s.clone(),
+        leader_dir: d.clone(),
+        names: mosaic::pki::ServerNames {
+            dns: vec!["standby.example".into()],
+            ips: vec![],
+        },
+        listen: "127.0.0.1:2".into(),
+        operator_socket: s.join("op.sock"),
+        operator_listen: None,
+        advertise_operator: None,
+        state_dir: s.join("state"),
+        days: 30,
+        force: false,
+    })
+    .unwrap();
+    let (_, standby) = enroll::coordinator_of(&s).unwrap();
+    let (dns, _) =
+        mosaic::pki::server_names_of(&std::fs::read_to_string(&standby.cert).unwrap()).unwrap();
+    for n in ["coord.example", "standby.example"] {
+        assert!(dns.iter().any(|d| d == n), "{n} missing from {dns:?}");
+    }
+    // A rotation (--force) keeps the secret and whom the keys address.
+    let secret = std::fs::read(d.join("keys/coordinator-secret")).unwrap();
+    let before = std::fs::read_to_string(d.join("keys/coordinator-session")).unwrap();
+    init_at(&d, true);
+    assert_eq!(
+        std::fs::read(d.join("keys/coordinator-secret")).unwrap(),
+        secret
+    );
+    assert_ne!(
+        std::fs::read_to_string(d.join("keys/coordinator-session")).unwrap(),
+        before
+    );
+    let reg = mosaic::protocol::TrustRegistry::from_toml(
+        &std::fs::read_to_string(d.join("trust.toml")).unwrap(),
+    )
+    .unwrap();
+    for k in reg.entries().filter(|e| e.principal == "coordinator:main") {
+        assert!(k.audiences.contains("host:h1"), "{} lost host:h1", k.key_id);
+    }
+    let _ = std::fs::remove_dir_all(&tmp);
 }

@@ -203,8 +203,8 @@ async fn the_readmes_production_walkthrough_runs_as_written() {
         "the decommissioned host's lanes are still current"
     );
     assert_eq!(
-        count("SELECT count(*) FROM trust_revocations WHERE subject = 'host:build-02'").await,
-        1
+        count("SELECT count(*) FROM trust_revocations WHERE subject IN ('host:build-01', 'host:build-02')").await,
+        2
     );
     let status: serde_json::Value = serde_json::from_str(&last_output)
         .unwrap_or_else(|e| panic!("status is not JSON ({e}): {last_output}"));
