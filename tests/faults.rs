@@ -14,7 +14,8 @@
 //!   documented way out of its quarantine (destroy, then create).
 //!
 //! Real parts only: the state directory is its own tmpfs, filled or remounted read-only;
-//! the lane's tmux server is really killed; the harness is really SIGKILLed or SIGSTOPped;
+//! the lane's tmux server is really killed or stopped (wedged: it accepts connections and
+//! answers nothing); the harness is really SIGKILLed or SIGSTOPped;
 //! the supervisor is really SIGKILLed and started again.
 
 mod common;
@@ -37,6 +38,9 @@ enum Fault {
     StateReadOnly,
     /// The lane's tmux server is killed from outside.
     TmuxKilled,
+    /// The lane's tmux server is wedged: stopped (SIGSTOP), it accepts connections and
+    /// answers nothing (continued when the fault heals).
+    TmuxWedged,
     /// The harness hangs: it ignores SIGTERM and is stopped (SIGSTOP), so it answers no
     /// signal but SIGKILL.
     HarnessHung,
@@ -93,6 +97,9 @@ row!(state_read_only_at_stop, Fault::StateReadOnly, Step::Stop);
 row!(tmux_killed_while_idle, Fault::TmuxKilled, Step::Idle);
 row!(tmux_killed_while_running, Fault::TmuxKilled, Step::Running);
 row!(harness_hung_at_stop, Fault::HarnessHung, Step::Stop);
+row!(tmux_wedged_at_stop, Fault::TmuxWedged, Step::Stop);
+row!(tmux_wedged_at_start, Fault::TmuxWedged, Step::Start);
+row!(tmux_wedged_while_running, Fault::TmuxWedged, Step::Running);
 row!(
     supervisor_killed_while_running,
     Fault::SupervisorKilled,
@@ -132,6 +139,8 @@ fn expected_reason(fault: Fault, step: Step) -> Option<&'static [&'static str]> 
 struct Injected {
     state: PathBuf,
     fill: PathBuf,
+    /// The wedged tmux server, continued when the fault heals.
+    wedged: std::cell::Cell<Option<i32>>,
 }
 
 impl Injected {
@@ -139,6 +148,7 @@ impl Injected {
         Self {
             state: h.state_dir(),
             fill: h.dir.join("state/fill"),
+            wedged: std::cell::Cell::new(None),
         }
     }
 
@@ -151,6 +161,11 @@ impl Injected {
             Fault::SupervisorKilled => h.crash_supervisor(),
             Fault::StateFull => fill(&self.fill),
             Fault::StateReadOnly => remount(&self.state, true),
+            Fault::TmuxWedged => {
+                let pid = tmux_pid(h);
+                kill(pid, Signal::SIGSTOP);
+                self.wedged.set(Some(pid));
+            }
             Fault::TmuxKilled => {
                 let st = std::process::Command::new("tmux")
                     .arg("-S")
@@ -168,8 +183,36 @@ impl Injected {
             Fault::StateFull => std::fs::remove_file(&self.fill).unwrap(),
             Fault::StateReadOnly => remount(&self.state, false),
             Fault::SupervisorKilled => h.start_supervisor(),
+            Fault::TmuxWedged => {
+                if let Some(pid) = self.wedged.take() {
+                    kill(pid, Signal::SIGCONT)
+                }
+            }
             // The stop killed it; nothing was broken but the harness.
             Fault::TmuxKilled | Fault::HarnessHung => {}
+        }
+    }
+}
+
+/// The pid of the lane's tmux server, asked of it (while it still answers).
+fn tmux_pid(h: &Host) -> i32 {
+    let out = std::process::Command::new("tmux")
+        .arg("-S")
+        .arg(h.lane_tmux_socket(LANE))
+        .args(["display-message", "-p", "#{pid}"])
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    text.trim()
+        .parse()
+        .unwrap_or_else(|_| panic!("tmux named no pid: {text:?}"))
+}
+
+impl Drop for Injected {
+    /// A row that fails while the server is stopped still lets the teardown reach it.
+    fn drop(&mut self) {
+        if let Some(pid) = self.wedged.take() {
+            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), Signal::SIGCONT);
         }
     }
 }
@@ -235,7 +278,14 @@ fn run(fault: Fault, step: Step) {
                 runtime: "fake@1.0.0".into(),
                 directives: vec!["hang".into()],
             });
-            assert_eq!(kind, "storage", "{msg}");
+            // A wedged server is not taken for a gone one: after its bounded wait the
+            // start fails and says why, and the lane stays as it is.
+            let expected = if fault == Fault::TmuxWedged {
+                "tmux"
+            } else {
+                "storage"
+            };
+            assert_eq!(kind, expected, "{msg}");
             // Refused before anything ran: no generation cgroup, no receipt.
             assert!(h.lane_status(LANE)["current_generation"].is_null());
             assert!(h.receipts(None, true).is_empty());
