@@ -202,6 +202,7 @@ async fn coordinated(
     let host = CoordinatedHost::new(
         sup.clone(),
         std::sync::Arc::new(signer("host-ordinary")),
+        std::sync::Arc::new(signer("host-session")),
         tx,
     )
     .await;

@@ -157,6 +157,21 @@ fn every_to_host() -> Vec<ToHost> {
                 source: mosaic::protocol::repo::RepoSource::path("/srv/demo").unwrap(),
                 base: mosaic::protocol::repo::BaseRef::parse("main").unwrap(),
             }),
+            restore: Some(mosaic::protocol::repo::RestorePoint {
+                checkpoint_digest: format!("sha256:{}", "d".repeat(64)),
+                commit_id: "a".repeat(40),
+                tree_id: "b".repeat(40),
+                host_id: "h1".into(),
+                base_commit_id: Some("c".repeat(40)),
+                base_object: Some(mosaic::protocol::repo::StoredObject {
+                    digest: format!("sha256:{}", "e".repeat(64)),
+                    size: 70_000,
+                }),
+                bundle_object: Some(mosaic::protocol::repo::StoredObject {
+                    digest: format!("sha256:{}", "f".repeat(64)),
+                    size: 900,
+                }),
+            }),
         }),
         ToHost::Contract(Contract {
             authority: authority(),
@@ -216,6 +231,24 @@ fn every_to_host() -> Vec<ToHost> {
             receipt_idempotency_key: "tr-1".into(),
             verdict: Verdict::Refused("not-owner".into()),
         }),
+        ToHost::CheckpointStored(mosaic::protocol::messages::CheckpointStored {
+            object_digest: format!("sha256:{}", "e".repeat(64)),
+            verdict: mosaic::protocol::messages::StoredVerdict::More,
+            received: 49152,
+        }),
+        ToHost::CheckpointData(mosaic::protocol::messages::CheckpointData {
+            object_digest: format!("sha256:{}", "e".repeat(64)),
+            offset: 49152,
+            answer: mosaic::protocol::messages::DataAnswer::Data {
+                object_size: 70_000,
+                data: vec![7; 70_000 - 49152],
+            },
+        }),
+        ToHost::CheckpointData(mosaic::protocol::messages::CheckpointData {
+            object_digest: format!("sha256:{}", "f".repeat(64)),
+            offset: 0,
+            answer: mosaic::protocol::messages::DataAnswer::Refused("corrupt".into()),
+        }),
     ]
 }
 
@@ -226,7 +259,10 @@ fn signed_as(
     mut f: Vec<(&'static str, Value)>,
 ) -> mosaic::protocol::Envelope<mosaic::protocol::Verified> {
     let key = match m {
-        ToHost::Reconcile(_) | ToHost::ReceiptAck(_) => "coord-session",
+        ToHost::Reconcile(_)
+        | ToHost::ReceiptAck(_)
+        | ToHost::CheckpointStored(_)
+        | ToHost::CheckpointData(_) => "coord-session",
         _ => "coord-ordinary",
     };
     f.push(("message_id", s("m-1")));
@@ -284,6 +320,10 @@ fn an_unknown_verdict_control_op_or_phase_is_refused() {
         (MessageType::ReceiptAck, "verdict", "acked:ok"),
         (MessageType::Control, "control_op", "stop"),
         (MessageType::Continuation, "phase", "offered"),
+        (MessageType::CheckpointStored, "verdict", "stored-ish"),
+        (MessageType::CheckpointStored, "verdict", "retry:"),
+        (MessageType::CheckpointData, "verdict", "refused:"),
+        (MessageType::CheckpointData, "verdict", "maybe"),
     ] {
         let env = with_field(&pick(t), field, Some(s(bad)));
         match ToHost::decode(&env) {

@@ -437,3 +437,211 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
     let out = stop(&w, b["assignment_id"].as_str().unwrap());
     assert_eq!(out["state"], "CANCELLED", "{out}");
 }
+
+/// Every file of `ws` but its `.git`, with its bytes and mode (links as their targets).
+fn files_of(ws: &Path) -> std::collections::BTreeMap<String, (Vec<u8>, u32)> {
+    use std::os::unix::fs::PermissionsExt;
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).unwrap() {
+            let e = e.unwrap();
+            let p = e.path();
+            if p == ws.join(".git") {
+                continue;
+            }
+            let m = std::fs::symlink_metadata(&p).unwrap();
+            let rel = p.strip_prefix(ws).unwrap().display().to_string();
+            if m.is_dir() {
+                stack.push(p);
+            } else if m.file_type().is_symlink() {
+                let t = std::fs::read_link(&p).unwrap();
+                out.insert(rel, (t.display().to_string().into_bytes(), 0o120000));
+            } else {
+                out.insert(
+                    rel,
+                    (std::fs::read(&p).unwrap(), m.permissions().mode() & 0o777),
+                );
+            }
+        }
+    }
+    out
+}
+
+/// The termination receipts' details of `asg`, newest first.
+fn receipt_details(w: &World, asg: &str) -> Vec<String> {
+    tokio_block(async {
+        w.sql()
+            .await
+            .query(
+                "SELECT coalesce(body->>'detail', '') FROM termination_receipts WHERE assignment_id = $1 ORDER BY ingested_at DESC",
+                &[&asg],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect()
+    })
+}
+
+/// Work in a repository SIGKILLed on one host resumes on another from the checkpoint the
+/// coordinator's store holds: the same files, byte for byte (tracked, staged and untracked
+/// changes alike), on the same branch at the same base. A byte flipped in the store is
+/// refused (the restore fails, the work waits in recovery), and the repaired object
+/// serves; the restore is recorded.
+#[test]
+fn work_moves_to_another_host_through_the_checkpoint_store() {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        hosts: 2,
+        supervisors: 2,
+        lanes: 1,
+        tag: "workspaces-move",
+        ..Spec::default()
+    });
+    let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
+    let host0 = lane0.split_once(':').unwrap().0.to_string();
+    add_repo(&w, "demo", &repo.0, &host0);
+    let inc = w.incarnation_of(0, "lane-1");
+    let work = w.area(0, &inc, 1).join("work");
+    let task = format!(
+        "attack=write:{0}/a.txt attack=write:{0}/new.txt attack=write:{0}/staged.txt attack=write:{0}/scratch.log hang",
+        work.display()
+    );
+    let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    attempts(&w.area(0, &inc, 1).join("home/attacks"), 4);
+    let ws0 = w.state_dir(0).join("workspaces").join(&asg);
+    git(&ws0, &["add", "staged.txt"]);
+    std::fs::remove_file(ws0.join("b.txt")).unwrap();
+    let mut before = files_of(&ws0);
+    // Ignored files are not the work's: never checkpointed, never carried.
+    assert!(before.remove("scratch.log").is_some(), "{before:?}");
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    wait_until("the work in recovery", || {
+        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
+    });
+    // Uploaded: the checkpoint's bundle and its base's, in the store.
+    let ck = wait_until("the checkpoint stored", || {
+        let rows = checkpoints(&w, &asg, 1);
+        (rows[0]["stored"] == true).then(|| rows[0].clone())
+    });
+    assert!(ck["transfer_error"].is_null(), "{ck}");
+    assert_eq!(
+        ck["base_commit_id"].as_str(),
+        Some(git(&repo.0, &["rev-parse", "main"]).as_str()),
+        "{ck}"
+    );
+    let bundle = ck["bundle_object"].as_str().unwrap().to_string();
+
+    // A byte flipped at rest: refused, never served; the work stays where it was.
+    let flip = |w: &World| {
+        tokio_block(async {
+            w.sql()
+                .await
+                .execute(
+                    "UPDATE checkpoint_object_parts SET data = set_byte(data, 20, get_byte(data, 20) # 1) \
+                     WHERE object_digest = $1 AND part = 0",
+                    &[&bundle],
+                )
+                .await
+                .unwrap()
+        })
+    };
+    assert_eq!(flip(&w), 1);
+    let refused = assign_in(&w, &lane1, "hang", None, None, Some(&asg));
+    assert!(refused.is_err(), "{refused:?}");
+    wait_until("the refused restore's receipt", || {
+        receipt_details(&w, &asg)
+            .iter()
+            .any(|d| d.contains("corrupt"))
+            .then_some(())
+    });
+    wait_until("the work in recovery again", || {
+        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
+    });
+    assert!(!w.state_dir(1).join("workspaces").join(&asg).exists());
+
+    // Repaired: the resume on the other host starts in exactly the same files.
+    assert_eq!(flip(&w), 1);
+    let b = assign_in(&w, &lane1, "hang", None, None, Some(&asg)).unwrap();
+    assert_eq!(b["state"], "RUNNING", "{b}");
+    let ws1 = w.state_dir(1).join("workspaces").join(&asg);
+    assert_eq!(files_of(&ws1), before, "the restored workspace differs");
+    assert!(
+        !ws1.join("scratch.log").exists(),
+        "ignored files are not carried"
+    );
+    assert_eq!(
+        git(&ws1, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        format!("mosaic/{asg}")
+    );
+    assert_eq!(
+        git(&ws1, &["rev-parse", "HEAD"]),
+        git(&repo.0, &["rev-parse", "main"])
+    );
+    let status = git(&ws1, &["status", "--porcelain"]);
+    for line in ["M a.txt", "D b.txt", "?? new.txt", "?? staged.txt"] {
+        assert!(status.lines().any(|l| l.trim() == line), "{line}: {status}");
+    }
+    let restores: i64 = tokio_block(async {
+        w.sql()
+            .await
+            .query_one(
+                "SELECT count(*) FROM checkpoint_restores WHERE assignment_id = $1 AND host_id = $2",
+                &[&asg, &lane1.split_once(':').unwrap().0],
+            )
+            .await
+            .unwrap()
+            .get(0)
+    });
+    assert_eq!(restores, 2, "the base and the bundle, each served once");
+    let out = stop(&w, asg.clone());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+}
+
+/// A checkpoint larger than the store takes stays on its host, says why, and a resume on
+/// another host is refused with that reason, before anything is reserved.
+#[test]
+fn a_checkpoint_over_the_store_limit_stays_on_its_host_and_says_so() {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        hosts: 2,
+        supervisors: 2,
+        lanes: 1,
+        tag: "workspaces-limit",
+        coordinator_extra: "checkpoint_store_max_bytes = 100\n".into(),
+        ..Spec::default()
+    });
+    let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
+    add_repo(&w, "demo", &repo.0, lane0.split_once(':').unwrap().0);
+    let a = assign_in(&w, &lane0, "hang", Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    wait_until("the work in recovery", || {
+        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
+    });
+    let ck = wait_until("the upload refused", || {
+        let rows = checkpoints(&w, &asg, 1);
+        rows[0]["transfer_error"].as_str().map(String::from)
+    });
+    assert!(ck.contains("larger than the store takes"), "{ck}");
+    let rows = checkpoints(&w, &asg, 1);
+    assert_eq!(rows[0]["stored"], false, "{}", rows[0]);
+    let reservations = || tokio_block(async { w.count("SELECT count(*) FROM reservations").await });
+    let n = reservations();
+    let refused = assign_in(&w, &lane1, "hang", None, None, Some(&asg)).expect_err("refused");
+    assert!(
+        refused.message.contains("larger than the store takes"),
+        "{refused:?}"
+    );
+    assert_eq!(reservations(), n);
+    // On its own host it resumes from its own checkpoint repository.
+    let b = assign_in(&w, &lane0, "hang", None, None, Some(&asg)).unwrap();
+    assert_eq!(b["state"], "RUNNING", "{b}");
+    let out = stop(&w, asg);
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+}

@@ -22,6 +22,7 @@ pub mod activation;
 pub mod audit;
 mod cas;
 pub mod chain;
+pub mod checkpoint_store;
 pub mod continuation;
 pub mod continuity;
 pub mod effects;

@@ -186,6 +186,48 @@ impl CheckpointRef {
     }
 }
 
+/// An object of the coordinator's checkpoint store: its content address and size.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoredObject {
+    pub digest: String,
+    pub size: u64,
+}
+
+/// The checkpoint a stage's workspace is restored from: the assignment's latest, with
+/// where its bytes are (on the host that took it; in the coordinator's store once
+/// uploaded). The coordinator derives `checkpoint_digest` from the two ids before it
+/// sends it; the host checks that again, and that the restored tree is exactly `tree_id`.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RestorePoint {
+    pub checkpoint_digest: String,
+    pub commit_id: String,
+    pub tree_id: String,
+    /// The host that took it.
+    pub host_id: String,
+    /// The commit the checkpoint is relative to (its parent), if it has one.
+    pub base_commit_id: Option<String>,
+    /// A bundle of the base commit, once stored.
+    pub base_object: Option<StoredObject>,
+    /// The checkpoint's bundle (relative to its base), once stored.
+    pub bundle_object: Option<StoredObject>,
+}
+
+impl RestorePoint {
+    /// Its ids are object ids and its digest is theirs.
+    pub fn well_formed(&self, repository: &RepoName) -> bool {
+        let c = CheckpointRef {
+            repository: repository.clone(),
+            commit_id: self.commit_id.clone(),
+            tree_id: self.tree_id.clone(),
+        };
+        c.well_formed()
+            && c.digest() == self.checkpoint_digest
+            && self.base_commit_id.as_deref().is_none_or(object_id_ok)
+    }
+}
+
 /// The hidden ref a checkpoint is kept under in the host's checkpoint repository.
 pub fn checkpoint_ref(assignment_id: &str, incarnation: &str, generation: u64) -> String {
     format!("refs/mosaic/checkpoints/{assignment_id}/{incarnation}/{generation}")
@@ -200,6 +242,12 @@ pub fn retention_policy_digest() -> String {
         "sha256:{}",
         crate::util::sha256_hex("mosaic/retention-policy", &[RETENTION_POLICY.as_bytes()])
     )
+}
+
+/// The hidden ref a workspace's base commit is kept under in the host's checkpoint
+/// repository (a checkpoint's parent: what its bundle is relative to).
+pub fn base_ref(commit_id: &str) -> String {
+    format!("refs/mosaic/bases/{commit_id}")
 }
 
 /// The branch an assignment's workspace works on.

@@ -112,7 +112,9 @@ impl Supervisor {
             seed(&link.ordinary_key)?,
         ));
         let (out, rx) = tokio::sync::mpsc::channel(256);
-        let host = coordinated::CoordinatedHost::new(self.clone(), ordinary, out).await;
+        let host =
+            coordinated::CoordinatedHost::new(self.clone(), ordinary, params.signer.clone(), out)
+                .await;
         tokio::spawn(link::run_link(
             params,
             self.inner.outbox.clone(),

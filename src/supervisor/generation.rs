@@ -606,7 +606,7 @@ pub(crate) fn build_receipt(
     let mut detail = detail;
     let checkpoint = if cleanup.verified_empty {
         // git runs here (bounded by its deadline): off the runtime's worker if on one.
-        let take = || super::workspaces::checkpoint(inner, rec);
+        let take = || super::checkpoints::checkpoint(inner, rec);
         let taken = match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
                 tokio::task::block_in_place(take)

@@ -60,10 +60,12 @@ use outbox::{Outbox, OutboxError};
 use receipt::{StopCause, TerminationReceipt};
 use state::{GenRecord, LaneRecord, LaneStatus, Store};
 
+mod checkpoints;
 mod daemon;
 mod decommission;
 mod end;
 mod error;
+mod git;
 mod lanes;
 mod lanewatch;
 mod start;

@@ -70,6 +70,9 @@ pub struct CoordBinding {
     /// The repository the work's workspace is cloned from (`None`: a scratch directory).
     #[serde(default)]
     pub repository: Option<crate::protocol::repo::RepoBinding>,
+    /// The checkpoint its workspace is restored from, when the work has one.
+    #[serde(default)]
+    pub restore: Option<Box<crate::protocol::repo::RestorePoint>>,
     pub activated: bool,
     /// The chain fields this host's messages about the generation carry (identifiers,
     /// digests, the fence commitment — nothing secret), recorded at activation so that a

@@ -162,6 +162,7 @@ pub fn provision(
             heartbeat_ms: None,
             max_clock_skew_ms: None,
             metrics_listen: None,
+            checkpoint_store_max_bytes: None,
         },
         links,
     })

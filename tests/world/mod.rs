@@ -43,6 +43,8 @@ pub struct Spec {
     pub supervisor_extra: String,
     /// Top-level keys of every supervisor's config (`unconfined_lanes = [...]`).
     pub supervisor_top: String,
+    /// Appended to every coordinator's config (`checkpoint_store_max_bytes = …`).
+    pub coordinator_extra: String,
 }
 
 impl Default for Spec {
@@ -60,6 +62,7 @@ impl Default for Spec {
             tag: "world",
             supervisor_extra: String::new(),
             supervisor_top: String::new(),
+            coordinator_extra: String::new(),
         }
     }
 }
@@ -155,6 +158,7 @@ impl World {
         if let (0, Some(a)) = (i, &self.operator_addr) {
             extra.push_str(&format!("operator_listen = {a:?}\n"));
         }
+        extra.push_str(&s.coordinator_extra);
         std::fs::write(
             self.coordinator_config(i),
             format!(

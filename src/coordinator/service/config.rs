@@ -68,6 +68,11 @@ pub struct CoordinatorConfig {
     /// when absent.
     #[serde(default)]
     pub metrics_listen: Option<String>,
+    /// The largest object the checkpoint store takes (a checkpoint's bundle, or the bundle
+    /// of its base commit), in bytes (default 268435456: 256 MiB). A checkpoint with a
+    /// larger one stays on its host only, and says so (`mosaic checkpoint list`).
+    #[serde(default)]
+    pub checkpoint_store_max_bytes: Option<u64>,
 }
 
 /// The timing settings the running service uses, with their defaults applied.
@@ -79,6 +84,7 @@ pub struct Timing {
     pub challenge_ttl_ms: i64,
     pub liveness: transport::Liveness,
     pub max_clock_skew_ms: u64,
+    pub checkpoint_max_bytes: u64,
 }
 
 impl CoordinatorConfig {
@@ -92,6 +98,9 @@ impl CoordinatorConfig {
             max_clock_skew_ms: self
                 .max_clock_skew_ms
                 .unwrap_or(transport::ClockSkew::DEFAULT_TOLERANCE_MS),
+            checkpoint_max_bytes: self
+                .checkpoint_store_max_bytes
+                .unwrap_or(crate::coordinator::checkpoint_store::DEFAULT_MAX_OBJECT_BYTES),
         }
     }
 }

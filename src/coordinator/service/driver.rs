@@ -257,6 +257,19 @@ impl Service {
     }
 
     async fn push_stage(&self, l: &Leader, c: &ChainRow) -> bool {
+        // Work in a repository restores its workspace from its latest checkpoint (the host
+        // keeps its own workspace when it is already that checkpoint's).
+        let restore = match &c.repository {
+            Some(_) => match self.store.restore_point(&c.chain.assignment_id).await {
+                Ok(p) => p,
+                Err(e) => {
+                    tracing::warn!(error = %e, reservation_id = %c.chain.reservation_id,
+                        "cannot read the work's latest checkpoint; the stage waits");
+                    return false;
+                }
+            },
+            None => None,
+        };
         let m = Stage {
             authority: self.authority(l, c, Proof::Commit),
             issued: Self::issued(
@@ -265,6 +278,7 @@ impl Service {
                 &c.reservation_deadline,
             ),
             repository: c.repository.clone(),
+            restore,
         };
         self.sign_push(&c.host_id, ToHost::Stage(m))
     }

@@ -237,9 +237,9 @@ impl Service {
             });
             same_lane_ok = usable;
         }
-        // Work with a workspace stays on the host that has it (no checkpoint moves it yet).
-        let home = match self.store.workspace_of(&w.assignment_id).await {
-            Ok(h) => h.map(|(_, host)| host),
+        // Work with a workspace goes to another host only from a checkpoint in the store.
+        let has_workspace = match self.store.workspace_of(&w.assignment_id).await {
+            Ok(h) => h.is_some(),
             Err(e) => {
                 tracing::warn!(error = %e, "watchdog cannot read the work's workspace");
                 return;
@@ -248,7 +248,14 @@ impl Service {
         let mut candidates = Vec::new();
         for lane in lanes {
             let same = lane.lane_id == w.lane_id;
-            if home.as_ref().is_some_and(|h| *h != lane.host_id) {
+            if has_workspace
+                && !matches!(
+                    self.store
+                        .workspace_cannot_move(&w.assignment_id, &lane.host_id)
+                        .await,
+                    Ok(None)
+                )
+            {
                 continue;
             }
             if lane.state != LaneState::IdleClean

@@ -463,6 +463,8 @@ pub enum FromHostSession {
     State(HostState),
     Receipt(Receipt),
     Heartbeat,
+    CheckpointUpload(super::CheckpointUpload),
+    CheckpointFetch(super::CheckpointFetch),
 }
 
 impl FromHostSession {
@@ -500,6 +502,12 @@ impl FromHostSession {
                 receipt: f.json("receipt")?,
             }),
             MessageType::Heartbeat => Self::Heartbeat,
+            MessageType::CheckpointUpload => {
+                Self::CheckpointUpload(super::CheckpointUpload::decode(&f)?)
+            }
+            MessageType::CheckpointFetch => {
+                Self::CheckpointFetch(super::CheckpointFetch::decode(&f)?)
+            }
             _ => return Ok(None),
         };
         Ok(Some(msg))

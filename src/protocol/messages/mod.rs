@@ -16,8 +16,11 @@
 use super::canonical::{self, Value};
 use super::envelope::{Envelope, Verified};
 
+mod checkpoint;
 mod from_host;
 mod to_host;
+
+pub use checkpoint::*;
 
 pub use from_host::*;
 pub use to_host::*;

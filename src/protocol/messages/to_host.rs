@@ -53,6 +53,8 @@ pub struct Stage {
     /// The repository the work's workspace is cloned from (kept for its next
     /// generations); `None`: a private scratch directory.
     pub repository: Option<crate::protocol::repo::RepoBinding>,
+    /// The checkpoint the workspace is restored from, when the assignment has one.
+    pub restore: Option<crate::protocol::repo::RestorePoint>,
 }
 
 /// `contract`: the task and the digests the harness must take.
@@ -266,6 +268,8 @@ pub enum ToHost {
     Reconcile(Reconcile),
     ReceiptAck(ReceiptAck),
     EffectVerdict(EffectVerdict),
+    CheckpointStored(super::CheckpointStored),
+    CheckpointData(super::CheckpointData),
 }
 
 impl ToHost {
@@ -280,6 +284,8 @@ impl ToHost {
             Self::Reconcile(_) => MessageType::Reconcile,
             Self::ReceiptAck(_) => MessageType::ReceiptAck,
             Self::EffectVerdict(_) => MessageType::EffectVerdict,
+            Self::CheckpointStored(_) => MessageType::CheckpointStored,
+            Self::CheckpointData(_) => MessageType::CheckpointData,
         }
     }
 
@@ -293,7 +299,10 @@ impl ToHost {
             Self::Continuation(m) => Some(&m.authority),
             Self::Activate(m) => Some(&m.authority),
             Self::EffectVerdict(m) => Some(&m.authority),
-            Self::Reconcile(_) | Self::ReceiptAck(_) => None,
+            Self::Reconcile(_)
+            | Self::ReceiptAck(_)
+            | Self::CheckpointStored(_)
+            | Self::CheckpointData(_) => None,
         }
     }
 
@@ -311,6 +320,9 @@ impl ToHost {
                         ("repository_source", s(r.source.as_str())),
                         ("base_ref", s(r.base.as_str())),
                     ]);
+                }
+                if let Some(r) = &m.restore {
+                    super::checkpoint::restore_fields(&mut f, r);
                 }
             }
             Self::Contract(m) => {
@@ -415,6 +427,8 @@ impl ToHost {
                 ("receipt_idempotency_key", s(&m.receipt_idempotency_key)),
                 ("verdict", s(&m.verdict.encode())),
             ]),
+            Self::CheckpointStored(m) => m.fields(&mut f),
+            Self::CheckpointData(m) => m.fields(&mut f),
         }
         f
     }
@@ -428,6 +442,7 @@ impl ToHost {
                 authority: f.authority()?,
                 issued: f.issued()?,
                 repository: f.repository()?,
+                restore: f.restore()?,
             }),
             MessageType::Contract => Self::Contract(Contract {
                 authority: f.authority()?,
@@ -521,6 +536,10 @@ impl ToHost {
                         .ok_or_else(|| f.unknown("verdict", &verdict))?,
                 })
             }
+            MessageType::CheckpointStored => {
+                Self::CheckpointStored(super::CheckpointStored::decode(&f)?)
+            }
+            MessageType::CheckpointData => Self::CheckpointData(super::CheckpointData::decode(&f)?),
             _ => return Ok(None),
         };
         Ok(Some(msg))

@@ -63,9 +63,13 @@ pub enum MessageType {
     ContinuationResult,
     EffectResult,
     EffectVerdict,
+    CheckpointUpload,
+    CheckpointStored,
+    CheckpointFetch,
+    CheckpointData,
 }
 
-pub const ALL_TYPES: [MessageType; 30] = [
+pub const ALL_TYPES: [MessageType; 34] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -96,6 +100,10 @@ pub const ALL_TYPES: [MessageType; 30] = [
     MessageType::ContinuationResult,
     MessageType::EffectResult,
     MessageType::EffectVerdict,
+    MessageType::CheckpointUpload,
+    MessageType::CheckpointStored,
+    MessageType::CheckpointFetch,
+    MessageType::CheckpointData,
 ];
 
 impl MessageType {
@@ -131,6 +139,10 @@ impl MessageType {
             Self::ContinuationResult => "continuation_result",
             Self::EffectResult => "effect_result",
             Self::EffectVerdict => "effect_verdict",
+            Self::CheckpointUpload => "checkpoint_upload",
+            Self::CheckpointStored => "checkpoint_stored",
+            Self::CheckpointFetch => "checkpoint_fetch",
+            Self::CheckpointData => "checkpoint_data",
         }
     }
 

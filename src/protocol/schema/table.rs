@@ -149,7 +149,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 30] = [
+pub static SCHEMAS: [Schema; 34] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -286,11 +286,22 @@ pub static SCHEMAS: [Schema; 30] = [
             ]
         ],
         // The assignment's workspace, when it works in a repository: all four or none.
+        // `restore_*`: the checkpoint its workspace is restored from (the assignment's
+        // latest), and its objects in the coordinator's store once uploaded.
         [
             ("repository", Str),
             ("repository_kind", Str),
             ("repository_source", Text),
-            ("base_ref", Str)
+            ("base_ref", Str),
+            ("restore_checkpoint_digest", Digest),
+            ("restore_commit_id", Str),
+            ("restore_tree_id", Str),
+            ("restore_host_id", Str),
+            ("restore_base_commit_id", Str),
+            ("restore_base_object", Digest),
+            ("restore_base_size", Uint),
+            ("restore_bundle_object", Digest),
+            ("restore_bundle_size", Uint)
         ],
         [PRE_CONTRACT]
     ),
@@ -679,56 +690,91 @@ pub static SCHEMAS: [Schema; 30] = [
             RECOVERY_ACK_NO_TIME
         ]
     ),
+    // Checkpoint transfer (session plumbing: the message ids bind the session). A host
+    // uploads the objects of a checkpoint it recorded — its bundle, and the bundle of the
+    // base commit it is relative to — one part at a time, each answered by
+    // `checkpoint_stored`; a host restoring a checkpoint its stage names fetches them one
+    // part at a time, each answered by `checkpoint_data`. `data` is base64 of at most
+    // 48 KiB; `offset` is where it starts in the object.
+    schema!(
+        CheckpointUpload,
+        "checkpoint_upload",
+        Session,
+        Host,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[
+                ("lane_incarnation_id", Str),
+                ("generation", Uint),
+                ("checkpoint_digest", Digest),
+                ("role", Str),
+                ("object_digest", Digest),
+                ("object_size", Uint),
+                ("offset", Uint),
+                ("data", Str)
+            ]
+        ],
+        // `base_commit_id`: with role `base`, the commit the bundle holds.
+        [("base_commit_id", Str)],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    // `verdict`: `more` (send the part at `received`), `stored` (the object is whole and
+    // verified), `retry:<category>` (later) or `refused:<category>` (never).
+    schema!(
+        CheckpointStored,
+        "checkpoint_stored",
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[
+                ("object_digest", Digest),
+                ("verdict", Str),
+                ("received", Uint)
+            ]
+        ],
+        [],
+        [&["data"]]
+    ),
+    schema!(
+        CheckpointFetch,
+        "checkpoint_fetch",
+        Session,
+        Host,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[
+                ("reservation_id", Str),
+                ("object_digest", Digest),
+                ("offset", Uint)
+            ]
+        ],
+        [],
+        [NO_AUTHORITATIVE_TIME, &["data"]]
+    ),
+    // `verdict`: `data` (with `object_size` and `data`), or `refused:<category>`.
+    schema!(
+        CheckpointData,
+        "checkpoint_data",
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[
+                ("object_digest", Digest),
+                ("offset", Uint),
+                ("verdict", Str)
+            ]
+        ],
+        [("object_size", Uint), ("data", Str)],
+        []
+    ),
 ];
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_type_has_exactly_one_consistent_schema() {
-        for t in ALL_TYPES {
-            let s: Vec<&Schema> = SCHEMAS.iter().filter(|s| s.message_type == t).collect();
-            assert_eq!(s.len(), 1, "{t:?}");
-            let s = s[0];
-            assert_eq!(t.schema().message_type, t);
-            assert_eq!(MessageType::parse(t.as_str()), Some(t));
-            assert_eq!(s.version, format!("mosaic.{}.v1", t.as_str()));
-            // No field is both allowed and prohibited; no field is listed twice.
-            let mut names: Vec<&str> = s
-                .required_fields()
-                .map(|(n, _)| *n)
-                .chain(s.optional.iter().map(|(n, _)| *n))
-                .collect();
-            for n in &names {
-                assert!(
-                    !s.is_prohibited(n),
-                    "{t:?}: {n} both allowed and prohibited"
-                );
-            }
-            let before = names.len();
-            names.sort_unstable();
-            names.dedup();
-            assert_eq!(before, names.len(), "{t:?} lists a field twice");
-        }
-        let digests: std::collections::BTreeSet<[u8; 32]> =
-            SCHEMAS.iter().map(|s| s.digest()).collect();
-        assert_eq!(digests.len(), SCHEMAS.len());
-    }
-
-    #[test]
-    fn recovery_and_ordinary_are_disjoint_in_purpose() {
-        for s in &SCHEMAS {
-            let recovery = matches!(
-                s.message_type,
-                MessageType::RecoveryChallenge | MessageType::RecoveryAck
-            );
-            assert_eq!(
-                recovery,
-                s.purpose == Purpose::Recovery,
-                "{:?}",
-                s.message_type
-            );
-        }
-    }
-}
+#[path = "table_tests.rs"]
+mod tests;

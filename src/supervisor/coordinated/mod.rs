@@ -165,6 +165,8 @@ impl ReportBase {
 pub struct CoordinatedHost {
     sup: Supervisor,
     signer: Arc<Signer>,
+    /// The host's session key: its checkpoint transfers are session messages.
+    session_signer: Arc<Signer>,
     out: mpsc::Sender<Outgoing>,
     chains: Mutex<HashMap<String, Arc<ChainCtx>>>,
     gate: Mutex<GenerationGate>,
@@ -172,6 +174,8 @@ pub struct CoordinatedHost {
     effects: effects::Effects,
     /// One stage at a time per lane, so a duplicate stage finds the first one's result.
     staging: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// Checkpoint transfers waiting for the coordinator's answers.
+    transfers: transfer::Transfers,
 }
 
 fn identity_value(id: &super::identity::ProcessIdentity) -> Value {
@@ -193,18 +197,22 @@ impl CoordinatedHost {
     pub async fn new(
         sup: Supervisor,
         signer: Arc<Signer>,
+        session_signer: Arc<Signer>,
         out: mpsc::Sender<Outgoing>,
     ) -> Arc<Self> {
         let host = Arc::new(Self {
             sup,
             signer,
+            session_signer,
             out,
             chains: Mutex::new(HashMap::new()),
             gate: Mutex::new(GenerationGate::new()),
             effects: Default::default(),
             staging: Mutex::new(HashMap::new()),
+            transfers: Default::default(),
         });
         tokio::spawn(Self::resend_results(Arc::downgrade(&host)));
+        tokio::spawn(Self::upload_loop(Arc::downgrade(&host)));
         match host.sup.status().await {
             Ok(st) => {
                 for lane in st.lanes {
@@ -330,6 +338,7 @@ mod continuations;
 mod effects;
 mod reports;
 mod stage;
+mod transfer;
 
 pub use effects::ADMIT_TIMEOUT;
 

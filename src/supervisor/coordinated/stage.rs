@@ -49,19 +49,30 @@ impl CoordinatedHost {
             activated: false,
             chain_fields: None,
             repository: stage.repository.clone(),
+            restore: stage.restore.clone().map(Box::new),
         };
         let session = GenSession::new();
-        let started = self
-            .sup
-            .start_coordinated(
-                &lane,
-                &runtime,
-                &inc,
+        // A workspace restored from a checkpoint another host took: its objects first.
+        let obtained = self.obtain(&stage).await;
+        let started = match obtained {
+            Err(e) => Err(crate::supervisor::SupervisorError::Launch {
+                lane: lane.clone(),
                 generation,
-                session.clone(),
-                binding.clone(),
-            )
-            .await;
+                detail: format!("restoring the work's checkpoint: {e}"),
+            }),
+            Ok(()) => {
+                self.sup
+                    .start_coordinated(
+                        &lane,
+                        &runtime,
+                        &inc,
+                        generation,
+                        session.clone(),
+                        binding.clone(),
+                    )
+                    .await
+            }
+        };
         let view = match started {
             Ok(v) => v,
             Err(e) => {

@@ -177,6 +177,12 @@ impl Handler for HostHandler {
                     FromHostSession::State(m) => svc.on_state(&host, m).await.map(|()| vec![]),
                     FromHostSession::Receipt(m) => return svc.on_receipt(&host, m).await,
                     FromHostSession::Heartbeat => Ok(vec![]),
+                    FromHostSession::CheckpointUpload(m) => {
+                        return svc.on_checkpoint_upload(&host, m).await
+                    }
+                    FromHostSession::CheckpointFetch(m) => {
+                        return svc.on_checkpoint_fetch(&host, m).await
+                    }
                 },
                 Ok(None) => Err(OpError::new(
                     Category::BadInput,

@@ -38,6 +38,7 @@ use super::driver::LaneOrder;
 use super::operator::OpError;
 use super::Service;
 
+mod checkpoints;
 mod effects;
 mod handler;
 mod messages;

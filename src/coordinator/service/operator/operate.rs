@@ -578,7 +578,19 @@ impl Service {
         let repository = self.workspace_for(&a, &lane).await?;
         // The default scope: the lane itself and its model provider. Egress and pushes are
         // named explicitly (`egress:HOST[:PORT]`, `push:REPO[:REF]`).
-        let scope = if a.scope.is_empty() {
+        // A resume that names none keeps its assignment's (on whichever lane it resumes).
+        let kept = match (&a.resume, a.scope.is_empty()) {
+            (Some(asg), true) => self
+                .store
+                .next_attempt(asg)
+                .await?
+                .map(|n| n.scope)
+                .filter(|s| !s.is_empty()),
+            _ => None,
+        };
+        let scope = if let Some(kept) = kept {
+            kept
+        } else if a.scope.is_empty() {
             vec![format!("lane:{}", a.lane_id), "provider".to_string()]
         } else {
             a.scope.clone()

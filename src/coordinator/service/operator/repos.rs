@@ -37,8 +37,9 @@ impl Service {
     }
 
     /// The repository and base ref of an `assign`, checked: declared, reachable from the
-    /// lane's host; a resume names no other repository than its work's and stays on the
-    /// host that has its workspace (nothing moves a workspace between hosts yet).
+    /// lane's host; a resume names no other repository than its work's, and goes to
+    /// another host than its workspace's only when its latest checkpoint is in the store
+    /// (its stage restores it there).
     pub(super) async fn workspace_for(
         &self,
         a: &AssignRequest,
@@ -57,11 +58,16 @@ impl Service {
             if a.repo.is_none() && a.base.is_some() {
                 return Err(OpError::new(Category::BadInput, "--base needs --repo"));
             }
-            if let Some((_, host)) = has {
-                if host != lane.host_id {
+            // Elsewhere only from a checkpoint the store holds (or its own host's).
+            if has.is_some() {
+                if let Some(why) = self
+                    .store
+                    .workspace_cannot_move(resumed, &lane.host_id)
+                    .await?
+                {
                     return Err(OpError::new(
                         Category::WrongState,
-                        format!("{resumed}'s workspace is on host:{host}; resume it on a lane of that host (nothing moves a workspace between hosts yet)"),
+                        format!("{resumed} cannot resume on host:{}: {why}", lane.host_id),
                     ));
                 }
             }

@@ -1,0 +1,363 @@
+//! The checkpoint store (migration 0017): content-addressed objects kept in PostgreSQL in
+//! parts, uploaded by the host that took a checkpoint and served to a host restoring it.
+//!
+//! An object's address is `sha256:` and the hex SHA-256 of its bytes. It is written one
+//! part at a time, in order, under a row lock; when its last byte arrives the whole is
+//! hashed and compared with its address before it is `stored` (a mismatch discards it and
+//! is recorded on the checkpoint); every serve hashes it again first (a byte changed at
+//! rest is refused as `corrupt`, never served).
+//!
+//! **Never:** accepts an upload for a checkpoint of another host, takes an object larger
+//! than the configured limit, serves an object to a host whose reservation is not for an
+//! assignment that checkpoint belongs to, or logs a byte of an object.
+
+use sha2::{Digest, Sha256};
+
+use super::error::AuthorityError;
+use super::rows::RowExt;
+use super::store::Store;
+use crate::protocol::messages::{
+    CheckpointFetch, CheckpointUpload, DataAnswer, ObjectRole, StoredVerdict, PART_BYTES,
+};
+use crate::protocol::repo::{object_id_ok, RestorePoint, StoredObject};
+
+/// The store's default limit on one object (a checkpoint's bundle, or its base's).
+pub const DEFAULT_MAX_OBJECT_BYTES: u64 = 256 << 20;
+
+/// The content address of `bytes`.
+pub fn object_digest(bytes: &[u8]) -> String {
+    format!("sha256:{}", hex::encode(Sha256::digest(bytes)))
+}
+
+fn refused(c: &str) -> StoredVerdict {
+    StoredVerdict::Refused(c.to_string())
+}
+
+impl Store {
+    /// One uploaded part: `(verdict, bytes the store holds)`.
+    pub async fn checkpoint_upload(
+        &self,
+        host: &str,
+        m: &CheckpointUpload,
+        max_bytes: u64,
+    ) -> Result<(StoredVerdict, u64), AuthorityError> {
+        let part_ok = m.object_size > 0
+            && m.offset < m.object_size
+            && m.offset % PART_BYTES as u64 == 0
+            && m.data.len() as u64 == (m.object_size - m.offset).min(PART_BYTES as u64)
+            && m.object_digest.len() == 71
+            && (m.role == ObjectRole::Bundle) == m.base_commit_id.is_none()
+            && m.base_commit_id.as_deref().is_none_or(object_id_ok);
+        if !part_ok {
+            return Ok((refused("bad-input"), 0));
+        }
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        let Some(row) = tx
+            .query_opt(
+                "SELECT host_id, assignment_id, checkpoint_digest, bundle_object, base_object \
+                 FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 FOR UPDATE",
+                &[&m.lane_incarnation_id, &(m.generation as i64)],
+            )
+            .await?
+        else {
+            // Its receipt may not be ingested yet: the host tries again later.
+            return Ok((StoredVerdict::Retry("no-checkpoint".into()), 0));
+        };
+        let (owner, asg, digest): (String, String, String) = (
+            row.col("host_id")?,
+            row.col("assignment_id")?,
+            row.col("checkpoint_digest")?,
+        );
+        if owner != host {
+            return Ok((refused("not-owner"), 0));
+        }
+        if asg != m.assignment_id || digest != m.checkpoint_digest {
+            return Ok((refused("mismatch"), 0));
+        }
+        if m.object_size > max_bytes {
+            let why = format!(
+                "its {} of {} bytes is larger than the store takes ({max_bytes} bytes): the checkpoint stays on host:{host} only",
+                m.role.as_str(),
+                m.object_size
+            );
+            transfer_error(tx, m, &why).await?;
+            return Ok((refused("too-large"), 0));
+        }
+        tx.execute(
+            "INSERT INTO checkpoint_objects (object_digest, size, uploaded_by) VALUES ($1, $2, $3) \
+             ON CONFLICT (object_digest) DO NOTHING",
+            &[&m.object_digest, &(m.object_size as i64), &host],
+        )
+        .await?;
+        let obj = tx
+            .query_one(
+                "SELECT size, received, stored_at IS NOT NULL AS stored FROM checkpoint_objects \
+                 WHERE object_digest = $1 FOR UPDATE",
+                &[&m.object_digest],
+            )
+            .await?;
+        let (size, mut received, stored): (i64, i64, bool) =
+            (obj.col("size")?, obj.col("received")?, obj.col("stored")?);
+        if size as u64 != m.object_size {
+            return Ok((refused("mismatch"), received as u64));
+        }
+        if !stored {
+            if m.offset != received as u64 {
+                // Not the next part (a resend, a restart): say where to go on from.
+                return Ok((StoredVerdict::More, received as u64));
+            }
+            let part = (m.offset / PART_BYTES as u64) as i32;
+            tx.execute(
+                "INSERT INTO checkpoint_object_parts (object_digest, part, data) VALUES ($1, $2, $3)",
+                &[&m.object_digest, &part, &m.data],
+            )
+            .await?;
+            received += m.data.len() as i64;
+            tx.execute(
+                "UPDATE checkpoint_objects SET received = $2 WHERE object_digest = $1",
+                &[&m.object_digest, &received],
+            )
+            .await?;
+            if received < size {
+                tx.commit().await?;
+                return Ok((StoredVerdict::More, received as u64));
+            }
+            if !whole_matches(&tx, &m.object_digest).await? {
+                tx.execute(
+                    "DELETE FROM checkpoint_objects WHERE object_digest = $1",
+                    &[&m.object_digest],
+                )
+                .await?;
+                let why = format!(
+                    "the uploaded bytes of its {} do not match their digest",
+                    m.role.as_str()
+                );
+                transfer_error(tx, m, &why).await?;
+                return Ok((refused("corrupt"), 0));
+            }
+            tx.execute(
+                "UPDATE checkpoint_objects SET stored_at = clock_timestamp() WHERE object_digest = $1",
+                &[&m.object_digest],
+            )
+            .await?;
+        }
+        // The object is whole: it is the checkpoint's (a first upload names it; another
+        // upload of the same checkpoint keeps the first).
+        match m.role {
+            ObjectRole::Bundle => {
+                tx.execute(
+                    "UPDATE checkpoints SET bundle_object = coalesce(bundle_object, $3), transfer_error = NULL \
+                     WHERE lane_incarnation_id = $1 AND generation = $2",
+                    &[&m.lane_incarnation_id, &(m.generation as i64), &m.object_digest],
+                )
+                .await?
+            }
+            ObjectRole::Base => {
+                tx.execute(
+                    "UPDATE checkpoints SET base_object = coalesce(base_object, $3), \
+                            base_commit_id = coalesce(base_commit_id, $4) \
+                     WHERE lane_incarnation_id = $1 AND generation = $2",
+                    &[
+                        &m.lane_incarnation_id,
+                        &(m.generation as i64),
+                        &m.object_digest,
+                        &m.base_commit_id,
+                    ],
+                )
+                .await?
+            }
+        };
+        tx.commit().await?;
+        Ok((StoredVerdict::Stored, size as u64))
+    }
+
+    /// One part of an object a host's stage restores. Served only to the host of the
+    /// reservation, for an assignment one of whose checkpoints is made of that object; at
+    /// offset 0 the whole object is verified first and the restore recorded.
+    pub async fn checkpoint_fetch(
+        &self,
+        host: &str,
+        m: &CheckpointFetch,
+    ) -> Result<DataAnswer, AuthorityError> {
+        let no = |c: &str| Ok(DataAnswer::Refused(c.to_string()));
+        if m.offset % PART_BYTES as u64 != 0 {
+            return no("bad-input");
+        }
+        let c = self.pool.get().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT r.assignment_id, r.assignment_attempt_id, ln.host_id, r.released_at IS NOT NULL AS released, \
+                        o.size, o.stored_at IS NOT NULL AS stored \
+                 FROM reservations r \
+                 JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+                 JOIN lanes ln ON ln.lane_id = li.lane_id \
+                 JOIN checkpoints ck ON ck.assignment_id = r.assignment_id \
+                      AND (ck.bundle_object = $2 OR ck.base_object = $2) \
+                 JOIN checkpoint_objects o ON o.object_digest = $2 \
+                 WHERE r.reservation_id = $1 LIMIT 1",
+                &[&m.reservation_id, &m.object_digest],
+            )
+            .await?
+        else {
+            return no("not-granted");
+        };
+        let (asg, attempt, owner): (String, String, String) = (
+            r.col("assignment_id")?,
+            r.col("assignment_attempt_id")?,
+            r.col("host_id")?,
+        );
+        if owner != host || asg != m.assignment_id || r.col::<bool>("released")? {
+            return no("not-granted");
+        }
+        let size: i64 = r.col("size")?;
+        if !r.col::<bool>("stored")? || m.offset >= size as u64 {
+            return no("not-stored");
+        }
+        if m.offset == 0 {
+            if !whole_matches(&c, &m.object_digest).await? {
+                return no("corrupt");
+            }
+            c.execute(
+                "INSERT INTO checkpoint_restores (reservation_id, object_digest, assignment_id, assignment_attempt_id, host_id, purpose) \
+                 VALUES ($1, $2, $3, $4, $5, 'same-assignment-recovery') ON CONFLICT DO NOTHING",
+                &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host],
+            )
+            .await?;
+        }
+        let part = (m.offset / PART_BYTES as u64) as i32;
+        let Some(p) = c
+            .query_opt(
+                "SELECT data FROM checkpoint_object_parts WHERE object_digest = $1 AND part = $2",
+                &[&m.object_digest, &part],
+            )
+            .await?
+        else {
+            return no("corrupt");
+        };
+        Ok(DataAnswer::Data {
+            object_size: size as u64,
+            data: p.col("data")?,
+        })
+    }
+
+    /// What a stage of `assignment_id` restores its workspace from: its latest checkpoint,
+    /// with the objects of it the store holds.
+    pub async fn restore_point(
+        &self,
+        assignment_id: &str,
+    ) -> Result<Option<RestorePoint>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT ck.checkpoint_digest, ck.commit_id, ck.tree_id, ck.host_id, ck.base_commit_id, \
+                        ck.base_object, bo.size AS base_size, ck.bundle_object, ko.size AS bundle_size \
+                 FROM checkpoints ck \
+                 LEFT JOIN checkpoint_objects bo ON bo.object_digest = ck.base_object AND bo.stored_at IS NOT NULL \
+                 LEFT JOIN checkpoint_objects ko ON ko.object_digest = ck.bundle_object AND ko.stored_at IS NOT NULL \
+                 WHERE ck.assignment_id = $1 ORDER BY ck.created_at DESC, ck.generation DESC LIMIT 1",
+                &[&assignment_id],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        let object = |d: &str, s: &str| -> Result<Option<StoredObject>, AuthorityError> {
+            let digest: Option<String> = r.col(d)?;
+            let size: Option<i64> = r.col(s)?;
+            Ok(digest.zip(size).map(|(digest, size)| StoredObject {
+                digest,
+                size: size as u64,
+            }))
+        };
+        Ok(Some(RestorePoint {
+            checkpoint_digest: r.col("checkpoint_digest")?,
+            commit_id: r.col("commit_id")?,
+            tree_id: r.col("tree_id")?,
+            host_id: r.col("host_id")?,
+            base_commit_id: r.col("base_commit_id")?,
+            base_object: object("base_object", "base_size")?,
+            bundle_object: object("bundle_object", "bundle_size")?,
+        }))
+    }
+
+    /// Why `assignment_id`'s work cannot start on `host_id` with its workspace, if it
+    /// cannot: its workspace is elsewhere and its latest checkpoint is not in the store.
+    pub async fn workspace_cannot_move(
+        &self,
+        assignment_id: &str,
+        host_id: &str,
+    ) -> Result<Option<String>, AuthorityError> {
+        let Some((_, home)) = self.workspace_of(assignment_id).await? else {
+            return Ok(None);
+        };
+        let point = self.restore_point(assignment_id).await?;
+        let c = self.pool.get().await?;
+        let why = match point {
+            // The host that took it keeps it in its own checkpoint repository.
+            Some(p) if p.host_id == host_id => None,
+            Some(p) if p.bundle_object.is_some() => None,
+            Some(p) => {
+                let err: Option<String> = c
+                    .query_opt(
+                        "SELECT transfer_error FROM checkpoints WHERE checkpoint_digest = $1 AND assignment_id = $2 \
+                         ORDER BY created_at DESC LIMIT 1",
+                        &[&p.checkpoint_digest, &assignment_id],
+                    )
+                    .await?
+                    .map(|r| r.col("transfer_error"))
+                    .transpose()?
+                    .flatten();
+                Some(match err {
+                    Some(e) => format!(
+                        "its latest checkpoint cannot move: {e}; resume it on a lane of host:{}",
+                        p.host_id
+                    ),
+                    None => format!(
+                        "its latest checkpoint is not in the store yet (host:{} has not uploaded it); wait, or resume it on a lane of that host",
+                        p.host_id
+                    ),
+                })
+            }
+            None if home == host_id => None,
+            None => Some(format!(
+                "its workspace is on host:{home} and it has no checkpoint to restore elsewhere; resume it on a lane of that host"
+            )),
+        };
+        Ok(why)
+    }
+}
+
+/// Records why `m`'s checkpoint cannot be moved, and commits.
+async fn transfer_error(
+    tx: deadpool_postgres::Transaction<'_>,
+    m: &CheckpointUpload,
+    why: &str,
+) -> Result<(), AuthorityError> {
+    tx.execute(
+        "UPDATE checkpoints SET transfer_error = $3 WHERE lane_incarnation_id = $1 AND generation = $2",
+        &[&m.lane_incarnation_id, &(m.generation as i64), &why],
+    )
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Whether the parts of `digest`, in order, hash to it.
+async fn whole_matches(
+    c: &impl deadpool_postgres::GenericClient,
+    digest: &str,
+) -> Result<bool, AuthorityError> {
+    let rows = c
+        .query(
+            "SELECT data FROM checkpoint_object_parts WHERE object_digest = $1 ORDER BY part",
+            &[&digest],
+        )
+        .await?;
+    let mut h = Sha256::new();
+    for r in &rows {
+        let d: Vec<u8> = r.col("data")?;
+        h.update(&d);
+    }
+    Ok(format!("sha256:{}", hex::encode(h.finalize())) == digest)
+}

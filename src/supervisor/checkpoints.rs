@@ -1,0 +1,227 @@
+//! Checkpoints of workspaces on this host: each a synthetic commit of every file the
+//! repository does not ignore, on a hidden ref of the host's own checkpoint repository for
+//! that repository (`<state_dir>/checkpoints/<repo>.git`), its parent the workspace's base
+//! commit. git reads the workspace as files there — its own git directory, a private index,
+//! no attributes, no configuration of the host or of the workspace: the agent's `.git`
+//! (index, hooks, config) is never consulted.
+
+use std::path::{Path, PathBuf};
+
+use super::git::{git, git_with};
+use super::state::GenRecord;
+use super::Inner;
+use crate::protocol::repo::{checkpoint_ref, CheckpointRef, RepoBinding, RepoName};
+
+/// git's empty tree: the attribute source of a checkpoint, so no `.gitattributes` of the
+/// workspace converts a byte of what is captured (line endings, filters).
+const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+/// A checkpoint of the workspace of `rec`'s work, if it works in a repository and its
+/// workspace exists here: every file the repository does not ignore (committed or not,
+/// untracked too), as a synthetic commit on a hidden ref of this host's checkpoint
+/// repository for it. The call comes only once the generation's cgroup is verified empty
+/// (nothing of it can change the tree meanwhile). git runs with the checkpoint
+/// repository's own directory, index and configuration: the workspace is read as files,
+/// its `.git` (config, hooks, index) never consulted. Blocking.
+pub(crate) fn checkpoint(inner: &Inner, rec: &GenRecord) -> Option<Result<CheckpointRef, String>> {
+    let c = rec.coord.as_ref()?;
+    let repo = c.repository.as_ref()?;
+    let ws = super::workspaces::dir_of(inner, &c.assignment_id);
+    if !ws.is_dir() {
+        return None; // never made (its start failed before): nothing was written
+    }
+    Some(capture(
+        inner,
+        &ws,
+        &c.assignment_id,
+        &rec.lane_incarnation_id,
+        rec.generation,
+        repo,
+    ))
+}
+
+/// Most a workspace may hold to be checkpointed (regular files' sizes, sparse ones
+/// counted whole) and most files: beyond, the checkpoint fails with the reason.
+pub(crate) const CHECKPOINT_MAX_BYTES: u64 = 1 << 30;
+pub(crate) const CHECKPOINT_MAX_FILES: usize = 200_000;
+
+/// What the capture would refuse to read, found before git runs (nothing of the assignment
+/// runs now, so the tree cannot change after this walk): a `.gitignore` that is not a
+/// regular file (git would open a FIFO and wait forever, or follow a link as root), a
+/// nested repository (git would read whatever its `.git` names and record only a commit
+/// id: its files would be lost), more than the limits. Links are never followed.
+fn survey(ws: &Path) -> Result<(), String> {
+    let (mut bytes, mut files) = (0u64, 0usize);
+    let mut stack = vec![ws.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        let entries =
+            std::fs::read_dir(&dir).map_err(|e| format!("reading {}: {e}", dir.display()))?;
+        for e in entries {
+            let e = e.map_err(|e| e.to_string())?;
+            let p = e.path();
+            let meta = std::fs::symlink_metadata(&p).map_err(|e| e.to_string())?;
+            let name = e.file_name();
+            let rel = p.strip_prefix(ws).unwrap_or(&p).display().to_string();
+            if name == ".git" {
+                if dir == ws {
+                    continue; // the agent's own repository: never read
+                }
+                return Err(format!(
+                    "a nested repository at {rel}: its files cannot be checkpointed"
+                ));
+            }
+            if (name == ".gitignore" || name == ".gitattributes") && !meta.is_file() {
+                return Err(format!("{rel} is not a regular file"));
+            }
+            if meta.is_dir() {
+                stack.push(p);
+            } else if meta.is_file() {
+                files += 1;
+                bytes = bytes.saturating_add(meta.len());
+            }
+            if bytes > CHECKPOINT_MAX_BYTES || files > CHECKPOINT_MAX_FILES {
+                return Err(format!(
+                    "the workspace holds more than {} MiB or {CHECKPOINT_MAX_FILES} files",
+                    CHECKPOINT_MAX_BYTES >> 20
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The checkpoint repository of `repo` on this host (bare; made when first needed).
+pub(crate) fn store_of(inner: &Inner, repo: &RepoName) -> Result<PathBuf, String> {
+    let dir = inner.cfg.state_dir.join("checkpoints");
+    crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
+    let store = dir.join(format!("{}.git", repo.as_str()));
+    if !store.is_dir() {
+        let s = store.to_string_lossy().to_string();
+        git(&["init", "--quiet", "--bare", &s], None)?;
+    }
+    Ok(store)
+}
+
+/// Flags that make git read a tree as files, byte for byte, with nothing of the host or
+/// the workspace configuring it.
+const EXACT: [&str; 20] = [
+    "-c",
+    "core.autocrlf=false",
+    "-c",
+    "core.safecrlf=false",
+    "-c",
+    "core.fsmonitor=false",
+    "-c",
+    "core.untrackedCache=false",
+    "-c",
+    "core.symlinks=true",
+    "-c",
+    "core.hooksPath=/dev/null",
+    "-c",
+    "user.name=Mosaic",
+    "-c",
+    "user.email=checkpoint@mosaic.invalid",
+    "-c",
+    "core.excludesFile=/dev/null",
+    "-c",
+    "core.attributesFile=/dev/null",
+];
+
+/// git on `ws` as files, with the checkpoint repository `store` as its git directory and a
+/// private index (removed after): the workspace's own `.git` is never consulted.
+fn on_tree<T>(
+    store: &Path,
+    ws: &Path,
+    f: impl FnOnce(&dyn Fn(&[&str]) -> Result<String, String>) -> Result<T, String>,
+) -> Result<T, String> {
+    let index = store.join(format!("mosaic-index-{}", uuid::Uuid::new_v4().simple()));
+    let null = Path::new("/dev/null");
+    let env: [(&str, &Path); 5] = [
+        ("GIT_DIR", store),
+        ("GIT_WORK_TREE", ws),
+        ("GIT_INDEX_FILE", &index),
+        ("GIT_CONFIG_GLOBAL", null),
+        ("GIT_ATTR_SOURCE", Path::new(EMPTY_TREE)),
+    ];
+    let run = |args: &[&str]| {
+        let all: Vec<&str> = EXACT.iter().chain(args).copied().collect();
+        git_with(&all, Some(ws), &env)
+    };
+    let out = f(&run);
+    let _ = std::fs::remove_file(&index);
+    out
+}
+
+/// The tree of every file of `ws` the repository does not ignore, written into `store`.
+pub(crate) fn tree_of(store: &Path, ws: &Path) -> Result<String, String> {
+    survey(ws)?;
+    on_tree(store, ws, |run| {
+        run(&["add", "--all", "--", "."])?;
+        run(&["write-tree"])
+    })
+}
+
+/// Writes exactly the files of `tree_id` (from `store`) into `ws`, which holds nothing but
+/// its `.git`.
+pub(crate) fn write_tree_into(store: &Path, tree_id: &str, ws: &Path) -> Result<(), String> {
+    on_tree(store, ws, |run| {
+        run(&["read-tree", tree_id])?;
+        run(&["checkout-index", "--all", "--force"]).map(|_| ())
+    })
+}
+
+/// Whether `store` has `object` (a commit id).
+pub(crate) fn has_commit(store: &Path, object: &str) -> bool {
+    git(
+        &["cat-file", "-e", &format!("{object}^{{commit}}")],
+        Some(store),
+    )
+    .is_ok()
+}
+
+fn capture(
+    inner: &Inner,
+    ws: &Path,
+    assignment_id: &str,
+    incarnation: &str,
+    generation: u64,
+    repo: &RepoBinding,
+) -> Result<CheckpointRef, String> {
+    let store = store_of(inner, &repo.name)?;
+    // Relative to the workspace's base commit when this host's repository has it (its
+    // bundle then carries only what changed).
+    let base = super::workspaces::marker(inner, assignment_id)
+        .and_then(|m| m.base_commit_id)
+        .filter(|b| has_commit(&store, b));
+    let c = on_tree(&store, ws, |run| {
+        survey(ws)?;
+        run(&["add", "--all", "--", "."])?;
+        let tree_id = run(&["write-tree"])?;
+        let msg =
+            format!("mosaic checkpoint of {assignment_id}, {incarnation} generation {generation}");
+        let mut args = vec!["commit-tree", tree_id.as_str(), "-m", msg.as_str()];
+        if let Some(b) = &base {
+            args.extend(["-p", b.as_str()]);
+        }
+        let commit_id = run(&args)?;
+        // Never over another checkpoint's ref (the zero id: it must not exist yet).
+        let zero = "0".repeat(40);
+        let r = checkpoint_ref(assignment_id, incarnation, generation);
+        run(&["update-ref", &r, &commit_id, &zero])?;
+        Ok(CheckpointRef {
+            repository: repo.name.clone(),
+            commit_id,
+            tree_id,
+        })
+    })?;
+    if !c.well_formed() {
+        return Err(format!(
+            "git answered {:?} / {:?} for the checkpoint's ids",
+            c.commit_id, c.tree_id
+        ));
+    }
+    super::workspaces::set_marker(inner, assignment_id, base, &c.digest())?;
+    tracing::info!(assignment_id, generation, repository = repo.name.as_str(),
+        commit = %c.commit_id, digest = %c.digest(), "workspace checkpointed");
+    Ok(c)
+}

@@ -1,0 +1,506 @@
+//! Checkpoint transfer on this host: every checkpoint this host took is uploaded to the
+//! coordinator's store (the bundle of its base commit, then its own bundle, relative to
+//! that base), and a stage whose workspace restores a checkpoint this host does not hold
+//! fetches its objects first. One part at a time, each answered; an object is verified
+//! against its digest before git reads it, and imported with git checking every object.
+//!
+//! **Never:** imports a checkpoint another host took under this host's checkpoint refs
+//! (it would be uploaded as this host's), reads an object it has not verified, or gives
+//! up on an upload the coordinator has not answered for good (it tries again later).
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use super::*;
+use crate::protocol::messages::{
+    CheckpointData, CheckpointFetch, CheckpointStored, CheckpointUpload, DataAnswer, ObjectRole,
+    StoredVerdict, PART_BYTES,
+};
+use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, RestorePoint, StoredObject};
+use crate::supervisor::checkpoints::{has_commit, store_of};
+use crate::supervisor::git::git;
+
+/// How long one part waits for its answer before the transfer is given up for now.
+const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How often the host looks for checkpoints not uploaded yet.
+const UPLOAD_EVERY: Duration = Duration::from_secs(2);
+
+/// Answers the transfers of this host wait for, by `u:`/`f:` and object digest.
+#[derive(Default)]
+pub(super) struct Transfers {
+    waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<ToHost>>>,
+}
+
+/// A checkpoint of this host not uploaded yet.
+struct Pending {
+    store: PathBuf,
+    reference: String,
+    assignment_id: String,
+    lane_incarnation_id: String,
+    generation: u64,
+    checkpoint: CheckpointRef,
+    base_commit_id: Option<String>,
+}
+
+fn sha256_file(path: &Path) -> Result<String, String> {
+    use sha2::{Digest, Sha256};
+    let mut f = std::fs::File::open(path).map_err(|e| e.to_string())?;
+    let mut h = Sha256::new();
+    std::io::copy(&mut f, &mut h).map_err(|e| e.to_string())?;
+    Ok(format!("sha256:{}", hex::encode(h.finalize())))
+}
+
+fn scratch(inner: &crate::supervisor::Inner) -> Result<PathBuf, String> {
+    let dir = inner.cfg.state_dir.join("checkpoints").join("transfer");
+    crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
+    Ok(dir.join(uuid::Uuid::new_v4().simple().to_string()))
+}
+
+fn done_marker(inner: &crate::supervisor::Inner, inc: &str, generation: u64) -> PathBuf {
+    inner
+        .cfg
+        .state_dir
+        .join("checkpoints")
+        .join("uploaded")
+        .join(format!("{inc}.{generation}"))
+}
+
+/// Every checkpoint this host took that is not uploaded (or refused for good) yet.
+fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
+    let dir = inner.cfg.state_dir.join("checkpoints");
+    let Ok(entries) = std::fs::read_dir(&dir) else {
+        return vec![];
+    };
+    let mut out = vec![];
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().to_string();
+        let Some(repo) = name
+            .strip_suffix(".git")
+            .and_then(|n| RepoName::parse(n).ok())
+        else {
+            continue;
+        };
+        let store = e.path();
+        let Ok(refs) = git(
+            &[
+                "for-each-ref",
+                "--format=%(refname) %(objectname)",
+                "refs/mosaic/checkpoints/",
+            ],
+            Some(&store),
+        ) else {
+            continue;
+        };
+        for line in refs.lines() {
+            let Some((r, commit)) = line.split_once(' ') else {
+                continue;
+            };
+            let parts: Vec<&str> = r.split('/').collect();
+            let [_, _, _, asg, inc, gen] = parts[..] else {
+                continue;
+            };
+            let Ok(generation) = gen.parse::<u64>() else {
+                continue;
+            };
+            if done_marker(inner, inc, generation).exists() {
+                continue;
+            }
+            let Ok(tree_id) = git(&["rev-parse", &format!("{commit}^{{tree}}")], Some(&store))
+            else {
+                continue;
+            };
+            let base = git(
+                &["rev-parse", "--verify", "--quiet", &format!("{commit}^")],
+                Some(&store),
+            )
+            .ok()
+            .filter(|b| !b.is_empty());
+            out.push(Pending {
+                store: store.clone(),
+                reference: r.to_string(),
+                assignment_id: asg.to_string(),
+                lane_incarnation_id: inc.to_string(),
+                generation,
+                checkpoint: CheckpointRef {
+                    repository: repo.clone(),
+                    commit_id: commit.to_string(),
+                    tree_id,
+                },
+                base_commit_id: base,
+            });
+        }
+    }
+    out
+}
+
+/// How one object's upload ended.
+enum Uploaded {
+    Stored,
+    Refused(String),
+}
+
+impl CoordinatedHost {
+    /// A coordinator answer about a transfer: to the part waiting for it.
+    pub(super) fn on_transfer_answer(&self, msg: ToHost) {
+        let key = match &msg {
+            ToHost::CheckpointStored(m) => format!("u:{}", m.object_digest),
+            ToHost::CheckpointData(m) => format!("f:{}", m.object_digest),
+            _ => return,
+        };
+        let tx = self
+            .transfers
+            .waiting
+            .lock()
+            .ok()
+            .and_then(|mut w| w.remove(&key));
+        match tx {
+            Some(tx) => {
+                let _ = tx.send(msg);
+            }
+            None => tracing::debug!(key, "a transfer answer nobody waits for"),
+        }
+    }
+
+    /// Sends `fields` as `t` and waits for the answer keyed `key`.
+    async fn ask(
+        &self,
+        key: String,
+        t: crate::protocol::schema::MessageType,
+        fields: Vec<(&'static str, Value)>,
+    ) -> Result<ToHost, String> {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        if let Ok(mut w) = self.transfers.waiting.lock() {
+            w.insert(key.clone(), tx);
+        }
+        if self
+            .out
+            .send(Outgoing::new(&self.session_signer, t, fields))
+            .await
+            .is_err()
+        {
+            return Err("the coordinator link is gone".into());
+        }
+        match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
+            Ok(Ok(m)) => Ok(m),
+            _ => {
+                if let Ok(mut w) = self.transfers.waiting.lock() {
+                    w.remove(&key);
+                }
+                Err("the coordinator did not answer in time".into())
+            }
+        }
+    }
+
+    /// Uploads every checkpoint of this host not uploaded yet, every `UPLOAD_EVERY`.
+    pub(super) async fn upload_loop(host: std::sync::Weak<Self>) {
+        loop {
+            tokio::time::sleep(UPLOAD_EVERY).await;
+            let Some(this) = host.upgrade() else { return };
+            let inner = this.sup.inner.clone();
+            let Ok(list) = tokio::task::spawn_blocking(move || pending(&inner)).await else {
+                continue;
+            };
+            for p in list {
+                if let Err(e) = this.upload_checkpoint(&p).await {
+                    tracing::warn!(assignment_id = %p.assignment_id, generation = p.generation,
+                        error = %e, "checkpoint upload not finished; trying again later");
+                    break;
+                }
+            }
+        }
+    }
+
+    async fn upload_checkpoint(&self, p: &Pending) -> Result<(), String> {
+        let inner = self.sup.inner.clone();
+        let mut outcome = Uploaded::Stored;
+        if let Some(base) = &p.base_commit_id {
+            let args = vec![base_ref(base)];
+            outcome = self.upload_object(p, ObjectRole::Base, args).await?;
+        }
+        if let Uploaded::Stored = outcome {
+            let mut args = vec![p.reference.clone()];
+            if let Some(base) = &p.base_commit_id {
+                args.push(format!("^{base}"));
+            }
+            outcome = self.upload_object(p, ObjectRole::Bundle, args).await?;
+        }
+        let note = match &outcome {
+            Uploaded::Stored => {
+                tracing::info!(assignment_id = %p.assignment_id, generation = p.generation,
+                    digest = %p.checkpoint.digest(), "checkpoint uploaded to the coordinator's store");
+                "stored".to_string()
+            }
+            Uploaded::Refused(c) => {
+                tracing::error!(assignment_id = %p.assignment_id, generation = p.generation,
+                    digest = %p.checkpoint.digest(), category = %c,
+                    "the coordinator's store refused this checkpoint for good: it stays on this host only (mosaic checkpoint list says why)");
+                format!("refused:{c}")
+            }
+        };
+        let path = done_marker(&inner, &p.lane_incarnation_id, p.generation);
+        if let Some(dir) = path.parent() {
+            crate::util::durable::ensure_dir(dir, 0o700).map_err(|e| e.to_string())?;
+        }
+        crate::util::durable::write_atomic(&path, note.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    /// Makes the bundle `args` name in `p`'s store and uploads it as `role`.
+    async fn upload_object(
+        &self,
+        p: &Pending,
+        role: ObjectRole,
+        args: Vec<String>,
+    ) -> Result<Uploaded, String> {
+        let file = scratch(&self.sup.inner)?;
+        let (store, f) = (p.store.clone(), file.clone());
+        let made = tokio::task::spawn_blocking(move || {
+            let f_s = f.to_string_lossy().to_string();
+            let mut all = vec!["bundle", "create", "--quiet", f_s.as_str()];
+            all.extend(args.iter().map(String::as_str));
+            git(&all, Some(&store))?;
+            let size = std::fs::metadata(&f).map_err(|e| e.to_string())?.len();
+            Ok::<_, String>((sha256_file(&f)?, size))
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+        let out = match made {
+            Ok((digest, size)) => self.send_object(p, role, &file, &digest, size).await,
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&file);
+        out
+    }
+
+    async fn send_object(
+        &self,
+        p: &Pending,
+        role: ObjectRole,
+        file: &Path,
+        digest: &str,
+        size: u64,
+    ) -> Result<Uploaded, String> {
+        use std::os::unix::fs::FileExt;
+        let f = std::fs::File::open(file).map_err(|e| e.to_string())?;
+        let mut offset = 0u64;
+        loop {
+            let len = (size - offset).min(PART_BYTES as u64) as usize;
+            let mut data = vec![0u8; len];
+            f.read_exact_at(&mut data, offset)
+                .map_err(|e| e.to_string())?;
+            let m = CheckpointUpload {
+                assignment_id: p.assignment_id.clone(),
+                lane_incarnation_id: p.lane_incarnation_id.clone(),
+                generation: p.generation,
+                checkpoint_digest: p.checkpoint.digest(),
+                role,
+                base_commit_id: (role == ObjectRole::Base)
+                    .then(|| p.base_commit_id.clone())
+                    .flatten(),
+                object_digest: digest.to_string(),
+                object_size: size,
+                offset,
+                data,
+            };
+            let answer = self
+                .ask(
+                    format!("u:{digest}"),
+                    crate::protocol::schema::MessageType::CheckpointUpload,
+                    m.fields(),
+                )
+                .await?;
+            let ToHost::CheckpointStored(CheckpointStored {
+                verdict, received, ..
+            }) = answer
+            else {
+                return Err("an unexpected answer".into());
+            };
+            match verdict {
+                StoredVerdict::Stored => return Ok(Uploaded::Stored),
+                StoredVerdict::Refused(c) => return Ok(Uploaded::Refused(c)),
+                StoredVerdict::Retry(c) => return Err(format!("the coordinator says later: {c}")),
+                StoredVerdict::More if received < size && received % PART_BYTES as u64 == 0 => {
+                    offset = received
+                }
+                StoredVerdict::More => {
+                    return Err(format!(
+                        "the store holds {received} of {size} bytes: not a part boundary"
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Makes sure this host's checkpoint repository holds the checkpoint `stage` restores:
+    /// its own already, or fetched from the coordinator's store (base, then bundle),
+    /// verified and imported. Nothing to do without a restore point.
+    pub(super) async fn obtain(&self, stage: &wire::Stage) -> Result<(), String> {
+        let (Some(repo), Some(point)) = (&stage.repository, &stage.restore) else {
+            return Ok(());
+        };
+        if !point.well_formed(&repo.name) {
+            return Err("the stage's checkpoint is malformed".into());
+        }
+        let inner = self.sup.inner.clone();
+        let (name, p) = (repo.name.clone(), point.clone());
+        let (store, has, has_base) = tokio::task::spawn_blocking(move || {
+            let store = store_of(&inner, &name)?;
+            let has = has_commit(&store, &p.commit_id);
+            let has_base = p
+                .base_commit_id
+                .as_deref()
+                .is_none_or(|b| has_commit(&store, b));
+            Ok::<_, String>((store, has, has_base))
+        })
+        .await
+        .map_err(|e| e.to_string())??;
+        if has {
+            return Ok(());
+        }
+        let a = &stage.authority;
+        let missing = |what: &str| {
+            format!(
+                "checkpoint {} (taken on host:{}) has no {what} in the coordinator's store yet",
+                point.checkpoint_digest, point.host_id
+            )
+        };
+        if !has_base {
+            let base = point.base_object.as_ref().ok_or_else(|| missing("base"))?;
+            self.fetch_into(a, &store, base, "+refs/mosaic/bases/*:refs/mosaic/bases/*")
+                .await?;
+        }
+        let bundle = point
+            .bundle_object
+            .as_ref()
+            .ok_or_else(|| missing("bundle"))?;
+        self.fetch_into(
+            a,
+            &store,
+            bundle,
+            "+refs/mosaic/checkpoints/*:refs/mosaic/restored/*",
+        )
+        .await?;
+        let (s, p) = (store.clone(), point.clone());
+        tokio::task::spawn_blocking(move || check_imported(&s, &p))
+            .await
+            .map_err(|e| e.to_string())?
+    }
+
+    /// Fetches `obj`, verifies it, and imports it into `store` with `refspec`.
+    async fn fetch_into(
+        &self,
+        a: &crate::protocol::messages::ChainAuthority,
+        store: &Path,
+        obj: &StoredObject,
+        refspec: &str,
+    ) -> Result<(), String> {
+        let file = scratch(&self.sup.inner)?;
+        let got = self.fetch_object(a, obj, &file).await;
+        let out = match got {
+            Ok(()) => {
+                let (s, f, r) = (store.to_path_buf(), file.clone(), refspec.to_string());
+                tokio::task::spawn_blocking(move || {
+                    let f_s = f.to_string_lossy().to_string();
+                    git(
+                        &[
+                            "-c",
+                            "transfer.fsckObjects=true",
+                            "fetch",
+                            "--quiet",
+                            "--no-tags",
+                            &f_s,
+                            &r,
+                        ],
+                        Some(&s),
+                    )
+                    .map(|_| ())
+                })
+                .await
+                .map_err(|e| e.to_string())?
+            }
+            Err(e) => Err(e),
+        };
+        let _ = std::fs::remove_file(&file);
+        out
+    }
+
+    async fn fetch_object(
+        &self,
+        a: &crate::protocol::messages::ChainAuthority,
+        obj: &StoredObject,
+        file: &Path,
+    ) -> Result<(), String> {
+        let mut f = std::fs::File::create(file).map_err(|e| e.to_string())?;
+        let mut offset = 0u64;
+        while offset < obj.size {
+            let m = CheckpointFetch {
+                assignment_id: a.assignment_id.clone(),
+                reservation_id: a.reservation_id.clone(),
+                object_digest: obj.digest.clone(),
+                offset,
+            };
+            let answer = self
+                .ask(
+                    format!("f:{}", obj.digest),
+                    crate::protocol::schema::MessageType::CheckpointFetch,
+                    m.fields(),
+                )
+                .await?;
+            let ToHost::CheckpointData(CheckpointData {
+                answer, offset: at, ..
+            }) = answer
+            else {
+                return Err("an unexpected answer".into());
+            };
+            match answer {
+                DataAnswer::Refused(c) => {
+                    return Err(format!(
+                        "the coordinator refused checkpoint object {}: {c}",
+                        obj.digest
+                    ))
+                }
+                DataAnswer::Data { object_size, data } => {
+                    let want = (obj.size - offset).min(PART_BYTES as u64) as usize;
+                    if at != offset || object_size != obj.size || data.len() != want {
+                        return Err(format!(
+                            "checkpoint object {}: a part that does not fit",
+                            obj.digest
+                        ));
+                    }
+                    f.write_all(&data).map_err(|e| e.to_string())?;
+                    offset += data.len() as u64;
+                }
+            }
+        }
+        f.sync_all().map_err(|e| e.to_string())?;
+        let got = sha256_file(file)?;
+        if got != obj.digest {
+            return Err(format!(
+                "checkpoint object {} arrived as {got}: refused",
+                obj.digest
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// The imported checkpoint is there, with its tree.
+fn check_imported(store: &Path, p: &RestorePoint) -> Result<(), String> {
+    if !has_commit(store, &p.commit_id) {
+        return Err(format!(
+            "checkpoint {}: its bundle does not hold commit {}",
+            p.checkpoint_digest, p.commit_id
+        ));
+    }
+    let tree = git(
+        &["rev-parse", &format!("{}^{{tree}}", p.commit_id)],
+        Some(store),
+    )?;
+    if tree != p.tree_id {
+        return Err(format!(
+            "checkpoint {}: its commit's tree is {tree}, not {}",
+            p.checkpoint_digest, p.tree_id
+        ));
+    }
+    Ok(())
+}
