@@ -47,3 +47,9 @@ CREATE TABLE checkpoint_restores (
     served_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     PRIMARY KEY (reservation_id, object_digest)
 );
+
+-- Work in a repository completes on its final checkpoint: the one its last generation's
+-- receipt carries, bound into its final evidence and named here.
+ALTER TABLE assignments
+    ADD COLUMN final_checkpoint_digest text CHECK (final_checkpoint_digest IS NULL OR final_checkpoint_digest ~ '^sha256:[0-9a-f]{64}$'),
+    ADD CHECK (final_checkpoint_digest IS NULL OR lifecycle = 'COMPLETED');

@@ -204,11 +204,7 @@ fn work_in_a_repository_survives_its_generation() {
     assert_eq!(out["state"], "CANCELLED", "{out}");
 
     // SIGKILL: the work goes to recovery; the workspace stays.
-    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
-    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
-    wait_until("the work in recovery", || {
-        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
-    });
+    kill_into_recovery(&w, &a, &asg);
     // Its end was checkpointed, from the receipt path: a synthetic commit of every file
     // not ignored, in the host's own checkpoint repository, recorded with the receipt.
     let rows = checkpoints(&w, &asg, 1);
@@ -438,6 +434,32 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
     assert_eq!(out["state"], "CANCELLED", "{out}");
 }
 
+/// A repository declared on host 0 of a world of two hosts with one lane each (the
+/// coordinator's config extended by `coordinator_extra`); both lanes.
+fn two_hosts(tag: &'static str, coordinator_extra: String) -> (Repo, World, String, String) {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        hosts: 2,
+        supervisors: 2,
+        lanes: 1,
+        tag,
+        coordinator_extra,
+        ..Spec::default()
+    });
+    let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
+    add_repo(&w, "demo", &repo.0, lane0.split_once(':').unwrap().0);
+    (repo, w, lane0, lane1)
+}
+
+/// SIGKILLs the generation `a` started, and waits for its work in recovery.
+fn kill_into_recovery(w: &World, a: &Value, asg: &str) {
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    wait_until("the work in recovery", || {
+        (lifecycle(w, asg)? == "RECOVERY").then_some(())
+    });
+}
+
 /// Every file of `ws` but its `.git`, with its bytes and mode (links as their targets).
 fn files_of(ws: &Path) -> std::collections::BTreeMap<String, (Vec<u8>, u32)> {
     use std::os::unix::fs::PermissionsExt;
@@ -492,17 +514,7 @@ fn receipt_details(w: &World, asg: &str) -> Vec<String> {
 /// serves; the restore is recorded.
 #[test]
 fn work_moves_to_another_host_through_the_checkpoint_store() {
-    let repo = Repo::new();
-    let w = World::started(Spec {
-        hosts: 2,
-        supervisors: 2,
-        lanes: 1,
-        tag: "workspaces-move",
-        ..Spec::default()
-    });
-    let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
-    let host0 = lane0.split_once(':').unwrap().0.to_string();
-    add_repo(&w, "demo", &repo.0, &host0);
+    let (repo, w, lane0, lane1) = two_hosts("workspaces-move", String::new());
     let inc = w.incarnation_of(0, "lane-1");
     let work = w.area(0, &inc, 1).join("work");
     let task = format!(
@@ -518,11 +530,7 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
     let mut before = files_of(&ws0);
     // Ignored files are not the work's: never checkpointed, never carried.
     assert!(before.remove("scratch.log").is_some(), "{before:?}");
-    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
-    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
-    wait_until("the work in recovery", || {
-        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
-    });
+    kill_into_recovery(&w, &a, &asg);
     // Uploaded: the checkpoint's bundle and its base's, in the store.
     let ck = wait_until("the checkpoint stored", || {
         let rows = checkpoints(&w, &asg, 1);
@@ -606,24 +614,13 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
 /// another host is refused with that reason, before anything is reserved.
 #[test]
 fn a_checkpoint_over_the_store_limit_stays_on_its_host_and_says_so() {
-    let repo = Repo::new();
-    let w = World::started(Spec {
-        hosts: 2,
-        supervisors: 2,
-        lanes: 1,
-        tag: "workspaces-limit",
-        coordinator_extra: "checkpoint_store_max_bytes = 100\n".into(),
-        ..Spec::default()
-    });
-    let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
-    add_repo(&w, "demo", &repo.0, lane0.split_once(':').unwrap().0);
+    let (_repo, w, lane0, lane1) = two_hosts(
+        "workspaces-limit",
+        "checkpoint_store_max_bytes = 100\n".into(),
+    );
     let a = assign_in(&w, &lane0, "hang", Some("demo"), None, None).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
-    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
-    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
-    wait_until("the work in recovery", || {
-        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
-    });
+    kill_into_recovery(&w, &a, &asg);
     let ck = wait_until("the upload refused", || {
         let rows = checkpoints(&w, &asg, 1);
         rows[0]["transfer_error"].as_str().map(String::from)
@@ -644,4 +641,99 @@ fn a_checkpoint_over_the_store_limit_stays_on_its_host_and_says_so() {
     assert_eq!(b["state"], "RUNNING", "{b}");
     let out = stop(&w, asg);
     assert_eq!(out["state"], "CANCELLED", "{out}");
+}
+
+/// A waited stop of `asg` asking for COMPLETED.
+fn complete(w: &World, asg: &str) -> Value {
+    w.op(&OperatorRequest::Stop {
+        assignment_id: asg.into(),
+        outcome: Some("COMPLETED".into()),
+        evidence_digest: Some(format!("sha256:{}", "e".repeat(64))),
+        wait: true,
+        request_id: None,
+    })
+    .unwrap()
+}
+
+/// The lifecycle, final checkpoint and final evidence of `asg`, from the database.
+fn final_of(w: &World, asg: &str) -> (String, Option<String>, Option<String>) {
+    tokio_block(async {
+        let r = w
+            .sql()
+            .await
+            .query_one(
+                "SELECT lifecycle, final_checkpoint_digest, final_evidence_digest FROM assignments WHERE assignment_id = $1",
+                &[&asg],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    })
+}
+
+/// §17 premature completion: work in a repository is COMPLETED only on the checkpoint its
+/// final generation's receipt carries (named, and bound into its final evidence); a final
+/// generation that left none makes the requested completion QUARANTINED instead, and work
+/// in recovery whose last generation has none is refused COMPLETED before anything changes.
+#[test]
+fn work_in_a_repository_completes_only_on_its_final_checkpoint() {
+    let (repo, w, lane, host) = world(1, "workspaces-complete");
+    add_repo(&w, "demo", &repo.0, &host);
+    let a = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let out = complete(&w, &asg);
+    assert_eq!(out["state"], "COMPLETED", "{out}");
+    let ck = checkpoints(&w, &asg, 1);
+    let (lifecycle, final_ck, evidence) = final_of(&w, &asg);
+    assert_eq!(lifecycle, "COMPLETED");
+    assert_eq!(final_ck.as_deref(), ck[0]["checkpoint_digest"].as_str());
+    assert!(evidence.is_some());
+
+    // No checkpoint of the final generation (its .gitignore a FIFO): never COMPLETED.
+    let b = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
+    let asg2 = b["assignment_id"].as_str().unwrap().to_string();
+    let ws = w.state_dir(0).join("workspaces").join(&asg2);
+    std::fs::remove_file(ws.join(".gitignore")).unwrap();
+    nix::unistd::mkfifo(
+        &ws.join(".gitignore"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    let out = complete(&w, &asg2);
+    assert_eq!(out["state"], "QUARANTINED", "{out}");
+    let (lifecycle, final_ck, _) = final_of(&w, &asg2);
+    assert_eq!((lifecycle.as_str(), final_ck), ("QUARANTINED", None));
+
+    // Work in recovery whose last generation left no checkpoint: refused, unchanged.
+    w.op(&OperatorRequest::LaneRelease {
+        lane_id: lane.clone(),
+        request_id: None,
+    })
+    .unwrap();
+    let c = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
+    let asg3 = c["assignment_id"].as_str().unwrap().to_string();
+    let ws = w.state_dir(0).join("workspaces").join(&asg3);
+    std::fs::remove_file(ws.join(".gitignore")).unwrap();
+    nix::unistd::mkfifo(
+        &ws.join(".gitignore"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+    kill_into_recovery(&w, &c, &asg3);
+    let refused = w
+        .op(&OperatorRequest::Stop {
+            assignment_id: asg3.clone(),
+            outcome: Some("COMPLETED".into()),
+            evidence_digest: Some(format!("sha256:{}", "e".repeat(64))),
+            wait: true,
+            request_id: None,
+        })
+        .expect_err("refused");
+    assert!(
+        refused
+            .message
+            .contains("needs the checkpoint of its last generation"),
+        "{refused:?}"
+    );
+    assert_eq!(final_of(&w, &asg3).0, "RECOVERY");
 }

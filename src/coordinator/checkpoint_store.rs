@@ -75,6 +75,22 @@ impl Store {
         if asg != m.assignment_id || digest != m.checkpoint_digest {
             return Ok((refused("mismatch"), 0));
         }
+        // One object per role: a checkpoint whose slot is filled has its object (an upload
+        // made again after a crash bundles the same commit into other bytes).
+        let slot: Option<String> = row.col(match m.role {
+            ObjectRole::Bundle => "bundle_object",
+            ObjectRole::Base => "base_object",
+        })?;
+        if let Some(have) = slot {
+            let size: i64 = tx
+                .query_one(
+                    "SELECT size FROM checkpoint_objects WHERE object_digest = $1",
+                    &[&have],
+                )
+                .await?
+                .col("size")?;
+            return Ok((StoredVerdict::Stored, size as u64));
+        }
         if m.object_size > max_bytes {
             let why = format!(
                 "its {} of {} bytes is larger than the store takes ({max_bytes} bytes): the checkpoint stays on host:{host} only",
@@ -83,6 +99,16 @@ impl Store {
             );
             transfer_error(tx, m, &why).await?;
             return Ok((refused("too-large"), 0));
+        }
+        // A host uploads one object at a time: whatever else of it is incomplete was
+        // abandoned (its upload cut; the object made again has other bytes). At most one
+        // partial object per host is ever kept.
+        if m.offset == 0 {
+            tx.execute(
+                "DELETE FROM checkpoint_objects WHERE uploaded_by = $1 AND stored_at IS NULL AND object_digest <> $2",
+                &[&host, &m.object_digest],
+            )
+            .await?;
         }
         tx.execute(
             "INSERT INTO checkpoint_objects (object_digest, size, uploaded_by) VALUES ($1, $2, $3) \

@@ -95,11 +95,17 @@ pub(crate) fn store_of(inner: &Inner, repo: &RepoName) -> Result<PathBuf, String
     let dir = inner.cfg.state_dir.join("checkpoints");
     crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
     let store = dir.join(format!("{}.git", repo.as_str()));
+    init_store(&store)?;
+    Ok(store)
+}
+
+/// Makes `store` a bare repository unless it is a directory already.
+pub fn init_store(store: &Path) -> Result<(), String> {
     if !store.is_dir() {
         let s = store.to_string_lossy().to_string();
         git(&["init", "--quiet", "--bare", &s], None)?;
     }
-    Ok(store)
+    Ok(())
 }
 
 /// Flags that make git read a tree as files, byte for byte, with nothing of the host or
@@ -127,14 +133,27 @@ const EXACT: [&str; 20] = [
     "core.attributesFile=/dev/null",
 ];
 
+/// The checkpoint repository's own index for `assignment_id`'s workspace: kept between its
+/// checkpoints so git rehashes only what changed (its stat data checks size, mtime, ctime
+/// and inode: a file changed in any way is read again). Never the agent's index.
+pub fn index_of(store: &Path, assignment_id: &str) -> PathBuf {
+    store.join("mosaic-index").join(assignment_id)
+}
+
 /// git on `ws` as files, with the checkpoint repository `store` as its git directory and a
-/// private index (removed after): the workspace's own `.git` is never consulted.
+/// private index — a copy of `keep` when given (written back only when `f` succeeded: a
+/// git killed half-way leaves no lock or torn index behind), else a fresh one — removed
+/// after: the workspace's own `.git` is never consulted.
 fn on_tree<T>(
     store: &Path,
     ws: &Path,
+    keep: Option<&Path>,
     f: impl FnOnce(&dyn Fn(&[&str]) -> Result<String, String>) -> Result<T, String>,
 ) -> Result<T, String> {
     let index = store.join(format!("mosaic-index-{}", uuid::Uuid::new_v4().simple()));
+    if let Some(k) = keep.filter(|k| k.is_file()) {
+        std::fs::copy(k, &index).map_err(|e| format!("copying {}: {e}", k.display()))?;
+    }
     let null = Path::new("/dev/null");
     let env: [(&str, &Path); 5] = [
         ("GIT_DIR", store),
@@ -148,30 +167,99 @@ fn on_tree<T>(
         git_with(&all, Some(ws), &env)
     };
     let out = f(&run);
+    if let (Ok(_), Some(k)) = (&out, keep) {
+        let kept = k
+            .parent()
+            .map(|d| crate::util::durable::ensure_dir(d, 0o700))
+            .transpose()
+            .is_ok()
+            && std::fs::rename(&index, k).is_ok();
+        if !kept {
+            tracing::debug!(index = %k.display(), "the checkpoint index was not kept (the next checkpoint reads every file)");
+        }
+    }
     let _ = std::fs::remove_file(&index);
     out
 }
 
-/// The tree of every file of `ws` the repository does not ignore, written into `store`.
-pub(crate) fn tree_of(store: &Path, ws: &Path) -> Result<String, String> {
+/// Commits every file of `ws` the repository does not ignore into `store` as a synthetic
+/// commit (its parent `base`, if any) on `reference`, which must not exist yet; `(commit,
+/// tree)`. `keep` as in [`on_tree`].
+pub fn commit_workspace(
+    store: &Path,
+    ws: &Path,
+    keep: Option<&Path>,
+    base: Option<&str>,
+    message: &str,
+    reference: &str,
+) -> Result<(String, String), String> {
     survey(ws)?;
-    on_tree(store, ws, |run| {
+    on_tree(store, ws, keep, |run| {
         run(&["add", "--all", "--", "."])?;
-        run(&["write-tree"])
+        let tree_id = run(&["write-tree"])?;
+        let mut args = vec!["commit-tree", tree_id.as_str(), "-m", message];
+        if let Some(b) = base {
+            args.extend(["-p", b]);
+        }
+        let commit_id = run(&args)?;
+        // Never over another checkpoint's ref (the zero id: it must not exist yet).
+        let zero = "0".repeat(40);
+        run(&["update-ref", reference, &commit_id, &zero])?;
+        Ok((commit_id, tree_id))
     })
 }
 
-/// Writes exactly the files of `tree_id` (from `store`) into `ws`, which holds nothing but
-/// its `.git`.
-pub(crate) fn write_tree_into(store: &Path, tree_id: &str, ws: &Path) -> Result<(), String> {
-    on_tree(store, ws, |run| {
+/// Makes `dir` (absent) a repository on `branch` at `base` (from `store`; an orphan branch
+/// without one) whose files are exactly `tree_id`'s, checked by writing them back into a
+/// tree (with `keep` as in [`on_tree`], which then holds their stat data): `git status`
+/// there shows the checkpoint as changes against the base. The base's files are never
+/// written: its index is read from the tree, the checkpoint's files alone are checked out.
+pub fn materialize(
+    store: &Path,
+    dir: &Path,
+    branch: &str,
+    base: Option<&str>,
+    tree_id: &str,
+    keep: Option<&Path>,
+) -> Result<(), String> {
+    let dir_s = dir.to_string_lossy().to_string();
+    let store_s = store.to_string_lossy().to_string();
+    git(&["init", "--quiet", &dir_s], None)?;
+    let head = format!("refs/heads/{branch}");
+    git(&["symbolic-ref", "HEAD", &head], Some(dir))?;
+    if let Some(base) = base {
+        let r = crate::protocol::repo::base_ref(base);
+        git(
+            &[
+                "fetch",
+                "--quiet",
+                "--no-tags",
+                "--update-head-ok",
+                &store_s,
+                &format!("+{r}:{head}"),
+            ],
+            Some(dir),
+        )?;
+        git(&["read-tree", base], Some(dir))?;
+    }
+    let got = on_tree(store, dir, keep, |run| {
         run(&["read-tree", tree_id])?;
-        run(&["checkout-index", "--all", "--force"]).map(|_| ())
-    })
+        // `--index`: the stat data of what it wrote goes into the index, so the check
+        // below stats the files instead of reading them again.
+        run(&["checkout-index", "--all", "--force", "--index"])?;
+        run(&["add", "--all", "--", "."])?;
+        run(&["write-tree"])
+    })?;
+    if got != tree_id {
+        return Err(format!(
+            "the restored files make tree {got}, not the checkpoint's {tree_id}"
+        ));
+    }
+    Ok(())
 }
 
 /// Whether `store` has `object` (a commit id).
-pub(crate) fn has_commit(store: &Path, object: &str) -> bool {
+pub fn has_commit(store: &Path, object: &str) -> bool {
     git(
         &["cat-file", "-e", &format!("{object}^{{commit}}")],
         Some(store),
@@ -193,27 +281,21 @@ fn capture(
     let base = super::workspaces::marker(inner, assignment_id)
         .and_then(|m| m.base_commit_id)
         .filter(|b| has_commit(&store, b));
-    let c = on_tree(&store, ws, |run| {
-        survey(ws)?;
-        run(&["add", "--all", "--", "."])?;
-        let tree_id = run(&["write-tree"])?;
-        let msg =
-            format!("mosaic checkpoint of {assignment_id}, {incarnation} generation {generation}");
-        let mut args = vec!["commit-tree", tree_id.as_str(), "-m", msg.as_str()];
-        if let Some(b) = &base {
-            args.extend(["-p", b.as_str()]);
-        }
-        let commit_id = run(&args)?;
-        // Never over another checkpoint's ref (the zero id: it must not exist yet).
-        let zero = "0".repeat(40);
-        let r = checkpoint_ref(assignment_id, incarnation, generation);
-        run(&["update-ref", &r, &commit_id, &zero])?;
-        Ok(CheckpointRef {
-            repository: repo.name.clone(),
-            commit_id,
-            tree_id,
-        })
-    })?;
+    let msg =
+        format!("mosaic checkpoint of {assignment_id}, {incarnation} generation {generation}");
+    let (commit_id, tree_id) = commit_workspace(
+        &store,
+        ws,
+        Some(&index_of(&store, assignment_id)),
+        base.as_deref(),
+        &msg,
+        &checkpoint_ref(assignment_id, incarnation, generation),
+    )?;
+    let c = CheckpointRef {
+        repository: repo.name.clone(),
+        commit_id,
+        tree_id,
+    };
     if !c.well_formed() {
         return Err(format!(
             "git answered {:?} / {:?} for the checkpoint's ids",

@@ -60,7 +60,7 @@ use outbox::{Outbox, OutboxError};
 use receipt::{StopCause, TerminationReceipt};
 use state::{GenRecord, LaneRecord, LaneStatus, Store};
 
-mod checkpoints;
+pub mod checkpoints;
 mod daemon;
 mod decommission;
 mod end;

@@ -17,7 +17,7 @@
 
 use std::path::{Path, PathBuf};
 
-use super::checkpoints::{has_commit, store_of, tree_of, write_tree_into};
+use super::checkpoints::{has_commit, index_of, store_of};
 use super::git::git;
 use super::Inner;
 use crate::protocol::repo::{base_ref, branch_of, RepoBinding, RestorePoint};
@@ -215,6 +215,13 @@ fn clone_into(
         Some(&store),
     )?;
     author(tmp, assignment_id)?;
+    // The fresh checkout's index seeds the checkpoints' own (its stat data is the files'):
+    // the first checkpoint reads only what the agent changed.
+    let keep = index_of(&store, assignment_id);
+    if let Some(d) = keep.parent() {
+        crate::util::durable::ensure_dir(d, 0o700).map_err(|e| e.to_string())?;
+    }
+    std::fs::copy(tmp.join(".git").join("index"), &keep).map_err(|e| e.to_string())?;
     let bytes = serde_json::to_vec(&Marker {
         base_commit_id: Some(commit),
         at: None,
@@ -259,57 +266,19 @@ fn restore_into(
             point.checkpoint_digest
         ));
     }
-    let tmp_s = tmp.to_string_lossy().to_string();
-    let store_s = store.to_string_lossy().to_string();
-    git(&["init", "--quiet", &tmp_s], None)?;
-    let branch = branch_of(assignment_id);
-    match &point.base_commit_id {
-        Some(base) => {
-            git(
-                &[
-                    "fetch",
-                    "--quiet",
-                    "--no-tags",
-                    &store_s,
-                    &format!("+{}:refs/mosaic/base", base_ref(base)),
-                ],
-                Some(tmp),
-            )?;
-            git(&["checkout", "--quiet", "-B", &branch, base], Some(tmp))?;
-            git(&["update-ref", "-d", "refs/mosaic/base"], Some(tmp))?;
-        }
-        None => {
-            git(&["checkout", "--quiet", "--orphan", &branch], Some(tmp))?;
-        }
-    }
+    super::checkpoints::materialize(
+        &store,
+        tmp,
+        &branch_of(assignment_id),
+        point.base_commit_id.as_deref(),
+        &point.tree_id,
+        Some(&index_of(&store, assignment_id)),
+    )?;
     git(
         &["remote", "add", "origin", repo.source.as_str()],
         Some(tmp),
     )?;
     author(tmp, assignment_id)?;
-    // Exactly the checkpoint's files: everything but `.git` goes, then its tree is written.
-    for e in std::fs::read_dir(tmp).map_err(|e| e.to_string())? {
-        let e = e.map_err(|e| e.to_string())?;
-        if e.file_name() == ".git" {
-            continue;
-        }
-        let p = e.path();
-        let meta = std::fs::symlink_metadata(&p).map_err(|e| e.to_string())?;
-        if meta.is_dir() {
-            std::fs::remove_dir_all(&p)
-        } else {
-            std::fs::remove_file(&p)
-        }
-        .map_err(|e| e.to_string())?;
-    }
-    write_tree_into(&store, &point.tree_id, tmp)?;
-    let got = tree_of(&store, tmp)?;
-    if got != point.tree_id {
-        return Err(format!(
-            "the restored files make tree {got}, not the checkpoint's {}",
-            point.tree_id
-        ));
-    }
     let bytes = serde_json::to_vec(&Marker {
         base_commit_id: point.base_commit_id.clone(),
         at: Some(point.checkpoint_digest.clone()),

@@ -133,12 +133,17 @@ pub fn ensure_dir(path: &Path, mode: u32) -> Result<(), DurableError> {
 }
 
 /// Gives `root` and everything below it to `uid`:`gid`, never following a symbolic link
-/// (a link is re-owned itself, its target left alone).
+/// (a link is re-owned itself, its target left alone). What is already theirs is not
+/// touched (a `chown` changes a file's ctime, which would make every file look changed
+/// to a checkpoint's index).
 pub fn chown_tree(root: &Path, uid: u32, gid: u32) -> std::io::Result<()> {
+    use std::os::unix::fs::MetadataExt;
     let mut stack = vec![root.to_path_buf()];
     while let Some(p) = stack.pop() {
-        std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
         let meta = std::fs::symlink_metadata(&p)?;
+        if meta.uid() != uid || meta.gid() != gid {
+            std::os::unix::fs::lchown(&p, Some(uid), Some(gid))?;
+        }
         if meta.is_dir() {
             for e in std::fs::read_dir(&p)? {
                 stack.push(e?.path());

@@ -13,9 +13,10 @@ pub(super) async fn finalize(
     lifecycle: Lifecycle,
     requested: Option<&str>,
     supplied: Option<&str>,
-    receipt_digest: &str,
+    receipt: (&str, &str),
     verified: bool,
 ) -> Result<Option<String>, AuthorityError> {
+    let (receipt_digest, body_text) = receipt;
     let Some(req) = requested else {
         return Ok(None);
     };
@@ -38,12 +39,37 @@ pub(super) async fn finalize(
             "inspect the lane: cleanup was not verified".to_string(),
         )
     };
-    let fe = final_evidence(outcome, receipt_digest, supplied);
+    // Work in a repository completes on its final checkpoint — the one this receipt
+    // carries — never without it (spec §17, premature completion).
+    let mut checkpoint = None;
+    let (outcome, review) = if outcome == Lifecycle::Completed.as_str() {
+        let in_repo: bool = d
+            .query_one(
+                "SELECT repository IS NOT NULL AS r FROM assignments WHERE assignment_id = $1",
+                &[&assignment],
+            )
+            .await?
+            .col("r")?;
+        let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
+        checkpoint = checkpoint_in(&body).map(|c| c.digest()).filter(|_| in_repo);
+        if in_repo && checkpoint.is_none() {
+            (
+                Lifecycle::Quarantined.as_str(),
+                format!("the work's final generation left no checkpoint of its workspace, so its completion has no evidence: look at the workspace on its host (workspaces/{assignment} in the supervisor's state directory), then resume the work or stop it as failed"),
+            )
+        } else {
+            (outcome, review)
+        }
+    } else {
+        (outcome, review)
+    };
+    let fe = super::final_evidence_of(outcome, receipt_digest, supplied, checkpoint.as_deref());
     d.exec_one(
         concatcp!("UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
-                pending_target = NULL, next_action = CASE WHEN $2 = ", Lifecycle::Quarantined.sql(), " THEN $4 ELSE 'none: ' || $2 END \
+                pending_target = NULL, next_action = CASE WHEN $2 = ", Lifecycle::Quarantined.sql(), " THEN $4 ELSE 'none: ' || $2 END, \
+                final_checkpoint_digest = $5 \
          WHERE assignment_id = $1"),
-        &[&assignment, &outcome, &fe, &review],
+        &[&assignment, &outcome, &fe, &review, &checkpoint],
     )
     .await?;
     Ok(Some(outcome.to_string()))

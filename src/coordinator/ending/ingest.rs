@@ -159,7 +159,7 @@ impl Store {
                         d.revoke_leases(&reservation).await?;
                         d.release_reservation(&reservation).await?;
                         let outcome = if current {
-                            finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?
+                            finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), (&body_digest, &body_text), verified).await?
                         } else {
                             None
                         };
@@ -189,7 +189,7 @@ impl Store {
                         // Evidence the quarantined lane's generation is gone; an outcome the
                         // operator asked for is final now (if this was the work's current chain).
                         if current {
-                            finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), &body_digest, verified).await?;
+                            finalize(&d, &assignment, lifecycle, requested.as_deref(), supplied.as_deref(), (&body_digest, &body_text), verified).await?;
                         }
                         Reconciliation::Evidence { lane_state: state.to_string() }
                     } else {

@@ -85,16 +85,28 @@ pub struct EndRequested {
 /// Final evidence of an outcome: the termination receipt that proved the end, the evidence
 /// the operator supplied, and the outcome itself.
 fn final_evidence(outcome: &str, receipt_digest: &str, supplied: Option<&str>) -> String {
+    final_evidence_of(outcome, receipt_digest, supplied, None)
+}
+
+/// The final evidence, binding the final checkpoint too when the work completed in a
+/// repository (without one, the same digest as ever).
+fn final_evidence_of(
+    outcome: &str,
+    receipt_digest: &str,
+    supplied: Option<&str>,
+    checkpoint: Option<&str>,
+) -> String {
+    let mut parts: Vec<&[u8]> = vec![
+        outcome.as_bytes(),
+        receipt_digest.as_bytes(),
+        supplied.unwrap_or("").as_bytes(),
+    ];
+    if let Some(c) = checkpoint {
+        parts.push(c.as_bytes());
+    }
     format!(
         "sha256:{}",
-        crate::util::sha256_hex(
-            "mosaic/final-evidence/v1",
-            &[
-                outcome.as_bytes(),
-                receipt_digest.as_bytes(),
-                supplied.unwrap_or("").as_bytes()
-            ]
-        )
+        crate::util::sha256_hex("mosaic/final-evidence/v1", &parts)
     )
 }
 
@@ -228,6 +240,9 @@ impl Store {
                                         AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), ") AS unended, \
                                 (SELECT t.verified_empty FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1) AS last_verified, \
                                 (SELECT t.body_digest FROM termination_receipts t WHERE t.assignment_id = a.assignment_id ORDER BY t.ingested_at DESC LIMIT 1) AS last_receipt, \
+                                a.repository IS NOT NULL AS in_repository, \
+                                (SELECT ck.checkpoint_digest FROM termination_receipts t JOIN checkpoints ck ON ck.termination_receipt = t.idempotency_key \
+                                  WHERE t.assignment_id = a.assignment_id AND t.ingested_at = (SELECT max(t2.ingested_at) FROM termination_receipts t2 WHERE t2.assignment_id = a.assignment_id)) AS last_checkpoint, \
                                 EXISTS (SELECT 1 FROM transition_receipts x WHERE x.transition = 'activate' AND x.assignment_id = a.assignment_id) AS ever_ran, \
                                 a.work_status \
                          FROM assignments a JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id \
@@ -246,6 +261,8 @@ impl Store {
                     let unended: bool = row.col("unended")?;
                     let last_verified: Option<bool> = row.col("last_verified")?;
                     let last_receipt: Option<String> = row.col("last_receipt")?;
+                    let in_repository: bool = row.col("in_repository")?;
+                    let last_checkpoint: Option<String> = row.col("last_checkpoint")?;
                     let ever_ran: bool = row.col("ever_ran")?;
                     if row.col::<WorkStatus>("work_status")? == WorkStatus::Handoff {
                         return Err(reject(OP, Category::WrongState, "a handoff of this assignment is pending: wait for its ACK or its expiry, then stop"));
@@ -309,6 +326,10 @@ impl Store {
                             if outcome == Outcome::Completed && !unended && last_verified != Some(true) {
                                 return Err(reject(OP, Category::WrongState, "COMPLETED needs the verified end of the assignment's last generation"));
                             }
+                            // Work in a repository completes on its final checkpoint, never before.
+                            if outcome == Outcome::Completed && !unended && in_repository && last_checkpoint.is_none() {
+                                return Err(reject(OP, Category::WrongState, "COMPLETED of work in a repository needs the checkpoint of its last generation, which has none (its capture failed or was waived): resume it, or stop it as failed or cancelled"));
+                            }
                             let d = f.cas(
                                 concatcp!("UPDATE assignments SET requested_outcome = $2, requested_evidence_digest = $3 \
                                  WHERE assignment_id = $1 AND lifecycle = ", Lifecycle::Recovery.sql(), " AND requested_outcome IS NULL RETURNING assignment_id"),
@@ -318,11 +339,12 @@ impl Store {
                                 return Err(reject(OP, Category::WrongState, "the assignment changed under the request; retry"));
                             };
                             if !unended {
-                                let fe = final_evidence(o, last_receipt.as_deref().unwrap_or("no-generation"), evidence.as_deref());
+                                let ck = last_checkpoint.as_deref().filter(|_| outcome == Outcome::Completed);
+                                let fe = final_evidence_of(o, last_receipt.as_deref().unwrap_or("no-generation"), evidence.as_deref(), ck);
                                 d.exec_one(
                                     "UPDATE assignments SET lifecycle = $2, final_evidence_digest = $3, finalized_at = clock_timestamp(), execution_owner = NULL, \
-                                            pending_target = NULL, next_action = 'none: ' || $2 WHERE assignment_id = $1",
-                                    &[&asg, &o, &fe],
+                                            pending_target = NULL, next_action = 'none: ' || $2, final_checkpoint_digest = $4 WHERE assignment_id = $1",
+                                    &[&asg, &o, &fe, &ck],
                                 ).await?;
                             }
                             d.decide(json!({ "assignment_id": asg, "outcome": o, "from": Lifecycle::Recovery, "awaiting_receipt": unended }))

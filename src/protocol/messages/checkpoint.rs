@@ -72,18 +72,14 @@ impl StoredVerdict {
 
     fn parse(v: &str) -> Option<Self> {
         match v {
-            "more" => return Some(Self::More),
-            "stored" => return Some(Self::Stored),
-            _ => {}
-        }
-        let (kind, category) = v.split_once(':')?;
-        if category.is_empty() {
-            return None;
-        }
-        match kind {
-            "retry" => Some(Self::Retry(category.into())),
-            "refused" => Some(Self::Refused(category.into())),
-            _ => None,
+            "more" => Some(Self::More),
+            "stored" => Some(Self::Stored),
+            // The receipt verdict's `retry:`/`refused:` forms, read the same way.
+            _ => match super::Verdict::parse(v)? {
+                super::Verdict::Retry(c) => Some(Self::Retry(c)),
+                super::Verdict::Refused(c) => Some(Self::Refused(c)),
+                super::Verdict::Ingested => None,
+            },
         }
     }
 }
@@ -367,7 +363,7 @@ mod tests {
         ] {
             assert_eq!(StoredVerdict::parse(&v.encode()), Some(v));
         }
-        for bad in ["", "ok", "retry:", "refused", "maybe:x"] {
+        for bad in ["", "ok", "retry:", "refused", "maybe:x", "ingested"] {
             assert_eq!(StoredVerdict::parse(bad), None, "{bad:?}");
         }
     }
