@@ -13,6 +13,9 @@ CREATE TABLE checkpoint_objects (
     size bigint NOT NULL CHECK (size > 0),
     received bigint NOT NULL DEFAULT 0 CHECK (received BETWEEN 0 AND size),
     uploaded_by text NOT NULL,
+    -- When its last part arrived: an incomplete object another host left idle for five
+    -- minutes may be taken over.
+    touched_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     stored_at timestamptz,
     CHECK ((stored_at IS NULL) OR (received = size)),
     created_at timestamptz NOT NULL DEFAULT clock_timestamp()
@@ -23,6 +26,16 @@ CREATE TABLE checkpoint_object_parts (
     part integer NOT NULL CHECK (part >= 0),
     data bytea NOT NULL CHECK (octet_length(data) BETWEEN 1 AND 49152),
     PRIMARY KEY (object_digest, part)
+);
+
+-- A host naming an object another host stored proves it holds its bytes: it sends every
+-- part, each compared with the stored one, before the object is named on its checkpoint.
+CREATE TABLE checkpoint_object_proofs (
+    object_digest text NOT NULL REFERENCES checkpoint_objects ON DELETE CASCADE,
+    lane_incarnation_id text NOT NULL,
+    generation bigint NOT NULL,
+    proven bigint NOT NULL DEFAULT 0 CHECK (proven >= 0),
+    PRIMARY KEY (object_digest, lane_incarnation_id, generation)
 );
 
 -- A checkpoint's objects once stored; `transfer_error` when its host's upload was refused

@@ -1281,3 +1281,138 @@ async fn a_host_claim_is_checked_against_the_registry_its_key_and_its_scope() {
             .then_some(())
     });
 }
+
+/// §17 checkpoint disclosure, at the session: host B — its own valid session, no lane of
+/// the work — is served no part of host A's checkpoint, whether it names the work's
+/// reservation, the object's digest, or an offset past the start; and cannot add a part to
+/// A's checkpoint. Nothing is recorded as restored.
+#[tokio::test(flavor = "multi_thread")]
+async fn another_host_can_neither_read_nor_write_a_checkpoint() {
+    use mosaic::protocol::messages::{
+        CheckpointFetch, CheckpointUpload, DataAnswer, ObjectRole, StoredVerdict,
+    };
+    let w = World::new(Opts::default());
+    let lane = w.lane(0, "lane-1");
+    let repo = std::env::temp_dir().join(format!("mosaic-repo-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&repo).unwrap();
+    for args in [
+        vec!["init", "-q", "-b", "main"],
+        vec![
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "one",
+        ],
+    ] {
+        assert!(std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(&args)
+            .status()
+            .unwrap()
+            .success());
+    }
+    std::fs::write(repo.join("a.txt"), "secret work\n").unwrap();
+    tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::RepoAdd {
+            name: "demo".into(),
+            path: Some(repo.display().to_string()),
+            url: None,
+            host_id: Some(w.hosts[0].clone()),
+        })
+        .unwrap();
+    });
+    let mut r = world::assign_request(&lane, "hang", None, true);
+    if let OperatorRequest::Assign { repo: rp, .. } = &mut r {
+        *rp = Some("demo".into());
+    }
+    let a = tokio::task::block_in_place(|| w.op(&r)).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let ch = chain_of(&w, &lane).await;
+    tokio::task::block_in_place(|| w.stop(&asg));
+    let ck = tokio::task::block_in_place(|| {
+        common::wait_until("the checkpoint stored", || {
+            let v = w
+                .op(&OperatorRequest::Checkpoints {
+                    assignment_id: Some(asg.clone()),
+                })
+                .ok()?;
+            let row = v.as_array()?.first()?.clone();
+            (row["stored"] == true).then_some(row)
+        })
+    });
+    let bundle = ck["bundle_object"].as_str().unwrap().to_string();
+
+    let (p, _) = w.raw(1, vec![]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    for offset in [0, 49152] {
+        let m = CheckpointFetch {
+            assignment_id: asg.clone(),
+            reservation_id: ch["reservation_id"].as_str().unwrap().into(),
+            object_digest: bundle.clone(),
+            offset,
+        };
+        hs.send(
+            Outgoing::new(&p.signer, MessageType::CheckpointFetch, m.fields()),
+            COORD,
+        )
+        .await
+        .unwrap();
+        let got = next_of(&mut hs, &p, &[MessageType::CheckpointData]).await;
+        match typed(&got) {
+            ToHost::CheckpointData(d) => assert_eq!(
+                d.answer,
+                DataAnswer::Refused("not-granted".into()),
+                "offset {offset}"
+            ),
+            other => panic!("{other:?}"),
+        }
+    }
+    let up = CheckpointUpload {
+        assignment_id: asg.clone(),
+        lane_incarnation_id: ck["lane_incarnation_id"].as_str().unwrap().into(),
+        generation: ck["generation"].as_u64().unwrap(),
+        checkpoint_digest: ck["checkpoint_digest"].as_str().unwrap().into(),
+        role: ObjectRole::Bundle,
+        base_commit_id: None,
+        object_digest: format!("sha256:{}", "a".repeat(64)),
+        object_size: 3,
+        offset: 0,
+        data: b"abc".to_vec(),
+    };
+    hs.send(
+        Outgoing::new(&p.signer, MessageType::CheckpointUpload, up.fields()),
+        COORD,
+    )
+    .await
+    .unwrap();
+    let got = next_of(&mut hs, &p, &[MessageType::CheckpointStored]).await;
+    match typed(&got) {
+        ToHost::CheckpointStored(s) => {
+            assert_eq!(s.verdict, StoredVerdict::Refused("not-owner".into()))
+        }
+        other => panic!("{other:?}"),
+    }
+    let c = w.sql().await;
+    let restores: i64 = c
+        .query_one("SELECT count(*) FROM checkpoint_restores", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(restores, 0);
+    let objects: i64 = c
+        .query_one(
+            "SELECT count(*) FROM checkpoint_objects WHERE uploaded_by = $1",
+            &[&w.hosts[1]],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(objects, 0);
+    let _ = std::fs::remove_dir_all(&repo);
+}

@@ -61,8 +61,21 @@ impl Store {
             )
             .await?
         else {
-            // Its receipt may not be ingested yet: the host tries again later.
-            return Ok((StoredVerdict::Retry("no-checkpoint".into()), 0));
+            // Its receipt may not be ingested yet: the host tries again later — unless it
+            // was, and recorded no checkpoint (a receipt the coordinator did not take one
+            // from never will).
+            let ingested = tx
+                .query_opt(
+                    "SELECT 1 FROM termination_receipts WHERE lane_incarnation_id = $1 AND generation = $2",
+                    &[&m.lane_incarnation_id, &(m.generation as i64)],
+                )
+                .await?
+                .is_some();
+            return Ok(if ingested {
+                (refused("not-found"), 0)
+            } else {
+                (StoredVerdict::Retry("no-checkpoint".into()), 0)
+            });
         };
         let (owner, asg, digest): (String, String, String) = (
             row.col("host_id")?,
@@ -102,14 +115,21 @@ impl Store {
         }
         // A host uploads one object at a time: whatever else of it is incomplete was
         // abandoned (its upload cut; the object made again has other bytes). At most one
-        // partial object per host is ever kept.
+        // partial object per host is ever kept; another host's partial is its own until it
+        // has been left idle for five minutes.
         if m.offset == 0 {
             tx.execute(
-                "DELETE FROM checkpoint_objects WHERE uploaded_by = $1 AND stored_at IS NULL AND object_digest <> $2",
+                "DELETE FROM checkpoint_objects WHERE stored_at IS NULL AND object_digest <> $2 AND uploaded_by = $1",
                 &[&host, &m.object_digest],
             )
             .await?;
         }
+        tx.execute(
+            "DELETE FROM checkpoint_objects WHERE object_digest = $1 AND stored_at IS NULL AND uploaded_by <> $2 \
+               AND touched_at < clock_timestamp() - interval '5 minutes'",
+            &[&m.object_digest, &host],
+        )
+        .await?;
         tx.execute(
             "INSERT INTO checkpoint_objects (object_digest, size, uploaded_by) VALUES ($1, $2, $3) \
              ON CONFLICT (object_digest) DO NOTHING",
@@ -118,17 +138,69 @@ impl Store {
         .await?;
         let obj = tx
             .query_one(
-                "SELECT size, received, stored_at IS NOT NULL AS stored FROM checkpoint_objects \
+                "SELECT size, received, stored_at IS NOT NULL AS stored, uploaded_by FROM checkpoint_objects \
                  WHERE object_digest = $1 FOR UPDATE",
                 &[&m.object_digest],
             )
             .await?;
         let (size, mut received, stored): (i64, i64, bool) =
             (obj.col("size")?, obj.col("received")?, obj.col("stored")?);
+        let uploader: String = obj.col("uploaded_by")?;
         if size as u64 != m.object_size {
-            return Ok((refused("mismatch"), received as u64));
+            // Only a stored object's size is known to be right; either way nothing is
+            // taken from this upload.
+            return Ok((refused("conflict"), 0));
         }
-        if !stored {
+        if stored && uploader != host {
+            // Another host stored these bytes: this one names them only once it has sent
+            // every part, each equal to the stored one (knowing a digest is not holding
+            // the object).
+            let inc_gen = (&m.lane_incarnation_id, m.generation as i64);
+            tx.execute(
+                "INSERT INTO checkpoint_object_proofs (object_digest, lane_incarnation_id, generation) VALUES ($1, $2, $3) \
+                 ON CONFLICT DO NOTHING",
+                &[&m.object_digest, inc_gen.0, &inc_gen.1],
+            )
+            .await?;
+            let proven: i64 = tx
+                .query_one(
+                    "SELECT proven FROM checkpoint_object_proofs WHERE object_digest = $1 AND lane_incarnation_id = $2 \
+                       AND generation = $3 FOR UPDATE",
+                    &[&m.object_digest, inc_gen.0, &inc_gen.1],
+                )
+                .await?
+                .col("proven")?;
+            if m.offset != proven as u64 {
+                tx.commit().await?;
+                return Ok((StoredVerdict::More, proven as u64));
+            }
+            let part = (m.offset / PART_BYTES as u64) as i32;
+            let same = tx
+                .query_opt(
+                    "SELECT 1 FROM checkpoint_object_parts WHERE object_digest = $1 AND part = $2 AND data = $3",
+                    &[&m.object_digest, &part, &m.data],
+                )
+                .await?
+                .is_some();
+            if !same {
+                return Ok((refused("mismatch"), 0));
+            }
+            let proven = proven + m.data.len() as i64;
+            tx.execute(
+                "UPDATE checkpoint_object_proofs SET proven = $4 WHERE object_digest = $1 AND lane_incarnation_id = $2 AND generation = $3",
+                &[&m.object_digest, inc_gen.0, &inc_gen.1, &proven],
+            )
+            .await?;
+            if proven < size {
+                tx.commit().await?;
+                return Ok((StoredVerdict::More, proven as u64));
+            }
+        } else if stored {
+            // Its own: named at once.
+        } else if uploader != host {
+            // Another host is uploading these bytes now: later.
+            return Ok((StoredVerdict::Retry("busy".into()), 0));
+        } else {
             if m.offset != received as u64 {
                 // Not the next part (a resend, a restart): say where to go on from.
                 return Ok((StoredVerdict::More, received as u64));
@@ -141,7 +213,7 @@ impl Store {
             .await?;
             received += m.data.len() as i64;
             tx.execute(
-                "UPDATE checkpoint_objects SET received = $2 WHERE object_digest = $1",
+                "UPDATE checkpoint_objects SET received = $2, touched_at = clock_timestamp() WHERE object_digest = $1",
                 &[&m.object_digest, &received],
             )
             .await?;
@@ -240,16 +312,35 @@ impl Store {
         if !r.col::<bool>("stored")? || m.offset >= size as u64 {
             return no("not-stored");
         }
+        // A restore reads an object from its start: the first read of it for this
+        // reservation verifies the whole and records the restore; a read past the start
+        // needs that record (the fetching host verifies the whole again at its end).
         if m.offset == 0 {
-            if !whole_matches(&c, &m.object_digest).await? {
+            let first = c
+                .execute(
+                    "INSERT INTO checkpoint_restores (reservation_id, object_digest, assignment_id, assignment_attempt_id, host_id, purpose) \
+                     VALUES ($1, $2, $3, $4, $5, 'same-assignment-recovery') ON CONFLICT DO NOTHING",
+                    &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host],
+                )
+                .await?
+                == 1;
+            if first && !whole_matches(&c, &m.object_digest).await? {
+                c.execute(
+                    "DELETE FROM checkpoint_restores WHERE reservation_id = $1 AND object_digest = $2",
+                    &[&m.reservation_id, &m.object_digest],
+                )
+                .await?;
                 return no("corrupt");
             }
-            c.execute(
-                "INSERT INTO checkpoint_restores (reservation_id, object_digest, assignment_id, assignment_attempt_id, host_id, purpose) \
-                 VALUES ($1, $2, $3, $4, $5, 'same-assignment-recovery') ON CONFLICT DO NOTHING",
-                &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host],
+        } else if c
+            .query_opt(
+                "SELECT 1 FROM checkpoint_restores WHERE reservation_id = $1 AND object_digest = $2",
+                &[&m.reservation_id, &m.object_digest],
             )
-            .await?;
+            .await?
+            .is_none()
+        {
+            return no("not-granted");
         }
         let part = (m.offset / PART_BYTES as u64) as i32;
         let Some(p) = c
@@ -267,8 +358,10 @@ impl Store {
         })
     }
 
-    /// What a stage of `assignment_id` restores its workspace from: its latest checkpoint,
-    /// with the objects of it the store holds.
+    /// What a stage of `assignment_id` restores its workspace from: the checkpoint of its
+    /// latest chain (by the order its reservations were made, never by when a receipt came
+    /// in: a late receipt of a superseded chain is not the latest work), with the objects of
+    /// it the store holds.
     pub async fn restore_point(
         &self,
         assignment_id: &str,
@@ -281,7 +374,9 @@ impl Store {
                  FROM checkpoints ck \
                  LEFT JOIN checkpoint_objects bo ON bo.object_digest = ck.base_object AND bo.stored_at IS NOT NULL \
                  LEFT JOIN checkpoint_objects ko ON ko.object_digest = ck.bundle_object AND ko.stored_at IS NOT NULL \
-                 WHERE ck.assignment_id = $1 ORDER BY ck.created_at DESC, ck.generation DESC LIMIT 1",
+                 JOIN generations g ON g.lane_incarnation_id = ck.lane_incarnation_id AND g.generation = ck.generation \
+                 JOIN reservations rv ON rv.reservation_id = g.reservation_id \
+                 WHERE ck.assignment_id = $1 ORDER BY rv.created_at DESC, ck.generation DESC LIMIT 1",
                 &[&assignment_id],
             )
             .await?

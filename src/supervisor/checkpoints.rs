@@ -258,6 +258,21 @@ pub fn materialize(
     Ok(())
 }
 
+/// Whether `store` holds base `commit` under its base ref (what a checkpoint's bundle is
+/// relative to and a restore checks out).
+pub fn has_base(store: &Path, commit: &str) -> bool {
+    git(
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{}^{{commit}}", crate::protocol::repo::base_ref(commit)),
+        ],
+        Some(store),
+    )
+    .is_ok_and(|c| c == commit)
+}
+
 /// Whether `store` has `object` (a commit id).
 pub fn has_commit(store: &Path, object: &str) -> bool {
     git(

@@ -43,15 +43,19 @@ pub(super) async fn finalize(
     // carries — never without it (spec §17, premature completion).
     let mut checkpoint = None;
     let (outcome, review) = if outcome == Lifecycle::Completed.as_str() {
-        let in_repo: bool = d
+        let repo: Option<String> = d
             .query_one(
-                "SELECT repository IS NOT NULL AS r FROM assignments WHERE assignment_id = $1",
+                "SELECT repository FROM assignments WHERE assignment_id = $1",
                 &[&assignment],
             )
             .await?
-            .col("r")?;
+            .col("repository")?;
+        let in_repo = repo.is_some();
         let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
-        checkpoint = checkpoint_in(&body).map(|c| c.digest()).filter(|_| in_repo);
+        // Only the checkpoint this receipt records: well formed, of the work's own repository.
+        checkpoint = checkpoint_in(&body)
+            .filter(|c| repo.as_deref() == Some(c.repository.as_str()))
+            .map(|c| c.digest());
         if in_repo && checkpoint.is_none() {
             (
                 Lifecycle::Quarantined.as_str(),

@@ -18,18 +18,23 @@ use crate::protocol::messages::{
     StoredVerdict, PART_BYTES,
 };
 use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, RestorePoint, StoredObject};
-use crate::supervisor::checkpoints::{has_commit, store_of};
+use crate::supervisor::checkpoints::{has_base, has_commit, store_of};
 use crate::supervisor::git::git;
 
 /// How long one part waits for its answer before the transfer is given up for now.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the host looks for checkpoints not uploaded yet.
 const UPLOAD_EVERY: Duration = Duration::from_secs(2);
+/// Why a part went unanswered: nothing else is tried this round (the link is down).
+const NO_LINK: &str = "the coordinator link is gone";
+const NO_ANSWER: &str = "the coordinator did not answer in time";
 
 /// Answers the transfers of this host wait for, by `u:`/`f:` and object digest.
 #[derive(Default)]
 pub(super) struct Transfers {
     waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<ToHost>>>,
+    /// Held by a restore while it fetches: two never wait on the same object's answers.
+    fetching: tokio::sync::Mutex<()>,
 }
 
 /// A checkpoint of this host not uploaded yet.
@@ -179,7 +184,7 @@ impl CoordinatedHost {
             .await
             .is_err()
         {
-            return Err("the coordinator link is gone".into());
+            return Err(NO_LINK.into());
         }
         match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
             Ok(Ok(m)) => Ok(m),
@@ -187,13 +192,16 @@ impl CoordinatedHost {
                 if let Ok(mut w) = self.transfers.waiting.lock() {
                     w.remove(&key);
                 }
-                Err("the coordinator did not answer in time".into())
+                Err(NO_ANSWER.into())
             }
         }
     }
 
     /// Uploads every checkpoint of this host not uploaded yet, every `UPLOAD_EVERY`.
     pub(super) async fn upload_loop(host: std::sync::Weak<Self>) {
+        // Failed rounds per checkpoint: said at warn the first time and every 30th, so a
+        // checkpoint the coordinator cannot take yet does not fill the log.
+        let mut failures: HashMap<String, u64> = HashMap::new();
         loop {
             tokio::time::sleep(UPLOAD_EVERY).await;
             let Some(this) = host.upgrade() else { return };
@@ -202,10 +210,24 @@ impl CoordinatedHost {
                 continue;
             };
             for p in list {
-                if let Err(e) = this.upload_checkpoint(&p).await {
-                    tracing::warn!(assignment_id = %p.assignment_id, generation = p.generation,
-                        error = %e, "checkpoint upload not finished; trying again later");
-                    break;
+                let key = p.checkpoint.digest();
+                match this.upload_checkpoint(&p).await {
+                    Ok(()) => {
+                        failures.remove(&key);
+                    }
+                    Err(e) => {
+                        let n = failures.entry(key).or_default();
+                        *n += 1;
+                        if *n == 1 || *n % 30 == 0 {
+                            tracing::warn!(assignment_id = %p.assignment_id, generation = p.generation,
+                                error = %e, attempts = *n, "checkpoint upload not finished; trying again later");
+                        }
+                        // One checkpoint the coordinator cannot take yet never holds up
+                        // the others; an unanswered part ends the round (the link is down).
+                        if e == NO_LINK || e == NO_ANSWER {
+                            break;
+                        }
+                    }
                 }
             }
         }
@@ -252,13 +274,41 @@ impl CoordinatedHost {
         role: ObjectRole,
         args: Vec<String>,
     ) -> Result<Uploaded, String> {
-        let file = scratch(&self.sup.inner)?;
+        // A base's bundle is made once and kept (every checkpoint of the work names the
+        // same base, and the store answers at its first part when it has it); a
+        // checkpoint's own is made for this upload and removed after.
+        let cached = match (role, &p.base_commit_id) {
+            (ObjectRole::Base, Some(b)) => Some(
+                self.sup
+                    .inner
+                    .cfg
+                    .state_dir
+                    .join("checkpoints")
+                    .join("transfer")
+                    .join(format!(
+                        "base-{}-{b}.bundle",
+                        p.checkpoint.repository.as_str()
+                    )),
+            ),
+            _ => None,
+        };
+        // Its directory made too when the name is the cache's.
+        let fresh = scratch(&self.sup.inner)?;
+        let file = cached.clone().unwrap_or(fresh);
         let (store, f) = (p.store.clone(), file.clone());
         let made = tokio::task::spawn_blocking(move || {
-            let f_s = f.to_string_lossy().to_string();
-            let mut all = vec!["bundle", "create", "--quiet", f_s.as_str()];
-            all.extend(args.iter().map(String::as_str));
-            git(&all, Some(&store))?;
+            if !f.is_file() {
+                let tmp = f.with_extension(format!("new-{}", uuid::Uuid::new_v4().simple()));
+                let t_s = tmp.to_string_lossy().to_string();
+                let mut all = vec!["bundle", "create", "--quiet", t_s.as_str()];
+                all.extend(args.iter().map(String::as_str));
+                let made = git(&all, Some(&store))
+                    .and_then(|_| std::fs::rename(&tmp, &f).map_err(|e| e.to_string()));
+                if made.is_err() {
+                    let _ = std::fs::remove_file(&tmp);
+                }
+                made?;
+            }
             let size = std::fs::metadata(&f).map_err(|e| e.to_string())?.len();
             Ok::<_, String>((sha256_file(&f)?, size))
         })
@@ -268,7 +318,9 @@ impl CoordinatedHost {
             Ok((digest, size)) => self.send_object(p, role, &file, &digest, size).await,
             Err(e) => Err(e),
         };
-        let _ = std::fs::remove_file(&file);
+        if cached.is_none() {
+            let _ = std::fs::remove_file(&file);
+        }
         out
     }
 
@@ -343,14 +395,14 @@ impl CoordinatedHost {
         }
         let inner = self.sup.inner.clone();
         let (name, p) = (repo.name.clone(), point.clone());
-        let (store, has, has_base) = tokio::task::spawn_blocking(move || {
+        let (store, has, base_here) = tokio::task::spawn_blocking(move || {
             let store = store_of(&inner, &name)?;
             let has = has_commit(&store, &p.commit_id);
-            let has_base = p
+            let base_here = p
                 .base_commit_id
                 .as_deref()
-                .is_none_or(|b| has_commit(&store, b));
-            Ok::<_, String>((store, has, has_base))
+                .is_none_or(|b| has_base(&store, b));
+            Ok::<_, String>((store, has, base_here))
         })
         .await
         .map_err(|e| e.to_string())??;
@@ -364,10 +416,26 @@ impl CoordinatedHost {
                 point.checkpoint_digest, point.host_id
             )
         };
-        if !has_base {
+        // One restore's fetches at a time on this host (answers are matched by object).
+        let _one = self.transfers.fetching.lock().await;
+        if let (false, Some(b)) = (base_here, &point.base_commit_id) {
             let base = point.base_object.as_ref().ok_or_else(|| missing("base"))?;
-            self.fetch_into(a, &store, base, "+refs/mosaic/bases/*:refs/mosaic/bases/*")
+            // Exactly this base's ref, created only (never over one this host has), and
+            // checked to name this commit: a bundle carries whatever refs its maker put in.
+            let r = base_ref(b);
+            self.fetch_into(a, &store, base, &format!("{r}:{r}"))
                 .await?;
+            let (s, b) = (store.clone(), b.clone());
+            let ok = tokio::task::spawn_blocking(move || has_base(&s, &b))
+                .await
+                .map_err(|e| e.to_string())?;
+            if !ok {
+                return Err(format!(
+                    "checkpoint {}: its base bundle does not hold base {}",
+                    point.checkpoint_digest,
+                    point.base_commit_id.as_deref().unwrap_or("")
+                ));
+            }
         }
         let bundle = point
             .bundle_object
@@ -490,6 +558,23 @@ fn check_imported(store: &Path, p: &RestorePoint) -> Result<(), String> {
         return Err(format!(
             "checkpoint {}: its bundle does not hold commit {}",
             p.checkpoint_digest, p.commit_id
+        ));
+    }
+    let parent = git(
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{}^", p.commit_id),
+        ],
+        Some(store),
+    )
+    .ok()
+    .filter(|c| !c.is_empty());
+    if parent != p.base_commit_id {
+        return Err(format!(
+            "checkpoint {}: its commit's parent is not the base it names",
+            p.checkpoint_digest
         ));
     }
     let tree = git(
