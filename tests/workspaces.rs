@@ -295,6 +295,17 @@ fn work_in_a_repository_survives_its_generation() {
     assert!(git_dir(&store, &["ls-tree", "-r", "--name-only", last]).contains("after.txt"));
 }
 
+/// Makes `ws` impossible to checkpoint: its `.gitignore` a FIFO (git would wait on it
+/// forever; the capture refuses it).
+fn plant_fifo_gitignore(ws: &Path) {
+    std::fs::remove_file(ws.join(".gitignore")).unwrap();
+    nix::unistd::mkfifo(
+        &ws.join(".gitignore"),
+        nix::sys::stat::Mode::from_bits_truncate(0o644),
+    )
+    .unwrap();
+}
+
 /// A waited stop of `asg`.
 fn stop(w: &World, asg: impl Into<String>) -> Value {
     w.op(&OperatorRequest::Stop {
@@ -371,12 +382,7 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
     let a = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
     let ws = w.state_dir(0).join("workspaces").join(&asg);
-    std::fs::remove_file(ws.join(".gitignore")).unwrap();
-    nix::unistd::mkfifo(
-        &ws.join(".gitignore"),
-        nix::sys::stat::Mode::from_bits_truncate(0o644),
-    )
-    .unwrap();
+    plant_fifo_gitignore(&ws);
     let out = stop(&w, asg.clone());
     assert_eq!(out["state"], "CANCELLED", "{out}");
     let reason = wait_until("the lane quarantined", || {
@@ -693,12 +699,7 @@ fn work_in_a_repository_completes_only_on_its_final_checkpoint() {
     let b = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
     let asg2 = b["assignment_id"].as_str().unwrap().to_string();
     let ws = w.state_dir(0).join("workspaces").join(&asg2);
-    std::fs::remove_file(ws.join(".gitignore")).unwrap();
-    nix::unistd::mkfifo(
-        &ws.join(".gitignore"),
-        nix::sys::stat::Mode::from_bits_truncate(0o644),
-    )
-    .unwrap();
+    plant_fifo_gitignore(&ws);
     let out = complete(&w, &asg2);
     assert_eq!(out["state"], "QUARANTINED", "{out}");
     let (lifecycle, final_ck, _) = final_of(&w, &asg2);
@@ -713,12 +714,7 @@ fn work_in_a_repository_completes_only_on_its_final_checkpoint() {
     let c = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
     let asg3 = c["assignment_id"].as_str().unwrap().to_string();
     let ws = w.state_dir(0).join("workspaces").join(&asg3);
-    std::fs::remove_file(ws.join(".gitignore")).unwrap();
-    nix::unistd::mkfifo(
-        &ws.join(".gitignore"),
-        nix::sys::stat::Mode::from_bits_truncate(0o644),
-    )
-    .unwrap();
+    plant_fifo_gitignore(&ws);
     kill_into_recovery(&w, &c, &asg3);
     let refused = w
         .op(&OperatorRequest::Stop {

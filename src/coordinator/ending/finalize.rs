@@ -43,13 +43,7 @@ pub(super) async fn finalize(
     // carries — never without it (spec §17, premature completion).
     let mut checkpoint = None;
     let (outcome, review) = if outcome == Lifecycle::Completed.as_str() {
-        let repo: Option<String> = d
-            .query_one(
-                "SELECT repository FROM assignments WHERE assignment_id = $1",
-                &[&assignment],
-            )
-            .await?
-            .col("repository")?;
+        let repo = repository_of(d, assignment).await?;
         let in_repo = repo.is_some();
         let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
         // Only the checkpoint this receipt records: well formed, of the work's own repository.
@@ -117,20 +111,26 @@ fn checkpoint_in(body: &serde_json::Value) -> Option<crate::protocol::repo::Chec
 /// Why the receipt of `generation` leaves its work without the checkpoint it needs, if it
 /// does: work in a repository, a generation that ran a process, and no checkpoint of that
 /// repository the coordinator can record.
+/// The repository `assignment` works in, if any.
+async fn repository_of(
+    d: &crate::coordinator::txn::Decided<'_>,
+    assignment: &str,
+) -> Result<Option<String>, AuthorityError> {
+    d.query_one(
+        "SELECT repository FROM assignments WHERE assignment_id = $1",
+        &[&assignment],
+    )
+    .await?
+    .col("repository")
+}
+
 pub(super) async fn missing_checkpoint(
     d: &crate::coordinator::txn::Decided<'_>,
     assignment: &str,
     generation: i64,
     body_text: &str,
 ) -> Result<Option<String>, AuthorityError> {
-    let repo: Option<String> = d
-        .query_one(
-            "SELECT repository FROM assignments WHERE assignment_id = $1",
-            &[&assignment],
-        )
-        .await?
-        .col("repository")?;
-    let Some(repo) = repo else {
+    let Some(repo) = repository_of(d, assignment).await? else {
         return Ok(None);
     };
     let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
