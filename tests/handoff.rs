@@ -60,7 +60,7 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
         &'static str,
         fn(&mut mosaic::coordinator::handoff::HandoffAckClaim),
     );
-    let forged: [Forge; 15] = [
+    let forged: [Forge; 16] = [
         ("challenge", |a| a.handoff_challenge_id = "hc-forged".into()),
         ("timeline", |a| a.sot_incarnation = "sot-other".into()),
         ("epoch", |a| a.coordinator_epoch += 1),
@@ -84,6 +84,8 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
         ("deadline", |a| {
             a.challenge_deadline = "2999-01-01T00:00:00.000000Z".into()
         }),
+        // Work without a workspace has no checkpoint: naming one is a substitution too.
+        ("checkpoint", |a| a.checkpoint_digest = Some(d('4'))),
     ];
     // Each forged field is refused by the predicate that compares it, and the refusal
     // names that field (the diagnosis is built from the CAS's own predicate table).
@@ -103,6 +105,7 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
         "contracts" => "contracts_digest",
         "generation" => "generation differs",
         "deadline" => "challenge_deadline differs",
+        "checkpoint" => "checkpoint_digest differs",
         other => panic!("no expectation for {other}"),
     };
     for (what, forge) in forged {

@@ -196,6 +196,7 @@ fn every_to_host() -> Vec<ToHost> {
                 pending_target: "lane-2".into(),
                 next_action_digest: format!("sha256:{}", "a".repeat(64)),
                 challenge_deadline: "2099-01-01T00:00:00.000000Z".into(),
+                checkpoint_digest: None,
             },
             next_action: "carry on".into(),
             issued: issued("handoff-challenge/rs-1"),
@@ -230,6 +231,12 @@ fn every_to_host() -> Vec<ToHost> {
             session_id: "sess-1".into(),
             receipt_idempotency_key: "tr-1".into(),
             verdict: Verdict::Refused("not-owner".into()),
+        }),
+        ToHost::HandoffCheckpoint(mosaic::protocol::messages::HandoffCheckpoint {
+            authority: authority(),
+            digests: digests(),
+            handoff_id: "ho-1".into(),
+            issued: issued("handoff-checkpoint/ho-1"),
         }),
         ToHost::CheckpointStored(mosaic::protocol::messages::CheckpointStored {
             object_digest: format!("sha256:{}", "e".repeat(64)),
@@ -408,6 +415,7 @@ fn every_from_host() -> Vec<FromHostChain> {
         pending_target: "lane-2".into(),
         next_action_digest: format!("sha256:{}", "a".repeat(64)),
         challenge_deadline: "2099-01-01T00:00:00.000000Z".into(),
+        checkpoint_digest: Some(format!("sha256:{}", "c".repeat(64))),
     };
     vec![
         FromHostChain::Staged(Staged {
@@ -462,6 +470,22 @@ fn every_from_host() -> Vec<FromHostChain> {
             bound: bound(),
             continuation_id: "cn-1".into(),
             result_evidence_digest: format!("sha256:{}", "d".repeat(64)),
+        }),
+        FromHostChain::CheckpointTaken(mosaic::protocol::messages::CheckpointTaken {
+            chain: chain_ref(),
+            bound: bound(),
+            handoff_id: "ho-1".into(),
+            taken: Ok(mosaic::protocol::repo::CheckpointRef {
+                repository: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
+                commit_id: "a".repeat(40),
+                tree_id: "b".repeat(40),
+            }),
+        }),
+        FromHostChain::CheckpointTaken(mosaic::protocol::messages::CheckpointTaken {
+            chain: chain_ref(),
+            bound: bound(),
+            handoff_id: "ho-2".into(),
+            taken: Err("its lane is unconfined".into()),
         }),
     ]
 }

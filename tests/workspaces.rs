@@ -266,7 +266,7 @@ fn work_in_a_repository_survives_its_generation() {
     );
     let b = assign_in(&w, &lane, &task2, None, None, Some(&asg)).unwrap();
     assert_eq!(b["generation"], 2, "{b}");
-    // Not handed off: its target would share the workspace with its running source.
+    // Not handed off to a lane of its own host: two generations would share its workspace.
     let refused = w.op(&OperatorRequest::Handoff {
         assignment_id: asg.clone(),
         lane_id: w.lane_of(0, "lane-2"),
@@ -275,7 +275,7 @@ fn work_in_a_repository_survives_its_generation() {
         request_id: None,
     });
     assert!(
-        format!("{refused:?}").contains("works in repository demo"),
+        format!("{refused:?}").contains("only to a lane of another host"),
         "{refused:?}"
     );
     let seen = attempts(&w.area(0, &inc, 2).join("home/attacks"), 3);
@@ -732,4 +732,223 @@ fn work_in_a_repository_completes_only_on_its_final_checkpoint() {
         "{refused:?}"
     );
     assert_eq!(final_of(&w, &asg3).0, "RECOVERY");
+}
+
+/// One value of a query over the world's database.
+fn sql_one<T: for<'a> tokio_postgres::types::FromSql<'a>>(
+    w: &World,
+    q: &str,
+    p: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> T {
+    tokio_block(async { w.sql().await.query_one(q, p).await.unwrap().get(0) })
+}
+
+/// Work in a repository handed off to a lane of another host (spec §8.1): at the offer the
+/// source's workspace is held read-only and checkpointed, the target's is restored from
+/// exactly that checkpoint before its harness starts — the same files, byte for byte — and
+/// the target's ACK binds the checkpoint's digest. The source's generation, fenced, ends
+/// on that same checkpoint (it could write nothing after it).
+#[test]
+fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
+    let (repo, w, lane0, lane1) = two_hosts("workspaces-handoff", String::new());
+    let inc = w.incarnation_of(0, "lane-1");
+    let work = w.area(0, &inc, 1).join("work");
+    let task = format!(
+        "attack=write:{0}/a.txt attack=write:{0}/new.txt attack=write:{0}/staged.txt attack=write:{0}/scratch.log hang",
+        work.display()
+    );
+    let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    attempts(&w.area(0, &inc, 1).join("home/attacks"), 4);
+    let ws0 = w.state_dir(0).join("workspaces").join(&asg);
+    git(&ws0, &["add", "staged.txt"]);
+    std::fs::remove_file(ws0.join("b.txt")).unwrap();
+    let mut before = files_of(&ws0);
+    assert!(before.remove("scratch.log").is_some(), "{before:?}");
+
+    let h = w
+        .op(&OperatorRequest::Handoff {
+            assignment_id: asg.clone(),
+            lane_id: lane1.clone(),
+            task: Some("accept-handoff hang".into()),
+            within_ms: Some(120_000),
+            request_id: None,
+        })
+        .unwrap_or_else(|e| panic!("handoff: {e:?}"));
+    assert!(h["workspace"].as_str().unwrap().contains("demo"), "{h}");
+    let inc1 = w.incarnation_of(1, "lane-1");
+    wait_until("the target running the work", || {
+        let on: Option<String> = sql_one(
+            &w,
+            "SELECT (SELECT a.lane_incarnation_id FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) \
+             WHERE a.assignment_id = $1 AND a.execution_owner IS NOT NULL AND li.state = 'RUNNING')",
+            &[&asg],
+        );
+        (on.as_deref() == Some(inc1.as_str())).then_some(())
+    });
+    let ws1 = w.state_dir(1).join("workspaces").join(&asg);
+    assert_eq!(files_of(&ws1), before, "the handed-off workspace differs");
+    assert_eq!(
+        git(&ws1, &["rev-parse", "HEAD"]),
+        git(&repo.0, &["rev-parse", "main"])
+    );
+    assert_eq!(
+        git(&ws1, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        format!("mosaic/{asg}")
+    );
+    // One checkpoint bound everywhere: the handoff's row, its checkpoint row (of the
+    // source generation, taken at the offer) and the accepted ACK.
+    let (bound, recorded, acked): (Option<String>, String, Option<String>) = tokio_block(async {
+        let r = w
+            .sql()
+            .await
+            .query_one(
+                "SELECT h.checkpoint_digest, ck.checkpoint_digest, h.ack_body->>'checkpoint_digest' \
+                 FROM handoffs h JOIN checkpoints ck ON ck.handoff_id = h.handoff_id \
+                 WHERE h.assignment_id = $1 AND h.state = 'ACCEPTED' AND ck.purpose = 'handoff' \
+                   AND ck.lane_incarnation_id = $2 AND ck.generation = 1",
+                &[&asg, &inc],
+            )
+            .await
+            .unwrap();
+        (r.get(0), r.get(1), r.get(2))
+    });
+    assert_eq!(bound.as_deref(), Some(recorded.as_str()));
+    assert_eq!(acked.as_deref(), Some(recorded.as_str()));
+    // The target's host restored it from the store, for the handoff.
+    let served: i64 = sql_one(
+        &w,
+        "SELECT count(*) FROM checkpoint_restores WHERE assignment_id = $1 AND purpose = 'handoff'",
+        &[&asg],
+    );
+    assert_eq!(served, 2, "the base and the bundle, each served once");
+    // The fenced source ends on the handoff's checkpoint.
+    let ended = wait_until("the source's end checkpoint", || {
+        sql_one::<Option<String>>(
+            &w,
+            "SELECT max(checkpoint_digest) FROM checkpoints WHERE assignment_id = $1 \
+             AND purpose = 'same-assignment-recovery' AND lane_incarnation_id = $2",
+            &[&asg, &inc],
+        )
+    });
+    assert_eq!(ended, recorded);
+    let out = stop(&w, asg.clone());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+}
+
+/// A handoff of work in a repository to another lane of its own host is refused before
+/// anything is reserved: two generations would share its one workspace directory.
+#[test]
+fn a_handoff_of_work_in_a_repository_stays_off_its_own_host() {
+    let (repo, w, lane, host) = world(2, "workspaces-handoff-host");
+    add_repo(&w, "demo", &repo.0, &host);
+    let a = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let other = w.lane_of(0, "lane-2");
+    let e = w
+        .op(&OperatorRequest::Handoff {
+            assignment_id: asg.clone(),
+            lane_id: other.clone(),
+            task: None,
+            within_ms: None,
+            request_id: None,
+        })
+        .unwrap_err();
+    assert!(e.message.contains("another host"), "{e:?}");
+    let (offers, state): (i64, String) = tokio_block(async {
+        let c = w.sql().await;
+        let n = c
+            .query_one(
+                "SELECT count(*) FROM handoffs WHERE assignment_id = $1",
+                &[&asg],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let s = c
+            .query_one(
+                "SELECT li.state FROM lane_incarnations li WHERE li.lane_id = $1 AND li.retired_at IS NULL",
+                &[&other],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (n, s)
+    });
+    assert_eq!((offers, state.as_str()), (0, "IDLE_CLEAN"));
+    let out = stop(&w, asg);
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+}
+
+/// A source whose workspace cannot be held read-only (an unconfined lane's, written by its
+/// harness as the supervisor) gets no handoff checkpoint: its host says why, the reason is
+/// on the handoff, nothing is staged on the target, and the offer expires with the work
+/// running on at its source.
+#[test]
+fn a_handoff_from_an_unconfined_lane_takes_no_checkpoint_and_moves_nothing() {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        hosts: 2,
+        supervisors: 2,
+        lanes: 1,
+        tag: "workspaces-handoff-unconfined",
+        supervisor_top: "unconfined_lanes = [\"lane-1\"]\n".into(),
+        ..Spec::default()
+    });
+    let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
+    add_repo(&w, "demo", &repo.0, lane0.split_once(':').unwrap().0);
+    let a = assign_in(&w, &lane0, "hang", Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    w.op(&OperatorRequest::Handoff {
+        assignment_id: asg.clone(),
+        lane_id: lane1.clone(),
+        task: Some("accept-handoff hang".into()),
+        within_ms: Some(4_000),
+        request_id: None,
+    })
+    .unwrap_or_else(|e| panic!("handoff: {e:?}"));
+    let why = wait_until("the handoff's checkpoint error", || {
+        sql_one::<Option<String>>(
+            &w,
+            "SELECT max(checkpoint_error) FROM handoffs WHERE assignment_id = $1",
+            &[&asg],
+        )
+    });
+    assert!(why.contains("unconfined"), "{why}");
+    wait_until("the offer expired", || {
+        let s: Option<String> = sql_one(
+            &w,
+            "SELECT max(state) FROM handoffs WHERE assignment_id = $1",
+            &[&asg],
+        );
+        (s.as_deref() == Some("EXPIRED")).then_some(())
+    });
+    let (digest, rows): (Option<String>, i64) = tokio_block(async {
+        let c = w.sql().await;
+        let d = c
+            .query_one(
+                "SELECT max(checkpoint_digest) FROM handoffs WHERE assignment_id = $1",
+                &[&asg],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let n = c
+            .query_one(
+                "SELECT count(*) FROM checkpoints WHERE assignment_id = $1",
+                &[&asg],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        (d, n)
+    });
+    assert_eq!((digest, rows), (None, 0), "a checkpoint was recorded");
+    assert!(
+        !w.state_dir(1).join("workspaces").join(&asg).exists(),
+        "the target was staged without the checkpoint"
+    );
+    assert_eq!(lifecycle(&w, &asg).as_deref(), Some("ACTIVE"));
+    let out = stop(&w, asg);
+    assert_eq!(out["state"], "CANCELLED", "{out}");
 }

@@ -56,8 +56,9 @@ impl Store {
         let Some(row) = tx
             .query_opt(
                 "SELECT host_id, assignment_id, checkpoint_digest, bundle_object, base_object \
-                 FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 FOR UPDATE",
-                &[&m.lane_incarnation_id, &(m.generation as i64)],
+                 FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $3 \
+                 ORDER BY purpose LIMIT 1 FOR UPDATE",
+                &[&m.lane_incarnation_id, &(m.generation as i64), &m.checkpoint_digest],
             )
             .await?
         else {
@@ -246,8 +247,8 @@ impl Store {
             ObjectRole::Bundle => {
                 tx.execute(
                     "UPDATE checkpoints SET bundle_object = coalesce(bundle_object, $3), transfer_error = NULL \
-                     WHERE lane_incarnation_id = $1 AND generation = $2",
-                    &[&m.lane_incarnation_id, &(m.generation as i64), &m.object_digest],
+                     WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $4",
+                    &[&m.lane_incarnation_id, &(m.generation as i64), &m.object_digest, &m.checkpoint_digest],
                 )
                 .await?
             }
@@ -255,12 +256,13 @@ impl Store {
                 tx.execute(
                     "UPDATE checkpoints SET base_object = coalesce(base_object, $3), \
                             base_commit_id = coalesce(base_commit_id, $4) \
-                     WHERE lane_incarnation_id = $1 AND generation = $2",
+                     WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $5",
                     &[
                         &m.lane_incarnation_id,
                         &(m.generation as i64),
                         &m.object_digest,
                         &m.base_commit_id,
+                        &m.checkpoint_digest,
                     ],
                 )
                 .await?
@@ -319,7 +321,8 @@ impl Store {
             let first = c
                 .execute(
                     "INSERT INTO checkpoint_restores (reservation_id, object_digest, assignment_id, assignment_attempt_id, host_id, purpose) \
-                     VALUES ($1, $2, $3, $4, $5, 'same-assignment-recovery') ON CONFLICT DO NOTHING",
+                     SELECT $1, $2, $3, $4, $5, CASE WHEN r.handoff_id IS NULL THEN 'same-assignment-recovery' ELSE 'handoff' END \
+                     FROM reservations r WHERE r.reservation_id = $1 ON CONFLICT DO NOTHING",
                     &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host],
                 )
                 .await?
@@ -359,25 +362,42 @@ impl Store {
     }
 
     /// What a stage of `assignment_id` restores its workspace from: the checkpoint of its
-    /// latest chain (by the order its reservations were made, never by when a receipt came
-    /// in: a late receipt of a superseded chain is not the latest work), with the objects of
-    /// it the store holds.
+    /// latest chain that ran (by the order its reservations were made, never by when a
+    /// receipt came in: a late receipt of a superseded chain is not the latest work; a
+    /// chain that was never activated — a handoff target whose offer expired, a resume
+    /// that failed before its ACK — changed nothing of the work, so its checkpoint is
+    /// latest only when no chain ran), with the objects of it the store holds.
     pub async fn restore_point(
         &self,
         assignment_id: &str,
     ) -> Result<Option<RestorePoint>, AuthorityError> {
+        self.point_where("ck.assignment_id = $1", assignment_id)
+            .await
+    }
+
+    /// The first checkpoint `filter` (over `checkpoints ck`, `$1` = `param`) selects, in
+    /// restore order.
+    pub(crate) async fn point_where(
+        &self,
+        filter: &str,
+        param: &str,
+    ) -> Result<Option<RestorePoint>, AuthorityError> {
         let c = self.pool.get().await?;
         let Some(r) = c
             .query_opt(
-                "SELECT ck.checkpoint_digest, ck.commit_id, ck.tree_id, ck.host_id, ck.base_commit_id, \
+                &format!(
+                    "SELECT ck.checkpoint_digest, ck.commit_id, ck.tree_id, ck.host_id, ck.base_commit_id, \
                         ck.base_object, bo.size AS base_size, ck.bundle_object, ko.size AS bundle_size \
                  FROM checkpoints ck \
                  LEFT JOIN checkpoint_objects bo ON bo.object_digest = ck.base_object AND bo.stored_at IS NOT NULL \
                  LEFT JOIN checkpoint_objects ko ON ko.object_digest = ck.bundle_object AND ko.stored_at IS NOT NULL \
                  JOIN generations g ON g.lane_incarnation_id = ck.lane_incarnation_id AND g.generation = ck.generation \
                  JOIN reservations rv ON rv.reservation_id = g.reservation_id \
-                 WHERE ck.assignment_id = $1 ORDER BY rv.created_at DESC, ck.generation DESC LIMIT 1",
-                &[&assignment_id],
+                 WHERE {filter} \
+                 ORDER BY EXISTS (SELECT 1 FROM leases le WHERE le.reservation_id = rv.reservation_id) DESC, \
+                          rv.created_at DESC, ck.generation DESC, ck.created_at DESC LIMIT 1"
+                ),
+                &[&param],
             )
             .await?
         else {
@@ -456,8 +476,8 @@ async fn transfer_error(
     why: &str,
 ) -> Result<(), AuthorityError> {
     tx.execute(
-        "UPDATE checkpoints SET transfer_error = $3 WHERE lane_incarnation_id = $1 AND generation = $2",
-        &[&m.lane_incarnation_id, &(m.generation as i64), &why],
+        "UPDATE checkpoints SET transfer_error = $3 WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $4",
+        &[&m.lane_incarnation_id, &(m.generation as i64), &why, &m.checkpoint_digest],
     )
     .await?;
     tx.commit().await?;

@@ -66,6 +66,8 @@ pub struct HandoffAckClaim {
     pub lane_incarnation_id: String,
     pub generation: i64,
     pub challenge_deadline: String,
+    /// Work in a repository: the checkpoint the target's workspace was restored from.
+    pub checkpoint_digest: Option<String>,
     pub ack_digest: String,
 }
 
@@ -86,6 +88,11 @@ pub struct HandoffView {
     pub challenge_id: Option<String>,
     pub challenge_deadline: Option<String>,
     pub challenge_epoch: Option<i64>,
+    pub source_reservation_id: String,
+    /// The work has a workspace: nothing moves before its checkpoint is recorded.
+    pub needs_checkpoint: bool,
+    pub checkpoint_digest: Option<String>,
+    pub checkpoint_error: Option<String>,
 }
 
 pub use crate::protocol::work::next_action_digest;
@@ -97,7 +104,8 @@ pub use crate::protocol::work::next_action_digest;
 /// Parameters: $1 handoff challenge, $2 and $3 the timeline and epoch it was issued under,
 /// $4 assignment, $5 source attempt, $6 target attempt, $7 responsibility owner, $8
 /// execution owner, $9 pending target, $10 next-action digest, $11 scope, $12 holds, $13
-/// target lane incarnation, $14 generation, $15 contracts, $16 challenge deadline.
+/// target lane incarnation, $14 generation, $15 contracts, $16 challenge deadline, $17 the
+/// checkpoint the target's workspace was restored from (null without a workspace).
 const ACCEPT_PREDS: &[Pred] = &[
     Pred {
         sql: concatcp!("h.state <> ", HandoffState::Accepted.sql()),
@@ -128,6 +136,11 @@ const ACCEPT_PREDS: &[Pred] = &[
         sql: "mosaic_ts(h.challenge_deadline) = $16",
         category: Category::Mismatch,
         detail: "challenge_deadline differs from the challenge's",
+    },
+    Pred {
+        sql: "h.checkpoint_digest IS NOT DISTINCT FROM $17",
+        category: Category::Mismatch,
+        detail: "checkpoint_digest differs from the handoff's checkpoint",
     },
     Pred {
         sql: "a.assignment_id = $4",
@@ -313,6 +326,12 @@ const OFFER_PREDS: &[Pred] = &[
         category: Category::WrongState,
         detail: "the target lane has a generation not ended yet",
     },
+    Pred {
+        sql: "a.repository IS NULL OR (SELECT t.host_id FROM lanes t WHERE t.lane_id = li.lane_id) \
+              IS DISTINCT FROM (SELECT s.host_id FROM lanes s WHERE s.lane_id = ls.lane_id)",
+        category: Category::BadInput,
+        detail: "work in a repository is handed off only to a lane of another host (its workspace is one directory on its host, which two generations never share): stop it and resume it on that lane instead",
+    },
 ];
 
 /// The target lane is reserved for the work (the offer's rows follow in the same commit).
@@ -456,8 +475,9 @@ impl Store {
                     d.exec_one(
                         "INSERT INTO handoffs (handoff_id, assignment_id, responsibility_owner, execution_owner, pending_target, source_attempt_id, \
                                                source_reservation_id, target_attempt_id, target_reservation_id, target_lane_incarnation_id, \
-                                               next_action, next_action_digest, sot_incarnation, coordinator_epoch) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14)",
+                                               next_action, next_action_digest, sot_incarnation, coordinator_epoch, needs_checkpoint) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, \
+                                 (SELECT repository IS NOT NULL FROM assignments WHERE assignment_id = $2))",
                         &[&handoff, &req.assignment_id, &resp, &exec, &target_lane, &src_attempt, &src_res, &attempt, &reservation,
                           &req.target_lane_incarnation_id, &next_action, &nad, &sot, &epoch],
                     ).await?;
@@ -517,6 +537,7 @@ impl Store {
                     &a.lane_incarnation_id,
                     &a.generation.to_string(),
                     &a.challenge_deadline,
+                    a.checkpoint_digest.as_deref().unwrap_or(""),
                     &a.ack_digest,
                 ],
             ),
@@ -526,10 +547,10 @@ impl Store {
         self.transition(
             &step,
             body!([a] |f| {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 16] = [&a.handoff_challenge_id, &a.sot_incarnation,
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 17] = [&a.handoff_challenge_id, &a.sot_incarnation,
                     &a.coordinator_epoch, &a.assignment_id, &a.source_assignment_attempt_id, &a.target_assignment_attempt_id,
                     &a.responsibility_owner, &a.execution_owner, &a.pending_target, &a.next_action_digest, &a.scope_digest,
-                    &a.holds_digest, &a.lane_incarnation_id, &a.generation, &a.contracts_digest, &a.challenge_deadline];
+                    &a.holds_digest, &a.lane_incarnation_id, &a.generation, &a.contracts_digest, &a.challenge_deadline, &a.checkpoint_digest];
                 let d = match f.cas(&ACCEPT_CAS, &params).await? {
                     Ok(d) => d,
                     Err(u) => {
@@ -542,7 +563,8 @@ impl Store {
                 let src_gen: Option<i64> = d.row().col("generation")?;
                 let target: String = d.row().col("pending_target")?;
                 let body = json!({ "handoff_challenge_id": a.handoff_challenge_id, "assignment_id": a.assignment_id,
-                    "target_assignment_attempt_id": a.target_assignment_attempt_id, "generation": a.generation });
+                    "target_assignment_attempt_id": a.target_assignment_attempt_id, "generation": a.generation,
+                    "checkpoint_digest": a.checkpoint_digest });
                 d.exec_one(
                     concatcp!("UPDATE handoffs SET state = ", HandoffState::Accepted.sql(), ", accepted_at = clock_timestamp(), ack_digest = $2, ack_body = $3 WHERE handoff_id = $1"),
                     &[&handoff, &a.ack_digest, &body],
@@ -618,7 +640,8 @@ impl Store {
             .query_opt(
                 "SELECT h.handoff_id, h.assignment_id, h.state, h.responsibility_owner, h.execution_owner, h.pending_target, h.source_attempt_id, \
                         h.target_attempt_id, h.target_reservation_id, h.next_action, h.next_action_digest, h.challenge_id, \
-                        mosaic_ts(h.challenge_deadline) AS challenge_deadline, h.challenge_epoch \
+                        mosaic_ts(h.challenge_deadline) AS challenge_deadline, h.challenge_epoch, \
+                        h.source_reservation_id, h.needs_checkpoint, h.checkpoint_digest, h.checkpoint_error \
                  FROM handoffs h JOIN reservations r ON r.handoff_id = h.handoff_id WHERE r.reservation_id = $1",
                 &[&reservation_id],
             )
@@ -639,6 +662,10 @@ impl Store {
                 challenge_id: r.col("challenge_id")?,
                 challenge_deadline: r.col("challenge_deadline")?,
                 challenge_epoch: r.col("challenge_epoch")?,
+                source_reservation_id: r.col("source_reservation_id")?,
+                needs_checkpoint: r.col("needs_checkpoint")?,
+                checkpoint_digest: r.col("checkpoint_digest")?,
+                checkpoint_error: r.col("checkpoint_error")?,
             })
         })
         .transpose()

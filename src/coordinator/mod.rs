@@ -31,6 +31,7 @@ pub mod error;
 pub mod failpoint;
 mod followups;
 pub mod handoff;
+pub mod handoff_checkpoint;
 pub mod inactivity;
 pub mod lanes;
 pub mod leader;

@@ -26,6 +26,11 @@ const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
 pub(crate) fn checkpoint(inner: &Inner, rec: &GenRecord) -> Option<Result<CheckpointRef, String>> {
     let c = rec.coord.as_ref()?;
     let repo = c.repository.as_ref()?;
+    // Held read-only (then fenced) since its handoff's checkpoint: that is its tree, and
+    // its workspace may since be another generation's (never read again).
+    if let Some(h) = &rec.handoff_checkpoint {
+        return Some(end_at(inner, &c.assignment_id, rec, repo, &h.checkpoint));
+    }
     let ws = super::workspaces::dir_of(inner, &c.assignment_id);
     if !ws.is_dir() {
         return None; // never made (its start failed before): nothing was written
@@ -37,8 +42,52 @@ pub(crate) fn checkpoint(inner: &Inner, rec: &GenRecord) -> Option<Result<Checkp
         &rec.lane_incarnation_id,
         rec.generation,
         repo,
+        Kind::End,
     ))
 }
+
+/// The end checkpoint of `rec` is `taken` (its handoff's): the generation's checkpoint ref
+/// set to it (so it is uploaded as this generation's end).
+fn end_at(
+    inner: &Inner,
+    assignment_id: &str,
+    rec: &GenRecord,
+    repo: &RepoBinding,
+    taken: &CheckpointRef,
+) -> Result<CheckpointRef, String> {
+    let store = store_of(inner, &repo.name)?;
+    let reference = checkpoint_ref(assignment_id, &rec.lane_incarnation_id, rec.generation);
+    git(&["update-ref", &reference, &taken.commit_id], Some(&store))?;
+    tracing::info!(assignment_id, generation = rec.generation, digest = %taken.digest(),
+        "the generation ends on its handoff's checkpoint (its workspace was read-only since)");
+    Ok(taken.clone())
+}
+
+/// Which checkpoint of a generation a capture is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    /// At its end (its cgroup verified empty).
+    End,
+    /// For a handoff, its workspace held read-only.
+    Handoff,
+}
+
+/// The hidden ref of a checkpoint of `kind`.
+pub(crate) fn ref_of(
+    assignment_id: &str,
+    incarnation: &str,
+    generation: u64,
+    kind: Kind,
+) -> String {
+    let r = checkpoint_ref(assignment_id, incarnation, generation);
+    match kind {
+        Kind::End => r,
+        Kind::Handoff => format!("{r}{HANDOFF_SUFFIX}"),
+    }
+}
+
+/// What ends the ref of a handoff's checkpoint.
+pub(crate) const HANDOFF_SUFFIX: &str = ".handoff";
 
 /// Most a workspace may hold to be checkpointed (regular files' sizes, sparse ones
 /// counted whole) and most files: beyond, the checkpoint fails with the reason.
@@ -282,29 +331,38 @@ pub fn has_commit(store: &Path, object: &str) -> bool {
     .is_ok()
 }
 
-fn capture(
+pub(crate) fn capture(
     inner: &Inner,
     ws: &Path,
     assignment_id: &str,
     incarnation: &str,
     generation: u64,
     repo: &RepoBinding,
+    kind: Kind,
 ) -> Result<CheckpointRef, String> {
     let store = store_of(inner, &repo.name)?;
+    let reference = ref_of(assignment_id, incarnation, generation, kind);
+    if kind == Kind::Handoff {
+        // One left by a capture whose record was never written was never reported.
+        let _ = git(&["update-ref", "-d", &reference], Some(&store));
+    }
     // Relative to the workspace's base commit when this host's repository has it (its
     // bundle then carries only what changed).
     let base = super::workspaces::marker(inner, assignment_id)
         .and_then(|m| m.base_commit_id)
         .filter(|b| has_commit(&store, b));
-    let msg =
-        format!("mosaic checkpoint of {assignment_id}, {incarnation} generation {generation}");
+    let what = match kind {
+        Kind::End => "checkpoint",
+        Kind::Handoff => "handoff checkpoint",
+    };
+    let msg = format!("mosaic {what} of {assignment_id}, {incarnation} generation {generation}");
     let (commit_id, tree_id) = commit_workspace(
         &store,
         ws,
         Some(&index_of(&store, assignment_id)),
         base.as_deref(),
         &msg,
-        &checkpoint_ref(assignment_id, incarnation, generation),
+        &reference,
     )?;
     let c = CheckpointRef {
         repository: repo.name.clone(),
@@ -321,4 +379,67 @@ fn capture(
     tracing::info!(assignment_id, generation, repository = repo.name.as_str(),
         commit = %c.commit_id, digest = %c.digest(), "workspace checkpointed");
     Ok(c)
+}
+
+impl super::Supervisor {
+    /// The checkpoint of `lane`'s live generation `generation` (of `incarnation`) for
+    /// handoff `handoff_id`: its workspace held read-only first (`order_workspace`: read
+    /// only, or its cgroup frozen when a write under way keeps it open), then captured; the
+    /// same checkpoint again for the same handoff. Refused for a generation whose workspace
+    /// cannot be held (an unconfined lane's, which its harness writes as the supervisor):
+    /// a checkpoint of a tree still changing is no fact. The `Err` is the reason to report.
+    pub async fn handoff_checkpoint(
+        &self,
+        lane: &str,
+        incarnation: &str,
+        generation: u64,
+        handoff_id: &str,
+    ) -> Result<CheckpointRef, String> {
+        use super::start::WorkspaceOrder;
+        self.order_workspace(lane, incarnation, generation, WorkspaceOrder::Hold)
+            .await
+            .map_err(|e| format!("its workspace could not be held read-only: {e}"))?;
+        let name = super::names::LaneName::parse(lane).map_err(|e| e.to_string())?;
+        let slot = self.inner.slot(&name).map_err(|e| e.to_string())?;
+        let mut l = slot.lock().await;
+        let Some(live) = l.live.as_mut().filter(|g| {
+            g.record.generation == generation && g.record.lane_incarnation_id == incarnation
+        }) else {
+            return Err("the generation is no longer live".into());
+        };
+        if let Some(h) = &live.record.handoff_checkpoint {
+            if h.handoff_id == handoff_id {
+                return Ok(h.checkpoint.clone());
+            }
+        }
+        let rec = live.record.clone();
+        let (Some(c), true, false) = (rec.coord.as_ref(), rec.held, rec.fenced) else {
+            return Err("the generation is not held for a handoff (fenced, or released)".into());
+        };
+        let Some(repo) = c.repository.clone() else {
+            return Err("its work has no workspace".into());
+        };
+        if rec.workspace.is_none() {
+            return Err("its lane is unconfined: its workspace cannot be held read-only, so no exact checkpoint can be taken (hand off work from a confined lane, or stop it and resume it)".into());
+        }
+        let (inner, asg) = (self.inner.clone(), c.assignment_id.clone());
+        let (inc, hid) = (incarnation.to_string(), handoff_id.to_string());
+        let taken = tokio::task::spawn_blocking(move || {
+            let ws = super::workspaces::dir_of(&inner, &asg);
+            capture(&inner, &ws, &asg, &inc, generation, &repo, Kind::Handoff)
+        })
+        .await
+        .map_err(|e| format!("checkpoint task failed: {e}"))??;
+        live.record.handoff_checkpoint = Some(super::state::HandoffTaken {
+            handoff_id: hid,
+            checkpoint: taken.clone(),
+        });
+        self.inner
+            .store
+            .save_gen(&live.record)
+            .map_err(|e| format!("recording the handoff's checkpoint: {e}"))?;
+        tracing::info!(lane, generation, handoff_id, digest = %taken.digest(),
+            "the held workspace checkpointed for its handoff");
+        Ok(taken)
+    }
 }

@@ -440,6 +440,15 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
             w.rec.generation
         )
     });
+    // A checkpoint its handoff took is in its saved record (the watcher's copy is its
+    // launch's): its end is that checkpoint.
+    if let Ok(saved) = w
+        .inner
+        .store
+        .load_gen(&w.rec.lane_incarnation_id, w.rec.generation)
+    {
+        w.rec.handoff_checkpoint = saved.handoff_checkpoint;
+    }
     let mut r = build_receipt(
         &w.inner, &w.rec, source, reason, exit, stop, cleanup, detail,
     );

@@ -265,6 +265,7 @@ pub(crate) async fn launch(
         workspace: None,
         fenced: false,
         held: false,
+        handoff_checkpoint: None,
         uid: if inner.cfg.confined(&lane.lane) {
             lane.uid
         } else {

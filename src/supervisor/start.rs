@@ -397,6 +397,10 @@ impl Supervisor {
         if changed {
             live.record.fenced = fenced;
             live.record.held = held;
+            // Writable again: what the hold's checkpoint took is no longer its tree.
+            if !held && !fenced {
+                live.record.handoff_checkpoint = None;
+            }
             self.inner.store.save_gen(&live.record)?;
         }
         if live.record.workspace.is_none() {

@@ -123,6 +123,19 @@ pub struct GenRecord {
     /// accepted handoff fences it.
     #[serde(default)]
     pub held: bool,
+    /// The checkpoint taken of its held workspace for a handoff: its tree until the hold
+    /// is released (the workspace stays read-only held, then fenced), so its end's
+    /// checkpoint is this one, never taken again (on this host another generation may by
+    /// then be working in another copy, or nothing may be left to read).
+    #[serde(default)]
+    pub handoff_checkpoint: Option<HandoffTaken>,
+}
+
+/// A checkpoint taken for a handoff of a generation's work.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HandoffTaken {
+    pub handoff_id: String,
+    pub checkpoint: crate::protocol::repo::CheckpointRef,
 }
 
 impl GenRecord {
@@ -319,6 +332,19 @@ impl Store {
         durable::ensure_dir(&dir, 0o700)?;
         durable::write_atomic(&dir.join(format!("gen-{}.json", r.generation)), &json(r)?)?;
         Ok(())
+    }
+
+    /// The record of generation `generation` of `incarnation` as last saved.
+    pub fn load_gen(
+        &self,
+        incarnation: &str,
+        generation: u64,
+    ) -> Result<GenRecord, SupervisorError> {
+        read_json(
+            &self
+                .gen_dir(incarnation)
+                .join(format!("gen-{generation}.json")),
+        )
     }
 
     /// Whether generation `generation` of `incarnation` was begun here (its record exists,

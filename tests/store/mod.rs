@@ -418,6 +418,7 @@ pub async fn handoff_to_challenge(
         lane_incarnation_id: c.lane_incarnation_id.clone(),
         generation,
         challenge_deadline: h.challenge_deadline.clone().unwrap(),
+        checkpoint_digest: h.checkpoint_digest.clone(),
         ack_digest: d('h'),
     };
     let deadline = s

@@ -260,11 +260,13 @@ impl Service {
         // Work in a repository restores its workspace from its latest checkpoint (the host
         // keeps its own workspace when it is already that checkpoint's).
         let restore = match &c.repository {
-            Some(_) => match self.store.restore_point(&c.chain.assignment_id).await {
-                Ok(p) => p,
+            Some(_) => match self.restore_for(l, c).await {
+                Ok(Some(p)) => p,
+                // A handoff's checkpoint not taken (or not in the store) yet: asked for.
+                Ok(None) => return false,
                 Err(e) => {
                     tracing::warn!(error = %e, reservation_id = %c.chain.reservation_id,
-                        "cannot read the work's latest checkpoint; the stage waits");
+                        "cannot read the work's checkpoint; the stage waits");
                     return false;
                 }
             },
@@ -281,6 +283,75 @@ impl Service {
             restore,
         };
         self.sign_push(&c.host_id, ToHost::Stage(m))
+    }
+
+    /// The checkpoint a stage of work in a repository restores: a handoff target's, the
+    /// one its offer took of the source's held workspace (`Ok(None)` until it is recorded
+    /// and, for another host than its own, in the store — the source host is asked for it
+    /// meanwhile); any other chain's, the work's latest.
+    async fn restore_for(
+        &self,
+        l: &Leader,
+        c: &ChainRow,
+    ) -> Result<
+        Option<Option<crate::protocol::repo::RestorePoint>>,
+        crate::coordinator::error::AuthorityError,
+    > {
+        let h = self
+            .store
+            .handoff_of_reservation(&c.chain.reservation_id)
+            .await?;
+        let Some(h) = h.filter(|h| h.needs_checkpoint) else {
+            return Ok(Some(
+                self.store.restore_point(&c.chain.assignment_id).await?,
+            ));
+        };
+        if h.checkpoint_digest.is_none() {
+            if h.checkpoint_error.is_none() && h.state == HandoffState::Offered {
+                self.push_handoff_checkpoint(l, &h, c).await;
+            }
+            return Ok(None);
+        }
+        match self.store.handoff_restore_point(&h.handoff_id).await? {
+            Some(p) if p.host_id == c.host_id || p.bundle_object.is_some() => Ok(Some(Some(p))),
+            _ => Ok(None), // its host's upload is not finished
+        }
+    }
+
+    /// Asks the source host of handoff `h` to hold its generation's workspace and
+    /// checkpoint it (under the source chain's authority, valid while the `target` chain's
+    /// reservation is).
+    async fn push_handoff_checkpoint(
+        &self,
+        l: &Leader,
+        h: &crate::coordinator::handoff::HandoffView,
+        target: &ChainRow,
+    ) {
+        let src = match self
+            .store
+            .chain_by_reservation(&h.source_reservation_id)
+            .await
+        {
+            Ok(Some(s)) if s.reservation_open => s,
+            _ => return,
+        };
+        let Some(digests) = Self::digests(&src) else {
+            return;
+        };
+        if !self.hosts.is_connected(&src.host_id) {
+            return;
+        }
+        let m = crate::protocol::messages::HandoffCheckpoint {
+            authority: self.authority(l, &src, Proof::Reveal),
+            digests,
+            handoff_id: h.handoff_id.clone(),
+            issued: Self::issued(
+                format!("handoff-checkpoint/{}", h.handoff_id),
+                &target.last_decided_at,
+                &target.reservation_deadline,
+            ),
+        };
+        self.sign_push(&src.host_id, ToHost::HandoffCheckpoint(m));
     }
 
     async fn push_contract(&self, l: &Leader, c: &ChainRow) -> bool {
@@ -348,6 +419,7 @@ impl Service {
                 pending_target: h.pending_target.clone(),
                 next_action_digest: h.next_action_digest.clone(),
                 challenge_deadline: deadline.clone(),
+                checkpoint_digest: h.checkpoint_digest.clone(),
             },
             next_action: h.next_action.clone(),
             issued: Self::issued(

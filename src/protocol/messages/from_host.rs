@@ -129,6 +129,17 @@ pub struct EffectResult {
     pub output_tokens: Option<u64>,
 }
 
+/// `checkpoint_taken`: the source host's answer to a `handoff_checkpoint`: the checkpoint
+/// of the held workspace (the coordinator derives its digest from its ids), or why there
+/// is none.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointTaken {
+    pub chain: ChainRef,
+    pub bound: ContractBound,
+    pub handoff_id: String,
+    pub taken: Result<crate::protocol::repo::CheckpointRef, String>,
+}
+
 /// Every chain message a host sends the coordinator.
 #[derive(Debug, Clone, PartialEq)]
 pub enum FromHostChain {
@@ -142,6 +153,7 @@ pub enum FromHostChain {
     ContinuationResult(ContinuationResult),
     Effect(Effect),
     EffectResult(EffectResult),
+    CheckpointTaken(CheckpointTaken),
 }
 
 impl FromHostChain {
@@ -157,6 +169,7 @@ impl FromHostChain {
             Self::ContinuationResult(_) => MessageType::ContinuationResult,
             Self::Effect(_) => MessageType::Effect,
             Self::EffectResult(_) => MessageType::EffectResult,
+            Self::CheckpointTaken(_) => MessageType::CheckpointTaken,
         }
     }
 
@@ -172,6 +185,7 @@ impl FromHostChain {
             Self::ContinuationResult(m) => &m.chain,
             Self::Effect(m) => &m.chain,
             Self::EffectResult(m) => &m.chain,
+            Self::CheckpointTaken(m) => &m.chain,
         }
     }
 
@@ -192,6 +206,7 @@ impl FromHostChain {
             Self::ContinuationResult(m) => format!("continuation-result/{}", m.continuation_id),
             Self::Effect(m) => m.idempotency_key.clone(),
             Self::EffectResult(m) => format!("effect-result/{}", m.effect_id),
+            Self::CheckpointTaken(m) => format!("checkpoint-taken/{}", m.handoff_id),
         }
     }
 
@@ -278,6 +293,18 @@ impl FromHostChain {
                     f.push(("output_tokens", n(t)));
                 }
             }
+            Self::CheckpointTaken(m) => {
+                bound(&mut f, &m.bound);
+                f.push(("handoff_id", s(&m.handoff_id)));
+                match &m.taken {
+                    Ok(c) => f.extend([
+                        ("repository", s(c.repository.as_str())),
+                        ("commit_id", s(&c.commit_id)),
+                        ("tree_id", s(&c.tree_id)),
+                    ]),
+                    Err(e) => f.push(("error", s(e))),
+                }
+            }
         }
         Ok(f)
     }
@@ -361,6 +388,21 @@ impl FromHostChain {
                 input_tokens: f.opt_uint("input_tokens"),
                 output_tokens: f.opt_uint("output_tokens"),
             }),
+            MessageType::CheckpointTaken => Self::CheckpointTaken(CheckpointTaken {
+                chain: f.chain()?,
+                bound: f.bound()?,
+                handoff_id: f.str("handoff_id")?,
+                taken: match (f.opt_str("error"), f.opt_str("repository")) {
+                    (Some(e), None) => Err(e),
+                    (None, Some(r)) => Ok(crate::protocol::repo::CheckpointRef {
+                        repository: crate::protocol::repo::RepoName::parse(&r)
+                            .map_err(|e| f.unknown("repository", &e.to_string()))?,
+                        commit_id: f.str("commit_id")?,
+                        tree_id: f.str("tree_id")?,
+                    }),
+                    _ => return Err(f.miss("error", "either a checkpoint or an error")),
+                },
+            }),
             _ => return Ok(None),
         };
         Ok(Some(msg))
@@ -425,6 +467,7 @@ impl Fields<'_> {
             pending_target: self.str("pending_target")?,
             next_action_digest: self.str("next_action_digest")?,
             challenge_deadline: self.str("challenge_deadline")?,
+            checkpoint_digest: self.opt_str("checkpoint_digest"),
         })
     }
 }

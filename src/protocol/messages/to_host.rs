@@ -85,12 +85,15 @@ pub struct HandoffBound {
     pub pending_target: String,
     pub next_action_digest: String,
     pub challenge_deadline: String,
+    /// Work in a repository: the checkpoint the offer took of the source's held workspace
+    /// (the target's is restored from exactly it).
+    pub checkpoint_digest: Option<String>,
 }
 
 impl HandoffBound {
     /// The bound fields, in the order both the challenge and the ACK write them.
-    pub fn fields(&self) -> [(&'static str, Value); 7] {
-        [
+    pub fn fields(&self) -> Vec<(&'static str, Value)> {
+        let mut f = vec![
             ("handoff_challenge_id", s(&self.handoff_challenge_id)),
             (
                 "source_assignment_attempt_id",
@@ -101,7 +104,11 @@ impl HandoffBound {
             ("pending_target", s(&self.pending_target)),
             ("next_action_digest", s(&self.next_action_digest)),
             ("challenge_deadline", s(&self.challenge_deadline)),
-        ]
+        ];
+        if let Some(d) = &self.checkpoint_digest {
+            f.push(("checkpoint_digest", s(d)));
+        }
+        f
     }
 }
 
@@ -112,6 +119,16 @@ pub struct HandoffChallenge {
     pub digests: Digests,
     pub bound: HandoffBound,
     pub next_action: String,
+    pub issued: Issued,
+}
+
+/// `handoff_checkpoint`: hold the source generation's workspace read-only and checkpoint
+/// it for the handoff `handoff_id` (work in a repository; spec §8.1).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HandoffCheckpoint {
+    pub authority: ChainAuthority,
+    pub digests: Digests,
+    pub handoff_id: String,
     pub issued: Issued,
 }
 
@@ -270,6 +287,7 @@ pub enum ToHost {
     EffectVerdict(EffectVerdict),
     CheckpointStored(super::CheckpointStored),
     CheckpointData(super::CheckpointData),
+    HandoffCheckpoint(HandoffCheckpoint),
 }
 
 impl ToHost {
@@ -286,6 +304,7 @@ impl ToHost {
             Self::EffectVerdict(_) => MessageType::EffectVerdict,
             Self::CheckpointStored(_) => MessageType::CheckpointStored,
             Self::CheckpointData(_) => MessageType::CheckpointData,
+            Self::HandoffCheckpoint(_) => MessageType::HandoffCheckpoint,
         }
     }
 
@@ -299,6 +318,7 @@ impl ToHost {
             Self::Continuation(m) => Some(&m.authority),
             Self::Activate(m) => Some(&m.authority),
             Self::EffectVerdict(m) => Some(&m.authority),
+            Self::HandoffCheckpoint(m) => Some(&m.authority),
             Self::Reconcile(_)
             | Self::ReceiptAck(_)
             | Self::CheckpointStored(_)
@@ -429,6 +449,12 @@ impl ToHost {
             ]),
             Self::CheckpointStored(m) => m.fields(&mut f),
             Self::CheckpointData(m) => m.fields(&mut f),
+            Self::HandoffCheckpoint(m) => {
+                authority(&mut f, &m.authority);
+                digests(&mut f, &m.digests);
+                f.push(("handoff_id", s(&m.handoff_id)));
+                issued(&mut f, &m.issued);
+            }
         }
         f
     }
@@ -540,6 +566,12 @@ impl ToHost {
                 Self::CheckpointStored(super::CheckpointStored::decode(&f)?)
             }
             MessageType::CheckpointData => Self::CheckpointData(super::CheckpointData::decode(&f)?),
+            MessageType::HandoffCheckpoint => Self::HandoffCheckpoint(HandoffCheckpoint {
+                authority: f.authority()?,
+                digests: f.digests()?,
+                handoff_id: f.str("handoff_id")?,
+                issued: f.issued()?,
+            }),
             _ => return Ok(None),
         };
         Ok(Some(msg))

@@ -67,9 +67,11 @@ pub enum MessageType {
     CheckpointStored,
     CheckpointFetch,
     CheckpointData,
+    HandoffCheckpoint,
+    CheckpointTaken,
 }
 
-pub const ALL_TYPES: [MessageType; 34] = [
+pub const ALL_TYPES: [MessageType; 36] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -104,6 +106,8 @@ pub const ALL_TYPES: [MessageType; 34] = [
     MessageType::CheckpointStored,
     MessageType::CheckpointFetch,
     MessageType::CheckpointData,
+    MessageType::HandoffCheckpoint,
+    MessageType::CheckpointTaken,
 ];
 
 impl MessageType {
@@ -143,6 +147,8 @@ impl MessageType {
             Self::CheckpointStored => "checkpoint_stored",
             Self::CheckpointFetch => "checkpoint_fetch",
             Self::CheckpointData => "checkpoint_data",
+            Self::HandoffCheckpoint => "handoff_checkpoint",
+            Self::CheckpointTaken => "checkpoint_taken",
         }
     }
 
@@ -266,6 +272,7 @@ impl Schema {
     }
 }
 
+mod fields;
 mod table;
 
 pub use table::*;

@@ -36,9 +36,10 @@ pub(super) fn authority_of(m: &ToHost, b: &CoordBinding) -> Result<(), &'static 
     }
     let epoch_ok = match m {
         // Sent for RUNNING work by whichever leader is current.
-        ToHost::Activate(_) | ToHost::Continuation(_) | ToHost::EffectVerdict(_) => {
-            a.coordinator_epoch >= b.coordinator_epoch
-        }
+        ToHost::Activate(_)
+        | ToHost::Continuation(_)
+        | ToHost::EffectVerdict(_)
+        | ToHost::HandoffCheckpoint(_) => a.coordinator_epoch >= b.coordinator_epoch,
         _ => a.coordinator_epoch == b.coordinator_epoch,
     };
     if !epoch_ok {

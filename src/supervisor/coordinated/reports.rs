@@ -66,6 +66,41 @@ impl CoordinatedHost {
         }
     }
 
+    /// A handoff of this generation's work in a repository: its workspace held and
+    /// checkpointed (the same checkpoint for the same handoff), and the answer sent.
+    async fn on_handoff_checkpoint(
+        self: Arc<Self>,
+        ctx: Arc<ChainCtx>,
+        m: wire::HandoffCheckpoint,
+    ) {
+        let Some(lane) = self.lane_name(&m.authority.lane_id) else {
+            return;
+        };
+        let taken = self
+            .sup
+            .handoff_checkpoint(
+                &lane,
+                &ctx.lane_incarnation_id,
+                ctx.generation,
+                &m.handoff_id,
+            )
+            .await;
+        if let Err(e) = &taken {
+            tracing::error!(lane_id = %m.authority.lane_id, generation = ctx.generation, handoff_id = %m.handoff_id,
+                error = %e, "no checkpoint for the handoff: it cannot proceed");
+        }
+        let Some(ReportBase { chain, bound }) = ctx.report_base.lock().ok().and_then(|f| f.clone())
+        else {
+            return; // not activated here: the coordinator's chain is not RUNNING
+        };
+        self.send(FromHostChain::CheckpointTaken(wire::CheckpointTaken {
+            chain,
+            bound,
+            handoff_id: m.handoff_id,
+            taken,
+        }));
+    }
+
     pub(super) async fn route(self: Arc<Self>, env: Envelope<Verified>, msg: ToHost) {
         // Queue isolation: only the lane's current, unfenced generation receives anything.
         let admitted = match self.gate.lock() {
@@ -204,6 +239,9 @@ impl CoordinatedHost {
                         });
                     }
                 }
+            }
+            ToHost::HandoffCheckpoint(m) => {
+                tokio::spawn(self.clone().on_handoff_checkpoint(ctx, m));
             }
             other => tracing::warn!(
                 message_type = other.message_type().as_str(),

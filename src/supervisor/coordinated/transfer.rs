@@ -18,7 +18,7 @@ use crate::protocol::messages::{
     StoredVerdict, PART_BYTES,
 };
 use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, RestorePoint, StoredObject};
-use crate::supervisor::checkpoints::{has_base, has_commit, store_of};
+use crate::supervisor::checkpoints::{has_base, has_commit, store_of, Kind, HANDOFF_SUFFIX};
 use crate::supervisor::git::git;
 
 /// How long one part waits for its answer before the transfer is given up for now.
@@ -44,6 +44,7 @@ struct Pending {
     assignment_id: String,
     lane_incarnation_id: String,
     generation: u64,
+    kind: Kind,
     checkpoint: CheckpointRef,
     base_commit_id: Option<String>,
 }
@@ -62,13 +63,26 @@ fn scratch(inner: &crate::supervisor::Inner) -> Result<PathBuf, String> {
     Ok(dir.join(uuid::Uuid::new_v4().simple().to_string()))
 }
 
-fn done_marker(inner: &crate::supervisor::Inner, inc: &str, generation: u64) -> PathBuf {
+/// The mark that the checkpoint of `p` is uploaded (or refused for good): one per
+/// generation end; one per commit of a handoff's (a handoff taken again after a crash is
+/// another commit).
+fn done_marker(
+    inner: &crate::supervisor::Inner,
+    inc: &str,
+    generation: u64,
+    kind: Kind,
+    commit: &str,
+) -> PathBuf {
+    let name = match kind {
+        Kind::End => format!("{inc}.{generation}"),
+        Kind::Handoff => format!("{inc}.{generation}.{commit}"),
+    };
     inner
         .cfg
         .state_dir
         .join("checkpoints")
         .join("uploaded")
-        .join(format!("{inc}.{generation}"))
+        .join(name)
 }
 
 /// Every checkpoint this host took that is not uploaded (or refused for good) yet.
@@ -105,10 +119,14 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
             let [_, _, _, asg, inc, gen] = parts[..] else {
                 continue;
             };
+            let (gen, kind) = match gen.strip_suffix(HANDOFF_SUFFIX) {
+                Some(g) => (g, Kind::Handoff),
+                None => (gen, Kind::End),
+            };
             let Ok(generation) = gen.parse::<u64>() else {
                 continue;
             };
-            if done_marker(inner, inc, generation).exists() {
+            if done_marker(inner, inc, generation, kind, commit).exists() {
                 continue;
             }
             let Ok(tree_id) = git(&["rev-parse", &format!("{commit}^{{tree}}")], Some(&store))
@@ -127,6 +145,7 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
                 assignment_id: asg.to_string(),
                 lane_incarnation_id: inc.to_string(),
                 generation,
+                kind,
                 checkpoint: CheckpointRef {
                     repository: repo.clone(),
                     commit_id: commit.to_string(),
@@ -260,7 +279,13 @@ impl CoordinatedHost {
                 format!("refused:{c}")
             }
         };
-        let path = done_marker(&inner, &p.lane_incarnation_id, p.generation);
+        let path = done_marker(
+            &inner,
+            &p.lane_incarnation_id,
+            p.generation,
+            p.kind,
+            &p.checkpoint.commit_id,
+        );
         if let Some(dir) = path.parent() {
             crate::util::durable::ensure_dir(dir, 0o700).map_err(|e| e.to_string())?;
         }

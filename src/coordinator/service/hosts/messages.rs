@@ -20,6 +20,7 @@ impl Service {
             FromHostChain::HandoffAck(m) => self.on_handoff_ack(host, m).await,
             FromHostChain::ContinuationAccept(m) => self.on_continuation_accept(host, m).await,
             FromHostChain::ContinuationResult(m) => self.on_continuation_result(host, m).await,
+            FromHostChain::CheckpointTaken(m) => self.on_checkpoint_taken(host, m).await,
             // Answered with a verdict by `handle` (`on_effect`, `on_effect_result`).
             FromHostChain::Effect(_) | FromHostChain::EffectResult(_) => Ok(()),
         }
@@ -149,6 +150,7 @@ impl Service {
             lane_incarnation_id: m.chain.lane_incarnation_id.clone(),
             generation: m.chain.generation as i64,
             challenge_deadline: m.handoff.challenge_deadline,
+            checkpoint_digest: m.handoff.checkpoint_digest,
             ack_digest: m.ack_digest,
         };
         let r = self
@@ -163,6 +165,42 @@ impl Service {
             let _ = self.advance(&l, src).await;
         }
         self.advance(&l, &c.chain.reservation_id).await?;
+        Ok(())
+    }
+
+    /// The source host's answer to a handoff's `handoff_checkpoint`: recorded (one fenced
+    /// step), then the target chain is driven on (its stage restores the checkpoint).
+    async fn on_checkpoint_taken(
+        &self,
+        host: &str,
+        m: crate::protocol::messages::CheckpointTaken,
+    ) -> Result<(), OpError> {
+        let l = self.leader().await?;
+        let c = self.chain_for(host, &l, &m.chain).await?;
+        let generation = m.chain.generation as i64;
+        let r = self
+            .step(
+                &l,
+                self.store
+                    .record_handoff_checkpoint(&l, &c.chain, generation, &m.handoff_id, &m.taken)
+                    .await,
+            )
+            .await?;
+        if !r.replayed {
+            match &m.taken {
+                Ok(_) => {
+                    tracing::info!(assignment_id = %c.chain.assignment_id, handoff_id = %m.handoff_id,
+                    checkpoint = %r.body["checkpoint_digest"], "handoff checkpoint recorded: the target is restored from it")
+                }
+                Err(e) => {
+                    tracing::error!(assignment_id = %c.chain.assignment_id, handoff_id = %m.handoff_id,
+                    error = %e, "the source host took no checkpoint for the handoff: it cannot proceed and expires with its target's reservation")
+                }
+            }
+        }
+        if let Ok(Some(t)) = self.store.handoff_target_reservation(&m.handoff_id).await {
+            let _ = self.advance(&l, &t).await;
+        }
         Ok(())
     }
 

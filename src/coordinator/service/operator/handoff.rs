@@ -21,15 +21,6 @@ impl Service {
                 "--within-ms takes 1000..86400000",
             ));
         }
-        // Work in a repository is not handed off yet: its target would start in the same
-        // workspace while its source still runs (two uids, two writers, one tree), or on
-        // another host from nothing. A handoff of it waits for checkpoint restore.
-        if let Some((repo, _)) = self.store.workspace_of(assignment_id).await? {
-            return Err(OpError::new(
-                Category::WrongState,
-                format!("{assignment_id} works in repository {repo}: a handoff would share or lose its workspace (restoring a checkpoint on the target is not built yet); stop it and resume it instead"),
-            ));
-        }
         let Some(a) = self.store.assignment(assignment_id).await? else {
             return Err(OpError::new(
                 Category::NotFound,
@@ -81,10 +72,17 @@ impl Service {
             .store
             .handoff_of_reservation(&chain.reservation_id)
             .await?;
-        Ok(
-            json!({ "assignment_id": assignment_id, "handoff_id": h.map(|h| h.handoff_id), "target_lane_id": lane_id,
+        let repo = self
+            .store
+            .workspace_of(assignment_id)
+            .await?
+            .map(|(r, _)| r);
+        let mut out = json!({ "assignment_id": assignment_id, "handoff_id": h.map(|h| h.handoff_id), "target_lane_id": lane_id,
                    "target_reservation_id": chain.reservation_id, "target_state": c.map(|c| c.lane_state),
-                   "pending": "the target's fresh generation acknowledges the handoff (mosaic lane handoff-ack); only then does responsibility move" }),
-        )
+                   "pending": "the target's fresh generation acknowledges the handoff (mosaic lane handoff-ack); only then does responsibility move" });
+        if let Some(r) = repo {
+            out["workspace"] = json!(format!("repository {r}: the source's workspace is held read-only and checkpointed; the target's is restored from exactly that checkpoint before its harness starts"));
+        }
+        Ok(out)
     }
 }
