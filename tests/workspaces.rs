@@ -832,6 +832,15 @@ fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
         )
     });
     assert_eq!(ended, recorded);
+    // Both are listed, each with its origin.
+    let listed = checkpoints(&w, &asg, 2);
+    assert!(
+        listed.iter().any(|c| c["purpose"] == "handoff"
+            && c["handoff_id"].is_string()
+            && c["termination_receipt"].is_null()
+            && c["checkpoint_digest"] == recorded.as_str()),
+        "{listed:?}"
+    );
     let out = stop(&w, asg.clone());
     assert_eq!(out["state"], "CANCELLED", "{out}");
 }

@@ -133,7 +133,7 @@ impl Store {
         let rows = c
             .query(
                 "SELECT checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
-                        assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, \
+                        assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, handoff_id, \
                         mosaic_ts(created_at) AS created_at, base_commit_id, base_object, bundle_object, transfer_error, \
                         EXISTS (SELECT 1 FROM checkpoint_objects o WHERE o.object_digest = bundle_object AND o.stored_at IS NOT NULL) AS stored \
                  FROM checkpoints WHERE ($1::text IS NULL OR assignment_id = $1) ORDER BY created_at, generation",
@@ -150,7 +150,9 @@ impl Store {
                     "retention_policy_digest": text("retention_policy_digest")?, "purpose": text("purpose")?,
                     "assignment_id": text("assignment_id")?, "assignment_attempt_id": text("assignment_attempt_id")?,
                     "lane_incarnation_id": text("lane_incarnation_id")?, "generation": r.col::<i64>("generation")?,
-                    "host_id": text("host_id")?, "termination_receipt": text("termination_receipt")?,
+                    "host_id": text("host_id")?,
+                    "termination_receipt": r.col::<Option<String>>("termination_receipt")?,
+                    "handoff_id": r.col::<Option<String>>("handoff_id")?,
                     "created_at": text("created_at")?,
                     "base_commit_id": r.col::<Option<String>>("base_commit_id")?,
                     "base_object": r.col::<Option<String>>("base_object")?,
