@@ -25,8 +25,11 @@ ALTER TABLE checkpoints
     ADD CHECK ((purpose = 'handoff') = (handoff_id IS NOT NULL)),
     ADD CHECK ((handoff_id IS NULL) = (termination_receipt IS NOT NULL)),
     DROP CONSTRAINT checkpoints_pkey,
-    -- One per generation end and one per handoff of that generation.
-    ADD PRIMARY KEY (lane_incarnation_id, generation, purpose);
+    -- One per handoff (a generation may be offered again after an offer expired).
+    ADD CONSTRAINT checkpoints_one_per_handoff UNIQUE (handoff_id);
+-- One per generation end (two generations may well leave the same tree).
+CREATE UNIQUE INDEX checkpoints_one_per_generation_end ON checkpoints (lane_incarnation_id, generation)
+    WHERE handoff_id IS NULL;
 
 ALTER TABLE checkpoint_restores
     DROP CONSTRAINT checkpoint_restores_purpose_check,

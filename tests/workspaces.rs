@@ -549,6 +549,42 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
         "{ck}"
     );
     let bundle = ck["bundle_object"].as_str().unwrap().to_string();
+    // An operator opens it read-only: the files it changed against its base, the patch.
+    let show = |w: &World| {
+        w.op(&OperatorRequest::CheckpointShow {
+            checkpoint_digest: ck["checkpoint_digest"].as_str().unwrap().into(),
+            diff: true,
+        })
+    };
+    let shown = show(&w).unwrap_or_else(|e| panic!("checkpoint show: {e:?}"));
+    let mut files: Vec<(String, String)> = shown["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            (
+                f["status"].as_str().unwrap().into(),
+                f["path"].as_str().unwrap().into(),
+            )
+        })
+        .collect();
+    files.sort();
+    let want: Vec<(String, String)> = [
+        ("A", "new.txt"),
+        ("A", "staged.txt"),
+        ("D", "b.txt"),
+        ("M", "a.txt"),
+    ]
+    .iter()
+    .map(|(s, p)| (s.to_string(), p.to_string()))
+    .collect();
+    assert_eq!(files, want, "{shown}");
+    let patch = shown["diff"].as_str().unwrap();
+    assert!(
+        patch.contains("+attack") && patch.contains("-two"),
+        "{patch}"
+    );
+    assert_eq!(shown["diff_truncated"], false);
 
     // A byte flipped at rest: refused, never served; the work stays where it was.
     let flip = |w: &World| {
@@ -565,6 +601,8 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
         })
     };
     assert_eq!(flip(&w), 1);
+    let e = show(&w).unwrap_err();
+    assert!(e.message.contains("corrupt"), "{e:?}");
     let refused = assign_in(&w, &lane1, "hang", None, None, Some(&asg));
     assert!(refused.is_err(), "{refused:?}");
     wait_until("the refused restore's receipt", || {
@@ -747,7 +785,8 @@ fn sql_one<T: for<'a> tokio_postgres::types::FromSql<'a>>(
 /// source's workspace is held read-only and checkpointed, the target's is restored from
 /// exactly that checkpoint before its harness starts — the same files, byte for byte — and
 /// the target's ACK binds the checkpoint's digest. The source's generation, fenced, ends
-/// on that same checkpoint (it could write nothing after it).
+/// on that same checkpoint (it could write nothing after it). An earlier offer that expired
+/// gave the source its workspace back: the next offer checkpoints it again.
 #[test]
 fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
     let (repo, w, lane0, lane1) = two_hosts("workspaces-handoff", String::new());
@@ -763,6 +802,33 @@ fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
     let ws0 = w.state_dir(0).join("workspaces").join(&asg);
     git(&ws0, &["add", "staged.txt"]);
     std::fs::remove_file(ws0.join("b.txt")).unwrap();
+    // A first offer nobody acknowledges: its checkpoint is taken, the offer expires, and
+    // the source's workspace is its own again — what it writes next is the work.
+    w.op(&OperatorRequest::Handoff {
+        assignment_id: asg.clone(),
+        lane_id: lane1.clone(),
+        task: Some("hang".into()),
+        within_ms: Some(4_000),
+        request_id: None,
+    })
+    .unwrap_or_else(|e| panic!("handoff: {e:?}"));
+    let first: String = wait_until("the first offer's checkpoint, then its expiry", || {
+        let r: Option<String> = sql_one(
+            &w,
+            "SELECT max(checkpoint_digest) FROM handoffs WHERE assignment_id = $1 AND state = 'EXPIRED'",
+            &[&asg],
+        );
+        r
+    });
+    wait_until("the target lane idle again", || {
+        let s: String = sql_one(
+            &w,
+            "SELECT state FROM lane_incarnations WHERE lane_id = $1 AND retired_at IS NULL",
+            &[&lane1],
+        );
+        (s == "IDLE_CLEAN").then_some(())
+    });
+    std::fs::write(ws0.join("later.txt"), "written after the first offer\n").unwrap();
     let mut before = files_of(&ws0);
     assert!(before.remove("scratch.log").is_some(), "{before:?}");
 
@@ -814,14 +880,23 @@ fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
         (r.get(0), r.get(1), r.get(2))
     });
     assert_eq!(bound.as_deref(), Some(recorded.as_str()));
+    assert_ne!(
+        recorded, first,
+        "the second offer reused the first one's checkpoint"
+    );
     assert_eq!(acked.as_deref(), Some(recorded.as_str()));
     // The target's host restored it from the store, for the handoff.
     let served: i64 = sql_one(
         &w,
-        "SELECT count(*) FROM checkpoint_restores WHERE assignment_id = $1 AND purpose = 'handoff'",
+        "SELECT count(*) FROM checkpoint_restores r JOIN handoffs h ON h.target_reservation_id = r.reservation_id \
+         JOIN checkpoints ck ON ck.handoff_id = h.handoff_id AND ck.bundle_object = r.object_digest \
+         WHERE h.assignment_id = $1 AND h.state = 'ACCEPTED' AND r.purpose = 'handoff'",
         &[&asg],
     );
-    assert_eq!(served, 2, "the base and the bundle, each served once");
+    assert_eq!(
+        served, 1,
+        "the accepted checkpoint's bundle, served once to its target"
+    );
     // The fenced source ends on the handoff's checkpoint.
     let ended = wait_until("the source's end checkpoint", || {
         sql_one::<Option<String>>(
@@ -832,8 +907,15 @@ fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
         )
     });
     assert_eq!(ended, recorded);
-    // Both are listed, each with its origin.
-    let listed = checkpoints(&w, &asg, 2);
+    // Both are listed, each with its origin, and both name the stored objects (the
+    // generation's end record, too, can be restored elsewhere).
+    let listed = wait_until("both records stored", || {
+        let rows = checkpoints(&w, &asg, 2);
+        rows.iter()
+            .filter(|c| c["checkpoint_digest"] == recorded.as_str())
+            .all(|c| c["stored"] == true)
+            .then_some(rows)
+    });
     assert!(
         listed.iter().any(|c| c["purpose"] == "handoff"
             && c["handoff_id"].is_string()

@@ -174,7 +174,8 @@ const UNCHECKPOINTED_FROM: &str = "FROM generations g \
      JOIN termination_receipts tg ON tg.idempotency_key = g.end_receipt \
      WHERE ag.repository IS NOT NULL AND g.checkpoint_waived_at IS NULL \
        AND jsonb_typeof(tg.body->'process_identity') = 'object' \
-       AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.lane_incarnation_id = g.lane_incarnation_id AND k.generation = g.generation)";
+       AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.lane_incarnation_id = g.lane_incarnation_id AND k.generation = g.generation \
+                       AND k.termination_receipt IS NOT NULL)";
 
 impl Store {
     /// IDLE_CLEAN → RESERVED. Creates (or revives from recovery) the assignment with

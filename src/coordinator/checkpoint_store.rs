@@ -103,6 +103,18 @@ impl Store {
                 )
                 .await?
                 .col("size")?;
+            // A generation that ended on its handoff's checkpoint has two records of it:
+            // both name what either has.
+            tx.execute(
+                SHARE_OBJECTS,
+                &[
+                    &m.lane_incarnation_id,
+                    &(m.generation as i64),
+                    &m.checkpoint_digest,
+                ],
+            )
+            .await?;
+            tx.commit().await?;
             return Ok((StoredVerdict::Stored, size as u64));
         }
         if m.object_size > max_bytes {
@@ -371,8 +383,13 @@ impl Store {
         &self,
         assignment_id: &str,
     ) -> Result<Option<RestorePoint>, AuthorityError> {
-        self.point_where("ck.assignment_id = $1", assignment_id)
-            .await
+        // A handoff's checkpoint is its target's alone: the work's own is its generations'
+        // ends (the source's end names the same tree when it held still since).
+        self.point_where(
+            "ck.assignment_id = $1 AND ck.handoff_id IS NULL",
+            assignment_id,
+        )
+        .await
     }
 
     /// The first checkpoint `filter` (over `checkpoints ck`, `$1` = `param`) selects, in
@@ -394,7 +411,7 @@ impl Store {
                  JOIN generations g ON g.lane_incarnation_id = ck.lane_incarnation_id AND g.generation = ck.generation \
                  JOIN reservations rv ON rv.reservation_id = g.reservation_id \
                  WHERE {filter} \
-                 ORDER BY EXISTS (SELECT 1 FROM leases le WHERE le.reservation_id = rv.reservation_id) DESC, \
+                 ORDER BY EXISTS (SELECT 1 FROM ack_receipts ar WHERE ar.reservation_id = rv.reservation_id) DESC, \
                           rv.created_at DESC, ck.generation DESC, ck.created_at DESC LIMIT 1"
                 ),
                 &[&param],
@@ -468,6 +485,14 @@ impl Store {
         Ok(why)
     }
 }
+
+/// Every record of checkpoint `$3` of generation (`$1`, `$2`) names the objects any of them
+/// has (a generation ending on its handoff's checkpoint has two records of one tree).
+pub(crate) const SHARE_OBJECTS: &str = "UPDATE checkpoints s SET base_object = coalesce(s.base_object, k.base_object), \
+        base_commit_id = coalesce(s.base_commit_id, k.base_commit_id), bundle_object = coalesce(s.bundle_object, k.bundle_object) \
+     FROM checkpoints k WHERE s.lane_incarnation_id = $1 AND s.generation = $2 AND s.checkpoint_digest = $3 \
+       AND k.lane_incarnation_id = $1 AND k.generation = $2 AND k.checkpoint_digest = $3 AND k.bundle_object IS NOT NULL \
+       AND s.bundle_object IS NULL";
 
 /// Records why `m`'s checkpoint cannot be moved, and commits.
 async fn transfer_error(

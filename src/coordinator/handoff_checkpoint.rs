@@ -122,6 +122,22 @@ impl Store {
         self.point_where("ck.handoff_id = $1", handoff_id).await
     }
 
+    /// Why the store refused handoff `handoff_id`'s checkpoint for good, if it did.
+    pub async fn handoff_transfer_error(
+        &self,
+        handoff_id: &str,
+    ) -> Result<Option<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query_opt(
+            "SELECT transfer_error FROM checkpoints WHERE handoff_id = $1",
+            &[&handoff_id],
+        )
+        .await?
+        .map(|r| r.col::<Option<String>>("transfer_error"))
+        .transpose()?
+        .flatten())
+    }
+
     /// The target reservation of handoff `handoff_id`.
     pub async fn handoff_target_reservation(
         &self,

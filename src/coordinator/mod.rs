@@ -23,6 +23,7 @@ pub mod audit;
 mod cas;
 pub mod chain;
 pub mod checkpoint_store;
+pub mod checkpoint_view;
 pub mod continuation;
 pub mod continuity;
 pub mod effects;

@@ -7,10 +7,10 @@
 
 use std::path::{Path, PathBuf};
 
-use super::git::{git, git_with};
 use super::state::GenRecord;
 use super::Inner;
 use crate::protocol::repo::{checkpoint_ref, CheckpointRef, RepoBinding, RepoName};
+use crate::util::git::{git, git_with};
 
 /// git's empty tree: the attribute source of a checkpoint, so no `.gitattributes` of the
 /// workspace converts a byte of what is captured (line endings, filters).
@@ -383,38 +383,55 @@ pub(crate) fn capture(
 
 impl super::Supervisor {
     /// The checkpoint of `lane`'s live generation `generation` (of `incarnation`) for
-    /// handoff `handoff_id`: its workspace held read-only first (`order_workspace`: read
-    /// only, or its cgroup frozen when a write under way keeps it open), then captured; the
-    /// same checkpoint again for the same handoff. Refused for a generation whose workspace
-    /// cannot be held (an unconfined lane's, which its harness writes as the supervisor):
-    /// a checkpoint of a tree still changing is no fact. The `Err` is the reason to report.
+    /// handoff `handoff_id`, once the coordinator's hold order has been applied (`None`
+    /// before: the coordinator asks again, and a request that outlived its offer holds
+    /// nothing): the hold asserted again (read-only, or its cgroup frozen when a write
+    /// under way keeps it open; an error if neither), then captured; the same checkpoint
+    /// again for the same handoff. Refused for a generation whose workspace cannot be held
+    /// (an unconfined lane's, which its harness writes as the supervisor): a checkpoint of
+    /// a tree still changing is no fact. The `Err` is the reason to report.
     pub async fn handoff_checkpoint(
         &self,
         lane: &str,
         incarnation: &str,
         generation: u64,
         handoff_id: &str,
-    ) -> Result<CheckpointRef, String> {
+    ) -> Result<Option<CheckpointRef>, String> {
         use super::start::WorkspaceOrder;
+        let name = super::names::LaneName::parse(lane).map_err(|e| e.to_string())?;
+        let slot = self.inner.slot(&name).map_err(|e| e.to_string())?;
+        let held = {
+            let l = slot.lock().await;
+            let Some(live) = l.live.as_ref().filter(|g| {
+                g.record.generation == generation && g.record.lane_incarnation_id == incarnation
+            }) else {
+                return Err("the generation is no longer live".into());
+            };
+            if let Some(h) = &live.record.handoff_checkpoint {
+                if h.handoff_id == handoff_id {
+                    return Ok(Some(h.checkpoint.clone()));
+                }
+            }
+            live.record.held
+        };
+        if !held {
+            return Ok(None);
+        }
         self.order_workspace(lane, incarnation, generation, WorkspaceOrder::Hold)
             .await
             .map_err(|e| format!("its workspace could not be held read-only: {e}"))?;
-        let name = super::names::LaneName::parse(lane).map_err(|e| e.to_string())?;
-        let slot = self.inner.slot(&name).map_err(|e| e.to_string())?;
         let mut l = slot.lock().await;
         let Some(live) = l.live.as_mut().filter(|g| {
             g.record.generation == generation && g.record.lane_incarnation_id == incarnation
         }) else {
             return Err("the generation is no longer live".into());
         };
-        if let Some(h) = &live.record.handoff_checkpoint {
-            if h.handoff_id == handoff_id {
-                return Ok(h.checkpoint.clone());
-            }
-        }
         let rec = live.record.clone();
-        let (Some(c), true, false) = (rec.coord.as_ref(), rec.held, rec.fenced) else {
-            return Err("the generation is not held for a handoff (fenced, or released)".into());
+        if !rec.held {
+            return Ok(None); // released meanwhile: its offer ended
+        }
+        let (Some(c), false) = (rec.coord.as_ref(), rec.fenced) else {
+            return Err("the generation is fenced: its work moved on".into());
         };
         let Some(repo) = c.repository.clone() else {
             return Err("its work has no workspace".into());
@@ -440,6 +457,6 @@ impl super::Supervisor {
             .map_err(|e| format!("recording the handoff's checkpoint: {e}"))?;
         tracing::info!(lane, generation, handoff_id, digest = %taken.digest(),
             "the held workspace checkpointed for its handoff");
-        Ok(taken)
+        Ok(Some(taken))
     }
 }

@@ -65,7 +65,6 @@ mod daemon;
 mod decommission;
 mod end;
 mod error;
-mod git;
 mod lanes;
 mod lanewatch;
 mod start;

@@ -18,9 +18,9 @@
 use std::path::{Path, PathBuf};
 
 use super::checkpoints::{has_commit, index_of, store_of};
-use super::git::git;
 use super::Inner;
 use crate::protocol::repo::{base_ref, branch_of, RepoBinding, RestorePoint};
+use crate::util::git::git;
 
 /// Where an assignment's workspace is on this host.
 pub(crate) fn dir_of(inner: &Inner, assignment_id: &str) -> PathBuf {

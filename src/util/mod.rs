@@ -1,6 +1,7 @@
 //! Small shared helpers with no policy of their own.
 
 pub mod durable;
+pub mod git;
 pub mod shutdown;
 
 /// Host wall-clock time as RFC 3339 with microseconds. Advisory only: host times are

@@ -362,6 +362,17 @@ pub(crate) enum CheckpointOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// One stored checkpoint, read-only: what it binds and the files it changed against its
+    /// base (from the coordinator's store, every object verified against its digest).
+    Show {
+        /// Its digest (`sha256:…`, as `checkpoint list` shows it).
+        checkpoint_digest: String,
+        /// The patch too (at most 1 MiB; `diff_truncated` says when it was cut).
+        #[arg(long)]
+        diff: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
 }
 
 #[derive(Subcommand)]

@@ -244,6 +244,17 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Checkpoint {
             op: CheckpointOp::List { assignment_id, at },
         } => at.call(OperatorRequest::Checkpoints { assignment_id }),
+        Cmd::Checkpoint {
+            op:
+                CheckpointOp::Show {
+                    checkpoint_digest,
+                    diff,
+                    at,
+                },
+        } => at.call(OperatorRequest::CheckpointShow {
+            checkpoint_digest,
+            diff,
+        }),
         Cmd::Block {
             assignment_id,
             code,

@@ -186,6 +186,12 @@ async fn record_checkpoint(
     if n == 0 {
         tracing::warn!(receipt = key, assignment, "a receipt's checkpoint names another repository than its work's (or is recorded): not recorded again");
     }
+    // Its handoff's checkpoint, already stored: the same objects.
+    d.exec(
+        crate::coordinator::checkpoint_store::SHARE_OBJECTS,
+        &[&inc, &generation, &c.digest()],
+    )
+    .await?;
     Ok(())
 }
 

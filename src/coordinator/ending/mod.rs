@@ -61,6 +61,9 @@ pub enum EndCause {
     Expired,
     /// The host lost its half of the chain (a supervisor restart before activation).
     Abandoned,
+    /// A handoff's target chain whose checkpoint cannot reach it (its source host took
+    /// none, or the store refused it): the offer ends, the work stays with its source.
+    NoHandoffCheckpoint,
 }
 
 impl EndCause {
@@ -68,6 +71,7 @@ impl EndCause {
         match self {
             Self::Expired => "reservation expired before activation",
             Self::Abandoned => "the host lost the chain before activation",
+            Self::NoHandoffCheckpoint => "its handoff's checkpoint cannot reach it",
         }
     }
 }

@@ -29,6 +29,16 @@ use super::operator::OpError;
 use super::Service;
 use crate::coordinator::states::{ContinuationState, GenState, HandoffState, LaneState};
 
+/// What a stage of work in a repository restores.
+enum Restore {
+    /// This point (none: a fresh clone).
+    At(Option<crate::protocol::repo::RestorePoint>),
+    /// A handoff's checkpoint, not recorded or not stored yet.
+    Wait,
+    /// A handoff's checkpoint that will never reach the target, and why.
+    Never(String),
+}
+
 /// When each waiting chain was last sent its message (a cache for resends).
 #[derive(Default)]
 pub(crate) struct DriverState {
@@ -261,9 +271,20 @@ impl Service {
         // keeps its own workspace when it is already that checkpoint's).
         let restore = match &c.repository {
             Some(_) => match self.restore_for(l, c).await {
-                Ok(Some(p)) => p,
+                Ok(Restore::At(p)) => p,
                 // A handoff's checkpoint not taken (or not in the store) yet: asked for.
-                Ok(None) => return false,
+                Ok(Restore::Wait) => return false,
+                // It never will be: the offer ends now rather than hold its source until
+                // its deadline.
+                Ok(Restore::Never(why)) => {
+                    tracing::error!(reservation_id = %c.chain.reservation_id, assignment_id = %c.chain.assignment_id,
+                        reason = %why, "the handoff's checkpoint cannot reach its target: the offer ends, the work stays with its source");
+                    let end = crate::coordinator::ending::EndCause::NoHandoffCheckpoint;
+                    if let Err(e) = self.store.end_chain(l, &c.chain, end).await {
+                        self.note(l, &e).await;
+                    }
+                    return false;
+                }
                 Err(e) => {
                     tracing::warn!(error = %e, reservation_id = %c.chain.reservation_id,
                         "cannot read the work's checkpoint; the stage waits");
@@ -293,28 +314,34 @@ impl Service {
         &self,
         l: &Leader,
         c: &ChainRow,
-    ) -> Result<
-        Option<Option<crate::protocol::repo::RestorePoint>>,
-        crate::coordinator::error::AuthorityError,
-    > {
+    ) -> Result<Restore, crate::coordinator::error::AuthorityError> {
         let h = self
             .store
             .handoff_of_reservation(&c.chain.reservation_id)
             .await?;
         let Some(h) = h.filter(|h| h.needs_checkpoint) else {
-            return Ok(Some(
+            return Ok(Restore::At(
                 self.store.restore_point(&c.chain.assignment_id).await?,
             ));
         };
+        if let Some(e) = h.checkpoint_error {
+            return Ok(Restore::Never(e));
+        }
         if h.checkpoint_digest.is_none() {
-            if h.checkpoint_error.is_none() && h.state == HandoffState::Offered {
+            if h.state == HandoffState::Offered {
                 self.push_handoff_checkpoint(l, &h, c).await;
             }
-            return Ok(None);
+            return Ok(Restore::Wait);
         }
         match self.store.handoff_restore_point(&h.handoff_id).await? {
-            Some(p) if p.host_id == c.host_id || p.bundle_object.is_some() => Ok(Some(Some(p))),
-            _ => Ok(None), // its host's upload is not finished
+            Some(p) if p.host_id == c.host_id || p.bundle_object.is_some() => {
+                Ok(Restore::At(Some(p)))
+            }
+            Some(_) => match self.store.handoff_transfer_error(&h.handoff_id).await? {
+                Some(e) => Ok(Restore::Never(e)),
+                None => Ok(Restore::Wait), // its host's upload is not finished
+            },
+            None => Ok(Restore::Wait),
         }
     }
 

@@ -85,10 +85,19 @@ impl CoordinatedHost {
                 &m.handoff_id,
             )
             .await;
-        if let Err(e) = &taken {
-            tracing::error!(lane_id = %m.authority.lane_id, generation = ctx.generation, handoff_id = %m.handoff_id,
-                error = %e, "no checkpoint for the handoff: it cannot proceed");
-        }
+        let taken = match taken {
+            Ok(Some(c)) => Ok(c),
+            Ok(None) => {
+                tracing::debug!(lane_id = %m.authority.lane_id, handoff_id = %m.handoff_id,
+                    "a handoff checkpoint asked for before the hold order (or after its release): not taken");
+                return;
+            }
+            Err(e) => {
+                tracing::error!(lane_id = %m.authority.lane_id, generation = ctx.generation, handoff_id = %m.handoff_id,
+                    error = %e, "no checkpoint for the handoff: it cannot proceed");
+                Err(e)
+            }
+        };
         let Some(ReportBase { chain, bound }) = ctx.report_base.lock().ok().and_then(|f| f.clone())
         else {
             return; // not activated here: the coordinator's chain is not RUNNING
@@ -174,6 +183,24 @@ impl CoordinatedHost {
             }
             ToHost::Continuation(m) => self.clone().on_continuation(ctx, m, message_id),
             ToHost::HandoffChallenge(m) => {
+                // Its ACK binds the checkpoint the workspace was restored from: only the
+                // one this generation's stage restored (none for work without one).
+                let restored = ctx
+                    .stage
+                    .as_ref()
+                    .and_then(|s| s.restore.as_ref())
+                    .map(|r| r.checkpoint_digest.as_str());
+                if m.bound.checkpoint_digest.is_some()
+                    && m.bound.checkpoint_digest.as_deref() != restored
+                {
+                    self.sup.audit_stale(
+                        "handoff-checkpoint-not-restored",
+                        Some(&lane_id),
+                        Some(generation),
+                        message_id,
+                    );
+                    return;
+                }
                 if let Some(session) = &ctx.session {
                     session
                         .handoff

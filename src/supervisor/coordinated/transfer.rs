@@ -19,7 +19,7 @@ use crate::protocol::messages::{
 };
 use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, RestorePoint, StoredObject};
 use crate::supervisor::checkpoints::{has_base, has_commit, store_of, Kind, HANDOFF_SUFFIX};
-use crate::supervisor::git::git;
+use crate::util::git::git;
 
 /// How long one part waits for its answer before the transfer is given up for now.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);

@@ -198,6 +198,7 @@ impl Service {
                 }
             }
         }
+        // Its target is driven on: staged from the checkpoint, or ended without one.
         if let Ok(Some(t)) = self.store.handoff_target_reservation(&m.handoff_id).await {
             let _ = self.advance(&l, &t).await;
         }

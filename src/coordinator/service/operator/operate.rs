@@ -223,6 +223,14 @@ impl Service {
             OperatorRequest::Checkpoints { assignment_id } => {
                 json!(self.store.checkpoints(assignment_id.as_deref()).await?)
             }
+            OperatorRequest::CheckpointShow {
+                checkpoint_digest,
+                diff,
+            } => {
+                self.store
+                    .checkpoint_show(&checkpoint_digest, diff, &std::env::temp_dir())
+                    .await?
+            }
             OperatorRequest::Receipts { lane_id } => {
                 json!(self.store.termination_receipts(lane_id.as_deref()).await?)
             }

@@ -150,6 +150,13 @@ pub enum OperatorRequest {
         #[serde(default)]
         assignment_id: Option<String>,
     },
+    /// One stored checkpoint, opened read-only: what it binds, the files it changed
+    /// against its base, and (`diff`) the patch.
+    CheckpointShow {
+        checkpoint_digest: String,
+        #[serde(default)]
+        diff: bool,
+    },
     Receipts {
         lane_id: Option<String>,
     },
@@ -313,6 +320,7 @@ impl OperatorRequest {
             | Self::RepoAdd { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
+            | Self::CheckpointShow { .. }
             | Self::Status
             | Self::Receipts { .. }
             | Self::Audit { .. }

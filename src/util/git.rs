@@ -1,5 +1,6 @@
-//! git as the supervisor runs it: without the host's configuration (system, root's
-//! global, XDG), without a prompt, and killed past a deadline.
+//! git as Mosaic runs it (the supervisor's workspaces and checkpoints, the coordinator's
+//! view of a stored checkpoint): without the host's configuration (system, root's global,
+//! XDG), without a prompt, and killed past a deadline.
 
 use std::path::Path;
 use std::process::Command;

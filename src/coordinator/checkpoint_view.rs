@@ -1,0 +1,259 @@
+//! `mosaic checkpoint show`: an operator opens a stored checkpoint read-only — what it
+//! binds, the files it changed against its base, and (asked) the diff. The coordinator
+//! reads the checkpoint's objects from its own store, verifying each against its digest as
+//! it writes it to a private scratch repository, lets git import them checking every
+//! object, and answers from there; the scratch is removed before the answer goes.
+//!
+//! **Never:** logs a byte of checkpoint content, shows a checkpoint whose objects are not
+//! whole and equal to their digests, or reads any repository but the scratch one.
+
+use std::io::Write;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+use super::error::{reject, AuthorityError, Category};
+use super::rows::RowExt;
+use super::store::Store;
+use crate::util::git::git;
+
+/// Most bytes of diff an answer carries; beyond, it is cut and says so.
+pub const DIFF_MAX_BYTES: usize = 1 << 20;
+
+/// git's empty tree: the base of a checkpoint that has none.
+const EMPTY_TREE: &str = "4b825dc642cb6eb9a060e54bf8d69288fbee4904";
+
+const OP: &str = "checkpoint-show";
+
+impl Store {
+    /// The checkpoint `digest`: its rows, the files it changed against its base, and with
+    /// `diff` the patch (at most `DIFF_MAX_BYTES`). `scratch` is a directory only this
+    /// process writes (removed after).
+    pub async fn checkpoint_show(
+        &self,
+        digest: &str,
+        diff: bool,
+        scratch: &Path,
+    ) -> Result<serde_json::Value, AuthorityError> {
+        if !crate::protocol::envelope::is_digest(digest) {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "a checkpoint digest is sha256: and 64 lowercase hex digits",
+            ));
+        }
+        let rows: Vec<serde_json::Value> = self
+            .checkpoints(None)
+            .await?
+            .into_iter()
+            .filter(|c| c["checkpoint_digest"] == digest)
+            .collect();
+        let Some(first) = rows.first() else {
+            return Err(reject(
+                OP,
+                Category::NotFound,
+                format!("no checkpoint {digest}"),
+            ));
+        };
+        let text = |k: &str| first[k].as_str().map(String::from);
+        let (commit, bundle, base, base_object) = (
+            text("commit_id").unwrap_or_default(),
+            rows.iter()
+                .find_map(|r| r["bundle_object"].as_str().map(String::from)),
+            text("base_commit_id"),
+            rows.iter()
+                .find_map(|r| r["base_object"].as_str().map(String::from)),
+        );
+        let Some(bundle) = bundle else {
+            let why = rows
+                .iter()
+                .find_map(|r| r["transfer_error"].as_str().map(String::from))
+                .unwrap_or_else(|| "its host has not uploaded it yet".into());
+            return Err(reject(
+                OP,
+                Category::WrongState,
+                format!(
+                    "checkpoint {digest} is not in the store ({why}); it is on host:{} only",
+                    text("host_id").unwrap_or_default()
+                ),
+            ));
+        };
+        let dir = scratch.join(format!("view-{}", uuid::Uuid::new_v4().simple()));
+        let out = self
+            .view_in(
+                &dir,
+                &commit,
+                base.as_deref(),
+                base_object.as_deref(),
+                &bundle,
+                diff,
+            )
+            .await;
+        let _ = std::fs::remove_dir_all(&dir);
+        let (files, patch) = out?;
+        let mut v =
+            serde_json::json!({ "checkpoint_digest": digest, "checkpoints": rows, "files": files });
+        if let Some((p, cut)) = patch {
+            v["diff"] = serde_json::json!(p);
+            v["diff_truncated"] = serde_json::json!(cut);
+        }
+        Ok(v)
+    }
+
+    /// Writes the objects into a scratch repository at `dir` and reads the change there.
+    #[allow(clippy::type_complexity)]
+    async fn view_in(
+        &self,
+        dir: &Path,
+        commit: &str,
+        base: Option<&str>,
+        base_object: Option<&str>,
+        bundle: &str,
+        diff: bool,
+    ) -> Result<(Vec<serde_json::Value>, Option<(String, bool)>), AuthorityError> {
+        let internal = |e: String| reject(OP, Category::Internal, e);
+        crate::util::durable::ensure_dir(dir, 0o700).map_err(|e| internal(e.to_string()))?;
+        let mut files = vec![];
+        if let (Some(_), Some(o)) = (base, base_object) {
+            files.push(self.object_file(o, &dir.join("base.bundle")).await?);
+        }
+        files.push(
+            self.object_file(bundle, &dir.join("checkpoint.bundle"))
+                .await?,
+        );
+        let (dir, commit, base) = (
+            dir.to_path_buf(),
+            commit.to_string(),
+            base.map(String::from),
+        );
+        tokio::task::spawn_blocking(move || {
+            let repo = dir.join("repo.git");
+            let r = repo.to_string_lossy().to_string();
+            git(&["init", "--quiet", "--bare", &r], None)?;
+            for (i, f) in files.iter().enumerate() {
+                let f = f.to_string_lossy().to_string();
+                let spec = format!("+refs/*:refs/view/{i}/*");
+                git(
+                    &[
+                        "-c",
+                        "transfer.fsckObjects=true",
+                        "fetch",
+                        "--quiet",
+                        "--no-tags",
+                        &f,
+                        &spec,
+                    ],
+                    Some(&repo),
+                )?;
+            }
+            let from = base.as_deref().unwrap_or(EMPTY_TREE);
+            let names = git(
+                &[
+                    "diff",
+                    "--no-color",
+                    "--no-renames",
+                    "--name-status",
+                    from,
+                    &commit,
+                ],
+                Some(&repo),
+            )?;
+            let files: Vec<serde_json::Value> = names
+                .lines()
+                .filter_map(|l| l.split_once('\t'))
+                .map(|(s, p)| serde_json::json!({ "status": s, "path": p }))
+                .collect();
+            let patch = if diff {
+                let p = git(
+                    &[
+                        "diff",
+                        "--no-color",
+                        "--no-renames",
+                        "--no-ext-diff",
+                        "--no-textconv",
+                        from,
+                        &commit,
+                    ],
+                    Some(&repo),
+                )?;
+                let cut = p.len() > DIFF_MAX_BYTES;
+                let mut end = p.len().min(DIFF_MAX_BYTES);
+                while !p.is_char_boundary(end) {
+                    end -= 1;
+                }
+                Some((p[..end].to_string(), cut))
+            } else {
+                None
+            };
+            Ok::<_, String>((files, patch))
+        })
+        .await
+        .map_err(|e| internal(e.to_string()))?
+        .map_err(|e| {
+            reject(
+                OP,
+                Category::Internal,
+                format!("reading the stored checkpoint: {e}"),
+            )
+        })
+    }
+
+    /// Writes stored object `digest` to `path` part by part, checking the whole against
+    /// its digest; refused as `corrupt` (and audited) when it differs.
+    async fn object_file(
+        &self,
+        digest: &str,
+        path: &Path,
+    ) -> Result<std::path::PathBuf, AuthorityError> {
+        let c = self.pool.get().await?;
+        let stored = c
+            .query_opt(
+                "SELECT size FROM checkpoint_objects WHERE object_digest = $1 AND stored_at IS NOT NULL",
+                &[&digest],
+            )
+            .await?;
+        if stored.is_none() {
+            return Err(reject(
+                OP,
+                Category::WrongState,
+                format!("object {digest} is not stored"),
+            ));
+        }
+        let mut f = std::fs::File::create(path)
+            .map_err(|e| reject(OP, Category::Internal, e.to_string()))?;
+        let mut h = Sha256::new();
+        let mut part = 0i32;
+        loop {
+            let Some(r) = c
+                .query_opt(
+                    "SELECT data FROM checkpoint_object_parts WHERE object_digest = $1 AND part = $2",
+                    &[&digest, &part],
+                )
+                .await?
+            else {
+                break;
+            };
+            let d: Vec<u8> = r.col("data")?;
+            h.update(&d);
+            f.write_all(&d)
+                .map_err(|e| reject(OP, Category::Internal, e.to_string()))?;
+            part += 1;
+        }
+        if format!("sha256:{}", hex::encode(h.finalize())) != digest {
+            self.auditor().record(
+                OP,
+                Category::Conflict,
+                None,
+                None,
+                None,
+                &format!("corrupt: stored object {digest} does not hash to its address: not shown"),
+            );
+            return Err(reject(
+                OP,
+                Category::Conflict,
+                format!("corrupt: stored object {digest} does not hash to its address"),
+            ));
+        }
+        Ok(path.to_path_buf())
+    }
+}
