@@ -255,7 +255,8 @@ fn host_clock(w: &world::World) -> Option<serde_json::Value> {
 /// backdated a day), and then the host refuses to open a session, naming the offset —
 /// in its log, its status and its metrics — and the coordinator audits the refusal with
 /// the host's reason. With the host's own check relaxed, the coordinator's check of the
-/// hello refuses it the same way. A two-minute skew, inside the tolerance, connects.
+/// hello refuses it the same way. A two-minute skew, inside the tolerance, connects; an
+/// hour ahead is refused like an hour behind.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_clock_an_hour_off_is_refused_with_the_offset_named_and_an_ordinary_skew_connects() {
     use world::{Spec, World};
@@ -330,6 +331,30 @@ async fn a_host_clock_an_hour_off_is_refused_with_the_offset_named_and_an_ordina
     });
     let off = c["host_ahead_ms"].as_i64().unwrap();
     assert!((-180_000..=-60_000).contains(&off), "measured {off} ms");
+
+    // 4. An hour ahead: refused the same way, the other side named.
+    w.crash_supervisor(0);
+    skew_supervisor(&mut w, "+3600");
+    w.start_supervisor(0);
+    let c = common::wait_until("the host measures its clock ahead", || {
+        host_clock(&w).filter(|c| c["host_ahead_ms"].as_i64().is_some_and(|o| o > 0))
+    });
+    assert_eq!(c["refused"], true, "{c}");
+    let off = c["host_ahead_ms"].as_i64().unwrap();
+    assert!((3_540_000..=3_660_000).contains(&off), "measured {off} ms");
+    common::wait_until("the refusal in the host's log", || {
+        w.sup[0]
+            .log_text()
+            .contains("s ahead of the coordinator's database time")
+            .then_some(())
+    });
+    common::wait_until("the coordinator audits the host's reason", || {
+        (w.audited("clock-skew: host +3") > 0).then_some(())
+    });
+    assert!(
+        !connected(&w),
+        "a session was opened with the clock an hour ahead"
+    );
 }
 
 /// The database refuses the coordinator (its database closed to connections, every
