@@ -11,6 +11,7 @@
 //! | `crash-after=SECONDS` | calls `abort()` after SECONDS |
 //! | `hang` | runs until killed (the default) |
 //! | `no-ack` | in contract mode: fetches the contract and never acknowledges it (a harness stuck before its ACK) |
+//! | `quit-at-contract` | in contract mode: exits (code 3) the moment its contract is delivered, before its ACK (a harness that dies during injection) |
 //! | `progress-every=SECONDS` | in contract mode, while hanging: reports progress with fresh evidence (a new test report) every SECONDS |
 //! | `progress-same` | with `progress-every`: reports the same evidence every time (a heartbeat dressed as progress) |
 //! | `accept-handoff` | in contract mode: acknowledges the handoff challenge (`mosaic lane handoff-ack`) before the activation challenge |
@@ -39,6 +40,7 @@ pub enum Directive {
     CrashAfter(f64),
     Hang,
     NoAck,
+    QuitAtContract,
     ProgressEvery(f64),
     ProgressSame,
     Blocked(String),
@@ -51,7 +53,7 @@ pub enum Directive {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack quit-at-contract progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -79,6 +81,7 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             None if tok == "ignore-term" => Directive::IgnoreTerm,
             None if tok == "hang" => Directive::Hang,
             None if tok == "no-ack" => Directive::NoAck,
+            None if tok == "quit-at-contract" => Directive::QuitAtContract,
             None if tok == "progress-same" => Directive::ProgressSame,
             None if tok == "accept-handoff" => Directive::AcceptHandoff,
             None if tok == "take-continuations" => Directive::TakeContinuations,
@@ -366,6 +369,10 @@ fn from_contract() -> Result<Vec<String>, String> {
     );
     // Refuse a task we cannot run before acknowledging it.
     let directives = parse_all(&[task.as_str()]).map_err(|e| e.to_string())?;
+    if directives.contains(&Directive::QuitAtContract) {
+        println!("fake: quit-at-contract: exiting with the contract just delivered");
+        std::process::exit(3);
+    }
     if directives.contains(&Directive::NoAck) {
         println!("fake: no-ack: holding the contract without acknowledging it");
         loop {

@@ -606,6 +606,47 @@ mod coordinated {
         "request-end"
     );
 
+    /// The harness exits while its contract is injected (the moment it is delivered,
+    /// before its ACK): the chain ends with its generation — one receipt, true to what
+    /// happened (its exit, code 3) — the work goes to recovery, and the lane takes new work.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn harness_exit_during_injection() {
+        let w = Split::new(1);
+        w.wait_host_connected();
+        let e = w.assign(1, "quit-at-contract").unwrap_err();
+        assert_eq!(e.category, Category::ChainEnded, "{e}");
+        let lane = w.lane(1);
+        let (c, conn) = tokio_postgres::connect(&w.db.url, tokio_postgres::NoTls)
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let rows = c
+            .query(
+                "SELECT t.body->>'exit_code', t.body->>'termination_reason', t.verified_empty FROM termination_receipts t \
+                 JOIN lane_incarnations li USING (lane_incarnation_id) WHERE li.lane_id = $1",
+                &[&lane],
+            )
+            .await
+            .unwrap();
+        assert_eq!(rows.len(), 1, "one receipt for the one generation");
+        let (code, reason, verified): (Option<String>, Option<String>, Option<bool>) =
+            (rows[0].get(0), rows[0].get(1), rows[0].get(2));
+        assert_eq!(code.as_deref(), Some("3"), "its exit, as observed");
+        assert_eq!(reason.as_deref(), Some("crash"), "a non-zero exit");
+        assert_eq!(verified, Some(true));
+        let life: String = c
+            .query_one(
+                "SELECT a.lifecycle FROM assignments a ORDER BY a.created_at DESC LIMIT 1",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(life, "RECOVERY");
+        w.invariants().await;
+        w.usable(1).await;
+    }
+
     /// How long a cut or a hang lasts: past the lease, so leadership is lost meanwhile.
     const OUTAGE: Duration = Duration::from_millis(2 * LEASE_MS as u64);
 
