@@ -527,6 +527,9 @@ mod coordinated {
         CoordinatorStopped,
         /// The supervisor SIGKILLed, and started again after the outage.
         SupervisorKilled,
+        /// The host session's connection torn down at both ends (`ss -K`, as a network
+        /// fault would: no close frame); the host reconnects by itself.
+        SessionCut,
     }
 
     macro_rules! crow {
@@ -595,6 +598,25 @@ mod coordinated {
         Fault::SupervisorKilled,
         "injected"
     );
+    crow!(session_cut_after_stage, Fault::SessionCut, "stage");
+    crow!(session_cut_after_staged, Fault::SessionCut, "staged");
+    crow!(session_cut_after_injected, Fault::SessionCut, "injected");
+    crow!(
+        session_cut_after_consume_ack,
+        Fault::SessionCut,
+        "consume-ack"
+    );
+    crow!(session_cut_after_activate, Fault::SessionCut, "activate");
+    crow!(
+        session_cut_after_request_end,
+        Fault::SessionCut,
+        "request-end"
+    );
+    crow!(
+        session_cut_after_ingest_termination,
+        Fault::SessionCut,
+        "ingest-termination"
+    );
     crow!(
         supervisor_killed_after_activate,
         Fault::SupervisorKilled,
@@ -645,6 +667,25 @@ mod coordinated {
         assert_eq!(life, "RECOVERY");
         w.invariants().await;
         w.usable(1).await;
+    }
+
+    /// Tears down every TCP connection to or from the coordinator's host listener
+    /// `addr` at both ends (`ss -K`; the kernel needs `CONFIG_INET_DIAG_DESTROY`): what a
+    /// network fault does to the host session, no close frame sent.
+    fn cut_sessions(addr: &str) {
+        let port = addr.rsplit(':').next().unwrap();
+        let filter = format!("( sport = :{port} or dport = :{port} )");
+        let out = Command::new("ss")
+            .args(["-K", "-t", "-n"])
+            .args(filter.split(' '))
+            .output()
+            .expect("ss runs (iproute2)");
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && text.lines().count() > 1,
+            "ss -K closed nothing (a kernel without CONFIG_INET_DIAG_DESTROY cannot run this row): {text} {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// How long a cut or a hang lasts: past the lease, so leadership is lost meanwhile.
@@ -739,15 +780,19 @@ mod coordinated {
                 w.crash_supervisor();
                 vec![]
             }
+            Fault::SessionCut => {
+                cut_sessions(&w.listen[0]);
+                vec![]
+            }
         };
         std::fs::write(&go, "").unwrap();
-        if fault != Fault::Reset {
+        if !matches!(fault, Fault::Reset | Fault::SessionCut) {
             // The fault's duration, not a wait for anything.
             tokio::time::sleep(OUTAGE).await;
         }
         match fault {
             Fault::Cut => w.close_database(false),
-            Fault::Reset => {}
+            Fault::Reset | Fault::SessionCut => {}
             Fault::Hung | Fault::CoordinatorStopped => {
                 for p in &stopped {
                     common::kill(*p, nix::sys::signal::Signal::SIGCONT);
