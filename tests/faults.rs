@@ -669,6 +669,33 @@ mod coordinated {
         w.usable(1).await;
     }
 
+    /// A network that duplicates every frame of the host session, both ways, for a whole
+    /// assignment (the `dup-frames` failpoint sends each frame twice, byte for byte): each
+    /// duplicate is refused as a replay and audited, nothing is decided twice, and the work
+    /// runs and stops as it would without it.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_session_frame_duplicated() {
+        let mut w = Split::new(1);
+        w.crash_supervisor();
+        w.crash_coordinator(0);
+        w.start_coordinator(0, Some("dup-frames=return"));
+        w.wait_leading(0);
+        w.sup[0].set_env("FAILPOINTS", Some("dup-frames=return".into()));
+        w.start_supervisor();
+        w.wait_host_connected();
+        let a = w
+            .assign(1, "hang")
+            .unwrap_or_else(|e| panic!("assign: {e}"));
+        assert_eq!(a["state"], "RUNNING", "{a}");
+        let out = w.stop_final(a["assignment_id"].as_str().unwrap());
+        assert_eq!(out["state"], "CANCELLED", "{out}");
+        common::wait_until("the duplicates refused as replays, audited", || {
+            (w.audited("replayed") > 0).then_some(())
+        });
+        w.invariants().await;
+        w.usable(1).await;
+    }
+
     /// Tears down every TCP connection to or from the coordinator's host listener
     /// `addr` at both ends (`ss -K`; the kernel needs `CONFIG_INET_DIAG_DESTROY`): what a
     /// network fault does to the host session, no close frame sent.

@@ -128,7 +128,7 @@ impl HostSession {
     /// Seals and sends one envelope.
     pub async fn send(&mut self, o: Outgoing, audience: &str) -> Result<(), TransportError> {
         let bytes = self.seq.seal(o, audience)?;
-        send_text(&mut self.ws, bytes).await
+        send_frame(&mut self.ws, bytes).await
     }
 }
 

@@ -120,6 +120,26 @@ where
         .map_err(|e| TransportError::Ws(e.to_string()))
 }
 
+/// A session frame: sent once — twice, byte for byte, under the fault matrix's
+/// `dup-frames` failpoint (a network that duplicates what it carries; never in a release
+/// build).
+pub(super) async fn send_frame<S>(ws: &mut S, bytes: Vec<u8>) -> Result<(), TransportError>
+where
+    S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
+{
+    #[cfg(feature = "failpoints")]
+    {
+        let dup = (|| {
+            fail::fail_point!("dup-frames", |_| true);
+            false
+        })();
+        if dup {
+            send_text(ws, bytes.clone()).await?;
+        }
+    }
+    send_text(ws, bytes).await
+}
+
 #[allow(clippy::too_many_arguments)]
 pub(super) async fn run_session(
     ws: &mut tokio_tungstenite::WebSocketStream<tokio_rustls::server::TlsStream<TcpStream>>,
@@ -160,7 +180,7 @@ pub(super) async fn run_session(
     }
     let first = handler.handle(peer.clone(), hello).await;
     for out in first.replies {
-        send_or_end!(send_text(ws, seq.seal(out, &peer)?));
+        send_or_end!(send_frame(ws, seq.seal(out, &peer)?));
     }
     // A hello the handler refused as hostile ends the session it opened.
     if let Some(v) = first.violation {
@@ -199,12 +219,12 @@ pub(super) async fn run_session(
                     }
                 }
                 for out in done.replies {
-                    send_or_end!(send_text(ws, seq.seal(out, &peer)?));
+                    send_or_end!(send_frame(ws, seq.seal(out, &peer)?));
                 }
                 continue;
             }
             Some(out) = pushed.recv() => {
-                send_or_end!(send_text(ws, seq.seal(out, &peer)?));
+                send_or_end!(send_frame(ws, seq.seal(out, &peer)?));
                 continue;
             }
             _ = ping.tick() => {
@@ -295,7 +315,7 @@ pub(super) async fn run_session(
             }
         }
         for out in handled.replies {
-            send_or_end!(send_text(ws, seq.seal(out, &peer)?));
+            send_or_end!(send_frame(ws, seq.seal(out, &peer)?));
         }
     }
 }
