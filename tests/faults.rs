@@ -689,9 +689,48 @@ mod coordinated {
         assert_eq!(a["state"], "RUNNING", "{a}");
         let out = w.stop_final(a["assignment_id"].as_str().unwrap());
         assert_eq!(out["state"], "CANCELLED", "{out}");
+        for log in [w.coordinator_log(0), w.supervisor_log(0)] {
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                text.contains("failpoint=\"dup-frames\""),
+                "not duplicated: {}",
+                log.display()
+            );
+        }
         common::wait_until("the duplicates refused as replays, audited", || {
             (w.audited("replayed") > 0).then_some(())
         });
+        w.invariants().await;
+        w.usable(1).await;
+    }
+
+    /// A slow network: every frame of the host session, both ways, sent 200 ms late for a
+    /// whole assignment (`delay-frames`): the chain and the stop still decide once each,
+    /// every invariant holds, and the lane takes new work.
+    #[tokio::test(flavor = "multi_thread")]
+    async fn every_session_frame_delayed() {
+        let mut w = Split::new(1);
+        w.crash_supervisor();
+        w.crash_coordinator(0);
+        w.start_coordinator(0, Some("delay-frames=return(200)"));
+        w.wait_leading(0);
+        w.sup[0].set_env("FAILPOINTS", Some("delay-frames=return(200)".into()));
+        w.start_supervisor();
+        w.wait_host_connected();
+        let a = w
+            .assign(1, "hang")
+            .unwrap_or_else(|e| panic!("assign: {e}"));
+        assert_eq!(a["state"], "RUNNING", "{a}");
+        let out = w.stop_final(a["assignment_id"].as_str().unwrap());
+        assert_eq!(out["state"], "CANCELLED", "{out}");
+        for log in [w.coordinator_log(0), w.supervisor_log(0)] {
+            let text = std::fs::read_to_string(&log).unwrap();
+            assert!(
+                text.contains("failpoint=\"delay-frames\""),
+                "not delayed: {}",
+                log.display()
+            );
+        }
         w.invariants().await;
         w.usable(1).await;
     }

@@ -121,8 +121,8 @@ where
 }
 
 /// A session frame: sent once — twice, byte for byte, under the fault matrix's
-/// `dup-frames` failpoint (a network that duplicates what it carries; never in a release
-/// build).
+/// `dup-frames` failpoint (a network that duplicates what it carries), or late, under
+/// `delay-frames=return(MS)` (a slow network); never in a release build.
 pub(super) async fn send_frame<S>(ws: &mut S, bytes: Vec<u8>) -> Result<(), TransportError>
 where
     S: futures_util::Sink<Message, Error = tokio_tungstenite::tungstenite::Error> + Unpin,
@@ -133,8 +133,30 @@ where
             fail::fail_point!("dup-frames", |_| true);
             false
         })();
+        static SAID: std::sync::Once = std::sync::Once::new();
         if dup {
+            SAID.call_once(|| {
+                tracing::warn!(
+                    failpoint = "dup-frames",
+                    "failpoint: every session frame is sent twice"
+                )
+            });
             send_text(ws, bytes.clone()).await?;
+        }
+        let delay: Option<u64> = (|| {
+            fail::fail_point!("delay-frames", |ms: Option<String>| ms
+                .and_then(|m| m.parse().ok()));
+            None
+        })();
+        if let Some(ms) = delay {
+            SAID.call_once(|| {
+                tracing::warn!(
+                    failpoint = "delay-frames",
+                    ms,
+                    "failpoint: every session frame is sent late"
+                )
+            });
+            tokio::time::sleep(std::time::Duration::from_millis(ms)).await;
         }
     }
     send_text(ws, bytes).await
