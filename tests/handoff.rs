@@ -633,3 +633,63 @@ async fn a_handoff_moves_responsibility_only_by_its_ack_and_the_target_still_act
     );
     up.cli(&["stop", "--assignment", &id]).unwrap();
 }
+
+/// §17 Unacknowledged handoff: while an offer waits for an ACK that never comes, the work
+/// stays its sender's and the inactivity watchdog still fires — warned, escalated, and at
+/// its deadline the source replaced, which withdraws the offer — and the work goes on
+/// under its sender in a fresh generation.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_unacknowledged_handoff_is_still_watched_for_inactivity() {
+    let up = Up::start(2);
+    let (lane1, lane2) = (up.lane_id(1), up.lane_id(2));
+    publish_policy(&up, "handoff-stall@1", 600, 1200, 2500, 1, 3);
+    let a = assign_under(&up, &lane1, "hang", "handoff-stall@1");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let source_generation = a["generation"].as_i64().unwrap();
+    up.cli(&[
+        "handoff",
+        "--assignment",
+        &id,
+        "--to",
+        &lane2,
+        "--task",
+        "hang",
+        "--within-ms",
+        "600000",
+    ])
+    .unwrap_or_else(|e| panic!("handoff: {e}"));
+    let s = wait_for("the watchdog escalating the offered work", || {
+        let s = up.assignment(&id);
+        (s["watchdog_step"] == "escalated").then_some(s)
+    });
+    assert_eq!(s["work_status"], "handoff", "{s}");
+    assert_eq!(s["responsibility_owner"], lane1.as_str(), "{s}");
+    wait_for("the offer withdrawn by the source's replacement", || {
+        let s = up.assignment(&id);
+        (s["work_status"] != "handoff").then_some(())
+    });
+    let withdrawn = up
+        .count(&format!(
+            "SELECT count(*) FROM handoffs WHERE assignment_id = '{id}' AND state = 'WITHDRAWN'"
+        ))
+        .await;
+    assert_eq!(withdrawn, 1, "the replacement withdrew the offer");
+    // Its target, never to be acknowledged, is ended at once (not at its deadline, ten
+    // minutes on): the work's next attempt does not wait for it.
+    wait_for("the withdrawn offer's target lane idle again", || {
+        (up.lane_state(&lane2) == "IDLE_CLEAN").then_some(())
+    });
+    let s = wait_for("the work running on under its sender", || {
+        let s = up.assignment(&id);
+        (s["lane_state"] == "RUNNING"
+            && s["generation"]
+                .as_i64()
+                .is_some_and(|g| g != source_generation)
+            && s["execution_owner"].is_string())
+        .then_some(s)
+    });
+    assert_eq!(s["responsibility_owner"], lane1.as_str(), "{s}");
+    assert_eq!(s["lane_id"], lane1.as_str(), "{s}");
+    let out = up.cli(&["stop", "--assignment", &id]).unwrap();
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+}

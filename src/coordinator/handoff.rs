@@ -16,8 +16,10 @@
 //!    grants nothing: no READY, no RUNNING, no lease.
 //!
 //! An offer whose target chain ends before acceptance (expiry, a dead target generation) is
-//! `EXPIRED`; one whose source ends first is `WITHDRAWN`. Either way the work's owners are as
-//! they were before the offer.
+//! `EXPIRED`; one whose source ends first (or whose work leaves ACTIVE: the inactivity
+//! watchdog replacing the source, which still watches offered work) is `WITHDRAWN`, and the
+//! watchdog ends its target chain at once. Either way the work's owners are as they were
+//! before the offer.
 //!
 //! **Never:** lets a handoff ACK stand in for an activation ACK or the reverse (separate
 //! tables, message types and compare-and-swaps), or transfers anything on a message alone.

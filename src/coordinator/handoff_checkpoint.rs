@@ -138,6 +138,20 @@ impl Store {
         .flatten())
     }
 
+    /// The open target chains of withdrawn handoffs (their reservations).
+    pub async fn withdrawn_targets(&self) -> Result<Vec<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query(
+            concatcp!("SELECT r.reservation_id FROM reservations r JOIN handoffs h ON h.handoff_id = r.handoff_id \
+             WHERE h.state = ", HandoffState::Withdrawn.sql(), " AND r.released_at IS NULL"),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(|r| r.col("reservation_id"))
+        .collect()
+    }
+
     /// The target reservation of handoff `handoff_id`.
     pub async fn handoff_target_reservation(
         &self,

@@ -3,6 +3,11 @@
 //! making progress, and the work blocked once its attempts are used up — each by a fenced
 //! compare-and-swap at database time, never a host clock.
 //!
+//! Work offered to another lane and not acknowledged stays its sender's and is watched the
+//! same way (§17 Unacknowledged handoff): no progress can be recorded while the offer is
+//! open, so an offer nobody takes ends, at the latest, when the deadline replaces its
+//! source (the work leaving ACTIVE withdraws the offer, migration 0007).
+//!
 //! **Never:** counts anything but validated progress (`continuity::record_progress`) as
 //! life, or replaces work before its deadline (equality is expired).
 
@@ -87,13 +92,14 @@ impl Store {
         .about(Some(&w.assignment_id), Some(&w.lane_incarnation_id));
         let sql = format!(
             "UPDATE assignments a SET watchdog_step = $3 FROM inactivity_policies pol, lane_incarnations li \
-             WHERE a.assignment_id = $1 AND a.lifecycle = {active} AND a.work_status = {work_active} AND a.requested_outcome IS NULL \
+             WHERE a.assignment_id = $1 AND a.lifecycle = {active} AND a.work_status IN ({work_active}, {work_handoff}) AND a.requested_outcome IS NULL \
                AND a.watchdog_step = $2 AND mosaic_ts(a.inactivity_base_at) = $4 \
                AND pol.policy_id = a.inactivity_policy AND a.inactivity_base_at + pol.{column} * interval '1 millisecond' <= clock_timestamp() \
                AND li.lane_incarnation_id = a.lane_incarnation_id AND li.state = {running} \
              RETURNING mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.responsibility_owner, a.next_action",
         active = Lifecycle::Active.sql(),
         work_active = WorkStatus::Active.sql(),
+        work_handoff = WorkStatus::Handoff.sql(),
         running = LaneState::Running.sql()
         );
         let w = w.clone();
@@ -144,7 +150,7 @@ impl Store {
                     concatcp!("UPDATE assignments a SET lifecycle = ", Lifecycle::Recovery.sql(), ", execution_owner = NULL, pending_target = NULL, watchdog_step = ", WatchdogStep::Replacing.sql(), ", \
                             next_action = 'the watchdog starts a fresh generation: no validated progress by the inactivity deadline' \
                      FROM reservations r, lane_incarnations li \
-                     WHERE a.assignment_id = $3 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
+                     WHERE a.assignment_id = $3 AND a.lifecycle = ", Lifecycle::Active.sql(), " AND a.work_status IN (", WorkStatus::Active.sql(), ", ", WorkStatus::Handoff.sql(), ") AND a.requested_outcome IS NULL \
                        AND a.inactivity_deadline <= clock_timestamp() AND a.lane_incarnation_id = $1 \
                        AND r.reservation_id = $2 AND r.assignment_id = a.assignment_id AND r.released_at IS NULL \
                        AND li.lane_incarnation_id = r.lane_incarnation_id AND li.lane_incarnation_id = $1 AND li.state = ", LaneState::Running.sql(), " \
@@ -239,7 +245,7 @@ impl Store {
                  FROM assignments a JOIN inactivity_policies pol ON pol.policy_id = a.inactivity_policy \
                  JOIN lane_incarnations li ON li.lane_incarnation_id = a.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id \
                  LEFT JOIN reservations r ON r.assignment_id = a.assignment_id AND r.released_at IS NULL AND r.lane_incarnation_id = a.lane_incarnation_id \
-                 WHERE a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
+                 WHERE a.work_status IN (", WorkStatus::Active.sql(), ", ", WorkStatus::Handoff.sql(), ") AND a.requested_outcome IS NULL AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \
                    AND a.inactivity_base_at IS NOT NULL \
                    AND (a.watchdog_step = ", WatchdogStep::Replacing.sql(), " OR a.inactivity_base_at + pol.warn_after_ms * interval '1 millisecond' <= clock_timestamp())"),
                 &[],

@@ -64,6 +64,10 @@ pub enum EndCause {
     /// A handoff's target chain whose checkpoint cannot reach it (its source host took
     /// none, or the store refused it): the offer ends, the work stays with its source.
     NoHandoffCheckpoint,
+    /// A handoff's target chain whose offer was withdrawn (its source ended, or the work
+    /// left ACTIVE): it can never be acknowledged, and its generation — one of the work's
+    /// — would hold up the work's next attempt until its deadline.
+    HandoffWithdrawn,
 }
 
 impl EndCause {
@@ -72,6 +76,7 @@ impl EndCause {
             Self::Expired => "reservation expired before activation",
             Self::Abandoned => "the host lost the chain before activation",
             Self::NoHandoffCheckpoint => "its handoff's checkpoint cannot reach it",
+            Self::HandoffWithdrawn => "its handoff was withdrawn",
         }
     }
 }

@@ -145,9 +145,40 @@ impl Service {
                 }
             }
         }
+        self.end_withdrawn_targets(l).await;
         self.inactivity(l).await;
         live.extend(self.push_continuations(l, None).await);
         self.forget_sent(&live);
+    }
+
+    /// Ends the target chain of every withdrawn handoff (it can never be acknowledged; its
+    /// generation would hold up the work's next attempt until its deadline).
+    async fn end_withdrawn_targets(&self, l: &Leader) {
+        let targets = match self.store.withdrawn_targets().await {
+            Ok(t) => t,
+            Err(e) => {
+                tracing::warn!(error = %e, "watchdog cannot read withdrawn handoffs");
+                return;
+            }
+        };
+        for res in targets {
+            let Ok(Some(c)) = self.store.chain_by_reservation(&res).await else {
+                continue;
+            };
+            if c.reservation_coordinator_epoch != l.epoch() {
+                continue; // the takeover ends another epoch's preactivation chains
+            }
+            let cause = crate::coordinator::ending::EndCause::HandoffWithdrawn;
+            match self.store.end_chain(l, &c.chain, cause).await {
+                Ok(_) => {
+                    self.bump();
+                    tracing::info!(reservation_id = %res, assignment_id = %c.chain.assignment_id,
+                        "the target chain of a withdrawn handoff ended");
+                    let _ = self.advance(l, &res).await;
+                }
+                Err(e) => self.note(l, &e).await,
+            }
+        }
     }
 
     /// The inactivity policy, step by step: warn, escalate, replace the generation, start
