@@ -248,3 +248,43 @@ fn no_source_file_is_over_800_lines() {
         long.join("\n")
     );
 }
+
+/// The constant-time boundary (`src/util/ct.rs`, spec §17 Raw token leakage/timing): no
+/// other file calls `subtle`, and no line compares a value that names a secret or a value
+/// derived from one (a fence proof or commitment, a nonce, a token, a reveal, a secret, a
+/// credential placeholder) with `==` or `!=` — `util::ct::eq` does, in time that depends
+/// only on the lengths.
+#[test]
+fn secrets_are_compared_only_at_the_constant_time_boundary() {
+    let names = [
+        "fence_proof",
+        "commitment",
+        "nonce",
+        "token",
+        "reveal",
+        "secret",
+        "placeholder",
+    ];
+    let mut offenders = vec![];
+    for (f, text) in sources("") {
+        let name = f.display().to_string();
+        if name.ends_with("util/ct.rs") {
+            continue;
+        }
+        for (i, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            if code.contains("subtle::") || code.contains("ct_eq(") {
+                offenders.push(format!("{name}:{}: calls subtle itself", i + 1));
+            }
+            let compares = code.contains("==") || code.contains("!=");
+            if compares && names.iter().any(|n| code.contains(n)) {
+                offenders.push(format!("{name}:{}: {}", i + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        offenders.is_empty(),
+        "compare these with mosaic::util::ct::eq:\n{}",
+        offenders.join("\n")
+    );
+}

@@ -56,12 +56,11 @@ pub fn ack_without_key(phrase: &str) -> String {
 /// Whether `answer` acknowledges: it carries [`ack`]`(phrase, key)` as one token, compared
 /// in constant time.
 pub fn answer_binds(answer: &str, phrase: &str, key: &str) -> bool {
-    use subtle::ConstantTimeEq;
     let want = ack(phrase, key);
     answer
         .split(|c: char| c.is_whitespace() || "`\"'.,*()[]".contains(c))
         .fold(false, |found, tok| {
-            found | (tok.len() == want.len() && bool::from(tok.as_bytes().ct_eq(want.as_bytes())))
+            found | crate::util::ct::eq(tok.as_bytes(), want.as_bytes())
         })
 }
 

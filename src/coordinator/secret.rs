@@ -16,7 +16,6 @@ use std::sync::Arc;
 
 use hmac::{Hmac, Mac};
 use sha2::Sha256;
-use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 #[derive(Clone, Zeroize, ZeroizeOnDrop)]
@@ -88,7 +87,7 @@ impl CoordinatorSecret {
     /// Whether `token` is the one whose digest is `stored`, in constant time.
     pub fn fence_matches(&self, token: &FenceToken, stored: &str) -> bool {
         let got = self.fence_digest(token);
-        got.len() == stored.len() && bool::from(got.as_bytes().ct_eq(stored.as_bytes()))
+        crate::util::ct::eq(got.as_bytes(), stored.as_bytes())
     }
 }
 

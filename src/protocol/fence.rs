@@ -50,8 +50,7 @@ pub fn opens(committed: &str, shown: &str) -> bool {
         return false;
     }
     let want = commitment(&r);
-    use subtle::ConstantTimeEq;
-    want.len() == committed.len() && bool::from(want.as_bytes().ct_eq(committed.as_bytes()))
+    crate::util::ct::eq(want.as_bytes(), committed.as_bytes())
 }
 
 #[cfg(test)]

@@ -12,7 +12,6 @@ use std::os::unix::fs::MetadataExt;
 use std::path::PathBuf;
 
 use serde::{Deserialize, Serialize};
-use subtle::ConstantTimeEq;
 use zeroize::{Zeroize, ZeroizeOnDrop};
 
 const NONCE_DOMAIN: &str = "mosaic/launch-nonce/v1";
@@ -62,7 +61,7 @@ impl NonceDigest {
     /// Constant-time: a claimed nonce is checked without leaking how much of it matched.
     pub fn matches(&self, nonce: &LaunchNonce) -> bool {
         let got = nonce.digest();
-        self.0.len() == got.0.len() && bool::from(self.0.as_bytes().ct_eq(got.0.as_bytes()))
+        crate::util::ct::eq(self.0.as_bytes(), got.0.as_bytes())
     }
 }
 

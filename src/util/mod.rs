@@ -1,5 +1,6 @@
 //! Small shared helpers with no policy of their own.
 
+pub mod ct;
 pub mod durable;
 pub mod git;
 pub mod shutdown;

@@ -49,7 +49,7 @@ pub(super) fn substitute(
     }
     let real = secrets
         .iter()
-        .find(|(p, _)| p == token)
+        .find(|(p, _)| crate::util::ct::eq(p.as_bytes(), token.as_bytes()))
         .map(|(_, v)| v)
         .ok_or("the header names no credential of this runtime (or not as its whole value)")?;
     let full = zeroize::Zeroizing::new(format!("{prefix}{}", real.0));

@@ -324,11 +324,7 @@ pub(super) fn owned(
             ));
         }
     }
-    use subtle::ConstantTimeEq;
-    let shown = m.fence_proof.as_bytes();
-    if shown.len() != fence_commitment.len()
-        || !bool::from(shown.ct_eq(fence_commitment.as_bytes()))
-    {
+    if !crate::util::ct::eq(m.fence_proof.as_bytes(), fence_commitment.as_bytes()) {
         return Err(OpError::new(
             Category::FenceMismatch,
             format!(
