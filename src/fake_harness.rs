@@ -11,6 +11,7 @@
 //! | `crash-after=SECONDS` | calls `abort()` after SECONDS |
 //! | `hang` | runs until killed (the default) |
 //! | `no-ack` | in contract mode: fetches the contract and never acknowledges it (a harness stuck before its ACK) |
+//! | `fake-progress` | with `progress-every`: instead of evidence, each time prints a narrative status line and claims progress with an empty evidence file and with a narrative as evidence of an unknown kind, each outcome appended to `$HOME/fake-progress` (a harness that looks busy) |
 //! | `quit-at-contract` | in contract mode: exits (code 3) the moment its contract is delivered, before its ACK (a harness that dies during injection) |
 //! | `progress-every=SECONDS` | in contract mode, while hanging: reports progress with fresh evidence (a new test report) every SECONDS |
 //! | `progress-same` | with `progress-every`: reports the same evidence every time (a heartbeat dressed as progress) |
@@ -43,6 +44,7 @@ pub enum Directive {
     QuitAtContract,
     ProgressEvery(f64),
     ProgressSame,
+    FakeProgress,
     Blocked(String),
     AcceptHandoff,
     TakeContinuations,
@@ -53,7 +55,7 @@ pub enum Directive {
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack quit-at-contract progress-every=S progress-same blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack quit-at-contract progress-every=S progress-same fake-progress blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -83,6 +85,7 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             None if tok == "no-ack" => Directive::NoAck,
             None if tok == "quit-at-contract" => Directive::QuitAtContract,
             None if tok == "progress-same" => Directive::ProgressSame,
+            None if tok == "fake-progress" => Directive::FakeProgress,
             None if tok == "accept-handoff" => Directive::AcceptHandoff,
             None if tok == "take-continuations" => Directive::TakeContinuations,
             Some(("busy", v)) => Directive::Busy(seconds(tok, v)?),
@@ -232,13 +235,18 @@ pub fn run(args: Vec<String>) -> i32 {
                 take_continuations(busy.unwrap_or(0.0));
             }
             let same = directives.contains(&Directive::ProgressSame);
+            let fake = directives.contains(&Directive::FakeProgress);
             let mut n = 0u64;
             loop {
                 match every {
                     Some(s) => {
                         sleep_reaping(Duration::from_secs_f64(s));
                         n += 1;
-                        report_progress(if same { 0 } else { n });
+                        if fake {
+                            claim_progress(n);
+                        } else {
+                            report_progress(if same { 0 } else { n });
+                        }
                     }
                     None => sleep_reaping(Duration::from_secs(3600)),
                 }
@@ -321,6 +329,39 @@ fn report_progress(n: u64) {
             lane(&["progress", "--kind", "test-result", "--evidence", p]);
         }
         let _ = std::fs::remove_file(&path);
+    }
+}
+
+/// Looks busy without evidence: a narrative status line on the terminal, then progress
+/// claimed with an empty evidence file and with a narrative as evidence of a kind no
+/// policy knows; each outcome appended to `$HOME/fake-progress`.
+fn claim_progress(n: u64) {
+    println!("fake: status {n}: making great progress, nearly done (narrative only)");
+    let dir = std::env::temp_dir();
+    let empty = dir.join(format!("mosaic-fake-empty-{}", std::process::id()));
+    let story = dir.join(format!("mosaic-fake-story-{}", std::process::id()));
+    let mut out = String::new();
+    if std::fs::write(&empty, "").is_ok()
+        && std::fs::write(&story, format!("status {n}: nearly done\n")).is_ok()
+    {
+        if let (Some(e), Some(s)) = (empty.to_str(), story.to_str()) {
+            let a = lane(&["progress", "--kind", "test-result", "--evidence", e]);
+            let b = lane(&["progress", "--kind", "narrative", "--evidence", s]);
+            let word = |ok: bool| if ok { "accepted" } else { "refused" };
+            out = format!("empty {}\nnarrative {}\n", word(a), word(b));
+        }
+    }
+    let _ = std::fs::remove_file(&empty);
+    let _ = std::fs::remove_file(&story);
+    if let Some(home) = std::env::var_os("HOME") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(std::path::Path::new(&home).join("fake-progress"))
+        {
+            let _ = f.write_all(out.as_bytes());
+        }
     }
 }
 

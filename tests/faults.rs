@@ -735,6 +735,74 @@ mod coordinated {
         w.usable(1).await;
     }
 
+    /// §17 Fake progress heartbeat: a harness that looks busy — a narrative status line on
+    /// its terminal every 0.2 s, progress claimed with an empty evidence file and with a
+    /// narrative as evidence of a kind no policy knows — earns nothing: every claim is
+    /// refused, no progress is recorded, and the watchdog replaces it at its deadline (its
+    /// one attempt used: the work blocked for review).
+    #[tokio::test(flavor = "multi_thread")]
+    async fn fake_progress_never_counts() {
+        let w = Split::new(1);
+        w.wait_host_connected();
+        let policy: mosaic::coordinator::continuity::InactivityPolicy =
+            serde_json::from_value(serde_json::json!({
+                "policy_id": "fake-progress@1", "warn_after_ms": 500, "escalate_after_ms": 1000,
+                "replace_after_ms": 3000, "replacements_before_reassign": 0, "max_attempts": 1,
+                "exhaustion": "blocked", "evidence_kinds": ["test-result", "commit"]
+            }))
+            .unwrap();
+        w.op(&OperatorRequest::PolicyPublish {
+            policy,
+            request_id: None,
+        })
+        .unwrap_or_else(|e| panic!("policy publish: {e}"));
+        let mut req = assign_req(&w.lane(1), "progress-every=0.2 fake-progress", None);
+        if let OperatorRequest::Assign {
+            inactivity_policy, ..
+        } = &mut req
+        {
+            *inactivity_policy = Some("fake-progress@1".into());
+        }
+        let a = w.op(&req).unwrap_or_else(|e| panic!("assign: {e}"));
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        let inc = w.incarnation_of(0, "lane-1");
+        let claims = w
+            .area(0, &inc, a["generation"].as_u64().unwrap())
+            .join("home/fake-progress");
+        let seen = common::wait_until("the harness's claims", || {
+            let text = std::fs::read_to_string(&claims).ok()?;
+            (text.matches("empty ").count() >= 2).then_some(text)
+        });
+        assert!(
+            !seen.contains("accepted"),
+            "a claim without evidence was taken: {seen}"
+        );
+        assert!(seen.contains("narrative refused"), "{seen}");
+        common::wait_until("the work blocked by its policy", || {
+            let row = w.op(&OperatorRequest::Status).ok()?;
+            let a = row["assignments"]
+                .as_array()?
+                .iter()
+                .find(|x| x["assignment_id"] == id.as_str())?
+                .clone();
+            (a["work_status"] == "blocked").then_some(())
+        });
+        let recorded = w
+            .count(&format!(
+                "SELECT count(*) FROM progress_receipts WHERE assignment_id = '{id}'"
+            ))
+            .await;
+        assert_eq!(recorded, 0, "fake progress was recorded");
+        let progressed = w
+            .count(&format!(
+                "SELECT count(*) FROM assignments WHERE assignment_id = '{id}' AND last_progress_at IS NOT NULL"
+            ))
+            .await;
+        assert_eq!(progressed, 0, "fake progress advanced last_progress_at");
+        w.invariants().await;
+        w.usable(1).await;
+    }
+
     /// Tears down every TCP connection to or from the coordinator's host listener
     /// `addr` at both ends (`ss -K`; the kernel needs `CONFIG_INET_DIAG_DESTROY`): what a
     /// network fault does to the host session, no close frame sent.
