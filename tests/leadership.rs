@@ -505,3 +505,94 @@ async fn a_leader_cut_off_from_its_database_stops_believing_it_leads_when_its_le
     assert!(now > epoch, "epoch {now} after {epoch}");
     w.usable(1).await;
 }
+
+/// §17 Leadership expiry at mutation: the leader paused (SIGSTOP past its lease) with each
+/// mutation class's transaction open, its commit still ahead — every chain step and the
+/// stop's two — makes no mutation under its old epoch: the commit is refused, it leads
+/// again only under a new epoch, every invariant holds and the lane takes new work.
+/// (consume-ack's row, with its recovery checked, is the test above.)
+async fn expiry_at(op: &'static str) {
+    let mut w = Split::new(1);
+    w.crash_coordinator(0);
+    w.start_coordinator(0, Some(&format!("before-commit:{op}=1*sleep(3000)")));
+    let first = w.wait_leading(0);
+    w.wait_host_connected();
+    let stopping = STOP.contains(&op);
+    let waiter = if stopping {
+        let a = w
+            .assign(1, "hang")
+            .unwrap_or_else(|e| panic!("assign: {e}"));
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        let sock = w.socket(0);
+        std::thread::spawn(move || {
+            operator_call(
+                &sock,
+                &OperatorRequest::Stop {
+                    assignment_id: id,
+                    outcome: None,
+                    evidence_digest: None,
+                    wait: true,
+                    request_id: None,
+                },
+            )
+        })
+    } else {
+        w.assign_async(1, "hang")
+    };
+    let rt = tokio::runtime::Handle::current();
+    common::wait_until(&format!("{op} in flight"), || {
+        let n = std::thread::scope(|s| {
+            s.spawn(|| {
+                rt.block_on(w.count(
+                    "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = 'mosaic-coordinator' \
+                     AND a.state = 'idle in transaction' AND clock_timestamp() - a.state_change > interval '400 ms'",
+                ))
+            })
+            .join()
+            .unwrap()
+        });
+        (n > 0).then_some(())
+    });
+    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(3 * LEASE_MS as u64));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let _ = waiter.join();
+    let second = w.wait_leading(0);
+    assert!(
+        second > first,
+        "{op}: re-acquired with a higher epoch ({first} → {second})"
+    );
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = '{op}' AND coordinator_epoch = {first}"
+        ))
+        .await,
+        0,
+        "{op}: the transition in flight across the lapse committed under the old epoch"
+    );
+    w.invariants().await;
+    w.usable(1).await;
+}
+
+macro_rules! expiry {
+    ($name:ident, $op:literal) => {
+        #[tokio::test(flavor = "multi_thread")]
+        async fn $name() {
+            expiry_at($op).await
+        }
+    };
+}
+
+expiry!(leadership_expiry_before_reserve_commits, "reserve");
+expiry!(leadership_expiry_before_checkpoint_commits, "checkpoint");
+expiry!(leadership_expiry_before_fence_commits, "fence");
+expiry!(leadership_expiry_before_stage_commits, "stage");
+expiry!(leadership_expiry_before_staged_commits, "staged");
+expiry!(leadership_expiry_before_injected_commits, "injected");
+expiry!(leadership_expiry_before_activate_commits, "activate");
+expiry!(leadership_expiry_before_request_end_commits, "request-end");
+expiry!(
+    leadership_expiry_before_ingest_termination_commits,
+    "ingest-termination"
+);
