@@ -200,9 +200,10 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
     assert_eq!(state(s, "h1:w2").await, "RUNNING");
 }
 
-/// §17 Lease-transfer race: a handoff's acceptance racing the source's lease renewals. Either
-/// order is fine; afterwards the source holds no lease and every renewal after the accept
-/// was refused.
+/// §17 Lease-transfer race: a handoff's acceptance racing the source's lease renewals and a
+/// second accept of the same challenge. Either order is fine; exactly one accept decides,
+/// afterwards the source holds no lease, every renewal after the accept was refused, and
+/// every loser is audited.
 #[tokio::test]
 async fn a_handoff_racing_lease_renewals_leaves_the_source_no_lease() {
     let f = fx().await;
@@ -220,16 +221,57 @@ async fn a_handoff_racing_lease_renewals_leaves_the_source_no_lease() {
                 .map(|r| r.decided_at)
         }));
     }
-    let accepted = s.accept_handoff(l, &good).await.unwrap().decided_at;
+    // Two accepts racing for the one challenge (the same claim with another ACK digest: a
+    // second envelope): exactly one decides, the loser is refused and audited.
+    let mut rival = good.clone();
+    rival.ack_digest = d('7');
+    let (a, b) = tokio::join!(s.accept_handoff(l, &good), s.accept_handoff(l, &rival));
+    let (accepted, lost) = match (a, b) {
+        (Ok(r), Err(e)) | (Err(e), Ok(r)) => (r.decided_at, e),
+        (a, b) => panic!("two accepts of one challenge: {a:?} / {b:?}"),
+    };
+    assert!(
+        matches!(
+            lost.category(),
+            Some(Category::IdempotencyConflict | Category::ChallengeConsumed)
+        ),
+        "{lost}"
+    );
+    let mut refused_renewals = 0;
     for t in tasks {
         match t.await.unwrap() {
             Ok(at) => assert!(
                 at < accepted,
                 "a renewal decided after the handoff: {at} vs {accepted}"
             ),
-            Err(e) => assert_eq!(e.category(), Some(Category::WrongState), "{e}"),
+            Err(e) => {
+                assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+                refused_renewals += 1;
+            }
         }
     }
+    // Every loser of the race is on the audit log: the accept that lost, and each renewal
+    // refused after the transfer.
+    let audited = |op: &'static str, want: i64| {
+        let url = f.db.url.clone();
+        async move {
+            let q = format!("SELECT count(*) FROM audit WHERE operation = '{op}'");
+            let start = std::time::Instant::now();
+            loop {
+                let n = count(&url, &q).await;
+                if n >= want {
+                    return n;
+                }
+                assert!(
+                    start.elapsed() < common::PATIENCE,
+                    "timed out waiting for {want} audited {op} refusals (have {n})"
+                );
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    };
+    audited("handoff-accept", 1).await;
+    audited("renew-leases", refused_renewals).await;
     assert_eq!(
         count(
             &f.db.url,
