@@ -166,20 +166,23 @@ async fn a_continuation_is_accepted_once_under_its_current_claim_only() {
 }
 
 /// §17 Continuation visibility fault and Stale continuation claimant: the coordinator is
-/// killed before and after each commit of a continuation's claim, acceptance and result, and
-/// before it sends the continuation; a restarted coordinator (a new epoch: every old claim is
+/// killed before and after each commit of a continuation's claim (and of the next epoch's
+/// reclaim), acceptance and result, and before it sends the continuation; a restarted coordinator (a new epoch: every old claim is
 /// stale) drives it on. Afterwards: accepted exactly once, the loop budget debited once, the
 /// harness given it once (one result, no refused result), nothing left open.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_at() {
-    for point in [
-        "after-commit:continuation-create",
-        "after-commit:continuation-claim",
-        "before-push:continuation",
-        "before-commit:continuation-accept",
-        "after-commit:continuation-accept",
-        "before-commit:continuation-result",
-        "after-commit:continuation-result",
+    // (point, how many coordinators die there in a row): the second death at the claim is
+    // right after the reclaim's commit (a new epoch's claim of a claim left by the first).
+    for (point, deaths) in [
+        ("after-commit:continuation-create", 1),
+        ("after-commit:continuation-claim", 1),
+        ("after-commit:continuation-claim", 2),
+        ("before-push:continuation", 1),
+        ("before-commit:continuation-accept", 1),
+        ("after-commit:continuation-accept", 1),
+        ("before-commit:continuation-result", 1),
+        ("after-commit:continuation-result", 1),
     ] {
         let mut w = Split::new(1);
         let a = w.assign(1, "take-continuations").unwrap();
@@ -194,12 +197,16 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
                 assignment_id: id.clone(),
                 next_action: "run the integration tests".into(),
                 within_ms: None,
-                request_id: Some(format!("crash-{point}")),
+                request_id: Some(format!("crash-{point}-{deaths}")),
             },
         );
         let asked = std::thread::spawn(move || operator_call(&sock, &req));
         w.wait_coordinator_died(0, point);
         let _ = asked.join();
+        for _ in 1..deaths {
+            w.start_coordinator(0, Some(&format!("{point}=return")));
+            w.wait_coordinator_died(0, &format!("{point}, again"));
+        }
         w.start_coordinator(0, None);
         w.wait_leading(0);
         w.wait_host_connected();
@@ -209,7 +216,7 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
             assignment_id: id.clone(),
             next_action: "run the integration tests".into(),
             within_ms: None,
-            request_id: Some(format!("crash-{point}")),
+            request_id: Some(format!("crash-{point}-{deaths}")),
         });
         assert!(
             again.is_ok()
