@@ -675,28 +675,7 @@ mod coordinated {
     /// runs and stops as it would without it.
     #[tokio::test(flavor = "multi_thread")]
     async fn every_session_frame_duplicated() {
-        let mut w = Split::new(1);
-        w.crash_supervisor();
-        w.crash_coordinator(0);
-        w.start_coordinator(0, Some("dup-frames=return"));
-        w.wait_leading(0);
-        w.sup[0].set_env("FAILPOINTS", Some("dup-frames=return".into()));
-        w.start_supervisor();
-        w.wait_host_connected();
-        let a = w
-            .assign(1, "hang")
-            .unwrap_or_else(|e| panic!("assign: {e}"));
-        assert_eq!(a["state"], "RUNNING", "{a}");
-        let out = w.stop_final(a["assignment_id"].as_str().unwrap());
-        assert_eq!(out["state"], "CANCELLED", "{out}");
-        for log in [w.coordinator_log(0), w.supervisor_log(0)] {
-            let text = std::fs::read_to_string(&log).unwrap();
-            assert!(
-                text.contains("failpoint=\"dup-frames\""),
-                "not duplicated: {}",
-                log.display()
-            );
-        }
+        let w = frames_faulted("dup-frames", "dup-frames=return");
         common::wait_until("the duplicates refused as replays, audited", || {
             (w.audited("replayed") > 0).then_some(())
         });
@@ -709,12 +688,20 @@ mod coordinated {
     /// every invariant holds, and the lane takes new work.
     #[tokio::test(flavor = "multi_thread")]
     async fn every_session_frame_delayed() {
+        let w = frames_faulted("delay-frames", "delay-frames=return(200)");
+        w.invariants().await;
+        w.usable(1).await;
+    }
+
+    /// Both daemons restarted with the frame failpoint `spec` (named `name`), then one
+    /// assignment run to RUNNING and stopped; each daemon's log must say the fault fired.
+    fn frames_faulted(name: &str, spec: &str) -> Split {
         let mut w = Split::new(1);
         w.crash_supervisor();
         w.crash_coordinator(0);
-        w.start_coordinator(0, Some("delay-frames=return(200)"));
+        w.start_coordinator(0, Some(spec));
         w.wait_leading(0);
-        w.sup[0].set_env("FAILPOINTS", Some("delay-frames=return(200)".into()));
+        w.sup[0].set_env("FAILPOINTS", Some(spec.into()));
         w.start_supervisor();
         w.wait_host_connected();
         let a = w
@@ -726,13 +713,12 @@ mod coordinated {
         for log in [w.coordinator_log(0), w.supervisor_log(0)] {
             let text = std::fs::read_to_string(&log).unwrap();
             assert!(
-                text.contains("failpoint=\"delay-frames\""),
-                "not delayed: {}",
+                text.contains(&format!("failpoint=\"{name}\"")),
+                "{name} never fired: {}",
                 log.display()
             );
         }
-        w.invariants().await;
-        w.usable(1).await;
+        w
     }
 
     /// §17 Fake progress heartbeat: a harness that looks busy — a narrative status line on

@@ -176,25 +176,19 @@ async fn a_leader_paused_past_its_lease_reacquires_and_its_inflight_transition_i
     let first = w.wait_leading(0);
     w.wait_host_connected();
     let waiter = w.assign_async(1, "hang");
-    let rt = tokio::runtime::Handle::current();
     // In flight: the lane waits for its ACK and a coordinator transaction has sat open far
     // longer than any transition takes (the failpoint holds it before its commit).
-    common::wait_until("consume-ack in flight", || {
-        let n = std::thread::scope(|s| {
-            s.spawn(|| rt.block_on(w.count(&format!(
-                "SELECT count(*) FROM pg_stat_activity a, lane_incarnations li \
-                 WHERE a.application_name = 'mosaic-coordinator' AND a.state = 'idle in transaction' \
-                   AND clock_timestamp() - a.state_change > interval '400 ms' \
-                   AND li.lane_id = '{}' AND li.retired_at IS NULL AND li.state = 'AWAITING_ACK'",
-                w.lane(1)
-            )))).join().unwrap()
-        });
-        (n > 0).then_some(())
-    });
-    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    std::thread::sleep(Duration::from_millis(3 * LEASE_MS as u64));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    pause_past_lease(
+        &w,
+        "consume-ack",
+        &format!(
+            "SELECT count(*) FROM pg_stat_activity a, lane_incarnations li \
+             WHERE a.application_name = 'mosaic-coordinator' AND a.state = 'idle in transaction' \
+               AND clock_timestamp() - a.state_change > interval '400 ms' \
+               AND li.lane_id = '{}' AND li.retired_at IS NULL AND li.state = 'AWAITING_ACK'",
+            w.lane(1)
+        ),
+    );
     // The commit came after the lease lapsed: refused. No other coordinator runs, so the
     // same process takes a higher epoch and ends the chain it had in flight.
     let _ = waiter.join();
@@ -539,24 +533,12 @@ async fn expiry_at(op: &'static str) {
     } else {
         w.assign_async(1, "hang")
     };
-    let rt = tokio::runtime::Handle::current();
-    common::wait_until(&format!("{op} in flight"), || {
-        let n = std::thread::scope(|s| {
-            s.spawn(|| {
-                rt.block_on(w.count(
-                    "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = 'mosaic-coordinator' \
-                     AND a.state = 'idle in transaction' AND clock_timestamp() - a.state_change > interval '400 ms'",
-                ))
-            })
-            .join()
-            .unwrap()
-        });
-        (n > 0).then_some(())
-    });
-    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
-    std::thread::sleep(Duration::from_millis(3 * LEASE_MS as u64));
-    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    pause_past_lease(
+        &w,
+        op,
+        "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = 'mosaic-coordinator' \
+         AND a.state = 'idle in transaction' AND clock_timestamp() - a.state_change > interval '400 ms'",
+    );
     let _ = waiter.join();
     let second = w.wait_leading(0);
     assert!(
@@ -573,6 +555,20 @@ async fn expiry_at(op: &'static str) {
     );
     w.invariants().await;
     w.usable(1).await;
+}
+
+/// Once `in_flight` (a count query) finds the paused transaction of `op`, the leader is
+/// SIGSTOPped for three leases, then continued.
+fn pause_past_lease(w: &Split, op: &str, in_flight: &str) {
+    let rt = tokio::runtime::Handle::current();
+    common::wait_until(&format!("{op} in flight"), || {
+        let n = std::thread::scope(|s| s.spawn(|| rt.block_on(w.count(in_flight))).join().unwrap());
+        (n > 0).then_some(())
+    });
+    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    std::thread::sleep(Duration::from_millis(3 * LEASE_MS as u64));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
 }
 
 macro_rules! expiry {

@@ -513,6 +513,25 @@ fn receipt_details(w: &World, asg: &str) -> Vec<String> {
     })
 }
 
+/// Work in repository `demo` on `lane` (of host 0) whose harness changed its workspace —
+/// `a.txt` modified, `new.txt`, `staged.txt` (then staged) and the ignored `scratch.log`
+/// written, `b.txt` deleted — still running: its assign's answer, id and workspace.
+fn changed_work(w: &World, lane: &str) -> (Value, String, PathBuf) {
+    let inc = w.incarnation_of(0, "lane-1");
+    let work = w.area(0, &inc, 1).join("work");
+    let task = format!(
+        "attack=write:{0}/a.txt attack=write:{0}/new.txt attack=write:{0}/staged.txt attack=write:{0}/scratch.log hang",
+        work.display()
+    );
+    let a = assign_in(w, lane, &task, Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    attempts(&w.area(0, &inc, 1).join("home/attacks"), 4);
+    let ws = w.state_dir(0).join("workspaces").join(&asg);
+    git(&ws, &["add", "staged.txt"]);
+    std::fs::remove_file(ws.join("b.txt")).unwrap();
+    (a, asg, ws)
+}
+
 /// Work in a repository SIGKILLed on one host resumes on another from the checkpoint the
 /// coordinator's store holds: the same files, byte for byte (tracked, staged and untracked
 /// changes alike), on the same branch at the same base. A byte flipped in the store is
@@ -521,18 +540,7 @@ fn receipt_details(w: &World, asg: &str) -> Vec<String> {
 #[test]
 fn work_moves_to_another_host_through_the_checkpoint_store() {
     let (repo, w, lane0, lane1) = two_hosts("workspaces-move", String::new());
-    let inc = w.incarnation_of(0, "lane-1");
-    let work = w.area(0, &inc, 1).join("work");
-    let task = format!(
-        "attack=write:{0}/a.txt attack=write:{0}/new.txt attack=write:{0}/staged.txt attack=write:{0}/scratch.log hang",
-        work.display()
-    );
-    let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
-    let asg = a["assignment_id"].as_str().unwrap().to_string();
-    attempts(&w.area(0, &inc, 1).join("home/attacks"), 4);
-    let ws0 = w.state_dir(0).join("workspaces").join(&asg);
-    git(&ws0, &["add", "staged.txt"]);
-    std::fs::remove_file(ws0.join("b.txt")).unwrap();
+    let (a, asg, ws0) = changed_work(&w, &lane0);
     let mut before = files_of(&ws0);
     // Ignored files are not the work's: never checkpointed, never carried.
     assert!(before.remove("scratch.log").is_some(), "{before:?}");
@@ -791,17 +799,7 @@ fn sql_one<T: for<'a> tokio_postgres::types::FromSql<'a>>(
 fn a_handoff_carries_the_work_to_another_host_byte_for_byte() {
     let (repo, w, lane0, lane1) = two_hosts("workspaces-handoff", String::new());
     let inc = w.incarnation_of(0, "lane-1");
-    let work = w.area(0, &inc, 1).join("work");
-    let task = format!(
-        "attack=write:{0}/a.txt attack=write:{0}/new.txt attack=write:{0}/staged.txt attack=write:{0}/scratch.log hang",
-        work.display()
-    );
-    let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
-    let asg = a["assignment_id"].as_str().unwrap().to_string();
-    attempts(&w.area(0, &inc, 1).join("home/attacks"), 4);
-    let ws0 = w.state_dir(0).join("workspaces").join(&asg);
-    git(&ws0, &["add", "staged.txt"]);
-    std::fs::remove_file(ws0.join("b.txt")).unwrap();
+    let (_, asg, ws0) = changed_work(&w, &lane0);
     // A first offer nobody acknowledges: its checkpoint is taken, the offer expires, and
     // the source's workspace is its own again — what it writes next is the work.
     w.op(&OperatorRequest::Handoff {

@@ -133,18 +133,7 @@ impl Store {
             for (i, f) in files.iter().enumerate() {
                 let f = f.to_string_lossy().to_string();
                 let spec = format!("+refs/*:refs/view/{i}/*");
-                git(
-                    &[
-                        "-c",
-                        "transfer.fsckObjects=true",
-                        "fetch",
-                        "--quiet",
-                        "--no-tags",
-                        &f,
-                        &spec,
-                    ],
-                    Some(&repo),
-                )?;
+                crate::util::git::fetch_checked(&repo, &f, &spec)?;
             }
             let from = base.as_deref().unwrap_or(EMPTY_TREE);
             let names = git(

@@ -71,3 +71,21 @@ pub(crate) fn git_with(
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_string())
 }
+
+/// Fetches `refspec` from `source` (a bundle file or a repository) into `repo`, git checking
+/// every object it receives (`transfer.fsckObjects`): how a bundle another party made is
+/// read.
+pub(crate) fn fetch_checked(repo: &Path, source: &str, refspec: &str) -> Result<String, String> {
+    git(
+        &[
+            "-c",
+            "transfer.fsckObjects=true",
+            "fetch",
+            "--quiet",
+            "--no-tags",
+            source,
+            refspec,
+        ],
+        Some(repo),
+    )
+}

@@ -494,19 +494,7 @@ impl CoordinatedHost {
                 let (s, f, r) = (store.to_path_buf(), file.clone(), refspec.to_string());
                 tokio::task::spawn_blocking(move || {
                     let f_s = f.to_string_lossy().to_string();
-                    git(
-                        &[
-                            "-c",
-                            "transfer.fsckObjects=true",
-                            "fetch",
-                            "--quiet",
-                            "--no-tags",
-                            &f_s,
-                            &r,
-                        ],
-                        Some(&s),
-                    )
-                    .map(|_| ())
+                    crate::util::git::fetch_checked(&s, &f_s, &r).map(|_| ())
                 })
                 .await
                 .map_err(|e| e.to_string())?
