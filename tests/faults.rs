@@ -64,6 +64,8 @@ enum Step {
     HarnessKilledThenCrash,
     /// An operator stops the generation.
     Stop,
+    /// The supervisor refuses a request (a malformed control request) and audits it.
+    Audit,
 }
 
 macro_rules! row {
@@ -87,6 +89,8 @@ row!(
     Step::HarnessKilledThenCrash
 );
 row!(state_full_at_stop, Fault::StateFull, Step::Stop);
+row!(state_full_at_audit, Fault::StateFull, Step::Audit);
+row!(state_read_only_at_audit, Fault::StateReadOnly, Step::Audit);
 row!(state_read_only_at_start, Fault::StateReadOnly, Step::Start);
 row!(
     state_read_only_at_harness_kill,
@@ -121,7 +125,7 @@ const LANE: &str = "w1";
 /// What the row's step should have ended the first generation with, if it started one.
 fn expected_reason(fault: Fault, step: Step) -> Option<&'static [&'static str]> {
     match (fault, step) {
-        (_, Step::Idle | Step::Start) => None,
+        (_, Step::Idle | Step::Start | Step::Audit) => None,
         (_, Step::HarnessKilled) => Some(&["sigkill"]),
         // The restart finds the shim's exit record (in the runtime directory, which did not
         // fill) or, without it, says it does not know: never a guess.
@@ -269,8 +273,21 @@ fn run(fault: Fault, step: Step) {
     h.create_lane(LANE);
     let inj = Injected::new(&h);
     let mut started: Vec<Value> = Vec::new();
+    let mut audited_before_heal = None;
     match step {
         Step::Idle => inj.inject(&mut h, fault, None),
+        Step::Audit => {
+            inj.inject(&mut h, fault, None);
+            use std::io::{BufRead, Write};
+            let mut s = std::os::unix::net::UnixStream::connect(h.socket()).unwrap();
+            s.write_all(b"not json\n").unwrap();
+            let mut line = String::new();
+            std::io::BufReader::new(s).read_line(&mut line).unwrap();
+            assert!(line.contains("bad-request"), "{line}");
+            // Refused and answered; its audit line is held, not lost and not torn.
+            assert!(!h.audit().contains("bad-control-request"));
+            audited_before_heal = Some(std::time::SystemTime::now());
+        }
         Step::Start => {
             inj.inject(&mut h, fault, None);
             let (kind, msg) = h.refused(&Request::Start {
@@ -341,6 +358,23 @@ fn run(fault: Fault, step: Step) {
         h.start_supervisor();
     } else {
         inj.heal(&mut h, fault);
+    }
+    if let Some(before) = audited_before_heal {
+        // Written once the filesystem takes it: one whole line, with the time it was
+        // recorded (before the fault healed), not the time it was written.
+        let line = wait_until("the held audit line written", || {
+            h.audit()
+                .lines()
+                .find(|l| l.contains("bad-control-request"))
+                .map(String::from)
+        });
+        let v: Value = serde_json::from_str(&line).unwrap();
+        let at = humantime::parse_rfc3339(v["at"].as_str().unwrap()).unwrap();
+        assert!(
+            at <= before,
+            "the held line carries the time it was written, not recorded: {line}"
+        );
+        assert_eq!(h.audit().matches("bad-control-request").count(), 1);
     }
     if fault == Fault::SupervisorKilled && step == Step::Running {
         // Re-adopted, identity proven again: it still answers a stop.

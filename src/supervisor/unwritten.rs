@@ -170,6 +170,11 @@ pub(crate) async fn retry(inner: Arc<Inner>) {
             _ = inner.unwritten.added.notified() => { wait = FIRST_WAIT; continue; }
             _ = shutdown.changed() => return,
         }
+        // Audit lines the filesystem refused are written again with the held ends.
+        {
+            let inner = inner.clone();
+            let _ = tokio::task::spawn_blocking(move || inner.audit.flush()).await;
+        }
         let keys: Vec<String> = inner.unwritten.lock().keys().cloned().collect();
         if keys.is_empty() {
             wait = LONGEST_WAIT;
