@@ -564,6 +564,9 @@ mod coordinated {
         /// The host session's connection torn down at both ends (`ss -K`, as a network
         /// fault would: no close frame); the host reconnects by itself.
         SessionCut,
+        /// The supervisor SIGSTOPped past the lease (its harnesses run on, it answers
+        /// nothing), then continued.
+        SupervisorStopped,
     }
 
     macro_rules! crow {
@@ -650,6 +653,21 @@ mod coordinated {
         session_cut_after_ingest_termination,
         Fault::SessionCut,
         "ingest-termination"
+    );
+    crow!(
+        supervisor_stopped_after_staged,
+        Fault::SupervisorStopped,
+        "staged"
+    );
+    crow!(
+        supervisor_stopped_after_activate,
+        Fault::SupervisorStopped,
+        "activate"
+    );
+    crow!(
+        supervisor_stopped_after_request_end,
+        Fault::SupervisorStopped,
+        "request-end"
     );
     crow!(
         supervisor_killed_after_activate,
@@ -938,6 +956,11 @@ mod coordinated {
                 cut_sessions(&w.listen[0]);
                 vec![]
             }
+            Fault::SupervisorStopped => {
+                let pid = w.sup[0].pid().expect("the supervisor runs") as i32;
+                common::kill(pid, nix::sys::signal::Signal::SIGSTOP);
+                vec![pid]
+            }
         };
         std::fs::write(&go, "").unwrap();
         if !matches!(fault, Fault::Reset | Fault::SessionCut) {
@@ -947,7 +970,7 @@ mod coordinated {
         match fault {
             Fault::Cut => w.close_database(false),
             Fault::Reset | Fault::SessionCut => {}
-            Fault::Hung | Fault::CoordinatorStopped => {
+            Fault::Hung | Fault::CoordinatorStopped | Fault::SupervisorStopped => {
                 for p in &stopped {
                     common::kill(*p, nix::sys::signal::Signal::SIGCONT);
                 }
