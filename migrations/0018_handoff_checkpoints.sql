@@ -34,3 +34,7 @@ CREATE UNIQUE INDEX checkpoints_one_per_generation_end ON checkpoints (lane_inca
 ALTER TABLE checkpoint_restores
     DROP CONSTRAINT checkpoint_restores_purpose_check,
     ADD CONSTRAINT checkpoint_restores_purpose_check CHECK (purpose IN ('same-assignment-recovery', 'handoff'));
+
+-- The inactivity watchdog watches offered work too (§17 Unacknowledged handoff).
+DROP INDEX assignments_watchdog;
+CREATE INDEX assignments_watchdog ON assignments (inactivity_deadline) WHERE work_status IN ('active', 'handoff');

@@ -257,26 +257,42 @@ pub fn run(args: Vec<String>) -> i32 {
 
 /// Runs `mosaic lane ARGS…` (contract mode only) and says what came back.
 fn lane(args: &[&str]) -> bool {
-    let Some(bin) = std::env::var_os("MOSAIC_BIN") else {
-        return false;
-    };
+    lane_outcome(args).unwrap_or(false)
+}
+
+/// `mosaic lane ARGS…`: whether the supervisor took it; `None` when it could not be asked
+/// (no `MOSAIC_BIN`, the command did not run).
+fn lane_outcome(args: &[&str]) -> Option<bool> {
+    let bin = std::env::var_os("MOSAIC_BIN")?;
     match std::process::Command::new(bin)
         .arg("lane")
         .args(args)
         .output()
     {
         Ok(out) => {
-            let ok = out.status.success();
+            // An answer is the supervisor's JSON (`ok` true or false); anything else is
+            // not one (the command failed before it asked).
+            let answer: Option<serde_json::Value> = serde_json::from_slice(&out.stdout).ok();
+            let ok = match answer.as_ref().and_then(|v| v["ok"].as_bool()) {
+                Some(ok) => ok && out.status.success(),
+                None => {
+                    eprintln!(
+                        "mosaic-fake-harness: mosaic lane {}: no answer",
+                        args.first().copied().unwrap_or("")
+                    );
+                    return None;
+                }
+            };
             println!(
                 "fake: lane {} {}",
                 args.first().copied().unwrap_or(""),
                 if ok { "submitted" } else { "refused" }
             );
-            ok
+            Some(ok)
         }
         Err(e) => {
             eprintln!("mosaic-fake-harness: mosaic lane: {e}");
-            false
+            None
         }
     }
 }
@@ -345,9 +361,13 @@ fn claim_progress(n: u64) {
         && std::fs::write(&story, format!("status {n}: nearly done\n")).is_ok()
     {
         if let (Some(e), Some(s)) = (empty.to_str(), story.to_str()) {
-            let a = lane(&["progress", "--kind", "test-result", "--evidence", e]);
-            let b = lane(&["progress", "--kind", "narrative", "--evidence", s]);
-            let word = |ok: bool| if ok { "accepted" } else { "refused" };
+            let a = lane_outcome(&["progress", "--kind", "test-result", "--evidence", e]);
+            let b = lane_outcome(&["progress", "--kind", "narrative", "--evidence", s]);
+            let word = |ok: Option<bool>| match ok {
+                Some(true) => "accepted",
+                Some(false) => "refused",
+                None => "not-submitted",
+            };
             out = format!("empty {}\nnarrative {}\n", word(a), word(b));
         }
     }

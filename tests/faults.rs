@@ -807,10 +807,14 @@ mod coordinated {
         let claims = w
             .area(0, &inc, a["generation"].as_u64().unwrap())
             .join("home/fake-progress");
-        let seen = common::wait_until("the harness's claims", || {
+        let seen = common::wait_until("the harness's claims, each answered", || {
             let text = std::fs::read_to_string(&claims).ok()?;
-            (text.matches("empty ").count() >= 2).then_some(text)
+            (text.matches("empty refused").count() >= 2).then_some(text)
         });
+        assert!(
+            !seen.contains("not-submitted"),
+            "a claim was never made: {seen}"
+        );
         assert!(
             !seen.contains("accepted"),
             "a claim without evidence was taken: {seen}"

@@ -168,7 +168,12 @@ pub(crate) async fn retry(inner: Arc<Inner>) {
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = inner.unwritten.added.notified() => { wait = FIRST_WAIT; continue; }
-            _ = shutdown.changed() => return,
+            _ = inner.audit.pending.notified() => { wait = FIRST_WAIT; }
+            _ = shutdown.changed() => {
+                let inner = inner.clone();
+                let _ = tokio::task::spawn_blocking(move || inner.audit.flush()).await;
+                return;
+            }
         }
         // Audit lines the filesystem refused are written again with the held ends.
         {
@@ -177,7 +182,12 @@ pub(crate) async fn retry(inner: Arc<Inner>) {
         }
         let keys: Vec<String> = inner.unwritten.lock().keys().cloned().collect();
         if keys.is_empty() {
-            wait = LONGEST_WAIT;
+            // Held audit lines are tried again every second, nothing held every 5 s.
+            wait = if inner.audit.held() > 0 {
+                Duration::from_secs(1)
+            } else {
+                LONGEST_WAIT
+            };
             continue;
         }
         let mut failed = false;

@@ -133,9 +133,10 @@ where
             fail::fail_point!("dup-frames", |_| true);
             false
         })();
-        static SAID: std::sync::Once = std::sync::Once::new();
+        static DUP_SAID: std::sync::Once = std::sync::Once::new();
+        static DELAY_SAID: std::sync::Once = std::sync::Once::new();
         if dup {
-            SAID.call_once(|| {
+            DUP_SAID.call_once(|| {
                 tracing::warn!(
                     failpoint = "dup-frames",
                     "failpoint: every session frame is sent twice"
@@ -149,7 +150,7 @@ where
             None
         })();
         if let Some(ms) = delay {
-            SAID.call_once(|| {
+            DELAY_SAID.call_once(|| {
                 tracing::warn!(
                     failpoint = "delay-frames",
                     ms,
