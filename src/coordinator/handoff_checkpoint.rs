@@ -88,7 +88,7 @@ impl Store {
                        AND rs.released_at IS NULL AND rs.lane_incarnation_id = $3 AND rs.generation = $7 \
                        AND a.assignment_id = h.assignment_id AND ($6::text IS NULL OR a.repository = $6) \
                        AND li.lane_incarnation_id = rs.lane_incarnation_id AND ln.lane_id = li.lane_id \
-                     RETURNING h.assignment_id, h.source_attempt_id, ln.host_id, a.repository"),
+                     RETURNING h.assignment_id, h.source_attempt_id, h.target_reservation_id, ln.host_id"),
                     &[&handoff, &source.reservation_id, &source.lane_incarnation_id, &digest, &error, &repo, &generation],
                 ).await?;
                 let d = match d {
@@ -96,8 +96,8 @@ impl Store {
                     Err(u) => return Err(u.reject(Category::WrongState,
                         "not an open handoff of this generation's work in that repository waiting for its checkpoint").await?),
                 };
-                let (asg, attempt, host): (String, String, String) =
-                    (d.row().col("assignment_id")?, d.row().col("source_attempt_id")?, d.row().col("host_id")?);
+                let (asg, attempt, target, host): (String, String, String, String) = (d.row().col("assignment_id")?,
+                    d.row().col("source_attempt_id")?, d.row().col("target_reservation_id")?, d.row().col("host_id")?);
                 if let (Some(c), Some(dg)) = (&checkpoint, &digest) {
                     d.exec_one(
                         "INSERT INTO checkpoints (checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, \
@@ -107,7 +107,8 @@ impl Store {
                           &source.lane_incarnation_id, &generation, &host, &handoff],
                     ).await?;
                 }
-                d.decide(json!({ "handoff_id": handoff, "assignment_id": asg, "source_lane_incarnation_id": source.lane_incarnation_id,
+                d.decide(json!({ "handoff_id": handoff, "assignment_id": asg, "target_reservation_id": target,
+                    "source_lane_incarnation_id": source.lane_incarnation_id,
                     "source_generation": generation, "checkpoint_digest": digest, "checkpoint_error": error }))
             }),
         )
@@ -150,20 +151,5 @@ impl Store {
         .iter()
         .map(|r| r.col("reservation_id"))
         .collect()
-    }
-
-    /// The target reservation of handoff `handoff_id`.
-    pub async fn handoff_target_reservation(
-        &self,
-        handoff_id: &str,
-    ) -> Result<Option<String>, AuthorityError> {
-        let c = self.pool.get().await?;
-        c.query_opt(
-            "SELECT target_reservation_id FROM handoffs WHERE handoff_id = $1",
-            &[&handoff_id],
-        )
-        .await?
-        .map(|r| r.col("target_reservation_id"))
-        .transpose()
     }
 }

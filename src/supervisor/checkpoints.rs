@@ -73,12 +73,7 @@ pub(crate) enum Kind {
 }
 
 /// The hidden ref of a checkpoint of `kind`.
-pub(crate) fn ref_of(
-    assignment_id: &str,
-    incarnation: &str,
-    generation: u64,
-    kind: Kind,
-) -> String {
+fn ref_of(assignment_id: &str, incarnation: &str, generation: u64, kind: Kind) -> String {
     let r = checkpoint_ref(assignment_id, incarnation, generation);
     match kind {
         Kind::End => r,
@@ -331,7 +326,7 @@ pub fn has_commit(store: &Path, object: &str) -> bool {
     .is_ok()
 }
 
-pub(crate) fn capture(
+fn capture(
     inner: &Inner,
     ws: &Path,
     assignment_id: &str,

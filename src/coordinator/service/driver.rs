@@ -307,9 +307,9 @@ impl Service {
     }
 
     /// The checkpoint a stage of work in a repository restores: a handoff target's, the
-    /// one its offer took of the source's held workspace (`Ok(None)` until it is recorded
-    /// and, for another host than its own, in the store — the source host is asked for it
-    /// meanwhile); any other chain's, the work's latest.
+    /// one its offer took of the source's held workspace (`Wait` until it is recorded and,
+    /// for another host than its own, in the store — the source host is asked for it
+    /// meanwhile; `Never` once it cannot be); any other chain's, the work's latest.
     async fn restore_for(
         &self,
         l: &Leader,

@@ -194,13 +194,13 @@ impl Service {
                 }
                 Err(e) => {
                     tracing::error!(assignment_id = %c.chain.assignment_id, handoff_id = %m.handoff_id,
-                    error = %e, "the source host took no checkpoint for the handoff: it cannot proceed and expires with its target's reservation")
+                    error = %e, "the source host took no checkpoint for the handoff: its target chain ends, the work stays with its source")
                 }
             }
         }
         // Its target is driven on: staged from the checkpoint, or ended without one.
-        if let Ok(Some(t)) = self.store.handoff_target_reservation(&m.handoff_id).await {
-            let _ = self.advance(&l, &t).await;
+        if let Some(t) = r.body["target_reservation_id"].as_str() {
+            let _ = self.advance(&l, t).await;
         }
         Ok(())
     }
