@@ -1324,6 +1324,9 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
             path: Some(repo.display().to_string()),
             url: None,
             host_id: Some(w.hosts[0].clone()),
+            copy: vec![],
+            setup: vec![],
+            setup_timeout_s: None,
         })
         .unwrap();
     });

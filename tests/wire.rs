@@ -156,6 +156,12 @@ fn every_to_host() -> Vec<ToHost> {
                 name: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
                 source: mosaic::protocol::repo::RepoSource::path("/srv/demo").unwrap(),
                 base: mosaic::protocol::repo::BaseRef::parse("main").unwrap(),
+                setup: mosaic::protocol::repo::RepoSetup::parse(
+                    &[".env".into(), "config/local.toml".into()],
+                    &["make setup".into()],
+                    Some(60),
+                )
+                .unwrap(),
             }),
             restore: Some(mosaic::protocol::repo::RestorePoint {
                 checkpoint_digest: format!("sha256:{}", "d".repeat(64)),
@@ -479,6 +485,7 @@ fn every_from_host() -> Vec<FromHostChain> {
                 repository: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
                 commit_id: "a".repeat(40),
                 tree_id: "b".repeat(40),
+                inputs_digest: Some(format!("sha256:{}", "e".repeat(64))),
             }),
         }),
         FromHostChain::CheckpointTaken(mosaic::protocol::messages::CheckpointTaken {

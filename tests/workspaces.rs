@@ -79,6 +79,9 @@ fn add_repo(w: &World, name: &str, path: &Path, host: &str) -> Value {
         path: Some(path.display().to_string()),
         url: None,
         host_id: Some(host.into()),
+        copy: vec![],
+        setup: vec![],
+        setup_timeout_s: None,
     })
     .unwrap_or_else(|e| panic!("repo add: {e:?}"))
 }
@@ -144,6 +147,9 @@ fn work_in_a_repository_survives_its_generation() {
         path: Some("/elsewhere".into()),
         url: None,
         host_id: Some(host.clone()),
+        copy: vec![],
+        setup: vec![],
+        setup_timeout_s: None,
     });
     assert!(format!("{other:?}").contains("conflict"), "{other:?}");
 
@@ -1040,4 +1046,288 @@ fn a_handoff_from_an_unconfined_lane_takes_no_checkpoint_and_moves_nothing() {
     assert_eq!(lifecycle(&w, &asg).as_deref(), Some("ACTIVE"));
     let out = stop(&w, asg);
     assert_eq!(out["state"], "CANCELLED", "{out}");
+}
+
+fn add_repo_with_setup(
+    w: &World,
+    name: &str,
+    path: &Path,
+    host: &str,
+    copy: &[&str],
+    setup: &[String],
+    timeout: Option<u32>,
+) -> Result<Value, mosaic::coordinator::service::OpError> {
+    w.op(&OperatorRequest::RepoAdd {
+        name: name.into(),
+        path: Some(path.display().to_string()),
+        url: None,
+        host_id: Some(host.into()),
+        copy: copy.iter().map(|c| c.to_string()).collect(),
+        setup: setup.to_vec(),
+        setup_timeout_s: timeout,
+    })
+}
+
+/// Every pid whose command line holds `needle`.
+fn pids_running(needle: &str) -> Vec<i32> {
+    std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+        .filter(|p| {
+            std::fs::read(format!("/proc/{p}/cmdline"))
+                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
+/// A repository's setup: a gitignored `.env` copied from its directory, then commands run
+/// in the fresh workspace before the harness starts — as the lane's uid, confined (its own
+/// network namespace, the supervisor's state out of sight, nothing written outside the
+/// workspace), none of its processes left once the harness runs. What the workspace was
+/// made from is recorded: the checkpoint's inputs digest is recomputed here from the
+/// evidence (the declaration, the base commit, the copied bytes).
+#[test]
+fn a_fresh_workspace_gets_its_setup_before_the_harness_starts() {
+    let (repo, w, lane, host) = world(1, "ws-setup");
+    std::fs::write(repo.0.join(".gitignore"), "*.log\n.env\n").unwrap();
+    git(&repo.0, &["commit", "-q", "-am", "ignore .env"]);
+    let secret = format!("TOKEN={}\n", uuid::Uuid::new_v4().simple());
+    std::fs::write(repo.0.join(".env"), &secret).unwrap();
+    let state = w.state_dir(0);
+    let marker = format!(
+        "sleep {}",
+        600_000 + uuid::Uuid::new_v4().as_u128() % 100_000
+    );
+    let setup = vec![
+        "test -f .env && id -u > setup-uid.txt && readlink /proc/self/ns/net > setup-netns.txt"
+            .to_string(),
+        format!(
+            "({marker} &) ; touch {0}/escaped 2>/dev/null; ls -A {0} > setup-state.txt; echo done > setup-done.txt",
+            state.display()
+        ),
+    ];
+    // Refused before anything is stored: a path out of the repository, a file from a URL.
+    for (copy, why) in [("../x", "file to copy"), (".git/config", "file to copy")] {
+        let e = add_repo_with_setup(&w, "bad", &repo.0, &host, &[copy], &[], None)
+            .expect_err("refused");
+        assert_eq!(e.category.as_str(), "bad-input", "{e:?}");
+        assert!(e.message.contains(why), "{e:?}");
+    }
+    let url = w.op(&OperatorRequest::RepoAdd {
+        name: "bad".into(),
+        path: None,
+        url: Some("https://example.invalid/r.git".into()),
+        host_id: None,
+        copy: vec![".env".into()],
+        setup: vec![],
+        setup_timeout_s: None,
+    });
+    assert!(format!("{url:?}").contains("bad-input"), "{url:?}");
+    assert_eq!(
+        w.op(&OperatorRequest::Repos).unwrap(),
+        serde_json::json!([])
+    );
+
+    let added =
+        add_repo_with_setup(&w, "demo", &repo.0, &host, &[".env"], &setup, Some(60)).unwrap();
+    assert_eq!(added["added"], true, "{added}");
+    // The setup is part of the declaration: another under the same name is a conflict.
+    let other = add_repo_with_setup(&w, "demo", &repo.0, &host, &[".env"], &setup[..1], Some(60));
+    assert!(format!("{other:?}").contains("conflict"), "{other:?}");
+
+    let inc = w.incarnation_of(0, "lane-1");
+    let work = w.area(0, &inc, 1).join("work");
+    let task = format!(
+        "attack=read:{0}/.env attack=read:{0}/setup-done.txt hang",
+        work.display()
+    );
+    let a = assign_in(&w, &lane, &task, Some("demo"), Some("main"), None).unwrap();
+    assert_eq!(a["state"], "RUNNING", "{a}");
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let seen = attempts(&w.area(0, &inc, 1).join("home/attacks"), 2);
+    assert!(
+        seen.iter().all(|(_, ok)| *ok),
+        "the harness sees the setup's work: {seen:?}"
+    );
+
+    let ws = state.join("workspaces").join(&asg);
+    assert_eq!(std::fs::read_to_string(ws.join(".env")).unwrap(), secret);
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata(&ws).unwrap().uid();
+    assert_ne!(uid, 0);
+    let ran_as = std::fs::read_to_string(ws.join("setup-uid.txt")).unwrap();
+    assert_eq!(
+        ran_as.trim(),
+        uid.to_string(),
+        "the setup runs as the lane's uid"
+    );
+    let netns = std::fs::read_to_string(ws.join("setup-netns.txt")).unwrap();
+    let own = std::fs::read_link("/proc/self/ns/net").unwrap();
+    assert_ne!(
+        netns.trim(),
+        own.to_string_lossy(),
+        "the setup has no network"
+    );
+    assert!(
+        !state.join("escaped").exists(),
+        "the setup wrote outside its workspace"
+    );
+    let listing = std::fs::read_to_string(ws.join("setup-state.txt")).unwrap();
+    // Only the path down to its own workspace exists for it (as for a generation's area):
+    // the checkpoint repositories beside it, made before it ran, are not there.
+    assert!(
+        state.join("checkpoints").is_dir() && !listing.contains("checkpoints"),
+        "the setup saw the supervisor's state: {listing}"
+    );
+    assert!(
+        pids_running(&marker).is_empty(),
+        "a process of the setup outlived it"
+    );
+    // Its output is kept beside the workspace, not in the supervisor's log.
+    let log = std::fs::read_to_string(state.join("workspaces").join(format!(".setup-{asg}.log")))
+        .unwrap();
+    assert!(
+        log.contains("setup command 2 of 2") && !log.contains("TOKEN="),
+        "{log}"
+    );
+
+    let out = stop(&w, asg.clone());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+    let ck = checkpoints(&w, &asg, 1).remove(0);
+    let store = state.join("checkpoints/demo.git");
+    let names = git_dir(
+        &store,
+        &[
+            "ls-tree",
+            "-r",
+            "--name-only",
+            ck["commit_id"].as_str().unwrap(),
+        ],
+    );
+    assert!(names.contains("setup-done.txt"), "{names}");
+    assert!(
+        !names.contains(".env\n") && !names.ends_with(".env"),
+        "an ignored copy stays out: {names}"
+    );
+    use sha2::Digest;
+    let inputs = mosaic::protocol::repo::WorkspaceInputs {
+        repository: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
+        source: mosaic::protocol::repo::RepoSource::path(repo.0.to_str().unwrap()).unwrap(),
+        base_commit_id: Some(git(&repo.0, &["rev-parse", "main"])),
+        restored_from: None,
+        setup_digest: mosaic::protocol::repo::RepoSetup::parse(&[".env".into()], &setup, Some(60))
+            .unwrap()
+            .digest(),
+        copied: vec![mosaic::protocol::repo::CopiedFile {
+            path: mosaic::protocol::repo::CopyPath::parse(".env").unwrap(),
+            digest: Some(format!(
+                "sha256:{}",
+                hex::encode(sha2::Sha256::digest(secret.as_bytes()))
+            )),
+        }],
+        commands_run: 2,
+    };
+    assert_eq!(
+        ck["inputs_digest"].as_str(),
+        Some(inputs.digest().as_str()),
+        "{ck}"
+    );
+}
+
+/// A setup that fails (a command's non-zero exit, a command past its time limit, a copied
+/// file that is a link) starts no harness and leaves no workspace; the failure says which
+/// command and where its output is, and the next start runs the setup again from a fresh
+/// clone.
+#[test]
+fn a_failed_setup_starts_no_harness_and_leaves_no_workspace() {
+    let (repo, w, lane, host) = world(1, "ws-setup-fail");
+    std::os::unix::fs::symlink("/etc/passwd", repo.0.join("linked.env")).unwrap();
+    // Committed as a link to /etc, a real directory in the source's working tree: the copy
+    // reads the source's file and meets the clone's link (a root write through it would
+    // land in /etc).
+    let etc_file = format!("mosaic-setup-{}.env", uuid::Uuid::new_v4().simple());
+    std::os::unix::fs::symlink("/etc", repo.0.join("cfg")).unwrap();
+    git(&repo.0, &["add", "cfg"]);
+    git(&repo.0, &["commit", "-q", "-m", "cfg"]);
+    std::fs::remove_file(repo.0.join("cfg")).unwrap();
+    std::fs::create_dir(repo.0.join("cfg")).unwrap();
+    std::fs::write(repo.0.join("cfg").join(&etc_file), "X=1\n").unwrap();
+    let through = format!("cfg/{etc_file}");
+    let state = w.state_dir(0);
+    let sleeper = format!(
+        "sleep {}",
+        700_000 + uuid::Uuid::new_v4().as_u128() % 100_000
+    );
+    // (repository, files to copy, commands, time limit, what the failure says)
+    type Case<'a> = (&'a str, Vec<&'a str>, Vec<String>, Option<u32>, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "exits",
+            vec![],
+            vec!["true".into(), "echo failing; exit 7".into()],
+            None,
+            "setup command 2 of 2 failed",
+        ),
+        (
+            "slow",
+            vec![],
+            vec![format!("({sleeper} &); {sleeper}")],
+            Some(1),
+            "did not finish within 1 s",
+        ),
+        (
+            "linked",
+            vec!["linked.env"],
+            vec![],
+            None,
+            "links are not followed",
+        ),
+        (
+            "through",
+            vec![through.as_str()],
+            vec![],
+            None,
+            "links are not followed",
+        ),
+        (
+            "tracked",
+            vec!["a.txt"],
+            vec![],
+            None,
+            "its clone does not carry",
+        ),
+    ];
+    for (name, copy, setup, timeout, why) in cases {
+        add_repo_with_setup(&w, name, &repo.0, &host, &copy, &setup, timeout).unwrap();
+        let got = assign_in(&w, &lane, "hang", Some(name), None, None);
+        let text = format!("{got:?}");
+        assert!(
+            text.contains(why) && text.contains("its host said"),
+            "{name}: {text}"
+        );
+        assert!(got.is_err(), "{name}: no harness may start: {text}");
+        let dir = state.join("workspaces");
+        let left: Vec<String> = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().to_str().map(String::from))
+            .filter(|n| !n.starts_with('.'))
+            .collect();
+        assert!(left.is_empty(), "{name}: a workspace was left: {left:?}");
+        assert!(
+            pids_running(&sleeper).is_empty(),
+            "{name}: the setup's process lives on"
+        );
+        assert!(
+            !Path::new("/etc").join(&etc_file).exists(),
+            "{name}: written through a link"
+        );
+        // The work waits in recovery; stopped, so the next case has the lane.
+        for a in w.status()["assignments"].as_array().unwrap() {
+            if a["state"] == "RECOVERY" {
+                let out = stop(&w, a["assignment_id"].as_str().unwrap());
+                assert_eq!(out["state"], "CANCELLED", "{out}");
+            }
+        }
+    }
 }

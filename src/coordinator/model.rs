@@ -149,6 +149,7 @@ fn repo_binding(r: &Row) -> Result<Option<crate::protocol::repo::RepoBinding>, A
         name: RepoName::parse(&name).map_err(|e| bad(e.to_string()))?,
         source: RepoSource::of(&kind, &source).map_err(|e| bad(e.to_string()))?,
         base: BaseRef::parse(&base).map_err(|e| bad(e.to_string()))?,
+        setup: super::repos::setup_of(r, "chain-row")?,
     }))
 }
 
@@ -160,7 +161,8 @@ const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignme
         r.generation, g.state AS generation_state, g.stop_requested_at IS NOT NULL AS stop_requested, g.process_identity, r.contracts_digest, \
         c.challenge_id, mosaic_ts(c.expires_at) AS challenge_expires_at, c.consumed_at IS NOT NULL AS challenge_consumed, k.ack_digest, \
         (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) AS last_decided_at, \
-        a.repository, a.base_ref, rp.source_kind AS repository_kind, rp.source AS repository_source \
+        a.repository, a.base_ref, rp.source_kind AS repository_kind, rp.source AS repository_source, \
+        rp.setup_copy, rp.setup_commands, rp.setup_timeout_s \
      FROM reservations r \
      JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
      JOIN lanes ln ON ln.lane_id = li.lane_id \
@@ -578,6 +580,24 @@ impl Store {
 
     /// Ingested termination receipts, oldest first (optionally for one lane), each with the
     /// assignment, attempt, epoch and owners it concerned and how it was reconciled.
+    /// What the host said of how generation `generation` of `inc` ended (its receipt's
+    /// detail), once its receipt is in.
+    pub async fn receipt_detail(
+        &self,
+        inc: &str,
+        generation: i64,
+    ) -> Result<Option<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query_opt(
+            "SELECT body->>'detail' AS detail FROM termination_receipts WHERE lane_incarnation_id = $1 AND generation = $2",
+            &[&inc, &generation],
+        )
+        .await?
+        .map(|r| r.col::<Option<String>>("detail"))
+        .transpose()?
+        .flatten())
+    }
+
     pub async fn termination_receipts(
         &self,
         lane_id: Option<&str>,

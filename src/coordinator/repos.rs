@@ -6,7 +6,7 @@
 use super::error::{reject, AuthorityError, Category};
 use super::rows::RowExt;
 use super::store::Store;
-use crate::protocol::repo::{RepoName, RepoSource};
+use crate::protocol::repo::{RepoName, RepoSetup, RepoSource};
 
 /// One declared repository.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize)]
@@ -16,7 +16,29 @@ pub struct Repository {
     pub host_id: Option<String>,
     #[serde(flatten)]
     pub source: RepoSource,
+    /// What a fresh workspace gets before its harness starts.
+    pub setup: RepoSetup,
+    pub setup_digest: String,
     pub created_at: String,
+}
+
+/// The setup columns of a row (`setup_copy`, `setup_commands`, `setup_timeout_s`),
+/// checked as the wire checks them.
+pub(crate) fn setup_of(
+    r: &tokio_postgres::Row,
+    op: &'static str,
+) -> Result<RepoSetup, AuthorityError> {
+    let (copy, commands, timeout): (Vec<String>, Vec<String>, i32) = (
+        r.col("setup_copy")?,
+        r.col("setup_commands")?,
+        r.col("setup_timeout_s")?,
+    );
+    RepoSetup::parse(&copy, &commands, u32::try_from(timeout).ok()).map_err(|e| {
+        AuthorityError::Invariant {
+            op,
+            detail: e.to_string(),
+        }
+    })
 }
 
 impl Repository {
@@ -27,10 +49,13 @@ impl Repository {
             op: "repository",
             detail: e.to_string(),
         };
+        let setup = setup_of(r, "repository")?;
         Ok(Self {
             name: RepoName::parse(&name).map_err(bad)?,
             host_id: r.col("host_id")?,
             source: RepoSource::of(&kind, &source).map_err(bad)?,
+            setup_digest: setup.digest(),
+            setup,
             created_at: r.col("created_at")?,
         })
     }
@@ -42,17 +67,21 @@ impl Repository {
 }
 
 const SELECT: &str =
-    "SELECT name, host_id, source_kind, source, mosaic_ts(created_at) AS created_at FROM repositories";
+    "SELECT name, host_id, source_kind, source, setup_copy, setup_commands, setup_timeout_s, mosaic_ts(created_at) AS created_at FROM repositories";
 
 impl Store {
-    /// Declares `name`; declaring it again with the same source and host is a no-op (the
-    /// row is returned), with another is a conflict.
+    /// Declares `name`; declaring it again with the same source, host and setup is a no-op
+    /// (the row is returned), with another is a conflict.
     pub async fn add_repository(
         &self,
         name: &RepoName,
         source: &RepoSource,
         host_id: Option<&str>,
+        setup: &RepoSetup,
     ) -> Result<(Repository, bool), AuthorityError> {
+        if let Err(e) = setup.fits(source) {
+            return Err(reject("repo-add", Category::BadInput, e.to_string()));
+        }
         if matches!(source, RepoSource::Path(_)) && host_id.is_none() {
             return Err(reject(
                 "repo-add",
@@ -63,9 +92,12 @@ impl Store {
         let c = self.pool.get().await?;
         let inserted = c
             .execute(
-                "INSERT INTO repositories (name, host_id, source_kind, source) VALUES ($1, $2, $3, $4) \
-                 ON CONFLICT (name) DO NOTHING",
-                &[&name.as_str(), &host_id, &source.kind(), &source.as_str()],
+                "INSERT INTO repositories (name, host_id, source_kind, source, setup_copy, setup_commands, setup_timeout_s) \
+                 VALUES ($1, $2, $3, $4, $5, $6, $7) ON CONFLICT (name) DO NOTHING",
+                &[&name.as_str(), &host_id, &source.kind(), &source.as_str(),
+                  &setup.copy().iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+                  &setup.commands().iter().map(|c| c.as_str()).collect::<Vec<_>>(),
+                  &(setup.timeout_s() as i32)],
             )
             .await?
             == 1;
@@ -73,12 +105,12 @@ impl Store {
             .query_one(&format!("{SELECT} WHERE name = $1"), &[&name.as_str()])
             .await?;
         let r = Repository::from_row(&row)?;
-        if r.source != *source || r.host_id.as_deref() != host_id {
+        if r.source != *source || r.host_id.as_deref() != host_id || r.setup != *setup {
             return Err(reject(
                 "repo-add",
                 Category::Conflict,
                 format!(
-                    "repository {} is already declared with another source or host; a name keeps its source (declare another name)",
+                    "repository {} is already declared with another source, host or setup; a name keeps its declaration (declare another name)",
                     name.as_str()
                 ),
             ));
@@ -134,7 +166,7 @@ impl Store {
             .query(
                 "SELECT checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
                         assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, handoff_id, \
-                        mosaic_ts(created_at) AS created_at, base_commit_id, base_object, bundle_object, transfer_error, \
+                        mosaic_ts(created_at) AS created_at, base_commit_id, base_object, bundle_object, transfer_error, inputs_digest, \
                         EXISTS (SELECT 1 FROM checkpoint_objects o WHERE o.object_digest = bundle_object AND o.stored_at IS NOT NULL) AS stored \
                  FROM checkpoints WHERE ($1::text IS NULL OR assignment_id = $1) ORDER BY created_at, generation",
                 &[&assignment_id],
@@ -159,6 +191,7 @@ impl Store {
                     "bundle_object": r.col::<Option<String>>("bundle_object")?,
                     "stored": r.col::<bool>("stored")?,
                     "transfer_error": r.col::<Option<String>>("transfer_error")?,
+                    "inputs_digest": r.col::<Option<String>>("inputs_digest")?,
                 }))
             })
             .collect()

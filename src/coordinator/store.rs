@@ -34,6 +34,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0016_trust_revocations.sql"),
     include_str!("../../migrations/0017_checkpoint_store.sql"),
     include_str!("../../migrations/0018_handoff_checkpoints.sql"),
+    include_str!("../../migrations/0019_repository_setup.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

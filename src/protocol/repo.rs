@@ -17,6 +17,16 @@ pub enum RepoError {
     Path(String),
     #[error("repository URL {0:?}: https://, ssh:// or git@host:path, without control characters, at most 4096 bytes")]
     Url(String),
+    #[error("file to copy {0:?}: a relative path inside the repository (1–1024 bytes, no control characters, no '.' or '..' component, not in .git)")]
+    CopyPath(String),
+    #[error("setup command {0:?}: 1–4096 bytes on one line, no control characters")]
+    Command(String),
+    #[error("setup: at most {max_copy} files to copy and {max_commands} commands, a timeout of 1–{max_timeout} s; files to copy only from a repository path (a URL has no source directory to copy them from)")]
+    Setup {
+        max_copy: usize,
+        max_commands: usize,
+        max_timeout: u32,
+    },
 }
 
 fn charset(s: &str, max: usize, extra: &[u8]) -> bool {
@@ -141,13 +151,269 @@ impl RepoSource {
     }
 }
 
+/// A file a fresh workspace gets from the repository's source directory (an ignored
+/// `.env`-style file a clone does not carry): its path relative to the repository, the
+/// same in the source and in the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct CopyPath(String);
+
+impl CopyPath {
+    pub fn parse(s: &str) -> Result<Self, RepoError> {
+        let parts: Vec<&str> = s.split('/').collect();
+        let ok = !s.is_empty()
+            && s.len() <= 1024
+            && !s.chars().any(char::is_control)
+            && parts
+                .iter()
+                .all(|p| !p.is_empty() && *p != "." && *p != "..")
+            && parts[0] != ".git";
+        if ok {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(RepoError::CopyPath(s.to_string()))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for CopyPath {
+    type Error = RepoError;
+    fn try_from(s: String) -> Result<Self, RepoError> {
+        Self::parse(&s)
+    }
+}
+
+impl From<CopyPath> for String {
+    fn from(n: CopyPath) -> String {
+        n.0
+    }
+}
+
+/// A command a fresh workspace's setup runs (`/bin/sh -c`, in the workspace), one line.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "String", into = "String")]
+pub struct SetupCommand(String);
+
+impl SetupCommand {
+    pub fn parse(s: &str) -> Result<Self, RepoError> {
+        if !s.trim().is_empty() && s.len() <= 4096 && !s.chars().any(char::is_control) {
+            Ok(Self(s.to_string()))
+        } else {
+            Err(RepoError::Command(s.to_string()))
+        }
+    }
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl TryFrom<String> for SetupCommand {
+    type Error = RepoError;
+    fn try_from(s: String) -> Result<Self, RepoError> {
+        Self::parse(&s)
+    }
+}
+
+impl From<SetupCommand> for String {
+    fn from(n: SetupCommand) -> String {
+        n.0
+    }
+}
+
+/// What a repository's fresh workspace gets before any harness runs in it: files copied
+/// from its source directory, then commands run in it (confined like the lane's
+/// generations, in the generation's cgroup), each within `timeout_s`. Part of the
+/// repository's declaration (a name keeps it), and of every checkpoint's recorded inputs.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, try_from = "SetupWire")]
+pub struct RepoSetup {
+    copy: Vec<CopyPath>,
+    commands: Vec<SetupCommand>,
+    timeout_s: u32,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetupWire {
+    copy: Vec<CopyPath>,
+    commands: Vec<SetupCommand>,
+    timeout_s: u32,
+}
+
+impl TryFrom<SetupWire> for RepoSetup {
+    type Error = RepoError;
+    fn try_from(w: SetupWire) -> Result<Self, RepoError> {
+        Self::new(w.copy, w.commands, Some(w.timeout_s))
+    }
+}
+
+impl Default for RepoSetup {
+    fn default() -> Self {
+        Self {
+            copy: vec![],
+            commands: vec![],
+            timeout_s: Self::DEFAULT_TIMEOUT_S,
+        }
+    }
+}
+
+impl RepoSetup {
+    pub const MAX_COPY: usize = 32;
+    pub const MAX_COMMANDS: usize = 16;
+    pub const MAX_TIMEOUT_S: u32 = 3600;
+    pub const DEFAULT_TIMEOUT_S: u32 = 300;
+
+    /// Checked as a whole: within the limits, no file named twice (kept in order of
+    /// path; commands keep theirs).
+    pub fn new(
+        mut copy: Vec<CopyPath>,
+        commands: Vec<SetupCommand>,
+        timeout_s: Option<u32>,
+    ) -> Result<Self, RepoError> {
+        let timeout_s = timeout_s.unwrap_or(Self::DEFAULT_TIMEOUT_S);
+        copy.sort();
+        let dup = copy.windows(2).any(|w| w[0] == w[1]);
+        if dup
+            || copy.len() > Self::MAX_COPY
+            || commands.len() > Self::MAX_COMMANDS
+            || !(1..=Self::MAX_TIMEOUT_S).contains(&timeout_s)
+        {
+            return Err(Self::limits());
+        }
+        Ok(Self {
+            copy,
+            commands,
+            timeout_s,
+        })
+    }
+
+    /// Parsed from what an operator typed.
+    pub fn parse(
+        copy: &[String],
+        commands: &[String],
+        timeout_s: Option<u32>,
+    ) -> Result<Self, RepoError> {
+        Self::new(
+            copy.iter()
+                .map(|c| CopyPath::parse(c))
+                .collect::<Result<_, _>>()?,
+            commands
+                .iter()
+                .map(|c| SetupCommand::parse(c))
+                .collect::<Result<_, _>>()?,
+            timeout_s,
+        )
+    }
+
+    fn limits() -> RepoError {
+        RepoError::Setup {
+            max_copy: Self::MAX_COPY,
+            max_commands: Self::MAX_COMMANDS,
+            max_timeout: Self::MAX_TIMEOUT_S,
+        }
+    }
+
+    /// Whether it asks for nothing.
+    pub fn is_empty(&self) -> bool {
+        self.copy.is_empty() && self.commands.is_empty()
+    }
+    pub fn copy(&self) -> &[CopyPath] {
+        &self.copy
+    }
+    pub fn commands(&self) -> &[SetupCommand] {
+        &self.commands
+    }
+    pub fn timeout_s(&self) -> u32 {
+        self.timeout_s
+    }
+
+    /// Whether it fits `source`: files are copied only from a directory.
+    pub fn fits(&self, source: &RepoSource) -> Result<(), RepoError> {
+        if self.copy.is_empty() || matches!(source, RepoSource::Path(_)) {
+            Ok(())
+        } else {
+            Err(Self::limits())
+        }
+    }
+
+    /// Its digest: every file name, every command, in order, and the timeout.
+    pub fn digest(&self) -> String {
+        let mut parts: Vec<&[u8]> = vec![b"copy"];
+        parts.extend(self.copy.iter().map(|c| c.as_str().as_bytes()));
+        parts.push(b"commands");
+        parts.extend(self.commands.iter().map(|c| c.as_str().as_bytes()));
+        let t = self.timeout_s.to_be_bytes();
+        parts.push(&t);
+        format!(
+            "sha256:{}",
+            crate::util::sha256_hex("mosaic/repo-setup/v1", &parts)
+        )
+    }
+}
+
 /// What a host needs to give an assignment its workspace: the repository, where it comes
-/// from, and the ref its branch `mosaic/<assignment_id>` starts at.
+/// from, the ref its branch `mosaic/<assignment_id>` starts at, and the setup of a fresh
+/// workspace.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct RepoBinding {
     pub name: RepoName,
     pub source: RepoSource,
     pub base: BaseRef,
+    #[serde(default, skip_serializing_if = "RepoSetup::is_empty")]
+    pub setup: RepoSetup,
+}
+
+/// One copied file of a workspace's recorded inputs: its path and the digest of its
+/// bytes, or that the restored checkpoint already had it (the work's version kept).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CopiedFile {
+    pub path: CopyPath,
+    /// `sha256:` of the bytes copied; `None`: kept as the checkpoint restored it.
+    pub digest: Option<String>,
+}
+
+/// What a workspace was made from, besides its files: the repository and its source, the
+/// commit its branch started at, the checkpoint it was restored from, the setup's digest
+/// and the files it copied. Its digest is recorded with every checkpoint of the workspace.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct WorkspaceInputs {
+    pub repository: RepoName,
+    pub source: RepoSource,
+    pub base_commit_id: Option<String>,
+    pub restored_from: Option<String>,
+    pub setup_digest: String,
+    pub copied: Vec<CopiedFile>,
+    /// How many setup commands ran, each to a zero exit.
+    pub commands_run: usize,
+}
+
+impl WorkspaceInputs {
+    pub fn digest(&self) -> String {
+        let none = b"-".as_slice();
+        let mut parts: Vec<&[u8]> = vec![
+            self.repository.as_str().as_bytes(),
+            self.source.kind().as_bytes(),
+            self.source.as_str().as_bytes(),
+            self.base_commit_id.as_deref().map_or(none, str::as_bytes),
+            self.restored_from.as_deref().map_or(none, str::as_bytes),
+            self.setup_digest.as_bytes(),
+        ];
+        for c in &self.copied {
+            parts.push(c.path.as_str().as_bytes());
+            parts.push(c.digest.as_deref().map_or(none, str::as_bytes));
+        }
+        let n = (self.commands_run as u64).to_be_bytes();
+        parts.push(&n);
+        format!(
+            "sha256:{}",
+            crate::util::sha256_hex("mosaic/workspace-inputs/v1", &parts)
+        )
+    }
 }
 
 /// A checkpoint of a workspace as its host took it: the synthetic commit on the hidden
@@ -158,6 +424,11 @@ pub struct CheckpointRef {
     pub repository: RepoName,
     pub commit_id: String,
     pub tree_id: String,
+    /// The digest of the workspace's recorded inputs (`WorkspaceInputs`), when its host
+    /// recorded them (a workspace made before they were is `None`). Not part of the
+    /// checkpoint's content address: two workspaces made alike hold the same tree.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub inputs_digest: Option<String>,
 }
 
 /// A git object id as git prints it (SHA-1: 40 lower-case hex digits).
@@ -180,9 +451,14 @@ impl CheckpointRef {
         )
     }
 
-    /// Both ids are object ids.
+    /// Both ids are object ids (and the inputs' digest, if any, a digest).
     pub fn well_formed(&self) -> bool {
-        object_id_ok(&self.commit_id) && object_id_ok(&self.tree_id)
+        object_id_ok(&self.commit_id)
+            && object_id_ok(&self.tree_id)
+            && self
+                .inputs_digest
+                .as_deref()
+                .is_none_or(crate::protocol::envelope::is_digest)
     }
 }
 
@@ -221,6 +497,7 @@ impl RestorePoint {
             repository: repository.clone(),
             commit_id: self.commit_id.clone(),
             tree_id: self.tree_id.clone(),
+            inputs_digest: None,
         };
         c.well_formed()
             && c.digest() == self.checkpoint_digest
@@ -282,5 +559,62 @@ mod tests {
         assert!(RepoSource::url("-oProxyCommand=x").is_err());
         assert!(RepoSource::url("file:///etc").is_err());
         assert!(RepoSource::url("https://example.com/r.git").is_ok());
+    }
+
+    #[test]
+    fn a_setup_names_only_files_inside_the_repository() {
+        for bad in [
+            "",
+            "/etc/passwd",
+            "../x",
+            "a/../../x",
+            "./a",
+            "a//b",
+            "a/",
+            ".git/config",
+            ".git",
+            "a\nb",
+            "a\u{1b}b",
+        ] {
+            assert!(CopyPath::parse(bad).is_err(), "{bad:?}");
+        }
+        for good in [".env", "config/.env.local", "a/.git-keep", "x.git/y"] {
+            assert!(CopyPath::parse(good).is_ok(), "{good:?}");
+        }
+        assert!(SetupCommand::parse("").is_err() && SetupCommand::parse("  ").is_err());
+        assert!(SetupCommand::parse("a\nb").is_err());
+        assert!(SetupCommand::parse("make setup && echo ok").is_ok());
+        let s = |c: &[&str], t| {
+            RepoSetup::parse(
+                &c.iter().map(|x| x.to_string()).collect::<Vec<_>>(),
+                &["true".into()],
+                t,
+            )
+        };
+        assert!(s(&[".env", ".env"], None).is_err(), "a file twice");
+        assert!(s(&[".env"], Some(0)).is_err() && s(&[".env"], Some(3601)).is_err());
+        let many: Vec<String> = (0..33).map(|i| format!("f{i}")).collect();
+        assert!(RepoSetup::parse(&many, &[], None).is_err());
+        // The digest binds every part: order of files is canonical, of commands is not.
+        let a = s(&["b", "a"], None).unwrap();
+        assert_eq!(a.digest(), s(&["a", "b"], None).unwrap().digest());
+        assert_ne!(a.digest(), s(&["a"], None).unwrap().digest());
+        assert_ne!(a.digest(), s(&["a", "b"], Some(10)).unwrap().digest());
+        let two = |x: &str, y: &str| {
+            RepoSetup::parse(&[], &[x.into(), y.into()], None)
+                .unwrap()
+                .digest()
+        };
+        assert_ne!(two("x", "y"), two("y", "x"));
+        assert_ne!(two("xy", "z"), two("x", "yz"));
+        // Files only from a directory; the wire refuses what `new` refuses.
+        assert!(a
+            .fits(&RepoSource::url("https://example.com/r.git").unwrap())
+            .is_err());
+        assert!(a.fits(&RepoSource::path("/srv/r").unwrap()).is_ok());
+        let wire = r#"{"copy":[".env",".env"],"commands":[],"timeout_s":5}"#;
+        assert!(serde_json::from_str::<RepoSetup>(wire).is_err());
+        let back: RepoSetup = serde_json::from_str(&serde_json::to_string(&a).unwrap()).unwrap();
+        assert_eq!(back, a);
     }
 }

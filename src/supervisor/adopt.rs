@@ -114,6 +114,8 @@ fn sweep_harness_areas(inner: &Inner, live: &std::collections::HashSet<(String, 
     }
 }
 
+// One value per generation at adoption, moved at once: never stored in bulk.
+#[allow(clippy::large_enum_variant)]
 enum Outcome {
     Adopted(Watcher),
     Finished(super::Finished),

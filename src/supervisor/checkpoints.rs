@@ -343,7 +343,12 @@ fn capture(
     }
     // Relative to the workspace's base commit when this host's repository has it (its
     // bundle then carries only what changed).
-    let base = super::workspaces::marker(inner, assignment_id)
+    let here = super::workspaces::marker(inner, assignment_id);
+    let inputs_digest = here
+        .as_ref()
+        .and_then(|m| m.inputs.as_ref())
+        .map(|i| i.digest());
+    let base = here
         .and_then(|m| m.base_commit_id)
         .filter(|b| has_commit(&store, b));
     let what = match kind {
@@ -363,6 +368,7 @@ fn capture(
         repository: repo.name.clone(),
         commit_id,
         tree_id,
+        inputs_digest,
     };
     if !c.well_formed() {
         return Err(format!(

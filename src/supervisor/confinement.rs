@@ -145,6 +145,45 @@ pub(crate) fn for_generation(
     })
 }
 
+/// The confinement of a fresh workspace's setup commands in lane `lane` (`None`: the lane
+/// is unconfined): a generation's, writing only the workspace `ws` (not yet anyone's
+/// working directory), with no gateway and no lane socket.
+pub(crate) fn for_setup(
+    cfg: &Config,
+    lane: &str,
+    lane_id: &str,
+    ws: &Path,
+    uid: Option<u32>,
+) -> Result<Option<Policy>, SupervisorError> {
+    if !cfg.confined(lane) {
+        tracing::warn!(
+            lane_id,
+            "running a workspace's setup UNCONFINED: the lane is listed in unconfined_lanes"
+        );
+        return Ok(None);
+    }
+    let g = Generation {
+        lane,
+        lane_id,
+        area: ws,
+        run: ws,
+        lane_socket: None,
+        program: None,
+        gateway: false,
+        uid,
+        workspace: None,
+        workspace_source: None,
+    };
+    Ok(match for_generation(cfg, &g)? {
+        Confinement::Enforced { policy } => {
+            let mut p = *policy;
+            p.write = vec![ws.to_path_buf()];
+            Some(p)
+        }
+        Confinement::None => None,
+    })
+}
+
 /// Checks that the started harness `pid` shows every layer of `c` and runs as `uid` (the
 /// lane's, from the generation's record, not from the policy sent): what was seen, or an
 /// error when it runs without its confinement (the launch then fails and is ended).

@@ -384,7 +384,13 @@ impl Launching {
         let coordinated = matches!(origin, Origin::Coordinated { .. });
         // Work in a repository: its own workspace, bound over a confined generation's
         // working directory, or (unconfined) its working directory outright.
-        let repo_dir = super::workspaces::prepare(&inner, origin.binding(), self.rec.uid)
+        let lane = super::workspaces::Lane {
+            name: &self.rec.lane,
+            id: &self.rec.lane_id,
+            uid: self.rec.uid,
+            cg: &self.cg,
+        };
+        let repo_dir = super::workspaces::prepare(&inner, origin.binding(), lane)
             .await
             .map_err(|e| self.launch_error(e))?;
         let mut prepared = prepared;

@@ -67,6 +67,7 @@ mod end;
 mod error;
 mod lanes;
 mod lanewatch;
+mod setup;
 mod start;
 mod unwritten;
 mod views;

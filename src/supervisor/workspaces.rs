@@ -19,7 +19,9 @@ use std::path::{Path, PathBuf};
 
 use super::checkpoints::{has_commit, index_of, store_of};
 use super::Inner;
-use crate::protocol::repo::{base_ref, branch_of, RepoBinding, RestorePoint};
+use crate::protocol::repo::{
+    base_ref, branch_of, RepoBinding, RepoSource, RestorePoint, WorkspaceInputs,
+};
 use crate::util::git::git;
 
 /// Where an assignment's workspace is on this host.
@@ -34,6 +36,10 @@ pub(crate) fn dir_of(inner: &Inner, assignment_id: &str) -> PathBuf {
 pub(crate) struct Marker {
     pub base_commit_id: Option<String>,
     pub at: Option<String>,
+    /// What it was made from (its checkpoints carry the digest); `None` for a workspace
+    /// made before inputs were recorded.
+    #[serde(default)]
+    pub inputs: Option<WorkspaceInputs>,
 }
 
 fn marker_path(inner: &Inner, assignment_id: &str) -> PathBuf {
@@ -58,6 +64,7 @@ pub(crate) fn set_marker(
     let m = Marker {
         base_commit_id,
         at: Some(at.to_string()),
+        inputs: marker(inner, assignment_id).and_then(|m| m.inputs),
     };
     let bytes = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
     crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
@@ -69,17 +76,41 @@ pub(crate) fn set_marker(
 pub(crate) async fn prepare(
     inner: &std::sync::Arc<Inner>,
     binding: Option<&super::state::CoordBinding>,
-    uid: Option<u32>,
+    lane: Lane<'_>,
 ) -> Result<Option<PathBuf>, String> {
     let Some((binding, repo)) = binding.and_then(|b| Some((b, b.repository.clone()?))) else {
         return Ok(None);
     };
     let (inner, asg) = (inner.clone(), binding.assignment_id.clone());
     let restore = binding.restore.clone();
-    tokio::task::spawn_blocking(move || ensure(&inner, &asg, &repo, restore.as_deref(), uid))
-        .await
-        .map_err(|e| format!("workspace task failed: {e}"))?
-        .map(Some)
+    let (name, id, uid, cg) = (
+        lane.name.to_string(),
+        lane.id.to_string(),
+        lane.uid,
+        inner.tree.at_abs(lane.cg.path()),
+    );
+    tokio::task::spawn_blocking(move || {
+        let lane = Lane {
+            name: &name,
+            id: &id,
+            uid,
+            cg: &cg,
+        };
+        ensure(&inner, &asg, &repo, restore.as_deref(), lane)
+    })
+    .await
+    .map_err(|e| format!("workspace task failed: {e}"))?
+    .map(Some)
+}
+
+/// The lane a workspace is prepared for: its name and id, its uid, and the cgroup of its
+/// starting generation (empty: its shim has not started), where a setup's commands run.
+#[derive(Clone, Copy)]
+pub(crate) struct Lane<'a> {
+    pub name: &'a str,
+    pub id: &'a str,
+    pub uid: Option<u32>,
+    pub cg: &'a crate::cgroup::Cg,
 }
 
 /// The workspace of `assignment_id`: kept when this host's is already `restore`'s files
@@ -92,8 +123,9 @@ pub(crate) fn ensure(
     assignment_id: &str,
     repo: &RepoBinding,
     restore: Option<&RestorePoint>,
-    uid: Option<u32>,
+    lane: Lane<'_>,
 ) -> Result<PathBuf, String> {
+    let uid = lane.uid;
     if !crate::protocol::report::id_ok(assignment_id) {
         return Err(format!(
             "assignment id {assignment_id:?} is not one Mosaic mints"
@@ -129,7 +161,8 @@ pub(crate) fn ensure(
         let made = match restore {
             Some(point) => restore_into(inner, &tmp, assignment_id, repo, point),
             None => clone_into(inner, &tmp, assignment_id, repo),
-        };
+        }
+        .and_then(|()| set_up(inner, &tmp, assignment_id, repo, restore, lane));
         if let Err(e) = made.and_then(|()| std::fs::rename(&tmp, &dir).map_err(|e| e.to_string())) {
             let _ = std::fs::remove_dir_all(&tmp);
             return Err(format!(
@@ -225,10 +258,89 @@ fn clone_into(
     let bytes = serde_json::to_vec(&Marker {
         base_commit_id: Some(commit),
         at: None,
+        inputs: None,
     })
     .map_err(|e| e.to_string())?;
     crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
         .map_err(|e| e.to_string())
+}
+
+/// The fresh workspace `tmp` (made from `repo`, or restored from `restore`) gets its
+/// repository's setup — its files copied, then (given to the lane's uid) its commands run
+/// — and what it was made from is recorded in its marker. Before it is renamed into place:
+/// a setup that fails leaves no workspace, and the next start makes it again.
+fn set_up(
+    inner: &Inner,
+    tmp: &Path,
+    assignment_id: &str,
+    repo: &RepoBinding,
+    restore: Option<&RestorePoint>,
+    lane: Lane<'_>,
+) -> Result<(), String> {
+    let setup = &repo.setup;
+    let copied = match (&repo.source, setup.copy().is_empty()) {
+        (_, true) => vec![],
+        (RepoSource::Path(src), false) => {
+            super::setup::copy_files(Path::new(src), tmp, setup.copy(), restore.is_some())?
+        }
+        (RepoSource::Url(_), false) => {
+            return Err("files to copy are declared for a repository without a directory".into())
+        }
+    };
+    let mut commands_run = 0;
+    if !setup.commands().is_empty() {
+        if let Some(uid) = lane.uid {
+            crate::util::durable::chown_tree(tmp, uid, uid)
+                .map_err(|e| format!("giving the fresh workspace to uid {uid}: {e}"))?;
+        }
+        let policy = super::confinement::for_setup(&inner.cfg, lane.name, lane.id, tmp, lane.uid)
+            .map_err(|e| e.to_string())?;
+        let runner = super::setup::Runner {
+            cg: lane.cg,
+            policy,
+            log: setup_log(inner, assignment_id),
+            env: vec![
+                (
+                    "PATH".into(),
+                    "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".into(),
+                ),
+                ("HOME".into(), "/tmp".into()),
+                ("LANG".into(), "C.UTF-8".into()),
+                ("MOSAIC_ASSIGNMENT_ID".into(), assignment_id.into()),
+                ("MOSAIC_REPOSITORY".into(), repo.name.as_str().into()),
+                ("MOSAIC_WORKSPACE".into(), tmp.display().to_string()),
+            ],
+        };
+        commands_run = super::setup::run_commands(&runner, tmp, setup)?;
+        tracing::info!(
+            assignment_id,
+            repository = repo.name.as_str(),
+            commands = commands_run,
+            "the fresh workspace's setup ran"
+        );
+    }
+    let mut m = marker(inner, assignment_id).unwrap_or_default();
+    m.inputs = Some(WorkspaceInputs {
+        repository: repo.name.clone(),
+        source: repo.source.clone(),
+        base_commit_id: m.base_commit_id.clone(),
+        restored_from: restore.map(|p| p.checkpoint_digest.clone()),
+        setup_digest: setup.digest(),
+        copied,
+        commands_run,
+    });
+    let bytes = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
+    crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
+        .map_err(|e| format!("recording the workspace of {assignment_id}: {e}"))
+}
+
+/// Where a workspace's setup writes its commands' output (root's only, beside it).
+pub(crate) fn setup_log(inner: &Inner, assignment_id: &str) -> PathBuf {
+    inner
+        .cfg
+        .state_dir
+        .join("workspaces")
+        .join(format!(".setup-{assignment_id}.log"))
 }
 
 /// Commits the agent makes need an author; no host identity is lent to it.
@@ -282,6 +394,7 @@ fn restore_into(
     let bytes = serde_json::to_vec(&Marker {
         base_commit_id: point.base_commit_id.clone(),
         at: Some(point.checkpoint_digest.clone()),
+        inputs: None,
     })
     .map_err(|e| e.to_string())?;
     crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)

@@ -394,6 +394,17 @@ pub(crate) enum RepoOp {
         /// The host the path is on.
         #[arg(long)]
         host: Option<String>,
+        /// A file a fresh workspace gets from the repository's directory (a path relative
+        /// to it, e.g. a gitignored `.env`); repeatable. Only with --path.
+        #[arg(long = "copy", requires = "path")]
+        copy: Vec<String>,
+        /// A command run in a fresh workspace before its harness starts (`sh -c`, as the
+        /// lane's uid, confined like its generations: no network); repeatable, in order.
+        #[arg(long = "setup")]
+        setup: Vec<String>,
+        /// Each setup command's time limit in seconds (default 300).
+        #[arg(long)]
+        setup_timeout: Option<u32>,
         #[command(flatten)]
         at: CoordinatorAt,
     },

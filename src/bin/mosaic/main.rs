@@ -230,6 +230,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     path,
                     url,
                     host,
+                    copy,
+                    setup,
+                    setup_timeout,
                     at,
                 },
         } => at.call(OperatorRequest::RepoAdd {
@@ -237,6 +240,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             path,
             url,
             host_id: host,
+            copy,
+            setup,
+            setup_timeout_s: setup_timeout,
         }),
         Cmd::Repo {
             op: RepoOp::List { at },

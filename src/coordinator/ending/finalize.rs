@@ -174,13 +174,13 @@ async fn record_checkpoint(
     let n = d
         .exec(
             "INSERT INTO checkpoints (checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
-                                      assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt) \
-             SELECT $1, $2, $3, a.repository, 'workspace', $4, 'same-assignment-recovery', a.assignment_id, $6, $7, $8, ln.host_id, $9 \
+                                      assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, inputs_digest) \
+             SELECT $1, $2, $3, a.repository, 'workspace', $4, 'same-assignment-recovery', a.assignment_id, $6, $7, $8, ln.host_id, $9, $11 \
              FROM assignments a, lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id \
              WHERE a.assignment_id = $5 AND a.repository = $10 AND li.lane_incarnation_id = $7 \
              ON CONFLICT DO NOTHING",
             &[&c.digest(), &c.commit_id, &c.tree_id, &retention_policy_digest(), &assignment, &attempt, &inc, &generation, &key,
-              &c.repository.as_str()],
+              &c.repository.as_str(), &c.inputs_digest],
         )
         .await?;
     if n == 0 {

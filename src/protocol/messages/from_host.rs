@@ -6,6 +6,7 @@
 use super::{ChainRef, Digests, Fields, HandoffBound, WireError};
 use crate::protocol::canonical::{self, Value};
 use crate::protocol::envelope::{n, s, Envelope, Verified};
+use crate::protocol::repo::CheckpointRef;
 use crate::protocol::report::{self, HostReport};
 use crate::protocol::schema::MessageType;
 
@@ -304,6 +305,13 @@ impl FromHostChain {
                     ]),
                     Err(e) => f.push(("error", s(e))),
                 }
+                if let Ok(CheckpointRef {
+                    inputs_digest: Some(d),
+                    ..
+                }) = &m.taken
+                {
+                    f.push(("inputs_digest", s(d)));
+                }
             }
         }
         Ok(f)
@@ -399,6 +407,7 @@ impl FromHostChain {
                             .map_err(|e| f.unknown("repository", &e.to_string()))?,
                         commit_id: f.str("commit_id")?,
                         tree_id: f.str("tree_id")?,
+                        inputs_digest: f.opt_str("inputs_digest"),
                     }),
                     _ => return Err(f.miss("error", "either a checkpoint or an error")),
                 },

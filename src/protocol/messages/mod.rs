@@ -123,7 +123,7 @@ impl<'e> Fields<'e> {
     pub(super) fn repository(
         &self,
     ) -> Result<Option<crate::protocol::repo::RepoBinding>, WireError> {
-        use crate::protocol::repo::{BaseRef, RepoBinding, RepoName, RepoSource};
+        use crate::protocol::repo::{BaseRef, RepoBinding, RepoName, RepoSetup, RepoSource};
         let fields = [
             "repository",
             "repository_kind",
@@ -148,7 +148,28 @@ impl<'e> Fields<'e> {
         }
         .map_err(|_| self.unknown("repository_source", &source))?;
         let base = BaseRef::parse(&base).map_err(|_| self.unknown("base_ref", &base))?;
-        Ok(Some(RepoBinding { name, source, base }))
+        let (copy, commands) = (self.str_list("setup_copy"), self.str_list("setup_commands"));
+        let setup = match self.opt_uint("setup_timeout_s") {
+            None if copy.is_empty() && commands.is_empty() => RepoSetup::default(),
+            None => return Err(self.miss("setup_timeout_s", "an integer")),
+            Some(t) => {
+                let setup = RepoSetup::parse(&copy, &commands, u32::try_from(t).ok())
+                    .map_err(|e| self.unknown("setup_commands", &e.to_string()))?;
+                if setup.is_empty() || setup.fits(&source).is_err() {
+                    return Err(self.unknown(
+                        "setup_copy",
+                        "a setup that asks nothing, or copies from a URL",
+                    ));
+                }
+                setup
+            }
+        };
+        Ok(Some(RepoBinding {
+            name,
+            source,
+            base,
+            setup,
+        }))
     }
 
     /// A list of strings (an optional field): empty when absent.

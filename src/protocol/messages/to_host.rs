@@ -340,6 +340,22 @@ impl ToHost {
                         ("repository_source", s(r.source.as_str())),
                         ("base_ref", s(r.base.as_str())),
                     ]);
+                    if !r.setup.is_empty() {
+                        let list = |v: Vec<&str>| Value::Array(v.into_iter().map(s).collect());
+                        if !r.setup.copy().is_empty() {
+                            f.push((
+                                "setup_copy",
+                                list(r.setup.copy().iter().map(|c| c.as_str()).collect()),
+                            ));
+                        }
+                        if !r.setup.commands().is_empty() {
+                            f.push((
+                                "setup_commands",
+                                list(r.setup.commands().iter().map(|c| c.as_str()).collect()),
+                            ));
+                        }
+                        f.push(("setup_timeout_s", n(u64::from(r.setup.timeout_s()))));
+                    }
                 }
                 if let Some(r) = &m.restore {
                     super::checkpoint::restore_fields(&mut f, r);

@@ -173,7 +173,11 @@ pub static SCHEMAS: [Schema; 36] = [
             ("restore_base_object", Digest),
             ("restore_base_size", Uint),
             ("restore_bundle_object", Digest),
-            ("restore_bundle_size", Uint)
+            ("restore_bundle_size", Uint),
+            // The repository's setup, when it has one: `setup_timeout_s` with either list.
+            ("setup_copy", StrList),
+            ("setup_commands", StrList),
+            ("setup_timeout_s", Uint)
         ],
         [PRE_CONTRACT]
     ),
@@ -658,7 +662,8 @@ pub static SCHEMAS: [Schema; 36] = [
         [&["challenge_id", "lease_id", "effect_id"]]
     ),
     // The source host's answer: the checkpoint it took (`repository`, `commit_id`,
-    // `tree_id`; the coordinator derives the digest) or why it took none (`error`).
+    // `tree_id`; the coordinator derives the digest; `inputs_digest` when the host recorded
+    // what the workspace was made from) or why it took none (`error`).
     schema!(
         CheckpointTaken,
         "checkpoint_taken",
@@ -669,6 +674,7 @@ pub static SCHEMAS: [Schema; 36] = [
             ("repository", Str),
             ("commit_id", Str),
             ("tree_id", Str),
+            ("inputs_digest", Digest),
             ("error", Text)
         ],
         [

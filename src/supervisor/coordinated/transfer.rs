@@ -150,6 +150,9 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
                     repository: repo.clone(),
                     commit_id: commit.to_string(),
                     tree_id,
+                    // What an upload needs is the objects; the inputs were reported with
+                    // the checkpoint.
+                    inputs_digest: None,
                 },
                 base_commit_id: base,
             });

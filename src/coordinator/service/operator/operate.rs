@@ -2,6 +2,7 @@
 //! stop, and the rest of the operator surface.
 
 use super::*;
+use crate::protocol::repo::RepoSetup;
 
 impl Service {
     /// Runs one operator request. A mutating one is journaled under its idempotency key
@@ -216,7 +217,14 @@ impl Service {
                 path,
                 url,
                 host_id,
-            } => self.repo_add(&name, path, url, host_id).await?,
+                copy,
+                setup,
+                setup_timeout_s,
+            } => {
+                let setup = RepoSetup::parse(&copy, &setup, setup_timeout_s)
+                    .map_err(|e| OpError::new(Category::BadInput, e.to_string()))?;
+                self.repo_add(&name, path, url, host_id, &setup).await?
+            }
             OperatorRequest::Repos => json!(self.store.repositories().await?),
             OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
             OperatorRequest::Trust => self.trust_listing(),
@@ -657,10 +665,20 @@ impl Service {
             return Ok(out);
         }
         let a = self.store.assignment(&c.chain.assignment_id).await?;
+        // Why, in the host's words (a launch that failed says what failed).
+        let said = match c.generation {
+            Some(g) => self
+                .store
+                .receipt_detail(&c.chain.lane_incarnation_id, g)
+                .await?
+                .map(|d| format!("; its host said: {d}"))
+                .unwrap_or_default(),
+            None => String::new(),
+        };
         Err(OpError::new(
             Category::ChainEnded,
             format!(
-                "the chain ended before RUNNING (lane {}): {}",
+                "the chain ended before RUNNING (lane {}): {}{said}",
                 c.lane_state,
                 a.map(|a| a.next_action).unwrap_or_default()
             ),

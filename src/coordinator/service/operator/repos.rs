@@ -2,7 +2,7 @@
 //! before anything is reserved.
 
 use super::*;
-use crate::protocol::repo::{BaseRef, RepoError, RepoName, RepoSource};
+use crate::protocol::repo::{BaseRef, RepoError, RepoName, RepoSetup, RepoSource};
 
 fn bad(e: RepoError) -> OpError {
     OpError::new(Category::BadInput, e.to_string())
@@ -16,6 +16,7 @@ impl Service {
         path: Option<String>,
         url: Option<String>,
         host_id: Option<String>,
+        setup: &RepoSetup,
     ) -> Result<serde_json::Value, OpError> {
         let name = RepoName::parse(name).map_err(bad)?;
         let source = match (path, url) {
@@ -31,7 +32,7 @@ impl Service {
         let host = host_id.map(|h| h.strip_prefix("host:").unwrap_or(&h).to_string());
         let (repo, added) = self
             .store
-            .add_repository(&name, &source, host.as_deref())
+            .add_repository(&name, &source, host.as_deref(), setup)
             .await?;
         Ok(json!({ "repository": repo, "added": added }))
     }

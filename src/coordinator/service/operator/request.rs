@@ -143,6 +143,15 @@ pub enum OperatorRequest {
         url: Option<String>,
         #[serde(default)]
         host_id: Option<String>,
+        /// Files a fresh workspace gets from the source directory (paths relative to it).
+        #[serde(default)]
+        copy: Vec<String>,
+        /// Commands run in a fresh workspace, in order, before its harness starts.
+        #[serde(default)]
+        setup: Vec<String>,
+        /// Each command's time limit, seconds (default 300).
+        #[serde(default)]
+        setup_timeout_s: Option<u32>,
     },
     Repos,
     /// The recorded checkpoints (of one assignment).
