@@ -33,11 +33,13 @@ pub(crate) fn setup_of(
         r.col("setup_commands")?,
         r.col("setup_timeout_s")?,
     );
-    RepoSetup::parse(&copy, &commands, u32::try_from(timeout).ok()).map_err(|e| {
-        AuthorityError::Invariant {
-            op,
-            detail: e.to_string(),
-        }
+    let timeout = u32::try_from(timeout).map_err(|_| AuthorityError::Invariant {
+        op,
+        detail: format!("setup timeout {timeout}"),
+    })?;
+    RepoSetup::parse(&copy, &commands, Some(timeout)).map_err(|e| AuthorityError::Invariant {
+        op,
+        detail: e.to_string(),
     })
 }
 

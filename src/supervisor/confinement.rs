@@ -178,6 +178,8 @@ pub(crate) fn for_setup(
         Confinement::Enforced { policy } => {
             let mut p = *policy;
             p.write = vec![ws.to_path_buf()];
+            // No terminal: it has none (a session of its own, output to a pipe).
+            p.devices.retain(|d| d != Path::new("/dev/tty"));
             Some(p)
         }
         Confinement::None => None,

@@ -80,22 +80,36 @@ pub(crate) fn copy_files(
                 )
             })?;
         }
+        // Its type first, without opening it (a device's open may act); then opened without
+        // following a link and checked to be the file just looked at.
+        let seen = rustix::fs::statat(&dir, *name, rustix::fs::AtFlags::SYMLINK_NOFOLLOW).map_err(
+            |e| {
+                format!(
+                    "file to copy {} in {}: {e} (declared with the repository)",
+                    f.as_str(),
+                    source.display()
+                )
+            },
+        )?;
+        if rustix::fs::FileType::from_raw_mode(seen.st_mode) != rustix::fs::FileType::RegularFile {
+            return Err(format!(
+                "file to copy {} is not a regular file (links are not followed)",
+                f.as_str()
+            ));
+        }
         let src = rustix::fs::openat(
             &dir,
             *name,
             OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
             Mode::empty(),
         )
-        .map_err(|e| {
-            format!(
-                "file to copy {} in {}: {e} (declared with the repository; links are not followed)",
-                f.as_str(),
-                source.display()
-            )
-        })?;
+        .map_err(|e| format!("file to copy {}: {e}", f.as_str()))?;
         let st = rustix::fs::fstat(&src).map_err(|e| e.to_string())?;
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::RegularFile {
-            return Err(format!("file to copy {} is not a regular file", f.as_str()));
+        if (st.st_dev, st.st_ino) != (seen.st_dev, seen.st_ino) {
+            return Err(format!(
+                "file to copy {} changed while it was opened",
+                f.as_str()
+            ));
         }
         if st.st_size as u64 > COPY_MAX_BYTES {
             return Err(format!(
@@ -114,6 +128,7 @@ pub(crate) fn copy_files(
         }
         // The workspace: its directories made or opened without following a link.
         let mut dir: OwnedFd = dst_root.try_clone().map_err(|e| e.to_string())?;
+        let mut kept = false;
         for d in dirs {
             let open = |at: &OwnedFd| {
                 rustix::fs::openat(
@@ -130,6 +145,11 @@ pub(crate) fn copy_files(
                         .map_err(|e| format!("making {d} for {}: {e}", f.as_str()))?;
                     open(&dir).map_err(|e| e.to_string())?
                 }
+                // A restored tree is the work's: what it put there is kept.
+                Err(_) if restored => {
+                    kept = true;
+                    break;
+                }
                 Err(e) => {
                     return Err(format!(
                     "the workspace's {d} (for {}) is not a directory: {e} (links are not followed)",
@@ -137,6 +157,14 @@ pub(crate) fn copy_files(
                 ))
                 }
             };
+        }
+        if kept {
+            tracing::info!(file = f.as_str(), "the restored checkpoint has something else on this copied file's path: the work's own is kept");
+            out.push(CopiedFile {
+                path: f.clone(),
+                digest: None,
+            });
+            continue;
         }
         let dst = rustix::fs::openat(
             &dir,
@@ -200,12 +228,16 @@ pub(crate) fn run_commands(
 
 fn run_all(runner: &Runner<'_>, ws: &Path, setup: &RepoSetup) -> Result<usize, String> {
     let n = setup.commands().len();
+    // One log per setup run (the latest), written by this process only: a command's
+    // output reaches it through a pipe, at most `LOG_MAX_BYTES` of it.
     let mut log = std::fs::OpenOptions::new()
         .create(true)
-        .append(true)
+        .write(true)
+        .truncate(true)
         .mode_private()
         .open(&runner.log)
         .map_err(|e| format!("opening the setup log {}: {e}", runner.log.display()))?;
+    let mut logged = 0u64;
     let limit = Duration::from_secs(u64::from(setup.timeout_s()));
     for (i, c) in setup.commands().iter().enumerate() {
         let _ = writeln!(log, "== setup command {} of {n}: {} ==", i + 1, c.as_str());
@@ -217,8 +249,8 @@ fn run_all(runner: &Runner<'_>, ws: &Path, setup: &RepoSetup) -> Result<usize, S
             .env_clear()
             .envs(runner.env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
             .stdin(std::process::Stdio::null())
-            .stdout(log.try_clone().map_err(|e| e.to_string())?)
-            .stderr(log.try_clone().map_err(|e| e.to_string())?);
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
         // Built whole for each command (its mounts are taken by the child that enters it).
         let p = match &runner.policy {
             Some(p) => Some(
@@ -239,6 +271,11 @@ fn run_all(runner: &Runner<'_>, ws: &Path, setup: &RepoSetup) -> Result<usize, S
                 if libc::write(procs_fd, b"0".as_ptr().cast(), 1) != 1 {
                     return Err(std::io::Error::last_os_error());
                 }
+                // A session of its own: no controlling terminal (the supervisor's, when it
+                // has one), no signal from it.
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
                 if let Some(p) = &p {
                     // Its own network namespace: loopback alone, down.
                     if libc::unshare(libc::CLONE_NEWNET) != 0 {
@@ -254,7 +291,20 @@ fn run_all(runner: &Runner<'_>, ws: &Path, setup: &RepoSetup) -> Result<usize, S
             .spawn()
             .map_err(|e| format!("setup command {} of {n} could not start: {e}", i + 1))?;
         drop(procs);
-        let status = wait_within(&mut child, limit, runner.cg)?;
+        let output = drain(&mut child, LOG_MAX_BYTES.saturating_sub(logged));
+        let status = wait_within(&mut child, limit, runner.cg);
+        // The readers end once every holder of the pipes is gone: at the command's end, or
+        // (a background process keeping them) when the cgroup is killed below.
+        if !matches!(status, Ok(Some(_))) || !runner.cg.is_empty().unwrap_or(false) {
+            let _ = runner.cg.kill_and_wait(KILL_WAIT);
+        }
+        let (bytes, cut) = output.join().unwrap_or_default();
+        logged += bytes.len() as u64;
+        let _ = log.write_all(&bytes);
+        if cut {
+            let _ = writeln!(log, "\n== output cut at {LOG_MAX_BYTES} bytes ==");
+        }
+        let status = status?;
         let Some(status) = status else {
             let _ = writeln!(log, "== killed after {} s ==", limit.as_secs());
             return Err(format!(
@@ -278,6 +328,55 @@ fn run_all(runner: &Runner<'_>, ws: &Path, setup: &RepoSetup) -> Result<usize, S
         }
     }
     Ok(n)
+}
+
+/// Most bytes of the commands' output the setup log keeps (per setup run).
+pub(crate) const LOG_MAX_BYTES: u64 = 1 << 20;
+
+/// Reads `child`'s stdout and stderr on threads of their own, keeping at most `room`
+/// bytes: what was kept, and whether more was cut.
+fn drain(child: &mut std::process::Child, room: u64) -> std::thread::JoinHandle<(Vec<u8>, bool)> {
+    let streams: Vec<Box<dyn Read + Send>> = [
+        child
+            .stdout
+            .take()
+            .map(|o| Box::new(o) as Box<dyn Read + Send>),
+        child
+            .stderr
+            .take()
+            .map(|e| Box::new(e) as Box<dyn Read + Send>),
+    ]
+    .into_iter()
+    .flatten()
+    .collect();
+    std::thread::spawn(move || {
+        let kept = std::sync::Arc::new(std::sync::Mutex::new((Vec::new(), false)));
+        let readers: Vec<_> = streams
+            .into_iter()
+            .map(|mut r| {
+                let kept = kept.clone();
+                std::thread::spawn(move || {
+                    let mut buf = [0u8; 8192];
+                    while let Ok(n) = r.read(&mut buf) {
+                        if n == 0 {
+                            break;
+                        }
+                        let Ok(mut k) = kept.lock() else { break };
+                        let left = usize::try_from(room)
+                            .unwrap_or(usize::MAX)
+                            .saturating_sub(k.0.len());
+                        k.0.extend_from_slice(&buf[..n.min(left)]);
+                        k.1 |= n > left;
+                    }
+                })
+            })
+            .collect();
+        for r in readers {
+            let _ = r.join();
+        }
+        let k = kept.lock().map(|k| k.clone()).unwrap_or_default();
+        k
+    })
 }
 
 /// Waits for `child` until `limit`; past it, kills the whole cgroup and answers `None`.

@@ -153,7 +153,9 @@ impl<'e> Fields<'e> {
             None if copy.is_empty() && commands.is_empty() => RepoSetup::default(),
             None => return Err(self.miss("setup_timeout_s", "an integer")),
             Some(t) => {
-                let setup = RepoSetup::parse(&copy, &commands, u32::try_from(t).ok())
+                let t = u32::try_from(t)
+                    .map_err(|_| self.unknown("setup_timeout_s", &t.to_string()))?;
+                let setup = RepoSetup::parse(&copy, &commands, Some(t))
                     .map_err(|e| self.unknown("setup_commands", &e.to_string()))?;
                 if setup.is_empty() || setup.fits(&source).is_err() {
                     return Err(self.unknown(
