@@ -53,6 +53,7 @@ async fn running(s: &Store, l: &Leader, inc: &str, lane: &str) -> (Chain, i64) {
         inactivity_policy: "default@1".into(),
         ttl_ms: 600_000,
         repository: None,
+        grant: None,
     };
     let res = s.reserve(l, &req).await.unwrap();
     let c = res.chain.clone();

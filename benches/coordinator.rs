@@ -126,6 +126,7 @@ async fn to_running(
         inactivity_policy: "default@1".into(),
         ttl_ms: 600_000,
         repository: None,
+        grant: None,
     };
     let res = timed!(times, "reserve", s.reserve(l, &req).await.unwrap());
     let c = res.chain.clone();

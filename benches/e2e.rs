@@ -70,6 +70,8 @@ fn main() {
                 repo: None,
                 base: None,
                 replace_task: false,
+                from_checkpoint: None,
+                grant_within_s: None,
             },
         )
         .unwrap()

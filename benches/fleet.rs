@@ -48,6 +48,8 @@ fn assign_req(lane: &str) -> OperatorRequest {
         repo: None,
         base: None,
         replace_task: false,
+        from_checkpoint: None,
+        grant_within_s: None,
     }
 }
 

@@ -416,6 +416,8 @@ fn assign(app: &mut App, opts: &TuiOptions, input: &str, resume: Option<String>)
         repo: None,
         base: None,
         replace_task: false,
+        from_checkpoint: None,
+        grant_within_s: None,
     };
     app.message = match operator_request(&opts.target, &req) {
         Ok(v) => format!(

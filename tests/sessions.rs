@@ -857,6 +857,8 @@ async fn a_flood_costs_only_the_flooding_session() {
             repo: None,
             base: None,
             replace_task: false,
+            from_checkpoint: None,
+            grant_within_s: None,
         };
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

@@ -1074,8 +1074,13 @@ fn pids_running(needle: &str) -> Vec<i32> {
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
         .filter(|p| {
+            // Its arguments are NUL-separated.
             std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| String::from_utf8_lossy(&c).contains(needle))
+                .map(|c| {
+                    String::from_utf8_lossy(&c)
+                        .replace('\0', " ")
+                        .contains(needle)
+                })
                 .unwrap_or(false)
         })
         .collect()
@@ -1311,7 +1316,7 @@ fn a_failed_setup_starts_no_harness_and_leaves_no_workspace() {
         let left: Vec<String> = std::fs::read_dir(&dir)
             .unwrap()
             .filter_map(|e| e.ok()?.file_name().to_str().map(String::from))
-            .filter(|n| !n.starts_with('.'))
+            .filter(|n| !n.starts_with('.') || n.starts_with(".new-"))
             .collect();
         assert!(left.is_empty(), "{name}: a workspace was left: {left:?}");
         assert!(
@@ -1330,4 +1335,381 @@ fn a_failed_setup_starts_no_harness_and_leaves_no_workspace() {
             }
         }
     }
+}
+
+fn sql_rows(
+    w: &World,
+    q: &str,
+    p: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Vec<tokio_postgres::Row> {
+    tokio_block(async { w.sql().await.query(q, p).await.unwrap() })
+}
+
+fn open_reservation(w: &World, asg: &str) -> String {
+    sql_rows(
+        w,
+        "SELECT reservation_id FROM reservations WHERE assignment_id = $1 AND released_at IS NULL",
+        &[&asg],
+    )[0]
+    .get(0)
+}
+
+fn assign_from(
+    w: &World,
+    lane: &str,
+    task: &str,
+    from: &str,
+    resume: Option<&str>,
+    within: Option<u32>,
+) -> Result<Value, mosaic::coordinator::service::OpError> {
+    let mut r = world::assign_request(lane, task, resume, true);
+    if let OperatorRequest::Assign {
+        repo,
+        from_checkpoint,
+        grant_within_s,
+        ..
+    } = &mut r
+    {
+        *repo = Some("demo".into());
+        *from_checkpoint = Some(from.into());
+        *grant_within_s = within;
+    }
+    w.op(&r)
+}
+
+/// §11 and §17 (Checkpoint disclosure, Checkpoint grant bindings): another assignment's
+/// workspace starts from a checkpoint only under the grant its own reservation made —
+/// consumed once by its first stage, with one scoped access receipt — and gets exactly
+/// that tree. Without one, nothing of the checkpoint reaches it: not at its start, not
+/// through the store by digest, not by path. The consuming statement refuses every
+/// substituted bound field, a replay, an expired grant and a revoked one.
+#[test]
+fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
+    let (repo, w, lane, host) = world(2, "ws-grant");
+    add_repo(&w, "demo", &repo.0, &host);
+    let (_, asg_a, ws_a) = changed_work(&w, &lane);
+    let mut want = files_of(&ws_a);
+    assert!(want.remove("scratch.log").is_some());
+    assert_eq!(stop(&w, asg_a.clone())["state"], "CANCELLED");
+    let ck = wait_until("the checkpoint stored", || {
+        let rows = checkpoints(&w, &asg_a, 1);
+        (rows[0]["stored"] == true).then(|| rows[0].clone())
+    });
+    let digest = ck["checkpoint_digest"].as_str().unwrap().to_string();
+    let bundle = ck["bundle_object"].as_str().unwrap().to_string();
+    let lane2 = w.lane_of(0, "lane-2");
+
+    // Refused before anything is reserved: no such checkpoint, a resume, a lifetime out of
+    // range.
+    let count = |q: &str| -> i64 { sql_rows(&w, q, &[])[0].get(0) };
+    let before = count("SELECT count(*) FROM reservations");
+    let none = format!("sha256:{}", "0".repeat(64));
+    for (from, resume, within, why) in [
+        (none.as_str(), None, None, "not-found"),
+        (digest.as_str(), Some(asg_a.as_str()), None, "bad-input"),
+        (digest.as_str(), None, Some(0), "bad-input"),
+        ("sha256:nothex", None, None, "bad-input"),
+    ] {
+        let e = assign_from(&w, &lane2, "hang", from, resume, within).expect_err("refused");
+        assert_eq!(
+            e.category.as_str(),
+            why,
+            "{from} {resume:?} {within:?}: {e:?}"
+        );
+    }
+    assert_eq!(count("SELECT count(*) FROM reservations"), before);
+    assert_eq!(count("SELECT count(*) FROM checkpoint_grants"), 0);
+
+    // Without a grant another assignment in the same repository starts from the base.
+    let u = assign_in(&w, &lane2, "hang", Some("demo"), None, None).unwrap();
+    let asg_u = u["assignment_id"].as_str().unwrap().to_string();
+    let ws_u = w.state_dir(0).join("workspaces").join(&asg_u);
+    assert!(!ws_u.join("new.txt").exists() && ws_u.join("b.txt").exists());
+
+    // Through the store, by digest: U's open reservation gets nothing of A's checkpoint.
+    let store = tokio_block(async {
+        mosaic::coordinator::store::Store::connect(
+            &w.db.url,
+            mosaic::coordinator::secret::CoordinatorSecret::generate().unwrap(),
+        )
+        .await
+        .unwrap()
+    });
+    let fetch = |asg: &str, res: &str| {
+        tokio_block(store.checkpoint_fetch(
+            &host,
+            &mosaic::protocol::messages::CheckpointFetch {
+                assignment_id: asg.into(),
+                reservation_id: res.into(),
+                object_digest: bundle.clone(),
+                offset: 0,
+            },
+        ))
+        .unwrap()
+    };
+    let res_u = open_reservation(&w, &asg_u);
+    assert_eq!(
+        fetch(&asg_u, &res_u),
+        mosaic::protocol::messages::DataAnswer::Refused("not-granted".into())
+    );
+    assert_eq!(stop(&w, asg_u.clone())["state"], "CANCELLED");
+
+    // T: a remediation assignment from A's checkpoint, on the same lane.
+    let t = assign_from(&w, &lane2, "hang", &digest, None, Some(120)).unwrap();
+    assert_eq!(t["state"], "RUNNING", "{t}");
+    let asg_t = t["assignment_id"].as_str().unwrap().to_string();
+    let ws_t = w.state_dir(0).join("workspaces").join(&asg_t);
+    assert_eq!(files_of(&ws_t), want, "the granted tree, byte for byte");
+    assert_eq!(
+        git(&ws_t, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        format!("mosaic/{asg_t}")
+    );
+    let res_t = open_reservation(&w, &asg_t);
+    let grants = w
+        .op(&OperatorRequest::CheckpointGrants {
+            assignment_id: Some(asg_t.clone()),
+        })
+        .unwrap();
+    let g = grants.as_array().unwrap();
+    assert_eq!(g.len(), 1, "{grants}");
+    let g = g[0].clone();
+    let s = |k: &str| g[k].as_str().unwrap_or_default().to_string();
+    assert_eq!(
+        (
+            s("source_assignment_id"),
+            s("checkpoint_digest"),
+            s("target_assignment_id")
+        ),
+        (asg_a.clone(), digest.clone(), asg_t.clone())
+    );
+    assert_eq!(s("consumed_by_reservation"), res_t, "{g}");
+    assert_eq!(s("recovery_principal"), format!("host:{host}"));
+    assert_eq!(
+        s("permitted_fields_digest"),
+        mosaic::coordinator::grants::permitted_fields_digest()
+    );
+    let binding = mosaic::coordinator::grants::GrantBinding {
+        grant_id: s("grant_id"),
+        sot_incarnation: s("sot_incarnation"),
+        coordinator_epoch: g["coordinator_epoch"].as_i64().unwrap(),
+        source_assignment_id: s("source_assignment_id"),
+        source_attempt_id: s("source_attempt_id"),
+        source_lane_incarnation_id: s("source_lane_incarnation_id"),
+        source_generation: g["source_generation"].as_i64().unwrap(),
+        checkpoint_digest: s("checkpoint_digest"),
+        target_assignment_id: s("target_assignment_id"),
+        target_attempt_id: s("target_attempt_id"),
+        recovery_principal: s("recovery_principal"),
+        recovery_role: s("recovery_role"),
+        purpose: s("purpose"),
+        classification: s("classification"),
+        permitted_fields_digest: s("permitted_fields_digest"),
+        transformation_digest: None,
+        retention_policy_digest: s("retention_policy_digest"),
+    };
+    // One access receipt, its digest that of every bound field, the chain and itself.
+    let receipts = sql_rows(
+        &w,
+        "SELECT receipt_id, reservation_id, receipt_digest FROM checkpoint_access_receipts WHERE grant_id = $1",
+        &[&binding.grant_id],
+    );
+    assert_eq!(receipts.len(), 1);
+    let (rid, rres, rdig): (String, String, String) =
+        (receipts[0].get(0), receipts[0].get(1), receipts[0].get(2));
+    assert_eq!(rres, res_t);
+    assert_eq!(rdig, binding.receipt_digest(&res_t, &rid));
+    assert_eq!(s("access_receipt"), rid);
+    // The store serves T's chain the granted objects, and nobody else under T's grant.
+    assert!(matches!(
+        fetch(&asg_t, &res_t),
+        mosaic::protocol::messages::DataAnswer::Data { .. }
+    ));
+    assert_eq!(
+        fetch(&asg_a, &res_t),
+        mosaic::protocol::messages::DataAnswer::Refused("not-granted".into())
+    );
+    // Spent: not revoked after its use.
+    let revoke = |id: &str| {
+        w.op(&OperatorRequest::CheckpointGrantRevoke {
+            grant_id: id.into(),
+        })
+    };
+    assert!(format!("{:?}", revoke(&binding.grant_id)).contains("conflict"));
+    assert!(format!("{:?}", revoke("cg-0123")).contains("conflict"));
+
+    // The consuming statement itself, on the grant made unspent again inside a
+    // transaction that is rolled back: every bound field substituted, a replay, an
+    // expired grant, a revoked one.
+    tokio_block(async {
+        let mut c = w.sql().await;
+        let tx = c.transaction().await.unwrap();
+        let reset = "UPDATE checkpoint_grants SET consumed_at = NULL, consumed_by_reservation = NULL, revoked_at = NULL, \
+                     deadline = clock_timestamp() + interval '1 hour' WHERE grant_id = $1";
+        tx.execute(
+            "DELETE FROM checkpoint_access_receipts WHERE grant_id = $1",
+            &[&binding.grant_id],
+        )
+        .await
+        .unwrap();
+        tx.execute(reset, &[&binding.grant_id]).await.unwrap();
+        let consume = |b: mosaic::coordinator::grants::GrantBinding| {
+            let tx = &tx;
+            let res = res_t.clone();
+            async move {
+                let rid = format!("ca-{}", uuid::Uuid::new_v4().simple());
+                let rd = b.receipt_digest(&res, &rid);
+                let mut p: Vec<&(dyn tokio_postgres::types::ToSql + Sync)> = vec![&res];
+                p.extend(b.params());
+                p.push(&rid);
+                p.push(&rd);
+                tx.query(mosaic::coordinator::grants::CONSUME, &p)
+                    .await
+                    .unwrap()
+                    .len()
+            }
+        };
+        type B = mosaic::coordinator::grants::GrantBinding;
+        type Sub = Box<dyn Fn(&mut B)>;
+        let other = "sha256:".to_string() + &"9".repeat(64);
+        let subs: Vec<(&str, Sub)> = vec![
+            ("grant_id", Box::new(|b: &mut B| b.grant_id = "cg-x".into())),
+            (
+                "sot_incarnation",
+                Box::new(|b: &mut B| b.sot_incarnation += "x"),
+            ),
+            (
+                "coordinator_epoch",
+                Box::new(|b: &mut B| b.coordinator_epoch += 1),
+            ),
+            (
+                "source_assignment_id",
+                Box::new(|b: &mut B| b.source_assignment_id += "x"),
+            ),
+            (
+                "source_attempt_id",
+                Box::new(|b: &mut B| b.source_attempt_id += "x"),
+            ),
+            (
+                "source_lane_incarnation_id",
+                Box::new(|b: &mut B| b.source_lane_incarnation_id += "x"),
+            ),
+            (
+                "source_generation",
+                Box::new(|b: &mut B| b.source_generation += 1),
+            ),
+            (
+                "checkpoint_digest",
+                Box::new({
+                    let o = other.clone();
+                    move |b: &mut B| b.checkpoint_digest = o.clone()
+                }),
+            ),
+            (
+                "target_assignment_id",
+                Box::new(|b: &mut B| b.target_assignment_id += "x"),
+            ),
+            (
+                "target_attempt_id",
+                Box::new(|b: &mut B| b.target_attempt_id += "x"),
+            ),
+            (
+                "recovery_principal",
+                Box::new(|b: &mut B| b.recovery_principal = "host:elsewhere".into()),
+            ),
+            (
+                "recovery_role",
+                Box::new(|b: &mut B| b.recovery_role = "reviewer".into()),
+            ),
+            (
+                "purpose",
+                Box::new(|b: &mut B| b.purpose = "same-assignment-recovery".into()),
+            ),
+            (
+                "classification",
+                Box::new(|b: &mut B| b.classification = "artifact".into()),
+            ),
+            (
+                "permitted_fields_digest",
+                Box::new({
+                    let o = other.clone();
+                    move |b: &mut B| b.permitted_fields_digest = o.clone()
+                }),
+            ),
+            (
+                "transformation_digest",
+                Box::new({
+                    let o = other.clone();
+                    move |b: &mut B| b.transformation_digest = Some(o.clone())
+                }),
+            ),
+            (
+                "retention_policy_digest",
+                Box::new({
+                    let o = other.clone();
+                    move |b: &mut B| b.retention_policy_digest = o.clone()
+                }),
+            ),
+        ];
+        for (field, sub) in &subs {
+            let mut b = binding.clone();
+            sub(&mut b);
+            assert_eq!(
+                consume(b).await,
+                0,
+                "a substituted {field} consumed the grant"
+            );
+        }
+        assert_eq!(consume(binding.clone()).await, 1, "the exact binding");
+        assert_eq!(consume(binding.clone()).await, 0, "a replay");
+        let n: i64 = tx
+            .query_one(
+                "SELECT count(*) FROM checkpoint_access_receipts WHERE grant_id = $1",
+                &[&binding.grant_id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        assert_eq!(n, 1, "one scoped receipt");
+        tx.execute(
+            "DELETE FROM checkpoint_access_receipts WHERE grant_id = $1",
+            &[&binding.grant_id],
+        )
+        .await
+        .unwrap();
+        tx.execute(reset, &[&binding.grant_id]).await.unwrap();
+        tx.execute(
+            "UPDATE checkpoint_grants SET deadline = created_at + interval '1 microsecond' WHERE grant_id = $1",
+            &[&binding.grant_id],
+        )
+        .await
+        .unwrap();
+        assert_eq!(consume(binding.clone()).await, 0, "an expired grant");
+        tx.execute(reset, &[&binding.grant_id]).await.unwrap();
+        tx.execute(
+            "UPDATE checkpoint_grants SET revoked_at = clock_timestamp() WHERE grant_id = $1",
+            &[&binding.grant_id],
+        )
+        .await
+        .unwrap();
+        assert_eq!(consume(binding.clone()).await, 0, "a revoked grant");
+        tx.rollback().await.unwrap();
+    });
+
+    // By path: T's confined generation reaches neither A's workspace nor the checkpoint
+    // repositories (both below the supervisor's state).
+    let inc2 = w.incarnation_of(0, "lane-2");
+    assert_eq!(stop(&w, asg_t.clone())["state"], "CANCELLED");
+    let spy = format!(
+        "attack=read:{0}/new.txt attack=read:{1}/checkpoints/demo.git/HEAD hang",
+        ws_a.display(),
+        w.state_dir(0).display()
+    );
+    let v = assign_in(&w, &lane2, &spy, None, None, None).unwrap();
+    let gen_v = v["generation"].as_u64().unwrap();
+    let denied = attempts(&w.area(0, &inc2, gen_v).join("home/attacks"), 2);
+    assert!(denied.iter().all(|(_, ok)| !*ok), "{denied:?}");
+    assert_eq!(
+        stop(&w, v["assignment_id"].as_str().unwrap())["state"],
+        "CANCELLED"
+    );
 }

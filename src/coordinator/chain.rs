@@ -46,6 +46,9 @@ pub struct ReserveRequest {
         crate::protocol::repo::RepoName,
         crate::protocol::repo::BaseRef,
     )>,
+    /// A new assignment's grant (§11) to start from another's checkpoint: its digest and
+    /// the grant's lifetime (ms). Made in the reservation's transaction.
+    pub grant: Option<(String, i64)>,
 }
 
 impl ReserveRequest {
@@ -222,6 +225,7 @@ impl Store {
                 &task_digest,
                 &req.ttl_ms.to_string(),
                 &req.inactivity_policy,
+                req.grant.as_ref().map_or("", |g| g.0.as_str()),
             ],
         );
         let step = Step::new(OP, l, format!("reserve/{}", req.request_id), digest)
@@ -313,6 +317,17 @@ impl Store {
                     };
                     let deadline: String = row.col("deadline")?;
                     let reservation_epoch: i64 = row.col("reservation_epoch")?;
+                    let grant_id = match (&req.grant, repo, &req.assignment_id) {
+                        (Some((digest, ms)), Some(repo), None) => {
+                            let id = format!("cg-{}", uuid::Uuid::new_v4().simple());
+                            let fields = crate::coordinator::grants::permitted_fields_digest();
+                            d.exec_one(crate::coordinator::grants::CREATE, &[&id, &sot, &epoch, &assignment_id, &attempt,
+                                &req.lane_incarnation_id, &fields, &format!("{ms} milliseconds"), digest, &repo]).await?;
+                            Some(id)
+                        }
+                        (None, _, _) => None,
+                        _ => return Err(reject(OP, Category::BadInput, "a grant is made only with a new assignment in a repository")),
+                    };
                     let chain = Chain {
                         lane_id,
                         lane_incarnation_id: req.lane_incarnation_id.clone(),
@@ -323,7 +338,7 @@ impl Store {
                     };
                     d.decide(json!({ "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
                         "responsibility_owner": req.target, "execution_owner": null, "pending_target": req.target,
-                        "task_digest": task_digest, "grants_effects": false }))
+                        "task_digest": task_digest, "grants_effects": false, "checkpoint_grant": grant_id }))
                 }),
             )
             .await?;

@@ -285,7 +285,8 @@ impl Store {
     }
 
     /// One part of an object a host's stage restores. Served only to the host of the
-    /// reservation, for an assignment one of whose checkpoints is made of that object; at
+    /// reservation, for an assignment one of whose checkpoints is made of that object, or
+    /// whose chain consumed a grant (migration 0020) of a checkpoint made of it; at
     /// offset 0 the whole object is verified first and the restore recorded.
     pub async fn checkpoint_fetch(
         &self,
@@ -304,8 +305,10 @@ impl Store {
                  FROM reservations r \
                  JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
                  JOIN lanes ln ON ln.lane_id = li.lane_id \
-                 JOIN checkpoints ck ON ck.assignment_id = r.assignment_id \
-                      AND (ck.bundle_object = $2 OR ck.base_object = $2) \
+                 JOIN checkpoints ck ON (ck.bundle_object = $2 OR ck.base_object = $2) \
+                      AND (ck.assignment_id = r.assignment_id \
+                           OR EXISTS (SELECT 1 FROM checkpoint_grants gr WHERE gr.consumed_by_reservation = r.reservation_id \
+                                      AND gr.checkpoint_digest = ck.checkpoint_digest AND gr.source_assignment_id = ck.assignment_id)) \
                  JOIN checkpoint_objects o ON o.object_digest = $2 \
                  WHERE r.reservation_id = $1 LIMIT 1",
                 &[&m.reservation_id, &m.object_digest],
@@ -333,7 +336,9 @@ impl Store {
             let first = c
                 .execute(
                     "INSERT INTO checkpoint_restores (reservation_id, object_digest, assignment_id, assignment_attempt_id, host_id, purpose) \
-                     SELECT $1, $2, $3, $4, $5, CASE WHEN r.handoff_id IS NULL THEN 'same-assignment-recovery' ELSE 'handoff' END \
+                     SELECT $1, $2, $3, $4, $5, CASE WHEN r.handoff_id IS NOT NULL THEN 'handoff' \
+                                                     WHEN EXISTS (SELECT 1 FROM checkpoint_grants gr WHERE gr.consumed_by_reservation = r.reservation_id) \
+                                                     THEN 'cross-assignment-recovery' ELSE 'same-assignment-recovery' END \
                      FROM reservations r WHERE r.reservation_id = $1 ON CONFLICT DO NOTHING",
                     &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host],
                 )

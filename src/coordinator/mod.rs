@@ -31,6 +31,7 @@ pub mod ending;
 pub mod error;
 pub mod failpoint;
 mod followups;
+pub mod grants;
 pub mod handoff;
 pub mod handoff_checkpoint;
 pub mod inactivity;

@@ -35,6 +35,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0017_checkpoint_store.sql"),
     include_str!("../../migrations/0018_handoff_checkpoints.sql"),
     include_str!("../../migrations/0019_repository_setup.sql"),
+    include_str!("../../migrations/0020_checkpoint_grants.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

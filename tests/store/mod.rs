@@ -90,6 +90,7 @@ pub fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
         inactivity_policy: "default@1".into(),
         ttl_ms,
         repository: None,
+        grant: None,
     }
 }
 

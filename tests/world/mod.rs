@@ -437,6 +437,8 @@ pub fn assign_request(lane: &str, task: &str, resume: Option<&str>, wait: bool) 
         repo: None,
         base: None,
         replace_task: false,
+        from_checkpoint: None,
+        grant_within_s: None,
     }
 }
 

@@ -126,6 +126,14 @@ pub(crate) enum Cmd {
         /// The ref that branch starts at (default: the repository's HEAD).
         #[arg(long, requires = "repo")]
         base: Option<String>,
+        /// Start the new assignment's workspace from this checkpoint of another
+        /// assignment's work in the same repository (`sha256:…`, see `mosaic checkpoint
+        /// list`): its reservation makes a single-use grant its first stage consumes.
+        #[arg(long, requires = "repo", conflicts_with = "resume")]
+        from_checkpoint: Option<String>,
+        /// How long that grant lives, seconds (default 600).
+        #[arg(long, requires = "from_checkpoint")]
+        grant_within: Option<u32>,
         #[command(flatten)]
         at: CoordinatorAt,
     },
@@ -370,6 +378,20 @@ pub(crate) enum CheckpointOp {
         /// The patch too (at most 1 MiB; `diff_truncated` says when it was cut).
         #[arg(long)]
         diff: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The grants that let one assignment start from another's checkpoint (every bound
+    /// field, whether consumed, revoked or expired, and the access receipt).
+    Grants {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Revoke a grant its target has not consumed yet.
+    RevokeGrant {
+        grant_id: String,
         #[command(flatten)]
         at: CoordinatorAt,
     },

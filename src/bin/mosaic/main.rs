@@ -176,6 +176,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             inactivity_policy,
             repo,
             base,
+            from_checkpoint,
+            grant_within,
             at,
         } => {
             let wait = match wait.as_deref() {
@@ -221,6 +223,8 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 repo,
                 base,
                 replace_task,
+                from_checkpoint,
+                grant_within_s: grant_within,
             })
         }
         Cmd::Repo {
@@ -261,6 +265,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             checkpoint_digest,
             diff,
         }),
+        Cmd::Checkpoint {
+            op: CheckpointOp::Grants { assignment_id, at },
+        } => at.call(OperatorRequest::CheckpointGrants { assignment_id }),
+        Cmd::Checkpoint {
+            op: CheckpointOp::RevokeGrant { grant_id, at },
+        } => at.call(OperatorRequest::CheckpointGrantRevoke { grant_id }),
         Cmd::Block {
             assignment_id,
             code,

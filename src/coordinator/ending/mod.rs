@@ -68,6 +68,10 @@ pub enum EndCause {
     /// left ACTIVE): it can never be acknowledged, and its generation — one of the work's
     /// — would hold up the work's next attempt until its deadline.
     HandoffWithdrawn,
+    /// A remediation assignment's chain whose grant cannot be consumed (spent, revoked,
+    /// expired, a bound field not holding) or whose granted checkpoint is gone: the work
+    /// never starts from anything else.
+    NoGrantedCheckpoint,
 }
 
 impl EndCause {
@@ -77,6 +81,7 @@ impl EndCause {
             Self::Abandoned => "the host lost the chain before activation",
             Self::NoHandoffCheckpoint => "its handoff's checkpoint cannot reach it",
             Self::HandoffWithdrawn => "its handoff was withdrawn",
+            Self::NoGrantedCheckpoint => "its granted checkpoint cannot be given to it",
         }
     }
 }

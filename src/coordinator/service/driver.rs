@@ -11,6 +11,7 @@
 //! **Never:** keeps where a chain stands in memory (the resend timestamps it keeps are a
 //! cache), or sends a message for a chain whose reservation is no longer open.
 
+use crate::coordinator::ending::EndCause;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -35,8 +36,9 @@ enum Restore {
     At(Option<crate::protocol::repo::RestorePoint>),
     /// A handoff's checkpoint, not recorded or not stored yet.
     Wait,
-    /// A handoff's checkpoint that will never reach the target, and why.
-    Never(String),
+    /// A checkpoint that will never reach the chain (a handoff's, a grant's): why, and
+    /// the end it gives the chain.
+    Never(String, crate::coordinator::ending::EndCause),
 }
 
 /// When each waiting chain was last sent its message (a cache for resends).
@@ -276,10 +278,10 @@ impl Service {
                 Ok(Restore::Wait) => return false,
                 // It never will be: the offer ends now rather than hold its source until
                 // its deadline.
-                Ok(Restore::Never(why)) => {
+                Ok(Restore::Never(why, end)) => {
                     tracing::error!(reservation_id = %c.chain.reservation_id, assignment_id = %c.chain.assignment_id,
-                        reason = %why, "the handoff's checkpoint cannot reach its target: the offer ends, the work stays with its source");
-                    let end = crate::coordinator::ending::EndCause::NoHandoffCheckpoint;
+                        reason = %why, "the checkpoint this stage must restore cannot reach it: the chain ends");
+
                     if let Err(e) = self.store.end_chain(l, &c.chain, end).await {
                         self.note(l, &e).await;
                     }
@@ -320,12 +322,14 @@ impl Service {
             .handoff_of_reservation(&c.chain.reservation_id)
             .await?;
         let Some(h) = h.filter(|h| h.needs_checkpoint) else {
-            return Ok(Restore::At(
-                self.store.restore_point(&c.chain.assignment_id).await?,
-            ));
+            let own = self.store.restore_point(&c.chain.assignment_id).await?;
+            if own.is_some() || !self.store.has_grant(&c.chain.assignment_id).await? {
+                return Ok(Restore::At(own));
+            }
+            return self.granted(l, c).await;
         };
         if let Some(e) = h.checkpoint_error {
-            return Ok(Restore::Never(e));
+            return Ok(Restore::Never(e, EndCause::NoHandoffCheckpoint));
         }
         if h.checkpoint_digest.is_none() {
             if h.state == HandoffState::Offered {
@@ -338,10 +342,69 @@ impl Service {
                 Ok(Restore::At(Some(p)))
             }
             Some(_) => match self.store.handoff_transfer_error(&h.handoff_id).await? {
-                Some(e) => Ok(Restore::Never(e)),
+                Some(e) => Ok(Restore::Never(e, EndCause::NoHandoffCheckpoint)),
                 None => Ok(Restore::Wait), // its host's upload is not finished
             },
             None => Ok(Restore::Wait),
+        }
+    }
+
+    /// The checkpoint a remediation assignment's first stage restores: its grant's, once
+    /// this chain consumed it (one fenced step, with its access receipt; again for the
+    /// same chain, nothing new). A grant that cannot be consumed — spent, revoked,
+    /// expired, made for another attempt, or any bound field not holding — ends the chain:
+    /// the work never starts from a fresh clone in its place.
+    async fn granted(
+        &self,
+        l: &Leader,
+        c: &ChainRow,
+    ) -> Result<Restore, crate::coordinator::error::AuthorityError> {
+        let Some(g) = self
+            .store
+            .grant_of_attempt(&c.chain.assignment_attempt_id)
+            .await?
+        else {
+            return Ok(Restore::Never(
+                "its workspace starts from a granted checkpoint, and this attempt has no grant (a grant is single-use: the work needs a new assignment with a new grant)".into(),
+                EndCause::NoGrantedCheckpoint,
+            ));
+        };
+        if g.consumed_by_reservation.as_deref() != Some(c.chain.reservation_id.as_str()) {
+            if let Some(why) = g.spent() {
+                return Ok(Restore::Never(why, EndCause::NoGrantedCheckpoint));
+            }
+            if let Err(e) = self.store.consume_grant(l, c, &g).await {
+                return match e.category() {
+                    Some(crate::coordinator::error::Category::Conflict) => Ok(Restore::Never(
+                        format!(
+                            "grant {} does not hold for this chain: {e}",
+                            g.binding.grant_id
+                        ),
+                        EndCause::NoGrantedCheckpoint,
+                    )),
+                    _ => Err(e),
+                };
+            }
+        }
+        let point = self
+            .store
+            .point_where(
+                "ck.checkpoint_digest = $1 AND ck.handoff_id IS NULL",
+                &g.binding.checkpoint_digest,
+            )
+            .await?;
+        match point {
+            Some(p) if p.host_id == c.host_id || p.bundle_object.is_some() => {
+                Ok(Restore::At(Some(p)))
+            }
+            Some(_) => Ok(Restore::Wait), // its host's upload is not finished
+            None => Ok(Restore::Never(
+                format!(
+                    "the granted checkpoint {} is no longer recorded",
+                    g.binding.checkpoint_digest
+                ),
+                EndCause::NoGrantedCheckpoint,
+            )),
         }
     }
 

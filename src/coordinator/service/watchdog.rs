@@ -330,6 +330,7 @@ impl Service {
             inactivity_policy: String::new(),
             ttl_ms: self.timing.reservation_ttl_ms,
             repository: None, // a resumed assignment keeps its own
+            grant: None,
         };
         match self.store.reserve(l, &req).await {
             Ok(r) => {

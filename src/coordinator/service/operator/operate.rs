@@ -2,7 +2,6 @@
 //! stop, and the rest of the operator surface.
 
 use super::*;
-use crate::protocol::repo::RepoSetup;
 
 impl Service {
     /// Runs one operator request. A mutating one is journaled under its idempotency key
@@ -192,6 +191,8 @@ impl Service {
                 repo,
                 base,
                 replace_task,
+                from_checkpoint,
+                grant_within_s,
             } => {
                 self.assign(AssignRequest {
                     lane_id,
@@ -209,36 +210,19 @@ impl Service {
                     repo,
                     base,
                     replace_task,
+                    from_checkpoint,
+                    grant_within_s,
                 })
                 .await?
             }
-            OperatorRequest::RepoAdd {
-                name,
-                path,
-                url,
-                host_id,
-                copy,
-                setup,
-                setup_timeout_s,
-            } => {
-                let setup = RepoSetup::parse(&copy, &setup, setup_timeout_s)
-                    .map_err(|e| OpError::new(Category::BadInput, e.to_string()))?;
-                self.repo_add(&name, path, url, host_id, &setup).await?
-            }
-            OperatorRequest::Repos => json!(self.store.repositories().await?),
+            r @ (OperatorRequest::RepoAdd { .. }
+            | OperatorRequest::Repos
+            | OperatorRequest::Checkpoints { .. }
+            | OperatorRequest::CheckpointShow { .. }
+            | OperatorRequest::CheckpointGrants { .. }
+            | OperatorRequest::CheckpointGrantRevoke { .. }) => self.workspace_request(r).await?,
             OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
             OperatorRequest::Trust => self.trust_listing(),
-            OperatorRequest::Checkpoints { assignment_id } => {
-                json!(self.store.checkpoints(assignment_id.as_deref()).await?)
-            }
-            OperatorRequest::CheckpointShow {
-                checkpoint_digest,
-                diff,
-            } => {
-                self.store
-                    .checkpoint_show(&checkpoint_digest, diff, &std::env::temp_dir())
-                    .await?
-            }
             OperatorRequest::Receipts { lane_id } => {
                 json!(self.store.termination_receipts(lane_id.as_deref()).await?)
             }
@@ -509,6 +493,12 @@ impl Service {
     ) -> Result<serde_json::Value, OpError> {
         let l = self.leader().await?;
         let lane = self.known_lane(&a.lane_id).await?;
+        if a.resume.is_some() && a.from_checkpoint.is_some() {
+            return Err(OpError::new(
+                Category::BadInput,
+                "--from-checkpoint starts a new assignment, not a resume",
+            ));
+        }
         if let Some(r) = &a.resume {
             if self.store.assignment(r).await?.is_none() {
                 return Err(OpError::new(
@@ -592,6 +582,7 @@ impl Service {
             ));
         }
         let repository = self.workspace_for(&a, &lane).await?;
+        let grant = self.grant_for(&a, repository.as_ref(), &lane).await?;
         // The default scope: the lane itself and its model provider. Egress and pushes are
         // named explicitly (`egress:HOST[:PORT]`, `push:REPO[:REF]`).
         // A resume that names none keeps its assignment's (on whichever lane it resumes).
@@ -634,6 +625,7 @@ impl Service {
             inactivity_policy: a.inactivity_policy.clone(),
             ttl_ms: self.timing.reservation_ttl_ms,
             repository,
+            grant,
         };
         let r = self.store.reserve(&l, &req).await;
         let reserved = self.settled(&l, r).await?;
@@ -665,16 +657,7 @@ impl Service {
             return Ok(out);
         }
         let a = self.store.assignment(&c.chain.assignment_id).await?;
-        // Why, in the host's words (a launch that failed says what failed).
-        let said = match c.generation {
-            Some(g) => self
-                .store
-                .receipt_detail(&c.chain.lane_incarnation_id, g)
-                .await?
-                .map(|d| format!("; its host said: {d}"))
-                .unwrap_or_default(),
-            None => String::new(),
-        };
+        let said = self.host_said(&c).await?;
         Err(OpError::new(
             Category::ChainEnded,
             format!(

@@ -9,6 +9,113 @@ fn bad(e: RepoError) -> OpError {
 }
 
 impl Service {
+    /// Repositories, checkpoints and grants: the operator's requests about work's homes.
+    pub(super) async fn workspace_request(
+        &self,
+        r: OperatorRequest,
+    ) -> Result<serde_json::Value, OpError> {
+        Ok(match r {
+            OperatorRequest::RepoAdd {
+                name,
+                path,
+                url,
+                host_id,
+                copy,
+                setup,
+                setup_timeout_s,
+            } => {
+                let setup = RepoSetup::parse(&copy, &setup, setup_timeout_s).map_err(bad)?;
+                self.repo_add(&name, path, url, host_id, &setup).await?
+            }
+            OperatorRequest::Repos => json!(self.store.repositories().await?),
+            OperatorRequest::Checkpoints { assignment_id } => {
+                json!(self.store.checkpoints(assignment_id.as_deref()).await?)
+            }
+            OperatorRequest::CheckpointShow {
+                checkpoint_digest,
+                diff,
+            } => {
+                self.store
+                    .checkpoint_show(&checkpoint_digest, diff, &std::env::temp_dir())
+                    .await?
+            }
+            OperatorRequest::CheckpointGrants { assignment_id } => {
+                json!(self.store.grants(assignment_id.as_deref()).await?)
+            }
+            OperatorRequest::CheckpointGrantRevoke { grant_id } => {
+                let l = self.leader().await?;
+                // Again: the same answer (it took effect); consumed: refused.
+                let g = self.store.grants(None).await?;
+                match g.iter().find(|g| g.binding.grant_id == grant_id) {
+                    Some(g) if g.revoked_at.is_some() => {
+                        json!({ "grant_id": grant_id, "revoked_at": g.revoked_at,
+                                "target_assignment_id": g.binding.target_assignment_id })
+                    }
+                    _ => self.store.revoke_grant(&l, &grant_id).await?,
+                }
+            }
+            _ => return Err(OpError::new(Category::Internal, "not a workspace request")),
+        })
+    }
+
+    /// Why a chain ended before RUNNING, in its host's words (a launch that failed says
+    /// what failed), once its receipt is in: `"; its host said: …"`, or nothing.
+    pub(super) async fn host_said(&self, c: &ChainRow) -> Result<String, OpError> {
+        Ok(match c.generation {
+            Some(g) => self
+                .store
+                .receipt_detail(&c.chain.lane_incarnation_id, g)
+                .await?
+                .map(|d| format!("; its host said: {d}"))
+                .unwrap_or_default(),
+            None => String::new(),
+        })
+    }
+
+    /// The grant an `assign --from-checkpoint` makes, checked before anything is reserved:
+    /// a new assignment in a repository, an end checkpoint of another assignment's work in
+    /// it, whose bytes the lane's host has or the store holds. `(digest, lifetime ms)`.
+    pub(super) async fn grant_for(
+        &self,
+        a: &AssignRequest,
+        repository: Option<&(RepoName, BaseRef)>,
+        lane: &crate::coordinator::model::LaneView,
+    ) -> Result<Option<(String, i64)>, OpError> {
+        let Some(digest) = &a.from_checkpoint else {
+            if a.grant_within_s.is_some() {
+                return Err(OpError::new(
+                    Category::BadInput,
+                    "--grant-within needs --from-checkpoint",
+                ));
+            }
+            return Ok(None);
+        };
+        let Some((repo, _)) = repository.filter(|_| a.resume.is_none()) else {
+            return Err(OpError::new(
+                Category::BadInput,
+                "--from-checkpoint starts a new assignment in a repository (--repo, not --resume)",
+            ));
+        };
+        let secs = a.grant_within_s.map_or(
+            crate::coordinator::grants::DEFAULT_GRANT_MS / 1000,
+            i64::from,
+        );
+        if !(1..=86_400).contains(&secs) {
+            return Err(OpError::new(
+                Category::BadInput,
+                "--grant-within is 1 s to 24 h",
+            ));
+        }
+        let (_, host, stored) = self.store.grantable(digest, repo.as_str()).await?;
+        if !stored && host != lane.host_id {
+            return Err(OpError::new(
+                Category::WrongState,
+                format!("checkpoint {digest} is on host:{host} only (not in the store): start the assignment on a lane of host:{host}"),
+            ));
+        }
+        Ok(Some((digest.clone(), secs * 1000)))
+    }
+
     /// `mosaic repo add`.
     pub(super) async fn repo_add(
         &self,

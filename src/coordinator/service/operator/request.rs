@@ -129,6 +129,14 @@ pub enum OperatorRequest {
         /// another task is refused without it; an empty task resumes the assignment's own).
         #[serde(default)]
         replace_task: bool,
+        /// A new assignment in `repo` whose workspace starts from this checkpoint of
+        /// another assignment's work: its reservation makes the single-use grant (§11)
+        /// its first stage consumes.
+        #[serde(default)]
+        from_checkpoint: Option<String>,
+        /// How long that grant lives, seconds (default 600).
+        #[serde(default)]
+        grant_within_s: Option<u32>,
     },
     /// Declares a repository assignments can work in: a roster entry, not authority, and
     /// idempotent by its content (the same declaration again is a no-op; another source
@@ -165,6 +173,15 @@ pub enum OperatorRequest {
         checkpoint_digest: String,
         #[serde(default)]
         diff: bool,
+    },
+    /// The checkpoint grants (of one assignment, as source or target).
+    CheckpointGrants {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
+    /// Revokes an unconsumed grant (again: the same answer).
+    CheckpointGrantRevoke {
+        grant_id: String,
     },
     Receipts {
         lane_id: Option<String>,
@@ -327,6 +344,8 @@ impl OperatorRequest {
             Self::Trust
             | Self::Lanes
             | Self::RepoAdd { .. }
+            | Self::CheckpointGrants { .. }
+            | Self::CheckpointGrantRevoke { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }

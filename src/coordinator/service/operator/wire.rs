@@ -21,6 +21,10 @@ pub struct AssignRequest {
     pub base: Option<String>,
     /// A resume with a task other than the assignment's is meant (see `OperatorRequest`).
     pub replace_task: bool,
+    /// Another assignment's checkpoint a new one starts from, under a grant (and its
+    /// lifetime, seconds).
+    pub from_checkpoint: Option<String>,
+    pub grant_within_s: Option<u32>,
 }
 
 impl AssignRequest {
@@ -40,6 +44,8 @@ impl AssignRequest {
             repo: None,
             base: None,
             replace_task: false,
+            from_checkpoint: None,
+            grant_within_s: None,
         }
     }
 }
