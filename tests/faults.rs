@@ -567,6 +567,10 @@ mod coordinated {
         /// The supervisor SIGSTOPped past the lease (its harnesses run on, it answers
         /// nothing), then continued.
         SupervisorStopped,
+        /// The supervisor SIGSTOPped until the coordinator has dropped its silent session
+        /// (past the session liveness limit, three heartbeats), then past a lease more,
+        /// then continued: it finds its session gone and connects again.
+        SupervisorStoppedPastLiveness,
     }
 
     macro_rules! crow {
@@ -667,6 +671,21 @@ mod coordinated {
     crow!(
         supervisor_stopped_after_request_end,
         Fault::SupervisorStopped,
+        "request-end"
+    );
+    crow!(
+        supervisor_stopped_past_liveness_after_staged,
+        Fault::SupervisorStoppedPastLiveness,
+        "staged"
+    );
+    crow!(
+        supervisor_stopped_past_liveness_after_activate,
+        Fault::SupervisorStoppedPastLiveness,
+        "activate"
+    );
+    crow!(
+        supervisor_stopped_past_liveness_after_request_end,
+        Fault::SupervisorStoppedPastLiveness,
         "request-end"
     );
     crow!(
@@ -960,13 +979,25 @@ mod coordinated {
                 cut_sessions(&w.listen[0]);
                 vec![]
             }
-            Fault::SupervisorStopped => {
+            Fault::SupervisorStopped | Fault::SupervisorStoppedPastLiveness => {
                 let pid = w.sup[0].pid().expect("the supervisor runs") as i32;
                 common::kill(pid, nix::sys::signal::Signal::SIGSTOP);
                 vec![pid]
             }
         };
         std::fs::write(&go, "").unwrap();
+        if fault == Fault::SupervisorStoppedPastLiveness {
+            // The fault is what it says: the coordinator gave the silent host up.
+            let me = format!("host:{}", w.hosts[0]);
+            common::wait_until("the silent host's session dropped", || {
+                let st = operator_call(&w.socket(0), &OperatorRequest::Status).ok()?;
+                (!st["hosts_connected"]
+                    .as_array()?
+                    .iter()
+                    .any(|h| h == me.as_str()))
+                .then_some(())
+            });
+        }
         if !matches!(fault, Fault::Reset | Fault::SessionCut) {
             // The fault's duration, not a wait for anything.
             tokio::time::sleep(OUTAGE).await;
@@ -974,7 +1005,10 @@ mod coordinated {
         match fault {
             Fault::Cut => w.close_database(false),
             Fault::Reset | Fault::SessionCut => {}
-            Fault::Hung | Fault::CoordinatorStopped | Fault::SupervisorStopped => {
+            Fault::Hung
+            | Fault::CoordinatorStopped
+            | Fault::SupervisorStopped
+            | Fault::SupervisorStoppedPastLiveness => {
                 for p in &stopped {
                     common::kill(*p, nix::sys::signal::Signal::SIGCONT);
                 }

@@ -1073,16 +1073,7 @@ fn pids_running(needle: &str) -> Vec<i32> {
     std::fs::read_dir("/proc")
         .unwrap()
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-        .filter(|p| {
-            // Its arguments are NUL-separated.
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(needle)
-                })
-                .unwrap_or(false)
-        })
+        .filter(|p| common::cmdline_contains(*p, needle))
         .collect()
 }
 
@@ -1532,6 +1523,7 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
     let revoke = |id: &str| {
         w.op(&OperatorRequest::CheckpointGrantRevoke {
             grant_id: id.into(),
+            request_id: None,
         })
     };
     assert!(format!("{:?}", revoke(&binding.grant_id)).contains("conflict"));
@@ -1552,9 +1544,8 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
         .await
         .unwrap();
         tx.execute(reset, &[&binding.grant_id]).await.unwrap();
-        let consume = |b: mosaic::coordinator::grants::GrantBinding| {
+        let consume_by = |b: mosaic::coordinator::grants::GrantBinding, res: String| {
             let tx = &tx;
-            let res = res_t.clone();
             async move {
                 let rid = format!("ca-{}", uuid::Uuid::new_v4().simple());
                 let rd = b.receipt_digest(&res, &rid);
@@ -1568,6 +1559,7 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
                     .len()
             }
         };
+        let consume = |b| consume_by(b, res_t.clone());
         type B = mosaic::coordinator::grants::GrantBinding;
         type Sub = Box<dyn Fn(&mut B)>;
         let other = "sha256:".to_string() + &"9".repeat(64);
@@ -1659,6 +1651,17 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
                 "a substituted {field} consumed the grant"
             );
         }
+        // Presented by another chain: a released reservation, one of another assignment.
+        assert_eq!(
+            consume_by(binding.clone(), res_u.clone()).await,
+            0,
+            "another chain's reservation"
+        );
+        assert_eq!(
+            consume_by(binding.clone(), "rs-none".into()).await,
+            0,
+            "no reservation"
+        );
         assert_eq!(consume(binding.clone()).await, 1, "the exact binding");
         assert_eq!(consume(binding.clone()).await, 0, "a replay");
         let n: i64 = tx
@@ -1712,4 +1715,97 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
         stop(&w, v["assignment_id"].as_str().unwrap())["state"],
         "CANCELLED"
     );
+}
+
+/// A grant revoked before its target's first stage: the stage finds it spent, the chain
+/// ends, no workspace is made (never a fresh clone in its place), and the work is blocked
+/// (`no-granted-checkpoint`) — the watchdog leaves it alone — until the operator stops it.
+#[test]
+fn a_revoked_grant_ends_its_chain_and_blocks_the_work() {
+    assert!(
+        mosaic::coordinator::failpoint::enabled(),
+        "this test holds the coordinator at a failpoint: build with --features failpoints (scripts/test does)"
+    );
+    let (repo, mut w, lane, host) = world(1, "ws-grant-revoked");
+    add_repo(&w, "demo", &repo.0, &host);
+    let (_, asg_a, _) = changed_work(&w, &lane);
+    assert_eq!(stop(&w, asg_a.clone())["state"], "CANCELLED");
+    let ck = checkpoints(&w, &asg_a, 1).remove(0);
+    let digest = ck["checkpoint_digest"].as_str().unwrap().to_string();
+    // The next assign is held right after its reservation (and grant) commit.
+    let go = w.dir.join("go");
+    w.crash_coordinator(0);
+    w.start_coordinator(
+        0,
+        Some(&format!(
+            "hold-after-commit:reserve=return({})",
+            go.display()
+        )),
+    );
+    w.wait_leading(0);
+    let me = format!("host:{host}");
+    wait_until("the host connected", || {
+        let st = w.op(&OperatorRequest::Status).ok()?;
+        st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == me.as_str())
+            .then_some(())
+    });
+    let sock = w.socket(0);
+    let mut req = world::assign_request(&lane, "hang", None, true);
+    if let OperatorRequest::Assign {
+        repo,
+        from_checkpoint,
+        ..
+    } = &mut req
+    {
+        *repo = Some("demo".into());
+        *from_checkpoint = Some(digest.clone());
+    }
+    let first =
+        std::thread::spawn(move || mosaic::coordinator::service::operator_call(&sock, &req));
+    let log = w.coordinator_log(0);
+    wait_until("the assign held after its reservation", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("failpoint=hold-after-commit:reserve ")
+            .then_some(())
+    });
+    let rows = sql_rows(
+        &w,
+        "SELECT grant_id, target_assignment_id FROM checkpoint_grants",
+        &[],
+    );
+    assert_eq!(rows.len(), 1);
+    let (grant, asg_t): (String, String) = (rows[0].get(0), rows[0].get(1));
+    let revoked = w
+        .op(&OperatorRequest::CheckpointGrantRevoke {
+            grant_id: grant.clone(),
+            request_id: None,
+        })
+        .unwrap();
+    assert!(revoked["revoked_at"].is_string(), "{revoked}");
+    std::fs::write(&go, "").unwrap();
+    let e = first.join().unwrap().expect_err("the chain ends");
+    assert_eq!(e.category.as_str(), "chain-ended", "{e:?}");
+    assert!(
+        !w.state_dir(0).join("workspaces").join(&asg_t).exists(),
+        "a workspace was made"
+    );
+    let blocked = wait_until("the work blocked", || {
+        let r = sql_rows(
+            &w,
+            "SELECT work_status, blocker_code, next_action FROM assignments WHERE assignment_id = $1",
+            &[&asg_t],
+        );
+        let (status, code, next): (String, Option<String>, String) =
+            (r[0].get(0), r[0].get(1), r[0].get(2));
+        (status == "blocked").then_some((code, next))
+    });
+    assert_eq!(blocked.0.as_deref(), Some("no-granted-checkpoint"));
+    assert!(blocked.1.contains("new grant"), "{}", blocked.1);
+    let none: i64 = sql_rows(&w, "SELECT count(*) FROM checkpoint_access_receipts", &[])[0].get(0);
+    assert_eq!(none, 0, "a revoked grant gave access");
+    assert_eq!(stop(&w, asg_t)["state"], "CANCELLED");
 }

@@ -308,7 +308,9 @@ impl Store {
                  JOIN checkpoints ck ON (ck.bundle_object = $2 OR ck.base_object = $2) \
                       AND (ck.assignment_id = r.assignment_id \
                            OR EXISTS (SELECT 1 FROM checkpoint_grants gr WHERE gr.consumed_by_reservation = r.reservation_id \
-                                      AND gr.checkpoint_digest = ck.checkpoint_digest AND gr.source_assignment_id = ck.assignment_id)) \
+                                      AND gr.checkpoint_digest = ck.checkpoint_digest AND gr.source_assignment_id = ck.assignment_id \
+                                      AND gr.source_lane_incarnation_id = ck.lane_incarnation_id AND gr.source_generation = ck.generation \
+                                      AND ck.handoff_id IS NULL AND gr.deadline > clock_timestamp())) \
                  JOIN checkpoint_objects o ON o.object_digest = $2 \
                  WHERE r.reservation_id = $1 LIMIT 1",
                 &[&m.reservation_id, &m.object_digest],

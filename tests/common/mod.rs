@@ -447,6 +447,17 @@ fn remove_tree(p: &Path) {
     let _ = std::fs::remove_dir(p);
 }
 
+/// Whether process `pid`'s command line (arguments joined by spaces) holds `needle`.
+pub fn cmdline_contains(pid: i32, needle: &str) -> bool {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| {
+            String::from_utf8_lossy(&c)
+                .replace('\0', " ")
+                .contains(needle)
+        })
+        .unwrap_or(false)
+}
+
 pub fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {

@@ -320,15 +320,7 @@ pub fn comm(pid: i32) -> String {
 pub fn members_running(cg: &Path, needle: &str) -> Vec<(i32, u64)> {
     common::members(cg)
         .into_iter()
-        .filter(|(p, _)| {
-            std::fs::read(format!("/proc/{p}/cmdline"))
-                .map(|c| {
-                    String::from_utf8_lossy(&c)
-                        .replace('\0', " ")
-                        .contains(needle)
-                })
-                .unwrap_or(false)
-        })
+        .filter(|(p, _)| common::cmdline_contains(*p, needle))
         .collect()
 }
 

@@ -129,7 +129,7 @@ pub(crate) enum Cmd {
         /// Start the new assignment's workspace from this checkpoint of another
         /// assignment's work in the same repository (`sha256:…`, see `mosaic checkpoint
         /// list`): its reservation makes a single-use grant its first stage consumes.
-        #[arg(long, requires = "repo", conflicts_with = "resume")]
+        #[arg(long, requires = "repo", conflicts_with_all = ["resume", "base"])]
         from_checkpoint: Option<String>,
         /// How long that grant lives, seconds (default 600).
         #[arg(long, requires = "from_checkpoint")]

@@ -270,7 +270,11 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => at.call(OperatorRequest::CheckpointGrants { assignment_id }),
         Cmd::Checkpoint {
             op: CheckpointOp::RevokeGrant { grant_id, at },
-        } => at.call(OperatorRequest::CheckpointGrantRevoke { grant_id }),
+        } => at.call(OperatorRequest::CheckpointGrantRevoke {
+            grant_id,
+            // The client gives it a key (--request-id, or a fresh one).
+            request_id: None,
+        }),
         Cmd::Block {
             assignment_id,
             code,

@@ -23,7 +23,9 @@ use super::followups::RecoveryOf;
 use super::leader::Leader;
 use super::model::{Chain, Outcome};
 use super::rows::RowExt;
-use super::states::{GenState, LaneState, Lifecycle, WorkStatus, NONTERMINAL, PREACTIVATION};
+use super::states::{
+    GenState, LaneState, Lifecycle, WatchdogStep, WorkStatus, NONTERMINAL, PREACTIVATION,
+};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -182,6 +184,20 @@ impl Store {
                         RecoveryOf::AssignmentOnLane { assignment: &c.assignment_id, lane_incarnation: &c.lane_incarnation_id },
                         &format!("resume on a fresh chain: {why}"),
                     ).await?;
+                    // Work that starts from a granted checkpoint and has none of its own
+                    // cannot start again without a new grant: blocked, so the watchdog does
+                    // not spend attempt after attempt on it.
+                    if cause == EndCause::NoGrantedCheckpoint {
+                        let evidence = format!("sha256:{}", crate::util::sha256_hex("mosaic/no-granted-checkpoint/v1", &[c.reservation_id.as_bytes()]));
+                        d.exec(
+                            concatcp!("UPDATE assignments a SET work_status = ", WorkStatus::Blocked.sql(), ", blocker_code = 'no-granted-checkpoint', \
+                                    blocker_evidence_digest = $2, next_action = $3, watchdog_step = ", WatchdogStep::None.sql(), " \
+                             WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " \
+                               AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.assignment_id = a.assignment_id AND k.handoff_id IS NULL)"),
+                            &[&c.assignment_id, &evidence,
+                              &"its granted checkpoint cannot be given to it: stop it, and start the work again with a new assignment (assign --from-checkpoint makes a new grant)"],
+                        ).await?;
+                    }
                 }
                 d.decide(json!({ "chain": c, "cause": why, "to": to, "generation_to_stop": generation }))
             }),

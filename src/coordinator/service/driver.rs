@@ -386,13 +386,19 @@ impl Service {
                 };
             }
         }
+        // The very record the grant binds (its source generation's end), never another
+        // row that happens to carry the same digest.
         let point = self
             .store
             .point_where(
-                "ck.checkpoint_digest = $1 AND ck.handoff_id IS NULL",
-                &g.binding.checkpoint_digest,
+                "ck.handoff_id IS NULL AND ck.lane_incarnation_id || '/' || ck.generation::text = $1",
+                &format!(
+                    "{}/{}",
+                    g.binding.source_lane_incarnation_id, g.binding.source_generation
+                ),
             )
-            .await?;
+            .await?
+            .filter(|p| p.checkpoint_digest == g.binding.checkpoint_digest);
         match point {
             Some(p) if p.host_id == c.host_id || p.bundle_object.is_some() => {
                 Ok(Restore::At(Some(p)))

@@ -42,7 +42,7 @@ impl Service {
             OperatorRequest::CheckpointGrants { assignment_id } => {
                 json!(self.store.grants(assignment_id.as_deref()).await?)
             }
-            OperatorRequest::CheckpointGrantRevoke { grant_id } => {
+            OperatorRequest::CheckpointGrantRevoke { grant_id, .. } => {
                 let l = self.leader().await?;
                 // Again: the same answer (it took effect); consumed: refused.
                 let g = self.store.grants(None).await?;
@@ -90,6 +90,12 @@ impl Service {
             }
             return Ok(None);
         };
+        if a.base.is_some() {
+            return Err(OpError::new(
+                Category::BadInput,
+                "--from-checkpoint starts from the checkpoint's own base: no --base",
+            ));
+        }
         let Some((repo, _)) = repository.filter(|_| a.resume.is_none()) else {
             return Err(OpError::new(
                 Category::BadInput,

@@ -179,9 +179,11 @@ pub enum OperatorRequest {
         #[serde(default)]
         assignment_id: Option<String>,
     },
-    /// Revokes an unconsumed grant (again: the same answer).
+    /// Revokes an unconsumed grant (again, under the same key: the same answer).
     CheckpointGrantRevoke {
         grant_id: String,
+        #[serde(default)]
+        request_id: Option<String>,
     },
     Receipts {
         lane_id: Option<String>,
@@ -319,7 +321,8 @@ macro_rules! key_of {
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
-            | OperatorRequest::TrustRevoke { request_id: $k, .. } => $then,
+            | OperatorRequest::TrustRevoke { request_id: $k, .. }
+            | OperatorRequest::CheckpointGrantRevoke { request_id: $k, .. } => $then,
             _ => $otherwise,
         }
     };
@@ -341,11 +344,11 @@ impl OperatorRequest {
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
             Self::TrustRevoke { .. } => "trust-revoke",
+            Self::CheckpointGrantRevoke { .. } => "checkpoint-grant-revoke",
             Self::Trust
             | Self::Lanes
             | Self::RepoAdd { .. }
             | Self::CheckpointGrants { .. }
-            | Self::CheckpointGrantRevoke { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }
@@ -412,6 +415,9 @@ impl OperatorRequest {
             }
             Self::EffectResolve { effect_id, .. } => serde_json::json!({ "effect_id": effect_id }),
             Self::TrustRevoke { subject, .. } => serde_json::json!({ "subject": subject }),
+            Self::CheckpointGrantRevoke { grant_id, .. } => {
+                serde_json::json!({ "grant_id": grant_id })
+            }
             _ => serde_json::Value::Null,
         }
     }
