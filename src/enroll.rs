@@ -407,6 +407,7 @@ pub fn init_coordinator(o: &InitCoordinator) -> Result<serde_json::Value, Enroll
         max_clock_skew_ms: None,
         metrics_listen: None,
         checkpoint_store_max_bytes: None,
+        checkpoint_retention_s: None,
     };
     write_config(&cfg_path, &coordinator_toml(&cfg), o.force, false)?;
     Ok(json!({

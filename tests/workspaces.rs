@@ -1809,3 +1809,138 @@ fn a_revoked_grant_ends_its_chain_and_blocks_the_work() {
     assert_eq!(none, 0, "a revoked grant gave access");
     assert_eq!(stop(&w, asg_t)["state"], "CANCELLED");
 }
+
+/// §11 retention: each checkpoint records the digest of the policy in force (here: kept one
+/// second after its work is done); `checkpoint gc` deletes what its policy lets go — only
+/// of done work — each with a receipt whose digest is recomputed here, and never an object
+/// another checkpoint still names; `checkpoint delete` deletes done work's checkpoint at
+/// once and refuses work that is not done. Nothing deleted can be shown or granted again.
+#[test]
+fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
+    let repo = Repo::new();
+    let w = World::started(Spec {
+        lanes: 2,
+        tag: "ws-retention",
+        coordinator_extra: "checkpoint_retention_s = 1\n".into(),
+        ..Spec::default()
+    });
+    let (lane, lane2) = (w.lane_of(0, "lane-1"), w.lane_of(0, "lane-2"));
+    let host = lane.split_once(':').unwrap().0.to_string();
+    add_repo(&w, "demo", &repo.0, &host);
+    let (_, asg_a, _) = changed_work(&w, &lane);
+    assert_eq!(stop(&w, asg_a.clone())["state"], "CANCELLED");
+    let ck_a = wait_until("A's checkpoint stored", || {
+        let rows = checkpoints(&w, &asg_a, 1);
+        (rows[0]["stored"] == true).then(|| rows[0].clone())
+    });
+    let policy = mosaic::coordinator::retention::RetentionPolicy::configured(Some(1)).digest();
+    assert_eq!(ck_a["retention_policy_digest"], policy.as_str(), "{ck_a}");
+    let b = assign_in(&w, &lane2, "hang", Some("demo"), None, None).unwrap();
+    let asg_b = b["assignment_id"].as_str().unwrap().to_string();
+    kill_into_recovery(&w, &b, &asg_b);
+    let ck_b = wait_until("B's checkpoint stored", || {
+        let rows = checkpoints(&w, &asg_b, 1);
+        (rows[0]["stored"] == true).then(|| rows[0].clone())
+    });
+    let (digest_a, digest_b) = (
+        ck_a["checkpoint_digest"].as_str().unwrap().to_string(),
+        ck_b["checkpoint_digest"].as_str().unwrap().to_string(),
+    );
+    assert_eq!(
+        ck_a["base_object"], ck_b["base_object"],
+        "one base, stored once"
+    );
+
+    // Refused, changing nothing: work not done, no such checkpoint, not a digest.
+    let delete = |d: &str| {
+        w.op(&OperatorRequest::CheckpointDelete {
+            checkpoint_digest: d.into(),
+            request_id: None,
+        })
+    };
+    for (d, why) in [
+        (digest_b.clone(), "wrong-state"),
+        (format!("sha256:{}", "0".repeat(64)), "not-found"),
+        ("sha256:x".to_string(), "bad-input"),
+    ] {
+        let e = delete(&d).expect_err("refused");
+        assert_eq!(e.category.as_str(), why, "{d}: {e:?}");
+    }
+    // Once A's work has been done a second: A's alone (B is in recovery).
+    let gc = |dry_run: bool| {
+        w.op(&OperatorRequest::CheckpointGc {
+            dry_run,
+            request_id: None,
+        })
+        .unwrap()
+    };
+    let listed = wait_until("A's checkpoint past its retention", || {
+        let v = gc(true);
+        let l = v["deletable"].as_array()?.clone();
+        (!l.is_empty()).then_some(l)
+    });
+    let digests: Vec<&str> = listed
+        .iter()
+        .map(|d| d["checkpoint_digest"].as_str().unwrap())
+        .collect();
+    assert_eq!(digests, [digest_a.as_str()], "{listed:?}");
+    let done = gc(false);
+    let deleted = done["deleted"].as_array().unwrap();
+    assert_eq!(deleted.len(), 1, "{done}");
+    let r = &deleted[0];
+    let gone: Vec<String> = r["objects_deleted"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|o| o.as_str().unwrap().to_string())
+        .collect();
+    // Its bundle went; the base B's checkpoint also names stayed.
+    assert_eq!(gone, [ck_a["bundle_object"].as_str().unwrap().to_string()]);
+    assert_eq!(r["scope"], "coordinator-store");
+    let doomed: mosaic::coordinator::retention::Doomed =
+        serde_json::from_value(r["checkpoint"].clone()).unwrap();
+    assert_eq!(doomed.checkpoint_digest, digest_a);
+    assert_eq!(
+        r["receipt_digest"].as_str().unwrap(),
+        doomed.receipt_digest(r["deletion_id"].as_str().unwrap(), "retention", &gone)
+    );
+    let stored = |o: &str| -> i64 {
+        sql_rows(
+            &w,
+            "SELECT count(*) FROM checkpoint_objects WHERE object_digest = $1",
+            &[&o],
+        )[0]
+        .get(0)
+    };
+    assert_eq!(stored(ck_a["bundle_object"].as_str().unwrap()), 0);
+    assert_eq!(stored(ck_b["base_object"].as_str().unwrap()), 1);
+    assert_eq!(stored(ck_b["bundle_object"].as_str().unwrap()), 1);
+    let left = w
+        .op(&OperatorRequest::Checkpoints {
+            assignment_id: Some(asg_a.clone()),
+        })
+        .unwrap();
+    assert_eq!(left.as_array().map(Vec::len), Some(0), "{left}");
+    let shown = w.op(&OperatorRequest::CheckpointShow {
+        checkpoint_digest: digest_a.clone(),
+        diff: false,
+    });
+    assert_eq!(shown.expect_err("gone").category.as_str(), "not-found");
+    let e = assign_from(&w, &lane, "hang", &digest_a, None, None).expect_err("gone");
+    assert_eq!(e.category.as_str(), "not-found", "{e:?}");
+    // B, done now: deleted at once by the operator, its receipt listed.
+    assert_eq!(stop(&w, asg_b.clone())["state"], "CANCELLED");
+    let out = delete(&digest_b).unwrap();
+    assert_eq!(out["deleted"][0]["reason"], "operator", "{out}");
+    assert_eq!(
+        stored(ck_b["base_object"].as_str().unwrap()),
+        0,
+        "the last checkpoint naming the base went"
+    );
+    let receipts = w
+        .op(&OperatorRequest::CheckpointDeletions {
+            assignment_id: None,
+        })
+        .unwrap();
+    assert_eq!(receipts.as_array().map(Vec::len), Some(2), "{receipts}");
+}

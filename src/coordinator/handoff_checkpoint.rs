@@ -102,7 +102,9 @@ impl Store {
                     d.exec_one(
                         "INSERT INTO checkpoints (checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, \
                                                   purpose, assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, handoff_id, inputs_digest) \
-                         VALUES ($1, $2, $3, $4, 'workspace', $5, 'handoff', $6, $7, $8, $9, $10, $11, $12)",
+                         VALUES ($1, $2, $3, $4, 'workspace', \
+                                 coalesce((SELECT policy_digest FROM retention_policies WHERE classification = 'workspace' AND active), $5), \
+                                 'handoff', $6, $7, $8, $9, $10, $11, $12)",
                         &[dg, &c.commit_id, &c.tree_id, &c.repository.as_str(), &retention_policy_digest(), &asg, &attempt,
                           &source.lane_incarnation_id, &generation, &host, &handoff, &c.inputs_digest],
                     ).await?;

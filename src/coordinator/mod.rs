@@ -41,6 +41,7 @@ pub mod metrics;
 pub mod model;
 pub mod repos;
 pub mod requests;
+pub mod retention;
 pub mod rows;
 pub mod secret;
 pub mod service;

@@ -163,6 +163,7 @@ pub fn provision(
             max_clock_skew_ms: None,
             metrics_listen: None,
             checkpoint_store_max_bytes: None,
+            checkpoint_retention_s: None,
         },
         links,
     })

@@ -9,6 +9,7 @@ use clap::Parser;
 mod args;
 mod at;
 mod fleet;
+mod work_args;
 
 use args::*;
 
@@ -268,6 +269,25 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Checkpoint {
             op: CheckpointOp::Grants { assignment_id, at },
         } => at.call(OperatorRequest::CheckpointGrants { assignment_id }),
+        Cmd::Checkpoint {
+            op: CheckpointOp::Gc { dry_run, at },
+        } => at.call(OperatorRequest::CheckpointGc {
+            dry_run,
+            request_id: None,
+        }),
+        Cmd::Checkpoint {
+            op:
+                CheckpointOp::Delete {
+                    checkpoint_digest,
+                    at,
+                },
+        } => at.call(OperatorRequest::CheckpointDelete {
+            checkpoint_digest,
+            request_id: None,
+        }),
+        Cmd::Checkpoint {
+            op: CheckpointOp::Deletions { assignment_id, at },
+        } => at.call(OperatorRequest::CheckpointDeletions { assignment_id }),
         Cmd::Checkpoint {
             op: CheckpointOp::RevokeGrant { grant_id, at },
         } => at.call(OperatorRequest::CheckpointGrantRevoke {

@@ -175,7 +175,9 @@ async fn record_checkpoint(
         .exec(
             "INSERT INTO checkpoints (checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
                                       assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, inputs_digest) \
-             SELECT $1, $2, $3, a.repository, 'workspace', $4, 'same-assignment-recovery', a.assignment_id, $6, $7, $8, ln.host_id, $9, $11 \
+             SELECT $1, $2, $3, a.repository, 'workspace', \
+                    coalesce((SELECT policy_digest FROM retention_policies WHERE classification = 'workspace' AND active), $4), \
+                    'same-assignment-recovery', a.assignment_id, $6, $7, $8, ln.host_id, $9, $11 \
              FROM assignments a, lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id \
              WHERE a.assignment_id = $5 AND a.repository = $10 AND li.lane_incarnation_id = $7 \
              ON CONFLICT DO NOTHING",

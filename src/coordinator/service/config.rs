@@ -73,6 +73,11 @@ pub struct CoordinatorConfig {
     /// larger one stays on its host only, and says so (`mosaic checkpoint list`).
     #[serde(default)]
     pub checkpoint_store_max_bytes: Option<u64>,
+    /// How long a workspace checkpoint is kept once its work is done, in seconds, before
+    /// `mosaic checkpoint gc` deletes it; absent: kept until an operator deletes it
+    /// (`mosaic checkpoint delete`). Recorded on each checkpoint as its policy's digest.
+    #[serde(default)]
+    pub checkpoint_retention_s: Option<u64>,
 }
 
 /// The timing settings the running service uses, with their defaults applied.

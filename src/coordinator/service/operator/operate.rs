@@ -220,7 +220,10 @@ impl Service {
             | OperatorRequest::Checkpoints { .. }
             | OperatorRequest::CheckpointShow { .. }
             | OperatorRequest::CheckpointGrants { .. }
-            | OperatorRequest::CheckpointGrantRevoke { .. }) => self.workspace_request(r).await?,
+            | OperatorRequest::CheckpointGrantRevoke { .. }
+            | OperatorRequest::CheckpointGc { .. }
+            | OperatorRequest::CheckpointDelete { .. }
+            | OperatorRequest::CheckpointDeletions { .. }) => self.workspace_request(r).await?,
             OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
             OperatorRequest::Trust => self.trust_listing(),
             OperatorRequest::Receipts { lane_id } => {

@@ -54,6 +54,27 @@ impl Service {
                     _ => self.store.revoke_grant(&l, &grant_id).await?,
                 }
             }
+            OperatorRequest::CheckpointGc { dry_run, .. } => {
+                let l = self.leader().await?;
+                self.store
+                    .checkpoint_gc(&l, "retention", None, dry_run)
+                    .await?
+            }
+            OperatorRequest::CheckpointDelete {
+                checkpoint_digest, ..
+            } => {
+                let l = self.leader().await?;
+                self.store
+                    .checkpoint_gc(&l, "operator", Some(&checkpoint_digest), false)
+                    .await?
+            }
+            OperatorRequest::CheckpointDeletions { assignment_id } => {
+                json!(
+                    self.store
+                        .checkpoint_deletions(assignment_id.as_deref())
+                        .await?
+                )
+            }
             _ => return Err(OpError::new(Category::Internal, "not a workspace request")),
         })
     }

@@ -179,6 +179,26 @@ pub enum OperatorRequest {
         #[serde(default)]
         assignment_id: Option<String>,
     },
+    /// Deletes (or with `dry_run` lists) the checkpoints their retention policy lets go:
+    /// of done work, kept past the policy's time, named by no unspent grant.
+    CheckpointGc {
+        #[serde(default)]
+        dry_run: bool,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// Deletes the records of checkpoint `checkpoint_digest` of done work (whatever its
+    /// policy), each with a deletion receipt.
+    CheckpointDelete {
+        checkpoint_digest: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// The deletion receipts (of one assignment).
+    CheckpointDeletions {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
     /// Revokes an unconsumed grant (again, under the same key: the same answer).
     CheckpointGrantRevoke {
         grant_id: String,
@@ -322,7 +342,9 @@ macro_rules! key_of {
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
             | OperatorRequest::TrustRevoke { request_id: $k, .. }
-            | OperatorRequest::CheckpointGrantRevoke { request_id: $k, .. } => $then,
+            | OperatorRequest::CheckpointGrantRevoke { request_id: $k, .. }
+            | OperatorRequest::CheckpointGc { request_id: $k, .. }
+            | OperatorRequest::CheckpointDelete { request_id: $k, .. } => $then,
             _ => $otherwise,
         }
     };
@@ -345,10 +367,13 @@ impl OperatorRequest {
             Self::EffectResolve { .. } => "effect-resolve",
             Self::TrustRevoke { .. } => "trust-revoke",
             Self::CheckpointGrantRevoke { .. } => "checkpoint-grant-revoke",
+            Self::CheckpointGc { .. } => "checkpoint-gc",
+            Self::CheckpointDelete { .. } => "checkpoint-delete",
             Self::Trust
             | Self::Lanes
             | Self::RepoAdd { .. }
             | Self::CheckpointGrants { .. }
+            | Self::CheckpointDeletions { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }

@@ -1,0 +1,104 @@
+//! The command line of work's homes: `mosaic repo …` and `mosaic checkpoint …`.
+
+use clap::Subcommand;
+
+use crate::at::CoordinatorAt;
+
+#[derive(Subcommand)]
+pub(crate) enum CheckpointOp {
+    /// The recorded checkpoints: digests, commit and tree ids, what they bind.
+    List {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// One stored checkpoint, read-only: what it binds and the files it changed against its
+    /// base (from the coordinator's store, every object verified against its digest).
+    Show {
+        /// Its digest (`sha256:…`, as `checkpoint list` shows it).
+        checkpoint_digest: String,
+        /// The patch too (at most 1 MiB; `diff_truncated` says when it was cut).
+        #[arg(long)]
+        diff: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The grants that let one assignment start from another's checkpoint (every bound
+    /// field, whether consumed, revoked or expired, and the access receipt).
+    Grants {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Delete the checkpoints their retention policy lets go (of done work, kept past
+    /// `checkpoint_retention_s`, named by no unspent grant), each with a deletion receipt;
+    /// `--dry-run` lists them. Only the coordinator's store and records: hosts keep their
+    /// own copies.
+    Gc {
+        #[arg(long)]
+        dry_run: bool,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Delete a checkpoint of done work now, whatever its policy, with a deletion receipt.
+    Delete {
+        checkpoint_digest: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The deletion receipts.
+    Deletions {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Revoke a grant its target has not consumed yet.
+    RevokeGrant {
+        grant_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RepoOp {
+    /// Declare a repository: a directory on one host (--path, --host) or a remote every
+    /// host can fetch (--url). The same declaration again is a no-op; a name keeps its
+    /// source.
+    Add {
+        name: String,
+        #[arg(
+            long,
+            conflicts_with = "url",
+            required_unless_present = "url",
+            requires = "host"
+        )]
+        path: Option<String>,
+        #[arg(long)]
+        url: Option<String>,
+        /// The host the path is on.
+        #[arg(long)]
+        host: Option<String>,
+        /// A file a fresh workspace gets from the repository's directory (a path relative
+        /// to it, e.g. a gitignored `.env`); repeatable. Only with --path.
+        #[arg(long = "copy", requires = "path")]
+        copy: Vec<String>,
+        /// A command run in a fresh workspace before its harness starts (`sh -c`, as the
+        /// lane's uid, confined like its generations: no network); repeatable, in order.
+        #[arg(long = "setup")]
+        setup: Vec<String>,
+        /// Each setup command's time limit in seconds (default 300).
+        #[arg(long)]
+        setup_timeout: Option<u32>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The declared repositories.
+    List {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
