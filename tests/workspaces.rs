@@ -1811,10 +1811,12 @@ fn a_revoked_grant_ends_its_chain_and_blocks_the_work() {
 }
 
 /// §11 retention: each checkpoint records the digest of the policy in force (here: kept one
-/// second after its work is done); `checkpoint gc` deletes what its policy lets go — only
-/// of done work — each with a receipt whose digest is recomputed here, and never an object
-/// another checkpoint still names; `checkpoint delete` deletes done work's checkpoint at
-/// once and refuses work that is not done. Nothing deleted can be shown or granted again.
+/// second after its work is done); `checkpoint gc` deletes in one run every record its
+/// policy lets go — only of done work, never one a live grant names (its target may still
+/// be restoring) — each with a receipt whose digest is recomputed here from the stored
+/// row, and never an object another checkpoint still names; `checkpoint delete` deletes
+/// done work's checkpoint at once and refuses work that is not done. Nothing deleted can
+/// be shown or granted again.
 #[test]
 fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
     let repo = Repo::new();
@@ -1827,31 +1829,60 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
     let (lane, lane2) = (w.lane_of(0, "lane-1"), w.lane_of(0, "lane-2"));
     let host = lane.split_once(':').unwrap().0.to_string();
     add_repo(&w, "demo", &repo.0, &host);
-    let (_, asg_a, _) = changed_work(&w, &lane);
+    let stored_rows = |asg: &str, n: usize| {
+        wait_until("the checkpoints stored", || {
+            let rows = checkpoints(&w, asg, n);
+            rows.iter().all(|r| r["stored"] == true).then_some(rows)
+        })
+    };
+    // A: two generations (SIGKILLed, resumed to write more, stopped): two checkpoints.
+    let (a, asg_a, _) = changed_work(&w, &lane);
+    kill_into_recovery(&w, &a, &asg_a);
+    let inc = w.incarnation_of(0, "lane-1");
+    let work2 = w.area(0, &inc, 2).join("work");
+    let task2 = format!("attack=write:{}/later.txt hang", work2.display());
+    assign_in(&w, &lane, &task2, None, None, Some(&asg_a)).unwrap();
+    attempts(&w.area(0, &inc, 2).join("home/attacks"), 1);
     assert_eq!(stop(&w, asg_a.clone())["state"], "CANCELLED");
-    let ck_a = wait_until("A's checkpoint stored", || {
-        let rows = checkpoints(&w, &asg_a, 1);
-        (rows[0]["stored"] == true).then(|| rows[0].clone())
-    });
-    let policy = mosaic::coordinator::retention::RetentionPolicy::configured(Some(1)).digest();
-    assert_eq!(ck_a["retention_policy_digest"], policy.as_str(), "{ck_a}");
+    let cks_a = stored_rows(&asg_a, 2);
+    let policy = mosaic::coordinator::retention::RetentionPolicy::configured(Some(1))
+        .unwrap()
+        .digest();
+    assert!(
+        cks_a
+            .iter()
+            .all(|c| c["retention_policy_digest"] == policy.as_str()),
+        "{cks_a:?}"
+    );
+    let (first_a, second_a) = (
+        cks_a[0]["checkpoint_digest"].as_str().unwrap().to_string(),
+        cks_a[1]["checkpoint_digest"].as_str().unwrap().to_string(),
+    );
+    assert_ne!(first_a, second_a);
+    // B: in recovery with its checkpoint (not done).
     let b = assign_in(&w, &lane2, "hang", Some("demo"), None, None).unwrap();
     let asg_b = b["assignment_id"].as_str().unwrap().to_string();
     kill_into_recovery(&w, &b, &asg_b);
-    let ck_b = wait_until("B's checkpoint stored", || {
-        let rows = checkpoints(&w, &asg_b, 1);
-        (rows[0]["stored"] == true).then(|| rows[0].clone())
-    });
-    let (digest_a, digest_b) = (
-        ck_a["checkpoint_digest"].as_str().unwrap().to_string(),
-        ck_b["checkpoint_digest"].as_str().unwrap().to_string(),
-    );
+    // Resumed to write more and SIGKILLed again: two checkpoints, the work in recovery.
+    let inc2 = w.incarnation_of(0, "lane-2");
+    let work_b = w.area(0, &inc2, 2).join("work");
+    let task_b = format!("attack=write:{}/more.txt hang", work_b.display());
+    let b2 = assign_in(&w, &lane2, &task_b, None, None, Some(&asg_b)).unwrap();
+    attempts(&w.area(0, &inc2, 2).join("home/attacks"), 1);
+    kill_into_recovery(&w, &b2, &asg_b);
+    let cks_b = stored_rows(&asg_b, 2);
+    let ck_b = cks_b[0].clone();
+    let digest_b = ck_b["checkpoint_digest"].as_str().unwrap().to_string();
     assert_eq!(
-        ck_a["base_object"], ck_b["base_object"],
+        cks_a[0]["base_object"], ck_b["base_object"],
         "one base, stored once"
     );
+    // T: a remediation from A's first checkpoint, its grant live (10 minutes).
+    let t = assign_from(&w, &lane, "hang", &first_a, None, None).unwrap();
+    let asg_t = t["assignment_id"].as_str().unwrap().to_string();
 
-    // Refused, changing nothing: work not done, no such checkpoint, not a digest.
+    // Refused, changing nothing: work not done, no such checkpoint, not a digest, a live
+    // grant's.
     let delete = |d: &str| {
         w.op(&OperatorRequest::CheckpointDelete {
             checkpoint_digest: d.into(),
@@ -1862,11 +1893,12 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
         (digest_b.clone(), "wrong-state"),
         (format!("sha256:{}", "0".repeat(64)), "not-found"),
         ("sha256:x".to_string(), "bad-input"),
+        (first_a.clone(), "wrong-state"),
     ] {
         let e = delete(&d).expect_err("refused");
         assert_eq!(e.category.as_str(), why, "{d}: {e:?}");
     }
-    // Once A's work has been done a second: A's alone (B is in recovery).
+    // Once A has been done a second: A's second checkpoint alone.
     let gc = |dry_run: bool| {
         w.op(&OperatorRequest::CheckpointGc {
             dry_run,
@@ -1883,26 +1915,49 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
         .iter()
         .map(|d| d["checkpoint_digest"].as_str().unwrap())
         .collect();
-    assert_eq!(digests, [digest_a.as_str()], "{listed:?}");
+    assert_eq!(digests, [second_a.as_str()], "{listed:?}");
     let done = gc(false);
     let deleted = done["deleted"].as_array().unwrap();
     assert_eq!(deleted.len(), 1, "{done}");
-    let r = &deleted[0];
-    let gone: Vec<String> = r["objects_deleted"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|o| o.as_str().unwrap().to_string())
-        .collect();
-    // Its bundle went; the base B's checkpoint also names stayed.
-    assert_eq!(gone, [ck_a["bundle_object"].as_str().unwrap().to_string()]);
-    assert_eq!(r["scope"], "coordinator-store");
-    let doomed: mosaic::coordinator::retention::Doomed =
-        serde_json::from_value(r["checkpoint"].clone()).unwrap();
-    assert_eq!(doomed.checkpoint_digest, digest_a);
+    assert_eq!(done["kept"], serde_json::json!([]), "{done}");
+    // The stored receipt, its digest recomputed from its own fields.
+    let rows = sql_rows(
+        &w,
+        "SELECT deletion_id, checkpoint_digest, assignment_id, lane_incarnation_id, generation, purpose, handoff_id, \
+                retention_policy_digest, reason, scope, objects_deleted, receipt_digest FROM checkpoint_deletions",
+        &[],
+    );
+    assert_eq!(rows.len(), 1);
+    let r = &rows[0];
+    let doomed = mosaic::coordinator::retention::Doomed {
+        checkpoint_digest: r.get(1),
+        assignment_id: r.get(2),
+        lane_incarnation_id: r.get(3),
+        generation: r.get(4),
+        purpose: r.get(5),
+        handoff_id: r.get(6),
+        retention_policy_digest: r.get(7),
+    };
+    let (id, reason, scope, gone, digest): (String, String, String, Vec<String>, String) =
+        (r.get(0), r.get(8), r.get(9), r.get(10), r.get(11));
     assert_eq!(
-        r["receipt_digest"].as_str().unwrap(),
-        doomed.receipt_digest(r["deletion_id"].as_str().unwrap(), "retention", &gone)
+        (
+            doomed.checkpoint_digest.as_str(),
+            doomed.assignment_id.as_str(),
+            doomed.generation
+        ),
+        (second_a.as_str(), asg_a.as_str(), 2)
+    );
+    assert_eq!(
+        (reason.as_str(), scope.as_str()),
+        ("retention", "coordinator-store")
+    );
+    assert_eq!(digest, doomed.receipt_digest(&id, &reason, &gone));
+    assert_eq!(deleted[0]["receipt_digest"], digest.as_str());
+    // Its bundle went; the base the other checkpoints name stayed.
+    assert_eq!(
+        gone,
+        [cks_a[1]["bundle_object"].as_str().unwrap().to_string()]
     );
     let stored = |o: &str| -> i64 {
         sql_rows(
@@ -1912,35 +1967,50 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
         )[0]
         .get(0)
     };
-    assert_eq!(stored(ck_a["bundle_object"].as_str().unwrap()), 0);
-    assert_eq!(stored(ck_b["base_object"].as_str().unwrap()), 1);
-    assert_eq!(stored(ck_b["bundle_object"].as_str().unwrap()), 1);
-    let left = w
-        .op(&OperatorRequest::Checkpoints {
-            assignment_id: Some(asg_a.clone()),
-        })
-        .unwrap();
-    assert_eq!(left.as_array().map(Vec::len), Some(0), "{left}");
+    assert_eq!(stored(cks_a[1]["bundle_object"].as_str().unwrap()), 0);
+    for o in [
+        &cks_a[0]["bundle_object"],
+        &ck_b["base_object"],
+        &ck_b["bundle_object"],
+    ] {
+        assert_eq!(stored(o.as_str().unwrap()), 1, "{o}");
+    }
+    let left = checkpoints(&w, &asg_a, 1);
+    assert_eq!(left.len(), 1, "{left:?}");
+    assert_eq!(left[0]["checkpoint_digest"], first_a.as_str());
     let shown = w.op(&OperatorRequest::CheckpointShow {
-        checkpoint_digest: digest_a.clone(),
+        checkpoint_digest: second_a.clone(),
         diff: false,
     });
     assert_eq!(shown.expect_err("gone").category.as_str(), "not-found");
-    let e = assign_from(&w, &lane, "hang", &digest_a, None, None).expect_err("gone");
+    let e = assign_from(&w, &lane, "hang", &second_a, None, None).expect_err("gone");
     assert_eq!(e.category.as_str(), "not-found", "{e:?}");
-    // B, done now: deleted at once by the operator, its receipt listed.
-    assert_eq!(stop(&w, asg_b.clone())["state"], "CANCELLED");
-    let out = delete(&digest_b).unwrap();
+    // T, done: its checkpoint deleted at once by the operator, whatever the policy.
+    assert_eq!(stop(&w, asg_t.clone())["state"], "CANCELLED");
+    let ck_t = stored_rows(&asg_t, 1).remove(0);
+    let out = delete(ck_t["checkpoint_digest"].as_str().unwrap()).unwrap();
     assert_eq!(out["deleted"][0]["reason"], "operator", "{out}");
-    assert_eq!(
-        stored(ck_b["base_object"].as_str().unwrap()),
-        0,
-        "the last checkpoint naming the base went"
+    // B, done now: both its checkpoints go in one run once its time passed.
+    assert_eq!(stop(&w, asg_b.clone())["state"], "CANCELLED");
+    let listed = wait_until("B's checkpoints past their retention", || {
+        let v = gc(true);
+        let l = v["deletable"].as_array()?.clone();
+        (l.len() == 2).then_some(l)
+    });
+    assert!(
+        listed.iter().all(|d| d["assignment_id"] == asg_b.as_str()),
+        "{listed:?}"
     );
+    let done = gc(false);
+    assert_eq!(done["deleted"].as_array().map(Vec::len), Some(2), "{done}");
+    assert_eq!(done["kept"], serde_json::json!([]), "{done}");
+    for c in &cks_b {
+        assert_eq!(stored(c["bundle_object"].as_str().unwrap()), 0, "{c}");
+    }
     let receipts = w
         .op(&OperatorRequest::CheckpointDeletions {
             assignment_id: None,
         })
         .unwrap();
-    assert_eq!(receipts.as_array().map(Vec::len), Some(2), "{receipts}");
+    assert_eq!(receipts.as_array().map(Vec::len), Some(4), "{receipts}");
 }

@@ -161,7 +161,8 @@ pub const CONSUME: &str = "WITH g AS ( \
 /// attempt, `$6` the target lane incarnation (its host is the principal), `$7` permitted
 /// fields digest, `$8` lifetime (an interval), `$9` checkpoint digest, `$10` repository.
 /// The source is the checkpoint's latest end record in that repository (of another
-/// assignment); no row when there is none.
+/// assignment), held shared until the grant commits (a deletion of it waits, then sees
+/// the grant); no row when there is none.
 pub(crate) const CREATE: &str = "INSERT INTO checkpoint_grants (grant_id, sot_incarnation, coordinator_epoch, source_assignment_id, \
         source_attempt_id, source_lane_incarnation_id, source_generation, checkpoint_digest, target_assignment_id, target_attempt_id, \
         recovery_principal, recovery_role, purpose, classification, permitted_fields_digest, transformation_digest, retention_policy_digest, deadline) \
@@ -169,7 +170,7 @@ pub(crate) const CREATE: &str = "INSERT INTO checkpoint_grants (grant_id, sot_in
             (SELECT 'host:' || ln.host_id FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id WHERE li.lane_incarnation_id = $6), \
             'remediation', 'cross-assignment-recovery', ck.classification, $7, NULL, ck.retention_policy_digest, clock_timestamp() + $8::text::interval \
      FROM checkpoints ck WHERE ck.checkpoint_digest = $9 AND ck.repository = $10 AND ck.handoff_id IS NULL AND ck.assignment_id <> $4 \
-     ORDER BY ck.created_at DESC LIMIT 1";
+     ORDER BY ck.created_at DESC LIMIT 1 FOR SHARE OF ck";
 
 const SELECT: &str = "SELECT grant_id, sot_incarnation, coordinator_epoch, source_assignment_id, source_attempt_id, \
         source_lane_incarnation_id, source_generation, checkpoint_digest, target_assignment_id, target_attempt_id, recovery_principal, \

@@ -31,17 +31,30 @@ pub struct RetentionPolicy {
 const DONE_PLUS: &str = "mosaic/retention/done-plus/v1";
 
 impl RetentionPolicy {
-    /// The one a coordinator's configuration names (`checkpoint_retention_s`).
-    pub fn configured(keep_after_done_s: Option<u64>) -> Self {
+    /// Longest a checkpoint may be kept after its work is done: ten years.
+    pub const MAX_KEEP_S: u64 = 10 * 365 * 24 * 3600;
+
+    /// The one a coordinator's configuration names (`checkpoint_retention_s`): 1 s to ten
+    /// years, or absent (kept until deleted).
+    pub fn configured(keep_after_done_s: Option<u64>) -> Result<Self, String> {
         match keep_after_done_s {
-            None => Self {
-                name: RETENTION_POLICY,
-                keep_after_done_s: None,
-            },
-            Some(s) => Self {
+            None => Ok(Self::until_removed()),
+            Some(s) if (1..=Self::MAX_KEEP_S).contains(&s) => Ok(Self {
                 name: DONE_PLUS,
-                keep_after_done_s: Some(s.max(1)),
-            },
+                keep_after_done_s: Some(s),
+            }),
+            Some(s) => Err(format!(
+                "checkpoint_retention_s = {s}: 1 to {} seconds, or absent (kept until deleted)",
+                Self::MAX_KEEP_S
+            )),
+        }
+    }
+
+    /// Keep-until-removed: the default, and what every checkpoint before retention records.
+    pub fn until_removed() -> Self {
+        Self {
+            name: RETENTION_POLICY,
+            keep_after_done_s: None,
         }
     }
 
@@ -61,7 +74,9 @@ impl RetentionPolicy {
 }
 
 /// Where a checkpoint record (alias `ck`) is deletable now, with why: its work done, no
-/// unspent grant naming it, and (for `retention`) its policy's time after done passed.
+/// live grant naming it (unrevoked and before its deadline, consumed or not: its target
+/// may still be restoring), its upload settled (stored, or refused for good), and (for
+/// `retention`) its policy's time since the work was done passed.
 /// `$1` the reason, `$2` an assignment (or NULL), `$3` a digest (or NULL).
 fn deletable_from(ck: &str) -> String {
     let done = super::states::WorkStatus::Done.sql();
@@ -71,10 +86,10 @@ fn deletable_from(ck: &str) -> String {
          WHERE a.work_status = {done} \
            AND ($2::text IS NULL OR {ck}.assignment_id = $2) AND ($3::text IS NULL OR {ck}.checkpoint_digest = $3) \
            AND NOT EXISTS (SELECT 1 FROM checkpoint_grants g WHERE g.checkpoint_digest = {ck}.checkpoint_digest \
-                           AND g.consumed_at IS NULL AND g.revoked_at IS NULL AND g.deadline > clock_timestamp()) \
-           AND ($1::text = 'operator' OR (p.keep_after_done_s IS NOT NULL AND \
-                (SELECT max(t.decided_at) FROM transition_receipts t WHERE t.assignment_id = a.assignment_id) \
-                  + p.keep_after_done_s * interval '1 second' <= clock_timestamp()))"
+                           AND g.revoked_at IS NULL AND g.deadline > clock_timestamp()) \
+           AND ({ck}.bundle_object IS NOT NULL OR {ck}.transfer_error IS NOT NULL) \
+           AND ($1::text = 'operator' OR (p.keep_after_done_s IS NOT NULL AND a.finalized_at IS NOT NULL \
+                AND a.finalized_at + p.keep_after_done_s * interval '1 second' <= clock_timestamp()))"
     )
 }
 
@@ -133,7 +148,22 @@ impl Store {
     pub async fn register_retention(&self, policy: &RetentionPolicy) -> Result<(), AuthorityError> {
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
-        for p in [RetentionPolicy::configured(None), policy.clone()] {
+        // One coordinator at a time: two starting together see each other's choice.
+        tx.execute("LOCK TABLE retention_policies IN EXCLUSIVE MODE", &[])
+            .await?;
+        let was: Option<String> = tx
+            .query_opt(
+                "SELECT policy_digest FROM retention_policies WHERE classification = 'workspace' AND active",
+                &[],
+            )
+            .await?
+            .map(|r| r.col("policy_digest"))
+            .transpose()?;
+        if was.as_deref().is_some_and(|w| w != policy.digest()) {
+            tracing::warn!(from = ?was, to = %policy.digest(), policy = policy.name, keep_after_done_s = ?policy.keep_after_done_s,
+                "the active retention policy of workspace checkpoints changes with this coordinator's configuration (new checkpoints record it; existing ones keep theirs)");
+        }
+        for p in [RetentionPolicy::until_removed(), policy.clone()] {
             let keep = p.keep_after_done_s.map(|s| s as i64);
             tx.execute(
                 "INSERT INTO retention_policies (policy_digest, classification, name, keep_after_done_s) \
@@ -193,8 +223,10 @@ impl Store {
             OP,
             l,
             format!(
-                "checkpoint-delete/{}/{}",
-                d.lane_incarnation_id, d.generation
+                "checkpoint-delete/{}/{}/{}",
+                d.lane_incarnation_id,
+                d.generation,
+                d.handoff_id.as_deref().unwrap_or("end")
             ),
             request_digest(
                 OP,
@@ -202,6 +234,7 @@ impl Store {
                     &d.checkpoint_digest,
                     &d.lane_incarnation_id,
                     &d.generation.to_string(),
+                    d.handoff_id.as_deref().unwrap_or("end"),
                     reason,
                 ],
             ),
@@ -222,6 +255,13 @@ impl Store {
                          RETURNING ck.bundle_object, ck.base_object",
                         deletable_from("k2")
                     );
+                    // The record locked first: a grant being made of it (which holds it
+                    // shared) commits before the deciding statement reads the grants.
+                    f.read(
+                        "SELECT 1 FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 \
+                           AND handoff_id IS NOT DISTINCT FROM $3 FOR UPDATE",
+                        &[&doomed.lane_incarnation_id, &doomed.generation, &doomed.handoff_id],
+                    ).await?;
                     let d = match f.cas(&sql, &[&reason, &doomed.assignment_id, &doomed.checkpoint_digest,
                         &doomed.lane_incarnation_id, &doomed.generation, &doomed.handoff_id]).await? {
                         Ok(d) => d,
@@ -235,7 +275,10 @@ impl Store {
                     for o in &named {
                         let n = d.exec(
                             "DELETE FROM checkpoint_objects o WHERE o.object_digest = $1 \
-                             AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.bundle_object = $1 OR c.base_object = $1)",
+                             AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.bundle_object = $1 OR c.base_object = $1) \
+                             AND NOT EXISTS (SELECT 1 FROM checkpoint_object_proofs pr JOIN checkpoints c \
+                                             ON c.lane_incarnation_id = pr.lane_incarnation_id AND c.generation = pr.generation \
+                                             WHERE pr.object_digest = $1)",
                             &[o],
                         ).await?;
                         if n == 1 {
@@ -331,10 +374,41 @@ impl Store {
         if dry_run {
             return Ok(json!({ "dry_run": true, "deletable": doomed }));
         }
-        let mut deleted = vec![];
+        // Each record in its own step: one that is no longer deletable (a grant made of it
+        // meanwhile) is reported, and the rest go on.
+        let (mut deleted, mut kept) = (vec![], vec![]);
         for d in &doomed {
-            deleted.push(self.delete_checkpoint(l, d, reason).await?);
+            match self.delete_checkpoint(l, d, reason).await {
+                Ok(r) => deleted.push(r),
+                Err(e) if e.category().is_some() => {
+                    kept.push(json!({ "checkpoint": d, "refused": e.to_string() }))
+                }
+                Err(e) => return Err(e),
+            }
         }
-        Ok(json!({ "deleted": deleted }))
+        Ok(json!({ "deleted": deleted, "kept": kept }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policies_are_named_by_their_content_and_checked() {
+        // Keep-until-removed is what every checkpoint before retention records.
+        assert_eq!(
+            RetentionPolicy::until_removed().digest(),
+            crate::protocol::repo::retention_policy_digest()
+        );
+        let day = RetentionPolicy::configured(Some(86_400)).unwrap();
+        assert_ne!(day.digest(), RetentionPolicy::until_removed().digest());
+        assert_ne!(
+            day.digest(),
+            RetentionPolicy::configured(Some(86_401)).unwrap().digest()
+        );
+        assert!(RetentionPolicy::configured(Some(0)).is_err());
+        assert!(RetentionPolicy::configured(Some(RetentionPolicy::MAX_KEEP_S + 1)).is_err());
+        assert!(RetentionPolicy::configured(Some(RetentionPolicy::MAX_KEEP_S)).is_ok());
     }
 }

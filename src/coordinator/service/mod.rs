@@ -94,11 +94,10 @@ impl Service {
         let store =
             Store::connect_with(&cfg.database_url, cfg.allow_insecure_database, secret).await?;
         store.migrate().await?;
-        store
-            .register_retention(&crate::coordinator::retention::RetentionPolicy::configured(
-                cfg.checkpoint_retention_s,
-            ))
-            .await?;
+        let retention =
+            crate::coordinator::retention::RetentionPolicy::configured(cfg.checkpoint_retention_s)
+                .map_err(|p| ServiceError::Invalid { problems: vec![p] })?;
+        store.register_retention(&retention).await?;
         let principal = format!("coordinator:{}", cfg.name);
         let (session_seed, ordinary_seed) =
             (read_seed(&cfg.session_key)?, read_seed(&cfg.ordinary_key)?);
