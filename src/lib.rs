@@ -13,6 +13,7 @@
 
 pub mod adapter;
 pub mod cgroup;
+pub mod checkpoint_restore;
 pub mod confine;
 pub mod coordinator;
 pub mod doctor;

@@ -502,6 +502,38 @@ fn files_of(ws: &Path) -> std::collections::BTreeMap<String, (Vec<u8>, u32)> {
     out
 }
 
+/// A directory removed when the test ends.
+struct Removed(PathBuf);
+
+impl Drop for Removed {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// A read of stored object `object` of checkpoint `digest` from its start, as the
+/// operator's restore makes it: `(served, error)`.
+fn restore_read(
+    w: &World,
+    digest: &str,
+    object: &str,
+) -> (bool, mosaic::coordinator::service::OpError) {
+    match w.op(&OperatorRequest::CheckpointRead {
+        checkpoint_digest: digest.into(),
+        object_digest: object.into(),
+        offset: 0,
+    }) {
+        Ok(_) => (
+            true,
+            mosaic::coordinator::service::OpError::new(
+                mosaic::coordinator::Category::Internal,
+                "served",
+            ),
+        ),
+        Err(e) => (false, e),
+    }
+}
+
 /// The termination receipts' details of `asg`, newest first.
 fn receipt_details(w: &World, asg: &str) -> Vec<String> {
     tokio_block(async {
@@ -600,6 +632,72 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
     );
     assert_eq!(shown["diff_truncated"], false);
 
+    // An operator's own copy (the real CLI, a separate process): a repository on the work's
+    // branch at its base whose files are the checkpoint's, byte for byte; never into a
+    // directory that holds anything.
+    let digest = ck["checkpoint_digest"].as_str().unwrap().to_string();
+    let restore = |w: &World, into: &Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_mosaic"))
+            .args(["checkpoint", "restore", &digest, "--json", "--into"])
+            .arg(into)
+            .arg("--coordinator-socket")
+            .arg(w.socket(0))
+            .output()
+            .unwrap();
+        let v: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stderr)));
+        (out.status.success(), v)
+    };
+    let copy = repo.0.with_extension("restored");
+    let _clean = Removed(copy.clone());
+    let (ok, v) = restore(&w, &copy);
+    assert!(ok, "{v}");
+    assert_eq!(v["commit_id"], ck["commit_id"], "{v}");
+    assert_eq!(files_of(&copy), before, "the restored copy differs");
+    assert_eq!(
+        git(&copy, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        format!("mosaic/{asg}")
+    );
+    assert_eq!(
+        git(&copy, &["rev-parse", "HEAD"]),
+        git(&repo.0, &["rev-parse", "main"])
+    );
+    let (ok, v) = restore(&w, &copy);
+    assert!(!ok && v["error"]["category"] == "bad-input", "{v}");
+    assert!(
+        v["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("restore into a new directory"),
+        "{v}"
+    );
+    assert_eq!(
+        files_of(&copy),
+        before,
+        "a refused restore changed the copy"
+    );
+    // Only the objects that very checkpoint names (never a stored object by its address
+    // alone), from a part's start.
+    let zero = format!("sha256:{}", "0".repeat(64));
+    for (ck_digest, object) in [(&zero, &bundle), (&digest, &zero)] {
+        let e = w
+            .op(&OperatorRequest::CheckpointRead {
+                checkpoint_digest: ck_digest.clone(),
+                object_digest: object.clone(),
+                offset: 0,
+            })
+            .unwrap_err();
+        assert_eq!(e.category, mosaic::coordinator::Category::NotFound, "{e:?}");
+    }
+    let e = w
+        .op(&OperatorRequest::CheckpointRead {
+            checkpoint_digest: digest.clone(),
+            object_digest: bundle.clone(),
+            offset: 1,
+        })
+        .unwrap_err();
+    assert_eq!(e.category, mosaic::coordinator::Category::BadInput, "{e:?}");
+
     // A byte flipped at rest: refused, never served; the work stays where it was.
     let flip = |w: &World| {
         tokio_block(async {
@@ -617,6 +715,21 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
     assert_eq!(flip(&w), 1);
     let e = show(&w).unwrap_err();
     assert!(e.message.contains("corrupt"), "{e:?}");
+    let second = repo.0.with_extension("corrupt");
+    let _clean2 = Removed(second.clone());
+    let (ok, v) = restore(&w, &second);
+    assert!(!ok && v["error"]["category"] == "conflict", "{v}");
+    assert!(
+        v["error"]["message"].as_str().unwrap().contains("corrupt"),
+        "{v}"
+    );
+    assert!(
+        !second.exists(),
+        "a refused restore left {}",
+        second.display()
+    );
+    let (ok, v) = restore_read(&w, &digest, &bundle);
+    assert!(!ok && v.message.contains("corrupt"), "{v:?}");
     let refused = assign_in(&w, &lane1, "hang", None, None, Some(&asg));
     assert!(refused.is_err(), "{refused:?}");
     wait_until("the refused restore's receipt", || {
@@ -632,6 +745,10 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
 
     // Repaired: the resume on the other host starts in exactly the same files.
     assert_eq!(flip(&w), 1);
+    assert!(
+        restore_read(&w, &digest, &bundle).0,
+        "the repaired object is served"
+    );
     let b = assign_in(&w, &lane1, "hang", None, None, Some(&asg)).unwrap();
     assert_eq!(b["state"], "RUNNING", "{b}");
     let ws1 = w.state_dir(1).join("workspaces").join(&asg);

@@ -517,7 +517,7 @@ async fn transfer_error(
 }
 
 /// Whether the parts of `digest`, in order, hash to it.
-async fn whole_matches(
+pub(super) async fn whole_matches(
     c: &impl deadpool_postgres::GenericClient,
     digest: &str,
 ) -> Result<bool, AuthorityError> {

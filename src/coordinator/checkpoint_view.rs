@@ -246,3 +246,114 @@ impl Store {
         Ok(path.to_path_buf())
     }
 }
+
+/// Most parts of an object one `checkpoint-read` answer carries (about 960 KiB).
+pub const READ_PARTS: i32 = 20;
+
+const READ_OP: &str = "checkpoint-read";
+
+impl Store {
+    /// Bytes of object `object` of the stored checkpoint `digest`, for an operator's
+    /// `checkpoint restore`: from `offset` (a whole number of parts), at most
+    /// [`READ_PARTS`] parts, base64. An object only that checkpoint names, only once
+    /// stored; a read from its start verifies the whole against its address first (a
+    /// changed byte is refused as `corrupt`, and audited). The reader verifies the whole
+    /// again: an answer proves nothing by itself.
+    pub async fn checkpoint_read(
+        &self,
+        digest: &str,
+        object: &str,
+        offset: u64,
+    ) -> Result<serde_json::Value, AuthorityError> {
+        use crate::protocol::messages::PART_BYTES;
+        use base64::Engine as _;
+        let part_bytes = PART_BYTES as u64;
+        let is = crate::protocol::envelope::is_digest;
+        if !is(digest) || !is(object) || offset % part_bytes != 0 {
+            return Err(reject(
+                READ_OP,
+                Category::BadInput,
+                "a checkpoint and an object are each sha256: and 64 lowercase hex digits; an offset is a whole number of parts",
+            ));
+        }
+        let c = self.pool.get().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT o.size, o.stored_at IS NOT NULL AS stored FROM checkpoints ck \
+                 JOIN checkpoint_objects o ON o.object_digest = $2 \
+                 WHERE ck.checkpoint_digest = $1 AND (ck.bundle_object = $2 OR ck.base_object = $2) LIMIT 1",
+                &[&digest, &object],
+            )
+            .await?
+        else {
+            return Err(reject(
+                READ_OP,
+                Category::NotFound,
+                format!("checkpoint {digest} names no stored object {object}"),
+            ));
+        };
+        let size: i64 = r.col("size")?;
+        if !r.col::<bool>("stored")? {
+            return Err(reject(
+                READ_OP,
+                Category::WrongState,
+                format!("object {object} is not whole in the store yet"),
+            ));
+        }
+        let size = size as u64;
+        if offset >= size {
+            return Err(reject(
+                READ_OP,
+                Category::BadInput,
+                format!("offset {offset} is past the object's {size} bytes"),
+            ));
+        }
+        let corrupt = || {
+            let why = format!("corrupt: stored object {object} does not hash to its address");
+            self.auditor().record(
+                READ_OP,
+                Category::Conflict,
+                None,
+                None,
+                None,
+                &format!("{why}: not served"),
+            );
+            reject(READ_OP, Category::Conflict, why)
+        };
+        if offset == 0 {
+            if !super::checkpoint_store::whole_matches(&c, object).await? {
+                return Err(corrupt());
+            }
+            tracing::info!(
+                checkpoint_digest = digest,
+                object_digest = object,
+                "a stored checkpoint object read by an operator"
+            );
+        }
+        let first = (offset / part_bytes) as i32;
+        let want = (size - offset).div_ceil(part_bytes).min(READ_PARTS as u64) as usize;
+        let rows = c
+            .query(
+                "SELECT part, data FROM checkpoint_object_parts \
+                 WHERE object_digest = $1 AND part >= $2 AND part < $3 ORDER BY part",
+                &[&object, &first, &(first + READ_PARTS)],
+            )
+            .await?;
+        let mut data = Vec::with_capacity(want * PART_BYTES);
+        for (i, r) in rows.iter().enumerate() {
+            if r.col::<i32>("part")? != first + i as i32 {
+                return Err(corrupt());
+            }
+            data.extend_from_slice(&r.col::<Vec<u8>>("data")?);
+        }
+        if rows.len() != want {
+            return Err(corrupt());
+        }
+        Ok(serde_json::json!({
+            "object_digest": object,
+            "size": size,
+            "offset": offset,
+            "data": base64::engine::general_purpose::STANDARD.encode(&data),
+        }))
+    }
+}

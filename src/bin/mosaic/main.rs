@@ -267,6 +267,18 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             diff,
         }),
         Cmd::Checkpoint {
+            op:
+                CheckpointOp::Restore {
+                    checkpoint_digest,
+                    into,
+                    at,
+                },
+        } => at.print(mosaic::checkpoint_restore::checkpoint_restore(
+            &at.targets()?,
+            &checkpoint_digest,
+            &into,
+        )),
+        Cmd::Checkpoint {
             op: CheckpointOp::Grants { assignment_id, at },
         } => at.call(OperatorRequest::CheckpointGrants { assignment_id }),
         Cmd::Checkpoint {

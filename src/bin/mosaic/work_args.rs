@@ -24,6 +24,17 @@ pub(crate) enum CheckpointOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// A stored checkpoint as a repository of your own: `--into DIR` (absent or empty)
+    /// becomes a repository on the branch `mosaic/<assignment>` at the checkpoint's base,
+    /// its files exactly the checkpoint's (`git status` shows the work as changes). Every
+    /// object is checked against its digest before it is used.
+    Restore {
+        checkpoint_digest: String,
+        #[arg(long)]
+        into: std::path::PathBuf,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// The grants that let one assignment start from another's checkpoint (every bound
     /// field, whether consumed, revoked or expired, and the access receipt).
     Grants {

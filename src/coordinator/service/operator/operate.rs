@@ -219,6 +219,7 @@ impl Service {
             | OperatorRequest::Repos
             | OperatorRequest::Checkpoints { .. }
             | OperatorRequest::CheckpointShow { .. }
+            | OperatorRequest::CheckpointRead { .. }
             | OperatorRequest::CheckpointGrants { .. }
             | OperatorRequest::CheckpointGrantRevoke { .. }
             | OperatorRequest::CheckpointGc { .. }

@@ -39,6 +39,15 @@ impl Service {
                     .checkpoint_show(&checkpoint_digest, diff, &std::env::temp_dir())
                     .await?
             }
+            OperatorRequest::CheckpointRead {
+                checkpoint_digest,
+                object_digest,
+                offset,
+            } => {
+                self.store
+                    .checkpoint_read(&checkpoint_digest, &object_digest, offset)
+                    .await?
+            }
             OperatorRequest::CheckpointGrants { assignment_id } => {
                 json!(self.store.grants(assignment_id.as_deref()).await?)
             }

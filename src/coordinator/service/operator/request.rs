@@ -174,6 +174,14 @@ pub enum OperatorRequest {
         #[serde(default)]
         diff: bool,
     },
+    /// Bytes of one stored object of a checkpoint (its bundle, or its base's), from `offset`
+    /// (whole parts), for `mosaic checkpoint restore`.
+    CheckpointRead {
+        checkpoint_digest: String,
+        object_digest: String,
+        #[serde(default)]
+        offset: u64,
+    },
     /// The checkpoint grants (of one assignment, as source or target).
     CheckpointGrants {
         #[serde(default)]
@@ -377,6 +385,7 @@ impl OperatorRequest {
             | Self::Repos
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }
+            | Self::CheckpointRead { .. }
             | Self::Status
             | Self::Receipts { .. }
             | Self::Audit { .. }
