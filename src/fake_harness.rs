@@ -20,6 +20,7 @@
 //! | `busy=SECONDS` | with `take-continuations`: works SECONDS on each continuation (unsettled meanwhile: work still queued) |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
 //! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`, `zombie-connect:SOCKET`, `chmod:PATH`, `open:PATH`, `prlimit:PID`, `renice:PID`, `tcp:HOST:PORT`, `provider:KEY-VAR`, `egress:HOST:PORT`, `wait:PATH`, `flood:N`; see `attack`); in contract mode, once active |
+//! | `checkpoint` | in contract mode, once active and after its attacks: asks for a checkpoint of its workspace (`mosaic lane checkpoint`), the answer appended to `$HOME/checkpoints` as one JSON line |
 //! | `staging-attack=KIND:ARG` | in contract mode: the same, made after the contract is fetched and before the ACK (a staging generation's attempt), its outcome in `$HOME/staging-attacks` |
 //!
 //! An unknown or malformed directive is an error before anything happens.
@@ -51,11 +52,12 @@ pub enum Directive {
     Busy(f64),
     Attack(attack::Attack),
     StagingAttack(attack::Attack),
+    Checkpoint,
 }
 
 #[derive(Debug, thiserror::Error, PartialEq)]
 pub enum DirectiveError {
-    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack quit-at-contract progress-every=S progress-same fake-progress blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG)")]
+    #[error("unknown directive {0:?} (known: spawn=N ignore-term print=TEXT exit=CODE exit-after=S crash-after=S hang no-ack quit-at-contract progress-every=S progress-same fake-progress blocked=CODE accept-handoff take-continuations busy=S attack=KIND:ARG staging-attack=KIND:ARG checkpoint)")]
     Unknown(String),
     #[error("directive {0:?} has a malformed value")]
     BadValue(String),
@@ -88,6 +90,7 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
             None if tok == "fake-progress" => Directive::FakeProgress,
             None if tok == "accept-handoff" => Directive::AcceptHandoff,
             None if tok == "take-continuations" => Directive::TakeContinuations,
+            None if tok == "checkpoint" => Directive::Checkpoint,
             Some(("busy", v)) => Directive::Busy(seconds(tok, v)?),
             Some(("progress-every", v)) => match seconds(tok, v)? {
                 s if s >= 0.05 => Directive::ProgressEvery(s),
@@ -185,6 +188,9 @@ pub fn run(args: Vec<String>) -> i32 {
     if !attacks.is_empty() {
         attack::run_all(&attacks);
     }
+    if directives.contains(&Directive::Checkpoint) {
+        ask_checkpoint();
+    }
     for d in &directives {
         match d {
             Directive::Print(t) => println!("{t}"),
@@ -251,6 +257,34 @@ pub fn run(args: Vec<String>) -> i32 {
                     None => sleep_reaping(Duration::from_secs(3600)),
                 }
             }
+        }
+    }
+}
+
+/// `mosaic lane checkpoint`: its answer (or why there is none) appended to
+/// `$HOME/checkpoints`, one JSON line.
+fn ask_checkpoint() {
+    let line = match std::env::var_os("MOSAIC_BIN") {
+        None => serde_json::json!({ "ok": false, "error": "no MOSAIC_BIN" }).to_string(),
+        Some(bin) => match std::process::Command::new(bin)
+            .args(["lane", "checkpoint"])
+            .output()
+        {
+            Ok(out) => String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .replace('\n', " "),
+            Err(e) => serde_json::json!({ "ok": false, "error": e.to_string() }).to_string(),
+        },
+    };
+    println!("fake: lane checkpoint {line}");
+    if let Some(home) = std::env::var_os("HOME") {
+        use std::io::Write;
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(std::path::Path::new(&home).join("checkpoints"))
+        {
+            let _ = writeln!(f, "{line}");
         }
     }
 }

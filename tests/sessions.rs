@@ -1421,3 +1421,185 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
     assert_eq!(objects, 0);
     let _ = std::fs::remove_dir_all(&repo);
 }
+
+/// A checkpoint a live generation asked for (`checkpoint_taken` with `request_seq`) is a
+/// fact only for the open, activated chain of exactly that generation's work, in its own
+/// repository, under a number not yet used. Host B, played by the raw client through its
+/// own chain: before its ACK, naming another declared repository, or reusing a number,
+/// nothing is recorded; the one well-formed report is recorded once, its digest derived
+/// from its ids.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
+    let w = World::new(Opts::default());
+    let inc = incarnation();
+    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let lane = w.lane(1, "lane-x");
+    let host = lane.split_once(':').unwrap().0.to_string();
+    common::wait_until("B's lane registered", || {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .any(|l| l["lane_id"] == lane.as_str())
+            .then_some(())
+    });
+    for name in ["demo", "other"] {
+        w.op(&OperatorRequest::RepoAdd {
+            name: name.into(),
+            path: Some(format!("/srv/{name}")),
+            url: None,
+            host_id: Some(host.clone()),
+            copy: vec![],
+            setup: vec![],
+            setup_timeout_s: None,
+        })
+        .unwrap();
+    }
+    let mut req = world::assign_request(&lane, "hang", None, false);
+    if let OperatorRequest::Assign { repo, .. } = &mut req {
+        *repo = Some("demo".into());
+    }
+    let a = w.op(&req).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    let send = |hs: &mut HostSession, t: MessageType, extra: Vec<(&'static str, Value)>| {
+        let mut f = chain_fields(&stage);
+        f.extend(extra);
+        let bytes = hs.seq.seal(Outgoing::new(&ordinary, t, f), COORD).unwrap();
+        Message::text(String::from_utf8(bytes).unwrap())
+    };
+    let m = send(
+        &mut hs,
+        MessageType::Staged,
+        vec![
+            ("idempotency_key", s("staged-1")),
+            ("process_identity", identity()),
+        ],
+    );
+    hs.ws.send(m).await.unwrap();
+    let contract = next_of(&mut hs, &p, &[MessageType::Contract]).await;
+    let a_ = authority(&stage);
+    let d = contract_digests(&contract);
+    let post = |extra: Vec<(&'static str, Value)>| {
+        let mut f = vec![
+            ("reservation_epoch", n(a_.reservation_epoch)),
+            ("reservation_deadline", s(&a_.reservation_deadline)),
+            ("runtime_id", s(&a_.runtime_id)),
+            ("contracts_digest", s(&d.contracts_digest)),
+            ("scope_digest", s(&d.scope_digest)),
+            ("holds_digest", s(&d.holds_digest)),
+        ];
+        f.extend(extra);
+        f
+    };
+    let taken = |key: &str, seq: u64, repo: &str, commit: char| {
+        post(vec![
+            ("idempotency_key", s(key)),
+            ("request_seq", n(seq)),
+            ("repository", s(repo)),
+            ("commit_id", s(&commit.to_string().repeat(40))),
+            ("tree_id", s(&"e".repeat(40))),
+        ])
+    };
+    let recorded = || async {
+        w.sql()
+            .await
+            .query(
+                "SELECT request_seq, commit_id, checkpoint_digest FROM checkpoints WHERE assignment_id = $1 ORDER BY request_seq",
+                &[&asg],
+            )
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1), r.get::<_, String>(2)))
+            .collect::<Vec<_>>()
+    };
+    let m = send(
+        &mut hs,
+        MessageType::Injected,
+        post(vec![
+            ("idempotency_key", s("injected-1")),
+            ("delivered_contracts_digest", s(&d.contracts_digest)),
+            ("process_identity", identity()),
+        ]),
+    );
+    hs.ws.send(m).await.unwrap();
+    let challenge = next_of(&mut hs, &p, &[MessageType::Challenge]).await;
+    // Before its ACK: the generation holds no authority yet.
+    let m = send(
+        &mut hs,
+        MessageType::CheckpointTaken,
+        taken("early", 1, "demo", 'a'),
+    );
+    hs.ws.send(m).await.unwrap();
+    let challenge_id = match typed(&challenge) {
+        ToHost::Challenge(c) => c.challenge_id,
+        other => panic!("not a challenge: {other:?}"),
+    };
+    let m = send(
+        &mut hs,
+        MessageType::Ack,
+        post(vec![
+            ("idempotency_key", s("ack-1")),
+            ("challenge_id", s(&challenge_id)),
+            ("process_identity", identity()),
+        ]),
+    );
+    hs.ws.send(m).await.unwrap();
+    let activated = next_of(&mut hs, &p, &[MessageType::Control]).await;
+    assert!(matches!(typed(&activated), ToHost::Activate(_)));
+    assert!(recorded().await.is_empty(), "recorded before its ACK");
+
+    // Another declared repository than the work's, then the work's own.
+    for (key, repo, commit) in [("other-repo", "other", 'f'), ("own", "demo", 'b')] {
+        let m = send(
+            &mut hs,
+            MessageType::CheckpointTaken,
+            taken(key, 1, repo, commit),
+        );
+        hs.ws.send(m).await.unwrap();
+    }
+    let rows = rows_when(&recorded, 1).await;
+    let want = mosaic::protocol::repo::CheckpointRef {
+        repository: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
+        commit_id: "b".repeat(40),
+        tree_id: "e".repeat(40),
+        inputs_digest: None,
+    };
+    assert_eq!(rows, vec![(1, "b".repeat(40), want.digest())]);
+
+    // Number 1 again with another commit, then number 2: only number 2 is new.
+    for (key, seq, commit) in [("again", 1, 'c'), ("second", 2, 'd')] {
+        let m = send(
+            &mut hs,
+            MessageType::CheckpointTaken,
+            taken(key, seq, "demo", commit),
+        );
+        hs.ws.send(m).await.unwrap();
+    }
+    let rows = rows_when(&recorded, 2).await;
+    assert_eq!(rows[0].1, "b".repeat(40), "number 1 was replaced");
+    assert_eq!(rows[1].1, "d".repeat(40));
+}
+
+/// What `read` returns once it holds `n` rows (the coordinator handles a session's
+/// messages in order: the refused ones sent before were handled by then).
+async fn rows_when<T, F, Fut>(read: &F, n: usize) -> Vec<T>
+where
+    F: Fn() -> Fut,
+    Fut: std::future::Future<Output = Vec<T>>,
+{
+    let start = Instant::now();
+    loop {
+        let rows = read().await;
+        if rows.len() >= n {
+            return rows;
+        }
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "timed out waiting for {n} rows"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -480,7 +480,7 @@ fn every_from_host() -> Vec<FromHostChain> {
         FromHostChain::CheckpointTaken(mosaic::protocol::messages::CheckpointTaken {
             chain: chain_ref(),
             bound: bound(),
-            handoff_id: "ho-1".into(),
+            origin: mosaic::protocol::messages::TakenFor::Handoff("ho-1".into()),
             taken: Ok(mosaic::protocol::repo::CheckpointRef {
                 repository: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
                 commit_id: "a".repeat(40),
@@ -491,8 +491,19 @@ fn every_from_host() -> Vec<FromHostChain> {
         FromHostChain::CheckpointTaken(mosaic::protocol::messages::CheckpointTaken {
             chain: chain_ref(),
             bound: bound(),
-            handoff_id: "ho-2".into(),
+            origin: mosaic::protocol::messages::TakenFor::Handoff("ho-2".into()),
             taken: Err("its lane is unconfined".into()),
+        }),
+        FromHostChain::CheckpointTaken(mosaic::protocol::messages::CheckpointTaken {
+            chain: chain_ref(),
+            bound: bound(),
+            origin: mosaic::protocol::messages::TakenFor::Request(3),
+            taken: Ok(mosaic::protocol::repo::CheckpointRef {
+                repository: mosaic::protocol::repo::RepoName::parse("demo").unwrap(),
+                commit_id: "c".repeat(40),
+                tree_id: "d".repeat(40),
+                inputs_digest: None,
+            }),
         }),
     ]
 }
@@ -541,4 +552,49 @@ fn host_message_keys_name_what_they_report() {
     let first = FromHostChain::Progress(p.clone()).idempotency_key();
     p.evidence_digest = format!("sha256:{}", "9".repeat(64));
     assert_ne!(FromHostChain::Progress(p).idempotency_key(), first);
+}
+
+/// A live generation's checkpoint names exactly one origin: a handoff, or its harness's
+/// request by a number from 1. Both, neither, or a number 0 is refused whole — never read
+/// as either.
+#[test]
+fn a_checkpoint_names_one_origin_exactly() {
+    let m = every_from_host()
+        .into_iter()
+        .find(|m| {
+            matches!(m, FromHostChain::CheckpointTaken(c)
+                if matches!(c.origin, mosaic::protocol::messages::TakenFor::Request(_)))
+        })
+        .unwrap();
+    let base: Vec<(&'static str, Value)> = m.fields().unwrap();
+    let decode = |f: Vec<(&'static str, Value)>| {
+        let mut f = f;
+        f.push(("message_id", s("m-1")));
+        let bytes = signer("host-ordinary")
+            .sign(m.message_type(), COORD, f)
+            .unwrap();
+        let reg = registry();
+        let env = verify(&bytes, &ctx(&reg, COORD)).unwrap();
+        FromHostChain::decode(&env)
+    };
+    assert!(matches!(decode(base.clone()), Ok(Some(_))));
+    let mut both = base.clone();
+    both.push(("handoff_id", s("ho-1")));
+    let neither: Vec<_> = base
+        .iter()
+        .filter(|(k, _)| *k != "request_seq")
+        .cloned()
+        .collect();
+    let mut zero = neither.clone();
+    zero.push(("request_seq", mosaic::protocol::envelope::n(0)));
+    for (what, f) in [("both", both), ("neither", neither), ("zero", zero)] {
+        let got = decode(f);
+        assert!(
+            matches!(
+                got,
+                Err(WireError::Field { .. } | WireError::Unknown { .. })
+            ),
+            "{what}: {got:?}"
+        );
+    }
 }

@@ -324,6 +324,19 @@ fn stop(w: &World, asg: impl Into<String>) -> Value {
     .unwrap()
 }
 
+/// Waits until `lane` is IDLE_CLEAN: a stop's outcome is final once its receipt is in
+/// (RETIRING), and the lane is idle one step later, once its cleanup is recorded as verified.
+fn wait_idle(w: &World, lane: &str) {
+    wait_until("the lane idle again", || {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .any(|l| l["lane_id"] == lane && l["state"] == "IDLE_CLEAN")
+            .then_some(())
+    });
+}
+
 fn git_dir(store: &Path, args: &[&str]) -> String {
     let mut all = vec!["--git-dir", store.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -1819,6 +1832,7 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
     // repositories (both below the supervisor's state).
     let inc2 = w.incarnation_of(0, "lane-2");
     assert_eq!(stop(&w, asg_t.clone())["state"], "CANCELLED");
+    wait_idle(&w, &lane2);
     let spy = format!(
         "attack=read:{0}/new.txt attack=read:{1}/checkpoints/demo.git/HEAD hang",
         ws_a.display(),
@@ -2053,6 +2067,7 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
         generation: r.get(4),
         purpose: r.get(5),
         handoff_id: r.get(6),
+        request_seq: None,
         retention_policy_digest: r.get(7),
     };
     let (id, reason, scope, gone, digest): (String, String, String, Vec<String>, String) =
@@ -2130,4 +2145,111 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
         })
         .unwrap();
     assert_eq!(receipts.as_array().map(Vec::len), Some(4), "{receipts}");
+}
+
+/// The first JSON line of `file` (a fake harness's answers), once it is there.
+fn first_answer(file: &Path) -> Value {
+    wait_until("the harness's answer", || {
+        std::fs::read_to_string(file)
+            .ok()?
+            .lines()
+            .next()
+            .and_then(|l| serde_json::from_str(l).ok())
+    })
+}
+
+/// `mosaic lane checkpoint` (§11: a checkpoint before the generation ends): a RUNNING
+/// generation asks, its host freezes it, checkpoints the workspace, records it with the
+/// coordinator (no receipt, no handoff: request 1) and uploads it; the harness hears it is
+/// stored. Then the host goes down with the generation and its disk loses the work, so no
+/// end checkpoint can come; the work resumes on the other host in exactly the files of
+/// that instant (a change made after it is not there). Work without a workspace is
+/// refused with the reason, and records nothing.
+#[test]
+fn a_checkpoint_the_harness_asks_for_survives_the_loss_of_its_host() {
+    // Effect leases short enough that a lost host's work is in recovery within seconds.
+    let (_repo, mut w, lane0, lane1) =
+        two_hosts("workspaces-asked", "lease_ttl_ms = 6000\n".into());
+
+    // No workspace: refused, nothing recorded.
+    let plain = assign_in(&w, &lane1, "checkpoint hang", None, None, None).unwrap();
+    let plain_asg = plain["assignment_id"].as_str().unwrap().to_string();
+    let inc1 = w.incarnation_of(1, "lane-1");
+    let refused = first_answer(&w.area(1, &inc1, 1).join("home/checkpoints"));
+    assert_eq!(refused["ok"], false, "{refused}");
+    assert!(
+        refused["error"].as_str().unwrap().contains("no workspace"),
+        "{refused}"
+    );
+    assert!(checkpoints(&w, &plain_asg, 0).is_empty());
+    assert_eq!(stop(&w, plain_asg)["state"], "CANCELLED");
+
+    let inc0 = w.incarnation_of(0, "lane-1");
+    let area = w.area(0, &inc0, 1);
+    let task = format!(
+        "attack=write:{0}/a.txt attack=write:{0}/new.txt checkpoint hang",
+        area.join("work").display()
+    );
+    let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
+    assert_eq!(a["state"], "RUNNING", "{a}");
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let answer = first_answer(&area.join("home/checkpoints"));
+    assert_eq!(answer["ok"], true, "{answer}");
+    let got = &answer["checkpoint"];
+    assert_eq!(got["request_seq"], 1, "{answer}");
+    assert_eq!(got["stored"], true, "{answer}");
+    let rows = checkpoints(&w, &asg, 1);
+    let ck = &rows[0];
+    assert_eq!(ck["checkpoint_digest"], got["checkpoint_digest"], "{ck}");
+    assert_eq!(ck["request_seq"], 1, "{ck}");
+    assert_eq!(ck["purpose"], "same-assignment-recovery", "{ck}");
+    assert!(
+        ck["termination_receipt"].is_null() && ck["handoff_id"].is_null(),
+        "{ck}"
+    );
+    assert_eq!(ck["stored"], true, "{ck}");
+    // Frozen while it was read, running again after.
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    let events = std::fs::read_to_string(cg.join("cgroup.events")).unwrap();
+    assert!(events.lines().any(|l| l == "frozen 0"), "{events}");
+    let ws0 = w.state_dir(0).join("workspaces").join(&asg);
+    let at_checkpoint = files_of(&ws0);
+    assert!(at_checkpoint.contains_key("new.txt"), "{at_checkpoint:?}");
+    // After the checkpoint: a change it does not hold.
+    std::fs::write(ws0.join("late.txt"), "after\n").unwrap();
+
+    // The host goes down with its generation, and its disk loses the work (the workspace
+    // and the host's own checkpoint repository): when it comes back, the generation's end
+    // is observed, but there is nothing left to take its end checkpoint from.
+    w.crash_supervisor(0);
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    std::fs::remove_dir_all(&ws0).unwrap();
+    std::fs::remove_dir_all(w.state_dir(0).join("checkpoints")).unwrap();
+    w.start_supervisor(0);
+    wait_until("the work in recovery", || {
+        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
+    });
+    wait_until("the generation's end observed", || {
+        (!receipt_details(&w, &asg).is_empty()).then_some(())
+    });
+    assert_eq!(
+        checkpoints(&w, &asg, 1).len(),
+        1,
+        "an end checkpoint was recorded from nothing"
+    );
+    wait_idle(&w, &lane1);
+    let b = assign_in(&w, &lane1, "hang", None, None, Some(&asg)).unwrap();
+    assert_eq!(b["state"], "RUNNING", "{b}");
+    let ws1 = w.state_dir(1).join("workspaces").join(&asg);
+    assert_eq!(
+        files_of(&ws1),
+        at_checkpoint,
+        "the restored workspace differs"
+    );
+    assert!(!ws1.join("late.txt").exists());
+    assert_eq!(
+        git(&ws1, &["rev-parse", "--abbrev-ref", "HEAD"]),
+        format!("mosaic/{asg}")
+    );
+    assert_eq!(stop(&w, asg)["state"], "CANCELLED");
 }

@@ -40,6 +40,7 @@ pub mod leader;
 pub mod metrics;
 pub mod model;
 pub mod repos;
+pub mod requested_checkpoint;
 pub mod requests;
 pub mod retention;
 pub mod rows;

@@ -167,7 +167,7 @@ impl Store {
         let rows = c
             .query(
                 "SELECT checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, purpose, \
-                        assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, handoff_id, \
+                        assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, handoff_id, request_seq, \
                         mosaic_ts(created_at) AS created_at, base_commit_id, base_object, bundle_object, transfer_error, inputs_digest, \
                         EXISTS (SELECT 1 FROM checkpoint_objects o WHERE o.object_digest = bundle_object AND o.stored_at IS NOT NULL) AS stored \
                  FROM checkpoints WHERE ($1::text IS NULL OR assignment_id = $1) ORDER BY created_at, generation",
@@ -187,6 +187,7 @@ impl Store {
                     "host_id": text("host_id")?,
                     "termination_receipt": r.col::<Option<String>>("termination_receipt")?,
                     "handoff_id": r.col::<Option<String>>("handoff_id")?,
+                    "request_seq": r.col::<Option<i32>>("request_seq")?,
                     "created_at": text("created_at")?,
                     "base_commit_id": r.col::<Option<String>>("base_commit_id")?,
                     "base_object": r.col::<Option<String>>("base_object")?,

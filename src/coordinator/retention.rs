@@ -102,6 +102,9 @@ pub struct Doomed {
     pub generation: i64,
     pub purpose: String,
     pub handoff_id: Option<String>,
+    /// A record a live generation asked for: its number.
+    #[serde(default)]
+    pub request_seq: Option<i32>,
     pub retention_policy_digest: String,
 }
 
@@ -114,6 +117,7 @@ impl Doomed {
             generation: r.col("generation")?,
             purpose: r.col("purpose")?,
             handoff_id: r.col("handoff_id")?,
+            request_seq: r.col("request_seq")?,
             retention_policy_digest: r.col("retention_policy_digest")?,
         })
     }
@@ -133,6 +137,12 @@ impl Doomed {
             reason.as_bytes(),
             b"coordinator-store",
         ];
+        // Only a requested record's digest names its number (an end's or a handoff's reads
+        // as it always did).
+        let seq = self.request_seq.map(|n| format!("request:{n}"));
+        if let Some(n) = &seq {
+            parts.push(n.as_bytes());
+        }
         parts.extend(objects.iter().map(|o| o.as_bytes()));
         format!(
             "sha256:{}",
@@ -198,7 +208,7 @@ impl Store {
         c.query(
             &format!(
                 "SELECT ck.checkpoint_digest, ck.assignment_id, ck.lane_incarnation_id, ck.generation, ck.purpose, \
-                        ck.handoff_id, ck.retention_policy_digest {} ORDER BY ck.created_at",
+                        ck.handoff_id, ck.request_seq, ck.retention_policy_digest {} ORDER BY ck.created_at",
                 deletable_from("ck")
             ),
             &[&reason, &assignment_id, &digest],
@@ -219,14 +229,18 @@ impl Store {
         reason: &'static str,
     ) -> Result<serde_json::Value, AuthorityError> {
         const OP: &str = "checkpoint-delete";
+        // Which record of its generation: a handoff's, a requested one, or its end's.
+        let which = match (&d.handoff_id, d.request_seq) {
+            (Some(h), _) => h.clone(),
+            (None, Some(n)) => format!("request-{n}"),
+            (None, None) => "end".into(),
+        };
         let step = Step::new(
             OP,
             l,
             format!(
                 "checkpoint-delete/{}/{}/{}",
-                d.lane_incarnation_id,
-                d.generation,
-                d.handoff_id.as_deref().unwrap_or("end")
+                d.lane_incarnation_id, d.generation, which
             ),
             request_digest(
                 OP,
@@ -234,7 +248,7 @@ impl Store {
                     &d.checkpoint_digest,
                     &d.lane_incarnation_id,
                     &d.generation.to_string(),
-                    d.handoff_id.as_deref().unwrap_or("end"),
+                    &which,
                     reason,
                 ],
             ),
@@ -250,8 +264,9 @@ impl Store {
                     let sql = format!(
                         "DELETE FROM checkpoints ck WHERE ck.lane_incarnation_id = $4 AND ck.generation = $5 \
                            AND ck.checkpoint_digest = $3 AND ck.handoff_id IS NOT DISTINCT FROM $6 \
+                           AND ck.request_seq IS NOT DISTINCT FROM $7 \
                            AND EXISTS (SELECT 1 {} AND k2.lane_incarnation_id = $4 AND k2.generation = $5 \
-                                       AND k2.handoff_id IS NOT DISTINCT FROM $6) \
+                                       AND k2.handoff_id IS NOT DISTINCT FROM $6 AND k2.request_seq IS NOT DISTINCT FROM $7) \
                          RETURNING ck.bundle_object, ck.base_object",
                         deletable_from("k2")
                     );
@@ -263,7 +278,7 @@ impl Store {
                         &[&doomed.lane_incarnation_id, &doomed.generation, &doomed.handoff_id],
                     ).await?;
                     let d = match f.cas(&sql, &[&reason, &doomed.assignment_id, &doomed.checkpoint_digest,
-                        &doomed.lane_incarnation_id, &doomed.generation, &doomed.handoff_id]).await? {
+                        &doomed.lane_incarnation_id, &doomed.generation, &doomed.handoff_id, &doomed.request_seq]).await? {
                         Ok(d) => d,
                         Err(u) => return Err(u.reject(Category::WrongState,
                             "not deletable now: its work is not done, a grant names it, or its retention has not passed").await?),
@@ -288,10 +303,10 @@ impl Store {
                     let receipt = doomed.receipt_digest(&id, reason, &gone);
                     d.exec_one(
                         "INSERT INTO checkpoint_deletions (deletion_id, checkpoint_digest, assignment_id, lane_incarnation_id, generation, purpose, \
-                                                          handoff_id, retention_policy_digest, reason, scope, objects_deleted, receipt_digest) \
-                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'coordinator-store', $10, $11)",
+                                                          handoff_id, retention_policy_digest, reason, scope, objects_deleted, receipt_digest, request_seq) \
+                         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, 'coordinator-store', $10, $11, $12)",
                         &[&id, &doomed.checkpoint_digest, &doomed.assignment_id, &doomed.lane_incarnation_id, &doomed.generation,
-                          &doomed.purpose, &doomed.handoff_id, &doomed.retention_policy_digest, &reason, &gone, &receipt],
+                          &doomed.purpose, &doomed.handoff_id, &doomed.retention_policy_digest, &reason, &gone, &receipt, &doomed.request_seq],
                     ).await?;
                     d.decide(json!({ "deletion_id": id, "checkpoint": doomed, "reason": reason, "scope": "coordinator-store",
                         "objects_deleted": gone, "receipt_digest": receipt }))
@@ -309,7 +324,7 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT deletion_id, checkpoint_digest, assignment_id, lane_incarnation_id, generation, purpose, handoff_id, \
+                "SELECT deletion_id, checkpoint_digest, assignment_id, lane_incarnation_id, generation, purpose, handoff_id, request_seq, \
                         retention_policy_digest, reason, scope, objects_deleted, receipt_digest, mosaic_ts(deleted_at) AS deleted_at \
                  FROM checkpoint_deletions WHERE $1::text IS NULL OR assignment_id = $1 ORDER BY deleted_at",
                 &[&assignment_id],
@@ -323,6 +338,7 @@ impl Store {
                     "assignment_id": t("assignment_id")?, "lane_incarnation_id": t("lane_incarnation_id")?,
                     "generation": r.col::<i64>("generation")?, "purpose": t("purpose")?,
                     "handoff_id": r.col::<Option<String>>("handoff_id")?,
+                    "request_seq": r.col::<Option<i32>>("request_seq")?,
                     "retention_policy_digest": t("retention_policy_digest")?, "reason": t("reason")?,
                     "scope": t("scope")?, "objects_deleted": r.col::<Vec<String>>("objects_deleted")?,
                     "receipt_digest": t("receipt_digest")?, "deleted_at": t("deleted_at")?,

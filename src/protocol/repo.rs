@@ -527,6 +527,9 @@ pub fn base_ref(commit_id: &str) -> String {
     format!("refs/mosaic/bases/{commit_id}")
 }
 
+/// Most checkpoints one generation may ask for (`mosaic lane checkpoint`).
+pub const MAX_REQUESTED_CHECKPOINTS: u32 = 32;
+
 /// The branch an assignment's workspace works on.
 pub fn branch_of(assignment_id: &str) -> String {
     format!("mosaic/{assignment_id}")

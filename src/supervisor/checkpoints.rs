@@ -70,6 +70,8 @@ pub(crate) enum Kind {
     End,
     /// For a handoff, its workspace held read-only.
     Handoff,
+    /// Its harness's `n`th request, its cgroup frozen.
+    Requested(u32),
 }
 
 /// The hidden ref of a checkpoint of `kind`.
@@ -78,11 +80,14 @@ fn ref_of(assignment_id: &str, incarnation: &str, generation: u64, kind: Kind) -
     match kind {
         Kind::End => r,
         Kind::Handoff => format!("{r}{HANDOFF_SUFFIX}"),
+        Kind::Requested(n) => format!("{r}{REQUEST_SUFFIX}{n}"),
     }
 }
 
 /// What ends the ref of a handoff's checkpoint.
 pub(crate) const HANDOFF_SUFFIX: &str = ".handoff";
+/// What precedes the number that ends the ref of a requested checkpoint.
+pub(crate) const REQUEST_SUFFIX: &str = ".request-";
 
 /// Most a workspace may hold to be checkpointed (regular files' sizes, sparse ones
 /// counted whole) and most files: beyond, the checkpoint fails with the reason.
@@ -352,8 +357,9 @@ fn capture(
         .and_then(|m| m.base_commit_id)
         .filter(|b| has_commit(&store, b));
     let what = match kind {
-        Kind::End => "checkpoint",
-        Kind::Handoff => "handoff checkpoint",
+        Kind::End => "checkpoint".to_string(),
+        Kind::Handoff => "handoff checkpoint".to_string(),
+        Kind::Requested(n) => format!("requested checkpoint {n}"),
     };
     let msg = format!("mosaic {what} of {assignment_id}, {incarnation} generation {generation}");
     let (commit_id, tree_id) = commit_workspace(
@@ -459,5 +465,92 @@ impl super::Supervisor {
         tracing::info!(lane, generation, handoff_id, digest = %taken.digest(),
             "the held workspace checkpointed for its handoff");
         Ok(Some(taken))
+    }
+}
+
+/// How long a requested checkpoint waits for the generation's cgroup to freeze.
+const FREEZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+
+impl super::Supervisor {
+    /// A checkpoint `lane`'s live generation `generation` (of `incarnation`) asked for
+    /// (`mosaic lane checkpoint`): its number and the checkpoint. Only for activated work in
+    /// a repository, on a confined lane (its workspace is written by nothing outside its
+    /// cgroup), while its workspace is open (not held for a handoff, not fenced). The
+    /// number is recorded first; the generation's cgroup is frozen while the workspace is
+    /// read (nothing of it writes meanwhile: the checkpoint is one instant of the tree) and
+    /// thawed after, whatever the capture did. The `Err` is the reason to tell the harness.
+    pub async fn requested_checkpoint(
+        &self,
+        lane: &str,
+        incarnation: &str,
+        generation: u64,
+    ) -> Result<(u32, CheckpointRef), String> {
+        use crate::protocol::repo::MAX_REQUESTED_CHECKPOINTS;
+        let name = super::names::LaneName::parse(lane).map_err(|e| e.to_string())?;
+        let slot = self.inner.slot(&name).map_err(|e| e.to_string())?;
+        // Held throughout: no hold, fence, stop or second request meanwhile.
+        let mut l = slot.lock().await;
+        let Some(live) = l.live.as_mut().filter(|g| {
+            g.record.generation == generation && g.record.lane_incarnation_id == incarnation
+        }) else {
+            return Err("the generation is no longer live".into());
+        };
+        let rec = &live.record;
+        let Some(c) = rec.coord.as_ref() else {
+            return Err("this generation runs no coordinated work".into());
+        };
+        let Some(repo) = c.repository.clone() else {
+            return Err(
+                "its work has no workspace to checkpoint (assign --repo gives it one)".into(),
+            );
+        };
+        if !rec.workspace_open() {
+            return Err("its workspace is not open (not activated yet, held for a handoff, or fenced): nothing to checkpoint now".into());
+        }
+        if rec.workspace.is_none() {
+            return Err("its lane is unconfined: its workspace may be written from outside its cgroup, so no exact checkpoint can be taken while it runs".into());
+        }
+        if rec.requested_checkpoints >= MAX_REQUESTED_CHECKPOINTS {
+            return Err(format!(
+                "a generation asks for at most {MAX_REQUESTED_CHECKPOINTS} checkpoints (its end is checkpointed anyway)"
+            ));
+        }
+        let seq = rec.requested_checkpoints + 1;
+        let (asg, cgroup) = (c.assignment_id.clone(), rec.cgroup.clone());
+        live.record.requested_checkpoints = seq;
+        self.inner
+            .store
+            .save_gen(&live.record)
+            .map_err(|e| format!("recording the checkpoint's number: {e}"))?;
+        let (inner, inc) = (self.inner.clone(), incarnation.to_string());
+        let (taken, thawed) = tokio::task::spawn_blocking(move || {
+            let cg = inner.tree.at_abs(&cgroup);
+            let taken = cg
+                .freeze_and_wait(FREEZE_WAIT)
+                .map_err(|e| format!("its cgroup did not freeze: {e}"))
+                .and_then(|()| {
+                    let ws = super::workspaces::dir_of(&inner, &asg);
+                    capture(
+                        &inner,
+                        &ws,
+                        &asg,
+                        &inc,
+                        generation,
+                        &repo,
+                        Kind::Requested(seq),
+                    )
+                });
+            (taken, cg.thaw())
+        })
+        .await
+        .map_err(|e| format!("checkpoint task failed: {e}"))?;
+        if let Err(e) = thawed {
+            tracing::error!(lane, generation, error = %e,
+                "the generation's cgroup could not be thawed after its checkpoint: it stays frozen until it is stopped");
+        }
+        let taken = taken?;
+        tracing::info!(lane, generation, request_seq = seq, digest = %taken.digest(),
+            "workspace checkpointed at its harness's request");
+        Ok((seq, taken))
     }
 }

@@ -67,6 +67,7 @@ pub enum LaneCall {
         event: String,
     },
     HandoffAck,
+    Checkpoint,
     Next,
     ContinuationResult {
         continuation_id: String,
@@ -199,6 +200,7 @@ pub fn run(socket: &Path, c: LaneCall, stdin: impl Read) -> Result<Printed, Lane
             });
         }
         LaneCall::HandoffAck => LaneRequest::HandoffAck,
+        LaneCall::Checkpoint => LaneRequest::Checkpoint,
         LaneCall::Next => LaneRequest::Next,
         LaneCall::ContinuationResult {
             continuation_id,

@@ -266,6 +266,7 @@ pub(crate) async fn launch(
         fenced: false,
         held: false,
         handoff_checkpoint: None,
+        requested_checkpoints: 0,
         uid: if inner.cfg.confined(&lane.lane) {
             lane.uid
         } else {

@@ -129,6 +129,10 @@ pub struct GenRecord {
     /// then be working in another copy, or nothing may be left to read).
     #[serde(default)]
     pub handoff_checkpoint: Option<HandoffTaken>,
+    /// How many checkpoints its harness has asked for (`mosaic lane checkpoint`): the
+    /// number is taken, and recorded, before each capture, so none is ever used twice.
+    #[serde(default)]
+    pub requested_checkpoints: u32,
 }
 
 /// A checkpoint taken for a handoff of a generation's work.

@@ -513,6 +513,9 @@ pub(crate) enum LaneOp {
         #[arg(long)]
         next_action: String,
     },
+    /// Checkpoint this generation's workspace now (its processes frozen while it is read):
+    /// answered once taken, with whether the coordinator's store holds it yet.
+    Checkpoint,
     /// Push the current commit of a repository in this generation's area to a repository
     /// the host declares (`[repositories.NAME]`), with the host's credentials: the
     /// coordinator admits the exact ref update first. Default ref: the assignment's own

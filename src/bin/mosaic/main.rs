@@ -557,6 +557,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     evidence,
                     next_action,
                 },
+                LaneOp::Checkpoint => LaneCall::Checkpoint,
                 LaneOp::Push {
                     repo,
                     reference,

@@ -130,15 +130,25 @@ pub struct EffectResult {
     pub output_tokens: Option<u64>,
 }
 
-/// `checkpoint_taken`: the source host's answer to a `handoff_checkpoint`: the checkpoint
-/// of the held workspace (the coordinator derives its digest from its ids), or why there
-/// is none.
+/// `checkpoint_taken`: a checkpoint of a live generation's workspace (the coordinator
+/// derives its digest from its ids) — the source host's answer to a `handoff_checkpoint`
+/// (or why there is none), or one its harness asked for (`mosaic lane checkpoint`).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CheckpointTaken {
     pub chain: ChainRef,
     pub bound: ContractBound,
-    pub handoff_id: String,
+    pub origin: TakenFor,
     pub taken: Result<crate::protocol::repo::CheckpointRef, String>,
+}
+
+/// Why a live generation's checkpoint was taken: exactly one of the two (on the wire,
+/// `handoff_id` or `request_seq`, never both).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum TakenFor {
+    /// The handoff whose offer holds the workspace.
+    Handoff(String),
+    /// The generation's harness asked: its `n`th request (from 1).
+    Request(u32),
 }
 
 /// Every chain message a host sends the coordinator.
@@ -207,7 +217,13 @@ impl FromHostChain {
             Self::ContinuationResult(m) => format!("continuation-result/{}", m.continuation_id),
             Self::Effect(m) => m.idempotency_key.clone(),
             Self::EffectResult(m) => format!("effect-result/{}", m.effect_id),
-            Self::CheckpointTaken(m) => format!("checkpoint-taken/{}", m.handoff_id),
+            Self::CheckpointTaken(m) => match &m.origin {
+                TakenFor::Handoff(h) => format!("checkpoint-taken/{h}"),
+                TakenFor::Request(n) => format!(
+                    "checkpoint-requested/{}/{}/{n}",
+                    m.chain.lane_incarnation_id, m.chain.generation
+                ),
+            },
         }
     }
 
@@ -296,7 +312,10 @@ impl FromHostChain {
             }
             Self::CheckpointTaken(m) => {
                 bound(&mut f, &m.bound);
-                f.push(("handoff_id", s(&m.handoff_id)));
+                match &m.origin {
+                    TakenFor::Handoff(h) => f.push(("handoff_id", s(h))),
+                    TakenFor::Request(k) => f.push(("request_seq", n(u64::from(*k)))),
+                }
                 match &m.taken {
                     Ok(c) => f.extend([
                         ("repository", s(c.repository.as_str())),
@@ -399,7 +418,21 @@ impl FromHostChain {
             MessageType::CheckpointTaken => Self::CheckpointTaken(CheckpointTaken {
                 chain: f.chain()?,
                 bound: f.bound()?,
-                handoff_id: f.str("handoff_id")?,
+                origin: match (f.opt_str("handoff_id"), f.opt_uint("request_seq")) {
+                    (Some(h), None) => TakenFor::Handoff(h),
+                    (None, Some(k)) => TakenFor::Request(
+                        u32::try_from(k)
+                            .ok()
+                            .filter(|n| (1..=1000).contains(n))
+                            .ok_or_else(|| f.unknown("request_seq", "not a request number"))?,
+                    ),
+                    _ => {
+                        return Err(f.miss(
+                            "handoff_id",
+                            "either a handoff or a request number, not both",
+                        ))
+                    }
+                },
                 taken: match (f.opt_str("error"), f.opt_str("repository")) {
                     (Some(e), None) => Err(e),
                     (None, Some(r)) => Ok(crate::protocol::repo::CheckpointRef {

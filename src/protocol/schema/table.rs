@@ -661,16 +661,20 @@ pub static SCHEMAS: [Schema; 36] = [
         [],
         [&["challenge_id", "lease_id", "effect_id"]]
     ),
-    // The source host's answer: the checkpoint it took (`repository`, `commit_id`,
-    // `tree_id`; the coordinator derives the digest; `inputs_digest` when the host recorded
-    // what the workspace was made from) or why it took none (`error`).
+    // A checkpoint of a live generation's workspace, for a handoff (`handoff_id`: the
+    // source host's answer) or because its harness asked (`request_seq`: its number in
+    // the generation); exactly one of the two. The checkpoint it took (`repository`,
+    // `commit_id`, `tree_id`; the coordinator derives the digest; `inputs_digest` when the
+    // host recorded what the workspace was made from) or why it took none (`error`).
     schema!(
         CheckpointTaken,
         "checkpoint_taken",
         Ordinary,
         Host,
-        [COMMON, AUTHORITY, ORDINARY, &[("handoff_id", Str)]],
+        [COMMON, AUTHORITY, ORDINARY],
         [
+            ("handoff_id", Str),
+            ("request_seq", Uint),
             ("repository", Str),
             ("commit_id", Str),
             ("tree_id", Str),

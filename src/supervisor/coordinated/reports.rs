@@ -10,7 +10,24 @@ impl CoordinatedHost {
     pub(super) async fn report_loop(self: Arc<Self>, ctx: Arc<ChainCtx>, session: Arc<GenSession>) {
         let rx = session.reports_rx.lock().ok().and_then(|mut r| r.take());
         let Some(mut rx) = rx else { return };
-        while let Some(report) = rx.recv().await {
+        let asks = session
+            .checkpoints_rx
+            .lock()
+            .ok()
+            .and_then(|mut r| r.take());
+        let Some(mut asks) = asks else { return };
+        loop {
+            let report = tokio::select! {
+                r = rx.recv() => match r {
+                    Some(r) => r,
+                    None => return,
+                },
+                Some(ask) = asks.recv() => {
+                    // Answered in its own task: a capture never holds up the reports.
+                    tokio::spawn(self.clone().on_checkpoint_ask(ctx.clone(), ask));
+                    continue;
+                }
+            };
             let Some(ReportBase { chain, bound }) =
                 ctx.report_base.lock().ok().and_then(|f| f.clone())
             else {
@@ -66,6 +83,56 @@ impl CoordinatedHost {
         }
     }
 
+    /// A checkpoint the generation's harness asked for: taken (its cgroup frozen), reported
+    /// to the coordinator under the chain's authority, and uploaded at once; the harness is
+    /// told what is known — taken, and stored in the coordinator's store or not yet.
+    async fn on_checkpoint_ask(
+        self: Arc<Self>,
+        ctx: Arc<ChainCtx>,
+        ask: crate::supervisor::lanesock::CheckpointAsk,
+    ) {
+        let answer = self.checkpoint_for_harness(&ctx).await;
+        if let Err(e) = &answer {
+            tracing::warn!(lane_incarnation_id = %ctx.lane_incarnation_id, generation = ctx.generation,
+                error = %e, "a checkpoint the harness asked for was not taken");
+        }
+        let _ = ask.send(answer);
+    }
+
+    async fn checkpoint_for_harness(&self, ctx: &ChainCtx) -> Result<serde_json::Value, String> {
+        let Some(ReportBase { chain, bound }) = ctx.report_base.lock().ok().and_then(|f| f.clone())
+        else {
+            return Err("the generation is not RUNNING here".into());
+        };
+        let lane = self
+            .lane_name(&chain.lane_id)
+            .ok_or("the generation's lane is not this host's")?;
+        let (seq, taken) = self
+            .sup
+            .requested_checkpoint(&lane, &ctx.lane_incarnation_id, ctx.generation)
+            .await?;
+        let digest = taken.digest();
+        self.send(FromHostChain::CheckpointTaken(wire::CheckpointTaken {
+            chain,
+            bound,
+            origin: wire::TakenFor::Request(seq),
+            taken: Ok(taken.clone()),
+        }));
+        let mut out = self
+            .await_upload(
+                &ctx.lane_incarnation_id,
+                ctx.generation,
+                seq,
+                &taken.commit_id,
+            )
+            .await;
+        out["request_seq"] = seq.into();
+        out["checkpoint_digest"] = digest.into();
+        out["commit_id"] = taken.commit_id.into();
+        out["tree_id"] = taken.tree_id.into();
+        Ok(out)
+    }
+
     /// A handoff of this generation's work in a repository: its workspace held and
     /// checkpointed (the same checkpoint for the same handoff), and the answer sent.
     async fn on_handoff_checkpoint(
@@ -105,7 +172,7 @@ impl CoordinatedHost {
         self.send(FromHostChain::CheckpointTaken(wire::CheckpointTaken {
             chain,
             bound,
-            handoff_id: m.handoff_id,
+            origin: wire::TakenFor::Handoff(m.handoff_id),
             taken,
         }));
     }

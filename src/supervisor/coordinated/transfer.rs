@@ -18,7 +18,9 @@ use crate::protocol::messages::{
     StoredVerdict, PART_BYTES,
 };
 use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, RestorePoint, StoredObject};
-use crate::supervisor::checkpoints::{has_base, has_commit, store_of, Kind, HANDOFF_SUFFIX};
+use crate::supervisor::checkpoints::{
+    has_base, has_commit, store_of, Kind, HANDOFF_SUFFIX, REQUEST_SUFFIX,
+};
 use crate::util::git::git;
 
 /// How long one part waits for its answer before the transfer is given up for now.
@@ -35,7 +37,13 @@ pub(super) struct Transfers {
     waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<ToHost>>>,
     /// Held by a restore while it fetches: two never wait on the same object's answers.
     fetching: tokio::sync::Mutex<()>,
+    /// Told after each checkpoint's upload mark is written.
+    uploaded: tokio::sync::Notify,
 }
+
+/// How long a harness's checkpoint request waits to hear it is in the coordinator's store
+/// (the upload goes on after; the answer then says it is not stored yet).
+const STORED_WAIT: Duration = Duration::from_secs(60);
 
 /// A checkpoint of this host not uploaded yet.
 struct Pending {
@@ -76,6 +84,7 @@ fn done_marker(
     let name = match kind {
         Kind::End => format!("{inc}.{generation}"),
         Kind::Handoff => format!("{inc}.{generation}.{commit}"),
+        Kind::Requested(n) => format!("{inc}.{generation}.request-{n}"),
     };
     inner
         .cfg
@@ -119,9 +128,16 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
             let [_, _, _, asg, inc, gen] = parts[..] else {
                 continue;
             };
-            let (gen, kind) = match gen.strip_suffix(HANDOFF_SUFFIX) {
-                Some(g) => (g, Kind::Handoff),
-                None => (gen, Kind::End),
+            let (gen, kind) = match (
+                gen.strip_suffix(HANDOFF_SUFFIX),
+                gen.split_once(REQUEST_SUFFIX),
+            ) {
+                (Some(g), _) => (g, Kind::Handoff),
+                (None, Some((g, n))) => match n.parse::<u32>() {
+                    Ok(n) => (g, Kind::Requested(n)),
+                    Err(_) => continue,
+                },
+                (None, None) => (gen, Kind::End),
             };
             let Ok(generation) = gen.parse::<u64>() else {
                 continue;
@@ -292,7 +308,43 @@ impl CoordinatedHost {
         if let Some(dir) = path.parent() {
             crate::util::durable::ensure_dir(dir, 0o700).map_err(|e| e.to_string())?;
         }
-        crate::util::durable::write_atomic(&path, note.as_bytes()).map_err(|e| e.to_string())
+        crate::util::durable::write_atomic(&path, note.as_bytes()).map_err(|e| e.to_string())?;
+        self.transfers.uploaded.notify_waiters();
+        Ok(())
+    }
+
+    /// What became of the upload of requested checkpoint `seq` of generation (`inc`,
+    /// `generation`), `commit`, within [`STORED_WAIT`]: `{"stored": true}` once the
+    /// coordinator's store holds it, `{"stored": false, "store_refused": why}` once it
+    /// refused it for good, `{"stored": false}` if neither was heard yet (the upload goes
+    /// on: `mosaic checkpoint list` tells).
+    pub(super) async fn await_upload(
+        &self,
+        inc: &str,
+        generation: u64,
+        seq: u32,
+        commit: &str,
+    ) -> serde_json::Value {
+        let path = done_marker(
+            &self.sup.inner,
+            inc,
+            generation,
+            Kind::Requested(seq),
+            commit,
+        );
+        let until = tokio::time::Instant::now() + STORED_WAIT;
+        loop {
+            let told = self.transfers.uploaded.notified();
+            if let Ok(note) = std::fs::read_to_string(&path) {
+                return match note.strip_prefix("refused:") {
+                    Some(why) => serde_json::json!({ "stored": false, "store_refused": why }),
+                    None => serde_json::json!({ "stored": note == "stored" }),
+                };
+            }
+            if tokio::time::timeout_at(until, told).await.is_err() {
+                return serde_json::json!({ "stored": false });
+            }
+        }
     }
 
     /// Makes the bundle `args` name in `p`'s store and uploads it as `role`.

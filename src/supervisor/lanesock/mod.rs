@@ -109,7 +109,16 @@ pub struct GenSession {
     pub push: std::sync::OnceLock<crate::supervisor::push::Shared>,
     /// The assignment it runs for (known from its stage; restored at re-adoption).
     pub assignment_id: std::sync::OnceLock<String>,
+    /// The harness's checkpoint requests, each with where its answer goes, for the chain
+    /// driver (which knows the generation's lane and chain).
+    pub checkpoints: tokio::sync::mpsc::UnboundedSender<CheckpointAsk>,
+    /// The driver's end of `checkpoints` (taken once).
+    pub checkpoints_rx:
+        std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<CheckpointAsk>>>,
 }
+
+/// A checkpoint request's answer channel: what was taken (and stored), or why not.
+pub type CheckpointAsk = tokio::sync::oneshot::Sender<Result<serde_json::Value, String>>;
 
 /// What the harness's hooks reported, as the supervisor's status shows it. Advisory: no
 /// hook runs on SIGKILL, so none of this ever decides an ending.
@@ -134,6 +143,7 @@ pub struct Observed {
 impl GenSession {
     pub fn new() -> Arc<Self> {
         let (tx, rx) = tokio::sync::mpsc::unbounded_channel();
+        let (ctx, crx) = tokio::sync::mpsc::unbounded_channel();
         Arc::new(Self {
             contract: watch::channel(None).0,
             delivered: watch::channel(None).0,
@@ -155,6 +165,8 @@ impl GenSession {
             answer_turns_after: std::sync::atomic::AtomicU64::new(u64::MAX),
             push: std::sync::OnceLock::new(),
             assignment_id: std::sync::OnceLock::new(),
+            checkpoints: ctx,
+            checkpoints_rx: std::sync::Mutex::new(Some(crx)),
         })
     }
 
@@ -260,6 +272,9 @@ pub enum LaneRequest {
     },
     /// Push a bundle of the harness's branch to a configured repository (`supervisor::push`).
     Push(crate::supervisor::push::PushRequest),
+    /// Checkpoint the workspace now (once RUNNING; answered once taken, and stored if the
+    /// coordinator's store takes it soon).
+    Checkpoint,
 }
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -282,6 +297,10 @@ pub struct LaneResponse {
     /// What came of a push.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub push: Option<crate::supervisor::push::PushAnswer>,
+    /// A checkpoint taken at the harness's request: its number, digest and ids, and
+    /// whether the coordinator's store holds it yet.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub checkpoint: Option<serde_json::Value>,
 }
 
 impl LaneResponse {
@@ -295,6 +314,7 @@ impl LaneResponse {
             challenge: None,
             output: None,
             push: None,
+            checkpoint: None,
         }
     }
 }

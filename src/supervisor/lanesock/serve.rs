@@ -108,6 +108,7 @@ pub(crate) fn serve(
                             | LaneRequest::ContinuationResult { .. }),
                         ) => report(&s, r),
                         Ok(LaneRequest::Push(r)) => push(&s, r).await,
+                        Ok(LaneRequest::Checkpoint) => checkpoint(&s).await,
                         Err(e) => err(&format!("bad request: {e}")),
                     }
                 };
@@ -135,6 +136,31 @@ pub(super) fn err(msg: &str) -> LaneResponse {
         challenge: None,
         output: None,
         push: None,
+        checkpoint: None,
+    }
+}
+
+/// A checkpoint of the workspace, once the generation is RUNNING (asked of the chain
+/// driver, which knows its lane and chain).
+async fn checkpoint(s: &GenSession) -> LaneResponse {
+    let mut act = s.activation.subscribe();
+    match act.wait_for(|a| a.is_some()).await.map(|a| a.clone()) {
+        Ok(Some(Ok(()))) => {}
+        Ok(Some(Err(e))) => return err(&e),
+        _ => return err("the generation ended"),
+    }
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    if s.checkpoints.send(tx).is_err() {
+        return err("this generation cannot be checkpointed here (no coordinated chain drives it)");
+    }
+    match rx.await {
+        Ok(Ok(v)) => {
+            let mut r = LaneResponse::ok("checkpointed");
+            r.checkpoint = Some(v);
+            r
+        }
+        Ok(Err(e)) => err(&e),
+        Err(_) => err("the generation ended before its checkpoint was taken"),
     }
 }
 
@@ -536,7 +562,8 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
         | LaneRequest::Hook { .. }
         | LaneRequest::HandoffAck
         | LaneRequest::Next
-        | LaneRequest::Push(_) => return err("not a report"),
+        | LaneRequest::Push(_)
+        | LaneRequest::Checkpoint => return err("not a report"),
     };
     if s.reports.send(report).is_err() {
         return err("the generation ended");

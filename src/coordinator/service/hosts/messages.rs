@@ -175,25 +175,44 @@ impl Service {
         host: &str,
         m: crate::protocol::messages::CheckpointTaken,
     ) -> Result<(), OpError> {
+        use crate::protocol::messages::TakenFor;
         let l = self.leader().await?;
         let c = self.chain_for(host, &l, &m.chain).await?;
         let generation = m.chain.generation as i64;
+        let handoff_id = match m.origin {
+            TakenFor::Handoff(h) => h,
+            TakenFor::Request(seq) => {
+                let r = self
+                    .step(
+                        &l,
+                        self.store
+                            .record_requested_checkpoint(&l, &c.chain, generation, seq, &m.taken)
+                            .await,
+                    )
+                    .await?;
+                if !r.replayed {
+                    tracing::info!(assignment_id = %c.chain.assignment_id, generation, request_seq = seq,
+                        checkpoint = %r.body["checkpoint_digest"], "checkpoint asked for by the generation recorded");
+                }
+                return Ok(());
+            }
+        };
         let r = self
             .step(
                 &l,
                 self.store
-                    .record_handoff_checkpoint(&l, &c.chain, generation, &m.handoff_id, &m.taken)
+                    .record_handoff_checkpoint(&l, &c.chain, generation, &handoff_id, &m.taken)
                     .await,
             )
             .await?;
         if !r.replayed {
             match &m.taken {
                 Ok(_) => {
-                    tracing::info!(assignment_id = %c.chain.assignment_id, handoff_id = %m.handoff_id,
+                    tracing::info!(assignment_id = %c.chain.assignment_id, handoff_id = %handoff_id,
                     checkpoint = %r.body["checkpoint_digest"], "handoff checkpoint recorded: the target is restored from it")
                 }
                 Err(e) => {
-                    tracing::error!(assignment_id = %c.chain.assignment_id, handoff_id = %m.handoff_id,
+                    tracing::error!(assignment_id = %c.chain.assignment_id, handoff_id = %handoff_id,
                     error = %e, "the source host took no checkpoint for the handoff: its target chain ends, the work stays with its source")
                 }
             }
