@@ -324,19 +324,6 @@ fn stop(w: &World, asg: impl Into<String>) -> Value {
     .unwrap()
 }
 
-/// Waits until `lane` is IDLE_CLEAN: a stop's outcome is final once its receipt is in
-/// (RETIRING), and the lane is idle one step later, once its cleanup is recorded as verified.
-fn wait_idle(w: &World, lane: &str) {
-    wait_until("the lane idle again", || {
-        w.op(&OperatorRequest::Lanes)
-            .ok()?
-            .as_array()?
-            .iter()
-            .any(|l| l["lane_id"] == lane && l["state"] == "IDLE_CLEAN")
-            .then_some(())
-    });
-}
-
 fn git_dir(store: &Path, args: &[&str]) -> String {
     let mut all = vec!["--git-dir", store.to_str().unwrap()];
     all.extend_from_slice(args);
@@ -1831,8 +1818,14 @@ fn another_assignment_starts_from_a_checkpoint_only_under_its_grant() {
     // By path: T's confined generation reaches neither A's workspace nor the checkpoint
     // repositories (both below the supervisor's state).
     let inc2 = w.incarnation_of(0, "lane-2");
-    assert_eq!(stop(&w, asg_t.clone())["state"], "CANCELLED");
-    wait_idle(&w, &lane2);
+    // A stop that waits answers once its lane is usable again: the next assign on that
+    // lane is taken at once.
+    let out = stop(&w, asg_t.clone());
+    assert_eq!(
+        (out["state"].as_str(), out["lane_state"].as_str()),
+        (Some("CANCELLED"), Some("IDLE_CLEAN")),
+        "{out}"
+    );
     let spy = format!(
         "attack=read:{0}/new.txt attack=read:{1}/checkpoints/demo.git/HEAD hang",
         ws_a.display(),
@@ -2182,7 +2175,8 @@ fn a_checkpoint_the_harness_asks_for_survives_the_loss_of_its_host() {
         "{refused}"
     );
     assert!(checkpoints(&w, &plain_asg, 0).is_empty());
-    assert_eq!(stop(&w, plain_asg)["state"], "CANCELLED");
+    let out = stop(&w, plain_asg);
+    assert_eq!(out["lane_state"], "IDLE_CLEAN", "{out}");
 
     let inc0 = w.incarnation_of(0, "lane-1");
     let area = w.area(0, &inc0, 1);
@@ -2237,7 +2231,6 @@ fn a_checkpoint_the_harness_asks_for_survives_the_loss_of_its_host() {
         1,
         "an end checkpoint was recorded from nothing"
     );
-    wait_idle(&w, &lane1);
     let b = assign_in(&w, &lane1, "hang", None, None, Some(&asg)).unwrap();
     assert_eq!(b["state"], "RUNNING", "{b}");
     let ws1 = w.state_dir(1).join("workspaces").join(&asg);
@@ -2251,5 +2244,64 @@ fn a_checkpoint_the_harness_asks_for_survives_the_loss_of_its_host() {
         git(&ws1, &["rev-parse", "--abbrev-ref", "HEAD"]),
         format!("mosaic/{asg}")
     );
+    assert_eq!(stop(&w, asg)["state"], "CANCELLED");
+}
+
+/// A generation that asked for a checkpoint, wrote on, and then died with its host up
+/// leaves two records: the one it asked for and its end. A resume elsewhere takes the end
+/// (the later work); a remediation assignment granted the earlier one gets exactly that
+/// earlier tree, never the end's.
+#[test]
+fn a_resume_takes_the_end_and_a_grant_takes_the_checkpoint_it_names() {
+    let (_repo, w, lane0, lane1) = two_hosts("workspaces-asked-end", String::new());
+    let inc0 = w.incarnation_of(0, "lane-1");
+    let area = w.area(0, &inc0, 1);
+    let task = format!(
+        "attack=write:{0}/a.txt checkpoint hang",
+        area.join("work").display()
+    );
+    let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let answer = first_answer(&area.join("home/checkpoints"));
+    assert_eq!(answer["checkpoint"]["stored"], true, "{answer}");
+    let asked = answer["checkpoint"]["checkpoint_digest"]
+        .as_str()
+        .unwrap()
+        .to_string();
+    let ws0 = w.state_dir(0).join("workspaces").join(&asg);
+    let at_request = files_of(&ws0);
+    std::fs::write(ws0.join("late.txt"), "after\n").unwrap();
+    let at_end = files_of(&ws0);
+    kill_into_recovery(&w, &a, &asg);
+    let rows = wait_until("both records stored", || {
+        let rows = checkpoints(&w, &asg, 2);
+        rows.iter().all(|r| r["stored"] == true).then_some(rows)
+    });
+    assert!(
+        rows.iter()
+            .any(|r| r["request_seq"] == 1 && r["checkpoint_digest"] == asked.as_str())
+            && rows.iter().any(|r| r["termination_receipt"].is_string()),
+        "{rows:?}"
+    );
+
+    // Granted the one it asked for: that tree.
+    // (A new assignment in a repository declared by path runs on that path's host.)
+    let t = assign_from(&w, &lane0, "hang", &asked, None, Some(120)).unwrap();
+    assert_eq!(t["state"], "RUNNING", "{t}");
+    let asg_t = t["assignment_id"].as_str().unwrap().to_string();
+    let ws_t = w.state_dir(0).join("workspaces").join(&asg_t);
+    assert_eq!(
+        files_of(&ws_t),
+        at_request,
+        "the granted tree, byte for byte"
+    );
+    let out = stop(&w, asg_t);
+    assert_eq!(out["lane_state"], "IDLE_CLEAN", "{out}");
+
+    // Resumed: its end.
+    let b = assign_in(&w, &lane1, "hang", None, None, Some(&asg)).unwrap();
+    assert_eq!(b["state"], "RUNNING", "{b}");
+    let ws1 = w.state_dir(1).join("workspaces").join(&asg);
+    assert_eq!(files_of(&ws1), at_end, "the resumed tree is not the end's");
     assert_eq!(stop(&w, asg)["state"], "CANCELLED");
 }

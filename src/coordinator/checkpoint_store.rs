@@ -400,7 +400,8 @@ impl Store {
     }
 
     /// The first checkpoint `filter` (over `checkpoints ck`, `$1` = `param`) selects, in
-    /// restore order.
+    /// restore order: of the latest chain that ran, its latest generation; of a generation,
+    /// its end, else the last one it asked for.
     pub(crate) async fn point_where(
         &self,
         filter: &str,
@@ -419,7 +420,8 @@ impl Store {
                  JOIN reservations rv ON rv.reservation_id = g.reservation_id \
                  WHERE {filter} \
                  ORDER BY EXISTS (SELECT 1 FROM ack_receipts ar WHERE ar.reservation_id = rv.reservation_id) DESC, \
-                          rv.created_at DESC, ck.generation DESC, ck.created_at DESC LIMIT 1"
+                          rv.created_at DESC, ck.generation DESC, \
+                          (ck.termination_receipt IS NOT NULL) DESC, ck.request_seq DESC NULLS LAST, ck.created_at DESC LIMIT 1"
                 ),
                 &[&param],
             )

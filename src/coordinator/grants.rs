@@ -160,8 +160,9 @@ pub const CONSUME: &str = "WITH g AS ( \
 /// `$1` grant id, `$2` SOT incarnation, `$3` epoch, `$4` target assignment, `$5` target
 /// attempt, `$6` the target lane incarnation (its host is the principal), `$7` permitted
 /// fields digest, `$8` lifetime (an interval), `$9` checkpoint digest, `$10` repository.
-/// The source is the checkpoint's latest end record in that repository (of another
-/// assignment), held shared until the grant commits (a deletion of it waits, then sees
+/// The source is the checkpoint's latest record in that repository that is not a
+/// handoff's — a generation's end, or one it asked for while it ran — of another
+/// assignment, held shared until the grant commits (a deletion of it waits, then sees
 /// the grant); no row when there is none.
 pub(crate) const CREATE: &str = "INSERT INTO checkpoint_grants (grant_id, sot_incarnation, coordinator_epoch, source_assignment_id, \
         source_attempt_id, source_lane_incarnation_id, source_generation, checkpoint_digest, target_assignment_id, target_attempt_id, \

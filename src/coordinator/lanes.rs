@@ -48,6 +48,18 @@ fn digest_of(s: &str) -> String {
 }
 
 impl Store {
+    /// The state of lane incarnation `inc` (`None`: no such incarnation).
+    pub async fn incarnation_state(&self, inc: &str) -> Result<Option<LaneState>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query_opt(
+            "SELECT state FROM lane_incarnations WHERE lane_incarnation_id = $1",
+            &[&inc],
+        )
+        .await?
+        .map(|r| r.col("state"))
+        .transpose()
+    }
+
     /// Registers the lane incarnation its host reports (`lane@incarnation` in a hello). A
     /// new incarnation of a known lane retires the old one: the host only reports a new
     /// incarnation after it destroyed the old lane and verified its cgroup empty, so the old

@@ -15,6 +15,7 @@ use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::model::Chain;
 use super::rows::RowExt;
+use super::states::WorkStatus;
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 use crate::protocol::repo::{retention_policy_digest, CheckpointRef, MAX_REQUESTED_CHECKPOINTS};
@@ -71,7 +72,8 @@ impl Store {
             &step,
             body!([chain, c, digest, seq, generation] |f| {
                 // The chain open on exactly this generation, activated, of work in this
-                // repository; the number not yet used.
+                // repository that is not offered to another lane (its workspace is held);
+                // the number not yet used.
                 let d = f.cas(
                     concatcp!("INSERT INTO checkpoints (checkpoint_digest, commit_id, tree_id, repository, classification, retention_policy_digest, \
                                                   purpose, assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, request_seq, inputs_digest) \
@@ -83,7 +85,7 @@ impl Store {
                      JOIN lane_incarnations li ON li.lane_incarnation_id = rs.lane_incarnation_id \
                      JOIN lanes ln ON ln.lane_id = li.lane_id \
                      WHERE rs.reservation_id = $5 AND rs.released_at IS NULL AND rs.lane_incarnation_id = $6 AND rs.generation = $7 \
-                       AND a.repository = $10 \
+                       AND a.repository = $10 AND a.work_status <> ", WorkStatus::Handoff.sql(), " \
                        AND EXISTS (SELECT 1 FROM ack_receipts ar WHERE ar.reservation_id = rs.reservation_id) \
                        AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.lane_incarnation_id = rs.lane_incarnation_id \
                                        AND k.generation = rs.generation AND k.request_seq = $8) \

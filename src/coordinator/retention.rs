@@ -260,7 +260,7 @@ impl Store {
                 &step,
                 body!([doomed] |f| {
                     let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
-                    // Still deletable, and this very record (a handoff's or an end's).
+                    // Still deletable, and this very record (a handoff's, a requested one or an end's).
                     let sql = format!(
                         "DELETE FROM checkpoints ck WHERE ck.lane_incarnation_id = $4 AND ck.generation = $5 \
                            AND ck.checkpoint_digest = $3 AND ck.handoff_id IS NOT DISTINCT FROM $6 \

@@ -315,7 +315,16 @@ async fn reattach(
         // not allowed to); one that cannot be closed is frozen until it is ended.
         if g.workspace.is_some() && harness.exit.is_none() {
             let open = g.workspace_open();
-            if let Err(e) = super::start::open_workspace(g, open).await {
+            let switched = super::start::open_workspace(g, open).await;
+            // Open: nothing may keep it frozen (a checkpoint its harness asked for, or a
+            // hold, cut by the crash between freezing it and thawing it).
+            if open && switched.is_ok() {
+                if let Err(e) = inner.tree.at_abs(&g.cgroup).thaw() {
+                    tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                        "cannot thaw the re-adopted generation");
+                }
+            }
+            if let Err(e) = switched {
                 tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
                     "cannot switch the re-adopted generation's workspace");
                 if !open {

@@ -470,6 +470,10 @@ impl super::Supervisor {
 
 /// How long a requested checkpoint waits for the generation's cgroup to freeze.
 const FREEZE_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
+/// The least time between two checkpoints one generation asks for: each freezes it and
+/// holds its lane while the workspace is read, and each is stored whole (relative to the
+/// base), so a harness cannot make its host or the store do nothing else.
+const REQUEST_INTERVAL_S: u64 = 60;
 
 impl super::Supervisor {
     /// A checkpoint `lane`'s live generation `generation` (of `incarnation`) asked for
@@ -515,14 +519,28 @@ impl super::Supervisor {
                 "a generation asks for at most {MAX_REQUESTED_CHECKPOINTS} checkpoints (its end is checkpointed anyway)"
             ));
         }
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs())
+            .unwrap_or(0);
+        if let Some(at) = rec.requested_checkpoint_at {
+            let since = now.saturating_sub(at);
+            if since < REQUEST_INTERVAL_S {
+                return Err(format!(
+                    "its last checkpoint was taken {since} s ago: at most one per {REQUEST_INTERVAL_S} s"
+                ));
+            }
+        }
         let seq = rec.requested_checkpoints + 1;
         let (asg, cgroup) = (c.assignment_id.clone(), rec.cgroup.clone());
         live.record.requested_checkpoints = seq;
+        live.record.requested_checkpoint_at = Some(now);
         self.inner
             .store
             .save_gen(&live.record)
             .map_err(|e| format!("recording the checkpoint's number: {e}"))?;
         let (inner, inc) = (self.inner.clone(), incarnation.to_string());
+        let cg = self.inner.tree.at_abs(&cgroup);
         let (taken, thawed) = tokio::task::spawn_blocking(move || {
             let cg = inner.tree.at_abs(&cgroup);
             let taken = cg
@@ -543,7 +561,10 @@ impl super::Supervisor {
             (taken, cg.thaw())
         })
         .await
-        .map_err(|e| format!("checkpoint task failed: {e}"))?;
+        .unwrap_or_else(|e| {
+            // The task died (a panic): thawed here, whatever it did.
+            (Err(format!("checkpoint task failed: {e}")), cg.thaw())
+        });
         if let Err(e) = thawed {
             tracing::error!(lane, generation, error = %e,
                 "the generation's cgroup could not be thawed after its checkpoint: it stays frozen until it is stopped");

@@ -267,6 +267,7 @@ pub(crate) async fn launch(
         held: false,
         handoff_checkpoint: None,
         requested_checkpoints: 0,
+        requested_checkpoint_at: None,
         uid: if inner.cfg.confined(&lane.lane) {
             lane.uid
         } else {

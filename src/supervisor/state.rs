@@ -133,6 +133,9 @@ pub struct GenRecord {
     /// number is taken, and recorded, before each capture, so none is ever used twice.
     #[serde(default)]
     pub requested_checkpoints: u32,
+    /// When the last of them was taken (unix seconds): they are spaced.
+    #[serde(default)]
+    pub requested_checkpoint_at: Option<u64>,
 }
 
 /// A checkpoint taken for a handoff of a generation's work.

@@ -225,6 +225,7 @@ pub(crate) enum Cmd {
     /// outcome (CANCELLED unless --complete or --fail) becomes final when the host's
     /// termination receipt proves the generation ended. With the host unreachable it
     /// answers `pending` and finishes when the host reconnects; repeating it is idempotent.
+    /// Waiting, it answers once the lane is out of RETIRING too (`lane_state`).
     Stop {
         #[arg(long = "assignment")]
         assignment_id: String,

@@ -386,15 +386,17 @@ impl Service {
                 };
             }
         }
-        // The very record the grant binds (its source generation's end), never another
-        // row that happens to carry the same digest.
+        // The very record the grant binds (of its source generation, that digest: its end,
+        // or one it asked for while it ran), never another row of that generation.
         let point = self
             .store
             .point_where(
-                "ck.handoff_id IS NULL AND ck.lane_incarnation_id || '/' || ck.generation::text = $1",
+                "ck.handoff_id IS NULL AND ck.lane_incarnation_id || '/' || ck.generation::text || '/' || ck.checkpoint_digest = $1",
                 &format!(
-                    "{}/{}",
-                    g.binding.source_lane_incarnation_id, g.binding.source_generation
+                    "{}/{}/{}",
+                    g.binding.source_lane_incarnation_id,
+                    g.binding.source_generation,
+                    g.binding.checkpoint_digest
                 ),
             )
             .await?

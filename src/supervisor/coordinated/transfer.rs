@@ -272,6 +272,45 @@ impl CoordinatedHost {
     }
 
     async fn upload_checkpoint(&self, p: &Pending) -> Result<(), String> {
+        let out = self.upload_checkpoint_once(p).await;
+        // A checkpoint its harness asked for that the coordinator has not recorded: its
+        // report was lost (a full queue, a leader change); sent again while its chain runs
+        // here (the same report is the same step there).
+        if let (Err(e), Kind::Requested(n)) = (&out, p.kind) {
+            if e.ends_with("no-checkpoint") {
+                self.report_requested_again(p, n);
+            }
+        }
+        out
+    }
+
+    fn report_requested_again(&self, p: &Pending, n: u32) {
+        let ctx = self.chains.lock().ok().and_then(|c| {
+            c.values()
+                .find(|x| {
+                    x.lane_incarnation_id == p.lane_incarnation_id && x.generation == p.generation
+                })
+                .cloned()
+        });
+        let Some(base) = ctx.and_then(|x| x.report_base.lock().ok().and_then(|f| f.clone())) else {
+            return; // not running here: the coordinator refuses it for good once it ends
+        };
+        let mut taken = p.checkpoint.clone();
+        taken.inputs_digest =
+            crate::supervisor::workspaces::marker(&self.sup.inner, &p.assignment_id)
+                .and_then(|m| m.inputs)
+                .map(|i| i.digest());
+        tracing::info!(assignment_id = %p.assignment_id, generation = p.generation, request_seq = n,
+            "a requested checkpoint the coordinator has not recorded: reported again");
+        self.send(FromHostChain::CheckpointTaken(wire::CheckpointTaken {
+            chain: base.chain,
+            bound: base.bound,
+            origin: wire::TakenFor::Request(n),
+            taken: Ok(taken),
+        }));
+    }
+
+    async fn upload_checkpoint_once(&self, p: &Pending) -> Result<(), String> {
         let inner = self.sup.inner.clone();
         let mut outcome = Uploaded::Stored;
         if let Some(base) = &p.base_commit_id {

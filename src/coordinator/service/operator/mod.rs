@@ -31,6 +31,7 @@ mod handoff;
 mod operate;
 mod repos;
 mod request;
+mod settle;
 mod wire;
 
 pub use request::*;

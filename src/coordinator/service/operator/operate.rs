@@ -754,6 +754,13 @@ impl Service {
         let done = |s: &Lifecycle| !crate::coordinator::states::NONTERMINAL.contains(s);
         let now = self.store.assignment(assignment_id).await?;
         let final_now = now.as_ref().is_some_and(|a| done(&a.lifecycle));
+        let deadline = tokio::time::Instant::now() + STOP_WAIT;
+        let inc = chain.as_ref().map(|c| c.chain.lane_incarnation_id.clone());
+        if final_now && wait {
+            return self
+                .with_settled_lane(view(now), inc.as_deref(), deadline)
+                .await;
+        }
         if !ended.awaiting_receipt || final_now || !wait {
             let mut v = view(now);
             if ended.awaiting_receipt && !final_now {
@@ -766,12 +773,13 @@ impl Service {
             v["pending"] = json!("host unreachable: the generation is stopped and the outcome made final when the host reconnects");
             return Ok(v);
         }
-        let deadline = tokio::time::Instant::now() + STOP_WAIT;
         let mut changed = self.changed.subscribe();
         loop {
             let a = self.store.assignment(assignment_id).await?;
             if a.as_ref().is_some_and(|a| done(&a.lifecycle)) {
-                return Ok(view(a));
+                return self
+                    .with_settled_lane(view(a), inc.as_deref(), deadline)
+                    .await;
             }
             tokio::select! {
                 _ = changed.changed() => {}
