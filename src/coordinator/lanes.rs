@@ -48,16 +48,35 @@ fn digest_of(s: &str) -> String {
 }
 
 impl Store {
-    /// The state of lane incarnation `inc` (`None`: no such incarnation).
-    pub async fn incarnation_state(&self, inc: &str) -> Result<Option<LaneState>, AuthorityError> {
+    /// What became of lane incarnation `inc` after a stop of `assignment_id` there: its
+    /// state (`RETIRED` once retired: no step moves a retired incarnation again), or
+    /// `None` when it is not that work's to report (unknown, or another assignment holds
+    /// it now).
+    pub async fn lane_after_stop(
+        &self,
+        inc: &str,
+        assignment_id: &str,
+    ) -> Result<Option<String>, AuthorityError> {
         let c = self.pool.get().await?;
-        c.query_opt(
-            "SELECT state FROM lane_incarnations WHERE lane_incarnation_id = $1",
-            &[&inc],
-        )
-        .await?
-        .map(|r| r.col("state"))
-        .transpose()
+        let Some(r) = c
+            .query_opt(
+                "SELECT li.state, li.retired_at IS NOT NULL AS retired, \
+                        EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id \
+                                AND r.released_at IS NULL AND r.assignment_id <> $2) AS taken \
+                 FROM lane_incarnations li WHERE li.lane_incarnation_id = $1",
+                &[&inc, &assignment_id],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        if r.col::<bool>("taken")? {
+            return Ok(None);
+        }
+        if r.col::<bool>("retired")? {
+            return Ok(Some("RETIRED".into()));
+        }
+        Ok(Some(r.col::<LaneState>("state")?.to_string()))
     }
 
     /// Registers the lane incarnation its host reports (`lane@incarnation` in a hello). A

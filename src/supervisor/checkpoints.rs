@@ -523,8 +523,9 @@ impl super::Supervisor {
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        if let Some(at) = rec.requested_checkpoint_at {
-            let since = now.saturating_sub(at);
+        // (A clock stepped back since is no reason to refuse.)
+        if let Some(at) = rec.requested_checkpoint_at.filter(|at| *at <= now) {
+            let since = now - at;
             if since < REQUEST_INTERVAL_S {
                 return Err(format!(
                     "its last checkpoint was taken {since} s ago: at most one per {REQUEST_INTERVAL_S} s"

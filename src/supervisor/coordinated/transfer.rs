@@ -39,7 +39,12 @@ pub(super) struct Transfers {
     fetching: tokio::sync::Mutex<()>,
     /// Told after each checkpoint's upload mark is written.
     uploaded: tokio::sync::Notify,
+    /// When each requested checkpoint was last reported again (by its ref).
+    reported_again: Mutex<HashMap<String, std::time::Instant>>,
 }
+
+/// How often a requested checkpoint the coordinator has not recorded is reported again.
+const REPORT_AGAIN_EVERY: Duration = Duration::from_secs(30);
 
 /// How long a harness's checkpoint request waits to hear it is in the coordinator's store
 /// (the upload goes on after; the answer then says it is not stored yet).
@@ -285,6 +290,17 @@ impl CoordinatedHost {
     }
 
     fn report_requested_again(&self, p: &Pending, n: u32) {
+        if let Ok(mut last) = self.transfers.reported_again.lock() {
+            let now = std::time::Instant::now();
+            if last
+                .get(&p.reference)
+                .is_some_and(|t| now.duration_since(*t) < REPORT_AGAIN_EVERY)
+            {
+                return;
+            }
+            last.retain(|_, t| now.duration_since(*t) < REPORT_AGAIN_EVERY);
+            last.insert(p.reference.clone(), now);
+        }
         let ctx = self.chains.lock().ok().and_then(|c| {
             c.values()
                 .find(|x| {

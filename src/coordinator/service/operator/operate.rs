@@ -755,11 +755,15 @@ impl Service {
         let now = self.store.assignment(assignment_id).await?;
         let final_now = now.as_ref().is_some_and(|a| done(&a.lifecycle));
         let deadline = tokio::time::Instant::now() + STOP_WAIT;
-        let inc = chain.as_ref().map(|c| c.chain.lane_incarnation_id.clone());
+        // The lane the work held, when this stop ended a generation there.
+        let inc = now
+            .as_ref()
+            .filter(|_| ended.awaiting_receipt)
+            .map(|a| a.lane_incarnation_id.clone());
         if final_now && wait {
-            return self
-                .with_settled_lane(view(now), inc.as_deref(), deadline)
-                .await;
+            return Ok(self
+                .with_settled_lane(view(now), inc.as_deref(), assignment_id, deadline)
+                .await);
         }
         if !ended.awaiting_receipt || final_now || !wait {
             let mut v = view(now);
@@ -777,9 +781,9 @@ impl Service {
         loop {
             let a = self.store.assignment(assignment_id).await?;
             if a.as_ref().is_some_and(|a| done(&a.lifecycle)) {
-                return self
-                    .with_settled_lane(view(a), inc.as_deref(), deadline)
-                    .await;
+                return Ok(self
+                    .with_settled_lane(view(a), inc.as_deref(), assignment_id, deadline)
+                    .await);
             }
             tokio::select! {
                 _ = changed.changed() => {}
