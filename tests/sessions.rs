@@ -1127,64 +1127,10 @@ async fn a_host_claim_is_checked_against_the_registry_its_key_and_its_scope() {
     });
     let a = w.assign(&lane, "hang", false).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
-    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
-    let send = |hs: &mut HostSession, t: MessageType, extra: Vec<(&'static str, Value)>| {
-        let mut f = chain_fields(&stage);
-        f.extend(extra);
-        let bytes = hs.seq.seal(Outgoing::new(&ordinary, t, f), COORD).unwrap();
-        Message::text(String::from_utf8(bytes).unwrap())
-    };
-    let m = send(
-        &mut hs,
-        MessageType::Staged,
-        vec![
-            ("idempotency_key", s("staged-1")),
-            ("process_identity", identity()),
-        ],
-    );
-    hs.ws.send(m).await.unwrap();
-    let contract = next_of(&mut hs, &p, &[MessageType::Contract]).await;
-    let a_ = authority(&stage);
-    let d = contract_digests(&contract);
-    let post = |extra: Vec<(&'static str, Value)>| {
-        let mut f = vec![
-            ("reservation_epoch", n(a_.reservation_epoch)),
-            ("reservation_deadline", s(&a_.reservation_deadline)),
-            ("runtime_id", s(&a_.runtime_id)),
-            ("contracts_digest", s(&d.contracts_digest)),
-            ("scope_digest", s(&d.scope_digest)),
-            ("holds_digest", s(&d.holds_digest)),
-        ];
-        f.extend(extra);
-        f
-    };
-    let m = send(
-        &mut hs,
-        MessageType::Injected,
-        post(vec![
-            ("idempotency_key", s("injected-1")),
-            ("delivered_contracts_digest", s(&d.contracts_digest)),
-            ("process_identity", identity()),
-        ]),
-    );
-    hs.ws.send(m).await.unwrap();
-    let challenge = next_of(&mut hs, &p, &[MessageType::Challenge]).await;
-    let challenge_id = match typed(&challenge) {
-        ToHost::Challenge(c) => c.challenge_id,
-        other => panic!("not a challenge: {other:?}"),
-    };
-    let m = send(
-        &mut hs,
-        MessageType::Ack,
-        post(vec![
-            ("idempotency_key", s("ack-1")),
-            ("challenge_id", s(&challenge_id)),
-            ("process_identity", identity()),
-        ]),
-    );
-    hs.ws.send(m).await.unwrap();
-    let activated = next_of(&mut hs, &p, &[MessageType::Control]).await;
-    assert!(matches!(typed(&activated), ToHost::Activate(_)));
+    let (rc, challenge) = RawChain::to_challenge(&mut hs, &p, &ordinary).await;
+    rc.ack(&mut hs, &p, &challenge).await;
+    let send = |hs: &mut HostSession, t, extra| rc.msg(hs, t, extra);
+    let post = |extra| rc.post(extra);
 
     let claim = |executor: &str, target: &str, key: &str, effect_id: &str| {
         post(vec![
@@ -1462,37 +1408,9 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
     }
     let a = w.op(&req).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
-    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
-    let send = |hs: &mut HostSession, t: MessageType, extra: Vec<(&'static str, Value)>| {
-        let mut f = chain_fields(&stage);
-        f.extend(extra);
-        let bytes = hs.seq.seal(Outgoing::new(&ordinary, t, f), COORD).unwrap();
-        Message::text(String::from_utf8(bytes).unwrap())
-    };
-    let m = send(
-        &mut hs,
-        MessageType::Staged,
-        vec![
-            ("idempotency_key", s("staged-1")),
-            ("process_identity", identity()),
-        ],
-    );
-    hs.ws.send(m).await.unwrap();
-    let contract = next_of(&mut hs, &p, &[MessageType::Contract]).await;
-    let a_ = authority(&stage);
-    let d = contract_digests(&contract);
-    let post = |extra: Vec<(&'static str, Value)>| {
-        let mut f = vec![
-            ("reservation_epoch", n(a_.reservation_epoch)),
-            ("reservation_deadline", s(&a_.reservation_deadline)),
-            ("runtime_id", s(&a_.runtime_id)),
-            ("contracts_digest", s(&d.contracts_digest)),
-            ("scope_digest", s(&d.scope_digest)),
-            ("holds_digest", s(&d.holds_digest)),
-        ];
-        f.extend(extra);
-        f
-    };
+    let (rc, challenge) = RawChain::to_challenge(&mut hs, &p, &ordinary).await;
+    let send = |hs: &mut HostSession, t, extra| rc.msg(hs, t, extra);
+    let post = |extra| rc.post(extra);
     let taken = |key: &str, seq: u64, repo: &str, commit: char| {
         post(vec![
             ("idempotency_key", s(key)),
@@ -1515,17 +1433,6 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
             .map(|r| (r.get::<_, i32>(0), r.get::<_, String>(1), r.get::<_, String>(2)))
             .collect::<Vec<_>>()
     };
-    let m = send(
-        &mut hs,
-        MessageType::Injected,
-        post(vec![
-            ("idempotency_key", s("injected-1")),
-            ("delivered_contracts_digest", s(&d.contracts_digest)),
-            ("process_identity", identity()),
-        ]),
-    );
-    hs.ws.send(m).await.unwrap();
-    let challenge = next_of(&mut hs, &p, &[MessageType::Challenge]).await;
     // Before its ACK: the generation holds no authority yet.
     let m = send(
         &mut hs,
@@ -1533,22 +1440,7 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
         taken("early", 1, "demo", 'a'),
     );
     hs.ws.send(m).await.unwrap();
-    let challenge_id = match typed(&challenge) {
-        ToHost::Challenge(c) => c.challenge_id,
-        other => panic!("not a challenge: {other:?}"),
-    };
-    let m = send(
-        &mut hs,
-        MessageType::Ack,
-        post(vec![
-            ("idempotency_key", s("ack-1")),
-            ("challenge_id", s(&challenge_id)),
-            ("process_identity", identity()),
-        ]),
-    );
-    hs.ws.send(m).await.unwrap();
-    let activated = next_of(&mut hs, &p, &[MessageType::Control]).await;
-    assert!(matches!(typed(&activated), ToHost::Activate(_)));
+    rc.ack(&mut hs, &p, &challenge).await;
     assert!(recorded().await.is_empty(), "recorded before its ACK");
 
     // Another declared repository than the work's, then the work's own.
@@ -1602,4 +1494,117 @@ where
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+}
+
+/// A chain host B (the raw client) plays: staged and injected from its stage and contract,
+/// so its messages carry what the host's link would put in them.
+struct RawChain {
+    stage: Envelope<Verified>,
+    ordinary: Arc<Signer>,
+    authority: ChainAuthority,
+    digests: Digests,
+}
+
+impl RawChain {
+    /// Takes the next stage, answers `staged`, takes the contract, answers `injected`;
+    /// the chain and its challenge.
+    async fn to_challenge(
+        hs: &mut HostSession,
+        p: &LinkParams,
+        ordinary: &Arc<Signer>,
+    ) -> (Self, Envelope<Verified>) {
+        let stage = next_of(hs, p, &[MessageType::Stage]).await;
+        let m = seal(
+            hs,
+            &stage,
+            ordinary,
+            MessageType::Staged,
+            vec![
+                ("idempotency_key", s("staged-1")),
+                ("process_identity", identity()),
+            ],
+        );
+        hs.ws.send(m).await.unwrap();
+        let contract = next_of(hs, p, &[MessageType::Contract]).await;
+        let rc = RawChain {
+            authority: authority(&stage),
+            digests: contract_digests(&contract),
+            stage,
+            ordinary: ordinary.clone(),
+        };
+        let m = rc.msg(
+            hs,
+            MessageType::Injected,
+            rc.post(vec![
+                ("idempotency_key", s("injected-1")),
+                (
+                    "delivered_contracts_digest",
+                    s(&rc.digests.contracts_digest),
+                ),
+                ("process_identity", identity()),
+            ]),
+        );
+        hs.ws.send(m).await.unwrap();
+        let challenge = next_of(hs, p, &[MessageType::Challenge]).await;
+        (rc, challenge)
+    }
+
+    /// Answers `challenge` and takes the activation.
+    async fn ack(&self, hs: &mut HostSession, p: &LinkParams, challenge: &Envelope<Verified>) {
+        let challenge_id = match typed(challenge) {
+            ToHost::Challenge(c) => c.challenge_id,
+            other => panic!("not a challenge: {other:?}"),
+        };
+        let m = self.msg(
+            hs,
+            MessageType::Ack,
+            self.post(vec![
+                ("idempotency_key", s("ack-1")),
+                ("challenge_id", s(&challenge_id)),
+                ("process_identity", identity()),
+            ]),
+        );
+        hs.ws.send(m).await.unwrap();
+        let activated = next_of(hs, p, &[MessageType::Control]).await;
+        assert!(matches!(typed(&activated), ToHost::Activate(_)));
+    }
+
+    /// A chain message of type `t`: the stage's chain fields and `extra`, sealed.
+    fn msg(
+        &self,
+        hs: &mut HostSession,
+        t: MessageType,
+        extra: Vec<(&'static str, Value)>,
+    ) -> Message {
+        seal(hs, &self.stage, &self.ordinary, t, extra)
+    }
+
+    /// The fields a post-contract message repeats, and `extra`.
+    fn post(&self, extra: Vec<(&'static str, Value)>) -> Vec<(&'static str, Value)> {
+        let (a, d) = (&self.authority, &self.digests);
+        let mut f = vec![
+            ("reservation_epoch", n(a.reservation_epoch)),
+            ("reservation_deadline", s(&a.reservation_deadline)),
+            ("runtime_id", s(&a.runtime_id)),
+            ("contracts_digest", s(&d.contracts_digest)),
+            ("scope_digest", s(&d.scope_digest)),
+            ("holds_digest", s(&d.holds_digest)),
+        ];
+        f.extend(extra);
+        f
+    }
+}
+
+/// A chain message of type `t` for the chain `stage` staged: its chain fields and `extra`.
+fn seal(
+    hs: &mut HostSession,
+    stage: &Envelope<Verified>,
+    ordinary: &Arc<Signer>,
+    t: MessageType,
+    extra: Vec<(&'static str, Value)>,
+) -> Message {
+    let mut f = chain_fields(stage);
+    f.extend(extra);
+    let bytes = hs.seq.seal(Outgoing::new(ordinary, t, f), COORD).unwrap();
+    Message::text(String::from_utf8(bytes).unwrap())
 }
