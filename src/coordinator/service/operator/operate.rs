@@ -43,6 +43,7 @@ impl Service {
         }
         // An earlier try ended with its outcome open: a refusal of this one does not close it.
         let earlier_open = opened == Opened::Unanswered;
+        let settle = matches!(req, OperatorRequest::Stop { wait: true, .. });
         let (out, committed) =
             crate::coordinator::requests::tracking_commits(self.perform(req)).await;
         match out {
@@ -58,6 +59,9 @@ impl Service {
                     .await
                 {
                     tracing::warn!(request_id = %id, error = %e, "the answer of an operator request could not be recorded");
+                }
+                if settle {
+                    v = self.with_settled_lane(v).await;
                 }
                 Ok(v)
             }
@@ -698,100 +702,6 @@ impl Service {
                 _ = tokio::time::sleep(Duration::from_millis(200)) => {}
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(OpError::new(Category::Timeout, format!("no answer within {} s; the chain is {}", within.as_secs(), c.lane_state)));
-                }
-            }
-        }
-    }
-
-    /// `mosaic stop` / `cancel`: revokes the leases at once, has the host stop the
-    /// generation, and answers with the final outcome once the host's receipt proves the
-    /// end — or `pending` when the host is unreachable (the outcome becomes final when it
-    /// reconnects). Repeating it is idempotent.
-    pub async fn stop(
-        self: &Arc<Self>,
-        assignment_id: &str,
-        outcome: Outcome,
-        evidence: Option<&str>,
-        wait: bool,
-    ) -> Result<serde_json::Value, OpError> {
-        let l = self.leader().await?;
-        let r = self
-            .store
-            .request_end(&l, assignment_id, outcome, evidence)
-            .await;
-        let ended = match self.settled(&l, r).await {
-            // The end of this assignment was already asked for with another outcome or
-            // evidence (the key is the assignment's): that is a conflict, not a bad key.
-            Err(e) if e.category == Category::IdempotencyConflict => {
-                let asked = self
-                    .store
-                    .assignment(assignment_id)
-                    .await?
-                    .and_then(|a| a.requested_outcome)
-                    .unwrap_or_default();
-                return Err(OpError::new(
-                    Category::Conflict,
-                    format!(
-                        "an end of {assignment_id} was already requested (outcome {asked}); it cannot be changed"
-                    ),
-                ));
-            }
-            other => other?,
-        };
-        let chain = self.store.chain_of_assignment(assignment_id).await?;
-        let host = chain
-            .as_ref()
-            .map(|c| c.host_id.clone())
-            .unwrap_or_default();
-        if let Some(c) = &chain {
-            self.advance(&l, &c.chain.reservation_id).await.ok();
-        }
-        let view = |a: Option<crate::coordinator::model::AssignmentView>| {
-            json!({ "assignment_id": assignment_id, "requested_outcome": outcome.as_str(),
-                    "state": a.as_ref().map(|a| a.lifecycle), "final_evidence_digest": a.and_then(|a| a.final_evidence_digest),
-                    "leases_revoked": true })
-        };
-        let done = |s: &Lifecycle| !crate::coordinator::states::NONTERMINAL.contains(s);
-        let now = self.store.assignment(assignment_id).await?;
-        let final_now = now.as_ref().is_some_and(|a| done(&a.lifecycle));
-        let deadline = tokio::time::Instant::now() + STOP_WAIT;
-        // The lane the work held, when this stop ended a generation there.
-        let inc = now
-            .as_ref()
-            .filter(|_| ended.awaiting_receipt)
-            .map(|a| a.lane_incarnation_id.clone());
-        if final_now && wait {
-            return Ok(self
-                .with_settled_lane(view(now), inc.as_deref(), assignment_id, deadline)
-                .await);
-        }
-        if !ended.awaiting_receipt || final_now || !wait {
-            let mut v = view(now);
-            if ended.awaiting_receipt && !final_now {
-                v["pending"] = json!("waiting for the host's termination receipt");
-            }
-            return Ok(v);
-        }
-        if !self.hosts.is_connected(&host) {
-            let mut v = view(now);
-            v["pending"] = json!("host unreachable: the generation is stopped and the outcome made final when the host reconnects");
-            return Ok(v);
-        }
-        let mut changed = self.changed.subscribe();
-        loop {
-            let a = self.store.assignment(assignment_id).await?;
-            if a.as_ref().is_some_and(|a| done(&a.lifecycle)) {
-                return Ok(self
-                    .with_settled_lane(view(a), inc.as_deref(), assignment_id, deadline)
-                    .await);
-            }
-            tokio::select! {
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
-                _ = tokio::time::sleep_until(deadline) => {
-                    let mut v = view(a);
-                    v["pending"] = json!("waiting for the host's termination receipt");
-                    return Ok(v);
                 }
             }
         }
