@@ -92,19 +92,16 @@ pub fn checkpoint_restore(
             "+refs/mosaic/checkpoints/*:refs/mosaic/restored/*",
         )
         .map_err(internal)?;
-        let got =
-            git(&["rev-parse", &format!("{commit}^{{tree}}")], Some(&store)).map_err(|_| {
-                err(
-                    Category::Conflict,
-                    format!("checkpoint {digest}: its bundle does not hold commit {commit}"),
-                )
-            })?;
-        if got != tree {
-            return Err(err(
-                Category::Conflict,
-                format!("checkpoint {digest}: commit {commit} has tree {got}, not {tree}"),
-            ));
-        }
+        // The same check a host makes of what it imported: the commit, its parent the
+        // base, its tree the checkpoint's.
+        crate::supervisor::checkpoints::check_imported(
+            &store,
+            digest,
+            &commit,
+            base.as_deref(),
+            &tree,
+        )
+        .map_err(|e| err(Category::Conflict, e))?;
         let work = scratch.join("work");
         crate::supervisor::checkpoints::materialize(
             &store,

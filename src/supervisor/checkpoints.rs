@@ -6,6 +6,7 @@
 //! (index, hooks, config) is never consulted.
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use super::state::GenRecord;
 use super::Inner;
@@ -322,6 +323,50 @@ pub fn has_base(store: &Path, commit: &str) -> bool {
     .is_ok_and(|c| c == commit)
 }
 
+/// The imported checkpoint is there, with its tree.
+pub fn check_imported(
+    store: &Path,
+    checkpoint_digest: &str,
+    commit_id: &str,
+    base_commit_id: Option<&str>,
+    tree_id: &str,
+) -> Result<(), String> {
+    if !has_commit(store, commit_id) {
+        return Err(format!(
+            "checkpoint {}: its bundle does not hold commit {}",
+            checkpoint_digest, commit_id
+        ));
+    }
+    let parent = git(
+        &[
+            "rev-parse",
+            "--verify",
+            "--quiet",
+            &format!("{}^", commit_id),
+        ],
+        Some(store),
+    )
+    .ok()
+    .filter(|c| !c.is_empty());
+    if parent.as_deref() != base_commit_id {
+        return Err(format!(
+            "checkpoint {}: its commit's parent is not the base it names",
+            checkpoint_digest
+        ));
+    }
+    let tree = git(
+        &["rev-parse", &format!("{}^{{tree}}", commit_id)],
+        Some(store),
+    )?;
+    if tree != tree_id {
+        return Err(format!(
+            "checkpoint {}: its commit's tree is {tree}, not {}",
+            checkpoint_digest, tree_id
+        ));
+    }
+    Ok(())
+}
+
 /// Whether `store` has `object` (a commit id).
 pub fn has_commit(store: &Path, object: &str) -> bool {
     git(
@@ -541,9 +586,10 @@ impl super::Supervisor {
             .save_gen(&live.record)
             .map_err(|e| format!("recording the checkpoint's number: {e}"))?;
         let (inner, inc) = (self.inner.clone(), incarnation.to_string());
-        let cg = self.inner.tree.at_abs(&cgroup);
+        let cg = Arc::new(self.inner.tree.at_abs(&cgroup));
+        let in_task = cg.clone();
         let (taken, thawed) = tokio::task::spawn_blocking(move || {
-            let cg = inner.tree.at_abs(&cgroup);
+            let cg = in_task;
             let taken = cg
                 .freeze_and_wait(FREEZE_WAIT)
                 .map_err(|e| format!("its cgroup did not freeze: {e}"))

@@ -17,7 +17,7 @@ use crate::protocol::messages::{
     CheckpointData, CheckpointFetch, CheckpointStored, CheckpointUpload, DataAnswer, ObjectRole,
     StoredVerdict, PART_BYTES,
 };
-use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, RestorePoint, StoredObject};
+use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, StoredObject};
 use crate::supervisor::checkpoints::{
     has_base, has_commit, store_of, Kind, HANDOFF_SUFFIX, REQUEST_SUFFIX,
 };
@@ -584,9 +584,17 @@ impl CoordinatedHost {
         )
         .await?;
         let (s, p) = (store.clone(), point.clone());
-        tokio::task::spawn_blocking(move || check_imported(&s, &p))
-            .await
-            .map_err(|e| e.to_string())?
+        tokio::task::spawn_blocking(move || {
+            crate::supervisor::checkpoints::check_imported(
+                &s,
+                &p.checkpoint_digest,
+                &p.commit_id,
+                p.base_commit_id.as_deref(),
+                &p.tree_id,
+            )
+        })
+        .await
+        .map_err(|e| e.to_string())?
     }
 
     /// Fetches `obj`, verifies it, and imports it into `store` with `refspec`.
@@ -673,42 +681,4 @@ impl CoordinatedHost {
         }
         Ok(())
     }
-}
-
-/// The imported checkpoint is there, with its tree.
-fn check_imported(store: &Path, p: &RestorePoint) -> Result<(), String> {
-    if !has_commit(store, &p.commit_id) {
-        return Err(format!(
-            "checkpoint {}: its bundle does not hold commit {}",
-            p.checkpoint_digest, p.commit_id
-        ));
-    }
-    let parent = git(
-        &[
-            "rev-parse",
-            "--verify",
-            "--quiet",
-            &format!("{}^", p.commit_id),
-        ],
-        Some(store),
-    )
-    .ok()
-    .filter(|c| !c.is_empty());
-    if parent != p.base_commit_id {
-        return Err(format!(
-            "checkpoint {}: its commit's parent is not the base it names",
-            p.checkpoint_digest
-        ));
-    }
-    let tree = git(
-        &["rev-parse", &format!("{}^{{tree}}", p.commit_id)],
-        Some(store),
-    )?;
-    if tree != p.tree_id {
-        return Err(format!(
-            "checkpoint {}: its commit's tree is {tree}, not {}",
-            p.checkpoint_digest, p.tree_id
-        ));
-    }
-    Ok(())
 }
