@@ -33,15 +33,26 @@ pub fn checkpoint_restore(
     digest: &str,
     into: &Path,
 ) -> Result<serde_json::Value, OpError> {
+    if !crate::protocol::envelope::is_digest(digest) {
+        return Err(err(
+            Category::BadInput,
+            "a checkpoint digest is sha256: and 64 lowercase hex digits",
+        ));
+    }
     let dest = destination(into)?;
-    let shown = operator_request_any(
+    // Its records only (the coordinator's read-only view of it would import every object
+    // there first, only for them to be read again here).
+    let listed = operator_request_any(
         targets,
-        &OperatorRequest::CheckpointShow {
-            checkpoint_digest: digest.to_string(),
-            diff: false,
+        &OperatorRequest::Checkpoints {
+            assignment_id: None,
+            checkpoint_digest: Some(digest.to_string()),
         },
     )?;
-    let rows = shown["checkpoints"].as_array().cloned().unwrap_or_default();
+    let rows = listed.as_array().cloned().unwrap_or_default();
+    if rows.is_empty() {
+        return Err(err(Category::NotFound, format!("no checkpoint {digest}")));
+    }
     let field = |k: &str| rows.iter().find_map(|r| r[k].as_str().map(String::from));
     let (Some(commit), Some(tree), Some(assignment), Some(bundle)) = (
         field("commit_id"),

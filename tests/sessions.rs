@@ -1291,6 +1291,7 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
             let v = w
                 .op(&OperatorRequest::Checkpoints {
                     assignment_id: Some(asg.clone()),
+                    checkpoint_digest: None,
                 })
                 .ok()?;
             let row = v.as_array()?.first()?.clone();

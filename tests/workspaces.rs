@@ -344,6 +344,7 @@ fn checkpoints(w: &World, asg: &str, n: usize) -> Vec<Value> {
         let v = w
             .op(&OperatorRequest::Checkpoints {
                 assignment_id: Some(asg.into()),
+                checkpoint_digest: None,
             })
             .ok()?;
         let rows = v.as_array()?.clone();
@@ -420,6 +421,7 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
     let none = w
         .op(&OperatorRequest::Checkpoints {
             assignment_id: Some(asg.clone()),
+            checkpoint_digest: None,
         })
         .unwrap();
     assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");

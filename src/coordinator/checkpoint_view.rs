@@ -42,12 +42,7 @@ impl Store {
                 "a checkpoint digest is sha256: and 64 lowercase hex digits",
             ));
         }
-        let rows: Vec<serde_json::Value> = self
-            .checkpoints(None)
-            .await?
-            .into_iter()
-            .filter(|c| c["checkpoint_digest"] == digest)
-            .collect();
+        let rows = self.checkpoints(None, Some(digest)).await?;
         let Some(first) = rows.first() else {
             return Err(reject(
                 OP,

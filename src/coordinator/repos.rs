@@ -158,10 +158,12 @@ impl Store {
         .transpose()
     }
 
-    /// The recorded checkpoints (of one assignment), oldest first: ids and digests only.
+    /// The recorded checkpoints (of one assignment, of one digest), oldest first: ids and
+    /// digests only.
     pub async fn checkpoints(
         &self,
         assignment_id: Option<&str>,
+        digest: Option<&str>,
     ) -> Result<Vec<serde_json::Value>, AuthorityError> {
         let c = self.pool.get().await?;
         let rows = c
@@ -170,8 +172,9 @@ impl Store {
                         assignment_id, assignment_attempt_id, lane_incarnation_id, generation, host_id, termination_receipt, handoff_id, request_seq, \
                         mosaic_ts(created_at) AS created_at, base_commit_id, base_object, bundle_object, transfer_error, inputs_digest, \
                         EXISTS (SELECT 1 FROM checkpoint_objects o WHERE o.object_digest = bundle_object AND o.stored_at IS NOT NULL) AS stored \
-                 FROM checkpoints WHERE ($1::text IS NULL OR assignment_id = $1) ORDER BY created_at, generation",
-                &[&assignment_id],
+                 FROM checkpoints WHERE ($1::text IS NULL OR assignment_id = $1) \
+                   AND ($2::text IS NULL OR checkpoint_digest = $2) ORDER BY created_at, generation",
+                &[&assignment_id, &digest],
             )
             .await?;
         rows.iter()

@@ -368,11 +368,7 @@ impl Store {
         }
         let doomed = self.deletable(reason, None, digest).await?;
         if let (Some(d), true) = (digest, doomed.is_empty()) {
-            let exists = !self
-                .checkpoints(None)
-                .await?
-                .iter()
-                .all(|c| c["checkpoint_digest"] != d);
+            let exists = !self.checkpoints(None, Some(d)).await?.is_empty();
             return Err(reject(
                 "checkpoint-delete",
                 if exists {

@@ -254,7 +254,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => at.call(OperatorRequest::Repos),
         Cmd::Checkpoint {
             op: CheckpointOp::List { assignment_id, at },
-        } => at.call(OperatorRequest::Checkpoints { assignment_id }),
+        } => at.call(OperatorRequest::Checkpoints {
+            assignment_id,
+            checkpoint_digest: None,
+        }),
         Cmd::Checkpoint {
             op:
                 CheckpointOp::Show {

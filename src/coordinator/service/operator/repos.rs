@@ -28,8 +28,15 @@ impl Service {
                 self.repo_add(&name, path, url, host_id, &setup).await?
             }
             OperatorRequest::Repos => json!(self.store.repositories().await?),
-            OperatorRequest::Checkpoints { assignment_id } => {
-                json!(self.store.checkpoints(assignment_id.as_deref()).await?)
+            OperatorRequest::Checkpoints {
+                assignment_id,
+                checkpoint_digest,
+            } => {
+                json!(
+                    self.store
+                        .checkpoints(assignment_id.as_deref(), checkpoint_digest.as_deref())
+                        .await?
+                )
             }
             OperatorRequest::CheckpointShow {
                 checkpoint_digest,

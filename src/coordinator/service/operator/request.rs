@@ -166,6 +166,9 @@ pub enum OperatorRequest {
     Checkpoints {
         #[serde(default)]
         assignment_id: Option<String>,
+        /// Only the records of this checkpoint.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        checkpoint_digest: Option<String>,
     },
     /// One stored checkpoint, opened read-only: what it binds, the files it changed
     /// against its base, and (`diff`) the patch.
