@@ -1366,6 +1366,56 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
         .unwrap()
         .get(0);
     assert_eq!(objects, 0);
+
+    // Nor release it: B never held the work, whether it asks (naming the stored
+    // checkpoint's very tree) or says it deleted it. A, which held it, releases its copy.
+    use mosaic::protocol::messages::{HeldTree, ReleaseStep, ReleaseVerdict, WorkspaceRelease};
+    for (step, done) in [
+        (
+            ReleaseStep::Ask {
+                workspace: Some(HeldTree {
+                    tree_id: ck["tree_id"].as_str().unwrap().into(),
+                    checkpoint_digest: ck["checkpoint_digest"].as_str().unwrap().into(),
+                }),
+            },
+            false,
+        ),
+        (ReleaseStep::Done { refs_removed: 1 }, true),
+    ] {
+        let m = WorkspaceRelease {
+            assignment_id: asg.clone(),
+            step,
+        };
+        hs.send(
+            Outgoing::new(&p.signer, MessageType::WorkspaceRelease, m.fields()),
+            COORD,
+        )
+        .await
+        .unwrap();
+        let got = next_of(&mut hs, &p, &[MessageType::WorkspaceReleaseAnswer]).await;
+        match typed(&got) {
+            ToHost::WorkspaceReleaseAnswer(a) => {
+                assert_eq!(a.done, done);
+                assert_eq!(a.verdict, ReleaseVerdict::Keep("not-owner".into()));
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+    let released = tokio::task::block_in_place(|| {
+        common::wait_until("A released its copy", || {
+            let v = w
+                .op(&OperatorRequest::WorkspaceReleases {
+                    assignment_id: Some(asg.clone()),
+                })
+                .ok()?;
+            let rows = v.as_array()?.clone();
+            rows.iter()
+                .any(|r| r["state"] == "released")
+                .then_some(rows)
+        })
+    });
+    assert_eq!(released.len(), 1, "{released:?}");
+    assert_eq!(released[0]["host_id"], w.hosts[0].as_str());
     let _ = std::fs::remove_dir_all(&repo);
 }
 
@@ -1474,6 +1524,32 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
     let rows = rows_when(&recorded, 2).await;
     assert_eq!(rows[0].1, "b".repeat(40), "number 1 was replaced");
     assert_eq!(rows[1].1, "d".repeat(40));
+
+    // B holds the work, but it runs: B may not release its copy, even naming a checkpoint
+    // of it exactly.
+    use mosaic::protocol::messages::{HeldTree, ReleaseStep, ReleaseVerdict, WorkspaceRelease};
+    let m = WorkspaceRelease {
+        assignment_id: asg.clone(),
+        step: ReleaseStep::Ask {
+            workspace: Some(HeldTree {
+                tree_id: "e".repeat(40),
+                checkpoint_digest: rows[1].2.clone(),
+            }),
+        },
+    };
+    hs.send(
+        Outgoing::new(&p.signer, MessageType::WorkspaceRelease, m.fields()),
+        COORD,
+    )
+    .await
+    .unwrap();
+    let got = next_of(&mut hs, &p, &[MessageType::WorkspaceReleaseAnswer]).await;
+    match typed(&got) {
+        ToHost::WorkspaceReleaseAnswer(a) => {
+            assert_eq!(a.verdict, ReleaseVerdict::Keep("active".into()))
+        }
+        other => panic!("{other:?}"),
+    }
 }
 
 /// What `read` returns once it holds `n` rows (the coordinator handles a session's

@@ -262,6 +262,16 @@ fn every_to_host() -> Vec<ToHost> {
             offset: 0,
             answer: mosaic::protocol::messages::DataAnswer::Refused("corrupt".into()),
         }),
+        ToHost::WorkspaceReleaseAnswer(mosaic::protocol::messages::WorkspaceReleaseAnswer {
+            assignment_id: "asg-1".into(),
+            done: false,
+            verdict: mosaic::protocol::messages::ReleaseVerdict::Release,
+        }),
+        ToHost::WorkspaceReleaseAnswer(mosaic::protocol::messages::WorkspaceReleaseAnswer {
+            assignment_id: "asg-1".into(),
+            done: true,
+            verdict: mosaic::protocol::messages::ReleaseVerdict::Keep("not-released".into()),
+        }),
     ]
 }
 
@@ -275,7 +285,8 @@ fn signed_as(
         ToHost::Reconcile(_)
         | ToHost::ReceiptAck(_)
         | ToHost::CheckpointStored(_)
-        | ToHost::CheckpointData(_) => "coord-session",
+        | ToHost::CheckpointData(_)
+        | ToHost::WorkspaceReleaseAnswer(_) => "coord-session",
         _ => "coord-ordinary",
     };
     f.push(("message_id", s("m-1")));
@@ -337,6 +348,11 @@ fn an_unknown_verdict_control_op_or_phase_is_refused() {
         (MessageType::CheckpointStored, "verdict", "retry:"),
         (MessageType::CheckpointData, "verdict", "refused:"),
         (MessageType::CheckpointData, "verdict", "maybe"),
+        // `recorded` answers a done, never an ask; a keep names its reason.
+        (MessageType::WorkspaceReleaseAnswer, "verdict", "recorded"),
+        (MessageType::WorkspaceReleaseAnswer, "verdict", "keep:"),
+        (MessageType::WorkspaceReleaseAnswer, "verdict", "released"),
+        (MessageType::WorkspaceReleaseAnswer, "step", "finish"),
     ] {
         let env = with_field(&pick(t), field, Some(s(bad)));
         match ToHost::decode(&env) {
@@ -588,6 +604,86 @@ fn a_checkpoint_names_one_origin_exactly() {
     let mut zero = neither.clone();
     zero.push(("request_seq", mosaic::protocol::envelope::n(0)));
     for (what, f) in [("both", both), ("neither", neither), ("zero", zero)] {
+        let got = decode(f);
+        assert!(
+            matches!(
+                got,
+                Err(WireError::Field { .. } | WireError::Unknown { .. })
+            ),
+            "{what}: {got:?}"
+        );
+    }
+}
+
+/// A host's release of its copy of done work says exactly what it holds: an ask names the
+/// tree and the checkpoint together or neither, and no count; a done names its count and no
+/// tree; any other step is refused whole.
+#[test]
+fn a_workspace_release_says_exactly_what_it_holds() {
+    use mosaic::protocol::messages::{FromHostSession, HeldTree, ReleaseStep, WorkspaceRelease};
+    let ask = WorkspaceRelease {
+        assignment_id: "asg-1".into(),
+        step: ReleaseStep::Ask {
+            workspace: Some(HeldTree {
+                tree_id: "e".repeat(40),
+                checkpoint_digest: format!("sha256:{}", "c".repeat(64)),
+            }),
+        },
+    };
+    let done = WorkspaceRelease {
+        assignment_id: "asg-1".into(),
+        step: ReleaseStep::Done { refs_removed: 2 },
+    };
+    let decode = |f: Vec<(&'static str, Value)>| {
+        let mut f = f;
+        f.push(("message_id", s("m-1")));
+        let bytes = signer("host-session")
+            .sign(MessageType::WorkspaceRelease, COORD, f)
+            .unwrap();
+        let reg = registry();
+        let env = verify(&bytes, &ctx(&reg, COORD)).unwrap();
+        FromHostSession::decode(&env)
+    };
+    for m in [&ask, &done] {
+        assert_eq!(
+            decode(m.fields()).unwrap(),
+            Some(FromHostSession::WorkspaceRelease(m.clone()))
+        );
+    }
+    let without = |m: &WorkspaceRelease, k: &str| -> Vec<(&'static str, Value)> {
+        m.fields().into_iter().filter(|(f, _)| *f != k).collect()
+    };
+    let with = |mut f: Vec<(&'static str, Value)>, k: &'static str, v: Value| {
+        f.retain(|(x, _)| *x != k);
+        f.push((k, v));
+        f
+    };
+    let cases = [
+        (
+            "a tree without its checkpoint",
+            without(&ask, "checkpoint_digest"),
+        ),
+        ("a checkpoint without its tree", without(&ask, "tree_id")),
+        (
+            "an ask with a count",
+            with(
+                ask.fields(),
+                "refs_removed",
+                mosaic::protocol::envelope::n(1),
+            ),
+        ),
+        (
+            "a tree that is no object id",
+            with(ask.fields(), "tree_id", s("HEAD")),
+        ),
+        (
+            "a done with a tree",
+            with(done.fields(), "tree_id", s(&"e".repeat(40))),
+        ),
+        ("a done without its count", without(&done, "refs_removed")),
+        ("another step", with(done.fields(), "step", s("forget"))),
+    ];
+    for (what, f) in cases {
         let got = decode(f);
         assert!(
             matches!(

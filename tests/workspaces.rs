@@ -816,8 +816,22 @@ fn a_checkpoint_over_the_store_limit_stays_on_its_host_and_says_so() {
     // On its own host it resumes from its own checkpoint repository.
     let b = assign_in(&w, &lane0, "hang", None, None, Some(&asg)).unwrap();
     assert_eq!(b["state"], "RUNNING", "{b}");
-    let out = stop(&w, asg);
+    let out = stop(&w, asg.clone());
     assert_eq!(out["state"], "CANCELLED", "{out}");
+    // Done, but its files are in no checkpoint the store holds: the host keeps its copy
+    // (workspace and refs), the coordinator having refused to release it.
+    let said = kept_said(&w, 0, &asg);
+    assert!(said.contains("not-stored"), "{said}");
+    assert!(w.state_dir(0).join("workspaces").join(&asg).is_dir());
+    let store = w.state_dir(0).join("checkpoints").join("demo.git");
+    let prefix = format!("refs/mosaic/checkpoints/{asg}/");
+    assert_ne!(git_dir(&store, &["for-each-ref", &prefix]), "");
+    let rows = w
+        .op(&OperatorRequest::WorkspaceReleases {
+            assignment_id: Some(asg),
+        })
+        .unwrap();
+    assert_eq!(rows, serde_json::json!([]));
 }
 
 /// A waited stop of `asg` asking for COMPLETED.
@@ -903,6 +917,64 @@ fn work_in_a_repository_completes_only_on_its_final_checkpoint() {
         "{refused:?}"
     );
     assert_eq!(final_of(&w, &asg3).0, "RECOVERY");
+
+    // The host's copy of the completed work is released once its files are in the store:
+    // workspace and checkpoint refs gone, with a receipt naming the stored checkpoint.
+    let rel = released(&w, &asg);
+    assert_eq!(rel["matched"], "stored", "{rel}");
+    assert_eq!(
+        rel["checkpoint_digest"], ck[0]["checkpoint_digest"],
+        "{rel}"
+    );
+    assert_eq!(rel["tree_id"], ck[0]["tree_id"], "{rel}");
+    assert!(rel["refs_removed"].as_i64().unwrap() >= 1, "{rel}");
+    assert!(rel["receipt_digest"]
+        .as_str()
+        .unwrap()
+        .starts_with("sha256:"));
+    assert!(!w.state_dir(0).join("workspaces").join(&asg).exists());
+    let store = w.state_dir(0).join("checkpoints").join("demo.git");
+    let prefix = format!("refs/mosaic/checkpoints/{asg}/");
+    assert_eq!(git_dir(&store, &["for-each-ref", &prefix]), "");
+    // Work whose files are in no checkpoint (asg2, its last generation left none) keeps
+    // its copy; so does work that may run again (asg3).
+    kept_said(&w, 0, &asg2);
+    for kept in [&asg2, &asg3] {
+        assert!(
+            w.state_dir(0).join("workspaces").join(kept).is_dir(),
+            "{kept}"
+        );
+        let rows = w
+            .op(&OperatorRequest::WorkspaceReleases {
+                assignment_id: Some(kept.clone()),
+            })
+            .unwrap();
+        assert_eq!(rows, serde_json::json!([]), "{kept}");
+    }
+}
+
+/// The release of host copies of `asg`, once one is done.
+fn released(w: &World, asg: &str) -> Value {
+    wait_until("the host released its copy of the work", || {
+        let v = w
+            .op(&OperatorRequest::WorkspaceReleases {
+                assignment_id: Some(asg.into()),
+            })
+            .ok()?;
+        let r = v.as_array()?.first()?.clone();
+        (r["state"] == "released").then_some(r)
+    })
+}
+
+/// Waits until host `h`'s supervisor has said it keeps its copy of `asg`.
+fn kept_said(w: &World, h: usize, asg: &str) -> String {
+    wait_until("the host said it keeps its copy", || {
+        std::fs::read_to_string(w.supervisor_log(h))
+            .ok()?
+            .lines()
+            .find(|l| l.contains(asg) && l.contains("copy of the work is kept"))
+            .map(String::from)
+    })
 }
 
 /// One value of a query over the world's database.

@@ -50,6 +50,7 @@ pub mod states;
 pub mod store;
 pub mod trust;
 pub mod txn;
+pub mod workspace_release;
 
 pub use activation::{AckClaim, Activation};
 pub use chain::{ReserveRequest, Reserved};

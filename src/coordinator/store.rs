@@ -38,6 +38,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0020_checkpoint_grants.sql"),
     include_str!("../../migrations/0021_checkpoint_retention.sql"),
     include_str!("../../migrations/0022_requested_checkpoints.sql"),
+    include_str!("../../migrations/0023_workspace_releases.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

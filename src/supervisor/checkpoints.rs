@@ -259,6 +259,16 @@ pub fn commit_workspace(
     })
 }
 
+/// The tree every file of `ws` the repository does not ignore makes, as a checkpoint of it
+/// would record it (written into `store`, no ref set). `keep` as in [`on_tree`].
+pub fn tree_of(store: &Path, ws: &Path, keep: Option<&Path>) -> Result<String, String> {
+    survey(ws)?;
+    on_tree(store, ws, keep, |run| {
+        run(&["add", "--all", "--", "."])?;
+        run(&["write-tree"])
+    })
+}
+
 /// Makes `dir` (absent) a repository on `branch` at `base` (from `store`; an orphan branch
 /// without one) whose files are exactly `tree_id`'s, checked by writing them back into a
 /// tree (with `keep` as in [`on_tree`], which then holds their stat data): `git status`

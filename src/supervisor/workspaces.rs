@@ -71,6 +71,16 @@ pub(crate) fn set_marker(
         .map_err(|e| format!("recording the workspace of {assignment_id}: {e}"))
 }
 
+/// Forgets the record of `assignment_id`'s workspace (once the workspace is gone).
+pub(crate) fn forget(inner: &Inner, assignment_id: &str) -> Result<(), String> {
+    match std::fs::remove_file(marker_path(inner, assignment_id)) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(format!(
+            "removing the record of workspace {assignment_id}: {e}"
+        )),
+        _ => Ok(()),
+    }
+}
+
 /// The workspace of a coordinated generation's work, if it has a repository (`ensure`, off
 /// the runtime's threads).
 pub(crate) async fn prepare(

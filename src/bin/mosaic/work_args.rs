@@ -45,8 +45,8 @@ pub(crate) enum CheckpointOp {
     },
     /// Delete the checkpoints their retention policy lets go (of done work, kept past
     /// `checkpoint_retention_s`, named by no unspent grant), each with a deletion receipt;
-    /// `--dry-run` lists them. Only the coordinator's store and records: hosts keep their
-    /// own copies.
+    /// `--dry-run` lists them. Only the coordinator's store and records: each host
+    /// releases its own copy of done work once its files are in the store (`releases`).
     Gc {
         #[arg(long)]
         dry_run: bool,
@@ -61,6 +61,15 @@ pub(crate) enum CheckpointOp {
     },
     /// The deletion receipts.
     Deletions {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Hosts' copies of done work they released: once the work has ended and its files are
+    /// in the store, each host deletes its workspace and checkpoint refs of it; each entry
+    /// is that deletion's receipt (`allowed` until the host says it is done).
+    Releases {
         #[arg(long = "assignment")]
         assignment_id: Option<String>,
         #[command(flatten)]

@@ -550,6 +550,7 @@ pub enum FromHostSession {
     Heartbeat,
     CheckpointUpload(super::CheckpointUpload),
     CheckpointFetch(super::CheckpointFetch),
+    WorkspaceRelease(super::WorkspaceRelease),
 }
 
 impl FromHostSession {
@@ -592,6 +593,9 @@ impl FromHostSession {
             }
             MessageType::CheckpointFetch => {
                 Self::CheckpointFetch(super::CheckpointFetch::decode(&f)?)
+            }
+            MessageType::WorkspaceRelease => {
+                Self::WorkspaceRelease(super::WorkspaceRelease::decode(&f)?)
             }
             _ => return Ok(None),
         };

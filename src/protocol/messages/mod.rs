@@ -19,11 +19,13 @@ use super::envelope::{Envelope, Verified};
 mod checkpoint;
 mod from_host;
 mod to_host;
+mod workspace;
 
 pub use checkpoint::*;
 
 pub use from_host::*;
 pub use to_host::*;
+pub use workspace::*;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {

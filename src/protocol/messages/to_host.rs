@@ -288,6 +288,7 @@ pub enum ToHost {
     CheckpointStored(super::CheckpointStored),
     CheckpointData(super::CheckpointData),
     HandoffCheckpoint(HandoffCheckpoint),
+    WorkspaceReleaseAnswer(super::WorkspaceReleaseAnswer),
 }
 
 impl ToHost {
@@ -305,6 +306,7 @@ impl ToHost {
             Self::CheckpointStored(_) => MessageType::CheckpointStored,
             Self::CheckpointData(_) => MessageType::CheckpointData,
             Self::HandoffCheckpoint(_) => MessageType::HandoffCheckpoint,
+            Self::WorkspaceReleaseAnswer(_) => MessageType::WorkspaceReleaseAnswer,
         }
     }
 
@@ -322,7 +324,8 @@ impl ToHost {
             Self::Reconcile(_)
             | Self::ReceiptAck(_)
             | Self::CheckpointStored(_)
-            | Self::CheckpointData(_) => None,
+            | Self::CheckpointData(_)
+            | Self::WorkspaceReleaseAnswer(_) => None,
         }
     }
 
@@ -465,6 +468,7 @@ impl ToHost {
             ]),
             Self::CheckpointStored(m) => m.fields(&mut f),
             Self::CheckpointData(m) => m.fields(&mut f),
+            Self::WorkspaceReleaseAnswer(m) => m.fields(&mut f),
             Self::HandoffCheckpoint(m) => {
                 authority(&mut f, &m.authority);
                 digests(&mut f, &m.digests);
@@ -582,6 +586,9 @@ impl ToHost {
                 Self::CheckpointStored(super::CheckpointStored::decode(&f)?)
             }
             MessageType::CheckpointData => Self::CheckpointData(super::CheckpointData::decode(&f)?),
+            MessageType::WorkspaceReleaseAnswer => {
+                Self::WorkspaceReleaseAnswer(super::WorkspaceReleaseAnswer::decode(&f)?)
+            }
             MessageType::HandoffCheckpoint => Self::HandoffCheckpoint(HandoffCheckpoint {
                 authority: f.authority()?,
                 digests: f.digests()?,

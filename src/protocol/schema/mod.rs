@@ -69,9 +69,11 @@ pub enum MessageType {
     CheckpointData,
     HandoffCheckpoint,
     CheckpointTaken,
+    WorkspaceRelease,
+    WorkspaceReleaseAnswer,
 }
 
-pub const ALL_TYPES: [MessageType; 36] = [
+pub const ALL_TYPES: [MessageType; 38] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -108,6 +110,8 @@ pub const ALL_TYPES: [MessageType; 36] = [
     MessageType::CheckpointData,
     MessageType::HandoffCheckpoint,
     MessageType::CheckpointTaken,
+    MessageType::WorkspaceRelease,
+    MessageType::WorkspaceReleaseAnswer,
 ];
 
 impl MessageType {
@@ -149,6 +153,8 @@ impl MessageType {
             Self::CheckpointData => "checkpoint_data",
             Self::HandoffCheckpoint => "handoff_checkpoint",
             Self::CheckpointTaken => "checkpoint_taken",
+            Self::WorkspaceRelease => "workspace_release",
+            Self::WorkspaceReleaseAnswer => "workspace_release_answer",
         }
     }
 

@@ -21,7 +21,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 36] = [
+pub static SCHEMAS: [Schema; 38] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -685,6 +685,37 @@ pub static SCHEMAS: [Schema; 36] = [
             &["challenge_id", "lease_id", "effect_id"],
             NO_AUTHORITATIVE_TIME
         ]
+    ),
+    // Releasing a host's copy of done work (session plumbing). `step`: `ask` (with
+    // `tree_id` and `checkpoint_digest` together: the tree the host's workspace holds now
+    // and the checkpoint it says has it; neither when only checkpoint refs are left) or
+    // `done` (with `refs_removed`). The answer's `verdict`: `release` (to an ask),
+    // `recorded` (to a done), `keep:<category>` or `retry:<category>`.
+    schema!(
+        WorkspaceRelease,
+        "workspace_release",
+        Session,
+        Host,
+        [COMMON, AUTHORITY_NULLABLE, &[("step", Str)]],
+        [
+            ("tree_id", Str),
+            ("checkpoint_digest", Digest),
+            ("refs_removed", Uint)
+        ],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    schema!(
+        WorkspaceReleaseAnswer,
+        "workspace_release_answer",
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("step", Str), ("verdict", Str)]
+        ],
+        [],
+        []
     ),
 ];
 

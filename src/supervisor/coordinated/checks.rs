@@ -70,9 +70,9 @@ impl HostDispatch for Arc<CoordinatedHost> {
                 // the generation may still dispatch).
                 ToHost::EffectVerdict(m) => this.on_effect_verdict(m, &message_id),
                 // Answers to this host's own checkpoint transfers.
-                msg @ (ToHost::CheckpointStored(_) | ToHost::CheckpointData(_)) => {
-                    this.on_transfer_answer(msg)
-                }
+                msg @ (ToHost::CheckpointStored(_)
+                | ToHost::CheckpointData(_)
+                | ToHost::WorkspaceReleaseAnswer(_)) => this.on_transfer_answer(msg),
                 // In order, on the link's task: a contract is never overtaken by its challenge.
                 msg => this.route(env, msg).await,
             }

@@ -336,6 +336,7 @@ impl CoordinatedHost {
 mod checks;
 mod continuations;
 mod effects;
+mod release;
 mod reports;
 mod stage;
 mod transfer;

@@ -28,8 +28,8 @@ const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
 /// How often the host looks for checkpoints not uploaded yet.
 const UPLOAD_EVERY: Duration = Duration::from_secs(2);
 /// Why a part went unanswered: nothing else is tried this round (the link is down).
-const NO_LINK: &str = "the coordinator link is gone";
-const NO_ANSWER: &str = "the coordinator did not answer in time";
+pub(super) const NO_LINK: &str = "the coordinator link is gone";
+pub(super) const NO_ANSWER: &str = "the coordinator did not answer in time";
 
 /// Answers the transfers of this host wait for, by `u:`/`f:` and object digest.
 #[derive(Default)]
@@ -79,7 +79,7 @@ fn scratch(inner: &crate::supervisor::Inner) -> Result<PathBuf, String> {
 /// The mark that the checkpoint of `p` is uploaded (or refused for good): one per
 /// generation end; one per commit of a handoff's (a handoff taken again after a crash is
 /// another commit).
-fn done_marker(
+pub(super) fn done_marker(
     inner: &crate::supervisor::Inner,
     inc: &str,
     generation: u64,
@@ -97,6 +97,24 @@ fn done_marker(
         .join("checkpoints")
         .join("uploaded")
         .join(name)
+}
+
+/// The assignment, lane incarnation, generation and kind a checkpoint ref
+/// (`refs/mosaic/checkpoints/<assignment>/<incarnation>/<generation>[suffix]`) names.
+pub(super) fn parse_ref(r: &str) -> Option<(&str, &str, u64, Kind)> {
+    let parts: Vec<&str> = r.split('/').collect();
+    let [_, _, _, asg, inc, gen] = parts[..] else {
+        return None;
+    };
+    let (gen, kind) = match (
+        gen.strip_suffix(HANDOFF_SUFFIX),
+        gen.split_once(REQUEST_SUFFIX),
+    ) {
+        (Some(g), _) => (g, Kind::Handoff),
+        (None, Some((g, n))) => (g, Kind::Requested(n.parse::<u32>().ok()?)),
+        (None, None) => (gen, Kind::End),
+    };
+    Some((asg, inc, gen.parse::<u64>().ok()?, kind))
 }
 
 /// Every checkpoint this host took that is not uploaded (or refused for good) yet.
@@ -129,22 +147,7 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
             let Some((r, commit)) = line.split_once(' ') else {
                 continue;
             };
-            let parts: Vec<&str> = r.split('/').collect();
-            let [_, _, _, asg, inc, gen] = parts[..] else {
-                continue;
-            };
-            let (gen, kind) = match (
-                gen.strip_suffix(HANDOFF_SUFFIX),
-                gen.split_once(REQUEST_SUFFIX),
-            ) {
-                (Some(g), _) => (g, Kind::Handoff),
-                (None, Some((g, n))) => match n.parse::<u32>() {
-                    Ok(n) => (g, Kind::Requested(n)),
-                    Err(_) => continue,
-                },
-                (None, None) => (gen, Kind::End),
-            };
-            let Ok(generation) = gen.parse::<u64>() else {
+            let Some((asg, inc, generation, kind)) = parse_ref(r) else {
                 continue;
             };
             if done_marker(inner, inc, generation, kind, commit).exists() {
@@ -194,6 +197,9 @@ impl CoordinatedHost {
         let key = match &msg {
             ToHost::CheckpointStored(m) => format!("u:{}", m.object_digest),
             ToHost::CheckpointData(m) => format!("f:{}", m.object_digest),
+            ToHost::WorkspaceReleaseAnswer(m) => {
+                super::release::answer_key(&m.assignment_id, m.done)
+            }
             _ => return,
         };
         let tx = self
@@ -211,7 +217,7 @@ impl CoordinatedHost {
     }
 
     /// Sends `fields` as `t` and waits for the answer keyed `key`.
-    async fn ask(
+    pub(super) async fn ask(
         &self,
         key: String,
         t: crate::protocol::schema::MessageType,
@@ -245,6 +251,7 @@ impl CoordinatedHost {
         // Failed rounds per checkpoint: said at warn the first time and every 30th, so a
         // checkpoint the coordinator cannot take yet does not fill the log.
         let mut failures: HashMap<String, u64> = HashMap::new();
+        let mut releases = super::release::Backoff::default();
         loop {
             tokio::time::sleep(UPLOAD_EVERY).await;
             let Some(this) = host.upgrade() else { return };
@@ -273,6 +280,8 @@ impl CoordinatedHost {
                     }
                 }
             }
+            // Copies of done work, once everything of theirs is uploaded.
+            this.release_round(&mut releases).await;
         }
     }
 

@@ -5,7 +5,8 @@
 
 use super::*;
 use crate::protocol::messages::{
-    CheckpointData, CheckpointFetch, CheckpointStored, CheckpointUpload, DataAnswer, StoredVerdict,
+    CheckpointData, CheckpointFetch, CheckpointStored, CheckpointUpload, DataAnswer, ReleaseStep,
+    ReleaseVerdict, StoredVerdict, WorkspaceRelease, WorkspaceReleaseAnswer,
 };
 
 impl Service {
@@ -94,5 +95,51 @@ impl Service {
             answer,
         });
         Handled::reply(vec![Outgoing::to_host(&self.session, &reply)])
+    }
+
+    /// A host's release of its copy of done work (`coordinator::workspace_release`).
+    pub(super) async fn on_workspace_release(&self, host: &str, m: WorkspaceRelease) -> Handled {
+        let done = matches!(m.step, ReleaseStep::Done { .. });
+        let verdict = match self.store.workspace_release(host, &m).await {
+            Ok(v) => v,
+            Err(e) => {
+                tracing::warn!(host, error = %e, "a workspace release could not be answered now");
+                ReleaseVerdict::Retry(e.category().map_or("unavailable", |c| c.as_str()).into())
+            }
+        };
+        match (&verdict, &m.step) {
+            (ReleaseVerdict::Release, ReleaseStep::Ask { workspace }) => {
+                tracing::info!(host, assignment_id = %m.assignment_id,
+                    checkpoint = workspace.as_ref().map_or("-", |w| w.checkpoint_digest.as_str()),
+                    "a host may release its copy of done work")
+            }
+            (ReleaseVerdict::Recorded, ReleaseStep::Done { refs_removed }) => {
+                tracing::info!(host, assignment_id = %m.assignment_id, refs_removed,
+                    "a host released its copy of done work")
+            }
+            (ReleaseVerdict::Keep(c), _) if c != "active" && c != "not-stored" => {
+                tracing::warn!(host, assignment_id = %m.assignment_id, category = %c,
+                    "a workspace release refused");
+                self.store.auditor().record(
+                    "workspace-release",
+                    Category::parse(c).unwrap_or(Category::NotOwner),
+                    None,
+                    Some(&m.assignment_id),
+                    None,
+                    &format!("host:{host}: {c}"),
+                );
+            }
+            _ => {}
+        }
+        let reply = ToHost::WorkspaceReleaseAnswer(WorkspaceReleaseAnswer {
+            assignment_id: m.assignment_id,
+            done,
+            verdict,
+        });
+        Handled {
+            replies: vec![Outgoing::to_host(&self.session, &reply)],
+            violation: None,
+            deferred: None,
+        }
     }
 }

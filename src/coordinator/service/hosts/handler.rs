@@ -183,6 +183,9 @@ impl Handler for HostHandler {
                     FromHostSession::CheckpointFetch(m) => {
                         return svc.on_checkpoint_fetch(&host, m).await
                     }
+                    FromHostSession::WorkspaceRelease(m) => {
+                        return svc.on_workspace_release(&host, m).await
+                    }
                 },
                 Ok(None) => Err(OpError::new(
                     Category::BadInput,

@@ -228,7 +228,8 @@ impl Service {
             | OperatorRequest::CheckpointGrantRevoke { .. }
             | OperatorRequest::CheckpointGc { .. }
             | OperatorRequest::CheckpointDelete { .. }
-            | OperatorRequest::CheckpointDeletions { .. }) => self.workspace_request(r).await?,
+            | OperatorRequest::CheckpointDeletions { .. }
+            | OperatorRequest::WorkspaceReleases { .. }) => self.workspace_request(r).await?,
             OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
             OperatorRequest::Trust => self.trust_listing(),
             OperatorRequest::Receipts { lane_id } => {

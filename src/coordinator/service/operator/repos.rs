@@ -91,6 +91,13 @@ impl Service {
                         .await?
                 )
             }
+            OperatorRequest::WorkspaceReleases { assignment_id } => {
+                json!(
+                    self.store
+                        .workspace_releases(assignment_id.as_deref())
+                        .await?
+                )
+            }
             _ => return Err(OpError::new(Category::Internal, "not a workspace request")),
         })
     }

@@ -210,6 +210,11 @@ pub enum OperatorRequest {
         #[serde(default)]
         assignment_id: Option<String>,
     },
+    /// Hosts' copies of done work released (of one assignment).
+    WorkspaceReleases {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
     /// Revokes an unconsumed grant (again, under the same key: the same answer).
     CheckpointGrantRevoke {
         grant_id: String,
@@ -385,6 +390,7 @@ impl OperatorRequest {
             | Self::RepoAdd { .. }
             | Self::CheckpointGrants { .. }
             | Self::CheckpointDeletions { .. }
+            | Self::WorkspaceReleases { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }
