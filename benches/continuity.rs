@@ -62,7 +62,7 @@ async fn running(s: &Store, l: &Leader, inc: &str, lane: &str) -> (Chain, i64) {
     let (g, _) = s.stage(l, &c).await.unwrap();
     let id = json!({ "boot_id": "b", "cgroup_id": 1, "cgroup_path": "/x", "exe_dev": 1, "exe_ino": 1,
                      "launch_nonce_digest": "ab".repeat(32), "root_pid": g, "root_start_time": g });
-    let staged = s.record_staged(l, &c, g, &id).await.unwrap();
+    let staged = s.record_staged(l, &c, g, &id, None).await.unwrap();
     let cd = staged.str("contracts_digest").unwrap();
     let (ch, _, _) = s.record_injected(l, &c, &cd, &id, 600_000).await.unwrap();
     s.consume_ack(

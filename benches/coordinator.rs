@@ -137,7 +137,7 @@ async fn to_running(
     let staged = timed!(
         times,
         "staged",
-        s.record_staged(l, &c, g, &id).await.unwrap()
+        s.record_staged(l, &c, g, &id, None).await.unwrap()
     );
     let cd = staged.str("contracts_digest").unwrap();
     let (ch, _, _) = timed!(

@@ -20,7 +20,7 @@
 //! | `busy=SECONDS` | with `take-continuations`: works SECONDS on each continuation (unsettled meanwhile: work still queued) |
 //! | `blocked=CODE` | in contract mode: once active, reports itself blocked with CODE, an evidence file and an unblock action |
 //! | `attack=KIND:ARG` | a hostile tool's attempt, made for real, its outcome appended to `$HOME/attacks` (`write:PATH`, `read:PATH`, `join:CGROUP-DIR`, `signal:PID`, `ptrace:PID`, `environ:PID`, `mem:PID`, `mount`, `unshare`, `fd:N`, `raw-socket`, `connect:SOCKET`, `zombie-connect:SOCKET`, `chmod:PATH`, `open:PATH`, `prlimit:PID`, `renice:PID`, `tcp:HOST:PORT`, `provider:KEY-VAR`, `egress:HOST:PORT`, `wait:PATH`, `flood:N`; see `attack`); in contract mode, once active |
-//! | `checkpoint` | in contract mode, once active and after its attacks: asks for a checkpoint of its workspace (`mosaic lane checkpoint`), the answer appended to `$HOME/checkpoints` as one JSON line |
+//! | `checkpoint` | in contract mode, once active and after its attacks: asks for a checkpoint of its workspace (`mosaic lane checkpoint`; once per `checkpoint` given), each answer appended to `$HOME/checkpoints` as one JSON line |
 //! | `staging-attack=KIND:ARG` | in contract mode: the same, made after the contract is fetched and before the ACK (a staging generation's attempt), its outcome in `$HOME/staging-attacks` |
 //!
 //! An unknown or malformed directive is an error before anything happens.
@@ -188,7 +188,8 @@ pub fn run(args: Vec<String>) -> i32 {
     if !attacks.is_empty() {
         attack::run_all(&attacks);
     }
-    if directives.contains(&Directive::Checkpoint) {
+    // One request per `checkpoint`, in order (each answered before the next is asked).
+    for _ in directives.iter().filter(|d| **d == Directive::Checkpoint) {
         ask_checkpoint();
     }
     for d in &directives {

@@ -484,7 +484,7 @@ async fn consume_ack_racing_the_end_of_its_chain_is_linearizable() {
         let (generation, _) = s.stage(l, &c).await.unwrap();
         let id = identity(9000 + i);
         let cd = s
-            .record_staged(l, &c, generation, &id)
+            .record_staged(l, &c, generation, &id, None)
             .await
             .unwrap()
             .str("contracts_digest")

@@ -1241,63 +1241,7 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
     };
     let w = World::new(Opts::default());
     let lane = w.lane(0, "lane-1");
-    let repo = std::env::temp_dir().join(format!("mosaic-repo-{}", uuid::Uuid::new_v4().simple()));
-    std::fs::create_dir_all(&repo).unwrap();
-    for args in [
-        vec!["init", "-q", "-b", "main"],
-        vec![
-            "-c",
-            "user.name=t",
-            "-c",
-            "user.email=t@t",
-            "commit",
-            "-q",
-            "--allow-empty",
-            "-m",
-            "one",
-        ],
-    ] {
-        assert!(std::process::Command::new("git")
-            .arg("-C")
-            .arg(&repo)
-            .args(&args)
-            .status()
-            .unwrap()
-            .success());
-    }
-    std::fs::write(repo.join("a.txt"), "secret work\n").unwrap();
-    tokio::task::block_in_place(|| {
-        w.op(&OperatorRequest::RepoAdd {
-            name: "demo".into(),
-            path: Some(repo.display().to_string()),
-            url: None,
-            host_id: Some(w.hosts[0].clone()),
-            copy: vec![],
-            setup: vec![],
-            setup_timeout_s: None,
-        })
-        .unwrap();
-    });
-    let mut r = world::assign_request(&lane, "hang", None, true);
-    if let OperatorRequest::Assign { repo: rp, .. } = &mut r {
-        *rp = Some("demo".into());
-    }
-    let a = tokio::task::block_in_place(|| w.op(&r)).unwrap();
-    let asg = a["assignment_id"].as_str().unwrap().to_string();
-    let ch = chain_of(&w, &lane).await;
-    tokio::task::block_in_place(|| w.stop(&asg));
-    let ck = tokio::task::block_in_place(|| {
-        common::wait_until("the checkpoint stored", || {
-            let v = w
-                .op(&OperatorRequest::Checkpoints {
-                    assignment_id: Some(asg.clone()),
-                    checkpoint_digest: None,
-                })
-                .ok()?;
-            let row = v.as_array()?.first()?.clone();
-            (row["stored"] == true).then_some(row)
-        })
-    });
+    let (repo, asg, ck, ch) = stored_work(&w, &lane, false).await;
     let bundle = ck["bundle_object"].as_str().unwrap().to_string();
 
     let (p, _) = w.raw(1, vec![]);
@@ -1552,6 +1496,96 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
     }
 }
 
+/// §6.2 (activation carries the checkpoint digests): a generation is activated only on the
+/// checkpoint its stage named. Host B, played by the raw client, stages the resume of work
+/// whose generation on host A was killed, its checkpoint stored: a `staged` saying its workspace was restored from nothing, or
+/// from another checkpoint, is refused as a mismatch and records nothing; saying the
+/// granted one, the chain goes on, and the reservation and the activation receipt bind it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_restored_from_other_files_is_never_activated() {
+    let w = World::new(Opts::default());
+    let lane = w.lane(0, "lane-1");
+    let (repo, src, ck, _) = stored_work(&w, &lane, true).await;
+    let digest = ck["checkpoint_digest"].as_str().unwrap().to_string();
+    let inc = incarnation();
+    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let lane_b = w.lane(1, "lane-x");
+    common::wait_until("B's lane registered", || {
+        w.op(&OperatorRequest::Lanes)
+            .ok()?
+            .as_array()?
+            .iter()
+            .any(|l| l["lane_id"] == lane_b.as_str())
+            .then_some(())
+    });
+    // The work resumes on B: its stage restores the stored checkpoint.
+    let req = world::assign_request(&lane_b, "hang", Some(&src), false);
+    w.op(&req).unwrap();
+    let asg = src;
+    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    match typed(&stage) {
+        ToHost::Stage(s) => assert_eq!(
+            s.restore.as_ref().map(|r| r.checkpoint_digest.as_str()),
+            Some(digest.as_str())
+        ),
+        other => panic!("{other:?}"),
+    }
+    let other = format!("sha256:{}", "d".repeat(64));
+    for (key, restored) in [
+        ("staged-none", None),
+        ("staged-other", Some(other.as_str())),
+    ] {
+        let mut f = vec![
+            ("idempotency_key", s(key)),
+            ("process_identity", identity()),
+        ];
+        f.extend(restored.map(|d| ("restored_checkpoint_digest", s(d))));
+        let m = seal(&mut hs, &stage, &ordinary, MessageType::Staged, f);
+        hs.ws.send(m).await.unwrap();
+    }
+    let (rc, challenge) = RawChain::staged(&mut hs, &p, &ordinary, stage, Some(&digest)).await;
+    let c = w.sql().await;
+    // (The audit is written in batches: its rows once they are there.)
+    let refused = || async {
+        c.query(
+            "SELECT category FROM audit WHERE operation = 'host-staged' AND assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get::<_, String>(0))
+        .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        rows_when(&refused, 2).await,
+        vec!["mismatch".to_string(), "mismatch".to_string()],
+        "the two staged naming other files were refused"
+    );
+    rc.ack(&mut hs, &p, &challenge).await;
+    let row = c
+        .query_one(
+            "SELECT r.restore_checkpoint_digest, r.restored_checkpoint_digest, t.body->>'restored_checkpoint_digest' \
+             FROM reservations r JOIN transition_receipts t ON t.transition = 'activate' AND t.body->'chain'->>'reservation_id' = r.reservation_id \
+             WHERE r.reservation_id = $1",
+            &[&rc.authority.reservation_id],
+        )
+        .await
+        .unwrap();
+    let got: (Option<String>, Option<String>, Option<String>) =
+        (row.get(0), row.get(1), row.get(2));
+    assert_eq!(
+        got,
+        (
+            Some(digest.clone()),
+            Some(digest.clone()),
+            Some(digest.clone())
+        )
+    );
+    let _ = std::fs::remove_dir_all(&repo);
+}
+
 /// What `read` returns once it holds `n` rows (the coordinator handles a session's
 /// messages in order: the refused ones sent before were handled by then).
 async fn rows_when<T, F, Fut>(read: &F, n: usize) -> Vec<T>
@@ -1591,16 +1625,24 @@ impl RawChain {
         ordinary: &Arc<Signer>,
     ) -> (Self, Envelope<Verified>) {
         let stage = next_of(hs, p, &[MessageType::Stage]).await;
-        let m = seal(
-            hs,
-            &stage,
-            ordinary,
-            MessageType::Staged,
-            vec![
-                ("idempotency_key", s("staged-1")),
-                ("process_identity", identity()),
-            ],
-        );
+        Self::staged(hs, p, ordinary, stage, None).await
+    }
+
+    /// Answers `stage` with `staged` (saying its workspace was restored from `restored`),
+    /// then as `to_challenge`.
+    async fn staged(
+        hs: &mut HostSession,
+        p: &LinkParams,
+        ordinary: &Arc<Signer>,
+        stage: Envelope<Verified>,
+        restored: Option<&str>,
+    ) -> (Self, Envelope<Verified>) {
+        let mut f = vec![
+            ("idempotency_key", s("staged-1")),
+            ("process_identity", identity()),
+        ];
+        f.extend(restored.map(|d| ("restored_checkpoint_digest", s(d))));
+        let m = seal(hs, &stage, ordinary, MessageType::Staged, f);
         hs.ws.send(m).await.unwrap();
         let contract = next_of(hs, p, &[MessageType::Contract]).await;
         let rc = RawChain {
@@ -1684,4 +1726,79 @@ fn seal(
     f.extend(extra);
     let bytes = hs.seq.seal(Outgoing::new(ordinary, t, f), COORD).unwrap();
     Message::text(String::from_utf8(bytes).unwrap())
+}
+
+/// Host A's work in a repository (`demo`, declared on A), stopped (or, with `kill`, its
+/// generation SIGKILLed into recovery) once its checkpoint is stored: the repository's
+/// directory, the assignment, its checkpoint row and its chain.
+async fn stored_work(w: &World, lane: &str, kill: bool) -> (PathBuf, String, Json, Json) {
+    let repo = std::env::temp_dir().join(format!("mosaic-repo-{}", uuid::Uuid::new_v4().simple()));
+    std::fs::create_dir_all(&repo).unwrap();
+    for args in [
+        vec!["init", "-q", "-b", "main"],
+        vec![
+            "-c",
+            "user.name=t",
+            "-c",
+            "user.email=t@t",
+            "commit",
+            "-q",
+            "--allow-empty",
+            "-m",
+            "one",
+        ],
+    ] {
+        assert!(std::process::Command::new("git")
+            .arg("-C")
+            .arg(&repo)
+            .args(&args)
+            .status()
+            .unwrap()
+            .success());
+    }
+    std::fs::write(repo.join("a.txt"), "secret work\n").unwrap();
+    tokio::task::block_in_place(|| {
+        w.op(&OperatorRequest::RepoAdd {
+            name: "demo".into(),
+            path: Some(repo.display().to_string()),
+            url: None,
+            host_id: Some(w.hosts[0].clone()),
+            copy: vec![],
+            setup: vec![],
+            setup_timeout_s: None,
+        })
+        .unwrap();
+    });
+    let mut r = world::assign_request(lane, "hang", None, true);
+    if let OperatorRequest::Assign { repo: rp, .. } = &mut r {
+        *rp = Some("demo".into());
+    }
+    let a = tokio::task::block_in_place(|| w.op(&r)).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let ch = chain_of(w, lane).await;
+    if kill {
+        let cg = common::cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+        std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+        tokio::task::block_in_place(|| {
+            common::wait_until("the work in recovery", || {
+                let v = w.op(&OperatorRequest::Status).ok()?;
+                v.to_string().contains("RECOVERY").then_some(())
+            })
+        });
+    } else {
+        tokio::task::block_in_place(|| w.stop(&asg));
+    }
+    let ck = tokio::task::block_in_place(|| {
+        common::wait_until("the checkpoint stored", || {
+            let v = w
+                .op(&OperatorRequest::Checkpoints {
+                    assignment_id: Some(asg.clone()),
+                    checkpoint_digest: None,
+                })
+                .ok()?;
+            let row = v.as_array()?.first()?.clone();
+            (row["stored"] == true).then_some(row)
+        })
+    });
+    (repo, asg, ck, ch)
 }

@@ -443,6 +443,7 @@ fn every_from_host() -> Vec<FromHostChain> {
         FromHostChain::Staged(Staged {
             chain: chain_ref(),
             process_identity: id.clone(),
+            restored_checkpoint_digest: Some(format!("sha256:{}", "c".repeat(64))),
         }),
         FromHostChain::Injected(Injected {
             chain: chain_ref(),

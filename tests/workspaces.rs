@@ -700,6 +700,42 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
         .unwrap_err();
     assert_eq!(e.category, mosaic::coordinator::Category::BadInput, "{e:?}");
 
+    // What the operator read is on record, with who read it: the show, then each object
+    // the restore read (one part each here); the refused reads left nothing.
+    let reads = w
+        .op(&OperatorRequest::CheckpointReads {
+            assignment_id: Some(asg.clone()),
+        })
+        .unwrap();
+    let reads = reads.as_array().unwrap();
+    let me = {
+        use std::os::unix::fs::MetadataExt;
+        format!(
+            "local:uid={}",
+            std::fs::metadata("/proc/self").unwrap().uid()
+        )
+    };
+    let mut objects: Vec<&str> = [ck["base_object"].as_str(), Some(bundle.as_str())]
+        .into_iter()
+        .flatten()
+        .collect();
+    objects.sort();
+    let mut read: Vec<&str> = reads
+        .iter()
+        .filter(|r| r["what"] == "checkpoint-read")
+        .map(|r| r["object_digest"].as_str().unwrap())
+        .collect();
+    read.sort();
+    assert_eq!(read, objects, "{reads:?}");
+    assert_eq!(reads.len(), objects.len() + 1, "{reads:?}");
+    assert_eq!(reads[0]["what"], "checkpoint-show", "{reads:?}");
+    assert!(
+        reads
+            .iter()
+            .all(|r| r["reader"] == me.as_str() && r["checkpoint_digest"] == digest.as_str()),
+        "{reads:?}"
+    );
+
     // A byte flipped at rest: refused, never served; the work stays where it was.
     let flip = |w: &World| {
         tokio_block(async {
@@ -1183,8 +1219,17 @@ fn a_handoff_from_an_unconfined_lane_takes_no_checkpoint_and_moves_nothing() {
     });
     let (lane0, lane1) = (w.lane_of(0, "lane-1"), w.lane_of(1, "lane-1"));
     add_repo(&w, "demo", &repo.0, lane0.split_once(':').unwrap().0);
-    let a = assign_in(&w, &lane0, "hang", Some("demo"), None, None).unwrap();
+    let a = assign_in(&w, &lane0, "checkpoint hang", Some("demo"), None, None).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
+    // Its harness cannot have a checkpoint while it runs either: its workspace may be
+    // written from outside its cgroup.
+    let inc0 = w.incarnation_of(0, "lane-1");
+    let asked = first_answer(&w.area(0, &inc0, 1).join("home/checkpoints"));
+    assert_eq!(asked["ok"], false, "{asked}");
+    assert!(
+        asked["error"].as_str().unwrap().contains("unconfined"),
+        "{asked}"
+    );
     w.op(&OperatorRequest::Handoff {
         assignment_id: asg.clone(),
         lane_id: lane1.clone(),
@@ -2216,11 +2261,16 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
 
 /// The first JSON line of `file` (a fake harness's answers), once it is there.
 fn first_answer(file: &Path) -> Value {
+    nth_answer(file, 0)
+}
+
+/// The harness's `n`th answer (from 0) in `file`, once it is there.
+fn nth_answer(file: &Path, n: usize) -> Value {
     wait_until("the harness's answer", || {
         std::fs::read_to_string(file)
             .ok()?
             .lines()
-            .next()
+            .nth(n)
             .and_then(|l| serde_json::from_str(l).ok())
     })
 }
@@ -2255,7 +2305,7 @@ fn a_checkpoint_the_harness_asks_for_survives_the_loss_of_its_host() {
     let inc0 = w.incarnation_of(0, "lane-1");
     let area = w.area(0, &inc0, 1);
     let task = format!(
-        "attack=write:{0}/a.txt attack=write:{0}/new.txt checkpoint hang",
+        "attack=write:{0}/a.txt attack=write:{0}/new.txt checkpoint checkpoint hang",
         area.join("work").display()
     );
     let a = assign_in(&w, &lane0, &task, Some("demo"), None, None).unwrap();
@@ -2276,6 +2326,14 @@ fn a_checkpoint_the_harness_asks_for_survives_the_loss_of_its_host() {
         "{ck}"
     );
     assert_eq!(ck["stored"], true, "{ck}");
+    // A second request at once: refused (one a minute), nothing recorded.
+    let again = nth_answer(&area.join("home/checkpoints"), 1);
+    assert_eq!(again["ok"], false, "{again}");
+    assert!(
+        again["error"].as_str().unwrap().contains("at most one per"),
+        "{again}"
+    );
+    assert_eq!(checkpoints(&w, &asg, 1).len(), 1);
     // Frozen while it was read, running again after.
     let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
     let events = std::fs::read_to_string(cg.join("cgroup.events")).unwrap();

@@ -283,6 +283,11 @@ const ACTIVATE_PREDS: &[Pred] = &[
         detail: "the reservation was released",
     },
     Pred {
+        sql: "(r.restore_checkpoint_digest IS NULL OR r.restored_checkpoint_digest = r.restore_checkpoint_digest)",
+        category: Category::Mismatch,
+        detail: "the workspace was not restored from the checkpoint its stage named",
+    },
+    Pred {
         sql: "r.deadline > clock_timestamp()",
         category: Category::Expired,
         detail: "the reservation deadline has passed (database time; equality is expired)",
@@ -392,7 +397,7 @@ static ACTIVATE_CAS: LazyLock<String> = LazyLock::new(|| {
            AND g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = r.generation \
            AND c.challenge_id = $12 AND c.reservation_id = r.reservation_id AND k.challenge_id = c.challenge_id \
            AND {} \
-         RETURNING k.ack_receipt_id, a.scope, a.holds",
+         RETURNING k.ack_receipt_id, a.scope, a.holds, r.restored_checkpoint_digest",
         cas::conjunction(ACTIVATE_PREDS),
         running = LaneState::Running.sql()
     )
@@ -528,6 +533,7 @@ impl Store {
                     }
                 };
                 let ack_receipt: String = d.row().col("ack_receipt_id")?;
+                let restored: Option<String> = d.row().col("restored_checkpoint_digest")?;
                 let scope: serde_json::Value = d.row().col("scope")?;
                 let holds: serde_json::Value = d.row().col("holds")?;
                 let held: Vec<String> = holds.as_array().map(|h| h.iter().filter_map(|v| v.as_str().map(String::from)).collect()).unwrap_or_default();
@@ -556,7 +562,7 @@ impl Store {
                 let leases: serde_json::Value = out.col("leases")?;
                 d.decide(json!({
                     "chain": c, "generation": x.generation, "to": LaneState::Running, "execution_owner": x.target, "pending_target": null,
-                    "ack_receipt_id": ack_receipt, "leases": leases }))
+                    "ack_receipt_id": ack_receipt, "leases": leases, "restored_checkpoint_digest": restored }))
             }),
         )
         .await

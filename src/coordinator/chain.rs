@@ -472,6 +472,7 @@ impl Store {
         c: &Chain,
         generation: i64,
         identity: &serde_json::Value,
+        restored: Option<&str>,
     ) -> Result<Receipt, AuthorityError> {
         const OP: &str = "staged";
         if !identity
@@ -490,13 +491,29 @@ impl Store {
             l,
             c,
             format!("staged/{}", c.reservation_id),
-            &[&generation.to_string(), &id_text],
+            &[&generation.to_string(), &id_text, restored.unwrap_or("-")],
         );
-        let (c, epoch, sot, identity) =
-            (c.clone(), l.epoch(), l.sot().to_string(), identity.clone());
+        let (c, epoch, sot, identity, restored) = (
+            c.clone(),
+            l.epoch(),
+            l.sot().to_string(),
+            identity.clone(),
+            restored.map(String::from),
+        );
         self.transition(
             &step,
-            body!([c, sot, id_text, identity] |f| {
+            body!([c, sot, id_text, identity, restored] |f| {
+                // The workspace is what the stage named to restore, or nothing was named
+                // and nothing restored (`restore_binding`).
+                if let Some(r) = f.read_opt("SELECT restore_checkpoint_digest FROM reservations WHERE reservation_id = $1",
+                    &[&c.reservation_id]).await? {
+                    let decided: Option<String> = r.col("restore_checkpoint_digest")?;
+                    if decided != restored {
+                        return Err(reject(OP, Category::Mismatch, format!(
+                            "the host's workspace was restored from {}, but the stage named {}",
+                            restored.as_deref().unwrap_or("no checkpoint"), decided.as_deref().unwrap_or("none"))));
+                    }
+                }
                 let t = f.read_opt(
                     "SELECT at.task_text, a.scope_digest, a.holds_digest FROM attempts at JOIN assignments a USING (assignment_id) WHERE at.assignment_attempt_id = $1",
                     &[&c.assignment_attempt_id],
@@ -509,9 +526,11 @@ impl Store {
                 let cd = crate::protocol::contracts_digest(&task_text, &scope, &holds);
                 const EXTRA: &str = concatcp!("r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g \
                     WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $11 AND g.state = ", GenState::Staging.sql(), " \
-                    AND g.process_identity IS NULL AND g.stop_requested_at IS NULL)");
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 11] = [&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id,
-                    &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation];
+                    AND g.process_identity IS NULL AND g.stop_requested_at IS NULL) \
+                    AND r.restore_checkpoint_digest IS NOT DISTINCT FROM $12");
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id,
+                    &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation,
+                    &restored];
                 let d = match f.cas(&step_cas(EXTRA), &params).await? {
                     Ok(d) => d,
                     Err(u) => return Err(diagnose(u, EXTRA, &params).await?),
@@ -522,10 +541,12 @@ impl Store {
                     "WITH g AS (UPDATE generations SET process_identity = $2::text::jsonb WHERE lane_incarnation_id = $4 AND generation = $5 RETURNING 1), \
                           k AS (INSERT INTO contracts (contracts_digest, task_text, scope_digest, holds_digest) VALUES ($3, $6, $7, $8) ON CONFLICT DO NOTHING), \
                           n AS (UPDATE assignments SET next_action = 'deliver contract ' || $3 || ' to generation ' || $5 || ', then await its ACK' WHERE assignment_id = $9) \
-                     UPDATE reservations r SET process_identity = $2::text::jsonb, contracts_digest = $3 FROM g WHERE r.reservation_id = $1",
-                    &[&c.reservation_id, &id_text, &cd, &c.lane_incarnation_id, &generation, &task_text, &scope, &holds, &c.assignment_id],
+                     UPDATE reservations r SET process_identity = $2::text::jsonb, contracts_digest = $3, restored_checkpoint_digest = $10 \
+                     FROM g WHERE r.reservation_id = $1",
+                    &[&c.reservation_id, &id_text, &cd, &c.lane_incarnation_id, &generation, &task_text, &scope, &holds, &c.assignment_id, &restored],
                 ).await?;
-                d.decide(json!({ "chain": c, "generation": generation, "process_identity": identity, "contracts_digest": cd }))
+                d.decide(json!({ "chain": c, "generation": generation, "process_identity": identity, "contracts_digest": cd,
+                    "restored_checkpoint_digest": restored }))
             }),
         )
         .await

@@ -34,6 +34,7 @@ impl Store {
         digest: &str,
         diff: bool,
         scratch: &Path,
+        who: &str,
     ) -> Result<serde_json::Value, AuthorityError> {
         if !crate::protocol::envelope::is_digest(digest) {
             return Err(reject(
@@ -73,6 +74,7 @@ impl Store {
                 ),
             ));
         };
+        self.record_read(OP, digest, None, who).await?;
         let dir = scratch.join(format!("view-{}", uuid::Uuid::new_v4().simple()));
         let out = self
             .view_in(
@@ -259,6 +261,7 @@ impl Store {
         digest: &str,
         object: &str,
         offset: u64,
+        who: &str,
     ) -> Result<serde_json::Value, AuthorityError> {
         use crate::protocol::messages::PART_BYTES;
         use base64::Engine as _;
@@ -344,11 +347,74 @@ impl Store {
         if rows.len() != want {
             return Err(corrupt());
         }
+        self.record_read(READ_OP, digest, Some((object, offset)), who)
+            .await?;
         Ok(serde_json::json!({
             "object_digest": object,
             "size": size,
             "offset": offset,
             "data": base64::engine::general_purpose::STANDARD.encode(&data),
         }))
+    }
+
+    /// Records that operator `who` reads checkpoint `digest` (`show`), or `object` from
+    /// `offset` (`read`): committed before the answer is given, so nothing of a checkpoint
+    /// reaches an operator unrecorded.
+    async fn record_read(
+        &self,
+        what: &'static str,
+        digest: &str,
+        object: Option<(&str, u64)>,
+        who: &str,
+    ) -> Result<(), AuthorityError> {
+        let c = self.pool.get().await?;
+        let who: String = who.chars().take(200).collect();
+        let (object, offset) = match object {
+            Some((o, at)) => (Some(o), Some(at as i64)),
+            None => (None, None),
+        };
+        let n = c
+            .execute(
+                "INSERT INTO checkpoint_reads (what, checkpoint_digest, object_digest, byte_offset, assignment_id, reader) \
+                 SELECT $1, $2, $3, $4, assignment_id, $5 FROM checkpoints WHERE checkpoint_digest = $2 LIMIT 1",
+                &[&what, &digest, &object, &offset, &who],
+            )
+            .await?;
+        if n != 1 {
+            return Err(reject(
+                what,
+                Category::NotFound,
+                format!("no checkpoint {digest}"),
+            ));
+        }
+        Ok(())
+    }
+
+    /// What operators read of stored checkpoints (of one assignment), oldest first.
+    pub async fn checkpoint_reads(
+        &self,
+        assignment_id: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT what, checkpoint_digest, object_digest, byte_offset, assignment_id, reader, mosaic_ts(read_at) AS read_at \
+                 FROM checkpoint_reads WHERE $1::text IS NULL OR assignment_id = $1 ORDER BY read_id",
+                &[&assignment_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(serde_json::json!({
+                    "what": r.col::<String>("what")?,
+                    "checkpoint_digest": r.col::<String>("checkpoint_digest")?,
+                    "object_digest": r.col::<Option<String>>("object_digest")?,
+                    "offset": r.col::<Option<i64>>("byte_offset")?,
+                    "assignment_id": r.col::<String>("assignment_id")?,
+                    "reader": r.col::<String>("reader")?,
+                    "read_at": r.col::<String>("read_at")?,
+                }))
+            })
+            .collect()
     }
 }

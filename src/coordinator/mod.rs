@@ -42,6 +42,7 @@ pub mod model;
 pub mod repos;
 pub mod requested_checkpoint;
 pub mod requests;
+pub mod restore_binding;
 pub mod retention;
 pub mod rows;
 pub mod secret;

@@ -39,6 +39,8 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0021_checkpoint_retention.sql"),
     include_str!("../../migrations/0022_requested_checkpoints.sql"),
     include_str!("../../migrations/0023_workspace_releases.sql"),
+    include_str!("../../migrations/0024_checkpoint_reads.sql"),
+    include_str!("../../migrations/0025_restore_binding.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -437,10 +437,40 @@ fn capture(
             c.commit_id, c.tree_id
         ));
     }
-    super::workspaces::set_marker(inner, assignment_id, base, &c.digest())?;
+    // The workspace's files are this checkpoint's from now on only when nothing writes
+    // them after: at an end, or held for a handoff. A requested one is an instant of a
+    // generation that goes on writing: its files are then known equal to no checkpoint
+    // (a later stage restores rather than trusting them, and says so to the coordinator).
+    let at = match kind {
+        Kind::End | Kind::Handoff => Some(c.digest()),
+        Kind::Requested(_) => None,
+    };
+    super::workspaces::set_marker(inner, assignment_id, base, at.as_deref())?;
     tracing::info!(assignment_id, generation, repository = repo.name.as_str(),
         commit = %c.commit_id, digest = %c.digest(), "workspace checkpointed");
     Ok(c)
+}
+
+/// The number the next requested checkpoint of a generation takes, given how many it took
+/// and when the last was (unix seconds), at `now`: refused beyond
+/// [`MAX_REQUESTED_CHECKPOINTS`](crate::protocol::repo::MAX_REQUESTED_CHECKPOINTS) or within
+/// `REQUEST_INTERVAL_S` of the last (a clock stepped back since is no reason to refuse).
+fn next_request(taken: u32, last_at: Option<u64>, now: u64) -> Result<u32, String> {
+    use crate::protocol::repo::MAX_REQUESTED_CHECKPOINTS;
+    if taken >= MAX_REQUESTED_CHECKPOINTS {
+        return Err(format!(
+            "a generation asks for at most {MAX_REQUESTED_CHECKPOINTS} checkpoints (its end is checkpointed anyway)"
+        ));
+    }
+    if let Some(at) = last_at.filter(|at| *at <= now) {
+        let since = now - at;
+        if since < REQUEST_INTERVAL_S {
+            return Err(format!(
+                "its last checkpoint was taken {since} s ago: at most one per {REQUEST_INTERVAL_S} s"
+            ));
+        }
+    }
+    Ok(taken + 1)
 }
 
 impl super::Supervisor {
@@ -544,7 +574,6 @@ impl super::Supervisor {
         incarnation: &str,
         generation: u64,
     ) -> Result<(u32, CheckpointRef), String> {
-        use crate::protocol::repo::MAX_REQUESTED_CHECKPOINTS;
         let name = super::names::LaneName::parse(lane).map_err(|e| e.to_string())?;
         let slot = self.inner.slot(&name).map_err(|e| e.to_string())?;
         // Held throughout: no hold, fence, stop or second request meanwhile.
@@ -569,25 +598,11 @@ impl super::Supervisor {
         if rec.workspace.is_none() {
             return Err("its lane is unconfined: its workspace may be written from outside its cgroup, so no exact checkpoint can be taken while it runs".into());
         }
-        if rec.requested_checkpoints >= MAX_REQUESTED_CHECKPOINTS {
-            return Err(format!(
-                "a generation asks for at most {MAX_REQUESTED_CHECKPOINTS} checkpoints (its end is checkpointed anyway)"
-            ));
-        }
         let now = std::time::SystemTime::now()
             .duration_since(std::time::UNIX_EPOCH)
             .map(|d| d.as_secs())
             .unwrap_or(0);
-        // (A clock stepped back since is no reason to refuse.)
-        if let Some(at) = rec.requested_checkpoint_at.filter(|at| *at <= now) {
-            let since = now - at;
-            if since < REQUEST_INTERVAL_S {
-                return Err(format!(
-                    "its last checkpoint was taken {since} s ago: at most one per {REQUEST_INTERVAL_S} s"
-                ));
-            }
-        }
-        let seq = rec.requested_checkpoints + 1;
+        let seq = next_request(rec.requested_checkpoints, rec.requested_checkpoint_at, now)?;
         let (asg, cgroup) = (c.assignment_id.clone(), rec.cgroup.clone());
         live.record.requested_checkpoints = seq;
         live.record.requested_checkpoint_at = Some(now);
@@ -630,5 +645,27 @@ impl super::Supervisor {
         tracing::info!(lane, generation, request_seq = seq, digest = %taken.digest(),
             "workspace checkpointed at its harness's request");
         Ok((seq, taken))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{next_request, REQUEST_INTERVAL_S};
+    use crate::protocol::repo::MAX_REQUESTED_CHECKPOINTS;
+
+    #[test]
+    fn requested_checkpoints_are_numbered_capped_and_spaced() {
+        let t = 1_000_000;
+        assert_eq!(next_request(0, None, t), Ok(1));
+        assert_eq!(next_request(4, Some(t - REQUEST_INTERVAL_S), t), Ok(5));
+        // The last one allowed, then none.
+        let last = MAX_REQUESTED_CHECKPOINTS;
+        assert_eq!(next_request(last - 1, Some(t - 3600), t), Ok(last));
+        let over = next_request(last, Some(t - 3600), t).unwrap_err();
+        assert!(over.contains("at most"), "{over}");
+        // Within the interval: refused; a clock stepped back since: not a reason.
+        let soon = next_request(1, Some(t - REQUEST_INTERVAL_S + 1), t).unwrap_err();
+        assert!(soon.contains("at most one per"), "{soon}");
+        assert_eq!(next_request(1, Some(t + 3600), t), Ok(2));
     }
 }

@@ -59,11 +59,11 @@ pub(crate) fn set_marker(
     inner: &Inner,
     assignment_id: &str,
     base_commit_id: Option<String>,
-    at: &str,
+    at: Option<&str>,
 ) -> Result<(), String> {
     let m = Marker {
         base_commit_id,
-        at: Some(at.to_string()),
+        at: at.map(String::from),
         inputs: marker(inner, assignment_id).and_then(|m| m.inputs),
     };
     let bytes = serde_json::to_vec(&m).map_err(|e| e.to_string())?;

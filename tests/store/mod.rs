@@ -157,7 +157,10 @@ pub async fn to_awaiting_ack_scoped(
     s.fence(l, &c).await.unwrap();
     let (generation, _) = s.stage(l, &c).await.unwrap();
     let identity = identity(4000 + generation);
-    let staged = s.record_staged(l, &c, generation, &identity).await.unwrap();
+    let staged = s
+        .record_staged(l, &c, generation, &identity, None)
+        .await
+        .unwrap();
     let contracts = staged.str("contracts_digest").unwrap();
     assert_eq!(
         contracts,
@@ -390,7 +393,7 @@ pub async fn handoff_to_challenge(
     s.fence(l, &c).await.unwrap();
     let (generation, _) = s.stage(l, &c).await.unwrap();
     let id = identity(7000 + generation);
-    let staged = s.record_staged(l, &c, generation, &id).await.unwrap();
+    let staged = s.record_staged(l, &c, generation, &id, None).await.unwrap();
     let contracts = staged.str("contracts_digest").unwrap();
     let (hc, _, r) = s
         .record_injected(l, &c, &contracts, &id, 60_000)

@@ -304,6 +304,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             op: CheckpointOp::Deletions { assignment_id, at },
         } => at.call(OperatorRequest::CheckpointDeletions { assignment_id }),
         Cmd::Checkpoint {
+            op: CheckpointOp::Reads { assignment_id, at },
+        } => at.call(OperatorRequest::CheckpointReads { assignment_id }),
+        Cmd::Checkpoint {
             op: CheckpointOp::Releases { assignment_id, at },
         } => at.call(OperatorRequest::WorkspaceReleases { assignment_id }),
         Cmd::Checkpoint {

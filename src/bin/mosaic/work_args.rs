@@ -66,6 +66,15 @@ pub(crate) enum CheckpointOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// What operators read of stored checkpoints: each `show` and each part of an object a
+    /// `restore` read — who (a remote operator's principal, or the local socket's user),
+    /// which checkpoint and object, when. Recorded before anything is served.
+    Reads {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// Hosts' copies of done work they released: once the work has ended and its files are
     /// in the store, each host deletes its workspace and checkpoint refs of it; each entry
     /// is that deletion's receipt (`allowed` until the host says it is done).

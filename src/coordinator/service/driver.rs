@@ -295,6 +295,20 @@ impl Service {
             },
             None => None,
         };
+        // What it restores is decided once, before the stage leaves: its activation will
+        // require the host to have restored exactly that (`restore_binding`).
+        if let Some(p) = &restore {
+            if let Err(e) = self
+                .store
+                .decide_restore(l, &c.chain, &p.checkpoint_digest)
+                .await
+            {
+                tracing::error!(error = %e, reservation_id = %c.chain.reservation_id, checkpoint = %p.checkpoint_digest,
+                    "the stage's restore point cannot be bound to its chain; the stage is not sent");
+                self.note(l, &e).await;
+                return false;
+            }
+        }
         let m = Stage {
             authority: self.authority(l, c, Proof::Commit),
             issued: Self::issued(

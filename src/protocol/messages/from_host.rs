@@ -25,6 +25,9 @@ pub struct ContractBound {
 pub struct Staged {
     pub chain: ChainRef,
     pub process_identity: serde_json::Value,
+    /// The checkpoint its workspace was restored from, or found already equal to (work in
+    /// a repository whose stage named one); the activation binds it.
+    pub restored_checkpoint_digest: Option<String>,
 }
 
 /// `injected`: the host delivered exactly this contract digest to that process.
@@ -233,7 +236,12 @@ impl FromHostChain {
         let mut f = vec![("idempotency_key", s(&self.idempotency_key()))];
         chain(&mut f, self.chain());
         match self {
-            Self::Staged(m) => f.push(("process_identity", identity(&m.process_identity)?)),
+            Self::Staged(m) => {
+                f.push(("process_identity", identity(&m.process_identity)?));
+                if let Some(d) = &m.restored_checkpoint_digest {
+                    f.push(("restored_checkpoint_digest", s(d)));
+                }
+            }
             Self::Injected(m) => {
                 bound(&mut f, &m.bound);
                 f.push((
@@ -344,6 +352,7 @@ impl FromHostChain {
             MessageType::Staged => Self::Staged(Staged {
                 chain: f.chain()?,
                 process_identity: f.json("process_identity")?,
+                restored_checkpoint_digest: f.opt_str("restored_checkpoint_digest"),
             }),
             MessageType::Injected => Self::Injected(Injected {
                 chain: f.chain()?,

@@ -199,7 +199,9 @@ pub static SCHEMAS: [Schema; 38] = [
                 ("process_identity", ProcessIdentity)
             ]
         ],
-        [],
+        // The checkpoint the workspace was restored from (or found equal to), when the
+        // stage named one: the activation binds it.
+        [("restored_checkpoint_digest", Digest)],
         [PRE_CONTRACT, NO_AUTHORITATIVE_TIME]
     ),
     schema!(

@@ -45,6 +45,9 @@ struct ChainCtx {
     binding: CoordBinding,
     /// The stage as received (absent for a generation re-adopted after a restart).
     stage: Option<wire::Stage>,
+    /// The checkpoint its workspace was restored from or found equal to, as the workspace's
+    /// marker said right after it was prepared (work in a repository; `staged` reports it).
+    restored: Option<String>,
     /// The harness's hand-off points (absent after a restart: they died with the old
     /// supervisor process).
     session: Option<Arc<GenSession>>,
@@ -241,6 +244,7 @@ impl CoordinatedHost {
                         runtime: g.runtime.clone(),
                         binding,
                         stage: None,
+                        restored: None,
                         session: session.clone(),
                         identity: g
                             .process_identity
@@ -325,6 +329,7 @@ impl CoordinatedHost {
         self.send(FromHostChain::Staged(wire::Staged {
             chain: Self::chain_ref(stage),
             process_identity: canonical::to_json(&ctx.identity),
+            restored_checkpoint_digest: ctx.restored.clone(),
         }));
     }
 

@@ -94,12 +94,19 @@ impl CoordinatedHost {
         if let Ok(mut g) = self.gate.lock() {
             let _ = g.advance(&lane_id, &inc, generation);
         }
+        // What the prepared workspace is, in the marker's words (the activation binds it).
+        let restored = stage
+            .repository
+            .as_ref()
+            .and_then(|_| crate::supervisor::workspaces::marker(&self.sup.inner, &a.assignment_id))
+            .and_then(|m| m.at);
         let ctx = Arc::new(ChainCtx {
             lane_incarnation_id: inc,
             generation,
             runtime,
             binding,
             stage: Some(stage),
+            restored,
             session: Some(session),
             identity: identity_value(&id),
             contract: Mutex::new(None),

@@ -51,7 +51,13 @@ impl Service {
         self.step(
             &l,
             self.store
-                .record_staged(&l, &c.chain, generation, &m.process_identity)
+                .record_staged(
+                    &l,
+                    &c.chain,
+                    generation,
+                    &m.process_identity,
+                    m.restored_checkpoint_digest.as_deref(),
+                )
                 .await,
         )
         .await?;

@@ -15,9 +15,10 @@ impl Service {
     pub async fn operate(
         self: &Arc<Self>,
         mut req: OperatorRequest,
+        who: &str,
     ) -> Result<serde_json::Value, OpError> {
         let (Some(operation), Some(id)) = (req.mutation(), req.keyed()) else {
-            return self.perform(req).await;
+            return self.perform(req, who).await;
         };
         let subject = req.subject();
         let opened = self
@@ -45,7 +46,7 @@ impl Service {
         let earlier_open = opened == Opened::Unanswered;
         let settle = matches!(req, OperatorRequest::Stop { wait: true, .. });
         let (out, committed) =
-            crate::coordinator::requests::tracking_commits(self.perform(req)).await;
+            crate::coordinator::requests::tracking_commits(self.perform(req, who)).await;
         match out {
             Ok(mut v) => {
                 if v.is_object() {
@@ -163,8 +164,12 @@ impl Service {
         Ok(out)
     }
 
-    /// Runs one operator request (after the journal, for a mutating one).
-    async fn perform(self: &Arc<Self>, req: OperatorRequest) -> Result<serde_json::Value, OpError> {
+    /// Runs one operator request (after the journal, for a mutating one) for operator `who`.
+    async fn perform(
+        self: &Arc<Self>,
+        req: OperatorRequest,
+        who: &str,
+    ) -> Result<serde_json::Value, OpError> {
         Ok(match req {
             OperatorRequest::Request { request_id } => self.show_request(&request_id).await?,
             OperatorRequest::Lanes => json!(self.store.lanes().await?),
@@ -229,7 +234,8 @@ impl Service {
             | OperatorRequest::CheckpointGc { .. }
             | OperatorRequest::CheckpointDelete { .. }
             | OperatorRequest::CheckpointDeletions { .. }
-            | OperatorRequest::WorkspaceReleases { .. }) => self.workspace_request(r).await?,
+            | OperatorRequest::WorkspaceReleases { .. }
+            | OperatorRequest::CheckpointReads { .. }) => self.workspace_request(r, who).await?,
             OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
             OperatorRequest::Trust => self.trust_listing(),
             OperatorRequest::Receipts { lane_id } => {

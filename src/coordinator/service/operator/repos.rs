@@ -10,9 +10,11 @@ fn bad(e: RepoError) -> OpError {
 
 impl Service {
     /// Repositories, checkpoints and grants: the operator's requests about work's homes.
+    /// `who` is named in the record of any checkpoint material it reads.
     pub(super) async fn workspace_request(
         &self,
         r: OperatorRequest,
+        who: &str,
     ) -> Result<serde_json::Value, OpError> {
         Ok(match r {
             OperatorRequest::RepoAdd {
@@ -43,7 +45,7 @@ impl Service {
                 diff,
             } => {
                 self.store
-                    .checkpoint_show(&checkpoint_digest, diff, &std::env::temp_dir())
+                    .checkpoint_show(&checkpoint_digest, diff, &std::env::temp_dir(), who)
                     .await?
             }
             OperatorRequest::CheckpointRead {
@@ -52,7 +54,7 @@ impl Service {
                 offset,
             } => {
                 self.store
-                    .checkpoint_read(&checkpoint_digest, &object_digest, offset)
+                    .checkpoint_read(&checkpoint_digest, &object_digest, offset, who)
                     .await?
             }
             OperatorRequest::CheckpointGrants { assignment_id } => {
@@ -88,6 +90,13 @@ impl Service {
                 json!(
                     self.store
                         .checkpoint_deletions(assignment_id.as_deref())
+                        .await?
+                )
+            }
+            OperatorRequest::CheckpointReads { assignment_id } => {
+                json!(
+                    self.store
+                        .checkpoint_reads(assignment_id.as_deref())
                         .await?
                 )
             }

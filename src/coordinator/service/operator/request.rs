@@ -210,6 +210,12 @@ pub enum OperatorRequest {
         #[serde(default)]
         assignment_id: Option<String>,
     },
+    /// What operators read of stored checkpoints (of one assignment): each `show` and each
+    /// part of an object a `restore` read, with who read it.
+    CheckpointReads {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
     /// Hosts' copies of done work released (of one assignment).
     WorkspaceReleases {
         #[serde(default)]
@@ -391,6 +397,7 @@ impl OperatorRequest {
             | Self::CheckpointGrants { .. }
             | Self::CheckpointDeletions { .. }
             | Self::WorkspaceReleases { .. }
+            | Self::CheckpointReads { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }

@@ -73,12 +73,18 @@ pub async fn serve_operators(
     loop {
         let (stream, _) = listener.accept().await?;
         // A confined generation (or any tool it runs) on this host is never an operator.
-        let peer = stream.peer_cred().ok().and_then(|c| c.pid());
+        let cred = stream.peer_cred().ok();
+        let peer = cred.and_then(|c| c.pid());
         if crate::confine::refuse_peer(peer) {
             tracing::warn!(pid = ?peer, "operator socket: refused a confined (or unreadable) peer");
             continue;
         }
-        tokio::spawn(operator_session(svc.clone(), stream, None));
+        // Who the records of what it read name: the socket's peer user.
+        let who = match cred {
+            Some(c) => format!("local:uid={}", c.uid()),
+            None => "local".to_string(),
+        };
+        tokio::spawn(operator_session(svc.clone(), stream, None, who));
     }
 }
 
@@ -112,7 +118,7 @@ pub async fn serve_remote_operators(
                 }
                 Some(p) if p.starts_with("operator:") => {
                     tracing::info!(operator = %p, %addr, "operator connected");
-                    operator_session(svc, stream, Some(p.clone())).await;
+                    operator_session(svc, stream, Some(p.clone()), p.clone()).await;
                     return;
                 }
                 Some(p) => format!("the client certificate names {p}, not an operator: operator requests need a certificate from `mosaic enroll operator NAME`"),
@@ -151,11 +157,14 @@ pub async fn serve_remote_operators(
 
 /// One operator connection: JSON requests, one per line, answered in order. A remote
 /// operator's (`principal`) is checked against the revocations before every request: a
-/// revocation ends a connection opened before it at its next request.
+/// revocation ends a connection opened before it at its next request. `who` names the
+/// operator in the records of checkpoint material it reads (its principal, or the local
+/// socket's peer user).
 pub(super) async fn operator_session<S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin>(
     svc: Arc<Service>,
     stream: S,
     principal: Option<String>,
+    who: String,
 ) {
     let (r, mut w) = tokio::io::split(stream);
     let mut lines = tokio::io::BufReader::new(r).lines();
@@ -183,7 +192,7 @@ pub(super) async fn operator_session<S: tokio::io::AsyncRead + tokio::io::AsyncW
             Err(e) => {
                 json!({ "ok": false, "error": OpError::new(Category::BadInput, format!("bad request: {e}")) })
             }
-            Ok(req) => match svc.operate(req).await {
+            Ok(req) => match svc.operate(req, &who).await {
                 Ok(v) => json!({ "ok": true, "result": v }),
                 Err(e) => json!({ "ok": false, "error": e }),
             },
