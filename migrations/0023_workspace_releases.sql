@@ -3,17 +3,17 @@
 -- A host keeps an assignment's workspace (and its checkpoint refs) while the work may run
 -- there again. Once the work has ended it asks to release them; the coordinator allows it
 -- only when the files the host holds are a checkpoint of that work its store holds whole
--- (`matched = 'stored'`), or one its retention already deleted (`'deleted'`), or when no
--- workspace is left there (`'none'`: only refs of stored checkpoints): so a release never
--- loses the only copy of anything. The row is written when the release is allowed and
--- completed (`released_at`, `refs_removed`, `receipt_digest`) when the host says it deleted
--- them: the deletion receipt of a host's copy.
+-- (`matched = 'stored'`), or when no workspace is left there (`'none'`: only refs of stored
+-- checkpoints): so a release never loses the only copy of anything. The row is written
+-- when the release is allowed and completed (`released_at`, `refs_removed`,
+-- `receipt_digest`) when the host says it deleted them: the deletion receipt of a host's
+-- copy.
 CREATE TABLE workspace_releases (
     assignment_id text NOT NULL REFERENCES assignments,
     host_id text NOT NULL,
     tree_id text CHECK (tree_id IS NULL OR tree_id ~ '^[0-9a-f]{40}$'),
     checkpoint_digest text CHECK (checkpoint_digest IS NULL OR checkpoint_digest ~ '^sha256:[0-9a-f]{64}$'),
-    matched text NOT NULL CHECK (matched IN ('stored', 'deleted', 'none')),
+    matched text NOT NULL CHECK (matched IN ('stored', 'none')),
     authorized_at timestamptz NOT NULL DEFAULT clock_timestamp(),
     released_at timestamptz,
     refs_removed bigint CHECK (refs_removed IS NULL OR refs_removed >= 0),

@@ -1498,55 +1498,129 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
 
 /// §6.2 (activation carries the checkpoint digests): a generation is activated only on the
 /// checkpoint its stage named. Host B, played by the raw client, stages the resume of work
-/// whose generation on host A was killed, its checkpoint stored: a `staged` saying its workspace was restored from nothing, or
-/// from another checkpoint, is refused as a mismatch and records nothing; saying the
-/// granted one, the chain goes on, and the reservation and the activation receipt bind it.
+/// whose generation on host A was killed, its checkpoint stored: a `staged` saying its
+/// workspace was restored from another checkpoint (on one lane), or from nothing (on
+/// another), is refused as a mismatch and ends that chain — the work back in recovery,
+/// nothing activated; saying the stored one (on a third lane), the chain goes on, and the
+/// reservation and the activation receipt bind it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_workspace_restored_from_other_files_is_never_activated() {
     let w = World::new(Opts::default());
     let lane = w.lane(0, "lane-1");
-    let (repo, src, ck, _) = stored_work(&w, &lane, true).await;
+    let (repo, asg, ck, _) = stored_work(&w, &lane, true).await;
     let digest = ck["checkpoint_digest"].as_str().unwrap().to_string();
-    let inc = incarnation();
-    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
-    let mut hs = transport::connect(&p).await.unwrap();
-    let lane_b = w.lane(1, "lane-x");
-    common::wait_until("B's lane registered", || {
-        w.op(&OperatorRequest::Lanes)
-            .ok()?
-            .as_array()?
+    let names = ["lane-x", "lane-y", "lane-z"];
+    let (p, ordinary) = w.raw(
+        1,
+        names
             .iter()
-            .any(|l| l["lane_id"] == lane_b.as_str())
+            .map(|n| format!("{n}@{}", incarnation()))
+            .collect(),
+    );
+    let mut hs = transport::connect(&p).await.unwrap();
+    let lanes: Vec<String> = names.iter().map(|n| w.lane(1, n)).collect();
+    common::wait_until("B's lanes registered", || {
+        let known = w.op(&OperatorRequest::Lanes).ok()?;
+        let known = known.as_array()?;
+        lanes
+            .iter()
+            .all(|l| known.iter().any(|k| k["lane_id"] == l.as_str()))
             .then_some(())
     });
-    // The work resumes on B: its stage restores the stored checkpoint.
-    let req = world::assign_request(&lane_b, "hang", Some(&src), false);
-    w.op(&req).unwrap();
-    let asg = src;
-    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
-    match typed(&stage) {
-        ToHost::Stage(s) => assert_eq!(
-            s.restore.as_ref().map(|r| r.checkpoint_digest.as_str()),
-            Some(digest.as_str())
-        ),
-        other => panic!("{other:?}"),
-    }
+    let c = w.sql().await;
+    let lifecycle = || async {
+        c.query_one(
+            "SELECT lifecycle FROM assignments WHERE assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .get::<_, String>(0)
+    };
+    // The work resumes on B: each stage restores the stored checkpoint.
+    let resume = |lane: &str| {
+        tokio::task::block_in_place(|| {
+            w.op(&world::assign_request(lane, "hang", Some(&asg), false))
+                .unwrap()
+        })
+    };
     let other = format!("sha256:{}", "d".repeat(64));
-    for (key, restored) in [
-        ("staged-none", None),
-        ("staged-other", Some(other.as_str())),
-    ] {
+    for (lane, restored) in [(&lanes[0], Some(other.as_str())), (&lanes[1], None)] {
+        resume(lane);
+        let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+        match typed(&stage) {
+            ToHost::Stage(s) => assert_eq!(
+                s.restore.as_ref().map(|r| r.checkpoint_digest.as_str()),
+                Some(digest.as_str())
+            ),
+            other => panic!("{other:?}"),
+        }
+        let reservation = authority(&stage).reservation_id;
         let mut f = vec![
-            ("idempotency_key", s(key)),
+            ("idempotency_key", s("staged-1")),
             ("process_identity", identity()),
         ];
         f.extend(restored.map(|d| ("restored_checkpoint_digest", s(d))));
         let m = seal(&mut hs, &stage, &ordinary, MessageType::Staged, f);
         hs.ws.send(m).await.unwrap();
+        // Refused, and its chain ended: released, the work in recovery, nothing staged.
+        let ended = || async {
+            c.query(
+                "SELECT 1 FROM reservations WHERE reservation_id = $1 AND released_at IS NOT NULL \
+                   AND process_identity IS NULL AND restored_checkpoint_digest IS NULL",
+                &[&reservation],
+            )
+            .await
+            .unwrap()
+            .len()
+        };
+        let released = || async { vec![(); ended().await] };
+        rows_when(&released, 1).await;
+        let start = Instant::now();
+        while lifecycle().await != "RECOVERY" {
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "the work never went back to recovery"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // B says the refused generation is gone (the work's next chain waits for that).
+        let a = authority(&stage);
+        let key = format!("tr-{}", a.reservation_id);
+        let body = serde_json::json!({
+            "receipt_id": format!("rcpt-{key}"), "idempotency_key": key, "host_id": w.hosts[1],
+            "lane_id": a.lane_id, "lane_incarnation_id": a.lane_incarnation_id,
+            "generation": a.generation, "termination_reason": "stopped",
+            "cleanup": {"method": "cgroup-kill", "verified_empty": true, "cgroup_removed": true, "members_killed": 1, "error": null},
+        });
+        let session = hs.session_id.clone();
+        hs.send(
+            Outgoing::new(
+                &p.signer,
+                MessageType::Receipt,
+                vec![
+                    ("idempotency_key", s(&key)),
+                    ("sot_incarnation", Value::Null),
+                    ("coordinator_epoch", Value::Null),
+                    ("assignment_id", Value::Null),
+                    ("session_id", s(&session)),
+                    ("lane_id", s(&a.lane_id)),
+                    ("lane_incarnation_id", s(&a.lane_incarnation_id)),
+                    ("generation", n(a.generation)),
+                    ("receipt_idempotency_key", s(&key)),
+                    (
+                        "receipt",
+                        mosaic::protocol::canonical::from_json(&body).unwrap(),
+                    ),
+                ],
+            ),
+            COORD,
+        )
+        .await
+        .unwrap();
+        let verdict = next_of(&mut hs, &p, &[MessageType::ReceiptAck]).await;
+        assert_eq!(verdict_text(&verdict), "ingested");
     }
-    let (rc, challenge) = RawChain::staged(&mut hs, &p, &ordinary, stage, Some(&digest)).await;
-    let c = w.sql().await;
-    // (The audit is written in batches: its rows once they are there.)
     let refused = || async {
         c.query(
             "SELECT category FROM audit WHERE operation = 'host-staged' AND assignment_id = $1",
@@ -1563,6 +1637,10 @@ async fn a_workspace_restored_from_other_files_is_never_activated() {
         vec!["mismatch".to_string(), "mismatch".to_string()],
         "the two staged naming other files were refused"
     );
+
+    resume(&lanes[2]);
+    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    let (rc, challenge) = RawChain::staged(&mut hs, &p, &ordinary, stage, Some(&digest)).await;
     rc.ack(&mut hs, &p, &challenge).await;
     let row = c
         .query_one(
@@ -1582,6 +1660,18 @@ async fn a_workspace_restored_from_other_files_is_never_activated() {
             Some(digest.clone()),
             Some(digest.clone())
         )
+    );
+    let activations: i64 = c
+        .query_one(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'activate' AND assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(
+        activations, 2,
+        "A's first generation and the third chain only"
     );
     let _ = std::fs::remove_dir_all(&repo);
 }

@@ -2437,3 +2437,107 @@ fn a_resume_takes_the_end_and_a_grant_takes_the_checkpoint_it_names() {
     assert_eq!(files_of(&ws1), at_end, "the resumed tree is not the end's");
     assert_eq!(stop(&w, asg)["state"], "CANCELLED");
 }
+
+/// A supervisor killed while a generation's cgroup is frozen for the checkpoint its harness
+/// asked for: when it comes back, its re-adoption thaws the generation, which runs on;
+/// nothing was recorded for that request, and the work still ends on its own checkpoint.
+#[test]
+fn a_generation_frozen_for_its_checkpoint_is_thawed_when_its_supervisor_returns() {
+    let (repo, mut w, lane, host) = world(1, "workspaces-frozen");
+    add_repo(&w, "demo", &repo.0, &host);
+    // Held after the freeze, before the workspace is read, until this file exists (never).
+    let hold = repo.0.with_extension("never");
+    restart_holding(&mut w, &host, "checkpoint:frozen", &hold);
+    let a = assign_in(&w, &lane, "checkpoint hang", Some("demo"), None, None).unwrap();
+    assert_eq!(a["state"], "RUNNING", "{a}");
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    let frozen = |state: &str| {
+        let want = format!("frozen {state}");
+        wait_until("the generation's freezer state", || {
+            std::fs::read_to_string(cg.join("cgroup.events"))
+                .ok()?
+                .lines()
+                .any(|l| l == want)
+                .then_some(())
+        })
+    };
+    frozen("1");
+    w.crash_supervisor(0);
+    w.start_supervisor(0);
+    frozen("0");
+    wait_connected(&w, &host);
+    let procs = std::fs::read_to_string(cg.join("cgroup.procs")).unwrap();
+    assert!(!procs.trim().is_empty(), "the generation runs on");
+    let life: String = sql_one(
+        &w,
+        "SELECT lifecycle FROM assignments WHERE assignment_id = $1",
+        &[&asg],
+    );
+    assert_eq!(life, "ACTIVE");
+    assert!(
+        checkpoints(&w, &asg, 0).is_empty(),
+        "nothing recorded for the request"
+    );
+    let out = stop(&w, asg.clone());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+    let rows = checkpoints(&w, &asg, 1);
+    assert_eq!(rows.len(), 1, "{rows:?}");
+    assert!(rows[0]["request_seq"].is_null(), "{}", rows[0]);
+}
+
+/// Restarts host 0's supervisor with failpoint `point` holding until `file` exists (this
+/// start only), and waits for it to be connected again.
+fn restart_holding(w: &mut World, host: &str, point: &str, file: &Path) {
+    w.crash_supervisor(0);
+    let spec = format!("{point}=return({})", file.display());
+    w.sup[0].start(Some(spec.as_str()));
+    wait_connected(w, host);
+}
+
+/// Waits until the coordinator holds `host`'s session.
+fn wait_connected(w: &World, host: &str) {
+    wait_until("the host connected again", || {
+        let st = w.op(&OperatorRequest::Status).ok()?;
+        st["hosts_connected"]
+            .as_array()?
+            .iter()
+            .any(|h| h == host || h == format!("host:{host}").as_str())
+            .then_some(())
+    });
+}
+
+/// Done work whose files on its host changed after its last checkpoint: the coordinator
+/// refuses to release the copy (its tree is in no stored checkpoint of the work), and the
+/// host keeps it — the one copy of those files.
+#[test]
+fn a_host_copy_that_is_in_no_stored_checkpoint_is_kept() {
+    let (repo, mut w, lane, host) = world(1, "workspaces-changed");
+    add_repo(&w, "demo", &repo.0, &host);
+    let go = repo.0.with_extension("go");
+    restart_holding(&mut w, &host, "release:ask", &go);
+    let a = assign_in(&w, &lane, "hang", Some("demo"), None, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let out = complete(&w, &asg);
+    assert_eq!(out["state"], "COMPLETED", "{out}");
+    // The host is about to ask; its copy changes first.
+    wait_until("the release held", || {
+        std::fs::read_to_string(w.supervisor_log(0))
+            .ok()?
+            .contains("release:ask")
+            .then_some(())
+    });
+    let ws = w.state_dir(0).join("workspaces").join(&asg);
+    std::fs::write(ws.join("late.txt"), "written after the last checkpoint\n").unwrap();
+    std::fs::write(&go, "").unwrap();
+    let said = kept_said(&w, 0, &asg);
+    assert!(said.contains("not-stored"), "{said}");
+    assert!(ws.join("late.txt").is_file());
+    let rows = w
+        .op(&OperatorRequest::WorkspaceReleases {
+            assignment_id: Some(asg),
+        })
+        .unwrap();
+    assert_eq!(rows, serde_json::json!([]));
+    let _ = std::fs::remove_file(&go);
+}

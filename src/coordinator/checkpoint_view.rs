@@ -74,7 +74,6 @@ impl Store {
                 ),
             ));
         };
-        self.record_read(OP, digest, None, who).await?;
         let dir = scratch.join(format!("view-{}", uuid::Uuid::new_v4().simple()));
         let out = self
             .view_in(
@@ -88,6 +87,8 @@ impl Store {
             .await;
         let _ = std::fs::remove_dir_all(&dir);
         let (files, patch) = out?;
+        // Recorded once there is something to show, before it is shown.
+        self.record_read(OP, digest, None, who).await?;
         let mut v =
             serde_json::json!({ "checkpoint_digest": digest, "checkpoints": rows, "files": files });
         if let Some((p, cut)) = patch {

@@ -2,7 +2,7 @@
 //! its workspace of an assignment and the checkpoint refs it holds of it; this allows it
 //! only when the work has ended (its lifecycle is terminal: no generation of it will run
 //! again) and nothing would be lost — the files the host holds are a checkpoint of that
-//! work whose objects the store holds whole, or one its retention already deleted — and
+//! work whose objects the store holds whole — and
 //! records the host's word that it deleted them as the copy's deletion receipt.
 //!
 //! **Never:** allows a release of work that may still run, of work the host never held, or
@@ -13,7 +13,14 @@ use sha2::{Digest, Sha256};
 
 use super::error::AuthorityError;
 use super::rows::RowExt;
-use super::states::{Lifecycle, NONTERMINAL};
+use super::states::Lifecycle;
+
+/// The lifecycles whose hosts' copies may go.
+const RELEASABLE: &[Lifecycle] = &[
+    Lifecycle::Completed,
+    Lifecycle::Failed,
+    Lifecycle::Cancelled,
+];
 use super::store::Store;
 use crate::protocol::messages::{HeldTree, ReleaseStep, ReleaseVerdict, WorkspaceRelease};
 
@@ -67,9 +74,12 @@ impl Store {
             return Ok(keep("not-found"));
         };
         let lifecycle: String = row.col("lifecycle")?;
-        // A lifecycle this build does not know is not known to be over.
+        // Done for good: completed, failed or cancelled. Quarantined work's workspace is
+        // the operator's evidence (its own commits and ignored files are in no
+        // checkpoint); a lifecycle this build does not know is not known to be over.
         match lifecycle.parse::<Lifecycle>() {
-            Ok(l) if !NONTERMINAL.contains(&l) => {}
+            Ok(l) if RELEASABLE.contains(&l) => {}
+            Ok(Lifecycle::Quarantined) => return Ok(keep("quarantined")),
             _ => return Ok(keep("active")),
         }
         let held_here: bool = tx
@@ -102,20 +112,12 @@ impl Store {
                             )
                             .await?
                             .col("stored")?;
-                        let deleted = !stored
-                            && tx
-                                .query_one(
-                                    "SELECT EXISTS (SELECT 1 FROM checkpoint_deletions \
-                                         WHERE assignment_id = $1 AND checkpoint_digest = $2) AS deleted",
-                                    &[a, &w.checkpoint_digest],
-                                )
-                                .await?
-                                .col::<bool>("deleted")?;
-                        match (stored, deleted) {
-                            (true, _) => "stored",
-                            (false, true) => "deleted",
-                            (false, false) => return Ok(keep("not-stored")),
+                        // (A checkpoint retention deleted is not enough: its tree is not
+                        // recorded, so the host's files could not be shown to be it.)
+                        if !stored {
+                            return Ok(keep("not-stored"));
                         }
+                        "stored"
                     }
                 };
                 let (tree, digest) = match workspace {
@@ -126,7 +128,7 @@ impl Store {
                     "INSERT INTO workspace_releases (assignment_id, host_id, tree_id, checkpoint_digest, matched) \
                      VALUES ($1, $2, $3, $4, $5) \
                      ON CONFLICT (assignment_id, host_id) DO UPDATE SET tree_id = $3, checkpoint_digest = $4, matched = $5, \
-                         authorized_at = clock_timestamp(), released_at = NULL, refs_removed = NULL, receipt_digest = NULL",
+                         authorized_at = clock_timestamp() WHERE workspace_releases.released_at IS NULL",
                     &[a, &host_id, &tree, &digest, &matched],
                 )
                 .await?;

@@ -134,6 +134,16 @@ async fn reconcile(inner: &Arc<Inner>, g: GenRecord) -> Outcome {
             finish_detached(inner, g, Observation::DiedWhileAway(exit)).await,
         );
     }
+    // A generation whose workspace is open may be frozen only for a checkpoint its harness
+    // asked for, cut by the crash between freezing and thawing it: thawed before its shim
+    // is waited for (a frozen shim cannot reconnect, and would be ended as unverifiable).
+    // A held or fenced one stays as it is (re-adoption below decides what it needs).
+    if g.status == GenStatus::Live && g.workspace_open() && cg.exists() {
+        if let Err(e) = cg.thaw() {
+            tracing::error!(lane_id = %g.lane_id, generation = g.generation, error = %e,
+                "cannot thaw the generation before re-adopting it");
+        }
+    }
     match (g.status, g.identity.clone()) {
         (GenStatus::Live, Some(_)) => match reattach(inner, &g).await {
             Ok((w, exit)) => match exit {

@@ -223,3 +223,20 @@ pub(crate) async fn hold(point: &str) {
     #[cfg(not(feature = "failpoints"))]
     let _ = point;
 }
+
+/// [`hold`] for a blocking thread (`checkpoint:frozen`: a requested checkpoint's cgroup
+/// frozen, before its workspace is read).
+pub(crate) fn hold_blocking(point: &str) {
+    #[cfg(feature = "failpoints")]
+    {
+        let path: Option<String> = fail::eval(point, |arg| arg).flatten();
+        if let Some(p) = path {
+            tracing::warn!(failpoint = %point, until = %p, "failpoint: holding here");
+            while !std::path::Path::new(&p).exists() {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+        }
+    }
+    #[cfg(not(feature = "failpoints"))]
+    let _ = point;
+}

@@ -619,6 +619,7 @@ impl super::Supervisor {
                 .freeze_and_wait(FREEZE_WAIT)
                 .map_err(|e| format!("its cgroup did not freeze: {e}"))
                 .and_then(|()| {
+                    super::broker::hold_blocking("checkpoint:frozen");
                     let ws = super::workspaces::dir_of(&inner, &asg);
                     capture(
                         &inner,

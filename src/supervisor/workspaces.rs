@@ -30,8 +30,9 @@ pub(crate) fn dir_of(inner: &Inner, assignment_id: &str) -> PathBuf {
 }
 
 /// What this host knows of a workspace beside it: the commit it was made from (its
-/// checkpoints' parent) and the checkpoint its files were last equal to (the one taken at
-/// its last generation's end, or the one it was restored from).
+/// checkpoints' parent) and the checkpoint its files are known equal to (`at`: the one
+/// taken at its last generation's end or for a handoff, or the one it was restored from —
+/// cleared when it is handed to a generation, which may write anything from then on).
 #[derive(Debug, Clone, Default, serde::Serialize, serde::Deserialize)]
 pub(crate) struct Marker {
     pub base_commit_id: Option<String>,
@@ -40,6 +41,11 @@ pub(crate) struct Marker {
     /// made before inputs were recorded.
     #[serde(default)]
     pub inputs: Option<WorkspaceInputs>,
+    /// The checkpoint it held when it was last handed to a generation (restored from it,
+    /// or kept because its files were known equal to it): what that generation's `staged`
+    /// says it started from.
+    #[serde(default)]
+    pub started_from: Option<String>,
 }
 
 fn marker_path(inner: &Inner, assignment_id: &str) -> PathBuf {
@@ -61,10 +67,12 @@ pub(crate) fn set_marker(
     base_commit_id: Option<String>,
     at: Option<&str>,
 ) -> Result<(), String> {
+    let old = marker(inner, assignment_id).unwrap_or_default();
     let m = Marker {
         base_commit_id,
         at: at.map(String::from),
-        inputs: marker(inner, assignment_id).and_then(|m| m.inputs),
+        inputs: old.inputs,
+        started_from: old.started_from,
     };
     let bytes = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
     crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
@@ -199,7 +207,31 @@ pub(crate) fn ensure(
     use std::os::unix::fs::PermissionsExt;
     std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o700))
         .map_err(|e| e.to_string())?;
+    hand_over(
+        inner,
+        assignment_id,
+        restore.map(|p| p.checkpoint_digest.clone()),
+    )?;
     Ok(dir)
+}
+
+/// Records that `assignment_id`'s workspace is handed to a generation holding checkpoint
+/// `started_from` (restored from it, or kept as equal to it): from now on its files are
+/// known equal to no checkpoint (`at` cleared) until one is taken of them again — so a
+/// generation whose end is never checkpointed leaves files no later stage trusts.
+fn hand_over(
+    inner: &Inner,
+    assignment_id: &str,
+    started_from: Option<String>,
+) -> Result<(), String> {
+    let m = Marker {
+        at: None,
+        started_from,
+        ..marker(inner, assignment_id).unwrap_or_default()
+    };
+    let bytes = serde_json::to_vec(&m).map_err(|e| e.to_string())?;
+    crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
+        .map_err(|e| format!("recording the workspace of {assignment_id}: {e}"))
 }
 
 fn clone_into(
@@ -269,6 +301,7 @@ fn clone_into(
         base_commit_id: Some(commit),
         at: None,
         inputs: None,
+        started_from: None,
     })
     .map_err(|e| e.to_string())?;
     crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
@@ -405,6 +438,7 @@ fn restore_into(
         base_commit_id: point.base_commit_id.clone(),
         at: Some(point.checkpoint_digest.clone()),
         inputs: None,
+        started_from: None,
     })
     .map_err(|e| e.to_string())?;
     crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)

@@ -74,6 +74,9 @@ pub enum EndCause {
     /// expired, a bound field not holding) or whose granted checkpoint is gone: the work
     /// never starts from anything else.
     NoGrantedCheckpoint,
+    /// Its host's workspace is not what its stage named to restore (another checkpoint, or
+    /// none): the generation must never run on it.
+    RestoreMismatch,
 }
 
 impl EndCause {
@@ -84,6 +87,7 @@ impl EndCause {
             Self::NoHandoffCheckpoint => "its handoff's checkpoint cannot reach it",
             Self::HandoffWithdrawn => "its handoff was withdrawn",
             Self::NoGrantedCheckpoint => "its granted checkpoint cannot be given to it",
+            Self::RestoreMismatch => "its host's workspace is not the checkpoint its stage named",
         }
     }
 }

@@ -270,10 +270,32 @@ impl Service {
 
     async fn push_stage(&self, l: &Leader, c: &ChainRow) -> bool {
         // Work in a repository restores its workspace from its latest checkpoint (the host
-        // keeps its own workspace when it is already that checkpoint's).
-        let restore = match &c.repository {
-            Some(_) => match self.restore_for(l, c).await {
-                Ok(Restore::At(p)) => p,
+        // keeps its own workspace when it is already that checkpoint's). Decided once, before
+        // the first stage leaves; a resend sends the very same point (its activation will
+        // require the host to have restored exactly that: `restore_binding`).
+        let decided = match &c.repository {
+            Some(_) => match self.store.decided_restore(&c.chain.reservation_id).await {
+                Ok(d) => d,
+                Err(e) => {
+                    tracing::warn!(error = %e, reservation_id = %c.chain.reservation_id,
+                        "cannot read the stage's restore decision; the stage waits");
+                    return false;
+                }
+            },
+            None => Some(None),
+        };
+        let restore = match decided {
+            Some(p) => p,
+            None => match self.restore_for(l, c).await {
+                Ok(Restore::At(p)) => {
+                    if let Err(e) = self.store.decide_restore(l, &c.chain, p.as_ref()).await {
+                        tracing::error!(error = %e, reservation_id = %c.chain.reservation_id,
+                            "the stage's restore point cannot be bound to its chain; the stage is not sent");
+                        self.note(l, &e).await;
+                        return false;
+                    }
+                    p
+                }
                 // A handoff's checkpoint not taken (or not in the store) yet: asked for.
                 Ok(Restore::Wait) => return false,
                 // It never will be: the offer ends now rather than hold its source until
@@ -293,22 +315,7 @@ impl Service {
                     return false;
                 }
             },
-            None => None,
         };
-        // What it restores is decided once, before the stage leaves: its activation will
-        // require the host to have restored exactly that (`restore_binding`).
-        if let Some(p) = &restore {
-            if let Err(e) = self
-                .store
-                .decide_restore(l, &c.chain, &p.checkpoint_digest)
-                .await
-            {
-                tracing::error!(error = %e, reservation_id = %c.chain.reservation_id, checkpoint = %p.checkpoint_digest,
-                    "the stage's restore point cannot be bound to its chain; the stage is not sent");
-                self.note(l, &e).await;
-                return false;
-            }
-        }
         let m = Stage {
             authority: self.authority(l, c, Proof::Commit),
             issued: Self::issued(

@@ -125,7 +125,12 @@ fn copies(inner: &Inner) -> BTreeMap<String, Copy> {
 /// The assignments of the generations live on this host (not yet ended with a receipt).
 fn busy(inner: &Inner) -> HashSet<String> {
     let mut out = HashSet::new();
-    for lane in inner.store.lanes().unwrap_or_default() {
+    let Ok(lanes) = inner.store.lanes() else {
+        // Lanes that cannot be read: nothing on this host is released meanwhile.
+        out.insert(String::new());
+        return out;
+    };
+    for lane in lanes {
         let Some(g) = lane.current_generation else {
             continue;
         };
@@ -154,7 +159,19 @@ fn held_tree(inner: &Inner, assignment_id: &str) -> Result<HeldTree, String> {
     };
     let store = store_of(inner, &inputs.repository)?;
     let ws = workspaces::dir_of(inner, assignment_id);
-    let tree_id = tree_of(&store, &ws, Some(&index_of(&store, assignment_id)))?;
+    // A private copy of the workspace's checkpoint index (only what changed is read
+    // again), never written back: a stage restoring the work meanwhile keeps its own.
+    let index = index_of(&store, assignment_id);
+    let copy = store.join(format!(
+        "mosaic-index-release-{}",
+        uuid::Uuid::new_v4().simple()
+    ));
+    if index.is_file() {
+        std::fs::copy(&index, &copy).map_err(|e| format!("copying {}: {e}", index.display()))?;
+    }
+    let tree_id = tree_of(&store, &ws, Some(&copy));
+    let _ = std::fs::remove_file(&copy);
+    let tree_id = tree_id?;
     Ok(HeldTree {
         tree_id,
         checkpoint_digest: at,
@@ -210,11 +227,15 @@ impl Backoff {
         self.next.get(a).is_none_or(|(t, _)| Instant::now() >= *t)
     }
 
-    fn wait(&mut self, a: &str) {
-        let w = self
-            .next
-            .get(a)
-            .map_or(FIRST_WAIT, |(_, w)| (*w * 2).min(MOST_WAIT));
+    /// Not before a while: doubling from `FIRST_WAIT` while the work may still end soon
+    /// (`soon`), else `MOST_WAIT` at once (a copy kept for a reason that does not pass by
+    /// itself in seconds).
+    fn wait(&mut self, a: &str, soon: bool) {
+        let w = match self.next.get(a) {
+            _ if !soon => MOST_WAIT,
+            Some((_, w)) => (*w * 2).min(MOST_WAIT),
+            None => FIRST_WAIT,
+        };
         self.next.insert(a.to_string(), (Instant::now() + w, w));
     }
 
@@ -265,7 +286,7 @@ impl CoordinatedHost {
             match self.ask_release(&a, copy, backoff).await {
                 Err(e) if e == NO_LINK || e == NO_ANSWER => return,
                 Err(e) => {
-                    backoff.wait(&a);
+                    backoff.wait(&a, false);
                     if backoff.first_time(&a, "error") {
                         tracing::warn!(assignment_id = %a, error = %e,
                             "this host's copy of the work is kept: it cannot be shown to be in the coordinator's store");
@@ -277,6 +298,8 @@ impl CoordinatedHost {
     }
 
     async fn ask_release(&self, a: &str, copy: Copy, backoff: &mut Backoff) -> Result<(), String> {
+        // (Tests hold a release here, to change the copy before its tree is read.)
+        crate::supervisor::broker::hold("release:ask").await;
         let workspace = if copy.workspace {
             let (inner, id) = (self.sup.inner.clone(), a.to_string());
             Some(
@@ -312,7 +335,7 @@ impl CoordinatedHost {
                 self.finish(a).await
             }
             ReleaseVerdict::Keep(why) | ReleaseVerdict::Retry(why) => {
-                backoff.wait(a);
+                backoff.wait(a, why == "active" || why == "unavailable");
                 if why != "active" && backoff.first_time(a, &why) {
                     tracing::warn!(assignment_id = %a, reason = %why,
                         "this host's copy of the work is kept (the coordinator does not release it)");

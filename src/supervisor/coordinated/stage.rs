@@ -99,7 +99,7 @@ impl CoordinatedHost {
             .repository
             .as_ref()
             .and_then(|_| crate::supervisor::workspaces::marker(&self.sup.inner, &a.assignment_id))
-            .and_then(|m| m.at);
+            .and_then(|m| m.started_from);
         let ctx = Arc::new(ChainCtx {
             lane_incarnation_id: inc,
             generation,

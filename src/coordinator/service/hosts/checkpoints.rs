@@ -117,12 +117,18 @@ impl Service {
                 tracing::info!(host, assignment_id = %m.assignment_id, refs_removed,
                     "a host released its copy of done work")
             }
-            (ReleaseVerdict::Keep(c), _) if c != "active" && c != "not-stored" => {
+            (ReleaseVerdict::Keep(c), _)
+                if c == "not-owner" || c == "not-found" || c == "not-released" =>
+            {
                 tracing::warn!(host, assignment_id = %m.assignment_id, category = %c,
                     "a workspace release refused");
                 self.store.auditor().record(
                     "workspace-release",
-                    Category::parse(c).unwrap_or(Category::NotOwner),
+                    match c.as_str() {
+                        "not-owner" => Category::NotOwner,
+                        "not-found" => Category::NotFound,
+                        _ => Category::WrongState,
+                    },
                     None,
                     Some(&m.assignment_id),
                     None,

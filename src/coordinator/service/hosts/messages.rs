@@ -48,6 +48,34 @@ impl Service {
         let l = self.leader().await?;
         let c = self.chain_for(host, &l, &m.chain).await?;
         let generation = c.generation.unwrap_or(0);
+        // A workspace that is not what the stage named to restore: the chain ends now (its
+        // generation must never run on those files); `record_staged` refuses it as well.
+        if let Some(decided) = self.store.decided_restore(&c.chain.reservation_id).await? {
+            let named = decided.as_ref().map(|p| p.checkpoint_digest.as_str());
+            if named != m.restored_checkpoint_digest.as_deref() {
+                let why = format!(
+                    "the host's workspace was restored from {}, but the stage named {}",
+                    m.restored_checkpoint_digest
+                        .as_deref()
+                        .unwrap_or("no checkpoint"),
+                    named.unwrap_or("none")
+                );
+                tracing::error!(host, reservation_id = %c.chain.reservation_id, reason = %why,
+                    "a stage restored other files than its chain decided: the chain ends");
+                if let Err(e) = self
+                    .store
+                    .end_chain(
+                        &l,
+                        &c.chain,
+                        crate::coordinator::ending::EndCause::RestoreMismatch,
+                    )
+                    .await
+                {
+                    self.note(&l, &e).await;
+                }
+                return Err(OpError::new(Category::Mismatch, why));
+            }
+        }
         self.step(
             &l,
             self.store
