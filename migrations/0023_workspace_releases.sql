@@ -8,9 +8,12 @@
 -- when the release is allowed and completed (`released_at`, `refs_removed`,
 -- `receipt_digest`) when the host says it deleted them: the deletion receipt of a host's
 -- copy.
+-- A host that holds a copy again later (a late stage made one) releases it again: another
+-- row, the next `release_seq`; at most one is open (allowed, not yet released) at a time.
 CREATE TABLE workspace_releases (
     assignment_id text NOT NULL REFERENCES assignments,
     host_id text NOT NULL,
+    release_seq integer NOT NULL CHECK (release_seq >= 1),
     tree_id text CHECK (tree_id IS NULL OR tree_id ~ '^[0-9a-f]{40}$'),
     checkpoint_digest text CHECK (checkpoint_digest IS NULL OR checkpoint_digest ~ '^sha256:[0-9a-f]{64}$'),
     matched text NOT NULL CHECK (matched IN ('stored', 'none')),
@@ -21,5 +24,7 @@ CREATE TABLE workspace_releases (
     CHECK ((tree_id IS NULL) = (checkpoint_digest IS NULL)),
     CHECK ((tree_id IS NULL) = (matched = 'none')),
     CHECK ((released_at IS NULL) = (refs_removed IS NULL) AND (released_at IS NULL) = (receipt_digest IS NULL)),
-    PRIMARY KEY (assignment_id, host_id)
+    PRIMARY KEY (assignment_id, host_id, release_seq)
 );
+CREATE UNIQUE INDEX workspace_releases_one_open ON workspace_releases (assignment_id, host_id)
+    WHERE released_at IS NULL;

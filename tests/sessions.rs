@@ -1253,14 +1253,15 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
             object_digest: bundle.clone(),
             offset,
         };
-        hs.send(
-            Outgoing::new(&p.signer, MessageType::CheckpointFetch, m.fields()),
-            COORD,
+        match ask_coord(
+            &mut hs,
+            &p,
+            MessageType::CheckpointFetch,
+            m.fields(),
+            MessageType::CheckpointData,
         )
         .await
-        .unwrap();
-        let got = next_of(&mut hs, &p, &[MessageType::CheckpointData]).await;
-        match typed(&got) {
+        {
             ToHost::CheckpointData(d) => assert_eq!(
                 d.answer,
                 DataAnswer::Refused("not-granted".into()),
@@ -1281,14 +1282,15 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
         offset: 0,
         data: b"abc".to_vec(),
     };
-    hs.send(
-        Outgoing::new(&p.signer, MessageType::CheckpointUpload, up.fields()),
-        COORD,
+    match ask_coord(
+        &mut hs,
+        &p,
+        MessageType::CheckpointUpload,
+        up.fields(),
+        MessageType::CheckpointStored,
     )
     .await
-    .unwrap();
-    let got = next_of(&mut hs, &p, &[MessageType::CheckpointStored]).await;
-    match typed(&got) {
+    {
         ToHost::CheckpointStored(s) => {
             assert_eq!(s.verdict, StoredVerdict::Refused("not-owner".into()))
         }
@@ -1330,14 +1332,15 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
             assignment_id: asg.clone(),
             step,
         };
-        hs.send(
-            Outgoing::new(&p.signer, MessageType::WorkspaceRelease, m.fields()),
-            COORD,
+        match ask_coord(
+            &mut hs,
+            &p,
+            MessageType::WorkspaceRelease,
+            m.fields(),
+            MessageType::WorkspaceReleaseAnswer,
         )
         .await
-        .unwrap();
-        let got = next_of(&mut hs, &p, &[MessageType::WorkspaceReleaseAnswer]).await;
-        match typed(&got) {
+        {
             ToHost::WorkspaceReleaseAnswer(a) => {
                 assert_eq!(a.done, done);
                 assert_eq!(a.verdict, ReleaseVerdict::Keep("not-owner".into()));
@@ -1481,14 +1484,15 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
             }),
         },
     };
-    hs.send(
-        Outgoing::new(&p.signer, MessageType::WorkspaceRelease, m.fields()),
-        COORD,
+    match ask_coord(
+        &mut hs,
+        &p,
+        MessageType::WorkspaceRelease,
+        m.fields(),
+        MessageType::WorkspaceReleaseAnswer,
     )
     .await
-    .unwrap();
-    let got = next_of(&mut hs, &p, &[MessageType::WorkspaceReleaseAnswer]).await;
-    match typed(&got) {
+    {
         ToHost::WorkspaceReleaseAnswer(a) => {
             assert_eq!(a.verdict, ReleaseVerdict::Keep("active".into()))
         }
@@ -1891,4 +1895,19 @@ async fn stored_work(w: &World, lane: &str, kill: bool) -> (PathBuf, String, Jso
         })
     });
     (repo, asg, ck, ch)
+}
+
+/// Sends `fields` as a message of type `t` on the raw host's session and takes the next
+/// message of type `answer`.
+async fn ask_coord(
+    hs: &mut HostSession,
+    p: &LinkParams,
+    t: MessageType,
+    fields: Vec<(&'static str, Value)>,
+    answer: MessageType,
+) -> ToHost {
+    hs.send(Outgoing::new(&p.signer, t, fields), COORD)
+        .await
+        .unwrap();
+    typed(&next_of(hs, p, &[answer]).await)
 }

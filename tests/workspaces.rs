@@ -953,6 +953,34 @@ fn work_in_a_repository_completes_only_on_its_final_checkpoint() {
         "{refused:?}"
     );
     assert_eq!(final_of(&w, &asg3).0, "RECOVERY");
+    // Resumed with no checkpoint to restore (the operator goes on without it): a fresh
+    // clone, and the files no checkpoint recorded set aside, never handed on as one.
+    w.op(&OperatorRequest::LaneRelease {
+        lane_id: lane.clone(),
+        request_id: None,
+    })
+    .unwrap();
+    let d = assign_in(&w, &lane, "hang", None, None, Some(&asg3)).unwrap();
+    assert_eq!(d["state"], "RUNNING", "{d}");
+    let dir = w.state_dir(0).join("workspaces");
+    let ws3 = dir.join(&asg3);
+    assert!(
+        std::fs::symlink_metadata(ws3.join(".gitignore"))
+            .unwrap()
+            .file_type()
+            .is_file(),
+        "the resumed generation got the unrecorded files (the FIFO)"
+    );
+    let aside = std::fs::read_dir(&dir)
+        .unwrap()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!(".superseded-{asg3}-"))
+        })
+        .count();
+    assert_eq!(aside, 1, "the unrecorded files are set aside");
 
     // The host's copy of the completed work is released once its files are in the store:
     // workspace and checkpoint refs gone, with a receipt naming the stored checkpoint.

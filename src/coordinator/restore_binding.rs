@@ -1,5 +1,5 @@
 //! What a chain's workspace is restored from, bound into its activation (spec §6.2;
-//! migrations 0025 and 0026). The driver decides, once per chain and before its first stage
+//! migration 0025). The driver decides, once per chain and before its first stage
 //! leaves, what the stage restores — a checkpoint (the work's latest, a handoff's, a
 //! grant's) or nothing (a fresh clone) — in a fenced step of its own, and every resend sends
 //! that very point; the host's `staged` is recorded only when the checkpoint it says its

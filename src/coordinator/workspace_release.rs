@@ -33,16 +33,19 @@ fn keep(c: &str) -> ReleaseVerdict {
 fn receipt_digest(
     assignment_id: &str,
     host_id: &str,
+    seq: i32,
     held: Option<&HeldTree>,
     matched: &str,
     refs_removed: u64,
 ) -> String {
     let mut h = Sha256::new();
     let refs = refs_removed.to_string();
+    let seq = seq.to_string();
     for part in [
         "workspace-release",
         assignment_id,
         host_id,
+        seq.as_str(),
         held.map_or("-", |t| t.tree_id.as_str()),
         held.map_or("-", |t| t.checkpoint_digest.as_str()),
         matched,
@@ -124,32 +127,51 @@ impl Store {
                     Some(w) => (Some(&w.tree_id), Some(&w.checkpoint_digest)),
                     None => (None, None),
                 };
-                tx.execute(
-                    "INSERT INTO workspace_releases (assignment_id, host_id, tree_id, checkpoint_digest, matched) \
-                     VALUES ($1, $2, $3, $4, $5) \
-                     ON CONFLICT (assignment_id, host_id) DO UPDATE SET tree_id = $3, checkpoint_digest = $4, matched = $5, \
-                         authorized_at = clock_timestamp() WHERE workspace_releases.released_at IS NULL",
-                    &[a, &host_id, &tree, &digest, &matched],
-                )
-                .await?;
+                // The open allowance again, or a new one (a recorded release stays as it was).
+                let again = tx
+                    .execute(
+                        "UPDATE workspace_releases SET tree_id = $3, checkpoint_digest = $4, matched = $5, authorized_at = clock_timestamp() \
+                         WHERE assignment_id = $1 AND host_id = $2 AND released_at IS NULL",
+                        &[a, &host_id, &tree, &digest, &matched],
+                    )
+                    .await?;
+                if again == 0 {
+                    tx.execute(
+                        "INSERT INTO workspace_releases (assignment_id, host_id, release_seq, tree_id, checkpoint_digest, matched) \
+                         SELECT $1, $2, coalesce(max(release_seq), 0) + 1, $3, $4, $5 FROM workspace_releases \
+                         WHERE assignment_id = $1 AND host_id = $2",
+                        &[a, &host_id, &tree, &digest, &matched],
+                    )
+                    .await?;
+                }
                 tx.commit().await?;
                 Ok(ReleaseVerdict::Release)
             }
             ReleaseStep::Done { refs_removed } => {
                 let Some(r) = tx
                     .query_opt(
-                        "SELECT tree_id, checkpoint_digest, matched, released_at IS NOT NULL AS released \
-                         FROM workspace_releases WHERE assignment_id = $1 AND host_id = $2 FOR UPDATE",
+                        "SELECT release_seq, tree_id, checkpoint_digest, matched FROM workspace_releases \
+                         WHERE assignment_id = $1 AND host_id = $2 AND released_at IS NULL FOR UPDATE",
                         &[a, &host_id],
                     )
                     .await?
                 else {
-                    // A deletion nobody allowed: not recorded as one.
-                    return Ok(keep("not-released"));
+                    // Its release recorded already (the answer was lost): the same answer.
+                    // Otherwise a deletion nobody allowed: not recorded as one.
+                    let recorded: bool = tx
+                        .query_one(
+                            "SELECT EXISTS (SELECT 1 FROM workspace_releases WHERE assignment_id = $1 AND host_id = $2) AS recorded",
+                            &[a, &host_id],
+                        )
+                        .await?
+                        .col("recorded")?;
+                    return Ok(if recorded {
+                        ReleaseVerdict::Recorded
+                    } else {
+                        keep("not-released")
+                    });
                 };
-                if r.col::<bool>("released")? {
-                    return Ok(ReleaseVerdict::Recorded);
-                }
+                let seq: i32 = r.col("release_seq")?;
                 let held = match (
                     r.col::<Option<String>>("tree_id")?,
                     r.col::<Option<String>>("checkpoint_digest")?,
@@ -161,11 +183,12 @@ impl Store {
                     _ => None,
                 };
                 let matched: String = r.col("matched")?;
-                let receipt = receipt_digest(a, host_id, held.as_ref(), &matched, *refs_removed);
+                let receipt =
+                    receipt_digest(a, host_id, seq, held.as_ref(), &matched, *refs_removed);
                 tx.execute(
                     "UPDATE workspace_releases SET released_at = clock_timestamp(), refs_removed = $3, receipt_digest = $4 \
-                     WHERE assignment_id = $1 AND host_id = $2",
-                    &[a, &host_id, &(*refs_removed as i64), &receipt],
+                     WHERE assignment_id = $1 AND host_id = $2 AND release_seq = $5",
+                    &[a, &host_id, &(*refs_removed as i64), &receipt, &seq],
                 )
                 .await?;
                 tx.commit().await?;
@@ -182,7 +205,7 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                "SELECT assignment_id, host_id, tree_id, checkpoint_digest, matched, mosaic_ts(authorized_at) AS authorized_at, \
+                "SELECT assignment_id, host_id, release_seq, tree_id, checkpoint_digest, matched, mosaic_ts(authorized_at) AS authorized_at, \
                         mosaic_ts(released_at) AS released_at, refs_removed, receipt_digest \
                  FROM workspace_releases WHERE $1::text IS NULL OR assignment_id = $1 ORDER BY authorized_at",
                 &[&assignment_id],
@@ -194,6 +217,7 @@ impl Store {
                 Ok(serde_json::json!({
                     "assignment_id": r.col::<String>("assignment_id")?,
                     "host_id": r.col::<String>("host_id")?,
+                    "release_seq": r.col::<i32>("release_seq")?,
                     "state": if released.is_some() { "released" } else { "allowed" },
                     "tree_id": r.col::<Option<String>>("tree_id")?,
                     "checkpoint_digest": r.col::<Option<String>>("checkpoint_digest")?,

@@ -397,9 +397,19 @@ impl Supervisor {
         if changed {
             live.record.fenced = fenced;
             live.record.held = held;
-            // Writable again: what the hold's checkpoint took is no longer its tree.
+            // Writable again: what the hold's checkpoint took is no longer its tree (nor
+            // are the workspace's files known equal to it any more).
             if !held && !fenced {
                 live.record.handoff_checkpoint = None;
+                if let Some(c) = &live.record.coord {
+                    super::workspaces::unknown_files(&self.inner, &c.assignment_id).map_err(
+                        |e| SupervisorError::Io {
+                            what: "recording the workspace of",
+                            path: super::workspaces::dir_of(&self.inner, &c.assignment_id),
+                            source: std::io::Error::other(e),
+                        },
+                    )?;
+                }
             }
             self.inner.store.save_gen(&live.record)?;
         }

@@ -152,12 +152,16 @@ pub(crate) fn ensure(
     let dir = dir_of(inner, assignment_id);
     let parent = dir.parent().unwrap_or(&inner.cfg.state_dir).to_path_buf();
     crate::util::durable::ensure_dir(&parent, 0o700).map_err(|e| e.to_string())?;
-    if let (true, Some(point)) = (dir.is_dir(), restore) {
+    if dir.is_dir() {
         let here = marker(inner, assignment_id);
-        let current = match &here {
-            Some(m) => m.at.as_deref() == Some(point.checkpoint_digest.as_str()),
+        // Kept only when its files are known to be the point the stage restores. With no
+        // point (the stage makes a fresh clone) a workspace here holds what some generation
+        // wrote and no checkpoint recorded: never handed on as the fresh clone.
+        let current = match (&here, restore) {
+            (Some(m), Some(point)) => m.at.as_deref() == Some(point.checkpoint_digest.as_str()),
             // Made before markers: this host's own checkpoint is its files.
-            None => point.host_id == inner.cfg.host.as_str(),
+            (None, Some(point)) => point.host_id == inner.cfg.host.as_str(),
+            (_, None) => false,
         };
         if !current {
             let aside = parent.join(format!(
@@ -165,8 +169,14 @@ pub(crate) fn ensure(
                 uuid::Uuid::new_v4().simple()
             ));
             std::fs::rename(&dir, &aside).map_err(|e| e.to_string())?;
-            tracing::warn!(assignment_id, aside = %aside.display(), checkpoint = %point.checkpoint_digest,
-                "this host's workspace is not the work's latest checkpoint: set aside, restoring the checkpoint");
+            match restore {
+                Some(point) => {
+                    tracing::warn!(assignment_id, aside = %aside.display(), checkpoint = %point.checkpoint_digest,
+                    "this host's workspace is not the work's latest checkpoint: set aside, restoring the checkpoint")
+                }
+                None => tracing::warn!(assignment_id, aside = %aside.display(),
+                    "this host's workspace holds files no checkpoint recorded, and the stage makes a fresh clone: set aside"),
+            }
         }
     }
     if !dir.is_dir() {
@@ -213,6 +223,20 @@ pub(crate) fn ensure(
         restore.map(|p| p.checkpoint_digest.clone()),
     )?;
     Ok(dir)
+}
+
+/// Records that `assignment_id`'s workspace files are known equal to no checkpoint any more
+/// (a generation may write them again).
+pub(crate) fn unknown_files(inner: &Inner, assignment_id: &str) -> Result<(), String> {
+    let Some(m) = marker(inner, assignment_id) else {
+        return Ok(());
+    };
+    if m.at.is_none() {
+        return Ok(());
+    }
+    let bytes = serde_json::to_vec(&Marker { at: None, ..m }).map_err(|e| e.to_string())?;
+    crate::util::durable::write_atomic(&marker_path(inner, assignment_id), &bytes)
+        .map_err(|e| format!("recording the workspace of {assignment_id}: {e}"))
 }
 
 /// Records that `assignment_id`'s workspace is handed to a generation holding checkpoint

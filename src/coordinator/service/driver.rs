@@ -344,6 +344,15 @@ impl Service {
             .await?;
         let Some(h) = h.filter(|h| h.needs_checkpoint) else {
             let own = self.store.restore_point(&c.chain.assignment_id).await?;
+            // Another host's checkpoint not in the store yet (a late receipt made it the
+            // latest after the reservation): not decided before its objects can reach
+            // this host.
+            if own
+                .as_ref()
+                .is_some_and(|p| p.host_id != c.host_id && p.bundle_object.is_none())
+            {
+                return Ok(Restore::Wait);
+            }
             if own.is_some() || !self.store.has_grant(&c.chain.assignment_id).await? {
                 return Ok(Restore::At(own));
             }

@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::transfer::{done_marker, parse_ref, NO_ANSWER, NO_LINK};
+use super::transfer::{done_marker, host_refs, parse_ref, NO_ANSWER, NO_LINK};
 use super::*;
 use crate::protocol::messages::{HeldTree, ReleaseStep, ReleaseVerdict, WorkspaceRelease};
 use crate::protocol::schema::MessageType;
@@ -89,29 +89,13 @@ fn copies(inner: &Inner) -> BTreeMap<String, Copy> {
         }
     }
     for store in stores(inner) {
-        let Ok(refs) = git(
-            &[
-                "for-each-ref",
-                "--format=%(refname) %(objectname)",
-                "refs/mosaic/checkpoints/",
-            ],
-            Some(&store),
-        ) else {
-            continue;
-        };
-        for line in refs.lines() {
-            let Some((r, commit)) = line.split_once(' ') else {
-                continue;
-            };
-            let Some((asg, inc, generation, kind)) = parse_ref(r) else {
-                continue;
-            };
-            let copy = out.entry(asg.to_string()).or_default();
-            match std::fs::read_to_string(done_marker(inner, inc, generation, kind, commit)) {
+        for h in host_refs(inner, &store) {
+            let copy = out.entry(h.assignment_id.clone()).or_default();
+            match std::fs::read_to_string(&h.marker) {
                 Ok(note) if note == "stored" => copy.stored.push(HeldRef {
                     store: store.clone(),
-                    reference: r.to_string(),
-                    commit: commit.to_string(),
+                    reference: h.reference,
+                    commit: h.commit,
                 }),
                 // Refused for good: this host's copy is the only one; it stays.
                 Ok(_) => {}

@@ -117,6 +117,47 @@ pub(super) fn parse_ref(r: &str) -> Option<(&str, &str, u64, Kind)> {
     Some((asg, inc, gen.parse::<u64>().ok()?, kind))
 }
 
+/// A checkpoint ref of this host's checkpoint repository, read.
+pub(super) struct HostRef {
+    pub reference: String,
+    pub commit: String,
+    pub assignment_id: String,
+    pub incarnation: String,
+    pub generation: u64,
+    pub kind: Kind,
+    /// Where its upload mark is (`done_marker`).
+    pub marker: PathBuf,
+}
+
+/// Every checkpoint ref this host took in `store` (none if git cannot list them).
+pub(super) fn host_refs(inner: &crate::supervisor::Inner, store: &Path) -> Vec<HostRef> {
+    let Ok(refs) = git(
+        &[
+            "for-each-ref",
+            "--format=%(refname) %(objectname)",
+            "refs/mosaic/checkpoints/",
+        ],
+        Some(store),
+    ) else {
+        return vec![];
+    };
+    refs.lines()
+        .filter_map(|line| {
+            let (r, commit) = line.split_once(' ')?;
+            let (asg, inc, generation, kind) = parse_ref(r)?;
+            Some(HostRef {
+                reference: r.to_string(),
+                commit: commit.to_string(),
+                assignment_id: asg.to_string(),
+                incarnation: inc.to_string(),
+                generation,
+                kind,
+                marker: done_marker(inner, inc, generation, kind, commit),
+            })
+        })
+        .collect()
+}
+
 /// Every checkpoint this host took that is not uploaded (or refused for good) yet.
 fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
     let dir = inner.cfg.state_dir.join("checkpoints");
@@ -133,26 +174,11 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
             continue;
         };
         let store = e.path();
-        let Ok(refs) = git(
-            &[
-                "for-each-ref",
-                "--format=%(refname) %(objectname)",
-                "refs/mosaic/checkpoints/",
-            ],
-            Some(&store),
-        ) else {
-            continue;
-        };
-        for line in refs.lines() {
-            let Some((r, commit)) = line.split_once(' ') else {
-                continue;
-            };
-            let Some((asg, inc, generation, kind)) = parse_ref(r) else {
-                continue;
-            };
-            if done_marker(inner, inc, generation, kind, commit).exists() {
+        for h in host_refs(inner, &store) {
+            if h.marker.exists() {
                 continue;
             }
+            let commit = h.commit.as_str();
             let Ok(tree_id) = git(&["rev-parse", &format!("{commit}^{{tree}}")], Some(&store))
             else {
                 continue;
@@ -165,14 +191,14 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
             .filter(|b| !b.is_empty());
             out.push(Pending {
                 store: store.clone(),
-                reference: r.to_string(),
-                assignment_id: asg.to_string(),
-                lane_incarnation_id: inc.to_string(),
-                generation,
-                kind,
+                reference: h.reference.clone(),
+                assignment_id: h.assignment_id.clone(),
+                lane_incarnation_id: h.incarnation.clone(),
+                generation: h.generation,
+                kind: h.kind,
                 checkpoint: CheckpointRef {
                     repository: repo.clone(),
-                    commit_id: commit.to_string(),
+                    commit_id: h.commit.clone(),
                     tree_id,
                     // What an upload needs is the objects; the inputs were reported with
                     // the checkpoint.
