@@ -819,8 +819,31 @@ fn work_moves_to_another_host_through_the_checkpoint_store() {
             .get(0)
     });
     assert_eq!(restores, 2, "the base and the bundle, each served once");
+    let store1 = w.state_dir(1).join("checkpoints").join("demo.git");
+    let imported = format!("refs/mosaic/restored/{asg}/");
+    assert_ne!(git_dir(&store1, &["for-each-ref", &imported]), "");
     let out = stop(&w, asg.clone());
     assert_eq!(out["state"], "CANCELLED", "{out}");
+    // Done: both hosts release their copies; the other host's imported refs of the work
+    // go with its copy.
+    wait_until("both hosts released their copies", || {
+        let v = w
+            .op(&OperatorRequest::WorkspaceReleases {
+                assignment_id: Some(asg.clone()),
+            })
+            .ok()?;
+        let rows = v.as_array()?;
+        (rows.iter().filter(|r| r["state"] == "released").count() == 2).then_some(())
+    });
+    assert!(!ws1.exists());
+    assert_eq!(git_dir(&store1, &["for-each-ref", &imported]), "");
+    assert_eq!(
+        git_dir(
+            &store1,
+            &["for-each-ref", &format!("refs/mosaic/checkpoints/{asg}/")]
+        ),
+        ""
+    );
 }
 
 /// A checkpoint larger than the store takes stays on its host, says why, and a resume on

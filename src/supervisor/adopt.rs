@@ -70,6 +70,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
         inner.insert_slot(&name, lane)?;
     }
     sweep_harness_areas(inner, &live);
+    super::checkpoints::sweep_temporary_indexes(inner);
     Ok(report)
 }
 

@@ -149,6 +149,26 @@ pub(crate) fn store_of(inner: &Inner, repo: &RepoName) -> Result<PathBuf, String
     Ok(store)
 }
 
+/// Removes the temporary index files a git run on a workspace left in the checkpoint
+/// repositories when the supervisor died under it (`mosaic-index-<id>`, beside the kept
+/// indexes' `mosaic-index/` directory). At start only: no capture runs then.
+pub(crate) fn sweep_temporary_indexes(inner: &Inner) {
+    let Ok(stores) = std::fs::read_dir(inner.cfg.state_dir.join("checkpoints")) else {
+        return;
+    };
+    for store in stores.flatten().filter(|e| e.path().is_dir()) {
+        let Ok(entries) = std::fs::read_dir(store.path()) else {
+            continue;
+        };
+        for e in entries.flatten() {
+            let name = e.file_name();
+            if name.to_string_lossy().starts_with("mosaic-index-") && e.path().is_file() {
+                let _ = std::fs::remove_file(e.path());
+            }
+        }
+    }
+}
+
 /// Makes `store` a bare repository unless it is a directory already.
 pub fn init_store(store: &Path) -> Result<(), String> {
     if !store.is_dir() {

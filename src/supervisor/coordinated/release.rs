@@ -17,7 +17,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-use super::transfer::{done_marker, host_refs, parse_ref, NO_ANSWER, NO_LINK};
+use super::transfer::{done_marker, host_refs, parse_ref, refs_under, NO_ANSWER, NO_LINK};
 use super::*;
 use crate::protocol::messages::{HeldTree, ReleaseStep, ReleaseVerdict, WorkspaceRelease};
 use crate::protocol::schema::MessageType;
@@ -52,6 +52,8 @@ struct Copy {
     stored: Vec<HeldRef>,
     /// Refs not uploaded yet: the copy is not asked about until they are.
     pending: usize,
+    /// Other hosts' checkpoints of the work this host imported to restore it.
+    imported: Vec<HeldRef>,
 }
 
 /// A release allowed and under way: what it removes.
@@ -88,8 +90,9 @@ fn copies(inner: &Inner) -> BTreeMap<String, Copy> {
             }
         }
     }
-    for store in stores(inner) {
-        for h in host_refs(inner, &store) {
+    let stores = stores(inner);
+    for store in &stores {
+        for h in host_refs(inner, store) {
             let copy = out.entry(h.assignment_id.clone()).or_default();
             match std::fs::read_to_string(&h.marker) {
                 Ok(note) if note == "stored" => copy.stored.push(HeldRef {
@@ -100,6 +103,20 @@ fn copies(inner: &Inner) -> BTreeMap<String, Copy> {
                 // Refused for good: this host's copy is the only one; it stays.
                 Ok(_) => {}
                 Err(_) => copy.pending += 1,
+            }
+        }
+    }
+    // Other hosts' checkpoints of the work imported here to restore it: removed with the
+    // copy (the workspace's checkpoint index, which names their objects, goes too), never
+    // a reason to ask on their own.
+    for store in &stores {
+        for h in refs_under(inner, store, "refs/mosaic/restored/") {
+            if let Some(copy) = out.get_mut(&h.assignment_id) {
+                copy.imported.push(HeldRef {
+                    store: store.clone(),
+                    reference: h.reference,
+                    commit: h.commit,
+                });
             }
         }
     }
@@ -310,7 +327,9 @@ impl CoordinatedHost {
         };
         match ans.verdict {
             ReleaseVerdict::Release => {
-                let note = Note { refs: copy.stored };
+                let mut refs = copy.stored;
+                refs.extend(copy.imported);
+                let note = Note { refs };
                 let path = notes_dir(&self.sup.inner).join(a);
                 let bytes = serde_json::to_vec(&note).map_err(|e| e.to_string())?;
                 crate::util::durable::ensure_dir(&notes_dir(&self.sup.inner), 0o700)

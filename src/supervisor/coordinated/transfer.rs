@@ -131,12 +131,18 @@ pub(super) struct HostRef {
 
 /// Every checkpoint ref this host took in `store` (none if git cannot list them).
 pub(super) fn host_refs(inner: &crate::supervisor::Inner, store: &Path) -> Vec<HostRef> {
+    refs_under(inner, store, "refs/mosaic/checkpoints/")
+}
+
+/// Every ref under `prefix` (`refs/mosaic/checkpoints/`: this host's checkpoints;
+/// `refs/mosaic/restored/`: other hosts' it imported to restore), read as a checkpoint ref.
+pub(super) fn refs_under(
+    inner: &crate::supervisor::Inner,
+    store: &Path,
+    prefix: &str,
+) -> Vec<HostRef> {
     let Ok(refs) = git(
-        &[
-            "for-each-ref",
-            "--format=%(refname) %(objectname)",
-            "refs/mosaic/checkpoints/",
-        ],
+        &["for-each-ref", "--format=%(refname) %(objectname)", prefix],
         Some(store),
     ) else {
         return vec![];
