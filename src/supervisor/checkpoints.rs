@@ -153,11 +153,8 @@ pub(crate) fn store_of(inner: &Inner, repo: &RepoName) -> Result<PathBuf, String
 /// repositories when the supervisor died under it (`mosaic-index-<id>`, beside the kept
 /// indexes' `mosaic-index/` directory). At start only: no capture runs then.
 pub(crate) fn sweep_temporary_indexes(inner: &Inner) {
-    let Ok(stores) = std::fs::read_dir(inner.cfg.state_dir.join("checkpoints")) else {
-        return;
-    };
-    for store in stores.flatten().filter(|e| e.path().is_dir()) {
-        let Ok(entries) = std::fs::read_dir(store.path()) else {
+    for (_, store) in stores(inner) {
+        let Ok(entries) = std::fs::read_dir(&store) else {
             continue;
         };
         for e in entries.flatten() {
@@ -167,6 +164,23 @@ pub(crate) fn sweep_temporary_indexes(inner: &Inner) {
             }
         }
     }
+}
+
+/// This host's checkpoint repositories (`<state_dir>/checkpoints/<repo>.git`), with the
+/// repository each is for.
+pub(crate) fn stores(inner: &Inner) -> Vec<(RepoName, PathBuf)> {
+    let Ok(entries) = std::fs::read_dir(inner.cfg.state_dir.join("checkpoints")) else {
+        return vec![];
+    };
+    entries
+        .flatten()
+        .filter(|e| e.path().is_dir())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().to_string();
+            let repo = RepoName::parse(name.strip_suffix(".git")?).ok()?;
+            Some((repo, e.path()))
+        })
+        .collect()
 }
 
 /// Makes `store` a bare repository unless it is a directory already.
@@ -211,13 +225,14 @@ pub fn index_of(store: &Path, assignment_id: &str) -> PathBuf {
 }
 
 /// git on `ws` as files, with the checkpoint repository `store` as its git directory and a
-/// private index — a copy of `keep` when given (written back only when `f` succeeded: a
-/// git killed half-way leaves no lock or torn index behind), else a fresh one — removed
-/// after: the workspace's own `.git` is never consulted.
+/// private index — a copy of `keep` when given (written back, with `write_back`, only when
+/// `f` succeeded: a git killed half-way leaves no lock or torn index behind), else a fresh
+/// one — removed after: the workspace's own `.git` is never consulted.
 fn on_tree<T>(
     store: &Path,
     ws: &Path,
     keep: Option<&Path>,
+    write_back: bool,
     f: impl FnOnce(&dyn Fn(&[&str]) -> Result<String, String>) -> Result<T, String>,
 ) -> Result<T, String> {
     let index = store.join(format!("mosaic-index-{}", uuid::Uuid::new_v4().simple()));
@@ -237,7 +252,7 @@ fn on_tree<T>(
         git_with(&all, Some(ws), &env)
     };
     let out = f(&run);
-    if let (Ok(_), Some(k)) = (&out, keep) {
+    if let (Ok(_), Some(k), true) = (&out, keep, write_back) {
         let kept = k
             .parent()
             .map(|d| crate::util::durable::ensure_dir(d, 0o700))
@@ -264,7 +279,7 @@ pub fn commit_workspace(
     reference: &str,
 ) -> Result<(String, String), String> {
     survey(ws)?;
-    on_tree(store, ws, keep, |run| {
+    on_tree(store, ws, keep, true, |run| {
         run(&["add", "--all", "--", "."])?;
         let tree_id = run(&["write-tree"])?;
         let mut args = vec!["commit-tree", tree_id.as_str(), "-m", message];
@@ -280,10 +295,12 @@ pub fn commit_workspace(
 }
 
 /// The tree every file of `ws` the repository does not ignore makes, as a checkpoint of it
-/// would record it (written into `store`, no ref set). `keep` as in [`on_tree`].
+/// would record it (written into `store`, no ref set). `keep`'s stat data spares reading
+/// unchanged files again; it is never written back (a capture or restore meanwhile keeps
+/// its own).
 pub fn tree_of(store: &Path, ws: &Path, keep: Option<&Path>) -> Result<String, String> {
     survey(ws)?;
-    on_tree(store, ws, keep, |run| {
+    on_tree(store, ws, keep, false, |run| {
         run(&["add", "--all", "--", "."])?;
         run(&["write-tree"])
     })
@@ -322,7 +339,7 @@ pub fn materialize(
         )?;
         git(&["read-tree", base], Some(dir))?;
     }
-    let got = on_tree(store, dir, keep, |run| {
+    let got = on_tree(store, dir, keep, true, |run| {
         run(&["read-tree", tree_id])?;
         // `--index`: the stat data of what it wrote goes into the index, so the check
         // below stats the files instead of reading them again.

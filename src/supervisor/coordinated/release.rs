@@ -21,7 +21,7 @@ use super::transfer::{done_marker, host_refs, parse_ref, refs_under, NO_ANSWER, 
 use super::*;
 use crate::protocol::messages::{HeldTree, ReleaseStep, ReleaseVerdict, WorkspaceRelease};
 use crate::protocol::schema::MessageType;
-use crate::supervisor::checkpoints::{index_of, store_of, tree_of};
+use crate::supervisor::checkpoints::{self, index_of, store_of, tree_of};
 use crate::supervisor::workspaces;
 use crate::supervisor::Inner;
 use crate::util::git::git;
@@ -67,14 +67,9 @@ fn notes_dir(inner: &Inner) -> PathBuf {
 }
 
 fn stores(inner: &Inner) -> Vec<PathBuf> {
-    let dir = inner.cfg.state_dir.join("checkpoints");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return vec![];
-    };
-    entries
-        .flatten()
-        .map(|e| e.path())
-        .filter(|p| p.extension().is_some_and(|x| x == "git") && p.is_dir())
+    checkpoints::stores(inner)
+        .into_iter()
+        .map(|(_, s)| s)
         .collect()
 }
 
@@ -160,19 +155,9 @@ fn held_tree(inner: &Inner, assignment_id: &str) -> Result<HeldTree, String> {
     };
     let store = store_of(inner, &inputs.repository)?;
     let ws = workspaces::dir_of(inner, assignment_id);
-    // A private copy of the workspace's checkpoint index (only what changed is read
-    // again), never written back: a stage restoring the work meanwhile keeps its own.
-    let index = index_of(&store, assignment_id);
-    let copy = store.join(format!(
-        "mosaic-index-release-{}",
-        uuid::Uuid::new_v4().simple()
-    ));
-    if index.is_file() {
-        std::fs::copy(&index, &copy).map_err(|e| format!("copying {}: {e}", index.display()))?;
-    }
-    let tree_id = tree_of(&store, &ws, Some(&copy));
-    let _ = std::fs::remove_file(&copy);
-    let tree_id = tree_id?;
+    // The workspace's checkpoint index spares reading what did not change; it is never
+    // written back (a stage restoring the work meanwhile keeps its own).
+    let tree_id = tree_of(&store, &ws, Some(&index_of(&store, assignment_id)))?;
     Ok(HeldTree {
         tree_id,
         checkpoint_digest: at,

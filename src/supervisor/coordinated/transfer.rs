@@ -17,7 +17,7 @@ use crate::protocol::messages::{
     CheckpointData, CheckpointFetch, CheckpointStored, CheckpointUpload, DataAnswer, ObjectRole,
     StoredVerdict, PART_BYTES,
 };
-use crate::protocol::repo::{base_ref, CheckpointRef, RepoName, StoredObject};
+use crate::protocol::repo::{base_ref, CheckpointRef, StoredObject};
 use crate::supervisor::checkpoints::{
     has_base, has_commit, store_of, Kind, HANDOFF_SUFFIX, REQUEST_SUFFIX,
 };
@@ -166,20 +166,8 @@ pub(super) fn refs_under(
 
 /// Every checkpoint this host took that is not uploaded (or refused for good) yet.
 fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
-    let dir = inner.cfg.state_dir.join("checkpoints");
-    let Ok(entries) = std::fs::read_dir(&dir) else {
-        return vec![];
-    };
     let mut out = vec![];
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().to_string();
-        let Some(repo) = name
-            .strip_suffix(".git")
-            .and_then(|n| RepoName::parse(n).ok())
-        else {
-            continue;
-        };
-        let store = e.path();
+    for (repo, store) in crate::supervisor::checkpoints::stores(inner) {
         for h in host_refs(inner, &store) {
             if h.marker.exists() {
                 continue;
