@@ -319,6 +319,16 @@ fn coordinator_toml(c: &CoordinatorConfig) -> String {
     if let Some(o) = &c.advertise_operator {
         t.push_str(&format!("advertise_operator = {o:?}\n"));
     }
+    t.push_str(
+        "# Whom harness artifacts (session transcripts) are encrypted to: PRINCIPAL=age1…\n\
+         # (`mosaic pki recovery-key --out FILE` makes a pair). None: none is captured.\n",
+    );
+    let list: Vec<String> = c
+        .recovery_recipients
+        .iter()
+        .map(|r| format!("{r:?}"))
+        .collect();
+    t.push_str(&format!("recovery_recipients = [{}]\n", list.join(", ")));
     t
 }
 
@@ -408,6 +418,7 @@ pub fn init_coordinator(o: &InitCoordinator) -> Result<serde_json::Value, Enroll
         metrics_listen: None,
         checkpoint_store_max_bytes: None,
         checkpoint_retention_s: None,
+        recovery_recipients: vec![],
     };
     write_config(&cfg_path, &coordinator_toml(&cfg), o.force, false)?;
     Ok(json!({

@@ -5,7 +5,7 @@
 //! |---|---|
 //! | `spawn=N` | N long-lived descendants, cycling plain child, `setsid`, double-forked, own process group |
 //! | `ignore-term` | SIGTERM is ignored (by the harness and every descendant) |
-//! | `print=TEXT` | prints TEXT |
+//! | `print=TEXT` | prints TEXT, and appends it to its transcript (`$HOME/transcript`, its artifact) |
 //! | `exit=CODE` | exits with CODE once the above are done |
 //! | `exit-after=SECONDS` | exits 0 after SECONDS |
 //! | `crash-after=SECONDS` | calls `abort()` after SECONDS |
@@ -139,6 +139,22 @@ pub fn parse_all<S: AsRef<str>>(words: &[S]) -> Result<Vec<Directive>, Directive
     Ok(out)
 }
 
+/// Appends a line to the harness's transcript (`$HOME/transcript`): what its adapter
+/// exports as its artifact, like a real harness's session file.
+fn keep_transcript(line: &str) {
+    use std::io::Write;
+    if let Some(home) = std::env::var_os("HOME") {
+        let path = std::path::Path::new(&home).join("transcript");
+        if let Ok(mut f) = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)
+        {
+            let _ = writeln!(f, "{line}");
+        }
+    }
+}
+
 /// Runs the fake harness. Returns the process exit code (for `exit=`), or never returns.
 pub fn run(args: Vec<String>) -> i32 {
     if args.first().map(String::as_str) == Some("--probe-version") {
@@ -194,7 +210,10 @@ pub fn run(args: Vec<String>) -> i32 {
     }
     for d in &directives {
         match d {
-            Directive::Print(t) => println!("{t}"),
+            Directive::Print(t) => {
+                println!("{t}");
+                keep_transcript(t);
+            }
             Directive::Spawn(n) => {
                 for i in 0..*n {
                     if let Err(e) = spawn_descendant(i % 4) {

@@ -12,6 +12,7 @@
 //! - [`util`] — durable file writes, hashing, time formatting.
 
 pub mod adapter;
+pub mod artifact_recovery;
 pub mod cgroup;
 pub mod checkpoint_restore;
 pub mod confine;

@@ -508,6 +508,10 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
         "after_sigkill",
         json!({"assignment": a2["state"], "execution_owner": a2["execution_owner"]}),
     );
+    // The harness's own session, sealed from its files at the SIGKILL (the receipt path),
+    // encrypted to `mosaic up`'s recovery identity, in the store: that identity opens it,
+    // and it holds the turn typed into the harness.
+    checks.insert("harness_artifact", artifact_check(&up, &id2));
 
     // 8. An answer that does not bind the challenge (the phrase altered), or binds it but
     //    not the contract (its key left out: what a harness that never got the contract
@@ -608,6 +612,53 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
 /// Quiet means: no hook process, and the supervisor's observations unchanged across half
 /// a second with none in between (a hook forked but not yet exec'd shows the harness's
 /// own name).
+/// The artifact of `assignment`'s generation, recovered with the CLI: where under the
+/// private area its files came from (their first two path components) and whether they
+/// hold the follow-up turn typed into the harness.
+fn artifact_check(up: &Up, assignment: &str) -> Value {
+    let row = wait_for("the artifact stored", common::PATIENCE, || {
+        let v = up
+            .cli(&["checkpoint", "artifacts", "--assignment", assignment])
+            .ok()?;
+        v.as_array()?.iter().find(|r| r["stored"] == true).cloned()
+    });
+    let out = up.dir.with_extension("artifact");
+    let _ = std::fs::remove_dir_all(&out);
+    let identity = mosaic::up::recovery_identity(&up.dir);
+    let got = up
+        .cli(&[
+            "checkpoint",
+            "artifact",
+            row["artifact_digest"].as_str().unwrap(),
+            "--identity",
+            identity.to_str().unwrap(),
+            "--out",
+            out.to_str().unwrap(),
+        ])
+        .unwrap_or_else(|e| panic!("recovering the artifact: {e}"));
+    let files: Vec<String> = got["files"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| f.as_str().unwrap().to_string())
+        .collect();
+    let from: std::collections::BTreeSet<String> = files
+        .iter()
+        .map(|f| f.split('/').take(2).collect::<Vec<_>>().join("/"))
+        .collect();
+    let holds = files.iter().any(|f| {
+        std::fs::read(out.join(f))
+            .is_ok_and(|b| b.windows(23).any(|w| w == b"TASKMARKER-TWO-FOLLOWUP"))
+    });
+    let _ = std::fs::remove_dir_all(&out);
+    json!({
+        "from": from,
+        "holds_the_typed_turn": holds,
+        "classification": row["classification"],
+        "recipients_match": row["recipients_match"],
+    })
+}
+
 fn hooks_done(up: &Up, cg: &Path) {
     let no_hooks = || {
         let c: Vec<String> = common::members(cg).iter().map(|(p, _)| comm(*p)).collect();
@@ -866,6 +917,9 @@ fn run(f: &Family) {
         ("/sigkill_harness/receipt/verified_empty", json!(true)),
         ("/sigkill_tool_child/harness_alive", json!(true)),
         ("/after_sigkill/assignment", json!("RECOVERY")),
+        ("/harness_artifact/holds_the_typed_turn", json!(true)),
+        ("/harness_artifact/classification", json!("sensitive")),
+        ("/harness_artifact/recipients_match", json!(true)),
         // §17 row 76: one settled report per piece of work, none while work remains.
         ("/parity/retry/provider_refused", json!(1)),
         ("/parity/retry/asked_again", json!(true)),

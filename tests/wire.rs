@@ -136,6 +136,9 @@ fn issued(key: &str) -> Issued {
 }
 
 /// One of every message the coordinator sends a host.
+/// A recovery recipient (a public key: nothing secret) for the stage's golden vector.
+const RECOVERY_KEY: &str = "age18h6q9fzgysmtr5vrzcveyhvgmrp538m796xp9ehxwagvtgpncppsyqa9ka";
+
 fn every_to_host() -> Vec<ToHost> {
     let mut lanes = std::collections::BTreeMap::new();
     lanes.insert(
@@ -178,6 +181,10 @@ fn every_to_host() -> Vec<ToHost> {
                     size: 900,
                 }),
             }),
+            artifact_recipients: mosaic::protocol::artifact::parse_recipients(&[format!(
+                "ops={RECOVERY_KEY}"
+            )])
+            .unwrap(),
         }),
         ToHost::Contract(Contract {
             authority: authority(),

@@ -146,6 +146,11 @@ impl Adapter for ClaudeCode {
     fn render_contract(&self, contract: &str) -> String {
         session_start_context(contract)
     }
+
+    // Its transcripts: `$CLAUDE_CONFIG_DIR/projects/<cwd>/<session>.jsonl`.
+    fn artifact_paths(&self) -> &'static [&'static str] {
+        &["home/projects"]
+    }
 }
 
 /// One event of the Claude-style hook protocol (Claude Code, and Codex, which speaks the

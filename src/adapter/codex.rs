@@ -198,6 +198,11 @@ impl Adapter for Codex {
     fn render_contract(&self, contract: &str) -> String {
         super::claude::session_start_context(contract)
     }
+
+    // Its rollouts: `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`.
+    fn artifact_paths(&self) -> &'static [&'static str] {
+        &["home/sessions"]
+    }
 }
 
 #[cfg(test)]

@@ -72,4 +72,9 @@ impl Adapter for Fake {
     fn render_contract(&self, contract: &str) -> String {
         contract.to_string()
     }
+
+    // What it printed (`print=`), kept in its home.
+    fn artifact_paths(&self) -> &'static [&'static str] {
+        &["home/transcript"]
+    }
 }

@@ -196,11 +196,26 @@ pub trait Adapter: Send + Sync {
     fn bootstrap_turn(&self) -> Option<&'static str> {
         None
     }
+    /// Where, under the generation's private area, the harness keeps its own record of its
+    /// session (its transcript, or the state file it keeps it in): what is captured, as its
+    /// sensitive artifact, when the generation ends. Relative paths, a file or a directory
+    /// (taken whole); none may name `..`.
+    fn artifact_paths(&self) -> &'static [&'static str];
     /// The conversation id an event names, for a harness that chooses its own: the first
     /// one seen is bound to the generation.
     fn names_conversation(&self, _event: &str, _payload: &serde_json::Value) -> Option<String> {
         None
     }
+}
+
+/// `family`'s [`Adapter::artifact_paths`], owned (as a generation's record keeps them).
+pub fn artifact_paths_of(family: Family) -> Vec<String> {
+    family
+        .adapter()
+        .artifact_paths()
+        .iter()
+        .map(|p| p.to_string())
+        .collect()
 }
 
 /// Directives refused: a real harness takes its task as the contract.

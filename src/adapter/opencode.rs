@@ -194,6 +194,16 @@ impl Adapter for OpenCode {
     fn render_contract(&self, contract: &str) -> String {
         contract.to_string()
     }
+
+    // Its sessions: the database and its write-ahead log in `$XDG_DATA_HOME/opencode`,
+    // and the storage directory beside them (not its logs, binaries or snapshots).
+    fn artifact_paths(&self) -> &'static [&'static str] {
+        &[
+            "data/opencode/opencode.db",
+            "data/opencode/opencode.db-wal",
+            "data/opencode/storage",
+        ]
+    }
 }
 
 #[cfg(test)]

@@ -138,6 +138,11 @@ impl Adapter for Pi {
     fn render_contract(&self, contract: &str) -> String {
         contract.to_string()
     }
+
+    // Its JSONL sessions live in the agent directory (`PI_CODING_AGENT_DIR`).
+    fn artifact_paths(&self) -> &'static [&'static str] {
+        &["agent/sessions"]
+    }
 }
 
 #[cfg(test)]

@@ -46,19 +46,35 @@ impl Store {
             && m.offset % PART_BYTES as u64 == 0
             && m.data.len() as u64 == (m.object_size - m.offset).min(PART_BYTES as u64)
             && m.object_digest.len() == 71
-            && (m.role == ObjectRole::Bundle) == m.base_commit_id.is_none()
+            && (m.role == ObjectRole::Base) == m.base_commit_id.is_some()
+            && (m.role != ObjectRole::Artifact || m.object_digest == m.checkpoint_digest)
             && m.base_commit_id.as_deref().is_none_or(object_id_ok);
         if !part_ok {
             return Ok((refused("bad-input"), 0));
         }
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
+        // What the object is for: a checkpoint's slot, or a generation's artifact.
+        let owner = if m.role == ObjectRole::Artifact {
+            "SELECT host_id, assignment_id, artifact_digest AS checkpoint_digest, object AS slot \
+             FROM harness_artifacts WHERE lane_incarnation_id = $1 AND generation = $2 AND artifact_digest = $3 FOR UPDATE"
+        } else if m.role == ObjectRole::Bundle {
+            "SELECT host_id, assignment_id, checkpoint_digest, bundle_object AS slot \
+             FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $3 \
+             ORDER BY purpose LIMIT 1 FOR UPDATE"
+        } else {
+            "SELECT host_id, assignment_id, checkpoint_digest, base_object AS slot \
+             FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $3 \
+             ORDER BY purpose LIMIT 1 FOR UPDATE"
+        };
         let Some(row) = tx
             .query_opt(
-                "SELECT host_id, assignment_id, checkpoint_digest, bundle_object, base_object \
-                 FROM checkpoints WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $3 \
-                 ORDER BY purpose LIMIT 1 FOR UPDATE",
-                &[&m.lane_incarnation_id, &(m.generation as i64), &m.checkpoint_digest],
+                owner,
+                &[
+                    &m.lane_incarnation_id,
+                    &(m.generation as i64),
+                    &m.checkpoint_digest,
+                ],
             )
             .await?
         else {
@@ -91,10 +107,7 @@ impl Store {
         }
         // One object per role: a checkpoint whose slot is filled has its object (an upload
         // made again after a crash bundles the same commit into other bytes).
-        let slot: Option<String> = row.col(match m.role {
-            ObjectRole::Bundle => "bundle_object",
-            ObjectRole::Base => "base_object",
-        })?;
+        let slot: Option<String> = row.col("slot")?;
         if let Some(have) = slot {
             let size: i64 = tx
                 .query_one(
@@ -105,15 +118,17 @@ impl Store {
                 .col("size")?;
             // A generation that ended on its handoff's checkpoint has two records of it:
             // both name what either has.
-            tx.execute(
-                SHARE_OBJECTS,
-                &[
-                    &m.lane_incarnation_id,
-                    &(m.generation as i64),
-                    &m.checkpoint_digest,
-                ],
-            )
-            .await?;
+            if m.role != ObjectRole::Artifact {
+                tx.execute(
+                    SHARE_OBJECTS,
+                    &[
+                        &m.lane_incarnation_id,
+                        &(m.generation as i64),
+                        &m.checkpoint_digest,
+                    ],
+                )
+                .await?;
+            }
             tx.commit().await?;
             return Ok((StoredVerdict::Stored, size as u64));
         }
@@ -260,6 +275,14 @@ impl Store {
                 tx.execute(
                     "UPDATE checkpoints SET bundle_object = coalesce(bundle_object, $3), transfer_error = NULL \
                      WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $4",
+                    &[&m.lane_incarnation_id, &(m.generation as i64), &m.object_digest, &m.checkpoint_digest],
+                )
+                .await?
+            }
+            ObjectRole::Artifact => {
+                tx.execute(
+                    "UPDATE harness_artifacts SET object = coalesce(object, $3), transfer_error = NULL \
+                     WHERE lane_incarnation_id = $1 AND generation = $2 AND artifact_digest = $4",
                     &[&m.lane_incarnation_id, &(m.generation as i64), &m.object_digest, &m.checkpoint_digest],
                 )
                 .await?
@@ -510,7 +533,11 @@ async fn transfer_error(
     why: &str,
 ) -> Result<(), AuthorityError> {
     tx.execute(
-        "UPDATE checkpoints SET transfer_error = $3 WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $4",
+        if m.role == ObjectRole::Artifact {
+            "UPDATE harness_artifacts SET transfer_error = $3 WHERE lane_incarnation_id = $1 AND generation = $2 AND artifact_digest = $4"
+        } else {
+            "UPDATE checkpoints SET transfer_error = $3 WHERE lane_incarnation_id = $1 AND generation = $2 AND checkpoint_digest = $4"
+        },
         &[&m.lane_incarnation_id, &(m.generation as i64), &why, &m.checkpoint_digest],
     )
     .await?;

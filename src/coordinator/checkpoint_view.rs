@@ -249,6 +249,7 @@ impl Store {
 pub const READ_PARTS: i32 = 20;
 
 const READ_OP: &str = "checkpoint-read";
+const ARTIFACT_READ_OP: &str = "artifact-read";
 
 impl Store {
     /// Bytes of object `object` of the stored checkpoint `digest`, for an operator's
@@ -265,36 +266,84 @@ impl Store {
         who: &str,
     ) -> Result<serde_json::Value, AuthorityError> {
         use crate::protocol::messages::PART_BYTES;
-        use base64::Engine as _;
-        let part_bytes = PART_BYTES as u64;
         let is = crate::protocol::envelope::is_digest;
-        if !is(digest) || !is(object) || offset % part_bytes != 0 {
+        if !is(digest) || !is(object) || offset % PART_BYTES as u64 != 0 {
             return Err(reject(
                 READ_OP,
                 Category::BadInput,
                 "a checkpoint and an object are each sha256: and 64 lowercase hex digits; an offset is a whole number of parts",
             ));
         }
-        let c = self.pool.get().await?;
-        let Some(r) = c
-            .query_opt(
-                "SELECT o.size, o.stored_at IS NOT NULL AS stored FROM checkpoints ck \
-                 JOIN checkpoint_objects o ON o.object_digest = $2 \
-                 WHERE ck.checkpoint_digest = $1 AND (ck.bundle_object = $2 OR ck.base_object = $2) LIMIT 1",
-                &[&digest, &object],
-            )
-            .await?
-        else {
+        self.read_stored(
+            READ_OP,
+            "SELECT o.size, o.stored_at IS NOT NULL AS stored FROM checkpoints ck \
+             JOIN checkpoint_objects o ON o.object_digest = $2 \
+             WHERE ck.checkpoint_digest = $1 AND (ck.bundle_object = $2 OR ck.base_object = $2) LIMIT 1",
+            digest,
+            object,
+            offset,
+            who,
+        )
+        .await
+    }
+
+    /// Bytes of stored harness artifact `digest` (encrypted: the operator's identity opens
+    /// it), from `offset`, for `mosaic checkpoint artifact`; like a checkpoint's object
+    /// (verified from its start, each read recorded before the answer).
+    pub async fn artifact_read(
+        &self,
+        digest: &str,
+        offset: u64,
+        who: &str,
+    ) -> Result<serde_json::Value, AuthorityError> {
+        use crate::protocol::messages::PART_BYTES;
+        if !crate::protocol::envelope::is_digest(digest) || offset % PART_BYTES as u64 != 0 {
             return Err(reject(
-                READ_OP,
+                ARTIFACT_READ_OP,
+                Category::BadInput,
+                "an artifact is sha256: and 64 lowercase hex digits; an offset is a whole number of parts",
+            ));
+        }
+        self.read_stored(
+            ARTIFACT_READ_OP,
+            "SELECT o.size, o.stored_at IS NOT NULL AS stored FROM harness_artifacts a \
+             JOIN checkpoint_objects o ON o.object_digest = a.object \
+             WHERE a.artifact_digest = $1 AND a.object = $2 LIMIT 1",
+            digest,
+            digest,
+            offset,
+            who,
+        )
+        .await
+    }
+
+    /// Serves `object` of `digest` (a checkpoint's or an artifact's, found by `lookup`:
+    /// `$1` the digest, `$2` the object; answering its size and whether it is whole).
+    #[allow(clippy::too_many_arguments)]
+    async fn read_stored(
+        &self,
+        op: &'static str,
+        lookup: &str,
+        digest: &str,
+        object: &str,
+        offset: u64,
+        who: &str,
+    ) -> Result<serde_json::Value, AuthorityError> {
+        use crate::protocol::messages::PART_BYTES;
+        use base64::Engine as _;
+        let part_bytes = PART_BYTES as u64;
+        let c = self.pool.get().await?;
+        let Some(r) = c.query_opt(lookup, &[&digest, &object]).await? else {
+            return Err(reject(
+                op,
                 Category::NotFound,
-                format!("checkpoint {digest} names no stored object {object}"),
+                format!("{digest} names no stored object {object}"),
             ));
         };
         let size: i64 = r.col("size")?;
         if !r.col::<bool>("stored")? {
             return Err(reject(
-                READ_OP,
+                op,
                 Category::WrongState,
                 format!("object {object} is not whole in the store yet"),
             ));
@@ -302,7 +351,7 @@ impl Store {
         let size = size as u64;
         if offset >= size {
             return Err(reject(
-                READ_OP,
+                op,
                 Category::BadInput,
                 format!("offset {offset} is past the object's {size} bytes"),
             ));
@@ -310,14 +359,14 @@ impl Store {
         let corrupt = || {
             let why = format!("corrupt: stored object {object} does not hash to its address");
             self.auditor().record(
-                READ_OP,
+                op,
                 Category::Conflict,
                 None,
                 None,
                 None,
                 &format!("{why}: not served"),
             );
-            reject(READ_OP, Category::Conflict, why)
+            reject(op, Category::Conflict, why)
         };
         if offset == 0 {
             if !super::checkpoint_store::whole_matches(&c, object).await? {
@@ -348,7 +397,7 @@ impl Store {
         if rows.len() != want {
             return Err(corrupt());
         }
-        self.record_read(READ_OP, digest, Some((object, offset)), who)
+        self.record_read(op, digest, Some((object, offset)), who)
             .await?;
         Ok(serde_json::json!({
             "object_digest": object,
@@ -374,10 +423,16 @@ impl Store {
             Some((o, at)) => (Some(o), Some(at as i64)),
             None => (None, None),
         };
+        // An artifact's read names the artifact's digest (its work is the artifact's).
         let n = c
             .execute(
-                "INSERT INTO checkpoint_reads (what, checkpoint_digest, object_digest, byte_offset, assignment_id, reader) \
-                 SELECT $1, $2, $3, $4, assignment_id, $5 FROM checkpoints WHERE checkpoint_digest = $2 LIMIT 1",
+                if what == ARTIFACT_READ_OP {
+                    "INSERT INTO checkpoint_reads (what, checkpoint_digest, object_digest, byte_offset, assignment_id, reader) \
+                     SELECT $1, $2, $3, $4, assignment_id, $5 FROM harness_artifacts WHERE artifact_digest = $2 LIMIT 1"
+                } else {
+                    "INSERT INTO checkpoint_reads (what, checkpoint_digest, object_digest, byte_offset, assignment_id, reader) \
+                     SELECT $1, $2, $3, $4, assignment_id, $5 FROM checkpoints WHERE checkpoint_digest = $2 LIMIT 1"
+                },
                 &[&what, &digest, &object, &offset, &who],
             )
             .await?;

@@ -19,6 +19,7 @@
 //! `service/` (the daemon around them).
 
 pub mod activation;
+pub mod artifacts;
 pub mod audit;
 mod cas;
 pub mod chain;

@@ -41,6 +41,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0023_workspace_releases.sql"),
     include_str!("../../migrations/0024_checkpoint_reads.sql"),
     include_str!("../../migrations/0025_restore_binding.sql"),
+    include_str!("../../migrations/0026_harness_artifacts.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -10,6 +10,7 @@
 //!
 //! This is the only module both sides share.
 
+pub mod artifact;
 pub mod canonical;
 pub mod effects;
 pub mod envelope;

@@ -71,6 +71,7 @@ pub(crate) async fn recover(inner: &Arc<Inner>) -> Result<RecoveryReport, Superv
     }
     sweep_harness_areas(inner, &live);
     super::checkpoints::sweep_temporary_indexes(inner);
+    super::artifacts::sweep(inner);
     Ok(report)
 }
 

@@ -431,9 +431,7 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
     }
     w.gateway = None;
     let cleanup = cleanup_cgroup(&w.inner, w.rec.cgroup.clone()).await;
-    if cleanup.verified_empty {
-        remove_harness_dir(&w.inner, &w.rec.lane_incarnation_id, w.rec.generation);
-    }
+    let verified_empty = cleanup.verified_empty;
     let mut quarantine = cleanup.error.clone().map(|e| {
         format!(
             "cleanup of generation {} was not verified: {e}",
@@ -452,6 +450,10 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
     let mut r = build_receipt(
         &w.inner, &w.rec, source, reason, exit, stop, cleanup, detail,
     );
+    // Its private area only now: its artifact was sealed from it.
+    if verified_empty {
+        remove_harness_dir(&w.inner, &w.rec.lane_incarnation_id, w.rec.generation);
+    }
     r.unfinished_status =
         !(reason == TerminationReason::Quit && r.stop.is_none() && r.exit_code == Some(0));
     // The receipt, then the record as ended; what cannot be written now is held and
@@ -613,24 +615,37 @@ pub(crate) fn build_receipt(
     // Work in a repository: its workspace checkpointed now that nothing of the generation
     // is left to write it (only then: a checkpoint of a tree still changing is no fact).
     let mut detail = detail;
+    let mut note = |what: &str, e: &str| {
+        detail = Some(match detail.take() {
+            Some(d) => format!("{d}; no {what}: {e}"),
+            None => format!("no {what}: {e}"),
+        });
+    };
+    // The harness's session, sealed from its private area (still there: it is removed
+    // after this) once nothing of the generation can write it.
+    let harness_artifact = if cleanup.verified_empty {
+        match blocking(|| super::artifacts::seal(inner, rec)) {
+            Some(Ok(a)) => Some(a),
+            Some(Err(e)) => {
+                tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,
+                    "cannot capture the harness's artifact; its receipt says so");
+                note("harness artifact", &e);
+                None
+            }
+            None => None,
+        }
+    } else {
+        None
+    };
     let checkpoint = if cleanup.verified_empty {
         // git runs here (bounded by its deadline): off the runtime's worker if on one.
-        let take = || super::checkpoints::checkpoint(inner, rec);
-        let taken = match tokio::runtime::Handle::try_current() {
-            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
-                tokio::task::block_in_place(take)
-            }
-            _ => take(),
-        };
+        let taken = blocking(|| super::checkpoints::checkpoint(inner, rec));
         match taken {
             Some(Ok(c)) => Some(c),
             Some(Err(e)) => {
                 tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,
                     "cannot checkpoint the generation's workspace; its receipt says so");
-                detail = Some(match detail {
-                    Some(d) => format!("{d}; no checkpoint: {e}"),
-                    None => format!("no checkpoint: {e}"),
-                });
+                note("checkpoint", &e);
                 None
             }
             None => None,
@@ -668,11 +683,23 @@ pub(crate) fn build_receipt(
         next_action_digest: None,
         checkpoint_digest: checkpoint.as_ref().map(|c| c.digest()),
         checkpoint,
+        harness_artifact,
         handoff_state_digest: None,
         last_validated_progress_at: None,
         last_progress_receipt_digest: None,
         detail,
         effects: inner.broker.unrecorded(&rec.lane_id, rec.generation),
+    }
+}
+
+/// Runs blocking work (git, file capture) off the runtime's worker when on a multi-thread
+/// runtime.
+fn blocking<T>(f: impl FnOnce() -> T) -> T {
+    match tokio::runtime::Handle::try_current() {
+        Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+            tokio::task::block_in_place(f)
+        }
+        _ => f(),
     }
 }
 

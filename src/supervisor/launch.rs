@@ -268,6 +268,7 @@ pub(crate) async fn launch(
         handoff_checkpoint: None,
         requested_checkpoints: 0,
         requested_checkpoint_at: None,
+        artifact_paths: crate::adapter::artifact_paths_of(plan.family),
         uid: if inner.cfg.confined(&lane.lane) {
             lane.uid
         } else {
@@ -648,9 +649,7 @@ impl Launching {
         self.link = None;
         let _ = std::fs::remove_file(&self.nonce_file);
         let cleanup = cleanup_cgroup(&inner, self.cg.path().to_path_buf()).await;
-        if cleanup.verified_empty {
-            remove_harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
-        }
+        let verified_empty = cleanup.verified_empty;
         let mut quarantine = cleanup.error.clone().map(|e| {
             format!(
                 "cleanup of generation {} after a failed launch was not verified: {e}",
@@ -670,6 +669,10 @@ impl Launching {
                 self.stage.as_str()
             )),
         );
+        // Its private area only now: its artifact was sealed from it.
+        if verified_empty {
+            remove_harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
+        }
         if let Some(why) = super::unwritten::settle_end(&inner, &r, &self.rec) {
             quarantine.get_or_insert(why);
         }

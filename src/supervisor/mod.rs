@@ -60,6 +60,7 @@ use outbox::{Outbox, OutboxError};
 use receipt::{StopCause, TerminationReceipt};
 use state::{GenRecord, LaneRecord, LaneStatus, Store};
 
+pub(crate) mod artifacts;
 pub mod checkpoints;
 mod daemon;
 mod decommission;

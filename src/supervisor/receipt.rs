@@ -113,6 +113,11 @@ pub struct TerminationReceipt {
     /// What `checkpoint_digest` is the address of (work in a repository).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub checkpoint: Option<crate::protocol::repo::CheckpointRef>,
+    /// The harness's own session, as its adapter exports it, captured once the
+    /// generation's cgroup was verified empty: encrypted to the recovery recipients its
+    /// stage named (never stored in the clear), uploaded to the coordinator's store.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub harness_artifact: Option<crate::protocol::artifact::ArtifactRef>,
     pub handoff_state_digest: Option<String>,
     pub last_validated_progress_at: Option<String>,
     pub last_progress_receipt_digest: Option<String>,
@@ -184,6 +189,7 @@ pub fn never_started(
         written_at: now,
         unfinished_status: true,
         next_action_digest: None,
+        harness_artifact: None,
         checkpoint_digest: None,
         checkpoint: None,
         handoff_state_digest: None,

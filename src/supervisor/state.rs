@@ -79,6 +79,10 @@ pub struct CoordBinding {
     /// restarted supervisor can serve the harness's lane socket again and sign its reports.
     #[serde(default)]
     pub chain_fields: Option<serde_json::Value>,
+    /// Whom its harness's artifact is encrypted to (`PRINCIPAL=age1…`, as its stage
+    /// named them); none: no artifact is captured (it is never kept in the clear).
+    #[serde(default)]
+    pub artifact_recipients: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -136,6 +140,10 @@ pub struct GenRecord {
     /// When the last of them was taken (unix seconds): they are spaced.
     #[serde(default)]
     pub requested_checkpoint_at: Option<u64>,
+    /// Where its harness keeps its session under its private area (its adapter's
+    /// `artifact_paths`, fixed at launch): captured as its artifact at its end.
+    #[serde(default)]
+    pub artifact_paths: Vec<String>,
 }
 
 /// A checkpoint taken for a handoff of a generation's work.

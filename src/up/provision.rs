@@ -21,6 +21,12 @@ pub(super) fn write_secret_file(path: &std::path::Path) -> Result<(), UpError> {
         .map_err(|e| UpError::Usage(e.to_string()))
 }
 
+/// Where `mosaic up` keeps the local operator's recovery identity (decrypts harness
+/// artifacts: `mosaic checkpoint artifact DIGEST --identity <this>`).
+pub fn recovery_identity(dir: &std::path::Path) -> PathBuf {
+    dir.join("keys").join("recovery-identity.txt")
+}
+
 /// Makes (once) the PKI, the signing keys, the coordinator secret and the trust registry
 /// for one coordinator (`coordinator:main`) and the given hosts, under `dir`. Each host
 /// has its own certificate and its own session and ordinary keys; the coordinator's keys
@@ -63,6 +69,9 @@ pub fn provision(
             write_secret_file(&keys.join(format!("host-{h}-{purpose}")))?;
         }
     }
+    // The local operator's recovery identity: harness artifacts are encrypted to it.
+    let recovery = crate::artifact_recovery::recovery_key(&recovery_identity(dir), true)
+        .map_err(|e| usage(&e))?;
     let coordinator = "coordinator:main".to_string();
     let hosts: Vec<String> = host_ids.iter().map(|h| format!("host:{h}")).collect();
     let domain = "mosaic.local".to_string();
@@ -164,6 +173,7 @@ pub fn provision(
             metrics_listen: None,
             checkpoint_store_max_bytes: None,
             checkpoint_retention_s: None,
+            recovery_recipients: vec![format!("operator:local={recovery}")],
         },
         links,
     })

@@ -45,6 +45,9 @@ pub struct Spec {
     pub supervisor_top: String,
     /// Appended to every coordinator's config (`checkpoint_store_max_bytes = …`).
     pub coordinator_extra: String,
+    /// Harness artifacts encrypted to the world's recovery identity (`mosaic up`'s
+    /// default); `false`: no `recovery_recipients`, so none is captured.
+    pub recovery: bool,
 }
 
 impl Default for Spec {
@@ -63,6 +66,7 @@ impl Default for Spec {
             supervisor_extra: String::new(),
             supervisor_top: String::new(),
             coordinator_extra: String::new(),
+            recovery: true,
         }
     }
 }
@@ -158,6 +162,14 @@ impl World {
         if let (0, Some(a)) = (i, &self.operator_addr) {
             extra.push_str(&format!("operator_listen = {a:?}\n"));
         }
+        if s.recovery {
+            let list: Vec<String> = c
+                .recovery_recipients
+                .iter()
+                .map(|r| format!("{r:?}"))
+                .collect();
+            extra.push_str(&format!("recovery_recipients = [{}]\n", list.join(", ")));
+        }
         extra.push_str(&s.coordinator_extra);
         std::fs::write(
             self.coordinator_config(i),
@@ -208,6 +220,11 @@ impl World {
     }
 
     /// Coordinator `i`'s own state directory (its audit spool).
+    /// The recovery identity harness artifacts are encrypted to (`mosaic up`'s).
+    pub fn recovery_identity(&self) -> PathBuf {
+        mosaic::up::recovery_identity(&self.dir)
+    }
+
     pub fn coordinator_state_dir(&self, i: usize) -> PathBuf {
         self.dir.join(format!("coordinator-{i}-state"))
     }

@@ -554,6 +554,13 @@ pub(crate) enum LaneOp {
 
 #[derive(Subcommand)]
 pub(crate) enum PkiOp {
+    /// Make a recovery identity (an age X25519 key pair) at --out (mode 0600, never
+    /// overwritten) and print its public recipient, for the coordinator's
+    /// `recovery_recipients`: harness artifacts are encrypted to it.
+    RecoveryKey {
+        #[arg(long)]
+        out: PathBuf,
+    },
     /// Create the CA (ca.pem, ca-key.pem) in DIR.
     Init {
         #[arg(long)]

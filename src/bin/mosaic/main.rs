@@ -310,6 +310,23 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             op: CheckpointOp::Releases { assignment_id, at },
         } => at.call(OperatorRequest::WorkspaceReleases { assignment_id }),
         Cmd::Checkpoint {
+            op: CheckpointOp::Artifacts { assignment_id, at },
+        } => at.call(OperatorRequest::Artifacts { assignment_id }),
+        Cmd::Checkpoint {
+            op:
+                CheckpointOp::Artifact {
+                    artifact_digest,
+                    identity,
+                    out,
+                    at,
+                },
+        } => at.print(mosaic::artifact_recovery::recover(
+            &at.targets()?,
+            &artifact_digest,
+            &identity,
+            &out,
+        )),
+        Cmd::Checkpoint {
             op: CheckpointOp::RevokeGrant { grant_id, at },
         } => at.call(OperatorRequest::CheckpointGrantRevoke {
             grant_id,
@@ -631,6 +648,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Pki { op } => {
             use mosaic::pki::{self, Kind};
             let (issued, what) = match op {
+                PkiOp::RecoveryKey { out } => {
+                    if out.symlink_metadata().is_ok() {
+                        anyhow::bail!(
+                            "{} exists: a recovery identity is never overwritten",
+                            out.display()
+                        );
+                    }
+                    let recipient = mosaic::artifact_recovery::recovery_key(&out, true)
+                        .map_err(anyhow::Error::msg)?;
+                    println!(
+                        "recovery identity {} (keep it secret); add to the coordinator's recovery_recipients: \"PRINCIPAL={recipient}\"",
+                        out.display()
+                    );
+                    return Ok(ExitCode::SUCCESS);
+                }
                 PkiOp::Init { dir, force } => {
                     let ca = pki::init(&dir, force)?;
                     println!("CA certificate {}", ca.display());

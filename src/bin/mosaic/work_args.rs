@@ -84,6 +84,28 @@ pub(crate) enum CheckpointOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// Harness artifacts (each generation's session transcript, encrypted to the
+    /// coordinator's `recovery_recipients`): digests, whom they are encrypted to, whether
+    /// the store holds them.
+    Artifacts {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Recover a harness artifact: read from the store (each read recorded), checked
+    /// against its digest, decrypted with your recovery identity (`--identity FILE`, made
+    /// by `mosaic pki recovery-key`; `mosaic up` keeps one in its keys directory) and
+    /// unpacked into `--out DIR` (which must not exist).
+    Artifact {
+        artifact_digest: String,
+        #[arg(long)]
+        identity: std::path::PathBuf,
+        #[arg(long)]
+        out: std::path::PathBuf,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// Revoke a grant its target has not consumed yet.
     RevokeGrant {
         grant_id: String,

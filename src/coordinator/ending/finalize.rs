@@ -95,7 +95,12 @@ pub(super) async fn insert_receipt(
         &[&key, &lane_id, &inc, &generation, &body_text, &body_digest, &verified, &epoch, &rec.label(), &reservation, &assignment, &attempt, &resp, &exec],
     )
     .await?;
-    record_checkpoint(d, key, inc, generation, body_text, assignment, attempt).await
+    record_checkpoint(d, key, inc, generation, body_text, assignment, attempt).await?;
+    let body: serde_json::Value = serde_json::from_str(body_text).unwrap_or_default();
+    crate::coordinator::artifacts::record_artifact(
+        d, key, inc, generation, &body, assignment, attempt,
+    )
+    .await
 }
 
 /// The checkpoint a receipt carries, if it is one the coordinator records: well formed,

@@ -78,6 +78,12 @@ pub struct CoordinatorConfig {
     /// (`mosaic checkpoint delete`). Recorded on each checkpoint as its policy's digest.
     #[serde(default)]
     pub checkpoint_retention_s: Option<u64>,
+    /// The principals allowed to recover a harness's artifact (its session transcript),
+    /// each `PRINCIPAL=age1…` (an age X25519 public key; `mosaic pki recovery-key` makes a
+    /// pair). Every generation's artifact is encrypted to these; none: no artifact is
+    /// captured (a transcript is never kept in the clear).
+    #[serde(default)]
+    pub recovery_recipients: Vec<String>,
 }
 
 /// The timing settings the running service uses, with their defaults applied.

@@ -325,6 +325,7 @@ impl Service {
             ),
             repository: c.repository.clone(),
             restore,
+            artifact_recipients: self.recipients.clone(),
         };
         self.sign_push(&c.host_id, ToHost::Stage(m))
     }

@@ -50,6 +50,9 @@ use crate::protocol::{Signer, TrustRegistry};
 pub struct Service {
     pub store: Store,
     timing: Timing,
+    /// Whom harness artifacts are encrypted to (`recovery_recipients`): sent with every
+    /// stage.
+    recipients: Vec<crate::protocol::artifact::Recipient>,
     leadership: leadership::Leadership,
     /// The registry every host envelope is verified with: the file, reloaded when it
     /// changes, with the database's revocations applied (`trust`).
@@ -98,6 +101,11 @@ impl Service {
             crate::coordinator::retention::RetentionPolicy::configured(cfg.checkpoint_retention_s)
                 .map_err(|p| ServiceError::Invalid { problems: vec![p] })?;
         store.register_retention(&retention).await?;
+        let recipients = crate::protocol::artifact::parse_recipients(&cfg.recovery_recipients)
+            .map_err(|e| ServiceError::Invalid {
+                problems: vec![format!("recovery_recipients: {e}")],
+            })?;
+        store.register_recipients(&recipients).await?;
         let principal = format!("coordinator:{}", cfg.name);
         let (session_seed, ordinary_seed) =
             (read_seed(&cfg.session_key)?, read_seed(&cfg.ordinary_key)?);
@@ -172,6 +180,7 @@ impl Service {
             )),
             store,
             timing,
+            recipients,
             leadership: leadership::Leadership::new(),
             registry,
             trust,
@@ -441,6 +450,9 @@ pub fn preflight(cfg: &CoordinatorConfig) -> Result<(), ServiceError> {
         if let Err(e) = std::fs::metadata(p) {
             problems.push(format!("{what} {}: {e}", p.display()));
         }
+    }
+    if let Err(e) = crate::protocol::artifact::parse_recipients(&cfg.recovery_recipients) {
+        problems.push(format!("recovery_recipients: {e}"));
     }
     match std::fs::read_to_string(&cfg.trust_registry) {
         Ok(t) => {

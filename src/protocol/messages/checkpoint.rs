@@ -20,6 +20,9 @@ pub enum ObjectRole {
     Base,
     /// The checkpoint's own bundle (its commit, with the base as its prerequisite).
     Bundle,
+    /// A generation's harness artifact (encrypted): `checkpoint_digest` and
+    /// `object_digest` are both its digest (it is its own content address).
+    Artifact,
 }
 
 impl ObjectRole {
@@ -27,6 +30,7 @@ impl ObjectRole {
         match self {
             Self::Base => "base",
             Self::Bundle => "bundle",
+            Self::Artifact => "artifact",
         }
     }
 }
@@ -172,6 +176,7 @@ impl CheckpointUpload {
         let role = match f.str("role")?.as_str() {
             "base" => ObjectRole::Base,
             "bundle" => ObjectRole::Bundle,
+            "artifact" => ObjectRole::Artifact,
             other => return Err(f.unknown("role", other)),
         };
         Ok(Self {

@@ -55,6 +55,9 @@ pub struct Stage {
     pub repository: Option<crate::protocol::repo::RepoBinding>,
     /// The checkpoint the workspace is restored from, when the assignment has one.
     pub restore: Option<crate::protocol::repo::RestorePoint>,
+    /// Whom the harness's artifact (its session, as its adapter exports it) is encrypted
+    /// to at the generation's end; empty: none is captured (never kept in the clear).
+    pub artifact_recipients: Vec<crate::protocol::artifact::Recipient>,
 }
 
 /// `contract`: the task and the digests the harness must take.
@@ -363,6 +366,10 @@ impl ToHost {
                 if let Some(r) = &m.restore {
                     super::checkpoint::restore_fields(&mut f, r);
                 }
+                if !m.artifact_recipients.is_empty() {
+                    let list = m.artifact_recipients.iter().map(|r| s(&r.to_string()));
+                    f.push(("artifact_recipients", Value::Array(list.collect())));
+                }
             }
             Self::Contract(m) => {
                 authority(&mut f, &m.authority);
@@ -489,6 +496,10 @@ impl ToHost {
                 issued: f.issued()?,
                 repository: f.repository()?,
                 restore: f.restore()?,
+                artifact_recipients: crate::protocol::artifact::parse_recipients(
+                    &f.str_list("artifact_recipients"),
+                )
+                .map_err(|e| f.unknown("artifact_recipients", &e.to_string()))?,
             }),
             MessageType::Contract => Self::Contract(Contract {
                 authority: f.authority()?,

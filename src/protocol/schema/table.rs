@@ -177,7 +177,10 @@ pub static SCHEMAS: [Schema; 38] = [
             // The repository's setup, when it has one: `setup_timeout_s` with either list.
             ("setup_copy", StrList),
             ("setup_commands", StrList),
-            ("setup_timeout_s", Uint)
+            ("setup_timeout_s", Uint),
+            // Whom the harness's artifact is encrypted to (`PRINCIPAL=age1…`); absent:
+            // none is captured.
+            ("artifact_recipients", StrList)
         ],
         [PRE_CONTRACT]
     ),

@@ -338,6 +338,7 @@ impl CoordinatedHost {
     }
 }
 
+mod artifact_upload;
 mod checks;
 mod continuations;
 mod effects;

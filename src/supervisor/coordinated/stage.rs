@@ -50,6 +50,11 @@ impl CoordinatedHost {
             chain_fields: None,
             repository: stage.repository.clone(),
             restore: stage.restore.clone().map(Box::new),
+            artifact_recipients: stage
+                .artifact_recipients
+                .iter()
+                .map(|r| r.to_string())
+                .collect(),
         };
         let session = GenSession::new();
         // A workspace restored from a checkpoint another host took: its objects first.

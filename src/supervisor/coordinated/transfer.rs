@@ -206,9 +206,18 @@ fn pending(inner: &crate::supervisor::Inner) -> Vec<Pending> {
 }
 
 /// How one object's upload ended.
-enum Uploaded {
+pub(super) enum Uploaded {
     Stored,
     Refused(String),
+}
+
+/// Whose object an upload is: the checkpoint (or artifact) the coordinator names it for.
+pub(super) struct UploadHead {
+    pub assignment_id: String,
+    pub lane_incarnation_id: String,
+    pub generation: u64,
+    pub checkpoint_digest: String,
+    pub base_commit_id: Option<String>,
 }
 
 impl CoordinatedHost {
@@ -300,6 +309,8 @@ impl CoordinatedHost {
                     }
                 }
             }
+            // Harness artifacts: each once, then gone from here.
+            this.artifact_round(&mut failures).await;
             // Copies of done work, once everything of theirs is uploaded.
             this.release_round(&mut releases).await;
         }
@@ -479,7 +490,16 @@ impl CoordinatedHost {
         .await
         .map_err(|e| e.to_string())?;
         let out = match made {
-            Ok((digest, size)) => self.send_object(p, role, &file, &digest, size).await,
+            Ok((digest, size)) => {
+                let head = UploadHead {
+                    assignment_id: p.assignment_id.clone(),
+                    lane_incarnation_id: p.lane_incarnation_id.clone(),
+                    generation: p.generation,
+                    checkpoint_digest: p.checkpoint.digest(),
+                    base_commit_id: p.base_commit_id.clone(),
+                };
+                self.send_object(&head, role, &file, &digest, size).await
+            }
             Err(e) => Err(e),
         };
         if cached.is_none() {
@@ -488,9 +508,9 @@ impl CoordinatedHost {
         out
     }
 
-    async fn send_object(
+    pub(super) async fn send_object(
         &self,
-        p: &Pending,
+        p: &UploadHead,
         role: ObjectRole,
         file: &Path,
         digest: &str,
@@ -508,7 +528,7 @@ impl CoordinatedHost {
                 assignment_id: p.assignment_id.clone(),
                 lane_incarnation_id: p.lane_incarnation_id.clone(),
                 generation: p.generation,
-                checkpoint_digest: p.checkpoint.digest(),
+                checkpoint_digest: p.checkpoint_digest.clone(),
                 role,
                 base_commit_id: (role == ObjectRole::Base)
                     .then(|| p.base_commit_id.clone())

@@ -229,6 +229,8 @@ impl Service {
             | OperatorRequest::Checkpoints { .. }
             | OperatorRequest::CheckpointShow { .. }
             | OperatorRequest::CheckpointRead { .. }
+            | OperatorRequest::Artifacts { .. }
+            | OperatorRequest::ArtifactRead { .. }
             | OperatorRequest::CheckpointGrants { .. }
             | OperatorRequest::CheckpointGrantRevoke { .. }
             | OperatorRequest::CheckpointGc { .. }

@@ -57,6 +57,17 @@ impl Service {
                     .checkpoint_read(&checkpoint_digest, &object_digest, offset, who)
                     .await?
             }
+            OperatorRequest::Artifacts { assignment_id } => {
+                json!(self.store.artifacts(assignment_id.as_deref()).await?)
+            }
+            OperatorRequest::ArtifactRead {
+                artifact_digest,
+                offset,
+            } => {
+                self.store
+                    .artifact_read(&artifact_digest, offset, who)
+                    .await?
+            }
             OperatorRequest::CheckpointGrants { assignment_id } => {
                 json!(self.store.grants(assignment_id.as_deref()).await?)
             }

@@ -185,6 +185,19 @@ pub enum OperatorRequest {
         #[serde(default)]
         offset: u64,
     },
+    /// Harness artifacts (of one assignment): their digests, whom they are encrypted to,
+    /// whether the store holds them.
+    Artifacts {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
+    /// Bytes of one stored harness artifact (encrypted), from `offset` (whole parts), for
+    /// `mosaic checkpoint artifact`.
+    ArtifactRead {
+        artifact_digest: String,
+        #[serde(default)]
+        offset: u64,
+    },
     /// The checkpoint grants (of one assignment, as source or target).
     CheckpointGrants {
         #[serde(default)]
@@ -402,6 +415,8 @@ impl OperatorRequest {
             | Self::Checkpoints { .. }
             | Self::CheckpointShow { .. }
             | Self::CheckpointRead { .. }
+            | Self::Artifacts { .. }
+            | Self::ArtifactRead { .. }
             | Self::Status
             | Self::Receipts { .. }
             | Self::Audit { .. }

@@ -1,0 +1,195 @@
+//! Operators' side of harness artifacts: the recovery identity a principal holds (an age
+//! X25519 key pair, `mosaic pki recovery-key`), and `mosaic checkpoint artifact`, which
+//! reads an artifact from the coordinator's store (`artifact-read`, part by part, each read
+//! recorded there), checks the whole against its digest, decrypts it with the operator's
+//! identity and unpacks the harness's session files into a new directory.
+//!
+//! **Never:** prints or logs a secret key, writes a plaintext byte before the encrypted
+//! whole has been checked against its address, or writes into a directory that exists.
+
+use std::io::{Read, Write};
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::Path;
+
+use age::secrecy::ExposeSecret as _;
+use base64::Engine as _;
+use sha2::{Digest, Sha256};
+
+use crate::coordinator::error::Category;
+use crate::coordinator::service::{operator_request_any, OpError, OperatorRequest, OperatorTarget};
+
+fn err(c: Category, m: impl Into<String>) -> OpError {
+    OpError::new(c, m)
+}
+
+/// The recovery identity at `path`, made (mode 0600, never overwritten) when `create` and
+/// absent. Returns its public recipient (`age1…`).
+pub fn recovery_key(path: &Path, create: bool) -> Result<String, String> {
+    if create && !path.exists() {
+        let id = age::x25519::Identity::generate();
+        let text = format!(
+            "# a Mosaic recovery identity: decrypts harness artifacts; keep it secret\n{}\n",
+            id.to_string().expose_secret()
+        );
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(path)
+            .and_then(|mut f| f.write_all(text.as_bytes()).and_then(|()| f.sync_all()))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(read_identity(path)?.to_public().to_string())
+}
+
+/// The identity in `path` (its one `AGE-SECRET-KEY-1…` line; `#` lines are comments).
+pub fn read_identity(path: &Path) -> Result<age::x25519::Identity, String> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut keys = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'));
+    match (keys.next(), keys.next()) {
+        (Some(k), None) => k.parse::<age::x25519::Identity>().map_err(|_| {
+            format!(
+                "{}: not an age X25519 identity (AGE-SECRET-KEY-1…)",
+                path.display()
+            )
+        }),
+        _ => Err(format!(
+            "{}: expected exactly one AGE-SECRET-KEY-1… line",
+            path.display()
+        )),
+    }
+}
+
+/// `mosaic checkpoint artifact DIGEST --identity FILE --out DIR`: the artifact read from
+/// the first of `targets` that answers, verified, decrypted and unpacked into `into`
+/// (which must not exist).
+pub fn recover(
+    targets: &[OperatorTarget],
+    digest: &str,
+    identity: &Path,
+    into: &Path,
+) -> Result<serde_json::Value, OpError> {
+    if !crate::protocol::envelope::is_digest(digest) {
+        return Err(err(
+            Category::BadInput,
+            "an artifact digest is sha256: and 64 lowercase hex digits",
+        ));
+    }
+    if into.symlink_metadata().is_ok() {
+        return Err(err(
+            Category::BadInput,
+            format!(
+                "{} exists: an artifact is unpacked into a new directory",
+                into.display()
+            ),
+        ));
+    }
+    // The identity first: nothing is read (and recorded as read) for a key that cannot
+    // open it.
+    let id = read_identity(identity).map_err(|e| err(Category::BadInput, e))?;
+    let sealed = read_sealed(targets, digest)?;
+    let files = open_artifact(&sealed, &id, into).map_err(|e| err(Category::Conflict, e))?;
+    Ok(serde_json::json!({
+        "artifact_digest": digest,
+        "into": into,
+        "files": files,
+    }))
+}
+
+/// The whole of stored artifact `digest`, checked against it.
+fn read_sealed(targets: &[OperatorTarget], digest: &str) -> Result<Vec<u8>, OpError> {
+    let mut out = Vec::new();
+    loop {
+        let v = operator_request_any(
+            targets,
+            &OperatorRequest::ArtifactRead {
+                artifact_digest: digest.to_string(),
+                offset: out.len() as u64,
+            },
+        )?;
+        let data = v["data"]
+            .as_str()
+            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
+        let (Some(size), Some(data)) = (v["size"].as_u64(), data) else {
+            return Err(err(
+                Category::Internal,
+                "the coordinator's answer to an artifact read is malformed",
+            ));
+        };
+        if v["offset"].as_u64() != Some(out.len() as u64) || data.is_empty() {
+            return Err(err(
+                Category::Internal,
+                "the coordinator answered an artifact read with the wrong part",
+            ));
+        }
+        out.extend_from_slice(&data);
+        if out.len() as u64 >= size {
+            break;
+        }
+    }
+    let got = format!("sha256:{}", hex::encode(Sha256::digest(&out)));
+    if got != digest {
+        return Err(err(
+            Category::Conflict,
+            format!("corrupt: artifact {digest} as read hashes to {got}: not opened"),
+        ));
+    }
+    Ok(out)
+}
+
+/// Decrypts and unpacks an artifact (the operator's side): `sealed` with `identity` into
+/// `into`, which must not exist. Returns the files written.
+pub fn open_artifact(
+    sealed: &[u8],
+    identity: &age::x25519::Identity,
+    into: &Path,
+) -> Result<Vec<String>, String> {
+    let d = age::Decryptor::new(sealed).map_err(|e| format!("not an age file: {e}"))?;
+    let mut r = d
+        .decrypt(std::iter::once(identity as &dyn age::Identity))
+        .map_err(|e| format!("cannot decrypt it with this identity: {e}"))?;
+    let mut plain = Vec::new();
+    r.read_to_end(&mut plain)
+        .map_err(|e| format!("decrypting: {e}"))?;
+    std::fs::create_dir(into).map_err(|e| format!("{}: {e}", into.display()))?;
+    // Nothing half unpacked stays: a refused entry removes what was written.
+    unpack(&plain, into).inspect_err(|_| {
+        let _ = std::fs::remove_dir_all(into);
+    })
+}
+
+fn unpack(plain: &[u8], into: &Path) -> Result<Vec<String>, String> {
+    let mut names = Vec::new();
+    let mut a = tar::Archive::new(plain);
+    for entry in a.entries().map_err(|e| e.to_string())? {
+        let mut entry = entry.map_err(|e| e.to_string())?;
+        let path = entry.path().map_err(|e| e.to_string())?.into_owned();
+        if entry.header().entry_type() != tar::EntryType::Regular
+            || path
+                .components()
+                .any(|c| !matches!(c, std::path::Component::Normal(_)))
+        {
+            return Err(format!(
+                "the artifact holds an entry {path:?} that is not a plain file"
+            ));
+        }
+        let dest = into.join(&path);
+        if let Some(parent) = dest.parent() {
+            std::fs::create_dir_all(parent).map_err(|e| e.to_string())?;
+        }
+        let mut data = Vec::new();
+        entry.read_to_end(&mut data).map_err(|e| e.to_string())?;
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&dest)
+            .and_then(|mut f| f.write_all(&data))
+            .map_err(|e| format!("{}: {e}", dest.display()))?;
+        names.push(path.display().to_string());
+    }
+    Ok(names)
+}

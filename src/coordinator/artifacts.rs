@@ -1,0 +1,166 @@
+//! Harness artifacts on the coordinator's side (migration 0026): the recipient list this
+//! coordinator encrypts to, registered at start; the record of each artifact a receipt
+//! names, in the receipt's own transaction; the listing operators see. The bytes travel
+//! like a checkpoint's (`checkpoint_store`, role `artifact`) and are read back only by
+//! operators (`checkpoint_view::artifact_read`, recorded).
+//!
+//! **Never:** records an artifact a receipt does not name, or one whose fields are not
+//! well formed; serves an artifact to a host (nothing a generation runs may read one).
+
+use super::error::AuthorityError;
+use super::rows::RowExt;
+use super::store::Store;
+use crate::protocol::artifact::{
+    recipients_digest, retention_policy_digest, ArtifactRef, Recipient, CLASSIFICATION, PURPOSE,
+    RETENTION_POLICY,
+};
+
+impl Store {
+    /// Registers `list` (this coordinator's `recovery_recipients`) as the active recipient
+    /// list, and the retention policy artifacts are recorded under.
+    pub async fn register_recipients(&self, list: &[Recipient]) -> Result<(), AuthorityError> {
+        let mut c = self.pool.get().await?;
+        let tx = c.transaction().await?;
+        tx.execute("LOCK TABLE recovery_recipient_lists IN EXCLUSIVE MODE", &[])
+            .await?;
+        let digest = recipients_digest(list);
+        let names: Vec<String> = list.iter().map(|r| r.to_string()).collect();
+        tx.execute(
+            "INSERT INTO recovery_recipient_lists (recipients_digest, recipients) VALUES ($1, $2) \
+             ON CONFLICT (recipients_digest) DO NOTHING",
+            &[&digest, &names],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE recovery_recipient_lists SET active = false WHERE active AND recipients_digest <> $1",
+            &[&digest],
+        )
+        .await?;
+        tx.execute(
+            "UPDATE recovery_recipient_lists SET active = true WHERE recipients_digest = $1",
+            &[&digest],
+        )
+        .await?;
+        tx.execute(
+            "INSERT INTO retention_policies (policy_digest, classification, name, keep_after_done_s, active) \
+             VALUES ($1, $2, $3, NULL, true) ON CONFLICT (policy_digest) DO NOTHING",
+            &[&retention_policy_digest(), &CLASSIFICATION, &RETENTION_POLICY],
+        )
+        .await?;
+        tx.commit().await?;
+        if list.is_empty() {
+            tracing::warn!("no recovery_recipients are configured: harness artifacts (session transcripts) are not captured");
+        }
+        Ok(())
+    }
+
+    /// Harness artifacts (of one assignment), oldest first.
+    pub async fn artifacts(
+        &self,
+        assignment_id: Option<&str>,
+    ) -> Result<Vec<serde_json::Value>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                "SELECT a.artifact_digest, a.size, a.files, a.recipients_digest, a.recipients_match, a.classification, \
+                        a.retention_policy_digest, a.purpose, a.assignment_id, a.assignment_attempt_id, a.lane_incarnation_id, \
+                        a.generation, a.host_id, a.object IS NOT NULL AS stored, a.transfer_error, \
+                        mosaic_ts(a.created_at) AS created_at, \
+                        (SELECT array_agg(split_part(r, '=', 1) ORDER BY r) FROM recovery_recipient_lists l, unnest(l.recipients) r \
+                          WHERE l.recipients_digest = a.recipients_digest) AS principals \
+                 FROM harness_artifacts a WHERE $1::text IS NULL OR a.assignment_id = $1 \
+                 ORDER BY a.created_at, a.lane_incarnation_id, a.generation",
+                &[&assignment_id],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(serde_json::json!({
+                    "artifact_digest": r.col::<String>("artifact_digest")?,
+                    "size": r.col::<i64>("size")?,
+                    "files": r.col::<i32>("files")?,
+                    "recipients_digest": r.col::<String>("recipients_digest")?,
+                    "recipients_match": r.col::<bool>("recipients_match")?,
+                    "principals": r.col::<Option<Vec<String>>>("principals")?,
+                    "classification": r.col::<String>("classification")?,
+                    "retention_policy_digest": r.col::<String>("retention_policy_digest")?,
+                    "purpose": r.col::<String>("purpose")?,
+                    "assignment_id": r.col::<String>("assignment_id")?,
+                    "assignment_attempt_id": r.col::<String>("assignment_attempt_id")?,
+                    "lane_incarnation_id": r.col::<String>("lane_incarnation_id")?,
+                    "generation": r.col::<i64>("generation")?,
+                    "host_id": r.col::<String>("host_id")?,
+                    "stored": r.col::<bool>("stored")?,
+                    "transfer_error": r.col::<Option<String>>("transfer_error")?,
+                    "created_at": r.col::<String>("created_at")?,
+                }))
+            })
+            .collect()
+    }
+}
+
+/// The artifact a receipt names, recorded with it (same transaction), if it is well
+/// formed; anything else records none (the receipt still stands and says what the host
+/// sent). Whether it was encrypted to the active recipient list is recorded beside it.
+pub(crate) async fn record_artifact(
+    d: &crate::coordinator::txn::Decided<'_>,
+    key: &str,
+    inc: &str,
+    generation: i64,
+    body: &serde_json::Value,
+    assignment: &str,
+    attempt: &str,
+) -> Result<(), AuthorityError> {
+    let Some(v) = body.get("harness_artifact").filter(|v| !v.is_null()) else {
+        return Ok(());
+    };
+    let Some(a) = serde_json::from_value::<ArtifactRef>(v.clone())
+        .ok()
+        .filter(ArtifactRef::well_formed)
+    else {
+        tracing::warn!(
+            receipt = key,
+            "a receipt's harness artifact is malformed: not recorded"
+        );
+        return Ok(());
+    };
+    let n = d
+        .exec(
+            "INSERT INTO harness_artifacts (lane_incarnation_id, generation, artifact_digest, size, files, recipients_digest, recipients_match, \
+                                            classification, retention_policy_digest, purpose, assignment_id, assignment_attempt_id, host_id, termination_receipt) \
+             SELECT $1, $2, $3, $4, $5, $6, \
+                    EXISTS (SELECT 1 FROM recovery_recipient_lists WHERE recipients_digest = $6 AND active), \
+                    $7, $8, $9, $10, $11, ln.host_id, $12 \
+             FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id WHERE li.lane_incarnation_id = $1 \
+             ON CONFLICT DO NOTHING",
+            &[
+                &inc,
+                &generation,
+                &a.digest,
+                &(a.size as i64),
+                &(a.files as i32),
+                &a.recipients_digest,
+                &CLASSIFICATION,
+                &retention_policy_digest(),
+                &PURPOSE,
+                &assignment,
+                &attempt,
+                &key,
+            ],
+        )
+        .await?;
+    if n == 1 {
+        let matched: bool = d
+            .query_one(
+                "SELECT recipients_match FROM harness_artifacts WHERE lane_incarnation_id = $1 AND generation = $2",
+                &[&inc, &generation],
+            )
+            .await?
+            .col("recipients_match")?;
+        if !matched {
+            tracing::warn!(receipt = key, artifact_digest = %a.digest, recipients_digest = %a.recipients_digest,
+                "a harness artifact is encrypted to another recipient list than this coordinator's: recorded, marked");
+        }
+    }
+    Ok(())
+}
