@@ -450,15 +450,17 @@ pub(crate) async fn finish(w: &mut Watcher, obs: Observation) -> Finished {
     let mut r = build_receipt(
         &w.inner, &w.rec, source, reason, exit, stop, cleanup, detail,
     );
-    // Its private area only now: its artifact was sealed from it.
-    if verified_empty {
-        remove_harness_dir(&w.inner, &w.rec.lane_incarnation_id, w.rec.generation);
-    }
     r.unfinished_status =
         !(reason == TerminationReason::Quit && r.stop.is_none() && r.exit_code == Some(0));
     // The receipt, then the record as ended; what cannot be written now is held and
     // written again (never rebuilt from a later guess).
-    if let Some(why) = super::unwritten::settle_end(&w.inner, &r, &w.rec) {
+    let unwritten = super::unwritten::settle_end(&w.inner, &r, &w.rec);
+    // Its private area only once its receipt is durable: its artifact was sealed from it,
+    // and a receipt built again after a restart seals it again (the same files).
+    if verified_empty && unwritten.is_none() {
+        remove_harness_dir(&w.inner, &w.rec.lane_incarnation_id, w.rec.generation);
+    }
+    if let Some(why) = unwritten {
         quarantine.get_or_insert(why);
     }
     w.rec.status = GenStatus::Terminated;

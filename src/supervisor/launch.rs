@@ -669,11 +669,12 @@ impl Launching {
                 self.stage.as_str()
             )),
         );
-        // Its private area only now: its artifact was sealed from it.
-        if verified_empty {
+        // Its private area once its receipt is durable (its artifact was sealed from it).
+        let unwritten = super::unwritten::settle_end(&inner, &r, &self.rec);
+        if verified_empty && unwritten.is_none() {
             remove_harness_dir(&inner, &self.rec.lane_incarnation_id, self.rec.generation);
         }
-        if let Some(why) = super::unwritten::settle_end(&inner, &r, &self.rec) {
+        if let Some(why) = unwritten {
             quarantine.get_or_insert(why);
         }
         self.rec.status = GenStatus::Terminated;
