@@ -11,12 +11,9 @@ use std::io::{Read, Write};
 use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::Path;
 
-use age::secrecy::ExposeSecret as _;
-use base64::Engine as _;
-use sha2::{Digest, Sha256};
-
 use crate::coordinator::error::Category;
-use crate::coordinator::service::{operator_request_any, OpError, OperatorRequest, OperatorTarget};
+use crate::coordinator::service::{OpError, OperatorRequest, OperatorTarget};
+use age::secrecy::ExposeSecret as _;
 
 fn err(c: Category, m: impl Into<String>) -> OpError {
     OpError::new(c, m)
@@ -102,35 +99,17 @@ pub fn recover(
 /// The whole of stored artifact `digest`, checked against it.
 fn read_sealed(targets: &[OperatorTarget], digest: &str) -> Result<Vec<u8>, OpError> {
     let mut out = Vec::new();
-    loop {
-        let v = operator_request_any(
-            targets,
-            &OperatorRequest::ArtifactRead {
-                artifact_digest: digest.to_string(),
-                offset: out.len() as u64,
-            },
-        )?;
-        let data = v["data"]
-            .as_str()
-            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
-        let (Some(size), Some(data)) = (v["size"].as_u64(), data) else {
-            return Err(err(
-                Category::Internal,
-                "the coordinator's answer to an artifact read is malformed",
-            ));
-        };
-        if v["offset"].as_u64() != Some(out.len() as u64) || data.is_empty() {
-            return Err(err(
-                Category::Internal,
-                "the coordinator answered an artifact read with the wrong part",
-            ));
-        }
-        out.extend_from_slice(&data);
-        if out.len() as u64 >= size {
-            break;
-        }
-    }
-    let got = format!("sha256:{}", hex::encode(Sha256::digest(&out)));
+    let got = crate::checkpoint_restore::read_parts(
+        targets,
+        |offset| OperatorRequest::ArtifactRead {
+            artifact_digest: digest.to_string(),
+            offset,
+        },
+        |data| {
+            out.extend_from_slice(data);
+            Ok(())
+        },
+    )?;
     if got != digest {
         return Err(err(
             Category::Conflict,
@@ -192,4 +171,102 @@ fn unpack(plain: &[u8], into: &Path) -> Result<Vec<String>, String> {
         names.push(path.display().to_string());
     }
     Ok(names)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::supervisor::artifacts::{collect, pack};
+    use std::path::PathBuf;
+
+    fn tmp() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("mosaic-art-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    /// Only regular files under the named paths are taken: a link the harness left (to a
+    /// file it could not read, or a directory elsewhere), a FIFO, a path out of the area —
+    /// never; the pack opens with the recipient's identity to exactly those files.
+    #[test]
+    fn only_regular_files_under_the_paths_are_packed_and_they_open_whole() {
+        let area = tmp();
+        let s = area.join("agent/sessions");
+        std::fs::create_dir_all(s.join("deep")).unwrap();
+        std::fs::write(s.join("one.jsonl"), "one\n").unwrap();
+        std::fs::write(s.join("deep/two.jsonl"), "two\n").unwrap();
+        std::os::unix::fs::symlink("/etc/hostname", s.join("link")).unwrap();
+        std::os::unix::fs::symlink("/etc", s.join("dirlink")).unwrap();
+        nix::unistd::mkfifo(&s.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
+        std::fs::write(area.join("outside.txt"), "no\n").unwrap();
+        let files = collect(&area, &["agent/sessions".into(), "missing".into()]).unwrap();
+        let rel: Vec<_> = files
+            .iter()
+            .map(|f| f.strip_prefix(&area).unwrap().to_path_buf())
+            .collect();
+        assert_eq!(
+            rel,
+            vec![
+                PathBuf::from("agent/sessions/deep/two.jsonl"),
+                PathBuf::from("agent/sessions/one.jsonl")
+            ]
+        );
+        for bad in ["../x", "/etc", "a/../../b", "./a"] {
+            assert!(collect(&area, &[bad.into()]).is_err(), "{bad}");
+        }
+        // Packed, encrypted, opened: the same bytes.
+        let id = age::x25519::Identity::generate();
+        let enc = age::Encryptor::with_recipients(std::iter::once(
+            &id.to_public() as &dyn age::Recipient
+        ))
+        .unwrap();
+        let mut sealed = Vec::new();
+        let mut w = enc.wrap_output(&mut sealed).unwrap();
+        pack(&area, &files, &mut w).unwrap();
+        w.finish().unwrap();
+        let into = area.join("opened");
+        let names = open_artifact(&sealed, &id, &into).unwrap();
+        assert_eq!(
+            names,
+            vec!["agent/sessions/deep/two.jsonl", "agent/sessions/one.jsonl"]
+        );
+        assert_eq!(
+            std::fs::read_to_string(into.join("agent/sessions/one.jsonl")).unwrap(),
+            "one\n"
+        );
+        // Another identity opens nothing and makes nothing.
+        let other = age::x25519::Identity::generate();
+        let into2 = area.join("opened2");
+        assert!(open_artifact(&sealed, &other, &into2).is_err());
+        assert!(!into2.exists());
+        std::fs::remove_dir_all(&area).unwrap();
+    }
+
+    /// An artifact whose pack names a path out of its directory is refused, not unpacked
+    /// there (an operator's machine is not the harness's to write).
+    #[test]
+    fn an_entry_out_of_the_destination_is_refused() {
+        let id = age::x25519::Identity::generate();
+        let mut tarball = Vec::new();
+        {
+            let mut t = tar::Builder::new(&mut tarball);
+            let mut h = tar::Header::new_gnu();
+            let data = b"pwned";
+            h.set_size(data.len() as u64);
+            h.set_mode(0o600);
+            h.set_entry_type(tar::EntryType::Regular);
+            // Written raw: the builder itself refuses `..` in a path.
+            h.as_gnu_mut().unwrap().name[..9].copy_from_slice(b"../escape");
+            h.set_cksum();
+            t.append(&h, &data[..]).unwrap();
+            t.finish().unwrap();
+        }
+        let sealed = age::encrypt(&id.to_public(), &tarball).unwrap();
+        let area = tmp();
+        let into = area.join("opened");
+        let e = open_artifact(&sealed, &id, &into).unwrap_err();
+        assert!(e.contains("not a plain file"), "{e}");
+        assert!(!area.join("escape").exists());
+        std::fs::remove_dir_all(&area).unwrap();
+    }
 }

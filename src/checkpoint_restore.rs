@@ -187,6 +187,42 @@ fn destination(into: &Path) -> Result<PathBuf, OpError> {
     }
 }
 
+/// Reads a stored object whole, part by part (`request(offset)` asks for the part at
+/// `offset`), handing each part to `sink`; returns the digest of what was read (the caller
+/// compares it with the address it asked for before it uses a byte).
+pub(crate) fn read_parts(
+    targets: &[OperatorTarget],
+    request: impl Fn(u64) -> OperatorRequest,
+    mut sink: impl FnMut(&[u8]) -> Result<(), OpError>,
+) -> Result<String, OpError> {
+    let mut h = Sha256::new();
+    let mut offset = 0u64;
+    loop {
+        let v = operator_request_any(targets, &request(offset))?;
+        let data = v["data"]
+            .as_str()
+            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
+        let (Some(size), Some(data)) = (v["size"].as_u64(), data) else {
+            return Err(err(
+                Category::Internal,
+                "the coordinator's answer to a read of a stored object is malformed",
+            ));
+        };
+        if v["offset"].as_u64() != Some(offset) || data.is_empty() {
+            return Err(err(
+                Category::Internal,
+                "the coordinator answered a read of a stored object with the wrong part",
+            ));
+        }
+        h.update(&data);
+        sink(&data)?;
+        offset += data.len() as u64;
+        if offset >= size {
+            return Ok(format!("sha256:{}", hex::encode(h.finalize())));
+        }
+    }
+}
+
 /// Reads stored object `object` of checkpoint `digest` into `file`, checking the whole
 /// against its address.
 fn read_object(
@@ -197,41 +233,16 @@ fn read_object(
 ) -> Result<(), OpError> {
     let io = |e: std::io::Error| err(Category::Internal, format!("{}: {e}", file.display()));
     let mut f = std::fs::File::create(file).map_err(io)?;
-    let mut h = Sha256::new();
-    let mut offset = 0u64;
-    loop {
-        let v = operator_request_any(
-            targets,
-            &OperatorRequest::CheckpointRead {
-                checkpoint_digest: digest.to_string(),
-                object_digest: object.to_string(),
-                offset,
-            },
-        )?;
-        let data = v["data"]
-            .as_str()
-            .and_then(|d| base64::engine::general_purpose::STANDARD.decode(d).ok());
-        let (Some(size), Some(data)) = (v["size"].as_u64(), data) else {
-            return Err(err(
-                Category::Internal,
-                "the coordinator's answer to a checkpoint read is malformed",
-            ));
-        };
-        if v["offset"].as_u64() != Some(offset) || data.is_empty() {
-            return Err(err(
-                Category::Internal,
-                "the coordinator answered a checkpoint read with the wrong part",
-            ));
-        }
-        h.update(&data);
-        f.write_all(&data).map_err(io)?;
-        offset += data.len() as u64;
-        if offset >= size {
-            break;
-        }
-    }
+    let got = read_parts(
+        targets,
+        |offset| OperatorRequest::CheckpointRead {
+            checkpoint_digest: digest.to_string(),
+            object_digest: object.to_string(),
+            offset,
+        },
+        |data| f.write_all(data).map_err(io),
+    )?;
     f.sync_all().map_err(io)?;
-    let got = format!("sha256:{}", hex::encode(h.finalize()));
     if got != object {
         return Err(err(
             Category::Conflict,

@@ -64,6 +64,30 @@ fn recover(w: &World, digest: &str, identity: &Path, out: &Path) -> (bool, Value
     (o.status.success(), v)
 }
 
+/// Assigns lane-1 a harness that prints its transcript, SIGKILLs it once the transcript is
+/// written (it prints once active), and waits for the work in recovery.
+fn print_then_kill(w: &World) -> String {
+    let lane = w.lane_of(0, "lane-1");
+    let a = w
+        .assign_to(&lane, "print=first-line print=the-secret-word hang", true)
+        .unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    // Killed once its transcript is written (it prints once active).
+    let inc = w.incarnation_of(0, "lane-1");
+    let transcript = w.area(0, &inc, 1).join("home/transcript");
+    wait_until("the transcript written", || {
+        std::fs::read_to_string(&transcript)
+            .ok()
+            .filter(|t| t.lines().count() == TRANSCRIPT_LINES)
+    });
+    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    wait_until("the work in recovery", || {
+        (lifecycle(w, &asg)? == "RECOVERY").then_some(())
+    });
+    asg
+}
+
 /// Lines each test's harness prints (its transcript).
 const TRANSCRIPT_LINES: usize = 2;
 
@@ -98,24 +122,7 @@ fn a_harness_transcript_survives_sigkill_encrypted_and_only_its_recipient_opens_
         tag: "artifacts",
         ..Spec::default()
     });
-    let lane = w.lane_of(0, "lane-1");
-    let a = w
-        .assign_to(&lane, "print=first-line print=the-secret-word hang", true)
-        .unwrap();
-    let asg = a["assignment_id"].as_str().unwrap().to_string();
-    // Killed once its transcript is written (it prints once active).
-    let inc = w.incarnation_of(0, "lane-1");
-    let transcript = w.area(0, &inc, 1).join("home/transcript");
-    wait_until("the transcript written", || {
-        std::fs::read_to_string(&transcript)
-            .ok()
-            .filter(|t| t.lines().count() == TRANSCRIPT_LINES)
-    });
-    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
-    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
-    wait_until("the work in recovery", || {
-        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
-    });
+    let asg = print_then_kill(&w);
 
     let rows = stored_artifacts(&w, &asg, 1);
     let r = &rows[0];
@@ -239,6 +246,63 @@ fn a_harness_transcript_survives_sigkill_encrypted_and_only_its_recipient_opens_
     )[0]
     .get(0);
     assert_eq!(served, 0);
+
+    // Deleted only as done work's, with a receipt; then nothing of it can be read.
+    let delete = |w: &World| {
+        w.op(&OperatorRequest::CheckpointDelete {
+            checkpoint_digest: digest.clone(),
+            request_id: None,
+        })
+    };
+    let e = delete(&w).unwrap_err();
+    assert_eq!(
+        e.category,
+        mosaic::coordinator::Category::WrongState,
+        "{e:?}"
+    );
+    let stopped = w
+        .op(&OperatorRequest::Stop {
+            assignment_id: asg.clone(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+            request_id: None,
+        })
+        .unwrap();
+    assert_eq!(stopped["state"], "CANCELLED", "{stopped}");
+    let gone = delete(&w).unwrap();
+    let receipt = &gone["deleted"][0];
+    assert_eq!(
+        receipt["objects_deleted"],
+        serde_json::json!([digest]),
+        "{gone}"
+    );
+    let rows = sql_rows(
+        &w,
+        "SELECT purpose, reason, receipt_digest FROM checkpoint_deletions WHERE checkpoint_digest = $1",
+        &[&digest],
+    );
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(0), "operator-recovery");
+    assert_eq!(
+        rows[0].get::<_, String>(2),
+        receipt["receipt_digest"].as_str().unwrap()
+    );
+    let left: i64 = sql_rows(
+        &w,
+        "SELECT (SELECT count(*) FROM harness_artifacts WHERE artifact_digest = $1) \
+              + (SELECT count(*) FROM checkpoint_objects WHERE object_digest = $1)",
+        &[&digest],
+    )[0]
+    .get(0);
+    assert_eq!(left, 0);
+    let e = w
+        .op(&OperatorRequest::ArtifactRead {
+            artifact_digest: digest.clone(),
+            offset: 0,
+        })
+        .unwrap_err();
+    assert_eq!(e.category, mosaic::coordinator::Category::NotFound, "{e:?}");
 }
 
 /// Without recovery recipients nothing is captured: a transcript is never kept in the
@@ -251,24 +315,7 @@ fn without_recovery_recipients_no_transcript_is_kept() {
         recovery: false,
         ..Spec::default()
     });
-    let lane = w.lane_of(0, "lane-1");
-    let a = w
-        .assign_to(&lane, "print=first-line print=the-secret-word hang", true)
-        .unwrap();
-    let asg = a["assignment_id"].as_str().unwrap().to_string();
-    // Killed once its transcript is written (it prints once active).
-    let inc = w.incarnation_of(0, "lane-1");
-    let transcript = w.area(0, &inc, 1).join("home/transcript");
-    wait_until("the transcript written", || {
-        std::fs::read_to_string(&transcript)
-            .ok()
-            .filter(|t| t.lines().count() == TRANSCRIPT_LINES)
-    });
-    let cg = cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
-    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
-    wait_until("the work in recovery", || {
-        (lifecycle(&w, &asg)? == "RECOVERY").then_some(())
-    });
+    let asg = print_then_kill(&w);
     let receipts: Vec<Value> = sql_rows(
         &w,
         "SELECT body FROM termination_receipts WHERE assignment_id = $1",

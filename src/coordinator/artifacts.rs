@@ -7,9 +7,14 @@
 //! **Never:** records an artifact a receipt does not name, or one whose fields are not
 //! well formed; serves an artifact to a host (nothing a generation runs may read one).
 
-use super::error::AuthorityError;
+use serde_json::json;
+
+use super::error::{reject, AuthorityError, Category};
+use super::leader::Leader;
+use super::retention::Doomed;
 use super::rows::RowExt;
 use super::store::Store;
+use super::txn::{body, request_digest, Step};
 use crate::protocol::artifact::{
     recipients_digest, retention_policy_digest, ArtifactRef, Recipient, CLASSIFICATION, PURPOSE,
     RETENTION_POLICY,
@@ -52,6 +57,117 @@ impl Store {
             tracing::warn!("no recovery_recipients are configured: harness artifacts (session transcripts) are not captured");
         }
         Ok(())
+    }
+
+    /// Whether `digest` names a harness artifact (`checkpoint delete` takes either).
+    pub async fn is_artifact(&self, digest: &str) -> Result<bool, AuthorityError> {
+        let c = self.pool.get().await?;
+        Ok(c.query_opt(
+            "SELECT 1 FROM harness_artifacts WHERE artifact_digest = $1 LIMIT 1",
+            &[&digest],
+        )
+        .await?
+        .is_some())
+    }
+
+    /// `mosaic checkpoint delete` of an artifact (one fenced step): its record and its
+    /// store object, with a deletion receipt (`checkpoint deletions`, purpose
+    /// `operator-recovery`). Only of done work, and only once its upload is settled
+    /// (stored, or refused for good): an upload under way would otherwise find no record
+    /// and leave the host's copy behind for good.
+    pub async fn delete_artifact(
+        &self,
+        l: &Leader,
+        digest: &str,
+    ) -> Result<serde_json::Value, AuthorityError> {
+        const OP: &str = "checkpoint-delete";
+        let c = self.pool.get().await?;
+        let Some(r) = c
+            .query_opt(
+                "SELECT lane_incarnation_id, generation, assignment_id, purpose, retention_policy_digest \
+                 FROM harness_artifacts WHERE artifact_digest = $1 LIMIT 1",
+                &[&digest],
+            )
+            .await?
+        else {
+            return Err(reject(OP, Category::NotFound, format!("no artifact {digest}")));
+        };
+        drop(c);
+        let doomed = Doomed {
+            checkpoint_digest: digest.to_string(),
+            assignment_id: r.col("assignment_id")?,
+            lane_incarnation_id: r.col("lane_incarnation_id")?,
+            generation: r.col("generation")?,
+            purpose: r.col("purpose")?,
+            handoff_id: None,
+            request_seq: None,
+            retention_policy_digest: r.col("retention_policy_digest")?,
+        };
+        let step = Step::new(
+            OP,
+            l,
+            format!(
+                "artifact-delete/{}/{}",
+                doomed.lane_incarnation_id, doomed.generation
+            ),
+            request_digest(
+                OP,
+                &[
+                    digest,
+                    &doomed.lane_incarnation_id,
+                    &doomed.generation.to_string(),
+                ],
+            ),
+        )
+        .about(
+            Some(&doomed.assignment_id),
+            Some(&doomed.lane_incarnation_id),
+        );
+        let done = super::states::WorkStatus::Done.sql();
+        let sql = format!(
+            "DELETE FROM harness_artifacts h USING assignments a \
+             WHERE h.lane_incarnation_id = $1 AND h.generation = $2 AND h.artifact_digest = $3 \
+               AND a.assignment_id = h.assignment_id AND a.work_status = {done} \
+               AND (h.object IS NOT NULL OR h.transfer_error IS NOT NULL) \
+             RETURNING h.object"
+        );
+        let r = self
+            .transition(
+                &step,
+                body!([doomed, sql] |f| {
+                    let id = format!("cd-{}", uuid::Uuid::new_v4().simple());
+                    let d = match f.cas(&sql, &[&doomed.lane_incarnation_id, &doomed.generation, &doomed.checkpoint_digest]).await? {
+                        Ok(d) => d,
+                        Err(u) => return Err(u.reject(Category::WrongState,
+                            "not deletable now: its work is not done, or its upload is still under way").await?),
+                    };
+                    let object: Option<String> = d.row().col("object")?;
+                    let mut gone = vec![];
+                    if let Some(o) = object {
+                        let n = d.exec(
+                            "DELETE FROM checkpoint_objects o WHERE o.object_digest = $1 \
+                             AND NOT EXISTS (SELECT 1 FROM harness_artifacts h WHERE h.object = $1) \
+                             AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.bundle_object = $1 OR c.base_object = $1)",
+                            &[&o],
+                        ).await?;
+                        if n == 1 {
+                            gone.push(o);
+                        }
+                    }
+                    let receipt = doomed.receipt_digest(&id, "operator", &gone);
+                    d.exec_one(
+                        "INSERT INTO checkpoint_deletions (deletion_id, checkpoint_digest, assignment_id, lane_incarnation_id, generation, purpose, \
+                                                          handoff_id, retention_policy_digest, reason, scope, objects_deleted, receipt_digest, request_seq) \
+                         VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, 'operator', 'coordinator-store', $8, $9, NULL)",
+                        &[&id, &doomed.checkpoint_digest, &doomed.assignment_id, &doomed.lane_incarnation_id, &doomed.generation,
+                          &doomed.purpose, &doomed.retention_policy_digest, &gone, &receipt],
+                    ).await?;
+                    d.decide(json!({ "deletion_id": id, "artifact": doomed, "reason": "operator", "scope": "coordinator-store",
+                        "objects_deleted": gone, "receipt_digest": receipt }))
+                }),
+            )
+            .await?;
+        Ok(json!({ "deleted": [r.body], "kept": [] }))
     }
 
     /// Harness artifacts (of one assignment), oldest first.

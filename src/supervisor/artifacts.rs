@@ -120,7 +120,7 @@ fn seal_files(
 
 /// The regular files under `area` the paths name (each a file or a directory, walked
 /// without following links), sorted; refused beyond the limits.
-fn collect(area: &Path, paths: &[String]) -> Result<Vec<PathBuf>, String> {
+pub(crate) fn collect(area: &Path, paths: &[String]) -> Result<Vec<PathBuf>, String> {
     let mut out = Vec::new();
     let mut bytes = 0u64;
     for p in paths {
@@ -166,7 +166,7 @@ fn collect(area: &Path, paths: &[String]) -> Result<Vec<PathBuf>, String> {
 
 /// A tar of `files` (paths relative to `area`), each as it is now, with no owner, time or
 /// mode of the host's in it.
-fn pack(area: &Path, files: &[PathBuf], w: &mut impl Write) -> Result<(), String> {
+pub(crate) fn pack(area: &Path, files: &[PathBuf], w: &mut impl Write) -> Result<(), String> {
     let mut tar = tar::Builder::new(w);
     for f in files {
         let rel = f.strip_prefix(area).map_err(|e| e.to_string())?;
@@ -252,101 +252,5 @@ pub(crate) fn sweep(inner: &Inner) {
             tracing::info!(file = %path.display(), "removing an unfinished artifact write");
             let _ = std::fs::remove_file(&path);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn tmp() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("mosaic-art-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
-    /// Only regular files under the named paths are taken: a link the harness left (to a
-    /// file it could not read, or a directory elsewhere), a FIFO, a path out of the area —
-    /// never; the pack opens with the recipient's identity to exactly those files.
-    #[test]
-    fn only_regular_files_under_the_paths_are_packed_and_they_open_whole() {
-        let area = tmp();
-        let s = area.join("agent/sessions");
-        std::fs::create_dir_all(s.join("deep")).unwrap();
-        std::fs::write(s.join("one.jsonl"), "one\n").unwrap();
-        std::fs::write(s.join("deep/two.jsonl"), "two\n").unwrap();
-        std::os::unix::fs::symlink("/etc/hostname", s.join("link")).unwrap();
-        std::os::unix::fs::symlink("/etc", s.join("dirlink")).unwrap();
-        nix::unistd::mkfifo(&s.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
-        std::fs::write(area.join("outside.txt"), "no\n").unwrap();
-        let files = collect(&area, &["agent/sessions".into(), "missing".into()]).unwrap();
-        let rel: Vec<_> = files
-            .iter()
-            .map(|f| f.strip_prefix(&area).unwrap().to_path_buf())
-            .collect();
-        assert_eq!(
-            rel,
-            vec![
-                PathBuf::from("agent/sessions/deep/two.jsonl"),
-                PathBuf::from("agent/sessions/one.jsonl")
-            ]
-        );
-        for bad in ["../x", "/etc", "a/../../b", "./a"] {
-            assert!(collect(&area, &[bad.into()]).is_err(), "{bad}");
-        }
-        // Packed, encrypted, opened: the same bytes.
-        let id = age::x25519::Identity::generate();
-        let enc = age::Encryptor::with_recipients(std::iter::once(
-            &id.to_public() as &dyn age::Recipient
-        ))
-        .unwrap();
-        let mut sealed = Vec::new();
-        let mut w = enc.wrap_output(&mut sealed).unwrap();
-        pack(&area, &files, &mut w).unwrap();
-        w.finish().unwrap();
-        let into = area.join("opened");
-        let names = crate::artifact_recovery::open_artifact(&sealed, &id, &into).unwrap();
-        assert_eq!(
-            names,
-            vec!["agent/sessions/deep/two.jsonl", "agent/sessions/one.jsonl"]
-        );
-        assert_eq!(
-            std::fs::read_to_string(into.join("agent/sessions/one.jsonl")).unwrap(),
-            "one\n"
-        );
-        // Another identity opens nothing and makes nothing.
-        let other = age::x25519::Identity::generate();
-        let into2 = area.join("opened2");
-        assert!(crate::artifact_recovery::open_artifact(&sealed, &other, &into2).is_err());
-        assert!(!into2.exists());
-        std::fs::remove_dir_all(&area).unwrap();
-    }
-
-    /// An artifact whose pack names a path out of its directory is refused, not unpacked
-    /// there (an operator's machine is not the harness's to write).
-    #[test]
-    fn an_entry_out_of_the_destination_is_refused() {
-        let id = age::x25519::Identity::generate();
-        let mut tarball = Vec::new();
-        {
-            let mut t = tar::Builder::new(&mut tarball);
-            let mut h = tar::Header::new_gnu();
-            let data = b"pwned";
-            h.set_size(data.len() as u64);
-            h.set_mode(0o600);
-            h.set_entry_type(tar::EntryType::Regular);
-            // Written raw: the builder itself refuses `..` in a path.
-            h.as_gnu_mut().unwrap().name[..9].copy_from_slice(b"../escape");
-            h.set_cksum();
-            t.append(&h, &data[..]).unwrap();
-            t.finish().unwrap();
-        }
-        let sealed = age::encrypt(&id.to_public(), &tarball).unwrap();
-        let area = tmp();
-        let into = area.join("opened");
-        let e = crate::artifact_recovery::open_artifact(&sealed, &id, &into).unwrap_err();
-        assert!(e.contains("not a plain file"), "{e}");
-        assert!(!area.join("escape").exists());
-        std::fs::remove_dir_all(&area).unwrap();
     }
 }

@@ -339,6 +339,10 @@ async fn run_with(
         }
     );
     say!("  state dir    {sd}");
+    say!(
+        "  sessions     each generation's harness session is kept encrypted to {} (mosaic checkpoint artifacts)",
+        recovery_identity(state_dir).display()
+    );
     say!("  metrics      coordinator http://{coord_metrics}/metrics  supervisor http://{sup_metrics}/metrics");
     say!(
         "  cgroup root  {} (kill method: {:?})",

@@ -53,7 +53,9 @@ pub(crate) enum CheckpointOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
-    /// Delete a checkpoint of done work now, whatever its policy, with a deletion receipt.
+    /// Delete a checkpoint of done work now, whatever its policy, with a deletion receipt;
+    /// given a harness artifact's digest, that artifact (of done work, once its upload is
+    /// settled).
     Delete {
         checkpoint_digest: String,
         #[command(flatten)]

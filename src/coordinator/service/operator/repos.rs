@@ -93,9 +93,16 @@ impl Service {
                 checkpoint_digest, ..
             } => {
                 let l = self.leader().await?;
-                self.store
-                    .checkpoint_gc(&l, "operator", Some(&checkpoint_digest), false)
-                    .await?
+                // A harness artifact's digest names no checkpoint: its own deletion.
+                if crate::protocol::envelope::is_digest(&checkpoint_digest)
+                    && self.store.is_artifact(&checkpoint_digest).await?
+                {
+                    self.store.delete_artifact(&l, &checkpoint_digest).await?
+                } else {
+                    self.store
+                        .checkpoint_gc(&l, "operator", Some(&checkpoint_digest), false)
+                        .await?
+                }
             }
             OperatorRequest::CheckpointDeletions { assignment_id } => {
                 json!(
