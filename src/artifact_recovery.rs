@@ -185,9 +185,10 @@ mod tests {
         d
     }
 
-    /// Only regular files under the named paths are taken: a link the harness left (to a
-    /// file it could not read, or a directory elsewhere), a FIFO, a path out of the area —
-    /// never; the pack opens with the recipient's identity to exactly those files.
+    /// Only regular files under the named paths are taken: a link the harness left (at the
+    /// end of a path or in the middle of one: a directory it swapped for a link to
+    /// elsewhere), a FIFO, a path out of the area — never; the pack opens with the
+    /// recipient's identity to exactly those files, and with no other identity.
     #[test]
     fn only_regular_files_under_the_paths_are_packed_and_they_open_whole() {
         let area = tmp();
@@ -199,17 +200,24 @@ mod tests {
         std::os::unix::fs::symlink("/etc", s.join("dirlink")).unwrap();
         nix::unistd::mkfifo(&s.join("fifo"), nix::sys::stat::Mode::S_IRWXU).unwrap();
         std::fs::write(area.join("outside.txt"), "no\n").unwrap();
-        let files = collect(&area, &["agent/sessions".into(), "missing".into()]).unwrap();
-        let rel: Vec<_> = files
-            .iter()
-            .map(|f| f.strip_prefix(&area).unwrap().to_path_buf())
-            .collect();
+        // `home` swapped for a link to a directory outside the area.
+        let elsewhere = tmp();
+        std::fs::create_dir_all(elsewhere.join("projects")).unwrap();
+        std::fs::write(elsewhere.join("projects/secret.jsonl"), "theirs\n").unwrap();
+        std::os::unix::fs::symlink(&elsewhere, area.join("home")).unwrap();
+        let files = collect(
+            &area,
+            &[
+                "agent/sessions".into(),
+                "missing".into(),
+                "home/projects".into(),
+            ],
+        )
+        .unwrap();
+        let rel: Vec<&str> = files.iter().map(|f| f.path.as_str()).collect();
         assert_eq!(
             rel,
-            vec![
-                PathBuf::from("agent/sessions/deep/two.jsonl"),
-                PathBuf::from("agent/sessions/one.jsonl")
-            ]
+            vec!["agent/sessions/deep/two.jsonl", "agent/sessions/one.jsonl"]
         );
         for bad in ["../x", "/etc", "a/../../b", "./a"] {
             assert!(collect(&area, &[bad.into()]).is_err(), "{bad}");
@@ -222,7 +230,7 @@ mod tests {
         .unwrap();
         let mut sealed = Vec::new();
         let mut w = enc.wrap_output(&mut sealed).unwrap();
-        pack(&area, &files, &mut w).unwrap();
+        pack(&files, &mut w).unwrap();
         w.finish().unwrap();
         let into = area.join("opened");
         let names = open_artifact(&sealed, &id, &into).unwrap();
@@ -239,6 +247,21 @@ mod tests {
         let into2 = area.join("opened2");
         assert!(open_artifact(&sealed, &other, &into2).is_err());
         assert!(!into2.exists());
+        std::fs::remove_dir_all(&area).unwrap();
+        std::fs::remove_dir_all(&elsewhere).unwrap();
+    }
+
+    /// A tree of many entries that are no files at all is refused, not walked for ever.
+    #[test]
+    fn a_tree_of_too_many_entries_is_refused() {
+        let area = tmp();
+        let s = area.join("agent/sessions");
+        std::fs::create_dir_all(&s).unwrap();
+        for i in 0..100_001 {
+            std::os::unix::fs::symlink("/nowhere", s.join(format!("l{i}"))).unwrap();
+        }
+        let e = collect(&area, &["agent/sessions".into()]).unwrap_err();
+        assert!(e.contains("entries"), "{e}");
         std::fs::remove_dir_all(&area).unwrap();
     }
 

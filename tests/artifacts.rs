@@ -338,3 +338,87 @@ fn without_recovery_recipients_no_transcript_is_kept() {
     assert_eq!(rows, serde_json::json!([]));
     assert!(artifact_files(&w).is_empty(), "{:?}", artifact_files(&w));
 }
+
+/// Each generation keeps its own artifact: two generations of one lane (the second a
+/// resume) whose artifacts the store refuses (larger than its limit) each stay on the
+/// host, marked refused, each its own bytes under its own name — the first is not
+/// overwritten by the second — each recorded with the store's reason, and each opens to
+/// exactly what its own generation printed.
+#[test]
+fn each_generation_keeps_its_own_artifact_when_the_store_refuses_them() {
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "artifacts-refused",
+        coordinator_extra: "checkpoint_store_max_bytes = 64\n".into(),
+        ..Spec::default()
+    });
+    let asg = print_then_kill(&w);
+    let lane = w.lane_of(0, "lane-1");
+    let mut r = world::assign_request(
+        &lane,
+        "print=second-gen print=its-own-words hang",
+        Some(&asg),
+        true,
+    );
+    if let OperatorRequest::Assign { replace_task, .. } = &mut r {
+        *replace_task = true;
+    }
+    let b = w.op(&r).unwrap();
+    let inc = w.incarnation_of(0, "lane-1");
+    let gen2 = b["generation"].as_u64().unwrap();
+    assert_eq!(gen2, 2, "{b}");
+    let transcript = w.area(0, &inc, gen2).join("home/transcript");
+    wait_until("the second transcript written", || {
+        std::fs::read_to_string(&transcript)
+            .ok()
+            .filter(|t| t.lines().count() == TRANSCRIPT_LINES)
+    });
+    let cg = cgroup_at(b["process_identity"]["cgroup_path"].as_str().unwrap());
+    std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
+    let rows = wait_until("both artifacts refused by the store", || {
+        let v = w
+            .op(&OperatorRequest::Artifacts {
+                assignment_id: Some(asg.clone()),
+            })
+            .ok()?;
+        let rows = v.as_array()?.clone();
+        (rows.len() == 2 && rows.iter().all(|r| r["transfer_error"].is_string())).then_some(rows)
+    });
+    let dir = w.state_dir(0).join("artifacts");
+    wait_until("both marked refused on the host", || {
+        (artifact_files(&w)
+            .iter()
+            .filter(|f| f.ends_with(".refused"))
+            .count()
+            == 2)
+            .then_some(())
+    });
+    let identity = mosaic::artifact_recovery::read_identity(&w.recovery_identity()).unwrap();
+    for (r, words) in rows.iter().zip([
+        "first-line\nthe-secret-word\n",
+        "second-gen\nits-own-words\n",
+    ]) {
+        assert!(
+            r["transfer_error"]
+                .as_str()
+                .unwrap()
+                .contains("larger than the store takes"),
+            "{r}"
+        );
+        assert_eq!(r["stored"], false);
+        let g = r["generation"].as_u64().unwrap();
+        let sealed = std::fs::read(dir.join(format!("{inc}.gen-{g}.age"))).unwrap();
+        assert_eq!(
+            format!("sha256:{}", hex::encode(sha2::Sha256::digest(&sealed))),
+            r["artifact_digest"].as_str().unwrap()
+        );
+        let out = w.dir.join(format!("opened-{g}"));
+        let _clean = Removed(out.clone());
+        mosaic::artifact_recovery::open_artifact(&sealed, &identity, &out).unwrap();
+        assert_eq!(
+            std::fs::read_to_string(out.join("home/transcript")).unwrap(),
+            words
+        );
+    }
+    assert_ne!(rows[0]["artifact_digest"], rows[1]["artifact_digest"]);
+}

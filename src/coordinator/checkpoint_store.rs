@@ -56,7 +56,7 @@ impl Store {
         let tx = c.transaction().await?;
         // What the object is for: a checkpoint's slot, or a generation's artifact.
         let owner = if m.role == ObjectRole::Artifact {
-            "SELECT host_id, assignment_id, artifact_digest AS checkpoint_digest, object AS slot \
+            "SELECT host_id, assignment_id, artifact_digest AS checkpoint_digest, object AS slot, size \
              FROM harness_artifacts WHERE lane_incarnation_id = $1 AND generation = $2 AND artifact_digest = $3 FOR UPDATE"
         } else if m.role == ObjectRole::Bundle {
             "SELECT host_id, assignment_id, checkpoint_digest, bundle_object AS slot \
@@ -103,6 +103,31 @@ impl Store {
             return Ok((refused("not-owner"), 0));
         }
         if asg != m.assignment_id || digest != m.checkpoint_digest {
+            return Ok((refused("mismatch"), 0));
+        }
+        // An artifact is the bytes its receipt sized; and no object is ever both a
+        // checkpoint's and an artifact's (a host naming its bundle as its artifact would
+        // have operators "recover" a bundle, and hosts be served ciphertext).
+        let (artifact_size, other_named) = if m.role == ObjectRole::Artifact {
+            let named = tx
+                .query_opt(
+                    "SELECT 1 FROM checkpoints WHERE bundle_object = $1 OR base_object = $1 LIMIT 1",
+                    &[&m.object_digest],
+                )
+                .await?
+                .is_some();
+            (Some(row.col::<i64>("size")?), named)
+        } else {
+            let named = tx
+                .query_opt(
+                    "SELECT 1 FROM harness_artifacts WHERE artifact_digest = $1 OR object = $1 LIMIT 1",
+                    &[&m.object_digest],
+                )
+                .await?
+                .is_some();
+            (None, named)
+        };
+        if other_named || artifact_size.is_some_and(|n| n as u64 != m.object_size) {
             return Ok((refused("mismatch"), 0));
         }
         // One object per role: a checkpoint whose slot is filled has its object (an upload

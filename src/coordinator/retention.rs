@@ -291,6 +291,7 @@ impl Store {
                         let n = d.exec(
                             "DELETE FROM checkpoint_objects o WHERE o.object_digest = $1 \
                              AND NOT EXISTS (SELECT 1 FROM checkpoints c WHERE c.bundle_object = $1 OR c.base_object = $1) \
+                             AND NOT EXISTS (SELECT 1 FROM harness_artifacts h WHERE h.object = $1) \
                              AND NOT EXISTS (SELECT 1 FROM checkpoint_object_proofs pr JOIN checkpoints c \
                                              ON c.lane_incarnation_id = pr.lane_incarnation_id AND c.generation = pr.generation \
                                              WHERE pr.object_digest = $1)",

@@ -19,6 +19,10 @@ pub const PURPOSE: &str = "operator-recovery";
 /// Most plaintext bytes one artifact packs (every exported file, whole): beyond, nothing
 /// is captured and the receipt says why.
 pub const MAX_PLAIN_BYTES: u64 = 64 << 20;
+/// Most bytes an encrypted artifact can be (its plaintext limit, the tar headers of its
+/// most files, and age's per-chunk overhead, with room to spare): a receipt naming a
+/// larger one names no artifact.
+pub const MAX_SEALED_BYTES: u64 = 2 * MAX_PLAIN_BYTES + (MAX_FILES as u64) * 1024;
 /// Most files one artifact packs.
 pub const MAX_FILES: usize = 10_000;
 
@@ -36,7 +40,7 @@ pub fn retention_policy_digest() -> String {
 /// Why a recipient was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum RecipientError {
-    #[error("a recovery recipient is `PRINCIPAL=age1…` (a principal name of letters, digits, `.`, `_`, `-`, `@` and `:`, at most 100; an age X25519 public key): {0:?} is not")]
+    #[error("a recovery recipient is `PRINCIPAL=age1…` (a principal name of letters, digits, `.`, `_`, `-`, `@` and `:`, at most 100; an age X25519 public key): the one for {0:?} is not")]
     Malformed(String),
     #[error("recovery recipient principal {0:?} is named twice")]
     Duplicate(String),
@@ -58,7 +62,18 @@ pub struct Recipient {
 impl Recipient {
     /// `PRINCIPAL=age1…`.
     pub fn parse(s: &str) -> Result<Self, RecipientError> {
-        let bad = || RecipientError::Malformed(s.chars().take(120).collect());
+        // Only what precedes `=` is echoed: a secret key pasted by mistake never reaches
+        // an error or a log.
+        let bad = || {
+            RecipientError::Malformed(
+                s.split_once('=')
+                    .map(|(p, _)| p)
+                    .unwrap_or("")
+                    .chars()
+                    .take(100)
+                    .collect(),
+            )
+        };
         let (principal, key) = s.split_once('=').ok_or_else(bad)?;
         let principal_ok = (1..=100).contains(&principal.len())
             && principal
@@ -135,6 +150,7 @@ impl ArtifactRef {
         is_digest(&self.digest)
             && is_digest(&self.recipients_digest)
             && self.size > 0
+            && self.size <= MAX_SEALED_BYTES
             && self.files > 0
             && self.files as usize <= MAX_FILES
     }
@@ -172,6 +188,13 @@ mod tests {
                 ),
                 "{bad}"
             );
+        }
+        // A secret key pasted where a recipient goes is never echoed.
+        let secret = age::x25519::Identity::generate();
+        let secret = age::secrecy::ExposeSecret::expose_secret(&secret.to_string()).to_string();
+        for bad in [format!("ops={secret}"), secret.clone()] {
+            let e = parse_recipients(&[bad]).unwrap_err().to_string();
+            assert!(!e.contains("AGE-SECRET-KEY"), "{e}");
         }
         assert_eq!(
             parse_recipients(&[format!("ops={a}"), format!("ops={b}")]),

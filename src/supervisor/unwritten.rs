@@ -157,7 +157,13 @@ fn attempt(inner: &Inner, h: &mut Held) -> Result<(), String> {
         generation::write_receipt(inner, &h.receipt).map_err(|e| e.to_string())?;
         h.receipt_durable = true;
     }
-    inner.store.save_gen(&h.record).map_err(|e| e.to_string())
+    inner.store.save_gen(&h.record).map_err(|e| e.to_string())?;
+    // Its private area was kept while its end was not durable (a receipt built again
+    // after a restart seals its artifact from it): it goes now.
+    if h.receipt.cleanup.verified_empty {
+        generation::remove_harness_dir(inner, &h.receipt.lane_incarnation_id, h.receipt.generation);
+    }
+    Ok(())
 }
 
 /// Writes the held ends again until each is durable. Runs for the supervisor's life.

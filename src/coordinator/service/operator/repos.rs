@@ -93,8 +93,14 @@ impl Service {
                 checkpoint_digest, ..
             } => {
                 let l = self.leader().await?;
-                // A harness artifact's digest names no checkpoint: its own deletion.
+                // A harness artifact's digest (naming no checkpoint: a checkpoint is never
+                // shadowed by an artifact of the same digest) is its own deletion.
                 if crate::protocol::envelope::is_digest(&checkpoint_digest)
+                    && self
+                        .store
+                        .checkpoints(None, Some(&checkpoint_digest))
+                        .await?
+                        .is_empty()
                     && self.store.is_artifact(&checkpoint_digest).await?
                 {
                     self.store.delete_artifact(&l, &checkpoint_digest).await?
