@@ -167,6 +167,79 @@ async fn a_lapsed_leader_reacquires_with_a_new_epoch_and_its_old_epoch_is_dead()
         .unwrap();
 }
 
+/// §17 Coordinator epoch takeover, credential rotation: a coordinator whose credential was
+/// rotated is a new candidate. Its running launch cannot keep its epoch under the new
+/// credential (the ambiguous-commit path refuses a changed credential), a new launch with
+/// the new credential cannot take over an unexpired lease, and once the lease has run out
+/// it takes the next epoch, bound to the new credential; the old epoch can then neither
+/// renew nor mutate, and the old credential's launch cannot come back while the new one
+/// holds.
+#[tokio::test]
+async fn a_rotated_credential_takes_a_new_epoch_and_the_old_one_is_dead() {
+    let f = fx().await;
+    let s = &f.store;
+    s.release(&f.leader).await.unwrap();
+    let old = candidate("rotating");
+    let (first, _) = s.acquire(&old, 300).await.unwrap();
+    // The same launch, its credential rotated: not its epoch any more.
+    let same_launch_rotated = Candidate {
+        credential_digest: d('e'),
+        ..old.clone()
+    };
+    assert_eq!(
+        category(s.acquire(&same_launch_rotated, 60_000).await.map(|_| ())),
+        Category::Mismatch
+    );
+    // A new launch with the rotated credential waits for the lease like anyone.
+    let rotated = Candidate {
+        credential_digest: d('e'),
+        launch_id: format!("launch-{}", uuid::Uuid::new_v4().simple()),
+        ..old.clone()
+    };
+    assert_eq!(
+        category(s.acquire(&rotated, 60_000).await.map(|_| ())),
+        Category::LeadershipHeld
+    );
+    tokio::time::sleep(std::time::Duration::from_millis(400)).await;
+    let (second, r) = s.acquire(&rotated, 60_000).await.unwrap();
+    assert_eq!(second.epoch(), first.epoch() + 1);
+    assert_eq!(r.body["previous_epoch"], first.epoch());
+    let c = sql(&f.db.url).await;
+    let bound: String = c
+        .query_one("SELECT credential_digest FROM leadership", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(bound, d('e'));
+    // The old epoch is dead: no renewal, no mutation.
+    let mut stale = first.clone();
+    assert_eq!(
+        category(s.renew(&mut stale, 60_000).await),
+        Category::StaleLeader
+    );
+    let lane = adopt(s, &second, "h1:w4").await;
+    assert_eq!(
+        category(
+            s.reserve(&first, &request(&lane.lane_incarnation_id, None, 60_000))
+                .await
+        ),
+        Category::StaleLeader
+    );
+    // The old credential's launch retrying its acquisition gets nothing while the new
+    // one holds; the new epoch is the one that mutates.
+    assert_eq!(
+        category(s.acquire(&old, 60_000).await.map(|_| ())),
+        Category::LeadershipHeld
+    );
+    s.reserve(&second, &request(&lane.lane_incarnation_id, None, 60_000))
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&f.db.url, "SELECT max(epoch) FROM epochs").await,
+        second.epoch()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn a_leader_paused_past_its_lease_reacquires_and_its_inflight_transition_is_refused() {
     let mut w = Split::new(2);

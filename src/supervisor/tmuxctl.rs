@@ -406,7 +406,30 @@ mod tests {
         let c = Control::attach(&s.tmux(), "lane");
         assert!(c.is_ok(), "{:?}", c.err());
         drop(c);
+        // `kill-server` returns while the server is still exiting (a client reaching it
+        // then is told "server exited unexpectedly"): the server's process is awaited
+        // gone, so what follows asks a socket no server holds.
+        let pid: i32 = String::from_utf8_lossy(&s.raw(&["display-message", "-p", "#{pid}"]).stdout)
+            .trim()
+            .parse()
+            .unwrap();
         assert!(s.raw(&["kill-server"]).status.success());
+        let gone = || {
+            std::fs::read_to_string(format!("/proc/{pid}/stat"))
+                .map(|st| {
+                    st.rsplit_once(')')
+                        .is_some_and(|(_, r)| r.trim_start().starts_with('Z'))
+                })
+                .unwrap_or(true)
+        };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while !gone() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the killed tmux server {pid} never exited"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
         let e = match Control::attach(&s.tmux(), "lane") {
             Ok(_) => panic!("attached to a killed server"),
             Err(e) => e.to_string(),
