@@ -2541,20 +2541,32 @@ fn a_generation_frozen_for_its_checkpoint_is_thawed_when_its_supervisor_returns(
 /// start only), and waits for it to be connected again.
 fn restart_holding(w: &mut World, host: &str, point: &str, file: &Path) {
     w.crash_supervisor(0);
+    // The killed process's session is seen gone first (its socket closed with it):
+    // otherwise the old session, not yet noticed dead, passes for the new one, and the
+    // next request finds the host unreachable.
+    wait_until("the old session gone", || {
+        (!connected(w, host)?).then_some(())
+    });
     let spec = format!("{point}=return({})", file.display());
     w.sup[0].start(Some(spec.as_str()));
     wait_connected(w, host);
 }
 
-/// Waits until the coordinator holds `host`'s session.
-fn wait_connected(w: &World, host: &str) {
-    wait_until("the host connected again", || {
-        let st = w.op(&OperatorRequest::Status).ok()?;
+/// Whether the coordinator holds a session of `host` now (`None`: no answer).
+fn connected(w: &World, host: &str) -> Option<bool> {
+    let st = w.op(&OperatorRequest::Status).ok()?;
+    Some(
         st["hosts_connected"]
             .as_array()?
             .iter()
-            .any(|h| h == host || h == format!("host:{host}").as_str())
-            .then_some(())
+            .any(|h| h == host || h == format!("host:{host}").as_str()),
+    )
+}
+
+/// Waits until the coordinator holds `host`'s session.
+fn wait_connected(w: &World, host: &str) {
+    wait_until("the host connected again", || {
+        connected(w, host)?.then_some(())
     });
 }
 
