@@ -108,25 +108,19 @@ impl Store {
         // An artifact is the bytes its receipt sized; and no object is ever both a
         // checkpoint's and an artifact's (a host naming its bundle as its artifact would
         // have operators "recover" a bundle, and hosts be served ciphertext).
-        let (artifact_size, other_named) = if m.role == ObjectRole::Artifact {
-            let named = tx
-                .query_opt(
-                    "SELECT 1 FROM checkpoints WHERE bundle_object = $1 OR base_object = $1 LIMIT 1",
-                    &[&m.object_digest],
-                )
-                .await?
-                .is_some();
-            (Some(row.col::<i64>("size")?), named)
-        } else {
-            let named = tx
-                .query_opt(
-                    "SELECT 1 FROM harness_artifacts WHERE artifact_digest = $1 OR object = $1 LIMIT 1",
-                    &[&m.object_digest],
-                )
-                .await?
-                .is_some();
-            (None, named)
-        };
+        let artifact = m.role == ObjectRole::Artifact;
+        let other_named = tx
+            .query_opt(
+                if artifact {
+                    "SELECT 1 FROM checkpoints WHERE bundle_object = $1 OR base_object = $1 LIMIT 1"
+                } else {
+                    "SELECT 1 FROM harness_artifacts WHERE artifact_digest = $1 OR object = $1 LIMIT 1"
+                },
+                &[&m.object_digest],
+            )
+            .await?
+            .is_some();
+        let artifact_size = artifact.then(|| row.col::<i64>("size")).transpose()?;
         if other_named || artifact_size.is_some_and(|n| n as u64 != m.object_size) {
             return Ok((refused("mismatch"), 0));
         }

@@ -614,47 +614,17 @@ pub(crate) fn build_receipt(
     cleanup: Cleanup,
     detail: Option<String>,
 ) -> TerminationReceipt {
-    // Work in a repository: its workspace checkpointed now that nothing of the generation
-    // is left to write it (only then: a checkpoint of a tree still changing is no fact).
     let mut detail = detail;
-    let mut note = |what: &str, e: &str| {
-        detail = Some(match detail.take() {
-            Some(d) => format!("{d}; no {what}: {e}"),
-            None => format!("no {what}: {e}"),
-        });
-    };
+    let verified = cleanup.verified_empty;
     // The harness's session, sealed from its private area (still there: it is removed
-    // after this) once nothing of the generation can write it.
-    let harness_artifact = if cleanup.verified_empty {
-        match blocking(|| super::artifacts::seal(inner, rec)) {
-            Some(Ok(a)) => Some(a),
-            Some(Err(e)) => {
-                tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,
-                    "cannot capture the harness's artifact; its receipt says so");
-                note("harness artifact", &e);
-                None
-            }
-            None => None,
-        }
-    } else {
-        None
-    };
-    let checkpoint = if cleanup.verified_empty {
-        // git runs here (bounded by its deadline): off the runtime's worker if on one.
-        let taken = blocking(|| super::checkpoints::checkpoint(inner, rec));
-        match taken {
-            Some(Ok(c)) => Some(c),
-            Some(Err(e)) => {
-                tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,
-                    "cannot checkpoint the generation's workspace; its receipt says so");
-                note("checkpoint", &e);
-                None
-            }
-            None => None,
-        }
-    } else {
-        None
-    };
+    // after this).
+    let harness_artifact = capture(verified, rec, "harness artifact", &mut detail, || {
+        super::artifacts::seal(inner, rec)
+    });
+    // Work in a repository: its workspace checkpointed (git runs, bounded by its deadline).
+    let checkpoint = capture(verified, rec, "checkpoint", &mut detail, || {
+        super::checkpoints::checkpoint(inner, rec)
+    });
     let now = crate::util::now_rfc3339();
     TerminationReceipt {
         receipt_id: format!("rcpt-{}", uuid::Uuid::new_v4().simple()),
@@ -691,6 +661,34 @@ pub(crate) fn build_receipt(
         last_progress_receipt_digest: None,
         detail,
         effects: inner.broker.unrecorded(&rec.lane_id, rec.generation),
+    }
+}
+
+/// One capture of an ended generation (its artifact, its checkpoint), taken only once its
+/// cleanup is verified (nothing of it is left to write what is read: a capture of files
+/// still changing is no fact), off the runtime's worker. `None` when there is nothing to
+/// capture; a failure is logged and said in the receipt's `detail`.
+fn capture<T>(
+    verified: bool,
+    rec: &GenRecord,
+    what: &str,
+    detail: &mut Option<String>,
+    take: impl FnOnce() -> Option<Result<T, String>>,
+) -> Option<T> {
+    if !verified {
+        return None;
+    }
+    match blocking(take)? {
+        Ok(t) => Some(t),
+        Err(e) => {
+            tracing::error!(lane_id = %rec.lane_id, generation = rec.generation, error = %e,
+                "cannot capture the generation's {what}; its receipt says so");
+            *detail = Some(match detail.take() {
+                Some(d) => format!("{d}; no {what}: {e}"),
+                None => format!("no {what}: {e}"),
+            });
+            None
+        }
     }
 }
 
