@@ -1495,6 +1495,11 @@ async fn every_state_enum_matches_its_column_constraint() {
         ("assignments", "work_status", names(WorkStatus::ALL)),
         ("assignments", "watchdog_step", names(WatchdogStep::ALL)),
         ("effect_claims", "state", names(ClaimState::ALL)),
+        (
+            "workspace_effects",
+            "state",
+            names(WorkspaceEffectState::ALL),
+        ),
     ];
     for (table, column, enum_values) in cases {
         let db_values = check_values(&url, table, column).await;

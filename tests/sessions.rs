@@ -1241,7 +1241,7 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
     };
     let w = World::new(Opts::default());
     let lane = w.lane(0, "lane-1");
-    let (repo, asg, ck, ch) = stored_work(&w, &lane, false).await;
+    let (repo, asg, ck, ch) = stored_work(&w, &lane, End::Cancel).await;
     let bundle = ck["bundle_object"].as_str().unwrap().to_string();
 
     let (p, _) = w.raw(1, vec![]);
@@ -1511,7 +1511,7 @@ async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
 async fn a_workspace_restored_from_other_files_is_never_activated() {
     let w = World::new(Opts::default());
     let lane = w.lane(0, "lane-1");
-    let (repo, asg, ck, _) = stored_work(&w, &lane, true).await;
+    let (repo, asg, ck, _) = stored_work(&w, &lane, End::Kill).await;
     let digest = ck["checkpoint_digest"].as_str().unwrap().to_string();
     let names = ["lane-x", "lane-y", "lane-z"];
     let (p, ordinary) = w.raw(
@@ -1825,7 +1825,342 @@ fn seal(
 /// Host A's work in a repository (`demo`, declared on A), stopped (or, with `kill`, its
 /// generation SIGKILLed into recovery) once its checkpoint is stored: the repository's
 /// directory, the assignment, its checkpoint row and its chain.
-async fn stored_work(w: &World, lane: &str, kill: bool) -> (PathBuf, String, Json, Json) {
+/// Handing done work on (`mosaic workspace push`) is a fenced claim of one host's exact
+/// update. Host B, played by the raw client: for an effect ordered to it, a claim whose
+/// operation digest is not its update's, or that would push another commit than the final
+/// checkpoint's, is refused; the right one is admitted once (the same claim again is the
+/// same admission; another update under it is refused); its outcome is settled once. For
+/// an effect ordered to host A, B can neither read its checkpoint nor claim nor settle it;
+/// an order made while its host is away goes out when its host's session opens, and an
+/// admitted one it never reported is UNKNOWN once its next session opens;
+/// and a claim after the effect's deadline is refused, the next request closing it
+/// EXPIRED. One effect of a work is open at a time.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_workspace_effect_is_claimed_only_by_its_host_for_its_exact_update() {
+    use mosaic::protocol::messages::{
+        hand_on_operation_digest, CheckpointFetch, DataAnswer, EffectStep, HandOnOutcome,
+        HandOnVerdict, WorkspaceEffect,
+    };
+    let w = World::new(Opts::default());
+    let lane = w.lane(0, "lane-1");
+    let (repo, asg, ck, _) = stored_work(&w, &lane, End::Complete).await;
+    let commit = ck["commit_id"].as_str().unwrap().to_string();
+    let bundle = ck["bundle_object"].as_str().unwrap().to_string();
+    let b = w.hosts[1].clone();
+    let order = |host: &str| OperatorRequest::WorkspaceEffect {
+        assignment_id: asg.clone(),
+        kind: "push".into(),
+        into: None,
+        host_id: Some(host.into()),
+        wait: false,
+        request_id: None,
+    };
+    // Ordered while B is away: its order goes out when B's session opens.
+    let v = tokio::task::block_in_place(|| w.op(&order(&b))).unwrap();
+    let id = v["effect_id"].as_str().unwrap().to_string();
+    assert!(
+        v["note"].as_str().unwrap().contains("when it connects"),
+        "{v}"
+    );
+    let (p, _) = w.raw(1, vec![]);
+    let mut hs = transport::connect(&p).await.unwrap();
+    let ToHost::WorkspaceOrder(o) =
+        typed(&next_of(&mut hs, &p, &[MessageType::WorkspaceOrder]).await)
+    else {
+        panic!("not an order")
+    };
+    assert_eq!(o.effect_id, id);
+    assert_eq!(o.checkpoint.commit_id, commit);
+    let reference = format!("refs/heads/mosaic/{asg}");
+    assert_eq!(o.reference, reference);
+    let zero = "0".repeat(40);
+    let digest = |id: &str, new: &str| {
+        hand_on_operation_digest(id, "push", "demo", &reference, &commit, &zero, new)
+    };
+    let send = |id: &str, step: EffectStep| WorkspaceEffect {
+        effect_id: id.to_string(),
+        assignment_id: asg.clone(),
+        step,
+    };
+    let claim = |id: &str, new: &str, operation_digest: String| {
+        send(
+            id,
+            EffectStep::Claim {
+                old_id: zero.clone(),
+                new_id: new.to_string(),
+                operation_digest,
+            },
+        )
+    };
+    let settle = |id: &str, outcome: HandOnOutcome| {
+        send(
+            id,
+            EffectStep::Settle {
+                outcome,
+                result_digest: format!("sha256:{}", "d".repeat(64)),
+                detail: None,
+            },
+        )
+    };
+    async fn answer(hs: &mut HostSession, p: &LinkParams, m: WorkspaceEffect) -> HandOnVerdict {
+        match ask_coord(
+            hs,
+            p,
+            MessageType::WorkspaceEffect,
+            m.fields(),
+            MessageType::WorkspaceEffectAnswer,
+        )
+        .await
+        {
+            ToHost::WorkspaceEffectAnswer(a) => a.verdict,
+            other => panic!("{other:?}"),
+        }
+    }
+    let refused = |c: &str| HandOnVerdict::Refused(c.into());
+    let other = "f".repeat(40);
+    // Its update's digest, or nothing.
+    let m = claim(&id, &commit, digest(&id, &other));
+    assert_eq!(answer(&mut hs, &p, m).await, refused("mismatch"));
+    // Another commit than the final checkpoint's, however well digested.
+    let m = claim(&id, &other, digest(&id, &other));
+    assert_eq!(answer(&mut hs, &p, m).await, refused("mismatch"));
+    // One effect of a work open at a time.
+    let e = tokio::task::block_in_place(|| w.op(&order(&b))).expect_err("one open");
+    assert!(e.message.contains("still open"), "{e:?}");
+    // The checkpoint it hands on is B's to read now, recorded as such.
+    let fetch = |via: &str| CheckpointFetch {
+        assignment_id: asg.clone(),
+        reservation_id: via.to_string(),
+        object_digest: bundle.clone(),
+        offset: 0,
+    };
+    async fn read(hs: &mut HostSession, p: &LinkParams, m: CheckpointFetch) -> DataAnswer {
+        match ask_coord(
+            hs,
+            p,
+            MessageType::CheckpointFetch,
+            m.fields(),
+            MessageType::CheckpointData,
+        )
+        .await
+        {
+            ToHost::CheckpointData(d) => d.answer,
+            other => panic!("{other:?}"),
+        }
+    }
+    assert!(matches!(
+        read(&mut hs, &p, fetch(&id)).await,
+        DataAnswer::Data { .. }
+    ));
+    // The exact update: admitted; again, the same admission; another, refused.
+    let m = claim(&id, &commit, digest(&id, &commit));
+    assert_eq!(
+        answer(&mut hs, &p, m.clone()).await,
+        HandOnVerdict::Admitted
+    );
+    assert_eq!(answer(&mut hs, &p, m).await, HandOnVerdict::Admitted);
+    let m = send(
+        &id,
+        EffectStep::Claim {
+            old_id: other.clone(),
+            new_id: commit.clone(),
+            operation_digest: hand_on_operation_digest(
+                &id, "push", "demo", &reference, &commit, &other, &commit,
+            ),
+        },
+    );
+    assert_eq!(
+        answer(&mut hs, &p, m).await,
+        refused("idempotency-conflict")
+    );
+    // Admitted, its checkpoint is no longer read for it.
+    assert_eq!(
+        read(&mut hs, &p, fetch(&id)).await,
+        DataAnswer::Refused("not-granted".into())
+    );
+    // Settled once: the same settlement again is the same; another is refused.
+    let done = settle(&id, HandOnOutcome::Completed);
+    assert_eq!(
+        answer(&mut hs, &p, done.clone()).await,
+        HandOnVerdict::Recorded
+    );
+    assert_eq!(answer(&mut hs, &p, done).await, HandOnVerdict::Recorded);
+    let m = settle(&id, HandOnOutcome::Failed);
+    assert_eq!(
+        answer(&mut hs, &p, m).await,
+        refused("idempotency-conflict")
+    );
+
+    // An effect ordered to host A: B can neither read its checkpoint, claim, nor settle it.
+    let v = tokio::task::block_in_place(|| w.op(&order(&w.hosts[0]))).unwrap();
+    let a_id = v["effect_id"].as_str().unwrap().to_string();
+    assert_eq!(
+        read(&mut hs, &p, fetch(&a_id)).await,
+        DataAnswer::Refused("not-granted".into())
+    );
+    let m = claim(&a_id, &commit, digest(&a_id, &commit));
+    assert_eq!(answer(&mut hs, &p, m).await, refused("not-owner"));
+    let m = settle(&a_id, HandOnOutcome::Declined);
+    assert_eq!(answer(&mut hs, &p, m).await, refused("not-owner"));
+    // A declines it itself (its push executor has no such repository).
+    let c = w.sql().await;
+    let a_state = effect_row(&w, &asg, &a_id, |r| r["state"] != "REQUESTED");
+    assert_eq!(a_state["state"], "DECLINED", "{a_state}");
+    assert!(
+        a_state["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no repository"),
+        "{a_state}"
+    );
+
+    // Past its deadline (database time, moved here by hand), a claim is refused, and the
+    // next request closes it EXPIRED.
+    let v = tokio::task::block_in_place(|| w.op(&order(&b))).unwrap();
+    let late = v["effect_id"].as_str().unwrap().to_string();
+    c.batch_execute(&format!(
+        "ALTER TABLE workspace_effects DISABLE TRIGGER workspace_effect_moves; \
+         UPDATE workspace_effects SET claim_deadline = now() - interval '1 second' WHERE effect_id = '{late}'; \
+         ALTER TABLE workspace_effects ENABLE TRIGGER workspace_effect_moves;"
+    ))
+    .await
+    .unwrap();
+    assert_eq!(
+        read(&mut hs, &p, fetch(&late)).await,
+        DataAnswer::Refused("not-granted".into())
+    );
+    let m = claim(&late, &commit, digest(&late, &commit));
+    assert_eq!(answer(&mut hs, &p, m).await, refused("expired"));
+    let v = tokio::task::block_in_place(|| w.op(&order(&b))).unwrap();
+    assert_eq!(v["state"], "REQUESTED", "{v}");
+    let rows: Vec<(String, String)> = c
+        .query(
+            "SELECT effect_id, state FROM workspace_effects WHERE assignment_id = $1 ORDER BY requested_at",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let states: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
+    assert_eq!(
+        states,
+        ["COMPLETED", "DECLINED", "EXPIRED", "REQUESTED"],
+        "{rows:?}"
+    );
+    // A settled effect never moves again, and nothing an effect was requested for ever
+    // changes, whatever statement tries.
+    let refusal = |e: tokio_postgres::Error| {
+        e.as_db_error()
+            .map(|d| d.message().to_string())
+            .unwrap_or_default()
+    };
+    let e = c
+        .execute(
+            "UPDATE workspace_effects SET state = 'RECONCILED', reconciliation = 'x' WHERE effect_id = $1",
+            &[&id],
+        )
+        .await
+        .expect_err("the trigger refuses");
+    assert!(refusal(e).contains("cannot move from COMPLETED"));
+    let e = c
+        .execute(
+            "UPDATE workspace_effects SET state = 'EXPIRED', resolved_at = now(), commit_id = $2 WHERE effect_id = $1",
+            &[&rows[3].0, &other],
+        )
+        .await
+        .expect_err("the trigger refuses");
+    assert!(refusal(e).contains("never changes"));
+    let reads: i64 = c
+        .query_one(
+            "SELECT count(*) FROM checkpoint_restores WHERE purpose = 'workspace-effect' AND host_id = $1",
+            &[&b],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(reads, 1, "B's one read is recorded");
+
+    // An outcome its host could not tell keeps the work's effects closed until the
+    // operator resolves it with evidence (a settled one is not resolved by hand), or its
+    // host observes it late.
+    let mut last = rows[3].0.clone();
+    for late in [false, true] {
+        let m = claim(&last, &commit, digest(&last, &commit));
+        assert_eq!(answer(&mut hs, &p, m).await, HandOnVerdict::Admitted);
+        let m = settle(&last, HandOnOutcome::Unknown);
+        assert_eq!(answer(&mut hs, &p, m).await, HandOnVerdict::Recorded);
+        let e = tokio::task::block_in_place(|| w.op(&order(&b))).expect_err("unknown is open");
+        assert!(e.message.contains("still open (UNKNOWN)"), "{e:?}");
+        let resolve = |effect_id: &str| OperatorRequest::WorkspaceResolve {
+            effect_id: effect_id.into(),
+            applied: true,
+            evidence_digest: format!("sha256:{}", "9".repeat(64)),
+            request_id: None,
+        };
+        let how = if late {
+            let m = settle(&last, HandOnOutcome::Completed);
+            assert_eq!(answer(&mut hs, &p, m).await, HandOnVerdict::Recorded);
+            "observed-late: completed".to_string()
+        } else {
+            let e = tokio::task::block_in_place(|| w.op(&resolve(&id))).expect_err("settled");
+            assert!(e.message.contains("resolved by hand"), "{e:?}");
+            let r = tokio::task::block_in_place(|| w.op(&resolve(&last))).unwrap();
+            assert_eq!(r["state"], "RECONCILED", "{r}");
+            format!("operator: applied (evidence sha256:{})", "9".repeat(64))
+        };
+        let row = effect_row(&w, &asg, &last, |_| true);
+        assert_eq!(row["state"], "RECONCILED", "{row}");
+        assert_eq!(row["reconciliation"], how.as_str(), "{row}");
+        let v = tokio::task::block_in_place(|| w.op(&order(&b))).unwrap();
+        assert_eq!(v["state"], "REQUESTED", "{v}");
+        last = v["effect_id"].as_str().unwrap().to_string();
+    }
+    // Admitted, then no report past its window: B's next session finds it UNKNOWN.
+    let m = claim(&last, &commit, digest(&last, &commit));
+    assert_eq!(answer(&mut hs, &p, m).await, HandOnVerdict::Admitted);
+    c.batch_execute(&format!(
+        "ALTER TABLE workspace_effects DISABLE TRIGGER workspace_effect_moves; \
+         UPDATE workspace_effects SET dispatch_until = now() - interval '1 second' WHERE effect_id = '{last}'; \
+         ALTER TABLE workspace_effects ENABLE TRIGGER workspace_effect_moves;"
+    ))
+    .await
+    .unwrap();
+    drop(hs);
+    let _hs = common_retry_connect(&p).await;
+    let state = effect_row(&w, &asg, &last, |r| r["state"] != "ADMITTED")["state"].clone();
+    assert_eq!(state, "UNKNOWN");
+    let _ = std::fs::remove_dir_all(&repo);
+}
+
+/// The recorded effect `id` of `asg` (`mosaic workspace effects`), once `ready` holds.
+fn effect_row(w: &World, asg: &str, id: &str, ready: impl Fn(&Json) -> bool) -> Json {
+    tokio::task::block_in_place(|| {
+        common::wait_until(&format!("effect {id}"), || {
+            let v = w
+                .op(&OperatorRequest::WorkspaceEffects {
+                    assignment_id: Some(asg.to_string()),
+                })
+                .ok()?;
+            let row = v.as_array()?.iter().find(|r| r["effect_id"] == id)?.clone();
+            ready(&row).then_some(row)
+        })
+    })
+}
+
+/// How [`stored_work`] ends its work.
+#[derive(PartialEq)]
+enum End {
+    /// Its generation SIGKILLed: the work in recovery.
+    Kill,
+    /// Stopped: CANCELLED.
+    Cancel,
+    /// Stopped COMPLETED, on its final checkpoint.
+    Complete,
+}
+
+async fn stored_work(w: &World, lane: &str, end: End) -> (PathBuf, String, Json, Json) {
     let repo = std::env::temp_dir().join(format!("mosaic-repo-{}", uuid::Uuid::new_v4().simple()));
     std::fs::create_dir_all(&repo).unwrap();
     for args in [
@@ -1870,7 +2205,7 @@ async fn stored_work(w: &World, lane: &str, kill: bool) -> (PathBuf, String, Jso
     let a = tokio::task::block_in_place(|| w.op(&r)).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
     let ch = chain_of(w, lane).await;
-    if kill {
+    if end == End::Kill {
         let cg = common::cgroup_at(a["process_identity"]["cgroup_path"].as_str().unwrap());
         std::fs::write(cg.join("cgroup.kill"), "1").unwrap();
         tokio::task::block_in_place(|| {
@@ -1879,6 +2214,18 @@ async fn stored_work(w: &World, lane: &str, kill: bool) -> (PathBuf, String, Jso
                 v.to_string().contains("RECOVERY").then_some(())
             })
         });
+    } else if end == End::Complete {
+        let out = tokio::task::block_in_place(|| {
+            w.op(&OperatorRequest::Stop {
+                assignment_id: asg.clone(),
+                outcome: Some("COMPLETED".into()),
+                evidence_digest: Some(format!("sha256:{}", "e".repeat(64))),
+                wait: true,
+                request_id: None,
+            })
+        })
+        .unwrap();
+        assert_eq!(out["state"], "COMPLETED", "{out}");
     } else {
         tokio::task::block_in_place(|| w.stop(&asg));
     }

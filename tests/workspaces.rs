@@ -509,7 +509,9 @@ struct Removed(PathBuf);
 
 impl Drop for Removed {
     fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
+        if std::fs::remove_dir_all(&self.0).is_err() {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 
@@ -2603,4 +2605,358 @@ fn a_host_copy_that_is_in_no_stored_checkpoint_is_kept() {
         .unwrap();
     assert_eq!(rows, serde_json::json!([]));
     let _ = std::fs::remove_file(&go);
+}
+
+/// A bare clone of `repo` standing in for its remote; removed on drop.
+struct Remote(PathBuf);
+
+impl Remote {
+    fn of(repo: &Repo) -> Self {
+        let p = std::env::temp_dir().join(format!(
+            "mosaic-remote-{}.git",
+            uuid::Uuid::new_v4().simple()
+        ));
+        let ok = Command::new("git")
+            .args(["clone", "--bare", "-q"])
+            .arg(&repo.0)
+            .arg(&p)
+            .status()
+            .expect("git clone");
+        assert!(ok.success());
+        Self(p)
+    }
+
+    fn at(&self, reference: &str) -> Option<String> {
+        let out = Command::new("git")
+            .arg("--git-dir")
+            .arg(&self.0)
+            .args(["rev-parse", "--verify", "-q", reference])
+            .output()
+            .unwrap();
+        out.status
+            .success()
+            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+
+    fn git(&self, args: &[&str]) -> String {
+        git_dir(&self.0, args)
+    }
+}
+
+impl Drop for Remote {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// `mosaic workspace push|merge` for `asg`: the effect as the coordinator answered it.
+fn hand_on(
+    w: &World,
+    asg: &str,
+    kind: &str,
+    into: Option<&str>,
+) -> Result<Value, mosaic::coordinator::service::OpError> {
+    w.op(&OperatorRequest::WorkspaceEffect {
+        assignment_id: asg.into(),
+        kind: kind.into(),
+        into: into.map(String::from),
+        host_id: None,
+        wait: true,
+        request_id: None,
+    })
+}
+
+/// Like [`hand_on`], once the work's final checkpoint is whole in the store.
+fn hand_on_stored(w: &World, asg: &str, kind: &str, into: Option<&str>) -> Value {
+    wait_until("the final checkpoint in the store", || {
+        match hand_on(w, asg, kind, into) {
+            Err(e) if e.message.contains("not whole in the coordinator's store") => None,
+            other => Some(other.unwrap_or_else(|e| panic!("{kind}: {e:?}"))),
+        }
+    })
+}
+
+/// The final checkpoint's commit and tree of COMPLETED work `asg`.
+fn final_commit(w: &World, asg: &str) -> (String, String) {
+    let (_, digest, _) = final_of(w, asg);
+    let digest = digest.expect("a final checkpoint");
+    let rows = w
+        .op(&OperatorRequest::Checkpoints {
+            assignment_id: Some(asg.into()),
+            checkpoint_digest: Some(digest),
+        })
+        .unwrap();
+    let r = &rows[0];
+    (
+        r["commit_id"].as_str().unwrap().into(),
+        r["tree_id"].as_str().unwrap().into(),
+    )
+}
+
+/// Work assigned in `demo` on `lane` from `base`, its workspace given `files`, completed.
+fn completed_with(w: &World, lane: &str, base: Option<&str>, files: &[(&str, &str)]) -> String {
+    let a = assign_in(w, lane, "hang", Some("demo"), base, None).unwrap();
+    let asg = a["assignment_id"].as_str().unwrap().to_string();
+    let ws = w.state_dir(0).join("workspaces").join(&asg);
+    for (name, text) in files {
+        std::fs::write(ws.join(name), text).unwrap();
+    }
+    assert_eq!(complete(w, &asg)["state"], "COMPLETED");
+    asg
+}
+
+/// Issue 20 §6 "finishing the work": done work's final checkpoint is handed on only through
+/// the host's push executor, after the coordinator admitted the exact update. A push puts
+/// exactly the checkpoint (its tree is the work's files, uncommitted ones too) on the work's
+/// own branch of the remote; again it finds it there and claims nothing; a merge
+/// fast-forwards a branch that has not moved, makes a merge commit of one that has, and
+/// declines a conflict without touching the remote. Work that is not COMPLETED, or that has
+/// no workspace, is refused before anything is recorded; a host without the repository
+/// among its push executor's declines it.
+#[test]
+fn done_work_is_handed_on_only_through_an_admitted_update() {
+    let repo = Repo::new();
+    let remote = Remote::of(&repo);
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "workspaces-hand-on",
+        supervisor_extra: format!("[repositories.demo]\nurl = {:?}\n", remote.0),
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let host = lane.split_once(':').unwrap().0.to_string();
+    add_repo(&w, "demo", &repo.0, &host);
+    let effects = |asg: &str| -> i64 {
+        sql_one(
+            &w,
+            "SELECT count(*) FROM workspace_effects WHERE assignment_id = $1",
+            &[&asg],
+        )
+    };
+
+    // Not done yet: refused, nothing recorded, the remote untouched.
+    let (_, asg, ws) = changed_work(&w, &lane);
+    let refused = hand_on(&w, &asg, "push", None).expect_err("running work is not handed on");
+    assert!(
+        refused.message.contains("only COMPLETED work"),
+        "{refused:?}"
+    );
+    assert_eq!(effects(&asg), 0);
+    std::fs::write(ws.join("untracked.txt"), "never committed\n").unwrap();
+    assert_eq!(complete(&w, &asg)["state"], "COMPLETED");
+    let (commit, tree) = final_commit(&w, &asg);
+
+    // A push: exactly the final checkpoint on mosaic/<assignment>.
+    let branch = format!("refs/heads/mosaic/{asg}");
+    let out = hand_on_stored(&w, &asg, "push", None);
+    assert_eq!(out["state"], "COMPLETED", "{out}");
+    assert_eq!(out["new_id"], commit.as_str(), "{out}");
+    assert_eq!(out["old_id"], "0".repeat(40), "{out}");
+    assert_eq!(out["reference"], branch.as_str());
+    assert_eq!(remote.at(&branch).as_deref(), Some(commit.as_str()));
+    assert_eq!(
+        remote.git(&["rev-parse", &format!("{commit}^{{tree}}")]),
+        tree
+    );
+    assert_eq!(
+        remote.git(&["show", &format!("{commit}:untracked.txt")]),
+        "never committed"
+    );
+    assert_eq!(
+        remote.git(&["show", &format!("{commit}:a.txt")]),
+        "one\nattack"
+    );
+    assert!(
+        out["result_digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:"),
+        "{out}"
+    );
+    // Again (through the CLI): already there, nothing claimed.
+    let out = Command::new(env!("CARGO_BIN_EXE_mosaic"))
+        .args(["workspace", "push", "--json", "--assignment", &asg])
+        .arg("--coordinator-socket")
+        .arg(w.socket(0))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let again: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(again["state"], "UP_TO_DATE", "{again}");
+    assert!(again["old_id"].is_null(), "{again}");
+
+    // A merge into main, which has not moved since the work's base: a fast-forward.
+    let main_before = remote.at("refs/heads/main").unwrap();
+    let out = hand_on(&w, &asg, "merge", Some("main")).unwrap();
+    assert_eq!(out["state"], "COMPLETED", "{out}");
+    assert_eq!(out["old_id"], main_before.as_str());
+    assert_eq!(
+        remote.at("refs/heads/main").as_deref(),
+        Some(commit.as_str())
+    );
+
+    // Work based on `feature` changing a.txt otherwise: its merge conflicts, is declined,
+    // claims nothing, and main stays.
+    let clash = completed_with(&w, &lane, Some("feature"), &[("a.txt", "one\nclash\n")]);
+    let out = hand_on_stored(&w, &clash, "merge", Some("main"));
+    assert_eq!(out["state"], "DECLINED", "{out}");
+    assert!(
+        out["detail"]
+            .as_str()
+            .unwrap()
+            .contains("conflicts in: a.txt"),
+        "{out}"
+    );
+    assert!(out["old_id"].is_null(), "{out}");
+    assert_eq!(
+        remote.at("refs/heads/main").as_deref(),
+        Some(commit.as_str())
+    );
+
+    // Work based on `feature` adding a file: a merge commit of main and the checkpoint.
+    let side = completed_with(&w, &lane, Some("feature"), &[("c.txt", "side\n")]);
+    let (side_commit, _) = final_commit(&w, &side);
+    let out = hand_on_stored(&w, &side, "merge", Some("main"));
+    assert_eq!(out["state"], "COMPLETED", "{out}");
+    let merged = remote.at("refs/heads/main").unwrap();
+    assert_eq!(out["new_id"], merged.as_str(), "{out}");
+    assert_eq!(remote.git(&["rev-parse", &format!("{merged}^1")]), commit);
+    assert_eq!(
+        remote.git(&["rev-parse", &format!("{merged}^2")]),
+        side_commit
+    );
+    assert_eq!(remote.git(&["show", &format!("{merged}:c.txt")]), "side");
+    assert_eq!(
+        remote.git(&["show", &format!("{merged}:untracked.txt")]),
+        "never committed"
+    );
+
+    // The host's reads of the checkpoints it handed on are recorded as such.
+    let reads: i64 = sql_one(
+        &w,
+        "SELECT count(*) FROM checkpoint_restores WHERE purpose = 'workspace-effect' AND assignment_id = $1",
+        &[&side],
+    );
+    assert!(reads >= 1, "the store read is recorded");
+
+    // A host whose push executor does not have the repository: declined, nothing claimed.
+    let w2_repo = Repo::new();
+    let w2 = World::started(Spec {
+        lanes: 1,
+        tag: "workspaces-hand-on-none",
+        ..Spec::default()
+    });
+    let lane2 = w2.lane_of(0, "lane-1");
+    let host2 = lane2.split_once(':').unwrap().0.to_string();
+    add_repo(&w2, "demo", &w2_repo.0, &host2);
+    let lone = completed_with(&w2, &lane2, None, &[("x.txt", "x\n")]);
+    let out = hand_on_stored(&w2, &lone, "push", None);
+    assert_eq!(out["state"], "DECLINED", "{out}");
+    assert!(
+        out["detail"]
+            .as_str()
+            .unwrap()
+            .contains("no repository \"demo\" is configured"),
+        "{out}"
+    );
+    // Without --into, work based on HEAD names no branch to merge into.
+    let e = hand_on(&w2, &lone, "merge", None).expect_err("no branch named");
+    assert!(e.message.contains("--into"), "{e:?}");
+    // Work without a workspace has no branch at all.
+    let plain = assign_in(&w2, &lane2, "hang", None, None, None).unwrap();
+    let plain = plain["assignment_id"].as_str().unwrap().to_string();
+    assert_eq!(complete(&w2, &plain)["state"], "COMPLETED");
+    let e = hand_on(&w2, &plain, "push", None).expect_err("no workspace");
+    assert!(e.message.contains("has no workspace"), "{e:?}");
+}
+
+/// What a host observed of its push is kept until the coordinator recorded it: pushed,
+/// then the coordinator SIGKILLed before the report, the observation waits on the host's
+/// disk and is recorded once a coordinator leads again (COMPLETED, or — when the host's
+/// new session came after the admission's window — UNKNOWN reconciled by that late
+/// observation); never re-pushed, never lost, never guessed.
+#[test]
+fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
+    let repo = Repo::new();
+    let remote = Remote::of(&repo);
+    let mut w = World::started(Spec {
+        lanes: 1,
+        tag: "workspaces-hand-on-fault",
+        supervisor_extra: format!("[repositories.demo]\nurl = {:?}\n", remote.0),
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let host = lane.split_once(':').unwrap().0.to_string();
+    add_repo(&w, "demo", &repo.0, &host);
+    let asg = completed_with(&w, &lane, None, &[("done.txt", "done\n")]);
+    let (commit, _) = final_commit(&w, &asg);
+    let go =
+        Removed(std::env::temp_dir().join(format!("mosaic-go-{}", uuid::Uuid::new_v4().simple())));
+    restart_holding(&mut w, &host, "workspace-effect:settle", &go.0);
+    let v = wait_until("the final checkpoint in the store", || {
+        match w.op(&OperatorRequest::WorkspaceEffect {
+            assignment_id: asg.clone(),
+            kind: "push".into(),
+            into: None,
+            host_id: None,
+            wait: false,
+            request_id: None,
+        }) {
+            Err(e) if e.message.contains("not whole in the coordinator's store") => None,
+            other => Some(other.unwrap()),
+        }
+    });
+    let id = v["effect_id"].as_str().unwrap().to_string();
+    let branch = format!("refs/heads/mosaic/{asg}");
+    wait_until("pushed", || {
+        (remote.at(&branch).as_deref() == Some(commit.as_str())).then_some(())
+    });
+    let kept = w
+        .state_dir(0)
+        .join("push")
+        .join("settle")
+        .join(format!("{id}.json"));
+    wait_until("the observation kept", || kept.exists().then_some(()));
+    let text = std::fs::read_to_string(&kept).unwrap();
+    assert!(text.contains("\"completed\""), "{text}");
+    assert!(
+        !text.contains(&*remote.0.to_string_lossy()),
+        "no URL: {text}"
+    );
+    w.crash_coordinator(0);
+    std::fs::write(&go.0, "").unwrap();
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    let row = wait_until("the observation recorded", || {
+        let v = w
+            .op(&OperatorRequest::WorkspaceEffects {
+                assignment_id: Some(asg.clone()),
+            })
+            .ok()?;
+        let row = v
+            .as_array()?
+            .iter()
+            .find(|r| r["effect_id"] == id.as_str())?
+            .clone();
+        (row["state"] == "COMPLETED" || row["state"] == "RECONCILED").then_some(row)
+    });
+    if row["state"] == "RECONCILED" {
+        assert_eq!(row["reconciliation"], "observed-late: completed", "{row}");
+    }
+    assert_eq!(row["new_id"], commit.as_str(), "{row}");
+    assert!(
+        row["result_digest"]
+            .as_str()
+            .unwrap()
+            .starts_with("sha256:"),
+        "{row}"
+    );
+    wait_until("the kept observation gone", || {
+        (!kept.exists()).then_some(())
+    });
+    assert_eq!(remote.at(&branch).as_deref(), Some(commit.as_str()));
 }

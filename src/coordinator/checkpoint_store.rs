@@ -13,8 +13,11 @@
 
 use sha2::{Digest, Sha256};
 
+use const_format::concatcp;
+
 use super::error::AuthorityError;
 use super::rows::RowExt;
+use super::states::WorkspaceEffectState;
 use super::store::Store;
 use crate::protocol::messages::{
     CheckpointFetch, CheckpointUpload, DataAnswer, ObjectRole, StoredVerdict, PART_BYTES,
@@ -340,23 +343,37 @@ impl Store {
             return no("bad-input");
         }
         let c = self.pool.get().await?;
+        // A workspace effect's host reads the checkpoint it hands on (migration 0027): only
+        // its own effect's, while that effect waits for its claim.
+        let effect = crate::protocol::messages::effect_id_ok(&m.reservation_id);
+        let sql = if effect {
+            concatcp!("SELECT e.assignment_id, a.attempt_id AS assignment_attempt_id, e.host_id, \
+                    (e.state <> ", WorkspaceEffectState::Requested.sql(), " OR e.claim_deadline <= clock_timestamp()) AS released, \
+                    o.size, o.stored_at IS NOT NULL AS stored \
+             FROM workspace_effects e \
+             JOIN LATERAL (SELECT r.assignment_attempt_id AS attempt_id FROM reservations r WHERE r.assignment_id = e.assignment_id \
+                           ORDER BY r.created_at DESC LIMIT 1) a ON true \
+             JOIN checkpoints ck ON ck.assignment_id = e.assignment_id AND ck.checkpoint_digest = e.checkpoint_digest \
+                  AND (ck.bundle_object = $2 OR ck.base_object = $2) \
+             JOIN checkpoint_objects o ON o.object_digest = $2 \
+             WHERE e.effect_id = $1 LIMIT 1")
+        } else {
+            "SELECT r.assignment_id, r.assignment_attempt_id, ln.host_id, r.released_at IS NOT NULL AS released, \
+                    o.size, o.stored_at IS NOT NULL AS stored \
+             FROM reservations r \
+             JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
+             JOIN lanes ln ON ln.lane_id = li.lane_id \
+             JOIN checkpoints ck ON (ck.bundle_object = $2 OR ck.base_object = $2) \
+                  AND (ck.assignment_id = r.assignment_id \
+                       OR EXISTS (SELECT 1 FROM checkpoint_grants gr WHERE gr.consumed_by_reservation = r.reservation_id \
+                                  AND gr.checkpoint_digest = ck.checkpoint_digest AND gr.source_assignment_id = ck.assignment_id \
+                                  AND gr.source_lane_incarnation_id = ck.lane_incarnation_id AND gr.source_generation = ck.generation \
+                                  AND ck.handoff_id IS NULL AND gr.deadline > clock_timestamp())) \
+             JOIN checkpoint_objects o ON o.object_digest = $2 \
+             WHERE r.reservation_id = $1 LIMIT 1"
+        };
         let Some(r) = c
-            .query_opt(
-                "SELECT r.assignment_id, r.assignment_attempt_id, ln.host_id, r.released_at IS NOT NULL AS released, \
-                        o.size, o.stored_at IS NOT NULL AS stored \
-                 FROM reservations r \
-                 JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
-                 JOIN lanes ln ON ln.lane_id = li.lane_id \
-                 JOIN checkpoints ck ON (ck.bundle_object = $2 OR ck.base_object = $2) \
-                      AND (ck.assignment_id = r.assignment_id \
-                           OR EXISTS (SELECT 1 FROM checkpoint_grants gr WHERE gr.consumed_by_reservation = r.reservation_id \
-                                      AND gr.checkpoint_digest = ck.checkpoint_digest AND gr.source_assignment_id = ck.assignment_id \
-                                      AND gr.source_lane_incarnation_id = ck.lane_incarnation_id AND gr.source_generation = ck.generation \
-                                      AND ck.handoff_id IS NULL AND gr.deadline > clock_timestamp())) \
-                 JOIN checkpoint_objects o ON o.object_digest = $2 \
-                 WHERE r.reservation_id = $1 LIMIT 1",
-                &[&m.reservation_id, &m.object_digest],
-            )
+            .query_opt(sql, &[&m.reservation_id, &m.object_digest])
             .await?
         else {
             return no("not-granted");
@@ -380,11 +397,12 @@ impl Store {
             let first = c
                 .execute(
                     "INSERT INTO checkpoint_restores (reservation_id, object_digest, assignment_id, assignment_attempt_id, host_id, purpose) \
-                     SELECT $1, $2, $3, $4, $5, CASE WHEN r.handoff_id IS NOT NULL THEN 'handoff' \
+                     SELECT $1, $2, $3, $4, $5, CASE WHEN $6 THEN 'workspace-effect' \
+                                                     WHEN r.handoff_id IS NOT NULL THEN 'handoff' \
                                                      WHEN EXISTS (SELECT 1 FROM checkpoint_grants gr WHERE gr.consumed_by_reservation = r.reservation_id) \
                                                      THEN 'cross-assignment-recovery' ELSE 'same-assignment-recovery' END \
-                     FROM reservations r WHERE r.reservation_id = $1 ON CONFLICT DO NOTHING",
-                    &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host],
+                     FROM (SELECT 1) one LEFT JOIN reservations r ON r.reservation_id = $1 ON CONFLICT DO NOTHING",
+                    &[&m.reservation_id, &m.object_digest, &asg, &attempt, &host, &effect],
                 )
                 .await?
                 == 1;

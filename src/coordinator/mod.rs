@@ -52,6 +52,7 @@ pub mod states;
 pub mod store;
 pub mod trust;
 pub mod txn;
+pub mod workspace_effects;
 pub mod workspace_release;
 
 pub use activation::{AckClaim, Activation};

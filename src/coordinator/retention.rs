@@ -75,11 +75,13 @@ impl RetentionPolicy {
 
 /// Where a checkpoint record (alias `ck`) is deletable now, with why: its work done, no
 /// live grant naming it (unrevoked and before its deadline, consumed or not: its target
-/// may still be restoring), its upload settled (stored, or refused for good), and (for
+/// may still be restoring), no open push or merge handing it on, its upload settled (stored, or refused for good), and (for
 /// `retention`) its policy's time since the work was done passed.
 /// `$1` the reason, `$2` an assignment (or NULL), `$3` a digest (or NULL).
 fn deletable_from(ck: &str) -> String {
+    use super::states::WorkspaceEffectState as E;
     let done = super::states::WorkStatus::Done.sql();
+    let (requested, admitted, unknown) = (E::Requested.sql(), E::Admitted.sql(), E::Unknown.sql());
     format!(
         "FROM checkpoints {ck} JOIN assignments a ON a.assignment_id = {ck}.assignment_id \
          LEFT JOIN retention_policies p ON p.policy_digest = {ck}.retention_policy_digest \
@@ -87,6 +89,8 @@ fn deletable_from(ck: &str) -> String {
            AND ($2::text IS NULL OR {ck}.assignment_id = $2) AND ($3::text IS NULL OR {ck}.checkpoint_digest = $3) \
            AND NOT EXISTS (SELECT 1 FROM checkpoint_grants g WHERE g.checkpoint_digest = {ck}.checkpoint_digest \
                            AND g.revoked_at IS NULL AND g.deadline > clock_timestamp()) \
+           AND NOT EXISTS (SELECT 1 FROM workspace_effects e WHERE e.checkpoint_digest = {ck}.checkpoint_digest \
+                           AND e.state IN ({requested}, {admitted}, {unknown})) \
            AND ({ck}.bundle_object IS NOT NULL OR {ck}.transfer_error IS NOT NULL) \
            AND ($1::text = 'operator' OR (p.keep_after_done_s IS NOT NULL AND a.finalized_at IS NOT NULL \
                 AND a.finalized_at + p.keep_after_done_s * interval '1 second' <= clock_timestamp()))"

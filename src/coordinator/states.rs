@@ -232,6 +232,24 @@ impl ClaimState {
     }
 }
 
+state_enum! {
+    /// `workspace_effects.state` (migration 0027): an operator's push or merge of done
+    /// work's final checkpoint, requested, claimed by its host (or declined, found up to
+    /// date, left to expire), then what the host observed, or unknown until reconciled.
+    WorkspaceEffectState ("workspace effect state") {
+        Requested = "REQUESTED",
+        Admitted = "ADMITTED",
+        Declined = "DECLINED",
+        UpToDate = "UP_TO_DATE",
+        Expired = "EXPIRED",
+        Completed = "COMPLETED",
+        Failed = "FAILED",
+        NotDispatched = "NOT_DISPATCHED",
+        Unknown = "UNKNOWN",
+        Reconciled = "RECONCILED",
+    }
+}
+
 /// Claims not yet settled: one that is admitted and not yet observed, or whose outcome is
 /// unknown. Handoff, activation of another generation and a final outcome wait for none of
 /// these to remain.

@@ -42,6 +42,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0024_checkpoint_reads.sql"),
     include_str!("../../migrations/0025_restore_binding.sql"),
     include_str!("../../migrations/0026_harness_artifacts.sql"),
+    include_str!("../../migrations/0027_workspace_effects.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -45,7 +45,7 @@ pub const MAX_BUNDLE_BYTES: u64 = 512 * 1024 * 1024;
 /// How long one git command may take.
 const GIT_TIMEOUT: Duration = Duration::from_secs(300);
 /// The id of a ref that does not exist.
-const ZERO: &str = "0000000000000000000000000000000000000000";
+pub(crate) const ZERO: &str = "0000000000000000000000000000000000000000";
 
 /// What a push's executor needs of its generation.
 #[derive(Debug)]
@@ -176,14 +176,7 @@ async fn push_inner(
     let mirror = ensure_mirror(&ctx.mirrors, &r.repo).await?;
     let bundle = copy_bundle(&ctx.area, &r.bundle, &ctx.mirrors)?;
     let result = async {
-        let env = match &repo.env {
-            None => Vec::new(),
-            Some(p) => crate::adapter::credentials::load(&format!("repository {}", r.repo), p)
-                .map_err(|e| refused(format!("the repository's env file: {e}")))?
-                .into_iter()
-                .map(|(k, v)| (k, v.0.clone()))
-                .collect(),
-        };
+        let env = repo_env(&r.repo, repo)?;
         let old = remote_ref(&mirror, &repo.url, &reference, &env).await?;
         if old == r.new {
             return Err(PushError::UpToDate);
@@ -314,20 +307,32 @@ async fn push_inner(
 
 use crate::protocol::effects::Executor;
 
-fn is_oid(s: &str) -> bool {
+/// The environment `git` gets for `repo` (its env file's lines, if it names one).
+pub(crate) fn repo_env(name: &str, repo: &Repository) -> Result<Vec<(String, String)>, PushError> {
+    Ok(match &repo.env {
+        None => Vec::new(),
+        Some(p) => crate::adapter::credentials::load(&format!("repository {name}"), p)
+            .map_err(|e| refused(format!("the repository's env file: {e}")))?
+            .into_iter()
+            .map(|(k, v)| (k, v.0.clone()))
+            .collect(),
+    })
+}
+
+pub(crate) fn is_oid(s: &str) -> bool {
     matches!(s.len(), 40 | 64)
         && s.bytes()
             .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
 }
 
-fn path_str(p: &Path) -> Result<String, PushError> {
+pub(crate) fn path_str(p: &Path) -> Result<String, PushError> {
     p.to_str()
         .map(String::from)
         .ok_or_else(|| refused("a path that is not UTF-8"))
 }
 
 /// The supervisor's bare mirror for `repo`, made on first use.
-async fn ensure_mirror(mirrors: &Path, repo: &str) -> Result<PathBuf, PushError> {
+pub(crate) async fn ensure_mirror(mirrors: &Path, repo: &str) -> Result<PathBuf, PushError> {
     let m = mirrors.join(format!("{repo}.git"));
     if !m.join("HEAD").exists() {
         crate::util::durable::ensure_dir(mirrors, 0o700)
@@ -418,7 +423,7 @@ fn bundle_ref(bundle: &Path) -> Result<String, PushError> {
 }
 
 /// The id `reference` has on the remote (`ZERO` when it does not exist).
-async fn remote_ref(
+pub(crate) async fn remote_ref(
     mirror: &Path,
     url: &str,
     reference: &str,
@@ -437,23 +442,12 @@ async fn remote_ref(
 /// Runs git in `dir` (the supervisor's own: never the generation's) with only the
 /// supervisor's config (no system or user file) and `env`; its stdout, or its stderr's
 /// first line as the error. Bounded by `GIT_TIMEOUT`.
-async fn git(dir: &Path, args: &[&str], env: &[(String, String)]) -> Result<String, PushError> {
-    let mut c = tokio::process::Command::new("git");
-    c.current_dir(dir)
-        .args(args)
-        .env_clear()
-        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
-        .env("HOME", dir)
-        .env("GIT_CONFIG_NOSYSTEM", "1")
-        .env("GIT_CONFIG_GLOBAL", "/dev/null")
-        .env("GIT_TERMINAL_PROMPT", "0")
-        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
-        .stdin(std::process::Stdio::null())
-        .kill_on_drop(true);
-    let out = tokio::time::timeout(GIT_TIMEOUT, c.output())
-        .await
-        .map_err(|_| PushError::Git(format!("`git {}` did not finish in time", args[0])))?
-        .map_err(|e| PushError::Git(format!("running git: {e} (is git installed?)")))?;
+pub(crate) async fn git(
+    dir: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<String, PushError> {
+    let out = git_raw(dir, args, env).await?;
     if out.status.success() {
         return Ok(String::from_utf8_lossy(&out.stdout).into_owned());
     }
@@ -468,6 +462,31 @@ async fn git(dir: &Path, args: &[&str], env: &[(String, String)]) -> Result<Stri
             .take(300)
             .collect::<String>()
     )))
+}
+
+/// `git` as [`git`] runs it, whatever its exit status (a command whose failure says
+/// something, like `merge-tree`'s conflicts).
+pub(crate) async fn git_raw(
+    dir: &Path,
+    args: &[&str],
+    env: &[(String, String)],
+) -> Result<std::process::Output, PushError> {
+    let mut c = tokio::process::Command::new("git");
+    c.current_dir(dir)
+        .args(args)
+        .env_clear()
+        .env("PATH", "/usr/local/bin:/usr/bin:/bin")
+        .env("HOME", dir)
+        .env("GIT_CONFIG_NOSYSTEM", "1")
+        .env("GIT_CONFIG_GLOBAL", "/dev/null")
+        .env("GIT_TERMINAL_PROMPT", "0")
+        .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
+        .stdin(std::process::Stdio::null())
+        .kill_on_drop(true);
+    tokio::time::timeout(GIT_TIMEOUT, c.output())
+        .await
+        .map_err(|_| PushError::Git(format!("`git {}` did not finish in time", args[0])))?
+        .map_err(|e| PushError::Git(format!("running git: {e} (is git installed?)")))
 }
 
 /// The per-generation context, shared with its lane socket.

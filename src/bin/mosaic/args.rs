@@ -148,6 +148,12 @@ pub(crate) enum Cmd {
         #[command(subcommand)]
         op: CheckpointOp,
     },
+    /// Hand done work's branch on: push it, or merge it (through a host's push executor,
+    /// once the coordinator admitted the exact update).
+    Workspace {
+        #[command(subcommand)]
+        op: crate::work_args::WorkspaceOp,
+    },
     /// Block active work: a canonical code, an evidence file and the action that would
     /// unblock it (the work keeps its owner; the watchdog leaves it alone).
     Block {
@@ -370,20 +376,8 @@ pub(crate) enum EffectOp {
     /// the remote's ref, the service's record). Until then its assignment neither resumes
     /// nor gets an outcome but QUARANTINED.
     Resolve {
-        #[arg(long = "effect", value_name = "EFFECT_ID")]
-        effect_id: String,
-        /// It took effect at its sink.
-        #[arg(
-            long,
-            conflicts_with = "not_applied",
-            required_unless_present = "not_applied"
-        )]
-        applied: bool,
-        /// It did not.
-        #[arg(long)]
-        not_applied: bool,
-        #[arg(long)]
-        evidence: PathBuf,
+        #[command(flatten)]
+        r: crate::work_args::Resolution,
         #[command(flatten)]
         at: CoordinatorAt,
     },

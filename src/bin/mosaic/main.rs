@@ -252,6 +252,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Repo {
             op: RepoOp::List { at },
         } => at.call(OperatorRequest::Repos),
+        Cmd::Workspace { op } => work_args::workspace(op),
         Cmd::Checkpoint {
             op: CheckpointOp::List { assignment_id, at },
         } => at.call(OperatorRequest::Checkpoints {
@@ -340,12 +341,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             next_action,
             at,
         } => {
-            let evidence_digest = match std::fs::read(&evidence) {
-                Ok(b) if !b.is_empty() => mosaic::protocol::work::evidence_digest("blocker", &b),
-                Ok(_) => return at.refuse(format!("evidence {} is empty", evidence.display())),
-                Err(e) => {
-                    return at.refuse(format!("reading evidence {}: {e}", evidence.display()))
-                }
+            let evidence_digest = match work_args::evidence_digest("blocker", &evidence) {
+                Ok(d) => d,
+                Err(m) => return at.refuse(m),
             };
             at.call(OperatorRequest::Block {
                 assignment_id,
@@ -524,22 +522,21 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Effect {
             op:
                 EffectOp::Resolve {
-                    effect_id,
-                    applied,
-                    not_applied: _,
-                    evidence,
+                    r:
+                        work_args::Resolution {
+                            effect_id,
+                            applied,
+                            evidence,
+                            ..
+                        },
                     at,
                 },
         } => {
-            let evidence_digest = match std::fs::read(&evidence) {
-                Ok(b) if !b.is_empty() => {
-                    mosaic::protocol::work::evidence_digest("effect-reconciliation", &b)
-                }
-                Ok(_) => return at.refuse(format!("evidence {} is empty", evidence.display())),
-                Err(e) => {
-                    return at.refuse(format!("reading evidence {}: {e}", evidence.display()))
-                }
-            };
+            let evidence_digest =
+                match work_args::evidence_digest("effect-reconciliation", &evidence) {
+                    Ok(d) => d,
+                    Err(m) => return at.refuse(m),
+                };
             at.call(OperatorRequest::EffectResolve {
                 effect_id,
                 applied,

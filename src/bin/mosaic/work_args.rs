@@ -155,3 +155,137 @@ pub(crate) enum RepoOp {
         at: CoordinatorAt,
     },
 }
+
+/// `mosaic workspace …`: handing done work's branch on.
+#[derive(Subcommand)]
+pub(crate) enum WorkspaceOp {
+    /// Push COMPLETED work's final checkpoint to its own branch (`mosaic/<assignment>`) of
+    /// the repository's remote, made by a host whose supervisor config declares the
+    /// repository (`[repositories.NAME]`, with its credentials) once the coordinator admitted
+    /// the exact update. Never a force push. Waits for what the host observed.
+    Push {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        /// The host that pushes (default: the host the work last ran on).
+        #[arg(long)]
+        host: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Merge COMPLETED work's final checkpoint into a branch of the repository's remote
+    /// (`--into`, default the branch the work was based on): a fast-forward when the branch
+    /// has not moved, else a merge commit; a conflict changes nothing and says where.
+    Merge {
+        #[arg(long = "assignment")]
+        assignment_id: String,
+        #[arg(long)]
+        into: Option<String>,
+        #[arg(long)]
+        host: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// The pushes and merges of done work: the update admitted, what the host observed.
+    Effects {
+        #[arg(long = "assignment")]
+        assignment_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Settle a push or merge whose outcome nobody observed (UNKNOWN, or admitted and never
+    /// reported): whether the remote took it, with the evidence that shows it (what the
+    /// remote's ref is now). Until then no other push or merge of that work is made.
+    Resolve {
+        #[command(flatten)]
+        r: Resolution,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+/// How an operator settles an effect whose outcome nobody observed.
+#[derive(clap::Args)]
+pub(crate) struct Resolution {
+    #[arg(long = "effect", value_name = "EFFECT_ID")]
+    pub effect_id: String,
+    /// It took effect at its sink.
+    #[arg(
+        long,
+        conflicts_with = "not_applied",
+        required_unless_present = "not_applied"
+    )]
+    pub applied: bool,
+    /// It did not.
+    #[arg(long)]
+    pub not_applied: bool,
+    /// What shows it (what the sink shows now): its digest is recorded.
+    #[arg(long)]
+    pub evidence: std::path::PathBuf,
+}
+
+/// Runs one `mosaic workspace …`.
+pub(crate) fn workspace(op: WorkspaceOp) -> anyhow::Result<std::process::ExitCode> {
+    use mosaic::coordinator::service::OperatorRequest;
+    match op {
+        WorkspaceOp::Push {
+            assignment_id,
+            host,
+            at,
+        } => at.call(OperatorRequest::WorkspaceEffect {
+            assignment_id,
+            kind: "push".into(),
+            into: None,
+            host_id: host,
+            wait: true,
+            request_id: None,
+        }),
+        WorkspaceOp::Merge {
+            assignment_id,
+            into,
+            host,
+            at,
+        } => at.call(OperatorRequest::WorkspaceEffect {
+            assignment_id,
+            kind: "merge".into(),
+            into,
+            host_id: host,
+            wait: true,
+            request_id: None,
+        }),
+        WorkspaceOp::Effects { assignment_id, at } => {
+            at.call(OperatorRequest::WorkspaceEffects { assignment_id })
+        }
+        WorkspaceOp::Resolve {
+            r:
+                Resolution {
+                    effect_id,
+                    applied,
+                    evidence,
+                    ..
+                },
+            at,
+        } => {
+            let evidence_digest =
+                match evidence_digest("workspace-effect-reconciliation", &evidence) {
+                    Ok(d) => d,
+                    Err(m) => return at.refuse(m),
+                };
+            at.call(OperatorRequest::WorkspaceResolve {
+                effect_id,
+                applied,
+                evidence_digest,
+                request_id: None,
+            })
+        }
+    }
+}
+
+/// The digest of evidence file `path` for `purpose`; why not, if it cannot be read or is
+/// empty.
+pub(crate) fn evidence_digest(purpose: &str, path: &std::path::Path) -> Result<String, String> {
+    match std::fs::read(path) {
+        Ok(b) if !b.is_empty() => Ok(mosaic::protocol::work::evidence_digest(purpose, &b)),
+        Ok(_) => Err(format!("evidence {} is empty", path.display())),
+        Err(e) => Err(format!("reading evidence {}: {e}", path.display())),
+    }
+}

@@ -560,6 +560,7 @@ pub enum FromHostSession {
     CheckpointUpload(super::CheckpointUpload),
     CheckpointFetch(super::CheckpointFetch),
     WorkspaceRelease(super::WorkspaceRelease),
+    WorkspaceEffect(super::WorkspaceEffect),
 }
 
 impl FromHostSession {
@@ -605,6 +606,9 @@ impl FromHostSession {
             }
             MessageType::WorkspaceRelease => {
                 Self::WorkspaceRelease(super::WorkspaceRelease::decode(&f)?)
+            }
+            MessageType::WorkspaceEffect => {
+                Self::WorkspaceEffect(super::WorkspaceEffect::decode(&f)?)
             }
             _ => return Ok(None),
         };

@@ -20,12 +20,14 @@ mod checkpoint;
 mod from_host;
 mod to_host;
 mod workspace;
+mod workspace_effect;
 
 pub use checkpoint::*;
 
 pub use from_host::*;
 pub use to_host::*;
 pub use workspace::*;
+pub use workspace_effect::*;
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum WireError {
@@ -41,6 +43,14 @@ pub enum WireError {
         field: &'static str,
         value: String,
     },
+}
+
+/// The category after `prefix` in a verdict's text (`retry:unavailable`): 1 to 64
+/// characters, else `None`.
+pub(super) fn category_after(v: &str, prefix: &str) -> Option<String> {
+    v.strip_prefix(prefix)
+        .filter(|c| !c.is_empty() && c.len() <= 64)
+        .map(str::to_string)
 }
 
 /// The first identifier field of `env` that is not shaped like one Mosaic mints

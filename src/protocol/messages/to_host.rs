@@ -292,6 +292,8 @@ pub enum ToHost {
     CheckpointData(super::CheckpointData),
     HandoffCheckpoint(HandoffCheckpoint),
     WorkspaceReleaseAnswer(super::WorkspaceReleaseAnswer),
+    WorkspaceOrder(super::WorkspaceOrder),
+    WorkspaceEffectAnswer(super::WorkspaceEffectAnswer),
 }
 
 impl ToHost {
@@ -310,6 +312,8 @@ impl ToHost {
             Self::CheckpointData(_) => MessageType::CheckpointData,
             Self::HandoffCheckpoint(_) => MessageType::HandoffCheckpoint,
             Self::WorkspaceReleaseAnswer(_) => MessageType::WorkspaceReleaseAnswer,
+            Self::WorkspaceOrder(_) => MessageType::WorkspaceOrder,
+            Self::WorkspaceEffectAnswer(_) => MessageType::WorkspaceEffectAnswer,
         }
     }
 
@@ -328,7 +332,9 @@ impl ToHost {
             | Self::ReceiptAck(_)
             | Self::CheckpointStored(_)
             | Self::CheckpointData(_)
-            | Self::WorkspaceReleaseAnswer(_) => None,
+            | Self::WorkspaceReleaseAnswer(_)
+            | Self::WorkspaceOrder(_)
+            | Self::WorkspaceEffectAnswer(_) => None,
         }
     }
 
@@ -476,6 +482,8 @@ impl ToHost {
             Self::CheckpointStored(m) => m.fields(&mut f),
             Self::CheckpointData(m) => m.fields(&mut f),
             Self::WorkspaceReleaseAnswer(m) => m.fields(&mut f),
+            Self::WorkspaceOrder(m) => m.fields(&mut f),
+            Self::WorkspaceEffectAnswer(m) => m.fields(&mut f),
             Self::HandoffCheckpoint(m) => {
                 authority(&mut f, &m.authority);
                 digests(&mut f, &m.digests);
@@ -599,6 +607,10 @@ impl ToHost {
             MessageType::CheckpointData => Self::CheckpointData(super::CheckpointData::decode(&f)?),
             MessageType::WorkspaceReleaseAnswer => {
                 Self::WorkspaceReleaseAnswer(super::WorkspaceReleaseAnswer::decode(&f)?)
+            }
+            MessageType::WorkspaceOrder => Self::WorkspaceOrder(super::WorkspaceOrder::decode(&f)?),
+            MessageType::WorkspaceEffectAnswer => {
+                Self::WorkspaceEffectAnswer(super::WorkspaceEffectAnswer::decode(&f)?)
             }
             MessageType::HandoffCheckpoint => Self::HandoffCheckpoint(HandoffCheckpoint {
                 authority: f.authority()?,

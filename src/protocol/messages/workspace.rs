@@ -60,11 +60,7 @@ impl ReleaseVerdict {
     }
 
     fn parse(v: &str) -> Option<Self> {
-        let cat = |p: &str| {
-            v.strip_prefix(p)
-                .filter(|c| !c.is_empty() && c.len() <= 64)
-                .map(str::to_string)
-        };
+        let cat = |p: &str| super::category_after(v, p);
         match v {
             "release" => Some(Self::Release),
             "recorded" => Some(Self::Recorded),

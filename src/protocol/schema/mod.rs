@@ -71,9 +71,12 @@ pub enum MessageType {
     CheckpointTaken,
     WorkspaceRelease,
     WorkspaceReleaseAnswer,
+    WorkspaceOrder,
+    WorkspaceEffect,
+    WorkspaceEffectAnswer,
 }
 
-pub const ALL_TYPES: [MessageType; 38] = [
+pub const ALL_TYPES: [MessageType; 41] = [
     MessageType::SessionChallenge,
     MessageType::Hello,
     MessageType::Report,
@@ -112,6 +115,9 @@ pub const ALL_TYPES: [MessageType; 38] = [
     MessageType::CheckpointTaken,
     MessageType::WorkspaceRelease,
     MessageType::WorkspaceReleaseAnswer,
+    MessageType::WorkspaceOrder,
+    MessageType::WorkspaceEffect,
+    MessageType::WorkspaceEffectAnswer,
 ];
 
 impl MessageType {
@@ -155,6 +161,9 @@ impl MessageType {
             Self::CheckpointTaken => "checkpoint_taken",
             Self::WorkspaceRelease => "workspace_release",
             Self::WorkspaceReleaseAnswer => "workspace_release_answer",
+            Self::WorkspaceOrder => "workspace_order",
+            Self::WorkspaceEffect => "workspace_effect",
+            Self::WorkspaceEffectAnswer => "workspace_effect_answer",
         }
     }
 

@@ -21,7 +21,7 @@ macro_rules! schema {
     };
 }
 
-pub static SCHEMAS: [Schema; 38] = [
+pub static SCHEMAS: [Schema; 41] = [
     // The coordinator's first frame on every connection: a fresh, single-use session id
     // (256 random bits) the host's hello must name. `issued_at` is the coordinator's
     // database time, from which the host estimates coordinator time for expiry checks.
@@ -718,6 +718,74 @@ pub static SCHEMAS: [Schema; 38] = [
             COMMON,
             AUTHORITY_NULLABLE,
             &[("step", Str), ("verdict", Str)]
+        ],
+        [],
+        []
+    ),
+    // Handing done work's branch on (session plumbing; the authority is the effect's row,
+    // admitted by a CAS). The order: `kind` (`push` or `merge`), the repository, the ref it
+    // updates, and the work's final checkpoint with where its bytes are (`restore_*`).
+    schema!(
+        WorkspaceOrder,
+        "workspace_order",
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[
+                ("effect_id", Str),
+                ("kind", Str),
+                ("repository", Str),
+                ("reference", Str),
+                ("restore_checkpoint_digest", Digest),
+                ("restore_commit_id", Str),
+                ("restore_tree_id", Str),
+                ("restore_host_id", Str)
+            ]
+        ],
+        [
+            ("restore_base_commit_id", Str),
+            ("restore_base_object", Digest),
+            ("restore_base_size", Uint),
+            ("restore_bundle_object", Digest),
+            ("restore_bundle_size", Uint)
+        ],
+        []
+    ),
+    // The host's side: `step` `claim` (the exact update: `old_id`, `new_id`,
+    // `operation_digest`) or `settle` (`outcome`, `result_digest`, and `detail`).
+    schema!(
+        WorkspaceEffect,
+        "workspace_effect",
+        Session,
+        Host,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("effect_id", Str), ("step", Str)]
+        ],
+        [
+            ("old_id", Str),
+            ("new_id", Str),
+            ("operation_digest", Digest),
+            ("outcome", Str),
+            ("result_digest", Digest),
+            ("detail", Text)
+        ],
+        [NO_AUTHORITATIVE_TIME]
+    ),
+    // Its answer: `verdict` `admitted` (to a claim), `recorded` (to a settle),
+    // `refused:<category>` or `retry:<category>`.
+    schema!(
+        WorkspaceEffectAnswer,
+        "workspace_effect_answer",
+        Session,
+        Coordinator,
+        [
+            COMMON,
+            AUTHORITY_NULLABLE,
+            &[("effect_id", Str), ("step", Str), ("verdict", Str)]
         ],
         [],
         []

@@ -72,7 +72,10 @@ impl HostDispatch for Arc<CoordinatedHost> {
                 // Answers to this host's own checkpoint transfers.
                 msg @ (ToHost::CheckpointStored(_)
                 | ToHost::CheckpointData(_)
-                | ToHost::WorkspaceReleaseAnswer(_)) => this.on_transfer_answer(msg),
+                | ToHost::WorkspaceReleaseAnswer(_)
+                | ToHost::WorkspaceEffectAnswer(_)) => this.on_transfer_answer(msg),
+                // An operator's push or merge of done work: made beside everything else.
+                ToHost::WorkspaceOrder(m) => this.on_workspace_order(m),
                 // In order, on the link's task: a contract is never overtaken by its challenge.
                 msg => this.route(env, msg).await,
             }

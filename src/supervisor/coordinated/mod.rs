@@ -342,6 +342,7 @@ mod artifact_upload;
 mod checks;
 mod continuations;
 mod effects;
+mod hand_on;
 mod release;
 mod reports;
 mod stage;

@@ -36,7 +36,9 @@ pub(super) const NO_ANSWER: &str = "the coordinator did not answer in time";
 pub(super) struct Transfers {
     waiting: Mutex<HashMap<String, tokio::sync::oneshot::Sender<ToHost>>>,
     /// Held by a restore while it fetches: two never wait on the same object's answers.
-    fetching: tokio::sync::Mutex<()>,
+    pub(super) fetching: tokio::sync::Mutex<()>,
+    /// Workspace effects this host is making now (one executor per effect).
+    pub(super) hand_ons: Mutex<std::collections::HashSet<String>>,
     /// Told after each checkpoint's upload mark is written.
     uploaded: tokio::sync::Notify,
     /// When each requested checkpoint was last reported again (by its ref).
@@ -70,7 +72,7 @@ fn sha256_file(path: &Path) -> Result<String, String> {
     Ok(format!("sha256:{}", hex::encode(h.finalize())))
 }
 
-fn scratch(inner: &crate::supervisor::Inner) -> Result<PathBuf, String> {
+pub(super) fn scratch(inner: &crate::supervisor::Inner) -> Result<PathBuf, String> {
     let dir = inner.cfg.state_dir.join("checkpoints").join("transfer");
     crate::util::durable::ensure_dir(&dir, 0o700).map_err(|e| e.to_string())?;
     Ok(dir.join(uuid::Uuid::new_v4().simple().to_string()))
@@ -229,6 +231,7 @@ impl CoordinatedHost {
             ToHost::WorkspaceReleaseAnswer(m) => {
                 super::release::answer_key(&m.assignment_id, m.done)
             }
+            ToHost::WorkspaceEffectAnswer(m) => super::hand_on::answer_key(&m.effect_id, m.claim),
             _ => return,
         };
         let tx = self
@@ -311,6 +314,8 @@ impl CoordinatedHost {
             }
             // Harness artifacts: each once, then gone from here.
             this.artifact_round(&mut failures).await;
+            // What this host observed of its workspace effects, until recorded.
+            this.resend_hand_on_settlements().await;
             // Copies of done work, once everything of theirs is uploaded.
             this.release_round(&mut releases).await;
         }
@@ -655,7 +660,9 @@ impl CoordinatedHost {
         refspec: &str,
     ) -> Result<(), String> {
         let file = scratch(&self.sup.inner)?;
-        let got = self.fetch_object(a, obj, &file).await;
+        let got = self
+            .fetch_object(&a.assignment_id, &a.reservation_id, obj, &file)
+            .await;
         let out = match got {
             Ok(()) => {
                 let (s, f, r) = (store.to_path_buf(), file.clone(), refspec.to_string());
@@ -672,9 +679,13 @@ impl CoordinatedHost {
         out
     }
 
-    async fn fetch_object(
+    /// Fetches stored object `obj` into `file`, part by part, and verifies it whole. `via`
+    /// is what the coordinator serves it for: the reservation of a stage that restores it,
+    /// or a workspace effect that hands it on.
+    pub(super) async fn fetch_object(
         &self,
-        a: &crate::protocol::messages::ChainAuthority,
+        assignment_id: &str,
+        via: &str,
         obj: &StoredObject,
         file: &Path,
     ) -> Result<(), String> {
@@ -682,8 +693,8 @@ impl CoordinatedHost {
         let mut offset = 0u64;
         while offset < obj.size {
             let m = CheckpointFetch {
-                assignment_id: a.assignment_id.clone(),
-                reservation_id: a.reservation_id.clone(),
+                assignment_id: assignment_id.to_string(),
+                reservation_id: via.to_string(),
                 object_digest: obj.digest.clone(),
                 offset,
             };

@@ -186,6 +186,9 @@ impl Handler for HostHandler {
                     FromHostSession::WorkspaceRelease(m) => {
                         return svc.on_workspace_release(&host, m).await
                     }
+                    FromHostSession::WorkspaceEffect(m) => {
+                        return svc.on_workspace_effect(&host, m).await
+                    }
                 },
                 Ok(None) => Err(OpError::new(
                     Category::BadInput,

@@ -40,6 +40,7 @@ use super::Service;
 
 mod checkpoints;
 mod effects;
+mod hand_on;
 mod handler;
 mod messages;
 mod receipts;

@@ -163,6 +163,9 @@ impl Service {
         // A session's hello resends whatever every chain of the host waits for; a later
         // report (the host's state changed) only reconciles what it reports.
         self.reconcile_report(&l, host, Some(&report), hello).await;
+        if hello {
+            self.resend_hand_on_orders(&l, host).await;
+        }
         Ok(())
     }
 

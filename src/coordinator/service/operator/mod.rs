@@ -27,6 +27,7 @@ use crate::protocol::transport::{self, TlsIdentity};
 use super::{Service, ServiceError};
 use crate::coordinator::states::{ContinuationState, LaneState, Lifecycle, WorkStatus};
 
+mod hand_on;
 mod handoff;
 mod operate;
 mod repos;

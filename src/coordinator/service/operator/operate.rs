@@ -238,6 +238,9 @@ impl Service {
             | OperatorRequest::CheckpointDeletions { .. }
             | OperatorRequest::WorkspaceReleases { .. }
             | OperatorRequest::CheckpointReads { .. }) => self.workspace_request(r, who).await?,
+            r @ (OperatorRequest::WorkspaceEffect { .. }
+            | OperatorRequest::WorkspaceEffects { .. }
+            | OperatorRequest::WorkspaceResolve { .. }) => self.hand_on_request(r, who).await?,
             OperatorRequest::TrustRevoke { subject, .. } => self.revoke(&subject).await?,
             OperatorRequest::Trust => self.trust_listing(),
             OperatorRequest::Receipts { lane_id } => {

@@ -359,6 +359,36 @@ pub enum OperatorRequest {
     },
     /// The trust registry in use: every key (revoked or not) and the revocations.
     Trust,
+    /// Hands done work's final checkpoint on (`kind`: `push` to its own branch of the
+    /// repository's remote, `merge` into a branch of it, `into` or the branch it was based
+    /// on), made by host `host_id` (default: the host of its last chain) once the exact
+    /// update is admitted; waits for what the host observed.
+    WorkspaceEffect {
+        assignment_id: String,
+        kind: String,
+        #[serde(default)]
+        into: Option<String>,
+        #[serde(default)]
+        host_id: Option<String>,
+        #[serde(default = "yes")]
+        wait: bool,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// The pushes and merges of done work (of one assignment).
+    WorkspaceEffects {
+        #[serde(default)]
+        assignment_id: Option<String>,
+    },
+    /// The operator settles a push or merge whose outcome nobody observed, with the digest
+    /// of its evidence (what the remote shows now).
+    WorkspaceResolve {
+        effect_id: String,
+        applied: bool,
+        evidence_digest: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
 }
 
 /// `$then` with `$k` bound to the key field of a mutating request, else `$otherwise`: the
@@ -376,6 +406,8 @@ macro_rules! key_of {
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
+            | OperatorRequest::WorkspaceEffect { request_id: $k, .. }
+            | OperatorRequest::WorkspaceResolve { request_id: $k, .. }
             | OperatorRequest::TrustRevoke { request_id: $k, .. }
             | OperatorRequest::CheckpointGrantRevoke { request_id: $k, .. }
             | OperatorRequest::CheckpointGc { request_id: $k, .. }
@@ -400,6 +432,8 @@ impl OperatorRequest {
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
+            Self::WorkspaceEffect { .. } => "workspace-effect",
+            Self::WorkspaceResolve { .. } => "workspace-resolve",
             Self::TrustRevoke { .. } => "trust-revoke",
             Self::CheckpointGrantRevoke { .. } => "checkpoint-grant-revoke",
             Self::CheckpointGc { .. } => "checkpoint-gc",
@@ -410,6 +444,7 @@ impl OperatorRequest {
             | Self::CheckpointGrants { .. }
             | Self::CheckpointDeletions { .. }
             | Self::WorkspaceReleases { .. }
+            | Self::WorkspaceEffects { .. }
             | Self::CheckpointReads { .. }
             | Self::Repos
             | Self::Checkpoints { .. }
@@ -478,7 +513,12 @@ impl OperatorRequest {
             Self::PolicyPublish { policy, .. } => {
                 serde_json::json!({ "policy_id": policy.policy_id })
             }
-            Self::EffectResolve { effect_id, .. } => serde_json::json!({ "effect_id": effect_id }),
+            Self::EffectResolve { effect_id, .. } | Self::WorkspaceResolve { effect_id, .. } => {
+                serde_json::json!({ "effect_id": effect_id })
+            }
+            Self::WorkspaceEffect { assignment_id, .. } => {
+                serde_json::json!({ "assignment_id": assignment_id })
+            }
             Self::TrustRevoke { subject, .. } => serde_json::json!({ "subject": subject }),
             Self::CheckpointGrantRevoke { grant_id, .. } => {
                 serde_json::json!({ "grant_id": grant_id })
