@@ -418,6 +418,7 @@ pub fn init_coordinator(o: &InitCoordinator) -> Result<serde_json::Value, Enroll
         metrics_listen: None,
         checkpoint_store_max_bytes: None,
         checkpoint_retention_s: None,
+        artifact_retention_s: None,
         recovery_recipients: vec![],
     };
     write_config(&cfg_path, &coordinator_toml(&cfg), o.force, false)?;

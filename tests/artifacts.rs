@@ -270,6 +270,14 @@ fn a_harness_transcript_survives_sigkill_encrypted_and_only_its_recipient_opens_
         })
         .unwrap();
     assert_eq!(stopped["state"], "CANCELLED", "{stopped}");
+    // Its policy keeps it until removed: a gc leaves it.
+    let gc = w
+        .op(&OperatorRequest::CheckpointGc {
+            dry_run: false,
+            request_id: None,
+        })
+        .unwrap();
+    assert_eq!(gc["deleted"], serde_json::json!([]), "{gc}");
     let gone = delete(&w).unwrap();
     let receipt = &gone["deleted"][0];
     assert_eq!(
@@ -421,4 +429,75 @@ fn each_generation_keeps_its_own_artifact_when_the_store_refuses_them() {
         );
     }
     assert_ne!(rows[0]["artifact_digest"], rows[1]["artifact_digest"]);
+}
+
+/// Artifacts go by a retention policy of their own (`artifact_retention_s`, the `sensitive`
+/// classification's, its digest recorded on each): `checkpoint gc` leaves one of work that
+/// is not done, and deletes it once its work has been done that long (database time), with
+/// a deletion receipt of reason `retention`; record and store object go together.
+#[test]
+fn artifacts_of_done_work_go_by_their_own_policy_with_a_receipt() {
+    use mosaic::coordinator::retention::{Classification, RetentionPolicy};
+    let w = World::started(Spec {
+        lanes: 1,
+        tag: "artifacts-retention",
+        coordinator_extra: "artifact_retention_s = 1\n".into(),
+        ..Spec::default()
+    });
+    let asg = print_then_kill(&w);
+    let rows = stored_artifacts(&w, &asg, 1);
+    let digest = rows[0]["artifact_digest"].as_str().unwrap().to_string();
+    let policy = RetentionPolicy::configured_for(Classification::Sensitive, Some(1)).unwrap();
+    assert_eq!(
+        rows[0]["retention_policy_digest"],
+        policy.digest().as_str(),
+        "{}",
+        rows[0]
+    );
+    let gc = || {
+        w.op(&OperatorRequest::CheckpointGc {
+            dry_run: false,
+            request_id: None,
+        })
+        .unwrap()
+    };
+    // Work in recovery is not done: kept, whatever its policy.
+    let out = gc();
+    assert_eq!(out["deleted"], serde_json::json!([]), "{out}");
+    assert_eq!(stored_artifacts(&w, &asg, 1).len(), 1);
+    let stopped = w
+        .op(&OperatorRequest::Stop {
+            assignment_id: asg.clone(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+            request_id: None,
+        })
+        .unwrap();
+    assert_eq!(stopped["state"], "CANCELLED", "{stopped}");
+    let deleted = wait_until("the policy's time passed", || {
+        let out = gc();
+        let d = out["deleted"].as_array()?.clone();
+        (!d.is_empty()).then_some(d)
+    });
+    assert_eq!(deleted.len(), 1, "{deleted:?}");
+    assert_eq!(deleted[0]["reason"], "retention", "{deleted:?}");
+    assert_eq!(deleted[0]["objects_deleted"], serde_json::json!([digest]));
+    let rows = sql_rows(
+        &w,
+        "SELECT reason, purpose, retention_policy_digest FROM checkpoint_deletions WHERE checkpoint_digest = $1",
+        &[&digest],
+    );
+    assert_eq!(rows.len(), 1);
+    assert_eq!(rows[0].get::<_, String>(0), "retention");
+    assert_eq!(rows[0].get::<_, String>(1), "operator-recovery");
+    assert_eq!(rows[0].get::<_, String>(2), policy.digest());
+    let left: i64 = sql_rows(
+        &w,
+        "SELECT (SELECT count(*) FROM harness_artifacts WHERE artifact_digest = $1) \
+              + (SELECT count(*) FROM checkpoint_objects WHERE object_digest = $1)",
+        &[&digest],
+    )[0]
+    .get(0);
+    assert_eq!(left, 0);
 }

@@ -17,12 +17,45 @@ use super::store::Store;
 use super::txn::{body, request_digest, Step};
 use crate::protocol::artifact::{
     recipients_digest, retention_policy_digest, ArtifactRef, Recipient, CLASSIFICATION, PURPOSE,
-    RETENTION_POLICY,
 };
+
+/// The columns a deletion reads of an artifact record (`h`).
+const DOOMED_COLUMNS: &str =
+    "h.lane_incarnation_id, h.generation, h.artifact_digest, h.assignment_id, h.purpose, h.retention_policy_digest";
+
+fn doomed_of(r: &tokio_postgres::Row) -> Result<Doomed, AuthorityError> {
+    Ok(Doomed {
+        checkpoint_digest: r.col("artifact_digest")?,
+        assignment_id: r.col("assignment_id")?,
+        lane_incarnation_id: r.col("lane_incarnation_id")?,
+        generation: r.col("generation")?,
+        purpose: r.col("purpose")?,
+        handoff_id: None,
+        request_seq: None,
+        retention_policy_digest: r.col("retention_policy_digest")?,
+    })
+}
+
+/// Where an artifact record (`h`) is deletable for `reason`: its work done, its upload
+/// settled, and for `retention` its policy's time since the work was done passed.
+fn deletable_where(reason: &str) -> String {
+    let done = super::states::WorkStatus::Done.sql();
+    let kept_out = if reason == "retention" {
+        "AND EXISTS (SELECT 1 FROM retention_policies p WHERE p.policy_digest = h.retention_policy_digest \
+              AND p.keep_after_done_s IS NOT NULL AND a.finalized_at IS NOT NULL \
+              AND a.finalized_at + p.keep_after_done_s * interval '1 second' <= clock_timestamp())"
+    } else {
+        ""
+    };
+    format!(
+        "EXISTS (SELECT 1 FROM assignments a WHERE a.assignment_id = h.assignment_id AND a.work_status = {done} {kept_out}) \
+         AND (h.object IS NOT NULL OR h.transfer_error IS NOT NULL)"
+    )
+}
 
 impl Store {
     /// Registers `list` (this coordinator's `recovery_recipients`) as the active recipient
-    /// list, and the retention policy artifacts are recorded under.
+    /// list (their retention policy is registered with the others: `register_retention`).
     pub async fn register_recipients(&self, list: &[Recipient]) -> Result<(), AuthorityError> {
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
@@ -46,12 +79,6 @@ impl Store {
             &[&digest],
         )
         .await?;
-        tx.execute(
-            "INSERT INTO retention_policies (policy_digest, classification, name, keep_after_done_s, active) \
-             VALUES ($1, $2, $3, NULL, true) ON CONFLICT (policy_digest) DO NOTHING",
-            &[&retention_policy_digest(), &CLASSIFICATION, &RETENTION_POLICY],
-        )
-        .await?;
         tx.commit().await?;
         if list.is_empty() {
             tracing::warn!("no recovery_recipients are configured: harness artifacts (session transcripts) are not captured");
@@ -70,39 +97,60 @@ impl Store {
         .is_some())
     }
 
-    /// `mosaic checkpoint delete` of an artifact (one fenced step): its record and its
-    /// store object, with a deletion receipt (`checkpoint deletions`, purpose
-    /// `operator-recovery`). Only of done work, and only once its upload is settled
-    /// (stored, or refused for good): an upload under way would otherwise find no record
-    /// and leave the host's copy behind for good.
+    /// `mosaic checkpoint delete` of an artifact: [`Store::delete_artifact_record`] of the
+    /// record its digest names, for `operator`.
     pub async fn delete_artifact(
         &self,
         l: &Leader,
         digest: &str,
     ) -> Result<serde_json::Value, AuthorityError> {
-        const OP: &str = "checkpoint-delete";
         let c = self.pool.get().await?;
         let Some(r) = c
             .query_opt(
-                "SELECT lane_incarnation_id, generation, assignment_id, purpose, retention_policy_digest \
-                 FROM harness_artifacts WHERE artifact_digest = $1 LIMIT 1",
+                &format!("SELECT {DOOMED_COLUMNS} FROM harness_artifacts h WHERE h.artifact_digest = $1 LIMIT 1"),
                 &[&digest],
             )
             .await?
         else {
-            return Err(reject(OP, Category::NotFound, format!("no artifact {digest}")));
+            return Err(reject("checkpoint-delete", Category::NotFound, format!("no artifact {digest}")));
         };
         drop(c);
-        let doomed = Doomed {
-            checkpoint_digest: digest.to_string(),
-            assignment_id: r.col("assignment_id")?,
-            lane_incarnation_id: r.col("lane_incarnation_id")?,
-            generation: r.col("generation")?,
-            purpose: r.col("purpose")?,
-            handoff_id: None,
-            request_seq: None,
-            retention_policy_digest: r.col("retention_policy_digest")?,
-        };
+        let r = self
+            .delete_artifact_record(l, &doomed_of(&r)?, "operator")
+            .await?;
+        Ok(json!({ "deleted": [r], "kept": [] }))
+    }
+
+    /// The artifact records deletable now under their retention policy: of done work, their
+    /// upload settled, their policy's time since the work was done passed.
+    pub async fn deletable_artifacts(&self) -> Result<Vec<Doomed>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query(
+            &format!(
+                "SELECT {DOOMED_COLUMNS} FROM harness_artifacts h WHERE {} ORDER BY h.created_at",
+                deletable_where("retention")
+            ),
+            &[],
+        )
+        .await?
+        .iter()
+        .map(doomed_of)
+        .collect()
+    }
+
+    /// Deletes artifact record `doomed` for `reason` (one fenced step): its record and its
+    /// store object, with a deletion receipt (`checkpoint deletions`, purpose
+    /// `operator-recovery`). Only of done work, and only once its upload is settled
+    /// (stored, or refused for good): an upload under way would otherwise find no record
+    /// and leave the host's copy behind for good; for `retention`, only once its policy's
+    /// time has passed (decided again in the step).
+    pub async fn delete_artifact_record(
+        &self,
+        l: &Leader,
+        doomed: &Doomed,
+        reason: &'static str,
+    ) -> Result<serde_json::Value, AuthorityError> {
+        const OP: &str = "checkpoint-delete";
         let step = Step::new(
             OP,
             l,
@@ -113,9 +161,10 @@ impl Store {
             request_digest(
                 OP,
                 &[
-                    digest,
+                    &doomed.checkpoint_digest,
                     &doomed.lane_incarnation_id,
                     &doomed.generation.to_string(),
+                    reason,
                 ],
             ),
         )
@@ -123,14 +172,12 @@ impl Store {
             Some(&doomed.assignment_id),
             Some(&doomed.lane_incarnation_id),
         );
-        let done = super::states::WorkStatus::Done.sql();
         let sql = format!(
-            "DELETE FROM harness_artifacts h USING assignments a \
-             WHERE h.lane_incarnation_id = $1 AND h.generation = $2 AND h.artifact_digest = $3 \
-               AND a.assignment_id = h.assignment_id AND a.work_status = {done} \
-               AND (h.object IS NOT NULL OR h.transfer_error IS NOT NULL) \
-             RETURNING h.object"
+            "DELETE FROM harness_artifacts h WHERE h.lane_incarnation_id = $1 AND h.generation = $2 AND h.artifact_digest = $3 \
+               AND {} RETURNING h.object",
+            deletable_where(reason)
         );
+        let doomed = doomed.clone();
         let r = self
             .transition(
                 &step,
@@ -139,7 +186,7 @@ impl Store {
                     let d = match f.cas(&sql, &[&doomed.lane_incarnation_id, &doomed.generation, &doomed.checkpoint_digest]).await? {
                         Ok(d) => d,
                         Err(u) => return Err(u.reject(Category::WrongState,
-                            "not deletable now: its work is not done, or its upload is still under way").await?),
+                            "not deletable now: its work is not done, its upload is still under way, or its policy keeps it").await?),
                     };
                     let object: Option<String> = d.row().col("object")?;
                     let mut gone = vec![];
@@ -154,20 +201,20 @@ impl Store {
                             gone.push(o);
                         }
                     }
-                    let receipt = doomed.receipt_digest(&id, "operator", &gone);
+                    let receipt = doomed.receipt_digest(&id, reason, &gone);
                     d.exec_one(
                         "INSERT INTO checkpoint_deletions (deletion_id, checkpoint_digest, assignment_id, lane_incarnation_id, generation, purpose, \
                                                           handoff_id, retention_policy_digest, reason, scope, objects_deleted, receipt_digest, request_seq) \
-                         VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, 'operator', 'coordinator-store', $8, $9, NULL)",
+                         VALUES ($1, $2, $3, $4, $5, $6, NULL, $7, $8, 'coordinator-store', $9, $10, NULL)",
                         &[&id, &doomed.checkpoint_digest, &doomed.assignment_id, &doomed.lane_incarnation_id, &doomed.generation,
-                          &doomed.purpose, &doomed.retention_policy_digest, &gone, &receipt],
+                          &doomed.purpose, &doomed.retention_policy_digest, &reason, &gone, &receipt],
                     ).await?;
-                    d.decide(json!({ "deletion_id": id, "artifact": doomed, "reason": "operator", "scope": "coordinator-store",
+                    d.decide(json!({ "deletion_id": id, "artifact": doomed, "reason": reason, "scope": "coordinator-store",
                         "objects_deleted": gone, "receipt_digest": receipt }))
                 }),
             )
             .await?;
-        Ok(json!({ "deleted": [r.body], "kept": [] }))
+        Ok(r.body)
     }
 
     /// Harness artifacts (of one assignment), oldest first.
@@ -246,7 +293,8 @@ pub(crate) async fn record_artifact(
                                             classification, retention_policy_digest, purpose, assignment_id, assignment_attempt_id, host_id, termination_receipt) \
              SELECT $1, $2, $3, $4, $5, $6, \
                     EXISTS (SELECT 1 FROM recovery_recipient_lists WHERE recipients_digest = $6 AND active), \
-                    $7, $8, $9, $10, $11, ln.host_id, $12 \
+                    $7, coalesce((SELECT policy_digest FROM retention_policies WHERE classification = $7 AND active), $8), \
+                    $9, $10, $11, ln.host_id, $12 \
              FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id WHERE li.lane_incarnation_id = $1 \
              ON CONFLICT DO NOTHING",
             &[

@@ -19,32 +19,72 @@ use super::store::Store;
 use super::txn::{body, request_digest, Step};
 use crate::protocol::repo::RETENTION_POLICY;
 
-/// A retention policy of workspace checkpoints.
+/// What a policy is for: workspace checkpoints, or `sensitive` harness artifacts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Classification {
+    Workspace,
+    Sensitive,
+}
+
+impl Classification {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Workspace => "workspace",
+            Self::Sensitive => crate::protocol::artifact::CLASSIFICATION,
+        }
+    }
+
+    /// The configuration key that names its policy.
+    fn key(self) -> &'static str {
+        match self {
+            Self::Workspace => "checkpoint_retention_s",
+            Self::Sensitive => "artifact_retention_s",
+        }
+    }
+}
+
+/// A retention policy of one classification.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct RetentionPolicy {
+    pub classification: Classification,
     pub name: &'static str,
-    /// How long after its work is done a checkpoint is kept; `None`: until deleted.
+    /// How long after its work is done a record is kept; `None`: until deleted.
     pub keep_after_done_s: Option<u64>,
 }
 
-/// The policy that keeps after done, by name.
+/// The policies that keep after done, by name.
 const DONE_PLUS: &str = "mosaic/retention/done-plus/v1";
+const SENSITIVE_DONE_PLUS: &str = "mosaic/retention/sensitive/done-plus/v1";
 
 impl RetentionPolicy {
-    /// Longest a checkpoint may be kept after its work is done: ten years.
+    /// Longest a record may be kept after its work is done: ten years.
     pub const MAX_KEEP_S: u64 = 10 * 365 * 24 * 3600;
 
-    /// The one a coordinator's configuration names (`checkpoint_retention_s`): 1 s to ten
-    /// years, or absent (kept until deleted).
+    /// The one a coordinator's configuration names for workspace checkpoints
+    /// (`checkpoint_retention_s`): 1 s to ten years, or absent (kept until deleted).
     pub fn configured(keep_after_done_s: Option<u64>) -> Result<Self, String> {
+        Self::configured_for(Classification::Workspace, keep_after_done_s)
+    }
+
+    /// The one a coordinator's configuration names for `classification`.
+    pub fn configured_for(
+        classification: Classification,
+        keep_after_done_s: Option<u64>,
+    ) -> Result<Self, String> {
         match keep_after_done_s {
-            None => Ok(Self::until_removed()),
+            None => Ok(Self::until_removed_for(classification)),
             Some(s) if (1..=Self::MAX_KEEP_S).contains(&s) => Ok(Self {
-                name: DONE_PLUS,
+                classification,
+                name: match classification {
+                    Classification::Workspace => DONE_PLUS,
+                    Classification::Sensitive => SENSITIVE_DONE_PLUS,
+                },
                 keep_after_done_s: Some(s),
             }),
             Some(s) => Err(format!(
-                "checkpoint_retention_s = {s}: 1 to {} seconds, or absent (kept until deleted)",
+                "{} = {s}: 1 to {} seconds, or absent (kept until deleted)",
+                classification.key(),
                 Self::MAX_KEEP_S
             )),
         }
@@ -52,8 +92,18 @@ impl RetentionPolicy {
 
     /// Keep-until-removed: the default, and what every checkpoint before retention records.
     pub fn until_removed() -> Self {
+        Self::until_removed_for(Classification::Workspace)
+    }
+
+    /// Keep-until-removed of `classification` (its digest is the one records made before
+    /// retention was configurable name).
+    pub fn until_removed_for(classification: Classification) -> Self {
         Self {
-            name: RETENTION_POLICY,
+            classification,
+            name: match classification {
+                Classification::Workspace => RETENTION_POLICY,
+                Classification::Sensitive => crate::protocol::artifact::RETENTION_POLICY,
+            },
             keep_after_done_s: None,
         }
     }
@@ -156,10 +206,11 @@ impl Doomed {
 }
 
 impl Store {
-    /// Registers `policy` (and keep-until-removed, which older checkpoints name) and makes
-    /// it the active one for workspace checkpoints. A declaration, not authority: every
-    /// coordinator of a fleet should be configured alike.
+    /// Registers `policy` (and keep-until-removed of its classification, which older
+    /// records name) and makes it the active one of its classification. A declaration, not
+    /// authority: every coordinator of a fleet should be configured alike.
     pub async fn register_retention(&self, policy: &RetentionPolicy) -> Result<(), AuthorityError> {
+        let class = policy.classification.as_str();
         let mut c = self.pool.get().await?;
         let tx = c.transaction().await?;
         // One coordinator at a time: two starting together see each other's choice.
@@ -167,28 +218,31 @@ impl Store {
             .await?;
         let was: Option<String> = tx
             .query_opt(
-                "SELECT policy_digest FROM retention_policies WHERE classification = 'workspace' AND active",
-                &[],
+                "SELECT policy_digest FROM retention_policies WHERE classification = $1 AND active",
+                &[&class],
             )
             .await?
             .map(|r| r.col("policy_digest"))
             .transpose()?;
         if was.as_deref().is_some_and(|w| w != policy.digest()) {
-            tracing::warn!(from = ?was, to = %policy.digest(), policy = policy.name, keep_after_done_s = ?policy.keep_after_done_s,
-                "the active retention policy of workspace checkpoints changes with this coordinator's configuration (new checkpoints record it; existing ones keep theirs)");
+            tracing::warn!(classification = class, from = ?was, to = %policy.digest(), policy = policy.name, keep_after_done_s = ?policy.keep_after_done_s,
+                "the active retention policy changes with this coordinator's configuration (new records name it; existing ones keep theirs)");
         }
-        for p in [RetentionPolicy::until_removed(), policy.clone()] {
+        for p in [
+            RetentionPolicy::until_removed_for(policy.classification),
+            policy.clone(),
+        ] {
             let keep = p.keep_after_done_s.map(|s| s as i64);
             tx.execute(
                 "INSERT INTO retention_policies (policy_digest, classification, name, keep_after_done_s) \
-                 VALUES ($1, 'workspace', $2, $3) ON CONFLICT (policy_digest) DO NOTHING",
-                &[&p.digest(), &p.name, &keep],
+                 VALUES ($1, $2, $3, $4) ON CONFLICT (policy_digest) DO NOTHING",
+                &[&p.digest(), &class, &p.name, &keep],
             )
             .await?;
         }
         tx.execute(
-            "UPDATE retention_policies SET active = false WHERE classification = 'workspace' AND active AND policy_digest <> $1",
-            &[&policy.digest()],
+            "UPDATE retention_policies SET active = false WHERE classification = $2 AND active AND policy_digest <> $1",
+            &[&policy.digest(), &class],
         )
         .await?;
         tx.execute(
@@ -388,8 +442,17 @@ impl Store {
                 },
             ));
         }
+        // A gc takes the artifacts its policies let go too (a named deletion is the
+        // checkpoint's own: an artifact's digest goes by `delete_artifact`).
+        let artifacts = if digest.is_none() && reason == "retention" {
+            self.deletable_artifacts().await?
+        } else {
+            vec![]
+        };
         if dry_run {
-            return Ok(json!({ "dry_run": true, "deletable": doomed }));
+            return Ok(
+                json!({ "dry_run": true, "deletable": doomed, "deletable_artifacts": artifacts }),
+            );
         }
         // Each record in its own step: one that is no longer deletable (a grant made of it
         // meanwhile) is reported, and the rest go on.
@@ -399,6 +462,15 @@ impl Store {
                 Ok(r) => deleted.push(r),
                 Err(e) if e.category().is_some() => {
                     kept.push(json!({ "checkpoint": d, "refused": e.to_string() }))
+                }
+                Err(e) => return Err(e),
+            }
+        }
+        for d in &artifacts {
+            match self.delete_artifact_record(l, d, reason).await {
+                Ok(r) => deleted.push(r),
+                Err(e) if e.category().is_some() => {
+                    kept.push(json!({ "artifact": d, "refused": e.to_string() }))
                 }
                 Err(e) => return Err(e),
             }
@@ -427,5 +499,20 @@ mod tests {
         assert!(RetentionPolicy::configured(Some(0)).is_err());
         assert!(RetentionPolicy::configured(Some(RetentionPolicy::MAX_KEEP_S + 1)).is_err());
         assert!(RetentionPolicy::configured(Some(RetentionPolicy::MAX_KEEP_S)).is_ok());
+        // Artifacts' keep-until-removed is what every artifact before retention records;
+        // the same time is another policy for another classification.
+        let sensitive = Classification::Sensitive;
+        assert_eq!(
+            RetentionPolicy::until_removed_for(sensitive).digest(),
+            crate::protocol::artifact::retention_policy_digest()
+        );
+        assert_ne!(
+            RetentionPolicy::configured_for(sensitive, Some(86_400))
+                .unwrap()
+                .digest(),
+            day.digest()
+        );
+        let e = RetentionPolicy::configured_for(sensitive, Some(0)).unwrap_err();
+        assert!(e.starts_with("artifact_retention_s = 0"), "{e}");
     }
 }

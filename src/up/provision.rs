@@ -173,6 +173,7 @@ pub fn provision(
             metrics_listen: None,
             checkpoint_store_max_bytes: None,
             checkpoint_retention_s: None,
+            artifact_retention_s: None,
             recovery_recipients: vec![format!("operator:local={recovery}")],
         },
         links,

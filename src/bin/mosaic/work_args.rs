@@ -44,7 +44,8 @@ pub(crate) enum CheckpointOp {
         at: CoordinatorAt,
     },
     /// Delete the checkpoints their retention policy lets go (of done work, kept past
-    /// `checkpoint_retention_s`, named by no unspent grant), each with a deletion receipt;
+    /// `checkpoint_retention_s`, named by no unspent grant or open push or merge) and the
+    /// harness artifacts theirs does (`artifact_retention_s`), each with a deletion receipt;
     /// `--dry-run` lists them. Only the coordinator's store and records: each host
     /// releases its own copy of done work once its files are in the store (`releases`).
     Gc {

@@ -78,6 +78,11 @@ pub struct CoordinatorConfig {
     /// (`mosaic checkpoint delete`). Recorded on each checkpoint as its policy's digest.
     #[serde(default)]
     pub checkpoint_retention_s: Option<u64>,
+    /// How long after its work is done a harness artifact (a `sensitive` session
+    /// transcript) is kept before `mosaic checkpoint gc` deletes it; absent: kept until an
+    /// operator deletes it. Recorded on each artifact as its policy's digest.
+    #[serde(default)]
+    pub artifact_retention_s: Option<u64>,
     /// The principals allowed to recover a harness's artifact (its session transcript),
     /// each `PRINCIPAL=age1…` (an age X25519 public key; `mosaic pki recovery-key` makes a
     /// pair). Every generation's artifact is encrypted to these; none: no artifact is

@@ -101,6 +101,12 @@ impl Service {
             crate::coordinator::retention::RetentionPolicy::configured(cfg.checkpoint_retention_s)
                 .map_err(|p| ServiceError::Invalid { problems: vec![p] })?;
         store.register_retention(&retention).await?;
+        let artifact_retention = crate::coordinator::retention::RetentionPolicy::configured_for(
+            crate::coordinator::retention::Classification::Sensitive,
+            cfg.artifact_retention_s,
+        )
+        .map_err(|p| ServiceError::Invalid { problems: vec![p] })?;
+        store.register_retention(&artifact_retention).await?;
         let recipients = crate::protocol::artifact::parse_recipients(&cfg.recovery_recipients)
             .map_err(|e| ServiceError::Invalid {
                 problems: vec![format!("recovery_recipients: {e}")],
