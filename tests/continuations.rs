@@ -280,6 +280,90 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
     }
 }
 
+/// §17 Stale continuation claimant: the leader claims a continuation and is paused (SIGSTOP
+/// past its lease) after the claim's commit, before it sends it; the standby takes over under
+/// a new epoch, reclaims it and drives it on; then the old claimant resumes and goes on from
+/// where it stopped. Its post-claim steps fail (nothing commits under its epoch again: no
+/// acceptance, no result), it ends a standby, and the continuation is accepted once, debited
+/// once and answered once (one result: the harness was given it once), under the new epoch.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_resumed_old_claimant_neither_delivers_nor_accepts_a_continuation() {
+    let mut w = Split::new(1);
+    let a = w.assign(1, "take-continuations").unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    w.crash_coordinator(0);
+    // Held 3 s right after its claim commits: the window to pause it in.
+    w.start_coordinator(0, Some("after-commit:continuation-claim=1*sleep(3000)"));
+    let first = w.wait_leading(0);
+    w.wait_host_connected();
+    w.start_coordinator(1, None);
+    let (sock, req) = (
+        w.socket(0),
+        OperatorRequest::Continue {
+            assignment_id: id.clone(),
+            next_action: "run the integration tests".into(),
+            within_ms: None,
+            request_id: Some("stale-claimant".into()),
+        },
+    );
+    let asked = std::thread::spawn(move || operator_call(&sock, &req));
+    w.wait_count(
+        &format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-claim' \
+             AND coordinator_epoch = {first} AND assignment_id = '{id}'"
+        ),
+        |n| n >= 1,
+        "the old leader's claim",
+    )
+    .await;
+    let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    let second = w.wait_leading(1);
+    assert!(second > first, "the standby leads under a new epoch");
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    let _ = asked.join();
+    w.wait_host_connected();
+    w.wait_count(
+        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"),
+        |n| n == 1,
+        "the continuation's result",
+    )
+    .await;
+    let row = w
+        .sql()
+        .await
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM continuations WHERE assignment_id = '{id}'), \
+                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
+                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
+                        (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
+                        (SELECT count(*) FROM transition_receipts WHERE coordinator_epoch = {first} \
+                           AND transition IN ('continuation-accept', 'continuation-result')), \
+                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-claim' \
+                           AND (assignment_id = '{id}' OR body->>'assignment_id' = '{id}') AND coordinator_epoch > {first})"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let got: (i64, i64, i64, i64, i64) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    assert_eq!(
+        got,
+        (1, 1, 1, 19, 0),
+        "(continuations, accepts, results, budget left, accepts or results under the old epoch)"
+    );
+    assert!(
+        row.get::<_, i64>(5) >= 1,
+        "the new epoch reclaimed it before it was accepted"
+    );
+    let old = operator_call(&w.socket(0), &OperatorRequest::Status).unwrap();
+    assert_eq!(old["leadership"]["state"], "standby", "{old}");
+    w.invariants().await;
+    w.stop_final(&id);
+}
+
 /// §17 Continuation injection crash: the supervisor dies after a continuation was accepted
 /// and handed to its harness. The restarted supervisor re-adopts the generation and serves its
 /// lane socket again, but never shows a continuation another process accepted: it is not

@@ -1829,8 +1829,9 @@ fn seal(
 /// update. Host B, played by the raw client: for an effect ordered to it, a claim whose
 /// operation digest is not its update's, or that would push another commit than the final
 /// checkpoint's, is refused; the right one is admitted once (the same claim again is the
-/// same admission; another update under it is refused); its outcome is settled once. For
-/// an effect ordered to host A, B can neither read its checkpoint nor claim nor settle it;
+/// same admission while it holds; another update under it is refused, and after its
+/// settlement the same claim is no admission); its outcome is settled once. For an effect
+/// ordered to another host, B can neither read its checkpoint nor claim nor settle it;
 /// an order made while its host is away goes out when its host's session opens, and an
 /// admitted one it never reported is UNKNOWN once its next session opens;
 /// and a claim after the effect's deadline is refused, the next request closing it
@@ -1990,10 +1991,18 @@ async fn a_workspace_effect_is_claimed_only_by_its_host_for_its_exact_update() {
         answer(&mut hs, &p, m).await,
         refused("idempotency-conflict")
     );
+    // Settled, its claim repeated is no admission (nothing would be pushed again).
+    let m = claim(&id, &commit, digest(&id, &commit));
+    assert_eq!(answer(&mut hs, &p, m).await, refused("expired"));
 
-    // An effect ordered to host A: B can neither read its checkpoint, claim, nor settle it.
-    let v = tokio::task::block_in_place(|| w.op(&order(&w.hosts[0]))).unwrap();
+    // An effect ordered to another host (away, so it stays claimable): B can neither read
+    // its checkpoint, claim, nor settle it.
+    let c = w.sql().await;
+    let elsewhere = "h-elsewhere";
+    let v = tokio::task::block_in_place(|| w.op(&order(elsewhere))).unwrap();
     let a_id = v["effect_id"].as_str().unwrap().to_string();
+    assert_eq!(v["state"], "REQUESTED", "{v}");
+    assert_eq!(v["claimable"], true, "{v}");
     assert_eq!(
         read(&mut hs, &p, fetch(&a_id)).await,
         DataAnswer::Refused("not-granted".into())
@@ -2002,29 +2011,23 @@ async fn a_workspace_effect_is_claimed_only_by_its_host_for_its_exact_update() {
     assert_eq!(answer(&mut hs, &p, m).await, refused("not-owner"));
     let m = settle(&a_id, HandOnOutcome::Declined);
     assert_eq!(answer(&mut hs, &p, m).await, refused("not-owner"));
-    // A declines it itself (its push executor has no such repository).
-    let c = w.sql().await;
-    let a_state = effect_row(&w, &asg, &a_id, |r| r["state"] != "REQUESTED");
-    assert_eq!(a_state["state"], "DECLINED", "{a_state}");
-    assert!(
-        a_state["detail"]
-            .as_str()
-            .unwrap()
-            .contains("no repository"),
-        "{a_state}"
-    );
+    // While it may be claimed, nothing else of the work is requested.
+    let e = tokio::task::block_in_place(|| w.op(&order(&b))).expect_err("one open");
+    assert!(e.message.contains("still open (REQUESTED)"), "{e:?}");
+    let past = |id: &str| {
+        format!(
+            "ALTER TABLE workspace_effects DISABLE TRIGGER workspace_effect_moves; \
+             UPDATE workspace_effects SET claim_deadline = now() - interval '1 second' WHERE effect_id = '{id}'; \
+             ALTER TABLE workspace_effects ENABLE TRIGGER workspace_effect_moves;"
+        )
+    };
+    c.batch_execute(&past(&a_id)).await.unwrap();
 
     // Past its deadline (database time, moved here by hand), a claim is refused, and the
     // next request closes it EXPIRED.
     let v = tokio::task::block_in_place(|| w.op(&order(&b))).unwrap();
     let late = v["effect_id"].as_str().unwrap().to_string();
-    c.batch_execute(&format!(
-        "ALTER TABLE workspace_effects DISABLE TRIGGER workspace_effect_moves; \
-         UPDATE workspace_effects SET claim_deadline = now() - interval '1 second' WHERE effect_id = '{late}'; \
-         ALTER TABLE workspace_effects ENABLE TRIGGER workspace_effect_moves;"
-    ))
-    .await
-    .unwrap();
+    c.batch_execute(&past(&late)).await.unwrap();
     assert_eq!(
         read(&mut hs, &p, fetch(&late)).await,
         DataAnswer::Refused("not-granted".into())
@@ -2046,7 +2049,7 @@ async fn a_workspace_effect_is_claimed_only_by_its_host_for_its_exact_update() {
     let states: Vec<&str> = rows.iter().map(|r| r.1.as_str()).collect();
     assert_eq!(
         states,
-        ["COMPLETED", "DECLINED", "EXPIRED", "REQUESTED"],
+        ["COMPLETED", "EXPIRED", "EXPIRED", "REQUESTED"],
         "{rows:?}"
     );
     // A settled effect never moves again, and nothing an effect was requested for ever

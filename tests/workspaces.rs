@@ -2788,6 +2788,33 @@ fn done_work_is_handed_on_only_through_an_admitted_update() {
     let again: Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(again["state"], "UP_TO_DATE", "{again}");
     assert!(again["old_id"].is_null(), "{again}");
+    // Someone else's history on the work's branch: never forced over.
+    let main_tip = remote.at("refs/heads/main").unwrap();
+    let tree_of_main = remote.git(&["rev-parse", &format!("{main_tip}^{{tree}}")]);
+    let theirs = git_dir(
+        &remote.0,
+        &[
+            "-c",
+            "user.name=x",
+            "-c",
+            "user.email=x@x",
+            "commit-tree",
+            &tree_of_main,
+            "-p",
+            &main_tip,
+            "-m",
+            "theirs",
+        ],
+    );
+    remote.git(&["update-ref", &branch, &theirs]);
+    let out = hand_on(&w, &asg, "push", None).unwrap();
+    assert_eq!(out["state"], "DECLINED", "{out}");
+    assert!(
+        out["detail"].as_str().unwrap().contains("no force push"),
+        "{out}"
+    );
+    assert_eq!(remote.at(&branch).as_deref(), Some(theirs.as_str()));
+    remote.git(&["update-ref", &branch, &commit]);
 
     // A merge into main, which has not moved since the work's base: a fast-forward.
     let main_before = remote.at("refs/heads/main").unwrap();
@@ -2845,9 +2872,14 @@ fn done_work_is_handed_on_only_through_an_admitted_update() {
 
     // A host whose push executor does not have the repository: declined, nothing claimed.
     let w2_repo = Repo::new();
+    let missing = std::env::temp_dir().join(format!(
+        "mosaic-missing-remote-{}.git",
+        uuid::Uuid::new_v4().simple()
+    ));
     let w2 = World::started(Spec {
         lanes: 1,
         tag: "workspaces-hand-on-none",
+        supervisor_extra: format!("[repositories.gone]\nurl = {missing:?}\n"),
         ..Spec::default()
     });
     let lane2 = w2.lane_of(0, "lane-1");
@@ -2862,6 +2894,21 @@ fn done_work_is_handed_on_only_through_an_admitted_update() {
             .unwrap()
             .contains("no repository \"demo\" is configured"),
         "{out}"
+    );
+    // A remote that cannot be read: declined, and what git said about it (its location)
+    // is nowhere in the record.
+    add_repo(&w2, "gone", &w2_repo.0, &host2);
+    let a = assign_in(&w2, &lane2, "hang", Some("gone"), None, None).unwrap();
+    let gone = a["assignment_id"].as_str().unwrap().to_string();
+    assert_eq!(complete(&w2, &gone)["state"], "COMPLETED");
+    let out = hand_on_stored(&w2, &gone, "push", None);
+    assert_eq!(out["state"], "DECLINED", "{out}");
+    let detail = out["detail"].as_str().unwrap();
+    assert!(detail.contains("the remote could not be read"), "{out}");
+    let name = missing.file_name().unwrap().to_string_lossy().to_string();
+    assert!(
+        !out.to_string().contains(&name),
+        "the remote's location leaked: {out}"
     );
     // Without --into, work based on HEAD names no branch to merge into.
     let e = hand_on(&w2, &lone, "merge", None).expect_err("no branch named");
@@ -2958,5 +3005,97 @@ fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
     wait_until("the kept observation gone", || {
         (!kept.exists()).then_some(())
     });
+    assert_eq!(remote.at(&branch).as_deref(), Some(commit.as_str()));
+}
+
+/// A supervisor SIGKILLed between a push's admission and its push (the exact update on its
+/// disk, nothing sent): the next one settles it by what the remote shows — not at the new
+/// id, so UNKNOWN (a git the dead one began could still land), never "not pushed" and never
+/// pushed again by itself; the operator resolves it with evidence, and the next push of the
+/// work goes through.
+#[test]
+fn a_push_whose_supervisor_died_mid_way_is_unknown_until_resolved() {
+    let repo = Repo::new();
+    let remote = Remote::of(&repo);
+    let mut w = World::started(Spec {
+        lanes: 1,
+        tag: "workspaces-hand-on-died",
+        supervisor_extra: format!("[repositories.demo]\nurl = {:?}\n", remote.0),
+        ..Spec::default()
+    });
+    let lane = w.lane_of(0, "lane-1");
+    let host = lane.split_once(':').unwrap().0.to_string();
+    add_repo(&w, "demo", &repo.0, &host);
+    let asg = completed_with(&w, &lane, None, &[("done.txt", "done\n")]);
+    let (commit, _) = final_commit(&w, &asg);
+    let never = Removed(
+        std::env::temp_dir().join(format!("mosaic-never-{}", uuid::Uuid::new_v4().simple())),
+    );
+    restart_holding(&mut w, &host, "workspace-effect:pre-push", &never.0);
+    let push = |w: &World| {
+        w.op(&OperatorRequest::WorkspaceEffect {
+            assignment_id: asg.clone(),
+            kind: "push".into(),
+            into: None,
+            host_id: None,
+            wait: false,
+            request_id: None,
+        })
+    };
+    let v = wait_until("the final checkpoint in the store", || match push(&w) {
+        Err(e) if e.message.contains("not whole in the coordinator's store") => None,
+        other => Some(other.unwrap()),
+    });
+    let id = v["effect_id"].as_str().unwrap().to_string();
+    let intent = w
+        .state_dir(0)
+        .join("push")
+        .join("settle")
+        .join(format!("{id}.intent.json"));
+    wait_until("the intent kept", || intent.exists().then_some(()));
+    w.crash_supervisor(0);
+    wait_until("the old session gone", || {
+        (!connected(&w, &host)?).then_some(())
+    });
+    w.start_supervisor(0);
+    wait_connected(&w, &host);
+    let row = wait_until("settled by what the remote shows", || {
+        let v = w
+            .op(&OperatorRequest::WorkspaceEffects {
+                assignment_id: Some(asg.clone()),
+            })
+            .ok()?;
+        let row = v
+            .as_array()?
+            .iter()
+            .find(|r| r["effect_id"] == id.as_str())?
+            .clone();
+        (row["state"] == "UNKNOWN").then_some(row)
+    });
+    assert!(
+        row["detail"]
+            .as_str()
+            .unwrap()
+            .contains("died while pushing")
+            || row["detail"].as_str().unwrap().contains("no report"),
+        "{row}"
+    );
+    let branch = format!("refs/heads/mosaic/{asg}");
+    assert_eq!(remote.at(&branch), None, "nothing was pushed");
+    wait_until("the kept intent gone", || (!intent.exists()).then_some(()));
+    // Open until resolved: no other push of the work.
+    let e = push(&w).expect_err("one open");
+    assert!(e.message.contains("still open (UNKNOWN)"), "{e:?}");
+    let r = w
+        .op(&OperatorRequest::WorkspaceResolve {
+            effect_id: id.clone(),
+            applied: false,
+            evidence_digest: format!("sha256:{}", "4".repeat(64)),
+            request_id: None,
+        })
+        .unwrap();
+    assert_eq!(r["state"], "RECONCILED", "{r}");
+    let out = hand_on(&w, &asg, "push", None).unwrap();
+    assert_eq!(out["state"], "COMPLETED", "{out}");
     assert_eq!(remote.at(&branch).as_deref(), Some(commit.as_str()));
 }

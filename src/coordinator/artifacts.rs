@@ -37,13 +37,14 @@ fn doomed_of(r: &tokio_postgres::Row) -> Result<Doomed, AuthorityError> {
 }
 
 /// Where an artifact record (`h`) is deletable for `reason`: its work done, its upload
-/// settled, and for `retention` its policy's time since the work was done passed.
+/// settled, and for `retention` its policy's time passed since the work was done (or since
+/// the artifact was recorded, when that was later: a host back after a long absence).
 fn deletable_where(reason: &str) -> String {
     let done = super::states::WorkStatus::Done.sql();
     let kept_out = if reason == "retention" {
         "AND EXISTS (SELECT 1 FROM retention_policies p WHERE p.policy_digest = h.retention_policy_digest \
               AND p.keep_after_done_s IS NOT NULL AND a.finalized_at IS NOT NULL \
-              AND a.finalized_at + p.keep_after_done_s * interval '1 second' <= clock_timestamp())"
+              AND greatest(a.finalized_at, h.created_at) + p.keep_after_done_s * interval '1 second' <= clock_timestamp())"
     } else {
         ""
     };

@@ -140,7 +140,8 @@ fn deletable_from(ck: &str) -> String {
            AND NOT EXISTS (SELECT 1 FROM checkpoint_grants g WHERE g.checkpoint_digest = {ck}.checkpoint_digest \
                            AND g.revoked_at IS NULL AND g.deadline > clock_timestamp()) \
            AND NOT EXISTS (SELECT 1 FROM workspace_effects e WHERE e.checkpoint_digest = {ck}.checkpoint_digest \
-                           AND e.state IN ({requested}, {admitted}, {unknown})) \
+                           AND (e.state IN ({admitted}, {unknown}) \
+                                OR (e.state = {requested} AND e.claim_deadline > clock_timestamp()))) \
            AND ({ck}.bundle_object IS NOT NULL OR {ck}.transfer_error IS NOT NULL) \
            AND ($1::text = 'operator' OR (p.keep_after_done_s IS NOT NULL AND a.finalized_at IS NOT NULL \
                 AND a.finalized_at + p.keep_after_done_s * interval '1 second' <= clock_timestamp()))"

@@ -76,13 +76,17 @@ pub struct HandOnView {
     pub claim_deadline: String,
     pub admitted_at: Option<String>,
     pub resolved_at: Option<String>,
+    /// REQUESTED and before its claim deadline (database time): its host may still claim
+    /// it. A REQUESTED one past its deadline can never move but to EXPIRED.
+    pub claimable: bool,
 }
 
-const VIEW: &str = "SELECT effect_id, kind, assignment_id, repository, reference, checkpoint_digest, commit_id, host_id, \
+const VIEW: &str = concatcp!("SELECT effect_id, kind, assignment_id, repository, reference, checkpoint_digest, commit_id, host_id, \
         requested_by, state, old_id, new_id, operation_digest, result_digest, detail, reconciliation, \
         mosaic_ts(requested_at) AS requested_at, mosaic_ts(claim_deadline) AS claim_deadline, \
-        mosaic_ts(admitted_at) AS admitted_at, mosaic_ts(resolved_at) AS resolved_at \
-     FROM workspace_effects";
+        mosaic_ts(admitted_at) AS admitted_at, mosaic_ts(resolved_at) AS resolved_at, \
+        (state = ", S::Requested.sql(), " AND claim_deadline > clock_timestamp()) AS claimable \
+     FROM workspace_effects");
 
 impl HandOnView {
     fn from_row(r: &tokio_postgres::Row) -> Result<Self, AuthorityError> {
@@ -107,12 +111,13 @@ impl HandOnView {
             claim_deadline: r.col("claim_deadline")?,
             admitted_at: r.col("admitted_at")?,
             resolved_at: r.col("resolved_at")?,
+            claimable: r.col("claimable")?,
         })
     }
 
-    /// Still open: requested, admitted, or unknown.
+    /// Still open: claimable, admitted, or unknown.
     pub fn open(&self) -> bool {
-        matches!(self.state, S::Requested | S::Admitted | S::Unknown)
+        self.claimable || matches!(self.state, S::Admitted | S::Unknown)
     }
 }
 
@@ -163,6 +168,24 @@ impl Store {
         .iter()
         .map(HandOnView::from_row)
         .collect()
+    }
+
+    /// The update admitted for effect `effect_id` and the milliseconds its window has left
+    /// (database time), if it is ADMITTED and its window has not passed.
+    pub async fn hand_on_admission(
+        &self,
+        effect_id: &str,
+    ) -> Result<Option<(String, u64)>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query_opt(
+            "SELECT operation_digest, \
+                    floor(extract(epoch FROM dispatch_until - clock_timestamp()) * 1000)::bigint AS left_ms \
+             FROM workspace_effects WHERE effect_id = $1 AND state = $2 AND dispatch_until > clock_timestamp()",
+            &[&effect_id, &S::Admitted],
+        )
+        .await?
+        .map(|r| Ok((r.col("operation_digest")?, r.col::<i64>("left_ms")?.max(0) as u64)))
+        .transpose()
     }
 
     /// The effects host `host_id` may still claim (requested, before their deadline).
@@ -216,12 +239,19 @@ impl Store {
         &self,
         l: &Leader,
         r: &HandOnRequest,
-    ) -> Result<(HandOnView, RestorePoint), AuthorityError> {
+    ) -> Result<(HandOnView, Option<RestorePoint>), AuthorityError> {
         const OP: &str = "workspace-effect";
         if r.request_key.is_empty() || r.request_key.len() > 200 {
             return Err(bad(OP, "a request key is 1 to 200 characters"));
         }
         let effect_id = effect_id(&r.request_key);
+        // The same request again is the effect it made, whatever changed since.
+        if let Some(v) = self.hand_on(&effect_id).await? {
+            let point = self
+                .point_where("ck.checkpoint_digest = $1", &v.checkpoint_digest)
+                .await?;
+            return Ok((v, point));
+        }
         // Validated before anything is written.
         let c = self.pool.get().await?;
         let Some(a) = c
@@ -323,14 +353,18 @@ impl Store {
             .transition(
                 &step,
                 body!([x, sot, id, reference, checkpoint_digest, commit, host_id, repository] |f| {
-                    // One request of a work at a time: its row pins the check below.
+                    // One request of a work at a time, and none while a claim of its effects
+                    // commits: their rows pin the check below.
                     f.read("SELECT 1 FROM assignments WHERE assignment_id = $1 FOR UPDATE", &[&x.assignment_id]).await?;
+                    f.read("SELECT 1 FROM workspace_effects WHERE assignment_id = $1 FOR UPDATE", &[&x.assignment_id]).await?;
                     let d = f.cas(
                         concatcp!("INSERT INTO workspace_effects (effect_id, request_key, kind, assignment_id, repository, reference, \
                              checkpoint_digest, commit_id, host_id, requested_by, sot_incarnation, coordinator_epoch, claim_deadline) \
                          SELECT $1, $2, $3, a.assignment_id, $4, $5, $6, $7, $8, $9, $10, $11, clock_timestamp() + interval '", CLAIM_WITHIN, "' \
                          FROM assignments a WHERE a.assignment_id = $12 AND a.lifecycle = ", Lifecycle::Completed.sql(), " \
                            AND a.final_checkpoint_digest = $6 \
+                           AND EXISTS (SELECT 1 FROM checkpoints ck JOIN checkpoint_objects o ON o.object_digest = ck.bundle_object \
+                                       WHERE ck.checkpoint_digest = $6 AND ck.assignment_id = a.assignment_id AND o.stored_at IS NOT NULL) \
                            AND NOT EXISTS (SELECT 1 FROM workspace_effects e WHERE e.assignment_id = a.assignment_id \
                                  AND (e.state IN (", S::Admitted.sql(), ", ", S::Unknown.sql(), ") \
                                       OR (e.state = ", S::Requested.sql(), " AND e.claim_deadline > clock_timestamp()))) \
@@ -353,7 +387,7 @@ impl Store {
                                         "effect {e} of this work is still open ({s}): it settles first (`mosaic workspace effects`)"
                                     )).await?
                                 }
-                                None => u.reject(Category::WrongState, "the work is no longer COMPLETED on that checkpoint").await?,
+                                None => u.reject(Category::WrongState, "the work is no longer COMPLETED on that checkpoint, or the checkpoint is no longer stored").await?,
                             });
                         }
                     };
@@ -374,7 +408,7 @@ impl Store {
                 op: OP,
                 detail: format!("effect {id} has a receipt but no row"),
             })?;
-        Ok((view, point))
+        Ok((view, Some(point)))
     }
 
     /// The claim CAS (see the module docs): host `host_id` will update the effect's ref from
@@ -519,6 +553,12 @@ impl Store {
                         .to_string(),
                 ),
             ),
+            HandOnOutcome::NotDispatched if v.state == S::Unknown => (
+                S::Unknown,
+                S::Reconciled,
+                Some(format!("observed-late: {}", outcome.as_str())),
+                detail.map(str::to_string),
+            ),
             HandOnOutcome::NotDispatched => (
                 S::Admitted,
                 S::NotDispatched,
@@ -537,8 +577,6 @@ impl Store {
             }
             HandOnOutcome::Failed => (S::Admitted, S::Failed, None, detail.map(str::to_string)),
         };
-        // What was observed carries its digest (a late observation too).
-        let needs_digest = to != S::Unknown;
         let step = Step::new(
             OP,
             l,
@@ -559,11 +597,11 @@ impl Store {
             &step,
             body!([id, digest, detail, reconciliation] |f| {
                 let d = f.cas(
-                    "UPDATE workspace_effects SET state = $3, result_digest = CASE WHEN $4 THEN $5 ELSE result_digest END, \
-                         detail = coalesce($6, detail), reconciliation = $7, \
-                         resolved_at = CASE WHEN $8 THEN clock_timestamp() END \
+                    "UPDATE workspace_effects SET state = $3, result_digest = $4, \
+                         detail = coalesce($5, detail), reconciliation = $6, \
+                         resolved_at = CASE WHEN $7 THEN clock_timestamp() END \
                      WHERE effect_id = $1 AND state = $2 RETURNING assignment_id",
-                    &[&id, &from, &to, &needs_digest, &digest, &detail, &reconciliation, &resolved],
+                    &[&id, &from, &to, &digest, &detail, &reconciliation, &resolved],
                 ).await?;
                 let d = match d {
                     Ok(d) => d,

@@ -21,6 +21,7 @@ pub mod config;
 pub mod control;
 pub mod coordinated;
 pub mod gateway;
+pub(crate) mod hand_on_plan;
 pub mod identity;
 pub mod names;
 pub mod outbox;

@@ -224,6 +224,10 @@ pub struct WorkspaceEffectAnswer {
     /// Whether it answers a claim (else a settle).
     pub claim: bool,
     pub verdict: HandOnVerdict,
+    /// With `admitted`: the operation admitted (the host pushes only the update whose
+    /// digest this is) and how long its window had left when the answer was made (database
+    /// time; the host counts it from before it sent the claim).
+    pub admitted: Option<(String, u64)>,
 }
 
 fn head(f: &mut Vec<(&'static str, Value)>, what: &str, effect_id: &str, assignment_id: &str) {
@@ -358,8 +362,11 @@ impl WorkspaceEffect {
                     return Err(f.miss("result_digest", "a sha256 digest"));
                 }
                 let detail = f.opt_str("detail");
-                if detail.as_deref().is_some_and(|d| d.chars().count() > 400) {
-                    return Err(f.miss("detail", "at most 400 characters"));
+                if detail
+                    .as_deref()
+                    .is_some_and(|d| d.chars().count() > 400 || d.chars().any(char::is_control))
+                {
+                    return Err(f.miss("detail", "at most 400 characters, none a control"));
                 }
                 EffectStep::Settle {
                     outcome,
@@ -389,6 +396,12 @@ impl WorkspaceEffectAnswer {
             ("step", s(if self.claim { "claim" } else { "settle" })),
             ("verdict", s(&self.verdict.encode())),
         ]);
+        if let Some((digest, ms)) = &self.admitted {
+            f.extend([
+                ("operation_digest", s(digest)),
+                ("dispatch_within_ms", crate::protocol::envelope::n(*ms)),
+            ]);
+        }
     }
 
     pub(super) fn decode(f: &Fields<'_>) -> Result<Self, WireError> {
@@ -407,11 +420,29 @@ impl WorkspaceEffectAnswer {
             }
             _ => {}
         }
+        // An admission names what it admitted and its window; nothing else does.
+        let admitted = match (
+            &verdict,
+            f.opt_str("operation_digest"),
+            f.opt_uint("dispatch_within_ms"),
+        ) {
+            (HandOnVerdict::Admitted, Some(d), Some(ms))
+                if crate::protocol::envelope::is_digest(&d) =>
+            {
+                Some((d, ms))
+            }
+            (HandOnVerdict::Admitted, ..) => {
+                return Err(f.miss("operation_digest", "an admission's digest and window"))
+            }
+            (_, None, None) => None,
+            _ => return Err(f.miss("operation_digest", "absent but from an admission")),
+        };
         Ok(Self {
             effect_id: effect_id_of(f)?,
             assignment_id: f.str("assignment_id")?,
             claim,
             verdict,
+            admitted,
         })
     }
 }

@@ -775,7 +775,8 @@ pub static SCHEMAS: [Schema; 41] = [
         ],
         [NO_AUTHORITATIVE_TIME]
     ),
-    // Its answer: `verdict` `admitted` (to a claim), `recorded` (to a settle),
+    // Its answer: `verdict` `admitted` (to a claim, with the `operation_digest` admitted and
+    // `dispatch_within_ms`, the window it has left), `recorded` (to a settle),
     // `refused:<category>` or `retry:<category>`.
     schema!(
         WorkspaceEffectAnswer,
@@ -787,7 +788,7 @@ pub static SCHEMAS: [Schema; 41] = [
             AUTHORITY_NULLABLE,
             &[("effect_id", Str), ("step", Str), ("verdict", Str)]
         ],
-        [],
+        [("operation_digest", Digest), ("dispatch_within_ms", Uint)],
         []
     ),
 ];

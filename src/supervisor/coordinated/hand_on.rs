@@ -1,85 +1,69 @@
 //! The host's side of handing done work on (`workspace_order`, migration 0027): its push
 //! executor reads the work's final checkpoint from the coordinator's store (verified), works
-//! out the exact ref update in its own mirror, claims it, pushes only once admitted (with a
-//! lease on the old id), and reports what the remote shows.
+//! out the exact ref update in its own mirror (`hand_on_plan`), claims it, pushes only once
+//! admitted (with a lease on the old id, inside the window the admission names), and
+//! reports what the remote shows (`hand_on_kept` keeps the intent and the observation on
+//! disk until the coordinator recorded it).
 //!
-//! - A push puts the checkpoint's commit on the work's branch; it never rewinds a branch the
-//!   checkpoint does not descend from.
-//! - A merge fast-forwards the branch to the checkpoint when it can, else makes a merge
-//!   commit of the two (`git merge-tree`); a conflict is declined, nothing claimed.
-//! - What it observed is written to `<state_dir>/push/settle/<effect>.json` before it is
-//!   sent, and sent again every transfer round until the coordinator recorded (or refused)
-//!   it, across restarts too.
-//!
-//! **Never:** pushes without a fresh admission, after its window, with a force, or from a
-//! repository a generation can write; names the remote's URL or a credential in anything it
-//! reports; reports an outcome it did not observe (a remote it cannot read after a push is
-//! `unknown`, for the operator to resolve).
+//! **Never:** pushes without an admission of exactly its update, after its window, with a
+//! force, or from a repository a generation can write; names the remote's URL or a
+//! credential in anything it reports; reports an outcome it did not observe.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::time::{Duration, Instant};
 
+use super::hand_on_kept::{clean, keep, result_digest, settle_dir, Intent, Settlement};
 use super::*;
 use crate::protocol::messages::{
-    hand_on_operation_digest, EffectStep, HandOn, HandOnOutcome, HandOnVerdict, WorkspaceEffect,
+    hand_on_operation_digest, EffectStep, HandOnOutcome, HandOnVerdict, WorkspaceEffect,
     WorkspaceOrder,
 };
 use crate::protocol::repo::base_ref;
 use crate::protocol::schema::MessageType;
-use crate::supervisor::push::{self, PushError, ZERO};
+use crate::supervisor::hand_on_plan::{plan, remote_failure, Plan};
+use crate::supervisor::push::{self, ZERO};
 
-/// How long after its admission arrived a push may still start (the coordinator's window
-/// is `DISPATCH_WITHIN`, 30 s, from its own commit: this side stays well inside it).
-const DISPATCH_WINDOW: Duration = Duration::from_secs(20);
+/// The longest window this side takes an admission to give (the coordinator's is 30 s
+/// from its commit; the answer's own figure is counted from before the claim was sent).
+const MAX_WINDOW: Duration = Duration::from_secs(30);
+/// How long an unanswered or not-now claim is sent again (the same claim: a repeat is
+/// the same admission, answered only while it holds).
+const CLAIM_FOR: Duration = Duration::from_secs(120);
+const CLAIM_AGAIN_EVERY: Duration = Duration::from_secs(2);
 
 /// The key an answer about effect `effect_id` is waited for under.
 pub(super) fn answer_key(effect_id: &str, claim: bool) -> String {
     format!("e:{effect_id}:{}", if claim { "claim" } else { "settle" })
 }
 
-/// What the host observed of one effect, kept until the coordinator recorded it.
-#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
-struct Settlement {
+/// Takes an effect's id out of the running set however its executor ends (a panic
+/// included), and the name that kept its checkpoint reachable in the mirror.
+struct Running<'a> {
+    host: &'a CoordinatedHost,
     effect_id: String,
-    assignment_id: String,
-    outcome: String,
-    result_digest: String,
-    detail: Option<String>,
+    mirror: Option<std::path::PathBuf>,
 }
 
-fn settle_dir(inner: &crate::supervisor::Inner) -> PathBuf {
-    inner.cfg.state_dir.join("push").join("settle")
-}
-
-/// The digest of what was observed.
-fn result_digest(effect_id: &str, outcome: HandOnOutcome, parts: &[&str]) -> String {
-    let mut all: Vec<&[u8]> = vec![effect_id.as_bytes(), outcome.as_str().as_bytes()];
-    all.extend(parts.iter().map(|p| p.as_bytes()));
-    format!(
-        "sha256:{}",
-        crate::util::sha256_hex("mosaic/workspace-effect-result/v1", &all)
-    )
-}
-
-/// A detail as it may be reported: the remote's URL cut out, at most 400 characters.
-fn clean(detail: &str, url: Option<&str>) -> String {
-    let d = match url {
-        Some(u) if !u.is_empty() => detail.replace(u, "<remote>"),
-        _ => detail.to_string(),
-    };
-    let d: String = d.chars().take(400).collect();
-    if d.is_empty() {
-        "(no detail)".into()
-    } else {
-        d
+impl Drop for Running<'_> {
+    fn drop(&mut self) {
+        if let Ok(mut s) = self.host.transfers.hand_ons.lock() {
+            s.remove(&self.effect_id);
+        }
+        if let Some(m) = &self.mirror {
+            let r = format!("refs/mosaic/handed-on/{}", self.effect_id);
+            let _ = crate::util::git::git(&["update-ref", "-d", &r], Some(m));
+        }
     }
 }
 
-/// The update an effect claims, worked out in the mirror.
-enum Plan {
-    Update { old: String, new: String },
-    UpToDate { at: String },
-    Declined(String),
+/// How a claim went.
+enum Claimed {
+    /// Admitted: push before this instant.
+    Admitted(Instant),
+    /// Refused for good (the category): nothing pushed.
+    Refused(String),
+    /// Never answered as admitted while it was sent: nothing pushed.
+    Unanswered,
 }
 
 impl CoordinatedHost {
@@ -98,15 +82,16 @@ impl CoordinatedHost {
         }
         let this = self.clone();
         tokio::spawn(async move {
-            let id = m.effect_id.clone();
-            this.hand_on(m).await;
-            if let Ok(mut s) = this.transfers.hand_ons.lock() {
-                s.remove(&id);
-            }
+            let mut running = Running {
+                host: &this,
+                effect_id: m.effect_id.clone(),
+                mirror: None,
+            };
+            this.hand_on(m, &mut running).await;
         });
     }
 
-    async fn hand_on(&self, m: WorkspaceOrder) {
+    async fn hand_on(&self, m: WorkspaceOrder, running: &mut Running<'_>) {
         let url = self
             .sup
             .inner
@@ -116,19 +101,15 @@ impl CoordinatedHost {
             .map(|r| r.url.clone());
         tracing::info!(effect_id = %m.effect_id, assignment_id = %m.assignment_id, kind = m.kind.as_str(),
             reference = %m.reference, "workspace effect: reading its checkpoint");
-        let settlement = match self.plan_and_push(&m).await {
-            Ok(Some(s)) => s,
-            Ok(None) => return,
-            Err(e) => {
-                let detail = clean(&e, url.as_deref());
-                Settlement {
-                    effect_id: m.effect_id.clone(),
-                    assignment_id: m.assignment_id.clone(),
-                    outcome: HandOnOutcome::Declined.as_str().into(),
-                    result_digest: result_digest(&m.effect_id, HandOnOutcome::Declined, &[&detail]),
-                    detail: Some(detail),
-                }
-            }
+        let settlement = match self.plan_and_push(&m, running).await {
+            Ok(s) => s,
+            Err(e) => Settlement {
+                effect_id: m.effect_id.clone(),
+                assignment_id: m.assignment_id.clone(),
+                outcome: HandOnOutcome::Declined.as_str().into(),
+                result_digest: result_digest(&m.effect_id, HandOnOutcome::Declined, &[&e]),
+                detail: Some(e),
+            },
         };
         let settlement = Settlement {
             detail: settlement.detail.map(|d| clean(&d, url.as_deref())),
@@ -136,18 +117,8 @@ impl CoordinatedHost {
         };
         tracing::info!(effect_id = %m.effect_id, outcome = %settlement.outcome,
             detail = settlement.detail.as_deref().unwrap_or(""), "workspace effect settled here");
-        let dir = settle_dir(&self.sup.inner);
-        let kept = crate::util::durable::ensure_dir(&dir, 0o700)
-            .map_err(|e| e.to_string())
-            .and_then(|()| {
-                let bytes = serde_json::to_vec(&settlement).map_err(|e| e.to_string())?;
-                crate::util::durable::write_atomic(
-                    &dir.join(format!("{}.json", settlement.effect_id)),
-                    &bytes,
-                )
-                .map_err(|e| e.to_string())
-            });
-        if let Err(e) = kept {
+        let file = format!("{}.json", settlement.effect_id);
+        if let Err(e) = keep(&settle_dir(&self.sup.inner), &file, &settlement) {
             // Still sent now; only a restart before it is recorded would lose it.
             tracing::error!(effect_id = %m.effect_id, error = %e,
                 "what this workspace effect came to cannot be kept on disk; sending it now");
@@ -156,81 +127,13 @@ impl CoordinatedHost {
         self.send_settlement(&settlement).await;
     }
 
-    /// Every settlement not recorded yet, sent again.
-    pub(super) async fn resend_hand_on_settlements(&self) {
-        let Ok(entries) = std::fs::read_dir(settle_dir(&self.sup.inner)) else {
-            return;
-        };
-        for e in entries.flatten() {
-            let Ok(bytes) = std::fs::read(e.path()) else {
-                continue;
-            };
-            match serde_json::from_slice::<Settlement>(&bytes) {
-                Ok(s) => {
-                    let running = self
-                        .transfers
-                        .hand_ons
-                        .lock()
-                        .map(|h| h.contains(&s.effect_id))
-                        .unwrap_or(true);
-                    if !running && !self.send_settlement(&s).await {
-                        return; // the link is down: next round
-                    }
-                }
-                Err(err) => {
-                    tracing::error!(path = %e.path().display(), error = %err,
-                        "an unreadable workspace effect settlement: left for the operator");
-                }
-            }
-        }
-    }
-
-    /// Sends one settlement; its file goes once the coordinator recorded or refused it.
-    /// False when the link is down or the coordinator could not answer now.
-    async fn send_settlement(&self, s: &Settlement) -> bool {
-        let Some(outcome) = HandOnOutcome::parse(&s.outcome) else {
-            return true;
-        };
-        let m = WorkspaceEffect {
-            effect_id: s.effect_id.clone(),
-            assignment_id: s.assignment_id.clone(),
-            step: EffectStep::Settle {
-                outcome,
-                result_digest: s.result_digest.clone(),
-                detail: s.detail.clone(),
-            },
-        };
-        let answer = self
-            .ask(
-                answer_key(&s.effect_id, false),
-                MessageType::WorkspaceEffect,
-                m.fields(),
-            )
-            .await;
-        let done = match answer {
-            Ok(ToHost::WorkspaceEffectAnswer(a)) => match a.verdict {
-                HandOnVerdict::Recorded => true,
-                HandOnVerdict::Refused(c) => {
-                    tracing::warn!(effect_id = %s.effect_id, category = %c,
-                        "the coordinator refused this host's workspace effect settlement for good");
-                    true
-                }
-                _ => false,
-            },
-            _ => false,
-        };
-        if done {
-            let _ = std::fs::remove_file(
-                settle_dir(&self.sup.inner).join(format!("{}.json", s.effect_id)),
-            );
-        }
-        done
-    }
-
-    /// Reads the checkpoint, works out the update, claims it, and pushes once admitted.
-    /// `Ok(None)`: the claim was refused (nothing pushed, nothing to report); `Err`: a
-    /// decline before any claim, with its reason.
-    async fn plan_and_push(&self, m: &WorkspaceOrder) -> Result<Option<Settlement>, String> {
+    /// Reads the checkpoint, works out the update, claims it, and pushes once admitted;
+    /// what came of it. `Err`: a decline before any claim, with its reason.
+    async fn plan_and_push(
+        &self,
+        m: &WorkspaceOrder,
+        running: &mut Running<'_>,
+    ) -> Result<Settlement, String> {
         let cfg = &self.sup.inner.cfg;
         let name = m.repository.as_str();
         let repo = cfg.repositories.get(name).ok_or_else(|| {
@@ -238,14 +141,13 @@ impl CoordinatedHost {
                 "no repository {name:?} is configured for pushes on this host (its supervisor config needs [repositories.{name}])"
             )
         })?;
-        let env = push::repo_env(name, repo).map_err(|e| e.to_string())?;
+        let env = push::repo_env(name, repo)
+            .map_err(|_| format!("the env file of repository {name:?} cannot be read"))?;
         let mirror = push::ensure_mirror(&cfg.state_dir.join("push"), name)
             .await
             .map_err(|e| e.to_string())?;
+        running.mirror = Some(mirror.clone());
         self.checkpoint_into(m, &mirror).await?;
-        let plan = plan(m, &mirror, &repo.url, &env)
-            .await
-            .map_err(|e| e.to_string())?;
         let settle = |outcome: HandOnOutcome, parts: &[&str], detail: Option<String>| Settlement {
             effect_id: m.effect_id.clone(),
             assignment_id: m.assignment_id.clone(),
@@ -253,63 +155,69 @@ impl CoordinatedHost {
             result_digest: result_digest(&m.effect_id, outcome, parts),
             detail,
         };
-        let (old, new) = match plan {
+        let (old, new) = match plan(m, &mirror, &repo.url, &env).await? {
             Plan::Declined(why) => return Err(why),
-            Plan::UpToDate { at } => {
-                return Ok(Some(settle(HandOnOutcome::UpToDate, &[&at], None)))
-            }
+            Plan::UpToDate { at } => return Ok(settle(HandOnOutcome::UpToDate, &[&at], None)),
             Plan::Update { old, new } => (old, new),
         };
-        // The claim: exactly this update.
-        let claim = WorkspaceEffect {
-            effect_id: m.effect_id.clone(),
-            assignment_id: m.assignment_id.clone(),
-            step: EffectStep::Claim {
-                old_id: old.clone(),
-                new_id: new.clone(),
-                operation_digest: hand_on_operation_digest(
-                    &m.effect_id,
-                    m.kind.as_str(),
-                    name,
-                    &m.reference,
-                    &m.checkpoint.commit_id,
-                    &old,
-                    &new,
-                ),
-            },
-        };
-        let answer = self
-            .ask(
-                answer_key(&m.effect_id, true),
-                MessageType::WorkspaceEffect,
-                claim.fields(),
-            )
-            .await;
-        let admitted_at = Instant::now();
-        match answer {
-            Ok(ToHost::WorkspaceEffectAnswer(a)) if a.verdict == HandOnVerdict::Admitted => {}
-            Ok(ToHost::WorkspaceEffectAnswer(HandOnWire {
-                verdict: HandOnVerdict::Refused(c),
-                ..
-            })) => {
-                tracing::warn!(effect_id = %m.effect_id, category = %c, "workspace effect claim refused: nothing pushed");
-                return Ok(None);
-            }
-            // Not answered: it may or may not have been admitted, and it is not pushed.
-            _ => {
-                return Ok(Some(settle(
+        let operation_digest = hand_on_operation_digest(
+            &m.effect_id,
+            m.kind.as_str(),
+            name,
+            &m.reference,
+            &m.checkpoint.commit_id,
+            &old,
+            &new,
+        );
+        let until = match self.claim(m, &old, &new, &operation_digest).await {
+            Claimed::Admitted(until) => until,
+            // Whatever the claim's row is now (still requested, admitted to a repeat whose
+            // answer was lost, unknown), "not dispatched" is what happened here.
+            Claimed::Refused(c) => {
+                return Ok(settle(
                     HandOnOutcome::NotDispatched,
                     &[&old, &new],
-                    Some("its claim went unanswered: nothing was pushed".into()),
-                )))
+                    Some(format!("its claim was refused ({c}): nothing was pushed")),
+                ))
             }
-        }
-        if admitted_at.elapsed() > DISPATCH_WINDOW {
-            return Ok(Some(settle(
+            Claimed::Unanswered => {
+                return Ok(settle(
+                    HandOnOutcome::NotDispatched,
+                    &[&old, &new],
+                    Some("its claim was never answered as admitted: nothing was pushed".into()),
+                ))
+            }
+        };
+        // The exact update, on disk before it is sent: a process that dies pushing leaves
+        // it for the next one to settle by what the remote shows.
+        let intent = Intent {
+            effect_id: m.effect_id.clone(),
+            assignment_id: m.assignment_id.clone(),
+            repository: name.to_string(),
+            reference: m.reference.clone(),
+            old: old.clone(),
+            new: new.clone(),
+        };
+        if let Err(e) = keep(
+            &settle_dir(&self.sup.inner),
+            &format!("{}.intent.json", m.effect_id),
+            &intent,
+        ) {
+            return Ok(settle(
                 HandOnOutcome::NotDispatched,
                 &[&old, &new],
-                Some("admitted too late to push".into()),
-            )));
+                Some(format!(
+                    "its intent could not be kept on disk ({e}): nothing was pushed"
+                )),
+            ));
+        }
+        crate::supervisor::broker::hold("workspace-effect:pre-push").await;
+        if Instant::now() >= until {
+            return Ok(settle(
+                HandOnOutcome::NotDispatched,
+                &[&old, &new],
+                Some("admitted too late to push: nothing was pushed".into()),
+            ));
         }
         let lease = format!(
             "--force-with-lease={}:{}",
@@ -331,12 +239,15 @@ impl CoordinatedHost {
         .await;
         // What the remote has now says what happened, whatever git answered.
         let now = push::remote_ref(&mirror, &repo.url, &m.reference, &env).await;
-        Ok(Some(match (&pushed, now) {
+        Ok(match (&pushed, now) {
             (_, Ok(n)) if n == new => settle(HandOnOutcome::Completed, &[&old, &new, &n], None),
             (Err(e), Ok(n)) => settle(
                 HandOnOutcome::Failed,
                 &[&old, &new, &n],
-                Some(format!("the remote refused it: {e}")),
+                Some(format!(
+                    "{}; its ref is at {n}",
+                    remote_failure("the remote refused the update", e)
+                )),
             ),
             (Ok(_), Ok(n)) => settle(
                 HandOnOutcome::Unknown,
@@ -348,9 +259,55 @@ impl CoordinatedHost {
             (_, Err(e)) => settle(
                 HandOnOutcome::Unknown,
                 &[&old, &new],
-                Some(format!("the remote cannot be read after the push: {e}")),
+                Some(remote_failure(
+                    "the remote cannot be read after the push",
+                    &e,
+                )),
             ),
-        }))
+        })
+    }
+
+    /// Claims exactly `old` → `new`: sent again while unanswered or answered "not now"
+    /// (a repeat is the same claim), for up to `CLAIM_FOR`. An admission counts only when
+    /// it names this very update; its window runs from before the claim was sent.
+    async fn claim(&self, m: &WorkspaceOrder, old: &str, new: &str, digest: &str) -> Claimed {
+        let claim = WorkspaceEffect {
+            effect_id: m.effect_id.clone(),
+            assignment_id: m.assignment_id.clone(),
+            step: EffectStep::Claim {
+                old_id: old.to_string(),
+                new_id: new.to_string(),
+                operation_digest: digest.to_string(),
+            },
+        };
+        let started = Instant::now();
+        loop {
+            let sent_at = Instant::now();
+            let answer = self
+                .ask(
+                    answer_key(&m.effect_id, true),
+                    MessageType::WorkspaceEffect,
+                    claim.fields(),
+                )
+                .await;
+            // Not answered: whether it committed is unknown; the same claim again says (a
+            // repeat of it is answered as it stands). Another claim's answer, or "not now":
+            // asked again too.
+            if let Ok(ToHost::WorkspaceEffectAnswer(a)) = answer {
+                match (a.verdict, a.admitted) {
+                    (HandOnVerdict::Admitted, Some((d, ms))) if d == digest => {
+                        let window = Duration::from_millis(ms).min(MAX_WINDOW);
+                        return Claimed::Admitted(sent_at + window);
+                    }
+                    (HandOnVerdict::Refused(c), _) => return Claimed::Refused(c),
+                    _ => {}
+                }
+            }
+            if started.elapsed() >= CLAIM_FOR {
+                return Claimed::Unanswered;
+            }
+            tokio::time::sleep(CLAIM_AGAIN_EVERY).await;
+        }
     }
 
     /// The checkpoint's commit in `mirror`: already there, or its objects fetched from the
@@ -458,141 +415,5 @@ impl CoordinatedHost {
         };
         let _ = std::fs::remove_file(&file);
         out
-    }
-}
-
-use crate::protocol::messages::WorkspaceEffectAnswer as HandOnWire;
-
-/// The update `m` makes on the remote, worked out in `mirror` (the remote read with the
-/// host's credentials; nothing written to it).
-async fn plan(
-    m: &WorkspaceOrder,
-    mirror: &Path,
-    url: &str,
-    env: &[(String, String)],
-) -> Result<Plan, PushError> {
-    let commit = &m.checkpoint.commit_id;
-    let old = push::remote_ref(mirror, url, &m.reference, env).await?;
-    if !push::is_oid(&old) || old.len() != 40 {
-        return Ok(Plan::Declined(format!(
-            "the remote names {} with something that is not a SHA-1 object id",
-            m.reference
-        )));
-    }
-    if &old == commit {
-        return Ok(Plan::UpToDate { at: old });
-    }
-    if old != ZERO {
-        // The remote's commit, to compare histories.
-        push::git(mirror, &["fetch", "--no-tags", "--quiet", url, &old], env).await?;
-    }
-    let is_ancestor = |a: String, b: String| async move {
-        push::git_raw(mirror, &["merge-base", "--is-ancestor", &a, &b], &[])
-            .await
-            .map(|o| o.status.success())
-    };
-    match m.kind {
-        HandOn::Push => {
-            if old != ZERO && !is_ancestor(old.clone(), commit.clone()).await? {
-                return Ok(Plan::Declined(format!(
-                    "{} is at {old} on the remote, which the final checkpoint does not descend from: no force push",
-                    m.reference
-                )));
-            }
-            Ok(Plan::Update {
-                old,
-                new: commit.clone(),
-            })
-        }
-        HandOn::Merge => {
-            if old == ZERO {
-                return Ok(Plan::Declined(format!(
-                    "the remote has no {} to merge into",
-                    m.reference
-                )));
-            }
-            if is_ancestor(commit.clone(), old.clone()).await? {
-                return Ok(Plan::UpToDate { at: old });
-            }
-            if is_ancestor(old.clone(), commit.clone()).await? {
-                return Ok(Plan::Update {
-                    old,
-                    new: commit.clone(),
-                });
-            }
-            let out = push::git_raw(
-                mirror,
-                &[
-                    "merge-tree",
-                    "--write-tree",
-                    "--no-messages",
-                    "--name-only",
-                    &old,
-                    commit,
-                ],
-                &[],
-            )
-            .await?;
-            let text = String::from_utf8_lossy(&out.stdout).into_owned();
-            let mut lines = text.lines();
-            let tree = lines.next().unwrap_or("").trim().to_string();
-            match out.status.code() {
-                Some(0) if push::is_oid(&tree) => {}
-                Some(1) => {
-                    let files: Vec<&str> = lines.filter(|l| !l.is_empty()).take(10).collect();
-                    return Ok(Plan::Declined(format!(
-                        "merging into {} conflicts in: {}",
-                        m.reference,
-                        files.join(", ")
-                    )));
-                }
-                _ => {
-                    return Err(PushError::Git(format!(
-                        "`git merge-tree` failed: {}",
-                        String::from_utf8_lossy(&out.stderr)
-                            .lines()
-                            .next()
-                            .unwrap_or("")
-                    )))
-                }
-            }
-            let message = format!(
-                "Merge {} into {}\n\nMosaic workspace effect {} (checkpoint {}).\n",
-                crate::protocol::repo::branch_of(&m.assignment_id),
-                m.reference.trim_start_matches("refs/heads/"),
-                m.effect_id,
-                m.checkpoint.checkpoint_digest
-            );
-            let who = vec![
-                ("GIT_AUTHOR_NAME".to_string(), "Mosaic".to_string()),
-                (
-                    "GIT_AUTHOR_EMAIL".to_string(),
-                    "mosaic@localhost".to_string(),
-                ),
-                ("GIT_COMMITTER_NAME".to_string(), "Mosaic".to_string()),
-                (
-                    "GIT_COMMITTER_EMAIL".to_string(),
-                    "mosaic@localhost".to_string(),
-                ),
-            ];
-            let new = push::git(
-                mirror,
-                &[
-                    "commit-tree",
-                    &tree,
-                    "-p",
-                    &old,
-                    "-p",
-                    commit,
-                    "-m",
-                    &message,
-                ],
-                &who,
-            )
-            .await?
-            .trim()
-            .to_string();
-            Ok(Plan::Update { old, new })
-        }
     }
 }

@@ -343,6 +343,7 @@ mod checks;
 mod continuations;
 mod effects;
 mod hand_on;
+mod hand_on_kept;
 mod release;
 mod reports;
 mod stage;

@@ -92,6 +92,8 @@ impl Service {
 
     pub(super) async fn on_workspace_effect(&self, host: &str, m: WorkspaceEffect) -> Handled {
         let claim = matches!(m.step, EffectStep::Claim { .. });
+        let mut admitted = None;
+        let mut violation = None;
         let verdict = match self.leader().await {
             Err(e) => HandOnVerdict::Retry(e.category.as_str().into()),
             Ok(l) => {
@@ -126,14 +128,26 @@ impl Service {
                     Ok(receipt) => {
                         self.bump();
                         match &m.step {
+                            // Admitted only while it is, with what and how long: a claim
+                            // repeated after its window or its settlement pushes nothing.
                             EffectStep::Claim { old_id, new_id, .. } => {
-                                tracing::info!(host, effect_id = %m.effect_id, assignment_id = %m.assignment_id,
-                                    old = %old_id, new = %new_id, replayed = receipt.replayed, "workspace effect admitted");
-                                HandOnVerdict::Admitted
+                                match self.store.hand_on_admission(&m.effect_id).await {
+                                    Ok(Some(a)) => {
+                                        tracing::info!(host, effect_id = %m.effect_id, old = %old_id, new = %new_id,
+                                            replayed = receipt.replayed, window_ms = a.1, "workspace effect admitted");
+                                        admitted = Some(a);
+                                        HandOnVerdict::Admitted
+                                    }
+                                    Ok(None) => {
+                                        HandOnVerdict::Refused(Category::Expired.as_str().into())
+                                    }
+                                    Err(e) => HandOnVerdict::Retry(
+                                        e.category().map_or("unavailable", |c| c.as_str()).into(),
+                                    ),
+                                }
                             }
                             EffectStep::Settle { outcome, .. } => {
-                                tracing::info!(host, effect_id = %m.effect_id, assignment_id = %m.assignment_id,
-                                    outcome = outcome.as_str(), "workspace effect settled");
+                                tracing::info!(host, effect_id = %m.effect_id, outcome = outcome.as_str(), "workspace effect settled");
                                 HandOnVerdict::Recorded
                             }
                         }
@@ -145,8 +159,33 @@ impl Service {
                                 Category::StaleLeader | Category::NotLeader | Category::Unavailable
                             ) =>
                         {
-                            tracing::warn!(host, effect_id = %m.effect_id, category = c.as_str(), error = %e,
-                                "a host's workspace effect refused");
+                            // Audited under the effect's own work (the host's word for it is not
+                            // taken); a settlement refused after the fact is an observation the
+                            // record does not hold, said loudly with what it was.
+                            let asg = self
+                                .store
+                                .hand_on(&m.effect_id)
+                                .await
+                                .ok()
+                                .flatten()
+                                .map(|v| v.assignment_id);
+                            let what = match &m.step {
+                                EffectStep::Settle {
+                                    outcome,
+                                    result_digest,
+                                    ..
+                                } => {
+                                    tracing::error!(host, effect_id = %m.effect_id, outcome = outcome.as_str(), result_digest,
+                                        category = c.as_str(), error = %e,
+                                        "a host's observation of a workspace effect was refused: the record does not hold it");
+                                    format!("settle {} ({result_digest})", outcome.as_str())
+                                }
+                                EffectStep::Claim { .. } => {
+                                    tracing::warn!(host, effect_id = %m.effect_id, category = c.as_str(), error = %e,
+                                        "a host's workspace effect claim refused");
+                                    "claim".to_string()
+                                }
+                            };
                             self.store.auditor().record(
                                 if claim {
                                     "workspace-effect-claim"
@@ -155,10 +194,12 @@ impl Service {
                                 },
                                 c,
                                 None,
-                                Some(&m.assignment_id),
+                                asg.as_deref(),
                                 None,
-                                &format!("host:{host} effect {}: {e}", m.effect_id),
+                                &format!("host:{host} effect {} {what}: {e}", m.effect_id),
                             );
+                            violation = super::handler::hostile(c)
+                                .then(|| format!("refused-{}", c.as_str()));
                             HandOnVerdict::Refused(c.as_str().into())
                         }
                         c => {
@@ -174,7 +215,12 @@ impl Service {
             assignment_id: m.assignment_id,
             claim,
             verdict,
+            admitted,
         });
-        Handled::reply(vec![Outgoing::to_host(&self.session, &reply)])
+        Handled {
+            replies: vec![Outgoing::to_host(&self.session, &reply)],
+            violation,
+            deferred: None,
+        }
     }
 }

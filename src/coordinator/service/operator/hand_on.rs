@@ -55,7 +55,7 @@ impl Service {
                 };
                 let r = self.store.request_hand_on(&l, &req).await;
                 let (view, point) = self.settled(&l, r).await?;
-                if view.state == WorkspaceEffectState::Requested {
+                if let (true, Some(point)) = (view.claimable, point) {
                     if let Err(e) = self.send_hand_on_order(&view, point) {
                         // Sent when the host's next session opens, if still in time.
                         let mut out = json!(view);
@@ -96,10 +96,8 @@ impl Service {
             let v = self.store.hand_on(effect_id).await?.ok_or_else(|| {
                 OpError::new(Category::Internal, format!("effect {effect_id} vanished"))
             })?;
-            if !matches!(
-                v.state,
-                WorkspaceEffectState::Requested | WorkspaceEffectState::Admitted
-            ) || std::time::Instant::now() >= until
+            if !(v.claimable || v.state == WorkspaceEffectState::Admitted)
+                || std::time::Instant::now() >= until
             {
                 return Ok(v);
             }
