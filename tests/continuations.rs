@@ -225,29 +225,13 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
                     .is_err_and(|e| e.category == mosaic::coordinator::Category::Conflict),
             "{point}: {again:?}"
         );
-        w.wait_count(
-            &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"),
-            |n| n == 1,
-            &format!("{point}: the continuation's result"),
+        let got = once_answered(
+            &w,
+            &id,
+            "audit WHERE operation LIKE '%continuation-result%'",
         )
         .await;
-        let row = w
-            .sql()
-            .await
-            .query_one(
-                &format!(
-                    "SELECT (SELECT count(*) FROM continuations WHERE assignment_id = '{id}'), \
-                            (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
-                            (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
-                            (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
-                            (SELECT count(*) FROM audit WHERE operation LIKE '%continuation-result%')"
-                ),
-                &[],
-            )
-            .await
-            .unwrap();
-        let got: (i64, i64, i64, i64, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+
         assert_eq!(
             got,
             (1, 1, 1, 19, 0),
@@ -278,6 +262,33 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
         );
         w.stop_final(&id);
     }
+}
+
+/// Once `id`'s one continuation has its result: (continuations, accepts, results, loop
+/// budget left, rows of `also`: `FROM …` of what must not have happened).
+async fn once_answered(w: &Split, id: &str, also: &str) -> (i64, i64, i64, i64, i64) {
+    w.wait_count(
+        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"),
+        |n| n == 1,
+        &format!("{id}: the continuation's result"),
+    )
+    .await;
+    let row = w
+        .sql()
+        .await
+        .query_one(
+            &format!(
+                "SELECT (SELECT count(*) FROM continuations WHERE assignment_id = '{id}'), \
+                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
+                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
+                        (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
+                        (SELECT count(*) FROM {also})"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4))
 }
 
 /// §17 Stale continuation claimant: the leader claims a continuation and is paused (SIGSTOP
@@ -323,39 +334,29 @@ async fn a_resumed_old_claimant_neither_delivers_nor_accepts_a_continuation() {
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
     let _ = asked.join();
     w.wait_host_connected();
-    w.wait_count(
-        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"),
-        |n| n == 1,
-        "the continuation's result",
+    let got = once_answered(
+        &w,
+        &id,
+        &format!(
+            "transition_receipts WHERE coordinator_epoch = {first} \
+             AND transition IN ('continuation-accept', 'continuation-result')"
+        ),
     )
     .await;
-    let row = w
-        .sql()
-        .await
-        .query_one(
-            &format!(
-                "SELECT (SELECT count(*) FROM continuations WHERE assignment_id = '{id}'), \
-                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
-                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
-                        (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
-                        (SELECT count(*) FROM transition_receipts WHERE coordinator_epoch = {first} \
-                           AND transition IN ('continuation-accept', 'continuation-result')), \
-                        (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-claim' \
-                           AND (assignment_id = '{id}' OR body->>'assignment_id' = '{id}') AND coordinator_epoch > {first})"
-            ),
-            &[],
-        )
-        .await
-        .unwrap();
-    let got: (i64, i64, i64, i64, i64) =
-        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let reclaimed = w
+        .count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-claim' \
+             AND (assignment_id = '{id}' OR body->>'assignment_id' = '{id}') AND coordinator_epoch > {first}"
+        ))
+        .await;
+
     assert_eq!(
         got,
         (1, 1, 1, 19, 0),
         "(continuations, accepts, results, budget left, accepts or results under the old epoch)"
     );
     assert!(
-        row.get::<_, i64>(5) >= 1,
+        reclaimed >= 1,
         "the new epoch reclaimed it before it was accepted"
     );
     let old = operator_call(&w.socket(0), &OperatorRequest::Status).unwrap();

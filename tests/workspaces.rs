@@ -2921,18 +2921,20 @@ fn done_work_is_handed_on_only_through_an_admitted_update() {
     assert!(e.message.contains("has no workspace"), "{e:?}");
 }
 
-/// What a host observed of its push is kept until the coordinator recorded it: pushed,
-/// then the coordinator SIGKILLed before the report, the observation waits on the host's
-/// disk and is recorded once a coordinator leads again (COMPLETED, or — when the host's
-/// new session came after the admission's window — UNKNOWN reconciled by that late
-/// observation); never re-pushed, never lost, never guessed.
-#[test]
-fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
+/// Completed work in `demo` whose host pushes to a remote of its own, with the supervisor
+/// restarted holding its push executor at failpoint `point` until `file` exists; the push
+/// requested (not waited for) once the final checkpoint is stored. The repository, the
+/// remote, the world, the work, its final commit and the effect.
+fn push_held(
+    tag: &'static str,
+    point: &str,
+    file: &Path,
+) -> (Repo, Remote, World, String, String, String, String) {
     let repo = Repo::new();
     let remote = Remote::of(&repo);
     let mut w = World::started(Spec {
         lanes: 1,
-        tag: "workspaces-hand-on-fault",
+        tag,
         supervisor_extra: format!("[repositories.demo]\nurl = {:?}\n", remote.0),
         ..Spec::default()
     });
@@ -2941,9 +2943,7 @@ fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
     add_repo(&w, "demo", &repo.0, &host);
     let asg = completed_with(&w, &lane, None, &[("done.txt", "done\n")]);
     let (commit, _) = final_commit(&w, &asg);
-    let go =
-        Removed(std::env::temp_dir().join(format!("mosaic-go-{}", uuid::Uuid::new_v4().simple())));
-    restart_holding(&mut w, &host, "workspace-effect:settle", &go.0);
+    restart_holding(&mut w, &host, point, file);
     let v = wait_until("the final checkpoint in the store", || {
         match w.op(&OperatorRequest::WorkspaceEffect {
             assignment_id: asg.clone(),
@@ -2958,6 +2958,20 @@ fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
         }
     });
     let id = v["effect_id"].as_str().unwrap().to_string();
+    (repo, remote, w, host, asg, commit, id)
+}
+
+/// What a host observed of its push is kept until the coordinator recorded it: pushed,
+/// then the coordinator SIGKILLed before the report, the observation waits on the host's
+/// disk and is recorded once a coordinator leads again (COMPLETED, or — when the host's
+/// new session came after the admission's window — UNKNOWN reconciled by that late
+/// observation); never re-pushed, never lost, never guessed.
+#[test]
+fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
+    let go =
+        Removed(std::env::temp_dir().join(format!("mosaic-go-{}", uuid::Uuid::new_v4().simple())));
+    let (_repo, remote, mut w, _host, asg, commit, id) =
+        push_held("workspaces-hand-on-fault", "workspace-effect:settle", &go.0);
     let branch = format!("refs/heads/mosaic/{asg}");
     wait_until("pushed", || {
         (remote.at(&branch).as_deref() == Some(commit.as_str())).then_some(())
@@ -3015,23 +3029,14 @@ fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
 /// work goes through.
 #[test]
 fn a_push_whose_supervisor_died_mid_way_is_unknown_until_resolved() {
-    let repo = Repo::new();
-    let remote = Remote::of(&repo);
-    let mut w = World::started(Spec {
-        lanes: 1,
-        tag: "workspaces-hand-on-died",
-        supervisor_extra: format!("[repositories.demo]\nurl = {:?}\n", remote.0),
-        ..Spec::default()
-    });
-    let lane = w.lane_of(0, "lane-1");
-    let host = lane.split_once(':').unwrap().0.to_string();
-    add_repo(&w, "demo", &repo.0, &host);
-    let asg = completed_with(&w, &lane, None, &[("done.txt", "done\n")]);
-    let (commit, _) = final_commit(&w, &asg);
     let never = Removed(
         std::env::temp_dir().join(format!("mosaic-never-{}", uuid::Uuid::new_v4().simple())),
     );
-    restart_holding(&mut w, &host, "workspace-effect:pre-push", &never.0);
+    let (_repo, remote, mut w, host, asg, commit, id) = push_held(
+        "workspaces-hand-on-died",
+        "workspace-effect:pre-push",
+        &never.0,
+    );
     let push = |w: &World| {
         w.op(&OperatorRequest::WorkspaceEffect {
             assignment_id: asg.clone(),
@@ -3042,11 +3047,6 @@ fn a_push_whose_supervisor_died_mid_way_is_unknown_until_resolved() {
             request_id: None,
         })
     };
-    let v = wait_until("the final checkpoint in the store", || match push(&w) {
-        Err(e) if e.message.contains("not whole in the coordinator's store") => None,
-        other => Some(other.unwrap()),
-    });
-    let id = v["effect_id"].as_str().unwrap().to_string();
     let intent = w
         .state_dir(0)
         .join("push")
