@@ -187,6 +187,16 @@ async fn a_handoff_ack_binds_every_field_and_never_stands_in_for_activation() {
     let mut t = target;
     t.challenge = ch.str("challenge_id").unwrap();
     s.consume_ack(l, &ack(l, &t)).await.unwrap();
+    // Not while the source generation drains (execution owner null): only once its
+    // receipt proves it ended.
+    assert_eq!(
+        category(s.activate(l, &activation(s, &t).await).await),
+        Category::Unreconciled
+    );
+    assert_eq!(state(s, "h1:w2").await, "READY");
+    s.ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
+        .await
+        .unwrap();
     s.activate(l, &activation(s, &t).await).await.unwrap();
     let a = assignment(s, &c.assignment_id).await;
     assert_eq!(
@@ -334,12 +344,17 @@ async fn a_handoff_never_strands_work_or_lets_the_source_finalize_it() {
     let ch = s.issue_activation_challenge(l, &c2, 60_000).await.unwrap();
     t2.challenge = ch.str("challenge_id").unwrap();
     s.consume_ack(l, &ack(l, &t2)).await.unwrap();
-    s.activate(l, &activation(s, &t2).await).await.unwrap();
-    s.request_end(l, &asg, Outcome::Completed, Some(&d('e')))
+    // The target waits for the source's end; the source's receipt ends the source
+    // generation, not the work, and the target activates.
+    assert_eq!(
+        category(s.activate(l, &activation(s, &t2).await).await),
+        Category::Unreconciled
+    );
+    s.ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
         .await
         .unwrap();
-    // The source's receipt arrives late: it ends the source generation, not the work.
-    s.ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
+    s.activate(l, &activation(s, &t2).await).await.unwrap();
+    s.request_end(l, &asg, Outcome::Completed, Some(&d('e')))
         .await
         .unwrap();
     let a = assignment(s, &asg).await;
@@ -355,23 +370,48 @@ async fn a_handoff_never_strands_work_or_lets_the_source_finalize_it() {
     assert_eq!(assignment(s, &asg).await.lifecycle, "COMPLETED");
 }
 
+/// The boundaries of a handoff (`false`) and of an inactivity replacement (`true`) the
+/// coordinator is SIGKILLed at: the ownership steps themselves (offer, acceptance and
+/// replacement, each of which fences the old generation itself), the old generation's
+/// drain (its receipt ingested), the target's
+/// activation challenge, and the new generation's activation (the work's second
+/// `activate`: `1*off->return` passes the first, the source's own).
+const OWNERSHIP_BOUNDARIES: &[(&str, bool)] = &[
+    ("before-commit:handoff-offer", false),
+    ("after-commit:handoff-offer", false),
+    ("before-commit:handoff-accept", false),
+    ("after-commit:handoff-accept", false),
+    ("after-commit:ingest-termination", false),
+    ("after-commit:activation-challenge", false),
+    ("after-commit:activate=1*off->return", false),
+    ("before-commit:inactivity-replace", true),
+    ("after-commit:inactivity-replace", true),
+    ("after-commit:ingest-termination", true),
+    ("after-commit:activate=1*off->return", true),
+];
+
 /// §17 Nonterminal replacement crash and Prior-owner handoff effect under a coordinator
-/// SIGKILL before and after the commit of a handoff's acceptance and of an inactivity
-/// replacement: there is never more than one live (executing) generation of the work, and
-/// afterwards never a lease on a lane the work left, and the work is either
-/// running or in recovery — never lost, never doubled.
+/// SIGKILL at every ownership boundary of a handoff and of an inactivity replacement
+/// (`OWNERSHIP_BOUNDARIES`): there is never more than one live (executing) generation of
+/// the work, and afterwards never a lease on a lane the work left, never an open offer, and
+/// the work is either running with its owner or in recovery — never lost, never doubled.
 #[tokio::test(flavor = "multi_thread")]
 async fn responsibility_survives_a_coordinator_killed_around_handoff_and_replacement() {
-    for point in [
-        "before-commit:handoff-accept",
-        "after-commit:handoff-accept",
-        "before-commit:inactivity-replace",
-        "after-commit:inactivity-replace",
-    ] {
+    for &(spec, replace) in OWNERSHIP_BOUNDARIES {
         let mut w = Split::new(2);
-        let replace = point.ends_with("inactivity-replace");
+        let spec = if spec.contains('=') {
+            spec.to_string()
+        } else {
+            format!("{spec}=return")
+        };
+        let point = spec.split('=').next().unwrap_or_default().to_string();
+        let point = format!(
+            "{point} ({})",
+            if replace { "replacement" } else { "handoff" }
+        );
+        let point = point.as_str();
         w.crash_coordinator(0);
-        w.start_coordinator(0, Some(&format!("{point}=return")));
+        w.start_coordinator(0, Some(&spec));
         w.wait_leading(0);
         w.wait_host_connected();
         let policy = if replace {

@@ -386,6 +386,18 @@ const ACTIVATE_PREDS: &[Pred] = &[
         category: Category::Unreconciled,
         detail: "an effect claim of an earlier generation of the assignment is not settled yet",
     },
+    // A handoff's source or a replaced generation drains with no execution owner: the new
+    // generation activates only once every earlier activated (LIVE) one of the work is
+    // proven ended (its receipt ingested), so two processes never execute the same work.
+    // (One that never activated held no authority and blocks nothing.)
+    Pred {
+        sql: concatcp!("NOT EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 \
+             ON g2.lane_incarnation_id = r2.lane_incarnation_id AND g2.generation = r2.generation \
+             WHERE r2.assignment_id = a.assignment_id AND r2.reservation_id <> r.reservation_id AND g2.state = ",
+            GenState::Live.sql(), ")"),
+        category: Category::Unreconciled,
+        detail: "an earlier activated generation of the assignment has not ended yet (its termination receipt is not in): the new one waits",
+    },
 ];
 
 /// READY → RUNNING over every expected value of spec §6.2.
