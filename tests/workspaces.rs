@@ -2921,6 +2921,19 @@ fn done_work_is_handed_on_only_through_an_admitted_update() {
     assert!(e.message.contains("has no workspace"), "{e:?}");
 }
 
+/// The recorded effect `id` of `asg` (`mosaic workspace effects`), once `ready` holds.
+fn effect_row(w: &World, asg: &str, id: &str, what: &str, ready: impl Fn(&Value) -> bool) -> Value {
+    wait_until(what, || {
+        let v = w
+            .op(&OperatorRequest::WorkspaceEffects {
+                assignment_id: Some(asg.to_string()),
+            })
+            .ok()?;
+        let row = v.as_array()?.iter().find(|r| r["effect_id"] == id)?.clone();
+        ready(&row).then_some(row)
+    })
+}
+
 /// Completed work in `demo` whose host pushes to a remote of its own, with the supervisor
 /// restarted holding its push executor at failpoint `point` until `file` exists; the push
 /// requested (not waited for) once the final checkpoint is stored. The repository, the
@@ -2992,18 +3005,8 @@ fn a_push_observed_while_the_coordinator_is_down_is_recorded_when_it_returns() {
     std::fs::write(&go.0, "").unwrap();
     w.start_coordinator(0, None);
     w.wait_leading(0);
-    let row = wait_until("the observation recorded", || {
-        let v = w
-            .op(&OperatorRequest::WorkspaceEffects {
-                assignment_id: Some(asg.clone()),
-            })
-            .ok()?;
-        let row = v
-            .as_array()?
-            .iter()
-            .find(|r| r["effect_id"] == id.as_str())?
-            .clone();
-        (row["state"] == "COMPLETED" || row["state"] == "RECONCILED").then_some(row)
+    let row = effect_row(&w, &asg, &id, "the observation recorded", |r| {
+        r["state"] == "COMPLETED" || r["state"] == "RECONCILED"
     });
     if row["state"] == "RECONCILED" {
         assert_eq!(row["reconciliation"], "observed-late: completed", "{row}");
@@ -3059,18 +3062,8 @@ fn a_push_whose_supervisor_died_mid_way_is_unknown_until_resolved() {
     });
     w.start_supervisor(0);
     wait_connected(&w, &host);
-    let row = wait_until("settled by what the remote shows", || {
-        let v = w
-            .op(&OperatorRequest::WorkspaceEffects {
-                assignment_id: Some(asg.clone()),
-            })
-            .ok()?;
-        let row = v
-            .as_array()?
-            .iter()
-            .find(|r| r["effect_id"] == id.as_str())?
-            .clone();
-        (row["state"] == "UNKNOWN").then_some(row)
+    let row = effect_row(&w, &asg, &id, "settled by what the remote shows", |r| {
+        r["state"] == "UNKNOWN"
     });
     assert!(
         row["detail"]
