@@ -775,3 +775,325 @@ async fn an_unacknowledged_handoff_is_still_watched_for_inactivity() {
     let out = up.cli(&["stop", "--assignment", &id]).unwrap();
     assert_eq!(out["state"], "CANCELLED", "{out}");
 }
+
+/// One event of a handoff's ownership move, after its challenge reached the target.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Move {
+    /// The target's handoff ACK.
+    Ack,
+    /// The source generation's end (its termination receipt): the source's execution is
+    /// revoked for good, whatever the handoff's state.
+    SourceEnd,
+    /// The source broker's late report of the effect claim it held when the handoff began:
+    /// the claim's reconciliation (observed, or reconciled after the source's end).
+    ClaimResult,
+    /// The target's activation: its activation challenge, ACK, and the activation CAS.
+    Activate,
+}
+
+/// Every order of the four moves (24).
+fn interleavings() -> Vec<[Move; 4]> {
+    const ALL: [Move; 4] = [
+        Move::Ack,
+        Move::SourceEnd,
+        Move::ClaimResult,
+        Move::Activate,
+    ];
+    let mut out = Vec::new();
+    for a in 0..4 {
+        for b in 0..4 {
+            for c in 0..4 {
+                for d in 0..4 {
+                    let idx = [a, b, c, d];
+                    let mut seen = [false; 4];
+                    idx.iter().for_each(|&i| seen[i] = true);
+                    if seen.iter().all(|&x| x) {
+                        out.push(idx.map(|i| ALL[i]));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Every row the handoff's ownership lives in, as text: "a refused move changed nothing"
+/// is this before == after.
+async fn ownership_rows(url: &str, asg: &str) -> String {
+    let q = format!(
+        "SELECT concat_ws(' | ', \
+           (SELECT string_agg(a::text, ';') FROM assignments a WHERE assignment_id = '{asg}'), \
+           (SELECT string_agg(h::text, ';' ORDER BY h.handoff_id) FROM handoffs h WHERE assignment_id = '{asg}'), \
+           (SELECT string_agg(l::text, ';' ORDER BY l.lease_id) FROM leases l WHERE assignment_id = '{asg}'), \
+           (SELECT string_agg(r::text, ';' ORDER BY r.reservation_id) FROM reservations r WHERE assignment_id = '{asg}'), \
+           (SELECT string_agg(g::text, ';' ORDER BY g.lane_incarnation_id, g.generation) FROM generations g \
+              JOIN reservations r USING (reservation_id) WHERE r.assignment_id = '{asg}'), \
+           (SELECT string_agg(e::text, ';' ORDER BY e.effect_id) FROM effect_claims e WHERE assignment_id = '{asg}'))"
+    );
+    sql(url).await.query_one(&q, &[]).await.unwrap().get(0)
+}
+
+/// One interleaving of `Move`s, checked after every move against what the ownership must
+/// be (see the test below). Returns the moves' outcomes, for the failure message.
+async fn bind_interleaving(order: [Move; 4]) {
+    use mosaic::coordinator::effects::{EffectClaim, Observed};
+    use mosaic::protocol::effects::{self, Executor, Outcome as Observation, Target};
+    let f = fx().await;
+    let (s, l, url) = (&f.store, &f.leader, f.db.url.as_str());
+    let w2 = adopt(s, l, "h1:w2").await;
+    let scope = ["repo:demo", "provider", "egress:pypi.org"];
+    let source = running_scoped(s, l, &f.lane.lane_incarnation_id, None, &scope, &[]).await;
+    let asg = source.chain().assignment_id.clone();
+    let (src, tgt) = (source.chain().lane_id.clone(), "h1:w2".to_string());
+    let claim = |executor: Executor, target: &str, key: &str| {
+        let target = Target::parse(executor, target).unwrap();
+        EffectClaim {
+            chain: source.chain().clone(),
+            generation: source.generation,
+            operation_digest: effects::operation_digest(&target, &[key.as_bytes()]),
+            target,
+            idempotency_key: key.into(),
+            responsibility_owner: src.clone(),
+            execution_owner: src.clone(),
+            process_identity: source.identity.clone(),
+            fence_reference: "fp1:reference".into(),
+            scope_digest: source.scope_digest.clone(),
+            holds_digest: source.holds_digest.clone(),
+        }
+    };
+    // The source holds an egress claim (settled only by an observation or by hand) when
+    // the handoff begins.
+    let held = s
+        .admit_effect(l, &claim(Executor::Egress, "egress:pypi.org:443", "held"))
+        .await
+        .unwrap();
+    let (c, good, mut t) = handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    let (mut acked, mut ended, mut resulted, mut activated) = (false, false, false, false);
+    let mut target_ack_consumed = false;
+    let mut probe = 0;
+    let run = format!("{order:?}");
+    let mut done: Vec<Move> = Vec::new();
+    // The target's activation, from wherever it got to: a refusal at any sub-step changes
+    // nothing and the next attempt resumes there.
+    macro_rules! activate {
+        () => {{
+            let mut r: Result<(), AuthorityError> = Ok(());
+            if !target_ack_consumed {
+                r = match s.issue_activation_challenge(l, &c, 60_000).await {
+                    Ok(ch) => {
+                        t.challenge = ch.str("challenge_id").unwrap();
+                        s.consume_ack(l, &ack(l, &t)).await.map(|_| ())
+                    }
+                    Err(e) => Err(e),
+                };
+                target_ack_consumed = r.is_ok();
+            }
+            if r.is_ok() {
+                r = s.activate(l, &activation(s, &t).await).await.map(|_| ());
+            }
+            r
+        }};
+    }
+    for (i, &m) in order.iter().chain([Move::Activate].iter()).enumerate() {
+        // After the four moves, one more activation: the interleaving's settled end.
+        if i == 4 && (activated || !acked) {
+            break;
+        }
+        let at = format!("{run}: after {done:?}, {m:?}");
+        let before = ownership_rows(url, &asg).await;
+        let (result, want_ok) = match m {
+            Move::Ack => {
+                let r = s.accept_handoff(l, &good).await.map(|_| ());
+                // Only the source's live execution can hand on: once it ended first, the
+                // offer was withdrawn with it and the work went to recovery.
+                (r, !acked && !ended)
+            }
+            Move::SourceEnd => {
+                let r = s
+                    .ingest_termination(l, HOST, &receipt_for(&source, "quit", true))
+                    .await
+                    .map(|_| ());
+                (r, !ended)
+            }
+            Move::ClaimResult => {
+                let o = Observed {
+                    effect_id: held.effect_id.clone(),
+                    outcome: Observation::Completed,
+                    result_digest: d('9'),
+                    input_tokens: None,
+                    output_tokens: None,
+                };
+                let r = s
+                    .record_effect_result(l, source.chain(), source.generation, &o)
+                    .await
+                    .map(|_| ());
+                (r, !resulted)
+            }
+            // The target activates only after its ACK moved the responsibility, the
+            // source's execution is proven ended, and no effect the source claimed is left
+            // unsettled.
+            Move::Activate => (activate!(), acked && ended && resulted && !activated),
+        };
+        assert_eq!(result.is_ok(), want_ok, "{at}: {result:?}");
+        if let Err(e) = &result {
+            // Whatever the sub-step that refused, the activation's own rows aside, nothing
+            // about the ownership moved.
+            if m != Move::Activate {
+                assert_eq!(
+                    ownership_rows(url, &asg).await,
+                    before,
+                    "{at}: a refusal changed rows"
+                );
+            }
+            assert!(e.category().is_some(), "{at}: untyped refusal {e}");
+        }
+        if result.is_ok() {
+            match m {
+                Move::Ack => acked = true,
+                Move::SourceEnd => ended = true,
+                Move::ClaimResult => resulted = true,
+                Move::Activate => activated = true,
+            }
+        }
+        done.push(m);
+        // The owners: exactly one responsible owner; the source executes only before the
+        // transfer, nobody during the drain, the target only from its activation; the
+        // pending target is kept until the activation.
+        let a = assignment(s, &asg).await;
+        let owners = (
+            a.lifecycle.to_string(),
+            a.responsibility_owner.clone(),
+            a.execution_owner.clone(),
+            a.pending_target.clone(),
+        );
+        let want = if activated {
+            ("ACTIVE", tgt.clone(), Some(tgt.clone()), None)
+        } else if acked {
+            ("ACTIVE", tgt.clone(), None, Some(tgt.clone()))
+        } else if ended {
+            ("RECOVERY", src.clone(), None, None)
+        } else {
+            ("ACTIVE", src.clone(), Some(src.clone()), Some(tgt.clone()))
+        };
+        assert_eq!(
+            owners,
+            (want.0.to_string(), want.1, want.2, want.3),
+            "{at}: owners"
+        );
+        // The source renews its leases only while it owns the execution, and claims no new
+        // effect at all once an offer is pending; each refusal changes nothing.
+        let source_may = !acked && !ended;
+        probe += 1;
+        let before = ownership_rows(url, &asg).await;
+        let renewed = s.renew_leases(l, source.chain(), 60_000).await;
+        assert_eq!(
+            renewed.is_ok(),
+            source_may,
+            "{at}: source renewal {renewed:?}"
+        );
+        let claimed = s
+            .admit_effect(
+                l,
+                &claim(Executor::Provider, "provider", &format!("probe-{probe}")),
+            )
+            .await;
+        assert_eq!(
+            claimed.as_ref().map_err(|e| e.category()).err(),
+            Some(Some(Category::WrongState)),
+            "{at}: a source claim under a pending handoff"
+        );
+        if !source_may {
+            assert_eq!(
+                ownership_rows(url, &asg).await,
+                before,
+                "{at}: a source's refused act changed rows"
+            );
+        }
+        // Open leases only where the execution is.
+        let open = |res: String| {
+            format!("SELECT count(*) FROM leases WHERE reservation_id = '{res}' AND released_at IS NULL")
+        };
+        let source_leases = count(url, &open(source.chain().reservation_id.clone())).await;
+        let target_leases = count(url, &open(c.reservation_id.clone())).await;
+        assert_eq!(
+            (source_leases > 0, target_leases > 0),
+            (source_may, activated),
+            "{at}: leases"
+        );
+        let live = count(
+            url,
+            &format!(
+                "SELECT count(*) FROM generations g JOIN reservations r USING (reservation_id) \
+             WHERE r.assignment_id = '{asg}' AND g.state = 'LIVE'"
+            ),
+        )
+        .await;
+        assert!(live <= 1, "{at}: {live} live generations of one work");
+        // The held claim: settled by its observation; left for its reconciliation owner
+        // by the source's end without one.
+        let claim_state: String = sql(url)
+            .await
+            .query_one(
+                "SELECT state FROM effect_claims WHERE effect_id = $1",
+                &[&held.effect_id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        let want_claim = match (resulted, ended) {
+            (false, false) => "ADMITTED",
+            (false, true) => "UNKNOWN",
+            (true, _)
+                if order.iter().position(|&x| x == Move::SourceEnd)
+                    < order.iter().position(|&x| x == Move::ClaimResult) =>
+            {
+                "RECONCILED"
+            }
+            (true, _) => "COMPLETED",
+        };
+        assert_eq!(claim_state, want_claim, "{at}: the held claim");
+    }
+    // The settled end: the target runs the work, or (the source ended before the ACK) the
+    // work waits in recovery with no offer open and nothing leased.
+    let open_offers = count(url, &format!(
+        "SELECT count(*) FROM handoffs WHERE assignment_id = '{asg}' AND state IN ('OFFERED', 'CHALLENGED')"
+    ))
+    .await;
+    assert_eq!(open_offers, 0, "{run}: an offer left open");
+    if acked {
+        assert!(activated, "{run}: the target never activated");
+        assert_eq!(state(s, "h1:w2").await, "RUNNING", "{run}");
+    } else {
+        assert_eq!(assignment(s, &asg).await.lifecycle, "RECOVERY", "{run}");
+    }
+}
+
+/// §17 Authority-owner handoff binding: every interleaving of the target's handoff ACK, the
+/// source's revocation (its generation's end), the reconciliation of an effect claim the
+/// source held, and the target's activation (24 orders). After every move: exactly one
+/// responsibility owner; the execution owner is the source only before the transfer, nobody
+/// during the drain, the target only from its activation CAS (which waits for the ACK, the
+/// source's end and the claim's settlement); the pending target stays until the
+/// activation; the source renews only while it executes and claims nothing once an offer
+/// is pending; leases only where the execution is; never two live generations; every
+/// refused move changes nothing.
+#[tokio::test(flavor = "multi_thread")]
+async fn every_interleaving_of_ack_revocation_reconciliation_and_activation_keeps_one_owner() {
+    let all = interleavings();
+    assert_eq!(all.len(), 24);
+    let runs: Vec<_> = all
+        .into_iter()
+        .map(|order| tokio::spawn(bind_interleaving(order)))
+        .collect();
+    let mut failed = Vec::new();
+    for r in runs {
+        if let Err(e) = r.await {
+            failed.push(e.to_string());
+        }
+    }
+    assert!(
+        failed.is_empty(),
+        "{} interleavings failed: {failed:#?}",
+        failed.len()
+    );
+}
