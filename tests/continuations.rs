@@ -531,3 +531,110 @@ async fn a_continuation_reaches_a_settled_harness_once_and_its_result_is_recorde
     up.cli(&["stop", "--assignment", &busy]).unwrap();
     assert_eq!(up.count("SELECT count(*) FROM continuations WHERE state IN ('PENDING', 'CLAIMED', 'DELIVERY_ACCEPTED')").await, 0);
 }
+
+/// §17 Continuation visibility fault and Continuation injection crash, on the host: the
+/// supervisor SIGKILLs itself at each step of its side of a continuation — the harness
+/// settled, before its acceptance is sent (`continuation-accept`); the acceptance committed,
+/// before the harness is given it (`continuation-deliver`); the harness's result kept, before
+/// it is sent (`continuation-result`) — and a fresh supervisor process takes over the living
+/// generation. Afterwards the continuation is accepted and debited exactly once and either
+/// answered with the harness's one result (never a refused or second one), or — where
+/// whether the harness saw it is unknown — abandoned at its deadline and its generation
+/// replaced, never given again. The third row failed before a result was kept on disk: it
+/// died with the process that heard it, and the work's generation was replaced for a result
+/// that had been given.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_supervisor_killed_at_each_host_step_of_a_continuation_loses_nothing() {
+    // (the host's crash point, whether the harness's result survives it)
+    for (point, answered) in [
+        ("continuation-accept", true),
+        ("continuation-deliver", false),
+        ("continuation-result", true),
+    ] {
+        let mut w = Split::new(1);
+        w.crash_supervisor();
+        w.sup[0].set_env("FAILPOINTS", Some(format!("host:{point}=return")));
+        w.start_supervisor();
+        w.wait_host_connected();
+        let a = w.assign(1, "take-continuations").unwrap();
+        let id = a["assignment_id"].as_str().unwrap().to_string();
+        let first_generation = w.host_generation(1);
+        w.op(&OperatorRequest::Continue {
+            assignment_id: id.clone(),
+            next_action: "run the integration tests".into(),
+            within_ms: Some(10_000),
+            request_id: None,
+        })
+        .unwrap();
+        let start = Instant::now();
+        while w.sup[0].exited().is_none() {
+            assert!(
+                start.elapsed() < common::PATIENCE,
+                "{point}: the supervisor never reached it"
+            );
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        w.sup[0].set_env("FAILPOINTS", None);
+        w.start_supervisor();
+        w.wait_host_connected();
+        let settled = if answered {
+            "RESULT_RECORDED"
+        } else {
+            "ABANDONED"
+        };
+        w.wait_count(
+            &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = '{settled}'"),
+            |n| n == 1,
+            &format!("{point}: the continuation {settled}"),
+        )
+        .await;
+        let row = w
+            .sql()
+            .await
+            .query_one(
+                &format!(
+                    "SELECT (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
+                            (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
+                            (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
+                            (SELECT count(*) FROM audit WHERE operation LIKE '%continuation-result%')"
+                ),
+                &[],
+            )
+            .await
+            .unwrap();
+        let got: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
+        assert_eq!(
+            got,
+            (1, i64::from(answered), 19, 0),
+            "{point}: (accepts, results, budget left, refused results)"
+        );
+        if answered {
+            // The same generation goes on with its owners.
+            assert_eq!(w.host_generation(1), first_generation, "{point}");
+        } else {
+            // Its visibility unknown: the generation is replaced, and the work runs on a
+            // fresh one that was never given it.
+            let start = Instant::now();
+            while w.host_generation(1).is_none() || w.host_generation(1) == first_generation {
+                assert!(
+                    start.elapsed() < common::PATIENCE,
+                    "{point}: the generation was never replaced"
+                );
+                std::thread::sleep(Duration::from_millis(50));
+            }
+            w.wait_count(
+                &format!("SELECT count(*) FROM assignments WHERE assignment_id = '{id}' AND lifecycle = 'ACTIVE' AND execution_owner IS NOT NULL"),
+                |n| n == 1,
+                &format!("{point}: the work running again"),
+            )
+            .await;
+        }
+        let log = std::fs::read_to_string(w.supervisor_log(0)).unwrap();
+        assert!(
+            log.contains(&format!("failpoint=host:{point}")),
+            "{point} never fired"
+        );
+        w.invariants().await;
+        w.stop_final(&id);
+    }
+}

@@ -26,6 +26,10 @@ pub(crate) fn before_commit(op: &str) {
 pub(crate) fn after_commit(op: &str) {
     point("after-commit", op)
 }
+/// A host-side crash point (`host:<what>`): the supervisor SIGKILLs itself there.
+pub(crate) fn host(what: &str) {
+    point("host", what)
+}
 /// Holds the caller until the file named by the failpoint's argument exists (see the
 /// module docs); polled every 20 ms, and logged once when it begins.
 pub(crate) async fn hold_after_commit(op: &str) {

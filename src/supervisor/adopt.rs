@@ -438,6 +438,12 @@ fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanes
         .as_str()?
         .to_string();
     let session = super::lanesock::GenSession::new();
+    // The results the harness gave a previous supervisor process: answered again from here.
+    session.keep_results_at(
+        inner
+            .store
+            .continuation_results_path(&g.lane_incarnation_id, g.generation),
+    );
     if let Some(family) = crate::adapter::RuntimeRef::parse(&g.runtime)
         .ok()
         .and_then(|r| inner.registry.resolve(&r).ok().map(|e| e.family))

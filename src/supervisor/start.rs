@@ -35,6 +35,11 @@ impl Supervisor {
         session: Arc<lanesock::GenSession>,
         binding: state::CoordBinding,
     ) -> Result<GenView, SupervisorError> {
+        session.keep_results_at(
+            self.inner
+                .store
+                .continuation_results_path(incarnation, generation),
+        );
         self.start_with(
             lane,
             runtime,

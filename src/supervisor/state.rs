@@ -342,6 +342,13 @@ impl Store {
         self.gens.join(incarnation)
     }
 
+    /// Where a coordinated generation's continuation results are kept (not a `.json`: the
+    /// generation records of the directory are those).
+    pub fn continuation_results_path(&self, incarnation: &str, generation: u64) -> PathBuf {
+        self.gen_dir(incarnation)
+            .join(format!("gen-{generation}.continuation-results"))
+    }
+
     pub fn save_gen(&self, r: &GenRecord) -> Result<(), SupervisorError> {
         let dir = self.gen_dir(&r.lane_incarnation_id);
         durable::ensure_dir(&dir, 0o700)?;

@@ -72,6 +72,7 @@ impl CoordinatedHost {
                     );
                     return;
                 }
+                crate::coordinator::failpoint::host("continuation-deliver");
                 session
                     .next
                     .send_replace(Some(crate::supervisor::lanesock::Continuation {
@@ -101,6 +102,7 @@ impl CoordinatedHost {
                     if !matches!(ok, Ok(Ok(_))) {
                         return;
                     }
+                    crate::coordinator::failpoint::host("continuation-accept");
                     if let Ok(mut a) = session.accepted_here.lock() {
                         a.insert(id.clone());
                     }

@@ -49,17 +49,12 @@ impl CoordinatedHost {
                 HarnessReport::ContinuationResult {
                     continuation_id,
                     evidence_digest,
-                } => {
-                    if let Ok(mut r) = session.results.lock() {
-                        r.insert(continuation_id.clone(), evidence_digest.clone());
-                    }
-                    FromHostChain::ContinuationResult(wire::ContinuationResult {
-                        chain,
-                        bound,
-                        continuation_id,
-                        result_evidence_digest: evidence_digest,
-                    })
-                }
+                } => FromHostChain::ContinuationResult(wire::ContinuationResult {
+                    chain,
+                    bound,
+                    continuation_id,
+                    result_evidence_digest: evidence_digest,
+                }),
                 HarnessReport::Blocked {
                     code,
                     evidence_digest,

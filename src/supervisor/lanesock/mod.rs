@@ -88,8 +88,12 @@ pub struct GenSession {
     /// replaces the generation. This is what lets the set above live in memory.
     pub accepted_here: std::sync::Mutex<std::collections::HashSet<String>>,
     /// The result (evidence digest) the harness reported for each continuation, kept to
-    /// answer the coordinator again if the first report was lost.
+    /// answer the coordinator again if the first report was lost — on disk too
+    /// (`results_path`), so a restarted supervisor answers with the result the harness gave
+    /// its predecessor instead of losing it.
     pub results: std::sync::Mutex<std::collections::HashMap<String, String>>,
+    /// Where `results` is kept for this generation (set at launch and at re-adoption).
+    pub results_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Reports of the RUNNING harness, for the chain driver to sign and send.
     pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
     /// The driver's end of `reports` (taken once).
@@ -157,6 +161,7 @@ impl GenSession {
             visible: std::sync::Mutex::new(std::collections::HashSet::new()),
             accepted_here: std::sync::Mutex::new(std::collections::HashSet::new()),
             results: std::sync::Mutex::new(std::collections::HashMap::new()),
+            results_path: std::sync::OnceLock::new(),
             reports: tx,
             reports_rx: std::sync::Mutex::new(Some(rx)),
             phrase: watch::channel(None).0,
@@ -168,6 +173,45 @@ impl GenSession {
             checkpoints: ctx,
             checkpoints_rx: std::sync::Mutex::new(Some(crx)),
         })
+    }
+
+    /// Keeps the results at `path` (a generation's own file): those a previous supervisor
+    /// process kept there are loaded, and every new one is written there before the harness
+    /// is answered.
+    pub fn keep_results_at(&self, path: std::path::PathBuf) {
+        if let Ok(bytes) = std::fs::read(&path) {
+            match serde_json::from_slice::<std::collections::HashMap<String, String>>(&bytes) {
+                Ok(kept) => {
+                    if let Ok(mut r) = self.results.lock() {
+                        r.extend(kept);
+                    }
+                }
+                Err(e) => tracing::error!(path = %path.display(), error = %e,
+                    "the kept continuation results do not decode; their continuations are abandoned at their deadline"),
+            }
+        }
+        let _ = self.results_path.set(path);
+    }
+
+    /// Records the harness's result for `continuation_id`: in memory, then on disk. A result
+    /// that cannot be written is still held in memory and sent; only a restart before it is
+    /// recorded loses it (the coordinator then abandons the continuation at its deadline and
+    /// replaces the generation — never a guessed result).
+    pub fn keep_result(&self, continuation_id: &str, evidence_digest: &str) {
+        let Ok(mut r) = self.results.lock() else {
+            return;
+        };
+        r.insert(continuation_id.to_string(), evidence_digest.to_string());
+        let Some(path) = self.results_path.get() else {
+            return;
+        };
+        let written = serde_json::to_vec(&*r)
+            .map_err(|e| e.to_string())
+            .and_then(|b| crate::util::durable::write_atomic(path, &b).map_err(|e| e.to_string()));
+        if let Err(e) = written {
+            tracing::error!(path = %path.display(), continuation_id, error = %e,
+                "cannot keep the continuation's result on disk; it is held in memory and sent");
+        }
     }
 
     /// Records which family runs here and its conversation id (at launch or re-adoption).

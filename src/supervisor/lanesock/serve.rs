@@ -551,8 +551,12 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
                 Ok(b) => b,
                 Err(e) => return err(&e),
             };
+            let digest = evidence_digest("continuation-result", &bytes);
+            // Kept before it is submitted: the observation outlives this process.
+            s.keep_result(&continuation_id, &digest);
+            crate::coordinator::failpoint::host("continuation-result");
             HarnessReport::ContinuationResult {
-                evidence_digest: evidence_digest("continuation-result", &bytes),
+                evidence_digest: digest,
                 continuation_id,
             }
         }
