@@ -17,9 +17,13 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
     let f = fx().await;
     let s = &f.store;
     let inc = f.lane.lane_incarnation_id.clone();
-    // A releases; B takes a short lease, starts a chain, then stalls past expiry.
+    // A releases; B takes a short lease, starts a chain, then stalls past expiry. (A second
+    // lane runs work under B: its leases are B's to renew until B's lease runs out.)
     s.release(&f.leader).await.unwrap();
     let (b, _) = s.acquire(&candidate("b"), 400).await.unwrap();
+    let lane3 = adopt(s, &b, "h1:w3").await;
+    let ran = running(s, &b, &lane3.lane_incarnation_id).await;
+    s.renew_leases(&b, ran.chain(), 60_000).await.unwrap();
     let r = to_awaiting_ack(s, &b, &inc, None, 60_000).await;
     let b_ack = ack(&b, &r);
     tokio::time::sleep(std::time::Duration::from_millis(500)).await;
@@ -59,6 +63,11 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
         Category::StaleLeader
     );
     assert_eq!(
+        category(s.renew_leases(&b, ran.chain(), 60_000).await),
+        Category::StaleLeader,
+        "a stale epoch renewed a lease"
+    );
+    assert_eq!(
         authority_counts(&f.db.url).await,
         before,
         "the stale leader changed something"
@@ -68,8 +77,9 @@ async fn split_brain_the_stale_coordinator_can_do_nothing() {
             + audited(s, "consume-ack", "stale-leader").await
             + audited(s, "ingest-termination", "stale-leader").await
             + audited(s, "quarantine", "stale-leader").await
-            + audited(s, "leadership-renew", "stale-leader").await,
-        5
+            + audited(s, "leadership-renew", "stale-leader").await
+            + audited(s, "renew-leases", "stale-leader").await,
+        6
     );
     // The takeover ended B's preactivation chain: recovery, and its generation is to be
     // stopped (the lane drains until the host proves it ended).
@@ -575,26 +585,34 @@ async fn a_leader_cut_off_from_its_database_stops_believing_it_leads_when_its_le
 
 /// §17 Leadership expiry at mutation: the leader paused (SIGSTOP past its lease) with each
 /// mutation class's transaction open, its commit still ahead — every chain step and the
-/// stop's two — makes no mutation under its old epoch: the commit is refused, it leads
-/// again only under a new epoch, every invariant holds and the lane takes new work.
-/// (consume-ack's row, with its recovery checked, is the test above.)
+/// stop's two, the work's lease renewal, a continuation's claim, acceptance and result, and a
+/// handoff's offer and acceptance — makes no mutation under its old epoch: the commit is
+/// refused, it leads again only under a new epoch, every invariant holds and every lane
+/// takes new work. (consume-ack's row, with its recovery checked, is the test above.)
 async fn expiry_at(op: &'static str) {
-    let mut w = Split::new(1);
+    let handoff = op.starts_with("handoff-");
+    let lanes = if handoff { 2 } else { 1 };
+    let mut w = Split::new(lanes);
     w.crash_coordinator(0);
     w.start_coordinator(0, Some(&format!("before-commit:{op}=1*sleep(3000)")));
     let first = w.wait_leading(0);
     w.wait_host_connected();
-    let stopping = STOP.contains(&op);
-    let waiter = if stopping {
-        let a = w
-            .assign(1, "hang")
-            .unwrap_or_else(|e| panic!("assign: {e}"));
-        let id = a["assignment_id"].as_str().unwrap().to_string();
+    // What sets the mutation going: an operator request in the background (it may be cut
+    // short by the lapse), or, for a lease renewal, the running work itself.
+    let running = |w: &Split, task: &str| {
+        let a = w.assign(1, task).unwrap_or_else(|e| panic!("assign: {e}"));
+        a["assignment_id"].as_str().unwrap().to_string()
+    };
+    let background = |w: &Split, req: OperatorRequest| {
         let sock = w.socket(0);
-        std::thread::spawn(move || {
-            operator_call(
-                &sock,
-                &OperatorRequest::Stop {
+        Some(std::thread::spawn(move || operator_call(&sock, &req)))
+    };
+    let waiter = match op {
+        _ if STOP.contains(&op) => {
+            let id = running(&w, "hang");
+            background(
+                &w,
+                OperatorRequest::Stop {
                     assignment_id: id,
                     outcome: None,
                     evidence_digest: None,
@@ -602,9 +620,37 @@ async fn expiry_at(op: &'static str) {
                     request_id: None,
                 },
             )
-        })
-    } else {
-        w.assign_async(1, "hang")
+        }
+        "renew-leases" => {
+            running(&w, "hang");
+            None
+        }
+        "continuation-claim" | "continuation-accept" | "continuation-result" => {
+            let id = running(&w, "take-continuations");
+            background(
+                &w,
+                OperatorRequest::Continue {
+                    assignment_id: id,
+                    next_action: "run the integration tests".into(),
+                    within_ms: None,
+                    request_id: None,
+                },
+            )
+        }
+        "handoff-offer" | "handoff-accept" => {
+            let id = running(&w, "hang");
+            background(
+                &w,
+                OperatorRequest::Handoff {
+                    assignment_id: id,
+                    lane_id: w.lane(2),
+                    task: Some("accept-handoff hang".into()),
+                    within_ms: None,
+                    request_id: None,
+                },
+            )
+        }
+        _ => Some(w.assign_async(1, "hang")),
     };
     pause_past_lease(
         &w,
@@ -612,7 +658,9 @@ async fn expiry_at(op: &'static str) {
         "SELECT count(*) FROM pg_stat_activity a WHERE a.application_name = 'mosaic-coordinator' \
          AND a.state = 'idle in transaction' AND clock_timestamp() - a.state_change > interval '400 ms'",
     );
-    let _ = waiter.join();
+    if let Some(waiter) = waiter {
+        let _ = waiter.join();
+    }
     let second = w.wait_leading(0);
     assert!(
         second > first,
@@ -627,7 +675,9 @@ async fn expiry_at(op: &'static str) {
         "{op}: the transition in flight across the lapse committed under the old epoch"
     );
     w.invariants().await;
-    w.usable(1).await;
+    for n in 1..=lanes {
+        w.usable(n).await;
+    }
 }
 
 /// Once `in_flight` (a count query) finds the paused transaction of `op`, the leader is
@@ -664,4 +714,28 @@ expiry!(leadership_expiry_before_request_end_commits, "request-end");
 expiry!(
     leadership_expiry_before_ingest_termination_commits,
     "ingest-termination"
+);
+expiry!(
+    leadership_expiry_before_renew_leases_commits,
+    "renew-leases"
+);
+expiry!(
+    leadership_expiry_before_continuation_claim_commits,
+    "continuation-claim"
+);
+expiry!(
+    leadership_expiry_before_continuation_accept_commits,
+    "continuation-accept"
+);
+expiry!(
+    leadership_expiry_before_continuation_result_commits,
+    "continuation-result"
+);
+expiry!(
+    leadership_expiry_before_handoff_offer_commits,
+    "handoff-offer"
+);
+expiry!(
+    leadership_expiry_before_handoff_accept_commits,
+    "handoff-accept"
 );
