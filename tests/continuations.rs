@@ -267,10 +267,15 @@ async fn a_continuation_is_accepted_exactly_once_whatever_the_coordinator_dies_a
 /// Once `id`'s one continuation has its result: (continuations, accepts, results, loop
 /// budget left, rows of `also`: `FROM …` of what must not have happened).
 async fn once_answered(w: &Split, id: &str, also: &str) -> (i64, i64, i64, i64, i64) {
+    once_settled(w, id, "RESULT_RECORDED", also).await
+}
+
+/// As `once_answered`, once `id`'s one continuation is in state `settled`.
+async fn once_settled(w: &Split, id: &str, settled: &str, also: &str) -> (i64, i64, i64, i64, i64) {
     w.wait_count(
-        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = 'RESULT_RECORDED'"),
+        &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = '{settled}'"),
         |n| n == 1,
-        &format!("{id}: the continuation's result"),
+        &format!("{id}: the continuation {settled}"),
     )
     .await;
     let row = w
@@ -582,31 +587,17 @@ async fn a_supervisor_killed_at_each_host_step_of_a_continuation_loses_nothing()
         } else {
             "ABANDONED"
         };
-        w.wait_count(
-            &format!("SELECT count(*) FROM continuations WHERE assignment_id = '{id}' AND state = '{settled}'"),
-            |n| n == 1,
-            &format!("{point}: the continuation {settled}"),
+        let got = once_settled(
+            &w,
+            &id,
+            settled,
+            "audit WHERE operation LIKE '%continuation-result%'",
         )
         .await;
-        let row = w
-            .sql()
-            .await
-            .query_one(
-                &format!(
-                    "SELECT (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'assignment_id' = '{id}'), \
-                            (SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-result' AND body->>'assignment_id' = '{id}'), \
-                            (SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'), \
-                            (SELECT count(*) FROM audit WHERE operation LIKE '%continuation-result%')"
-                ),
-                &[],
-            )
-            .await
-            .unwrap();
-        let got: (i64, i64, i64, i64) = (row.get(0), row.get(1), row.get(2), row.get(3));
         assert_eq!(
             got,
-            (1, i64::from(answered), 19, 0),
-            "{point}: (accepts, results, budget left, refused results)"
+            (1, 1, i64::from(answered), 19, 0),
+            "{point}: (continuations, accepts, results, budget left, refused results)"
         );
         if answered {
             // The same generation goes on with its owners.
