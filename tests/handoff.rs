@@ -834,7 +834,7 @@ async fn ownership_rows(url: &str, asg: &str) -> String {
 }
 
 /// One interleaving of `Move`s, checked after every move against what the ownership must
-/// be (see the test below). Returns the moves' outcomes, for the failure message.
+/// be (see the test below); a mismatch panics naming the order and the moves so far.
 async fn bind_interleaving(order: [Move; 4]) {
     use mosaic::coordinator::effects::{EffectClaim, Observed};
     use mosaic::protocol::effects::{self, Executor, Outcome as Observation, Target};
