@@ -308,8 +308,15 @@ async fn a_resumed_old_claimant_neither_delivers_nor_accepts_a_continuation() {
     let a = w.assign(1, "take-continuations").unwrap();
     let id = a["assignment_id"].as_str().unwrap().to_string();
     w.crash_coordinator(0);
-    // Held 3 s right after its claim commits: the window to pause it in.
-    w.start_coordinator(0, Some("after-commit:continuation-claim=1*sleep(3000)"));
+    // Held right after its claim commits, until the test lets it go (after its epoch ended).
+    let go = w.dir.join("go-claim");
+    w.start_coordinator(
+        0,
+        Some(&format!(
+            "hold-after-commit:continuation-claim=1*return({})",
+            go.display()
+        )),
+    );
     let first = w.wait_leading(0);
     w.wait_host_connected();
     w.start_coordinator(1, None);
@@ -337,6 +344,7 @@ async fn a_resumed_old_claimant_neither_delivers_nor_accepts_a_continuation() {
     let second = w.wait_leading(1);
     assert!(second > first, "the standby leads under a new epoch");
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    std::fs::write(&go, b"").unwrap();
     let _ = asked.join();
     w.wait_host_connected();
     let got = once_answered(

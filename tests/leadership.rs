@@ -255,7 +255,8 @@ async fn a_leader_paused_past_its_lease_reacquires_and_its_inflight_transition_i
     let mut w = Split::new(2);
     // The pause lands inside consume-ack: the transaction is open, its commit still ahead.
     w.crash_coordinator(0);
-    w.start_coordinator(0, Some("before-commit:consume-ack=1*sleep(3000)"));
+    let held = held_before_commit(&w, "consume-ack");
+    w.start_coordinator(0, Some(&held));
     let first = w.wait_leading(0);
     w.wait_host_connected();
     let waiter = w.assign_async(1, "hang");
@@ -594,7 +595,8 @@ async fn expiry_at(op: &'static str) {
     let lanes = if handoff { 2 } else { 1 };
     let mut w = Split::new(lanes);
     w.crash_coordinator(0);
-    w.start_coordinator(0, Some(&format!("before-commit:{op}=1*sleep(3000)")));
+    let held = held_before_commit(&w, op);
+    w.start_coordinator(0, Some(&held));
     let first = w.wait_leading(0);
     w.wait_host_connected();
     // What sets the mutation going: an operator request in the background (it may be cut
@@ -682,6 +684,16 @@ async fn expiry_at(op: &'static str) {
 
 /// Once `in_flight` (a count query) finds the paused transaction of `op`, the leader is
 /// SIGSTOPped for three leases, then continued.
+/// The failpoint that holds `op`'s first transaction open, its commit ahead, until
+/// `pause_past_lease` lets it go (a file, never a timer: the pause lands inside it however
+/// slow the machine is).
+fn held_before_commit(w: &Split, op: &str) -> String {
+    format!(
+        "hold-before-commit:{op}=1*return({})",
+        w.dir.join("go-commit").display()
+    )
+}
+
 fn pause_past_lease(w: &Split, op: &str, in_flight: &str) {
     let rt = tokio::runtime::Handle::current();
     common::wait_until(&format!("{op} in flight"), || {
@@ -691,6 +703,7 @@ fn pause_past_lease(w: &Split, op: &str, in_flight: &str) {
     let pid = nix::unistd::Pid::from_raw(w.coord_pid(0));
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
     std::thread::sleep(Duration::from_millis(3 * LEASE_MS as u64));
+    std::fs::write(w.dir.join("go-commit"), b"").unwrap();
     nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
 }
 

@@ -1,7 +1,8 @@
 //! Crash points for the crash tests. Built with the `failpoints` feature (scripts/test does),
 //! `FAILPOINTS="after-commit:staged=return"` makes the coordinator SIGKILL itself right after
 //! that transition committed — and `before-decide:<op>` / `before-commit:<op>` /
-//! `before-push:<message type>` at those moments. Without the feature these compile to
+//! `before-push:<message type>` at those moments; `hold-after-commit:<op>=return(FILE)` and
+//! `hold-before-commit:<op>=return(FILE)` hold that request until FILE exists. Without the feature these compile to
 //! nothing.
 
 #[cfg(feature = "failpoints")]
@@ -33,9 +34,19 @@ pub(crate) fn host(what: &str) {
 /// Holds the caller until the file named by the failpoint's argument exists (see the
 /// module docs); polled every 20 ms, and logged once when it begins.
 pub(crate) async fn hold_after_commit(op: &str) {
+    hold("hold-after-commit", op).await
+}
+
+/// As `hold_after_commit`, with the transaction still open and its commit ahead: a test
+/// pauses the process there for as long as it needs, never racing a timer.
+pub(crate) async fn hold_before_commit(op: &str) {
+    hold("hold-before-commit", op).await
+}
+
+async fn hold(when: &str, op: &str) {
     #[cfg(feature = "failpoints")]
     {
-        let name = format!("hold-after-commit:{op}");
+        let name = format!("{when}:{op}");
         let path: Option<String> = (|| {
             fail::fail_point!(&name, |arg| arg);
             None
@@ -48,7 +59,7 @@ pub(crate) async fn hold_after_commit(op: &str) {
         }
     }
     #[cfg(not(feature = "failpoints"))]
-    let _ = op;
+    let _ = (when, op);
 }
 
 pub(crate) fn before_push(message_type: &str) {

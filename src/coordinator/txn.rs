@@ -666,6 +666,7 @@ impl Store {
         };
         let id = format!("tr-{}", uuid::Uuid::new_v4().simple());
         crate::coordinator::failpoint::before_commit(step.op);
+        crate::coordinator::failpoint::hold_before_commit(step.op).await;
         let (inserted, committed) = join(
             tx.query_one(
                 &receipt_stmt,
