@@ -54,6 +54,7 @@ async fn running(s: &Store, l: &Leader, inc: &str, lane: &str) -> (Chain, i64) {
         ttl_ms: 600_000,
         repository: None,
         grant: None,
+        placement: None,
     };
     let res = s.reserve(l, &req).await.unwrap();
     let c = res.chain.clone();

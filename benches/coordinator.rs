@@ -127,6 +127,7 @@ async fn to_running(
         ttl_ms: 600_000,
         repository: None,
         grant: None,
+        placement: None,
     };
     let res = timed!(times, "reserve", s.reserve(l, &req).await.unwrap());
     let c = res.chain.clone();

@@ -1,7 +1,8 @@
 //! End-to-end benchmark on `mosaic up` (coordinator + supervisor + a private PostgreSQL
 //! with fsync on): latency from `assign` to RUNNING, and from SIGKILL of the harness to a
-//! receipt reconciled by the coordinator, p50 / p99 over 50 runs each. Prints; asserts
-//! nothing about speed. Run as root: `cargo bench --bench e2e`.
+//! receipt reconciled by the coordinator, p50 / p99 over 50 runs each; and `assign` placed by
+//! the roster's policy (no `--lane`) against `assign --lane`, interleaved in the same run.
+//! Prints; asserts nothing about speed. Run as root: `cargo bench --bench e2e`.
 
 use std::io::BufRead;
 use std::process::{Command, Stdio};
@@ -53,11 +54,25 @@ fn main() {
         "{}:lane-1",
         nix::unistd::gethostname().unwrap().to_string_lossy()
     );
-    let assign = |task: &str| {
+    let host_id = lane.split(':').next().unwrap().to_string();
+    let roster: mosaic::coordinator::placement::Roster = toml::from_str(&format!(
+        "[[hosts]]\nhost_id = \"{host_id}\"\ncapacity = 1\n\
+         [[hosts.lanes]]\nlane = \"lane-1\"\nruntimes = [\"fake\"]\nlabels = {{ zone = \"a\" }}\n"
+    ))
+    .unwrap();
+    operator_call(
+        &ops,
+        &OperatorRequest::RosterPublish {
+            roster,
+            request_id: None,
+        },
+    )
+    .unwrap();
+    let assign_by = |task: &str, placed: bool| {
         operator_call(
             &ops,
             &OperatorRequest::Assign {
-                lane_id: lane.clone(),
+                lane_id: if placed { String::new() } else { lane.clone() },
                 runtime: "fake@1.0.0".into(),
                 task: task.into(),
                 scope: vec![],
@@ -72,10 +87,15 @@ fn main() {
                 replace_task: false,
                 from_checkpoint: None,
                 grant_within_s: None,
+                place: placed.then(|| mosaic::coordinator::placement::PlacementAsk {
+                    labels: [("zone".to_string(), "a".to_string())].into(),
+                    role: None,
+                }),
             },
         )
         .unwrap()
     };
+    let assign = |task: &str| assign_by(task, false);
 
     let mut to_running = Vec::new();
     for _ in 0..RUNS {
@@ -95,6 +115,29 @@ fn main() {
         .unwrap();
         // Let the host finish the previous stop's bookkeeping, so each sample measures one
         // assignment rather than the tail of the last stop competing for two cores.
+        std::thread::sleep(Duration::from_millis(200));
+    }
+
+    // Named lane and placed, alternately, so both see the same server and the same lane.
+    let (mut named, mut placed) = (Vec::new(), Vec::new());
+    for i in 0..RUNS * 2 {
+        let by_policy = i % 2 == 1;
+        let t = Instant::now();
+        let a = assign_by("hang", by_policy);
+        let took = t.elapsed();
+        assert_eq!(a["placement"].is_null(), !by_policy, "{a}");
+        if by_policy { &mut placed } else { &mut named }.push(took);
+        operator_call(
+            &ops,
+            &OperatorRequest::Stop {
+                assignment_id: a["assignment_id"].as_str().unwrap().into(),
+                outcome: None,
+                evidence_digest: None,
+                wait: true,
+                request_id: None,
+            },
+        )
+        .unwrap();
         std::thread::sleep(Duration::from_millis(200));
     }
 
@@ -152,6 +195,18 @@ fn main() {
         "      p50 {:7.1} ms  p99 {:7.1} ms",
         pct(&mut to_running, 0.5),
         pct(&mut to_running, 0.99)
+    );
+    let (n50, p50) = (pct(&mut named, 0.5), pct(&mut placed, 0.5));
+    println!("  assign → RUNNING, interleaved: --lane named against placed by placement@1 (roster of 1 lane)");
+    println!(
+        "      --lane  p50 {n50:7.1} ms  p99 {:7.1} ms",
+        pct(&mut named, 0.99)
+    );
+    println!(
+        "      placed  p50 {p50:7.1} ms  p99 {:7.1} ms   placement adds {:+.1} ms at p50 ({:.2}×)",
+        pct(&mut placed, 0.99),
+        p50 - n50,
+        p50 / n50
     );
     println!("  SIGKILL of the harness → receipt reconciled by the coordinator (recovery)");
     println!(

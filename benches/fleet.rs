@@ -50,6 +50,7 @@ fn assign_req(lane: &str) -> OperatorRequest {
         replace_task: false,
         from_checkpoint: None,
         grant_within_s: None,
+        place: None,
     }
 }
 

@@ -109,6 +109,7 @@ fn main() {
             replace_task: false,
             from_checkpoint: None,
             grant_within_s: None,
+            place: None,
         },
     )
     .unwrap();

@@ -418,6 +418,7 @@ fn assign(app: &mut App, opts: &TuiOptions, input: &str, resume: Option<String>)
         replace_task: false,
         from_checkpoint: None,
         grant_within_s: None,
+        place: None,
     };
     app.message = match operator_request(&opts.target, &req) {
         Ok(v) => format!(

@@ -859,6 +859,7 @@ async fn a_flood_costs_only_the_flooding_session() {
             replace_task: false,
             from_checkpoint: None,
             grant_within_s: None,
+            place: None,
         };
         std::thread::spawn(move || {
             std::thread::sleep(Duration::from_millis(20));

@@ -49,6 +49,8 @@ pub struct ReserveRequest {
     /// A new assignment's grant (§11) to start from another's checkpoint: its digest and
     /// the grant's lifetime (ms). Made in the reservation's transaction.
     pub grant: Option<(String, i64)>,
+    /// How the lane was chosen when the operator named none: recorded with the reservation.
+    pub placement: Option<crate::coordinator::placement::Decision>,
 }
 
 impl ReserveRequest {
@@ -226,8 +228,22 @@ impl Store {
                 &req.ttl_ms.to_string(),
                 &req.inactivity_policy,
                 req.grant.as_ref().map_or("", |g| g.0.as_str()),
+                req.placement
+                    .as_ref()
+                    .map_or("", |p| p.inputs_digest.as_str()),
             ],
         );
+        if req
+            .placement
+            .as_ref()
+            .is_some_and(|p| p.lane_incarnation_id != req.lane_incarnation_id)
+        {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "a placement reserves the lane it chose",
+            ));
+        }
         let step = Step::new(OP, l, format!("reserve/{}", req.request_id), digest)
             .about(req.assignment_id.as_deref(), Some(&req.lane_incarnation_id));
         let salt = secret::fence_salt().map_err(|e| AuthorityError::Entropy(e.to_string()))?;
@@ -328,6 +344,9 @@ impl Store {
                         (None, _, _) => None,
                         _ => return Err(reject(OP, Category::BadInput, "a grant is made only with a new assignment in a repository")),
                     };
+                    if let Some(p) = &req.placement {
+                        super::roster::record(&d, p, &reservation, &assignment_id, &format!("reserve/{}", req.request_id)).await?;
+                    }
                     let chain = Chain {
                         lane_id,
                         lane_incarnation_id: req.lane_incarnation_id.clone(),
@@ -338,7 +357,8 @@ impl Store {
                     };
                     d.decide(json!({ "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
                         "responsibility_owner": req.target, "execution_owner": null, "pending_target": req.target,
-                        "task_digest": task_digest, "grants_effects": false, "checkpoint_grant": grant_id }))
+                        "task_digest": task_digest, "grants_effects": false, "checkpoint_grant": grant_id,
+                        "placement": req.placement.as_ref().map(|p| json!({ "policy": p.policy, "policy_digest": p.policy_digest, "inputs_digest": p.inputs_digest })) }))
                 }),
             )
             .await?;

@@ -40,6 +40,8 @@ pub enum Category {
     Conflict,
     /// The lane's host has no live session.
     HostUnreachable,
+    /// Placement found no lane the policy allows (the message says why each was passed over).
+    NoEligibleLane,
     /// A message about a lane, reservation or generation of another host.
     NotOwner,
     /// The chain ended before it reached RUNNING (the message says why).
@@ -53,7 +55,7 @@ pub enum Category {
 }
 
 /// Every category, for parsing and documentation.
-pub const ALL_CATEGORIES: [Category; 22] = [
+pub const ALL_CATEGORIES: [Category; 23] = [
     Category::StaleLeader,
     Category::LeadershipHeld,
     Category::NotLeader,
@@ -71,6 +73,7 @@ pub const ALL_CATEGORIES: [Category; 22] = [
     Category::TooLarge,
     Category::Conflict,
     Category::HostUnreachable,
+    Category::NoEligibleLane,
     Category::NotOwner,
     Category::ChainEnded,
     Category::Timeout,
@@ -102,6 +105,7 @@ impl Category {
             Self::TooLarge => "too-large",
             Self::Conflict => "conflict",
             Self::HostUnreachable => "host-unreachable",
+            Self::NoEligibleLane => "no-eligible-lane",
             Self::NotOwner => "not-owner",
             Self::ChainEnded => "chain-ended",
             Self::Timeout => "timeout",

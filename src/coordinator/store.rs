@@ -43,6 +43,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0025_restore_binding.sql"),
     include_str!("../../migrations/0026_harness_artifacts.sql"),
     include_str!("../../migrations/0027_workspace_effects.sql"),
+    include_str!("../../migrations/0028_placement.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

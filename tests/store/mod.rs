@@ -91,6 +91,7 @@ pub fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
         ttl_ms,
         repository: None,
         grant: None,
+        placement: None,
     }
 }
 

@@ -456,6 +456,7 @@ pub fn assign_request(lane: &str, task: &str, resume: Option<&str>, wait: bool) 
         replace_task: false,
         from_checkpoint: None,
         grant_within_s: None,
+        place: None,
     }
 }
 

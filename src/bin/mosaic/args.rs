@@ -75,10 +75,14 @@ pub(crate) enum Cmd {
         at: CoordinatorAt,
     },
     /// Assign a task to a lane: reserve, stage a fresh generation, contract, ACK, activate.
-    /// Everything is validated before anything is reserved.
+    /// Everything is validated before anything is reserved. Without --lane, the lane is
+    /// placed by the published roster (`mosaic roster publish`): one that declares the
+    /// runtime, every --label and the --role, on a connected host below its capacity.
     Assign {
         #[arg(long = "lane")]
-        lane_id: String,
+        lane_id: Option<String>,
+        #[command(flatten)]
+        place: Box<PlaceArgs>,
         #[arg(long)]
         runtime: String,
         /// The task text; `-` reads it from standard input. With --resume it may be left
@@ -137,6 +141,12 @@ pub(crate) enum Cmd {
         grant_within: Option<u32>,
         #[command(flatten)]
         at: CoordinatorAt,
+    },
+    /// The roster: what each host's lanes are for (a declaration placement reads, never
+    /// authority).
+    Roster {
+        #[command(subcommand)]
+        op: RosterOp,
     },
     /// Repositories assignments work in (a roster declaration, not authority).
     Repo {
@@ -408,6 +418,59 @@ pub(crate) enum PolicyOp {
     /// Show a published policy and its digest.
     Show {
         policy_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+/// What a placed lane must offer (`mosaic assign` without --lane).
+#[derive(clap::Args)]
+pub(crate) struct PlaceArgs {
+    /// Without --lane: a label KEY=VALUE the placed lane must declare (repeatable).
+    #[arg(long = "label", conflicts_with = "lane_id")]
+    pub labels: Vec<String>,
+    /// Without --lane: a role the placed lane must be eligible for.
+    #[arg(long, conflicts_with = "lane_id")]
+    pub role: Option<String>,
+}
+
+impl PlaceArgs {
+    /// The placement asked for: none when a lane is named.
+    pub fn ask(
+        self,
+        lane_named: bool,
+    ) -> Result<Option<mosaic::coordinator::placement::PlacementAsk>, String> {
+        if lane_named {
+            return Ok(None);
+        }
+        let mut ask = mosaic::coordinator::placement::PlacementAsk {
+            labels: Default::default(),
+            role: self.role,
+        };
+        for l in self.labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| format!("--label takes KEY=VALUE, not {l:?}"))?;
+            ask.labels.insert(k.to_string(), v.to_string());
+        }
+        Ok(Some(ask))
+    }
+}
+
+#[derive(Subcommand)]
+pub(crate) enum RosterOp {
+    /// Publish the roster in FILE (TOML: `[[hosts]]` with host_id and capacity, each with
+    /// `[[hosts.lanes]]`: lane, runtimes, labels, roles) as its next version.
+    Publish {
+        file: PathBuf,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Show the current roster; with --reservation, how that reservation was placed (the
+    /// policy, its inputs and their digests).
+    Show {
+        #[arg(long)]
+        reservation: Option<String>,
         #[command(flatten)]
         at: CoordinatorAt,
     },

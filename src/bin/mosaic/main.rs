@@ -165,6 +165,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Cmd::Assign {
             lane_id,
+            place: place_args,
             runtime,
             task,
             task_file,
@@ -209,8 +210,13 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     )
                 }
             };
+            let place = match place_args.ask(lane_id.is_some()) {
+                Ok(p) => p,
+                Err(e) => return at.refuse(e),
+            };
             at.call(OperatorRequest::Assign {
-                lane_id,
+                lane_id: lane_id.unwrap_or_default(),
+                place,
                 runtime,
                 task,
                 scope,
@@ -406,6 +412,28 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Policy {
             op: PolicyOp::Show { policy_id, at },
         } => at.call(OperatorRequest::Policy { policy_id }),
+        Cmd::Roster {
+            op: RosterOp::Publish { file, at },
+        } => {
+            let roster = match std::fs::read_to_string(&file)
+                .map_err(|e| format!("reading {}: {e}", file.display()))
+                .and_then(|t| {
+                    toml::from_str::<mosaic::coordinator::placement::Roster>(&t)
+                        .map_err(|e| format!("parsing {}: {e}", file.display()))
+                }) {
+                Ok(r) => r,
+                Err(e) => return at.refuse(e),
+            };
+            at.call(OperatorRequest::RosterPublish {
+                roster,
+                request_id: None,
+            })
+        }
+        Cmd::Roster {
+            op: RosterOp::Show { reservation, at },
+        } => at.call(OperatorRequest::Roster {
+            reservation_id: reservation,
+        }),
         Cmd::Supervisor { config } => {
             init_logging();
             let cfg = mosaic::supervisor::config::Config::load(&config)?;

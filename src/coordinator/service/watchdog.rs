@@ -331,6 +331,7 @@ impl Service {
             ttl_ms: self.timing.reservation_ttl_ms,
             repository: None, // a resumed assignment keeps its own
             grant: None,
+            placement: None, // the watchdog's own choice of lane (see above)
         };
         match self.store.reserve(l, &req).await {
             Ok(r) => {

@@ -30,6 +30,7 @@ use crate::coordinator::states::{ContinuationState, LaneState, Lifecycle, WorkSt
 mod hand_on;
 mod handoff;
 mod operate;
+mod place;
 mod repos;
 mod request;
 mod settle;

@@ -202,6 +202,7 @@ impl Service {
                 replace_task,
                 from_checkpoint,
                 grant_within_s,
+                place,
             } => {
                 self.assign(AssignRequest {
                     lane_id,
@@ -221,6 +222,7 @@ impl Service {
                     replace_task,
                     from_checkpoint,
                     grant_within_s,
+                    place,
                 })
                 .await?
             }
@@ -371,6 +373,13 @@ impl Service {
                 json!({ "assignment_id": assignment_id, "work_status": WorkStatus::Active, "next_action": next_action,
                         "inactivity_deadline": r.body["inactivity_deadline"], "receipt_id": r.receipt_id })
             }
+            OperatorRequest::RosterPublish {
+                roster,
+                request_id: _,
+            } => self.roster_publish(&roster).await?,
+            OperatorRequest::Roster { reservation_id } => {
+                self.roster_show(reservation_id.as_deref()).await?
+            }
             OperatorRequest::PolicyPublish {
                 policy,
                 request_id: _,
@@ -512,7 +521,20 @@ impl Service {
         mut a: AssignRequest,
     ) -> Result<serde_json::Value, OpError> {
         let l = self.leader().await?;
+        let placed = self.place(&mut a).await?;
         let lane = self.known_lane(&a.lane_id).await?;
+        if placed
+            .as_ref()
+            .is_some_and(|p| p.lane_incarnation_id != lane.lane_incarnation_id)
+        {
+            return Err(OpError::new(
+                Category::Conflict,
+                format!(
+                    "lane {} was recreated while it was being chosen; ask again",
+                    a.lane_id
+                ),
+            ));
+        }
         if a.resume.is_some() && a.from_checkpoint.is_some() {
             return Err(OpError::new(
                 Category::BadInput,
@@ -646,13 +668,18 @@ impl Service {
             ttl_ms: self.timing.reservation_ttl_ms,
             repository,
             grant,
+            placement: placed.clone(),
         };
         let r = self.store.reserve(&l, &req).await;
         let reserved = self.settled(&l, r).await?;
         let res = reserved.chain.reservation_id.clone();
         let c = self.advance(&l, &res).await?;
-        let base = json!({ "assignment_id": reserved.chain.assignment_id, "lane_id": a.lane_id,
+        let mut base = json!({ "assignment_id": reserved.chain.assignment_id, "lane_id": a.lane_id,
                            "lane_incarnation_id": reserved.chain.lane_incarnation_id, "reservation_id": res });
+        if let Some(p) = &placed {
+            base["placement"] = json!({ "policy": p.policy, "policy_digest": p.policy_digest,
+                                        "inputs_digest": p.inputs_digest, "roster_version": p.inputs.roster_version });
+        }
         if !a.wait {
             let mut out = base;
             if let Some(c) = c {

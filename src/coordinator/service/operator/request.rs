@@ -96,6 +96,8 @@ pub enum OperatorRequest {
     Lanes,
     Status,
     Assign {
+        /// The lane; empty when `place` asks the placement policy to choose one.
+        #[serde(default)]
         lane_id: String,
         runtime: String,
         task: String,
@@ -137,6 +139,9 @@ pub enum OperatorRequest {
         /// How long that grant lives, seconds (default 600).
         #[serde(default)]
         grant_within_s: Option<u32>,
+        /// No lane named: what the placement policy must find in one (labels, role).
+        #[serde(default)]
+        place: Option<crate::coordinator::placement::PlacementAsk>,
     },
     /// Declares a repository assignments can work in: a roster entry, not authority, and
     /// idempotent by its content (the same declaration again is a no-op; another source
@@ -286,6 +291,18 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_id: Option<String>,
     },
+    /// Publishes the roster — what each host's lanes are for, a declaration and never
+    /// authority — as its next version (the same declaration again changes nothing).
+    RosterPublish {
+        roster: crate::coordinator::placement::Roster,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// The current roster version; with a reservation, how that reservation was placed.
+    Roster {
+        #[serde(default)]
+        reservation_id: Option<String>,
+    },
     /// Publishes an inactivity policy version (frozen once published).
     PolicyPublish {
         policy: crate::coordinator::continuity::InactivityPolicy,
@@ -403,6 +420,7 @@ macro_rules! key_of {
             | OperatorRequest::Block { request_id: $k, .. }
             | OperatorRequest::Unblock { request_id: $k, .. }
             | OperatorRequest::PolicyPublish { request_id: $k, .. }
+            | OperatorRequest::RosterPublish { request_id: $k, .. }
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
@@ -429,6 +447,7 @@ impl OperatorRequest {
             Self::Block { .. } => "block",
             Self::Unblock { .. } => "unblock",
             Self::PolicyPublish { .. } => "policy-publish",
+            Self::RosterPublish { .. } => "roster-publish",
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
@@ -456,6 +475,7 @@ impl OperatorRequest {
             | Self::Receipts { .. }
             | Self::Audit { .. }
             | Self::Policy { .. }
+            | Self::Roster { .. }
             | Self::Watch { .. }
             | Self::Request { .. }
             | Self::Effects { .. } => return None,

@@ -25,6 +25,8 @@ pub struct AssignRequest {
     /// lifetime, seconds).
     pub from_checkpoint: Option<String>,
     pub grant_within_s: Option<u32>,
+    /// No lane named: what the placement policy must find in one.
+    pub place: Option<crate::coordinator::placement::PlacementAsk>,
 }
 
 impl AssignRequest {
@@ -46,6 +48,7 @@ impl AssignRequest {
             replace_task: false,
             from_checkpoint: None,
             grant_within_s: None,
+            place: None,
         }
     }
 }
