@@ -129,27 +129,10 @@ impl Store {
     /// The current roster version, if one was published.
     pub async fn roster(&self) -> Result<Option<RosterVersion>, AuthorityError> {
         let c = self.pool.get().await?;
-        let Some(r) = c
-            .query_opt(
-                "SELECT version, body, digest, mosaic_ts(published_at) AS published_at \
-                 FROM roster_versions ORDER BY version DESC LIMIT 1",
-                &[],
-            )
+        c.query_opt(ROSTER, &[])
             .await?
-        else {
-            return Ok(None);
-        };
-        let body: serde_json::Value = r.col("body")?;
-        let roster = serde_json::from_value(body).map_err(|e| AuthorityError::Invariant {
-            op: "roster",
-            detail: format!("the published roster does not decode: {e}"),
-        })?;
-        Ok(Some(RosterVersion {
-            version: r.col("version")?,
-            digest: r.col("digest")?,
-            roster,
-            published_at: r.col("published_at")?,
-        }))
+            .map(|r| roster_of(&r))
+            .transpose()
     }
 
     /// What `placement::select` decides from, now: every lane the current roster declares
@@ -161,49 +144,37 @@ impl Store {
         ask: &PlacementAsk,
         connected: impl Fn(&str) -> bool,
     ) -> Result<Inputs, AuthorityError> {
-        let Some(roster) = self.roster().await? else {
-            return Err(reject(
-                "assign",
-                Category::NotFound,
-                "no roster is published: name a lane with --lane, or publish one (mosaic roster publish FILE)",
-            ));
-        };
         let c = self.pool.get().await?;
         let stmt = c.prepare_cached(CANDIDATES).await?;
-        let mut candidates = Vec::new();
-        for r in c.query(&stmt, &[]).await? {
-            let lane_id: String = r.col("lane_id")?;
-            let Some((host, lane)) = roster.roster.lane(&lane_id) else {
-                continue;
-            };
-            let host_id: String = r.col("host_id")?;
-            if host_id != host.host_id {
-                continue; // a lane id the roster gives another host: not this lane
-            }
-            let busy: i64 = r.col("host_busy")?;
-            candidates.push(Candidate {
-                lane_id,
-                host_connected: connected(&host_id),
-                host_id,
-                lane_incarnation_id: r.col("lane_incarnation_id")?,
-                state: r.col("state")?,
-                reservable: r.col("reservable")?,
-                host_runtimes: r.col("host_runtimes")?,
-                host_busy: u32::try_from(busy).unwrap_or(u32::MAX),
-                host_capacity: host.capacity,
-                runtimes: lane.runtimes.clone(),
-                labels: lane.labels.clone(),
-                roles: lane.roles.clone(),
-            });
+        let (roster, rows) = tokio::try_join!(c.query_opt(ROSTER, &[]), c.query(&stmt, &[]))?;
+        inputs_of(runtime, ask, connected, roster, &rows)
+    }
+
+    /// What placing an assign needs, on one connection with the reads pipelined: the
+    /// placement a request with this key already made (a repeat reuses it), else the
+    /// inputs to decide from now.
+    pub async fn placement_context(
+        &self,
+        request_key: &str,
+        runtime: &str,
+        ask: &PlacementAsk,
+        connected: impl Fn(&str) -> bool,
+    ) -> Result<Result<PlacementRecord, Inputs>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let (by_key, cands) = tokio::try_join!(
+            c.prepare_cached(&PLACEMENT_BY_KEY),
+            c.prepare_cached(CANDIDATES)
+        )?;
+        let key: &(dyn tokio_postgres::types::ToSql + Sync) = &request_key;
+        let (kept, roster, rows) = tokio::try_join!(
+            c.query_opt(&by_key, std::slice::from_ref(&key)),
+            c.query_opt(ROSTER, &[]),
+            c.query(&cands, &[])
+        )?;
+        if let Some(k) = kept {
+            return Ok(Ok(placement_of(&k)?));
         }
-        Ok(Inputs {
-            policy: POLICY.into(),
-            runtime: runtime.into(),
-            ask: ask.clone(),
-            roster_version: roster.version,
-            roster_digest: roster.digest,
-            candidates,
-        })
+        Ok(Err(inputs_of(runtime, ask, connected, roster, &rows)?))
     }
 
     /// The placement recorded for the reservation an operator request (`reserve/KEY`) made.
@@ -229,32 +200,109 @@ impl Store {
         arg: &str,
     ) -> Result<Option<PlacementRecord>, AuthorityError> {
         let c = self.pool.get().await?;
-        let q = format!(
-            "SELECT reservation_id, assignment_id, policy, policy_digest, inputs, inputs_digest, lane_id, \
-                    lane_incarnation_id, mosaic_ts(decided_at) AS decided_at FROM placements WHERE {pred}"
-        );
-        let Some(r) = c.query_opt(&q, &[&arg]).await? else {
-            return Ok(None);
-        };
-        let inputs: serde_json::Value = r.col("inputs")?;
-        let inputs = serde_json::from_value(inputs).map_err(|e| AuthorityError::Invariant {
-            op: "placement",
-            detail: format!("a recorded placement's inputs do not decode: {e}"),
-        })?;
-        Ok(Some(PlacementRecord {
-            reservation_id: r.col("reservation_id")?,
-            assignment_id: r.col("assignment_id")?,
-            decision: Decision {
-                lane_id: r.col("lane_id")?,
-                lane_incarnation_id: r.col("lane_incarnation_id")?,
-                policy: r.col("policy")?,
-                policy_digest: r.col("policy_digest")?,
-                inputs,
-                inputs_digest: r.col("inputs_digest")?,
-            },
-            decided_at: r.col("decided_at")?,
-        }))
+        let q = format!("{PLACEMENT_COLUMNS} WHERE {pred}");
+        c.query_opt(&q, &[&arg])
+            .await?
+            .map(|r| placement_of(&r))
+            .transpose()
     }
+}
+
+/// The current roster version.
+const ROSTER: &str = "SELECT version, body, digest, mosaic_ts(published_at) AS published_at \
+     FROM roster_versions ORDER BY version DESC LIMIT 1";
+
+fn roster_of(r: &tokio_postgres::Row) -> Result<RosterVersion, AuthorityError> {
+    let body: serde_json::Value = r.col("body")?;
+    let roster = serde_json::from_value(body).map_err(|e| AuthorityError::Invariant {
+        op: "roster",
+        detail: format!("the published roster does not decode: {e}"),
+    })?;
+    Ok(RosterVersion {
+        version: r.col("version")?,
+        digest: r.col("digest")?,
+        roster,
+        published_at: r.col("published_at")?,
+    })
+}
+
+const PLACEMENT_COLUMNS: &str =
+    "SELECT reservation_id, assignment_id, policy, policy_digest, inputs, inputs_digest, lane_id, \
+        lane_incarnation_id, mosaic_ts(decided_at) AS decided_at FROM placements";
+
+static PLACEMENT_BY_KEY: std::sync::LazyLock<String> =
+    std::sync::LazyLock::new(|| format!("{PLACEMENT_COLUMNS} WHERE request_key = $1"));
+
+fn placement_of(r: &tokio_postgres::Row) -> Result<PlacementRecord, AuthorityError> {
+    let inputs: serde_json::Value = r.col("inputs")?;
+    let inputs = serde_json::from_value(inputs).map_err(|e| AuthorityError::Invariant {
+        op: "placement",
+        detail: format!("a recorded placement's inputs do not decode: {e}"),
+    })?;
+    Ok(PlacementRecord {
+        reservation_id: r.col("reservation_id")?,
+        assignment_id: r.col("assignment_id")?,
+        decision: Decision {
+            lane_id: r.col("lane_id")?,
+            lane_incarnation_id: r.col("lane_incarnation_id")?,
+            policy: r.col("policy")?,
+            policy_digest: r.col("policy_digest")?,
+            inputs,
+            inputs_digest: r.col("inputs_digest")?,
+        },
+        decided_at: r.col("decided_at")?,
+    })
+}
+
+/// The inputs from the current roster version and every current lane (`CANDIDATES`).
+fn inputs_of(
+    runtime: &str,
+    ask: &PlacementAsk,
+    connected: impl Fn(&str) -> bool,
+    roster: Option<tokio_postgres::Row>,
+    rows: &[tokio_postgres::Row],
+) -> Result<Inputs, AuthorityError> {
+    let Some(roster) = roster.map(|r| roster_of(&r)).transpose()? else {
+        return Err(reject(
+            "assign",
+            Category::NotFound,
+            "no roster is published: name a lane with --lane, or publish one (mosaic roster publish FILE)",
+        ));
+    };
+    let mut candidates = Vec::new();
+    for r in rows {
+        let lane_id: String = r.col("lane_id")?;
+        let Some((host, lane)) = roster.roster.lane(&lane_id) else {
+            continue;
+        };
+        let host_id: String = r.col("host_id")?;
+        if host_id != host.host_id {
+            continue; // a lane id the roster gives another host: not this lane
+        }
+        let busy: i64 = r.col("host_busy")?;
+        candidates.push(Candidate {
+            lane_id,
+            host_connected: connected(&host_id),
+            host_id,
+            lane_incarnation_id: r.col("lane_incarnation_id")?,
+            state: r.col("state")?,
+            reservable: r.col("reservable")?,
+            host_runtimes: r.col("host_runtimes")?,
+            host_busy: u32::try_from(busy).unwrap_or(u32::MAX),
+            host_capacity: host.capacity,
+            runtimes: lane.runtimes.clone(),
+            labels: lane.labels.clone(),
+            roles: lane.roles.clone(),
+        });
+    }
+    Ok(Inputs {
+        policy: POLICY.into(),
+        runtime: runtime.into(),
+        ask: ask.clone(),
+        roster_version: roster.version,
+        roster_digest: roster.digest,
+        candidates,
+    })
 }
 
 /// Records `p` inside the reservation's transition (`reservation` of `assignment`, made for

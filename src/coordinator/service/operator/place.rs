@@ -26,24 +26,22 @@ impl Service {
         ask.validate()
             .map_err(|e| OpError::new(Category::BadInput, e))?;
         let key = format!("reserve/{}", a.request_id);
-        let decision = match self.store.placement_of_request(&key).await? {
-            Some(kept) => kept.decision,
-            None => {
-                let inputs = self
-                    .store
-                    .placement_inputs(&a.runtime, &ask, |h| self.hosts.is_connected(h))
-                    .await?;
-                Decision::decide(inputs).map_err(|why| {
-                    OpError::new(
-                        Category::NoEligibleLane,
-                        format!(
-                            "no lane can take {} by {}: {why}",
-                            a.runtime,
-                            crate::coordinator::placement::POLICY
-                        ),
-                    )
-                })?
-            }
+        let context = self
+            .store
+            .placement_context(&key, &a.runtime, &ask, |h| self.hosts.is_connected(h))
+            .await?;
+        let decision = match context {
+            Ok(kept) => kept.decision,
+            Err(inputs) => Decision::decide(inputs).map_err(|why| {
+                OpError::new(
+                    Category::NoEligibleLane,
+                    format!(
+                        "no lane can take {} by {}: {why}",
+                        a.runtime,
+                        crate::coordinator::placement::POLICY
+                    ),
+                )
+            })?,
         };
         tracing::info!(lane_id = %decision.lane_id, policy = %decision.policy,
             inputs_digest = %decision.inputs_digest, roster_version = decision.inputs.roster_version,
