@@ -1500,6 +1500,7 @@ async fn every_state_enum_matches_its_column_constraint() {
             "state",
             names(WorkspaceEffectState::ALL),
         ),
+        ("lane_leases", "state", names(LeaseState::ALL)),
     ];
     for (table, column, enum_values) in cases {
         let db_values = check_values(&url, table, column).await;

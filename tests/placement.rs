@@ -1,13 +1,17 @@
 //! Placement (spec §5.4): `mosaic assign` without `--lane` — a lane chosen by the versioned
 //! policy over the published roster and the lanes' states, recorded with its reservation so
-//! an audit recomputes it; on real daemons, tmux and PostgreSQL.
+//! an audit recomputes it; on real daemons, tmux and PostgreSQL. And elastic lanes (spec
+//! §13): leased, made by their host, destroyed when the lease ends only by the exact CAS.
 
 mod common;
 mod pg;
+mod store;
 mod world;
 
+use mosaic::coordinator::leases::{LeaseAsk, LeaseView};
 use mosaic::coordinator::placement::{self, PlacementAsk, Roster};
 use mosaic::coordinator::service::OperatorRequest;
+use mosaic::coordinator::states::LeaseState;
 use mosaic::coordinator::Category;
 use serde_json::Value;
 use world::{assign_request, Spec, World};
@@ -239,4 +243,576 @@ async fn an_assignment_without_a_lane_goes_where_the_policy_says_and_the_record_
         request_id: None,
     })
     .unwrap();
+}
+
+// ---- Elastic lanes at the store (spec §13) ----
+
+fn lease_ask(ttl_ms: u64) -> LeaseAsk {
+    LeaseAsk {
+        host_id: store::HOST.into(),
+        runtime: "fake@1.0.0".into(),
+        labels: [("burst".to_string(), "yes".to_string())].into(),
+        role: None,
+        ttl_ms,
+        max_lifetime_ms: 600_000,
+    }
+}
+
+fn roster_of_h1(capacity: u32) -> Roster {
+    toml::from_str(&format!(
+        "[[hosts]]\nhost_id = \"{}\"\ncapacity = {capacity}\n",
+        store::HOST
+    ))
+    .unwrap()
+}
+
+/// A lease whose host made its lane: (lease, the lane's incarnation).
+async fn leased(f: &store::Fx, ttl_ms: u64) -> (LeaseView, String) {
+    let v = f
+        .store
+        .lease_lane(&f.leader, &lease_ask(ttl_ms), &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(v.state, LeaseState::Requested);
+    let lane = store::adopt(&f.store, &f.leader, &v.lane_id).await;
+    let bound = f
+        .store
+        .bind_lease(&f.leader, &v.lane_id, &lane.lane_incarnation_id)
+        .await
+        .unwrap();
+    assert!(bound.is_some(), "the host's lane binds the lease");
+    (
+        f.store.lease(&v.lease_id).await.unwrap().unwrap(),
+        lane.lane_incarnation_id,
+    )
+}
+
+async fn lease_row(url: &str, lease: &str) -> String {
+    store::sql(url)
+        .await
+        .query_one(
+            "SELECT row_to_json(l)::text FROM lane_leases l WHERE lease_id = $1",
+            &[&lease],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// Waits (database time) until the lease's deadline has passed.
+async fn past_deadline(f: &store::Fx, lease: &str) {
+    common::wait_until("the lease's deadline", || {
+        let rt = tokio::runtime::Handle::current();
+        let v = std::thread::scope(|s| {
+            s.spawn(|| rt.block_on(f.store.lease(lease)))
+                .join()
+                .unwrap()
+        });
+        v.unwrap().unwrap().expired.then_some(())
+    });
+}
+
+/// §17 TTL destroy collision: a destruction is decided on a snapshot of the lease and its
+/// lane, and the CAS compares every field of it again. One row per bound field: the
+/// snapshot with that one field stale or substituted is refused with its own diagnosis and
+/// changes nothing; the exact snapshot destroys. Each row fails if its predicate is deleted.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still_holds() {
+    let f = store::fx().await;
+    let url = pg::server().url(&f.db.name);
+    // Its host advertises the runtime (as its hello does).
+    f.store
+        .record_host(store::HOST, &["fake@1.0.0".to_string()])
+        .await
+        .unwrap();
+    // Without a roster, or past the declared capacity: refused, nothing written.
+    let e = f
+        .store
+        .lease_lane(&f.leader, &lease_ask(60_000), "no-roster")
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::NoEligibleLane), "{e}");
+    f.store
+        .publish_roster(&f.leader, &roster_of_h1(3))
+        .await
+        .unwrap();
+    for (bad, why) in [
+        (
+            LeaseAsk {
+                ttl_ms: 10,
+                ..lease_ask(0)
+            },
+            "TTL",
+        ),
+        (
+            LeaseAsk {
+                ttl_ms: 700_000,
+                ..lease_ask(0)
+            },
+            "longer than the maximum",
+        ),
+        (
+            LeaseAsk {
+                runtime: "fake".into(),
+                ..lease_ask(60_000)
+            },
+            "family@version",
+        ),
+        (
+            LeaseAsk {
+                host_id: "h1;rm".into(),
+                ..lease_ask(60_000)
+            },
+            "host id",
+        ),
+    ] {
+        let e = f
+            .store
+            .lease_lane(&f.leader, &bad, &store::uid("rq"))
+            .await
+            .unwrap_err();
+        assert_eq!(e.category(), Some(Category::BadInput), "{e}");
+        assert!(e.to_string().contains(why), "{e}");
+    }
+    assert_eq!(
+        store::count(&url, "SELECT count(*) FROM lane_leases").await,
+        0
+    );
+
+    let (v, inc) = leased(&f, 1_000).await;
+    // A lease whose lane took work before its deadline: a chain waits for its ACK there.
+    let (busy, busy_inc) = leased(&f, 1_000).await;
+    store::to_awaiting_ack(&f.store, &f.leader, &busy_inc, None, 600_000).await;
+    assert_eq!(v.state, LeaseState::Active);
+    assert!(!v.token_proof.is_empty() && !v.token_proof.contains(&v.lease_id));
+    // The raw token is nowhere in the database: only its keyed proof and the salt.
+    let row = lease_row(&url, &v.lease_id).await;
+    let token = f.secret.ownership_token(&v.lease_id, &{
+        let r: String = store::sql(&url)
+            .await
+            .query_one(
+                "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
+                &[&v.lease_id],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        r
+    });
+    assert!(!row.contains(&token.expose_hex()));
+
+    // Before the deadline: nothing is due, and a snapshot taken anyway is refused.
+    assert!(f.store.due_leases().await.unwrap().is_empty());
+    // Renewed before its deadline: a new lease epoch; then past the new deadline.
+    let renewed = f
+        .store
+        .renew_lease(&f.leader, &v.lease_id, &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(renewed.lease_epoch, v.lease_epoch + 1);
+    past_deadline(&f, &v.lease_id).await;
+    // An expired lease is not brought back, and its lane takes no work.
+    let e = f
+        .store
+        .renew_lease(&f.leader, &v.lease_id, &store::uid("rq"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Expired), "{e}");
+    let mut req = store::request(&inc, None, 60_000);
+    req.target = v.lane_id.clone();
+    let e = f.store.reserve(&f.leader, &req).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("lease"), "{e}");
+
+    let due = f.store.due_leases().await.unwrap();
+    assert_eq!(due.len(), 1, "{due:?}");
+    let exact = due[0].clone();
+    assert_eq!(exact.lease_epoch, renewed.lease_epoch);
+
+    // Another lease's lane, to substitute.
+    let (other, other_inc) = leased(&f, 600_000).await;
+    let other_salt: String = store::sql(&url)
+        .await
+        .query_one(
+            "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
+            &[&other.lease_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    type Edit = Box<dyn Fn(&mut mosaic::coordinator::leases::DestroySnapshot)>;
+    let forged_salt = "ab".repeat(32);
+    let forged_proof = f
+        .secret
+        .ownership_proof(&f.secret.ownership_token(&exact.lease_id, &forged_salt));
+    let rows: Vec<(&str, Edit, Category, &str)> = vec![
+        (
+            "a stale lease epoch (renewed after the decision)",
+            Box::new(|s| s.lease_epoch -= 1),
+            Category::Conflict,
+            "renewed",
+        ),
+        (
+            "another lease's proof",
+            Box::new({
+                let p = other.token_proof.clone();
+                move |s| s.token_proof = p.clone()
+            }),
+            Category::Mismatch,
+            "ownership",
+        ),
+        (
+            "another lease's salt and proof",
+            Box::new({
+                let (p, salt) = (other.token_proof.clone(), other_salt.clone());
+                move |s| {
+                    s.token_proof = p.clone();
+                    s.token_salt = salt.clone();
+                }
+            }),
+            Category::Mismatch,
+            "ownership",
+        ),
+        (
+            "a token minted with a salt of the caller's choosing",
+            Box::new({
+                let (p, salt) = (forged_proof.clone(), forged_salt.clone());
+                move |s| {
+                    s.token_proof = p.clone();
+                    s.token_salt = salt.clone();
+                }
+            }),
+            Category::Mismatch,
+            "ownership proof",
+        ),
+        (
+            "another lane",
+            Box::new({
+                let l = other.lane_id.clone();
+                move |s| s.lane_id = l.clone()
+            }),
+            Category::Mismatch,
+            "lane or its incarnation",
+        ),
+        (
+            "another incarnation",
+            Box::new({
+                let i = other_inc.clone();
+                move |s| s.lane_incarnation_id = i.clone()
+            }),
+            Category::Mismatch,
+            "lane or its incarnation",
+        ),
+        (
+            "a generation started after the decision",
+            Box::new(|s| s.next_generation -= 1),
+            Category::Conflict,
+            "generation started",
+        ),
+    ];
+    // The host's capacity (3) is taken by the three leases: a fourth is refused.
+    let e = f
+        .store
+        .lease_lane(&f.leader, &lease_ask(60_000), &store::uid("rq"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::NoEligibleLane), "{e}");
+    assert!(e.to_string().contains("capacity"), "{e}");
+    // The busy lane's lease is past its deadline too, and not due: its lane holds work,
+    // and a destruction decided on it anyway is refused.
+    past_deadline(&f, &busy.lease_id).await;
+    assert!(f
+        .store
+        .due_leases()
+        .await
+        .unwrap()
+        .iter()
+        .all(|d| d.lease_id != busy.lease_id));
+    let busy_salt: String = store::sql(&url)
+        .await
+        .query_one(
+            "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
+            &[&busy.lease_id],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let busy_gen: i64 = store::sql(&url)
+        .await
+        .query_one(
+            "SELECT next_generation FROM lane_incarnations WHERE lane_incarnation_id = $1",
+            &[&busy_inc],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let on_busy = mosaic::coordinator::leases::DestroySnapshot {
+        lease_id: busy.lease_id.clone(),
+        lease_epoch: busy.lease_epoch,
+        token_salt: busy_salt,
+        token_proof: busy.token_proof.clone(),
+        lane_id: busy.lane_id.clone(),
+        lane_incarnation_id: busy_inc.clone(),
+        next_generation: busy_gen,
+        destroy_key: busy.destroy_key.clone(),
+    };
+    let held = lease_row(&url, &busy.lease_id).await;
+    let e = f
+        .store
+        .decide_destroy(&f.leader, &on_busy)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("holds work"), "{e}");
+    assert_eq!(lease_row(&url, &busy.lease_id).await, held);
+
+    let before = lease_row(&url, &exact.lease_id).await;
+    for (what, edit, category, says) in &rows {
+        let mut snap = exact.clone();
+        edit(&mut snap);
+        let e = f.store.decide_destroy(&f.leader, &snap).await.unwrap_err();
+        assert_eq!(e.category(), Some(*category), "{what}: {e}");
+        assert!(e.to_string().contains(says), "{what}: {e}");
+        assert_eq!(
+            lease_row(&url, &exact.lease_id).await,
+            before,
+            "{what}: a refused destruction changes nothing"
+        );
+    }
+    // The other lease is not due: a destruction of it is refused as early.
+    let mut not_due = exact.clone();
+    not_due.lease_id = other.lease_id.clone();
+    not_due.lane_id = other.lane_id.clone();
+    not_due.lane_incarnation_id = other_inc.clone();
+    not_due.token_salt = other_salt.clone();
+    not_due.token_proof = other.token_proof.clone();
+    not_due.lease_epoch = other.lease_epoch;
+    let e = f
+        .store
+        .decide_destroy(&f.leader, &not_due)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("not expired"), "{e}");
+
+    // The exact snapshot: DESTROYING, once (the same decision again is its receipt).
+    let r = f.store.decide_destroy(&f.leader, &exact).await.unwrap();
+    let again = f.store.decide_destroy(&f.leader, &exact).await.unwrap();
+    assert_eq!(r.receipt_id, again.receipt_id);
+    assert!(!r.body.to_string().contains(&token.expose_hex()));
+    let v2 = f.store.lease(&exact.lease_id).await.unwrap().unwrap();
+    assert_eq!(v2.state, LeaseState::Destroying);
+    assert_eq!(
+        f.store.leases_to_destroy(store::HOST).await.unwrap(),
+        vec![(exact.lane_id.clone(), inc.clone())]
+    );
+    // DESTROYING blocks renewal and reassignment.
+    let e = f
+        .store
+        .renew_lease(&f.leader, &exact.lease_id, &store::uid("rq"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Expired), "{e}");
+    req.request_id = store::uid("rq");
+    let e = f.store.reserve(&f.leader, &req).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    // The host's report that the lane is gone destroys the lease.
+    f.store
+        .retire_destroyed_lane(&f.leader, store::HOST, &exact.lane_id, &inc)
+        .await
+        .unwrap();
+    let v3 = f.store.lease(&exact.lease_id).await.unwrap().unwrap();
+    assert_eq!(v3.state, LeaseState::Destroyed);
+    assert!(v3.destroyed_at.is_some());
+    // A destroyed lease is history: the database refuses to change it.
+    let e = store::sql(&url)
+        .await
+        .execute(
+            "UPDATE lane_leases SET state = 'ACTIVE' WHERE lease_id = $1",
+            &[&exact.lease_id],
+        )
+        .await
+        .unwrap_err();
+    let why = e
+        .as_db_error()
+        .map(|d| d.message().to_string())
+        .unwrap_or_default();
+    assert!(why.contains("final"), "{e:?}");
+    // The other lease's lane was never touched.
+    let o = f.store.lease(&other.lease_id).await.unwrap().unwrap();
+    assert_eq!(o.state, LeaseState::Active);
+}
+
+/// The supervisor's view of its lane `name` (`None`: it has no such lane).
+fn host_lane(w: &World, name: &str) -> Option<Value> {
+    w.host_status(0)["lanes"]
+        .as_array()?
+        .iter()
+        .find(|l| l["lane"] == name)
+        .cloned()
+}
+
+/// §13 end to end, on real daemons, tmux and cgroups: a lease's lane is made by its host
+/// under a fresh incarnation and takes work; once the lease is past its deadline with the
+/// lane idle, the coordinator destroys it through the exact CAS and the host tears it down
+/// (tmux server gone, cgroup removed) — while a lease renewed before each deadline keeps its
+/// lane; an expired lease is never renewed, and a destroyed lane takes no work.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_elastic_lane_is_destroyed_on_time_and_one_renewed_before_its_deadline_is_not() {
+    let w = World::started(Spec {
+        hosts: 1,
+        supervisors: 1,
+        lanes: 1,
+        tag: "lease",
+        ..Spec::default()
+    });
+    let host = w.hosts[0].clone();
+    let ask = |ttl_ms: u64| OperatorRequest::LaneLease {
+        ask: LeaseAsk {
+            host_id: host.clone(),
+            runtime: "fake@1.0.0".into(),
+            labels: [("burst".to_string(), "yes".to_string())].into(),
+            role: None,
+            ttl_ms,
+            max_lifetime_ms: 600_000,
+        },
+        request_id: None,
+    };
+    // No capacity declared for the host: refused, nothing asked of it.
+    let e = w.op(&ask(3_000)).unwrap_err();
+    assert_eq!(e.category, Category::NoEligibleLane, "{e:?}");
+    w.op(&OperatorRequest::RosterPublish {
+        roster: toml::from_str(&format!("[[hosts]]\nhost_id = \"{host}\"\ncapacity = 3\n"))
+            .unwrap(),
+        request_id: None,
+    })
+    .unwrap();
+    let mut other_runtime = ask(3_000);
+    if let OperatorRequest::LaneLease { ask, .. } = &mut other_runtime {
+        ask.runtime = "fake@9.9.9".into();
+    }
+    let e = w.op(&other_runtime).unwrap_err();
+    assert_eq!(e.category, Category::UnknownRuntime, "{e:?}");
+    assert_eq!(w.count("SELECT count(*) FROM lane_leases").await, 0);
+
+    // Leased: answered once its host made the lane.
+    let short = w.op(&ask(3_000)).unwrap();
+    let kept = w.op(&ask(3_000)).unwrap();
+    for l in [&short, &kept] {
+        assert_eq!(l["state"], "ACTIVE", "{l}");
+        assert!(l.get("token_salt").is_none(), "{l}");
+    }
+    let (short_lane, kept_lane) = (
+        short["lane_id"].as_str().unwrap().to_string(),
+        kept["lane_id"].as_str().unwrap().to_string(),
+    );
+    let name = short_lane.split_once(':').unwrap().1.to_string();
+    let on_host = host_lane(&w, &name).expect("the host made the lane");
+    assert_eq!(on_host["lane_incarnation_id"], short["lane_incarnation_id"]);
+    let sock = std::path::PathBuf::from(on_host["tmux_socket"].as_str().unwrap());
+    let tmux_alive = |sock: &std::path::Path| {
+        std::process::Command::new("tmux")
+            .arg("-S")
+            .arg(sock)
+            .arg("list-sessions")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+    };
+    assert!(tmux_alive(&sock), "the elastic lane's tmux server runs");
+    let cgroup = w.cgroup_roots[0].join("lanes").join(&name);
+    assert!(cgroup.is_dir(), "the elastic lane's cgroup exists");
+    // `lanes` shows it with its lease.
+    let lanes = w.op(&OperatorRequest::Lanes).unwrap();
+    let shown = lanes
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lane_id"] == short_lane.as_str())
+        .unwrap()
+        .clone();
+    assert_eq!(shown["lease"]["lease_id"], short["lease_id"], "{shown}");
+
+    // It takes work like any lane.
+    let a = w.assign_to(&short_lane, "hang", true).unwrap();
+    w.op(&OperatorRequest::Stop {
+        assignment_id: a["assignment_id"].as_str().unwrap().into(),
+        outcome: None,
+        evidence_digest: None,
+        wait: true,
+        request_id: None,
+    })
+    .unwrap();
+
+    // `kept` is renewed before each deadline; `short` is left to expire.
+    let lease_of = |id: &Value| {
+        w.op(&OperatorRequest::Leases)
+            .unwrap()
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|l| l["lease_id"] == *id)
+            .cloned()
+            .unwrap()
+    };
+    let mut renewals = 0;
+    loop {
+        let r = w
+            .op(&OperatorRequest::LaneRenew {
+                lease_id: kept["lease_id"].as_str().unwrap().into(),
+                request_id: None,
+            })
+            .unwrap();
+        renewals += 1;
+        assert_eq!(r["lease_epoch"], renewals + 1, "{r}");
+        if lease_of(&short["lease_id"])["state"] == "DESTROYED" {
+            break;
+        }
+        assert!(renewals < 60, "the short lease was never destroyed");
+        std::thread::sleep(std::time::Duration::from_millis(1_000));
+    }
+    // Destroyed on its host: the server and the lane's cgroup are gone.
+    let gone = host_lane(&w, &name);
+    assert!(
+        gone.as_ref().is_none_or(|l| l["status"] == "destroyed"),
+        "{gone:?}"
+    );
+    assert!(
+        !cgroup.exists(),
+        "the destroyed lane's cgroup is still there"
+    );
+    assert!(
+        !tmux_alive(&sock),
+        "the destroyed lane's tmux server still runs"
+    );
+    // Its incarnation is retired, and it takes no work; an expired lease is not renewed.
+    let e = w.assign_to(&short_lane, "hang", true).unwrap_err();
+    assert!(
+        matches!(e.category, Category::NotFound | Category::WrongState),
+        "{e:?}"
+    );
+    let e = w
+        .op(&OperatorRequest::LaneRenew {
+            lease_id: short["lease_id"].as_str().unwrap().into(),
+            request_id: None,
+        })
+        .unwrap_err();
+    assert_eq!(e.category, Category::Expired, "{e:?}");
+    // The renewed one is untouched: its lane is there and takes work.
+    let k = lease_of(&kept["lease_id"]);
+    assert_eq!(k["state"], "ACTIVE", "{k}");
+    let kept_name = kept_lane.split_once(':').unwrap().1;
+    assert_eq!(host_lane(&w, kept_name).unwrap()["status"], "active", "{k}");
+    let destroyed = w
+        .count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'lane-lease-destroy' \
+             AND body->>'lease_id' = '{}'",
+            kept["lease_id"].as_str().unwrap()
+        ))
+        .await;
+    assert_eq!(
+        destroyed, 0,
+        "no destruction was decided for the renewed lease"
+    );
 }

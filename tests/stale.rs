@@ -347,6 +347,8 @@ async fn a_stage_the_host_cannot_start_is_refused_with_a_never_started_receipt()
             hold: vec![],
             release: vec![],
             recreate: false,
+            create: false,
+            destroy: false,
         },
     )]))
     .unwrap();
@@ -630,6 +632,8 @@ async fn a_repeated_recreate_order_leaves_the_fresh_incarnation_alone() {
                 hold: vec![],
                 release: vec![],
                 recreate: true,
+                create: false,
+                destroy: false,
             },
         )]))
         .unwrap();

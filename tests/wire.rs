@@ -149,6 +149,8 @@ fn every_to_host() -> Vec<ToHost> {
             hold: vec![4],
             release: vec![1],
             recreate: true,
+            create: false,
+            destroy: false,
         },
     );
     vec![

@@ -265,6 +265,7 @@ impl Store {
                            AND li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL \
                            AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
                            AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
+                           AND ", super::leases::LEASE_ADMITS_WORK, " \
                            AND ($2::text = '' OR EXISTS (SELECT 1 FROM assignments a WHERE a.assignment_id = $2 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " \
                                   AND a.requested_outcome IS NULL AND a.work_status = ", WorkStatus::Active.sql(), " AND a.runtime_id = $3 AND a.scope_digest = $4 AND a.holds_digest = $5 \
                                   AND a.completion_policy_digest = $6 \
@@ -663,7 +664,8 @@ async fn why_not_reservable(
             concatcp!("SELECT state, retired_at IS NOT NULL AS retired, \
                     EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND t.reconciled_at IS NULL) AS unreconciled, \
                     EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND g.state <> ", GenState::Ended.sql(), ") AS unended, \
-                    recreate_requested_at IS NOT NULL AS recreating, host_quarantine_reason \
+                    recreate_requested_at IS NOT NULL AS recreating, host_quarantine_reason, \
+                    NOT EXISTS (SELECT 1 FROM lane_incarnations li WHERE li.lane_incarnation_id = $1 AND ", super::leases::LEASE_ADMITS_WORK, ") AS lease_ended \
              FROM lane_incarnations WHERE lane_incarnation_id = $1"),
             &[inc],
         )
@@ -686,6 +688,14 @@ async fn why_not_reservable(
             .reject(
                 Category::WrongState,
                 format!("the host quarantined this lane: {reason}"),
+            )
+            .await;
+    }
+    if r.col::<bool>("lease_ended")? {
+        return u
+            .reject(
+                Category::WrongState,
+                "the lane's lease has ended, or is being destroyed or quarantined (an elastic lane takes work only while its lease is ACTIVE and unexpired)",
             )
             .await;
     }

@@ -15,7 +15,7 @@ use super::followups::RecoveryOf;
 use super::leader::Leader;
 use super::model::LaneView;
 use super::rows::RowExt;
-use super::states::{GenState, LaneState, Lifecycle};
+use super::states::{GenState, LaneState, LeaseState, Lifecycle};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -452,7 +452,20 @@ impl Store {
                 };
                 let old_state: LaneState = d.row().col("state")?;
                 d.retire_open_work(&inc, "destroyed", "resume on another lane: its host destroyed the lane").await?;
-                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "retired_state": old_state, "cause": "destroyed on its host" }))
+                // An elastic lane's lease ends with its lane: the host's verified teardown is
+                // the destruction's receipt (this transition's).
+                let lease = d.query(
+                    concatcp!("WITH old AS (SELECT lease_id, state FROM lane_leases WHERE lane_incarnation_id = $1 AND state <> ", LeaseState::Destroyed.sql(), " FOR UPDATE) \
+                     UPDATE lane_leases ll SET state = ", LeaseState::Destroyed.sql(), ", destroyed_at = clock_timestamp() \
+                     FROM old WHERE ll.lease_id = old.lease_id RETURNING ll.lease_id, old.state"),
+                    &[&inc],
+                ).await?;
+                let lease = match lease.first() {
+                    Some(r) => json!({ "lease_id": r.col::<String>("lease_id")?, "state_before": r.col::<LeaseState>("state")? }),
+                    None => serde_json::Value::Null,
+                };
+                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "retired_state": old_state, "cause": "destroyed on its host",
+                                 "lease": lease }))
             }),
         )
         .await?;

@@ -38,6 +38,7 @@ pub mod handoff_checkpoint;
 pub mod inactivity;
 pub mod lanes;
 pub mod leader;
+pub mod leases;
 pub mod metrics;
 pub mod model;
 pub mod placement;

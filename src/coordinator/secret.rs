@@ -91,6 +91,35 @@ impl CoordinatorSecret {
     }
 }
 
+impl CoordinatorSecret {
+    /// The ownership token of an elastic lane's lease (spec §13), minted with `salt`. It
+    /// never leaves the coordinator: derived when a destruction is decided, dropped after.
+    pub fn ownership_token(&self, lease_id: &str, salt: &str) -> FenceToken {
+        let mut m = self.mac();
+        m.update(b"mosaic/lane-ownership-token/v1");
+        m.update(&(lease_id.len() as u64).to_be_bytes());
+        m.update(lease_id.as_bytes());
+        m.update(salt.as_bytes());
+        let mut b = [0u8; 32];
+        b.copy_from_slice(&m.finalize().into_bytes());
+        FenceToken(b)
+    }
+
+    /// Keyed digest of an ownership token: what the database stores and compares.
+    pub fn ownership_proof(&self, token: &FenceToken) -> String {
+        let mut m = self.mac();
+        m.update(b"mosaic/lane-ownership-proof/v1");
+        m.update(&token.0);
+        format!("hmac-sha256:{}", hex::encode(m.finalize().into_bytes()))
+    }
+
+    /// Whether `token` is the one whose proof is `stored`, in constant time.
+    pub fn ownership_matches(&self, token: &FenceToken, stored: &str) -> bool {
+        let got = self.ownership_proof(token);
+        crate::util::ct::eq(got.as_bytes(), stored.as_bytes())
+    }
+}
+
 #[cold]
 fn unreachable_hmac() -> ! {
     // HMAC's key-length check only rejects lengths for MACs with fixed key sizes.

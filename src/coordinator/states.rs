@@ -233,6 +233,19 @@ impl ClaimState {
 }
 
 state_enum! {
+    /// `lane_leases.state` (migration 0029, spec §13): an elastic lane asked of its host,
+    /// leased (its host made it), being destroyed (decided by the TTL CAS), destroyed (its
+    /// host's report), or quarantined for an operator (a collision or ambiguity).
+    LeaseState ("lane lease state") {
+        Requested = "REQUESTED",
+        Active = "ACTIVE",
+        Destroying = "DESTROYING",
+        Destroyed = "DESTROYED",
+        Quarantined = "QUARANTINED",
+    }
+}
+
+state_enum! {
     /// `workspace_effects.state` (migration 0027): an operator's push or merge of done
     /// work's final checkpoint, requested, claimed by its host (or declined, found up to
     /// date, left to expire), then what the host observed, or unknown until reconciled.

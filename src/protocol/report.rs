@@ -58,6 +58,13 @@ pub struct LaneOrderWire {
     pub release: Vec<u64>,
     /// Destroy the lane and create it again (a fresh incarnation).
     pub recreate: bool,
+    /// Make the lane, which does not exist yet (an elastic lane's lease waits for it);
+    /// `lane_incarnation_id` is empty.
+    #[serde(default)]
+    pub create: bool,
+    /// Destroy `lane_incarnation_id` for good (an elastic lane whose lease ended).
+    #[serde(default)]
+    pub destroy: bool,
 }
 
 /// The `lanes` field of a `reconcile`: lane id → order.

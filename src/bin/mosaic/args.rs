@@ -607,6 +607,8 @@ pub(crate) enum LaneOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    #[command(flatten)]
+    Elastic(crate::lease_args::ElasticOp),
 }
 
 #[derive(Subcommand)]

@@ -9,6 +9,7 @@ use clap::Parser;
 mod args;
 mod at;
 mod fleet;
+mod lease_args;
 mod work_args;
 
 use args::*;
@@ -536,6 +537,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             lane_id,
             request_id: None,
         }),
+        Cmd::Lane {
+            op: LaneOp::Elastic(op),
+        } => lease_args::run(op),
         Cmd::Request {
             op: RequestOp::Show { id, at },
         } => at.call(OperatorRequest::Request { request_id: id }),
@@ -620,7 +624,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     from,
                     key,
                 },
-                LaneOp::Release { .. } | LaneOp::Recreate { .. } => unreachable!("matched above"),
+                LaneOp::Release { .. } | LaneOp::Recreate { .. } | LaneOp::Elastic(_) => {
+                    unreachable!("matched above")
+                }
             };
             let socket = laneclient::socket_from_env()?;
             let out = laneclient::run(&socket, call, std::io::stdin().lock())?;

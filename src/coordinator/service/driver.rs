@@ -732,6 +732,8 @@ impl Service {
                     hold: gens(&o.hold),
                     release: gens(&o.release),
                     recreate: o.recreate,
+                    create: o.create,
+                    destroy: o.destroy,
                 };
                 (lane.clone(), order)
             })
@@ -775,4 +777,8 @@ pub(crate) struct LaneOrder {
     /// Held generations whose work came back: their workspace opens again.
     pub release: BTreeSet<i64>,
     pub recreate: bool,
+    /// Make this lane (an elastic lane's lease waits for it); `incarnation` is empty.
+    pub create: bool,
+    /// Destroy the lane's `incarnation` for good (its lease's destruction was decided).
+    pub destroy: bool,
 }

@@ -21,6 +21,7 @@
 
 pub mod config;
 mod driver;
+mod elastic;
 mod holds;
 mod hosts;
 pub mod leadership;

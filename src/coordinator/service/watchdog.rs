@@ -3,7 +3,8 @@
 //! expired): reservation expiry before activation, effect-lease renewal and expiry, and
 //! chains a dead coordinator process left mid-way (a reservation not yet staged, a READY
 //! not yet activated, a RETIRING lane not yet finished). It also resends a message a chain
-//! has waited on for too long.
+//! has waited on for too long, and destroys the lanes of ended elastic-lane leases (the TTL
+//! worker, `elastic.rs`).
 //!
 //! **Never:** decides with a host clock: it only asks the database, which decides.
 
@@ -27,6 +28,7 @@ const REQUESTS_KEPT_DAYS: i32 = 30;
 /// progress finishes first: each of its steps is a whole transition).
 pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::ShutdownSignal) {
     let mut pruned = std::time::Instant::now();
+    let mut lease_orders_sent = std::time::Instant::now();
     loop {
         let gained = tokio::select! {
             _ = tokio::time::sleep(TICK) => false,
@@ -47,6 +49,11 @@ pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::Shut
         }
         svc.sweep(&l).await;
         svc.sync_holds(&l).await;
+        svc.destroy_due_leases(&l).await;
+        if lease_orders_sent.elapsed() >= RESEND_AFTER {
+            lease_orders_sent = std::time::Instant::now();
+            svc.resend_lease_orders(&l).await;
+        }
         if pruned.elapsed() >= PRUNE_EVERY {
             pruned = std::time::Instant::now();
             match svc.store.prune_requests(REQUESTS_KEPT_DAYS).await {

@@ -423,6 +423,8 @@ impl ToHost {
                     .map(|(lane, o)| {
                         let gens = |g: &[u64]| Value::Array(g.iter().map(|g| n(*g)).collect());
                         let order = Value::Object(vec![
+                            ("create".into(), Value::Bool(o.create)),
+                            ("destroy".into(), Value::Bool(o.destroy)),
                             ("end".into(), gens(&o.end)),
                             ("hold".into(), gens(&o.hold)),
                             ("lane_incarnation_id".into(), s(&o.lane_incarnation_id)),

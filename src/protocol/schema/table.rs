@@ -121,8 +121,9 @@ pub static SCHEMAS: [Schema; 41] = [
         [&["receipt"]]
     ),
     // The coordinator's answer to what a host reported: per lane, the generations to end
-    // (stop, or fence as never started) and whether to recreate the lane. It can only take
-    // authority away.
+    // (stop, or fence as never started) and whether to recreate the lane — or, for an
+    // elastic lane, to make it for its lease or destroy its incarnation. It can only take
+    // authority away: a lane made for a lease holds none until a chain is activated on it.
     schema!(
         Reconcile,
         "reconcile",

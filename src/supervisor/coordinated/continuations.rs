@@ -139,6 +139,11 @@ impl CoordinatedHost {
             let this = self.clone();
             let message_id = message_id.clone();
             tokio::spawn(async move {
+                if order.create || order.destroy {
+                    this.on_lease_order(&lane, &lane_id, &order, &message_id)
+                        .await;
+                    return;
+                }
                 // A handoff offer holds the source's workspace read-only while it runs on;
                 // an offer that ends without moving the work releases it.
                 let holds = order.hold.iter().map(|g| (*g, WorkspaceOrder::Hold));
@@ -234,6 +239,61 @@ impl CoordinatedHost {
                     }
                 }
             });
+        }
+    }
+
+    /// An elastic lane's order: make the lane a lease waits for, or destroy, for good, the
+    /// incarnation whose lease ended (only that one: an order naming another incarnation
+    /// is stale and audited). The host's next report says what became of it.
+    async fn on_lease_order(
+        &self,
+        lane: &str,
+        lane_id: &str,
+        order: &crate::protocol::report::LaneOrderWire,
+        message_id: &str,
+    ) {
+        // One lane-changing order (or stage) of a lane at a time.
+        let lock = match self.staging.lock() {
+            Ok(mut m) => m.entry(lane_id.to_string()).or_default().clone(),
+            Err(_) => return,
+        };
+        let _one_at_a_time = lock.lock().await;
+        let now = self.sup.lane_incarnation(lane).await;
+        if order.create {
+            if now.is_some() {
+                return; // made already (a repeated order): its report carries it
+            }
+            match self.sup.lane_create(lane).await {
+                Ok(v) => {
+                    tracing::info!(lane_id, lane_incarnation_id = %v.lane_incarnation_id, "elastic lane made for its lease")
+                }
+                Err(e) => {
+                    tracing::error!(lane_id, error = %e, "cannot make the elastic lane")
+                }
+            }
+            return;
+        }
+        match now {
+            Some((inc, false)) if inc == order.lane_incarnation_id => {}
+            Some((inc, true)) if inc == order.lane_incarnation_id => {
+                // Destroyed already: the report says so again.
+                self.sup.publish_lanes().await;
+                return;
+            }
+            _ => {
+                self.sup.audit_stale(
+                    "destroy-of-another-incarnation",
+                    Some(lane_id),
+                    None,
+                    message_id,
+                );
+                return;
+            }
+        }
+        tracing::warn!(lane_id, lane_incarnation_id = %order.lane_incarnation_id,
+            "destroying the elastic lane: its lease ended");
+        if let Err(e) = self.sup.lane_destroy(lane).await {
+            tracing::error!(lane_id, error = %e, "cannot destroy the elastic lane; it stays as it is");
         }
     }
 }

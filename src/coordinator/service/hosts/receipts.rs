@@ -157,6 +157,21 @@ impl Service {
                 self.note(&l, &e).await;
                 tracing::warn!(lane_id, error = %e, "lane not registered");
             } else {
+                // The lane of a lease the host was told to make: the lease holds it now.
+                match self.store.bind_lease(&l, &lane_id, inc).await {
+                    Ok(Some(_)) => {
+                        tracing::info!(
+                            lane_id,
+                            lane_incarnation_id = inc,
+                            "elastic lane made by its host: leased"
+                        );
+                    }
+                    Ok(None) => {}
+                    Err(e) => {
+                        self.note(&l, &e).await;
+                        tracing::warn!(lane_id, error = %e, "elastic lane not bound to its lease");
+                    }
+                }
                 self.bump();
             }
         }
@@ -173,6 +188,31 @@ impl Service {
     /// chain of the host driven on (each resends what it waits for).
     pub(crate) async fn reconcile_host(&self, l: &Leader, host: &str, report: Option<&HostReport>) {
         self.reconcile_report(l, host, report, true).await
+    }
+
+    /// The host's orders for elastic lanes: make the lane of each lease waiting for it,
+    /// destroy the incarnation of each lease whose destruction was decided.
+    pub(crate) async fn lease_orders(&self, host: &str, orders: &mut BTreeMap<String, LaneOrder>) {
+        match self.store.leases_to_create(host).await {
+            Ok(lanes) => {
+                for lane_id in lanes {
+                    orders.entry(lane_id).or_default().create = true;
+                }
+            }
+            Err(e) => {
+                tracing::warn!(host, error = %e, "cannot list the leases waiting for their lane")
+            }
+        }
+        match self.store.leases_to_destroy(host).await {
+            Ok(lanes) => {
+                for (lane_id, inc) in lanes {
+                    let o = orders.entry(lane_id).or_default();
+                    o.incarnation = inc;
+                    o.destroy = true;
+                }
+            }
+            Err(e) => tracing::warn!(host, error = %e, "cannot list the leases being destroyed"),
+        }
     }
 
     pub(super) async fn reconcile_report(
@@ -303,10 +343,12 @@ impl Service {
                         hold,
                         release,
                         recreate: lane.recreate_requested,
+                        ..LaneOrder::default()
                     },
                 );
             }
         }
+        self.lease_orders(host, &mut orders).await;
         self.push_reconcile(l, host, &orders).await;
         if resend {
             self.advance_all(l, Some(host)).await;

@@ -172,7 +172,16 @@ impl Service {
     ) -> Result<serde_json::Value, OpError> {
         Ok(match req {
             OperatorRequest::Request { request_id } => self.show_request(&request_id).await?,
-            OperatorRequest::Lanes => json!(self.store.lanes().await?),
+            OperatorRequest::Lanes => self.lanes_json().await?,
+            OperatorRequest::LaneLease {
+                ask,
+                request_id: rid,
+            } => self.lease_lane(&ask, &request_id(rid)).await?,
+            OperatorRequest::LaneRenew {
+                lease_id,
+                request_id: rid,
+            } => self.renew_lease(&lease_id, &request_id(rid)).await?,
+            OperatorRequest::Leases => json!(self.store.leases().await?),
             OperatorRequest::Status => self.status_json().await?,
             OperatorRequest::Watch { version } => {
                 let mut changed = self.changed.subscribe();
@@ -434,7 +443,7 @@ impl Service {
         })
     }
 
-    pub(super) async fn settled<T>(
+    pub(crate) async fn settled<T>(
         &self,
         l: &crate::coordinator::leader::Leader,
         r: Result<T, AuthorityError>,

@@ -298,6 +298,20 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_id: Option<String>,
     },
+    /// An elastic lane (spec §13): a lease on a new lane of a host, made by that host.
+    LaneLease {
+        ask: crate::coordinator::leases::LeaseAsk,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// A lease's deadline moved to now plus its TTL (never past its maximum lifetime).
+    LaneRenew {
+        lease_id: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
+    /// Every lease (and those destroyed in the last hour).
+    Leases,
     /// The current roster version; with a reservation, how that reservation was placed.
     Roster {
         #[serde(default)]
@@ -421,6 +435,8 @@ macro_rules! key_of {
             | OperatorRequest::Unblock { request_id: $k, .. }
             | OperatorRequest::PolicyPublish { request_id: $k, .. }
             | OperatorRequest::RosterPublish { request_id: $k, .. }
+            | OperatorRequest::LaneLease { request_id: $k, .. }
+            | OperatorRequest::LaneRenew { request_id: $k, .. }
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
@@ -448,6 +464,8 @@ impl OperatorRequest {
             Self::Unblock { .. } => "unblock",
             Self::PolicyPublish { .. } => "policy-publish",
             Self::RosterPublish { .. } => "roster-publish",
+            Self::LaneLease { .. } => "lane-lease",
+            Self::LaneRenew { .. } => "lane-renew",
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
@@ -476,6 +494,7 @@ impl OperatorRequest {
             | Self::Audit { .. }
             | Self::Policy { .. }
             | Self::Roster { .. }
+            | Self::Leases
             | Self::Watch { .. }
             | Self::Request { .. }
             | Self::Effects { .. } => return None,
@@ -530,6 +549,8 @@ impl OperatorRequest {
             Self::LaneRelease { lane_id, .. } | Self::LaneRecreate { lane_id, .. } => {
                 serde_json::json!({ "lane_id": lane_id })
             }
+            Self::LaneLease { ask, .. } => serde_json::json!({ "host_id": ask.host_id }),
+            Self::LaneRenew { lease_id, .. } => serde_json::json!({ "lease_id": lease_id }),
             Self::PolicyPublish { policy, .. } => {
                 serde_json::json!({ "policy_id": policy.policy_id })
             }

@@ -1,0 +1,104 @@
+//! `mosaic lane lease|renew|leases`: elastic lanes (spec §13), leased for a while and
+//! destroyed by the coordinator when the lease ends.
+
+use std::process::ExitCode;
+
+use clap::Subcommand;
+use mosaic::coordinator::leases::LeaseAsk;
+use mosaic::coordinator::service::OperatorRequest;
+
+use crate::at::CoordinatorAt;
+
+#[derive(Subcommand)]
+pub(crate) enum ElasticOp {
+    /// Lease a new lane on a host (within the capacity the roster declares for it): the
+    /// host makes it under a fresh incarnation, and the coordinator destroys it once the
+    /// lease is past its deadline with nothing on it. Answers once the lane is made.
+    Lease {
+        /// The host that makes the lane.
+        #[arg(long = "host")]
+        host_id: String,
+        /// The exact runtime (family@version) the lane is for; the host must advertise it.
+        #[arg(long)]
+        runtime: String,
+        /// How long the lease lives without a renewal (8s, 30m, 2h).
+        #[arg(long, default_value = "30m")]
+        ttl: String,
+        /// How long it may live at most, renewals included.
+        #[arg(long, default_value = "8h")]
+        max_lifetime: String,
+        /// A label KEY=VALUE of the lane (repeatable).
+        #[arg(long = "label")]
+        labels: Vec<String>,
+        /// A role the lane is for.
+        #[arg(long)]
+        role: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Renew a lease: its deadline moves to now plus its TTL (database time), never past its
+    /// maximum lifetime. An expired lease is not brought back.
+    Renew {
+        #[arg(long = "lease")]
+        lease_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Every lease: state, epoch, deadlines (and those destroyed in the last hour).
+    Leases {
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+}
+
+/// A duration as `8s`, `30m`, `2h` (or `1h30m`), in milliseconds.
+fn millis(flag: &str, d: &str) -> Result<u64, String> {
+    let parsed = humantime::parse_duration(d)
+        .map_err(|e| format!("--{flag} {d:?}: a duration like 8s, 30m or 2h ({e})"))?;
+    u64::try_from(parsed.as_millis()).map_err(|_| format!("--{flag} {d:?} is too long"))
+}
+
+pub(crate) fn run(op: ElasticOp) -> anyhow::Result<ExitCode> {
+    match op {
+        ElasticOp::Lease {
+            host_id,
+            runtime,
+            ttl,
+            max_lifetime,
+            labels,
+            role,
+            at,
+        } => {
+            let ask = (|| {
+                let mut ask = LeaseAsk {
+                    host_id,
+                    runtime,
+                    labels: Default::default(),
+                    role,
+                    ttl_ms: millis("ttl", &ttl)?,
+                    max_lifetime_ms: millis("max-lifetime", &max_lifetime)?,
+                };
+                for l in labels {
+                    let (k, v) = l
+                        .split_once('=')
+                        .ok_or_else(|| format!("--label takes KEY=VALUE, not {l:?}"))?;
+                    ask.labels.insert(k.to_string(), v.to_string());
+                }
+                ask.validate()?;
+                Ok::<_, String>(ask)
+            })();
+            match ask {
+                Ok(ask) => at.call(OperatorRequest::LaneLease {
+                    ask,
+                    request_id: None,
+                }),
+                Err(e) => at.refuse(e),
+            }
+        }
+        ElasticOp::Renew { lease_id, at } => at.call(OperatorRequest::LaneRenew {
+            lease_id,
+            request_id: None,
+        }),
+        ElasticOp::Leases { at } => at.call(OperatorRequest::Leases),
+    }
+}
