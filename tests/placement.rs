@@ -641,6 +641,108 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
     // The other lease's lane was never touched.
     let o = f.store.lease(&other.lease_id).await.unwrap().unwrap();
     assert_eq!(o.state, LeaseState::Active);
+
+    // A quarantined lease (a collision the TTL worker saw): its lane takes no work, and
+    // `unlease` is the way out — refused while the lane holds work, then the lane destroyed.
+    f.store
+        .quarantine_lease(&f.leader, &other.lease_id, "test: a collision")
+        .await
+        .unwrap();
+    let mut on_other = store::request(&other_inc, None, 60_000);
+    on_other.target = other.lane_id.clone();
+    let e = f.store.reserve(&f.leader, &on_other).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    let e = f
+        .store
+        .end_lease(&f.leader, &busy.lease_id, &store::uid("rq"))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("holds work"), "{e}");
+    let ended = f
+        .store
+        .end_lease(&f.leader, &other.lease_id, &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(ended.body["state"], "DESTROYING", "{:?}", ended.body);
+    assert_eq!(
+        f.store.leases_to_destroy(store::HOST).await.unwrap(),
+        vec![(other.lane_id.clone(), other_inc.clone())]
+    );
+
+    // A lease whose host never made its lane is quarantined past its deadline (the host
+    // may still make it), and `unlease` ends it for good.
+    let unmade = f
+        .store
+        .lease_lane(&f.leader, &lease_ask(1_000), &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(
+        f.store.leases_to_create(store::HOST).await.unwrap(),
+        vec![unmade.lane_id.clone()]
+    );
+    past_deadline(&f, &unmade.lease_id).await;
+    assert_eq!(
+        f.store.unmade_leases().await.unwrap(),
+        vec![unmade.lease_id.clone()]
+    );
+    f.store
+        .quarantine_lease(&f.leader, &unmade.lease_id, "never made")
+        .await
+        .unwrap();
+    assert!(f
+        .store
+        .leases_to_create(store::HOST)
+        .await
+        .unwrap()
+        .is_empty());
+    // Made late, it is not bound: the lease is no longer waiting for it.
+    let late = store::adopt(&f.store, &f.leader, &unmade.lane_id).await;
+    assert!(f
+        .store
+        .bind_lease(&f.leader, &unmade.lane_id, &late.lane_incarnation_id)
+        .await
+        .unwrap()
+        .is_none());
+    // `unlease` finds the late lane by its name and has it destroyed.
+    let ended = f
+        .store
+        .end_lease(&f.leader, &unmade.lease_id, &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(
+        (
+            ended.body["state"].as_str(),
+            ended.body["lane_incarnation_id"].as_str()
+        ),
+        (Some("DESTROYING"), Some(late.lane_incarnation_id.as_str())),
+        "{:?}",
+        ended.body
+    );
+    // One whose lane no host made at all is destroyed at once by `unlease`.
+    f.store
+        .publish_roster(&f.leader, &roster_of_h1(5))
+        .await
+        .unwrap();
+    let never = f
+        .store
+        .lease_lane(&f.leader, &lease_ask(60_000), &store::uid("rq"))
+        .await
+        .unwrap();
+    let ended = f
+        .store
+        .end_lease(&f.leader, &never.lease_id, &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(ended.body["made"], false, "{:?}", ended.body);
+    let gone = f.store.lease(&never.lease_id).await.unwrap().unwrap();
+    assert_eq!(gone.state, LeaseState::Destroyed);
+    assert!(f
+        .store
+        .leases_to_create(store::HOST)
+        .await
+        .unwrap()
+        .is_empty());
 }
 
 /// The supervisor's view of its lane `name` (`None`: it has no such lane).

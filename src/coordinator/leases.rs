@@ -41,6 +41,17 @@ pub(crate) const LEASE_ADMITS_WORK: &str = concatcp!(
     " OR ll.renew_deadline <= clock_timestamp() OR ll.max_deadline <= clock_timestamp()))"
 );
 
+/// The states an operator may end a lease from.
+const ENDING: &str = concatcp!(
+    "(",
+    LeaseState::Requested.sql(),
+    ", ",
+    LeaseState::Active.sql(),
+    ", ",
+    LeaseState::Quarantined.sql(),
+    ")"
+);
+
 /// The shortest TTL and the longest lifetime a lease may ask for.
 pub const MIN_TTL_MS: u64 = 1_000;
 pub const MAX_LIFETIME_MS: u64 = 30 * 24 * 3600 * 1000;
@@ -598,6 +609,87 @@ impl Store {
                 d.decide(json!({ "lease_id": s.lease_id, "lane_id": s.lane_id, "lane_incarnation_id": s.lane_incarnation_id,
                                  "lease_epoch": s.lease_epoch, "next_generation": s.next_generation, "token_proof": proof,
                                  "state": LeaseState::Destroying }))
+            }),
+        )
+        .await
+    }
+
+    /// Leases whose host did not make their lane before the lease's deadline (`REQUESTED`
+    /// and expired): the TTL worker quarantines them — whether the host will still make
+    /// the lane is not known.
+    pub async fn unmade_leases(&self) -> Result<Vec<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                concatcp!("SELECT lease_id FROM lane_leases WHERE state = ", LeaseState::Requested.sql(),
+                    " AND (renew_deadline <= clock_timestamp() OR max_deadline <= clock_timestamp())"),
+                &[],
+            )
+            .await?;
+        rows.iter().map(|r| r.col("lease_id")).collect()
+    }
+
+    /// `mosaic lane unlease`: the operator ends a lease now — the way out of a quarantined
+    /// one too. Its lane, if its host made one (the lease's, or a lane of its name made
+    /// late), is destroyed like at the TTL: `DESTROYING` in one CAS, only while the lane
+    /// holds no work. A lease whose lane no host made is `DESTROYED` at once.
+    pub async fn end_lease(
+        &self,
+        l: &Leader,
+        lease_id: &str,
+        request_id: &str,
+    ) -> Result<Receipt, AuthorityError> {
+        const OP: &str = "lane-lease-end";
+        let step = Step::new(
+            OP,
+            l,
+            format!("lane-lease-end/{request_id}"),
+            request_digest(OP, &[lease_id]),
+        );
+        let lease = lease_id.to_string();
+        let epoch = l.epoch();
+        self.transition(
+            &step,
+            body!([lease, epoch] |f| {
+                let lane = f.read_opt(
+                    "SELECT li.lane_incarnation_id FROM lane_leases ll JOIN lane_incarnations li \
+                       ON li.lane_id = ll.lane_id AND li.retired_at IS NULL WHERE ll.lease_id = $1",
+                    &[&lease],
+                ).await?;
+                if lane.is_none() {
+                    let d = f.cas(
+                        concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Destroyed.sql(), ", destroyed_at = clock_timestamp(), \
+                                quarantine_reason = coalesce(ll.quarantine_reason, 'ended by an operator before its host made the lane') \
+                         WHERE ll.lease_id = $1 AND ll.lane_incarnation_id IS NULL AND ll.state IN ", ENDING, " \
+                           AND NOT EXISTS (SELECT 1 FROM lane_incarnations li WHERE li.lane_id = ll.lane_id AND li.retired_at IS NULL) \
+                         RETURNING ll.lane_id"),
+                        &[&lease],
+                    ).await?;
+                    let Ok(d) = d else {
+                        return Err(reject(OP, Category::WrongState, format!("lease {lease} does not exist, or is being destroyed or destroyed")));
+                    };
+                    let lane_id: String = d.row().col("lane_id")?;
+                    return d.decide(json!({ "lease_id": lease, "lane_id": lane_id, "state": LeaseState::Destroyed, "made": false }));
+                }
+                let d = f.cas(
+                    concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Destroying.sql(), ", lane_incarnation_id = li.lane_incarnation_id, \
+                            destroy_next_generation = li.next_generation, destroy_decided_at = clock_timestamp(), destroy_epoch = $2 \
+                     FROM lane_incarnations li \
+                     WHERE ll.lease_id = $1 AND ll.state IN ", ENDING, " AND li.lane_id = ll.lane_id AND li.retired_at IS NULL \
+                       AND (ll.lane_incarnation_id IS NULL OR ll.lane_incarnation_id = li.lane_incarnation_id) \
+                       AND li.state IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ") \
+                       AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
+                     RETURNING ll.lane_id, li.lane_incarnation_id, li.next_generation"),
+                    &[&lease, &epoch],
+                ).await?;
+                let Ok(d) = d else {
+                    return Err(reject(OP, Category::WrongState, format!(
+                        "lease {lease} cannot be ended now: it is being destroyed or destroyed, or its lane holds work (stop it first)")));
+                };
+                let (lane_id, inc, g): (String, String, i64) =
+                    (d.row().col("lane_id")?, d.row().col("lane_incarnation_id")?, d.row().col("next_generation")?);
+                d.decide(json!({ "lease_id": lease, "lane_id": lane_id, "lane_incarnation_id": inc, "next_generation": g,
+                                 "state": LeaseState::Destroying, "made": true }))
             }),
         )
         .await

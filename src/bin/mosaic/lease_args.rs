@@ -44,6 +44,14 @@ pub(crate) enum ElasticOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// End a lease now: its lane (if its host made it) is destroyed once it holds no work.
+    /// The way out of a quarantined lease.
+    Unlease {
+        #[arg(long = "lease")]
+        lease_id: String,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
     /// Every lease: state, epoch, deadlines (and those destroyed in the last hour).
     Leases {
         #[command(flatten)]
@@ -96,6 +104,10 @@ pub(crate) fn run(op: ElasticOp) -> anyhow::Result<ExitCode> {
             }
         }
         ElasticOp::Renew { lease_id, at } => at.call(OperatorRequest::LaneRenew {
+            lease_id,
+            request_id: None,
+        }),
+        ElasticOp::Unlease { lease_id, at } => at.call(OperatorRequest::LaneUnlease {
             lease_id,
             request_id: None,
         }),

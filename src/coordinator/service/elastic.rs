@@ -147,6 +147,46 @@ impl Service {
         }
     }
 
+    /// `mosaic lane unlease`.
+    pub(crate) async fn end_lease(
+        &self,
+        lease_id: &str,
+        request_id: &str,
+    ) -> Result<serde_json::Value, OpError> {
+        let l = self.leader().await?;
+        let r = self.store.end_lease(&l, lease_id, request_id).await;
+        let r = self.settled(&l, r).await?;
+        if let Some((host, _)) = r.body["lane_id"].as_str().and_then(|x| x.split_once(':')) {
+            self.push_lease_orders(&l, host).await;
+        }
+        self.bump();
+        let mut out = r.body.clone();
+        out["receipt_id"] = json!(r.receipt_id);
+        Ok(out)
+    }
+
+    /// Leases whose host never made their lane in time are quarantined (the host may
+    /// still make it: nobody knows). `mosaic lane unlease` is the way out.
+    pub(super) async fn quarantine_unmade_leases(&self, l: &Leader) {
+        let unmade = match self.store.unmade_leases().await {
+            Ok(u) => u,
+            Err(e) => {
+                tracing::warn!(error = %e, "the TTL worker cannot read the leases");
+                return;
+            }
+        };
+        for lease in unmade {
+            let reason = "its host did not make the lane before the lease's deadline";
+            match self.store.quarantine_lease(l, &lease, reason).await {
+                Ok(_) => {
+                    tracing::error!(lease_id = %lease, "{reason}: quarantined (mosaic lane unlease ends it)");
+                    self.bump();
+                }
+                Err(e) => self.note(l, &e).await,
+            }
+        }
+    }
+
     /// Sends the orders of every lease waiting on its host again (a lost or ignored order
     /// is never the end of it: the host's answer is its report).
     pub(super) async fn resend_lease_orders(&self, l: &Leader) {

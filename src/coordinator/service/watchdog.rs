@@ -50,6 +50,7 @@ pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::Shut
         svc.sweep(&l).await;
         svc.sync_holds(&l).await;
         svc.destroy_due_leases(&l).await;
+        svc.quarantine_unmade_leases(&l).await;
         if lease_orders_sent.elapsed() >= RESEND_AFTER {
             lease_orders_sent = std::time::Instant::now();
             svc.resend_lease_orders(&l).await;

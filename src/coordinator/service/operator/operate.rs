@@ -181,6 +181,10 @@ impl Service {
                 lease_id,
                 request_id: rid,
             } => self.renew_lease(&lease_id, &request_id(rid)).await?,
+            OperatorRequest::LaneUnlease {
+                lease_id,
+                request_id: rid,
+            } => self.end_lease(&lease_id, &request_id(rid)).await?,
             OperatorRequest::Leases => json!(self.store.leases().await?),
             OperatorRequest::Status => self.status_json().await?,
             OperatorRequest::Watch { version } => {

@@ -310,6 +310,13 @@ pub enum OperatorRequest {
         #[serde(default)]
         request_id: Option<String>,
     },
+    /// Ends a lease now (and destroys its lane, if made and idle): also the way out of a
+    /// quarantined lease.
+    LaneUnlease {
+        lease_id: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
     /// Every lease (and those destroyed in the last hour).
     Leases,
     /// The current roster version; with a reservation, how that reservation was placed.
@@ -437,6 +444,7 @@ macro_rules! key_of {
             | OperatorRequest::RosterPublish { request_id: $k, .. }
             | OperatorRequest::LaneLease { request_id: $k, .. }
             | OperatorRequest::LaneRenew { request_id: $k, .. }
+            | OperatorRequest::LaneUnlease { request_id: $k, .. }
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
@@ -466,6 +474,7 @@ impl OperatorRequest {
             Self::RosterPublish { .. } => "roster-publish",
             Self::LaneLease { .. } => "lane-lease",
             Self::LaneRenew { .. } => "lane-renew",
+            Self::LaneUnlease { .. } => "lane-unlease",
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
@@ -550,7 +559,9 @@ impl OperatorRequest {
                 serde_json::json!({ "lane_id": lane_id })
             }
             Self::LaneLease { ask, .. } => serde_json::json!({ "host_id": ask.host_id }),
-            Self::LaneRenew { lease_id, .. } => serde_json::json!({ "lease_id": lease_id }),
+            Self::LaneRenew { lease_id, .. } | Self::LaneUnlease { lease_id, .. } => {
+                serde_json::json!({ "lease_id": lease_id })
+            }
             Self::PolicyPublish { policy, .. } => {
                 serde_json::json!({ "policy_id": policy.policy_id })
             }
