@@ -87,9 +87,12 @@ fn main() {
                 replace_task: false,
                 from_checkpoint: None,
                 grant_within_s: None,
-                place: placed.then(|| mosaic::coordinator::placement::PlacementAsk {
-                    labels: [("zone".to_string(), "a".to_string())].into(),
-                    role: None,
+                place: placed.then(|| {
+                    Box::new(mosaic::coordinator::placement::PlacementAsk {
+                        labels: [("zone".to_string(), "a".to_string())].into(),
+                        role: None,
+                        elastic: None,
+                    })
                 }),
             },
         )

@@ -28,13 +28,14 @@ fn placed(
         ..
     } = &mut r
     {
-        *place = Some(PlacementAsk {
+        *place = Some(Box::new(PlacementAsk {
             labels: labels
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.to_string()))
                 .collect(),
             role: role.map(String::from),
-        });
+            elastic: None,
+        }));
         *rid = request_id.map(String::from);
     }
     r
@@ -799,7 +800,8 @@ async fn an_elastic_lane_is_destroyed_on_time_and_one_renewed_before_its_deadlin
 
     // Leased: answered once its host made the lane.
     let short = w.op(&ask(3_000)).unwrap();
-    let kept = w.op(&ask(3_000)).unwrap();
+    // (Renewed every second: a deadline far enough ahead that a slow call never lapses it.)
+    let kept = w.op(&ask(10_000)).unwrap();
     for l in [&short, &kept] {
         assert_eq!(l["state"], "ACTIVE", "{l}");
         assert!(l.get("token_salt").is_none(), "{l}");
@@ -917,4 +919,93 @@ async fn an_elastic_lane_is_destroyed_on_time_and_one_renewed_before_its_deadlin
         destroyed, 0,
         "no destruction was decided for the renewed lease"
     );
+}
+
+/// `assign --elastic` (placement@2): with no eligible lane, a lane is leased on a host the
+/// roster declares (its labels and role the assignment's) and the policy places the work
+/// on it — recorded like any placement, the elastic candidate with its lease — until the
+/// host's capacity is reached; without `--elastic`, the same request is refused.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_elastic_placement_leases_a_lane_when_none_is_eligible() {
+    let w = World::started(Spec {
+        hosts: 1,
+        supervisors: 1,
+        lanes: 1,
+        tag: "elastic",
+        ..Spec::default()
+    });
+    let host = w.hosts[0].clone();
+    w.op(&OperatorRequest::RosterPublish {
+        roster: toml::from_str(&format!(
+            "[[hosts]]\nhost_id = \"{host}\"\ncapacity = 2\n\
+             [[hosts.lanes]]\nlane = \"lane-1\"\nruntimes = [\"fake\"]\nlabels = {{ zone = \"a\" }}\n"
+        ))
+        .unwrap(),
+        request_id: None,
+    })
+    .unwrap();
+    let elastic = |on: bool| {
+        let mut r = placed(&[("zone", "a")], None, None);
+        if let OperatorRequest::Assign { place: Some(p), .. } = &mut r {
+            p.elastic = on.then_some(placement::ElasticAsk {
+                ttl_ms: 60_000,
+                max_lifetime_ms: 600_000,
+            });
+        }
+        r
+    };
+    let first = w.op(&elastic(true)).unwrap();
+    assert_eq!(first["lane_id"], w.lane_of(0, "lane-1").as_str(), "{first}");
+    assert_eq!(w.count("SELECT count(*) FROM lane_leases").await, 0);
+    let e = w.op(&elastic(false)).unwrap_err();
+    assert_eq!(e.category, Category::NoEligibleLane, "{e:?}");
+
+    let second = w.op(&elastic(true)).unwrap();
+    let lane = second["lane_id"].as_str().unwrap().to_string();
+    assert!(lane.starts_with(&format!("{host}:e-")), "{second}");
+    assert_eq!(second["placement"]["policy"], placement::POLICY, "{second}");
+    audit(&w, &second).await;
+    let rec = w
+        .op(&OperatorRequest::Roster {
+            reservation_id: Some(second["reservation_id"].as_str().unwrap().into()),
+        })
+        .unwrap();
+    let chosen = rec["decision"]["inputs"]["candidates"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["lane_id"] == lane.as_str())
+        .unwrap()
+        .clone();
+    assert!(chosen["lease_id"].is_string(), "{chosen}");
+    assert_eq!(chosen["labels"]["zone"], "a", "{chosen}");
+    let leases = w.op(&OperatorRequest::Leases).unwrap();
+    assert_eq!(leases.as_array().unwrap().len(), 1, "{leases}");
+    assert_eq!(leases[0]["state"], "ACTIVE", "{leases}");
+
+    // The host's capacity (2) is used: lane-1 and the elastic lane are busy.
+    let e = w.op(&elastic(true)).unwrap_err();
+    assert_eq!(e.category, Category::NoEligibleLane, "{e:?}");
+    assert!(e.message.contains("capacity"), "{e:?}");
+    assert_eq!(w.count("SELECT count(*) FROM lane_leases").await, 1);
+
+    for a in [&first, &second] {
+        w.op(&OperatorRequest::Stop {
+            assignment_id: a["assignment_id"].as_str().unwrap().into(),
+            outcome: None,
+            evidence_digest: None,
+            wait: true,
+            request_id: None,
+        })
+        .unwrap();
+    }
+    w.op(&OperatorRequest::LaneUnlease {
+        lease_id: leases[0]["lease_id"].as_str().unwrap().into(),
+        request_id: None,
+    })
+    .unwrap();
+    common::wait_until("the elastic lane destroyed", || {
+        let l = w.op(&OperatorRequest::Leases).ok()?;
+        (l[0]["state"] == "DESTROYED").then_some(())
+    });
 }

@@ -76,6 +76,7 @@ impl LeaseAsk {
         let ask = super::placement::PlacementAsk {
             labels: self.labels.clone(),
             role: self.role.clone(),
+            elastic: None,
         };
         ask.validate()?;
         if !super::placement::runtime_ok(&self.runtime) || !self.runtime.contains('@') {

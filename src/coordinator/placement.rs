@@ -15,11 +15,11 @@
 use serde::{Deserialize, Serialize};
 use std::collections::{BTreeMap, BTreeSet};
 
-/// The policy this build places by. A change to `RULES` is a new version.
-pub const POLICY: &str = "placement@1";
+/// The policy this build places by. A change to its rules is a new version.
+pub const POLICY: &str = "placement@2";
 
-/// What `placement@1` does, word for word; its digest is the policy digest.
-const RULES: &str = "placement@1: a candidate is a lane the roster declares whose current \
+/// What `placement@1` did, word for word (kept so its records are audited still).
+const RULES_1: &str = "placement@1: a candidate is a lane the roster declares whose current \
 incarnation the coordinator knows; it is eligible when its host is connected, advertises the \
 requested runtime exactly, and the roster declares the runtime (or its family) for the lane; \
 every requested label is declared on the lane with the same value; the requested role, if \
@@ -29,12 +29,39 @@ busy lanes (neither IDLE_CLEAN nor QUARANTINED) are fewer than the host's declar
 Among the eligible, the one whose host has the fewest busy lanes wins; ties go to the \
 smallest lane id.";
 
+/// What `placement@2` does: `placement@1` over a candidate set that also holds the elastic
+/// lanes of ACTIVE leases (their runtime, labels and role are their lease's), each
+/// reservable only while its lease admits work.
+const RULES_2: &str = "placement@2: a candidate is a lane the roster declares whose current \
+incarnation the coordinator knows, or the lane of an ACTIVE lease on a host the roster \
+declares (its runtime, labels and role are the lease's); it is eligible when its host is \
+connected, advertises the requested runtime exactly, and the roster (or the lease) declares \
+the runtime (or its family) for the lane; every requested label is declared on the lane with \
+the same value; the requested role, if any, is among the lane's roles; the lane is reservable \
+(IDLE_CLEAN, not retired, no recreate or host quarantine pending, no unreconciled receipt, no \
+unended generation, a lease if any ACTIVE and unexpired); and its host's busy lanes (neither \
+IDLE_CLEAN nor QUARANTINED) are fewer than the host's declared capacity. Among the eligible, \
+the one whose host has the fewest busy lanes wins; ties go to the smallest lane id. With \
+elastic placement and no eligible lane, a lane is leased on the first host the roster \
+declares, by fewest busy lanes then host id, that is connected and whose lease the \
+coordinator admits, and the policy decides again.";
+
+/// The digest of a policy's rules (`None`: a policy this build does not know).
+pub fn policy_digest_of(policy: &str) -> Option<String> {
+    let rules = match policy {
+        "placement@1" => RULES_1,
+        "placement@2" => RULES_2,
+        _ => return None,
+    };
+    Some(format!(
+        "sha256:{}",
+        crate::util::sha256_hex("mosaic/placement-policy/v1", &[rules.as_bytes()])
+    ))
+}
+
 /// The digest of `POLICY`'s rules.
 pub fn policy_digest() -> String {
-    format!(
-        "sha256:{}",
-        crate::util::sha256_hex("mosaic/placement-policy/v1", &[RULES.as_bytes()])
-    )
+    policy_digest_of(POLICY).unwrap_or_default()
 }
 
 /// The declared roster: what each host's lanes are for. A declaration, never authority.
@@ -149,6 +176,16 @@ pub struct PlacementAsk {
     pub labels: BTreeMap<String, String>,
     #[serde(default)]
     pub role: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticAsk>,
+}
+
+/// `--elastic`: with no eligible lane, lease one (spec §13) for this long.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElasticAsk {
+    pub ttl_ms: u64,
+    pub max_lifetime_ms: u64,
 }
 
 impl PlacementAsk {
@@ -183,6 +220,9 @@ pub struct Candidate {
     pub runtimes: Vec<String>,
     pub labels: BTreeMap<String, String>,
     pub roles: Vec<String>,
+    /// The lease of an elastic lane (whose runtimes, labels and roles are its lease's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub lease_id: Option<String>,
 }
 
 /// Everything `select` decides from. Recorded whole with the reservation.
@@ -247,7 +287,8 @@ fn ineligible(c: &Candidate, runtime: &str, ask: &PlacementAsk) -> Option<String
     None
 }
 
-/// `placement@1` over `inputs`: the chosen candidate, or why each lane was passed over.
+/// The policy over `inputs` (`placement@1` and `@2` choose alike; they differ in the
+/// candidates gathered): the chosen candidate, or why each lane was passed over.
 pub fn select(inputs: &Inputs) -> Result<&Candidate, Vec<(String, String)>> {
     let mut best: Option<&Candidate> = None;
     let mut why = Vec::new();
@@ -317,6 +358,7 @@ mod tests {
             runtimes: vec!["fake".into()],
             labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
             roles: vec!["worker".into()],
+            lease_id: None,
         }
     }
 
@@ -339,10 +381,12 @@ mod tests {
         let zone_b = PlacementAsk {
             labels: BTreeMap::from([("zone".to_string(), "b".to_string())]),
             role: None,
+            elastic: None,
         };
         let lead = PlacementAsk {
             labels: BTreeMap::new(),
             role: Some("lead".into()),
+            elastic: None,
         };
         let cases: Vec<Break> = vec![
             ("not connected", |c| c.host_connected = false, plain.clone()),

@@ -12,7 +12,7 @@ use super::error::{reject, AuthorityError, Category};
 use super::leader::Leader;
 use super::placement::{Candidate, Decision, Inputs, PlacementAsk, Roster, POLICY};
 use super::rows::RowExt;
-use super::states::{GenState, LaneState};
+use super::states::{GenState, LaneState, LeaseState};
 use super::store::Store;
 use super::txn::{body, request_digest, Decided, Step};
 
@@ -49,11 +49,14 @@ const CANDIDATES: &str = concatcp!(
     "SELECT li.lane_id, ln.host_id, li.lane_incarnation_id, li.state, \
             (li.state = ", LaneState::IdleClean.sql(), " AND li.recreate_requested_at IS NULL AND li.host_quarantine_reason IS NULL \
              AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
-             AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ")) AS reservable, \
+             AND NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
+             AND ", super::leases::LEASE_ADMITS_WORK, ") AS reservable, \
+            ll.lease_id, ll.runtime AS lease_runtime, ll.labels AS lease_labels, ll.role AS lease_role, \
             coalesce(h.runtimes, '{}'::text[]) AS host_runtimes, \
             (SELECT count(*) FROM lane_incarnations b JOIN lanes bl ON bl.lane_id = b.lane_id \
               WHERE bl.host_id = ln.host_id AND b.retired_at IS NULL AND b.state NOT IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ")) AS host_busy \
      FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id LEFT JOIN hosts h ON h.host_id = ln.host_id \
+          LEFT JOIN lane_leases ll ON ll.lane_incarnation_id = li.lane_incarnation_id AND ll.state = ", LeaseState::Active.sql(), " \
      WHERE li.retired_at IS NULL ORDER BY li.lane_id"
 );
 
@@ -272,13 +275,41 @@ fn inputs_of(
     let mut candidates = Vec::new();
     for r in rows {
         let lane_id: String = r.col("lane_id")?;
-        let Some((host, lane)) = roster.roster.lane(&lane_id) else {
-            continue;
-        };
         let host_id: String = r.col("host_id")?;
-        if host_id != host.host_id {
-            continue; // a lane id the roster gives another host: not this lane
-        }
+        let lease_id: Option<String> = r.col("lease_id")?;
+        // What the lane is for: its lease's terms (an elastic lane), else the roster's.
+        let (host, runtimes, labels, roles) = match (&lease_id, roster.roster.lane(&lane_id)) {
+            (Some(_), _) => {
+                let Some(host) = roster.roster.hosts.iter().find(|h| h.host_id == host_id) else {
+                    continue; // a lease on a host the roster no longer declares
+                };
+                let labels: serde_json::Value = r.col("lease_labels")?;
+                let labels =
+                    serde_json::from_value(labels).map_err(|e| AuthorityError::Invariant {
+                        op: "placement",
+                        detail: format!("a lease's labels do not decode: {e}"),
+                    })?;
+                let role: Option<String> = r.col("lease_role")?;
+                (
+                    host,
+                    vec![r.col::<String>("lease_runtime")?],
+                    labels,
+                    role.into_iter().collect(),
+                )
+            }
+            (None, Some((host, lane))) => {
+                if host_id != host.host_id {
+                    continue; // a lane id the roster gives another host: not this lane
+                }
+                (
+                    host,
+                    lane.runtimes.clone(),
+                    lane.labels.clone(),
+                    lane.roles.clone(),
+                )
+            }
+            (None, None) => continue,
+        };
         let busy: i64 = r.col("host_busy")?;
         candidates.push(Candidate {
             lane_id,
@@ -290,9 +321,10 @@ fn inputs_of(
             host_runtimes: r.col("host_runtimes")?,
             host_busy: u32::try_from(busy).unwrap_or(u32::MAX),
             host_capacity: host.capacity,
-            runtimes: lane.runtimes.clone(),
-            labels: lane.labels.clone(),
-            roles: lane.roles.clone(),
+            runtimes,
+            labels,
+            roles,
+            lease_id,
         });
     }
     Ok(Inputs {

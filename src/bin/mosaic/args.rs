@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use clap::{Parser, Subcommand};
 
 pub(crate) use crate::at::CoordinatorAt;
+pub(crate) use crate::lease_args::PlaceArgs;
 pub(crate) use crate::work_args::{CheckpointOp, RepoOp};
 
 #[derive(Parser)]
@@ -421,40 +422,6 @@ pub(crate) enum PolicyOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
-}
-
-/// What a placed lane must offer (`mosaic assign` without --lane).
-#[derive(clap::Args)]
-pub(crate) struct PlaceArgs {
-    /// Without --lane: a label KEY=VALUE the placed lane must declare (repeatable).
-    #[arg(long = "label", conflicts_with = "lane_id")]
-    pub labels: Vec<String>,
-    /// Without --lane: a role the placed lane must be eligible for.
-    #[arg(long, conflicts_with = "lane_id")]
-    pub role: Option<String>,
-}
-
-impl PlaceArgs {
-    /// The placement asked for: none when a lane is named.
-    pub fn ask(
-        self,
-        lane_named: bool,
-    ) -> Result<Option<mosaic::coordinator::placement::PlacementAsk>, String> {
-        if lane_named {
-            return Ok(None);
-        }
-        let mut ask = mosaic::coordinator::placement::PlacementAsk {
-            labels: Default::default(),
-            role: self.role,
-        };
-        for l in self.labels {
-            let (k, v) = l
-                .split_once('=')
-                .ok_or_else(|| format!("--label takes KEY=VALUE, not {l:?}"))?;
-            ask.labels.insert(k.to_string(), v.to_string());
-        }
-        Ok(Some(ask))
-    }
 }
 
 #[derive(Subcommand)]

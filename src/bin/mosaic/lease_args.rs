@@ -1,10 +1,12 @@
-//! `mosaic lane lease|renew|leases`: elastic lanes (spec §13), leased for a while and
-//! destroyed by the coordinator when the lease ends.
+//! `mosaic lane lease|renew|unlease|leases`: elastic lanes (spec §13), leased for a while
+//! and destroyed by the coordinator when the lease ends; and what `mosaic assign` without
+//! `--lane` asks of the lane it is placed on (`PlaceArgs`, `--elastic`).
 
 use std::process::ExitCode;
 
 use clap::Subcommand;
 use mosaic::coordinator::leases::LeaseAsk;
+use mosaic::coordinator::placement::{ElasticAsk, PlacementAsk};
 use mosaic::coordinator::service::OperatorRequest;
 
 use crate::at::CoordinatorAt;
@@ -57,6 +59,54 @@ pub(crate) enum ElasticOp {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+}
+
+/// What a placed lane must offer (`mosaic assign` without --lane).
+#[derive(clap::Args)]
+pub(crate) struct PlaceArgs {
+    /// Without --lane: a label KEY=VALUE the placed lane must declare (repeatable).
+    #[arg(long = "label", conflicts_with = "lane_id")]
+    pub labels: Vec<String>,
+    /// Without --lane: a role the placed lane must be eligible for.
+    #[arg(long, conflicts_with = "lane_id")]
+    pub role: Option<String>,
+    /// Without --lane: when no lane is eligible, lease an elastic lane (with these labels
+    /// and role) on a host the roster declares, and place the assignment on it.
+    #[arg(long, conflicts_with = "lane_id")]
+    pub elastic: bool,
+    /// With --elastic: the lease's TTL (8s, 30m, 2h).
+    #[arg(long, default_value = "30m", requires = "elastic")]
+    pub elastic_ttl: String,
+    /// With --elastic: the lease's maximum lifetime.
+    #[arg(long, default_value = "8h", requires = "elastic")]
+    pub elastic_max_lifetime: String,
+}
+
+impl PlaceArgs {
+    /// The placement asked for: none when a lane is named.
+    pub fn ask(self, lane_named: bool) -> Result<Option<PlacementAsk>, String> {
+        if lane_named {
+            return Ok(None);
+        }
+        let mut ask = PlacementAsk {
+            labels: Default::default(),
+            role: self.role,
+            elastic: None,
+        };
+        for l in self.labels {
+            let (k, v) = l
+                .split_once('=')
+                .ok_or_else(|| format!("--label takes KEY=VALUE, not {l:?}"))?;
+            ask.labels.insert(k.to_string(), v.to_string());
+        }
+        if self.elastic {
+            ask.elastic = Some(ElasticAsk {
+                ttl_ms: millis("elastic-ttl", &self.elastic_ttl)?,
+                max_lifetime_ms: millis("elastic-max-lifetime", &self.elastic_max_lifetime)?,
+            });
+        }
+        Ok(Some(ask))
+    }
 }
 
 /// A duration as `8s`, `30m`, `2h` (or `1h30m`), in milliseconds.

@@ -217,7 +217,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             at.call(OperatorRequest::Assign {
                 lane_id: lane_id.unwrap_or_default(),
-                place,
+                place: place.map(Box::new),
                 runtime,
                 task,
                 scope,

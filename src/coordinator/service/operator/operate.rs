@@ -235,7 +235,7 @@ impl Service {
                     replace_task,
                     from_checkpoint,
                     grant_within_s,
-                    place,
+                    place: place.map(|p| *p),
                 })
                 .await?
             }

@@ -30,24 +30,106 @@ impl Service {
             .store
             .placement_context(&key, &a.runtime, &ask, |h| self.hosts.is_connected(h))
             .await?;
+        let no_lane = |why: String| {
+            OpError::new(
+                Category::NoEligibleLane,
+                format!(
+                    "no lane can take {} by {}: {why}",
+                    a.runtime,
+                    crate::coordinator::placement::POLICY
+                ),
+            )
+        };
         let decision = match context {
             Ok(kept) => kept.decision,
-            Err(inputs) => Decision::decide(inputs).map_err(|why| {
-                OpError::new(
-                    Category::NoEligibleLane,
-                    format!(
-                        "no lane can take {} by {}: {why}",
-                        a.runtime,
-                        crate::coordinator::placement::POLICY
-                    ),
-                )
-            })?,
+            Err(inputs) => match (Decision::decide(inputs.clone()), &ask.elastic) {
+                (Ok(d), _) => d,
+                (Err(why), None) => return Err(no_lane(why)),
+                // `--elastic`: a lane leased for it, then the policy decides again.
+                (Err(why), Some(e)) => {
+                    self.lease_for_placement(a, &ask, e, &inputs)
+                        .await
+                        .map_err(|lease| {
+                            no_lane(format!("{why}; and no elastic lane: {}", lease.message))
+                        })?;
+                    let again = self
+                        .store
+                        .placement_inputs(&a.runtime, &ask, |h| self.hosts.is_connected(h))
+                        .await?;
+                    Decision::decide(again).map_err(no_lane)?
+                }
+            },
         };
         tracing::info!(lane_id = %decision.lane_id, policy = %decision.policy,
             inputs_digest = %decision.inputs_digest, roster_version = decision.inputs.roster_version,
             "placement chose a lane");
         a.lane_id = decision.lane_id.clone();
         Ok(Some(decision))
+    }
+
+    /// `--elastic` with no eligible lane: a lease on the first host the roster declares —
+    /// by fewest busy lanes, then host id — that is connected and whose lease the
+    /// coordinator admits (its capacity, its runtimes); answered once the lane is made.
+    async fn lease_for_placement(
+        &self,
+        a: &AssignRequest,
+        ask: &crate::coordinator::placement::PlacementAsk,
+        e: &crate::coordinator::placement::ElasticAsk,
+        inputs: &crate::coordinator::placement::Inputs,
+    ) -> Result<(), OpError> {
+        let roster = self
+            .store
+            .roster()
+            .await?
+            .ok_or_else(|| OpError::new(Category::NotFound, "no roster is published"))?;
+        let busy = |h: &str| {
+            inputs
+                .candidates
+                .iter()
+                .filter(|c| c.host_id == h)
+                .map(|c| c.host_busy)
+                .max()
+                .unwrap_or(0)
+        };
+        let mut hosts: Vec<(u32, String)> = roster
+            .roster
+            .hosts
+            .iter()
+            .filter(|h| self.hosts.is_connected(&h.host_id))
+            .map(|h| (busy(&h.host_id), h.host_id.clone()))
+            .collect();
+        hosts.sort();
+        let mut why = Vec::new();
+        for (_, host) in hosts {
+            let lease = crate::coordinator::leases::LeaseAsk {
+                host_id: host.clone(),
+                runtime: a.runtime.clone(),
+                labels: ask.labels.clone(),
+                role: ask.role.clone(),
+                ttl_ms: e.ttl_ms,
+                max_lifetime_ms: e.max_lifetime_ms,
+            };
+            match self
+                .lease_lane(&lease, &format!("elastic/{}/{host}", a.request_id))
+                .await
+            {
+                Ok(v) if v["state"] == crate::coordinator::states::LeaseState::Active.as_str() => {
+                    tracing::info!(host, lease_id = %v["lease_id"], lane_id = %v["lane_id"],
+                        "an elastic lane leased for a placement");
+                    return Ok(());
+                }
+                Ok(v) => why.push(format!("{host}: its lane was not made ({})", v["state"])),
+                Err(refused) => why.push(format!("{host}: {}", refused.message)),
+            }
+        }
+        Err(OpError::new(
+            Category::NoEligibleLane,
+            if why.is_empty() {
+                "no host the roster declares is connected".to_string()
+            } else {
+                why.join("; ")
+            },
+        ))
     }
 
     /// `mosaic roster publish`.
@@ -73,11 +155,12 @@ impl Service {
                     // The audit an operator would do by hand: the recorded inputs, run
                     // through this build's policy, choose the recorded lane.
                     let d = &p.decision;
-                    let agrees = d.policy == crate::coordinator::placement::POLICY
-                        && Decision::decide(d.inputs.clone()).is_ok_and(|again| {
+                    let agrees = crate::coordinator::placement::policy_digest_of(&d.policy)
+                        .is_some_and(|known| known == d.policy_digest)
+                        && d.inputs.policy == d.policy
+                        && crate::coordinator::placement::select(&d.inputs).is_ok_and(|again| {
                             again.lane_id == d.lane_id
-                                && again.inputs_digest == d.inputs_digest
-                                && again.policy_digest == d.policy_digest
+                                && d.inputs.digest().is_ok_and(|x| x == d.inputs_digest)
                         });
                     let mut v = json!(p);
                     v["recomputed"] = json!({ "agrees": agrees });

@@ -141,7 +141,7 @@ pub enum OperatorRequest {
         grant_within_s: Option<u32>,
         /// No lane named: what the placement policy must find in one (labels, role).
         #[serde(default)]
-        place: Option<crate::coordinator::placement::PlacementAsk>,
+        place: Option<Box<crate::coordinator::placement::PlacementAsk>>,
     },
     /// Declares a repository assignments can work in: a roster entry, not authority, and
     /// idempotent by its content (the same declaration again is a no-op; another source
