@@ -510,6 +510,12 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
             Category::Conflict,
             "generation started",
         ),
+        (
+            "another owner epoch",
+            Box::new(|s| s.owner_epoch += 1),
+            Category::Conflict,
+            "owner epoch",
+        ),
     ];
     // The host's capacity (3) is taken by the three leases: a fourth is refused.
     let e = f
@@ -555,6 +561,7 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         lane_id: busy.lane_id.clone(),
         lane_incarnation_id: busy_inc.clone(),
         next_generation: busy_gen,
+        owner_epoch: busy.owner_epoch,
         destroy_key: busy.destroy_key.clone(),
     };
     let held = lease_row(&url, &busy.lease_id).await;
@@ -653,6 +660,24 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
     on_other.target = other.lane_id.clone();
     let e = f.store.reserve(&f.leader, &on_other).await.unwrap_err();
     assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    // Nor is it a handoff's target.
+    let source = store::running(&f.store, &f.leader, &f.lane.lane_incarnation_id).await;
+    let e = f
+        .store
+        .offer_handoff(
+            &f.leader,
+            &mosaic::coordinator::handoff::OfferRequest {
+                request_id: store::uid("ho"),
+                assignment_id: source.chain().assignment_id.clone(),
+                target_lane_incarnation_id: other_inc.clone(),
+                task_text: None,
+                ttl_ms: 60_000,
+            },
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("lease"), "{e}");
     let e = f
         .store
         .end_lease(&f.leader, &busy.lease_id, &store::uid("rq"))
@@ -673,6 +698,10 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
 
     // A lease whose host never made its lane is quarantined past its deadline (the host
     // may still make it), and `unlease` ends it for good.
+    f.store
+        .publish_roster(&f.leader, &roster_of_h1(5))
+        .await
+        .unwrap();
     let unmade = f
         .store
         .lease_lane(&f.leader, &lease_ask(1_000), &store::uid("rq"))
@@ -697,14 +726,20 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         .await
         .unwrap()
         .is_empty());
-    // Made late, it is not bound: the lease is no longer waiting for it.
+    // Made late, it is bound to the quarantined lease, which stays quarantined: its lane
+    // takes no work.
     let late = store::adopt(&f.store, &f.leader, &unmade.lane_id).await;
-    assert!(f
+    let bound = f
         .store
         .bind_lease(&f.leader, &unmade.lane_id, &late.lane_incarnation_id)
         .await
         .unwrap()
-        .is_none());
+        .unwrap();
+    assert_eq!(bound.body["state"], "QUARANTINED", "{:?}", bound.body);
+    let mut on_late = store::request(&late.lane_incarnation_id, None, 60_000);
+    on_late.target = unmade.lane_id.clone();
+    let e = f.store.reserve(&f.leader, &on_late).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
     // `unlease` finds the late lane by its name and has it destroyed.
     let ended = f
         .store
@@ -721,10 +756,6 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         ended.body
     );
     // One whose lane no host made at all is destroyed at once by `unlease`.
-    f.store
-        .publish_roster(&f.leader, &roster_of_h1(5))
-        .await
-        .unwrap();
     let never = f
         .store
         .lease_lane(&f.leader, &lease_ask(60_000), &store::uid("rq"))
@@ -744,6 +775,40 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         .await
         .unwrap()
         .is_empty());
+    // Its lane made after all (an order in flight, or made again on the host) is no
+    // lease's: closed to work and ordered destroyed.
+    let orphan = store::adopt(&f.store, &f.leader, &never.lane_id).await;
+    let inc = orphan.lane_incarnation_id.clone();
+    assert!(f
+        .store
+        .bind_lease(&f.leader, &never.lane_id, &inc)
+        .await
+        .unwrap()
+        .is_none());
+    assert!(f
+        .store
+        .close_orphan_lane(&f.leader, &never.lane_id, &inc)
+        .await
+        .unwrap());
+    assert!(f
+        .store
+        .leases_to_destroy(store::HOST)
+        .await
+        .unwrap()
+        .contains(&(never.lane_id.clone(), inc.clone())));
+    let mut on_orphan = store::request(&inc, None, 60_000);
+    on_orphan.target = never.lane_id.clone();
+    let e = f.store.reserve(&f.leader, &on_orphan).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    // An ordinary lane is no orphan; and an elastic lane is never recreated.
+    assert!(!f
+        .store
+        .close_orphan_lane(&f.leader, &f.lane.lane_id, &f.lane.lane_incarnation_id)
+        .await
+        .unwrap());
+    let e = f.store.request_recreate(&f.leader, &inc).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("elastic"), "{e}");
 }
 
 /// The supervisor's view of its lane `name` (`None`: it has no such lane).

@@ -319,6 +319,11 @@ const OFFER_PREDS: &[Pred] = &[
         detail: "the target lane is being recreated, or its host quarantined it",
     },
     Pred {
+        sql: super::leases::LEASE_ADMITS_WORK,
+        category: Category::WrongState,
+        detail: "the target lane's lease has ended, or is being destroyed or quarantined",
+    },
+    Pred {
         sql: "NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL)",
         category: Category::WrongState,
         detail: "the target lane has a termination receipt not reconciled yet",

@@ -162,6 +162,14 @@ impl Store {
                             return Err(reject(OP, Category::Conflict, "the lane changed concurrently"));
                         };
                         d.retire_open_work(&old, &inc, "resume on a fresh chain: the host recreated the lane").await?;
+                        // An elastic lane's lease ends with the incarnation it held: the host's
+                        // report of a new one proves the old one gone (the new one is no
+                        // lease's: `close_orphan_lane` has it destroyed).
+                        d.exec(
+                            concatcp!("UPDATE lane_leases SET state = ", LeaseState::Destroyed.sql(), ", destroyed_at = clock_timestamp() \
+                             WHERE lane_incarnation_id = $1 AND state <> ", LeaseState::Destroyed.sql()),
+                            &[&old],
+                        ).await?;
                         d.exec_one(
                             "INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) VALUES ($1, $2, $3)",
                             &[&inc, &lane, &epoch],
@@ -348,6 +356,11 @@ impl Store {
         self.transition(
             &step,
             body!([inc] |f| {
+                // An elastic lane is never recreated: its name belongs to its lease.
+                if f.read_opt("SELECT 1 FROM lane_leases ll JOIN lane_incarnations li ON li.lane_id = ll.lane_id WHERE li.lane_incarnation_id = $1", &[&inc]).await?.is_some() {
+                    return Err(reject(OP, Category::WrongState,
+                        "an elastic lane is not recreated: end its lease (mosaic lane unlease) and lease another"));
+                }
                 let d = f.cas(
                     concatcp!("UPDATE lane_incarnations li SET recreate_requested_at = clock_timestamp() \
                      WHERE li.lane_incarnation_id = $1 AND li.retired_at IS NULL AND li.recreate_requested_at IS NULL \

@@ -139,11 +139,6 @@ impl CoordinatedHost {
             let this = self.clone();
             let message_id = message_id.clone();
             tokio::spawn(async move {
-                if order.create || order.destroy {
-                    this.on_lease_order(&lane, &lane_id, &order, &message_id)
-                        .await;
-                    return;
-                }
                 // A handoff offer holds the source's workspace read-only while it runs on;
                 // an offer that ends without moving the work releases it.
                 let holds = order.hold.iter().map(|g| (*g, WorkspaceOrder::Hold));
@@ -161,7 +156,7 @@ impl CoordinatedHost {
                             "cannot apply the coordinator's order to the generation's workspace");
                     }
                 }
-                for g in order.end {
+                for &g in &order.end {
                     if let Ok(mut gate) = this.gate.lock() {
                         gate.fence_generation(&lane_id, &order.lane_incarnation_id, g);
                     }
@@ -204,6 +199,13 @@ impl CoordinatedHost {
                             tracing::error!(lane_id, generation = g, error = %e, "cannot end the generation")
                         }
                     }
+                }
+                if order.create || order.destroy {
+                    // (After the generations' orders above: a destroy stops whatever is
+                    // left, and a recreate is never carried out with it.)
+                    this.on_lease_order(&lane, &lane_id, &order, &message_id)
+                        .await;
+                    return;
                 }
                 if order.recreate {
                     // One recreate (or stage) of a lane at a time, and only of the

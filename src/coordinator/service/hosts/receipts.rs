@@ -166,7 +166,16 @@ impl Service {
                             "elastic lane made by its host: leased"
                         );
                     }
-                    Ok(None) => {}
+                    // An elastic lane's name no lease holds (made late, or made again on
+                    // the host): closed to work and destroyed.
+                    Ok(None) => match self.store.close_orphan_lane(&l, &lane_id, inc).await {
+                        Ok(true) => {
+                            tracing::error!(lane_id, lane_incarnation_id = inc,
+                                "an elastic lane made outside its lease: closed to work, to be destroyed");
+                        }
+                        Ok(false) => {}
+                        Err(e) => self.note(&l, &e).await,
+                    },
                     Err(e) => {
                         self.note(&l, &e).await;
                         tracing::warn!(lane_id, error = %e, "elastic lane not bound to its lease");

@@ -118,7 +118,18 @@ impl Service {
                         "an elastic lane leased for a placement");
                     return Ok(());
                 }
-                Ok(v) => why.push(format!("{host}: its lane was not made ({})", v["state"])),
+                // A lease was made and its lane is not (yet): no second lease on another
+                // host for the same request — this one is the answer (it is quarantined
+                // if its host never makes the lane).
+                Ok(v) => {
+                    return Err(OpError::new(
+                        Category::NoEligibleLane,
+                        format!(
+                            "lease {} on {host}: its lane was not made in time ({}); see mosaic lane leases",
+                            v["lease_id"], v["state"]
+                        ),
+                    ))
+                }
                 Err(refused) => why.push(format!("{host}: {}", refused.message)),
             }
         }

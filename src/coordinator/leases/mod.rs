@@ -19,13 +19,11 @@
 //! (`LEASE_ADMITS_WORK`, part of the reserve CAS); decides anything by a host's clock.
 
 use std::collections::BTreeMap;
-use std::sync::LazyLock;
 
 use const_format::concatcp;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use super::cas::{self, Pred};
 use super::error::{reject, AuthorityError, Category};
 use super::rows::RowExt;
 use super::states::{LaneState, LeaseState};
@@ -35,22 +33,23 @@ use super::{Leader, Store};
 /// Part of every reserve CAS (alias `li`, the lane's incarnation): a leased lane takes work
 /// only while its lease is `ACTIVE` and its deadline is ahead (database time).
 pub(crate) const LEASE_ADMITS_WORK: &str = concatcp!(
-    "NOT EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_incarnation_id = li.lane_incarnation_id \
+    "li.lease_closed_at IS NULL AND NOT EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_incarnation_id = li.lane_incarnation_id \
        AND (ll.state <> ",
     LeaseState::Active.sql(),
     " OR ll.renew_deadline <= clock_timestamp() OR ll.max_deadline <= clock_timestamp()))"
 );
 
-/// The states an operator may end a lease from.
-const ENDING: &str = concatcp!(
-    "(",
-    LeaseState::Requested.sql(),
-    ", ",
-    LeaseState::Active.sql(),
-    ", ",
-    LeaseState::Quarantined.sql(),
-    ")"
-);
+/// Locks a lease's lane incarnation, then the lease (always in that order, as the reserve
+/// CAS and a host's report lock the incarnation first): a destruction decided after this
+/// sees every reservation and renewal committed before it, and one after waits for it.
+pub(super) const LOCK_INCARNATION: &str =
+    "SELECT 1 FROM lane_incarnations WHERE lane_incarnation_id = $1 FOR UPDATE";
+pub(super) const LOCK_LEASE: &str = "SELECT 1 FROM lane_leases WHERE lease_id = $1 FOR UPDATE";
+
+/// Closes an incarnation to work on its own row (migration 0030).
+pub(super) const CLOSE_INCARNATION: &str =
+    "UPDATE lane_incarnations SET lease_closed_at = coalesce(lease_closed_at, clock_timestamp()) \
+     WHERE lane_incarnation_id = $1";
 
 /// The shortest TTL and the longest lifetime a lease may ask for.
 pub const MIN_TTL_MS: u64 = 1_000;
@@ -160,89 +159,54 @@ fn view(r: &tokio_postgres::Row) -> Result<LeaseView, AuthorityError> {
     })
 }
 
-/// Everything a destruction is decided on, read by the TTL worker. `decide_destroy`
-/// compares each field again inside its CAS.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct DestroySnapshot {
-    pub lease_id: String,
-    pub lease_epoch: i64,
-    pub token_salt: String,
-    pub token_proof: String,
-    pub lane_id: String,
-    pub lane_incarnation_id: String,
-    /// The incarnation's generation counter: a generation started since moves it.
-    pub next_generation: i64,
-    pub destroy_key: String,
-}
+/// The lease waiting for its lane ($1): unbound, requested or quarantined.
+const WAITING: &str = concatcp!(
+    "SELECT lease_id FROM lane_leases WHERE lane_id = $1 AND lane_incarnation_id IS NULL AND state IN (",
+    LeaseState::Requested.sql(),
+    ", ",
+    LeaseState::Quarantined.sql(),
+    ")"
+);
 
-/// The destroy CAS's expected values, in diagnosis order. Parameters: $1 lease, $2 token
-/// proof, $3 lease epoch, $4 lane, $5 incarnation, $6 generation counter.
-const DESTROY_PREDS: &[Pred] = &[
-    Pred {
-        sql: concatcp!("ll.state = ", LeaseState::Active.sql()),
-        category: Category::WrongState,
-        detail: "the lease is not ACTIVE",
-    },
-    Pred {
-        sql: "ll.token_proof = $2",
-        category: Category::Mismatch,
-        detail: "the ownership proof is not the lease's",
-    },
-    Pred {
-        sql: "ll.lane_id = $4 AND ll.lane_incarnation_id = $5",
-        category: Category::Mismatch,
-        detail: "the lane or its incarnation is not the lease's",
-    },
-    Pred {
-        sql: "ll.lease_epoch = $3",
-        category: Category::Conflict,
-        detail: "the lease was renewed after the destruction was decided",
-    },
-    Pred {
-        sql: "ll.renew_deadline <= clock_timestamp() OR ll.max_deadline <= clock_timestamp()",
-        category: Category::WrongState,
-        detail: "the lease has not expired (database time)",
-    },
-    Pred {
-        sql: "li.retired_at IS NULL AND li.lane_id = $4",
-        category: Category::Mismatch,
-        detail: "the lease's incarnation is retired or not its lane's",
-    },
-    Pred {
-        sql: "li.next_generation = $6",
-        category: Category::Conflict,
-        detail: "a generation started on the lane after the destruction was decided",
-    },
-    Pred {
-        sql: concatcp!(
-            "li.state = ",
-            LaneState::IdleClean.sql(),
-            " AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL)"
-        ),
-        category: Category::WrongState,
-        detail: "the lane holds work",
-    },
-];
+/// Binds a waiting lease ($1) to its lane ($2)'s incarnation ($3): `ACTIVE` if it was
+/// requested and is within its lifetime, else quarantined with the reason.
+const BIND_CAS: &str = concatcp!(
+    "UPDATE lane_leases ll SET lane_incarnation_id = $3, \
+        state = CASE WHEN ll.state = ", LeaseState::Requested.sql(), " AND ll.max_deadline > clock_timestamp() \
+                     THEN ", LeaseState::Active.sql(), " ELSE ", LeaseState::Quarantined.sql(), " END, \
+        quarantine_reason = CASE WHEN ll.state = ", LeaseState::Requested.sql(), " AND ll.max_deadline > clock_timestamp() \
+                     THEN ll.quarantine_reason ELSE coalesce(ll.quarantine_reason, 'its host made the lane after the lease ended') END \
+     FROM lane_incarnations li \
+     WHERE ll.lease_id = $1 AND ll.lane_id = $2 AND ll.lane_incarnation_id IS NULL \
+       AND ll.state IN (", LeaseState::Requested.sql(), ", ", LeaseState::Quarantined.sql(), ") \
+       AND li.lane_incarnation_id = $3 AND li.lane_id = $2 AND li.retired_at IS NULL \
+     RETURNING ll.state"
+);
 
-static DESTROY_CAS: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "UPDATE lane_leases ll SET state = {destroying}, destroy_next_generation = $6, \
-                destroy_decided_at = clock_timestamp(), destroy_epoch = $7 \
-         FROM lane_incarnations li \
-         WHERE ll.lease_id = $1 AND li.lane_incarnation_id = ll.lane_incarnation_id AND {} \
-         RETURNING ll.lane_id, ll.lane_incarnation_id",
-        cas::conjunction(DESTROY_PREDS),
-        destroying = LeaseState::Destroying.sql()
-    )
-});
+/// The incarnations a host is to destroy (`leases_to_destroy`): $1 host.
+const TO_DESTROY: &str = concatcp!(
+    "SELECT li.lane_id, li.lane_incarnation_id FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id \
+     WHERE ln.host_id = $1 AND li.retired_at IS NULL AND li.lease_closed_at IS NOT NULL \
+       AND EXISTS (SELECT 1 FROM lane_leases x WHERE x.lane_id = li.lane_id) \
+       AND NOT EXISTS (SELECT 1 FROM lane_leases q WHERE q.lane_incarnation_id = li.lane_incarnation_id AND q.state = ",
+    LeaseState::Quarantined.sql(),
+    ") ORDER BY li.lane_id"
+);
 
-static DESTROY_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
-    cas::diagnosis(
-        DESTROY_PREDS,
-        "FROM lane_leases ll LEFT JOIN lane_incarnations li ON li.lane_incarnation_id = ll.lane_incarnation_id \
-         WHERE ll.lease_id = $1",
-    )
-});
+/// Hosts with an elastic lane to make (a requested lease) or to destroy (a closed one).
+const HOSTS_WITH_ORDERS: &str = concatcp!(
+    "SELECT host_id FROM lane_leases WHERE state = ",
+    LeaseState::Requested.sql(),
+    " AND max_deadline > clock_timestamp() \
+     UNION SELECT ln.host_id FROM lanes ln JOIN lane_incarnations li ON li.lane_id = ln.lane_id \
+       WHERE li.retired_at IS NULL AND li.lease_closed_at IS NOT NULL"
+);
+
+/// An incarnation ($2) of an elastic lane's name ($1) no lease holds, still open.
+const ORPHAN: &str = "SELECT 1 FROM lane_incarnations li \
+     WHERE li.lane_incarnation_id = $2 AND li.lane_id = $1 AND li.retired_at IS NULL AND li.lease_closed_at IS NULL \
+       AND EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_id = $1) \
+       AND NOT EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_incarnation_id = $2)";
 
 /// The lane name an elastic lane gets on its host: `e-` and the first 12 hex digits of
 /// its lease id.
@@ -250,6 +214,10 @@ pub fn lane_name(lease_id: &str) -> String {
     let hex = lease_id.trim_start_matches("ll-");
     format!("e-{}", &hex[..hex.len().min(12)])
 }
+
+pub use ending::DestroySnapshot;
+
+mod ending;
 
 impl Store {
     /// `mosaic lane lease`: a lease for a new lane on `ask.host_id`, within the capacity the
@@ -388,42 +356,77 @@ impl Store {
     /// The hosts with a lease waiting on them (a lane to make or to destroy).
     pub async fn hosts_with_lease_orders(&self) -> Result<Vec<String>, AuthorityError> {
         let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                concatcp!(
-                    "SELECT DISTINCT host_id FROM lane_leases WHERE state IN (",
-                    LeaseState::Requested.sql(),
-                    ", ",
-                    LeaseState::Destroying.sql(),
-                    ") AND max_deadline > clock_timestamp() - interval '1 day'"
-                ),
-                &[],
-            )
-            .await?;
+        let rows = c.query(HOSTS_WITH_ORDERS, &[]).await?;
         rows.iter().map(|r| r.col("host_id")).collect()
     }
 
-    /// The incarnations a host is to destroy (`DESTROYING`).
+    /// The incarnations a host is to destroy: every current incarnation of an elastic
+    /// lane's name closed to work (its lease `DESTROYING`, or a lane made outside its
+    /// lease), but a quarantined lease's, kept for the operator.
     pub async fn leases_to_destroy(
         &self,
         host_id: &str,
     ) -> Result<Vec<(String, String)>, AuthorityError> {
         let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                concatcp!("SELECT lane_id, lane_incarnation_id FROM lane_leases WHERE host_id = $1 AND state = ",
-                    LeaseState::Destroying.sql(), " ORDER BY lane_id"),
-                &[&host_id],
-            )
-            .await?;
+        let rows = c.query(TO_DESTROY, &[&host_id]).await?;
         rows.iter()
             .map(|r| Ok((r.col("lane_id")?, r.col("lane_incarnation_id")?)))
             .collect()
     }
 
-    /// A host reported the lane of a `REQUESTED` lease under `incarnation`: the lease is
-    /// `ACTIVE` on it. `None` when the lane has no lease waiting for it (a lane an operator
-    /// made on the host is an ordinary lane).
+    /// A host reported an incarnation of an elastic lane's name that no lease holds (made
+    /// after its lease was ended, or made again on the host): it is closed to work here,
+    /// and so destroyed like a lease's (`leases_to_destroy`). `false`: not such a lane.
+    pub async fn close_orphan_lane(
+        &self,
+        l: &Leader,
+        lane_id: &str,
+        incarnation: &str,
+    ) -> Result<bool, AuthorityError> {
+        const OP: &str = "lane-lease-orphan";
+        {
+            let c = self.pool.get().await?;
+            if c.query_opt(ORPHAN, &[&lane_id, &incarnation])
+                .await?
+                .is_none()
+            {
+                return Ok(false);
+            }
+        }
+        let step = Step::new(
+            OP,
+            l,
+            format!("lane-lease-orphan/{incarnation}"),
+            request_digest(OP, &[lane_id, incarnation]),
+        )
+        .about(None, Some(incarnation));
+        let (lane, inc) = (lane_id.to_string(), incarnation.to_string());
+        self.transition(
+            &step,
+            body!([lane, inc] |f| {
+                f.read(LOCK_INCARNATION, &[&inc]).await?;
+                let d = f.cas(
+                    "UPDATE lane_incarnations li SET lease_closed_at = clock_timestamp() \
+                     WHERE li.lane_incarnation_id = $2 AND li.lane_id = $1 AND li.retired_at IS NULL AND li.lease_closed_at IS NULL \
+                       AND EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_id = $1) \
+                       AND NOT EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_incarnation_id = $2) \
+                     RETURNING li.state",
+                    &[&lane, &inc],
+                ).await?;
+                let Ok(d) = d else {
+                    return Err(reject(OP, Category::Conflict, format!("incarnation {inc} of {lane} is not an elastic lane outside its lease")));
+                };
+                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "closed": "an elastic lane made outside its lease: destroyed" }))
+            }),
+        )
+        .await?;
+        Ok(true)
+    }
+
+    /// A host reported the lane of a lease waiting for it under `incarnation`: a
+    /// `REQUESTED` lease is `ACTIVE` on it; a quarantined one (its host made the lane after
+    /// the lease's deadline) is bound and stays quarantined, its lane closed to work.
+    /// `None` when no lease waits for the lane (an operator's own lane is an ordinary one).
     pub async fn bind_lease(
         &self,
         l: &Leader,
@@ -433,14 +436,7 @@ impl Store {
         const OP: &str = "lane-lease-bind";
         let waiting = {
             let c = self.pool.get().await?;
-            c.query_opt(
-                concatcp!(
-                    "SELECT lease_id FROM lane_leases WHERE lane_id = $1 AND state = ",
-                    LeaseState::Requested.sql()
-                ),
-                &[&lane_id],
-            )
-            .await?
+            c.query_opt(WAITING, &[&lane_id]).await?
         };
         let Some(row) = waiting else { return Ok(None) };
         let lease_id: String = row.col("lease_id")?;
@@ -456,19 +452,17 @@ impl Store {
             .transition(
                 &step,
                 body!([lease, lane, inc] |f| {
-                    let d = f.cas(
-                        concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Active.sql(), ", lane_incarnation_id = $3 \
-                         FROM lane_incarnations li \
-                         WHERE ll.lease_id = $1 AND ll.lane_id = $2 AND ll.state = ", LeaseState::Requested.sql(), " \
-                           AND ll.lane_incarnation_id IS NULL AND ll.max_deadline > clock_timestamp() \
-                           AND li.lane_incarnation_id = $3 AND li.lane_id = $2 AND li.retired_at IS NULL \
-                         RETURNING ll.lease_id"),
-                        &[&lease, &lane, &inc],
-                    ).await?;
+                    f.read(LOCK_INCARNATION, &[&inc]).await?;
+                    f.read(LOCK_LEASE, &[&lease]).await?;
+                    let d = f.cas(BIND_CAS, &[&lease, &lane, &inc]).await?;
                     let Ok(d) = d else {
                         return Err(reject(OP, Category::Conflict, format!("lease {lease} is not waiting for incarnation {inc} of {lane}")));
                     };
-                    d.decide(json!({ "lease_id": lease, "lane_id": lane, "lane_incarnation_id": inc }))
+                    let state: LeaseState = d.row().col("state")?;
+                    if state != LeaseState::Active {
+                        d.exec(CLOSE_INCARNATION, &[&inc]).await?;
+                    }
+                    d.decide(json!({ "lease_id": lease, "lane_id": lane, "lane_incarnation_id": inc, "state": state }))
                 }),
             )
             .await?;
@@ -526,227 +520,5 @@ impl Store {
                 op: OP,
                 detail: format!("lease {lease_id} renewed and not found"),
             })
-    }
-
-    /// What the TTL worker decides on: every `ACTIVE` lease past its deadline whose lane
-    /// is idle, with the fields `decide_destroy` compares.
-    pub async fn due_leases(&self) -> Result<Vec<DestroySnapshot>, AuthorityError> {
-        let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                concatcp!("SELECT ll.lease_id, ll.lease_epoch, ll.token_salt, ll.token_proof, ll.lane_id, ll.lane_incarnation_id, \
-                        li.next_generation, ll.destroy_key \
-                 FROM lane_leases ll JOIN lane_incarnations li ON li.lane_incarnation_id = ll.lane_incarnation_id \
-                 WHERE ll.state = ", LeaseState::Active.sql(), " \
-                   AND (ll.renew_deadline <= clock_timestamp() OR ll.max_deadline <= clock_timestamp()) \
-                   AND li.state = ", LaneState::IdleClean.sql(), " ORDER BY ll.renew_deadline"),
-                &[],
-            )
-            .await?;
-        rows.iter()
-            .map(|r| {
-                Ok(DestroySnapshot {
-                    lease_id: r.col("lease_id")?,
-                    lease_epoch: r.col("lease_epoch")?,
-                    token_salt: r.col("token_salt")?,
-                    token_proof: r.col("token_proof")?,
-                    lane_id: r.col("lane_id")?,
-                    lane_incarnation_id: r.col("lane_incarnation_id")?,
-                    next_generation: r.col("next_generation")?,
-                    destroy_key: r.col("destroy_key")?,
-                })
-            })
-            .collect()
-    }
-
-    /// The TTL destruction: the lease `DESTROYING` by one CAS comparing every field of
-    /// `snap` (the token derived here and checked against the proof in constant time
-    /// first). Its idempotency key is the lease's destruction key at that lease epoch.
-    pub async fn decide_destroy(
-        &self,
-        l: &Leader,
-        snap: &DestroySnapshot,
-    ) -> Result<Receipt, AuthorityError> {
-        const OP: &str = "lane-lease-destroy";
-        let token = self
-            .secret
-            .ownership_token(&snap.lease_id, &snap.token_salt);
-        if !self.secret.ownership_matches(&token, &snap.token_proof) {
-            return Err(reject(
-                OP,
-                Category::Mismatch,
-                "the ownership token does not prove the lease's ownership",
-            ));
-        }
-        let proof = self.secret.ownership_proof(&token);
-        drop(token);
-        let step = Step::new(
-            OP,
-            l,
-            format!("{}@{}", snap.destroy_key, snap.lease_epoch),
-            request_digest(
-                OP,
-                &[
-                    &snap.lease_id,
-                    &snap.lane_id,
-                    &snap.lane_incarnation_id,
-                    &snap.lease_epoch.to_string(),
-                    &snap.next_generation.to_string(),
-                ],
-            ),
-        )
-        .about(None, Some(&snap.lane_incarnation_id));
-        let s = snap.clone();
-        let epoch = l.epoch();
-        self.transition(
-            &step,
-            body!([s, proof, epoch] |f| {
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] =
-                    [&s.lease_id, &proof, &s.lease_epoch, &s.lane_id, &s.lane_incarnation_id, &s.next_generation, &epoch];
-                let d = match f.cas(&DESTROY_CAS, &params).await? {
-                    Ok(d) => d,
-                    Err(u) => return Err(u.diagnose(&DESTROY_DIAGNOSIS, &params[..6], DESTROY_PREDS, "no such lease").await?),
-                };
-                d.decide(json!({ "lease_id": s.lease_id, "lane_id": s.lane_id, "lane_incarnation_id": s.lane_incarnation_id,
-                                 "lease_epoch": s.lease_epoch, "next_generation": s.next_generation, "token_proof": proof,
-                                 "state": LeaseState::Destroying }))
-            }),
-        )
-        .await
-    }
-
-    /// Leases whose host did not make their lane before the lease's deadline (`REQUESTED`
-    /// and expired): the TTL worker quarantines them — whether the host will still make
-    /// the lane is not known.
-    pub async fn unmade_leases(&self) -> Result<Vec<String>, AuthorityError> {
-        let c = self.pool.get().await?;
-        let rows = c
-            .query(
-                concatcp!("SELECT lease_id FROM lane_leases WHERE state = ", LeaseState::Requested.sql(),
-                    " AND (renew_deadline <= clock_timestamp() OR max_deadline <= clock_timestamp())"),
-                &[],
-            )
-            .await?;
-        rows.iter().map(|r| r.col("lease_id")).collect()
-    }
-
-    /// `mosaic lane unlease`: the operator ends a lease now — the way out of a quarantined
-    /// one too. Its lane, if its host made one (the lease's, or a lane of its name made
-    /// late), is destroyed like at the TTL: `DESTROYING` in one CAS, only while the lane
-    /// holds no work. A lease whose lane no host made is `DESTROYED` at once.
-    pub async fn end_lease(
-        &self,
-        l: &Leader,
-        lease_id: &str,
-        request_id: &str,
-    ) -> Result<Receipt, AuthorityError> {
-        const OP: &str = "lane-lease-end";
-        let step = Step::new(
-            OP,
-            l,
-            format!("lane-lease-end/{request_id}"),
-            request_digest(OP, &[lease_id]),
-        );
-        let lease = lease_id.to_string();
-        let epoch = l.epoch();
-        self.transition(
-            &step,
-            body!([lease, epoch] |f| {
-                let lane = f.read_opt(
-                    "SELECT li.lane_incarnation_id FROM lane_leases ll JOIN lane_incarnations li \
-                       ON li.lane_id = ll.lane_id AND li.retired_at IS NULL WHERE ll.lease_id = $1",
-                    &[&lease],
-                ).await?;
-                if lane.is_none() {
-                    let d = f.cas(
-                        concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Destroyed.sql(), ", destroyed_at = clock_timestamp(), \
-                                quarantine_reason = coalesce(ll.quarantine_reason, 'ended by an operator before its host made the lane') \
-                         WHERE ll.lease_id = $1 AND ll.lane_incarnation_id IS NULL AND ll.state IN ", ENDING, " \
-                           AND NOT EXISTS (SELECT 1 FROM lane_incarnations li WHERE li.lane_id = ll.lane_id AND li.retired_at IS NULL) \
-                         RETURNING ll.lane_id"),
-                        &[&lease],
-                    ).await?;
-                    let Ok(d) = d else {
-                        return Err(reject(OP, Category::WrongState, format!("lease {lease} does not exist, or is being destroyed or destroyed")));
-                    };
-                    let lane_id: String = d.row().col("lane_id")?;
-                    return d.decide(json!({ "lease_id": lease, "lane_id": lane_id, "state": LeaseState::Destroyed, "made": false }));
-                }
-                let d = f.cas(
-                    concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Destroying.sql(), ", lane_incarnation_id = li.lane_incarnation_id, \
-                            destroy_next_generation = li.next_generation, destroy_decided_at = clock_timestamp(), destroy_epoch = $2 \
-                     FROM lane_incarnations li \
-                     WHERE ll.lease_id = $1 AND ll.state IN ", ENDING, " AND li.lane_id = ll.lane_id AND li.retired_at IS NULL \
-                       AND (ll.lane_incarnation_id IS NULL OR ll.lane_incarnation_id = li.lane_incarnation_id) \
-                       AND li.state IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ") \
-                       AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
-                     RETURNING ll.lane_id, li.lane_incarnation_id, li.next_generation"),
-                    &[&lease, &epoch],
-                ).await?;
-                let Ok(d) = d else {
-                    return Err(reject(OP, Category::WrongState, format!(
-                        "lease {lease} cannot be ended now: it is being destroyed or destroyed, or its lane holds work (stop it first)")));
-                };
-                let (lane_id, inc, g): (String, String, i64) =
-                    (d.row().col("lane_id")?, d.row().col("lane_incarnation_id")?, d.row().col("next_generation")?);
-                d.decide(json!({ "lease_id": lease, "lane_id": lane_id, "lane_incarnation_id": inc, "next_generation": g,
-                                 "state": LeaseState::Destroying, "made": true }))
-            }),
-        )
-        .await
-    }
-
-    /// A collision or ambiguity around a lease: it is `QUARANTINED` with the reason, and
-    /// its lane takes no work (`LEASE_ADMITS_WORK`) until an operator resolves it.
-    pub async fn quarantine_lease(
-        &self,
-        l: &Leader,
-        lease_id: &str,
-        reason: &str,
-    ) -> Result<Receipt, AuthorityError> {
-        const OP: &str = "lane-lease-quarantine";
-        let step = Step::new(
-            OP,
-            l,
-            format!(
-                "lane-lease-quarantine/{lease_id}/{}",
-                uuid::Uuid::new_v4().simple()
-            ),
-            request_digest(OP, &[lease_id, reason]),
-        );
-        let (lease, why) = (lease_id.to_string(), reason.to_string());
-        self.transition(
-            &step,
-            body!(
-                [lease, why] | f | {
-                    let d = f
-                        .cas(
-                            concatcp!(
-                                "UPDATE lane_leases SET state = ",
-                                LeaseState::Quarantined.sql(),
-                                ", quarantine_reason = $2 \
-                     WHERE lease_id = $1 AND state NOT IN (",
-                                LeaseState::Destroyed.sql(),
-                                ", ",
-                                LeaseState::Quarantined.sql(),
-                                ") \
-                     RETURNING lane_id"
-                            ),
-                            &[&lease, &why],
-                        )
-                        .await?;
-                    let Ok(d) = d else {
-                        return Err(reject(
-                            OP,
-                            Category::WrongState,
-                            format!("lease {lease} is destroyed or already quarantined"),
-                        ));
-                    };
-                    let lane: String = d.row().col("lane_id")?;
-                    d.decide(json!({ "lease_id": lease, "lane_id": lane, "reason": why }))
-                }
-            ),
-        )
-        .await
     }
 }
