@@ -69,11 +69,13 @@ fn main() {
         },
     )
     .unwrap();
-    let assign_by = |task: &str, placed: bool| {
+    // On `on` (the lane named), or placed by policy when `on` is empty.
+    let assign_on = |on: &str, task: &str| {
+        let placed = on.is_empty();
         operator_call(
             &ops,
             &OperatorRequest::Assign {
-                lane_id: if placed { String::new() } else { lane.clone() },
+                lane_id: on.to_string(),
                 runtime: "fake@1.0.0".into(),
                 task: task.into(),
                 scope: vec![],
@@ -99,6 +101,7 @@ fn main() {
         )
         .unwrap()
     };
+    let assign_by = |task: &str, placed: bool| assign_on(if placed { "" } else { &lane }, task);
     let assign = |task: &str| assign_by(task, false);
 
     let mut to_running = Vec::new();
@@ -168,28 +171,7 @@ fn main() {
         .unwrap();
         lease_made.push(t.elapsed());
         assert_eq!(l["state"], "ACTIVE", "{l}");
-        let a = operator_call(
-            &ops,
-            &OperatorRequest::Assign {
-                lane_id: l["lane_id"].as_str().unwrap().into(),
-                runtime: "fake@1.0.0".into(),
-                task: "hang".into(),
-                scope: vec![],
-                holds: vec![],
-                completion_policy: None,
-                wait: true,
-                resume: None,
-                request_id: None,
-                inactivity_policy: None,
-                repo: None,
-                base: None,
-                replace_task: false,
-                from_checkpoint: None,
-                grant_within_s: None,
-                place: None,
-            },
-        )
-        .unwrap();
+        let a = assign_on(l["lane_id"].as_str().unwrap(), "hang");
         lease_running.push(t.elapsed());
         for r in [
             OperatorRequest::Stop {

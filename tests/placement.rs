@@ -300,6 +300,19 @@ async fn lease_row(url: &str, lease: &str) -> String {
         .get(0)
 }
 
+/// A lease's token salt, as the database holds it (the test plays the TTL worker).
+async fn salt_of(url: &str, lease: &str) -> String {
+    store::sql(url)
+        .await
+        .query_one(
+            "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
+            &[&lease],
+        )
+        .await
+        .unwrap()
+        .get(0)
+}
+
 /// Waits (database time) until the lease's deadline has passed.
 async fn past_deadline(f: &store::Fx, lease: &str) {
     common::wait_until("the lease's deadline", || {
@@ -388,18 +401,9 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
     assert!(!v.token_proof.is_empty() && !v.token_proof.contains(&v.lease_id));
     // The raw token is nowhere in the database: only its keyed proof and the salt.
     let row = lease_row(&url, &v.lease_id).await;
-    let token = f.secret.ownership_token(&v.lease_id, &{
-        let r: String = store::sql(&url)
-            .await
-            .query_one(
-                "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
-                &[&v.lease_id],
-            )
-            .await
-            .unwrap()
-            .get(0);
-        r
-    });
+    let token = f
+        .secret
+        .ownership_token(&v.lease_id, &salt_of(&url, &v.lease_id).await);
     assert!(!row.contains(&token.expose_hex()));
 
     // Before the deadline: nothing is due, and a snapshot taken anyway is refused.
@@ -432,15 +436,7 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
 
     // Another lease's lane, to substitute.
     let (other, other_inc) = leased(&f, 600_000).await;
-    let other_salt: String = store::sql(&url)
-        .await
-        .query_one(
-            "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
-            &[&other.lease_id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let other_salt = salt_of(&url, &other.lease_id).await;
     type Edit = Box<dyn Fn(&mut mosaic::coordinator::leases::DestroySnapshot)>;
     let forged_salt = "ab".repeat(32);
     let forged_proof = f
@@ -535,15 +531,7 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         .unwrap()
         .iter()
         .all(|d| d.lease_id != busy.lease_id));
-    let busy_salt: String = store::sql(&url)
-        .await
-        .query_one(
-            "SELECT token_salt FROM lane_leases WHERE lease_id = $1",
-            &[&busy.lease_id],
-        )
-        .await
-        .unwrap()
-        .get(0);
+    let busy_salt = salt_of(&url, &busy.lease_id).await;
     let busy_gen: i64 = store::sql(&url)
         .await
         .query_one(
@@ -776,7 +764,7 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         .unwrap()
         .is_empty());
     // Its lane made after all (an order in flight, or made again on the host) is no
-    // lease's: closed to work and ordered destroyed.
+    // lease's: adopted closed to work, and ordered destroyed.
     let orphan = store::adopt(&f.store, &f.leader, &never.lane_id).await;
     let inc = orphan.lane_incarnation_id.clone();
     assert!(f
@@ -787,11 +775,6 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
         .is_none());
     assert!(f
         .store
-        .close_orphan_lane(&f.leader, &never.lane_id, &inc)
-        .await
-        .unwrap());
-    assert!(f
-        .store
         .leases_to_destroy(store::HOST)
         .await
         .unwrap()
@@ -800,12 +783,14 @@ async fn a_ttl_destruction_is_refused_unless_every_field_it_was_decided_on_still
     on_orphan.target = never.lane_id.clone();
     let e = f.store.reserve(&f.leader, &on_orphan).await.unwrap_err();
     assert_eq!(e.category(), Some(Category::WrongState), "{e}");
-    // An ordinary lane is no orphan; and an elastic lane is never recreated.
+    // An ordinary lane is never closed by all this; and an elastic lane is never recreated.
     assert!(!f
         .store
-        .close_orphan_lane(&f.leader, &f.lane.lane_id, &f.lane.lane_incarnation_id)
+        .leases_to_destroy(store::HOST)
         .await
-        .unwrap());
+        .unwrap()
+        .iter()
+        .any(|(l, _)| *l == f.lane.lane_id));
     let e = f.store.request_recreate(&f.leader, &inc).await.unwrap_err();
     assert_eq!(e.category(), Some(Category::WrongState), "{e}");
     assert!(e.to_string().contains("elastic"), "{e}");
@@ -1073,4 +1058,43 @@ async fn an_elastic_placement_leases_a_lane_when_none_is_eligible() {
         let l = w.op(&OperatorRequest::Leases).ok()?;
         (l[0]["state"] == "DESTROYED").then_some(())
     });
+}
+
+/// A leased lane its host quarantined (its tmux server gone after a reboot, say) is not
+/// destroyed by the TTL: its quarantine waits for reconciliation, as any lane's does, and
+/// `unlease` is the operator's way out — which destroys it.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leased_lane_its_host_quarantined_waits_for_the_operator() {
+    let f = store::fx().await;
+    f.store
+        .record_host(store::HOST, &["fake@1.0.0".to_string()])
+        .await
+        .unwrap();
+    f.store
+        .publish_roster(&f.leader, &roster_of_h1(2))
+        .await
+        .unwrap();
+    let (v, inc) = leased(&f, 1_000).await;
+    f.store
+        .host_quarantine(&f.leader, &inc, "tmux server gone")
+        .await
+        .unwrap();
+    past_deadline(&f, &v.lease_id).await;
+    assert!(f.store.due_leases().await.unwrap().is_empty());
+    assert!(f
+        .store
+        .leases_to_destroy(store::HOST)
+        .await
+        .unwrap()
+        .is_empty());
+    let r = f
+        .store
+        .end_lease(&f.leader, &v.lease_id, &store::uid("rq"))
+        .await
+        .unwrap();
+    assert_eq!(r.body["state"], "DESTROYING", "{:?}", r.body);
+    assert_eq!(
+        f.store.leases_to_destroy(store::HOST).await.unwrap(),
+        vec![(v.lane_id.clone(), inc.clone())]
+    );
 }

@@ -171,17 +171,21 @@ impl Store {
                             &[&old],
                         ).await?;
                         d.exec_one(
-                            "INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) VALUES ($1, $2, $3)",
+                            "INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch, lease_closed_at) \
+                             SELECT $1, $2, $3, CASE WHEN EXISTS (SELECT 1 FROM lane_leases WHERE lane_id = $2) THEN clock_timestamp() END",
                             &[&inc, &lane, &epoch],
                         ).await?;
                         return d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "retired": old, "retired_state": old_state }));
                     }
                     None => None::<String>,
                 };
+                // An incarnation of an elastic lane's name is born closed to work: only its
+                // lease's binding opens it (`bind_lease`), so nothing is reserved on it in
+                // between, and one no lease holds stays closed and is destroyed.
                 let d = f.cas(
                     "WITH ln AS (INSERT INTO lanes (lane_id, host_id) VALUES ($2, $4) ON CONFLICT (lane_id) DO NOTHING) \
-                     INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch) \
-                     SELECT $1, $2, $3 WHERE NOT EXISTS (SELECT 1 FROM lane_incarnations WHERE lane_id = $2 AND retired_at IS NULL) \
+                     INSERT INTO lane_incarnations (lane_incarnation_id, lane_id, created_epoch, lease_closed_at) \
+                     SELECT $1, $2, $3, CASE WHEN EXISTS (SELECT 1 FROM lane_leases WHERE lane_id = $2) THEN clock_timestamp() END WHERE NOT EXISTS (SELECT 1 FROM lane_incarnations WHERE lane_id = $2 AND retired_at IS NULL) \
                      RETURNING lane_incarnation_id",
                     &[&inc, &lane, &epoch, &host],
                 ).await?;

@@ -142,7 +142,9 @@ impl Store {
                  FROM lane_leases ll JOIN lane_incarnations li ON li.lane_incarnation_id = ll.lane_incarnation_id \
                  WHERE ll.state = ", LeaseState::Active.sql(), " \
                    AND (ll.renew_deadline <= clock_timestamp() OR ll.max_deadline <= clock_timestamp()) \
-                   AND li.state = ", LaneState::IdleClean.sql(), " ORDER BY ll.renew_deadline"),
+                   AND li.state = ", LaneState::IdleClean.sql(), " \
+                   AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
+                 ORDER BY ll.renew_deadline"),
                 &[],
             )
             .await?;
@@ -264,12 +266,12 @@ impl Store {
                        ON li.lane_id = ll.lane_id AND li.retired_at IS NULL WHERE ll.lease_id = $1",
                     &[&lease],
                 ).await?;
-                if let Some(r) = &lane {
-                    let inc: String = r.col("lane_incarnation_id")?;
-                    f.read(LOCK_INCARNATION, &[&inc]).await?;
+                let locked: Option<String> = lane.as_ref().map(|r| r.col("lane_incarnation_id")).transpose()?;
+                if let Some(inc) = &locked {
+                    f.read(LOCK_INCARNATION, &[inc]).await?;
                 }
                 f.read(LOCK_LEASE, &[&lease]).await?;
-                if lane.is_none() {
+                let Some(locked) = locked else {
                     let d = f.cas(
                         concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Destroyed.sql(), ", destroyed_at = clock_timestamp(), \
                                 quarantine_reason = coalesce(ll.quarantine_reason, 'ended by an operator before its host made the lane') \
@@ -283,17 +285,18 @@ impl Store {
                     };
                     let lane_id: String = d.row().col("lane_id")?;
                     return d.decide(json!({ "lease_id": lease, "lane_id": lane_id, "state": LeaseState::Destroyed, "made": false }));
-                }
+                };
                 let d = f.cas(
                     concatcp!("UPDATE lane_leases ll SET state = ", LeaseState::Destroying.sql(), ", lane_incarnation_id = li.lane_incarnation_id, \
                             destroy_next_generation = li.next_generation, destroy_decided_at = clock_timestamp(), destroy_epoch = $2 \
                      FROM lane_incarnations li \
-                     WHERE ll.lease_id = $1 AND ll.state IN ", ENDING, " AND li.lane_id = ll.lane_id AND li.retired_at IS NULL \
+                     WHERE ll.lease_id = $1 AND ll.state IN ", ENDING, " AND li.lane_incarnation_id = $3 \
+                       AND li.lane_id = ll.lane_id AND li.retired_at IS NULL \
                        AND (ll.lane_incarnation_id IS NULL OR ll.lane_incarnation_id = li.lane_incarnation_id) \
                        AND li.state IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ") \
                        AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
                      RETURNING ll.lane_id, li.lane_incarnation_id, li.next_generation"),
-                    &[&lease, &epoch],
+                    &[&lease, &epoch, &locked],
                 ).await?;
                 let Ok(d) = d else {
                     return Err(reject(OP, Category::WrongState, format!(

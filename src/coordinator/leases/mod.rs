@@ -183,14 +183,23 @@ const BIND_CAS: &str = concatcp!(
      RETURNING ll.state"
 );
 
-/// The incarnations a host is to destroy (`leases_to_destroy`): $1 host.
+/// The incarnations a host is to destroy (`leases_to_destroy`): $1 host. Closed to work,
+/// holding none, of an elastic lane's name; neither a quarantined lease's lane (kept for the
+/// operator) nor one a lease still waits for (its binding opens it).
 const TO_DESTROY: &str = concatcp!(
     "SELECT li.lane_id, li.lane_incarnation_id FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id \
      WHERE ln.host_id = $1 AND li.retired_at IS NULL AND li.lease_closed_at IS NOT NULL \
+       AND li.state IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ") \
+       AND NOT EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id AND r.released_at IS NULL) \
        AND EXISTS (SELECT 1 FROM lane_leases x WHERE x.lane_id = li.lane_id) \
        AND NOT EXISTS (SELECT 1 FROM lane_leases q WHERE q.lane_incarnation_id = li.lane_incarnation_id AND q.state = ",
     LeaseState::Quarantined.sql(),
-    ") ORDER BY li.lane_id"
+    ") \
+       AND NOT EXISTS (SELECT 1 FROM lane_leases w WHERE w.lane_id = li.lane_id AND w.lane_incarnation_id IS NULL AND w.state IN (",
+    LeaseState::Requested.sql(),
+    ", ",
+    LeaseState::Quarantined.sql(),
+    ")) ORDER BY li.lane_id"
 );
 
 /// Hosts with an elastic lane to make (a requested lease) or to destroy (a closed one).
@@ -201,12 +210,6 @@ const HOSTS_WITH_ORDERS: &str = concatcp!(
      UNION SELECT ln.host_id FROM lanes ln JOIN lane_incarnations li ON li.lane_id = ln.lane_id \
        WHERE li.retired_at IS NULL AND li.lease_closed_at IS NOT NULL"
 );
-
-/// An incarnation ($2) of an elastic lane's name ($1) no lease holds, still open.
-const ORPHAN: &str = "SELECT 1 FROM lane_incarnations li \
-     WHERE li.lane_incarnation_id = $2 AND li.lane_id = $1 AND li.retired_at IS NULL AND li.lease_closed_at IS NULL \
-       AND EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_id = $1) \
-       AND NOT EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_incarnation_id = $2)";
 
 /// The lane name an elastic lane gets on its host: `e-` and the first 12 hex digits of
 /// its lease id.
@@ -374,55 +377,6 @@ impl Store {
             .collect()
     }
 
-    /// A host reported an incarnation of an elastic lane's name that no lease holds (made
-    /// after its lease was ended, or made again on the host): it is closed to work here,
-    /// and so destroyed like a lease's (`leases_to_destroy`). `false`: not such a lane.
-    pub async fn close_orphan_lane(
-        &self,
-        l: &Leader,
-        lane_id: &str,
-        incarnation: &str,
-    ) -> Result<bool, AuthorityError> {
-        const OP: &str = "lane-lease-orphan";
-        {
-            let c = self.pool.get().await?;
-            if c.query_opt(ORPHAN, &[&lane_id, &incarnation])
-                .await?
-                .is_none()
-            {
-                return Ok(false);
-            }
-        }
-        let step = Step::new(
-            OP,
-            l,
-            format!("lane-lease-orphan/{incarnation}"),
-            request_digest(OP, &[lane_id, incarnation]),
-        )
-        .about(None, Some(incarnation));
-        let (lane, inc) = (lane_id.to_string(), incarnation.to_string());
-        self.transition(
-            &step,
-            body!([lane, inc] |f| {
-                f.read(LOCK_INCARNATION, &[&inc]).await?;
-                let d = f.cas(
-                    "UPDATE lane_incarnations li SET lease_closed_at = clock_timestamp() \
-                     WHERE li.lane_incarnation_id = $2 AND li.lane_id = $1 AND li.retired_at IS NULL AND li.lease_closed_at IS NULL \
-                       AND EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_id = $1) \
-                       AND NOT EXISTS (SELECT 1 FROM lane_leases ll WHERE ll.lane_incarnation_id = $2) \
-                     RETURNING li.state",
-                    &[&lane, &inc],
-                ).await?;
-                let Ok(d) = d else {
-                    return Err(reject(OP, Category::Conflict, format!("incarnation {inc} of {lane} is not an elastic lane outside its lease")));
-                };
-                d.decide(json!({ "lane_id": lane, "lane_incarnation_id": inc, "closed": "an elastic lane made outside its lease: destroyed" }))
-            }),
-        )
-        .await?;
-        Ok(true)
-    }
-
     /// A host reported the lane of a lease waiting for it under `incarnation`: a
     /// `REQUESTED` lease is `ACTIVE` on it; a quarantined one (its host made the lane after
     /// the lease's deadline) is bound and stays quarantined, its lane closed to work.
@@ -459,7 +413,9 @@ impl Store {
                         return Err(reject(OP, Category::Conflict, format!("lease {lease} is not waiting for incarnation {inc} of {lane}")));
                     };
                     let state: LeaseState = d.row().col("state")?;
-                    if state != LeaseState::Active {
+                    if state == LeaseState::Active {
+                        d.exec("UPDATE lane_incarnations SET lease_closed_at = NULL WHERE lane_incarnation_id = $1", &[&inc]).await?;
+                    } else {
                         d.exec(CLOSE_INCARNATION, &[&inc]).await?;
                     }
                     d.decide(json!({ "lease_id": lease, "lane_id": lane, "lane_incarnation_id": inc, "state": state }))

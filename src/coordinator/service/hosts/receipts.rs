@@ -166,16 +166,9 @@ impl Service {
                             "elastic lane made by its host: leased"
                         );
                     }
-                    // An elastic lane's name no lease holds (made late, or made again on
-                    // the host): closed to work and destroyed.
-                    Ok(None) => match self.store.close_orphan_lane(&l, &lane_id, inc).await {
-                        Ok(true) => {
-                            tracing::error!(lane_id, lane_incarnation_id = inc,
-                                "an elastic lane made outside its lease: closed to work, to be destroyed");
-                        }
-                        Ok(false) => {}
-                        Err(e) => self.note(&l, &e).await,
-                    },
+                    // (An elastic lane's name no lease holds was adopted closed to work:
+                    // `leases_to_destroy` has it destroyed.)
+                    Ok(None) => {}
                     Err(e) => {
                         self.note(&l, &e).await;
                         tracing::warn!(lane_id, error = %e, "elastic lane not bound to its lease");

@@ -171,6 +171,7 @@ impl Service {
                         && d.inputs.policy == d.policy
                         && crate::coordinator::placement::select(&d.inputs).is_ok_and(|again| {
                             again.lane_id == d.lane_id
+                                && again.lane_incarnation_id == d.lane_incarnation_id
                                 && d.inputs.digest().is_ok_and(|x| x == d.inputs_digest)
                         });
                     let mut v = json!(p);
