@@ -55,6 +55,7 @@ async fn running(s: &Store, l: &Leader, inc: &str, lane: &str) -> (Chain, i64) {
         repository: None,
         grant: None,
         placement: None,
+        recovery: None,
     };
     let res = s.reserve(l, &req).await.unwrap();
     let c = res.chain.clone();

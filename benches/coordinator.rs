@@ -128,6 +128,7 @@ async fn to_running(
         repository: None,
         grant: None,
         placement: None,
+        recovery: None,
     };
     let res = timed!(times, "reserve", s.reserve(l, &req).await.unwrap());
     let c = res.chain.clone();

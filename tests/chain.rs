@@ -1501,6 +1501,7 @@ async fn every_state_enum_matches_its_column_constraint() {
             names(WorkspaceEffectState::ALL),
         ),
         ("lane_leases", "state", names(LeaseState::ALL)),
+        ("recovery_candidates", "state", names(CandidateState::ALL)),
     ];
     for (table, column, enum_values) in cases {
         let db_values = check_values(&url, table, column).await;

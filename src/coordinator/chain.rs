@@ -51,6 +51,8 @@ pub struct ReserveRequest {
     pub grant: Option<(String, i64)>,
     /// How the lane was chosen when the operator named none: recorded with the reservation.
     pub placement: Option<crate::coordinator::placement::Decision>,
+    /// A retarget (spec §6.3): the candidate's verified recovery ACK, consumed by this CAS.
+    pub recovery: Option<crate::coordinator::recovery::RecoveryConsume>,
 }
 
 impl ReserveRequest {
@@ -231,8 +233,18 @@ impl Store {
                 req.placement
                     .as_ref()
                     .map_or("", |p| p.inputs_digest.as_str()),
+                &req.recovery
+                    .as_ref()
+                    .map_or(String::new(), |c| c.param().to_string()),
             ],
         );
+        if req.recovery.is_some() && req.assignment_id.is_none() {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "a retarget gives existing work a fresh chain",
+            ));
+        }
         if req
             .placement
             .as_ref()
@@ -253,10 +265,16 @@ impl Store {
         let holds_json = json!(req.holds);
         let epoch = l.epoch();
         let sot = l.sot().to_string();
+        let recovery = req.recovery.as_ref().map(|c| c.param());
         let r = self
             .transition(
                 &step,
-                body!([req, sec, salt, scope, holds, policy, task_digest, scope_json, holds_json, sot] |f| {
+                body!([req, sec, salt, scope, holds, policy, task_digest, scope_json, holds_json, sot, recovery] |f| {
+                    // A retarget pins the work's row first: the failed target's snapshot the
+                    // CAS recomputes cannot move under it before this commit.
+                    if recovery.is_some() {
+                        f.read("SELECT 1 FROM assignments WHERE assignment_id = $1 FOR UPDATE", &[&req.assignment_id]).await?;
+                    }
                     // The lane and (when resuming) the assignment, both in their expected
                     // states, in one statement.
                     let d = f.cas(
@@ -270,13 +288,24 @@ impl Store {
                                   AND a.requested_outcome IS NULL AND a.work_status = ", WorkStatus::Active.sql(), " AND a.runtime_id = $3 AND a.scope_digest = $4 AND a.holds_digest = $5 \
                                   AND a.completion_policy_digest = $6 \
                                   AND NOT EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
-                                                  AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), "))) \
+                                                  AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), " \
+                                                  AND ($7::jsonb IS NULL OR g2.state = ", GenState::Live.sql(), ")))) \
+                           AND ($7::jsonb IS NULL OR ", super::recovery::ADMITS, ") \
                          RETURNING li.lane_id"),
-                        &[&req.lane_incarnation_id, &req.assignment_id.clone().unwrap_or_default(), &req.runtime_id, &scope, &holds, &policy],
+                        &[&req.lane_incarnation_id, &req.assignment_id.clone().unwrap_or_default(), &req.runtime_id, &scope, &holds, &policy,
+                          &recovery, &epoch],
                     ).await?;
                     let d = match d {
                         Ok(d) => d,
-                        Err(u) => return Err(why_not_reservable(u, &req).await?),
+                        Err(u) => {
+                            if let Some(c) = &req.recovery {
+                                if let Some(e) = super::recovery::why_not(u, c).await? {
+                                    return Err(e);
+                                }
+                                return Err(reject(OP, Category::WrongState, "the recovery candidate holds, but its lane or the work cannot take a fresh chain now"));
+                            }
+                            return Err(why_not_reservable(u, &req).await?);
+                        }
                     };
                     let lane_id: String = d.row().col("lane_id")?;
                     let next_action = format!("stage a fresh generation of {} and deliver task {task_digest}", req.runtime_id);
@@ -348,6 +377,10 @@ impl Store {
                     if let Some(p) = &req.placement {
                         super::roster::record(&d, p, &reservation, &assignment_id, &format!("reserve/{}", req.request_id)).await?;
                     }
+                    let retarget = match &req.recovery {
+                        Some(c) => Some(super::recovery::consume(&d, c, &reservation).await?),
+                        None => None,
+                    };
                     let chain = Chain {
                         lane_id,
                         lane_incarnation_id: req.lane_incarnation_id.clone(),
@@ -359,7 +392,8 @@ impl Store {
                     d.decide(json!({ "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
                         "responsibility_owner": req.target, "execution_owner": null, "pending_target": req.target,
                         "task_digest": task_digest, "grants_effects": false, "checkpoint_grant": grant_id,
-                        "placement": req.placement.as_ref().map(|p| json!({ "policy": p.policy, "policy_digest": p.policy_digest, "inputs_digest": p.inputs_digest })) }))
+                        "placement": req.placement.as_ref().map(|p| json!({ "policy": p.policy, "policy_digest": p.policy_digest, "inputs_digest": p.inputs_digest })),
+                        "retarget": retarget }))
                 }),
             )
             .await?;

@@ -44,6 +44,9 @@ pub enum Category {
     NoEligibleLane,
     /// A message about a lane, reservation or generation of another host.
     NotOwner,
+    /// A recovery candidate's failed-target snapshot no longer matches the work (spec
+    /// §6.3.1): fresh evidence, selection and a new candidate are needed.
+    SnapshotChanged,
     /// The chain ended before it reached RUNNING (the message says why).
     ChainEnded,
     /// Nothing came back in time (an operator wait, a host that did not answer).
@@ -55,7 +58,7 @@ pub enum Category {
 }
 
 /// Every category, for parsing and documentation.
-pub const ALL_CATEGORIES: [Category; 23] = [
+pub const ALL_CATEGORIES: [Category; 24] = [
     Category::StaleLeader,
     Category::LeadershipHeld,
     Category::NotLeader,
@@ -75,6 +78,7 @@ pub const ALL_CATEGORIES: [Category; 23] = [
     Category::HostUnreachable,
     Category::NoEligibleLane,
     Category::NotOwner,
+    Category::SnapshotChanged,
     Category::ChainEnded,
     Category::Timeout,
     Category::Unavailable,
@@ -107,6 +111,7 @@ impl Category {
             Self::HostUnreachable => "host-unreachable",
             Self::NoEligibleLane => "no-eligible-lane",
             Self::NotOwner => "not-owner",
+            Self::SnapshotChanged => "snapshot-changed",
             Self::ChainEnded => "chain-ended",
             Self::Timeout => "timeout",
             Self::Unavailable => "unavailable",

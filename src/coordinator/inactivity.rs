@@ -57,6 +57,7 @@ pub struct NextAttempt {
     pub scope: Vec<String>,
     pub holds: Vec<String>,
     pub completion_policy: String,
+    pub runtime_id: String,
 }
 
 impl Store {
@@ -302,7 +303,7 @@ impl Store {
         let row = c
             .query_opt(
                 "SELECT (SELECT t.task_text FROM attempts t WHERE t.assignment_id = a.assignment_id ORDER BY t.created_at DESC LIMIT 1) AS task_text, \
-                        a.scope, a.holds, a.completion_policy FROM assignments a WHERE a.assignment_id = $1",
+                        a.scope, a.holds, a.completion_policy, a.runtime_id FROM assignments a WHERE a.assignment_id = $1",
                 &[&assignment_id],
             )
             .await?;
@@ -319,6 +320,7 @@ impl Store {
                 scope: list(r.col("scope")?),
                 holds: list(r.col("holds")?),
                 completion_policy: r.col("completion_policy")?,
+                runtime_id: r.col("runtime_id")?,
             })
         })
         .transpose()

@@ -42,6 +42,7 @@ pub mod leases;
 pub mod metrics;
 pub mod model;
 pub mod placement;
+pub mod recovery;
 pub mod repos;
 pub mod requested_checkpoint;
 pub mod requests;

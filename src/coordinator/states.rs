@@ -246,6 +246,17 @@ state_enum! {
 }
 
 state_enum! {
+    /// `recovery_candidates.state` (migration 0031, spec §6.3): a candidate's challenge is
+    /// out; its ACK was consumed by the one winning retarget CAS; or it can never be (a
+    /// competitor won, or the work moved on).
+    CandidateState ("recovery candidate state") {
+        Issued = "ISSUED",
+        Consumed = "CONSUMED",
+        Invalidated = "INVALIDATED",
+    }
+}
+
+state_enum! {
     /// `workspace_effects.state` (migration 0027): an operator's push or merge of done
     /// work's final checkpoint, requested, claimed by its host (or declined, found up to
     /// date, left to expire), then what the host observed, or unknown until reconciled.

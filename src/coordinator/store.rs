@@ -46,6 +46,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0028_placement.sql"),
     include_str!("../../migrations/0029_lane_leases.sql"),
     include_str!("../../migrations/0030_lane_lease_close.sql"),
+    include_str!("../../migrations/0031_recovery_candidates.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -42,7 +42,7 @@ pub fn subject_ok(s: &str) -> bool {
         && name
             .bytes()
             .all(|b| b.is_ascii_alphanumeric() || b"._-".contains(&b))
-        && purpose.is_none_or(|p| p == "session" || p == "ordinary")
+        && purpose.is_none_or(|p| p == "session" || p == "ordinary" || p == "recovery")
 }
 
 impl Store {

@@ -146,6 +146,11 @@ pub struct CoordinatorLink {
     /// `host:<host_id>/session` and `host:<host_id>/ordinary`.
     pub session_key: PathBuf,
     pub ordinary_key: PathBuf,
+    /// The seed of this host's recovery key (`host:<host_id>/recovery`, spec §7.4): the only
+    /// key that signs `recovery_ack`. Without one the host answers no recovery challenge (it
+    /// is never a retarget candidate).
+    #[serde(default)]
+    pub recovery_key: Option<PathBuf>,
     /// Send a heartbeat every this many ms (default 5000); a coordinator silent for three
     /// intervals is given up and reconnected to.
     #[serde(default)]
@@ -347,6 +352,7 @@ impl Config {
                 c.session_key.clone(),
                 c.ordinary_key.clone(),
             ]);
+            m.extend(c.recovery_key.clone());
         }
         // Rules follow links to their targets: the masks must name the targets too.
         let canonical: Vec<PathBuf> = m

@@ -115,6 +115,32 @@ impl Supervisor {
         let host =
             coordinated::CoordinatedHost::new(self.clone(), ordinary, params.signer.clone(), out)
                 .await;
+        if let Some(path) = &link.recovery_key {
+            let seed = seed(path)?;
+            let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
+            params
+                .registry
+                .check_own(
+                    &format!("{principal}/recovery"),
+                    &principal,
+                    crate::protocol::schema::Purpose::Recovery,
+                    &public,
+                    std::time::SystemTime::now(),
+                )
+                .map_err(|e| {
+                    cfg_err(format!(
+                        "{}: {e} (the key file is {})",
+                        link.trust_registry.display(),
+                        path.display()
+                    ))
+                })?;
+            host.set_recovery_signer(Arc::new(crate::protocol::Signer::new(
+                &format!("{principal}/recovery"),
+                &principal,
+                &link.trust_domain,
+                seed,
+            )));
+        }
         tokio::spawn(link::run_link(
             params,
             self.inner.outbox.clone(),

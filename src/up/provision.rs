@@ -60,12 +60,13 @@ pub fn provision(
     for n in [
         "coordinator-session",
         "coordinator-ordinary",
+        "coordinator-recovery",
         "coordinator-secret",
     ] {
         write_secret_file(&keys.join(n))?;
     }
     for h in host_ids {
-        for purpose in ["session", "ordinary"] {
+        for purpose in ["session", "ordinary", "recovery"] {
             write_secret_file(&keys.join(format!("host-{h}-{purpose}")))?;
         }
     }
@@ -93,13 +94,25 @@ pub fn provision(
             "ordinary",
             hosts.clone(),
         ),
+        // Recovery (spec §7.3/§7.4): its own keys, which sign nothing else.
+        (
+            "coordinator-recovery".into(),
+            coordinator.clone(),
+            "coordinator",
+            "recovery",
+            hosts.clone(),
+        ),
     ];
     for (h, principal) in host_ids.iter().zip(&hosts) {
-        for purpose in ["session", "ordinary"] {
+        for (purpose, role) in [
+            ("session", "host"),
+            ("ordinary", "host"),
+            ("recovery", "candidate"),
+        ] {
             entries.push((
                 format!("host-{h}-{purpose}"),
                 principal.clone(),
-                "host",
+                role,
                 purpose,
                 vec![coordinator.clone()],
             ));
@@ -143,6 +156,7 @@ pub fn provision(
             trust_registry: trust_path.clone(),
             session_key: keys.join(format!("host-{h}-session")),
             ordinary_key: keys.join(format!("host-{h}-ordinary")),
+            recovery_key: Some(keys.join(format!("host-{h}-recovery"))),
             heartbeat_ms: None,
             max_clock_skew_ms: None,
         });
@@ -162,6 +176,7 @@ pub fn provision(
             trust_registry: trust_path,
             session_key: keys.join("coordinator-session"),
             ordinary_key: keys.join("coordinator-ordinary"),
+            recovery_key: Some(keys.join("coordinator-recovery")),
             operator_socket: coordinator_socket(dir),
             lease_ms: Some(10_000),
             reservation_ttl_ms: None,

@@ -92,6 +92,7 @@ pub fn request(inc: &str, resume: Option<&str>, ttl_ms: i64) -> ReserveRequest {
         repository: None,
         grant: None,
         placement: None,
+        recovery: None,
     }
 }
 

@@ -170,6 +170,9 @@ impl World {
                 .collect();
             extra.push_str(&format!("recovery_recipients = [{}]\n", list.join(", ")));
         }
+        if let Some(k) = &c.recovery_key {
+            extra.push_str(&format!("recovery_key = {k:?}\n"));
+        }
         extra.push_str(&s.coordinator_extra);
         std::fs::write(
             self.coordinator_config(i),
@@ -194,10 +197,13 @@ impl World {
             .reattach_timeout_ms
             .map(|t| format!("reattach_timeout_ms = {t}\n"))
             .unwrap_or_default();
-        let hb = s
+        let mut hb = s
             .heartbeat_ms
             .map(|t| format!("heartbeat_ms = {t}\n"))
             .unwrap_or_default();
+        if let Some(k) = &l.recovery_key {
+            hb.push_str(&format!("recovery_key = {k:?}\n"));
+        }
         std::fs::write(
             self.supervisor_config(h),
             format!(

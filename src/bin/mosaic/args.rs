@@ -190,6 +190,10 @@ pub(crate) enum Cmd {
         #[command(flatten)]
         at: CoordinatorAt,
     },
+    /// Move work whose start failed before activation to another lane, through a recovery
+    /// candidate the retarget policy selects (its host must acknowledge the recovery
+    /// challenge before anything is reserved there).
+    Retarget(crate::lease_args::RetargetArgs),
     /// Hand RUNNING work to an idle lane: the target's fresh generation must acknowledge
     /// the handoff (`mosaic lane handoff-ack`) before responsibility moves, and then still
     /// needs its own activation ACK before it runs.

@@ -164,3 +164,20 @@ pub(crate) fn run(op: ElasticOp) -> anyhow::Result<ExitCode> {
         ElasticOp::Leases { at } => at.call(OperatorRequest::Leases),
     }
 }
+
+/// `mosaic retarget`: the operator-approved form of the retarget policy (spec §6.3).
+#[derive(clap::Args)]
+pub(crate) struct RetargetArgs {
+    /// The work in recovery whose start failed before activation.
+    #[arg(long = "assignment")]
+    pub assignment_id: String,
+    #[command(flatten)]
+    pub at: CoordinatorAt,
+}
+
+pub(crate) fn retarget(r: RetargetArgs) -> anyhow::Result<ExitCode> {
+    r.at.call(OperatorRequest::Retarget {
+        assignment_id: r.assignment_id,
+        request_id: None,
+    })
+}

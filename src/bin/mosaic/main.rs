@@ -540,6 +540,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Lane {
             op: LaneOp::Elastic(op),
         } => lease_args::run(op),
+        Cmd::Retarget(r) => lease_args::retarget(r),
         Cmd::Request {
             op: RequestOp::Show { id, at },
         } => at.call(OperatorRequest::Request { request_id: id }),

@@ -38,6 +38,11 @@ pub struct CoordinatorConfig {
     /// ids are `<principal>/session` and `<principal>/ordinary`.
     pub session_key: PathBuf,
     pub ordinary_key: PathBuf,
+    /// The seed of this coordinator's recovery key (`<principal>/recovery`, spec §7.3): the
+    /// only key that signs `recovery_challenge`. Without one the coordinator never retargets
+    /// (work whose start failed waits in recovery for its own lane or an operator).
+    #[serde(default)]
+    pub recovery_key: Option<PathBuf>,
     /// Operator socket (mode 0600).
     pub operator_socket: PathBuf,
     /// Leadership lease (default 10000 ms); renewed every third of it.

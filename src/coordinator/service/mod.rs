@@ -26,6 +26,7 @@ mod holds;
 mod hosts;
 pub mod leadership;
 pub mod operator;
+mod retarget;
 pub mod trust;
 mod watchdog;
 
@@ -63,6 +64,8 @@ pub struct Service {
     domain: String,
     session: Arc<Signer>,
     ordinary: Arc<Signer>,
+    /// The recovery key (spec §7.3), when configured: without it no retarget is offered.
+    recovery: Option<Arc<Signer>>,
     hosts: hosts::Sessions,
     /// Bumped after every transition this process makes: waiters re-read the database.
     changed: watch::Sender<u64>,
@@ -133,6 +136,15 @@ impl Service {
             public: ed25519_dalek::SigningKey::from_bytes(seed).verifying_key(),
         })
         .to_vec();
+        let recovery_seed = cfg.recovery_key.as_deref().map(read_seed).transpose()?;
+        let mut own = own;
+        if let Some(seed) = &recovery_seed {
+            own.push(trust::OwnKey {
+                key_id: format!("{principal}/recovery"),
+                purpose: Purpose::Recovery,
+                public: ed25519_dalek::SigningKey::from_bytes(seed).verifying_key(),
+            });
+        }
         let trust = trust::TrustSource::new(cfg.trust_registry.clone(), principal.clone(), own);
         // Revocations are authority: a restart applies every one before it verifies anything.
         trust.learn(store.revocations().await?);
@@ -185,6 +197,14 @@ impl Service {
                 &cfg.trust_domain,
                 ordinary_seed,
             )),
+            recovery: recovery_seed.map(|seed| {
+                Arc::new(Signer::new(
+                    &format!("{principal}/recovery"),
+                    &principal,
+                    &cfg.trust_domain,
+                    seed,
+                ))
+            }),
             store,
             timing,
             recipients,

@@ -155,6 +155,7 @@ impl Service {
         }
         self.end_withdrawn_targets(l).await;
         self.inactivity(l).await;
+        self.retarget_stranded(l).await;
         live.extend(self.push_continuations(l, None).await);
         self.forget_sent(&live);
     }
@@ -222,6 +223,16 @@ impl Service {
                             no_progress_since = %w.base_at, "inactivity warning: no validated progress");
                     })
                 }
+                // A generation of the work not proven ended blocks its next attempt — except
+                // a retarget, when that generation never activated (`next_attempt` decides).
+                (Lifecycle::Recovery, _)
+                    if (w.step == WatchdogStep::Replacing || w.deadline_due)
+                        && w.unended
+                        && w.attempts_used < i64::from(w.max_attempts) =>
+                {
+                    self.next_attempt(l, &w).await;
+                    continue;
+                }
                 (Lifecycle::Recovery, _) if (w.step == WatchdogStep::Replacing || w.deadline_due) && !w.unended => {
                     if w.attempts_used >= i64::from(w.max_attempts) {
                         self.store.inactivity_exhausted(l, &w).await.map(|_| {
@@ -274,7 +285,29 @@ impl Service {
                     && lane.host_quarantine_reason.is_none()
                     && self.hosts.is_connected(&lane.host_id)
             });
-            same_lane_ok = usable;
+            same_lane_ok = usable && !w.unended;
+        }
+        // Work whose start failed before activation goes to another lane only through a
+        // recovery candidate (spec §6.3, `retarget@1`); work that ran goes on below.
+        if !same_lane_ok {
+            match self.store.retarget_eligible(&w.assignment_id).await {
+                Ok(Some(Ok(_))) => {
+                    if let Err(e) = self.retarget(l, &w.assignment_id).await {
+                        tracing::debug!(assignment_id = %w.assignment_id, category = e.category.as_str(),
+                            error = %e.message, "retarget not offered yet");
+                    }
+                    return;
+                }
+                Ok(_) if w.unended => return,
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(error = %e, "watchdog cannot read the work's failed target");
+                    return;
+                }
+            }
+        }
+        if w.unended {
+            return;
         }
         // Work with a workspace goes to another host only from a checkpoint in the store.
         let has_workspace = match self.store.workspace_of(&w.assignment_id).await {
@@ -340,6 +373,7 @@ impl Service {
             repository: None, // a resumed assignment keeps its own
             grant: None,
             placement: None, // the watchdog's own choice of lane (see above)
+            recovery: None,
         };
         match self.store.reserve(l, &req).await {
             Ok(r) => {

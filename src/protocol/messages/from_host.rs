@@ -561,6 +561,7 @@ pub enum FromHostSession {
     CheckpointFetch(super::CheckpointFetch),
     WorkspaceRelease(super::WorkspaceRelease),
     WorkspaceEffect(super::WorkspaceEffect),
+    RecoveryAck(Box<super::RecoveryAck>),
 }
 
 impl FromHostSession {
@@ -609,6 +610,9 @@ impl FromHostSession {
             }
             MessageType::WorkspaceEffect => {
                 Self::WorkspaceEffect(super::WorkspaceEffect::decode(&f)?)
+            }
+            MessageType::RecoveryAck => {
+                Self::RecoveryAck(Box::new(super::RecoveryAck::decode(&f)?))
             }
             _ => return Ok(None),
         };

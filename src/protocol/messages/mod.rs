@@ -18,6 +18,7 @@ use super::envelope::{Envelope, Verified};
 
 mod checkpoint;
 mod from_host;
+mod recovery;
 mod to_host;
 mod workspace;
 mod workspace_effect;
@@ -25,6 +26,7 @@ mod workspace_effect;
 pub use checkpoint::*;
 
 pub use from_host::*;
+pub use recovery::*;
 pub use to_host::*;
 pub use workspace::*;
 pub use workspace_effect::*;

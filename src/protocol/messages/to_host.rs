@@ -294,6 +294,7 @@ pub enum ToHost {
     WorkspaceReleaseAnswer(super::WorkspaceReleaseAnswer),
     WorkspaceOrder(super::WorkspaceOrder),
     WorkspaceEffectAnswer(super::WorkspaceEffectAnswer),
+    RecoveryChallenge(super::RecoveryChallenge),
 }
 
 impl ToHost {
@@ -314,6 +315,7 @@ impl ToHost {
             Self::WorkspaceReleaseAnswer(_) => MessageType::WorkspaceReleaseAnswer,
             Self::WorkspaceOrder(_) => MessageType::WorkspaceOrder,
             Self::WorkspaceEffectAnswer(_) => MessageType::WorkspaceEffectAnswer,
+            Self::RecoveryChallenge(_) => MessageType::RecoveryChallenge,
         }
     }
 
@@ -334,7 +336,8 @@ impl ToHost {
             | Self::CheckpointData(_)
             | Self::WorkspaceReleaseAnswer(_)
             | Self::WorkspaceOrder(_)
-            | Self::WorkspaceEffectAnswer(_) => None,
+            | Self::WorkspaceEffectAnswer(_)
+            | Self::RecoveryChallenge(_) => None,
         }
     }
 
@@ -486,6 +489,7 @@ impl ToHost {
             Self::WorkspaceReleaseAnswer(m) => m.fields(&mut f),
             Self::WorkspaceOrder(m) => m.fields(&mut f),
             Self::WorkspaceEffectAnswer(m) => m.fields(&mut f),
+            Self::RecoveryChallenge(m) => f = m.fields(),
             Self::HandoffCheckpoint(m) => {
                 authority(&mut f, &m.authority);
                 digests(&mut f, &m.digests);
@@ -613,6 +617,9 @@ impl ToHost {
             MessageType::WorkspaceOrder => Self::WorkspaceOrder(super::WorkspaceOrder::decode(&f)?),
             MessageType::WorkspaceEffectAnswer => {
                 Self::WorkspaceEffectAnswer(super::WorkspaceEffectAnswer::decode(&f)?)
+            }
+            MessageType::RecoveryChallenge => {
+                Self::RecoveryChallenge(super::RecoveryChallenge::decode(&f)?)
             }
             MessageType::HandoffCheckpoint => Self::HandoffCheckpoint(HandoffCheckpoint {
                 authority: f.authority()?,

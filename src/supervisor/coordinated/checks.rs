@@ -76,6 +76,8 @@ impl HostDispatch for Arc<CoordinatedHost> {
                 | ToHost::WorkspaceEffectAnswer(_)) => this.on_transfer_answer(msg),
                 // An operator's push or merge of done work: made beside everything else.
                 ToHost::WorkspaceOrder(m) => this.on_workspace_order(m),
+                // Preallocation-free: no lane, generation or queue is involved.
+                ToHost::RecoveryChallenge(m) => this.on_recovery_challenge(&env, &m),
                 // In order, on the link's task: a contract is never overtaken by its challenge.
                 msg => this.route(env, msg).await,
             }

@@ -179,6 +179,9 @@ pub struct CoordinatedHost {
     staging: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Checkpoint transfers waiting for the coordinator's answers.
     transfers: transfer::Transfers,
+    /// The host's recovery key (spec §7.4), when configured: the only key its recovery
+    /// ACKs are signed with. Without one it is never a retarget candidate.
+    recovery_signer: std::sync::OnceLock<Arc<Signer>>,
 }
 
 fn identity_value(id: &super::identity::ProcessIdentity) -> Value {
@@ -195,6 +198,48 @@ fn identity_value(id: &super::identity::ProcessIdentity) -> Value {
 }
 
 impl CoordinatedHost {
+    /// Makes this host a possible retarget candidate: its recovery ACKs are signed with
+    /// `signer` (set once; a second key is ignored).
+    pub fn set_recovery_signer(&self, signer: Arc<Signer>) {
+        let _ = self.recovery_signer.set(signer);
+    }
+
+    /// A recovery challenge (spec §7.3) for this host as candidate: answered with the
+    /// recovery ACK binding exactly its facts, signed by the recovery key. The ACK grants
+    /// nothing; whether it is consumed is the coordinator's CAS.
+    fn on_recovery_challenge(
+        &self,
+        env: &Envelope<Verified>,
+        m: &crate::protocol::messages::RecoveryChallenge,
+    ) {
+        let Some(signer) = self.recovery_signer.get() else {
+            tracing::warn!(recovery_candidate_id = %m.facts.recovery_candidate_id,
+                "a recovery challenge arrived, and this host has no recovery key: not answered");
+            self.sup
+                .audit_stale("recovery-no-key", None, None, env.message_id());
+            return;
+        };
+        if m.facts.candidate_principal != signer.principal {
+            self.sup
+                .audit_stale("recovery-other-candidate", None, None, env.message_id());
+            return;
+        }
+        let ack = crate::protocol::messages::RecoveryAck::answering(env, m);
+        tracing::info!(recovery_candidate_id = %m.facts.recovery_candidate_id,
+            assignment_id = %m.facts.assignment_id, "answering a recovery challenge as candidate");
+        if self
+            .out
+            .try_send(Outgoing::new(
+                signer,
+                crate::protocol::schema::MessageType::RecoveryAck,
+                ack.fields(),
+            ))
+            .is_err()
+        {
+            tracing::error!("the coordinator link's queue is full: recovery ACK not sent (the coordinator sends the challenge again)");
+        }
+    }
+
     /// Builds the host's chain state, rebuilding the gate and chain map from the
     /// supervisor's live generations (a restarted supervisor re-adopted them).
     pub async fn new(
@@ -213,6 +258,7 @@ impl CoordinatedHost {
             effects: Default::default(),
             staging: Mutex::new(HashMap::new()),
             transfers: Default::default(),
+            recovery_signer: std::sync::OnceLock::new(),
         });
         tokio::spawn(Self::resend_results(Arc::downgrade(&host)));
         tokio::spawn(Self::upload_loop(Arc::downgrade(&host)));

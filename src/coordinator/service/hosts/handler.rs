@@ -189,6 +189,9 @@ impl Handler for HostHandler {
                     FromHostSession::WorkspaceEffect(m) => {
                         return svc.on_workspace_effect(&host, m).await
                     }
+                    FromHostSession::RecoveryAck(m) => {
+                        svc.on_recovery_ack(&host, *m).await.map(|()| vec![])
+                    }
                 },
                 Ok(None) => Err(OpError::new(
                     Category::BadInput,

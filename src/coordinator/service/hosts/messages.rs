@@ -334,7 +334,7 @@ impl Service {
     }
 
     /// Records the outcome of a transition the host's message asked for.
-    pub(super) async fn step<T>(
+    pub(in crate::coordinator::service) async fn step<T>(
         &self,
         l: &Leader,
         r: Result<T, AuthorityError>,

@@ -186,6 +186,9 @@ impl Service {
                 request_id: rid,
             } => self.end_lease(&lease_id, &request_id(rid)).await?,
             OperatorRequest::Leases => json!(self.store.leases().await?),
+            OperatorRequest::Retarget { assignment_id, .. } => {
+                self.retarget_json(&assignment_id).await?
+            }
             OperatorRequest::Status => self.status_json().await?,
             OperatorRequest::Watch { version } => {
                 let mut changed = self.changed.subscribe();
@@ -682,6 +685,7 @@ impl Service {
             repository,
             grant,
             placement: placed.clone(),
+            recovery: None,
         };
         let r = self.store.reserve(&l, &req).await;
         let reserved = self.settled(&l, r).await?;

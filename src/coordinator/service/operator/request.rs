@@ -319,6 +319,14 @@ pub enum OperatorRequest {
     },
     /// Every lease (and those destroyed in the last hour).
     Leases,
+    /// Work in recovery whose start failed before activation offered to another lane
+    /// through a recovery candidate (spec §6.3); answered once the candidate's ACK is
+    /// consumed (or with the open candidate, if it is not within a few seconds).
+    Retarget {
+        assignment_id: String,
+        #[serde(default)]
+        request_id: Option<String>,
+    },
     /// The current roster version; with a reservation, how that reservation was placed.
     Roster {
         #[serde(default)]
@@ -445,6 +453,7 @@ macro_rules! key_of {
             | OperatorRequest::LaneLease { request_id: $k, .. }
             | OperatorRequest::LaneRenew { request_id: $k, .. }
             | OperatorRequest::LaneUnlease { request_id: $k, .. }
+            | OperatorRequest::Retarget { request_id: $k, .. }
             | OperatorRequest::Continue { request_id: $k, .. }
             | OperatorRequest::Handoff { request_id: $k, .. }
             | OperatorRequest::EffectResolve { request_id: $k, .. }
@@ -475,6 +484,7 @@ impl OperatorRequest {
             Self::LaneLease { .. } => "lane-lease",
             Self::LaneRenew { .. } => "lane-renew",
             Self::LaneUnlease { .. } => "lane-unlease",
+            Self::Retarget { .. } => "retarget",
             Self::Continue { .. } => "continue",
             Self::Handoff { .. } => "handoff",
             Self::EffectResolve { .. } => "effect-resolve",
@@ -545,6 +555,7 @@ impl OperatorRequest {
                 lane_id, resume, ..
             } => serde_json::json!({ "lane_id": lane_id, "assignment_id": resume }),
             Self::Stop { assignment_id, .. }
+            | Self::Retarget { assignment_id, .. }
             | Self::Block { assignment_id, .. }
             | Self::Unblock { assignment_id, .. }
             | Self::Continue { assignment_id, .. } => {

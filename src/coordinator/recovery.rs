@@ -1,0 +1,633 @@
+//! Preactivation retarget (spec §6.3): work whose target T failed before activation moves
+//! to another lane U only through a recovery candidate.
+//!
+//! 1. [`Store::offer_recovery`] — one fenced transition that allocates *only* the candidate
+//!    row (migration 0031): the exact failed-target snapshot (a database function of T's
+//!    rows), the objective failure evidence, the selection, and one `recovery_deadline`
+//!    rendered once by the primary. No attempt, reservation, generation, fence or ordinary
+//!    challenge exists for U.
+//! 2. The service sends the candidate host a `recovery_challenge` signed by the
+//!    coordinator's recovery key; the host answers with a `recovery_ack` signed by its own
+//!    recovery key.
+//! 3. The reservation CAS (`chain::reserve` with [`RecoveryConsume`]) consumes the ACK:
+//!    its lane predicate requires the candidate ISSUED, every bound fact equal, the
+//!    deadline ahead of `clock_timestamp()` (equality is expired), the candidate's epoch
+//!    the committing leader's, and the snapshot recomputed *now* equal to the one bound —
+//!    then, in the same commit, U's fresh attempt, reservation and fence, the candidate
+//!    CONSUMED, T's attempt marked retargeted, and every competing candidate invalidated.
+//!
+//! **Never:** allocates anything for U before the consuming CAS; treats a candidate, its
+//! challenge or its ACK as authority; moves work whose latest chain was activated (that is
+//! the inactivity policy's next attempt, or a handoff); reads or writes a deadline other
+//! than the candidate row's `recovery_deadline` text.
+
+use const_format::concatcp;
+use serde::Serialize;
+use serde_json::json;
+
+use super::error::{AuthorityError, Category};
+use super::rows::RowExt;
+use super::states::{CandidateState, GenState, LaneState, Lifecycle, WorkStatus};
+use super::txn::{body, request_digest, Decided, Step, Undecided};
+use super::{Leader, Store};
+use crate::protocol::messages::{RecoveryAck, RecoveryChallenge, RecoveryFacts};
+
+/// The retarget policy: when work moves, and how its lane is chosen. Versioned like the
+/// inactivity policy: a new rule is a new version, and every candidate records the digest
+/// of the one it was selected under.
+pub const POLICY: &str = "retarget@1";
+const POLICY_BODY: &str = "retarget@1: work whose latest chain failed before activation and \
+was ended by a fenced transition on objective evidence (its end-chain receipt, the ingested \
+termination receipt of its generation, or a leadership takeover after its epoch) moves to \
+another lane only through a recovery candidate. Automatic: when the inactivity policy's next \
+attempt may not use the failed lane (its replacements there are used up, or the lane cannot \
+take work now). Operator-approved: `mosaic retarget` while the work is in recovery. Selection: \
+placement@2 over the published roster with the failed lane excluded; with no roster, the first \
+idle lane by lane id of a connected host advertising the runtime. The candidate's ACK must be \
+consumed before its recovery_deadline, 30 s after issue (database time; equality is expired).";
+
+/// How long a candidate's challenge may be answered (database time).
+pub const CANDIDATE_TTL_MS: i64 = 30_000;
+
+pub fn policy_digest() -> String {
+    format!(
+        "sha256:{}",
+        crate::util::sha256_hex("mosaic/retarget-policy/v1", &[POLICY_BODY.as_bytes()])
+    )
+}
+
+/// The objective evidence of T's failure, from durable rows only (spec §6.3: a receipt,
+/// never a narrative): the end-chain receipt that released T's reservation, the ingested
+/// termination receipt of T's generation, and the first epoch after T's. Each is a value
+/// or null; at least one must be present.
+const EVIDENCE: &str = "SELECT t.reservation_id, \
+        (SELECT jsonb_build_object('receipt_id', tr.receipt_id, 'cause', tr.body->>'cause') FROM transition_receipts tr \
+          WHERE tr.assignment_id = t.assignment_id AND tr.transition = 'end-chain' AND tr.body->'chain'->>'reservation_id' = t.reservation_id ORDER BY tr.decided_at LIMIT 1) AS end_chain, \
+        (SELECT jsonb_build_object('idempotency_key', x.idempotency_key, 'body_digest', x.body_digest) FROM termination_receipts x \
+          WHERE x.lane_incarnation_id = t.lane_incarnation_id AND x.generation = t.generation ORDER BY x.ingested_at LIMIT 1) AS termination, \
+        (SELECT min(e.epoch) FROM epochs e WHERE e.epoch > t.coordinator_epoch) AS takeover_epoch, \
+        mosaic_ts(t.released_at) AS released_at, \
+        EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.transition = 'activate' AND tr.assignment_id = t.assignment_id \
+                AND tr.body->'chain'->>'reservation_id' = t.reservation_id) AS activated \
+     FROM reservations t WHERE t.assignment_id = $1 ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1";
+
+/// What the service chose U by: recorded whole with the candidate.
+#[derive(Debug, Clone, Serialize)]
+pub struct Selection {
+    pub lane_id: String,
+    pub lane_incarnation_id: String,
+    pub host_id: String,
+    /// `placement@2` with its inputs' digest, or `first-idle` with the lanes it saw.
+    pub method: String,
+    pub inputs_digest: String,
+    pub excluded_lane: String,
+}
+
+impl Selection {
+    pub fn digest(&self) -> String {
+        format!(
+            "sha256:{}",
+            crate::util::sha256_hex(
+                "mosaic/retarget-selection/v1",
+                &[
+                    policy_digest().as_bytes(),
+                    self.method.as_bytes(),
+                    self.inputs_digest.as_bytes(),
+                    self.excluded_lane.as_bytes(),
+                    self.lane_id.as_bytes(),
+                    self.lane_incarnation_id.as_bytes(),
+                ]
+            )
+        )
+    }
+}
+
+/// Work in recovery whose start failed before activation, and its failed lane.
+#[derive(Debug, Clone)]
+pub struct Stranded {
+    pub assignment_id: String,
+    pub lane_id: String,
+    pub host_id: String,
+    /// Quarantined, retired or being recreated: it cannot take the work again soon.
+    pub lane_unusable: bool,
+    /// A generation of the work not proven ended (it blocks any other next attempt).
+    pub unended: bool,
+}
+
+/// A candidate as its row holds it, and the challenge it is sent as.
+#[derive(Debug, Clone, Serialize)]
+pub struct Offer {
+    pub candidate_host_id: String,
+    pub candidate_lane_id: String,
+    pub candidate_lane_incarnation_id: String,
+    pub failed_reservation_id: String,
+    pub state: CandidateState,
+    /// Whether its deadline is still ahead (database time, when read).
+    pub open: bool,
+    #[serde(skip)]
+    pub challenge: RecoveryChallenge,
+}
+
+impl Offer {
+    fn from_row(r: &tokio_postgres::Row) -> Result<Self, AuthorityError> {
+        let principal: String = r.col("candidate_principal")?;
+        Ok(Self {
+            candidate_host_id: principal.trim_start_matches("host:").to_string(),
+            candidate_lane_id: r.col("candidate_lane_id")?,
+            candidate_lane_incarnation_id: r.col("candidate_lane_incarnation_id")?,
+            failed_reservation_id: r.col("failed_reservation_id")?,
+            state: r.col("state")?,
+            open: r.col("open")?,
+            challenge: RecoveryChallenge {
+                idempotency_key: r.col("idempotency_key")?,
+                issued_at: r.col("issued_at")?,
+                facts: RecoveryFacts {
+                    sot_incarnation: r.col("sot_incarnation")?,
+                    coordinator_epoch: r.col::<i64>("coordinator_epoch")?.max(0) as u64,
+                    assignment_id: r.col("assignment_id")?,
+                    recovery_candidate_id: r.col("recovery_candidate_id")?,
+                    recovery_handoff_challenge_id: r.col("recovery_handoff_challenge_id")?,
+                    candidate_principal: principal,
+                    expected_retarget_operation: r.col("expected_retarget_operation")?,
+                    failed_target_snapshot_digest: r.col("failed_target_snapshot_digest")?,
+                    objective_failure_evidence_digest: r
+                        .col("objective_failure_evidence_digest")?,
+                    policy_selection_digest: r.col("policy_selection_digest")?,
+                    scope_digest: r.col("scope_digest")?,
+                    holds_digest: r.col("holds_digest")?,
+                    contracts_digest: r.col("contracts_digest")?,
+                    recovery_deadline: r.col("recovery_deadline")?,
+                },
+            },
+        })
+    }
+}
+
+const OFFER_COLUMNS: &str = "rc.recovery_candidate_id, rc.recovery_handoff_challenge_id, rc.idempotency_key, rc.assignment_id, \
+    rc.failed_reservation_id, rc.expected_retarget_operation, rc.failed_target_snapshot_digest, rc.objective_failure_evidence_digest, \
+    rc.policy_selection_digest, rc.candidate_principal, rc.candidate_lane_id, rc.candidate_lane_incarnation_id, rc.scope_digest, \
+    rc.holds_digest, rc.contracts_digest, rc.sot_incarnation, rc.coordinator_epoch, rc.issued_at, rc.recovery_deadline, rc.state, \
+    (clock_timestamp() < rc.recovery_deadline::timestamptz) AS open";
+
+/// A verified recovery ACK, as the reservation CAS consumes it: every fact it binds (one
+/// JSON parameter, compared field by field against the candidate row in SQL).
+#[derive(Debug, Clone)]
+pub struct RecoveryConsume {
+    pub ack: RecoveryAck,
+    /// The principal whose recovery key signed the ACK (the session's host).
+    pub signer_principal: String,
+}
+
+impl RecoveryConsume {
+    pub(crate) fn param(&self) -> serde_json::Value {
+        let f = &self.ack.facts;
+        json!({
+            "candidate_id": f.recovery_candidate_id, "challenge_id": f.recovery_handoff_challenge_id,
+            "candidate_principal": f.candidate_principal, "signer": self.signer_principal,
+            "operation": f.expected_retarget_operation, "snapshot": f.failed_target_snapshot_digest,
+            "evidence": f.objective_failure_evidence_digest, "selection": f.policy_selection_digest,
+            "scope": f.scope_digest, "holds": f.holds_digest, "contracts": f.contracts_digest,
+            "sot": f.sot_incarnation, "epoch": f.coordinator_epoch, "assignment": f.assignment_id,
+            "deadline": f.recovery_deadline,
+            "ack_message_id": self.ack.acknowledged_recovery_message_id,
+            "ack_digest": self.ack.acknowledged_recovery_challenge_digest,
+        })
+    }
+}
+
+/// The reservation CAS's recovery predicate (`$7` is the [`RecoveryConsume`] parameter, `$8`
+/// the leader's epoch, `$2` the assignment, `li` the candidate lane's incarnation row): the candidate ISSUED,
+/// every bound fact equal, signed by its own principal, its deadline ahead (equality is
+/// expired), issued under the committing leader's epoch, and the failed target's snapshot
+/// recomputed now equal to the one bound.
+pub(crate) const ADMITS: &str = concatcp!(
+    "EXISTS (SELECT 1 FROM recovery_candidates rc WHERE rc.recovery_candidate_id = $7->>'candidate_id' \
+       AND rc.state = ", CandidateState::Issued.sql(), " AND rc.assignment_id = $2 AND rc.assignment_id = $7->>'assignment' \
+       AND rc.candidate_lane_incarnation_id = li.lane_incarnation_id \
+       AND rc.recovery_handoff_challenge_id = $7->>'challenge_id' \
+       AND rc.candidate_principal = $7->>'candidate_principal' AND rc.candidate_principal = $7->>'signer' \
+       AND rc.expected_retarget_operation = $7->>'operation' AND rc.failed_target_snapshot_digest = $7->>'snapshot' \
+       AND rc.objective_failure_evidence_digest = $7->>'evidence' AND rc.policy_selection_digest = $7->>'selection' \
+       AND rc.scope_digest = $7->>'scope' AND rc.holds_digest = $7->>'holds' AND rc.contracts_digest = $7->>'contracts' \
+       AND rc.sot_incarnation = $7->>'sot' AND rc.coordinator_epoch = ($7->>'epoch')::bigint AND rc.coordinator_epoch = $8 \
+       AND rc.recovery_deadline = $7->>'deadline' AND clock_timestamp() < rc.recovery_deadline::timestamptz \
+       AND rc.failed_target_snapshot_digest = mosaic_failed_target_snapshot_digest(rc.assignment_id))"
+);
+
+/// After the reservation CAS admitted the candidate: the candidate CONSUMED (with the
+/// database's receipt times), T's attempt marked retargeted, and every other open
+/// candidate of the work invalidated — in the reservation's own commit.
+pub(crate) async fn consume(
+    d: &Decided<'_>,
+    c: &RecoveryConsume,
+    reservation: &str,
+) -> Result<serde_json::Value, AuthorityError> {
+    let f = &c.ack.facts;
+    let row = d
+        .query_one(
+            concatcp!("UPDATE recovery_candidates SET state = ", CandidateState::Consumed.sql(), ", ack_message_id = $2, ack_digest = $3, \
+                    received_at = clock_timestamp(), consumed_at = clock_timestamp(), retarget_reservation_id = $4 \
+             WHERE recovery_candidate_id = $1 AND state = ", CandidateState::Issued.sql(), " \
+             RETURNING failed_attempt_id, failed_reservation_id, expected_retarget_operation, mosaic_ts(consumed_at) AS consumed_at"),
+            &[&f.recovery_candidate_id, &c.ack.acknowledged_recovery_message_id, &c.ack.acknowledged_recovery_challenge_digest, &reservation],
+        )
+        .await?;
+    let failed_attempt: String = row.col("failed_attempt_id")?;
+    d.exec_one(
+        "UPDATE attempts SET retargeted_by = $2 WHERE assignment_attempt_id = $1 AND retargeted_by IS NULL",
+        &[&failed_attempt, &f.recovery_candidate_id],
+    )
+    .await?;
+    let invalidated = d
+        .exec(
+            concatcp!(
+                "UPDATE recovery_candidates SET state = ",
+                CandidateState::Invalidated.sql(),
+                ", \
+                    invalidated_reason = 'candidate ' || $2 || ' won the retarget' \
+             WHERE assignment_id = $1 AND state = ",
+                CandidateState::Issued.sql()
+            ),
+            &[&f.assignment_id, &f.recovery_candidate_id],
+        )
+        .await?;
+    Ok(json!({
+        "recovery_candidate_id": f.recovery_candidate_id,
+        "recovery_handoff_challenge_id": f.recovery_handoff_challenge_id,
+        "candidate_principal": f.candidate_principal,
+        "expected_retarget_operation": row.col::<String>("expected_retarget_operation")?,
+        "failed_target_snapshot_digest": f.failed_target_snapshot_digest,
+        "objective_failure_evidence_digest": f.objective_failure_evidence_digest,
+        "policy_selection_digest": f.policy_selection_digest,
+        "recovery_deadline": f.recovery_deadline,
+        "ack_digest": c.ack.acknowledged_recovery_challenge_digest,
+        "retargeted_attempt": failed_attempt,
+        "failed_reservation_id": row.col::<String>("failed_reservation_id")?,
+        "consumed_at": row.col::<String>("consumed_at")?,
+        "competitors_invalidated": invalidated,
+    }))
+}
+
+/// Why the reservation CAS did not admit a recovery ACK: the first bound fact that fails,
+/// read from the candidate row.
+pub(crate) async fn why_not(
+    u: Undecided<'_>,
+    c: &RecoveryConsume,
+) -> Result<Option<AuthorityError>, AuthorityError> {
+    let f = &c.ack.facts;
+    let row = u
+        .read_opt(
+            concatcp!(
+                "SELECT ",
+                OFFER_COLUMNS,
+                ", mosaic_failed_target_snapshot_digest(rc.assignment_id) AS snapshot_now \
+             FROM recovery_candidates rc WHERE rc.recovery_candidate_id = $1"
+            ),
+            &[&f.recovery_candidate_id],
+        )
+        .await?;
+    let Some(r) = row else {
+        return Ok(Some(
+            u.reject(Category::NotFound, "no such recovery candidate")
+                .await?,
+        ));
+    };
+    let o = Offer::from_row(&r)?;
+    let e = &o.challenge.facts;
+    let (category, why) = if o.state == CandidateState::Consumed {
+        (
+            Category::ChallengeConsumed,
+            "the candidate's ACK was already consumed".to_string(),
+        )
+    } else if o.state == CandidateState::Invalidated {
+        (
+            Category::WrongState,
+            "the candidate was invalidated (another candidate won, or the work moved on)".into(),
+        )
+    } else if e != f {
+        (
+            Category::Mismatch,
+            "the ACK does not bind the candidate's exact facts".into(),
+        )
+    } else if c.signer_principal != e.candidate_principal {
+        (
+            Category::NotOwner,
+            format!(
+                "the ACK was signed by {}, not by the candidate",
+                c.signer_principal
+            ),
+        )
+    } else if !o.open {
+        (
+            Category::Expired,
+            "the candidate's recovery_deadline has passed (database time; equality is expired)"
+                .into(),
+        )
+    } else if r.col::<String>("snapshot_now")? != e.failed_target_snapshot_digest {
+        (
+            Category::SnapshotChanged,
+            "the failed target changed after the candidate's snapshot".into(),
+        )
+    } else if o.candidate_lane_incarnation_id.is_empty() {
+        (Category::Internal, "candidate without a lane".into())
+    } else {
+        return Ok(None); // the candidate holds: the lane or the work is the reason
+    };
+    Ok(Some(u.reject(category, why).await?))
+}
+
+impl Store {
+    /// Allocates a recovery candidate for work in recovery whose latest chain failed before
+    /// activation: nothing but the candidate row (spec §6.3). A retried request (same
+    /// `request_id`) returns the same candidate.
+    pub async fn offer_recovery(
+        &self,
+        l: &Leader,
+        assignment_id: &str,
+        sel: &Selection,
+        contracts_digest: &str,
+        request_id: &str,
+    ) -> Result<Offer, AuthorityError> {
+        const OP: &str = "retarget-offer";
+        let selection = serde_json::to_value(sel).map_err(|e| AuthorityError::Invariant {
+            op: OP,
+            detail: e.to_string(),
+        })?;
+        let selection_digest = sel.digest();
+        let step = Step::new(
+            OP,
+            l,
+            format!("retarget-offer/{request_id}"),
+            request_digest(
+                OP,
+                &[
+                    assignment_id,
+                    &sel.lane_incarnation_id,
+                    &selection_digest,
+                    contracts_digest,
+                ],
+            ),
+        )
+        .about(Some(assignment_id), Some(&sel.lane_incarnation_id));
+        let candidate = format!("rk-{}", uuid::Uuid::new_v4().simple());
+        let challenge = format!(
+            "rh-{}",
+            crate::coordinator::secret::fence_salt()
+                .map_err(|e| AuthorityError::Entropy(e.to_string()))?
+        );
+        let key = format!("retarget/{candidate}");
+        let (assignment, lane_inc, contracts) = (
+            assignment_id.to_string(),
+            sel.lane_incarnation_id.clone(),
+            contracts_digest.to_string(),
+        );
+        let (epoch, sot, ttl) = (l.epoch(), l.sot().to_string(), CANDIDATE_TTL_MS);
+        let r = self
+            .transition(
+                &step,
+                body!([assignment, lane_inc, contracts, candidate, challenge, key, selection, selection_digest, sot] |f| {
+                    let d = f.cas(
+                        concatcp!("WITH ev AS (", EVIDENCE, "), \
+                              s AS (SELECT mosaic_failed_target_snapshot($1) AS snap, mosaic_failed_target_snapshot_digest($1) AS digest), \
+                              e AS (SELECT ev.*, jsonb_build_object('reservation_id', ev.reservation_id, 'released_at', ev.released_at, \
+                                      'end_chain', ev.end_chain, 'termination', ev.termination, 'takeover_epoch', ev.takeover_epoch) AS evidence FROM ev) \
+                         INSERT INTO recovery_candidates AS rc (recovery_candidate_id, recovery_handoff_challenge_id, idempotency_key, assignment_id, \
+                                failed_reservation_id, failed_attempt_id, expected_retarget_operation, failed_target_snapshot, failed_target_snapshot_digest, \
+                                objective_failure_evidence, objective_failure_evidence_digest, policy_selection, policy_selection_digest, \
+                                candidate_principal, candidate_lane_id, candidate_lane_incarnation_id, scope_digest, holds_digest, contracts_digest, \
+                                sot_incarnation, coordinator_epoch, issued_at, recovery_deadline) \
+                         SELECT $2, $3, $4, a.assignment_id, t.reservation_id, t.assignment_attempt_id, \
+                                CASE WHEN s.snap->>'handoff_receipt_digest' IS NULL THEN 'initial' ELSE 'post-transfer' END, s.snap, s.digest, \
+                                e.evidence, 'sha256:' || encode(sha256(convert_to('mosaic/objective-failure-evidence/v1' || chr(10) || e.evidence::text, 'UTF8')), 'hex'), \
+                                $5::jsonb, $6, 'host:' || ln.host_id, ln.lane_id, li.lane_incarnation_id, a.scope_digest, a.holds_digest, $7, \
+                                $8, $9, mosaic_ts(clock_timestamp()), mosaic_ts(clock_timestamp() + $10::bigint * interval '1 millisecond') \
+                         FROM assignments a, reservations t, e, s, lane_incarnations li, lanes ln, lane_incarnations ti \
+                         WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
+                           AND a.requested_outcome IS NULL AND t.reservation_id = e.reservation_id AND t.released_at IS NOT NULL AND NOT e.activated \
+                           AND (e.end_chain IS NOT NULL OR e.termination IS NOT NULL OR e.takeover_epoch IS NOT NULL) \
+                           AND li.lane_incarnation_id = $11 AND li.retired_at IS NULL AND ln.lane_id = li.lane_id \
+                           AND ti.lane_incarnation_id = t.lane_incarnation_id AND ti.lane_id <> li.lane_id \
+                         RETURNING ", OFFER_COLUMNS),
+                        &[&assignment, &candidate, &challenge, &key, &selection, &selection_digest, &contracts, &sot, &epoch, &ttl, &lane_inc],
+                    ).await?;
+                    let d = match d {
+                        Ok(d) => d,
+                        Err(u) => return Err(why_no_offer(u, &assignment, &lane_inc).await?),
+                    };
+                    let o = Offer::from_row(d.row())?;
+                    d.decide(json!({ "recovery_candidate_id": candidate, "assignment_id": assignment,
+                        "failed_reservation_id": o.failed_reservation_id,
+                        "candidate_principal": o.challenge.facts.candidate_principal, "candidate_lane_id": o.candidate_lane_id,
+                        "expected_retarget_operation": o.challenge.facts.expected_retarget_operation,
+                        "failed_target_snapshot_digest": o.challenge.facts.failed_target_snapshot_digest,
+                        "objective_failure_evidence_digest": o.challenge.facts.objective_failure_evidence_digest,
+                        "policy_selection_digest": o.challenge.facts.policy_selection_digest,
+                        "recovery_deadline": o.challenge.facts.recovery_deadline, "grants": "nothing" }))
+                }),
+            )
+            .await?;
+        let id = r.str("recovery_candidate_id")?;
+        self.recovery_candidate(&id)
+            .await?
+            .ok_or_else(|| AuthorityError::Invariant {
+                op: OP,
+                detail: format!("candidate {id} offered and not found"),
+            })
+    }
+
+    /// One candidate, as its row holds it.
+    pub async fn recovery_candidate(&self, id: &str) -> Result<Option<Offer>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_opt(
+                concatcp!(
+                    "SELECT ",
+                    OFFER_COLUMNS,
+                    " FROM recovery_candidates rc WHERE rc.recovery_candidate_id = $1"
+                ),
+                &[&id],
+            )
+            .await?;
+        row.as_ref().map(Offer::from_row).transpose()
+    }
+
+    /// The reservation a consumed candidate's retarget made.
+    pub async fn retarget_reservation(
+        &self,
+        candidate_id: &str,
+    ) -> Result<Option<String>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_opt(
+                "SELECT retarget_reservation_id FROM recovery_candidates WHERE recovery_candidate_id = $1",
+                &[&candidate_id],
+            )
+            .await?;
+        Ok(row
+            .map(|r| r.col::<Option<String>>("retarget_reservation_id"))
+            .transpose()?
+            .flatten())
+    }
+
+    /// Work in recovery whose latest chain failed before activation, with whether its
+    /// failed lane can take it again now (the retarget policy moves it at once when not).
+    pub async fn preactivation_failures(&self) -> Result<Vec<Stranded>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let rows = c
+            .query(
+                concatcp!("SELECT a.assignment_id, li.lane_id, ln.host_id,                         (li.state = ", LaneState::Quarantined.sql(), " OR li.recreate_requested_at IS NOT NULL OR li.host_quarantine_reason IS NOT NULL                          OR li.retired_at IS NOT NULL) AS lane_unusable,                         EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id                                 AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), ") AS unended                  FROM assignments a                  JOIN LATERAL (SELECT t.* FROM reservations t WHERE t.assignment_id = a.assignment_id ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1) t ON true                  JOIN lane_incarnations li ON li.lane_incarnation_id = t.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id                  WHERE a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL                    AND t.released_at IS NOT NULL                    AND NOT EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.assignment_id = a.assignment_id AND tr.transition = 'activate'                                    AND tr.body->'chain'->>'reservation_id' = t.reservation_id)"),
+                &[],
+            )
+            .await?;
+        rows.iter()
+            .map(|r| {
+                Ok(Stranded {
+                    assignment_id: r.col("assignment_id")?,
+                    lane_id: r.col("lane_id")?,
+                    host_id: r.col("host_id")?,
+                    lane_unusable: r.col("lane_unusable")?,
+                    unended: r.col("unended")?,
+                })
+            })
+            .collect()
+    }
+
+    /// The work's newest ISSUED candidate of `epoch` whose deadline is still ahead.
+    pub async fn open_recovery_candidate(
+        &self,
+        assignment_id: &str,
+        epoch: i64,
+    ) -> Result<Option<Offer>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let row = c
+            .query_opt(
+                concatcp!(
+                    "SELECT ",
+                    OFFER_COLUMNS,
+                    " FROM recovery_candidates rc \
+                 WHERE rc.assignment_id = $1 AND rc.state = ",
+                    CandidateState::Issued.sql(),
+                    " AND rc.coordinator_epoch = $2 \
+                   AND clock_timestamp() < rc.recovery_deadline::timestamptz \
+                 ORDER BY rc.issued_at DESC LIMIT 1"
+                ),
+                &[&assignment_id, &epoch],
+            )
+            .await?;
+        row.as_ref().map(Offer::from_row).transpose()
+    }
+
+    /// Whether work in recovery may be retargeted: its latest chain failed before
+    /// activation, on objective evidence. `None` when it is not in recovery at all.
+    pub async fn retarget_eligible(
+        &self,
+        assignment_id: &str,
+    ) -> Result<Option<Result<String, String>>, AuthorityError> {
+        let c = self.pool.get().await?;
+        let Some(a) = c
+            .query_opt(
+                concatcp!("SELECT a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
+                        AND a.requested_outcome IS NULL AS in_recovery FROM assignments a WHERE a.assignment_id = $1"),
+                &[&assignment_id],
+            )
+            .await?
+        else {
+            return Ok(None);
+        };
+        if !a.col::<bool>("in_recovery")? {
+            return Ok(None);
+        }
+        let Some(e) = c.query_opt(EVIDENCE, &[&assignment_id]).await? else {
+            return Ok(Some(Err("the work has no chain to retarget from".into())));
+        };
+        if e.col::<bool>("activated")? {
+            return Ok(Some(Err("its latest chain was activated: retarget is for a start that failed before activation".into())));
+        }
+        let objective = e.col::<Option<serde_json::Value>>("end_chain")?.is_some()
+            || e.col::<Option<serde_json::Value>>("termination")?.is_some()
+            || e.col::<Option<i64>>("takeover_epoch")?.is_some();
+        if !objective {
+            return Ok(Some(Err(
+                "no objective failure evidence for its latest chain".into(),
+            )));
+        }
+        let lane: String = c
+            .query_one(
+                "SELECT li.lane_id FROM reservations t JOIN lane_incarnations li USING (lane_incarnation_id) WHERE t.reservation_id = $1",
+                &[&e.col::<String>("reservation_id")?],
+            )
+            .await?
+            .col("lane_id")?;
+        Ok(Some(Ok(lane)))
+    }
+}
+
+async fn why_no_offer(
+    u: Undecided<'_>,
+    assignment: &str,
+    lane_inc: &str,
+) -> Result<AuthorityError, AuthorityError> {
+    let a = u
+        .read_opt(
+            concatcp!("SELECT a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
+                    AND a.requested_outcome IS NULL AS in_recovery FROM assignments a WHERE a.assignment_id = $1"),
+            &[&assignment],
+        )
+        .await?;
+    let Some(a) = a else {
+        return u
+            .reject(Category::NotFound, format!("no assignment {assignment}"))
+            .await;
+    };
+    if !a.col::<bool>("in_recovery")? {
+        return u
+            .reject(
+                Category::WrongState,
+                "only work in recovery (with no end requested) can be retargeted",
+            )
+            .await;
+    }
+    let e = u.read_opt(EVIDENCE, &[&assignment]).await?;
+    match e {
+        None => return u.reject(Category::WrongState, "the work has no chain to retarget from").await,
+        Some(e) if e.col::<bool>("activated")? => {
+            return u
+                .reject(Category::WrongState, "its latest chain was activated: retarget is for a start that failed before activation")
+                .await
+        }
+        Some(e)
+            if e.col::<Option<serde_json::Value>>("end_chain")?.is_none()
+                && e.col::<Option<serde_json::Value>>("termination")?.is_none()
+                && e.col::<Option<i64>>("takeover_epoch")?.is_none() =>
+        {
+            return u.reject(Category::WrongState, "no objective failure evidence (a receipt) for its latest chain").await
+        }
+        Some(_) => {}
+    }
+    let lane = u
+        .read_opt("SELECT retired_at IS NOT NULL AS retired FROM lane_incarnations WHERE lane_incarnation_id = $1", &[&lane_inc])
+        .await?;
+    match lane {
+        None => {
+            u.reject(
+                Category::NotFound,
+                format!("no lane incarnation {lane_inc}"),
+            )
+            .await
+        }
+        Some(r) if r.col::<bool>("retired")? => {
+            u.reject(
+                Category::WrongState,
+                "the candidate lane's incarnation was retired",
+            )
+            .await
+        }
+        Some(_) => {
+            u.reject(
+                Category::WrongState,
+                "the candidate lane is the failed target's own lane",
+            )
+            .await
+        }
+    }
+}
