@@ -550,3 +550,79 @@ mod properties {
         }
     }
 }
+
+/// The typed recovery variants round-trip through their envelopes unchanged (the deadline
+/// byte for byte), and the digest the coordinator recomputes from a candidate row is the
+/// digest of the exact envelope the candidate received — for that message id only.
+#[test]
+fn recovery_messages_round_trip_and_an_ack_binds_one_exact_challenge_envelope() {
+    use mosaic::protocol::messages::{
+        FromHostSession, RecoveryAck, RecoveryChallenge, RecoveryFacts, ToHost,
+    };
+    let reg = registry();
+    let facts = RecoveryFacts {
+        sot_incarnation: "sot-1".into(),
+        coordinator_epoch: 3,
+        assignment_id: "as-1".into(),
+        recovery_candidate_id: format!("rk-{}", "1".repeat(32)),
+        recovery_handoff_challenge_id: format!("rh-{}", "2".repeat(64)),
+        candidate_principal: CANDIDATE.into(),
+        expected_retarget_operation: "initial".into(),
+        failed_target_snapshot_digest: format!("sha256:{}", "3".repeat(64)),
+        objective_failure_evidence_digest: format!("sha256:{}", "4".repeat(64)),
+        policy_selection_digest: format!("sha256:{}", "5".repeat(64)),
+        scope_digest: format!("sha256:{}", "6".repeat(64)),
+        holds_digest: format!("sha256:{}", "7".repeat(64)),
+        contracts_digest: format!("sha256:{}", "8".repeat(64)),
+        recovery_deadline: "2026-06-01T00:00:30.123456Z".into(),
+    };
+    let ch = RecoveryChallenge {
+        idempotency_key: "retarget/rk-1".into(),
+        facts: facts.clone(),
+        issued_at: "2026-06-01T00:00:00.123456Z".into(),
+    };
+    let coord = signer("coord-recovery");
+    let mut f = ch.fields();
+    f.push(("message_id", s("sess-1.4")));
+    let bytes = coord
+        .sign(MessageType::RecoveryChallenge, CANDIDATE, f)
+        .unwrap();
+    let env = verify(&bytes, &ctx(&reg, CANDIDATE)).unwrap();
+    let Some(ToHost::RecoveryChallenge(back)) = ToHost::decode(&env).unwrap() else {
+        panic!("not a recovery challenge")
+    };
+    assert_eq!(back, ch);
+    assert_eq!(
+        ch.envelope_digest(&coord, CANDIDATE, "sess-1.4").unwrap(),
+        env.digest()
+    );
+    assert_ne!(
+        ch.envelope_digest(&coord, CANDIDATE, "sess-1.5").unwrap(),
+        env.digest(),
+        "another message id is another envelope"
+    );
+    let ack = RecoveryAck::answering(&env, &back);
+    assert_eq!(ack.acknowledged_recovery_message_id, "sess-1.4");
+    let cand = signer("candidate-recovery");
+    let mut f = ack.fields();
+    f.push(("message_id", s("sess-1.9")));
+    let bytes = cand.sign(MessageType::RecoveryAck, COORD, f).unwrap();
+    let env2 = verify(&bytes, &ctx(&reg, COORD)).unwrap();
+    let Some(FromHostSession::RecoveryAck(a)) = FromHostSession::decode(&env2).unwrap() else {
+        panic!("not a recovery ack")
+    };
+    assert_eq!(*a, ack);
+    assert_eq!(a.facts.recovery_deadline, facts.recovery_deadline);
+    // The coordinator's ordinary key cannot issue the challenge; the candidate's recovery
+    // key cannot issue it either (role), nor can it address another audience.
+    let mut f = ch.fields();
+    f.push(("message_id", s("sess-1.4")));
+    let by_ordinary = signer("coord-ordinary")
+        .sign(MessageType::RecoveryChallenge, CANDIDATE, f.clone())
+        .unwrap();
+    assert_eq!(category(&by_ordinary, CANDIDATE), "key-not-authorized");
+    let by_candidate = cand
+        .sign(MessageType::RecoveryChallenge, CANDIDATE, f)
+        .unwrap();
+    assert_eq!(category(&by_candidate, CANDIDATE), "key-not-authorized");
+}

@@ -10,8 +10,10 @@ mod pg;
 mod store;
 mod world;
 
+use mosaic::coordinator::recovery::{Offer, RecoveryConsume, Selection};
 use mosaic::coordinator::service::OperatorRequest;
 use mosaic::coordinator::Category;
+use mosaic::protocol::messages::RecoveryAck;
 use serde_json::Value;
 use world::{assign_request, Spec, World};
 
@@ -181,4 +183,553 @@ async fn a_start_whose_host_dies_moves_to_another_host_only_through_its_recovery
         .await,
         cands.len() as i64
     );
+}
+
+async fn json_of(url: &str, q: &str) -> serde_json::Value {
+    store::sql(url)
+        .await
+        .query_one(q, &[])
+        .await
+        .unwrap()
+        .get(0)
+}
+
+/// The failed target T: a chain on the fixture's lane driven to AWAITING_ACK (a staged
+/// generation, an issued challenge) and ended by its host losing it — recovery, on the
+/// end-chain receipt — with two more lanes on other hosts to retarget to.
+async fn failed_start(f: &store::Fx) -> (store::Ready, store::LaneView, store::LaneView) {
+    let t = store::to_awaiting_ack(
+        &f.store,
+        &f.leader,
+        &f.lane.lane_incarnation_id,
+        None,
+        60_000,
+    )
+    .await;
+    f.store
+        .end_chain(&f.leader, t.chain(), store::EndCause::Abandoned)
+        .await
+        .unwrap();
+    let u = f
+        .store
+        .adopt_lane_incarnation(&f.leader, "h2", "h2:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let v = f
+        .store
+        .adopt_lane_incarnation(&f.leader, "h3", "h3:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    (t, u, v)
+}
+
+fn selection(lane: &store::LaneView, failed: &str) -> Selection {
+    Selection {
+        lane_id: lane.lane_id.clone(),
+        lane_incarnation_id: lane.lane_incarnation_id.clone(),
+        host_id: lane.host_id.clone(),
+        method: "first-idle".into(),
+        inputs_digest: store::d('e'),
+        excluded_lane: failed.into(),
+    }
+}
+
+fn contracts() -> String {
+    mosaic::protocol::contracts_digest(
+        "spawn=3 print=hello",
+        &store::scope_digest(),
+        &store::holds_digest(),
+    )
+}
+
+async fn offer(f: &store::Fx, asg: &str, lane: &store::LaneView) -> Offer {
+    offer_for(f, &f.leader, asg, lane, 30_000).await.unwrap()
+}
+
+async fn offer_for(
+    f: &store::Fx,
+    l: &store::Leader,
+    asg: &str,
+    lane: &store::LaneView,
+    ttl_ms: i64,
+) -> Result<Offer, store::AuthorityError> {
+    f.store
+        .offer_recovery(
+            l,
+            asg,
+            &selection(lane, "h1:w1"),
+            &contracts(),
+            ttl_ms,
+            &store::uid("rq"),
+        )
+        .await
+}
+
+/// The ACK the candidate host would send, as the service hands it to the CAS.
+fn ack_of(o: &Offer) -> RecoveryConsume {
+    RecoveryConsume {
+        ack: RecoveryAck {
+            idempotency_key: format!(
+                "recovery-ack/{}",
+                o.challenge.facts.recovery_handoff_challenge_id
+            ),
+            facts: o.challenge.facts.clone(),
+            acknowledged_recovery_message_id: "sess-test.7".into(),
+            acknowledged_recovery_challenge_digest: store::d('a'),
+        },
+        signer_principal: o.challenge.facts.candidate_principal.clone(),
+    }
+}
+
+fn retarget_req(o: &Offer, c: RecoveryConsume, lane: &str) -> store::ReserveRequest {
+    let mut r = store::request(lane, Some(&o.challenge.facts.assignment_id), 60_000);
+    r.request_id = store::uid("retarget");
+    r.target = o.candidate_lane_id.clone();
+    r.recovery = Some(c);
+    r
+}
+
+/// Nothing moved: the candidate still ISSUED, no reservation beyond T's, the work in
+/// recovery with T its named owner.
+async fn unchanged(f: &store::Fx, o: &Offer, what: &str) {
+    let url = pg::server().url(&f.db.name);
+    let asg = &o.challenge.facts.assignment_id;
+    let id = &o.challenge.facts.recovery_candidate_id;
+    assert_eq!(
+        store::count(&url, &format!("SELECT count(*) FROM recovery_candidates WHERE recovery_candidate_id = '{id}' AND state = 'ISSUED'")).await,
+        1,
+        "{what}: the candidate is still ISSUED"
+    );
+    assert_eq!(
+        store::count(
+            &url,
+            &format!("SELECT count(*) FROM reservations WHERE assignment_id = '{asg}'")
+        )
+        .await,
+        1,
+        "{what}: no reservation was made"
+    );
+    let a = store::assignment(&f.store, asg).await;
+    assert_eq!(
+        (a.lifecycle.as_str(), a.responsibility_owner.as_str()),
+        ("RECOVERY", store::TARGET),
+        "{what}"
+    );
+}
+
+/// §17 Recovery-candidate allocation, substitution, snapshot/evidence/policy substitution,
+/// deadline consistency, replay/concurrency, expiry/takeover and both-order races — on the
+/// store, one row per bound fact, each row able to fail: a row whose check were deleted
+/// would reserve U's chain, and `unchanged` would say so.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_retarget_cas_consumes_one_exact_ack_and_refuses_every_substitution() {
+    let f = store::fx().await;
+    let url = pg::server().url(&f.db.name);
+    let (t, u, v) = failed_start(&f).await;
+    let asg = t.chain().assignment_id.clone();
+
+    // Allocation: nothing but the candidate row.
+    let counts = || async {
+        let mut c = store::authority_counts(&url).await;
+        c.retain(|(t, _)| t != "transition_receipts");
+        c
+    };
+    let before = counts().await;
+    let o = offer(&f, &asg, &u).await;
+    let after = counts().await;
+    assert_eq!(
+        before, after,
+        "a candidate allocates no attempt, reservation, generation, challenge or lease"
+    );
+    let facts = &o.challenge.facts;
+    assert_eq!(facts.expected_retarget_operation, "initial");
+    assert_eq!(facts.candidate_principal, "host:h2");
+    assert_eq!(o.candidate_lane_incarnation_id, u.lane_incarnation_id);
+    // The snapshot names T's exact preactivation facts, and its digest is the database's.
+    let snap: serde_json::Value = json_of(&url, &format!(
+        "SELECT failed_target_snapshot FROM recovery_candidates WHERE recovery_candidate_id = '{}'", facts.recovery_candidate_id)).await;
+    assert_eq!(
+        snap["failed_target_attempt_id"],
+        t.chain().assignment_attempt_id.as_str()
+    );
+    assert_eq!(snap["challenge_id"], t.challenge.as_str());
+    assert_eq!(snap["challenge_consumption_state"], "invalidated");
+    assert_eq!(snap["execution_owner"], serde_json::Value::Null);
+    assert_eq!(
+        snap["source_assignment_attempt_id"],
+        serde_json::Value::Null
+    );
+    assert_eq!(snap["handoff_receipt_digest"], serde_json::Value::Null);
+
+    // Substitution rows: each bound fact changed alone.
+    type Edit = Box<dyn Fn(&mut RecoveryConsume)>;
+    let other = |c: char| store::d(c);
+    let rows: Vec<(&str, Edit, Category)> = vec![
+        (
+            "candidate id",
+            Box::new(|c| c.ack.facts.recovery_candidate_id = format!("rk-{}", "0".repeat(32))),
+            Category::NotFound,
+        ),
+        (
+            "challenge id",
+            Box::new(|c| {
+                c.ack.facts.recovery_handoff_challenge_id = format!("rh-{}", "0".repeat(64))
+            }),
+            Category::Mismatch,
+        ),
+        (
+            "candidate principal",
+            Box::new(|c| {
+                c.ack.facts.candidate_principal = "host:h3".into();
+                c.signer_principal = "host:h3".into();
+            }),
+            Category::Mismatch,
+        ),
+        (
+            "signer",
+            Box::new(|c| c.signer_principal = "host:h3".into()),
+            Category::NotOwner,
+        ),
+        (
+            "operation",
+            Box::new(|c| c.ack.facts.expected_retarget_operation = "post-transfer".into()),
+            Category::Mismatch,
+        ),
+        (
+            "snapshot digest",
+            Box::new(move |c| c.ack.facts.failed_target_snapshot_digest = other('1')),
+            Category::Mismatch,
+        ),
+        (
+            "evidence digest",
+            Box::new(move |c| c.ack.facts.objective_failure_evidence_digest = other('2')),
+            Category::Mismatch,
+        ),
+        (
+            "selection digest",
+            Box::new(move |c| c.ack.facts.policy_selection_digest = other('3')),
+            Category::Mismatch,
+        ),
+        (
+            "scope digest",
+            Box::new(move |c| c.ack.facts.scope_digest = other('4')),
+            Category::Mismatch,
+        ),
+        (
+            "holds digest",
+            Box::new(move |c| c.ack.facts.holds_digest = other('5')),
+            Category::Mismatch,
+        ),
+        (
+            "contracts digest",
+            Box::new(move |c| c.ack.facts.contracts_digest = other('6')),
+            Category::Mismatch,
+        ),
+        (
+            "sot incarnation",
+            Box::new(|c| c.ack.facts.sot_incarnation = "sot-other".into()),
+            Category::Mismatch,
+        ),
+        (
+            "epoch",
+            Box::new(|c| c.ack.facts.coordinator_epoch += 1),
+            Category::Mismatch,
+        ),
+        (
+            "assignment",
+            Box::new(|c| c.ack.facts.assignment_id = "as-other".into()),
+            Category::Mismatch,
+        ),
+        // The same instant in another rendering is another deadline (byte-identical only).
+        (
+            "deadline rendering",
+            Box::new(|c| {
+                let d = c.ack.facts.recovery_deadline.replace('Z', "+00:00");
+                c.ack.facts.recovery_deadline = d;
+            }),
+            Category::Mismatch,
+        ),
+        (
+            "deadline later",
+            Box::new(|c| c.ack.facts.recovery_deadline = "2999-01-01T00:00:00.000000Z".into()),
+            Category::Mismatch,
+        ),
+    ];
+    for (what, edit, want) in rows {
+        let mut c = ack_of(&o);
+        edit(&mut c);
+        let e = f
+            .store
+            .reserve(&f.leader, &retarget_req(&o, c, &u.lane_incarnation_id))
+            .await
+            .unwrap_err();
+        assert_eq!(e.category(), Some(want), "{what}: {e}");
+        unchanged(&f, &o, what).await;
+    }
+    // Candidate (lane) substitution: the exact ACK, presented for another lane.
+    let e = f
+        .store
+        .reserve(
+            &f.leader,
+            &retarget_req(&o, ack_of(&o), &v.lane_incarnation_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Mismatch), "{e}");
+    unchanged(&f, &o, "lane substitution").await;
+
+    // Both-order race, ACK first: U ACKs snapshot N, then one T mutation (T's host reports
+    // its generation ended): the stale retarget performs no mutation.
+    f.store
+        .ingest_termination(
+            &f.leader,
+            store::HOST,
+            &store::receipt_for(&t, "abandoned", true),
+        )
+        .await
+        .unwrap();
+    let e = f
+        .store
+        .reserve(
+            &f.leader,
+            &retarget_req(&o, ack_of(&o), &u.lane_incarnation_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::SnapshotChanged), "{e}");
+    unchanged(&f, &o, "stale snapshot").await;
+
+    // Fresh evidence, selection and candidate: two candidates race for one failed target;
+    // exactly one ACK is consumed, one chain allocated.
+    let (ou, ov) = (offer(&f, &asg, &u).await, offer(&f, &asg, &v).await);
+    assert_ne!(
+        ou.challenge.facts.recovery_candidate_id,
+        ov.challenge.facts.recovery_candidate_id
+    );
+    let (s1, s2, l1, l2) = (
+        f.store.clone(),
+        f.store.clone(),
+        f.leader.clone(),
+        f.leader.clone(),
+    );
+    let (ru, rv) = (
+        retarget_req(&ou, ack_of(&ou), &u.lane_incarnation_id),
+        retarget_req(&ov, ack_of(&ov), &v.lane_incarnation_id),
+    );
+    let (a, b) = tokio::join!(
+        tokio::spawn(async move { s1.reserve(&l1, &ru).await }),
+        tokio::spawn(async move { s2.reserve(&l2, &rv).await })
+    );
+    let (a, b) = (a.unwrap(), b.unwrap());
+    assert_eq!(
+        a.is_ok() as u8 + b.is_ok() as u8,
+        1,
+        "exactly one winner: {a:?} {b:?}"
+    );
+    let (won, lost_offer) = match (a, b) {
+        (Ok(won), _) => (won, &ov),
+        (_, Ok(won)) => (won, &ou),
+        _ => unreachable!("one of them won"),
+    };
+    assert_eq!(
+        store::count(&url, &format!("SELECT count(*) FROM recovery_candidates WHERE assignment_id = '{asg}' AND state = 'CONSUMED'")).await,
+        1
+    );
+    assert_eq!(
+        store::count(
+            &url,
+            &format!("SELECT count(*) FROM reservations WHERE assignment_id = '{asg}'")
+        )
+        .await,
+        2,
+        "T's and the winner's"
+    );
+    // The loser is invalidated and can never be consumed; the winner's allocation owns the
+    // work as (U, NULL, U), T's attempt is marked retargeted by it.
+    let e = f
+        .store
+        .reserve(
+            &f.leader,
+            &retarget_req(
+                lost_offer,
+                ack_of(lost_offer),
+                &lost_offer.candidate_lane_incarnation_id,
+            ),
+        )
+        .await
+        .unwrap_err();
+    assert!(matches!(e.category(), Some(Category::WrongState)), "{e}");
+    let a = store::assignment(&f.store, &asg).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        (
+            won.chain.lane_id.as_str(),
+            None,
+            Some(won.chain.lane_id.as_str())
+        )
+    );
+    let retargeted_by: Option<String> = json_of(
+        &url,
+        &format!(
+            "SELECT to_jsonb(retargeted_by) FROM attempts WHERE assignment_attempt_id = '{}'",
+            t.chain().assignment_attempt_id
+        ),
+    )
+    .await
+    .as_str()
+    .map(String::from);
+    assert!(retargeted_by.is_some_and(|c| c.starts_with("rk-")));
+    // No ordinary activation challenge exists for U yet: only verified contract injection
+    // mints one.
+    assert_eq!(
+        store::count(
+            &url,
+            &format!(
+                "SELECT count(*) FROM challenges WHERE reservation_id = '{}'",
+                won.chain.reservation_id
+            )
+        )
+        .await,
+        0
+    );
+    // A late T artifact after the retarget: T's ACK on its old chain is refused.
+    let e = f
+        .store
+        .consume_ack(&f.leader, &store::ack(&f.leader, &t))
+        .await
+        .unwrap_err();
+    assert!(e.category().is_some(), "{e}");
+    assert_eq!(
+        store::count(
+            &url,
+            &format!(
+                "SELECT count(*) FROM ack_receipts WHERE reservation_id = '{}'",
+                t.chain().reservation_id
+            )
+        )
+        .await,
+        0
+    );
+}
+
+/// §17 Recovery expiry/takeover, Recovery deadline boundary, Recovery-envelope replay, and
+/// retarget being for preactivation failures only.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_candidate_dies_with_its_deadline_or_its_epoch_and_is_consumed_once() {
+    let f = store::fx().await;
+    let url = pg::server().url(&f.db.name);
+    let (t, u, _v) = failed_start(&f).await;
+    let asg = t.chain().assignment_id.clone();
+
+    // Expiry is the database's: a candidate whose recovery_deadline has passed is refused.
+    let short = offer_for(&f, &f.leader, &asg, &u, 1000).await.unwrap();
+    let deadline: String = json_of(&url, &format!(
+        "SELECT to_jsonb(recovery_deadline) FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
+        short.challenge.facts.recovery_candidate_id)).await.as_str().unwrap().to_string();
+    assert_eq!(
+        deadline, short.challenge.facts.recovery_deadline,
+        "one rendering, row and challenge alike"
+    );
+    store::sql(&url)
+        .await
+        .execute(
+            &format!(
+                "SELECT pg_sleep_until('{deadline}'::timestamptz + interval '5 milliseconds')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let e = f
+        .store
+        .reserve(
+            &f.leader,
+            &retarget_req(&short, ack_of(&short), &u.lane_incarnation_id),
+        )
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Expired), "{e}");
+    unchanged(&f, &short, "expired").await;
+    assert!(f
+        .store
+        .open_recovery_candidate(&asg, f.leader.epoch())
+        .await
+        .unwrap()
+        .is_none());
+
+    // Takeover: a candidate of the old epoch grants the new leader nothing.
+    let o = offer(&f, &asg, &u).await;
+    f.store.release(&f.leader).await.unwrap();
+    let (l2, _) = f
+        .store
+        .acquire(&store::candidate("b"), 60_000)
+        .await
+        .unwrap();
+    assert!(l2.epoch() > f.leader.epoch());
+    let e = f
+        .store
+        .reserve(&l2, &retarget_req(&o, ack_of(&o), &u.lane_incarnation_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Expired), "{e}");
+    unchanged(&f, &o, "takeover").await;
+    assert!(f
+        .store
+        .open_recovery_candidate(&asg, l2.epoch())
+        .await
+        .unwrap()
+        .is_none());
+    // Evidence: the takeover itself is objective evidence too (T's epoch has ended).
+    let o2 = offer_for(&f, &l2, &asg, &u, 30_000).await.unwrap();
+    let ev: serde_json::Value = json_of(&url, &format!(
+        "SELECT objective_failure_evidence FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
+        o2.challenge.facts.recovery_candidate_id)).await;
+    assert_eq!(ev["takeover_epoch"], l2.epoch());
+
+    // Consumed once: the same request again is the original receipt; another ACK of the
+    // same candidate (another message) is refused and changes nothing.
+    let req = retarget_req(&o2, ack_of(&o2), &u.lane_incarnation_id);
+    let first = f.store.reserve(&l2, &req).await.unwrap();
+    let again = f.store.reserve(&l2, &req).await.unwrap();
+    assert!(again.receipt.replayed);
+    assert_eq!(again.chain, first.chain);
+    let mut second = ack_of(&o2);
+    second.ack.acknowledged_recovery_message_id = "sess-test.8".into();
+    let e = f
+        .store
+        .reserve(&l2, &retarget_req(&o2, second, &u.lane_incarnation_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::ChallengeConsumed), "{e}");
+    assert_eq!(
+        store::count(
+            &url,
+            &format!("SELECT count(*) FROM reservations WHERE assignment_id = '{asg}'")
+        )
+        .await,
+        2
+    );
+
+    // Work whose latest chain was activated is not retargeted: its generation ran.
+    let w = f
+        .store
+        .adopt_lane_incarnation(&l2, "h4", "h4:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let r = store::running(&f.store, &l2, &w.lane_incarnation_id).await;
+    f.store
+        .ingest_termination(&l2, "h4", &store::receipt_for(&r, "crashed", true))
+        .await
+        .unwrap();
+    let a = store::assignment(&f.store, &r.chain().assignment_id).await;
+    assert_eq!(a.lifecycle.as_str(), "RECOVERY");
+    let e = offer_for(&f, &l2, &r.chain().assignment_id, &u, 30_000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert!(e.to_string().contains("activated"), "{e}");
 }

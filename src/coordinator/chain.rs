@@ -299,7 +299,7 @@ impl Store {
                         Ok(d) => d,
                         Err(u) => {
                             if let Some(c) = &req.recovery {
-                                if let Some(e) = super::recovery::why_not(u, c).await? {
+                                if let Some(e) = super::recovery::why_not(u, c, &req.lane_incarnation_id, epoch).await? {
                                     return Err(e);
                                 }
                                 return Err(reject(OP, Category::WrongState, "the recovery candidate holds, but its lane or the work cannot take a fresh chain now"));

@@ -273,6 +273,8 @@ pub(crate) async fn consume(
 pub(crate) async fn why_not(
     u: Undecided<'_>,
     c: &RecoveryConsume,
+    lane_incarnation_id: &str,
+    epoch: i64,
 ) -> Result<Option<AuthorityError>, AuthorityError> {
     let f = &c.ack.facts;
     let row = u
@@ -309,6 +311,16 @@ pub(crate) async fn why_not(
             Category::Mismatch,
             "the ACK does not bind the candidate's exact facts".into(),
         )
+    } else if o.candidate_lane_incarnation_id != lane_incarnation_id {
+        (
+            Category::Mismatch,
+            "the candidate was selected for another lane".into(),
+        )
+    } else if e.coordinator_epoch != epoch.max(0) as u64 {
+        (
+            Category::Expired,
+            "the candidate was issued under another leadership epoch: a takeover leaves it no authority".into(),
+        )
     } else if c.signer_principal != e.candidate_principal {
         (
             Category::NotOwner,
@@ -328,8 +340,6 @@ pub(crate) async fn why_not(
             Category::SnapshotChanged,
             "the failed target changed after the candidate's snapshot".into(),
         )
-    } else if o.candidate_lane_incarnation_id.is_empty() {
-        (Category::Internal, "candidate without a lane".into())
     } else {
         return Ok(None); // the candidate holds: the lane or the work is the reason
     };
@@ -346,6 +356,7 @@ impl Store {
         assignment_id: &str,
         sel: &Selection,
         contracts_digest: &str,
+        ttl_ms: i64,
         request_id: &str,
     ) -> Result<Offer, AuthorityError> {
         const OP: &str = "retarget-offer";
@@ -353,6 +364,13 @@ impl Store {
             op: OP,
             detail: e.to_string(),
         })?;
+        if !(1000..=600_000).contains(&ttl_ms) {
+            return Err(super::error::reject(
+                OP,
+                Category::BadInput,
+                "a recovery candidate lives 1 s to 10 min",
+            ));
+        }
         let selection_digest = sel.digest();
         let step = Step::new(
             OP,
@@ -381,7 +399,7 @@ impl Store {
             sel.lane_incarnation_id.clone(),
             contracts_digest.to_string(),
         );
-        let (epoch, sot, ttl) = (l.epoch(), l.sot().to_string(), CANDIDATE_TTL_MS);
+        let (epoch, sot, ttl) = (l.epoch(), l.sot().to_string(), ttl_ms);
         let r = self
             .transition(
                 &step,

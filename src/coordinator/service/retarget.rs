@@ -65,7 +65,14 @@ impl Service {
                     .step(
                         l,
                         self.store
-                            .offer_recovery(l, assignment_id, &sel, &contracts, &request)
+                            .offer_recovery(
+                                l,
+                                assignment_id,
+                                &sel,
+                                &contracts,
+                                crate::coordinator::recovery::CANDIDATE_TTL_MS,
+                                &request,
+                            )
                             .await,
                     )
                     .await?;
