@@ -21,7 +21,8 @@ CREATE FUNCTION mosaic_failed_target_snapshot(p_assignment text) RETURNS jsonb L
          g AS (SELECT g.* FROM generations g, r WHERE g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation),
          c AS (SELECT c.* FROM challenges c, r WHERE c.reservation_id = r.reservation_id),
          ak AS (SELECT ak.* FROM ack_receipts ak, r WHERE ak.reservation_id = r.reservation_id),
-         h AS (SELECT h.* FROM handoffs h, r WHERE h.target_reservation_id = r.reservation_id AND h.state = 'ACCEPTED'),
+         -- The handoff whose target T was (pre-transfer: not accepted; post-transfer: accepted).
+         h AS (SELECT h.* FROM handoffs h, r WHERE h.target_reservation_id = r.reservation_id),
          act AS (SELECT tr.receipt_id FROM transition_receipts tr, r
                  WHERE tr.transition = 'activate' AND tr.assignment_id = p_assignment
                    AND tr.body->'chain'->>'reservation_id' = r.reservation_id)
@@ -32,7 +33,7 @@ CREATE FUNCTION mosaic_failed_target_snapshot(p_assignment text) RETURNS jsonb L
         'pending_target', (SELECT pending_target FROM a),
         'assignment_id', (SELECT assignment_id FROM a),
         'source_assignment_attempt_id', (SELECT source_attempt_id FROM h),
-        'handoff_receipt_digest', (SELECT ack_digest FROM h),
+        'handoff_receipt_digest', (SELECT ack_digest FROM h WHERE h.state = 'ACCEPTED'),
         'failed_target_attempt_id', (SELECT assignment_attempt_id FROM r),
         'failed_target_generation', (SELECT generation FROM r),
         'lane_id', (SELECT lane_id FROM li),
@@ -56,11 +57,16 @@ CREATE FUNCTION mosaic_failed_target_snapshot(p_assignment text) RETURNS jsonb L
         'inbox_state_digest', (SELECT 'sha256:' || encode(sha256(convert_to(coalesce(jsonb_agg(jsonb_build_array(p.progress_id, p.evidence_digest)
                                      ORDER BY p.progress_id)::text, '[]'), 'UTF8')), 'hex')
                                FROM progress_receipts p, r WHERE p.reservation_id = r.reservation_id),
-        'continuation_state_digest', (SELECT 'sha256:' || encode(sha256(convert_to(jsonb_build_array(a.continuation_budget,
-                                          (SELECT count(*) FROM continuations k WHERE k.assignment_id = p_assignment))::text, 'UTF8')), 'hex') FROM a),
+        'continuation_state_digest', (SELECT 'sha256:' || encode(sha256(convert_to(coalesce(jsonb_agg(jsonb_build_array(k.continuation_id,
+                                          k.claimant_epoch, k.accepted_at, k.result_at) ORDER BY k.continuation_id)::text, '[]'), 'UTF8')), 'hex')
+                                      FROM continuations k, r WHERE k.reservation_id = r.reservation_id),
         'activation_idempotency_identity', (SELECT receipt_id FROM act),
         'all_other_mutable_preactivation_fields_digest', (SELECT 'sha256:' || encode(sha256(convert_to(jsonb_build_array(
-                (SELECT to_jsonb(a) - 'scope' - 'holds' FROM a),
+                -- The work's row without what a pre-transfer source, still running, moves
+                -- by itself (its progress and inactivity clock, its continuation budget).
+                (SELECT to_jsonb(a) - 'scope' - 'holds' - 'last_progress_at' - 'inactivity_base_at'
+                        - 'inactivity_deadline' - 'continuation_budget' FROM a),
+                (SELECT h.state FROM h),
                 (SELECT mosaic_ts(released_at) FROM r), (SELECT contracts_digest FROM r), (SELECT process_identity FROM r),
                 (SELECT state FROM li), (SELECT state FROM g),
                 (SELECT count(*) FROM reservations rx WHERE rx.assignment_id = p_assignment))::text, 'UTF8')), 'hex'))

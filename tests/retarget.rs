@@ -292,6 +292,14 @@ fn retarget_req(o: &Offer, c: RecoveryConsume, lane: &str) -> store::ReserveRequ
 /// Nothing moved: the candidate still ISSUED, no reservation beyond T's, the work in
 /// recovery with T its named owner.
 async fn unchanged(f: &store::Fx, o: &Offer, what: &str) {
+    unchanged_at(f, o, 1, what).await;
+    let a = store::assignment(&f.store, &o.challenge.facts.assignment_id).await;
+    assert_eq!(a.responsibility_owner.as_str(), store::TARGET, "{what}");
+}
+
+/// Nothing moved: the candidate still ISSUED, the work's `reservations` as many as before,
+/// the work in recovery.
+async fn unchanged_at(f: &store::Fx, o: &Offer, reservations: i64, what: &str) {
     let url = pg::server().url(&f.db.name);
     let asg = &o.challenge.facts.assignment_id;
     let id = &o.challenge.facts.recovery_candidate_id;
@@ -306,15 +314,11 @@ async fn unchanged(f: &store::Fx, o: &Offer, what: &str) {
             &format!("SELECT count(*) FROM reservations WHERE assignment_id = '{asg}'")
         )
         .await,
-        1,
+        reservations,
         "{what}: no reservation was made"
     );
     let a = store::assignment(&f.store, asg).await;
-    assert_eq!(
-        (a.lifecycle.as_str(), a.responsibility_owner.as_str()),
-        ("RECOVERY", store::TARGET),
-        "{what}"
-    );
+    assert_eq!(a.lifecycle.as_str(), "RECOVERY", "{what}");
 }
 
 /// §17 Recovery-candidate allocation, substitution, snapshot/evidence/policy substitution,
@@ -714,6 +718,48 @@ async fn a_candidate_dies_with_its_deadline_or_its_epoch_and_is_consumed_once() 
         2
     );
 
+    // Chained recovery: U fails before activation too; V is reached from U's exact
+    // snapshot by a new candidate, and the T-to-U candidate authorizes nothing.
+    f.store
+        .end_chain(&l2, &first.chain, store::EndCause::Abandoned)
+        .await
+        .unwrap();
+    let v = f
+        .store
+        .adopt_lane_incarnation(&l2, "h5", "h5:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let ov = offer_for(&f, &l2, &asg, &v, 30_000).await.unwrap();
+    assert_ne!(
+        ov.challenge.facts.failed_target_snapshot_digest,
+        o2.challenge.facts.failed_target_snapshot_digest
+    );
+    assert_eq!(ov.failed_reservation_id, first.chain.reservation_id);
+    let e = f
+        .store
+        .reserve(&l2, &retarget_req(&o2, ack_of(&o2), &v.lane_incarnation_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::ChallengeConsumed), "{e}");
+    let third = f
+        .store
+        .reserve(&l2, &retarget_req(&ov, ack_of(&ov), &v.lane_incarnation_id))
+        .await
+        .unwrap();
+    let a = store::assignment(&f.store, &asg).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("h5:w1", None, Some("h5:w1"))
+    );
+    assert_eq!(
+        third.receipt.body["retarget"]["failed_reservation_id"],
+        first.chain.reservation_id.as_str()
+    );
+
     // Work whose latest chain was activated is not retargeted: its generation ran.
     let w = f
         .store
@@ -732,4 +778,300 @@ async fn a_candidate_dies_with_its_deadline_or_its_epoch_and_is_consumed_once() 
         .unwrap_err();
     assert_eq!(e.category(), Some(Category::WrongState), "{e}");
     assert!(e.to_string().contains("activated"), "{e}");
+}
+
+/// §17 Preactivation retarget/activation race and Post-injection ordinary challenge
+/// ordering, both orders. T first: T activated, so the work is RUNNING and no candidate can
+/// be offered (recovery would use the RUNNING handoff path). Retarget first: T reached READY
+/// (its ACK consumed) and failed; a candidate is offered; T's late activation is refused
+/// and changes nothing the candidate bound; the retarget then wins, and T's activation is
+/// refused again after it. U has no ordinary challenge until its own contract is injected.
+#[tokio::test(flavor = "multi_thread")]
+async fn activation_and_retarget_race_in_both_orders_and_exactly_one_wins() {
+    let f = store::fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let url = pg::server().url(&f.db.name);
+    let u = s
+        .adopt_lane_incarnation(l, "h2", "h2:w1", &store::uid("li"))
+        .await
+        .unwrap();
+
+    // T first: activated work is not in recovery; no candidate.
+    let t1 = store::running(s, l, &f.lane.lane_incarnation_id).await;
+    let e = offer_for(&f, l, &t1.chain().assignment_id, &u, 30_000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    assert_eq!(
+        store::count(&url, "SELECT count(*) FROM recovery_candidates").await,
+        0
+    );
+
+    // Retarget first: T at READY, then its host loses the chain.
+    let w2 = s
+        .adopt_lane_incarnation(l, store::HOST, "h1:w2", &store::uid("li"))
+        .await
+        .unwrap();
+    let t = store::to_awaiting_ack(s, l, &w2.lane_incarnation_id, None, 60_000).await;
+    s.consume_ack(l, &store::ack(l, &t)).await.unwrap();
+    let late_activation = store::activation(s, &t).await;
+    s.end_chain(l, t.chain(), store::EndCause::Abandoned)
+        .await
+        .unwrap();
+    let asg = t.chain().assignment_id.clone();
+    let o = offer(&f, &asg, &u).await;
+    let snap: serde_json::Value = json_of(
+        &url,
+        &format!(
+        "SELECT failed_target_snapshot FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
+        o.challenge.facts.recovery_candidate_id),
+    )
+    .await;
+    assert_eq!(snap["challenge_consumption_state"], "consumed");
+    assert_eq!(snap["ready_state"], "READY");
+    assert!(snap["ack_receipt_digest"].is_string());
+    assert!(
+        s.activate(l, &late_activation).await.is_err(),
+        "late T activation"
+    );
+    let won = s
+        .reserve(l, &retarget_req(&o, ack_of(&o), &u.lane_incarnation_id))
+        .await
+        .unwrap();
+    assert!(
+        s.activate(l, &late_activation).await.is_err(),
+        "T after the retarget"
+    );
+    assert_eq!(
+        store::count(&url, &format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'activate' AND body->'chain'->>'reservation_id' = '{}'",
+            t.chain().reservation_id)).await,
+        0
+    );
+    // U's chain has no ordinary challenge until its contract injection is recorded; then
+    // it gets its own.
+    assert!(s
+        .issue_activation_challenge(l, &won.chain, 60_000)
+        .await
+        .is_err());
+    assert_eq!(
+        store::count(
+            &url,
+            &format!(
+                "SELECT count(*) FROM challenges WHERE reservation_id = '{}'",
+                won.chain.reservation_id
+            )
+        )
+        .await,
+        0
+    );
+}
+
+/// Post-transfer retarget (§6.3.4): a handoff's target T, accepted (responsibility moved),
+/// fails before its activation; the candidate binds the accepted handoff's provenance
+/// (operation `post-transfer`, the source attempt and the handoff's ACK digest), and waits
+/// for the source's generation to be proven ended before U may be reserved.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_target_that_fails_after_acceptance_is_retargeted_post_transfer() {
+    let f = store::fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let url = pg::server().url(&f.db.name);
+    let w2 = s
+        .adopt_lane_incarnation(l, store::HOST, "h1:w2", &store::uid("li"))
+        .await
+        .unwrap();
+    let u = s
+        .adopt_lane_incarnation(l, "h2", "h2:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let source = store::running(s, l, &f.lane.lane_incarnation_id).await;
+    let (c, good, _target) =
+        store::handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    s.accept_handoff(l, &good).await.unwrap();
+    s.end_chain(l, &c, store::EndCause::Abandoned)
+        .await
+        .unwrap();
+    let asg = c.assignment_id.clone();
+    let a = store::assignment(s, &asg).await;
+    assert_eq!(a.lifecycle.as_str(), "RECOVERY");
+    let o = offer(&f, &asg, &u).await;
+    assert_eq!(
+        o.challenge.facts.expected_retarget_operation,
+        "post-transfer"
+    );
+    let snap: serde_json::Value = json_of(
+        &url,
+        &format!(
+        "SELECT failed_target_snapshot FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
+        o.challenge.facts.recovery_candidate_id),
+    )
+    .await;
+    assert_eq!(
+        snap["source_assignment_attempt_id"],
+        source.chain().assignment_attempt_id.as_str()
+    );
+    assert!(snap["handoff_receipt_digest"]
+        .as_str()
+        .is_some_and(|d| d.starts_with("sha256:")));
+    assert_eq!(
+        snap["failed_target_attempt_id"],
+        c.assignment_attempt_id.as_str()
+    );
+    // The source's generation ran and is not yet proven ended: no chain for U.
+    let e = s
+        .reserve(l, &retarget_req(&o, ack_of(&o), &u.lane_incarnation_id))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    unchanged_at(&f, &o, 2, "source unended").await;
+    // Its receipt arrives; a candidate is then consumed.
+    s.ingest_termination(
+        l,
+        store::HOST,
+        &store::receipt_for(&source, "stopped", true),
+    )
+    .await
+    .unwrap();
+    let o2 = offer(&f, &asg, &u).await;
+    let won = s
+        .reserve(l, &retarget_req(&o2, ack_of(&o2), &u.lane_incarnation_id))
+        .await
+        .unwrap();
+    let a = store::assignment(s, &asg).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("h2:w1", None, Some("h2:w1"))
+    );
+    assert_eq!(
+        won.receipt.body["retarget"]["expected_retarget_operation"],
+        "post-transfer"
+    );
+}
+
+/// Pre-transfer retarget (§6.3.3): the source S runs; its handoff's target T fails before
+/// its ACK (the offer ends, the work is S's alone again); the candidate binds S's attempt
+/// and no handoff receipt, and the CAS that consumes its ACK is the offer to U's lane —
+/// `(S,S,U)` with U's fresh target chain — never a plain reservation.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_target_that_fails_before_its_ack_is_retargeted_pre_transfer() {
+    let f = store::fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let url = pg::server().url(&f.db.name);
+    let w2 = s
+        .adopt_lane_incarnation(l, store::HOST, "h1:w2", &store::uid("li"))
+        .await
+        .unwrap();
+    let u = s
+        .adopt_lane_incarnation(l, "h2", "h2:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let source = store::running(s, l, &f.lane.lane_incarnation_id).await;
+    let (c, _good, _target) =
+        store::handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
+    s.end_chain(l, &c, store::EndCause::Abandoned)
+        .await
+        .unwrap();
+    let asg = c.assignment_id.clone();
+    let a = store::assignment(s, &asg).await;
+    assert_eq!(
+        (
+            a.lifecycle.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        ("ACTIVE", Some(store::TARGET), None),
+        "the failed offer left the work with its source"
+    );
+    let o = offer(&f, &asg, &u).await;
+    assert_eq!(
+        o.challenge.facts.expected_retarget_operation,
+        "pre-transfer"
+    );
+    let snap: serde_json::Value = json_of(
+        &url,
+        &format!(
+        "SELECT failed_target_snapshot FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
+        o.challenge.facts.recovery_candidate_id),
+    )
+    .await;
+    assert_eq!(
+        snap["source_assignment_attempt_id"],
+        source.chain().assignment_attempt_id.as_str()
+    );
+    assert_eq!(snap["handoff_receipt_digest"], serde_json::Value::Null);
+    assert_eq!(
+        snap["failed_target_attempt_id"],
+        c.assignment_attempt_id.as_str()
+    );
+    let handoff_req = || mosaic::coordinator::handoff::OfferRequest {
+        request_id: store::uid("retarget"),
+        assignment_id: asg.clone(),
+        target_lane_incarnation_id: u.lane_incarnation_id.clone(),
+        task_text: None,
+        ttl_ms: 60_000,
+    };
+    // A plain reservation cannot consume it (the work is not in recovery, and the reserve
+    // CAS takes no pre-transfer candidate).
+    let e = s
+        .reserve(l, &retarget_req(&o, ack_of(&o), &u.lane_incarnation_id))
+        .await
+        .unwrap_err();
+    assert!(e.category().is_some(), "{e}");
+    // Substituted operation: refused by the offer's CAS.
+    let mut wrong = ack_of(&o);
+    wrong.ack.facts.expected_retarget_operation = "initial".into();
+    let e = s
+        .offer_handoff_retarget(l, &handoff_req(), &wrong)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::Mismatch), "{e}");
+    assert_eq!(
+        store::count(
+            &url,
+            &format!("SELECT count(*) FROM reservations WHERE assignment_id = '{asg}'")
+        )
+        .await,
+        2,
+        "S's and T's only"
+    );
+    // The exact ACK: the offer to U, (S, S, U).
+    let chain = s
+        .offer_handoff_retarget(l, &handoff_req(), &ack_of(&o))
+        .await
+        .unwrap();
+    assert_eq!(chain.lane_id, "h2:w1");
+    let a = store::assignment(s, &asg).await;
+    assert_eq!(
+        (
+            a.responsibility_owner.as_str(),
+            a.execution_owner.as_deref(),
+            a.pending_target.as_deref()
+        ),
+        (store::TARGET, Some(store::TARGET), Some("h2:w1"))
+    );
+    assert_eq!(
+        store::count(&url, &format!(
+            "SELECT count(*) FROM handoffs WHERE assignment_id = '{asg}' AND state = 'OFFERED' AND target_reservation_id = '{}'",
+            chain.reservation_id)).await,
+        1
+    );
+    assert_eq!(
+        store::count(&url, &format!(
+            "SELECT count(*) FROM recovery_candidates WHERE recovery_candidate_id = '{}' AND state = 'CONSUMED'",
+            o.challenge.facts.recovery_candidate_id)).await,
+        1
+    );
+    let retargeted: serde_json::Value = json_of(
+        &url,
+        &format!(
+            "SELECT to_jsonb(retargeted_by) FROM attempts WHERE assignment_attempt_id = '{}'",
+            c.assignment_attempt_id
+        ),
+    )
+    .await;
+    assert_eq!(retargeted, o.challenge.facts.recovery_candidate_id.as_str());
 }

@@ -290,22 +290,14 @@ impl Store {
                                   AND NOT EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id \
                                                   AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), " \
                                                   AND ($7::jsonb IS NULL OR g2.state = ", GenState::Live.sql(), ")))) \
-                           AND ($7::jsonb IS NULL OR ", super::recovery::ADMITS, ") \
+                           AND ($7::jsonb IS NULL OR ($7->>'operation' <> 'pre-transfer' AND ", super::recovery::ADMITS, ")) \
                          RETURNING li.lane_id"),
                         &[&req.lane_incarnation_id, &req.assignment_id.clone().unwrap_or_default(), &req.runtime_id, &scope, &holds, &policy,
                           &recovery, &epoch],
                     ).await?;
                     let d = match d {
                         Ok(d) => d,
-                        Err(u) => {
-                            if let Some(c) = &req.recovery {
-                                if let Some(e) = super::recovery::why_not(u, c, &req.lane_incarnation_id, epoch).await? {
-                                    return Err(e);
-                                }
-                                return Err(reject(OP, Category::WrongState, "the recovery candidate holds, but its lane or the work cannot take a fresh chain now"));
-                            }
-                            return Err(why_not_reservable(u, &req).await?);
-                        }
+                        Err(u) => return Err(super::reservable::why_not(u, &req, epoch).await?),
                     };
                     let lane_id: String = d.row().col("lane_id")?;
                     let next_action = format!("stage a fresh generation of {} and deliver task {task_digest}", req.runtime_id);
@@ -685,130 +677,4 @@ impl Store {
             .await?;
         Ok((r.str("challenge_id")?, r.str("challenge_expires_at")?, r))
     }
-}
-
-/// Explains why a lane could not be reserved.
-async fn why_not_reservable(
-    u: Undecided<'_>,
-    req: &ReserveRequest,
-) -> Result<AuthorityError, AuthorityError> {
-    let inc = &req.lane_incarnation_id;
-    let row = u
-        .read_opt(
-            concatcp!("SELECT state, retired_at IS NOT NULL AS retired, \
-                    EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = $1 AND t.reconciled_at IS NULL) AS unreconciled, \
-                    EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = $1 AND g.state <> ", GenState::Ended.sql(), ") AS unended, \
-                    recreate_requested_at IS NOT NULL AS recreating, host_quarantine_reason, \
-                    NOT EXISTS (SELECT 1 FROM lane_incarnations li WHERE li.lane_incarnation_id = $1 AND ", super::leases::LEASE_ADMITS_WORK, ") AS lease_ended \
-             FROM lane_incarnations WHERE lane_incarnation_id = $1"),
-            &[inc],
-        )
-        .await?;
-    let Some(r) = row else {
-        return u
-            .reject(Category::NotFound, format!("no lane incarnation {inc}"))
-            .await;
-    };
-    if r.col::<bool>("retired")? {
-        return u
-            .reject(
-                Category::WrongState,
-                "that incarnation was retired (the lane was recreated)",
-            )
-            .await;
-    }
-    if let Some(reason) = r.col::<Option<String>>("host_quarantine_reason")? {
-        return u
-            .reject(
-                Category::WrongState,
-                format!("the host quarantined this lane: {reason}"),
-            )
-            .await;
-    }
-    if r.col::<bool>("lease_ended")? {
-        return u
-            .reject(
-                Category::WrongState,
-                "the lane's lease has ended, or is being destroyed or quarantined (an elastic lane takes work only while its lease is ACTIVE and unexpired)",
-            )
-            .await;
-    }
-    if r.col::<bool>("recreating")? {
-        return u
-            .reject(
-                Category::WrongState,
-                "the lane is being recreated by its host",
-            )
-            .await;
-    }
-    if r.col::<bool>("unreconciled")? {
-        return u
-            .reject(
-                Category::Unreconciled,
-                "a termination receipt for this lane is not reconciled yet",
-            )
-            .await;
-    }
-    if r.col::<bool>("unended")? {
-        return u
-            .reject(
-                Category::Unreconciled,
-                "a generation of this lane has not been observed to end",
-            )
-            .await;
-    }
-    let state: LaneState = r.col("state")?;
-    if state != LaneState::IdleClean {
-        return u
-            .reject(
-                Category::WrongState,
-                format!("lane is {state}, not IDLE_CLEAN"),
-            )
-            .await;
-    }
-    if let Some(a) = &req.assignment_id {
-        let ar = u
-            .read_opt(
-                "SELECT lifecycle, requested_outcome IS NOT NULL AS outcome_requested, runtime_id, scope_digest, holds_digest, completion_policy_digest \
-                 FROM assignments WHERE assignment_id = $1",
-                &[a],
-            )
-            .await?;
-        let Some(ar) = ar else {
-            return u
-                .reject(Category::NotFound, format!("no assignment {a}"))
-                .await;
-        };
-        let life: Lifecycle = ar.col("lifecycle")?;
-        if life != Lifecycle::Recovery || ar.col::<bool>("outcome_requested")? {
-            return u
-                .reject(
-                    Category::WrongState,
-                    format!(
-                        "assignment {a} is {life}; only an assignment in recovery can be resumed"
-                    ),
-                )
-                .await;
-        }
-        if ar.col::<String>("runtime_id")? != req.runtime_id
-            || ar.col::<String>("scope_digest")? != req.scope_digest()
-            || ar.col::<String>("holds_digest")? != req.holds_digest()
-            || ar.col::<String>("completion_policy_digest")? != req.policy_digest()
-        {
-            return u
-                .reject(
-                    Category::Mismatch,
-                    "a resumed assignment keeps its runtime, scope, holds and completion policy",
-                )
-                .await;
-        }
-        return u
-            .reject(
-                Category::Unreconciled,
-                "an earlier generation of this assignment has not been observed to end",
-            )
-            .await;
-    }
-    u.reject(Category::WrongState, "the lane cannot be reserved")
-        .await
 }

@@ -355,6 +355,18 @@ static OFFER_CAS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// The offer of a pre-transfer retarget (§6.3.3): the same CAS, and the candidate's ACK
+/// (`$3`) admitted by the recovery predicate under the leader's epoch (`$4`).
+static OFFER_CAS_RETARGET: LazyLock<String> = LazyLock::new(|| {
+    OFFER_CAS.replace(
+        " RETURNING li.lane_id",
+        &format!(
+            " AND $3::jsonb->>'operation' = 'pre-transfer' AND {} RETURNING li.lane_id",
+            super::recovery::ADMITS_OFFER
+        ),
+    )
+});
+
 /// The refusal's explanation, from the work the offer names.
 static OFFER_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
     cas::diagnosis(
@@ -386,6 +398,26 @@ impl Store {
         l: &Leader,
         req: &OfferRequest,
     ) -> Result<Chain, AuthorityError> {
+        self.offer_handoff_as(l, req, None).await
+    }
+
+    /// A pre-transfer retarget (§6.3.3): the offer to the candidate's lane, made by the CAS
+    /// that consumes the candidate's recovery ACK — `(S,S,U)` with U's fresh target chain.
+    pub async fn offer_handoff_retarget(
+        &self,
+        l: &Leader,
+        req: &OfferRequest,
+        c: &super::recovery::RecoveryConsume,
+    ) -> Result<Chain, AuthorityError> {
+        self.offer_handoff_as(l, req, Some(c)).await
+    }
+
+    async fn offer_handoff_as(
+        &self,
+        l: &Leader,
+        req: &OfferRequest,
+        recovery: Option<&super::recovery::RecoveryConsume>,
+    ) -> Result<Chain, AuthorityError> {
         const OP: &str = "handoff-offer";
         if req.request_id.is_empty() || !(1000..=86_400_000).contains(&req.ttl_ms) {
             return Err(reject(
@@ -405,6 +437,7 @@ impl Store {
                     &req.target_lane_incarnation_id,
                     req.task_text.as_deref().unwrap_or(""),
                     &req.ttl_ms.to_string(),
+                    &recovery.map_or(String::new(), |c| c.param().to_string()),
                 ],
             ),
         )
@@ -419,15 +452,33 @@ impl Store {
             l.epoch(),
             l.sot().to_string(),
         );
+        let consume = recovery.cloned();
+        let consume_param = recovery.map(|c| c.param());
         let r = self
             .transition(
                 &step,
-                body!([req, sec, salt, sot] |f| {
+                body!([req, sec, salt, sot, consume, consume_param] |f| {
                     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 2] =
                         [&req.target_lane_incarnation_id, &req.assignment_id];
-                    let d = match f.cas(&OFFER_CAS, &params).await? {
+                    let d = match &consume {
+                        None => f.cas(&OFFER_CAS, &params).await?,
+                        Some(_) => {
+                            // The work's row pinned before the snapshot is recomputed.
+                            f.read("SELECT 1 FROM assignments WHERE assignment_id = $1 FOR UPDATE", &[&req.assignment_id]).await?;
+                            f.cas(&OFFER_CAS_RETARGET, &[&req.target_lane_incarnation_id, &req.assignment_id, &consume_param, &epoch]).await?
+                        }
+                    };
+                    let d = match d {
                         Ok(d) => d,
-                        Err(u) => return Err(u.diagnose(&OFFER_DIAGNOSIS, &params, OFFER_PREDS, "no such assignment").await?),
+                        Err(u) => {
+                            if let Some(c) = &consume {
+                                if let Some(e) = super::recovery::why_not(u, c, &req.target_lane_incarnation_id, epoch).await? {
+                                    return Err(e);
+                                }
+                                return Err(reject(OP, Category::WrongState, "the recovery candidate holds, but the work cannot be offered to its lane now (the source must be RUNNING with no handoff pending, the lane idle)"));
+                            }
+                            return Err(u.diagnose(&OFFER_DIAGNOSIS, &params, OFFER_PREDS, "no such assignment").await?);
+                        }
                     };
                     let target_lane: String = d.row().col("lane_id")?;
                     let src = d.query(
@@ -492,6 +543,10 @@ impl Store {
                         concatcp!("UPDATE assignments SET pending_target = $2, work_status = ", WorkStatus::Handoff.sql(), ", next_action = $3 WHERE assignment_id = $1"),
                         &[&req.assignment_id, &target_lane, &next_action],
                     ).await?;
+                    let retarget = match &consume {
+                        Some(c) => Some(super::recovery::consume(&d, c, &reservation).await?),
+                        None => None,
+                    };
                     let chain = Chain {
                         lane_id: target_lane.clone(),
                         lane_incarnation_id: req.target_lane_incarnation_id.clone(),
@@ -502,7 +557,7 @@ impl Store {
                     };
                     d.decide(json!({ "handoff_id": handoff, "chain": chain, "reservation_lease_id": lease, "reservation_deadline": deadline,
                         "responsibility_owner": resp, "execution_owner": exec, "pending_target": target_lane,
-                        "source_reservation_id": src_res, "next_action_digest": nad, "grants_effects": false }))
+                        "source_reservation_id": src_res, "next_action_digest": nad, "grants_effects": false, "retarget": retarget }))
                 }),
             )
             .await?;

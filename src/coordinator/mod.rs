@@ -46,6 +46,7 @@ pub mod recovery;
 pub mod repos;
 pub mod requested_checkpoint;
 pub mod requests;
+mod reservable;
 pub mod restore_binding;
 pub mod retention;
 pub mod roster;

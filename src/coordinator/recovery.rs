@@ -27,7 +27,7 @@ use serde_json::json;
 
 use super::error::{AuthorityError, Category};
 use super::rows::RowExt;
-use super::states::{CandidateState, GenState, LaneState, Lifecycle, WorkStatus};
+use super::states::{CandidateState, LaneState, Lifecycle, WorkStatus};
 use super::txn::{body, request_digest, Decided, Step, Undecided};
 use super::{Leader, Store};
 use crate::protocol::messages::{RecoveryAck, RecoveryChallenge, RecoveryFacts};
@@ -40,8 +40,9 @@ const POLICY_BODY: &str = "retarget@1: work whose latest chain failed before act
 was ended by a fenced transition on objective evidence (its end-chain receipt, the ingested \
 termination receipt of its generation, or a leadership takeover after its epoch) moves to \
 another lane only through a recovery candidate. Automatic: when the inactivity policy's next \
-attempt may not use the failed lane (its replacements there are used up, or the lane cannot \
-take work now). Operator-approved: `mosaic retarget` while the work is in recovery. Selection: \
+attempt may not use the failed lane (its replacements there are used up), or at once when the \
+failed lane cannot take work again soon (its host is not connected; the lane is quarantined, \
+retired or being recreated). Operator-approved: `mosaic retarget` while the work is in recovery. Selection: \
 placement@2 over the published roster with the failed lane excluded; with no roster, the first \
 idle lane by lane id of a connected host advertising the runtime. The candidate's ACK must be \
 consumed before its recovery_deadline, 30 s after issue (database time; equality is expired).";
@@ -70,6 +71,27 @@ const EVIDENCE: &str = "SELECT t.reservation_id, \
         EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.transition = 'activate' AND tr.assignment_id = t.assignment_id \
                 AND tr.body->'chain'->>'reservation_id' = t.reservation_id) AS activated \
      FROM reservations t WHERE t.assignment_id = $1 ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1";
+
+/// The operation a snapshot's provenance names (§6.3.1), as SQL over `s0.snap`: no source
+/// attempt is `initial`; a source attempt without an accepted handoff's receipt is
+/// `pre-transfer`; with one, `post-transfer`.
+const OPERATION: &str =
+    "CASE WHEN s0.snap->>'source_assignment_attempt_id' IS NULL THEN 'initial' \
+     WHEN s0.snap->>'handoff_receipt_digest' IS NULL THEN 'pre-transfer' ELSE 'post-transfer' END";
+
+/// Work a candidate may be offered for, over `a` (the work) and `s.operation`: in recovery
+/// after an initial or post-transfer target failed; or, pre-transfer, ACTIVE with its source
+/// still executing (its reservation open, the snapshot's source attempt) and no handoff
+/// pending. Work in recovery whose failed target was a never-accepted handoff's has lost
+/// its source too: that is no retarget (an operator resumes it).
+const RETARGETABLE: &str = concatcp!(
+    "a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
+     AND ((a.lifecycle = ", Lifecycle::Recovery.sql(), " AND s.operation <> 'pre-transfer') \
+       OR (a.lifecycle = ", Lifecycle::Active.sql(), " AND s.operation = 'pre-transfer' \
+           AND a.execution_owner IS NOT NULL AND a.pending_target IS NULL \
+           AND EXISTS (SELECT 1 FROM reservations sr WHERE sr.assignment_id = a.assignment_id AND sr.released_at IS NULL \
+                       AND sr.assignment_attempt_id = s.snap->>'source_assignment_attempt_id')))"
+);
 
 /// What the service chose U by: recorded whole with the candidate.
 #[derive(Debug, Clone, Serialize)]
@@ -110,8 +132,6 @@ pub struct Stranded {
     pub host_id: String,
     /// Quarantined, retired or being recreated: it cannot take the work again soon.
     pub lane_unusable: bool,
-    /// A generation of the work not proven ended (it blocks any other next attempt).
-    pub unended: bool,
 }
 
 /// A candidate as its row holds it, and the challenge it is sent as.
@@ -200,19 +220,26 @@ impl RecoveryConsume {
 /// every bound fact equal, signed by its own principal, its deadline ahead (equality is
 /// expired), issued under the committing leader's epoch, and the failed target's snapshot
 /// recomputed now equal to the one bound.
-pub(crate) const ADMITS: &str = concatcp!(
-    "EXISTS (SELECT 1 FROM recovery_candidates rc WHERE rc.recovery_candidate_id = $7->>'candidate_id' \
-       AND rc.state = ", CandidateState::Issued.sql(), " AND rc.assignment_id = $2 AND rc.assignment_id = $7->>'assignment' \
+macro_rules! admits {
+    ($c:expr, $e:expr) => {
+        concatcp!(
+    "EXISTS (SELECT 1 FROM recovery_candidates rc WHERE rc.recovery_candidate_id = ", $c, "->>'candidate_id' \
+       AND rc.state = ", CandidateState::Issued.sql(), " AND rc.assignment_id = $2 AND rc.assignment_id = ", $c, "->>'assignment' \
        AND rc.candidate_lane_incarnation_id = li.lane_incarnation_id \
-       AND rc.recovery_handoff_challenge_id = $7->>'challenge_id' \
-       AND rc.candidate_principal = $7->>'candidate_principal' AND rc.candidate_principal = $7->>'signer' \
-       AND rc.expected_retarget_operation = $7->>'operation' AND rc.failed_target_snapshot_digest = $7->>'snapshot' \
-       AND rc.objective_failure_evidence_digest = $7->>'evidence' AND rc.policy_selection_digest = $7->>'selection' \
-       AND rc.scope_digest = $7->>'scope' AND rc.holds_digest = $7->>'holds' AND rc.contracts_digest = $7->>'contracts' \
-       AND rc.sot_incarnation = $7->>'sot' AND rc.coordinator_epoch = ($7->>'epoch')::bigint AND rc.coordinator_epoch = $8 \
-       AND rc.recovery_deadline = $7->>'deadline' AND clock_timestamp() < rc.recovery_deadline::timestamptz \
+       AND rc.recovery_handoff_challenge_id = ", $c, "->>'challenge_id' \
+       AND rc.candidate_principal = ", $c, "->>'candidate_principal' AND rc.candidate_principal = ", $c, "->>'signer' \
+       AND rc.expected_retarget_operation = ", $c, "->>'operation' AND rc.failed_target_snapshot_digest = ", $c, "->>'snapshot' \
+       AND rc.objective_failure_evidence_digest = ", $c, "->>'evidence' AND rc.policy_selection_digest = ", $c, "->>'selection' \
+       AND rc.scope_digest = ", $c, "->>'scope' AND rc.holds_digest = ", $c, "->>'holds' AND rc.contracts_digest = ", $c, "->>'contracts' \
+       AND rc.sot_incarnation = ", $c, "->>'sot' AND rc.coordinator_epoch = (", $c, "->>'epoch')::bigint AND rc.coordinator_epoch = ", $e, " \
+       AND rc.recovery_deadline = ", $c, "->>'deadline' AND clock_timestamp() < rc.recovery_deadline::timestamptz \
        AND rc.failed_target_snapshot_digest = mosaic_failed_target_snapshot_digest(rc.assignment_id))"
-);
+)
+    };
+}
+pub(crate) const ADMITS: &str = admits!("$7", "$8");
+/// The same predicate in a handoff offer's CAS (`$3` the consume parameter, `$4` the epoch).
+pub(crate) const ADMITS_OFFER: &str = admits!("$3", "$4");
 
 /// After the reservation CAS admitted the candidate: the candidate CONSUMED (with the
 /// database's receipt times), T's attempt marked retargeted, and every other open
@@ -406,7 +433,8 @@ impl Store {
                 body!([assignment, lane_inc, contracts, candidate, challenge, key, selection, selection_digest, sot] |f| {
                     let d = f.cas(
                         concatcp!("WITH ev AS (", EVIDENCE, "), \
-                              s AS (SELECT mosaic_failed_target_snapshot($1) AS snap, mosaic_failed_target_snapshot_digest($1) AS digest), \
+                              s0 AS (SELECT mosaic_failed_target_snapshot($1) AS snap, mosaic_failed_target_snapshot_digest($1) AS digest), \
+                              s AS (SELECT s0.*, ", OPERATION, " AS operation FROM s0), \
                               e AS (SELECT ev.*, jsonb_build_object('reservation_id', ev.reservation_id, 'released_at', ev.released_at, \
                                       'end_chain', ev.end_chain, 'termination', ev.termination, 'takeover_epoch', ev.takeover_epoch) AS evidence FROM ev) \
                          INSERT INTO recovery_candidates AS rc (recovery_candidate_id, recovery_handoff_challenge_id, idempotency_key, assignment_id, \
@@ -415,13 +443,13 @@ impl Store {
                                 candidate_principal, candidate_lane_id, candidate_lane_incarnation_id, scope_digest, holds_digest, contracts_digest, \
                                 sot_incarnation, coordinator_epoch, issued_at, recovery_deadline) \
                          SELECT $2, $3, $4, a.assignment_id, t.reservation_id, t.assignment_attempt_id, \
-                                CASE WHEN s.snap->>'handoff_receipt_digest' IS NULL THEN 'initial' ELSE 'post-transfer' END, s.snap, s.digest, \
+                                s.operation, s.snap, s.digest, \
                                 e.evidence, 'sha256:' || encode(sha256(convert_to('mosaic/objective-failure-evidence/v1' || chr(10) || e.evidence::text, 'UTF8')), 'hex'), \
                                 $5::jsonb, $6, 'host:' || ln.host_id, ln.lane_id, li.lane_incarnation_id, a.scope_digest, a.holds_digest, $7, \
                                 $8, $9, mosaic_ts(clock_timestamp()), mosaic_ts(clock_timestamp() + $10::bigint * interval '1 millisecond') \
                          FROM assignments a, reservations t, e, s, lane_incarnations li, lanes ln, lane_incarnations ti \
-                         WHERE a.assignment_id = $1 AND a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
-                           AND a.requested_outcome IS NULL AND t.reservation_id = e.reservation_id AND t.released_at IS NOT NULL AND NOT e.activated \
+                         WHERE a.assignment_id = $1 AND ", RETARGETABLE, " \
+                           AND t.reservation_id = e.reservation_id AND t.released_at IS NOT NULL AND NOT e.activated \
                            AND (e.end_chain IS NOT NULL OR e.termination IS NOT NULL OR e.takeover_epoch IS NOT NULL) \
                            AND li.lane_incarnation_id = $11 AND li.retired_at IS NULL AND ln.lane_id = li.lane_id \
                            AND ti.lane_incarnation_id = t.lane_incarnation_id AND ti.lane_id <> li.lane_id \
@@ -493,7 +521,18 @@ impl Store {
         let c = self.pool.get().await?;
         let rows = c
             .query(
-                concatcp!("SELECT a.assignment_id, li.lane_id, ln.host_id,                         (li.state = ", LaneState::Quarantined.sql(), " OR li.recreate_requested_at IS NOT NULL OR li.host_quarantine_reason IS NOT NULL                          OR li.retired_at IS NOT NULL) AS lane_unusable,                         EXISTS (SELECT 1 FROM reservations r2 JOIN generations g2 ON g2.lane_incarnation_id = r2.lane_incarnation_id                                 AND g2.generation = r2.generation WHERE r2.assignment_id = a.assignment_id AND g2.state <> ", GenState::Ended.sql(), ") AS unended                  FROM assignments a                  JOIN LATERAL (SELECT t.* FROM reservations t WHERE t.assignment_id = a.assignment_id ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1) t ON true                  JOIN lane_incarnations li ON li.lane_incarnation_id = t.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id                  WHERE a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL                    AND t.released_at IS NOT NULL                    AND NOT EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.assignment_id = a.assignment_id AND tr.transition = 'activate'                                    AND tr.body->'chain'->>'reservation_id' = t.reservation_id)"),
+                concatcp!("SELECT a.assignment_id, li.lane_id, ln.host_id, \
+                        (li.state = ", LaneState::Quarantined.sql(), " OR li.recreate_requested_at IS NOT NULL \
+                         OR li.host_quarantine_reason IS NOT NULL OR li.retired_at IS NOT NULL) AS lane_unusable \
+                 FROM assignments a \
+                 JOIN LATERAL (SELECT t.* FROM reservations t WHERE t.assignment_id = a.assignment_id \
+                               ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1) t ON true \
+                 JOIN lane_incarnations li ON li.lane_incarnation_id = t.lane_incarnation_id JOIN lanes ln ON ln.lane_id = li.lane_id \
+                 WHERE a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
+                   AND a.requested_outcome IS NULL AND t.released_at IS NOT NULL \
+                   AND NOT EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.assignment_id = a.assignment_id \
+                                   AND tr.transition = 'activate' AND tr.body->'chain'->>'reservation_id' = t.reservation_id)"),
+
                 &[],
             )
             .await?;
@@ -504,7 +543,6 @@ impl Store {
                     lane_id: r.col("lane_id")?,
                     host_id: r.col("host_id")?,
                     lane_unusable: r.col("lane_unusable")?,
-                    unended: r.col("unended")?,
                 })
             })
             .collect()
@@ -535,8 +573,9 @@ impl Store {
         row.as_ref().map(Offer::from_row).transpose()
     }
 
-    /// Whether work in recovery may be retargeted: its latest chain failed before
-    /// activation, on objective evidence. `None` when it is not in recovery at all.
+    /// Whether the work may be retargeted now, and from which failed lane: `None` when it
+    /// is neither in recovery nor a pre-transfer failure (nothing to retarget), `Err` with
+    /// the reason when it is, but may not be.
     pub async fn retarget_eligible(
         &self,
         assignment_id: &str,
@@ -544,20 +583,35 @@ impl Store {
         let c = self.pool.get().await?;
         let Some(a) = c
             .query_opt(
-                concatcp!("SELECT a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
-                        AND a.requested_outcome IS NULL AS in_recovery FROM assignments a WHERE a.assignment_id = $1"),
+                concatcp!("WITH s0 AS (SELECT mosaic_failed_target_snapshot($1) AS snap), s AS (SELECT s0.*, ", OPERATION, " AS operation FROM s0) \
+                 SELECT ", RETARGETABLE, " AS retargetable, a.lifecycle = ", Lifecycle::Recovery.sql(), " AS in_recovery, \
+                        a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL AS open, s.operation, s.snap->>'lane_id' AS failed_lane \
+                 FROM assignments a, s WHERE a.assignment_id = $1"),
                 &[&assignment_id],
             )
             .await?
         else {
             return Ok(None);
         };
-        if !a.col::<bool>("in_recovery")? {
-            return Ok(None);
+        let (retargetable, in_recovery, open): (bool, bool, bool) = (
+            a.col("retargetable")?,
+            a.col("in_recovery")?,
+            a.col("open")?,
+        );
+        let operation: String = a.col("operation")?;
+        if !retargetable {
+            return Ok(match (in_recovery && open, operation.as_str()) {
+                (true, "pre-transfer") => Some(Err("its failed target was a handoff's, never accepted, and its source has ended too: resume it (assign --resume)".into())),
+                (true, _) => Some(Err("the work in recovery has no failed target to retarget from".into())),
+                (false, _) => None,
+            });
         }
         let Some(e) = c.query_opt(EVIDENCE, &[&assignment_id]).await? else {
             return Ok(Some(Err("the work has no chain to retarget from".into())));
         };
+        if e.col::<Option<String>>("released_at")?.is_none() {
+            return Ok(None); // its latest chain is still open: nothing failed
+        }
         if e.col::<bool>("activated")? {
             return Ok(Some(Err("its latest chain was activated: retarget is for a start that failed before activation".into())));
         }
@@ -569,14 +623,9 @@ impl Store {
                 "no objective failure evidence for its latest chain".into(),
             )));
         }
-        let lane: String = c
-            .query_one(
-                "SELECT li.lane_id FROM reservations t JOIN lane_incarnations li USING (lane_incarnation_id) WHERE t.reservation_id = $1",
-                &[&e.col::<String>("reservation_id")?],
-            )
-            .await?
-            .col("lane_id")?;
-        Ok(Some(Ok(lane)))
+        Ok(Some(Ok(a
+            .col::<Option<String>>("failed_lane")?
+            .unwrap_or_default())))
     }
 }
 
@@ -587,8 +636,15 @@ async fn why_no_offer(
 ) -> Result<AuthorityError, AuthorityError> {
     let a = u
         .read_opt(
-            concatcp!("SELECT a.lifecycle = ", Lifecycle::Recovery.sql(), " AND a.work_status = ", WorkStatus::Active.sql(), " \
-                    AND a.requested_outcome IS NULL AS in_recovery FROM assignments a WHERE a.assignment_id = $1"),
+            concatcp!(
+                "SELECT ",
+                RETARGETABLE,
+                " AS retargetable FROM assignments a, \
+                   (SELECT s0.snap, ",
+                OPERATION,
+                " AS operation FROM (SELECT mosaic_failed_target_snapshot($1) AS snap) s0) s \
+                 WHERE a.assignment_id = $1"
+            ),
             &[&assignment],
         )
         .await?;
@@ -597,11 +653,11 @@ async fn why_no_offer(
             .reject(Category::NotFound, format!("no assignment {assignment}"))
             .await;
     };
-    if !a.col::<bool>("in_recovery")? {
+    if !a.col::<bool>("retargetable")? {
         return u
             .reject(
                 Category::WrongState,
-                "only work in recovery (with no end requested) can be retargeted",
+                "only work in recovery (with no end requested), or whose handoff target failed while its source still runs, can be retargeted",
             )
             .await;
     }

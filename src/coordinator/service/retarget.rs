@@ -91,10 +91,12 @@ impl Service {
     }
 
     /// The automatic half of `retarget@1`: work whose start failed before activation, on a
-    /// lane that cannot take it again now (its host gone, the lane quarantined or being
-    /// recreated, or the failed generation not yet proven ended), is offered to another lane
-    /// at once; work whose failed lane is fine waits for the inactivity policy's next
-    /// attempt there (which retargets once its replacements on that lane are used up).
+    /// lane that cannot take it again soon (its host gone; the lane quarantined, retired or
+    /// being recreated), is offered to another lane at once. Work whose failed lane is fine
+    /// waits for the inactivity policy's next attempt there, which retargets once its
+    /// replacements on that lane are used up. (A failed generation not yet proven ended
+    /// does not block a retarget, since it never activated; on a connected host its receipt
+    /// follows in moments, so it is no reason to move the work by itself.)
     pub(super) async fn retarget_stranded(&self, l: &Leader) {
         if self.recovery.is_none() {
             return;
@@ -107,7 +109,7 @@ impl Service {
             }
         };
         for s in stranded {
-            if !(s.lane_unusable || s.unended || !self.hosts.is_connected(&s.host_id)) {
+            if !s.lane_unusable && self.hosts.is_connected(&s.host_id) {
                 continue;
             }
             if let Err(e) = self.retarget(l, &s.assignment_id).await {
@@ -150,6 +152,35 @@ impl Service {
             "recovery_deadline": f.recovery_deadline,
             "retarget_reservation_id": self.store.retarget_reservation(&id).await?,
         }))
+    }
+
+    /// A pre-transfer retarget (§6.3.3): the source still runs; the offer moves to the
+    /// candidate's lane — a new handoff offer and U's fresh target chain, made by the CAS
+    /// that consumes the ACK — and is driven on like any offer.
+    async fn retarget_handoff(
+        &self,
+        l: &Leader,
+        offer: &Offer,
+        consume: RecoveryConsume,
+    ) -> Result<(), OpError> {
+        let req = crate::coordinator::handoff::OfferRequest {
+            request_id: format!("retarget/{}", consume.ack.facts.recovery_candidate_id),
+            assignment_id: consume.ack.facts.assignment_id.clone(),
+            target_lane_incarnation_id: offer.candidate_lane_incarnation_id.clone(),
+            task_text: None,
+            ttl_ms: self.timing.reservation_ttl_ms,
+        };
+        let chain = self
+            .step(
+                l,
+                self.store.offer_handoff_retarget(l, &req, &consume).await,
+            )
+            .await?;
+        tracing::warn!(assignment_id = %chain.assignment_id, lane_id = %chain.lane_id,
+            "retarget (pre-transfer): the handoff is offered to the candidate's lane; the source runs on until its ACK");
+        self.sync_holds(l).await;
+        let _ = self.advance(l, &chain.reservation_id).await;
+        Ok(())
     }
 
     /// U by the retarget policy: placement over the roster with the failed lane left out,
@@ -303,6 +334,14 @@ impl Service {
                 "the recovery ACK's challenge digest is not the candidate's challenge",
             ));
         }
+        let consume = RecoveryConsume {
+            ack: m,
+            signer_principal: principal,
+        };
+        if consume.ack.facts.expected_retarget_operation == "pre-transfer" {
+            return self.retarget_handoff(&l, &offer, consume).await;
+        }
+        let m = &consume.ack;
         let next = self
             .store
             .next_attempt(&m.facts.assignment_id)
@@ -323,10 +362,7 @@ impl Service {
             repository: None,
             grant: None,
             placement: None,
-            recovery: Some(RecoveryConsume {
-                ack: m,
-                signer_principal: principal,
-            }),
+            recovery: Some(consume.clone()),
         };
         let r = self.step(&l, self.store.reserve(&l, &req).await).await?;
         if !r.receipt.replayed {

@@ -223,16 +223,6 @@ impl Service {
                             no_progress_since = %w.base_at, "inactivity warning: no validated progress");
                     })
                 }
-                // A generation of the work not proven ended blocks its next attempt — except
-                // a retarget, when that generation never activated (`next_attempt` decides).
-                (Lifecycle::Recovery, _)
-                    if (w.step == WatchdogStep::Replacing || w.deadline_due)
-                        && w.unended
-                        && w.attempts_used < i64::from(w.max_attempts) =>
-                {
-                    self.next_attempt(l, &w).await;
-                    continue;
-                }
                 (Lifecycle::Recovery, _) if (w.step == WatchdogStep::Replacing || w.deadline_due) && !w.unended => {
                     if w.attempts_used >= i64::from(w.max_attempts) {
                         self.store.inactivity_exhausted(l, &w).await.map(|_| {
@@ -285,7 +275,7 @@ impl Service {
                     && lane.host_quarantine_reason.is_none()
                     && self.hosts.is_connected(&lane.host_id)
             });
-            same_lane_ok = usable && !w.unended;
+            same_lane_ok = usable;
         }
         // Work whose start failed before activation goes to another lane only through a
         // recovery candidate (spec §6.3, `retarget@1`); work that ran goes on below.
@@ -298,16 +288,12 @@ impl Service {
                     }
                     return;
                 }
-                Ok(_) if w.unended => return,
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "watchdog cannot read the work's failed target");
                     return;
                 }
             }
-        }
-        if w.unended {
-            return;
         }
         // Work with a workspace goes to another host only from a checkpoint in the store.
         let has_workspace = match self.store.workspace_of(&w.assignment_id).await {
