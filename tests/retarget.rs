@@ -194,6 +194,80 @@ async fn json_of(url: &str, q: &str) -> serde_json::Value {
         .get(0)
 }
 
+/// A host whose recovery key is not in the trust registry can never answer a recovery
+/// challenge, so the policy never chooses it: the work waits in recovery (for its lane, or
+/// an operator), and `mosaic retarget` says why, with no candidate offered to a host that
+/// would never ACK.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_host_without_a_recovery_key_is_never_a_candidate() {
+    let mut w = World::new(Spec {
+        hosts: 2,
+        supervisors: 2,
+        lanes: 1,
+        reservation_ttl_ms: Some(2000),
+        tag: "retarget-nokey",
+        ..Spec::default()
+    });
+    // Host B without a recovery key: none in the registry, none in its configuration.
+    let b = format!("host:{}/recovery", w.hosts[1]);
+    let trust = w.prov.coordinator.trust_registry.clone();
+    let text = std::fs::read_to_string(&trust).unwrap();
+    let kept: Vec<&str> = text
+        .split("\n[[key]]")
+        .filter(|block| !block.contains(&format!("key_id = \"{b}\"")))
+        .collect();
+    std::fs::write(&trust, kept.join("\n[[key]]")).unwrap();
+    let cfg = w.supervisor_config(1);
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let text: Vec<&str> = text
+        .lines()
+        .filter(|l| !l.starts_with("recovery_key"))
+        .collect();
+    std::fs::write(&cfg, text.join("\n")).unwrap();
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    w.start_supervisor(0);
+    w.start_supervisor(1);
+    w.wait_lanes(2);
+    let pid = w.sup[0].pid().expect("supervisor 0 runs") as i32;
+    nix::sys::signal::kill(
+        nix::unistd::Pid::from_raw(pid),
+        nix::sys::signal::Signal::SIGSTOP,
+    )
+    .unwrap();
+    let a = w
+        .op(&assign_request(
+            &w.lane_of(0, "lane-1"),
+            "hang",
+            None,
+            false,
+        ))
+        .unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    w.crash_supervisor(0);
+    w.wait_count(
+        &format!("SELECT count(*) FROM assignments WHERE assignment_id = '{id}' AND lifecycle = 'RECOVERY'"),
+        |n| n == 1,
+        "the work in recovery",
+    )
+    .await;
+    let e = w
+        .op(&OperatorRequest::Retarget {
+            assignment_id: id.clone(),
+            request_id: None,
+        })
+        .unwrap_err();
+    assert_eq!(e.category, Category::NoEligibleLane, "{e:?}");
+    assert_eq!(
+        w.count(&format!(
+            "SELECT count(*) FROM recovery_candidates WHERE assignment_id = '{id}'"
+        ))
+        .await,
+        0,
+        "no candidate was offered to a host that cannot answer"
+    );
+}
+
 /// The failed target T: a chain on the fixture's lane driven to AWAITING_ACK (a staged
 /// generation, an issued challenge) and ended by its host losing it — recovery, on the
 /// end-chain receipt — with two more lanes on other hosts to retarget to.

@@ -183,9 +183,23 @@ impl Service {
         Ok(())
     }
 
-    /// U by the retarget policy: placement over the roster with the failed lane left out,
-    /// or — with no roster published — the first idle lane by id of a connected host that
-    /// advertises the runtime.
+    /// Whether `host_id` can answer a recovery challenge at all: the registry holds its
+    /// recovery key, unrevoked. (A host without one would never ACK; choosing it would
+    /// only offer the same dead candidate again at every deadline.)
+    fn can_be_candidate(&self, host_id: &str) -> bool {
+        let reg = self.registry.current();
+        reg.resolve(&format!("host:{host_id}/recovery"))
+            .is_some_and(|k| {
+                !k.revoked
+                    && k.purpose == crate::protocol::schema::Purpose::Recovery
+                    && k.allowed_types
+                        .contains(&crate::protocol::schema::MessageType::RecoveryAck)
+            })
+    }
+
+    /// U by the retarget policy: placement over the roster with the failed lane (and every
+    /// host without a recovery key) left out, or — with no roster published — the first idle
+    /// lane by id of a connected host that advertises the runtime and holds a recovery key.
     async fn select_candidate(
         &self,
         runtime: &str,
@@ -203,7 +217,9 @@ impl Service {
             Err(e) => return Err(e.into()),
         };
         if let Some(mut inputs) = roster {
-            inputs.candidates.retain(|c| c.lane_id != failed_lane);
+            inputs
+                .candidates
+                .retain(|c| c.lane_id != failed_lane && self.can_be_candidate(&c.host_id));
             let d = crate::coordinator::placement::Decision::decide(inputs).map_err(|why| {
                 OpError::new(
                     Category::NoEligibleLane,
@@ -240,7 +256,8 @@ impl Service {
                 && lane.host_quarantine_reason.is_none()
                 && lane.unended_generation.is_none()
                 && offers
-                && self.hosts.is_connected(&lane.host_id);
+                && self.hosts.is_connected(&lane.host_id)
+                && self.can_be_candidate(&lane.host_id);
             seen.push(format!(
                 "{}@{}:{}:{ok}",
                 lane.lane_id, lane.lane_incarnation_id, lane.state
