@@ -12,7 +12,11 @@
 -- of its latest chain (T), each as a value or an explicit null. Computed by the same
 -- function when the candidate is allocated and inside the retarget CAS, so "any T mutation
 -- after the snapshot changes a bound value" is a comparison of two outputs of one
--- function. Nothing in it depends on the clock: only rows.
+-- function. It reads no clock, only rows. (`to_jsonb` renders the work row's few
+-- timestamps in the session's TimeZone, the same on every coordinator connection; were it
+-- not, the two digests would differ and the retarget would be refused, never admitted.)
+-- It names T's facts, not the source's or the lane's: a running source's progress, its
+-- watchdog step and T's old lane's state (which another work may take) are left out.
 CREATE FUNCTION mosaic_failed_target_snapshot(p_assignment text) RETURNS jsonb LANGUAGE sql STABLE AS $$
     WITH a AS (SELECT * FROM assignments WHERE assignment_id = p_assignment),
          r AS (SELECT * FROM reservations WHERE assignment_id = p_assignment
@@ -27,7 +31,7 @@ CREATE FUNCTION mosaic_failed_target_snapshot(p_assignment text) RETURNS jsonb L
                  WHERE tr.transition = 'activate' AND tr.assignment_id = p_assignment
                    AND tr.body->'chain'->>'reservation_id' = r.reservation_id)
     SELECT jsonb_build_object(
-        'lifecycle_substate', (SELECT a.lifecycle || '/' || a.work_status || '/' || a.watchdog_step FROM a),
+        'lifecycle_substate', (SELECT a.lifecycle || '/' || a.work_status FROM a),
         'responsibility_owner', (SELECT responsibility_owner FROM a),
         'execution_owner', (SELECT execution_owner FROM a),
         'pending_target', (SELECT pending_target FROM a),
@@ -58,17 +62,17 @@ CREATE FUNCTION mosaic_failed_target_snapshot(p_assignment text) RETURNS jsonb L
                                      ORDER BY p.progress_id)::text, '[]'), 'UTF8')), 'hex')
                                FROM progress_receipts p, r WHERE p.reservation_id = r.reservation_id),
         'continuation_state_digest', (SELECT 'sha256:' || encode(sha256(convert_to(coalesce(jsonb_agg(jsonb_build_array(k.continuation_id,
-                                          k.claimant_epoch, k.accepted_at, k.result_at) ORDER BY k.continuation_id)::text, '[]'), 'UTF8')), 'hex')
+                                          k.claimant_epoch, mosaic_ts(k.accepted_at), mosaic_ts(k.result_at)) ORDER BY k.continuation_id)::text, '[]'), 'UTF8')), 'hex')
                                       FROM continuations k, r WHERE k.reservation_id = r.reservation_id),
         'activation_idempotency_identity', (SELECT receipt_id FROM act),
         'all_other_mutable_preactivation_fields_digest', (SELECT 'sha256:' || encode(sha256(convert_to(jsonb_build_array(
                 -- The work's row without what a pre-transfer source, still running, moves
                 -- by itself (its progress and inactivity clock, its continuation budget).
                 (SELECT to_jsonb(a) - 'scope' - 'holds' - 'last_progress_at' - 'inactivity_base_at'
-                        - 'inactivity_deadline' - 'continuation_budget' FROM a),
+                        - 'inactivity_deadline' - 'continuation_budget' - 'watchdog_step' FROM a),
                 (SELECT h.state FROM h),
                 (SELECT mosaic_ts(released_at) FROM r), (SELECT contracts_digest FROM r), (SELECT process_identity FROM r),
-                (SELECT state FROM li), (SELECT state FROM g),
+                (SELECT state FROM g),
                 (SELECT count(*) FROM reservations rx WHERE rx.assignment_id = p_assignment))::text, 'UTF8')), 'hex'))
     )
 $$;

@@ -626,3 +626,42 @@ fn recovery_messages_round_trip_and_an_ack_binds_one_exact_challenge_envelope() 
         .unwrap();
     assert_eq!(category(&by_candidate, CANDIDATE), "key-not-authorized");
 }
+
+/// §17 Recovery key/deadline independence: key validity is its own predicate. A recovery
+/// ACK whose `recovery_deadline` is far ahead is refused when its key is revoked or outside
+/// its validity window; a valid key does not extend a deadline (the deadline is the
+/// coordinator's CAS, `tests/retarget.rs`), and the envelope carries no time of its own.
+#[test]
+fn a_recovery_key_is_checked_apart_from_the_recovery_deadline() {
+    let t = MessageType::RecoveryAck;
+    let bytes = valid(t);
+    let (_, aud) = legit(t);
+    let mut reg = registry();
+    assert!(verify(&bytes, &ctx(&reg, aud)).is_ok());
+    reg.revoke("candidate-recovery");
+    assert_eq!(
+        verify(&bytes, &ctx(&reg, aud)).unwrap_err().category(),
+        "revoked-key"
+    );
+    let reg = registry();
+    let late = mosaic::protocol::VerifyContext {
+        now: epoch() + std::time::Duration::from_secs(101 * 365 * 86400),
+        ..ctx(&reg, aud)
+    };
+    assert_eq!(
+        verify(&bytes, &late).unwrap_err().category(),
+        "key-not-valid-now"
+    );
+    // Candidate time is never carried: every time field is absent from the ACK (and
+    // `recovery_prohibitions_are_rejected_not_ignored` refuses one added).
+    let m = obj(&bytes);
+    for f in [
+        "issued_at",
+        "expires_at",
+        "acknowledged_at",
+        "received_at",
+        "consumed_at",
+    ] {
+        assert!(m.iter().all(|(k, _)| k != f), "{f}");
+    }
+}

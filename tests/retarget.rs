@@ -532,6 +532,11 @@ async fn the_retarget_cas_consumes_one_exact_ack_and_refuses_every_substitution(
             Box::new(|c| c.ack.facts.recovery_deadline = "2999-01-01T00:00:00.000000Z".into()),
             Category::Mismatch,
         ),
+        (
+            "idempotency key",
+            Box::new(|c| c.ack.idempotency_key = "recovery-ack/other".into()),
+            Category::Mismatch,
+        ),
     ];
     for (what, edit, want) in rows {
         let mut c = ack_of(&o);
@@ -761,12 +766,17 @@ async fn a_candidate_dies_with_its_deadline_or_its_epoch_and_is_consumed_once() 
         .await
         .unwrap()
         .is_none());
-    // Evidence: the takeover itself is objective evidence too (T's epoch has ended).
+    // The new leader offers afresh, from the same evidence (T's end-chain receipt).
     let o2 = offer_for(&f, &l2, &asg, &u, 30_000).await.unwrap();
     let ev: serde_json::Value = json_of(&url, &format!(
         "SELECT objective_failure_evidence FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
         o2.challenge.facts.recovery_candidate_id)).await;
-    assert_eq!(ev["takeover_epoch"], l2.epoch());
+    assert!(ev["end_chain"]["receipt_id"].is_string(), "{ev}");
+    assert_eq!(
+        ev.get("takeover_epoch"),
+        None,
+        "a takeover alone is no evidence"
+    );
 
     // Consumed once: the same request again is the original receipt; another ACK of the
     // same candidate (another message) is refused and changes nothing.
@@ -852,6 +862,46 @@ async fn a_candidate_dies_with_its_deadline_or_its_epoch_and_is_consumed_once() 
         .unwrap_err();
     assert_eq!(e.category(), Some(Category::WrongState), "{e}");
     assert!(e.to_string().contains("activated"), "{e}");
+
+    // A start released without objective evidence of its own failure — its chain ended
+    // by a leadership takeover alone, before any generation could die — may not be
+    // retargeted; and since it is a failed start, nothing may move it by a plain
+    // reservation either (the watchdog leaves it to its lane or an operator).
+    let x = f
+        .store
+        .adopt_lane_incarnation(&l2, "h6", "h6:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let rx = f
+        .store
+        .reserve(&l2, &store::request(&x.lane_incarnation_id, None, 60_000))
+        .await
+        .unwrap();
+    f.store.release(&l2).await.unwrap();
+    let (l3, _) = f
+        .store
+        .acquire(&store::candidate("c"), 60_000)
+        .await
+        .unwrap();
+    let ax = store::assignment(&f.store, &rx.chain.assignment_id).await;
+    assert_eq!(
+        ax.lifecycle.as_str(),
+        "RECOVERY",
+        "the takeover ended the chain"
+    );
+    match f
+        .store
+        .retarget_eligible(&rx.chain.assignment_id)
+        .await
+        .unwrap()
+    {
+        Some(Err(why)) => assert!(why.contains("objective"), "{why}"),
+        other => panic!("a start without evidence is not retargetable: {other:?}"),
+    }
+    let e = offer_for(&f, &l3, &rx.chain.assignment_id, &u, 30_000)
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
 }
 
 /// §17 Preactivation retarget/activation race and Post-injection ordinary challenge
@@ -1044,7 +1094,7 @@ async fn a_handoff_target_that_fails_before_its_ack_is_retargeted_pre_transfer()
         .await
         .unwrap();
     let source = store::running(s, l, &f.lane.lane_incarnation_id).await;
-    let (c, _good, _target) =
+    let (c, _good, target) =
         store::handoff_to_challenge(s, l, &source, &w2.lane_incarnation_id).await;
     s.end_chain(l, &c, store::EndCause::Abandoned)
         .await
@@ -1088,6 +1138,17 @@ async fn a_handoff_target_that_fails_before_its_ack_is_retargeted_pre_transfer()
         task_text: None,
         ttl_ms: 60_000,
     };
+    // ACK at snapshot N, then one T mutation (T's host reports its generation ended): the
+    // stale candidate allocates nothing; a fresh one is offered from the new snapshot.
+    s.ingest_termination(l, store::HOST, &store::receipt_for(&target, "ended", true))
+        .await
+        .unwrap();
+    let e = s
+        .offer_handoff_retarget(l, &handoff_req(), &ack_of(&o))
+        .await
+        .unwrap_err();
+    assert_eq!(e.category(), Some(Category::SnapshotChanged), "{e}");
+    let o = offer(&f, &asg, &u).await;
     // A plain reservation cannot consume it (the work is not in recovery, and the reserve
     // CAS takes no pre-transfer candidate).
     let e = s
@@ -1148,4 +1209,73 @@ async fn a_handoff_target_that_fails_before_its_ack_is_retargeted_pre_transfer()
     )
     .await;
     assert_eq!(retargeted, o.challenge.facts.recovery_candidate_id.as_str());
+}
+
+/// §17 Reservation-chain substitution: T's reservation R1 expires (database time) before
+/// T's ACK, and — for another work — after T reached READY. Either way the expiry's
+/// end-chain receipt is the evidence, the candidate binds R1's exact facts, T's late
+/// activation is refused, and U's chain is a fresh reservation, never R1.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_expired_reservation_is_retargeted_before_the_ack_and_after_ready() {
+    let f = store::fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let url = pg::server().url(&f.db.name);
+    let u = s
+        .adopt_lane_incarnation(l, "h2", "h2:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    let w2 = s
+        .adopt_lane_incarnation(l, store::HOST, "h1:w2", &store::uid("li"))
+        .await
+        .unwrap();
+    let v = s
+        .adopt_lane_incarnation(l, "h3", "h3:w1", &store::uid("li"))
+        .await
+        .unwrap();
+    // Before the ACK, and after READY (its ACK consumed), each with a 1 s reservation.
+    let before = store::to_awaiting_ack(s, l, &f.lane.lane_incarnation_id, None, 1000).await;
+    let ready = store::to_awaiting_ack(s, l, &w2.lane_incarnation_id, None, 1000).await;
+    s.consume_ack(l, &store::ack(l, &ready)).await.unwrap();
+    let late_activation = store::activation(s, &ready).await;
+    let deadline = before.res.deadline.clone().max(ready.res.deadline.clone());
+    store::sql(&url)
+        .await
+        .execute(
+            &format!(
+                "SELECT pg_sleep_until('{deadline}'::timestamptz + interval '5 milliseconds')"
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    for (t, target) in [(&before, &u), (&ready, &v)] {
+        s.end_chain(l, t.chain(), store::EndCause::Expired)
+            .await
+            .unwrap();
+        let asg = t.chain().assignment_id.clone();
+        let o = offer(&f, &asg, target).await;
+        let ev: serde_json::Value = json_of(&url, &format!(
+            "SELECT objective_failure_evidence FROM recovery_candidates WHERE recovery_candidate_id = '{}'",
+            o.challenge.facts.recovery_candidate_id)).await;
+        assert!(
+            ev["end_chain"]["cause"]
+                .as_str()
+                .is_some_and(|c| c.contains("expired")),
+            "{ev}"
+        );
+        assert_eq!(ev["reservation_id"], t.chain().reservation_id.as_str());
+        let won = s
+            .reserve(
+                l,
+                &retarget_req(&o, ack_of(&o), &target.lane_incarnation_id),
+            )
+            .await
+            .unwrap();
+        assert_ne!(won.chain.reservation_id, t.chain().reservation_id);
+        assert_eq!(won.chain.lane_incarnation_id, target.lane_incarnation_id);
+    }
+    assert!(
+        s.activate(l, &late_activation).await.is_err(),
+        "T's activation after R1 expired"
+    );
 }

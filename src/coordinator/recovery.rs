@@ -36,16 +36,25 @@ use crate::protocol::messages::{RecoveryAck, RecoveryChallenge, RecoveryFacts};
 /// inactivity policy: a new rule is a new version, and every candidate records the digest
 /// of the one it was selected under.
 pub const POLICY: &str = "retarget@1";
-const POLICY_BODY: &str = "retarget@1: work whose latest chain failed before activation and \
-was ended by a fenced transition on objective evidence (its end-chain receipt, the ingested \
-termination receipt of its generation, or a leadership takeover after its epoch) moves to \
-another lane only through a recovery candidate. Automatic: when the inactivity policy's next \
-attempt may not use the failed lane (its replacements there are used up), or at once when the \
-failed lane cannot take work again soon (its host is not connected; the lane is quarantined, \
-retired or being recreated). Operator-approved: `mosaic retarget` while the work is in recovery. Selection: \
-placement@2 over the published roster with the failed lane excluded; with no roster, the first \
-idle lane by lane id of a connected host advertising the runtime. The candidate's ACK must be \
-consumed before its recovery_deadline, 30 s after issue (database time; equality is expired).";
+const POLICY_BODY: &str = "retarget@1: work whose latest chain failed before activation, \
+ended by a fenced transition on objective evidence of the target's own failure (an end-chain \
+receipt for an expired reservation, a chain its host lost, or a host workspace that is not the \
+one named; or, with no end-chain, the ingested termination receipt of its generation), moves \
+to another lane only through a recovery candidate, within its inactivity policy's attempts. \
+Automatic, for an initial or post-transfer target: when the inactivity policy's next attempt \
+may not use the failed lane (its replacements there are used up), or at once when the failed \
+lane cannot take work again soon (its host has had no session for 5 s; the lane is \
+quarantined, retired or being recreated). Operator-approved (`mosaic retarget`): any of the three operations; a \
+pre-transfer one only so. Selection: placement@2 over the published roster, without the failed \
+lane, hosts without a recovery key, and, for work with a workspace, the failed lane's host and \
+hosts its checkpoint cannot reach; with no roster, the first idle lane by lane id of a connected \
+host advertising the runtime, under the same exclusions. The candidate's ACK must be consumed \
+before its recovery_deadline, 30 s after issue (database time; equality is expired).";
+
+/// How long a host must have been without a session before the policy treats its lane as
+/// unable to take the work back (database time): a coordinator restart or a short network
+/// cut is not a dead host.
+pub const HOST_GONE_AFTER_MS: i64 = 5_000;
 
 /// How long a candidate's challenge may be answered (database time).
 pub const CANDIDATE_TTL_MS: i64 = 30_000;
@@ -58,19 +67,26 @@ pub fn policy_digest() -> String {
 }
 
 /// The objective evidence of T's failure, from durable rows only (spec §6.3: a receipt,
-/// never a narrative): the end-chain receipt that released T's reservation, the ingested
-/// termination receipt of T's generation, and the first epoch after T's. Each is a value
-/// or null; at least one must be present.
-const EVIDENCE: &str = "SELECT t.reservation_id, \
+/// never a narrative): the end-chain receipt that released T's reservation — objective only
+/// for a failure of T itself (`ending::TARGET_FAILURE_CAUSES`: expired, lost by its host,
+/// its host's workspace not the one named; not a withdrawn offer or a checkpoint that would
+/// fail U alike) — or, when no end-chain released it, the ingested termination receipt of
+/// T's generation (it died before activation). A takeover alone is no evidence: the work
+/// waits for its lane or an operator.
+const EVIDENCE: &str = concatcp!(
+    "SELECT x.*, CASE WHEN x.end_chain IS NOT NULL THEN x.end_chain->>'cause' IN ", super::ending::TARGET_FAILURE_CAUSES, " \
+                     ELSE x.termination IS NOT NULL END AS objective \
+     FROM (SELECT t.reservation_id, \
         (SELECT jsonb_build_object('receipt_id', tr.receipt_id, 'cause', tr.body->>'cause') FROM transition_receipts tr \
-          WHERE tr.assignment_id = t.assignment_id AND tr.transition = 'end-chain' AND tr.body->'chain'->>'reservation_id' = t.reservation_id ORDER BY tr.decided_at LIMIT 1) AS end_chain, \
+          WHERE tr.assignment_id = t.assignment_id AND tr.transition = 'end-chain' AND tr.body->'chain'->>'reservation_id' = t.reservation_id \
+          ORDER BY tr.decided_at LIMIT 1) AS end_chain, \
         (SELECT jsonb_build_object('idempotency_key', x.idempotency_key, 'body_digest', x.body_digest) FROM termination_receipts x \
           WHERE x.lane_incarnation_id = t.lane_incarnation_id AND x.generation = t.generation ORDER BY x.ingested_at LIMIT 1) AS termination, \
-        (SELECT min(e.epoch) FROM epochs e WHERE e.epoch > t.coordinator_epoch) AS takeover_epoch, \
         mosaic_ts(t.released_at) AS released_at, \
         EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.transition = 'activate' AND tr.assignment_id = t.assignment_id \
                 AND tr.body->'chain'->>'reservation_id' = t.reservation_id) AS activated \
-     FROM reservations t WHERE t.assignment_id = $1 ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1";
+     FROM reservations t WHERE t.assignment_id = $1 ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1) x"
+);
 
 /// The operation a snapshot's provenance names (§6.3.1), as SQL over `s0.snap`: no source
 /// attempt is `initial`; a source attempt without an accepted handoff's receipt is
@@ -83,14 +99,17 @@ const OPERATION: &str =
 /// after an initial or post-transfer target failed; or, pre-transfer, ACTIVE with its source
 /// still executing (its reservation open, the snapshot's source attempt) and no handoff
 /// pending. Work in recovery whose failed target was a never-accepted handoff's has lost
-/// its source too: that is no retarget (an operator resumes it).
+/// its source too: that is no retarget (an operator resumes it). A retarget is an attempt:
+/// none once the inactivity policy's attempts are spent.
 const RETARGETABLE: &str = concatcp!(
     "a.work_status = ", WorkStatus::Active.sql(), " AND a.requested_outcome IS NULL \
      AND ((a.lifecycle = ", Lifecycle::Recovery.sql(), " AND s.operation <> 'pre-transfer') \
        OR (a.lifecycle = ", Lifecycle::Active.sql(), " AND s.operation = 'pre-transfer' \
            AND a.execution_owner IS NOT NULL AND a.pending_target IS NULL \
            AND EXISTS (SELECT 1 FROM reservations sr WHERE sr.assignment_id = a.assignment_id AND sr.released_at IS NULL \
-                       AND sr.assignment_attempt_id = s.snap->>'source_assignment_attempt_id')))"
+                       AND sr.assignment_attempt_id = s.snap->>'source_assignment_attempt_id'))) \
+     AND (SELECT count(*) FROM attempts at2 WHERE at2.assignment_id = a.assignment_id) - a.attempts_before_budget \
+         < (SELECT p.max_attempts FROM inactivity_policies p WHERE p.policy_id = a.inactivity_policy)"
 );
 
 /// What the service chose U by: recorded whole with the candidate.
@@ -132,6 +151,8 @@ pub struct Stranded {
     pub host_id: String,
     /// Quarantined, retired or being recreated: it cannot take the work again soon.
     pub lane_unusable: bool,
+    /// Its host's last session closed at least `HOST_GONE_AFTER_MS` ago (database time).
+    pub host_gone: bool,
 }
 
 /// A candidate as its row holds it, and the challenge it is sent as.
@@ -144,6 +165,8 @@ pub struct Offer {
     pub state: CandidateState,
     /// Whether its deadline is still ahead (database time, when read).
     pub open: bool,
+    /// How long ago it was issued (database time, when read).
+    pub age_ms: i64,
     #[serde(skip)]
     pub challenge: RecoveryChallenge,
 }
@@ -158,6 +181,7 @@ impl Offer {
             failed_reservation_id: r.col("failed_reservation_id")?,
             state: r.col("state")?,
             open: r.col("open")?,
+            age_ms: r.col("age_ms")?,
             challenge: RecoveryChallenge {
                 idempotency_key: r.col("idempotency_key")?,
                 issued_at: r.col("issued_at")?,
@@ -187,7 +211,8 @@ const OFFER_COLUMNS: &str = "rc.recovery_candidate_id, rc.recovery_handoff_chall
     rc.failed_reservation_id, rc.expected_retarget_operation, rc.failed_target_snapshot_digest, rc.objective_failure_evidence_digest, \
     rc.policy_selection_digest, rc.candidate_principal, rc.candidate_lane_id, rc.candidate_lane_incarnation_id, rc.scope_digest, \
     rc.holds_digest, rc.contracts_digest, rc.sot_incarnation, rc.coordinator_epoch, rc.issued_at, rc.recovery_deadline, rc.state, \
-    (clock_timestamp() < rc.recovery_deadline::timestamptz) AS open";
+    (clock_timestamp() < rc.recovery_deadline::timestamptz) AS open, \
+    (EXTRACT(EPOCH FROM clock_timestamp() - rc.issued_at::timestamptz) * 1000)::bigint AS age_ms";
 
 /// A verified recovery ACK, as the reservation CAS consumes it: every fact it binds (one
 /// JSON parameter, compared field by field against the candidate row in SQL).
@@ -209,6 +234,7 @@ impl RecoveryConsume {
             "scope": f.scope_digest, "holds": f.holds_digest, "contracts": f.contracts_digest,
             "sot": f.sot_incarnation, "epoch": f.coordinator_epoch, "assignment": f.assignment_id,
             "deadline": f.recovery_deadline,
+            "idem": self.ack.idempotency_key,
             "ack_message_id": self.ack.acknowledged_recovery_message_id,
             "ack_digest": self.ack.acknowledged_recovery_challenge_digest,
         })
@@ -233,6 +259,7 @@ macro_rules! admits {
        AND rc.scope_digest = ", $c, "->>'scope' AND rc.holds_digest = ", $c, "->>'holds' AND rc.contracts_digest = ", $c, "->>'contracts' \
        AND rc.sot_incarnation = ", $c, "->>'sot' AND rc.coordinator_epoch = (", $c, "->>'epoch')::bigint AND rc.coordinator_epoch = ", $e, " \
        AND rc.recovery_deadline = ", $c, "->>'deadline' AND clock_timestamp() < rc.recovery_deadline::timestamptz \
+       AND ", $c, "->>'idem' = 'recovery-ack/' || rc.recovery_handoff_challenge_id \
        AND rc.failed_target_snapshot_digest = mosaic_failed_target_snapshot_digest(rc.assignment_id))"
 )
     };
@@ -250,15 +277,25 @@ pub(crate) async fn consume(
     reservation: &str,
 ) -> Result<serde_json::Value, AuthorityError> {
     let f = &c.ack.facts;
-    let row = d
-        .query_one(
+    // One database time for both receipt fields, and the deadline tested again at it: the
+    // consumption the receipt records is never at or past the deadline.
+    let rows = d
+        .query(
             concatcp!("UPDATE recovery_candidates SET state = ", CandidateState::Consumed.sql(), ", ack_message_id = $2, ack_digest = $3, \
-                    received_at = clock_timestamp(), consumed_at = clock_timestamp(), retarget_reservation_id = $4 \
-             WHERE recovery_candidate_id = $1 AND state = ", CandidateState::Issued.sql(), " \
+                    received_at = n.at, consumed_at = n.at, retarget_reservation_id = $4 \
+             FROM (SELECT clock_timestamp() AS at) n \
+             WHERE recovery_candidate_id = $1 AND state = ", CandidateState::Issued.sql(), " AND n.at < recovery_deadline::timestamptz \
              RETURNING failed_attempt_id, failed_reservation_id, expected_retarget_operation, mosaic_ts(consumed_at) AS consumed_at"),
             &[&f.recovery_candidate_id, &c.ack.acknowledged_recovery_message_id, &c.ack.acknowledged_recovery_challenge_digest, &reservation],
         )
         .await?;
+    let Some(row) = rows.first() else {
+        return Err(super::error::reject(
+            "retarget",
+            Category::Expired,
+            "the candidate's recovery_deadline passed before its consumption (database time; equality is expired)",
+        ));
+    };
     let failed_attempt: String = row.col("failed_attempt_id")?;
     d.exec_one(
         "UPDATE attempts SET retargeted_by = $2 WHERE assignment_attempt_id = $1 AND retargeted_by IS NULL",
@@ -333,7 +370,9 @@ pub(crate) async fn why_not(
             Category::WrongState,
             "the candidate was invalidated (another candidate won, or the work moved on)".into(),
         )
-    } else if e != f {
+    } else if e != f
+        || c.ack.idempotency_key != format!("recovery-ack/{}", e.recovery_handoff_challenge_id)
+    {
         (
             Category::Mismatch,
             "the ACK does not bind the candidate's exact facts".into(),
@@ -436,7 +475,7 @@ impl Store {
                               s0 AS (SELECT mosaic_failed_target_snapshot($1) AS snap, mosaic_failed_target_snapshot_digest($1) AS digest), \
                               s AS (SELECT s0.*, ", OPERATION, " AS operation FROM s0), \
                               e AS (SELECT ev.*, jsonb_build_object('reservation_id', ev.reservation_id, 'released_at', ev.released_at, \
-                                      'end_chain', ev.end_chain, 'termination', ev.termination, 'takeover_epoch', ev.takeover_epoch) AS evidence FROM ev) \
+                                      'end_chain', ev.end_chain, 'termination', ev.termination) AS evidence FROM ev) \
                          INSERT INTO recovery_candidates AS rc (recovery_candidate_id, recovery_handoff_challenge_id, idempotency_key, assignment_id, \
                                 failed_reservation_id, failed_attempt_id, expected_retarget_operation, failed_target_snapshot, failed_target_snapshot_digest, \
                                 objective_failure_evidence, objective_failure_evidence_digest, policy_selection, policy_selection_digest, \
@@ -450,7 +489,7 @@ impl Store {
                          FROM assignments a, reservations t, e, s, lane_incarnations li, lanes ln, lane_incarnations ti \
                          WHERE a.assignment_id = $1 AND ", RETARGETABLE, " \
                            AND t.reservation_id = e.reservation_id AND t.released_at IS NOT NULL AND NOT e.activated \
-                           AND (e.end_chain IS NOT NULL OR e.termination IS NOT NULL OR e.takeover_epoch IS NOT NULL) \
+                           AND e.objective \
                            AND li.lane_incarnation_id = $11 AND li.retired_at IS NULL AND ln.lane_id = li.lane_id \
                            AND ti.lane_incarnation_id = t.lane_incarnation_id AND ti.lane_id <> li.lane_id \
                          RETURNING ", OFFER_COLUMNS),
@@ -518,12 +557,15 @@ impl Store {
     /// Work in recovery whose latest chain failed before activation, with whether its
     /// failed lane can take it again now (the retarget policy moves it at once when not).
     pub async fn preactivation_failures(&self) -> Result<Vec<Stranded>, AuthorityError> {
+        let gone_after: i64 = HOST_GONE_AFTER_MS;
         let c = self.pool.get().await?;
         let rows = c
             .query(
                 concatcp!("SELECT a.assignment_id, li.lane_id, ln.host_id, \
                         (li.state = ", LaneState::Quarantined.sql(), " OR li.recreate_requested_at IS NOT NULL \
-                         OR li.host_quarantine_reason IS NOT NULL OR li.retired_at IS NOT NULL) AS lane_unusable \
+                         OR li.host_quarantine_reason IS NOT NULL OR li.retired_at IS NOT NULL) AS lane_unusable, \
+                        coalesce((SELECT hs.closed_at IS NOT NULL AND hs.closed_at <= clock_timestamp() - $1::bigint * interval '1 millisecond' \
+                                  FROM host_sessions hs WHERE hs.host_id = ln.host_id ORDER BY hs.session_epoch DESC LIMIT 1), false) AS host_gone \
                  FROM assignments a \
                  JOIN LATERAL (SELECT t.* FROM reservations t WHERE t.assignment_id = a.assignment_id \
                                ORDER BY t.created_at DESC, t.reservation_id DESC LIMIT 1) t ON true \
@@ -533,7 +575,7 @@ impl Store {
                    AND NOT EXISTS (SELECT 1 FROM transition_receipts tr WHERE tr.assignment_id = a.assignment_id \
                                    AND tr.transition = 'activate' AND tr.body->'chain'->>'reservation_id' = t.reservation_id)"),
 
-                &[],
+                &[&gone_after],
             )
             .await?;
         rows.iter()
@@ -543,6 +585,7 @@ impl Store {
                     lane_id: r.col("lane_id")?,
                     host_id: r.col("host_id")?,
                     lane_unusable: r.col("lane_unusable")?,
+                    host_gone: r.col("host_gone")?,
                 })
             })
             .collect()
@@ -565,6 +608,7 @@ impl Store {
                     CandidateState::Issued.sql(),
                     " AND rc.coordinator_epoch = $2 \
                    AND clock_timestamp() < rc.recovery_deadline::timestamptz \
+                   AND rc.failed_target_snapshot_digest = mosaic_failed_target_snapshot_digest(rc.assignment_id) \
                  ORDER BY rc.issued_at DESC LIMIT 1"
                 ),
                 &[&assignment_id, &epoch],
@@ -574,8 +618,9 @@ impl Store {
     }
 
     /// Whether the work may be retargeted now, and from which failed lane: `None` when it
-    /// is neither in recovery nor a pre-transfer failure (nothing to retarget), `Err` with
-    /// the reason when it is, but may not be.
+    /// is not a start that failed before activation (not in recovery nor a pre-transfer
+    /// failure, or its latest chain ran), `Err` with the reason when it is one but may not
+    /// be retargeted (and so must not be moved at all).
     pub async fn retarget_eligible(
         &self,
         assignment_id: &str,
@@ -613,12 +658,9 @@ impl Store {
             return Ok(None); // its latest chain is still open: nothing failed
         }
         if e.col::<bool>("activated")? {
-            return Ok(Some(Err("its latest chain was activated: retarget is for a start that failed before activation".into())));
+            return Ok(None); // its latest chain ran: not a start that failed
         }
-        let objective = e.col::<Option<serde_json::Value>>("end_chain")?.is_some()
-            || e.col::<Option<serde_json::Value>>("termination")?.is_some()
-            || e.col::<Option<i64>>("takeover_epoch")?.is_some();
-        if !objective {
+        if !e.col::<bool>("objective")? {
             return Ok(Some(Err(
                 "no objective failure evidence for its latest chain".into(),
             )));
@@ -669,11 +711,7 @@ async fn why_no_offer(
                 .reject(Category::WrongState, "its latest chain was activated: retarget is for a start that failed before activation")
                 .await
         }
-        Some(e)
-            if e.col::<Option<serde_json::Value>>("end_chain")?.is_none()
-                && e.col::<Option<serde_json::Value>>("termination")?.is_none()
-                && e.col::<Option<i64>>("takeover_epoch")?.is_none() =>
-        {
+        Some(e) if !e.col::<bool>("objective")? => {
             return u.reject(Category::WrongState, "no objective failure evidence (a receipt) for its latest chain").await
         }
         Some(_) => {}

@@ -31,18 +31,27 @@ impl Supervisor {
             })?;
         // Its own keys must be in the registry it loads, as its own: a host whose key the
         // registry lacks would connect only to be refused at its hello.
-        for (path, purpose, name) in [
+        let own = [
             (
-                &link.session_key,
+                Some(&link.session_key),
                 crate::protocol::schema::Purpose::Session,
                 "session",
             ),
             (
-                &link.ordinary_key,
+                Some(&link.ordinary_key),
                 crate::protocol::schema::Purpose::Ordinary,
                 "ordinary",
             ),
-        ] {
+            (
+                link.recovery_key.as_ref(),
+                crate::protocol::schema::Purpose::Recovery,
+                "recovery",
+            ),
+        ];
+        for (path, purpose, name) in own
+            .iter()
+            .filter_map(|(p, purpose, name)| p.map(|p| (p, *purpose, *name)))
+        {
             let public = ed25519_dalek::SigningKey::from_bytes(&seed(path)?).verifying_key();
             registry
                 .check_own(
@@ -117,23 +126,6 @@ impl Supervisor {
                 .await;
         if let Some(path) = &link.recovery_key {
             let seed = seed(path)?;
-            let public = ed25519_dalek::SigningKey::from_bytes(&seed).verifying_key();
-            params
-                .registry
-                .check_own(
-                    &format!("{principal}/recovery"),
-                    &principal,
-                    crate::protocol::schema::Purpose::Recovery,
-                    &public,
-                    std::time::SystemTime::now(),
-                )
-                .map_err(|e| {
-                    cfg_err(format!(
-                        "{}: {e} (the key file is {})",
-                        link.trust_registry.display(),
-                        path.display()
-                    ))
-                })?;
             host.set_recovery_signer(Arc::new(crate::protocol::Signer::new(
                 &format!("{principal}/recovery"),
                 &principal,

@@ -92,6 +92,14 @@ impl EndCause {
     }
 }
 
+/// The end-chain causes that are a failure of the target itself — objective evidence for a
+/// retarget (`recovery.rs`) — as an SQL list (quotes doubled). A withdrawn offer, a
+/// checkpoint that cannot reach the target and a grant that cannot be consumed are not:
+/// another lane would fail alike. (The test below holds this list to `as_str`.)
+pub(crate) const TARGET_FAILURE_CAUSES: &str = "('reservation expired before activation', \
+     'the host lost the chain before activation', \
+     'its host''s workspace is not the checkpoint its stage named')";
+
 /// The lane's answer once a stop was requested.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct EndRequested {
@@ -402,3 +410,31 @@ mod ingest;
 mod leases;
 
 pub(crate) use finalize::*;
+
+#[cfg(test)]
+mod cause_tests {
+    use super::*;
+
+    #[test]
+    fn the_target_failure_causes_are_exactly_these_three() {
+        let quoted = |c: EndCause| format!("'{}'", c.as_str().replace('\'', "''"));
+        for c in [
+            EndCause::Expired,
+            EndCause::Abandoned,
+            EndCause::RestoreMismatch,
+        ] {
+            assert!(TARGET_FAILURE_CAUSES.contains(&quoted(c)), "{}", c.as_str());
+        }
+        for c in [
+            EndCause::NoHandoffCheckpoint,
+            EndCause::HandoffWithdrawn,
+            EndCause::NoGrantedCheckpoint,
+        ] {
+            assert!(
+                !TARGET_FAILURE_CAUSES.contains(&quoted(c)),
+                "{}",
+                c.as_str()
+            );
+        }
+    }
+}

@@ -15,6 +15,10 @@ use crate::coordinator::states::{CandidateState, LaneState};
 use crate::protocol::messages::{RecoveryAck, ToHost};
 use crate::protocol::transport::Outgoing;
 
+/// A candidate's challenge is sent again (the first may have been lost with a session)
+/// once it is this old and still unanswered.
+const RESEND_AFTER_MS: i64 = 2000;
+
 impl Service {
     /// Offers the work in recovery to a candidate lane chosen by the retarget policy (or
     /// sends the open candidate's challenge again), and sends the candidate host its
@@ -43,6 +47,9 @@ impl Service {
             .open_recovery_candidate(assignment_id, l.epoch())
             .await?
         {
+            // Its challenge was sent moments ago: its ACK is on its way (sending it again
+            // would only draw a second ACK for the same candidate).
+            Some(open) if open.age_ms < RESEND_AFTER_MS => return Ok(open),
             Some(open) => open,
             None => {
                 let next = self
@@ -53,7 +60,7 @@ impl Service {
                         OpError::new(Category::NotFound, format!("no assignment {assignment_id}"))
                     })?;
                 let sel = self
-                    .select_candidate(&next.runtime_id, &failed_lane)
+                    .select_candidate(assignment_id, &next.runtime_id, &failed_lane)
                     .await?;
                 let contracts = crate::protocol::contracts_digest(
                     &next.task_text,
@@ -91,8 +98,9 @@ impl Service {
     }
 
     /// The automatic half of `retarget@1`: work whose start failed before activation, on a
-    /// lane that cannot take it again soon (its host gone; the lane quarantined, retired or
-    /// being recreated), is offered to another lane at once. Work whose failed lane is fine
+    /// lane that cannot take it again soon (its host without a session for
+    /// `HOST_GONE_AFTER_MS`; the lane quarantined, retired or being recreated), is offered to
+    /// another lane at once. Work whose failed lane is fine
     /// waits for the inactivity policy's next attempt there, which retargets once its
     /// replacements on that lane are used up. (A failed generation not yet proven ended
     /// does not block a retarget, since it never activated; on a connected host its receipt
@@ -109,7 +117,8 @@ impl Service {
             }
         };
         for s in stranded {
-            if !s.lane_unusable && self.hosts.is_connected(&s.host_id) {
+            let host_gone = s.host_gone && !self.hosts.is_connected(&s.host_id);
+            if !s.lane_unusable && !host_gone {
                 continue;
             }
             if let Err(e) = self.retarget(l, &s.assignment_id).await {
@@ -197,14 +206,42 @@ impl Service {
             })
     }
 
-    /// U by the retarget policy: placement over the roster with the failed lane (and every
-    /// host without a recovery key) left out, or — with no roster published — the first idle
-    /// lane by id of a connected host that advertises the runtime and holds a recovery key.
+    /// U by the retarget policy: placement over the roster, or — with no roster published —
+    /// the first idle lane by id of a connected host that advertises the runtime. Either
+    /// way without the failed lane, without hosts lacking a recovery key and, for work with
+    /// a workspace, without the failed lane's host (its workspace is one directory there,
+    /// which the failed generation may still hold) and hosts its checkpoint cannot reach.
     async fn select_candidate(
         &self,
+        assignment_id: &str,
         runtime: &str,
         failed_lane: &str,
     ) -> Result<Selection, OpError> {
+        let lanes = self.store.lanes().await?;
+        let failed_host = lanes
+            .iter()
+            .find(|l| l.lane_id == failed_lane)
+            .map(|l| l.host_id.clone())
+            .unwrap_or_default();
+        let has_workspace = self.store.workspace_of(assignment_id).await?.is_some();
+        let mut barred = std::collections::BTreeSet::new();
+        for lane in &lanes {
+            let host = &lane.host_id;
+            if barred.contains(host) {
+                continue;
+            }
+            let bar = !self.can_be_candidate(host)
+                || (has_workspace
+                    && (*host == failed_host
+                        || self
+                            .store
+                            .workspace_cannot_move(assignment_id, host)
+                            .await?
+                            .is_some()));
+            if bar {
+                barred.insert(host.clone());
+            }
+        }
         let ask = crate::coordinator::placement::PlacementAsk::default();
         let roster = match self
             .store
@@ -219,7 +256,7 @@ impl Service {
         if let Some(mut inputs) = roster {
             inputs
                 .candidates
-                .retain(|c| c.lane_id != failed_lane && self.can_be_candidate(&c.host_id));
+                .retain(|c| c.lane_id != failed_lane && !barred.contains(&c.host_id));
             let d = crate::coordinator::placement::Decision::decide(inputs).map_err(|why| {
                 OpError::new(
                     Category::NoEligibleLane,
@@ -244,7 +281,7 @@ impl Service {
         }
         let mut seen = Vec::new();
         let mut chosen = None;
-        for lane in self.store.lanes().await? {
+        for lane in lanes {
             let offers = self
                 .store
                 .host_runtimes(&lane.host_id)
@@ -257,7 +294,7 @@ impl Service {
                 && lane.unended_generation.is_none()
                 && offers
                 && self.hosts.is_connected(&lane.host_id)
-                && self.can_be_candidate(&lane.host_id);
+                && !barred.contains(&lane.host_id);
             seen.push(format!(
                 "{}@{}:{}:{ok}",
                 lane.lane_id, lane.lane_incarnation_id, lane.state
@@ -302,10 +339,7 @@ impl Service {
         if m.facts.candidate_principal != principal {
             return Err(OpError::new(
                 Category::NotOwner,
-                format!(
-                    "a recovery ACK for candidate {} arrived from {principal}",
-                    m.facts.candidate_principal
-                ),
+                format!("a recovery ACK naming another candidate arrived from {principal}"),
             ));
         }
         let offer = self

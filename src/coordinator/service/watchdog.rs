@@ -288,7 +288,16 @@ impl Service {
                     }
                     return;
                 }
-                Ok(_) => {}
+                // A start that failed but may not be retargeted (no objective evidence, its
+                // source ended too, its budget spent) is never moved by a plain reservation:
+                // it waits for its own lane or an operator.
+                Ok(Some(Err(why))) => {
+                    tracing::debug!(assignment_id = %w.assignment_id, why = %why,
+                        "failed start not retargeted; it waits for its lane or an operator");
+                    return;
+                }
+                // Its latest chain ran: an ordinary next attempt.
+                Ok(None) => {}
                 Err(e) => {
                     tracing::warn!(error = %e, "watchdog cannot read the work's failed target");
                     return;
