@@ -17,6 +17,25 @@ use mosaic::protocol::messages::RecoveryAck;
 use serde_json::Value;
 use world::{assign_request, Spec, World};
 
+/// libfaketime shifts one process's wall clock (`clock_gettime`), nothing else.
+fn skew(w: &mut World, h: usize, offset: &str) {
+    let lib = [
+        "/usr/lib/x86_64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/aarch64-linux-gnu/faketime/libfaketimeMT.so.1",
+        "/usr/lib/faketime/libfaketimeMT.so.1",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists())
+    .unwrap_or_else(|| {
+        panic!("this test needs libfaketime (apt-get install faketime; scripts/test installs it)")
+    });
+    let d = &mut w.sup[h];
+    d.set_env("LD_PRELOAD", Some(lib.to_string()));
+    d.set_env("FAKETIME", Some(offset.to_string()));
+    d.set_env("FAKETIME_DONT_FAKE_MONOTONIC", Some("1".into()));
+    d.set_env("FAKETIME_NO_CACHE", Some("1".into()));
+}
+
 /// End to end: the target host is frozen mid-chain and then SIGKILLed; the reservation
 /// expires (the objective evidence), and the watchdog retargets the work, by policy, to the
 /// other host's lane — through one candidate whose ACK came from that host's recovery key —
@@ -33,6 +52,11 @@ async fn a_start_whose_host_dies_moves_to_another_host_only_through_its_recovery
         ..Spec::default()
     });
     w.coord[0].log_level = "debug";
+    // §17 Candidate ACK DB-time freshness: the candidate host's wall clock runs two
+    // minutes ahead — past every recovery deadline it will be sent (30 s), within the
+    // session's skew tolerance. It changes nothing: the ACK asserts no time, and only the
+    // database's clock decides freshness.
+    skew(&mut w, 1, "+120s");
     w.start_coordinator(0, None);
     w.wait_leading(0);
     w.start_supervisor(0);
