@@ -1032,6 +1032,32 @@ async fn an_elastic_placement_leases_a_lane_when_none_is_eligible() {
     let leases = w.op(&OperatorRequest::Leases).unwrap();
     assert_eq!(leases.as_array().unwrap().len(), 1, "{leases}");
     assert_eq!(leases[0]["state"], "ACTIVE", "{leases}");
+    // How the host was chosen is recorded with the placement, and recomputed by the
+    // audit: the inputs under which no lane was eligible (lane-1 busy), the roster's one
+    // host with its busy lane and its session, no refusal, and the lease.
+    let choice = &rec["decision"]["elastic"];
+    assert_eq!(choice["leased_host"], host.as_str(), "{rec}");
+    assert_eq!(choice["lease_id"], leases[0]["lease_id"], "{rec}");
+    assert_eq!(choice["lane_id"], lane.as_str(), "{rec}");
+    assert_eq!(
+        choice["hosts"],
+        serde_json::json!([{ "host_id": host, "busy": 1, "connected": true }]),
+        "{rec}"
+    );
+    assert_eq!(choice["refused"], serde_json::json!([]), "{rec}");
+    let first_inputs: placement::Inputs =
+        serde_json::from_value(choice["first_inputs"].clone()).unwrap();
+    assert!(placement::select(&first_inputs).is_err(), "{rec}");
+    assert_eq!(
+        choice["first_inputs_digest"],
+        first_inputs.digest().unwrap().as_str()
+    );
+    let plain = w
+        .op(&OperatorRequest::Roster {
+            reservation_id: Some(first["reservation_id"].as_str().unwrap().into()),
+        })
+        .unwrap();
+    assert!(plain["decision"].get("elastic").is_none(), "{plain}");
 
     // The host's capacity (2) is used: lane-1 and the elastic lane are busy.
     let e = w.op(&elastic(true)).unwrap_err();

@@ -67,7 +67,7 @@ impl ReserveRequest {
     }
 }
 
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct Reserved {
     pub chain: Chain,
     pub reservation_lease_id: String,

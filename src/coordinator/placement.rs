@@ -314,6 +314,92 @@ pub struct Decision {
     pub policy_digest: String,
     pub inputs: Inputs,
     pub inputs_digest: String,
+    /// With `--elastic`, when no lane was eligible: how the host of the lane leased for it
+    /// was chosen (the decision above is taken again after the lease).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub elastic: Option<ElasticChoice>,
+}
+
+/// How `--elastic` chose the host it leased a lane on — recorded whole with the placement,
+/// so an audit recomputes it like the lane choice: the inputs under which no lane was
+/// eligible, every host the roster declares (its busy lanes, from those inputs, and whether
+/// it had a session), the hosts that refused a lease in the order tried, and the lease.
+/// The rule: connected hosts by fewest busy lanes, then host id; the first that admits
+/// the lease is the one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElasticChoice {
+    pub first_inputs: Inputs,
+    pub first_inputs_digest: String,
+    /// In the roster's order.
+    pub hosts: Vec<ElasticHost>,
+    /// The hosts tried before the leased one, in order, with their refusals.
+    pub refused: Vec<ElasticRefusal>,
+    pub leased_host: String,
+    pub lease_id: String,
+    pub lane_id: String,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElasticHost {
+    pub host_id: String,
+    pub busy: u32,
+    pub connected: bool,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ElasticRefusal {
+    pub host_id: String,
+    pub why: String,
+}
+
+impl ElasticChoice {
+    /// A host's busy lanes as the first inputs saw them (0 for a host with none known).
+    pub fn busy_in(inputs: &Inputs, host: &str) -> u32 {
+        inputs
+            .candidates
+            .iter()
+            .filter(|c| c.host_id == host)
+            .map(|c| c.host_busy)
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// The order hosts are tried in: the connected ones, by fewest busy lanes, then id.
+    pub fn order(hosts: &[ElasticHost]) -> Vec<String> {
+        let mut v: Vec<(u32, &str)> = hosts
+            .iter()
+            .filter(|h| h.connected)
+            .map(|h| (h.busy, h.host_id.as_str()))
+            .collect();
+        v.sort();
+        v.into_iter().map(|(_, h)| h.to_string()).collect()
+    }
+
+    /// Whether the record is the rule applied to its own facts: its first inputs are the
+    /// ones digested and chose no lane; each host's busy count is theirs; the refused hosts
+    /// are the order's first ones and the leased host the next.
+    pub fn agrees(&self) -> bool {
+        let order = Self::order(&self.hosts);
+        let tried: Vec<&str> = self
+            .refused
+            .iter()
+            .map(|r| r.host_id.as_str())
+            .chain([self.leased_host.as_str()])
+            .collect();
+        self.first_inputs
+            .digest()
+            .is_ok_and(|d| d == self.first_inputs_digest)
+            && select(&self.first_inputs).is_err()
+            && self
+                .hosts
+                .iter()
+                .all(|h| h.busy == Self::busy_in(&self.first_inputs, &h.host_id))
+            && order.len() >= tried.len()
+            && order.iter().zip(&tried).all(|(a, b)| a == b)
+    }
 }
 
 impl Decision {
@@ -336,6 +422,7 @@ impl Decision {
             policy_digest: policy_digest(),
             inputs_digest: inputs.digest()?,
             inputs,
+            elastic: None,
         })
     }
 }
@@ -465,5 +552,73 @@ mod tests {
             .labels
             .insert("a b".into(), "x".into());
         assert!(bad.validate().unwrap_err().contains("label"));
+    }
+
+    /// An elastic choice agrees only with the rule applied to its own facts: each row
+    /// breaks one of them and must be caught.
+    #[test]
+    fn an_elastic_choice_agrees_only_with_its_own_facts() {
+        let mut busy = cand("h1:w0", 2);
+        busy.reservable = false;
+        let first = inputs(vec![busy, cand("h2:w0", 1)], PlacementAsk::default());
+        let first = Inputs {
+            candidates: first
+                .candidates
+                .into_iter()
+                .map(|mut c| {
+                    c.reservable = false;
+                    c
+                })
+                .collect(),
+            ..first
+        };
+        let host = |h: &str, busy: u32, connected: bool| ElasticHost {
+            host_id: h.into(),
+            busy,
+            connected,
+        };
+        let good = ElasticChoice {
+            first_inputs_digest: first.digest().unwrap(),
+            first_inputs: first.clone(),
+            hosts: vec![
+                host("h1", 2, true),
+                host("h2", 1, true),
+                host("h3", 0, false),
+            ],
+            refused: vec![ElasticRefusal {
+                host_id: "h2".into(),
+                why: "its capacity is used".into(),
+            }],
+            leased_host: "h1".into(),
+            lease_id: "ll-1".into(),
+            lane_id: "h1:e-1".into(),
+        };
+        assert_eq!(ElasticChoice::order(&good.hosts), ["h2", "h1"]);
+        assert!(good.agrees());
+        type Break = (&'static str, fn(&mut ElasticChoice));
+        let rows: [Break; 6] = [
+            ("leased a host out of order", |c| {
+                c.refused.clear();
+            }),
+            ("leased a disconnected host", |c| {
+                c.leased_host = "h3".into();
+            }),
+            ("a busy count not the inputs'", |c| c.hosts[0].busy = 0),
+            ("a digest not the inputs'", |c| {
+                c.first_inputs_digest = format!("sha256:{}", "0".repeat(64))
+            }),
+            ("a lane was eligible after all", |c| {
+                c.first_inputs.candidates[1].reservable = true;
+                c.first_inputs_digest = c.first_inputs.digest().unwrap();
+            }),
+            ("more hosts tried than connected", |c| {
+                c.hosts[0].connected = false;
+            }),
+        ];
+        for (what, f) in rows {
+            let mut bad = good.clone();
+            f(&mut bad);
+            assert!(!bad.agrees(), "{what}");
+        }
     }
 }

@@ -148,8 +148,9 @@ impl Store {
         connected: impl Fn(&str) -> bool,
     ) -> Result<Inputs, AuthorityError> {
         let c = self.pool.get().await?;
-        let stmt = c.prepare_cached(CANDIDATES).await?;
-        let (roster, rows) = tokio::try_join!(c.query_opt(ROSTER, &[]), c.query(&stmt, &[]))?;
+        let (roster_stmt, stmt) =
+            tokio::try_join!(c.prepare_cached(ROSTER), c.prepare_cached(CANDIDATES))?;
+        let (roster, rows) = tokio::try_join!(c.query_opt(&roster_stmt, &[]), c.query(&stmt, &[]))?;
         inputs_of(runtime, ask, connected, roster, &rows)
     }
 
@@ -164,14 +165,16 @@ impl Store {
         connected: impl Fn(&str) -> bool,
     ) -> Result<Result<PlacementRecord, Inputs>, AuthorityError> {
         let c = self.pool.get().await?;
-        let (by_key, cands) = tokio::try_join!(
+        // Prepared once per connection: the three reads are one round trip.
+        let (by_key, roster_stmt, cands) = tokio::try_join!(
             c.prepare_cached(&PLACEMENT_BY_KEY),
+            c.prepare_cached(ROSTER),
             c.prepare_cached(CANDIDATES)
         )?;
         let key: &(dyn tokio_postgres::types::ToSql + Sync) = &request_key;
         let (kept, roster, rows) = tokio::try_join!(
             c.query_opt(&by_key, std::slice::from_ref(&key)),
-            c.query_opt(ROSTER, &[]),
+            c.query_opt(&roster_stmt, &[]),
             c.query(&cands, &[])
         )?;
         if let Some(k) = kept {
@@ -231,7 +234,7 @@ fn roster_of(r: &tokio_postgres::Row) -> Result<RosterVersion, AuthorityError> {
 
 const PLACEMENT_COLUMNS: &str =
     "SELECT reservation_id, assignment_id, policy, policy_digest, inputs, inputs_digest, lane_id, \
-        lane_incarnation_id, mosaic_ts(decided_at) AS decided_at FROM placements";
+        lane_incarnation_id, elastic, mosaic_ts(decided_at) AS decided_at FROM placements";
 
 static PLACEMENT_BY_KEY: std::sync::LazyLock<String> =
     std::sync::LazyLock::new(|| format!("{PLACEMENT_COLUMNS} WHERE request_key = $1"));
@@ -242,6 +245,14 @@ fn placement_of(r: &tokio_postgres::Row) -> Result<PlacementRecord, AuthorityErr
         op: "placement",
         detail: format!("a recorded placement's inputs do not decode: {e}"),
     })?;
+    let elastic: Option<serde_json::Value> = r.col("elastic")?;
+    let elastic = elastic
+        .map(serde_json::from_value)
+        .transpose()
+        .map_err(|e| AuthorityError::Invariant {
+            op: "placement",
+            detail: format!("a recorded elastic choice does not decode: {e}"),
+        })?;
     Ok(PlacementRecord {
         reservation_id: r.col("reservation_id")?,
         assignment_id: r.col("assignment_id")?,
@@ -252,6 +263,7 @@ fn placement_of(r: &tokio_postgres::Row) -> Result<PlacementRecord, AuthorityErr
             policy_digest: r.col("policy_digest")?,
             inputs,
             inputs_digest: r.col("inputs_digest")?,
+            elastic,
         },
         decided_at: r.col("decided_at")?,
     })
@@ -350,12 +362,21 @@ pub(crate) async fn record(
         op: "reserve",
         detail: format!("placement inputs do not encode: {e}"),
     })?;
+    let elastic = p
+        .elastic
+        .as_ref()
+        .map(serde_json::to_value)
+        .transpose()
+        .map_err(|e| AuthorityError::Invariant {
+            op: "reserve",
+            detail: format!("an elastic choice does not encode: {e}"),
+        })?;
     d.exec_one(
         "INSERT INTO placements (reservation_id, request_key, assignment_id, policy, policy_digest, roster_version, inputs, \
-                                 inputs_digest, lane_id, lane_incarnation_id, coordinator_epoch) \
-         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11)",
+                                 inputs_digest, lane_id, lane_incarnation_id, coordinator_epoch, elastic) \
+         VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12)",
         &[&reservation, &request_key, &assignment, &p.policy, &p.policy_digest, &p.inputs.roster_version, &inputs,
-          &p.inputs_digest, &p.lane_id, &p.lane_incarnation_id, &d.epoch()],
+          &p.inputs_digest, &p.lane_id, &p.lane_incarnation_id, &d.epoch(), &elastic],
     )
     .await
 }

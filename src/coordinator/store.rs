@@ -47,6 +47,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0029_lane_leases.sql"),
     include_str!("../../migrations/0030_lane_lease_close.sql"),
     include_str!("../../migrations/0031_recovery_candidates.sql"),
+    include_str!("../../migrations/0032_placement_elastic.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

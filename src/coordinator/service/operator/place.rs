@@ -2,7 +2,7 @@
 //! (the policy is `coordinator::placement`, its records `coordinator::roster`).
 
 use super::*;
-use crate::coordinator::placement::Decision;
+use crate::coordinator::placement::{Decision, ElasticChoice, ElasticHost, ElasticRefusal};
 
 impl Service {
     /// Chooses the lane of an assignment that names none (and sets it on `a`), by the
@@ -47,7 +47,8 @@ impl Service {
                 (Err(why), None) => return Err(no_lane(why)),
                 // `--elastic`: a lane leased for it, then the policy decides again.
                 (Err(why), Some(e)) => {
-                    self.lease_for_placement(a, &ask, e, &inputs)
+                    let choice = self
+                        .lease_for_placement(a, &ask, e, &inputs)
                         .await
                         .map_err(|lease| {
                             no_lane(format!("{why}; and no elastic lane: {}", lease.message))
@@ -56,7 +57,9 @@ impl Service {
                         .store
                         .placement_inputs(&a.runtime, &ask, |h| self.hosts.is_connected(h))
                         .await?;
-                    Decision::decide(again).map_err(no_lane)?
+                    let mut d = Decision::decide(again).map_err(no_lane)?;
+                    d.elastic = Some(choice);
+                    d
                 }
             },
         };
@@ -69,38 +72,46 @@ impl Service {
 
     /// `--elastic` with no eligible lane: a lease on the first host the roster declares —
     /// by fewest busy lanes, then host id — that is connected and whose lease the
-    /// coordinator admits (its capacity, its runtimes); answered once the lane is made.
+    /// coordinator admits (its capacity, its runtimes); answered once the lane is made,
+    /// with how the host was chosen (recorded with the placement).
     async fn lease_for_placement(
         &self,
         a: &AssignRequest,
         ask: &crate::coordinator::placement::PlacementAsk,
         e: &crate::coordinator::placement::ElasticAsk,
         inputs: &crate::coordinator::placement::Inputs,
-    ) -> Result<(), OpError> {
+    ) -> Result<ElasticChoice, OpError> {
         let roster = self
             .store
             .roster()
             .await?
             .ok_or_else(|| OpError::new(Category::NotFound, "no roster is published"))?;
-        let busy = |h: &str| {
-            inputs
-                .candidates
-                .iter()
-                .filter(|c| c.host_id == h)
-                .map(|c| c.host_busy)
-                .max()
-                .unwrap_or(0)
-        };
-        let mut hosts: Vec<(u32, String)> = roster
+        // The roster the inputs were taken from (a newer one is another decision).
+        if roster.version != inputs.roster_version {
+            return Err(OpError::new(
+                Category::Conflict,
+                "the roster changed while placing; ask again",
+            ));
+        }
+        let hosts: Vec<ElasticHost> = roster
             .roster
             .hosts
             .iter()
-            .filter(|h| self.hosts.is_connected(&h.host_id))
-            .map(|h| (busy(&h.host_id), h.host_id.clone()))
+            .map(|h| ElasticHost {
+                host_id: h.host_id.clone(),
+                busy: ElasticChoice::busy_in(inputs, &h.host_id),
+                connected: self.hosts.is_connected(&h.host_id),
+            })
             .collect();
-        hosts.sort();
+        let first_inputs_digest = inputs.digest().map_err(|e| {
+            OpError::new(
+                Category::Internal,
+                format!("placement inputs do not encode: {e}"),
+            )
+        })?;
+        let mut refused = Vec::new();
         let mut why = Vec::new();
-        for (_, host) in hosts {
+        for host in ElasticChoice::order(&hosts) {
             let lease = crate::coordinator::leases::LeaseAsk {
                 host_id: host.clone(),
                 runtime: a.runtime.clone(),
@@ -116,7 +127,16 @@ impl Service {
                 Ok(v) if v["state"] == crate::coordinator::states::LeaseState::Active.as_str() => {
                     tracing::info!(host, lease_id = %v["lease_id"], lane_id = %v["lane_id"],
                         "an elastic lane leased for a placement");
-                    return Ok(());
+                    let field = |k: &str| v[k].as_str().unwrap_or_default().to_string();
+                    return Ok(ElasticChoice {
+                        first_inputs: inputs.clone(),
+                        first_inputs_digest,
+                        hosts,
+                        refused,
+                        leased_host: host,
+                        lease_id: field("lease_id"),
+                        lane_id: field("lane_id"),
+                    });
                 }
                 // A lease was made and its lane is not (yet): no second lease on another
                 // host for the same request — this one is the answer (it is quarantined
@@ -130,7 +150,13 @@ impl Service {
                         ),
                     ))
                 }
-                Err(refused) => why.push(format!("{host}: {}", refused.message)),
+                Err(no) => {
+                    why.push(format!("{host}: {}", no.message));
+                    refused.push(ElasticRefusal {
+                        host_id: host,
+                        why: no.message,
+                    });
+                }
             }
         }
         Err(OpError::new(
@@ -173,7 +199,8 @@ impl Service {
                             again.lane_id == d.lane_id
                                 && again.lane_incarnation_id == d.lane_incarnation_id
                                 && d.inputs.digest().is_ok_and(|x| x == d.inputs_digest)
-                        });
+                        })
+                        && d.elastic.as_ref().is_none_or(|e| e.agrees());
                     let mut v = json!(p);
                     v["recomputed"] = json!({ "agrees": agrees });
                     Ok(v)
