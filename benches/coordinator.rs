@@ -331,6 +331,7 @@ async fn run(cluster: &Cluster) {
             pct(&mut v, 0.99)
         );
     }
+    placement(&store, &leader).await;
     // The ceiling: pgbench's simple-update on the same server, same concurrency.
     let mut init = Command::new(cluster.bin("pgbench"));
     init.args(["-i", "-q", "-s", "4", "-d", &cluster.url("pgbench")]);
@@ -397,4 +398,114 @@ fn pg_version(c: &Cluster) -> String {
                 .replace("postgres (PostgreSQL) ", "")
         })
         .unwrap_or_default()
+}
+
+const PLACEMENT_RUNS: usize = 200;
+
+/// What placement adds to a reservation, on the store alone (no host, no session: the
+/// noise of a generation start is not in it): a roster of 16 lanes on 4 hosts, one worker,
+/// `reserve` of a named lane interleaved with a placed one (the pipelined reads of the
+/// roster, the lanes and any earlier placement, the decision and its digest, the reserve
+/// with its placement row), each chain ended before the next (not timed).
+async fn placement(s: &Store, l: &Leader) {
+    use mosaic::coordinator::placement::{Decision, PlacementAsk, Roster};
+    let mut roster = String::new();
+    let mut lanes = Vec::new();
+    for h in 1..=4 {
+        let host = format!("pl{h}");
+        s.record_host(&host, &["fake@1.0.0".to_string()])
+            .await
+            .unwrap();
+        roster.push_str(&format!("[[hosts]]\nhost_id = \"{host}\"\ncapacity = 4\n"));
+        for n in 1..=4 {
+            let lane = format!("{host}:lane-{n}");
+            let inc = s
+                .adopt_lane_incarnation(l, &host, &lane, &k("li"))
+                .await
+                .unwrap()
+                .lane_incarnation_id;
+            roster.push_str(&format!(
+                "[[hosts.lanes]]\nlane = \"lane-{n}\"\nruntimes = [\"fake\"]\nlabels = {{ zone = \"a\" }}\n"
+            ));
+            lanes.push((lane, inc));
+        }
+    }
+    let roster: Roster = toml::from_str(&roster).unwrap();
+    s.publish_roster(l, &roster).await.unwrap();
+    let ask = PlacementAsk {
+        labels: [("zone".to_string(), "a".to_string())].into(),
+        role: None,
+        elastic: None,
+    };
+    let request = |lane: &str, inc: &str| ReserveRequest {
+        request_id: k("rq"),
+        lane_incarnation_id: inc.into(),
+        assignment_id: None,
+        target: lane.into(),
+        runtime_id: "fake@1.0.0".into(),
+        task_text: "hang".into(),
+        scope: vec![format!("lane:{lane}"), "provider".into()],
+        holds: vec![],
+        completion_policy: "operator-evidence/v1".into(),
+        inactivity_policy: "default@1".into(),
+        ttl_ms: 600_000,
+        repository: None,
+        grant: None,
+        placement: None,
+        recovery: None,
+    };
+    let (mut named, mut placed) = (Vec::new(), Vec::new());
+    let (mut reads, mut decide) = (Vec::new(), Vec::new());
+    for i in 0..PLACEMENT_RUNS * 2 {
+        let t = Instant::now();
+        let res = if i % 2 == 0 {
+            let (lane, inc) = &lanes[(i / 2) % lanes.len()];
+            let r = s.reserve(l, &request(lane, inc)).await.unwrap();
+            named.push(t.elapsed());
+            r
+        } else {
+            let mut req = request("", "");
+            let ctx = s
+                .placement_context(
+                    &format!("reserve/{}", req.request_id),
+                    &req.runtime_id,
+                    &ask,
+                    |_| true,
+                )
+                .await
+                .unwrap();
+            reads.push(t.elapsed());
+            let t2 = Instant::now();
+            let d = Decision::decide(ctx.unwrap_err()).unwrap();
+            decide.push(t2.elapsed());
+            req.target = d.lane_id.clone();
+            req.lane_incarnation_id = d.lane_incarnation_id.clone();
+            req.scope = vec![format!("lane:{}", d.lane_id), "provider".into()];
+            req.placement = Some(d);
+            let r = s.reserve(l, &req).await.unwrap();
+            placed.push(t.elapsed());
+            r
+        };
+        s.end_chain(l, &res.chain, mosaic::coordinator::EndCause::Abandoned)
+            .await
+            .unwrap();
+    }
+    let (n50, p50) = (pct(&mut named, 0.5), pct(&mut placed, 0.5));
+    println!();
+    println!("  placement ({PLACEMENT_RUNS} each, interleaved, one worker, roster of 16 lanes on 4 hosts): reserve of a named lane against placed");
+    println!(
+        "      --lane  p50 {n50:6.2} ms  p99 {:6.2} ms",
+        pct(&mut named, 0.99)
+    );
+    println!(
+        "      placed  p50 {p50:6.2} ms  p99 {:6.2} ms   placement adds {:+.2} ms at p50 ({:.2}×)",
+        pct(&mut placed, 0.99),
+        p50 - n50,
+        p50 / n50
+    );
+    println!(
+        "      of which: the reads p50 {:6.2} ms, the decision and its digest p50 {:6.3} ms",
+        pct(&mut reads, 0.5),
+        pct(&mut decide, 0.5)
+    );
 }

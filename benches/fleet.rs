@@ -64,8 +64,110 @@ fn stop_req(id: &str) -> OperatorRequest {
     }
 }
 
-/// One assignment of a storm: its latency to RUNNING and id, or why not.
-type Assigned = Result<(Duration, String), String>;
+/// One assignment of a storm: its latency to RUNNING, id and request time (Unix seconds),
+/// or why not.
+type Assigned = Result<(Duration, String, f64), String>;
+
+fn unix_now() -> f64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_secs_f64())
+        .unwrap_or(0.0)
+}
+
+/// The chain's transitions in order, as the receipts name them.
+const STAGES: [&str; 8] = [
+    "reserve",
+    "checkpoint",
+    "fence",
+    "stage",
+    "staged",
+    "injected",
+    "consume-ack",
+    "activate",
+];
+
+/// Where each storm assignment's time went: from the operator's request to each chain
+/// transition's commit (the receipts' database time; the database runs on this machine,
+/// so its clock is the bench's) and from the activation to the operator's answer. Per gap,
+/// p50 / p99 / mean over the assignments, and the mean's share of the whole.
+fn breakdown(dir: &std::path::Path, runs: &[(String, f64, f64)]) -> Vec<String> {
+    let url = match mosaic::pgcluster::Cluster::at(&dir.join("pg")) {
+        Ok(c) => c.url("mosaic"),
+        Err(e) => return vec![format!("no breakdown: {e}")],
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let rows = rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        let ids: Vec<String> = runs.iter().map(|r| r.0.clone()).collect();
+        c.query(
+            "SELECT assignment_id, transition, extract(epoch FROM decided_at)::float8 \
+             FROM transition_receipts WHERE assignment_id = ANY($1) AND transition = ANY($2)",
+            &[&ids, &STAGES.to_vec()],
+        )
+        .await
+    });
+    let rows = match rows {
+        Ok(r) => r,
+        Err(e) => return vec![format!("no breakdown: {e}")],
+    };
+    let mut at = std::collections::HashMap::<(String, String), f64>::new();
+    for r in rows {
+        at.insert((r.get(0), r.get(1)), r.get(2));
+    }
+    let names: Vec<String> = std::iter::once("request".to_string())
+        .chain(STAGES.iter().map(|s| s.to_string()))
+        .chain(std::iter::once("answer".to_string()))
+        .collect();
+    let mut gaps: Vec<Vec<f64>> = vec![Vec::new(); names.len() - 1];
+    for (id, start, end) in runs {
+        let mut t: Vec<f64> = vec![*start];
+        for s in STAGES {
+            match at.get(&(id.clone(), s.to_string())) {
+                Some(x) => t.push(*x),
+                None => break,
+            }
+        }
+        if t.len() != STAGES.len() + 1 {
+            continue;
+        }
+        t.push(*end);
+        for (i, w) in t.windows(2).enumerate() {
+            gaps[i].push((w[1] - w[0]) * 1000.0);
+        }
+    }
+    let total: f64 = gaps
+        .iter()
+        .map(|g| g.iter().sum::<f64>() / g.len().max(1) as f64)
+        .sum();
+    let mut out = vec![format!(
+        "where the time goes ({} assignments; ms from one step's commit to the next's):",
+        gaps[0].len()
+    )];
+    for (i, g) in gaps.iter_mut().enumerate() {
+        g.sort_by(|a, b| a.total_cmp(b));
+        let q = |p: f64| {
+            g.get(((g.len() as f64 - 1.0) * p).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let mean = g.iter().sum::<f64>() / g.len().max(1) as f64;
+        out.push(format!(
+            "{:>12} → {:<12} p50 {:8.1}  p99 {:8.1}  mean {:8.1}  ({:4.1} %)",
+            names[i],
+            names[i + 1],
+            q(0.5),
+            q(0.99),
+            mean,
+            100.0 * mean / total
+        ));
+    }
+    out
+}
 
 struct Fleet {
     dir: std::path::PathBuf,
@@ -90,12 +192,13 @@ impl Fleet {
                 .iter()
                 .map(|l| {
                     s.spawn(move || {
-                        let t = Instant::now();
+                        let (t, start) = (Instant::now(), unix_now());
                         let r = self.op(&assign_req(l)).and_then(|v| {
                             if v["state"] == "RUNNING" {
                                 Ok((
                                     t.elapsed(),
                                     v["assignment_id"].as_str().unwrap_or("").to_string(),
+                                    start,
                                 ))
                             } else {
                                 Err(v.to_string())
@@ -194,6 +297,7 @@ fn main() {
 
     // 1. The storm.
     let mut lat = Vec::new();
+    let mut runs = Vec::new();
     let mut failures = 0usize;
     let t = Instant::now();
     for _ in 0..ROUNDS {
@@ -201,8 +305,9 @@ fn main() {
         let ids: Vec<String> = res
             .iter()
             .filter_map(|(_, r)| {
-                r.as_ref().ok().map(|(d, id)| {
+                r.as_ref().ok().map(|(d, id, start)| {
                     lat.push(*d);
+                    runs.push((id.clone(), *start, *start + d.as_secs_f64()));
                     id.clone()
                 })
             })
@@ -212,6 +317,7 @@ fn main() {
     }
     let storm_secs = t.elapsed().as_secs_f64();
     let n = lat.len();
+    let where_it_goes = breakdown(&dir, &runs);
 
     // 2. The storm with host 4's supervisor SIGKILLed a moment into one round.
     let others: Vec<String> = all
@@ -239,7 +345,7 @@ fn main() {
     let mut killed_outcomes = std::collections::BTreeMap::<String, usize>::new();
     for (lane, r) in &res {
         match r {
-            Ok((d, id)) => {
+            Ok((d, id, _)) => {
                 ids.push(id.clone());
                 if others.contains(lane) {
                     other_lat.push(*d);
@@ -279,7 +385,7 @@ fn main() {
     let again_ok = again.iter().filter(|(_, r)| r.is_ok()).count();
     let again_ids: Vec<String> = again
         .iter()
-        .filter_map(|(_, r)| r.as_ref().ok().map(|(_, id)| id.clone()))
+        .filter_map(|(_, r)| r.as_ref().ok().map(|(_, id, _)| id.clone()))
         .collect();
     f.stop_all(&again_ids);
 
@@ -408,6 +514,9 @@ fn main() {
         pct(&mut lat, 0.5),
         pct(&mut lat, 0.99)
     );
+    for line in &where_it_goes {
+        println!("      {line}");
+    }
     println!("  one round with host {HOSTS}'s supervisor SIGKILLed 15 ms in:");
     println!(
         "      other hosts: assign → RUNNING p50 {:7.1} ms  p99 {:7.1} ms ({} lanes)",

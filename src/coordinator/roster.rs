@@ -53,8 +53,8 @@ const CANDIDATES: &str = concatcp!(
              AND ", super::leases::LEASE_ADMITS_WORK, ") AS reservable, \
             ll.lease_id, ll.runtime AS lease_runtime, ll.labels AS lease_labels, ll.role AS lease_role, \
             coalesce(h.runtimes, '{}'::text[]) AS host_runtimes, \
-            (SELECT count(*) FROM lane_incarnations b JOIN lanes bl ON bl.lane_id = b.lane_id \
-              WHERE bl.host_id = ln.host_id AND b.retired_at IS NULL AND b.state NOT IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ")) AS host_busy \
+            count(*) FILTER (WHERE li.state NOT IN (", LaneState::IdleClean.sql(), ", ", LaneState::Quarantined.sql(), ")) \
+              OVER (PARTITION BY ln.host_id) AS host_busy \
      FROM lane_incarnations li JOIN lanes ln ON ln.lane_id = li.lane_id LEFT JOIN hosts h ON h.host_id = ln.host_id \
           LEFT JOIN lane_leases ll ON ll.lane_incarnation_id = li.lane_incarnation_id AND ll.state = ", LeaseState::Active.sql(), " \
      WHERE li.retired_at IS NULL ORDER BY li.lane_id"
