@@ -68,6 +68,137 @@ fn stop_req(id: &str) -> OperatorRequest {
 /// or why not.
 type Assigned = Result<(Duration, String, f64), String>;
 
+/// CPU time (ms) spent so far, by where: the whole machine busy and idle (`/proc/stat`);
+/// from the cgroups under `mosaic up`'s host roots (which keep the usage of removed
+/// children) the supervisors, the lanes' tmux servers and the generations; and, from
+/// `/proc`, `mosaic up` itself (the coordinator) and PostgreSQL (each process's own and
+/// its reaped children's time).
+#[derive(Default, Clone, Copy)]
+struct Cpu {
+    busy: f64,
+    idle: f64,
+    generations: f64,
+    supervisors: f64,
+    tmux: f64,
+    coordinator: f64,
+    postgres: f64,
+}
+
+fn cpu_now(dir: &std::path::Path) -> Cpu {
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let ms = |ticks: f64| ticks * 1000.0 / tick;
+    let mut c = Cpu::default();
+    if let Some(line) = std::fs::read_to_string("/proc/stat")
+        .ok()
+        .and_then(|s| s.lines().next().map(str::to_string))
+    {
+        let v: Vec<f64> = line
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|x| x.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal
+        if v.len() >= 8 {
+            c.idle = ms(v[3] + v[4]);
+            c.busy = ms(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
+        }
+    }
+    let tag = format!(
+        "mosaic-up-{}",
+        &mosaic::util::sha256_hex("mosaic/up-root/v1", &[dir.as_os_str().as_encoded_bytes()])[..12]
+    );
+    let usage = |p: &std::path::Path| {
+        std::fs::read_to_string(p.join("cpu.stat"))
+            .ok()
+            .and_then(|st| {
+                st.lines()
+                    .find_map(|l| l.strip_prefix("usage_usec "))
+                    .and_then(|v| v.trim().parse::<f64>().ok())
+            })
+            .map_or(0.0, |us| us / 1000.0)
+    };
+    // Each host's root: `supervisor/` (the daemon), `lanes/*/tmux` (a lane's tmux server)
+    // and the lanes' generations, which are the rest.
+    let mount = mosaic::cgroup::discover_mount()
+        .map(|m| m.path)
+        .unwrap_or_else(|_| "/sys/fs/cgroup".into());
+    for e in std::fs::read_dir(mount).into_iter().flatten().flatten() {
+        if e.file_name().to_string_lossy().starts_with(&tag) {
+            let root = e.path();
+            let sup = usage(&root.join("supervisor"));
+            let tmux: f64 = std::fs::read_dir(root.join("lanes"))
+                .into_iter()
+                .flatten()
+                .flatten()
+                .map(|l| usage(&l.path().join("tmux")))
+                .sum();
+            c.supervisors += sup;
+            c.tmux += tmux;
+            c.generations += usage(&root) - sup - tmux;
+        }
+    }
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        let (Some(open), Some(close)) = (stat.find('('), stat.rfind(')')) else {
+            continue;
+        };
+        let comm = &stat[open + 1..close];
+        let f: Vec<f64> = stat[close + 2..]
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0.0))
+            .collect();
+        // Fields from the state (index 0): utime 11, stime 12, cutime 13, cstime 14.
+        if f.len() < 15 {
+            continue;
+        }
+        // A process in a host's cgroups is counted there.
+        let cg = std::fs::read_to_string(e.path().join("cgroup")).unwrap_or_default();
+        if cg.contains(&tag) {
+            continue;
+        }
+        let t = ms(f[11] + f[12] + f[13] + f[14]);
+        match comm {
+            "mosaic" => c.coordinator += t,
+            "postgres" => c.postgres += t,
+            _ => {}
+        }
+    }
+    c
+}
+
+/// The database's own counters (`pg_stat_database`, `pg_stat_user_tables`): transactions
+/// committed, rows returned by scans, and sequential and index scans.
+fn pg_counts(dir: &std::path::Path) -> [f64; 4] {
+    let Ok(c) = mosaic::pgcluster::Cluster::at(&dir.join("pg")) else {
+        return [f64::NAN; 4];
+    };
+    let url = c.url("mosaic");
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
+        tokio::spawn(conn);
+        let r = c
+            .query_one(
+                "SELECT d.xact_commit::float8, d.tup_returned::float8, \
+                        (SELECT sum(seq_scan)::float8 FROM pg_stat_user_tables), \
+                        (SELECT sum(idx_scan)::float8 FROM pg_stat_user_tables) \
+                 FROM pg_stat_database d WHERE d.datname = 'mosaic'",
+                &[],
+            )
+            .await?;
+        Ok::<_, tokio_postgres::Error>([r.get(0), r.get(1), r.get(2), r.get(3)])
+    })
+    .unwrap_or([f64::NAN; 4])
+}
+
 fn unix_now() -> f64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -105,8 +236,12 @@ fn breakdown(dir: &std::path::Path, runs: &[(String, f64, f64)]) -> Vec<String> 
         tokio::spawn(conn);
         let ids: Vec<String> = runs.iter().map(|r| r.0.clone()).collect();
         c.query(
-            "SELECT assignment_id, transition, extract(epoch FROM decided_at)::float8 \
-             FROM transition_receipts WHERE assignment_id = ANY($1) AND transition = ANY($2)",
+            // A new assignment's reserve receipt names it in its body only (its id is
+            // made inside that transition).
+            "SELECT coalesce(assignment_id, body->'chain'->>'assignment_id'), transition, \
+                    extract(epoch FROM decided_at)::float8 \
+             FROM transition_receipts \
+             WHERE coalesce(assignment_id, body->'chain'->>'assignment_id') = ANY($1) AND transition = ANY($2)",
             &[&ids, &STAGES.to_vec()],
         )
         .await
@@ -299,6 +434,8 @@ fn main() {
     let mut lat = Vec::new();
     let mut runs = Vec::new();
     let mut failures = 0usize;
+    let cpu0 = cpu_now(&dir);
+    let pg0 = pg_counts(&dir);
     let t = Instant::now();
     for _ in 0..ROUNDS {
         let res = f.assign_all(&all);
@@ -316,6 +453,8 @@ fn main() {
         f.stop_all(&ids);
     }
     let storm_secs = t.elapsed().as_secs_f64();
+    let cpu1 = cpu_now(&dir);
+    let pg1 = pg_counts(&dir);
     let n = lat.len();
     let where_it_goes = breakdown(&dir, &runs);
 
@@ -517,6 +656,49 @@ fn main() {
     for line in &where_it_goes {
         println!("      {line}");
     }
+    let per = |a: f64, b: f64| (b - a) / n.max(1) as f64;
+    let busy = cpu1.busy - cpu0.busy;
+    let cores = (busy + cpu1.idle - cpu0.idle) / (storm_secs * 1000.0);
+    println!(
+        "      the machine's CPUs during the storm: {:.0} % busy ({:.1} cores' worth of {cores:.1}); CPU per assignment with its stop {:.1} ms:",
+        100.0 * busy / (busy + cpu1.idle - cpu0.idle),
+        busy / (storm_secs * 1000.0),
+        per(cpu0.busy, cpu1.busy)
+    );
+    let parts = [
+        (
+            "generations (shim, init, the harness, its `mosaic lane` calls)",
+            per(cpu0.generations, cpu1.generations),
+        ),
+        ("supervisors", per(cpu0.supervisors, cpu1.supervisors)),
+        ("the lanes' tmux servers", per(cpu0.tmux, cpu1.tmux)),
+        (
+            "coordinator (`mosaic up`)",
+            per(cpu0.coordinator, cpu1.coordinator),
+        ),
+        ("PostgreSQL", per(cpu0.postgres, cpu1.postgres)),
+    ];
+    let named: f64 = parts.iter().map(|p| p.1).sum();
+    for (what, v) in parts {
+        println!("          {v:7.1} ms  {what}");
+    }
+    println!(
+        "          {:7.1} ms  the rest (kernel work outside these, the bench's own clients)",
+        per(cpu0.busy, cpu1.busy) - named
+    );
+    let pgd = |i: usize| (pg1[i] - pg0[i]) / n.max(1) as f64;
+    println!(
+        "      PostgreSQL per assignment with its stop: {:.0} transactions, {:.0} rows scanned, {:.0} sequential and {:.0} index scans",
+        pgd(0),
+        pgd(1),
+        pgd(2),
+        pgd(3)
+    );
+    println!(
+        "      at that CPU cost the two cores bound the storm at {:.1} assignments/s (with stops); it ran at {:.0} % of that",
+        cores * 1000.0 / per(cpu0.busy, cpu1.busy),
+        100.0 * (n as f64 / storm_secs) / (cores * 1000.0 / per(cpu0.busy, cpu1.busy))
+    );
     println!("  one round with host {HOSTS}'s supervisor SIGKILLed 15 ms in:");
     println!(
         "      other hosts: assign → RUNNING p50 {:7.1} ms  p99 {:7.1} ms ({} lanes)",

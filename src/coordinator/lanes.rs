@@ -57,26 +57,47 @@ impl Store {
         inc: &str,
         assignment_id: &str,
     ) -> Result<Option<String>, AuthorityError> {
-        let c = self.pool.get().await?;
-        let Some(r) = c
-            .query_opt(
-                "SELECT li.state, li.retired_at IS NOT NULL AS retired, \
-                        EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id \
-                                AND r.released_at IS NULL AND r.assignment_id <> $2) AS taken \
-                 FROM lane_incarnations li WHERE li.lane_incarnation_id = $1",
-                &[&inc, &assignment_id],
-            )
+        let key = (inc.to_string(), assignment_id.to_string());
+        Ok(self
+            .lanes_after_stop(std::slice::from_ref(&key))
             .await?
-        else {
-            return Ok(None);
-        };
-        if r.col::<bool>("taken")? {
-            return Ok(None);
-        }
-        if r.col::<bool>("retired")? {
-            return Ok(Some("RETIRED".into()));
-        }
-        Ok(Some(r.col::<LaneState>("state")?.to_string()))
+            .pop()
+            .and_then(|(_, s)| s))
+    }
+
+    /// [`Store::lane_after_stop`] for many (lane incarnation, assignment) pairs, in one
+    /// read: each pair whose incarnation exists, with its answer.
+    pub async fn lanes_after_stop(
+        &self,
+        keys: &[(String, String)],
+    ) -> Result<Vec<((String, String), Option<String>)>, AuthorityError> {
+        let (incs, asgs): (Vec<&str>, Vec<&str>) =
+            keys.iter().map(|(i, a)| (i.as_str(), a.as_str())).unzip();
+        let c = self.pool.get().await?;
+        let stmt = c
+            .prepare_cached(
+                "SELECT k.inc, k.asg, li.state, li.retired_at IS NOT NULL AS retired, \
+                        EXISTS (SELECT 1 FROM reservations r WHERE r.lane_incarnation_id = li.lane_incarnation_id \
+                                AND r.released_at IS NULL AND r.assignment_id <> k.asg) AS taken \
+                 FROM unnest($1::text[], $2::text[]) AS k(inc, asg) \
+                 JOIN lane_incarnations li ON li.lane_incarnation_id = k.inc",
+            )
+            .await?;
+        c.query(&stmt, &[&incs, &asgs])
+            .await?
+            .iter()
+            .map(|r| {
+                let key = (r.col("inc")?, r.col("asg")?);
+                let state = if r.col::<bool>("taken")? {
+                    None
+                } else if r.col::<bool>("retired")? {
+                    Some("RETIRED".to_string())
+                } else {
+                    Some(r.col::<LaneState>("state")?.to_string())
+                };
+                Ok((key, state))
+            })
+            .collect()
     }
 
     /// Registers the lane incarnation its host reports (`lane@incarnation` in a hello). A

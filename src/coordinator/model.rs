@@ -349,16 +349,18 @@ impl Store {
             .collect()
     }
 
-    /// The chain of a reservation.
-    pub async fn chain_by_reservation(
+    /// The chains of `reservations` that exist (one read however many are asked for).
+    pub async fn chains_by_reservations(
         &self,
-        reservation_id: &str,
-    ) -> Result<Option<ChainRow>, AuthorityError> {
-        Ok(self
-            .chain_query("WHERE r.reservation_id = $1", &[&reservation_id])
-            .await?
-            .into_iter()
-            .next())
+        reservations: &[String],
+    ) -> Result<Vec<ChainRow>, AuthorityError> {
+        self.chain_query("WHERE r.reservation_id = ANY($1)", &[&reservations])
+            .await
+    }
+
+    /// The chain of a reservation.
+    pub async fn chain_by_reservation(&self, id: &str) -> Result<Option<ChainRow>, AuthorityError> {
+        Ok(self.chains_by_reservations(&[id.into()]).await?.pop())
     }
 
     /// The latest chain of an assignment.
@@ -474,28 +476,36 @@ impl Store {
     }
 
     pub async fn assignment(&self, id: &str) -> Result<Option<AssignmentView>, AuthorityError> {
+        Ok(self.assignments(&[id.to_string()]).await?.pop())
+    }
+
+    /// The assignments of `ids` that exist (one read however many are asked for).
+    pub async fn assignments(&self, ids: &[String]) -> Result<Vec<AssignmentView>, AuthorityError> {
         let c = self.pool.get().await?;
-        c.query_opt(
-            "SELECT assignment_id, lane_incarnation_id, lifecycle, responsibility_owner, execution_owner, pending_target, next_action, \
-                    requested_outcome, final_evidence_digest, runtime_id FROM assignments WHERE assignment_id = $1",
-            &[&id],
-        )
-        .await?
-        .map(|r| {
-            Ok(AssignmentView {
-                assignment_id: r.col("assignment_id")?,
-                lane_incarnation_id: r.col("lane_incarnation_id")?,
-                lifecycle: r.col("lifecycle")?,
-                responsibility_owner: r.col("responsibility_owner")?,
-                execution_owner: r.col("execution_owner")?,
-                pending_target: r.col("pending_target")?,
-                next_action: r.col("next_action")?,
-                requested_outcome: r.col("requested_outcome")?,
-                final_evidence_digest: r.col("final_evidence_digest")?,
-                runtime_id: r.col("runtime_id")?,
+        let stmt = c
+            .prepare_cached(
+                "SELECT assignment_id, lane_incarnation_id, lifecycle, responsibility_owner, execution_owner, pending_target, next_action, \
+                        requested_outcome, final_evidence_digest, runtime_id FROM assignments WHERE assignment_id = ANY($1)",
+            )
+            .await?;
+        c.query(&stmt, &[&ids])
+            .await?
+            .iter()
+            .map(|r| {
+                Ok(AssignmentView {
+                    assignment_id: r.col("assignment_id")?,
+                    lane_incarnation_id: r.col("lane_incarnation_id")?,
+                    lifecycle: r.col("lifecycle")?,
+                    responsibility_owner: r.col("responsibility_owner")?,
+                    execution_owner: r.col("execution_owner")?,
+                    pending_target: r.col("pending_target")?,
+                    next_action: r.col("next_action")?,
+                    requested_outcome: r.col("requested_outcome")?,
+                    final_evidence_digest: r.col("final_evidence_digest")?,
+                    runtime_id: r.col("runtime_id")?,
+                })
             })
-        })
-        .transpose()
+            .collect()
     }
 
     pub async fn assignment_statuses(&self) -> Result<Vec<AssignmentStatus>, AuthorityError> {

@@ -378,6 +378,22 @@ impl ElasticChoice {
         v.into_iter().map(|(_, h)| h.to_string()).collect()
     }
 
+    /// Whether the decision `d` recorded with this choice took the leased lane: the same
+    /// runtime, ask and roster version as the inputs that found nothing, and the lease's
+    /// lane, on the leased host, chosen.
+    pub fn led_to(&self, d: &Decision) -> bool {
+        !self.lease_id.is_empty()
+            && d.lane_id == self.lane_id
+            && d.inputs.runtime == self.first_inputs.runtime
+            && d.inputs.ask == self.first_inputs.ask
+            && d.inputs.roster_version == self.first_inputs.roster_version
+            && d.inputs.candidates.iter().any(|c| {
+                c.lane_id == self.lane_id
+                    && c.host_id == self.leased_host
+                    && c.lease_id.as_deref() == Some(self.lease_id.as_str())
+            })
+    }
+
     /// Whether the record is the rule applied to its own facts: its first inputs are the
     /// ones digested and chose no lane; each host's busy count is theirs; the refused hosts
     /// are the order's first ones and the leased host the next.
@@ -619,6 +635,30 @@ mod tests {
             let mut bad = good.clone();
             f(&mut bad);
             assert!(!bad.agrees(), "{what}");
+        }
+
+        // The decision after the lease takes the leased lane, and only that one.
+        let mut leased = cand("h1:e-1", 1);
+        leased.lease_id = Some("ll-1".into());
+        let mut after = first.clone();
+        after.candidates.push(leased);
+        let d = Decision::decide(after).unwrap();
+        assert!(good.led_to(&d));
+        type Off = (&'static str, fn(&mut Decision));
+        let off: [Off; 4] = [
+            ("another lane", |d| d.lane_id = "h2:w0".into()),
+            ("another lease", |d| {
+                d.inputs.candidates[2].lease_id = Some("ll-2".into())
+            }),
+            ("another roster", |d| d.inputs.roster_version += 1),
+            ("another host", |d| {
+                d.inputs.candidates[2].host_id = "h2".into()
+            }),
+        ];
+        for (what, f) in off {
+            let mut bad = d.clone();
+            f(&mut bad);
+            assert!(!good.led_to(&bad), "{what}");
         }
     }
 }

@@ -142,3 +142,24 @@ pub async fn unchanged_at(f: &store::Fx, o: &Offer, reservations: i64, what: &st
     let a = store::assignment(&f.store, asg).await;
     assert_eq!(a.lifecycle.as_str(), "RECOVERY", "{what}");
 }
+
+/// A candidate on `lane` whose selection excludes `failed` (T's own lane).
+pub async fn offer_excluding(
+    f: &store::Fx,
+    l: &store::Leader,
+    asg: &str,
+    lane: &store::LaneView,
+    failed: &str,
+) -> Offer {
+    f.store
+        .offer_recovery(
+            l,
+            asg,
+            &selection(lane, failed),
+            &contracts(),
+            30_000,
+            &store::uid("rq"),
+        )
+        .await
+        .unwrap()
+}

@@ -28,6 +28,7 @@ pub mod leadership;
 pub mod operator;
 mod retarget;
 pub mod trust;
+pub(crate) mod waiting;
 mod watchdog;
 
 use std::sync::Arc;
@@ -69,6 +70,8 @@ pub struct Service {
     hosts: hosts::Sessions,
     /// Bumped after every transition this process makes: waiters re-read the database.
     changed: watch::Sender<u64>,
+    /// Operators waiting on rows, answered by one read per change (`waiting`).
+    waiting: waiting::Hub,
     driver: driver::DriverState,
     pub(crate) metrics: crate::coordinator::metrics::CoordinatorMetrics,
     /// Stops the leadership loop and the watchdog sweep ([`Service::shut_down`]).
@@ -215,6 +218,7 @@ impl Service {
             domain: cfg.trust_domain.clone(),
             hosts: hosts::Sessions::default(),
             changed: watch::channel(0).0,
+            waiting: waiting::Hub::default(),
             driver: driver::DriverState::default(),
             metrics: crate::coordinator::metrics::CoordinatorMetrics::new(&store_stats),
             shutdown: crate::util::shutdown::Shutdown::new(),
@@ -237,6 +241,7 @@ impl Service {
             .map_err(ServiceError::Io)?;
         let watchdog = tokio::spawn(watchdog::run(svc.clone(), svc.shutdown.signal()));
         tokio::spawn(trust::watch(svc.clone(), svc.shutdown.signal()));
+        tokio::spawn(waiting::run(svc.clone(), svc.shutdown.signal()));
         if let Ok(mut b) = svc.background.lock() {
             b.leadership = Some(leadership);
             b.watchdog = Some(watchdog);

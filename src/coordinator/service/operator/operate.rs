@@ -732,8 +732,9 @@ impl Service {
         ))
     }
 
-    /// Waits until the chain of `reservation` satisfies `done` (re-read after every change
-    /// this process makes, and at least every 200 ms for changes made by another one).
+    /// Waits until the chain of `reservation` satisfies `done`: read once, then as the
+    /// waiting hub reads it for every waiter together (after every change this process
+    /// makes, and at least every 200 ms for changes made by another one).
     pub(super) async fn wait_chain(
         &self,
         reservation: &str,
@@ -741,21 +742,28 @@ impl Service {
         done: impl Fn(&ChainRow) -> bool,
     ) -> Result<ChainRow, OpError> {
         let deadline = tokio::time::Instant::now() + within;
-        let mut changed = self.changed.subscribe();
+        // Registered before the first read: every change after it reaches this waiter.
+        let mut w = self.waiting.chains.join(reservation);
+        let mut c = self
+            .store
+            .chain_by_reservation(reservation)
+            .await?
+            .ok_or_else(|| {
+                OpError::new(Category::NotFound, format!("no reservation {reservation}"))
+            })?;
         loop {
-            let c = self
-                .store
-                .chain_by_reservation(reservation)
-                .await?
-                .ok_or_else(|| {
-                    OpError::new(Category::NotFound, format!("no reservation {reservation}"))
-                })?;
             if done(&c) {
                 return Ok(c);
             }
             tokio::select! {
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                r = w.rx.changed() => {
+                    if r.is_err() {
+                        return Err(OpError::new(Category::Internal, "the coordinator is shutting down"));
+                    }
+                    if let Some(row) = w.rx.borrow_and_update().as_deref() {
+                        c = row.clone();
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(OpError::new(Category::Timeout, format!("no answer within {} s; the chain is {}", within.as_secs(), c.lane_state)));
                 }

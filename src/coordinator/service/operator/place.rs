@@ -50,14 +50,31 @@ impl Service {
                     let choice = self
                         .lease_for_placement(a, &ask, e, &inputs)
                         .await
-                        .map_err(|lease| {
-                            no_lane(format!("{why}; and no elastic lane: {}", lease.message))
+                        .map_err(|lease| match lease.category {
+                            Category::NoEligibleLane => {
+                                no_lane(format!("{why}; and no elastic lane: {}", lease.message))
+                            }
+                            _ => lease,
                         })?;
                     let again = self
                         .store
                         .placement_inputs(&a.runtime, &ask, |h| self.hosts.is_connected(h))
                         .await?;
                     let mut d = Decision::decide(again).map_err(no_lane)?;
+                    // The lane leased for this request is the one it takes: another that
+                    // became eligible meanwhile would leave the lease idle (and two
+                    // requests racing for it would both have leased).
+                    if d.lane_id != choice.lane_id
+                        || d.inputs.roster_version != inputs.roster_version
+                    {
+                        return Err(OpError::new(
+                            Category::Conflict,
+                            format!(
+                                "the lanes changed while lane {} was leased for this request; ask again with the same --request-id (its lease is reused)",
+                                choice.lane_id
+                            ),
+                        ));
+                    }
                     d.elastic = Some(choice);
                     d
                 }
@@ -121,7 +138,9 @@ impl Service {
                 max_lifetime_ms: e.max_lifetime_ms,
             };
             match self
-                .lease_lane(&lease, &format!("elastic/{}/{host}", a.request_id))
+                // One lease per request, whichever host: a repeated request reuses the
+                // lease its first attempt made (on another host it is refused).
+                .lease_lane(&lease, &format!("elastic/{}", a.request_id))
                 .await
             {
                 Ok(v) if v["state"] == crate::coordinator::states::LeaseState::Active.as_str() => {
@@ -149,6 +168,18 @@ impl Service {
                             v["lease_id"], v["state"]
                         ),
                     ))
+                }
+                // Only the lease CAS's own refusals pass to the next host: any other
+                // error (leadership, the database, an ambiguous commit) ends the choice.
+                Err(no)
+                    if !matches!(
+                        no.category,
+                        Category::NoEligibleLane
+                            | Category::UnknownRuntime
+                            | Category::HostUnreachable
+                    ) =>
+                {
+                    return Err(no)
                 }
                 Err(no) => {
                     why.push(format!("{host}: {}", no.message));
@@ -200,7 +231,7 @@ impl Service {
                                 && again.lane_incarnation_id == d.lane_incarnation_id
                                 && d.inputs.digest().is_ok_and(|x| x == d.inputs_digest)
                         })
-                        && d.elastic.as_ref().is_none_or(|e| e.agrees());
+                        && d.elastic.as_ref().is_none_or(|e| e.agrees() && e.led_to(d));
                     let mut v = json!(p);
                     v["recomputed"] = json!({ "agrees": agrees });
                     Ok(v)

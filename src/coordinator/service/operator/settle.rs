@@ -86,15 +86,21 @@ impl Service {
             v["pending"] = json!("host unreachable: the generation is stopped and the outcome made final when the host reconnects");
             return Ok(v);
         }
-        let mut changed = self.changed.subscribe();
+        // Read once, then as the waiting hub reads it for every waiter together.
+        let mut w = self.waiting.assignments.join(assignment_id);
+        let mut a = self.store.assignment(assignment_id).await?;
         loop {
-            let a = self.store.assignment(assignment_id).await?;
             if a.as_ref().is_some_and(|a| done(&a.lifecycle)) {
                 return Ok(view(a));
             }
             tokio::select! {
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(200)) => {}
+                r = w.rx.changed() => {
+                    if r.is_ok() {
+                        if let Some(row) = w.rx.borrow_and_update().as_deref() {
+                            a = Some(row.clone());
+                        }
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {
                     let mut v = view(a);
                     v["pending"] = json!("waiting for the host's termination receipt");
@@ -120,12 +126,22 @@ impl Service {
         };
         let (inc, assignment_id) = (inc.as_str(), assignment_id.as_str());
         let deadline = tokio::time::Instant::now() + STOP_WAIT;
-        let mut changed = self.changed.subscribe();
         let retiring = LaneState::Retiring.to_string();
+        // Read once, then as the waiting hub reads it for every waiter together.
+        let mut w = self
+            .waiting
+            .lanes
+            .join(&crate::coordinator::service::waiting::lane_key(
+                inc,
+                assignment_id,
+            ));
+        let mut now = match self.store.lane_after_stop(inc, assignment_id).await {
+            Ok(s) => s,
+            Err(_) => return v,
+        };
         loop {
-            let state = match self.store.lane_after_stop(inc, assignment_id).await {
-                Ok(Some(s)) => s,
-                Ok(None) | Err(_) => return v,
+            let Some(state) = now.clone() else {
+                return v;
             };
             if state != retiring {
                 v["lane_state"] = json!(state);
@@ -137,8 +153,13 @@ impl Service {
                 return v;
             }
             tokio::select! {
-                _ = changed.changed() => {}
-                _ = tokio::time::sleep(Duration::from_millis(100)) => {}
+                r = w.rx.changed() => {
+                    if r.is_ok() {
+                        if let Some(s) = w.rx.borrow_and_update().as_deref() {
+                            now = s.clone();
+                        }
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {}
             }
         }
