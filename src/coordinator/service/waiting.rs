@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::Service;
-use crate::coordinator::{AssignmentView, ChainRow};
+use crate::coordinator::{AssignmentView, AuthorityError, ChainRow};
 
 /// A key's waiters: how many, and the sender of its newest row.
 type Entry<V> = (usize, watch::Sender<Option<Arc<V>>>);
@@ -42,7 +42,23 @@ impl<V> Default for Waiters<V> {
 pub(crate) struct Waiter<V> {
     hub: Arc<Waiters<V>>,
     key: String,
-    pub rx: watch::Receiver<Option<Arc<V>>>,
+    rx: watch::Receiver<Option<Arc<V>>>,
+}
+
+impl<V: Clone> Waiter<V> {
+    /// The key's row as the hub next reads it. (Its sender lives while this waiter does,
+    /// so the channel never closes under it; were it to, this waits for the caller's
+    /// deadline rather than spinning.)
+    pub(crate) async fn next(&mut self) -> V {
+        loop {
+            if self.rx.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+            if let Some(v) = self.rx.borrow_and_update().as_deref() {
+                return v.clone();
+            }
+        }
+    }
 }
 
 impl<V> Waiters<V> {
@@ -110,59 +126,63 @@ pub(crate) fn lane_key(inc: &str, assignment: &str) -> String {
 /// service shuts down.
 pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::ShutdownSignal) {
     let mut changed = svc.changed.subscribe();
+    let (w, store) = (&svc.waiting, &svc.store);
     loop {
         tokio::select! {
             _ = changed.changed() => {}
             _ = tokio::time::sleep(Duration::from_millis(200)) => {}
             _ = stop.triggered() => return,
         }
-        let keys = svc.waiting.chains.keys();
-        if !keys.is_empty() {
-            match svc.store.chains_by_reservations(&keys).await {
-                Ok(rows) => {
-                    for c in rows {
-                        let key = c.chain.reservation_id.clone();
-                        svc.waiting.chains.publish(&key, c);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "the waiting operators' chains could not be read; again at the next change")
-                }
+        refresh(&w.chains, "chains", |keys| async move {
+            let rows = store.chains_by_reservations(&keys).await?;
+            Ok(rows
+                .into_iter()
+                .map(|c| (c.chain.reservation_id.clone(), c))
+                .collect())
+        })
+        .await;
+        refresh(&w.assignments, "assignments", |keys| async move {
+            let rows = store.assignments(&keys).await?;
+            Ok(rows
+                .into_iter()
+                .map(|a| (a.assignment_id.clone(), a))
+                .collect())
+        })
+        .await;
+        refresh(&w.lanes, "lanes", |keys| async move {
+            let pairs: Vec<(String, String)> = keys
+                .iter()
+                .filter_map(|k| k.split_once(' '))
+                .map(|(i, a)| (i.to_string(), a.to_string()))
+                .collect();
+            let rows = store.lanes_after_stop(&pairs).await?;
+            Ok(rows
+                .into_iter()
+                .map(|((inc, asg), state)| (lane_key(&inc, &asg), state))
+                .collect())
+        })
+        .await;
+    }
+}
+
+/// One read of every row `w`'s waiters wait for, each handed to its waiters.
+async fn refresh<V, F, Fut>(w: &Waiters<V>, what: &str, read: F)
+where
+    F: FnOnce(Vec<String>) -> Fut,
+    Fut: std::future::Future<Output = Result<Vec<(String, V)>, AuthorityError>>,
+{
+    let keys = w.keys();
+    if keys.is_empty() {
+        return;
+    }
+    match read(keys).await {
+        Ok(rows) => {
+            for (key, v) in rows {
+                w.publish(&key, v);
             }
         }
-        let keys = svc.waiting.assignments.keys();
-        if !keys.is_empty() {
-            match svc.store.assignments(&keys).await {
-                Ok(rows) => {
-                    for a in rows {
-                        let key = a.assignment_id.clone();
-                        svc.waiting.assignments.publish(&key, a);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "the waiting operators' assignments could not be read; again at the next change")
-                }
-            }
-        }
-        let keys: Vec<(String, String)> = svc
-            .waiting
-            .lanes
-            .keys()
-            .iter()
-            .filter_map(|k| k.split_once(' '))
-            .map(|(i, a)| (i.to_string(), a.to_string()))
-            .collect();
-        if !keys.is_empty() {
-            match svc.store.lanes_after_stop(&keys).await {
-                Ok(rows) => {
-                    for ((inc, asg), state) in rows {
-                        svc.waiting.lanes.publish(&lane_key(&inc, &asg), state);
-                    }
-                }
-                Err(e) => {
-                    tracing::debug!(error = %e, "the waiting operators' lanes could not be read; again at the next change")
-                }
-            }
+        Err(e) => {
+            tracing::debug!(error = %e, what, "the waiting operators' rows could not be read; again at the next change")
         }
     }
 }

@@ -756,14 +756,7 @@ impl Service {
                 return Ok(c);
             }
             tokio::select! {
-                r = w.rx.changed() => {
-                    if r.is_err() {
-                        return Err(OpError::new(Category::Internal, "the coordinator is shutting down"));
-                    }
-                    if let Some(row) = w.rx.borrow_and_update().as_deref() {
-                        c = row.clone();
-                    }
-                }
+                row = w.next() => c = row,
                 _ = tokio::time::sleep_until(deadline) => {
                     return Err(OpError::new(Category::Timeout, format!("no answer within {} s; the chain is {}", within.as_secs(), c.lane_state)));
                 }

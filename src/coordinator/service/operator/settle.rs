@@ -94,13 +94,7 @@ impl Service {
                 return Ok(view(a));
             }
             tokio::select! {
-                r = w.rx.changed() => {
-                    if r.is_ok() {
-                        if let Some(row) = w.rx.borrow_and_update().as_deref() {
-                            a = Some(row.clone());
-                        }
-                    }
-                }
+                row = w.next() => a = Some(row),
                 _ = tokio::time::sleep_until(deadline) => {
                     let mut v = view(a);
                     v["pending"] = json!("waiting for the host's termination receipt");
@@ -153,13 +147,7 @@ impl Service {
                 return v;
             }
             tokio::select! {
-                r = w.rx.changed() => {
-                    if r.is_ok() {
-                        if let Some(s) = w.rx.borrow_and_update().as_deref() {
-                            now = s.clone();
-                        }
-                    }
-                }
+                state = w.next() => now = state,
                 _ = tokio::time::sleep_until(deadline) => {}
             }
         }
