@@ -105,15 +105,9 @@ async fn claims(s: &Store, l: &Leader, r: &Running, times: &mut Times) {
     }
 }
 
-async fn to_running(
-    s: &Store,
-    l: &Leader,
-    inc: &str,
-    lane: &str,
-    n: usize,
-    times: &mut Times,
-) -> Running {
-    let req = ReserveRequest {
+/// A new assignment's reservation of `lane` (incarnation `inc`), for the fake harness.
+fn request(lane: &str, inc: &str) -> ReserveRequest {
+    ReserveRequest {
         request_id: k("rq"),
         lane_incarnation_id: inc.into(),
         assignment_id: None,
@@ -129,7 +123,18 @@ async fn to_running(
         grant: None,
         placement: None,
         recovery: None,
-    };
+    }
+}
+
+async fn to_running(
+    s: &Store,
+    l: &Leader,
+    inc: &str,
+    lane: &str,
+    n: usize,
+    times: &mut Times,
+) -> Running {
+    let req = request(lane, inc);
     let res = timed!(times, "reserve", s.reserve(l, &req).await.unwrap());
     let c = res.chain.clone();
     timed!(times, "checkpoint", s.checkpoint(l, &c).await.unwrap());
@@ -436,23 +441,6 @@ async fn placement(s: &Store, l: &Leader) {
         labels: [("zone".to_string(), "a".to_string())].into(),
         role: None,
         elastic: None,
-    };
-    let request = |lane: &str, inc: &str| ReserveRequest {
-        request_id: k("rq"),
-        lane_incarnation_id: inc.into(),
-        assignment_id: None,
-        target: lane.into(),
-        runtime_id: "fake@1.0.0".into(),
-        task_text: "hang".into(),
-        scope: vec![format!("lane:{lane}"), "provider".into()],
-        holds: vec![],
-        completion_policy: "operator-evidence/v1".into(),
-        inactivity_policy: "default@1".into(),
-        ttl_ms: 600_000,
-        repository: None,
-        grant: None,
-        placement: None,
-        recovery: None,
     };
     let (mut named, mut placed) = (Vec::new(), Vec::new());
     let (mut reads, mut decide) = (Vec::new(), Vec::new());

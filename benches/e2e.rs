@@ -70,7 +70,7 @@ fn main() {
     )
     .unwrap();
     // On `on` (the lane named), or placed by policy when `on` is empty.
-    let assign_waiting = |on: &str, task: &str, wait: bool| {
+    let assign_on = |on: &str, task: &str| {
         let placed = on.is_empty();
         operator_call(
             &ops,
@@ -81,7 +81,7 @@ fn main() {
                 scope: vec![],
                 holds: vec![],
                 completion_policy: None,
-                wait,
+                wait: true,
                 resume: None,
                 request_id: None,
                 inactivity_policy: None,
@@ -101,7 +101,6 @@ fn main() {
         )
         .unwrap()
     };
-    let assign_on = |on: &str, task: &str| assign_waiting(on, task, true);
     let assign_by = |task: &str, placed: bool| assign_on(if placed { "" } else { &lane }, task);
     let assign = |task: &str| assign_by(task, false);
 
@@ -135,36 +134,6 @@ fn main() {
         let took = t.elapsed();
         assert_eq!(a["placement"].is_null(), !by_policy, "{a}");
         if by_policy { &mut placed } else { &mut named }.push(took);
-        operator_call(
-            &ops,
-            &OperatorRequest::Stop {
-                assignment_id: a["assignment_id"].as_str().unwrap().into(),
-                outcome: None,
-                evidence_digest: None,
-                wait: true,
-                request_id: None,
-            },
-        )
-        .unwrap();
-        std::thread::sleep(Duration::from_millis(200));
-    }
-
-    // The coordinator's part alone, interleaved the same way: `assign` answered once its
-    // reservation commits (no wait for RUNNING), so the host's start, which placement does
-    // not touch, is not in the figure. Each is stopped before the next.
-    let (mut named_reserved, mut placed_reserved) = (Vec::new(), Vec::new());
-    for i in 0..RUNS * 2 {
-        let by_policy = i % 2 == 1;
-        let t = Instant::now();
-        let a = assign_waiting(if by_policy { "" } else { &lane }, "hang", false);
-        let took = t.elapsed();
-        assert_eq!(a["placement"].is_null(), !by_policy, "{a}");
-        if by_policy {
-            &mut placed_reserved
-        } else {
-            &mut named_reserved
-        }
-        .push(took);
         operator_call(
             &ops,
             &OperatorRequest::Stop {
@@ -298,21 +267,6 @@ fn main() {
         pct(&mut placed, 0.99),
         p50 - n50,
         p50 / n50
-    );
-    let (rn50, rp50) = (
-        pct(&mut named_reserved, 0.5),
-        pct(&mut placed_reserved, 0.5),
-    );
-    println!("  assign → reserved (the coordinator's part alone), interleaved the same way");
-    println!(
-        "      --lane  p50 {rn50:7.2} ms  p99 {:7.2} ms",
-        pct(&mut named_reserved, 0.99)
-    );
-    println!(
-        "      placed  p50 {rp50:7.2} ms  p99 {:7.2} ms   placement adds {:+.2} ms at p50 ({:.2}×)",
-        pct(&mut placed_reserved, 0.99),
-        rp50 - rn50,
-        rp50 / rn50
     );
     println!("  elastic lane, {ELASTIC_RUNS} runs: lease (the host makes the lane) → assign on it → RUNNING, against assign on an idle lane");
     println!(

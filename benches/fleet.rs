@@ -106,10 +106,18 @@ fn cpu_now(dir: &std::path::Path) -> Cpu {
             c.busy = ms(v[0] + v[1] + v[2] + v[5] + v[6] + v[7]);
         }
     }
-    let tag = format!(
-        "mosaic-up-{}",
-        &mosaic::util::sha256_hex("mosaic/up-root/v1", &[dir.as_os_str().as_encoded_bytes()])[..12]
-    );
+    // `mosaic up`'s cgroup root for this state dir; its hosts' roots are it, suffixed.
+    let Some(up_root) = mosaic::up::up_cgroup_root(dir, "").ok().flatten() else {
+        return c;
+    };
+    let tag = up_root
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let mount = up_root
+        .parent()
+        .map(std::path::Path::to_path_buf)
+        .unwrap_or_default();
     let usage = |p: &std::path::Path| {
         std::fs::read_to_string(p.join("cpu.stat"))
             .ok()
@@ -122,9 +130,6 @@ fn cpu_now(dir: &std::path::Path) -> Cpu {
     };
     // Each host's root: `supervisor/` (the daemon), `lanes/*/tmux` (a lane's tmux server)
     // and the lanes' generations, which are the rest.
-    let mount = mosaic::cgroup::discover_mount()
-        .map(|m| m.path)
-        .unwrap_or_else(|_| "/sys/fs/cgroup".into());
     for e in std::fs::read_dir(mount).into_iter().flatten().flatten() {
         if e.file_name().to_string_lossy().starts_with(&tag) {
             let root = e.path();
@@ -171,32 +176,41 @@ fn cpu_now(dir: &std::path::Path) -> Cpu {
     c
 }
 
-/// The database's own counters (`pg_stat_database`, `pg_stat_user_tables`): transactions
-/// committed, rows returned by scans, and sequential and index scans.
-fn pg_counts(dir: &std::path::Path) -> [f64; 4] {
-    let Ok(c) = mosaic::pgcluster::Cluster::at(&dir.join("pg")) else {
-        return [f64::NAN; 4];
-    };
-    let url = c.url("mosaic");
+/// Runs `q` on `mosaic up`'s private database (in `dir/pg`), on a connection of its own.
+fn up_db(
+    dir: &std::path::Path,
+    q: &str,
+    params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
+) -> Result<Vec<tokio_postgres::Row>, String> {
+    let url = mosaic::pgcluster::Cluster::at(&dir.join("pg"))
+        .map_err(|e| e.to_string())?
+        .url("mosaic");
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()
-        .unwrap();
+        .map_err(|e| e.to_string())?;
     rt.block_on(async {
         let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
         tokio::spawn(conn);
-        let r = c
-            .query_one(
-                "SELECT d.xact_commit::float8, d.tup_returned::float8, \
-                        (SELECT sum(seq_scan)::float8 FROM pg_stat_user_tables), \
-                        (SELECT sum(idx_scan)::float8 FROM pg_stat_user_tables) \
-                 FROM pg_stat_database d WHERE d.datname = 'mosaic'",
-                &[],
-            )
-            .await?;
-        Ok::<_, tokio_postgres::Error>([r.get(0), r.get(1), r.get(2), r.get(3)])
+        c.query(q, params).await
     })
-    .unwrap_or([f64::NAN; 4])
+    .map_err(|e| e.to_string())
+}
+
+/// The database's own counters (`pg_stat_database`, `pg_stat_user_tables`): transactions
+/// committed, rows returned by scans, and sequential and index scans.
+fn pg_counts(dir: &std::path::Path) -> [f64; 4] {
+    up_db(
+        dir,
+        "SELECT d.xact_commit::float8, d.tup_returned::float8, \
+                (SELECT sum(seq_scan)::float8 FROM pg_stat_user_tables), \
+                (SELECT sum(idx_scan)::float8 FROM pg_stat_user_tables) \
+         FROM pg_stat_database d WHERE d.datname = 'mosaic'",
+        &[],
+    )
+    .ok()
+    .and_then(|rows| rows.into_iter().next())
+    .map_or([f64::NAN; 4], |r| [r.get(0), r.get(1), r.get(2), r.get(3)])
 }
 
 fn unix_now() -> f64 {
@@ -223,29 +237,17 @@ const STAGES: [&str; 8] = [
 /// so its clock is the bench's) and from the activation to the operator's answer. Per gap,
 /// p50 / p99 / mean over the assignments, and the mean's share of the whole.
 fn breakdown(dir: &std::path::Path, runs: &[(String, f64, f64)]) -> Vec<String> {
-    let url = match mosaic::pgcluster::Cluster::at(&dir.join("pg")) {
-        Ok(c) => c.url("mosaic"),
-        Err(e) => return vec![format!("no breakdown: {e}")],
-    };
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let rows = rt.block_on(async {
-        let (c, conn) = tokio_postgres::connect(&url, tokio_postgres::NoTls).await?;
-        tokio::spawn(conn);
-        let ids: Vec<String> = runs.iter().map(|r| r.0.clone()).collect();
-        c.query(
-            // A new assignment's reserve receipt names it in its body only (its id is
-            // made inside that transition).
-            "SELECT coalesce(assignment_id, body->'chain'->>'assignment_id'), transition, \
-                    extract(epoch FROM decided_at)::float8 \
-             FROM transition_receipts \
-             WHERE coalesce(assignment_id, body->'chain'->>'assignment_id') = ANY($1) AND transition = ANY($2)",
-            &[&ids, &STAGES.to_vec()],
-        )
-        .await
-    });
+    let ids: Vec<String> = runs.iter().map(|r| r.0.clone()).collect();
+    let rows = up_db(
+        dir,
+        // A new assignment's reserve receipt names it in its body only (its id is made
+        // inside that transition).
+        "SELECT coalesce(assignment_id, body->'chain'->>'assignment_id'), transition, \
+                extract(epoch FROM decided_at)::float8 \
+         FROM transition_receipts \
+         WHERE coalesce(assignment_id, body->'chain'->>'assignment_id') = ANY($1) AND transition = ANY($2)",
+        &[&ids, &STAGES.to_vec()],
+    );
     let rows = match rows {
         Ok(r) => r,
         Err(e) => return vec![format!("no breakdown: {e}")],

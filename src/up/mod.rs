@@ -122,7 +122,10 @@ pub fn coordinator_socket(state_dir: &std::path::Path) -> PathBuf {
 /// As root, the cgroup subtree `up` gives a supervisor of `state_dir` (one per state dir,
 /// `suffix` telling a fleet's members apart); otherwise none (the supervisor's own cgroup,
 /// which must then be delegated).
-fn up_cgroup_root(state_dir: &std::path::Path, suffix: &str) -> Result<Option<PathBuf>, UpError> {
+pub fn up_cgroup_root(
+    state_dir: &std::path::Path,
+    suffix: &str,
+) -> Result<Option<PathBuf>, UpError> {
     if !nix::unistd::geteuid().is_root() {
         return Ok(None);
     }
