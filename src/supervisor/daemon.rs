@@ -143,6 +143,7 @@ impl Supervisor {
             audit,
             Some(self.inner.metrics.clone()),
             Some(self.inner.reported.clone()),
+            Some(self.inner.link_session.clone()),
             self.inner.shutdown.subscribe(),
         ));
         Ok(())

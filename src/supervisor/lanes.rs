@@ -200,6 +200,8 @@ pub(crate) struct Inner {
     /// The host state the coordinator link last sent (`decommission` waits for its lanes'
     /// destruction to be reported).
     pub(super) reported: Arc<watch::Sender<HostState>>,
+    /// Which coordinator session the link is in (see `link::LinkSession`).
+    pub(super) link_session: Arc<super::link::LinkSession>,
     /// Set once `decommission` answered: the daemon stops and removes its traces.
     pub(super) decommissioned: watch::Sender<bool>,
     /// Serializes read-and-publish of the host state, so a slower publisher cannot

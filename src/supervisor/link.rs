@@ -89,6 +89,11 @@ impl HostDispatch for NoDispatch {
     }
 }
 
+/// Which coordinator session the link is in: `Some(n)` while its n-th session attempt is
+/// up, `None` between sessions. A part waiting for an answer to something it sent on
+/// session `n` stops waiting when `n` ends: the answer, if any, went with the session.
+pub type LinkSession = watch::Sender<Option<u64>>;
+
 /// Where the link records what it refuses (identifiers only).
 pub type LinkAudit = Arc<dyn Fn(&str, &str) + Send + Sync>;
 
@@ -119,6 +124,7 @@ pub async fn run_receipt_link(
         audit,
         None,
         None,
+        None,
         shutdown,
     )
     .await
@@ -139,6 +145,7 @@ pub async fn run_link(
     audit: LinkAudit,
     metrics: Option<Arc<super::metrics::HostMetrics>>,
     reported: Option<Arc<watch::Sender<super::HostState>>>,
+    session: Option<Arc<LinkSession>>,
     mut shutdown: watch::Receiver<bool>,
 ) {
     let mut backoff = Duration::from_millis(100);
@@ -163,6 +170,8 @@ pub async fn run_link(
             fence: &fence,
             audit: &audit,
             reported: reported.as_deref(),
+            session: session.as_deref(),
+            attempt: attempt as u64,
         };
         let outcome = link
             .once(
@@ -176,6 +185,9 @@ pub async fn run_link(
             .await;
         if let Some(m) = &metrics {
             m.link_up.set(0);
+        }
+        if let Some(s) = &session {
+            s.send_replace(None);
         }
         match outcome {
             Ok(()) => return,
@@ -203,6 +215,9 @@ struct Link<'a> {
     audit: &'a LinkAudit,
     /// The host state the coordinator was last sent (its hello's, then each report's).
     reported: Option<&'a watch::Sender<super::HostState>>,
+    /// Told when this session is up (`attempt`) and, by `run_link`, when it ends.
+    session: Option<&'a LinkSession>,
+    attempt: u64,
 }
 
 impl Link<'_> {
@@ -261,6 +276,9 @@ impl Link<'_> {
         tracing::info!(coordinator = %p.coordinator, addr, session_id, "coordinator link up");
         if let Some(m) = metrics {
             m.link_up.set(1);
+        }
+        if let Some(s) = self.session {
+            s.send_replace(Some(self.attempt));
         }
         let mut sent: HashMap<String, Resend> = HashMap::new();
         // Receipts go out as soon as they are durable (the outbox signals each write); the

@@ -154,6 +154,7 @@ impl Supervisor {
             shutdown,
             host_state: watch::channel(HostState::default()).0,
             reported: Arc::new(watch::channel(HostState::default()).0),
+            link_session: Arc::new(watch::channel(None).0),
             decommissioned: watch::channel(false).0,
             publish_lock: Mutex::new(()),
             metrics: Arc::new(metrics::HostMetrics::new()),

@@ -20,15 +20,15 @@ use crate::coordinator::activation::Activation;
 use crate::coordinator::leader::Leader;
 use crate::coordinator::model::ChainRow;
 use crate::protocol::messages::{
-    Activate, ChainAuthority, Challenge, Continuation, ContinuationPhase, Contract, Digests,
-    HandoffBound, HandoffChallenge, Issued, Reconcile, Stage, ToHost,
+    Activate, ChainAuthority, Challenge, Contract, Digests, HandoffBound, HandoffChallenge, Issued,
+    Reconcile, Stage, ToHost,
 };
 use crate::protocol::report::LaneOrderWire;
 use crate::protocol::transport::Outgoing;
 
 use super::operator::OpError;
 use super::Service;
-use crate::coordinator::states::{ContinuationState, GenState, HandoffState, LaneState};
+use crate::coordinator::states::{GenState, HandoffState, LaneState};
 
 /// What a stage of work in a repository restores.
 enum Restore {
@@ -45,6 +45,9 @@ enum Restore {
 #[derive(Default)]
 pub(crate) struct DriverState {
     sent: Mutex<HashMap<String, (String, Instant)>>,
+    /// The continuations a pass of `push_continuations` is working on right now: another
+    /// pass skips them (see `continuations.rs`).
+    pub(super) driving: Mutex<BTreeSet<String>>,
     /// The source generations this process told to hold their workspace (by reservation),
     /// so that it can release them when the offer ends (see `holds.rs`).
     pub(super) held: Mutex<BTreeMap<String, super::holds::Held>>,
@@ -180,7 +183,7 @@ impl Service {
         }
     }
 
-    fn mark_sent(&self, reservation: &str, state: &str) {
+    pub(super) fn mark_sent(&self, reservation: &str, state: &str) {
         if let Ok(mut m) = self.driver.sent.lock() {
             m.insert(reservation.to_string(), (state.to_string(), Instant::now()));
         }
@@ -253,7 +256,7 @@ impl Service {
         self.fence_proof(c, Proof::Commit)
     }
 
-    fn issued(key: String, at: &str, until: &str) -> Issued {
+    pub(super) fn issued(key: String, at: &str, until: &str) -> Issued {
         Issued {
             idempotency_key: key,
             issued_at: at.to_string(),
@@ -261,7 +264,7 @@ impl Service {
         }
     }
 
-    fn sign_push(&self, host_id: &str, m: ToHost) -> bool {
+    pub(super) fn sign_push(&self, host_id: &str, m: ToHost) -> bool {
         crate::coordinator::failpoint::before_push(m.message_type().as_str());
         self.hosts
             .push(host_id, Outgoing::to_host(&self.ordinary, &m))
@@ -558,129 +561,6 @@ impl Service {
             ),
         };
         self.sign_push(&c.host_id, ToHost::HandoffChallenge(m))
-    }
-
-    /// Drives every open continuation (or just `only`): claims a pending one, reclaims one
-    /// whose claim lapsed or belongs to another epoch, expires one out of attempts or time,
-    /// and sends the host what the continuation waits for — the current claim's offer, or,
-    /// once accepted, the word to make it visible (resent until its result, which is safe:
-    /// the host shows each continuation at most once). Returns the resend-cache keys of the
-    /// continuations it found open.
-    pub(crate) async fn push_continuations(&self, l: &Leader, only: Option<&str>) -> Vec<String> {
-        let open = match self.store.open_continuations().await {
-            Ok(v) => v,
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot list continuations");
-                return Vec::new();
-            }
-        };
-        let keys = open
-            .iter()
-            .map(|v| format!("continuation/{}", v.continuation_id))
-            .collect();
-        for v in open {
-            if only.is_some_and(|o| o != v.continuation_id) {
-                continue;
-            }
-            let key = format!("continuation/{}", v.continuation_id);
-            let ours = v.claimant_epoch == Some(l.epoch());
-            let step = match v.state {
-                ContinuationState::Pending | ContinuationState::Claimed
-                    if v.expired
-                        || (v.attempts >= v.max_attempts
-                            && (v.state == ContinuationState::Pending || v.claim_expired)) =>
-                {
-                    match self.store.expire_continuation(l, &v).await {
-                        Ok(_) => {
-                            self.bump();
-                            tracing::warn!(continuation_id = %v.continuation_id, assignment_id = %v.assignment_id,
-                                attempts = v.attempts, "continuation expired undelivered");
-                        }
-                        Err(e) => self.note(l, &e).await,
-                    }
-                    continue;
-                }
-                ContinuationState::DeliveryAccepted if v.expired => {
-                    match self.store.abandon_continuation(l, &v).await {
-                        Ok(r) => {
-                            self.bump();
-                            tracing::error!(continuation_id = %v.continuation_id, assignment_id = %v.assignment_id,
-                                "continuation accepted but no result by its deadline: abandoned, its generation replaced");
-                            if r.body["generation_replaced"] == true {
-                                let _ = self.advance(l, &v.reservation_id).await;
-                            }
-                        }
-                        Err(e) => self.note(l, &e).await,
-                    }
-                    continue;
-                }
-                ContinuationState::Pending => true,
-                ContinuationState::Claimed if v.claim_expired || !ours => true,
-                _ => false,
-            };
-            let claim_ref = if step {
-                match self.store.claim_continuation(l, &v).await {
-                    Ok(r) => {
-                        self.bump();
-                        r.body["claim_ref"].as_str().map(String::from)
-                    }
-                    Err(e) => {
-                        self.note(l, &e).await;
-                        continue;
-                    }
-                }
-            } else {
-                if only.is_none() && !self.stale_since(&key, v.state.as_str(), RESEND_AFTER) {
-                    continue;
-                }
-                v.claim_ref.clone()
-            };
-            let Some(claim_ref) = claim_ref else { continue };
-            let phase = if v.state == ContinuationState::DeliveryAccepted {
-                ContinuationPhase::Accepted
-            } else {
-                ContinuationPhase::Offer
-            };
-            let Ok(Some(c)) = self.store.chain_by_reservation(&v.reservation_id).await else {
-                continue;
-            };
-            if c.lane_state != LaneState::Running || !c.reservation_open {
-                continue;
-            }
-            let Some(digests) = Self::digests(&c) else {
-                continue;
-            };
-            let m = Continuation {
-                authority: self.authority(l, &c, Proof::Reveal),
-                digests,
-                continuation_id: v.continuation_id.clone(),
-                claim_ref: claim_ref.clone(),
-                next_action: v.next_action.clone(),
-                next_action_digest: v.next_action_digest.clone(),
-                loop_budget: v.budget.max(0) as u64,
-                phase,
-                result_to: "coordinator".into(),
-                issued: Self::issued(
-                    format!(
-                        "continuation/{}/{claim_ref}/{}",
-                        v.continuation_id,
-                        phase.as_str()
-                    ),
-                    &c.last_decided_at,
-                    &v.expires_at,
-                ),
-            };
-            if self.sign_push(&c.host_id, ToHost::Continuation(m)) {
-                let state = if step {
-                    ContinuationState::Claimed
-                } else {
-                    v.state
-                };
-                let state = state.as_str();
-                self.mark_sent(&key, state);
-            }
-        }
-        keys
     }
 
     /// Tells the host its generation is RUNNING (after activation, and again whenever the

@@ -20,6 +20,7 @@
 //! refuses those), or that concerns a lane of another host (`hosts` refuses those).
 
 pub mod config;
+mod continuations;
 mod driver;
 mod elastic;
 mod holds;

@@ -248,32 +248,54 @@ impl CoordinatedHost {
         }
     }
 
-    /// Sends `fields` as `t` and waits for the answer keyed `key`.
+    /// Sends `fields` as `t` and waits for the answer keyed `key`, on the session that is
+    /// up now. Between sessions nothing is queued (`NO_LINK` at once: the caller's own loop
+    /// asks again once a session is up), and the end of the session it was sent on ends the
+    /// wait (`NO_LINK`): an answer, if one comes, would come on that session, so waiting
+    /// longer would only hold up the caller's next try, never bring the answer.
     pub(super) async fn ask(
         &self,
         key: String,
         t: crate::protocol::schema::MessageType,
         fields: Vec<(&'static str, Value)>,
     ) -> Result<ToHost, String> {
+        let mut session = self.sup.inner.link_session.subscribe();
+        let Some(on) = *session.borrow_and_update() else {
+            return Err(NO_LINK.into());
+        };
         let (tx, rx) = tokio::sync::oneshot::channel();
         if let Ok(mut w) = self.transfers.waiting.lock() {
             w.insert(key.clone(), tx);
         }
+        let forget = || {
+            if let Ok(mut w) = self.transfers.waiting.lock() {
+                w.remove(&key);
+            }
+        };
         if self
             .out
             .send(Outgoing::new(&self.session_signer, t, fields))
             .await
             .is_err()
         {
+            forget();
             return Err(NO_LINK.into());
         }
-        match tokio::time::timeout(ANSWER_TIMEOUT, rx).await {
-            Ok(Ok(m)) => Ok(m),
-            _ => {
-                if let Ok(mut w) = self.transfers.waiting.lock() {
-                    w.remove(&key);
+        // Ended, or the link is gone for good (the daemon is stopping): no answer either way.
+        let ended = async {
+            let _ = session.wait_for(|s| *s != Some(on)).await;
+        };
+        tokio::select! {
+            answer = tokio::time::timeout(ANSWER_TIMEOUT, rx) => match answer {
+                Ok(Ok(m)) => Ok(m),
+                _ => {
+                    forget();
+                    Err(NO_ANSWER.into())
                 }
-                Err(NO_ANSWER.into())
+            },
+            () = ended => {
+                forget();
+                Err(NO_LINK.into())
             }
         }
     }
