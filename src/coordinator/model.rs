@@ -385,13 +385,23 @@ impl Store {
         generation: i64,
     ) -> Result<Option<ChainRow>, AuthorityError> {
         Ok(self
-            .chain_query(
-                "WHERE r.lane_incarnation_id = $1 AND r.generation = $2",
-                &[&lane_incarnation_id, &generation],
-            )
+            .chains_of_generations(&[(lane_incarnation_id.into(), generation)])
             .await?
-            .into_iter()
-            .next())
+            .pop())
+    }
+
+    /// The chains of these lane incarnations' generations, in one read.
+    pub async fn chains_of_generations(
+        &self,
+        of: &[(String, i64)],
+    ) -> Result<Vec<ChainRow>, AuthorityError> {
+        let (incs, gens): (Vec<&str>, Vec<i64>) = of.iter().map(|(i, g)| (i.as_str(), *g)).unzip();
+        self.chain_query(
+            "WHERE (r.lane_incarnation_id, r.generation) IN \
+             (SELECT * FROM unnest($1::text[], $2::int8[]))",
+            &[&incs, &gens],
+        )
+        .await
     }
 
     /// The running chains whose work is offered to another lane (`workspace_held`).

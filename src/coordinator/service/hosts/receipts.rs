@@ -231,9 +231,39 @@ impl Service {
                 return;
             }
         };
+        // Every chain this pass looks at, read at once: one read per report, not one per
+        // generation of every lane of the host.
+        let lane_name = |lane_id: &str| lane_id.split_once(':').map_or("", |(_, n)| n).to_string();
+        let wanted: Vec<(String, i64)> = lanes
+            .iter()
+            .flat_map(|lane| {
+                let inc = &lane.lane_incarnation_id;
+                let reported: Vec<i64> = report
+                    .and_then(|r| r.get(&lane_name(&lane.lane_id)))
+                    .filter(|r| &r.lane_incarnation_id == inc)
+                    .map(|r| r.generations.iter().map(|g| g.generation as i64).collect())
+                    .unwrap_or_default();
+                reported
+                    .into_iter()
+                    .chain(lane.unended_generation)
+                    .map(move |g| (inc.clone(), g))
+            })
+            .collect();
+        let mut chains: HashMap<(String, i64), ChainRow> =
+            match self.store.chains_of_generations(&wanted).await {
+                Ok(v) => v
+                    .into_iter()
+                    .filter_map(|c| Some(((c.chain.lane_incarnation_id.clone(), c.generation?), c)))
+                    .collect(),
+                Err(e) => {
+                    tracing::warn!(host, error = %e, "cannot reconcile");
+                    return;
+                }
+            };
         let mut orders: BTreeMap<String, LaneOrder> = BTreeMap::new();
         for lane in lanes {
-            let name = lane.lane_id.split_once(':').map(|(_, n)| n).unwrap_or("");
+            let name = lane_name(&lane.lane_id);
+            let name = name.as_str();
             let inc = lane.lane_incarnation_id.clone();
             let rep = report
                 .and_then(|r| r.get(name))
@@ -276,13 +306,7 @@ impl Service {
                 }
                 for g in &rep.generations {
                     let gen = g.generation as i64;
-                    let chain = self
-                        .store
-                        .chain_of_generation(&inc, gen)
-                        .await
-                        .ok()
-                        .flatten();
-                    match chain {
+                    match chains.get(&(inc.clone(), gen)) {
                         None => {
                             end.insert(gen);
                         }
@@ -307,7 +331,7 @@ impl Service {
                                 && c.reservation_open
                                 && !g.activated =>
                         {
-                            self.push_activated(l, &c).await;
+                            self.push_activated(l, c).await;
                         }
                         // A handoff offer holds the source's workspace; its end releases it
                         // (`holds.rs`): the host's `held` agrees with the database.
@@ -325,7 +349,7 @@ impl Service {
             // (`staged`) and now no longer lists — is over on the host: it answers with its
             // receipt (sent again if it was lost), or fences it as never started.
             if let Some(u) = lane.unended_generation {
-                if let Ok(Some(c)) = self.store.chain_of_generation(&inc, u).await {
+                if let Some(c) = chains.remove(&(inc.clone(), u)) {
                     let gone = rep.is_some_and(|r| {
                         c.generation_state == Some(GenState::Live)
                             && !r.generations.iter().any(|g| g.generation as i64 == u)
