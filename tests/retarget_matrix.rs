@@ -415,6 +415,38 @@ async fn every_initial_boundary_retargets_only_through_the_exact_snapshot_in_bot
             0,
             "{at:?}"
         );
+        // A failed injection — another contract delivered, or delivered to another
+        // process — records nothing and issues no challenge.
+        let mut other_process = ud.identity.clone();
+        other_process["root_pid"] = serde_json::json!(1);
+        let other_contract = format!("sha256:{}", "e".repeat(64));
+        for (what, delivered, identity) in [
+            ("another contract", other_contract.as_str(), &ud.identity),
+            (
+                "another process",
+                ud.contracts.as_deref().unwrap(),
+                &other_process,
+            ),
+        ] {
+            assert!(
+                s.record_injected(l, ud.chain(), delivered, identity, 60_000)
+                    .await
+                    .is_err(),
+                "{at:?}: {what}"
+            );
+            assert_eq!(
+                store::count(
+                    &url,
+                    &format!(
+                        "SELECT count(*) FROM challenges WHERE reservation_id = '{}'",
+                        won.chain.reservation_id
+                    )
+                )
+                .await,
+                0,
+                "{at:?}: {what}: no challenge"
+            );
+        }
         let (challenge, _, _) = s
             .record_injected(
                 l,

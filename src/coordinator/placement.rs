@@ -394,6 +394,15 @@ impl ElasticChoice {
             })
     }
 
+    /// Whether the hosts it weighed are exactly the hosts `roster` declares, in its order
+    /// (the roster version its inputs name): none left out, none added.
+    pub fn weighed_all_of(&self, roster: &Roster) -> bool {
+        self.hosts
+            .iter()
+            .map(|h| h.host_id.as_str())
+            .eq(roster.hosts.iter().map(|h| h.host_id.as_str()))
+    }
+
     /// Whether the record is the rule applied to its own facts: its first inputs are the
     /// ones digested and chose no lane; each host's busy count is theirs; the refused hosts
     /// are the order's first ones and the leased host the next.
@@ -635,6 +644,26 @@ mod tests {
             let mut bad = good.clone();
             f(&mut bad);
             assert!(!bad.agrees(), "{what}");
+        }
+
+        // The hosts weighed are exactly the roster version's, in its order.
+        let declared = |ids: &[&str]| Roster {
+            hosts: ids
+                .iter()
+                .map(|h| RosterHost {
+                    host_id: h.to_string(),
+                    capacity: 2,
+                    lanes: Vec::new(),
+                })
+                .collect(),
+        };
+        assert!(good.weighed_all_of(&declared(&["h1", "h2", "h3"])));
+        for (what, ids) in [
+            ("a declared host left out", &["h1", "h2", "h3", "h4"][..]),
+            ("a host the version does not declare", &["h1", "h2"][..]),
+            ("another order", &["h2", "h1", "h3"][..]),
+        ] {
+            assert!(!good.weighed_all_of(&declared(ids)), "{what}");
         }
 
         // The decision after the lease takes the leased lane, and only that one.

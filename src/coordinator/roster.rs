@@ -138,6 +138,23 @@ impl Store {
             .transpose()
     }
 
+    /// Roster version `version`, as published (a decision's audit reads the version it was
+    /// taken under).
+    pub async fn roster_version(
+        &self,
+        version: i64,
+    ) -> Result<Option<RosterVersion>, AuthorityError> {
+        let c = self.pool.get().await?;
+        c.query_opt(
+            "SELECT version, body, digest, mosaic_ts(published_at) AS published_at \
+             FROM roster_versions WHERE version = $1",
+            &[&version],
+        )
+        .await?
+        .map(|r| roster_of(&r))
+        .transpose()
+    }
+
     /// What `placement::select` decides from, now: every lane the current roster declares
     /// and the coordinator knows, with its state, and whether its host is connected
     /// (`connected`, the caller's view of its sessions).

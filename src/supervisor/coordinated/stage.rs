@@ -29,6 +29,8 @@ impl CoordinatedHost {
             Err(_) => return,
         };
         let _one_stage_at_a_time = lock.lock().await;
+        // A host that dies with a stage in hand, before it starts anything.
+        crate::coordinator::failpoint::host("stage");
         // A duplicate of the stage we already acted on: say `staged` again.
         if let Some(ctx) = self.chain_of(&lane_id) {
             if ctx.generation == generation

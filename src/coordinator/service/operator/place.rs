@@ -223,8 +223,19 @@ impl Service {
                     // The audit an operator would do by hand: the recorded inputs, run
                     // through this build's policy, choose the recorded lane.
                     let d = &p.decision;
-                    let agrees = crate::coordinator::placement::policy_digest_of(&d.policy)
-                        .is_some_and(|known| known == d.policy_digest)
+                    // An elastic choice is checked against the roster version it was taken
+                    // under: every host that version declares was weighed.
+                    let declared = match &d.elastic {
+                        Some(e) => self
+                            .store
+                            .roster_version(d.inputs.roster_version)
+                            .await?
+                            .is_some_and(|v| e.weighed_all_of(&v.roster)),
+                        None => true,
+                    };
+                    let agrees = declared
+                        && crate::coordinator::placement::policy_digest_of(&d.policy)
+                            .is_some_and(|known| known == d.policy_digest)
                         && d.inputs.policy == d.policy
                         && crate::coordinator::placement::select(&d.inputs).is_ok_and(|again| {
                             again.lane_id == d.lane_id
