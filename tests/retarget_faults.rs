@@ -57,10 +57,10 @@ fn start_retarget(
 }
 
 /// The ordering every chain of the work keeps, read from the database: for each of its
-/// reservations, an ordinary challenge exists exactly when its injection was recorded (the
-/// `injected` receipt names that challenge and the contract digest the challenge binds,
-/// which is the reservation's own); every consumed ACK is of that challenge; only a chain
-/// whose ACK was consumed activated. Returns the reservations that activated.
+/// reservations, an ordinary challenge exists only once its injection was recorded (issued
+/// by the `injected` commit itself, or for a handoff's target by the `activation-challenge`
+/// step after it; bound to the reservation's own contract, which the injection delivered);
+/// every consumed ACK is of that challenge; only a chain whose ACK was consumed activated. Returns the reservations that activated.
 async fn challenge_order_holds(w: &World, id: &str) -> Vec<String> {
     let db = w.sql().await;
     let rows = db
@@ -71,8 +71,13 @@ async fn challenge_order_holds(w: &World, id: &str) -> Vec<String> {
                     (SELECT c.contracts_digest FROM challenges c WHERE c.reservation_id = r.reservation_id) AS challenge_digest, \
                     (SELECT count(*) FROM transition_receipts t WHERE t.transition = 'injected' \
                        AND t.body->'chain'->>'reservation_id' = r.reservation_id) AS injected, \
-                    (SELECT t.body->>'challenge_id' FROM transition_receipts t WHERE t.transition = 'injected' \
-                       AND t.body->'chain'->>'reservation_id' = r.reservation_id) AS injected_challenge, \
+                    coalesce((SELECT t.body->>'challenge_id' FROM transition_receipts t WHERE t.transition = 'injected' \
+                                AND t.body->>'challenge_kind' = 'activation' \
+                                AND t.body->'chain'->>'reservation_id' = r.reservation_id), \
+                             (SELECT t.body->>'challenge_id' FROM transition_receipts t WHERE t.transition = 'activation-challenge' \
+                                AND t.body->'chain'->>'reservation_id' = r.reservation_id \
+                                AND t.decided_at > (SELECT i.decided_at FROM transition_receipts i WHERE i.transition = 'injected' \
+                                                     AND i.body->'chain'->>'reservation_id' = r.reservation_id))) AS issued_challenge, \
                     (SELECT t.body->>'contracts_digest' FROM transition_receipts t WHERE t.transition = 'injected' \
                        AND t.body->'chain'->>'reservation_id' = r.reservation_id) AS injected_digest, \
                     (SELECT count(*) FROM ack_receipts k WHERE k.reservation_id = r.reservation_id) AS acks, \
@@ -90,17 +95,19 @@ async fn challenge_order_holds(w: &World, id: &str) -> Vec<String> {
     for r in &rows {
         let res: String = r.get("reservation_id");
         let (challenges, injected): (i64, i64) = (r.get("challenges"), r.get("injected"));
+        let challenge: Option<String> = r.get("challenge");
+        let issued: Option<String> = r.get("issued_challenge");
+        // Issued by the injection's own commit, or — a handoff's target, whose injection
+        // carried the handoff challenge — by the activation-challenge step after it.
         assert_eq!(
-            challenges, injected,
-            "{res}: a challenge exactly when its injection was recorded"
+            challenge, issued,
+            "{res}: a challenge only as the receipt of its verified injection or a later step issued it"
         );
-        if injected == 1 {
-            let challenge: Option<String> = r.get("challenge");
-            let injected_challenge: Option<String> = r.get("injected_challenge");
-            assert_eq!(
-                challenge, injected_challenge,
-                "{res}: the injection's challenge"
-            );
+        assert!(
+            challenges <= injected,
+            "{res}: no challenge before its injection was recorded"
+        );
+        if challenges == 1 {
             let own: String = r.get("contracts_digest");
             let bound: Option<String> = r.get("challenge_digest");
             let delivered: Option<String> = r.get("injected_digest");
@@ -228,6 +235,16 @@ async fn crash_during_retarget(tag: &'static str, point: &str, after: After) {
         // chain of the work may start anywhere. The operator brings T's host back, which
         // reports that generation never started.
         w.start_supervisor(0);
+        // U's lane clean again (a generation the takeover stopped may have it recreated).
+        w.wait_count(
+            &format!(
+                "SELECT count(*) FROM lane_incarnations WHERE lane_id = '{u_lane}' AND retired_at IS NULL \
+                   AND state = 'IDLE_CLEAN'"
+            ),
+            |n| n == 1,
+            "U's lane clean",
+        )
+        .await;
         // Taken once U's host has its session with the new leader again, and U's
         // generation (if it had one) was observed to end.
         common::wait_until("the resume taken", || {
@@ -444,4 +461,147 @@ async fn a_candidate_that_fails_before_activation_is_retargeted_again() {
         .map(|r| r.get(0))
         .collect();
     assert_eq!(owners, lanes, "one responsibility owner at a time: T, U, V");
+}
+
+/// Pre-transfer retarget through the daemons (§6.3.3): S runs on host 0; its handoff to
+/// host 1's lane fails before any ACK (host 1 dies with T's stage in hand), so the offer
+/// ends and the work is S's alone again. The operator retargets: the candidate on host 2
+/// binds S's attempt, and the CAS that consumes its ACK is the offer to U's lane —
+/// `(S,S,U)` — which U's harness acknowledges like any handoff; U then activates through
+/// its own challenge, and only then is the work `(U,U,NULL)`. T never activated.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_handoff_whose_target_dies_is_retargeted_pre_transfer_through_the_daemons() {
+    use mosaic::coordinator::service::OperatorRequest;
+    world::split::require_failpoints();
+    let mut w = World::new(Spec {
+        hosts: 3,
+        supervisors: 3,
+        lanes: 1,
+        reservation_ttl_ms: Some(2000),
+        tag: "rtf-pre",
+        ..Spec::default()
+    });
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    w.start_supervisor(0);
+    w.sup[1].start(Some("host:stage=return"));
+    w.start_supervisor(2);
+    w.wait_lanes(3);
+    let lanes: Vec<String> = (0..3).map(|h| w.lane_of(h, "lane-1")).collect();
+    let a = w
+        .op(&assign_request(&lanes[0], "hang", None, true))
+        .unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    w.op(&OperatorRequest::Handoff {
+        assignment_id: id.clone(),
+        lane_id: lanes[1].clone(),
+        task: Some("accept-handoff hang".into()),
+        within_ms: Some(3000),
+        request_id: None,
+    })
+    .unwrap();
+    // T's host died with T's stage; the offer ends and the work is S's alone.
+    w.wait_count(
+        &format!(
+            "SELECT count(*) FROM assignments WHERE assignment_id = '{id}' AND pending_target IS NULL \
+               AND lifecycle = 'ACTIVE' AND (SELECT count(*) FROM handoffs h WHERE h.assignment_id = '{id}' \
+                                             AND h.state <> 'OFFERED' AND h.state <> 'CHALLENGED') = 1"
+        ),
+        |n| n == 1,
+        "the failed offer ended, the work S's again",
+    )
+    .await;
+    assert!(w.sup[1].exited().is_some(), "T's host died at its stage");
+    let s = Some(lanes[0].clone());
+    assert_eq!(
+        owners(&w, &id).await,
+        (s.clone(), s.clone(), None, "ACTIVE".into())
+    );
+
+    let r = common::wait_until("the operator's retarget offered", || {
+        match w.op(&OperatorRequest::Retarget {
+            assignment_id: id.clone(),
+            request_id: Some("pre-transfer".into()),
+        }) {
+            Ok(v) => Some(v),
+            // T's end is ingested a moment after the offer ends.
+            Err(e) if e.category == mosaic::coordinator::Category::WrongState => None,
+            Err(e) => panic!("retarget: {e}"),
+        }
+    });
+    assert!(r.to_string().contains("pre-transfer"), "{r}");
+    w.wait_count(
+        &running_on(&id, &lanes[2]),
+        |n| n == 1,
+        "the work RUNNING on U",
+    )
+    .await;
+    let u = Some(lanes[2].clone());
+    assert_eq!(
+        owners(&w, &id).await,
+        (u.clone(), u.clone(), None, "ACTIVE".into())
+    );
+    let db = w.sql().await;
+    type Offer = (Option<String>, Option<String>, Option<String>, bool);
+    let offers: Vec<Offer> = db
+        .query(
+            "SELECT body->>'responsibility_owner', body->>'execution_owner', body->>'pending_target', \
+                    body->'retarget' IS NOT NULL AND jsonb_typeof(body->'retarget') = 'object' \
+             FROM transition_receipts WHERE transition = 'handoff-offer' AND assignment_id = $1 ORDER BY decided_at",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        offers,
+        vec![
+            (s.clone(), s.clone(), Some(lanes[1].clone()), false),
+            (s.clone(), s.clone(), u.clone(), true),
+        ],
+        "the offer to T, then the retarget's offer to U: (S,S,U), consuming the candidate"
+    );
+    let cands: Vec<(String, String)> = db
+        .query(
+            "SELECT expected_retarget_operation, candidate_lane_id FROM recovery_candidates \
+             WHERE assignment_id = $1 AND state = 'CONSUMED'",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(cands, vec![("pre-transfer".to_string(), lanes[2].clone())]);
+    let activated = challenge_order_holds(&w, &id).await;
+    let on: Vec<String> = db
+        .query(
+            "SELECT li.lane_id FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
+             WHERE r.reservation_id = ANY($1)",
+            &[&activated],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(on.len(), 2, "S's and U's chains activated: {activated:?}");
+    assert!(!on.contains(&lanes[1]), "T never activated");
+}
+
+/// The work's owners `(responsibility, execution, pending target)` and its lifecycle.
+async fn owners(w: &World, id: &str) -> (Option<String>, Option<String>, Option<String>, String) {
+    let r = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT responsibility_owner, execution_owner, pending_target, lifecycle \
+             FROM assignments WHERE assignment_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap();
+    (r.get(0), r.get(1), r.get(2), r.get(3))
 }

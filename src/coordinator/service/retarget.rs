@@ -172,11 +172,18 @@ impl Service {
         offer: &Offer,
         consume: RecoveryConsume,
     ) -> Result<(), OpError> {
+        // The failed offer's task (the work's latest attempt): the contract the candidate
+        // bound, never the source's own.
+        let next = self
+            .store
+            .next_attempt(&consume.ack.facts.assignment_id)
+            .await?
+            .ok_or_else(|| OpError::new(Category::NotFound, "no such assignment"))?;
         let req = crate::coordinator::handoff::OfferRequest {
             request_id: format!("retarget/{}", consume.ack.facts.recovery_candidate_id),
             assignment_id: consume.ack.facts.assignment_id.clone(),
             target_lane_incarnation_id: offer.candidate_lane_incarnation_id.clone(),
-            task_text: None,
+            task_text: Some(next.task_text),
             ttl_ms: self.timing.reservation_ttl_ms,
         };
         let chain = self
