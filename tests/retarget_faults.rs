@@ -605,3 +605,113 @@ async fn owners(w: &World, id: &str) -> (Option<String>, Option<String>, Option<
         .unwrap();
     (r.get(0), r.get(1), r.get(2), r.get(3))
 }
+
+/// Post-transfer retarget through the daemons (§6.3.4): S runs on host 0 and hands off to
+/// T on host 1; T acknowledges, the acceptance commits (responsibility is T's:
+/// `(T,NULL,T)`), and host 1 dies the moment T's activation challenge arrives (the
+/// `host:challenged-after-handoff` failpoint). T's reservation expires; the watchdog
+/// retargets by itself, once S's generation is proven ended, to the policy's first idle
+/// lane — S's own, free again — as a fresh chain: `(U,NULL,U)`, then U's own activation,
+/// `(U,U,NULL)`. T never activated.
+#[tokio::test(flavor = "multi_thread")]
+async fn an_accepted_handoff_whose_target_dies_is_retargeted_post_transfer_through_the_daemons() {
+    use mosaic::coordinator::service::OperatorRequest;
+    world::split::require_failpoints();
+    let mut w = World::new(Spec {
+        hosts: 3,
+        supervisors: 3,
+        lanes: 1,
+        reservation_ttl_ms: Some(2000),
+        tag: "rtf-post",
+        ..Spec::default()
+    });
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    w.start_supervisor(0);
+    w.sup[1].start(Some("host:challenged-after-handoff=return"));
+    w.start_supervisor(2);
+    w.wait_lanes(3);
+    let lanes: Vec<String> = (0..3).map(|h| w.lane_of(h, "lane-1")).collect();
+    let a = w
+        .op(&assign_request(&lanes[0], "hang", None, true))
+        .unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    w.op(&OperatorRequest::Handoff {
+        assignment_id: id.clone(),
+        lane_id: lanes[1].clone(),
+        task: Some("accept-handoff hang".into()),
+        within_ms: None,
+        request_id: None,
+    })
+    .unwrap();
+    // The policy's first idle lane by lane id, besides T's: S's own, free since S was
+    // fenced at the acceptance.
+    let u_lane = lanes[0].clone();
+    w.wait_count(
+        &format!(
+            "SELECT count(*) FROM recovery_candidates c JOIN transition_receipts t ON t.transition = 'activate' \
+               AND t.body->'chain'->>'reservation_id' = c.retarget_reservation_id \
+             WHERE c.assignment_id = '{id}' AND c.state = 'CONSUMED'"
+        ),
+        |n| n == 1,
+        "U's chain activated",
+    )
+    .await;
+    assert_eq!(w.count(&running_on(&id, &u_lane)).await, 1, "RUNNING on U");
+    assert!(
+        w.sup[1].exited().is_some(),
+        "T's host died at its activation challenge"
+    );
+    let u = Some(u_lane.clone());
+    assert_eq!(
+        owners(&w, &id).await,
+        (u.clone(), u.clone(), None, "ACTIVE".into())
+    );
+    let db = w.sql().await;
+    let accepted = w
+        .count(&format!(
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'handoff-accept' AND assignment_id = '{id}'"
+        ))
+        .await;
+    assert_eq!(accepted, 1, "T's acceptance committed");
+    let cands: Vec<(String, String)> = db
+        .query(
+            "SELECT expected_retarget_operation, candidate_lane_id FROM recovery_candidates \
+             WHERE assignment_id = $1 AND state = 'CONSUMED'",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(cands, vec![("post-transfer".to_string(), u_lane.clone())]);
+    // U's reservation: (U,NULL,U), decided after S's generation was proven ended.
+    let row = db
+        .query_one(
+            "SELECT t.body->>'responsibility_owner', t.body->>'execution_owner', t.body->>'pending_target', \
+                    t.decided_at > (SELECT max(x.ingested_at) FROM termination_receipts x WHERE x.assignment_id = $1 AND x.lane_id = $2) \
+             FROM transition_receipts t WHERE t.transition = 'reserve' AND t.body->'chain'->>'assignment_id' = $1 \
+               AND t.body->'retarget' IS NOT NULL AND jsonb_typeof(t.body->'retarget') = 'object'",
+            &[&id, &lanes[0]],
+        )
+        .await
+        .unwrap();
+    let got: (Option<String>, Option<String>, Option<String>, Option<bool>) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    assert_eq!(got, (u.clone(), None, u.clone(), Some(true)));
+    let activated = challenge_order_holds(&w, &id).await;
+    let on: Vec<String> = db
+        .query(
+            "SELECT li.lane_id FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
+             WHERE r.reservation_id = ANY($1)",
+            &[&activated],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(on.len(), 2, "S's and U's chains activated: {activated:?}");
+    assert!(!on.contains(&lanes[1]), "T never activated");
+}

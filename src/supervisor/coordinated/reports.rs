@@ -232,6 +232,11 @@ impl CoordinatedHost {
                 let cid = m.challenge_id;
                 ctx.challenge.send_replace(Some(cid.clone()));
                 if let Some(session) = &ctx.session {
+                    if *session.handoff_ack_requested.borrow() {
+                        // A handoff's target whose acceptance committed (its activation
+                        // challenge is issued only after), dying before it can activate.
+                        crate::coordinator::failpoint::host("challenged-after-handoff");
+                    }
                     session.challenged.send_replace(true);
                     let phrase =
                         crate::adapter::ack_phrase(&cid, &ctx.lane_incarnation_id, ctx.generation);
