@@ -370,22 +370,7 @@ async fn a_candidate_that_dies_at_its_injection_is_never_ready() {
 /// U, then V, one at a time; V runs it.
 #[tokio::test(flavor = "multi_thread")]
 async fn a_candidate_that_fails_before_activation_is_retargeted_again() {
-    world::split::require_failpoints();
-    let mut w = World::new(Spec {
-        hosts: 3,
-        supervisors: 3,
-        lanes: 1,
-        reservation_ttl_ms: Some(2000),
-        tag: "rtf-chain",
-        ..Spec::default()
-    });
-    w.start_coordinator(0, None);
-    w.wait_leading(0);
-    w.start_supervisor(0);
-    w.sup[1].start(Some("host:stage=return"));
-    w.start_supervisor(2);
-    w.wait_lanes(3);
-    let lanes: Vec<String> = (0..3).map(|h| w.lane_of(h, "lane-1")).collect();
+    let (mut w, lanes) = three_hosts("rtf-chain", "host:stage=return");
     let pid = w.sup[0].pid().expect("supervisor 0 runs") as i32;
     nix::sys::signal::kill(
         nix::unistd::Pid::from_raw(pid),
@@ -472,22 +457,7 @@ async fn a_candidate_that_fails_before_activation_is_retargeted_again() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_handoff_whose_target_dies_is_retargeted_pre_transfer_through_the_daemons() {
     use mosaic::coordinator::service::OperatorRequest;
-    world::split::require_failpoints();
-    let mut w = World::new(Spec {
-        hosts: 3,
-        supervisors: 3,
-        lanes: 1,
-        reservation_ttl_ms: Some(2000),
-        tag: "rtf-pre",
-        ..Spec::default()
-    });
-    w.start_coordinator(0, None);
-    w.wait_leading(0);
-    w.start_supervisor(0);
-    w.sup[1].start(Some("host:stage=return"));
-    w.start_supervisor(2);
-    w.wait_lanes(3);
-    let lanes: Vec<String> = (0..3).map(|h| w.lane_of(h, "lane-1")).collect();
+    let (mut w, lanes) = three_hosts("rtf-pre", "host:stage=return");
     let a = w
         .op(&assign_request(&lanes[0], "hang", None, true))
         .unwrap();
@@ -576,17 +546,7 @@ async fn a_handoff_whose_target_dies_is_retargeted_pre_transfer_through_the_daem
         .collect();
     assert_eq!(cands, vec![("pre-transfer".to_string(), lanes[2].clone())]);
     let activated = challenge_order_holds(&w, &id).await;
-    let on: Vec<String> = db
-        .query(
-            "SELECT li.lane_id FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
-             WHERE r.reservation_id = ANY($1)",
-            &[&activated],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| r.get(0))
-        .collect();
+    let on = lanes_of(&w, &activated).await;
     assert_eq!(on.len(), 2, "S's and U's chains activated: {activated:?}");
     assert!(!on.contains(&lanes[1]), "T never activated");
 }
@@ -616,22 +576,7 @@ async fn owners(w: &World, id: &str) -> (Option<String>, Option<String>, Option<
 #[tokio::test(flavor = "multi_thread")]
 async fn an_accepted_handoff_whose_target_dies_is_retargeted_post_transfer_through_the_daemons() {
     use mosaic::coordinator::service::OperatorRequest;
-    world::split::require_failpoints();
-    let mut w = World::new(Spec {
-        hosts: 3,
-        supervisors: 3,
-        lanes: 1,
-        reservation_ttl_ms: Some(2000),
-        tag: "rtf-post",
-        ..Spec::default()
-    });
-    w.start_coordinator(0, None);
-    w.wait_leading(0);
-    w.start_supervisor(0);
-    w.sup[1].start(Some("host:challenged-after-handoff=return"));
-    w.start_supervisor(2);
-    w.wait_lanes(3);
-    let lanes: Vec<String> = (0..3).map(|h| w.lane_of(h, "lane-1")).collect();
+    let (mut w, lanes) = three_hosts("rtf-post", "host:challenged-after-handoff=return");
     let a = w
         .op(&assign_request(&lanes[0], "hang", None, true))
         .unwrap();
@@ -701,17 +646,45 @@ async fn an_accepted_handoff_whose_target_dies_is_retargeted_post_transfer_throu
         (row.get(0), row.get(1), row.get(2), row.get(3));
     assert_eq!(got, (u.clone(), None, u.clone(), Some(true)));
     let activated = challenge_order_holds(&w, &id).await;
-    let on: Vec<String> = db
+    let on = lanes_of(&w, &activated).await;
+    assert_eq!(on.len(), 2, "S's and U's chains activated: {activated:?}");
+    assert!(!on.contains(&lanes[1]), "T never activated");
+}
+
+/// Three hosts with one lane each, two-second reservations, one coordinator; host 1's
+/// supervisor started with `host1_failpoints`. Returns the world and the three lanes.
+fn three_hosts(tag: &'static str, host1_failpoints: &str) -> (World, Vec<String>) {
+    world::split::require_failpoints();
+    let mut w = World::new(Spec {
+        hosts: 3,
+        supervisors: 3,
+        lanes: 1,
+        reservation_ttl_ms: Some(2000),
+        tag,
+        ..Spec::default()
+    });
+    w.start_coordinator(0, None);
+    w.wait_leading(0);
+    w.start_supervisor(0);
+    w.sup[1].start(Some(host1_failpoints));
+    w.start_supervisor(2);
+    w.wait_lanes(3);
+    let lanes = (0..3).map(|h| w.lane_of(h, "lane-1")).collect();
+    (w, lanes)
+}
+
+/// The lanes of these reservations.
+async fn lanes_of(w: &World, reservations: &[String]) -> Vec<String> {
+    w.sql()
+        .await
         .query(
             "SELECT li.lane_id FROM reservations r JOIN lane_incarnations li USING (lane_incarnation_id) \
              WHERE r.reservation_id = ANY($1)",
-            &[&activated],
+            &[&reservations],
         )
         .await
         .unwrap()
         .iter()
         .map(|r| r.get(0))
-        .collect();
-    assert_eq!(on.len(), 2, "S's and U's chains activated: {activated:?}");
-    assert!(!on.contains(&lanes[1]), "T never activated");
+        .collect()
 }

@@ -397,24 +397,23 @@ async fn every_initial_boundary_retargets_only_through_the_exact_snapshot_in_bot
         // No ordinary challenge for U before its own contract injection; execution stays
         // nobody's until U's ordinary activation.
         let ud = drive(s, l, won.clone(), Boundary::Injecting).await;
+        let u_challenges = || async {
+            store::count(
+                &url,
+                &format!(
+                    "SELECT count(*) FROM challenges WHERE reservation_id = '{}'",
+                    won.chain.reservation_id
+                ),
+            )
+            .await
+        };
         assert!(
             s.issue_activation_challenge(l, ud.chain(), 60_000)
                 .await
                 .is_err(),
             "{at:?}"
         );
-        assert_eq!(
-            store::count(
-                &url,
-                &format!(
-                    "SELECT count(*) FROM challenges WHERE reservation_id = '{}'",
-                    won.chain.reservation_id
-                )
-            )
-            .await,
-            0,
-            "{at:?}"
-        );
+        assert_eq!(u_challenges().await, 0, "{at:?}");
         // A failed injection — another contract delivered, or delivered to another
         // process — records nothing and issues no challenge.
         let mut other_process = ud.identity.clone();
@@ -434,18 +433,7 @@ async fn every_initial_boundary_retargets_only_through_the_exact_snapshot_in_bot
                     .is_err(),
                 "{at:?}: {what}"
             );
-            assert_eq!(
-                store::count(
-                    &url,
-                    &format!(
-                        "SELECT count(*) FROM challenges WHERE reservation_id = '{}'",
-                        won.chain.reservation_id
-                    )
-                )
-                .await,
-                0,
-                "{at:?}: {what}: no challenge"
-            );
+            assert_eq!(u_challenges().await, 0, "{at:?}: {what}: no challenge");
         }
         let (challenge, _, _) = s
             .record_injected(

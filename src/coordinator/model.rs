@@ -378,18 +378,6 @@ impl Store {
             .next())
     }
 
-    /// The chain of a lane incarnation's generation.
-    pub async fn chain_of_generation(
-        &self,
-        lane_incarnation_id: &str,
-        generation: i64,
-    ) -> Result<Option<ChainRow>, AuthorityError> {
-        Ok(self
-            .chains_of_generations(&[(lane_incarnation_id.into(), generation)])
-            .await?
-            .pop())
-    }
-
     /// The chains of these lane incarnations' generations, in one read.
     pub async fn chains_of_generations(
         &self,
