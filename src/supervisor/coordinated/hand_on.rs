@@ -118,13 +118,25 @@ impl CoordinatedHost {
         tracing::info!(effect_id = %m.effect_id, outcome = %settlement.outcome,
             detail = settlement.detail.as_deref().unwrap_or(""), "workspace effect settled here");
         let file = format!("{}.json", settlement.effect_id);
-        if let Err(e) = keep(&settle_dir(&self.sup.inner), &file, &settlement) {
-            // Still sent now; only a restart before it is recorded would lose it.
-            tracing::error!(effect_id = %m.effect_id, error = %e,
-                "what this workspace effect came to cannot be kept on disk; sending it now");
-        }
+        let dir = settle_dir(&self.sup.inner);
+        let mut kept = match keep(&dir, &file, &settlement) {
+            Ok(()) => true,
+            Err(e) => {
+                // Held in memory instead, and sent until recorded (or kept after all);
+                // only a restart before then would lose it.
+                tracing::error!(effect_id = %m.effect_id, error = %e,
+                    "what this workspace effect came to cannot be kept on disk; sending it until it is recorded");
+                false
+            }
+        };
         crate::supervisor::broker::hold("workspace-effect:settle").await;
-        self.send_settlement(&settlement).await;
+        let mut wait = Duration::from_secs(1);
+        // A kept settlement is sent again by the upload loop; one only in memory, here.
+        while self.send_settlement(&settlement).await != super::hand_on_kept::Sent::Done && !kept {
+            tokio::time::sleep(wait).await;
+            wait = (wait * 2).min(Duration::from_secs(30));
+            kept = keep(&dir, &file, &settlement).is_ok();
+        }
     }
 
     /// Reads the checkpoint, works out the update, claims it, and pushes once admitted;

@@ -25,6 +25,8 @@ use crate::util::git::git;
 
 /// How long one part waits for its answer before the transfer is given up for now.
 const ANSWER_TIMEOUT: Duration = Duration::from_secs(30);
+/// How many new sessions one fetch outlives before it gives up.
+const FETCH_RELINKS: u32 = 5;
 /// How often the host looks for checkpoints not uploaded yet.
 const UPLOAD_EVERY: Duration = Duration::from_secs(2);
 /// Why a part went unanswered: nothing else is tried this round (the link is down).
@@ -286,6 +288,8 @@ impl CoordinatedHost {
             let _ = session.wait_for(|s| *s != Some(on)).await;
         };
         tokio::select! {
+            // An answer already here wins over the end of its session.
+            biased;
             answer = tokio::time::timeout(ANSWER_TIMEOUT, rx) => match answer {
                 Ok(Ok(m)) => Ok(m),
                 _ => {
@@ -298,6 +302,15 @@ impl CoordinatedHost {
                 Err(NO_LINK.into())
             }
         }
+    }
+
+    /// Waits up to `within` for a coordinator session to be up; whether one is.
+    async fn session_up(&self, within: Duration) -> bool {
+        let mut s = self.sup.inner.link_session.subscribe();
+        let up = tokio::time::timeout(within, s.wait_for(|v| v.is_some()))
+            .await
+            .is_ok_and(|r| r.is_ok());
+        up
     }
 
     /// Uploads every checkpoint of this host not uploaded yet, every `UPLOAD_EVERY`.
@@ -720,13 +733,29 @@ impl CoordinatedHost {
                 object_digest: obj.digest.clone(),
                 offset,
             };
-            let answer = self
-                .ask(
-                    format!("f:{}", obj.digest),
-                    crate::protocol::schema::MessageType::CheckpointFetch,
-                    m.fields(),
-                )
-                .await?;
+            // A session that ends mid-fetch is not the end of the fetch: the part is asked
+            // again on the next session (a few times, each waiting up to the answer timeout
+            // for one), from where it stopped.
+            let mut relinks = 0;
+            let answer = loop {
+                match self
+                    .ask(
+                        format!("f:{}", obj.digest),
+                        crate::protocol::schema::MessageType::CheckpointFetch,
+                        m.fields(),
+                    )
+                    .await
+                {
+                    Err(e)
+                        if e == NO_LINK
+                            && relinks < FETCH_RELINKS
+                            && self.session_up(ANSWER_TIMEOUT).await =>
+                    {
+                        relinks += 1;
+                    }
+                    r => break r?,
+                }
+            };
             let ToHost::CheckpointData(CheckpointData {
                 answer, offset: at, ..
             }) = answer

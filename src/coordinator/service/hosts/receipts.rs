@@ -301,6 +301,21 @@ impl Service {
                             .await;
                         if self.step(l, r).await.is_ok() {
                             tracing::warn!(lane_id = %lane.lane_id, reason, "the host quarantined the lane");
+                            // The quarantine asked this lane's generations to end: read
+                            // their chains again, so this pass orders it.
+                            let again: Vec<(String, i64)> = rep
+                                .generations
+                                .iter()
+                                .map(|g| (inc.clone(), g.generation as i64))
+                                .chain(lane.unended_generation.map(|u| (inc.clone(), u)))
+                                .collect();
+                            if let Ok(v) = self.store.chains_of_generations(&again).await {
+                                for c in v {
+                                    if let Some(g) = c.generation {
+                                        chains.insert((inc.clone(), g), c);
+                                    }
+                                }
+                            }
                         }
                     }
                 }
