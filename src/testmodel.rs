@@ -11,6 +11,7 @@
 //! | … and `model:wrong-ack` anywhere in the request | `mosaic-ack:` with the hex reversed |
 //! | … and `model:omit-contract-key` anywhere in the request | `mosaic-ack:<hex>`, no key |
 //! | `model:run[<command>]` | one shell tool call running `<command>` |
+//! | `model:say[<text>]` | `<text>` (a turn's answer a test can predict, e.g. a continuation's result) |
 //! | `model:fail-once[<tag>]` | the first request carrying the tag (with tools offered) is refused as overloaded (Anthropic 529, OpenAI 503), later ones are answered: the harness must retry |
 //! | `model:huge-usage[<tag>]` anywhere in the request | the first two answers to requests carrying the tag report 990 000 input tokens (a tool call and the turn's end, so each harness sees it where it looks), so the harness compacts its context; later ones report ordinary usage, so no harness compacts forever |
 //! | (the latest turn is a tool result) | `tool finished` |
@@ -95,6 +96,9 @@ pub fn decide(api: Api, body: &Value) -> Answer {
             Some(k) => crate::adapter::ackline::ack(&hex, &k),
             None => crate::adapter::ackline::ack_without_key(&hex),
         });
+    }
+    if let Some(text) = marker(&latest, "model:say[", ']') {
+        return Answer::Text(text.to_string());
     }
     // Only a request that offers tools gets a tool call (a harness's side requests, such as
     // title generation, offer none).
@@ -286,6 +290,10 @@ mod tests {
             Answer::Text("mosaic-ack:0a1b".into())
         );
         assert_eq!(a("model:run[sleep 3; echo hi]"), Answer::Text("ok".into()));
+        assert_eq!(
+            a("Next action: model:say[result-7f]"),
+            Answer::Text("result-7f".into())
+        );
         assert_eq!(
             decide(
                 Api::AnthropicMessages,

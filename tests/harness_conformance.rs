@@ -72,28 +72,7 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     );
 
     let model = Model::start();
-    let token = format!("mosaic-test-token-{}", uuid::Uuid::new_v4().simple());
-    let creds_dir = TempDir::new("mosaic-creds");
-    let creds_dir = &creds_dir.0;
-    let creds = creds_dir.join(format!("{name}.env"));
-    std::fs::write(&creds, (f.credentials)(&token)).unwrap();
-    std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
-    let files = (f.overlay)();
-    let overlay = (!files.is_empty()).then(|| {
-        let d = creds_dir.join("overlay");
-        std::fs::create_dir_all(&d).unwrap();
-        for (n, text) in &files {
-            std::fs::write(d.join(n), text).unwrap();
-        }
-        d
-    });
-    let up = Up::start(
-        name,
-        &creds,
-        overlay.as_deref(),
-        registry,
-        &format!("http://127.0.0.1:{}", model.port),
-    );
+    let (_creds, up, token) = Up::for_family(f, &model, registry);
 
     // Unknown lifecycle semantics: an unvalidated version is refused before anything.
     let other = format!("{name}@0.0.1");
@@ -367,7 +346,13 @@ fn suite(f: &Family, registry: Option<&Path>) -> Value {
     // `mosaic lane hook`) are gone, only the shim (`mosaic-shim`), the init (`mosaic-init`)
     // and the harness remain — no updater, daemon or helper.
     let mut at_rest: Vec<String> = wait_for("the hook processes gone", common::PATIENCE, || {
-        let c: Vec<String> = common::members(&cg).iter().map(|(p, _)| comm(*p)).collect();
+        // An extension's continuation wait comes and goes with each settled boundary: not
+        // part of the rest (`tests/harness_continuity.rs` covers it).
+        let c: Vec<String> = common::members(&cg)
+            .iter()
+            .map(|(p, _)| role(*p))
+            .filter(|r| r != "mosaic lane hook next")
+            .collect();
         (c.iter().filter(|x| *x == "mosaic-shim").count() == 1
             && !c.iter().any(|x| x == "sh" || x == "mosaic"))
         .then_some(c)
@@ -672,10 +657,27 @@ fn artifact_check(up: &Up, assignment: &str) -> Value {
     })
 }
 
+/// What a generation's process is, by its name: an extension's wait for its next
+/// continuation (`mosaic lane hook <family> next`, alive as long as the harness is settled)
+/// is told apart from a hook still forwarding an event.
+fn role(pid: i32) -> String {
+    let c = comm(pid);
+    if c == "mosaic"
+        && (common::cmdline_contains(pid, " hook pi next")
+            || common::cmdline_contains(pid, " hook opencode next"))
+    {
+        return "mosaic lane hook next".into();
+    }
+    c
+}
+
 fn hooks_done(up: &Up, cg: &Path) {
+    // An extension's wait for its next continuation (`mosaic lane hook <family> next`)
+    // lasts as long as the harness is settled: it is no event still being forwarded.
     let no_hooks = || {
-        let c: Vec<String> = common::members(cg).iter().map(|(p, _)| comm(*p)).collect();
-        !c.iter().any(|x| x == "sh" || x == "mosaic")
+        !common::members(cg)
+            .iter()
+            .any(|(p, _)| matches!(role(*p).as_str(), "sh" | "mosaic"))
     };
     up.wait_for("the hook processes gone", || {
         if !no_hooks() {

@@ -26,7 +26,33 @@ function forward(event, payload) {
   });
 }
 
+// Waits for the supervisor's next continuation (no time limit); resolves to its text, or ""
+// when a turn started first, the generation ended or the supervisor refused.
+function awaitContinuation(sessionId) {
+  return forward("next", { session_id: sessionId }).then((out) => out.replace(/\n$/, ""));
+}
+
 export const MosaicPlugin = async ({ client }) => {
+  let waiting = false;
+
+  // Settled: ask for the next continuation without holding OpenCode's event loop, and
+  // submit it to the session as a user prompt — once: the supervisor never gives the same
+  // one twice.
+  function waitForContinuation(sessionID) {
+    if (waiting) return;
+    waiting = true;
+    awaitContinuation(sessionID).then(async (text) => {
+      waiting = false;
+      if (!text) return;
+      try {
+        await client.session.promptAsync({
+          path: { id: sessionID },
+          body: { parts: [{ type: "text", text }] },
+        });
+      } catch (_) {}
+    });
+  }
+
   // The contract, fetched once when the plugin loads (the session's start).
   const contract = (await forward("session-start", { reason: "startup" })).replace(/\n$/, "");
 
@@ -58,6 +84,7 @@ export const MosaicPlugin = async ({ client }) => {
           session_id: p.sessionID,
           last_assistant_message: await lastAnswer(p.sessionID),
         });
+        waitForContinuation(p.sessionID);
       } else if (event.type === "session.status" && p.status && p.status.type === "busy") {
         // A turn started: tells the supervisor its typed line was taken.
         await forward("session-busy", { session_id: p.sessionID });

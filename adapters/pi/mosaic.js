@@ -23,6 +23,22 @@ function forward(event, payload) {
   });
 }
 
+// Waits for the supervisor's next continuation (no time limit: it waits as long as Pi is
+// settled); resolves to its text, or "" when a run started first, the generation ended or
+// the supervisor refused.
+function awaitContinuation(sessionId) {
+  return new Promise((resolve) => {
+    if (!MOSAIC) return resolve("");
+    const child = execFile(
+      MOSAIC,
+      ["lane", "hook", "pi", "next"],
+      { maxBuffer: 4 * 1024 * 1024 },
+      (err, stdout) => resolve(err ? "" : stdout.replace(/\n$/, "")),
+    );
+    child.stdin.end(JSON.stringify({ session_id: sessionId }));
+  });
+}
+
 function textOf(message) {
   if (!message || message.role !== "assistant") return undefined;
   if (typeof message.content === "string") return message.content;
@@ -35,6 +51,19 @@ function textOf(message) {
 export default function (pi) {
   let contract = "";
   let lastAnswer;
+  let waiting = false;
+
+  // Settled: ask for the next continuation, without holding Pi (its event handlers are
+  // awaited). One wait at a time; a continuation is submitted as a user message once —
+  // the supervisor never gives the same one twice.
+  function waitForContinuation(sessionId) {
+    if (waiting) return;
+    waiting = true;
+    awaitContinuation(sessionId).then((text) => {
+      waiting = false;
+      if (text) pi.sendUserMessage(text, { deliverAs: "followUp" });
+    });
+  }
 
   pi.on("session_start", async (event, ctx) => {
     const out = await forward("session-start", {
@@ -70,11 +99,13 @@ export default function (pi) {
   pi.on("agent_settled", async (event, ctx) => {
     const answer = lastAnswer;
     lastAnswer = undefined;
+    const sessionId = ctx.sessionManager.getSessionId();
     await forward("agent-settled", {
-      session_id: ctx.sessionManager.getSessionId(),
+      session_id: sessionId,
       aborted: !!event.aborted,
       last_assistant_message: answer ?? null,
     });
+    waitForContinuation(sessionId);
   });
 
   pi.on("session_shutdown", async (event, ctx) => {

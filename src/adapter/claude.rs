@@ -147,6 +147,14 @@ impl Adapter for ClaudeCode {
         session_start_context(contract)
     }
 
+    fn continuation_delivery(&self) -> super::ContinuationDelivery {
+        super::ContinuationDelivery::SettledHookAnswer
+    }
+
+    fn render_continuation(&self, text: &str) -> String {
+        stop_block(text)
+    }
+
     // Its transcripts: `$CLAUDE_CONFIG_DIR/projects/<cwd>/<session>.jsonl`.
     fn artifact_paths(&self) -> &'static [&'static str] {
         &["home/projects"]
@@ -225,6 +233,12 @@ pub(super) fn hook_event(
             "unexpected hook {e:?} carrying event {n:?}"
         ))),
     }
+}
+
+/// What a Stop hook prints to keep the harness going with `text` as its next input: a block
+/// decision, whose reason the harness hands to the model (Claude Code, and Codex).
+pub(super) fn stop_block(text: &str) -> String {
+    json!({"decision": "block", "reason": text}).to_string()
 }
 
 /// What a SessionStart hook prints to hand the contract to the model.

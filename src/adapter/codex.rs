@@ -199,6 +199,14 @@ impl Adapter for Codex {
         super::claude::session_start_context(contract)
     }
 
+    fn continuation_delivery(&self) -> super::ContinuationDelivery {
+        super::ContinuationDelivery::SettledHookAnswer
+    }
+
+    fn render_continuation(&self, text: &str) -> String {
+        super::claude::stop_block(text)
+    }
+
     // Its rollouts: `$CODEX_HOME/sessions/YYYY/MM/DD/rollout-*.jsonl`.
     fn artifact_paths(&self) -> &'static [&'static str] {
         &["home/sessions"]

@@ -73,6 +73,10 @@ impl Adapter for Fake {
         contract.to_string()
     }
 
+    fn continuation_delivery(&self) -> super::ContinuationDelivery {
+        super::ContinuationDelivery::LaneNext
+    }
+
     // What it printed (`print=`), kept in its home.
     fn artifact_paths(&self) -> &'static [&'static str] {
         &["home/transcript"]

@@ -132,6 +132,35 @@ pub enum ChallengeDelivery {
     PaneTurn,
 }
 
+/// How a continuation (spec §14 rule 11) reaches the harness at a settled boundary, and how
+/// its result comes back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ContinuationDelivery {
+    /// The harness waits in `mosaic lane next` and reports its result with
+    /// `mosaic lane continuation-result` (the fake harness).
+    LaneNext,
+    /// The hook at the end of every turn (Claude Code's and Codex's Stop) waits, once the
+    /// generation is active, and answers with a block decision carrying the continuation:
+    /// the harness goes on in the same conversation. The result is the answer the turn
+    /// ends with at the next Stop.
+    SettledHookAnswer,
+    /// The harness-side extension asks over the lane socket after each settled boundary
+    /// (event `next`) and submits what it gets as a user message of its own session (Pi's
+    /// extension, OpenCode's plugin). The result is the answer of the run that message
+    /// started, at its settled boundary.
+    AssetPrompt,
+}
+
+/// The turn typed into an idle Claude Code or Codex pane to bring about the settled boundary
+/// (its Stop hook) at which a continuation on its way is given. It carries no continuation.
+pub const WAKE_TURN: &str = "Mosaic: your next action is on its way. Reply ok.";
+
+/// The text a real harness is shown for a continuation: its id (which binds the result the
+/// harness produces to it) and the next action.
+pub fn continuation_text(continuation_id: &str, next_action: &str) -> String {
+    format!("Mosaic continuation {continuation_id}. Next action: {next_action}")
+}
+
 /// A hook event, as the family's adapter understood it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum HookEvent {
@@ -153,6 +182,9 @@ pub enum HookEvent {
     /// The harness named its conversation (families that cannot be told one): the first
     /// such id is bound, and every later event must name it.
     Conversation { id: String },
+    /// The extension is ready for the next continuation ([`ContinuationDelivery::AssetPrompt`]):
+    /// answered with one, or empty when a turn starts first or the generation ends.
+    AwaitContinuation,
     /// Understood and of no consequence (a subagent's session, a repeated binding).
     Ignored,
 }
@@ -191,6 +223,21 @@ pub trait Adapter: Send + Sync {
     ) -> Result<HookEvent, HookRefusal>;
     /// What the SessionStart hook prints, carrying `contract` into the model's context.
     fn render_contract(&self, contract: &str) -> String;
+    /// How a continuation reaches the harness (every real harness through its own surface).
+    fn continuation_delivery(&self) -> ContinuationDelivery;
+    /// What the hook or extension prints to hand a continuation's `text` to the harness.
+    fn render_continuation(&self, text: &str) -> String {
+        text.to_string()
+    }
+    /// The hook event that waits for a continuation (its `mosaic lane hook` call outlives a
+    /// supervisor restart: it asks the restarted one again), if the family has one.
+    fn parking_event(&self) -> Option<&'static str> {
+        match self.continuation_delivery() {
+            ContinuationDelivery::LaneNext => None,
+            ContinuationDelivery::SettledHookAnswer => Some("stop"),
+            ContinuationDelivery::AssetPrompt => Some("next"),
+        }
+    }
     /// A turn the supervisor types in at start, for a harness whose session only starts
     /// (and takes its contract) at the first prompt.
     fn bootstrap_turn(&self) -> Option<&'static str> {

@@ -173,6 +173,14 @@ impl Adapter for OpenCode {
                 }
                 Ok(HookEvent::TurnStarted)
             }
+            "next" => {
+                if conversation.is_none() || conversation != sid {
+                    return Err(HookRefusal::OtherConversation(format!(
+                        "continuation wait about session {sid:?}, not this generation's conversation"
+                    )));
+                }
+                Ok(HookEvent::AwaitContinuation)
+            }
             "session-idle" => {
                 if conversation.is_none() || conversation != sid {
                     return Err(HookRefusal::OtherConversation(format!(
@@ -193,6 +201,10 @@ impl Adapter for OpenCode {
 
     fn render_contract(&self, contract: &str) -> String {
         contract.to_string()
+    }
+
+    fn continuation_delivery(&self) -> super::ContinuationDelivery {
+        super::ContinuationDelivery::AssetPrompt
     }
 
     // Its sessions: the database and its write-ahead log in `$XDG_DATA_HOME/opencode`,

@@ -123,11 +123,15 @@ impl Adapter for Pi {
                 ))),
             },
             "agent-start" => Ok(HookEvent::TurnStarted),
+            // An aborted run answered nothing: its partial text neither acknowledges nor
+            // answers a continuation.
             "agent-settled" => Ok(HookEvent::Settled {
-                last_message: payload["last_assistant_message"]
-                    .as_str()
+                last_message: (payload["aborted"] != Value::Bool(true))
+                    .then(|| payload["last_assistant_message"].as_str())
+                    .flatten()
                     .map(str::to_string),
             }),
+            "next" => Ok(HookEvent::AwaitContinuation),
             "session-shutdown" => Ok(HookEvent::SessionEnd {
                 reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
             }),
@@ -137,6 +141,10 @@ impl Adapter for Pi {
 
     fn render_contract(&self, contract: &str) -> String {
         contract.to_string()
+    }
+
+    fn continuation_delivery(&self) -> super::ContinuationDelivery {
+        super::ContinuationDelivery::AssetPrompt
     }
 
     // Its JSONL sessions live in the agent directory (`PI_CODING_AGENT_DIR`).

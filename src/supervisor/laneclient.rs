@@ -127,6 +127,27 @@ fn call(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, LaneClientErro
     })
 }
 
+/// How long a harness's wait for a continuation keeps asking while its supervisor is away
+/// (restarting: the socket is gone or refuses, or the wait's connection was cut).
+const PARKED_PATIENCE: std::time::Duration = std::time::Duration::from_secs(600);
+
+/// A hook event that waits for a continuation: asked again of a restarted supervisor, which
+/// serves the same socket path, so the harness stays reachable across the restart. Asking
+/// again gives nothing twice: a continuation the previous process accepted is never given
+/// by this one.
+fn call_parked(socket: &Path, req: &LaneRequest) -> Result<LaneResponse, LaneClientError> {
+    let since = std::time::Instant::now();
+    loop {
+        match call(socket, req) {
+            Err(e) if since.elapsed() < PARKED_PATIENCE => {
+                tracing::debug!(error = %e, "lane socket away; asking again");
+                std::thread::sleep(std::time::Duration::from_millis(500));
+            }
+            r => return r,
+        }
+    }
+}
+
 /// Evidence as hex of its bytes: a regular file within the protocol's limit.
 fn evidence_hex(p: &Path) -> Result<String, LaneClientError> {
     let err = |detail: String| LaneClientError::Evidence {
@@ -183,14 +204,19 @@ pub fn run(socket: &Path, c: LaneCall, stdin: impl Read) -> Result<Printed, Lane
             }
             let payload: serde_json::Value =
                 serde_json::from_slice(&raw).map_err(LaneClientError::HookNotJson)?;
-            let resp = call(
-                socket,
-                &LaneRequest::Hook {
-                    family,
-                    event,
-                    payload,
-                },
-            )?;
+            let parks = crate::adapter::Family::parse(&family)
+                .and_then(|f| f.adapter().parking_event())
+                == Some(event.as_str());
+            let req = LaneRequest::Hook {
+                family,
+                event,
+                payload,
+            };
+            let resp = if parks {
+                call_parked(socket, &req)?
+            } else {
+                call(socket, &req)?
+            };
             // The harness reads the hook's stdout: only what the adapter rendered.
             return Ok(Printed {
                 stdout: resp.output.clone(),

@@ -81,6 +81,40 @@ pub struct Up {
 }
 
 impl Up {
+    /// `mosaic up` for family `f` against `model`: its credentials file (a fresh token) and
+    /// config overlay in a private directory, removed with the returned guard. Bound as
+    /// `let (_creds, up, token) = …`, the `Up` stops before the directory goes.
+    pub fn for_family(
+        f: &Family,
+        model: &Model,
+        registry: Option<&Path>,
+    ) -> (TempDir, Self, String) {
+        let name = f.family_name();
+        let token = format!("mosaic-test-token-{}", uuid::Uuid::new_v4().simple());
+        let creds_dir = TempDir::new("mosaic-creds");
+        let creds = creds_dir.0.join(format!("{name}.env"));
+        std::fs::write(&creds, (f.credentials)(&token)).unwrap();
+        std::fs::set_permissions(&creds, std::os::unix::fs::PermissionsExt::from_mode(0o600))
+            .unwrap();
+        let files = (f.overlay)();
+        let overlay = (!files.is_empty()).then(|| {
+            let d = creds_dir.0.join("overlay");
+            std::fs::create_dir_all(&d).unwrap();
+            for (n, text) in &files {
+                std::fs::write(d.join(n), text).unwrap();
+            }
+            d
+        });
+        let up = Up::start(
+            name,
+            &creds,
+            overlay.as_deref(),
+            registry,
+            &format!("http://127.0.0.1:{}", model.port),
+        );
+        (creds_dir, up, token)
+    }
+
     pub fn start(
         runtime: &str,
         credentials: &Path,

@@ -73,12 +73,18 @@ impl CoordinatedHost {
                     return;
                 }
                 crate::coordinator::failpoint::host("continuation-deliver");
+                session.pending.send_replace(true);
                 session
                     .next
                     .send_replace(Some(crate::supervisor::lanesock::Continuation {
                         continuation_id: id,
                         next_action,
                     }));
+                // Nobody waiting at a settled boundary (a Stop hook gave up before the
+                // acceptance came back): bring one about.
+                if !*session.settled.borrow() {
+                    self.wake(&lane_id, ctx.generation, session.clone());
+                }
             }
             wire::ContinuationPhase::Offer => {
                 let claim = m.claim_ref.clone();
@@ -90,6 +96,10 @@ impl CoordinatedHost {
                 if !fresh {
                     return; // already waiting to accept this claim
                 }
+                session.pending.send_replace(true);
+                if !*session.settled.borrow() {
+                    self.clone().wake(&lane_id, ctx.generation, session.clone());
+                }
                 tokio::spawn(async move {
                     let mut settled = session.settled.subscribe();
                     // Bounded: a harness that never settles lets the claim lapse, and the
@@ -100,6 +110,18 @@ impl CoordinatedHost {
                     )
                     .await;
                     if !matches!(ok, Ok(Ok(_))) {
+                        // Lapsed: nothing on its way any more, unless another continuation
+                        // was accepted and waits to be given.
+                        let waiting = session.next.borrow().as_ref().is_some_and(|c| {
+                            session
+                                .visible
+                                .lock()
+                                .map(|v| !v.contains(&c.continuation_id))
+                                .unwrap_or(false)
+                        });
+                        if !waiting {
+                            session.pending.send_replace(false);
+                        }
                         return;
                     }
                     crate::coordinator::failpoint::host("continuation-accept");
@@ -119,6 +141,67 @@ impl CoordinatedHost {
                 });
             }
         }
+    }
+
+    /// For a harness whose continuations are given at its Stop hook (Claude Code, Codex)
+    /// and which sits idle at its prompt: types a short turn into its pane, so that the turn
+    /// ends and its Stop hook waits for the continuation on its way. The turn carries no
+    /// continuation: typed twice or lost, it gives nothing twice and loses nothing.
+    pub(super) fn wake(self: Arc<Self>, lane_id: &str, generation: u64, session: Arc<GenSession>) {
+        let family = session
+            .harness
+            .lock()
+            .ok()
+            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        if family.map(|f| f.adapter().continuation_delivery())
+            != Some(crate::adapter::ContinuationDelivery::SettledHookAnswer)
+        {
+            return;
+        }
+        let Some(lane) = self.lane_name(lane_id) else {
+            return;
+        };
+        if session
+            .waking
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return; // one wake at a time
+        }
+        let tmux = self.sup.inner.tmux(&lane);
+        let lane_id = lane_id.to_string();
+        tokio::task::spawn_blocking(move || {
+            struct Done<'a>(&'a std::sync::atomic::AtomicBool);
+            impl Drop for Done<'_> {
+                fn drop(&mut self) {
+                    self.0.store(false, std::sync::atomic::Ordering::SeqCst);
+                }
+            }
+            let _done = Done(&session.waking);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+            // Wanted while something is on its way to this live generation and no settled
+            // boundary waits for it yet.
+            let wanted = || {
+                *session.pending.borrow()
+                    && !*session.settled.borrow()
+                    && matches!(*session.activation.borrow(), Some(Ok(())))
+            };
+            // Never typed into a running turn: its own end is the boundary.
+            while session.observations().busy {
+                if !wanted() || std::time::Instant::now() >= deadline {
+                    return;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let started = session.observations().turns_started;
+            let taken = || session.observations().turns_started > started || !wanted();
+            let line = crate::adapter::WAKE_TURN;
+            match tmux.submit_line(&lane, line, line, deadline, &wanted, &taken) {
+                Ok(()) => tracing::info!(%lane_id, generation,
+                    "turn typed in the pane so that a continuation can be given at its end"),
+                Err(e) => tracing::debug!(%lane_id, generation, error = %e,
+                    "no turn typed for the continuation"),
+            }
+        });
     }
 
     /// The coordinator's reconcile: end the listed generations, recreate the listed lanes.

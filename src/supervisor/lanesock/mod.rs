@@ -82,6 +82,17 @@ pub struct GenSession {
     pub next: watch::Sender<Option<Continuation>>,
     /// Continuations already made visible: each at most once.
     pub visible: std::sync::Mutex<std::collections::HashSet<String>>,
+    /// Turns started so far (a real harness's own turn-start events), for a wait at a
+    /// settled boundary to end when a turn starts first.
+    pub turns: watch::Sender<u64>,
+    /// A continuation is on its way (offered, or accepted here and not yet given): a Stop
+    /// hook waits for it at its settled boundary instead of returning at once.
+    pub pending: watch::Sender<bool>,
+    /// A turn is being typed to bring about a settled boundary (`CoordinatedHost::wake`).
+    pub waking: std::sync::atomic::AtomicBool,
+    /// The continuation made visible to a real harness whose result its next settled
+    /// boundary brings (`settled::Awaiting`).
+    pub awaiting: std::sync::Mutex<Option<settled::Awaiting>>,
     /// Continuations this process accepted. Only these are ever made visible: one accepted
     /// by a previous supervisor process may already have been shown (its visibility is
     /// unknown), so it is never shown again — the coordinator abandons it at its deadline and
@@ -159,6 +170,10 @@ impl GenSession {
             settled: watch::channel(false).0,
             next: watch::channel(None).0,
             visible: std::sync::Mutex::new(std::collections::HashSet::new()),
+            turns: watch::channel(0).0,
+            pending: watch::channel(false).0,
+            waking: std::sync::atomic::AtomicBool::new(false),
+            awaiting: std::sync::Mutex::new(None),
             accepted_here: std::sync::Mutex::new(std::collections::HashSet::new()),
             results: std::sync::Mutex::new(std::collections::HashMap::new()),
             results_path: std::sync::OnceLock::new(),
@@ -364,6 +379,7 @@ impl LaneResponse {
 }
 
 mod serve;
+pub(crate) mod settled;
 
 pub(crate) use serve::*;
 
@@ -433,6 +449,51 @@ mod tests {
                 .await
                 .expect("the waiting request outlived its socket");
             assert_eq!(ended.unwrap(), 0, "{buf:?}");
+        });
+    }
+
+    /// A waiter at a settled boundary that goes away (its process killed, a hook past its
+    /// timeout) is settled no longer: nothing is accepted for a harness nobody waits for.
+    #[test]
+    fn a_waiter_that_goes_away_is_no_longer_settled() {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let dir = std::env::temp_dir()
+                .join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
+            std::fs::create_dir_all(&dir).unwrap();
+            struct Gone(PathBuf);
+            impl Drop for Gone {
+                fn drop(&mut self) {
+                    let _ = std::fs::remove_dir_all(&self.0);
+                }
+            }
+            let _gone = Gone(dir.clone());
+            let s = GenSession::new();
+            s.bind_harness(crate::adapter::Family::Pi, Some("s1".into()));
+            s.activation.send_replace(Some(Ok(())));
+            let own = crate::cgroup::cgroup_of(None)
+                .expect("this test needs the host's cgroup v2 (as the supervisor does)");
+            let server = serve(&dir.join("lane.sock"), own, s.clone(), None).unwrap();
+            let mut c = tokio::net::UnixStream::connect(dir.join("lane.sock"))
+                .await
+                .unwrap();
+            c.write_all(b"{\"op\":\"hook\",\"family\":\"pi\",\"event\":\"next\",\"payload\":{\"session_id\":\"s1\"}}\n")
+                .await
+                .unwrap();
+            let mut settled = s.settled.subscribe();
+            tokio::time::timeout(Duration::from_secs(10), settled.wait_for(|v| *v))
+                .await
+                .expect("the waiter never became settled")
+                .unwrap();
+            drop(c);
+            tokio::time::timeout(Duration::from_secs(10), settled.wait_for(|v| !*v))
+                .await
+                .expect("settled outlived its waiter")
+                .unwrap();
+            server.task.abort();
         });
     }
 }

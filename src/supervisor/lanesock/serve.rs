@@ -88,29 +88,41 @@ pub(crate) fn serve(
                 let Ok(Some(line)) = lines.next_line().await else {
                     return;
                 };
-                let resp = if !peer_ok {
-                    err("this socket only answers processes of its own generation")
-                } else {
-                    match serde_json::from_str::<LaneRequest>(&line) {
-                        Ok(LaneRequest::Contract) => contract(&s).await,
-                        Ok(LaneRequest::Challenge) => challenge(&s).await,
-                        Ok(LaneRequest::Ack { response }) => ack(&s, &response).await,
-                        Ok(LaneRequest::Hook {
-                            family,
-                            event,
-                            payload,
-                        }) => hook(&s, &family, &event, &payload).await,
-                        Ok(LaneRequest::HandoffAck) => handoff_ack(&s).await,
-                        Ok(LaneRequest::Next) => next(&s).await,
-                        Ok(
-                            r @ (LaneRequest::Progress { .. }
-                            | LaneRequest::Blocked { .. }
-                            | LaneRequest::ContinuationResult { .. }),
-                        ) => report(&s, r),
-                        Ok(LaneRequest::Push(r)) => push(&s, r).await,
-                        Ok(LaneRequest::Checkpoint) => checkpoint(&s).await,
-                        Err(e) => err(&format!("bad request: {e}")),
+                // A waiter that goes away (its process killed, a hook past its timeout) ends
+                // its request: nothing is handed to a peer no longer there, and a settled
+                // wait does not outlive its waiter.
+                let gone = async {
+                    let _ = lines.next_line().await;
+                };
+                let handle = async {
+                    if !peer_ok {
+                        err("this socket only answers processes of its own generation")
+                    } else {
+                        match serde_json::from_str::<LaneRequest>(&line) {
+                            Ok(LaneRequest::Contract) => contract(&s).await,
+                            Ok(LaneRequest::Challenge) => challenge(&s).await,
+                            Ok(LaneRequest::Ack { response }) => ack(&s, &response).await,
+                            Ok(LaneRequest::Hook {
+                                family,
+                                event,
+                                payload,
+                            }) => hook(&s, &family, &event, &payload).await,
+                            Ok(LaneRequest::HandoffAck) => handoff_ack(&s).await,
+                            Ok(LaneRequest::Next) => settled::next(&s).await,
+                            Ok(
+                                r @ (LaneRequest::Progress { .. }
+                                | LaneRequest::Blocked { .. }
+                                | LaneRequest::ContinuationResult { .. }),
+                            ) => report(&s, r),
+                            Ok(LaneRequest::Push(r)) => push(&s, r).await,
+                            Ok(LaneRequest::Checkpoint) => checkpoint(&s).await,
+                            Err(e) => err(&format!("bad request: {e}")),
+                        }
                     }
+                };
+                let resp = tokio::select! {
+                    r = handle => r,
+                    _ = gone => return,
                 };
                 if let Ok(mut out) = serde_json::to_vec(&resp) {
                     out.push(b'\n');
@@ -348,6 +360,7 @@ pub(super) async fn hook(
                 o.turns_started += 1;
                 o.busy = true;
             });
+            s.turns.send_modify(|t| *t += 1);
             LaneResponse::ok("turn started")
         }
         HookEvent::Settled { last_message } => {
@@ -363,20 +376,26 @@ pub(super) async fn hook(
                 .load(std::sync::atomic::Ordering::SeqCst);
             let answering = s.observations().turns_started > after;
             let unacked = s.phrase.borrow().is_some() && !*s.ack_requested.borrow();
-            if let (true, true, Some(m)) = (unacked, answering, last_message) {
-                if let Err(e) = s.take_answer(&m) {
-                    tracing::warn!(
-                        reason = e,
-                        "a harness turn ended without acknowledging its challenge"
-                    );
-                    return LaneResponse::ok(
-                        "settled; the answer did not acknowledge the challenge",
-                    );
-                }
-                return LaneResponse::ok("settled; acknowledged");
-            }
-            LaneResponse::ok("settled")
+            let (state, result) = match (unacked, answering, last_message) {
+                (true, true, Some(m)) => match s.take_answer(&m) {
+                    Err(e) => {
+                        tracing::warn!(
+                            reason = e,
+                            "a harness turn ended without acknowledging its challenge"
+                        );
+                        (
+                            "settled; the answer did not acknowledge the challenge",
+                            None,
+                        )
+                    }
+                    Ok(()) => ("settled; acknowledged", None),
+                },
+                // Not an activation answer: perhaps a continuation's result.
+                (_, _, m) => ("settled", m),
+            };
+            settled::at_settled(s, adapter, result.as_deref(), state).await
         }
+        HookEvent::AwaitContinuation => settled::asked(s, adapter).await,
         HookEvent::SessionEnd { reason } => {
             s.observe(|o| o.session_end = Some(reason));
             LaneResponse::ok("session end noted")
@@ -400,55 +419,6 @@ pub(super) async fn hook(
             }
         }
         HookEvent::Ignored => LaneResponse::ok("noted"),
-    }
-}
-
-/// The harness is settled: it waits here until a continuation's acceptance is committed,
-/// then gets it — each continuation once.
-pub(super) async fn next(s: &GenSession) -> LaneResponse {
-    if !matches!(*s.activation.borrow(), Some(Ok(()))) {
-        return err("only an active generation takes continuations");
-    }
-    let mut rx = s.next.subscribe();
-    // "Waiting settled" lasts exactly as long as this request: a guard clears it however
-    // the wait ends (answered, the connection's task aborted with the generation's socket).
-    struct Waiting<'a>(&'a watch::Sender<bool>);
-    impl Drop for Waiting<'_> {
-        fn drop(&mut self) {
-            self.0.send_replace(false);
-        }
-    }
-    s.settled.send_replace(true);
-    let waiting = Waiting(&s.settled);
-    let got = rx
-        .wait_for(|c| {
-            c.as_ref().is_some_and(|c| {
-                s.visible
-                    .lock()
-                    .map(|v| !v.contains(&c.continuation_id))
-                    .unwrap_or(false)
-            })
-        })
-        .await
-        .map(|c| c.clone());
-    drop(waiting);
-    match got {
-        Ok(Some(c)) => {
-            // Visible exactly once: recorded before the harness sees it.
-            match s.visible.lock() {
-                Ok(mut v) => {
-                    if !v.insert(c.continuation_id.clone()) {
-                        return err("that continuation was already given");
-                    }
-                }
-                Err(_) => return err("internal: continuation record poisoned"),
-            }
-            LaneResponse {
-                continuation: Some(c),
-                ..LaneResponse::ok("continuation")
-            }
-        }
-        _ => err("the generation ended"),
     }
 }
 
@@ -544,6 +514,13 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
             continuation_id,
             evidence_hex,
         } => {
+            // A real harness's result is its own answer at its settled boundary
+            // (`settled`), never a report its shell tool could make for it.
+            if s.family().map(|f| f.adapter().continuation_delivery())
+                != Some(crate::adapter::ContinuationDelivery::LaneNext)
+            {
+                return err("this harness's continuation results are taken from its own settled boundary, not reported here");
+            }
             if !crate::protocol::report::id_ok(&continuation_id) {
                 return err("malformed continuation id");
             }
@@ -551,14 +528,10 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
                 Ok(b) => b,
                 Err(e) => return err(&e),
             };
-            let digest = evidence_digest("continuation-result", &bytes);
-            // Kept before it is submitted: the observation outlives this process.
-            s.keep_result(&continuation_id, &digest);
-            crate::coordinator::failpoint::host("continuation-result");
-            HarnessReport::ContinuationResult {
-                evidence_digest: digest,
-                continuation_id,
-            }
+            return match settled::record_result(s, &continuation_id, &bytes) {
+                Ok(()) => LaneResponse::ok("submitted"),
+                Err(e) => err(e),
+            };
         }
         LaneRequest::Contract
         | LaneRequest::Challenge

@@ -1,0 +1,400 @@
+//! Continuations at a harness's settled boundary (spec §14 rule 11), through each family's
+//! own surface ([`ContinuationDelivery`]): the fake harness waits in `mosaic lane next`;
+//! Claude Code's and Codex's Stop hook waits and answers with a block decision; Pi's
+//! extension and OpenCode's plugin ask after each settled boundary and submit what they get
+//! as a user message.
+//!
+//! Whatever the surface, a continuation is visible at most once: it is recorded as given
+//! before the answer carrying it is written, and one whose answer may not have arrived (the
+//! waiter died, the hook was killed at its timeout, the extension reloaded) is never given
+//! again — the coordinator abandons it at its deadline and replaces the generation.
+//!
+//! The result of a real harness's continuation is what the harness itself produced: the
+//! answer its next settled boundary carries (for an extension, of a run started after the
+//! delivery), digested here. A real harness cannot report one by `mosaic lane
+//! continuation-result`, nor wait in `mosaic lane next`: its shell tool could otherwise
+//! answer for it.
+
+use super::*;
+use crate::adapter::{Adapter, ContinuationDelivery};
+
+/// A continuation given to a real harness whose result has not come back yet.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Awaiting {
+    pub continuation_id: String,
+    /// Turns started when it was given: an extension's result is the answer of a run
+    /// started after it.
+    pub turns_at: u64,
+}
+
+/// Waits, settled, for a continuation this process accepted and has not given yet; gives
+/// it (recorded before it is returned). `None`: the wait ended first — the generation
+/// ended, or (with `until_turn`) a turn started, or one was running already.
+async fn wait_continuation(s: &GenSession, until_turn: bool) -> Option<Continuation> {
+    let mut turns = s.turns.subscribe();
+    let at = *turns.borrow_and_update();
+    if until_turn && s.observations().busy {
+        return None; // a turn is running: not settled
+    }
+    let mut rx = s.next.subscribe();
+    // "Waiting settled" lasts exactly as long as this wait: a guard clears it however the
+    // wait ends (answered, a turn started, the waiter gone and its request dropped).
+    struct Waiting<'a>(&'a watch::Sender<bool>);
+    impl Drop for Waiting<'_> {
+        fn drop(&mut self) {
+            self.0.send_replace(false);
+        }
+    }
+    s.settled.send_replace(true);
+    let waiting = Waiting(&s.settled);
+    let offered = rx.wait_for(|c| {
+        c.as_ref().is_some_and(|c| {
+            s.visible
+                .lock()
+                .map(|v| !v.contains(&c.continuation_id))
+                .unwrap_or(false)
+        })
+    });
+    let turn = async {
+        if until_turn {
+            let _ = turns.wait_for(|t| *t != at).await;
+        } else {
+            std::future::pending::<()>().await;
+        }
+    };
+    let got = tokio::select! {
+        c = offered => c.ok().and_then(|c| c.clone()),
+        _ = turn => None,
+    };
+    drop(waiting);
+    let c = got?;
+    // Visible exactly once: recorded before the harness sees it.
+    let fresh = s
+        .visible
+        .lock()
+        .map(|mut v| v.insert(c.continuation_id.clone()))
+        .unwrap_or(false);
+    fresh.then_some(c)
+}
+
+/// `mosaic lane next`: the fake harness, settled, waits for its next continuation.
+pub(super) async fn next(s: &GenSession) -> LaneResponse {
+    match s.family().map(|f| f.adapter().continuation_delivery()) {
+        Some(ContinuationDelivery::LaneNext) => {}
+        Some(_) => {
+            return err("this harness takes continuations at its own settled boundary, not here")
+        }
+        None => return err("no harness is bound to this generation"),
+    }
+    if !matches!(*s.activation.borrow(), Some(Ok(()))) {
+        return err("only an active generation takes continuations");
+    }
+    match wait_continuation(s, false).await {
+        Some(c) => LaneResponse {
+            continuation: Some(c),
+            ..LaneResponse::ok("continuation")
+        },
+        None => err("the generation ended"),
+    }
+}
+
+/// Whether the generation is active, waiting for its activation when its answer was just
+/// taken (so a Stop hook that acknowledged goes on to wait for continuations). A
+/// generation not yet answered is not waited for: its harness must stay free to take its
+/// activation check.
+async fn active(s: &GenSession) -> bool {
+    if matches!(*s.activation.borrow(), Some(Ok(()))) {
+        return true;
+    }
+    if !*s.ack_requested.borrow() {
+        return false;
+    }
+    let mut act = s.activation.subscribe();
+    matches!(
+        act.wait_for(|a| a.is_some()).await.map(|a| a.clone()),
+        Ok(Some(Ok(())))
+    )
+}
+
+/// How long a Stop hook waits, settled, for a continuation on its way (its acceptance is a
+/// round trip to the coordinator): within the hook's own timeout. One that comes later is
+/// given at a later settled boundary (`CoordinatedHost::wake`).
+const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// A real harness's wait for a continuation, answered with what its surface prints for it
+/// (`render`), or `state` alone when the wait ends without one. `within`: how long it may
+/// wait (`None`: as long as the harness stays settled).
+async fn give(
+    s: &GenSession,
+    adapter: &dyn Adapter,
+    state: &str,
+    within: Option<std::time::Duration>,
+) -> LaneResponse {
+    if !active(s).await {
+        return LaneResponse::ok(state);
+    }
+    let waited = match within {
+        Some(d) => tokio::time::timeout(d, wait_continuation(s, true))
+            .await
+            .ok()
+            .flatten(),
+        None => wait_continuation(s, true).await,
+    };
+    let Some(c) = waited else {
+        return LaneResponse::ok(state);
+    };
+    s.pending.send_replace(false);
+    let turns_at = *s.turns.borrow();
+    if let Ok(mut a) = s.awaiting.lock() {
+        *a = Some(Awaiting {
+            continuation_id: c.continuation_id.clone(),
+            turns_at,
+        });
+    }
+    tracing::info!(continuation_id = %c.continuation_id, family = adapter.family().name(),
+        "continuation given to the harness at its settled boundary");
+    let text = crate::adapter::continuation_text(&c.continuation_id, &c.next_action);
+    LaneResponse {
+        output: Some(adapter.render_continuation(&text)),
+        continuation: None,
+        ..LaneResponse::ok("continuation")
+    }
+}
+
+/// A settled boundary of a real harness, after its activation answer was looked for:
+/// the answer it carries is the result of the continuation given before (if any); then,
+/// for a family answered at this boundary, the wait for the next continuation.
+pub(super) async fn at_settled(
+    s: &GenSession,
+    adapter: &dyn Adapter,
+    last_message: Option<&str>,
+    state: &str,
+) -> LaneResponse {
+    let delivery = adapter.continuation_delivery();
+    if let Some(answer) = last_message.filter(|m| !m.trim().is_empty()) {
+        let turns = *s.turns.borrow();
+        let awaited = s.awaiting.lock().ok().and_then(|mut a| {
+            let due = a.as_ref().is_some_and(|w| {
+                delivery == ContinuationDelivery::SettledHookAnswer || turns > w.turns_at
+            });
+            if due {
+                a.take()
+            } else {
+                None
+            }
+        });
+        if let Some(w) = awaited {
+            if let Err(e) = record_result(s, &w.continuation_id, answer.as_bytes()) {
+                return err(e);
+            }
+        }
+    }
+    match delivery {
+        // The harness is held while its Stop hook runs: it waits only for a continuation
+        // on its way, never for one that may not come (an operator's typed turn waits
+        // behind it).
+        ContinuationDelivery::SettledHookAnswer if *s.pending.borrow() => {
+            give(s, adapter, state, Some(STOP_WAIT)).await
+        }
+        ContinuationDelivery::SettledHookAnswer => LaneResponse::ok(state),
+        ContinuationDelivery::LaneNext | ContinuationDelivery::AssetPrompt => {
+            LaneResponse::ok(state)
+        }
+    }
+}
+
+/// An extension's `next`: it waits for a continuation to submit itself.
+pub(super) async fn asked(s: &GenSession, adapter: &dyn Adapter) -> LaneResponse {
+    if adapter.continuation_delivery() != ContinuationDelivery::AssetPrompt {
+        return err("this harness does not ask for continuations through its extension");
+    }
+    give(s, adapter, "no continuation", None).await
+}
+
+/// Records the result of `continuation_id` from its evidence bytes and queues it for the
+/// coordinator: kept (on disk) before it is submitted, so it outlives this process.
+pub(super) fn record_result(
+    s: &GenSession,
+    continuation_id: &str,
+    evidence: &[u8],
+) -> Result<(), &'static str> {
+    let digest = evidence_digest("continuation-result", evidence);
+    s.keep_result(continuation_id, &digest);
+    crate::coordinator::failpoint::host("continuation-result");
+    s.reports
+        .send(HarnessReport::ContinuationResult {
+            evidence_digest: digest,
+            continuation_id: continuation_id.to_string(),
+        })
+        .map_err(|_| "the generation ended")?;
+    tracing::info!(continuation_id, "continuation result kept and submitted");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::serve::{hook, report};
+    use super::*;
+    use crate::adapter::Family;
+    use serde_json::json;
+    use std::time::Duration;
+
+    fn active(family: Family) -> Arc<GenSession> {
+        let s = GenSession::new();
+        s.bind_harness(family, Some("s1".into()));
+        s.activation.send_replace(Some(Ok(())));
+        s
+    }
+
+    fn offer(s: &GenSession, id: &str, next_action: &str) {
+        s.pending.send_replace(true);
+        s.next.send_replace(Some(Continuation {
+            continuation_id: id.into(),
+            next_action: next_action.into(),
+        }));
+    }
+
+    fn rt() -> tokio::runtime::Runtime {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+    }
+
+    fn stop(answer: &str) -> serde_json::Value {
+        json!({"session_id": "s1", "hook_event_name": "Stop", "last_assistant_message": answer})
+    }
+
+    /// Claude Code: the Stop hook gives a continuation on its way as a block decision, once;
+    /// the next Stop's answer is its result, digested here; with nothing on its way the
+    /// hook returns at once (the harness is never held for one that may not come).
+    #[test]
+    fn a_stop_hook_gives_a_continuation_once_and_takes_its_result_from_the_next_stop() {
+        rt().block_on(async {
+            let s = active(Family::ClaudeCode);
+            let r = hook(&s, "claude-code", "stop", &stop("ok")).await;
+            assert!(r.ok && r.output.is_none(), "{r:?}");
+            offer(&s, "cn-1", "run the tests");
+            let r = hook(&s, "claude-code", "stop", &stop("ok")).await;
+            let out: serde_json::Value =
+                serde_json::from_str(r.output.as_deref().unwrap()).unwrap();
+            assert_eq!(out["decision"], "block");
+            assert_eq!(
+                out["reason"],
+                crate::adapter::continuation_text("cn-1", "run the tests")
+            );
+            assert!(!*s.pending.borrow());
+            assert!(s
+                .reports_rx
+                .lock()
+                .unwrap()
+                .as_mut()
+                .unwrap()
+                .try_recv()
+                .is_err());
+            // The turn it started ends: its answer is the result, and nothing is given again.
+            let r = hook(&s, "claude-code", "stop", &stop("tests pass")).await;
+            assert!(r.ok && r.output.is_none(), "{r:?}");
+            let got = s
+                .reports_rx
+                .lock()
+                .unwrap()
+                .as_mut()
+                .unwrap()
+                .try_recv()
+                .unwrap();
+            assert_eq!(
+                got,
+                HarnessReport::ContinuationResult {
+                    continuation_id: "cn-1".into(),
+                    evidence_digest: evidence_digest("continuation-result", b"tests pass"),
+                }
+            );
+            // The same continuation, offered again, is never given twice: the hook waits
+            // (for another one) instead.
+            offer(&s, "cn-1", "run the tests");
+            let r = tokio::time::timeout(
+                Duration::from_millis(500),
+                hook(&s, "claude-code", "stop", &stop("ok")),
+            )
+            .await;
+            assert!(r.is_err() || r.unwrap().output.is_none());
+        });
+    }
+
+    /// Pi: an extension's result is the answer of a run started after the delivery; a
+    /// settled boundary before it (or an aborted run) is no result.
+    #[test]
+    fn an_extension_result_is_the_answer_of_the_run_the_continuation_started() {
+        rt().block_on(async {
+            let s = active(Family::Pi);
+            offer(&s, "cn-2", "write the docs");
+            let r = hook(&s, "pi", "next", &json!({"session_id": "s1"})).await;
+            assert_eq!(
+                r.output.as_deref(),
+                Some(crate::adapter::continuation_text("cn-2", "write the docs").as_str())
+            );
+            let settled = |answer: &str, aborted: bool| {
+                json!({"session_id": "s1", "aborted": aborted, "last_assistant_message": answer})
+            };
+            let _ = hook(&s, "pi", "agent-settled", &settled("stale", false)).await;
+            let mut rx = s.reports_rx.lock().unwrap().take().unwrap();
+            assert!(rx.try_recv().is_err(), "a boundary before its run is no result");
+            let _ = hook(&s, "pi", "agent-start", &json!({"session_id": "s1"})).await;
+            let _ = hook(&s, "pi", "agent-settled", &settled("partial", true)).await;
+            assert!(rx.try_recv().is_err(), "an aborted run answered nothing");
+            let _ = hook(&s, "pi", "agent-settled", &settled("docs written", false)).await;
+            assert_eq!(
+                rx.try_recv().unwrap(),
+                HarnessReport::ContinuationResult {
+                    continuation_id: "cn-2".into(),
+                    evidence_digest: evidence_digest("continuation-result", b"docs written"),
+                }
+            );
+            // A turn running: the extension's wait ends at once, giving nothing.
+            let _ = hook(&s, "pi", "agent-start", &json!({"session_id": "s1"})).await;
+            offer(&s, "cn-3", "more");
+            let r = hook(&s, "pi", "next", &json!({"session_id": "s1"})).await;
+            assert!(r.output.is_none(), "{r:?}");
+        });
+    }
+
+    /// A real harness's shell tool cannot stand in for it: no `lane next`, no reported
+    /// result; the fake harness keeps both.
+    #[test]
+    fn a_real_harness_neither_waits_in_lane_next_nor_reports_a_result() {
+        rt().block_on(async {
+            for f in [
+                Family::ClaudeCode,
+                Family::Codex,
+                Family::Pi,
+                Family::OpenCode,
+            ] {
+                let s = active(f);
+                offer(&s, "cn-4", "x");
+                let r = next(&s).await;
+                assert!(!r.ok && r.continuation.is_none(), "{f:?}: {r:?}");
+                let r = report(
+                    &s,
+                    LaneRequest::ContinuationResult {
+                        continuation_id: "cn-4".into(),
+                        evidence_hex: hex::encode("forged"),
+                    },
+                );
+                assert!(!r.ok, "{f:?}: {r:?}");
+                assert!(s.results.lock().unwrap().is_empty(), "{f:?}");
+            }
+            let s = active(Family::Fake);
+            offer(&s, "cn-5", "x");
+            assert_eq!(next(&s).await.continuation.unwrap().continuation_id, "cn-5");
+            let r = report(
+                &s,
+                LaneRequest::ContinuationResult {
+                    continuation_id: "cn-5".into(),
+                    evidence_hex: hex::encode("done"),
+                },
+            );
+            assert!(r.ok, "{r:?}");
+        });
+    }
+}
