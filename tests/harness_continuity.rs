@@ -29,6 +29,42 @@ fn turns_carrying(model: &Model, needle: &str) -> usize {
         .count()
 }
 
+/// The index (in the model's log) of the first request of the main conversation whose latest
+/// user turn carries `needle`, and of the first one answering a tool's result after index
+/// `from`.
+fn first_carrying(model: &Model, needle: &str) -> Option<usize> {
+    model.requests().iter().position(|r| {
+        r["body"]["tools"].as_array().is_some_and(|t| !t.is_empty())
+            && mosaic::testmodel::Api::of_path(r["path"].as_str().unwrap_or("")).is_some_and(
+                |api| {
+                    mosaic::testmodel::latest_turn(api, &r["body"])
+                        .1
+                        .contains(needle)
+                },
+            )
+    })
+}
+
+fn first_tool_result_after(model: &Model, from: usize) -> Option<usize> {
+    model
+        .requests()
+        .iter()
+        .enumerate()
+        .skip(from)
+        .find(|(_, r)| {
+            mosaic::testmodel::Api::of_path(r["path"].as_str().unwrap_or(""))
+                .is_some_and(|api| mosaic::testmodel::latest_turn(api, &r["body"]).0)
+        })
+        .map(|(i, _)| i)
+}
+
+fn state_of(up: &Up, cn: &str) -> Option<String> {
+    up.sql(
+        "SELECT state FROM continuations WHERE continuation_id = $1",
+        cn,
+    )
+}
+
 fn budget(up: &Up, id: &str) -> i64 {
     up.sql(
         "SELECT continuation_budget::text FROM assignments WHERE assignment_id = $1",
@@ -91,6 +127,71 @@ fn continuations(f: &Family) {
         budget_at_start - 2,
         "the loop budget was debited once per continuation"
     );
+
+    // Queued while a tool runs: it waits for the harness to settle, then is given once.
+    let from = model.requests().len();
+    up.type_turn("model:run[sleep 3]");
+    up.wait_for("the tool running", || {
+        members_running(&up.cgroup(), "sleep 3").first().map(|_| ())
+    });
+    let answer = format!("result-queued-{}", uuid::Uuid::new_v4().simple());
+    let r: Value = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            &id,
+            "--next-action",
+            &format!("model:say[{answer}]"),
+        ])
+        .unwrap_or_else(|e| panic!("continue: {e}"));
+    let queued = r["continuation_id"].as_str().unwrap().to_string();
+    up.wait_for("the queued continuation's result recorded", || {
+        (state_of(&up, &queued)? == "RESULT_RECORDED").then_some(())
+    });
+    let tool_done = first_tool_result_after(&model, from).expect("the tool's result");
+    let given = first_carrying(&model, &queued).expect("the continuation reached the model");
+    assert!(
+        given > tool_done,
+        "the continuation reached the model (request {given}) before the tool's turn settled (request {tool_done})"
+    );
+    assert_eq!(turns_carrying(&model, &queued), 1);
+
+    // Expired while the harness is busy: never given, and the budget untouched.
+    let settled = up.settled();
+    up.type_turn("model:run[sleep 6]");
+    up.wait_for("the long tool running", || {
+        members_running(&up.cgroup(), "sleep 6").first().map(|_| ())
+    });
+    let before = budget(&up, &id);
+    let r: Value = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            &id,
+            "--next-action",
+            "model:say[never]",
+            "--within-ms",
+            "1500",
+        ])
+        .unwrap_or_else(|e| panic!("continue: {e}"));
+    let late = r["continuation_id"].as_str().unwrap().to_string();
+    up.wait_for("the undeliverable continuation expired", || {
+        (state_of(&up, &late)? == "EXPIRED").then_some(())
+    });
+    up.wait_for("the long turn settled", || {
+        (members_running(&up.cgroup(), "sleep 6").is_empty() && up.settled() > settled)
+            .then_some(())
+    });
+    assert_eq!(
+        turns_carrying(&model, &late),
+        0,
+        "an expired continuation was shown"
+    );
+    assert_eq!(
+        budget(&up, &id),
+        before,
+        "an expired continuation debited the budget"
+    );
 }
 
 #[test]
@@ -111,4 +212,102 @@ fn pi_takes_continuations_through_its_extension() {
 #[test]
 fn opencode_takes_continuations_through_its_plugin() {
     continuations(&OPENCODE);
+}
+
+/// Gives one continuation to the running work `id` and waits for its result; returns its
+/// id.
+fn continue_once(up: &Up, id: &str, answer: &str) -> String {
+    let r: Value = up
+        .cli(&[
+            "continue",
+            "--assignment",
+            id,
+            "--next-action",
+            &format!("model:say[{answer}]"),
+        ])
+        .unwrap_or_else(|e| panic!("continue: {e}"));
+    let cn = r["continuation_id"].as_str().unwrap().to_string();
+    up.wait_for("the continuation's result recorded", || {
+        let state = state_of(up, &cn)?;
+        assert!(
+            !matches!(state.as_str(), "EXPIRED" | "ABANDONED"),
+            "continuation {cn} ended {state}"
+        );
+        (state == "RESULT_RECORDED").then_some(())
+    });
+    cn
+}
+
+/// Spec §14 rule 10, Pi: `/new`, `/resume`, `/fork` and `/clone` would replace the
+/// conversation under the live generation — the extension refuses each (and the supervisor
+/// counts it); `/reload` imports the extension again in the same conversation, which gets
+/// the same contract back and takes the next continuation once.
+#[test]
+fn pi_keeps_its_conversation_and_its_continuations_across_its_session_commands() {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(&PI, &model, None);
+    let a = up
+        .assign(PI.runtime, "CONTINUITY-PI: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let conversation = up.generation()["conversation_id"].clone();
+    assert!(conversation.is_string(), "no conversation bound");
+    let refused = || {
+        up.generation()["harness"]["replacements_refused"]
+            .as_u64()
+            .unwrap_or(0)
+    };
+    // `/fork` asks which message to fork from (Enter takes the latest); `/resume` shares
+    // `/new`'s event (session_before_switch) and shows a picker with no other session here.
+    for (n, (command, then)) in [("/new", None), ("/clone", None), ("/fork", Some("Enter"))]
+        .into_iter()
+        .enumerate()
+    {
+        up.type_turn(command);
+        // The picker takes the key once it is drawn; until the refusal comes, the key is
+        // pressed again (on an empty editor Enter does nothing).
+        up.wait_for(&format!("{command} refused"), || {
+            if let Some(key) = then {
+                up.key(key);
+            }
+            wait_until_or(std::time::Duration::from_secs(2), || {
+                (refused() > n as u64).then_some(())
+            })
+        });
+    }
+    assert_eq!(
+        up.generation()["conversation_id"],
+        conversation,
+        "the conversation changed under the live generation"
+    );
+    let cn = continue_once(&up, &id, "after-the-refusals");
+    assert_eq!(turns_carrying(&model, &cn), 1);
+
+    up.type_turn("/reload");
+    up.wait_for("the reload", || {
+        (up.generation()["harness"]["reloads"].as_u64().unwrap_or(0) >= 1).then_some(())
+    });
+    let answer = format!("after-the-reload-{}", uuid::Uuid::new_v4().simple());
+    let cn = continue_once(&up, &id, &answer);
+    assert_eq!(turns_carrying(&model, &cn), 1, "given other than once");
+    // The reloaded extension put the contract back into the system prompt.
+    let carrying = model
+        .conversation()
+        .into_iter()
+        .find(|b| b.contains(&cn))
+        .expect("the continuation's request");
+    assert!(
+        carrying.contains("CONTINUITY-PI:"),
+        "the contract is missing after the reload"
+    );
+    assert_eq!(
+        up.sql(
+            "SELECT result_evidence_digest FROM continuations WHERE continuation_id = $1",
+            &cn
+        ),
+        Some(mosaic::protocol::work::evidence_digest(
+            "continuation-result",
+            answer.as_bytes()
+        ))
+    );
 }

@@ -26,15 +26,19 @@ function forward(event, payload) {
 // Waits for the supervisor's next continuation (no time limit: it waits as long as Pi is
 // settled); resolves to its text, or "" when a run started first, the generation ended or
 // the supervisor refused.
+let waiter = null;
 function awaitContinuation(sessionId) {
   return new Promise((resolve) => {
     if (!MOSAIC) return resolve("");
-    const child = execFile(
+    const child = (waiter = execFile(
       MOSAIC,
       ["lane", "hook", "pi", "next"],
       { maxBuffer: 4 * 1024 * 1024 },
-      (err, stdout) => resolve(err ? "" : stdout.replace(/\n$/, "")),
-    );
+      (err, stdout) => {
+        if (waiter === child) waiter = null;
+        resolve(err ? "" : stdout.replace(/\n$/, ""));
+      },
+    ));
     child.stdin.end(JSON.stringify({ session_id: sessionId }));
   });
 }
@@ -65,12 +69,34 @@ export default function (pi) {
     });
   }
 
+  // At startup the contract; after a /reload (this module imported again, the same
+  // conversation) the same contract again, and the wait for the next continuation resumes
+  // (the supervisor answers it only for an active generation).
   pi.on("session_start", async (event, ctx) => {
+    const sessionId = ctx.sessionManager.getSessionId();
     const out = await forward("session-start", {
-      session_id: ctx.sessionManager.getSessionId(),
+      session_id: sessionId,
       reason: event.reason,
     });
     contract = out.replace(/\n$/, "");
+    if (event.reason === "reload") waitForContinuation(sessionId);
+  });
+
+  // A generation has one conversation: /new and /resume (a switch), /fork and /clone (a
+  // fork) would replace it under the live generation. Refused, and reported (advisory).
+  pi.on("session_before_switch", async (event, ctx) => {
+    await forward("session-before-switch", {
+      session_id: ctx.sessionManager.getSessionId(),
+      reason: event.reason,
+    });
+    return { cancel: true };
+  });
+  pi.on("session_before_fork", async (event, ctx) => {
+    await forward("session-before-fork", {
+      session_id: ctx.sessionManager.getSessionId(),
+      position: event.position,
+    });
+    return { cancel: true };
   });
 
   pi.on("before_agent_start", async (event) => {
@@ -109,6 +135,9 @@ export default function (pi) {
   });
 
   pi.on("session_shutdown", async (event, ctx) => {
+    // This instance is going (a reload imports a new one): its wait ends with it, so a
+    // continuation is never handed to an instance that can no longer submit it.
+    if (waiter) waiter.kill();
     await forward("session-shutdown", {
       session_id: ctx.sessionManager.getSessionId(),
       reason: event.reason,

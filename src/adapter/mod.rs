@@ -182,6 +182,13 @@ pub enum HookEvent {
     /// The harness named its conversation (families that cannot be told one): the first
     /// such id is bound, and every later event must name it.
     Conversation { id: String },
+    /// The harness reloaded its extensions in the same conversation (Pi's `/reload`): the
+    /// contract already delivered is handed back, as after a compaction; never a first
+    /// delivery, never proof of anything ending.
+    Reloaded,
+    /// The harness was asked to replace the conversation under the live generation (a new
+    /// session, a resume, a fork or clone) and its extension refused it: observed, counted.
+    ReplacementRefused { what: String },
     /// The extension is ready for the next continuation ([`ContinuationDelivery::AssetPrompt`]):
     /// answered with one, or empty when a turn starts first or the generation ends.
     AwaitContinuation,

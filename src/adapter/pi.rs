@@ -118,6 +118,8 @@ impl Adapter for Pi {
         match event {
             "session-start" => match payload["reason"].as_str() {
                 Some("startup") => Ok(HookEvent::SessionStart),
+                // The same conversation, its extensions imported again.
+                Some("reload") => Ok(HookEvent::Reloaded),
                 other => Err(HookRefusal::Replaced(format!(
                     "session_start from {other:?}: a generation only ever starts fresh (in-band reset is disabled)"
                 ))),
@@ -132,6 +134,21 @@ impl Adapter for Pi {
                     .map(str::to_string),
             }),
             "next" => Ok(HookEvent::AwaitContinuation),
+            // `/new`, `/resume` (session_before_switch), `/fork`, `/clone`
+            // (session_before_fork): the extension cancelled them.
+            "session-before-switch" | "session-before-fork" => {
+                Ok(HookEvent::ReplacementRefused {
+                    what: format!(
+                        "{event} {}",
+                        payload["reason"]
+                            .as_str()
+                            .or(payload["position"].as_str())
+                            .unwrap_or("")
+                    )
+                    .trim()
+                    .to_string(),
+                })
+            }
             "session-shutdown" => Ok(HookEvent::SessionEnd {
                 reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
             }),

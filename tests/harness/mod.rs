@@ -27,6 +27,20 @@ pub fn harness_root() -> PathBuf {
     }
 }
 
+/// `f`'s first value within `patience`, polled; `None` if none came.
+pub fn wait_until_or<T>(patience: Duration, mut f: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(v) = f() {
+            return Some(v);
+        }
+        if start.elapsed() >= patience {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 pub fn wait_for<T>(what: &str, patience: Duration, mut f: impl FnMut() -> Option<T>) -> T {
     let start = Instant::now();
     loop {
@@ -270,16 +284,28 @@ impl Up {
     }
 
     /// Types a turn into the harness's TUI, as an operator attached to the lane would.
+    /// A TUI that is not reading (still drawing after a turn, or starting) drops keys: a line
+    /// not shown within a few seconds is cleared and typed again, as `tmux::submit_line`
+    /// does for the supervisor's own lines.
     pub fn type_turn(&self, text: &str) {
-        assert!(self
-            .tmux()
-            .args(["send-keys", "-t", "=lane-1:", "-l", "--", text])
-            .status()
-            .unwrap()
-            .success());
         let marker: String = text.chars().take(40).collect();
         wait_for("the typed turn on screen", common::PATIENCE, || {
-            self.screen().contains(&marker).then_some(())
+            assert!(self
+                .tmux()
+                .args(["send-keys", "-t", "=lane-1:", "-l", "--", text])
+                .status()
+                .unwrap()
+                .success());
+            let shown = wait_until_or(Duration::from_secs(3), || {
+                self.screen().contains(&marker).then_some(())
+            });
+            if shown.is_none() {
+                let _ = self
+                    .tmux()
+                    .args(["send-keys", "-t", "=lane-1:", "C-u"])
+                    .status();
+            }
+            shown
         });
         assert!(self
             .tmux()

@@ -152,6 +152,11 @@ pub struct Observed {
     pub refused_events: u64,
     /// Compactions the harness announced, each answered with the delivered contract.
     pub compactions: u64,
+    /// Extension reloads in the same conversation, each answered with the delivered contract.
+    pub reloads: u64,
+    /// Attempts to replace the conversation (a new session, a resume, a fork) the harness's
+    /// extension refused.
+    pub replacements_refused: u64,
     pub session_end: Option<String>,
 }
 

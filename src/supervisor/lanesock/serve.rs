@@ -333,12 +333,17 @@ pub(super) async fn hook(
                 ..LaneResponse::ok("contract delivered")
             }
         }
-        HookEvent::ContextCompacted => {
+        ev @ (HookEvent::ContextCompacted | HookEvent::Reloaded) => {
+            let compacted = ev == HookEvent::ContextCompacted;
             // Only the contract this generation already received, never a first delivery
             // (that is SessionStart's, checked before any challenge).
             let Some(delivered) = s.delivered.borrow().clone() else {
                 s.observe(|o| o.refused_events += 1);
-                return err("a compaction before any contract was delivered");
+                return err(if compacted {
+                    "a compaction before any contract was delivered"
+                } else {
+                    "a reload before any contract was delivered"
+                });
             };
             let c = match wait_contract(s).await {
                 Ok(c) => c,
@@ -349,11 +354,27 @@ pub(super) async fn hook(
                 return err("the contract changed since it was delivered");
             }
             let text = crate::adapter::contract_context(&c.task_text, &c.contracts_digest, &c.key);
-            s.observe(|o| o.compactions += 1);
+            s.observe(|o| {
+                if compacted {
+                    o.compactions += 1
+                } else {
+                    o.reloads += 1
+                }
+            });
             LaneResponse {
                 output: Some(adapter.render_contract(&text)),
-                ..LaneResponse::ok("contract delivered again after a compaction")
+                ..LaneResponse::ok(if compacted {
+                    "contract delivered again after a compaction"
+                } else {
+                    "contract delivered again after a reload"
+                })
             }
+        }
+        HookEvent::ReplacementRefused { what } => {
+            s.observe(|o| o.replacements_refused += 1);
+            tracing::warn!(attempt = %what,
+                "the harness was asked to replace its conversation under a live generation; its extension refused");
+            LaneResponse::ok("replacement refused")
         }
         HookEvent::TurnStarted => {
             s.observe(|o| {
