@@ -421,6 +421,8 @@ pub fn init_coordinator(o: &InitCoordinator) -> Result<serde_json::Value, Enroll
         checkpoint_retention_s: None,
         artifact_retention_s: None,
         recovery_recipients: vec![],
+        notify_command: None,
+        notify_webhook: None,
     };
     write_config(&cfg_path, &coordinator_toml(&cfg), o.force, false)?;
     Ok(json!({

@@ -311,3 +311,30 @@ fn pi_keeps_its_conversation_and_its_continuations_across_its_session_commands()
         ))
     );
 }
+
+/// Claude Code's `/clear` cannot be refused by any hook (2.1.332 runs no UserPromptSubmit
+/// for a local command): the supervisor sees the conversation end with reason `clear` and
+/// reports the work blocked (`conversation-replaced`), instead of leaving a generation
+/// whose model no longer holds its contract looking healthy.
+#[test]
+fn claude_code_reports_a_cleared_conversation_as_blocked() {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(&CLAUDE, &model, None);
+    let a = up
+        .assign(
+            CLAUDE.runtime,
+            "CONTINUITY-CLEAR: wait for your next action",
+            true,
+        )
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    continue_once(&up, &id, "before-the-clear");
+    up.type_turn("/clear");
+    let code = up.wait_for("the work blocked", || {
+        up.sql(
+            "SELECT blocker_code FROM assignments WHERE assignment_id = $1 AND work_status = 'blocked'",
+            &id,
+        )
+    });
+    assert_eq!(code, "conversation-replaced");
+}

@@ -171,6 +171,8 @@ pub struct CoordinatorMetrics {
     /// Effect claims answered, by executor and result (admitted, settled, substituted,
     /// refused-<category>): the §18 executor fence denials are the refusals.
     effects: Family<ExecutorResult, Counter>,
+    /// Notification deliveries by sink and result (delivered, failed).
+    notifications: Family<ExecutorResult, Counter>,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -186,6 +188,16 @@ impl CoordinatorMetrics {
             .get_or_create(&ExecutorResult {
                 executor: executor.into(),
                 result: result.into(),
+            })
+            .inc();
+    }
+
+    /// Counts one delivery attempt of a notification to `sink`.
+    pub fn notifications(&self, sink: &str, delivered: bool) {
+        self.notifications
+            .get_or_create(&ExecutorResult {
+                executor: sink.into(),
+                result: if delivered { "delivered" } else { "failed" }.into(),
             })
             .inc();
     }
@@ -218,7 +230,13 @@ impl CoordinatorMetrics {
             audit_spooled: Gauge::default(),
             audit_spool_lost: Gauge::default(),
             effects: Family::default(),
+            notifications: Family::default(),
         };
+        r.register(
+            "notifications",
+            "Operator notification deliveries, by sink (executor: command, webhook) and result (delivered, failed)",
+            m.notifications.clone(),
+        );
         r.register(
             "effect_claims",
             "Effect claims answered, by executor and result (admitted; settled: the key named a claim already admitted; substituted: the key was bound to another operation; refused-<category>)",

@@ -41,6 +41,7 @@ pub mod leader;
 pub mod leases;
 pub mod metrics;
 pub mod model;
+pub mod notify;
 pub mod placement;
 pub mod recovery;
 pub mod repos;

@@ -49,6 +49,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0031_recovery_candidates.sql"),
     include_str!("../../migrations/0032_placement_elastic.sql"),
     include_str!("../../migrations/0033_unreconciled_receipts.sql"),
+    include_str!("../../migrations/0034_notifications.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

@@ -61,6 +61,9 @@ pub struct UpOptions {
     pub harness_config: Vec<(String, PathBuf)>,
     /// `runtime=URL` model provider base URLs (the gateway's upstreams).
     pub providers: Vec<(String, String)>,
+    /// The coordinator's notification sinks (`notify_command`, `notify_webhook`).
+    pub notify_command: Option<PathBuf>,
+    pub notify_webhook: Option<String>,
 }
 
 /// The harness root `up` and `mosaic harness` use when none is given.
@@ -163,6 +166,11 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     if opts.hosts == 0 || opts.hosts > 16 {
         return Err(UpError::Usage("--hosts must be between 1 and 16".into()));
     }
+    crate::coordinator::service::notifier::Sinks::configured(
+        opts.notify_command.as_deref(),
+        opts.notify_webhook.as_deref(),
+    )
+    .map_err(|e| UpError::Usage(e.replace("notify_", "--notify-")))?;
     if opts.demo && opts.hosts > 1 {
         return Err(UpError::Usage(
             "--demo runs with one host (--hosts 1)".into(),
@@ -245,7 +253,9 @@ async fn run_with(
             .map(|k| format!("{}-{k}", cfg.host.as_str()))
             .collect()
     };
-    let prov = provision(state_dir, &host_ids, database_url, &addr)?;
+    let mut prov = provision(state_dir, &host_ids, database_url, &addr)?;
+    prov.coordinator.notify_command = opts.notify_command.clone();
+    prov.coordinator.notify_webhook = opts.notify_webhook.clone();
     let svc = crate::coordinator::service::Service::start(&prov.coordinator)
         .await
         .map_err(|e| usage(&e))?;

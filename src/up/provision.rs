@@ -190,6 +190,8 @@ pub fn provision(
             checkpoint_retention_s: None,
             artifact_retention_s: None,
             recovery_recipients: vec![format!("operator:local={recovery}")],
+            notify_command: None,
+            notify_webhook: None,
         },
         links,
     })

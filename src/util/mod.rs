@@ -3,6 +3,7 @@
 pub mod ct;
 pub mod durable;
 pub mod git;
+pub mod http1;
 pub mod shutdown;
 
 /// Host wall-clock time as RFC 3339 with microseconds. Advisory only: host times are

@@ -19,9 +19,22 @@ pub struct Up {
     pub _db: pg::TestDb,
     pub db_url: String,
     pub hosts: u32,
+    /// More of `mosaic up`'s arguments, given again at every restart.
+    pub extra: Vec<String>,
 }
 
 pub fn spawn_up(dir: &std::path::Path, lanes: u32, hosts: u32, db_url: &str) -> Child {
+    spawn_up_with(dir, lanes, hosts, db_url, &[])
+}
+
+/// `spawn_up` with more of `mosaic up`'s arguments.
+pub fn spawn_up_with(
+    dir: &std::path::Path,
+    lanes: u32,
+    hosts: u32,
+    db_url: &str,
+    extra: &[String],
+) -> Child {
     let mut child = Command::new(common::MOSAIC)
         .args([
             "up",
@@ -33,6 +46,7 @@ pub fn spawn_up(dir: &std::path::Path, lanes: u32, hosts: u32, db_url: &str) -> 
         ])
         .arg(dir)
         .args(["--database-url", db_url])
+        .args(extra)
         .env("MOSAIC_LOG", "info")
         .stdout(Stdio::piped())
         .stderr(
@@ -58,11 +72,16 @@ impl Up {
 
     /// `mosaic up --hosts N`: N supervisor processes, each a host of its own.
     pub fn fleet(lanes: u32, hosts: u32) -> Self {
+        Self::fleet_with(lanes, hosts, &[])
+    }
+
+    /// `fleet`, with more of `mosaic up`'s arguments.
+    pub fn fleet_with(lanes: u32, hosts: u32, extra: &[String]) -> Self {
         common::require_host();
         let db = pg::TestDb::new();
         let dir =
             std::env::temp_dir().join(format!("mosaic-e2e-{}", uuid::Uuid::new_v4().simple()));
-        let child = spawn_up(&dir, lanes, hosts, &db.url);
+        let child = spawn_up_with(&dir, lanes, hosts, &db.url, extra);
         let db_url = db.url.clone();
         Self {
             child,
@@ -71,6 +90,7 @@ impl Up {
             hosts,
             _db: db,
             db_url,
+            extra: extra.to_vec(),
         }
     }
 
@@ -79,7 +99,7 @@ impl Up {
     pub fn restart_after(&mut self, sig: nix::sys::signal::Signal) {
         common::kill(self.child.id() as i32, sig);
         let _ = self.child.wait();
-        self.child = spawn_up(&self.dir, self.lanes, self.hosts, &self.db_url);
+        self.child = spawn_up_with(&self.dir, self.lanes, self.hosts, &self.db_url, &self.extra);
     }
 
     pub fn cli(&self, args: &[&str]) -> Result<Value, String> {

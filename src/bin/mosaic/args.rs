@@ -22,44 +22,7 @@ pub(crate) struct Cli {
 #[derive(Subcommand)]
 pub(crate) enum Cmd {
     /// Run everything on this machine (today: the supervisor with N fake-harness lanes).
-    Up {
-        #[arg(long)]
-        state_dir: Option<PathBuf>,
-        #[arg(long, default_value_t = 2)]
-        lanes: u32,
-        /// Run this many supervisors, each a host of its own (certificate, keys, cgroup
-        /// subtree, state), as separate processes against one coordinator. Host ids are
-        /// `<hostname>-1` … `<hostname>-N`.
-        #[arg(long, default_value_t = 1)]
-        hosts: u32,
-        /// Assign a task, show it reach RUNNING, SIGKILL its harness, show the receipt and
-        /// the recovery; then stay up.
-        #[arg(long)]
-        demo: bool,
-        /// Use this PostgreSQL instead of a private cluster in the state dir.
-        #[arg(long)]
-        database_url: Option<String>,
-        /// Where real harnesses are installed (`mosaic harness install`); default
-        /// $MOSAIC_HARNESS_ROOT, else /var/lib/mosaic/harnesses.
-        #[arg(long)]
-        harness_root: Option<PathBuf>,
-        /// A runtime's credentials file, `RUNTIME=FILE` (mode 0600; repeatable), e.g.
-        /// `claude-code=/etc/mosaic/claude-code.env`.
-        #[arg(long = "credentials", value_parser = parse_runtime_path)]
-        credentials: Vec<(String, PathBuf)>,
-        /// Load runtime registry entries from this directory instead of the built-in ones.
-        #[arg(long)]
-        registry_dir: Option<PathBuf>,
-        /// A runtime's config overlay, `RUNTIME=DIR` (repeatable): config files (provider,
-        /// model selection) copied into each of its generations, e.g. `pi=/etc/mosaic/pi`.
-        #[arg(long = "harness-config", value_parser = parse_runtime_path)]
-        harness_config: Vec<(String, PathBuf)>,
-        /// A runtime's model provider, `RUNTIME=URL` (repeatable), e.g.
-        /// `claude-code=https://api.anthropic.com`: confined generations reach it only
-        /// through the supervisor's gateway, which adds the credentials.
-        #[arg(long = "provider", value_parser = parse_runtime_url)]
-        provider: Vec<(String, String)>,
-    },
+    Up(UpArgs),
     /// Install the pinned real harnesses from npm (into the harness root), or check them.
     Harness {
         #[command(subcommand)]
@@ -239,6 +202,12 @@ pub(crate) enum Cmd {
     Receipts {
         #[arg(long = "lane")]
         lane_id: Option<String>,
+        #[command(flatten)]
+        at: CoordinatorAt,
+    },
+    /// Operator notifications (newest 200): each event, the sinks that took it, the last
+    /// error of one still being retried.
+    Notifications {
         #[command(flatten)]
         at: CoordinatorAt,
     },
@@ -748,5 +717,73 @@ mod tests {
             "a-1"
         ])
         .is_ok());
+    }
+}
+
+/// `mosaic up`'s options.
+#[derive(clap::Args)]
+pub(crate) struct UpArgs {
+    #[arg(long)]
+    pub(crate) state_dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 2)]
+    pub(crate) lanes: u32,
+    /// Run this many supervisors, each a host of its own (certificate, keys, cgroup
+    /// subtree, state), as separate processes against one coordinator. Host ids are
+    /// `<hostname>-1` … `<hostname>-N`.
+    #[arg(long, default_value_t = 1)]
+    pub(crate) hosts: u32,
+    /// Assign a task, show it reach RUNNING, SIGKILL its harness, show the receipt and
+    /// the recovery; then stay up.
+    #[arg(long)]
+    pub(crate) demo: bool,
+    /// Use this PostgreSQL instead of a private cluster in the state dir.
+    #[arg(long)]
+    pub(crate) database_url: Option<String>,
+    /// Where real harnesses are installed (`mosaic harness install`); default
+    /// $MOSAIC_HARNESS_ROOT, else /var/lib/mosaic/harnesses.
+    #[arg(long)]
+    pub(crate) harness_root: Option<PathBuf>,
+    /// A runtime's credentials file, `RUNTIME=FILE` (mode 0600; repeatable), e.g.
+    /// `claude-code=/etc/mosaic/claude-code.env`.
+    #[arg(long = "credentials", value_parser = parse_runtime_path)]
+    pub(crate) credentials: Vec<(String, PathBuf)>,
+    /// Load runtime registry entries from this directory instead of the built-in ones.
+    #[arg(long)]
+    pub(crate) registry_dir: Option<PathBuf>,
+    /// A runtime's config overlay, `RUNTIME=DIR` (repeatable): config files (provider,
+    /// model selection) copied into each of its generations, e.g. `pi=/etc/mosaic/pi`.
+    #[arg(long = "harness-config", value_parser = parse_runtime_path)]
+    pub(crate) harness_config: Vec<(String, PathBuf)>,
+    /// A runtime's model provider, `RUNTIME=URL` (repeatable), e.g.
+    /// `claude-code=https://api.anthropic.com`: confined generations reach it only
+    /// through the supervisor's gateway, which adds the credentials.
+    #[arg(long = "provider", value_parser = parse_runtime_url)]
+    pub(crate) provider: Vec<(String, String)>,
+    /// A program (absolute path) run for every operator event (work blocked, waiting for
+    /// input, attempts exhausted, a lane quarantined, a handoff offered or expired) with
+    /// the event as JSON on its stdin.
+    #[arg(long)]
+    pub(crate) notify_command: Option<PathBuf>,
+    /// A URL every operator event is POSTed to as JSON (http or https).
+    #[arg(long)]
+    pub(crate) notify_webhook: Option<String>,
+}
+
+impl UpArgs {
+    pub(crate) fn into_options(self) -> mosaic::up::UpOptions {
+        mosaic::up::UpOptions {
+            state_dir: self.state_dir,
+            lanes: self.lanes,
+            hosts: self.hosts,
+            demo: self.demo,
+            database_url: self.database_url,
+            harness_root: self.harness_root,
+            credentials: self.credentials,
+            registry_dir: self.registry_dir,
+            harness_config: self.harness_config,
+            providers: self.provider,
+            notify_command: self.notify_command,
+            notify_webhook: self.notify_webhook,
+        }
     }
 }

@@ -105,6 +105,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Cmd::Lanes { at } => at.call(OperatorRequest::Lanes),
         Cmd::Status { at } => at.call(OperatorRequest::Status),
         Cmd::Receipts { lane_id, at } => at.call(OperatorRequest::Receipts { lane_id }),
+        Cmd::Notifications { at } => at.call(OperatorRequest::Notifications),
         Cmd::Stop {
             assignment_id,
             complete,
@@ -441,31 +442,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             runtime()?.block_on(mosaic::supervisor::run_daemon(cfg))?;
             Ok(ExitCode::SUCCESS)
         }
-        Cmd::Up {
-            state_dir,
-            lanes,
-            hosts,
-            demo,
-            database_url,
-            harness_root,
-            credentials,
-            registry_dir,
-            harness_config,
-            provider,
-        } => {
+        Cmd::Up(a) => {
             init_logging();
-            runtime()?.block_on(mosaic::up::run(mosaic::up::UpOptions {
-                state_dir,
-                lanes,
-                hosts,
-                demo,
-                database_url,
-                harness_root,
-                credentials,
-                registry_dir,
-                harness_config,
-                providers: provider,
-            }))?;
+            runtime()?.block_on(mosaic::up::run(a.into_options()))?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Init { op } => fleet::init(op),

@@ -94,6 +94,15 @@ pub struct CoordinatorConfig {
     /// captured (a transcript is never kept in the clear).
     #[serde(default)]
     pub recovery_recipients: Vec<String>,
+    /// A program (absolute path) run for every operator event — work blocked, waiting for
+    /// input, attempts exhausted, a lane quarantined, a handoff offered or expired — with
+    /// the event as JSON on its stdin; exit 0 takes it. Retried with backoff otherwise.
+    #[serde(default)]
+    pub notify_command: Option<PathBuf>,
+    /// A URL (http or https) every operator event is POSTed to as JSON; a 2xx answer takes
+    /// it. Only its scheme and host are ever shown (its path may hold a token).
+    #[serde(default)]
+    pub notify_webhook: Option<String>,
 }
 
 /// The timing settings the running service uses, with their defaults applied.

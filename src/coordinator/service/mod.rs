@@ -24,8 +24,10 @@ mod continuations;
 mod driver;
 mod elastic;
 mod holds;
+
 mod hosts;
 pub mod leadership;
+pub mod notifier;
 pub mod operator;
 mod retarget;
 pub mod trust;
@@ -92,6 +94,11 @@ impl Service {
     /// Connects, migrates, and starts the leadership loop and the watchdog. Returns at
     /// once: the service stands by until it leads (`wait_leading` waits for that).
     pub async fn start(cfg: &CoordinatorConfig) -> Result<Arc<Self>, ServiceError> {
+        let sinks = notifier::Sinks::configured(
+            cfg.notify_command.as_deref(),
+            cfg.notify_webhook.as_deref(),
+        )
+        .map_err(|p| ServiceError::Invalid { problems: vec![p] })?;
         let secret_hex =
             std::fs::read_to_string(&cfg.secret_file).map_err(|source| ServiceError::ReadFile {
                 path: cfg.secret_file.clone(),
@@ -243,6 +250,7 @@ impl Service {
         let watchdog = tokio::spawn(watchdog::run(svc.clone(), svc.shutdown.signal()));
         tokio::spawn(trust::watch(svc.clone(), svc.shutdown.signal()));
         tokio::spawn(waiting::run(svc.clone(), svc.shutdown.signal()));
+        tokio::spawn(notifier::run(svc.clone(), sinks, svc.shutdown.signal()));
         if let Ok(mut b) = svc.background.lock() {
             b.leadership = Some(leadership);
             b.watchdog = Some(watchdog);

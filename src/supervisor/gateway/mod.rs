@@ -30,7 +30,7 @@
 
 use std::net::TcpListener;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use http_body_util::{combinators::BoxBody, BodyExt, Full};
 use hyper::body::{Bytes, Incoming};
@@ -409,59 +409,9 @@ fn denied(shared: &Shared, d: &super::broker::Denied) -> Response<Body> {
 async fn connect(
     u: &Upstream,
 ) -> Result<hyper::client::conn::http1::SendRequest<Full<Bytes>>, String> {
-    let tcp = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio::net::TcpStream::connect((u.host.as_str(), u.port)),
-    )
-    .await
-    .map_err(|_| format!("upstream {}:{} did not answer in time", u.host, u.port))?
-    .map_err(|e| format!("upstream {}:{} unreachable: {e}", u.host, u.port))?;
-    let _ = tcp.set_nodelay(true);
-    if !u.https {
-        let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
-            .await
-            .map_err(|e| format!("upstream handshake: {e}"))?;
-        tokio::spawn(conn);
-        return Ok(sender);
-    }
-    let cfg = tls_config()?;
-    let name = rustls_pki_types::ServerName::try_from(u.host.clone())
-        .map_err(|_| format!("{:?} is not a TLS server name", u.host))?;
-    let tls = tokio::time::timeout(
-        CONNECT_TIMEOUT,
-        tokio_rustls::TlsConnector::from(cfg).connect(name, tcp),
-    )
-    .await
-    .map_err(|_| "the upstream's TLS handshake did not finish in time".to_string())?
-    .map_err(|e| format!("upstream TLS: {e}"))?;
-    let (sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tls))
+    crate::util::http1::connect(u.https, &u.host, u.port, CONNECT_TIMEOUT)
         .await
-        .map_err(|e| format!("upstream handshake: {e}"))?;
-    tokio::spawn(conn);
-    Ok(sender)
-}
-
-/// The client TLS configuration for https upstreams: the system's roots, loaded once.
-fn tls_config() -> Result<Arc<rustls::ClientConfig>, String> {
-    static CFG: OnceLock<Result<Arc<rustls::ClientConfig>, String>> = OnceLock::new();
-    CFG.get_or_init(|| {
-        let found = rustls_native_certs::load_native_certs();
-        let mut roots = rustls::RootCertStore::empty();
-        let (added, _) = roots.add_parsable_certificates(found.certs);
-        if added == 0 {
-            return Err(format!(
-                "no system root certificate could be loaded ({} errors)",
-                found.errors.len()
-            ));
-        }
-        rustls::ClientConfig::builder_with_provider(Arc::new(
-            rustls::crypto::ring::default_provider(),
-        ))
-        .with_safe_default_protocol_versions()
-        .map(|b| Arc::new(b.with_root_certificates(roots).with_no_client_auth()))
-        .map_err(|e| e.to_string())
-    })
-    .clone()
+        .map_err(|e| format!("upstream {e}"))
 }
 
 /// Reads a request's body whole, refusing one larger than `MAX_REQUEST_BYTES`.

@@ -88,6 +88,9 @@ pub struct GenSession {
     /// A continuation is on its way (offered, or accepted here and not yet given): a Stop
     /// hook waits for it at its settled boundary instead of returning at once.
     pub pending: watch::Sender<bool>,
+    /// Continuations given in a row by block decisions, without a turn of its own between
+    /// (Claude Code ends the turn itself after a few: `settled::MAX_BLOCKS_IN_A_ROW`).
+    pub blocks_in_a_row: std::sync::atomic::AtomicU32,
     /// A turn is being typed to bring about a settled boundary (`CoordinatedHost::wake`).
     pub waking: std::sync::atomic::AtomicBool,
     /// The continuation made visible to a real harness whose result its next settled
@@ -178,6 +181,7 @@ impl GenSession {
             turns: watch::channel(0).0,
             pending: watch::channel(false).0,
             waking: std::sync::atomic::AtomicBool::new(false),
+            blocks_in_a_row: std::sync::atomic::AtomicU32::new(0),
             awaiting: std::sync::Mutex::new(None),
             accepted_here: std::sync::Mutex::new(std::collections::HashSet::new()),
             results: std::sync::Mutex::new(std::collections::HashMap::new()),

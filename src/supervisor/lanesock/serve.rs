@@ -312,6 +312,9 @@ pub(super) async fn hook(
         Err(e) => {
             s.observe(|o| o.refused_events += 1);
             tracing::warn!(category = e.category(), refusal = %e, "hook event refused");
+            if matches!(e, crate::adapter::HookRefusal::Replaced(_)) {
+                settled::conversation_replaced(s, event, payload);
+            }
             return err(&e.to_string());
         }
     };
@@ -414,10 +417,17 @@ pub(super) async fn hook(
                 // Not an activation answer: perhaps a continuation's result.
                 (_, _, m) => ("settled", m),
             };
-            settled::at_settled(s, adapter, result.as_deref(), state).await
+            // A Stop that follows a block decision (Claude Code and Codex say so).
+            let chained = payload["stop_hook_active"].as_bool() == Some(true);
+            settled::at_settled(s, adapter, result.as_deref(), chained, state).await
         }
         HookEvent::AwaitContinuation => settled::asked(s, adapter).await,
         HookEvent::SessionEnd { reason } => {
+            // Claude Code's `/clear` (no hook can stop it) ends the conversation and starts
+            // another in the same process: the generation's conversation is gone.
+            if reason == "clear" {
+                settled::conversation_replaced(s, event, payload);
+            }
             s.observe(|o| o.session_end = Some(reason));
             LaneResponse::ok("session end noted")
         }

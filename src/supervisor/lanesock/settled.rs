@@ -121,6 +121,12 @@ async fn active(s: &GenSession) -> bool {
 /// given at a later settled boundary (`CoordinatedHost::wake`).
 const STOP_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
 
+/// Block decisions given in a row before a Stop hook stops giving: Claude Code 2.1.332
+/// overrides a ninth consecutive block and ends the turn (`CLAUDE_CODE_STOP_HOOK_BLOCK_CAP`,
+/// 8), which would leave a continuation given and never seen. The next one then waits for a
+/// turn of its own (a wake, or the operator's), which starts a new row.
+pub const MAX_BLOCKS_IN_A_ROW: u32 = 6;
+
 /// A real harness's wait for a continuation, answered with what its surface prints for it
 /// (`render`), or `state` alone when the wait ends without one. `within`: how long it may
 /// wait (`None`: as long as the harness stays settled).
@@ -168,8 +174,13 @@ pub(super) async fn at_settled(
     s: &GenSession,
     adapter: &dyn Adapter,
     last_message: Option<&str>,
+    chained: bool,
     state: &str,
 ) -> LaneResponse {
+    use std::sync::atomic::Ordering;
+    if !chained {
+        s.blocks_in_a_row.store(0, Ordering::SeqCst);
+    }
     let delivery = adapter.continuation_delivery();
     if let Some(answer) = last_message.filter(|m| !m.trim().is_empty()) {
         let turns = *s.turns.borrow();
@@ -193,8 +204,15 @@ pub(super) async fn at_settled(
         // The harness is held while its Stop hook runs: it waits only for a continuation
         // on its way, never for one that may not come (an operator's typed turn waits
         // behind it).
-        ContinuationDelivery::SettledHookAnswer if *s.pending.borrow() => {
-            give(s, adapter, state, Some(STOP_WAIT)).await
+        ContinuationDelivery::SettledHookAnswer
+            if *s.pending.borrow()
+                && s.blocks_in_a_row.load(Ordering::SeqCst) < MAX_BLOCKS_IN_A_ROW =>
+        {
+            let r = give(s, adapter, state, Some(STOP_WAIT)).await;
+            if r.output.is_some() {
+                s.blocks_in_a_row.fetch_add(1, Ordering::SeqCst);
+            }
+            r
         }
         ContinuationDelivery::SettledHookAnswer => LaneResponse::ok(state),
         ContinuationDelivery::LaneNext | ContinuationDelivery::AssetPrompt => {
@@ -209,6 +227,26 @@ pub(super) async fn asked(s: &GenSession, adapter: &dyn Adapter) -> LaneResponse
         return err("this harness does not ask for continuations through its extension");
     }
     give(s, adapter, "no continuation", None).await
+}
+
+/// The harness replaced the conversation under its active generation (a `/clear`, a
+/// resumed or second session its surface could not refuse): what the generation was given
+/// is gone from the model's context, so the work is reported blocked with code
+/// `conversation-replaced` — the operator is notified, and `mosaic unblock` (or a stop) is
+/// the way out; a fresh generation takes the work on. The evidence is the event itself.
+pub(super) fn conversation_replaced(s: &GenSession, event: &str, payload: &serde_json::Value) {
+    if !matches!(*s.activation.borrow(), Some(Ok(()))) {
+        return; // before activation the chain itself refuses it
+    }
+    let evidence = format!("{event} {payload}");
+    let report = HarnessReport::Blocked {
+        code: "conversation-replaced".into(),
+        evidence_digest: evidence_digest("blocker", evidence.as_bytes()),
+        next_action: "start the work in a fresh generation: the harness replaced its conversation"
+            .into(),
+    };
+    tracing::warn!(event, "the harness replaced its conversation under the live generation; reporting the work blocked");
+    let _ = s.reports.send(report);
 }
 
 /// Records the result of `continuation_id` from its evidence bytes and queues it for the
@@ -319,6 +357,30 @@ mod tests {
             )
             .await;
             assert!(r.is_err() || r.unwrap().output.is_none());
+        });
+    }
+
+    /// Claude Code ends a turn itself after too many block decisions in a row: the hook
+    /// stops giving before that, and gives again once a turn of its own started a new row.
+    #[test]
+    fn a_stop_hook_gives_no_more_blocks_in_a_row_than_the_harness_honours() {
+        rt().block_on(async {
+            let s = active(Family::ClaudeCode);
+            let chained = |n: usize| {
+                json!({"session_id": "s1", "hook_event_name": "Stop", "stop_hook_active": n > 0,
+                    "last_assistant_message": format!("answer {n}")})
+            };
+            for n in 0..MAX_BLOCKS_IN_A_ROW as usize {
+                offer(&s, &format!("cn-{n}"), "next");
+                let r = hook(&s, "claude-code", "stop", &chained(n)).await;
+                assert!(r.output.is_some(), "block {n} not given: {r:?}");
+            }
+            offer(&s, "cn-last", "next");
+            let r = hook(&s, "claude-code", "stop", &chained(9)).await;
+            assert!(r.output.is_none(), "one block too many: {r:?}");
+            assert!(*s.pending.borrow(), "the continuation is still on its way");
+            let r = hook(&s, "claude-code", "stop", &chained(0)).await;
+            assert!(r.output.unwrap().contains("cn-last"));
         });
     }
 

@@ -186,6 +186,7 @@ impl Service {
                 request_id: rid,
             } => self.end_lease(&lease_id, &request_id(rid)).await?,
             OperatorRequest::Leases => json!(self.store.leases().await?),
+            OperatorRequest::Notifications => json!(self.store.notifications(200).await?),
             OperatorRequest::Retarget { assignment_id, .. } => {
                 self.retarget_json(&assignment_id).await?
             }

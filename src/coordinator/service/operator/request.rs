@@ -319,6 +319,9 @@ pub enum OperatorRequest {
     },
     /// Every lease (and those destroyed in the last hour).
     Leases,
+    /// Operator notifications, newest first: each event, the sinks that took it, the last
+    /// error of one not yet taken.
+    Notifications,
     /// Work in recovery whose start failed before activation offered to another lane
     /// through a recovery candidate (spec §6.3); answered once the candidate's ACK is
     /// consumed (or with the open candidate, if it is not within a few seconds).
@@ -514,6 +517,7 @@ impl OperatorRequest {
             | Self::Policy { .. }
             | Self::Roster { .. }
             | Self::Leases
+            | Self::Notifications
             | Self::Watch { .. }
             | Self::Request { .. }
             | Self::Effects { .. } => return None,
