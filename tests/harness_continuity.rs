@@ -65,6 +65,16 @@ fn state_of(up: &Up, cn: &str) -> Option<String> {
     )
 }
 
+/// `mosaic continue` for the work `id` (within `within_ms`, if given): the continuation's id.
+fn continue_with(up: &Up, id: &str, next_action: &str, within_ms: Option<&str>) -> String {
+    let mut args = vec!["continue", "--assignment", id, "--next-action", next_action];
+    if let Some(ms) = within_ms {
+        args.extend(["--within-ms", ms]);
+    }
+    let r: Value = up.cli(&args).unwrap_or_else(|e| panic!("continue: {e}"));
+    r["continuation_id"].as_str().unwrap().to_string()
+}
+
 fn budget(up: &Up, id: &str) -> i64 {
     up.sql(
         "SELECT continuation_budget::text FROM assignments WHERE assignment_id = $1",
@@ -87,10 +97,7 @@ fn continuations(f: &Family) {
     for round in 0..2 {
         let answer = format!("result-{round}-{}", uuid::Uuid::new_v4().simple());
         let next = format!("model:say[{answer}]");
-        let r: Value = up
-            .cli(&["continue", "--assignment", &id, "--next-action", &next])
-            .unwrap_or_else(|e| panic!("continue: {e}"));
-        let cn = r["continuation_id"].as_str().unwrap().to_string();
+        let cn = continue_with(&up, &id, &next, None);
         up.wait_for("the continuation's result recorded", || {
             let state = up.sql(
                 "SELECT state FROM continuations WHERE continuation_id = $1",
@@ -135,16 +142,7 @@ fn continuations(f: &Family) {
         members_running(&up.cgroup(), "sleep 3").first().map(|_| ())
     });
     let answer = format!("result-queued-{}", uuid::Uuid::new_v4().simple());
-    let r: Value = up
-        .cli(&[
-            "continue",
-            "--assignment",
-            &id,
-            "--next-action",
-            &format!("model:say[{answer}]"),
-        ])
-        .unwrap_or_else(|e| panic!("continue: {e}"));
-    let queued = r["continuation_id"].as_str().unwrap().to_string();
+    let queued = continue_with(&up, &id, &format!("model:say[{answer}]"), None);
     up.wait_for("the queued continuation's result recorded", || {
         (state_of(&up, &queued)? == "RESULT_RECORDED").then_some(())
     });
@@ -163,18 +161,7 @@ fn continuations(f: &Family) {
         members_running(&up.cgroup(), "sleep 6").first().map(|_| ())
     });
     let before = budget(&up, &id);
-    let r: Value = up
-        .cli(&[
-            "continue",
-            "--assignment",
-            &id,
-            "--next-action",
-            "model:say[never]",
-            "--within-ms",
-            "1500",
-        ])
-        .unwrap_or_else(|e| panic!("continue: {e}"));
-    let late = r["continuation_id"].as_str().unwrap().to_string();
+    let late = continue_with(&up, &id, "model:say[never]", Some("1500"));
     up.wait_for("the undeliverable continuation expired", || {
         (state_of(&up, &late)? == "EXPIRED").then_some(())
     });
@@ -217,16 +204,7 @@ fn opencode_takes_continuations_through_its_plugin() {
 /// Gives one continuation to the running work `id` and waits for its result; returns its
 /// id.
 fn continue_once(up: &Up, id: &str, answer: &str) -> String {
-    let r: Value = up
-        .cli(&[
-            "continue",
-            "--assignment",
-            id,
-            "--next-action",
-            &format!("model:say[{answer}]"),
-        ])
-        .unwrap_or_else(|e| panic!("continue: {e}"));
-    let cn = r["continuation_id"].as_str().unwrap().to_string();
+    let cn = continue_with(up, id, &format!("model:say[{answer}]"), None);
     up.wait_for("the continuation's result recorded", || {
         let state = state_of(up, &cn)?;
         assert!(

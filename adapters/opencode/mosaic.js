@@ -32,6 +32,15 @@ function awaitContinuation(sessionId) {
   return forward("next", { session_id: sessionId }).then((out) => out.replace(/\n$/, ""));
 }
 
+// Events reach the supervisor in the order OpenCode emitted them (a turn's start before
+// its end), whatever order its handlers finish in: one forward after the other.
+let queue = Promise.resolve();
+function inOrder(work) {
+  const done = queue.then(work);
+  queue = done.catch(() => {});
+  return done;
+}
+
 export const MosaicPlugin = async ({ client }) => {
   let waiting = false;
 
@@ -80,19 +89,23 @@ export const MosaicPlugin = async ({ client }) => {
     event: async ({ event }) => {
       const p = event.properties || {};
       if (event.type === "session.idle") {
-        await forward("session-idle", {
-          session_id: p.sessionID,
-          last_assistant_message: await lastAnswer(p.sessionID),
-        });
+        await inOrder(async () =>
+          forward("session-idle", {
+            session_id: p.sessionID,
+            last_assistant_message: await lastAnswer(p.sessionID),
+          }),
+        );
         waitForContinuation(p.sessionID);
       } else if (event.type === "session.status" && p.status && p.status.type === "busy") {
         // A turn started: tells the supervisor its typed line was taken.
-        await forward("session-busy", { session_id: p.sessionID });
+        await inOrder(() => forward("session-busy", { session_id: p.sessionID }));
       } else if (event.type === "session.created") {
-        await forward("session-created", {
-          session_id: (p.info && p.info.id) || p.sessionID,
-          parent_id: (p.info && p.info.parentID) || null,
-        });
+        await inOrder(() =>
+          forward("session-created", {
+            session_id: (p.info && p.info.id) || p.sessionID,
+            parent_id: (p.info && p.info.parentID) || null,
+          }),
+        );
       }
     },
   };

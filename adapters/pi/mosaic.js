@@ -8,8 +8,17 @@ import { execFile } from "node:child_process";
 
 const MOSAIC = process.env.MOSAIC_BIN;
 
-// One event to the supervisor; resolves to what it answered on stdout ("" on refusal).
+// Events reach the supervisor in the order Pi emitted them (a run's start before its
+// end), whatever order their handlers finish in: one forward after the other.
+let queue = Promise.resolve();
 function forward(event, payload) {
+  const done = queue.then(() => forwardNow(event, payload));
+  queue = done.catch(() => {});
+  return done;
+}
+
+// One event to the supervisor; resolves to what it answered on stdout ("" on refusal).
+function forwardNow(event, payload) {
   return new Promise((resolve) => {
     if (!MOSAIC) return resolve("");
     const child = execFile(

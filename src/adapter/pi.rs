@@ -187,9 +187,26 @@ mod tests {
         // agent_end and turn_end are not settled boundaries.
         assert!(p.hook("agent-end", &settled, Some("s1")).is_err());
         assert!(p.hook("turn-end", &settled, Some("s1")).is_err());
-        for reason in ["resume", "fork", "new", "reload"] {
+        for reason in ["resume", "fork", "new"] {
             let e = json!({"session_id": "s1", "reason": reason});
             assert!(p.hook("session-start", &e, Some("s1")).is_err(), "{reason}");
         }
+        // A reload keeps the conversation: the contract is handed back.
+        let reload = json!({"session_id": "s1", "reason": "reload"});
+        assert_eq!(
+            p.hook("session-start", &reload, Some("s1")),
+            Ok(HookEvent::Reloaded)
+        );
+        // An aborted run answers nothing.
+        let aborted = json!({"session_id": "s1", "aborted": true, "last_assistant_message": "x"});
+        assert_eq!(
+            p.hook("agent-settled", &aborted, Some("s1")),
+            Ok(HookEvent::Settled { last_message: None })
+        );
+        let switch = json!({"session_id": "s1", "reason": "new"});
+        assert!(matches!(
+            p.hook("session-before-switch", &switch, Some("s1")),
+            Ok(HookEvent::ReplacementRefused { .. })
+        ));
     }
 }

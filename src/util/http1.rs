@@ -10,6 +10,40 @@ use http_body_util::Full;
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 
+/// An http or https URL, checked: a host, no user info. Errors name no part of the URL.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Target {
+    pub https: bool,
+    pub host: String,
+    pub port: u16,
+    pub uri: hyper::Uri,
+}
+
+impl Target {
+    pub fn parse(url: &str) -> Result<Self, &'static str> {
+        let uri: hyper::Uri = url.parse().map_err(|_| "not a URL")?;
+        let https = match uri.scheme_str() {
+            Some("https") => true,
+            Some("http") => false,
+            _ => return Err("must be an http:// or https:// URL"),
+        };
+        let auth = uri.authority().ok_or("names no host")?;
+        if auth.as_str().contains('@') {
+            return Err("must not carry user info (credentials go in the credentials file)");
+        }
+        let host = auth.host().trim_start_matches('[').trim_end_matches(']');
+        if host.is_empty() {
+            return Err("names no host");
+        }
+        Ok(Self {
+            https,
+            host: host.to_string(),
+            port: auth.port_u16().unwrap_or(if https { 443 } else { 80 }),
+            uri,
+        })
+    }
+}
+
 /// A connection to `host:port` (TLS when `https`), ready for requests; its driver task runs
 /// until the connection closes. Each step is bounded by `timeout`.
 pub async fn connect(

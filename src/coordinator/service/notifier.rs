@@ -46,27 +46,11 @@ impl std::fmt::Debug for Webhook {
 
 impl Webhook {
     pub fn parse(url: &str) -> Result<Self, String> {
-        let bad = |why: &str| format!("notify_webhook: {why}");
-        let uri: hyper::Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        let https = match uri.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => return Err(bad("must be an http:// or https:// URL")),
-        };
-        let auth = uri.authority().ok_or_else(|| bad("names no host"))?;
-        if auth.as_str().contains('@') {
-            return Err(bad("must not carry user info"));
-        }
-        let host = auth
-            .host()
-            .trim_start_matches('[')
-            .trim_end_matches(']')
-            .to_string();
-        if host.is_empty() {
-            return Err(bad("names no host"));
-        }
-        let port = auth.port_u16().unwrap_or(if https { 443 } else { 80 });
-        let target = uri
+        let t = crate::util::http1::Target::parse(url)
+            .map_err(|why| format!("notify_webhook: {why}"))?;
+        let (https, host, port) = (t.https, t.host, t.port);
+        let target = t
+            .uri
             .path_and_query()
             .map(|p| p.as_str().to_string())
             .filter(|p| !p.is_empty())

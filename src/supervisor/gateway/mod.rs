@@ -86,30 +86,15 @@ impl Upstream {
             url: shown.clone(),
             detail: detail.to_string(),
         };
-        let uri: hyper::Uri = url.parse().map_err(|_| bad("not a URL"))?;
-        let https = match uri.scheme_str() {
-            Some("https") => true,
-            Some("http") => false,
-            _ => return Err(bad("must be an http:// or https:// URL")),
-        };
-        let auth = uri.authority().ok_or_else(|| bad("names no host"))?;
-        if auth.as_str().contains('@') {
-            return Err(bad(
-                "must not carry user info (credentials go in the credentials file)",
-            ));
-        }
-        if uri.query().is_some() || url.contains('#') {
+        let t = crate::util::http1::Target::parse(url).map_err(bad)?;
+        if t.uri.query().is_some() || url.contains('#') {
             return Err(bad("must not carry a query or fragment"));
         }
-        let host = auth.host().trim_start_matches('[').trim_end_matches(']');
-        if host.is_empty() {
-            return Err(bad("names no host"));
-        }
         Ok(Self {
-            https,
-            host: host.to_string(),
-            port: auth.port_u16().unwrap_or(if https { 443 } else { 80 }),
-            base_path: uri.path().trim_end_matches('/').to_string(),
+            https: t.https,
+            base_path: t.uri.path().trim_end_matches('/').to_string(),
+            host: t.host,
+            port: t.port,
         })
     }
 

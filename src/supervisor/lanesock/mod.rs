@@ -82,9 +82,12 @@ pub struct GenSession {
     pub next: watch::Sender<Option<Continuation>>,
     /// Continuations already made visible: each at most once.
     pub visible: std::sync::Mutex<std::collections::HashSet<String>>,
-    /// Turns started so far (a real harness's own turn-start events), for a wait at a
-    /// settled boundary to end when a turn starts first.
+    /// Turns started so far (a real harness's own turn-start events): a continuation's
+    /// result is the answer of a turn started after it was given.
     pub turns: watch::Sender<u64>,
+    /// A turn runs (its start seen and its end not yet): a real harness's wait for a
+    /// continuation is settled only while this is false.
+    pub busy: watch::Sender<bool>,
     /// A continuation is on its way (offered, or accepted here and not yet given): a Stop
     /// hook waits for it at its settled boundary instead of returning at once.
     pub pending: watch::Sender<bool>,
@@ -179,6 +182,7 @@ impl GenSession {
             next: watch::channel(None).0,
             visible: std::sync::Mutex::new(std::collections::HashSet::new()),
             turns: watch::channel(0).0,
+            busy: watch::channel(false).0,
             pending: watch::channel(false).0,
             waking: std::sync::atomic::AtomicBool::new(false),
             blocks_in_a_row: std::sync::atomic::AtomicU32::new(0),
@@ -419,6 +423,21 @@ mod tests {
     use std::time::Duration;
     use tokio::io::AsyncReadExt;
 
+    /// Removes its directory on drop, also when an assertion fails.
+    struct Gone(PathBuf);
+    impl Drop for Gone {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+
+    fn temp_dir() -> (PathBuf, Gone) {
+        let dir =
+            std::env::temp_dir().join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        (dir.clone(), Gone(dir))
+    }
+
     /// A request still waiting when the generation's socket is ended (its server task
     /// aborted) ends with it: no connection task outlives the generation.
     #[test]
@@ -428,17 +447,7 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let dir = std::env::temp_dir()
-                .join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
-            std::fs::create_dir_all(&dir).unwrap();
-            // Removed also when an assertion below fails.
-            struct Gone(PathBuf);
-            impl Drop for Gone {
-                fn drop(&mut self) {
-                    let _ = std::fs::remove_dir_all(&self.0);
-                }
-            }
-            let _gone = Gone(dir.clone());
+            let (dir, _gone) = temp_dir();
             let path = dir.join("lane.sock");
             let s = GenSession::new();
             s.bind_harness(crate::adapter::Family::Fake, None);
@@ -470,16 +479,7 @@ mod tests {
             .build()
             .unwrap();
         rt.block_on(async {
-            let dir = std::env::temp_dir()
-                .join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
-            std::fs::create_dir_all(&dir).unwrap();
-            struct Gone(PathBuf);
-            impl Drop for Gone {
-                fn drop(&mut self) {
-                    let _ = std::fs::remove_dir_all(&self.0);
-                }
-            }
-            let _gone = Gone(dir.clone());
+            let (dir, _gone) = temp_dir();
             let s = GenSession::new();
             s.bind_harness(crate::adapter::Family::Pi, Some("s1".into()));
             s.activation.send_replace(Some(Ok(())));

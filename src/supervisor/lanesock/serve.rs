@@ -385,6 +385,7 @@ pub(super) async fn hook(
                 o.busy = true;
             });
             s.turns.send_modify(|t| *t += 1);
+            s.busy.send_replace(true);
             LaneResponse::ok("turn started")
         }
         HookEvent::Settled { last_message } => {
@@ -393,6 +394,7 @@ pub(super) async fn hook(
                 o.busy = false;
                 o.last_settled_at = Some(crate::util::now_rfc3339());
             });
+            s.busy.send_replace(false);
             // Only the end of a turn that started after the activation check was submitted
             // answers it (a turn already running then, like Codex's bootstrap, does not).
             let after = s

@@ -28,43 +28,53 @@ pub struct Awaiting {
 }
 
 /// Waits, settled, for a continuation this process accepted and has not given yet; gives
-/// it (recorded before it is returned). `None`: the wait ended first — the generation
-/// ended, or (with `until_turn`) a turn started, or one was running already.
-async fn wait_continuation(s: &GenSession, until_turn: bool) -> Option<Continuation> {
-    let mut turns = s.turns.subscribe();
-    let at = *turns.borrow_and_update();
-    if until_turn && s.observations().busy {
-        return None; // a turn is running: not settled
-    }
+/// it (recorded before it is returned). `None`: the generation ended first.
+///
+/// With `follow_turns` (a real harness, whose turns start and end by events that may
+/// arrive in any order): settled only while no turn runs — a turn starting makes it
+/// unsettled (nothing is accepted for it) and its end settled again, and a continuation is
+/// given only while no turn runs.
+async fn wait_continuation(s: &GenSession, follow_turns: bool) -> Option<Continuation> {
     let mut rx = s.next.subscribe();
-    // "Waiting settled" lasts exactly as long as this wait: a guard clears it however the
-    // wait ends (answered, a turn started, the waiter gone and its request dropped).
+    let mut busy = s.busy.subscribe();
+    // "Waiting settled" lasts at most as long as this wait: a guard clears it however the
+    // wait ends (answered, the waiter gone and its request dropped).
     struct Waiting<'a>(&'a watch::Sender<bool>);
     impl Drop for Waiting<'_> {
         fn drop(&mut self) {
             self.0.send_replace(false);
         }
     }
-    s.settled.send_replace(true);
     let waiting = Waiting(&s.settled);
-    let offered = rx.wait_for(|c| {
+    let available = |c: &Option<Continuation>| {
         c.as_ref().is_some_and(|c| {
             s.visible
                 .lock()
                 .map(|v| !v.contains(&c.continuation_id))
                 .unwrap_or(false)
         })
-    });
-    let turn = async {
-        if until_turn {
-            let _ = turns.wait_for(|t| *t != at).await;
-        } else {
-            std::future::pending::<()>().await;
-        }
     };
-    let got = tokio::select! {
-        c = offered => c.ok().and_then(|c| c.clone()),
-        _ = turn => None,
+    let got = loop {
+        if follow_turns && *busy.borrow_and_update() {
+            s.settled.send_replace(false);
+            if busy.changed().await.is_err() {
+                break None;
+            }
+            continue;
+        }
+        s.settled.send_replace(true);
+        tokio::select! {
+            c = rx.wait_for(available) => match c.map(|c| c.clone()) {
+                Ok(c) if !(follow_turns && *s.busy.borrow()) => break c,
+                Ok(_) => continue,
+                Err(_) => break None,
+            },
+            r = busy.changed(), if follow_turns => {
+                if r.is_err() {
+                    break None;
+                }
+            }
+        }
     };
     drop(waiting);
     let c = got?;
@@ -299,6 +309,11 @@ mod tests {
             .unwrap()
     }
 
+    /// The next report queued for the coordinator, if any.
+    fn next_report(s: &GenSession) -> Option<HarnessReport> {
+        s.reports_rx.lock().unwrap().as_mut()?.try_recv().ok()
+    }
+
     fn stop(answer: &str) -> serde_json::Value {
         json!({"session_id": "s1", "hook_event_name": "Stop", "last_assistant_message": answer})
     }
@@ -322,25 +337,11 @@ mod tests {
                 crate::adapter::continuation_text("cn-1", "run the tests")
             );
             assert!(!*s.pending.borrow());
-            assert!(s
-                .reports_rx
-                .lock()
-                .unwrap()
-                .as_mut()
-                .unwrap()
-                .try_recv()
-                .is_err());
+            assert!(next_report(&s).is_none());
             // The turn it started ends: its answer is the result, and nothing is given again.
             let r = hook(&s, "claude-code", "stop", &stop("tests pass")).await;
             assert!(r.ok && r.output.is_none(), "{r:?}");
-            let got = s
-                .reports_rx
-                .lock()
-                .unwrap()
-                .as_mut()
-                .unwrap()
-                .try_recv()
-                .unwrap();
+            let got = next_report(&s).unwrap();
             assert_eq!(
                 got,
                 HarnessReport::ContinuationResult {
@@ -413,11 +414,29 @@ mod tests {
                     evidence_digest: evidence_digest("continuation-result", b"docs written"),
                 }
             );
-            // A turn running: the extension's wait ends at once, giving nothing.
+            // A turn running: the extension's wait is not settled (nothing is accepted or
+            // given) until the turn ends.
             let _ = hook(&s, "pi", "agent-start", &json!({"session_id": "s1"})).await;
             offer(&s, "cn-3", "more");
-            let r = hook(&s, "pi", "next", &json!({"session_id": "s1"})).await;
-            assert!(r.output.is_none(), "{r:?}");
+            let ask = json!({"session_id": "s1"});
+            let waiting = hook(&s, "pi", "next", &ask);
+            tokio::pin!(waiting);
+            assert!(
+                tokio::time::timeout(Duration::from_millis(300), &mut waiting)
+                    .await
+                    .is_err(),
+                "given while a turn runs"
+            );
+            assert!(!*s.settled.borrow(), "settled while a turn runs");
+            let ended = async {
+                let _ = hook(&s, "pi", "agent-settled", &settled("more done", false)).await;
+                std::future::pending::<()>().await
+            };
+            let r = tokio::select! {
+                r = &mut waiting => r,
+                _ = ended => unreachable!(),
+            };
+            assert!(r.output.unwrap().contains("cn-3"));
         });
     }
 
