@@ -35,7 +35,6 @@ BEGIN
     VALUES (p_key, p_kind, p_body || jsonb_build_object('kind', p_kind, 'event_key', p_key,
         'at', to_char(clock_timestamp() AT TIME ZONE 'UTC', 'YYYY-MM-DD"T"HH24:MI:SS.US"Z"')))
     ON CONFLICT (event_key) DO NOTHING;
-    PERFORM pg_notify('mosaic_notifications', p_key);
 END $$;
 
 -- Work becomes blocked, or blocked again for another reason or other evidence.
@@ -50,8 +49,11 @@ BEGIN
         ELSE 'blocked' END;
     SELECT li.lane_id INTO v_lane FROM lane_incarnations li
      WHERE li.lane_incarnation_id = NEW.lane_incarnation_id;
+    -- Each change is its own event (an unblock and the same block again notify twice); the
+    -- transaction id keeps one change one row.
     PERFORM mosaic_notify(
-        'blocked/' || NEW.assignment_id || '/' || NEW.blocker_code || '/' || NEW.blocker_evidence_digest,
+        'blocked/' || NEW.assignment_id || '/' || NEW.blocker_code || '/' || NEW.blocker_evidence_digest
+            || '/' || pg_current_xact_id()::text,
         v_kind,
         jsonb_build_object('assignment_id', NEW.assignment_id, 'lane_id', v_lane,
             'code', NEW.blocker_code, 'evidence_digest', NEW.blocker_evidence_digest));
@@ -104,3 +106,17 @@ CREATE TRIGGER notify_handoff_offered AFTER INSERT ON handoffs
 CREATE TRIGGER notify_handoff_expired AFTER UPDATE ON handoffs FOR EACH ROW
     WHEN (NEW.state = 'EXPIRED' AND OLD.state <> 'EXPIRED')
     EXECUTE FUNCTION mosaic_notify_handoff();
+
+-- An elastic lane's lease quarantined (a destruction collision or ambiguity): its lane needs
+-- an operator (`mosaic lane unlease`).
+CREATE FUNCTION mosaic_notify_lease_quarantine() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM mosaic_notify('quarantine/lease/' || NEW.lease_id || '/' || pg_current_xact_id()::text,
+        'quarantine',
+        jsonb_build_object('lane_id', NEW.lane_id, 'lease_id', NEW.lease_id,
+            'lane_incarnation_id', NEW.lane_incarnation_id));
+    RETURN NULL;
+END $$;
+CREATE TRIGGER notify_lease_quarantine AFTER UPDATE ON lane_leases FOR EACH ROW
+    WHEN (NEW.state = 'QUARANTINED' AND OLD.state IS DISTINCT FROM 'QUARANTINED')
+    EXECUTE FUNCTION mosaic_notify_lease_quarantine();

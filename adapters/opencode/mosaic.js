@@ -26,8 +26,8 @@ function forward(event, payload) {
   });
 }
 
-// Waits for the supervisor's next continuation (no time limit); resolves to its text, or ""
-// when a turn started first, the generation ended or the supervisor refused.
+// Waits for the supervisor's next continuation (no time limit; not settled while a turn
+// runs); resolves to its text, or "" when the generation ended or the supervisor refused.
 function awaitContinuation(sessionId) {
   return forward("next", { session_id: sessionId }).then((out) => out.replace(/\n$/, ""));
 }
@@ -69,14 +69,16 @@ export const MosaicPlugin = async ({ client }) => {
     try {
       const r = await client.session.messages({ path: { id: sessionID } });
       const msgs = (r && r.data) || [];
-      for (let i = msgs.length - 1; i >= 0; i--) {
-        const m = msgs[i];
-        if (m && m.info && m.info.role === "assistant") {
-          return (m.parts || [])
-            .filter((p) => p && p.type === "text")
-            .map((p) => p.text)
-            .join("\n");
-        }
+      // The turn's own answer only: the latest message, if it is the assistant's. A turn
+      // that ended without one (aborted, failed) answered nothing — never an earlier
+      // turn's answer.
+      const m = msgs[msgs.length - 1];
+      if (m && m.info && m.info.role === "assistant") {
+        const text = (m.parts || [])
+          .filter((p) => p && p.type === "text")
+          .map((p) => p.text)
+          .join("\n");
+        return text || null;
       }
     } catch (_) {}
     return null;

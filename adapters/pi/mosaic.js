@@ -32,9 +32,9 @@ function forwardNow(event, payload) {
   });
 }
 
-// Waits for the supervisor's next continuation (no time limit: it waits as long as Pi is
-// settled); resolves to its text, or "" when a run started first, the generation ended or
-// the supervisor refused.
+// Waits for the supervisor's next continuation (no time limit; not settled while a run
+// goes on); resolves to its text, or "" when the generation ended or the supervisor
+// refused.
 let waiter = null;
 function awaitContinuation(sessionId) {
   return new Promise((resolve) => {

@@ -190,7 +190,7 @@ pub enum HookEvent {
     /// session, a resume, a fork or clone) and its extension refused it: observed, counted.
     ReplacementRefused { what: String },
     /// The extension is ready for the next continuation ([`ContinuationDelivery::AssetPrompt`]):
-    /// answered with one, or empty when a turn starts first or the generation ends.
+    /// answered with one (given only while no turn runs), or empty when the generation ends.
     AwaitContinuation,
     /// Understood and of no consequence (a subagent's session, a repeated binding).
     Ignored,

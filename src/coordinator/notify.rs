@@ -22,12 +22,15 @@ pub struct Notification {
     pub delivered_to: Vec<String>,
 }
 
-/// How long a claim holds a row: a notifier that dies mid-delivery leaves it to another
-/// (or to itself, restarted) after this.
-const CLAIM_MS: i64 = 60_000;
+/// How long a claim holds a row: longer than one event's delivery to every sink can take
+/// (each sink is bounded by `service::notifier`'s 30 s), so no other notifier takes it
+/// while it is being delivered; one that dies mid-delivery leaves it to another (or to
+/// itself, restarted) after this.
+const CLAIM_MS: i64 = 120_000;
 
 impl Store {
-    /// Claims up to `limit` events that are due (oldest first), each for `CLAIM_MS`.
+    /// Claims up to `limit` events that are due (oldest first), each for `CLAIM_MS`
+    /// (the notifier claims one at a time: a claim must outlast its own delivery).
     pub async fn claim_notifications(
         &self,
         limit: i64,
@@ -59,10 +62,13 @@ impl Store {
             .collect()
     }
 
-    /// Records that `sink` took the event; it is done once every sink of `sinks` has.
+    /// Records that `sink` took the event; it is done once every sink of `sinks` has. Only
+    /// under the claim that delivered it (`attempts`): a claim that lapsed and was taken
+    /// again is the new holder's to record.
     pub async fn notification_delivered(
         &self,
         event_key: &str,
+        attempts: i32,
         sink: &str,
         sinks: &[&str],
     ) -> Result<(), AuthorityError> {
@@ -75,10 +81,11 @@ impl Store {
                         done_at = CASE WHEN $3::text[] <@ array_append(delivered_to, $2) \
                                        THEN clock_timestamp() END, \
                         last_error = NULL \
-                  WHERE event_key = $1 AND done_at IS NULL",
+                  WHERE event_key = $1 AND done_at IS NULL AND attempts = $4",
             )
             .await?;
-        c.execute(&stmt, &[&event_key, &sink, &sinks]).await?;
+        c.execute(&stmt, &[&event_key, &sink, &sinks, &attempts])
+            .await?;
         Ok(())
     }
 
@@ -86,6 +93,7 @@ impl Store {
     pub async fn notification_failed(
         &self,
         event_key: &str,
+        attempts: i32,
         error: &str,
         backoff_ms: i64,
     ) -> Result<(), AuthorityError> {
@@ -94,11 +102,14 @@ impl Store {
             .prepare_cached(
                 "UPDATE notifications SET last_error = $2, \
                         next_attempt_at = clock_timestamp() + $3 * interval '1 millisecond' \
-                  WHERE event_key = $1 AND done_at IS NULL",
+                  WHERE event_key = $1 AND done_at IS NULL AND attempts = $4",
             )
             .await?;
-        c.execute(&stmt, &[&event_key, &error, &(backoff_ms as f64)])
-            .await?;
+        c.execute(
+            &stmt,
+            &[&event_key, &error, &(backoff_ms as f64), &attempts],
+        )
+        .await?;
         Ok(())
     }
 

@@ -35,6 +35,9 @@ pub struct Webhook {
     port: u16,
     /// Path and query (may hold a token: never shown).
     target: String,
+    /// The `Host` header: the host (an IPv6 one in brackets), and its port unless the
+    /// scheme's own.
+    authority: String,
     pub shown: String,
 }
 
@@ -55,8 +58,22 @@ impl Webhook {
             .map(|p| p.as_str().to_string())
             .filter(|p| !p.is_empty())
             .unwrap_or_else(|| "/".into());
+        let bracketed = if host.contains(':') {
+            format!("[{host}]")
+        } else {
+            host.clone()
+        };
+        let authority = if port == if https { 443 } else { 80 } {
+            bracketed.clone()
+        } else {
+            format!("{bracketed}:{port}")
+        };
         Ok(Self {
-            shown: format!("{}://{host}:{port}", if https { "https" } else { "http" }),
+            shown: format!(
+                "{}://{bracketed}:{port}",
+                if https { "https" } else { "http" }
+            ),
+            authority,
             https,
             host,
             port,
@@ -118,7 +135,7 @@ pub(crate) async fn run(
         "notifier delivering operator events");
     let mut changed = svc.changed.subscribe();
     loop {
-        let due = match svc.store.claim_notifications(16).await {
+        let due = match svc.store.claim_notifications(1).await {
             Ok(d) => d,
             Err(e) => {
                 tracing::warn!(error = %e, "cannot read the notifications due; trying again");
@@ -163,7 +180,7 @@ async fn deliver(svc: &Service, sinks: &Sinks, names: &[&str], n: Notification) 
                 svc.metrics.notifications(sink, true);
                 if let Err(e) = svc
                     .store
-                    .notification_delivered(&n.event_key, sink, names)
+                    .notification_delivered(&n.event_key, n.attempts, sink, names)
                     .await
                 {
                     // Taken but not recorded: delivered again after the claim lapses.
@@ -188,7 +205,7 @@ async fn deliver(svc: &Service, sinks: &Sinks, names: &[&str], n: Notification) 
     let kept: String = error.chars().take(500).collect();
     if let Err(e) = svc
         .store
-        .notification_failed(&n.event_key, &kept, backoff)
+        .notification_failed(&n.event_key, n.attempts, &kept, backoff)
         .await
     {
         tracing::warn!(event_key = %n.event_key, error = %e,
@@ -240,7 +257,7 @@ async fn post(w: &Webhook, body: &str) -> Result<(), String> {
         let mut sender =
             crate::util::http1::connect(w.https, &w.host, w.port, SINK_TIMEOUT).await?;
         let req = hyper::Request::post(w.target.as_str())
-            .header(hyper::header::HOST, w.host.as_str())
+            .header(hyper::header::HOST, w.authority.as_str())
             .header(hyper::header::CONTENT_TYPE, "application/json")
             .header(hyper::header::USER_AGENT, "mosaic-notifier")
             .body(Full::new(Bytes::from(body.to_string())))
@@ -272,6 +289,11 @@ mod tests {
     fn a_webhook_url_is_never_shown_beyond_its_host() {
         let w = Webhook::parse("https://hooks.example.com/services/T0/B0/SECRET?x=1").unwrap();
         assert_eq!(w.shown, "https://hooks.example.com:443");
+        assert_eq!(w.authority, "hooks.example.com");
+        assert_eq!(
+            Webhook::parse("http://[::1]:8080/x").unwrap().authority,
+            "[::1]:8080"
+        );
         assert_eq!(w.target, "/services/T0/B0/SECRET?x=1");
         assert!(!format!("{w:?}").contains("SECRET"));
         assert!(Webhook::parse("https://user:pw@example.com/x").is_err());

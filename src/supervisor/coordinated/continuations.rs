@@ -58,6 +58,11 @@ impl CoordinatedHost {
                     ));
                     return;
                 }
+                // Re-sent while its result is outstanding: already given, nothing to do (its
+                // result comes from the harness's next settled boundary).
+                if session.given(&id) {
+                    return;
+                }
                 let ours = session
                     .accepted_here
                     .lock()
@@ -73,7 +78,6 @@ impl CoordinatedHost {
                     return;
                 }
                 crate::coordinator::failpoint::host("continuation-deliver");
-                session.pending.send_replace(true);
                 session
                     .next
                     .send_replace(Some(crate::supervisor::lanesock::Continuation {
@@ -93,36 +97,51 @@ impl CoordinatedHost {
                     .lock()
                     .map(|mut o| o.insert(claim.clone()))
                     .unwrap_or(false);
-                if !fresh {
-                    return; // already waiting to accept this claim
+                if session.given(&id) {
+                    return; // given already: its acceptance is behind it
                 }
-                session.pending.send_replace(true);
+                if !fresh {
+                    // Already waiting to accept this claim; the re-sent offer only brings
+                    // about a settled boundary if none came (one wake at a time).
+                    if !*session.settled.borrow() {
+                        self.wake(&lane_id, ctx.generation, session.clone());
+                    }
+                    return;
+                }
+                // In flight until it lapses, or until its acceptance came back (or had time
+                // to).
+                struct InFlight(Arc<GenSession>, String);
+                impl Drop for InFlight {
+                    fn drop(&mut self) {
+                        if let Ok(mut o) = self.0.offers_in_flight.lock() {
+                            if let Some(i) = o.iter().position(|x| *x == self.1) {
+                                o.remove(i);
+                            }
+                        }
+                    }
+                }
+                if let Ok(mut o) = session.offers_in_flight.lock() {
+                    o.push(id.clone());
+                }
+                let in_flight = InFlight(session.clone(), id.clone());
                 if !*session.settled.borrow() {
                     self.clone().wake(&lane_id, ctx.generation, session.clone());
                 }
                 tokio::spawn(async move {
+                    let _in_flight = in_flight;
                     let mut settled = session.settled.subscribe();
                     // Bounded: a harness that never settles lets the claim lapse, and the
                     // coordinator reclaims or expires it.
-                    let ok = tokio::time::timeout(
-                        std::time::Duration::from_secs(60),
-                        settled.wait_for(|s| *s),
-                    )
-                    .await;
-                    if !matches!(ok, Ok(Ok(_))) {
-                        // Lapsed: nothing on its way any more, unless another continuation
-                        // was accepted and waits to be given.
-                        let waiting = session.next.borrow().as_ref().is_some_and(|c| {
-                            session
-                                .visible
-                                .lock()
-                                .map(|v| !v.contains(&c.continuation_id))
-                                .unwrap_or(false)
-                        });
-                        if !waiting {
-                            session.pending.send_replace(false);
-                        }
-                        return;
+                    let ok = matches!(
+                        tokio::time::timeout(
+                            std::time::Duration::from_secs(60),
+                            settled.wait_for(|s| *s),
+                        )
+                        .await,
+                        Ok(Ok(_))
+                    );
+                    if !ok {
+                        return; // lapsed: the coordinator reclaims or expires it
                     }
                     crate::coordinator::failpoint::host("continuation-accept");
                     if let Ok(mut a) = session.accepted_here.lock() {
@@ -132,12 +151,20 @@ impl CoordinatedHost {
                         wire::ContinuationAccept {
                             chain: base.chain,
                             bound: base.bound,
-                            continuation_id: id,
+                            continuation_id: id.clone(),
                             claim_ref: claim,
                             next_action_digest: m.next_action_digest,
                             process_identity: canonical::to_json(&ctx.identity),
                         },
                     ));
+                    // In flight a little longer, so a Stop hook waits for the acceptance to
+                    // come back (then it is on its way as accepted); one refused is not.
+                    let mut next = session.next.subscribe();
+                    let _ = tokio::time::timeout(
+                        std::time::Duration::from_secs(10),
+                        next.wait_for(|c| c.as_ref().is_some_and(|c| c.continuation_id == id)),
+                    )
+                    .await;
                 });
             }
         }
@@ -181,7 +208,7 @@ impl CoordinatedHost {
             // Wanted while something is on its way to this live generation and no settled
             // boundary waits for it yet.
             let wanted = || {
-                *session.pending.borrow()
+                session.on_its_way()
                     && !*session.settled.borrow()
                     && matches!(*session.activation.borrow(), Some(Ok(())))
             };

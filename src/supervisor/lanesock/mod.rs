@@ -88,9 +88,9 @@ pub struct GenSession {
     /// A turn runs (its start seen and its end not yet): a real harness's wait for a
     /// continuation is settled only while this is false.
     pub busy: watch::Sender<bool>,
-    /// A continuation is on its way (offered, or accepted here and not yet given): a Stop
-    /// hook waits for it at its settled boundary instead of returning at once.
-    pub pending: watch::Sender<bool>,
+    /// The continuations of offers waiting for this generation to settle, or for their
+    /// acceptance to come back (`on_its_way`); one entry per offer.
+    pub offers_in_flight: std::sync::Mutex<Vec<String>>,
     /// Continuations given in a row by block decisions, without a turn of its own between
     /// (Claude Code ends the turn itself after a few: `settled::MAX_BLOCKS_IN_A_ROW`).
     pub blocks_in_a_row: std::sync::atomic::AtomicU32,
@@ -183,7 +183,7 @@ impl GenSession {
             visible: std::sync::Mutex::new(std::collections::HashSet::new()),
             turns: watch::channel(0).0,
             busy: watch::channel(false).0,
-            pending: watch::channel(false).0,
+            offers_in_flight: std::sync::Mutex::new(Vec::new()),
             waking: std::sync::atomic::AtomicBool::new(false),
             blocks_in_a_row: std::sync::atomic::AtomicU32::new(0),
             awaiting: std::sync::Mutex::new(None),
@@ -240,6 +240,35 @@ impl GenSession {
             tracing::error!(path = %path.display(), continuation_id, error = %e,
                 "cannot keep the continuation's result on disk; it is held in memory and sent");
         }
+    }
+
+    /// Whether a continuation is on its way to the harness: an offer in flight, or one
+    /// accepted here and not given yet. A Stop hook waits at its settled boundary only then.
+    pub fn on_its_way(&self) -> bool {
+        let offered: Vec<String> = self
+            .offers_in_flight
+            .lock()
+            .map(|o| o.clone())
+            .unwrap_or_default();
+        offered.iter().any(|id| !self.given(id)) || self.on_its_way_accepted()
+    }
+
+    /// Whether a continuation accepted here waits to be given.
+    pub fn on_its_way_accepted(&self) -> bool {
+        self.next.borrow().as_ref().is_some_and(|c| {
+            self.visible
+                .lock()
+                .map(|v| !v.contains(&c.continuation_id))
+                .unwrap_or(false)
+        })
+    }
+
+    /// Whether `continuation_id` was already given to the harness.
+    pub fn given(&self, continuation_id: &str) -> bool {
+        self.visible
+            .lock()
+            .map(|v| v.contains(continuation_id))
+            .unwrap_or(true)
     }
 
     /// Records which family runs here and its conversation id (at launch or re-adoption).

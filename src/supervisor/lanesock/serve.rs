@@ -126,7 +126,14 @@ pub(crate) fn serve(
                 };
                 if let Ok(mut out) = serde_json::to_vec(&resp) {
                     out.push(b'\n');
-                    let _ = w.write_all(&out).await;
+                    let written = w.write_all(&out).await;
+                    // A continuation whose answer did not reach its waiter: given (never
+                    // again), but no later turn's answer is its result.
+                    if written.is_err() && resp.state.as_deref() == Some("continuation") {
+                        if let Ok(mut a) = s.awaiting.lock() {
+                            *a = None;
+                        }
+                    }
                 }
             });
         }
@@ -312,7 +319,11 @@ pub(super) async fn hook(
         Err(e) => {
             s.observe(|o| o.refused_events += 1);
             tracing::warn!(category = e.category(), refusal = %e, "hook event refused");
-            if matches!(e, crate::adapter::HookRefusal::Replaced(_)) {
+            // Only an event about this generation's own conversation says it was replaced.
+            if matches!(e, crate::adapter::HookRefusal::Replaced(_))
+                && conversation.is_some()
+                && payload["session_id"].as_str() == conversation.as_deref()
+            {
                 settled::conversation_replaced(s, event, payload);
             }
             return err(&e.to_string());

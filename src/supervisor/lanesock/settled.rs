@@ -150,16 +150,30 @@ async fn give(
         return LaneResponse::ok(state);
     }
     let waited = match within {
-        Some(d) => tokio::time::timeout(d, wait_continuation(s, true))
-            .await
-            .ok()
-            .flatten(),
+        // Bounded, and over as soon as nothing is on its way any more (an offer lapsed or
+        // was refused): the harness is held no longer than a continuation can come.
+        Some(d) => {
+            let gone = async {
+                while s.on_its_way() {
+                    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+                }
+            };
+            tokio::select! {
+                c = tokio::time::timeout(d, wait_continuation(s, true)) => c.ok().flatten(),
+                _ = gone => None,
+            }
+        }
         None => wait_continuation(s, true).await,
     };
     let Some(c) = waited else {
         return LaneResponse::ok(state);
     };
-    s.pending.send_replace(false);
+    if adapter.continuation_delivery() == ContinuationDelivery::SettledHookAnswer {
+        // The block decision continues the turn (no prompt-submit event says so): busy
+        // until its Stop, so nothing is typed into it.
+        s.observe(|o| o.busy = true);
+        s.busy.send_replace(true);
+    }
     let turns_at = *s.turns.borrow();
     if let Ok(mut a) = s.awaiting.lock() {
         *a = Some(Awaiting {
@@ -215,8 +229,7 @@ pub(super) async fn at_settled(
         // on its way, never for one that may not come (an operator's typed turn waits
         // behind it).
         ContinuationDelivery::SettledHookAnswer
-            if *s.pending.borrow()
-                && s.blocks_in_a_row.load(Ordering::SeqCst) < MAX_BLOCKS_IN_A_ROW =>
+            if s.on_its_way() && s.blocks_in_a_row.load(Ordering::SeqCst) < MAX_BLOCKS_IN_A_ROW =>
         {
             let r = give(s, adapter, state, Some(STOP_WAIT)).await;
             if r.output.is_some() {
@@ -295,7 +308,6 @@ mod tests {
     }
 
     fn offer(s: &GenSession, id: &str, next_action: &str) {
-        s.pending.send_replace(true);
         s.next.send_replace(Some(Continuation {
             continuation_id: id.into(),
             next_action: next_action.into(),
@@ -336,7 +348,7 @@ mod tests {
                 out["reason"],
                 crate::adapter::continuation_text("cn-1", "run the tests")
             );
-            assert!(!*s.pending.borrow());
+            assert!(!s.on_its_way());
             assert!(next_report(&s).is_none());
             // The turn it started ends: its answer is the result, and nothing is given again.
             let r = hook(&s, "claude-code", "stop", &stop("tests pass")).await;
@@ -379,7 +391,7 @@ mod tests {
             offer(&s, "cn-last", "next");
             let r = hook(&s, "claude-code", "stop", &chained(9)).await;
             assert!(r.output.is_none(), "one block too many: {r:?}");
-            assert!(*s.pending.borrow(), "the continuation is still on its way");
+            assert!(s.on_its_way(), "the continuation is still on its way");
             let r = hook(&s, "claude-code", "stop", &chained(0)).await;
             assert!(r.output.unwrap().contains("cn-last"));
         });
