@@ -316,3 +316,188 @@ fn claude_code_reports_a_cleared_conversation_as_blocked() {
     });
     assert_eq!(code, "conversation-replaced");
 }
+
+/// The work `id` as `mosaic status` shows it.
+fn work(up: &Up, id: &str) -> Value {
+    up.cli(&["status"]).unwrap()["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["assignment_id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no assignment {id} in the status"))
+}
+
+fn lane_state(up: &Up, lane: &str) -> String {
+    up.cli(&["lanes"])
+        .unwrap()
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|l| l["lane_id"] == lane)
+        .and_then(|l| l["state"].as_str().map(str::to_string))
+        .unwrap_or_default()
+}
+
+/// (responsibility owner, execution owner, pending target) of a status entry.
+fn owners(w: &Value) -> (Option<String>, Option<String>, Option<String>) {
+    let s = |k: &str| w[k].as_str().map(str::to_string);
+    (
+        s("responsibility_owner"),
+        s("execution_owner"),
+        s("pending_target"),
+    )
+}
+
+fn count(up: &Up, query: &str, id: &str) -> i64 {
+    up.sql(&format!("SELECT ({query})::text"), id)
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no count from {query}"))
+}
+
+/// Spec §8.1 and §17 Cross-harness handoff separation, through each real harness: the
+/// target's harness gets its handoff check typed into its pane and answers it in its own
+/// turn. Answered in the activation check's form, the check does not pass and the work
+/// stays with its source; answered as asked, responsibility moves, and only then is the
+/// target's own activation check issued and answered — the handoff ACK never stands in for
+/// it. The target then runs the work, continuations included.
+fn handoff(f: &Family) {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family_lanes(f, &model, None, 2);
+    let (source, target) = (up.lane_n(1), up.lane_n(2));
+    let a = up
+        .assign(
+            f.runtime,
+            "CONTINUITY-HANDOFF: wait for your next action",
+            true,
+        )
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let mine = (Some(source.clone()), Some(source.clone()), None);
+
+    // 1. The target answers in the wrong form: the offer expires, the work stays.
+    let r = up
+        .cli(&[
+            "handoff",
+            "--assignment",
+            &id,
+            "--to",
+            &target,
+            "--task",
+            "model:handoff-as-activation HANDOFF-WRONG-FORM: take over",
+            "--within-ms",
+            "60000",
+        ])
+        .unwrap_or_else(|e| panic!("handoff: {e}"));
+    assert!(r["handoff_id"].is_string(), "{r}");
+    // Before its activation a generation reaches no model: its answer is the one the
+    // gateway gives from its own request (here in the wrong form), refused at its turn end.
+    // The offer lasts a minute (OpenCode's TUI alone takes up to 20 s to start): both
+    // waits outlast it.
+    let offer = std::time::Duration::from_secs(90);
+    wait_for("the target's wrong answer refused", offer, || {
+        let status = up.host_status();
+        let refused = status["lanes"]
+            .as_array()?
+            .iter()
+            .find(|l| l["lane_id"] == target.as_str())?["generation"]["harness"]["ack_refused"]
+            .as_u64()?;
+        (refused >= 1).then_some(())
+    });
+    wait_for("the unacknowledged offer to end", offer, || {
+        let w = work(&up, &id);
+        (w["work_status"] == "active" && w["pending_target"].is_null()).then_some(())
+    });
+    assert_eq!(owners(&work(&up, &id)), mine, "the work left its source");
+    assert_eq!(
+        count(
+            &up,
+            "SELECT count(*) FROM transition_receipts WHERE assignment_id = $1 AND transition = 'handoff-accept'",
+            &id
+        ),
+        0,
+        "an answer in the activation check's form took the handoff"
+    );
+    up.wait_for("the target lane clean again", || {
+        (lane_state(&up, &target) == "IDLE_CLEAN").then_some(())
+    });
+
+    // 2. Answered as asked: responsibility moves, then the target activates on its own.
+    up.cli(&[
+        "handoff",
+        "--assignment",
+        &id,
+        "--to",
+        &target,
+        "--task",
+        "HANDOFF-TAKEN: take over and wait for your next action",
+    ])
+    .unwrap_or_else(|e| panic!("handoff: {e}"));
+    up.wait_for("the target to run the work", || {
+        let w = work(&up, &id);
+        (w["lane_id"] == target.as_str() && w["lane_state"] == "RUNNING").then_some(())
+    });
+    assert_eq!(
+        owners(&work(&up, &id)),
+        (Some(target.clone()), Some(target.clone()), None)
+    );
+    assert_eq!(
+        up.sql(
+            "SELECT (coalesce(min(decided_at) FILTER (WHERE transition = 'handoff-accept'), 'infinity') < \
+                     coalesce(max(decided_at) FILTER (WHERE transition = 'activation-challenge'), '-infinity'))::text \
+             FROM transition_receipts WHERE assignment_id = $1",
+            &id
+        )
+        .as_deref(),
+        Some("true"),
+        "the target's activation challenge did not follow the handoff's acceptance"
+    );
+    let counts = [
+        "SELECT count(*) FROM transition_receipts WHERE assignment_id = $1 AND transition = 'handoff-accept'",
+        "SELECT count(*) FROM transition_receipts WHERE assignment_id = $1 AND transition = 'activate'",
+        "SELECT count(*) FROM handoffs WHERE assignment_id = $1 AND state = 'ACCEPTED'",
+    ]
+    .map(|q| count(&up, q, &id));
+    assert_eq!(
+        counts,
+        [1, 2, 1],
+        "(accepts, activations: the source's and the target's own, accepted handoffs)"
+    );
+    up.wait_for("the source lane clean", || {
+        (lane_state(&up, &source) == "IDLE_CLEAN").then_some(())
+    });
+    // The target's harness does the work: a continuation is given to it and answered.
+    let answer = format!("after-the-handoff-{}", uuid::Uuid::new_v4().simple());
+    let cn = continue_once(&up, &id, &answer);
+    assert_eq!(turns_carrying(&model, &cn), 1);
+    assert_eq!(
+        up.sql(
+            "SELECT result_evidence_digest FROM continuations WHERE continuation_id = $1",
+            &cn
+        ),
+        Some(mosaic::protocol::work::evidence_digest(
+            "continuation-result",
+            answer.as_bytes()
+        ))
+    );
+}
+
+#[test]
+fn claude_code_takes_a_handoff_only_by_its_own_answer() {
+    handoff(&CLAUDE);
+}
+
+#[test]
+fn codex_takes_a_handoff_only_by_its_own_answer() {
+    handoff(&CODEX);
+}
+
+#[test]
+fn pi_takes_a_handoff_only_by_its_own_answer() {
+    handoff(&PI);
+}
+
+#[test]
+fn opencode_takes_a_handoff_only_by_its_own_answer() {
+    handoff(&OPENCODE);
+}

@@ -22,7 +22,7 @@ mod probe;
 mod registry;
 mod schema;
 
-pub use ackline::{ack_phrase, contract_context, contract_key};
+pub use ackline::{ack_phrase, contract_context, contract_key, handoff_phrase, Check};
 pub use probe::*;
 pub use registry::*;
 pub use schema::*;

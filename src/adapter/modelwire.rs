@@ -104,19 +104,23 @@ pub fn latest_turn(api: Api, body: &Value) -> (bool, String) {
     }
 }
 
-/// The answer to a generation's activation check, from its own request: the challenge in
-/// the latest turn and the contract key in the context the harness sent. `None` when the
-/// latest turn carries no challenge. Without the key (the contract never reached the
-/// harness's context) the answer leaves it out, and the supervisor acknowledges nothing.
+/// The answer to a staged generation's check, from its own request: the activation check
+/// (or a handoff target's handoff check, each answered in its own form) in the latest turn
+/// and the contract key in the context the harness sent. `None` when the latest turn
+/// carries no check. Without the key (the contract never reached the harness's context)
+/// the answer leaves it out, and the supervisor acknowledges nothing.
 pub fn activation_answer(api: Api, body: &Value) -> Option<String> {
+    use crate::adapter::Check;
     let (tool_result, latest) = latest_turn(api, body);
     if tool_result {
         return None;
     }
-    let hex = crate::adapter::ackline::find_challenge(&latest)?;
+    let (check, hex) = [Check::Handoff, Check::Activation]
+        .into_iter()
+        .find_map(|c| c.find(&latest).map(|h| (c, h)))?;
     Some(match contract_key(body) {
-        Some(k) => crate::adapter::ackline::ack(&hex, &k),
-        None => crate::adapter::ackline::ack_without_key(&hex),
+        Some(k) => check.answer(&hex, &k),
+        None => check.answer_without_key(&hex),
     })
 }
 
@@ -366,6 +370,15 @@ mod tests {
             Some("mosaic-ack:0a1b")
         );
         assert_eq!(a(&req("contract key 00ff00ff", "hello")), None);
+        // A handoff check is answered in its own form, never the activation check's.
+        assert_eq!(
+            a(&req("contract key 00ff00ff", "mosaic-handoff:0a1b")).as_deref(),
+            Some("mosaic-handoff-ack:0a1b-00ff00ff")
+        );
+        assert_eq!(
+            a(&req("none", "mosaic-handoff:0a1b")).as_deref(),
+            Some("mosaic-handoff-ack:0a1b")
+        );
         // Chat and Responses requests carry the same two parts elsewhere.
         let chat = json!({"messages": [{"role": "system", "content": "contract key abcdef0123"},
             {"role": "user", "content": "please mosaic-challenge:77 now"}]});

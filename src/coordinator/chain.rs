@@ -653,7 +653,7 @@ impl Store {
                         }
                         let hc = format!("hc-{}", crate::util::random_hex(32).map_err(AuthorityError::Entropy)?);
                         let exp: String = d.query_one(
-                            concatcp!("WITH n AS (UPDATE assignments SET next_action = 'the target acknowledges handoff challenge ' || $1 || ' (mosaic lane handoff-ack)' WHERE assignment_id = $5) \
+                            concatcp!("WITH n AS (UPDATE assignments SET next_action = 'the target acknowledges handoff challenge ' || $1 || ' (its harness answers the handoff check in its own turn, or mosaic lane handoff-ack)' WHERE assignment_id = $5) \
                              UPDATE handoffs h SET state = ", HandoffState::Challenged.sql(), ", challenge_id = $1, challenge_epoch = $2, \
                                     challenge_deadline = LEAST(r.deadline, clock_timestamp() + $3::text::interval) \
                              FROM reservations r WHERE r.reservation_id = $4 AND h.handoff_id = r.handoff_id AND h.state = ", HandoffState::Offered.sql(), " \

@@ -103,6 +103,16 @@ impl Up {
         model: &Model,
         registry: Option<&Path>,
     ) -> (TempDir, Self, String) {
+        Self::for_family_lanes(f, model, registry, 1)
+    }
+
+    /// [`Up::for_family`] with `lanes` lanes.
+    pub fn for_family_lanes(
+        f: &Family,
+        model: &Model,
+        registry: Option<&Path>,
+        lanes: u32,
+    ) -> (TempDir, Self, String) {
         let name = f.family_name();
         let token = format!("mosaic-test-token-{}", uuid::Uuid::new_v4().simple());
         let creds_dir = TempDir::new("mosaic-creds");
@@ -119,12 +129,13 @@ impl Up {
             }
             d
         });
-        let up = Up::start(
+        let up = Up::start_lanes(
             name,
             &creds,
             overlay.as_deref(),
             registry,
             &format!("http://127.0.0.1:{}", model.port),
+            lanes,
         );
         (creds_dir, up, token)
     }
@@ -136,11 +147,22 @@ impl Up {
         registry: Option<&Path>,
         provider: &str,
     ) -> Self {
+        Self::start_lanes(runtime, credentials, overlay, registry, provider, 1)
+    }
+
+    pub fn start_lanes(
+        runtime: &str,
+        credentials: &Path,
+        overlay: Option<&Path>,
+        registry: Option<&Path>,
+        provider: &str,
+        lanes: u32,
+    ) -> Self {
         common::require_host();
         let db = pg::TestDb::new();
         let dir = std::env::temp_dir().join(format!("mosaic-hc-{}", uuid::Uuid::new_v4().simple()));
         let mut cmd = Command::new(common::MOSAIC);
-        cmd.args(["up", "--lanes", "1", "--state-dir"])
+        cmd.args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
             .arg(&dir)
             .args(["--database-url", &db.url, "--harness-root"])
             .arg(harness_root())
@@ -211,8 +233,13 @@ impl Up {
     }
 
     pub fn lane(&self) -> String {
+        self.lane_n(1)
+    }
+
+    /// The id of lane `n` (from 1).
+    pub fn lane_n(&self, n: u32) -> String {
         let host = nix::unistd::gethostname().unwrap();
-        format!("{}:lane-1", host.to_string_lossy())
+        format!("{}:lane-{n}", host.to_string_lossy())
     }
 
     pub fn assign(&self, runtime: &str, task: &str, wait: bool) -> Result<Value, String> {

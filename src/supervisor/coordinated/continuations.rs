@@ -175,11 +175,7 @@ impl CoordinatedHost {
     /// ends and its Stop hook waits for the continuation on its way. The turn carries no
     /// continuation: typed twice or lost, it gives nothing twice and loses nothing.
     pub(super) fn wake(self: Arc<Self>, lane_id: &str, generation: u64, session: Arc<GenSession>) {
-        let family = session
-            .harness
-            .lock()
-            .ok()
-            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        let family = session.family();
         if family.map(|f| f.adapter().continuation_delivery())
             != Some(crate::adapter::ContinuationDelivery::SettledHookAnswer)
         {

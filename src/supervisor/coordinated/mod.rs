@@ -29,6 +29,7 @@ use super::lanesock::{Contract, GenSession, HarnessReport};
 use super::link::HostDispatch;
 use super::state::CoordBinding;
 use super::Supervisor;
+use crate::adapter::Check;
 use crate::protocol::canonical;
 use crate::protocol::canonical::Value;
 use crate::protocol::envelope::{n, s, Signer};

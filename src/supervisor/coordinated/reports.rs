@@ -243,8 +243,13 @@ impl CoordinatedHost {
                     let fresh = session.phrase.borrow().as_deref() != Some(phrase.as_str());
                     session.phrase.send_replace(Some(phrase.clone()));
                     if fresh {
-                        self.clone()
-                            .deliver_challenge(&ctx, session.clone(), &lane_id, phrase);
+                        self.clone().deliver_challenge(
+                            &ctx,
+                            session.clone(),
+                            &lane_id,
+                            Check::Activation,
+                            phrase,
+                        );
                     }
                 }
             }
@@ -272,6 +277,29 @@ impl CoordinatedHost {
                     session
                         .handoff
                         .send_replace(Some(m.bound.handoff_challenge_id.clone()));
+                    // A harness answering in its own turns gets its handoff check typed into
+                    // its pane, once per phrase (a re-sent challenge carries the same one).
+                    let phrase = crate::adapter::handoff_phrase(
+                        &m.bound.handoff_challenge_id,
+                        &ctx.lane_incarnation_id,
+                        ctx.generation,
+                    );
+                    let fresh = session.handoff_phrase.borrow().as_deref() != Some(phrase.as_str());
+                    if fresh
+                        && session.family().is_some_and(|f| {
+                            f.adapter().challenge_delivery()
+                                == crate::adapter::ChallengeDelivery::PaneTurn
+                        })
+                    {
+                        session.handoff_phrase.send_replace(Some(phrase.clone()));
+                        self.clone().deliver_challenge(
+                            &ctx,
+                            session.clone(),
+                            &lane_id,
+                            Check::Handoff,
+                            phrase,
+                        );
+                    }
                 }
                 let resend = ctx.handoff.borrow().is_some()
                     && ctx

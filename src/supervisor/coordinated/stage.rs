@@ -138,11 +138,7 @@ impl CoordinatedHost {
         let Some(session) = ctx.session.clone() else {
             return;
         };
-        let family = session
-            .harness
-            .lock()
-            .ok()
-            .and_then(|h| h.as_ref().map(|(f, _)| *f));
+        let family = session.family();
         let Some(text) = family.and_then(|f| f.adapter().bootstrap_turn()) else {
             return;
         };
@@ -240,21 +236,20 @@ impl CoordinatedHost {
         tokio::spawn(self.clone().report_loop(ctx.clone(), session.clone()));
     }
 
-    /// For a harness that gets its activation check in its pane: type it in as a user turn.
-    /// The ACK is then the model's answer, reported by the harness's turn-end hook.
+    /// For a harness that gets its checks in its pane: type the activation check (or a
+    /// handoff target's handoff check) in as a user turn. The ACK is then the model's
+    /// answer, reported by the harness's turn-end hook.
     pub(super) fn deliver_challenge(
         self: Arc<Self>,
         ctx: &Arc<ChainCtx>,
         session: Arc<GenSession>,
         lane_id: &str,
+        check: Check,
         phrase: String,
     ) {
-        let family = session
-            .harness
-            .lock()
-            .ok()
-            .and_then(|h| h.as_ref().map(|(f, _)| *f));
-        let Some(family) = family else { return };
+        let Some(family) = session.family() else {
+            return;
+        };
         if family.adapter().challenge_delivery() != crate::adapter::ChallengeDelivery::PaneTurn {
             return;
         }
@@ -264,14 +259,23 @@ impl CoordinatedHost {
         let tmux = self.sup.inner.tmux(&lane);
         let (lane_id, generation) = (lane_id.to_string(), ctx.generation);
         let bootstrapped = family.adapter().bootstrap_turn().is_some();
+        let what = match check {
+            Check::Activation => "activation check",
+            Check::Handoff => "handoff check",
+        };
         tokio::task::spawn_blocking(move || {
-            let marker = crate::adapter::ackline::challenge(&phrase);
-            let line = crate::adapter::ackline::challenge_prompt(&phrase);
-            // Bounded by the chain: the coordinator's challenge deadline ends a generation
-            // that never answers.
+            let marker = check.token(&phrase);
+            let line = check.prompt(&phrase);
+            // Bounded by the chain: the coordinator's challenge (or handoff offer) deadline
+            // ends a generation that never answers.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
-            // Only while this generation is the one waiting: never into a successor's pane.
-            let waiting = || session.activation.borrow().is_none();
+            // Only while this generation is the one waiting for this check: never into a
+            // successor's pane.
+            let answered = || match check {
+                Check::Activation => *session.ack_requested.borrow(),
+                Check::Handoff => *session.handoff_ack_requested.borrow(),
+            };
+            let waiting = || session.activation.borrow().is_none() && !answered();
             // Never type into a running turn (where a keystroke could answer a dialog): wait
             // until the harness is idle — every started turn ended, and a bootstrap turn, if
             // the family needs one, finished.
@@ -281,7 +285,7 @@ impl CoordinatedHost {
                     break;
                 }
                 if !waiting() || std::time::Instant::now() >= deadline {
-                    tracing::warn!(%lane_id, generation, "the harness never went idle for its activation check");
+                    tracing::warn!(%lane_id, generation, check = what, "the harness never went idle for its check");
                     return;
                 }
                 std::thread::sleep(std::time::Duration::from_millis(50));
@@ -292,15 +296,13 @@ impl CoordinatedHost {
                 .answer_turns_after
                 .store(started, std::sync::atomic::Ordering::SeqCst);
             // Taken once the harness started a turn for it (or it was already answered).
-            let taken = || {
-                *session.ack_requested.borrow() || session.observations().turns_started > started
-            };
+            let taken = || answered() || session.observations().turns_started > started;
             match tmux.submit_line(&lane, &line, &marker, deadline, &waiting, &taken) {
                 Ok(()) => {
-                    tracing::info!(%lane_id, generation, "activation check submitted in the pane")
+                    tracing::info!(%lane_id, generation, check = what, "check submitted in the pane")
                 }
                 Err(e) => {
-                    tracing::warn!(%lane_id, generation, error = %e, "cannot submit the activation check in the pane")
+                    tracing::warn!(%lane_id, generation, check = what, error = %e, "cannot submit the check in the pane")
                 }
             }
         });

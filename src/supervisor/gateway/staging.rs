@@ -59,20 +59,27 @@ pub(super) async fn answer(
 
 /// Test builds only (`failpoints`, like every fault the suites inject): a task may ask for
 /// the answer a harness that lost its way would give — the challenge's phrase reversed
-/// (`model:wrong-ack`), or the contract key left out (`model:omit-contract-key`) — so the
+/// (`model:wrong-ack`), the contract key left out (`model:omit-contract-key`), or a handoff
+/// check answered in the activation check's form (`model:handoff-as-activation`) — so the
 /// real-harness suites show that such an answer, taken from the harness's own turn end,
-/// never activates it.
+/// never activates it nor takes a handoff.
 #[cfg(feature = "failpoints")]
 fn fault(api: Api, request: &serde_json::Value, text: String) -> String {
-    use crate::adapter::{ackline, modelwire};
+    use crate::adapter::{ackline, modelwire, Check};
     let mut all = Vec::new();
     modelwire::strings(request, &mut all);
     let has = |m: &str| all.iter().any(|s| s.contains(m));
     let (_, latest) = modelwire::latest_turn(api, request);
+    let key = modelwire::contract_key(request).unwrap_or_default();
+    if let Some(phrase) = Check::Handoff.find(&latest) {
+        if has("model:handoff-as-activation") {
+            return Check::Activation.answer(&phrase, &key);
+        }
+        return text;
+    }
     let Some(phrase) = ackline::find_challenge(&latest) else {
         return text;
     };
-    let key = modelwire::contract_key(request).unwrap_or_default();
     if has("model:wrong-ack") {
         return ackline::ack(&phrase.chars().rev().collect::<String>(), &key);
     }

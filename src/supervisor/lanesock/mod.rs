@@ -72,6 +72,9 @@ pub struct GenSession {
     pub handoff: watch::Sender<Option<String>>,
     /// Set when the harness asked to acknowledge the handoff challenge.
     pub handoff_ack_requested: watch::Sender<bool>,
+    /// For a harness answering in its own turns: the phrase its handoff check carries
+    /// (`adapter::handoff_phrase`), set when the handoff challenge arrives.
+    pub handoff_phrase: watch::Sender<Option<String>>,
     /// Set when this generation's activation challenge arrived (for a handoff target: the
     /// handoff was accepted).
     pub challenged: watch::Sender<bool>,
@@ -177,6 +180,7 @@ impl GenSession {
             activation: watch::channel(None).0,
             handoff: watch::channel(None).0,
             handoff_ack_requested: watch::channel(false).0,
+            handoff_phrase: watch::channel(None).0,
             challenged: watch::channel(false).0,
             settled: watch::channel(false).0,
             next: watch::channel(None).0,
@@ -288,7 +292,7 @@ impl GenSession {
     }
 
     /// The bound family; `None` (nothing bound) refuses every family-specific request.
-    fn family(&self) -> Option<Family> {
+    pub(crate) fn family(&self) -> Option<Family> {
         self.harness
             .lock()
             .ok()
@@ -328,6 +332,30 @@ impl GenSession {
             return Err("the answer does not bind this generation's challenge");
         }
         self.ack_requested.send_replace(true);
+        Ok(())
+    }
+
+    /// Takes `answer` as this generation's handoff ACK (a harness answering in its own
+    /// turns) if it binds the handoff check's phrase under the contract key; refused (and
+    /// counted) otherwise — an activation answer never passes.
+    fn take_handoff_answer(&self, answer: &str) -> Result<(), &'static str> {
+        if self.delivered.borrow().is_none() {
+            return Err("fetch the contract before acknowledging a handoff");
+        }
+        let Some(phrase) = self.handoff_phrase.borrow().clone() else {
+            return Err("no handoff check has been issued to this generation");
+        };
+        let key = self
+            .contract
+            .borrow()
+            .as_ref()
+            .map(|c| c.key.clone())
+            .unwrap_or_default();
+        if key.is_empty() || !crate::adapter::Check::Handoff.binds(answer, &phrase, &key) {
+            self.observe(|o| o.ack_refused += 1);
+            return Err("the answer does not bind this generation's handoff check");
+        }
+        self.handoff_ack_requested.send_replace(true);
         Ok(())
     }
 }

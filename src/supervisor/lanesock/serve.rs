@@ -412,9 +412,26 @@ pub(super) async fn hook(
                 .answer_turns_after
                 .load(std::sync::atomic::Ordering::SeqCst);
             let answering = s.observations().turns_started > after;
+            // A handoff's target answers its handoff check first (the activation challenge
+            // comes only once the handoff was accepted); each answer binds only its check.
+            let unacked_handoff =
+                s.handoff_phrase.borrow().is_some() && !*s.handoff_ack_requested.borrow();
             let unacked = s.phrase.borrow().is_some() && !*s.ack_requested.borrow();
-            let (state, result) = match (unacked, answering, last_message) {
-                (true, true, Some(m)) => match s.take_answer(&m) {
+            let (state, result) = match (unacked_handoff, unacked, answering, last_message) {
+                (true, _, true, Some(m)) => match s.take_handoff_answer(&m) {
+                    Err(e) => {
+                        tracing::warn!(
+                            reason = e,
+                            "a harness turn ended without acknowledging its handoff check"
+                        );
+                        (
+                            "settled; the answer did not acknowledge the handoff check",
+                            None,
+                        )
+                    }
+                    Ok(()) => ("settled; handoff acknowledged", None),
+                },
+                (false, true, true, Some(m)) => match s.take_answer(&m) {
                     Err(e) => {
                         tracing::warn!(
                             reason = e,
@@ -427,8 +444,8 @@ pub(super) async fn hook(
                     }
                     Ok(()) => ("settled; acknowledged", None),
                 },
-                // Not an activation answer: perhaps a continuation's result.
-                (_, _, m) => ("settled", m),
+                // Not a check's answer: perhaps a continuation's result.
+                (_, _, _, m) => ("settled", m),
             };
             // A Stop that follows a block decision (Claude Code and Codex say so).
             let chained = payload["stop_hook_active"].as_bool() == Some(true);
@@ -467,6 +484,15 @@ pub(super) async fn hook(
 }
 
 pub(super) async fn handoff_ack(s: &GenSession) -> LaneResponse {
+    // A harness that answers its checks in its own turns answers its handoff check there:
+    // a process in its cgroup (its shell tool, say) cannot take the handoff for it.
+    match s.family() {
+        Some(f) if f.adapter().challenge_delivery() == ChallengeDelivery::SocketFetch => {}
+        Some(_) => {
+            return err("this harness acknowledges its handoff through its own turn, not here")
+        }
+        None => return err("no harness is bound to this generation"),
+    }
     if s.delivered.borrow().is_none() {
         return err("fetch the contract before acknowledging a handoff");
     }

@@ -490,4 +490,64 @@ mod tests {
             assert!(r.ok, "{r:?}");
         });
     }
+
+    /// A handoff's target that answers in its own turns: its handoff check passes only with
+    /// the handoff answer, its activation check only with the activation answer, and no
+    /// process can take the handoff for it over the lane socket.
+    #[test]
+    fn a_handoff_target_passes_each_check_only_with_that_checks_answer() {
+        use crate::adapter::Check;
+        rt().block_on(async {
+            let s = GenSession::new();
+            s.bind_harness(Family::ClaudeCode, Some("s1".into()));
+            let key = "00ff00ff00ff".to_string();
+            s.contract.send_replace(Some(Contract {
+                task_text: "task".into(),
+                contracts_digest: "sha256:c".into(),
+                key: key.clone(),
+            }));
+            s.delivered.send_replace(Some("sha256:c".into()));
+            let h = crate::adapter::handoff_phrase("hc-1", "inc-1", 2);
+            s.handoff_phrase.send_replace(Some(h.clone()));
+            s.answer_turns_after
+                .store(0, std::sync::atomic::Ordering::SeqCst);
+            let turn = |answer: String| {
+                let s = s.clone();
+                async move {
+                    let p = json!({"session_id": "s1", "hook_event_name": "UserPromptSubmit"});
+                    assert!(hook(&s, "claude-code", "prompt-submit", &p).await.ok);
+                    hook(&s, "claude-code", "stop", &stop(&answer)).await
+                }
+            };
+            // The activation check's form does not pass the handoff check.
+            turn(Check::Activation.answer(&h, &key)).await;
+            assert!(!*s.handoff_ack_requested.borrow());
+            assert_eq!(s.observations().ack_refused, 1);
+            // Nor does a request over the lane socket (the harness's shell tool, say).
+            let r = tokio::time::timeout(
+                Duration::from_millis(200),
+                super::super::serve::handoff_ack(&s),
+            )
+            .await;
+            assert!(
+                r.is_ok_and(|r| !r.ok),
+                "the socket's handoff-ack was not refused"
+            );
+            assert!(!*s.handoff_ack_requested.borrow());
+            // The handoff answer passes it, and acknowledges nothing else.
+            turn(Check::Handoff.answer(&h, &key)).await;
+            assert!(*s.handoff_ack_requested.borrow());
+            assert!(!*s.ack_requested.borrow());
+            // Then the activation check: the handoff answer's form, even with its phrase,
+            // does not pass it; the activation answer does.
+            let a = crate::adapter::ack_phrase("ch-1", "inc-1", 2);
+            s.phrase.send_replace(Some(a.clone()));
+            turn(Check::Handoff.answer(&a, &key)).await;
+            assert!(!*s.ack_requested.borrow());
+            turn(Check::Handoff.answer(&h, &key)).await;
+            assert!(!*s.ack_requested.borrow());
+            turn(Check::Activation.answer(&a, &key)).await;
+            assert!(*s.ack_requested.borrow());
+        });
+    }
 }

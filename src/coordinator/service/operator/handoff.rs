@@ -79,7 +79,7 @@ impl Service {
             .map(|(r, _)| r);
         let mut out = json!({ "assignment_id": assignment_id, "handoff_id": h.map(|h| h.handoff_id), "target_lane_id": lane_id,
                    "target_reservation_id": chain.reservation_id, "target_state": c.map(|c| c.lane_state),
-                   "pending": "the target's fresh generation acknowledges the handoff (mosaic lane handoff-ack); only then does responsibility move" });
+                   "pending": "the target's fresh generation acknowledges the handoff (its harness answers the handoff check, or mosaic lane handoff-ack); only then does responsibility move" });
         if let Some(r) = repo {
             out["workspace"] = json!(format!("repository {r}: the source's workspace is held read-only and checkpointed; the target's is restored from exactly that checkpoint before its harness starts"));
         }
