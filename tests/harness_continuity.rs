@@ -501,3 +501,133 @@ fn pi_takes_a_handoff_only_by_its_own_answer() {
 fn opencode_takes_a_handoff_only_by_its_own_answer() {
     handoff(&OPENCODE);
 }
+
+fn sha256_hex(b: &[u8]) -> String {
+    use sha2::Digest;
+    hex::encode(sha2::Sha256::digest(b))
+}
+
+/// Issue 23 part 3, through each real harness: progress is what the supervisor sees in the
+/// working directory — a changed file set, a test result at the declared path, a commit
+/// whose object is there — never the harness's talk. A turn that only answers earns
+/// nothing: the one file-set receipt's digest is that of exactly the file the tool wrote.
+fn progress(f: &Family) {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(f, &model, None);
+    let a = up
+        .assign(f.runtime, "PROGRESS: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let receipts = |kind: &str| {
+        up.sql(
+            &format!(
+                "SELECT string_agg(evidence_digest, ',' ORDER BY accepted_at) FROM progress_receipts \
+                 WHERE assignment_id = $1 AND evidence_kind = '{kind}'"
+            ),
+            &id,
+        )
+        .map(|s| s.split(',').map(str::to_string).collect::<Vec<_>>())
+        .unwrap_or_default()
+    };
+    let g = up.generation();
+    let work = up
+        .dir
+        .join("supervisor/harness")
+        .join(g["lane_incarnation_id"].as_str().unwrap())
+        .join(format!("gen-{}", g["generation"]))
+        .join("work");
+    assert!(work.is_dir(), "no working directory at {}", work.display());
+
+    // Talk alone, then a file written by the harness's tool.
+    let settled = up.settled();
+    up.type_turn("model:say[I am making progress, trust me]");
+    up.wait_for("the talking turn settled", || {
+        (up.settled() > settled).then_some(())
+    });
+    up.type_turn("model:run[printf 'hello' > notes.txt]");
+    let files = up.wait_for("the changed file set counted", || {
+        let r = receipts("file-set");
+        (!r.is_empty()).then_some(r)
+    });
+    let listing = serde_json::to_vec(&vec![("notes.txt", Some(sha256_hex(b"hello")))]).unwrap();
+    assert_eq!(
+        files,
+        vec![mosaic::protocol::work::evidence_digest(
+            "file-set", &listing
+        )],
+        "the file-set evidence is not exactly the file the tool wrote"
+    );
+
+    // A test result at the declared path.
+    up.type_turn("model:run[mkdir -p .mosaic && printf 'ok 1 - notes\\n' > .mosaic/test-result]");
+    let results = up.wait_for("the test result counted", || {
+        let r = receipts("test-result");
+        (!r.is_empty()).then_some(r)
+    });
+    assert_eq!(
+        results,
+        vec![mosaic::protocol::work::evidence_digest(
+            "test-result",
+            b"ok 1 - notes\n"
+        )]
+    );
+
+    // A commit of that file: its id, read from the repository the tool made.
+    up.type_turn(
+        "model:run[git init -q && git add notes.txt && git -c user.email=a@b -c user.name=a commit -qm notes]",
+    );
+    let commits = up.wait_for("the commit counted", || {
+        let r = receipts("commit");
+        (!r.is_empty()).then_some(r)
+    });
+    let head = std::process::Command::new("git")
+        .args([
+            "-c",
+            &format!("safe.directory={}", work.display()),
+            "rev-parse",
+            "HEAD",
+        ])
+        .current_dir(&work)
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_string();
+    assert_eq!(
+        commits,
+        vec![mosaic::protocol::work::evidence_digest(
+            "commit",
+            head.as_bytes()
+        )]
+    );
+    // Nothing else was ever counted, and the work's progress moved.
+    assert_eq!(
+        receipts("file-set").len(),
+        1,
+        "the commit changed the file set"
+    );
+    assert!(up
+        .sql(
+            "SELECT last_progress_at::text FROM assignments WHERE assignment_id = $1",
+            &id
+        )
+        .is_some());
+}
+
+#[test]
+fn claude_code_earns_progress_in_its_working_directory() {
+    progress(&CLAUDE);
+}
+
+#[test]
+fn codex_earns_progress_in_its_working_directory() {
+    progress(&CODEX);
+}
+
+#[test]
+fn pi_earns_progress_in_its_working_directory() {
+    progress(&PI);
+}
+
+#[test]
+fn opencode_earns_progress_in_its_working_directory() {
+    progress(&OPENCODE);
+}

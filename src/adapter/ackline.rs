@@ -137,7 +137,10 @@ pub fn contract_context(task_text: &str, contracts_digest: &str, key: &str) -> S
     format!(
         "Mosaic contract {contracts_digest}, contract key {key}. You run as one generation of \
          a Mosaic lane; your task follows. When Mosaic sends an activation check (a line with \
-         mosaic-challenge:<hex>), answer it exactly as asked before anything else.\n\n{task_text}"
+         mosaic-challenge:<hex>) or a handoff check (mosaic-handoff:<hex>), answer it exactly \
+         as asked before anything else. Write your latest test results to .mosaic/test-result \
+         in your working directory: Mosaic counts them, with your changed files and commits, \
+         as your progress.\n\n{task_text}"
     )
 }
 

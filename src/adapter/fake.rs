@@ -77,6 +77,10 @@ impl Adapter for Fake {
         super::ContinuationDelivery::LaneNext
     }
 
+    fn observes_progress(&self) -> bool {
+        false
+    }
+
     // What it printed (`print=`), kept in its home.
     fn artifact_paths(&self) -> &'static [&'static str] {
         &["home/transcript"]

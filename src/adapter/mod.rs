@@ -232,6 +232,12 @@ pub trait Adapter: Send + Sync {
     fn render_contract(&self, contract: &str) -> String;
     /// How a continuation reaches the harness (every real harness through its own surface).
     fn continuation_delivery(&self) -> ContinuationDelivery;
+    /// Whether the supervisor observes this harness's progress in its working directory
+    /// (`supervisor::progress`): every real harness, which never calls `mosaic lane
+    /// progress` on its own. The fake harness reports its own, as its tests direct.
+    fn observes_progress(&self) -> bool {
+        true
+    }
     /// What the hook or extension prints to hand a continuation's `text` to the harness.
     fn render_continuation(&self, text: &str) -> String {
         text.to_string()

@@ -25,6 +25,7 @@ pub(crate) mod hand_on_plan;
 pub mod identity;
 pub mod names;
 pub mod outbox;
+pub mod progress;
 pub mod push;
 pub mod receipt;
 pub mod state;

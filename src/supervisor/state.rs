@@ -349,6 +349,13 @@ impl Store {
             .join(format!("gen-{generation}.continuation-results"))
     }
 
+    /// Where the progress the supervisor observes for a generation keeps its baseline
+    /// (`supervisor::progress`; never in the harness's own areas, which it could rewrite).
+    pub fn progress_path(&self, incarnation: &str, generation: u64) -> PathBuf {
+        self.gen_dir(incarnation)
+            .join(format!("gen-{generation}.progress"))
+    }
+
     pub fn save_gen(&self, r: &GenRecord) -> Result<(), SupervisorError> {
         let dir = self.gen_dir(&r.lane_incarnation_id);
         durable::ensure_dir(&dir, 0o700)?;

@@ -312,6 +312,9 @@ impl CoordinatedHost {
                     if let Some(session) = session {
                         tracing::info!(lane_id = %lane.lane_id, generation = g.generation,
                             "re-adopted generation: its lane socket is served again");
+                        if ctx.active.load(std::sync::atomic::Ordering::SeqCst) {
+                            host.observe_progress(&ctx, &session);
+                        }
                         tokio::spawn(host.clone().report_loop(ctx, session));
                     }
                 }
@@ -391,6 +394,7 @@ mod continuations;
 mod effects;
 mod hand_on;
 mod hand_on_kept;
+mod observe;
 mod release;
 mod reports;
 mod stage;

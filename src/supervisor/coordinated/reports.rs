@@ -339,6 +339,7 @@ impl CoordinatedHost {
                         );
                         if let Some(session) = &ctx.session {
                             session.activation.send_replace(Some(Ok(())));
+                            self.observe_progress(&ctx, session);
                         }
                     }
                     Ok(false) => {}

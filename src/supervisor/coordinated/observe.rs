@@ -1,0 +1,108 @@
+//! Progress a RUNNING real harness earns, as the supervisor sees it in its working
+//! directory (`supervisor::progress`): observed at each of its settled boundaries and
+//! once a minute while a turn runs, each piece of new evidence sent as a progress report
+//! of the generation — digested here, never the harness's word.
+//!
+//! **Never:** observes before the coordinator activated the generation (its workspace is
+//! read-only and its baseline is the activation's) or after it was ordered ended; keeps the
+//! generation or its chain alive (it holds neither).
+
+use std::sync::Weak;
+use std::time::Duration;
+
+use super::*;
+use crate::supervisor::progress::Observer;
+
+/// How often a running turn's working directory is looked at between settled boundaries.
+const EVERY: Duration = Duration::from_secs(60);
+
+impl CoordinatedHost {
+    /// Starts observing the activated generation of `ctx` (a real harness's).
+    pub(super) fn observe_progress(
+        self: &Arc<Self>,
+        ctx: &Arc<ChainCtx>,
+        session: &Arc<GenSession>,
+    ) {
+        if !session
+            .family()
+            .is_some_and(|f| f.adapter().observes_progress())
+        {
+            return;
+        }
+        let inner = &self.sup.inner;
+        let b = &ctx.binding;
+        let dir = if b.repository.is_some() {
+            super::super::workspaces::dir_of(inner, &b.assignment_id)
+        } else {
+            super::super::generation::harness_dir(inner, &ctx.lane_incarnation_id, ctx.generation)
+                .join("work")
+        };
+        let kept = inner
+            .store
+            .progress_path(&ctx.lane_incarnation_id, ctx.generation);
+        let (weak_ctx, weak_session): (Weak<ChainCtx>, Weak<GenSession>) =
+            (Arc::downgrade(ctx), Arc::downgrade(session));
+        let mut busy = session.busy.subscribe();
+        let generation = ctx.generation;
+        tokio::spawn(async move {
+            let started = tokio::task::spawn_blocking(move || Observer::start(&dir, &kept)).await;
+            let mut observer = match started {
+                Ok(Ok(o)) => o,
+                Ok(Err(e)) => {
+                    tracing::warn!(generation, error = %e, "cannot observe the generation's progress");
+                    return;
+                }
+                Err(_) => return,
+            };
+            loop {
+                tokio::select! {
+                    r = busy.changed() => {
+                        if r.is_err() {
+                            return; // the generation's session is gone
+                        }
+                        if *busy.borrow() {
+                            continue; // a turn started: its end is the next look
+                        }
+                    }
+                    _ = tokio::time::sleep(EVERY) => {}
+                }
+                let (Some(ctx), Some(session)) = (weak_ctx.upgrade(), weak_session.upgrade())
+                else {
+                    return;
+                };
+                if ctx.stopping.load(std::sync::atomic::Ordering::SeqCst) {
+                    return;
+                }
+                drop(ctx);
+                let looked = tokio::task::spawn_blocking(move || {
+                    let r = observer.observe();
+                    (observer, r)
+                })
+                .await;
+                let Ok((o, r)) = looked else { return };
+                observer = o;
+                match r {
+                    Ok(evidence) => {
+                        for e in evidence {
+                            tracing::info!(
+                                generation,
+                                kind = e.kind,
+                                "progress observed in the working directory"
+                            );
+                            let _ = session.reports.send(HarnessReport::Progress {
+                                evidence_digest: crate::protocol::work::evidence_digest(
+                                    e.kind, &e.bytes,
+                                ),
+                                kind: e.kind.to_string(),
+                                next_action: None,
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        tracing::warn!(generation, error = %e, "cannot observe the generation's progress")
+                    }
+                }
+            }
+        });
+    }
+}
