@@ -12,6 +12,7 @@
 //! | … and `model:omit-contract-key` anywhere in the request | `mosaic-ack:<hex>`, no key |
 //! | `model:run[<command>]` | one shell tool call running `<command>` |
 //! | `model:say[<text>]` | `<text>` (a turn's answer a test can predict, e.g. a continuation's result) |
+//! | `model:rate-limit[<tag>:<seconds>]` anywhere in the request | every request carrying it is refused with the provider's real rate-limit answer (429, its reset headers and error body) until `<seconds>` after the first one; later ones are answered |
 //! | `model:fail-once[<tag>]` | the first request carrying the tag (with tools offered) is refused as overloaded (Anthropic 529, OpenAI 503), later ones are answered: the harness must retry |
 //! | `model:huge-usage[<tag>]` anywhere in the request | the first two answers to requests carrying the tag report 990 000 input tokens (a tool call and the turn's end, so each harness sees it where it looks), so the harness compacts its context; later ones report ordinary usage, so no harness compacts forever |
 //! | (the latest turn is a tool result) | `tool finished` |
@@ -153,6 +154,54 @@ pub fn overloaded(api: Api) -> (u16, String) {
     }
 }
 
+/// The tag and length of a `model:rate-limit[<tag>:<seconds>]` marker anywhere in the
+/// request (its history too: every request of the conversation is limited until the window
+/// the first one opened has passed).
+pub fn rate_limit_marker(body: &Value) -> Option<(String, u64)> {
+    let mut all = Vec::new();
+    strings(body, &mut all);
+    all.iter().find_map(|s| {
+        let m = marker(s, "model:rate-limit[", ']')?;
+        let (tag, secs) = m.split_once(':')?;
+        Some((tag.to_string(), secs.parse().ok()?))
+    })
+}
+
+/// What a provider sends when a request is over its rate limit, `left` seconds before the
+/// limit resets: status 429, the provider's own reset headers and error body.
+pub fn rate_limited(api: Api, left: u64) -> (u16, String, Vec<(String, String)>) {
+    let reset = humantime::format_rfc3339_seconds(
+        std::time::SystemTime::now() + std::time::Duration::from_secs(left),
+    )
+    .to_string();
+    match api {
+        Api::AnthropicMessages => (
+            429,
+            json!({"type":"error","error":{"type":"rate_limit_error",
+                "message":"This request would exceed the rate limit for your organization of 50 requests per minute. Please try again later."}})
+                .to_string(),
+            vec![
+                ("retry-after".into(), left.to_string()),
+                ("anthropic-ratelimit-requests-limit".into(), "50".into()),
+                ("anthropic-ratelimit-requests-remaining".into(), "0".into()),
+                ("anthropic-ratelimit-requests-reset".into(), reset),
+            ],
+        ),
+        Api::OpenAiChat | Api::OpenAiResponses => (
+            429,
+            json!({"error":{"message":"Rate limit reached for requests per min (RPM): Limit 50, Used 50, Requested 1. Please try again later.",
+                "type":"requests","param":null,"code":"rate_limit_exceeded"}})
+                .to_string(),
+            vec![
+                ("retry-after".into(), left.to_string()),
+                ("x-ratelimit-limit-requests".into(), "50".into()),
+                ("x-ratelimit-remaining-requests".into(), "0".into()),
+                ("x-ratelimit-reset-requests".into(), format!("{left}s")),
+            ],
+        ),
+    }
+}
+
 /// The response body (and content type) for one request: what `decide` answers, encoded.
 pub fn respond(api: Api, body: &Value, n: u64, input_tokens: u64) -> (String, &'static str) {
     encode(api, body, &decide(api, body), n, input_tokens)
@@ -166,6 +215,8 @@ struct State {
     failed: std::sync::Mutex<std::collections::HashSet<String>>,
     /// How many answers reported huge usage, per `model:huge-usage` tag.
     huge: std::sync::Mutex<std::collections::HashMap<String, u32>>,
+    /// When each `model:rate-limit` tag's window ends (opened by its first request).
+    limits: std::sync::Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 /// Serves until the process ends. Prints `listening <port>` on stdout once bound.
@@ -180,6 +231,7 @@ pub async fn serve(listen: &str, log: PathBuf) -> std::io::Result<()> {
         n: AtomicU64::new(0),
         failed: Default::default(),
         huge: Default::default(),
+        limits: Default::default(),
     });
     println!("listening {}", listener.local_addr()?.port());
     loop {
@@ -216,7 +268,14 @@ async fn handle(
         Err(_) => Bytes::new(),
     };
     let body: Value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+    let mut extra: Vec<(String, String)> = Vec::new();
     let (status, text, ctype) = match (method.as_str(), Api::of_path(&path)) {
+        ("POST", Some(api)) if limit_left(state, &body).is_some() => {
+            let left = limit_left(state, &body).unwrap_or(1);
+            let (status, text, headers) = rate_limited(api, left);
+            extra = headers;
+            (status, text, "application/json")
+        }
         ("POST", Some(api)) => {
             let refuse = fail_once_tag(api, &body).is_some_and(|tag| {
                 state
@@ -269,7 +328,29 @@ async fn handle(
         hyper::header::CONTENT_TYPE,
         hyper::header::HeaderValue::from_static(ctype),
     );
+    for (k, v) in extra {
+        if let (Ok(k), Ok(v)) = (
+            hyper::header::HeaderName::from_bytes(k.as_bytes()),
+            hyper::header::HeaderValue::from_str(&v),
+        ) {
+            r.headers_mut().insert(k, v);
+        }
+    }
     r
+}
+
+/// Whole seconds left in the rate-limit window a request's marker opened (the first
+/// request carrying it opens it), if it is still open.
+fn limit_left(state: &State, body: &Value) -> Option<u64> {
+    let (tag, secs) = rate_limit_marker(body)?;
+    let now = std::time::Instant::now();
+    let until = *state
+        .limits
+        .lock()
+        .ok()?
+        .entry(tag)
+        .or_insert(now + std::time::Duration::from_secs(secs));
+    (until > now).then(|| (until - now).as_secs().max(1))
 }
 
 #[cfg(test)]

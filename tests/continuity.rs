@@ -13,7 +13,7 @@ use up::*;
 /// failed (each refusal is built from the CAS's own predicate table), and changes nothing.
 #[tokio::test]
 async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
-    use mosaic::coordinator::continuity::Blocker;
+    use mosaic::coordinator::continuity::{Blockage, Blocker};
     let f = fx().await;
     let (s, l) = (&f.store, &f.leader);
     let r = running(s, l, &f.lane.lane_incarnation_id).await;
@@ -46,9 +46,14 @@ async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
         generation: r.generation + 1,
     };
     refused(
-        s.block(l, &asg, &by, "needs-review", &ev, "review it")
-            .await
-            .unwrap_err(),
+        s.block(
+            l,
+            &asg,
+            &by,
+            &Blockage::new("needs-review", &ev, "review it"),
+        )
+        .await
+        .unwrap_err(),
         Category::WrongState,
         "RUNNING generation",
     );
@@ -62,9 +67,7 @@ async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
         l,
         &asg,
         &Blocker::Operator,
-        "needs-review",
-        &ev,
-        "review it",
+        &Blockage::new("needs-review", &ev, "review it"),
     )
     .await
     .unwrap();
@@ -73,9 +76,7 @@ async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
             l,
             &asg,
             &Blocker::Operator,
-            "needs-review",
-            &d('f'),
-            "review it",
+            &Blockage::new("needs-review", &d('f'), "review it"),
         )
         .await
         .unwrap_err(),
@@ -87,9 +88,7 @@ async fn a_refused_progress_or_block_names_the_predicate_that_failed() {
             l,
             "as-nowhere",
             &Blocker::Operator,
-            "needs-review",
-            &ev,
-            "x",
+            &Blockage::new("needs-review", &ev, "x"),
         )
         .await
         .unwrap_err(),
@@ -556,4 +555,97 @@ async fn only_new_evidence_is_progress_and_blocked_work_keeps_its_owner_and_evid
     for id in [&live, &same, &blocked] {
         let _ = up.cli(&["stop", "--assignment", id]);
     }
+}
+
+/// Issue 23 part 5: a block that names its end (a provider's rate limit) gets
+/// `blocked_until` at database time. The watchdog's resume is refused before that time and
+/// for any other block; once due it resumes exactly that block, once; an end out of range
+/// is refused and changes nothing.
+#[tokio::test]
+async fn a_block_with_a_known_end_resumes_only_at_that_end_and_only_that_block() {
+    use mosaic::coordinator::continuity::{Blockage, Blocker, MAX_RESUME_AFTER_MS};
+    use mosaic::coordinator::resume::DueResume;
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = r.chain().assignment_id.clone();
+    let by = Blocker::Generation {
+        chain: r.chain().clone(),
+        generation: r.generation,
+    };
+    fn limited(ev: &str, ms: i64) -> Blockage<'_> {
+        Blockage {
+            resume_after_ms: Some(ms),
+            ..Blockage::new("rate-limited", ev, "wait for the reset")
+        }
+    }
+    let ev = d('a');
+    let before = authority_counts(&f.db.url).await;
+    for ms in [0, 999, MAX_RESUME_AFTER_MS + 1] {
+        let e = s.block(l, &asg, &by, &limited(&ev, ms)).await.unwrap_err();
+        assert_eq!(e.category(), Some(Category::BadInput), "{ms}: {e}");
+    }
+    assert_eq!(
+        authority_counts(&f.db.url).await,
+        before,
+        "a refusal changed something"
+    );
+    let b = s.block(l, &asg, &by, &limited(&ev, 1500)).await.unwrap();
+    assert!(b.body["blocked_until"].is_string(), "{}", b.body);
+    let this = DueResume {
+        assignment_id: asg.clone(),
+        blocker_code: "rate-limited".into(),
+        blocker_evidence_digest: ev.clone(),
+    };
+    assert!(
+        s.due_resumes().await.unwrap().is_empty(),
+        "due before its end"
+    );
+    let e = s.resume_blocked(l, &this).await.unwrap_err();
+    assert_eq!(e.category(), Some(Category::WrongState), "{e}");
+    let start = std::time::Instant::now();
+    let due = loop {
+        let due = s.due_resumes().await.unwrap();
+        if !due.is_empty() {
+            break due;
+        }
+        assert!(
+            start.elapsed() < std::time::Duration::from_secs(30),
+            "never due"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    };
+    assert_eq!(due, vec![this.clone()]);
+    let other = DueResume {
+        blocker_evidence_digest: d('b'),
+        ..this.clone()
+    };
+    let e = s.resume_blocked(l, &other).await.unwrap_err();
+    assert_eq!(
+        e.category(),
+        Some(Category::WrongState),
+        "another block resumed it: {e}"
+    );
+    let resumed = s.resume_blocked(l, &this).await.unwrap();
+    assert!(!resumed.replayed);
+    assert!(
+        s.resume_blocked(l, &this).await.unwrap().replayed,
+        "resumed twice"
+    );
+    let (c, conn) = tokio_postgres::connect(&f.db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    let row = c
+        .query_one(
+            "SELECT work_status, blocked_until IS NULL, next_action FROM assignments WHERE assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap();
+    let (status, cleared, next): (String, bool, String) = (row.get(0), row.get(1), row.get(2));
+    assert_eq!(status, "active");
+    assert!(cleared, "blocked_until outlived the block");
+    assert_eq!(next, mosaic::coordinator::resume::RESUMED);
+    assert!(s.due_resumes().await.unwrap().is_empty());
 }

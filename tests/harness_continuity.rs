@@ -631,3 +631,88 @@ fn pi_earns_progress_in_its_working_directory() {
 fn opencode_earns_progress_in_its_working_directory() {
     progress(&OPENCODE);
 }
+
+/// Issue 23 part 5, through each real harness: the provider answers the harness's turn with
+/// its real rate-limit refusal (429, reset headers, error body) for 40 s. The supervisor
+/// sees it in the provider's own answer and reports the work blocked (`rate-limited`) until
+/// the reset, decided at database time; at the reset the watchdog resumes the work without
+/// an operator and gives the running generation a continuation, which it answers.
+fn rate_limit(f: &Family) {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(f, &model, None);
+    let a = up
+        .assign(f.runtime, "RATE-LIMIT: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    // Claude Code gives up at once on a `retry-after` over a minute, ending its turn with
+    // StopFailure (never Stop): that path too.
+    let window: i64 = if f.family_name() == "claude-code" {
+        70
+    } else {
+        40
+    };
+    up.type_turn(&format!(
+        "model:rate-limit[rl:{window}] model:say[after-the-limit]"
+    ));
+    let left = up.wait_for("the work blocked by the rate limit", || {
+        up.sql(
+            "SELECT blocker_code || ' ' || extract(epoch FROM blocked_until - clock_timestamp())::int \
+             FROM assignments WHERE assignment_id = $1 AND work_status = 'blocked'",
+            &id,
+        )
+    });
+    let (code, secs) = left.split_once(' ').unwrap();
+    assert_eq!(code, "rate-limited");
+    let secs: i64 = secs.parse().unwrap();
+    assert!(
+        (window - 20..=window + 1).contains(&secs),
+        "blocked until {secs} s from now, not the provider's reset in {window} s"
+    );
+    // No operator acts: at the reset the watchdog resumes it and a continuation follows.
+    if f.family_name() == "claude-code" {
+        up.wait_for("the failed turn seen", || {
+            (up.generation()["harness"]["turns_failed"].as_u64()? >= 1).then_some(())
+        });
+    }
+    let resumed = std::time::Duration::from_secs(150);
+    let cn = wait_for("the resumed work's continuation answered", resumed, || {
+        let cn = up.sql(
+            "SELECT continuation_id FROM continuations WHERE assignment_id = $1 AND state = 'RESULT_RECORDED' \
+             AND next_action LIKE 'the provider''s rate limit has reset%'",
+            &id,
+        )?;
+        Some(cn)
+    });
+    assert!(cn.starts_with("cn-"));
+    let w = work(&up, &id);
+    assert_eq!(w["work_status"], "active", "{w}");
+    assert_eq!(
+        count(
+            &up,
+            "SELECT count(*) FROM transition_receipts WHERE assignment_id = $1 AND transition IN ('resume', 'unblock')",
+            &id
+        ),
+        1,
+        "resumed other than once, or by an operator"
+    );
+}
+
+#[test]
+fn claude_code_work_waits_out_a_rate_limit_and_resumes() {
+    rate_limit(&CLAUDE);
+}
+
+#[test]
+fn codex_work_waits_out_a_rate_limit_and_resumes() {
+    rate_limit(&CODEX);
+}
+
+#[test]
+fn pi_work_waits_out_a_rate_limit_and_resumes() {
+    rate_limit(&PI);
+}
+
+#[test]
+fn opencode_work_waits_out_a_rate_limit_and_resumes() {
+    rate_limit(&OPENCODE);
+}

@@ -481,6 +481,15 @@ fn every_from_host() -> Vec<FromHostChain> {
             blocker_code: "needs-review".into(),
             blocker_evidence_digest: format!("sha256:{}", "e".repeat(64)),
             next_action: "review it".into(),
+            resume_after_ms: None,
+        }),
+        FromHostChain::Blocked(Blocked {
+            chain: chain_ref(),
+            bound: bound(),
+            blocker_code: "rate-limited".into(),
+            blocker_evidence_digest: format!("sha256:{}", "f".repeat(64)),
+            next_action: "wait for the reset".into(),
+            resume_after_ms: Some(30_000),
         }),
         FromHostChain::HandoffAck(HandoffAck {
             chain: chain_ref(),

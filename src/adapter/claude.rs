@@ -226,6 +226,16 @@ pub(super) fn hook_event(
                 .as_str()
                 .map(str::to_string),
         }),
+        // Claude Code 2.1.332 ends a turn it cannot complete (a 429 after its retries, or
+        // one whose `retry-after` is over a minute) with StopFailure, never Stop.
+        ("stop-failure", Some("StopFailure")) => Ok(HookEvent::TurnFailed {
+            error: payload["error"]
+                .as_str()
+                .unwrap_or("unknown")
+                .chars()
+                .take(64)
+                .collect(),
+        }),
         ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
             reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
         }),

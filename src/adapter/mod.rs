@@ -174,6 +174,11 @@ pub enum HookEvent {
     /// A turn ended and the harness is idle (advisory). `last_message` is the model's
     /// final answer of that turn, where the harness reports it.
     Settled { last_message: Option<String> },
+    /// A turn ended in an error instead of an answer (Claude Code's `StopFailure`: a
+    /// provider's refusal it gave up on): the harness is idle, but the turn answered
+    /// nothing — no ACK, no continuation's result — and no continuation can be given at it
+    /// (its hook's output is not read).
+    TurnFailed { error: String },
     /// A turn started: the harness took a submitted prompt (advisory; tells the
     /// supervisor its typed line was taken, and which turn ends answer the challenge).
     TurnStarted,

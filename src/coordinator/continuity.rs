@@ -223,6 +223,32 @@ static PROGRESS_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
+/// What a block says: its canonical code, the digest of its evidence, the action that
+/// unblocks it, and — for a block that ends by itself (a provider's rate limit) — how long
+/// after its decision it ends.
+#[derive(Debug, Clone, Copy)]
+pub struct Blockage<'a> {
+    pub code: &'a str,
+    pub evidence_digest: &'a str,
+    pub next_action: &'a str,
+    pub resume_after_ms: Option<i64>,
+}
+
+impl<'a> Blockage<'a> {
+    /// A block that lasts until it is unblocked.
+    pub fn new(code: &'a str, evidence_digest: &'a str, next_action: &'a str) -> Self {
+        Self {
+            code,
+            evidence_digest,
+            next_action,
+            resume_after_ms: None,
+        }
+    }
+}
+
+/// The furthest a block may name its own end (a provider's reset time): 7 days.
+pub const MAX_RESUME_AFTER_MS: i64 = 7 * 86_400_000;
+
 /// Every expected value of a block, in diagnosis order; the CAS and its refusal's
 /// explanation are both built from it. Parameters: $1 assignment, $2 blocker code, $3
 /// evidence digest, $4 next action, $5 the blocking generation's reservation (`''` for an
@@ -257,9 +283,9 @@ const BLOCK_PREDS: &[Pred] = &[
 static BLOCK_CAS: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE assignments a SET work_status = {blocked}, blocker_code = $2, blocker_evidence_digest = $3, next_action = $4, \
-                watchdog_step = {none} \
+                watchdog_step = {none}, blocked_until = clock_timestamp() + $7::bigint * interval '1 millisecond' \
          WHERE a.assignment_id = $1 AND {} \
-         RETURNING a.responsibility_owner, a.lifecycle",
+         RETURNING a.responsibility_owner, a.lifecycle, mosaic_ts(a.blocked_until) AS blocked_until",
         cas::conjunction(BLOCK_PREDS),
         blocked = WorkStatus::Blocked.sql(),
         none = WatchdogStep::None.sql()
@@ -272,7 +298,7 @@ static BLOCK_DIAGNOSIS: LazyLock<String> = LazyLock::new(|| {
     cas::diagnosis(
         BLOCK_PREDS,
         "FROM assignments a WHERE a.assignment_id = $1 \
-           AND ($2::text IS NULL OR $3::text IS NULL OR $4::text IS NULL OR true)",
+           AND ($2::text IS NULL OR $3::text IS NULL OR $4::text IS NULL OR $7::bigint IS NULL OR true)",
     )
 });
 
@@ -425,11 +451,18 @@ impl Store {
         l: &Leader,
         assignment_id: &str,
         by: &Blocker,
-        code: &str,
-        evidence_digest: &str,
-        next_action: &str,
+        b: &Blockage<'_>,
     ) -> Result<Receipt, AuthorityError> {
         const OP: &str = "block";
+        let (code, evidence_digest, next_action, resume_after_ms) =
+            (b.code, b.evidence_digest, b.next_action, b.resume_after_ms);
+        if resume_after_ms.is_some_and(|ms| !(1000..=MAX_RESUME_AFTER_MS).contains(&ms)) {
+            return Err(reject(
+                OP,
+                Category::BadInput,
+                "work resumes at a known time 1 s to 7 days from now",
+            ));
+        }
         if !code_ok(code) {
             return Err(reject(
                 OP,
@@ -470,6 +503,7 @@ impl Store {
                     code,
                     evidence_digest,
                     next_action,
+                    &resume_after_ms.map(|ms| ms.to_string()).unwrap_or_default(),
                 ],
             ),
         )
@@ -485,15 +519,17 @@ impl Store {
             &step,
             body!([asg, code, ev, next, who, reservation] |f| {
                 // From a generation: only while it is the RUNNING one of its open reservation.
-                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 6] = [&asg, &code, &ev, &next, &reservation, &generation];
+                let params: [&(dyn tokio_postgres::types::ToSql + Sync); 7] = [&asg, &code, &ev, &next, &reservation, &generation, &resume_after_ms];
                 let d = match f.cas(&BLOCK_CAS, &params).await? {
                     Ok(d) => d,
                     Err(u) => return Err(u.diagnose(&BLOCK_DIAGNOSIS, &params, BLOCK_PREDS, "no such assignment").await?),
                 };
                 let owner: String = d.row().col("responsibility_owner")?;
                 let lifecycle: Lifecycle = d.row().col("lifecycle")?;
+                let until: Option<String> = d.row().col("blocked_until")?;
                 d.decide(json!({ "assignment_id": asg, "by": who, "work_status": WorkStatus::Blocked, "blocker_code": code,
-                    "blocker_evidence_digest": ev, "next_action": next, "responsibility_owner": owner, "lifecycle": lifecycle }))
+                    "blocker_evidence_digest": ev, "next_action": next, "responsibility_owner": owner, "lifecycle": lifecycle,
+                    "blocked_until": until }))
             }),
         )
         .await

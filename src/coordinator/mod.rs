@@ -49,6 +49,7 @@ pub mod requested_checkpoint;
 pub mod requests;
 mod reservable;
 pub mod restore_binding;
+pub mod resume;
 pub mod retention;
 pub mod roster;
 pub mod rows;

@@ -50,6 +50,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0032_placement_elastic.sql"),
     include_str!("../../migrations/0033_unreconciled_receipts.sql"),
     include_str!("../../migrations/0034_notifications.sql"),
+    include_str!("../../migrations/0035_blocked_until.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 

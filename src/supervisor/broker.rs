@@ -136,6 +136,16 @@ pub trait Broker: Send + Sync {
 
     /// The observations of `generation` the coordinator has not recorded yet.
     fn unrecorded(&self, lane_id: &str, generation: u64) -> Vec<EffectObservation>;
+
+    /// The provider answered a request of that generation: rate-limited (`Some`), or
+    /// successfully, which ends a limit seen before (`None`).
+    fn provider_answered(
+        &self,
+        _lane_id: &str,
+        _generation: u64,
+        _limited: Option<crate::supervisor::ratelimit::Limited>,
+    ) {
+    }
 }
 
 /// Where the installed broker lives: the effect paths look it up per effect, so a broker

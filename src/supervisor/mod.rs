@@ -27,6 +27,7 @@ pub mod names;
 pub mod outbox;
 pub mod progress;
 pub mod push;
+pub mod ratelimit;
 pub mod receipt;
 pub mod state;
 pub mod tmux;

@@ -154,10 +154,64 @@ impl Service {
             }
         }
         self.end_withdrawn_targets(l).await;
+        self.resume_due(l).await;
         self.inactivity(l).await;
         self.retarget_stranded(l).await;
         live.extend(self.push_continuations(l, None).await);
         self.forget_sent(&live);
+    }
+
+    /// Resumes blocked work whose known end has come (a provider's rate limit reset),
+    /// without an operator: active again, then a continuation for its RUNNING generation
+    /// (a separate transition; refused when nothing runs it or its loop budget is spent,
+    /// and then the inactivity watchdog gives it a fresh generation as for any active work).
+    async fn resume_due(&self, l: &Leader) {
+        let due = match self.store.due_resumes().await {
+            Ok(d) => d,
+            Err(e) => {
+                tracing::warn!(error = %e, "watchdog cannot read blocked work due to resume");
+                return;
+            }
+        };
+        for d in due {
+            match self.store.resume_blocked(l, &d).await {
+                Ok(_) => {
+                    self.bump();
+                    tracing::info!(assignment_id = %d.assignment_id, blocked = %d.blocker_code,
+                        "blocked work resumed at its known end");
+                }
+                Err(e) => {
+                    self.note(l, &e).await;
+                    continue;
+                }
+            }
+            let request = format!(
+                "resume.{}.{}",
+                d.assignment_id,
+                d.blocker_evidence_digest.trim_start_matches("sha256:")
+            );
+            match self
+                .store
+                .create_continuation(
+                    l,
+                    &d.assignment_id,
+                    crate::coordinator::resume::RESUMED,
+                    &request,
+                    600_000,
+                )
+                .await
+            {
+                Ok(r) => {
+                    if let Ok(id) = r.str("continuation_id") {
+                        self.push_continuations(l, Some(&id)).await;
+                    }
+                }
+                Err(e) => {
+                    tracing::info!(assignment_id = %d.assignment_id, reason = %e,
+                        "resumed work gets no continuation; the inactivity watchdog follows it");
+                }
+            }
+        }
     }
 
     /// Ends the target chain of every withdrawn handoff (it can never be acknowledged; its

@@ -70,6 +70,9 @@ pub struct Blocked {
     pub blocker_code: String,
     pub blocker_evidence_digest: String,
     pub next_action: String,
+    /// When the block ends by itself (a provider's rate limit resets): this long after the
+    /// coordinator decides it, at its database's time. A duration, never a host timestamp.
+    pub resume_after_ms: Option<u64>,
 }
 
 /// `handoff_ack`: a handoff target's harness acknowledged the handoff (spec §8.1), echoing
@@ -270,6 +273,9 @@ impl FromHostChain {
                     ("blocker_evidence_digest", s(&m.blocker_evidence_digest)),
                     ("next_action", s(&m.next_action)),
                 ]);
+                if let Some(ms) = m.resume_after_ms {
+                    f.push(("resume_after_ms", n(ms)));
+                }
             }
             Self::HandoffAck(m) => {
                 bound(&mut f, &m.bound);
@@ -381,6 +387,7 @@ impl FromHostChain {
                 blocker_code: f.str("blocker_code")?,
                 blocker_evidence_digest: f.str("blocker_evidence_digest")?,
                 next_action: f.str("next_action")?,
+                resume_after_ms: f.opt_uint("resume_after_ms"),
             }),
             MessageType::HandoffAck => Self::HandoffAck(HandoffAck {
                 chain: f.chain()?,

@@ -303,7 +303,8 @@ pub static SCHEMAS: [Schema; 41] = [
                 ("next_action", Str)
             ]
         ],
-        [],
+        // A block that ends by itself (a provider's rate limit): how long after its decision.
+        [("resume_after_ms", Uint)],
         [
             &["lease_id", "effect_id", "challenge_id"],
             NO_AUTHORITATIVE_TIME

@@ -313,4 +313,20 @@ impl Broker for HostBroker {
         v.sort_by(|a, b| a.effect_id.cmp(&b.effect_id));
         v
     }
+
+    fn provider_answered(
+        &self,
+        lane_id: &str,
+        generation: u64,
+        limited: Option<crate::supervisor::ratelimit::Limited>,
+    ) {
+        let session = self
+            .0
+            .upgrade()
+            .and_then(|host| host.ctx_of(lane_id, generation))
+            .and_then(|ctx| ctx.session.clone());
+        if let Some(s) = session {
+            s.provider_answered(limited);
+        }
+    }
 }

@@ -59,12 +59,14 @@ impl CoordinatedHost {
                     code,
                     evidence_digest,
                     next_action,
+                    resume_after_ms,
                 } => FromHostChain::Blocked(wire::Blocked {
                     chain,
                     bound,
                     blocker_code: code,
                     blocker_evidence_digest: evidence_digest,
                     next_action,
+                    resume_after_ms,
                 }),
             };
             let t = m.message_type();

@@ -167,6 +167,18 @@ pub(super) async fn forward(shared: &Arc<Shared>, req: Request<Incoming>) -> Res
     settle
         .status
         .store(resp.status().as_u16(), Ordering::SeqCst);
+    // A rate limit the provider says it applies, or an answer that ends one: the
+    // supervisor's own observation of the work being parked (issue 23 part 5).
+    let limited = crate::supervisor::ratelimit::of_answer(
+        resp.status().as_u16(),
+        resp.headers()
+            .iter()
+            .filter_map(|(k, v)| Some((k.as_str(), v.to_str().ok()?))),
+        std::time::SystemTime::now(),
+    );
+    if limited.is_some() || resp.status().is_success() {
+        broker.provider_answered(&route.lane_id, route.generation, limited);
+    }
     // The sink accepted it and is answering.
     crate::supervisor::broker::hold("effect:post-sink").await;
     shared.stats.requests.fetch_add(1, Ordering::Relaxed);

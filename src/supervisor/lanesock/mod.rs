@@ -40,6 +40,8 @@ pub enum HarnessReport {
         code: String,
         evidence_digest: String,
         next_action: String,
+        /// A block that ends by itself (a provider's rate limit): this long from now.
+        resume_after_ms: Option<u64>,
     },
     /// The result of a continuation the harness was given.
     ContinuationResult {
@@ -136,9 +138,21 @@ pub struct GenSession {
     /// The harness's checkpoint requests, each with where its answer goes, for the chain
     /// driver (which knows the generation's lane and chain).
     pub checkpoints: tokio::sync::mpsc::UnboundedSender<CheckpointAsk>,
+    /// The provider's rate limit last seen by the gateway for this generation, until an
+    /// answer ends it (`ratelimit`); reported as blocked work once.
+    pub provider_limit: std::sync::Mutex<Option<ProviderLimit>>,
     /// The driver's end of `checkpoints` (taken once).
     pub checkpoints_rx:
         std::sync::Mutex<Option<tokio::sync::mpsc::UnboundedReceiver<CheckpointAsk>>>,
+}
+
+/// A provider's rate limit on a generation: when it was seen, what it said, and whether
+/// the work was reported blocked for it (once per limit: an answer that succeeds ends it).
+#[derive(Debug)]
+pub struct ProviderLimit {
+    pub since: std::time::Instant,
+    pub limited: crate::supervisor::ratelimit::Limited,
+    pub reported: bool,
 }
 
 /// A checkpoint request's answer channel: what was taken (and stored), or why not.
@@ -155,6 +169,8 @@ pub struct Observed {
     /// Turn ends (Stop / idle / settled events) seen.
     pub settled: u64,
     pub last_settled_at: Option<String>,
+    /// Turns that ended in an error instead of an answer (a provider's refusal).
+    pub turns_failed: u64,
     /// ACK answers that did not bind the challenge (refused).
     pub ack_refused: u64,
     /// Hook events refused (wrong family, another conversation, a resumed session).
@@ -200,6 +216,7 @@ impl GenSession {
             harness: std::sync::Mutex::new(None),
             observed: std::sync::Mutex::new(Observed::default()),
             answer_turns_after: std::sync::atomic::AtomicU64::new(u64::MAX),
+            provider_limit: std::sync::Mutex::new(None),
             push: std::sync::OnceLock::new(),
             assignment_id: std::sync::OnceLock::new(),
             checkpoints: ctx,
@@ -333,6 +350,66 @@ impl GenSession {
         }
         self.ack_requested.send_replace(true);
         Ok(())
+    }
+
+    /// The provider answered this generation (`Broker::provider_answered`): a limit of
+    /// [`ratelimit::BLOCK_AT_ONCE`](crate::supervisor::ratelimit::BLOCK_AT_ONCE) or longer
+    /// blocks the work now; a shorter one waits for the harness's turn to end under it
+    /// ([`GenSession::limit_at_settled`]); a successful answer ends it.
+    pub fn provider_answered(&self, limited: Option<crate::supervisor::ratelimit::Limited>) {
+        let Ok(mut g) = self.provider_limit.lock() else {
+            return;
+        };
+        let Some(l) = limited else {
+            *g = None;
+            return;
+        };
+        let reported = g.as_ref().is_some_and(|p| p.reported);
+        let at_once = l.wait >= crate::supervisor::ratelimit::BLOCK_AT_ONCE;
+        if at_once && !reported {
+            self.report_limit(&l.evidence, l.wait);
+        }
+        *g = Some(ProviderLimit {
+            since: std::time::Instant::now(),
+            limited: l,
+            reported: reported || at_once,
+        });
+    }
+
+    /// The harness's turn ended: a limit still in force and not reported yet (the harness
+    /// gave up on it) blocks the work until it resets.
+    pub fn limit_at_settled(&self) {
+        let Ok(mut g) = self.provider_limit.lock() else {
+            return;
+        };
+        if let Some(p) = g.as_mut().filter(|p| !p.reported) {
+            p.reported = true;
+            let left = p.limited.wait.saturating_sub(p.since.elapsed());
+            self.report_limit(&p.limited.evidence, left);
+        }
+    }
+
+    fn report_limit(&self, evidence: &[u8], wait: std::time::Duration) {
+        if !matches!(*self.activation.borrow(), Some(Ok(()))) {
+            return; // before activation nothing reaches a provider
+        }
+        let ms = (wait.as_millis() as u64).clamp(
+            1000,
+            crate::coordinator::continuity::MAX_RESUME_AFTER_MS as u64,
+        );
+        tracing::warn!(
+            resume_after_ms = ms,
+            "the provider rate-limits this generation: reporting the work blocked until it resets"
+        );
+        let _ = self.reports.send(HarnessReport::Blocked {
+            code: "rate-limited".into(),
+            evidence_digest: evidence_digest("blocker", evidence),
+            next_action: format!(
+                "wait for the provider's rate limit to reset (in about {} s); Mosaic resumes the work then",
+                ms.div_ceil(1000)
+            ),
+            resume_after_ms: Some(ms),
+        });
     }
 
     /// Takes `answer` as this generation's handoff ACK (a harness answering in its own

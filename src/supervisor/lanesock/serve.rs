@@ -447,9 +447,25 @@ pub(super) async fn hook(
                 // Not a check's answer: perhaps a continuation's result.
                 (_, _, _, m) => ("settled", m),
             };
+            // A turn that ended under a provider's rate limit the harness gave up on.
+            s.limit_at_settled();
             // A Stop that follows a block decision (Claude Code and Codex say so).
             let chained = payload["stop_hook_active"].as_bool() == Some(true);
             settled::at_settled(s, adapter, result.as_deref(), chained, state).await
+        }
+        HookEvent::TurnFailed { error } => {
+            s.observe(|o| {
+                o.settled += 1;
+                o.busy = false;
+                o.turns_failed += 1;
+                o.last_settled_at = Some(crate::util::now_rfc3339());
+            });
+            s.busy.send_replace(false);
+            tracing::warn!(error = %error, "the harness's turn ended in an error, not an answer");
+            // A rate limit the harness gave up on blocks the work until it resets.
+            s.limit_at_settled();
+            settled::turn_failed(s);
+            LaneResponse::ok("turn failure noted")
         }
         HookEvent::AwaitContinuation => settled::asked(s, adapter).await,
         HookEvent::SessionEnd { reason } => {
@@ -578,6 +594,7 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
                 evidence_digest: evidence_digest("blocker", &bytes),
                 code,
                 next_action,
+                resume_after_ms: None,
             }
         }
         LaneRequest::ContinuationResult {

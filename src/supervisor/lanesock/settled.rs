@@ -244,6 +244,16 @@ pub(super) async fn at_settled(
     }
 }
 
+/// A turn ended in an error: a continuation given for it gets no result from it (nor from
+/// a later turn, which answers something else): it stays unanswered, and the coordinator
+/// abandons it at its deadline.
+pub(super) fn turn_failed(s: &GenSession) {
+    if let Some(w) = s.awaiting.lock().ok().and_then(|mut a| a.take()) {
+        tracing::warn!(continuation_id = %w.continuation_id,
+            "the turn a continuation started ended in an error: it has no result");
+    }
+}
+
 /// An extension's `next`: it waits for a continuation to submit itself.
 pub(super) async fn asked(s: &GenSession, adapter: &dyn Adapter) -> LaneResponse {
     if adapter.continuation_delivery() != ContinuationDelivery::AssetPrompt {
@@ -267,6 +277,7 @@ pub(super) fn conversation_replaced(s: &GenSession, event: &str, payload: &serde
         evidence_digest: evidence_digest("blocker", evidence.as_bytes()),
         next_action: "start the work in a fresh generation: the harness replaced its conversation"
             .into(),
+        resume_after_ms: None,
     };
     tracing::warn!(event, "the harness replaced its conversation under the live generation; reporting the work blocked");
     let _ = s.reports.send(report);
@@ -549,5 +560,49 @@ mod tests {
             turn(Check::Activation.answer(&a, &key)).await;
             assert!(*s.ack_requested.borrow());
         });
+    }
+
+    /// A provider's rate limit, seen by the gateway: a long one blocks the work at once and
+    /// once; a short one only when the harness's turn ends under it; an answer that
+    /// succeeds ends it, and the next limit is its own block.
+    #[test]
+    fn a_rate_limit_blocks_the_work_once_at_once_or_at_the_turns_end() {
+        use crate::supervisor::ratelimit::Limited;
+        let limited = |secs: u64, tag: &str| Limited {
+            wait: Duration::from_secs(secs),
+            evidence: tag.as_bytes().to_vec(),
+        };
+        let blocked = |r: Option<HarnessReport>| match r {
+            Some(HarnessReport::Blocked {
+                code,
+                resume_after_ms,
+                ..
+            }) => {
+                assert_eq!(code, "rate-limited");
+                resume_after_ms.expect("a rate limit names its end")
+            }
+            other => panic!("not blocked: {other:?}"),
+        };
+        let s = active(Family::ClaudeCode);
+        s.provider_answered(Some(limited(90, "a")));
+        let ms = blocked(next_report(&s));
+        assert!((89_000..=90_000).contains(&ms), "{ms}");
+        s.provider_answered(Some(limited(90, "b")));
+        s.limit_at_settled();
+        assert!(next_report(&s).is_none(), "the same limit blocked twice");
+        // Ended by an answer; a short limit the harness rides out blocks nothing.
+        s.provider_answered(None);
+        s.provider_answered(Some(limited(5, "c")));
+        assert!(next_report(&s).is_none());
+        s.provider_answered(None);
+        s.limit_at_settled();
+        assert!(next_report(&s).is_none());
+        // A short limit the harness's turn ended under blocks until it resets.
+        s.provider_answered(Some(limited(5, "d")));
+        s.limit_at_settled();
+        let ms = blocked(next_report(&s));
+        assert!((1000..=5000).contains(&ms), "{ms}");
+        s.limit_at_settled();
+        assert!(next_report(&s).is_none());
     }
 }

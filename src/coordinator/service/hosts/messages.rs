@@ -322,9 +322,16 @@ impl Service {
                 &l,
                 &c.chain.assignment_id,
                 &by,
-                &m.blocker_code,
-                &m.blocker_evidence_digest,
-                &m.next_action,
+                &crate::coordinator::continuity::Blockage {
+                    resume_after_ms: m
+                        .resume_after_ms
+                        .map(|ms| i64::try_from(ms).unwrap_or(i64::MAX)),
+                    ..crate::coordinator::continuity::Blockage::new(
+                        &m.blocker_code,
+                        &m.blocker_evidence_digest,
+                        &m.next_action,
+                    )
+                },
             )
             .await;
         self.step(&l, r).await?;

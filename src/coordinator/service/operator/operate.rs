@@ -367,9 +367,11 @@ impl Service {
                         &l,
                         &assignment_id,
                         &crate::coordinator::continuity::Blocker::Operator,
-                        &code,
-                        &evidence_digest,
-                        &next_action,
+                        &crate::coordinator::continuity::Blockage::new(
+                            &code,
+                            &evidence_digest,
+                            &next_action,
+                        ),
                     )
                     .await;
                 let r = self.settled(&l, r).await?;
