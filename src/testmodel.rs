@@ -11,6 +11,7 @@
 //! | … and `model:wrong-ack` anywhere in the request | `mosaic-ack:` with the hex reversed |
 //! | … and `model:omit-contract-key` anywhere in the request | `mosaic-ack:<hex>`, no key |
 //! | `model:run[<command>]` | one shell tool call running `<command>` |
+//! | `model:call[<Tool>\|<JSON>]` | one call of the tool named `<Tool>` with those arguments (e.g. one that needs a human's permission) |
 //! | `model:say[<text>]` | `<text>` (a turn's answer a test can predict, e.g. a continuation's result) |
 //! | `model:rate-limit[<tag>:<seconds>]` anywhere in the request | every request carrying it is refused with the provider's real rate-limit answer (429, its reset headers and error body) until `<seconds>` after the first one; later ones are answered |
 //! | `model:fail-once[<tag>]` | the first request carrying the tag (with tools offered) is refused as overloaded (Anthropic 529, OpenAI 503), later ones are answered: the harness must retry |
@@ -103,6 +104,15 @@ pub fn decide(api: Api, body: &Value) -> Answer {
     }
     // Only a request that offers tools gets a tool call (a harness's side requests, such as
     // title generation, offer none).
+    // `model:call[<Tool>|<JSON arguments>]`: a call of another tool (one that may need a
+    // human's permission).
+    if let (Some(call), true) = (marker(&latest, "model:call[", ']'), offers_tools) {
+        if let Some((name, args)) = call.split_once('|') {
+            if let Ok(input) = serde_json::from_str(args) {
+                return Answer::Call(name.to_string(), input);
+            }
+        }
+    }
     if let (Some(cmd), true) = (marker(&latest, "model:run[", ']'), offers_tools) {
         return Answer::Shell(cmd.to_string());
     }

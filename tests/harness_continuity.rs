@@ -716,3 +716,78 @@ fn pi_work_waits_out_a_rate_limit_and_resumes() {
 fn opencode_work_waits_out_a_rate_limit_and_resumes() {
     rate_limit(&OPENCODE);
 }
+
+/// Issue 23 part 5 (a waiting human), Claude Code: a tool outside its allow list asks for
+/// permission in its TUI. Its Notification hook reports the prompt: the work is blocked with
+/// `waiting-for-input` (the prompt's digest its evidence) on its lane, counted in the host's
+/// metrics, and the operator's notifier fires exactly once — although the harness sits there
+/// for as long as nobody answers. Answered in the lane and unblocked, the work goes on.
+#[test]
+fn claude_code_waiting_for_a_human_is_blocked_counted_and_notified_once() {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(&CLAUDE, &model, None);
+    let a = up
+        .assign(CLAUDE.runtime, "WAITING: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    up.type_turn(r#"model:call[WebFetch|{"url":"https://example.com/","prompt":"summarize it"}]"#);
+    let evidence = up.wait_for("the work blocked waiting for input", || {
+        up.sql(
+            "SELECT blocker_evidence_digest FROM assignments WHERE assignment_id = $1 \
+             AND work_status = 'blocked' AND blocker_code = 'waiting-for-input'",
+            &id,
+        )
+    });
+    assert!(evidence.starts_with("sha256:"), "{evidence}");
+    let notified = up.wait_for("the notifier told", || {
+        let n = up.notified();
+        (!n.is_empty()).then_some(n)
+    });
+    assert_eq!(notified.len(), 1, "{notified:?}");
+    assert_eq!(notified[0]["kind"], "waiting-for-input");
+    assert_eq!(notified[0]["assignment_id"], id.as_str());
+    assert_eq!(notified[0]["lane_id"], up.lane().as_str());
+    assert_eq!(notified[0]["evidence_digest"], evidence.as_str());
+    let addr = std::fs::read_to_string(up.dir.join("run/metrics.addr")).unwrap();
+    let text = reqwest_free_get(addr.trim());
+    assert!(
+        text.lines()
+            .any(|l| l.starts_with("mosaic_harness_blocked_total{")
+                && l.contains("code=\"waiting-for-input\"")
+                && l.ends_with(" 1")),
+        "not counted in the host's metrics:\n{text}"
+    );
+    // Still one event while the prompt waits (a few more seconds of it).
+    std::thread::sleep(std::time::Duration::from_secs(3));
+    assert_eq!(up.notified().len(), 1, "notified again for the same prompt");
+    // Someone answers (Enter: allowed; the fetch itself fails, the confined generation
+    // reaching no such host) and unblocks the work.
+    up.key("Enter");
+    up.cli(&[
+        "unblock",
+        "--assignment",
+        &id,
+        "--next-action",
+        "carry on without the fetch",
+    ])
+    .unwrap_or_else(|e| panic!("unblock: {e}"));
+    assert_eq!(work(&up, &id)["work_status"], "active");
+    continue_once(&up, &id, "after-the-prompt");
+}
+
+/// A plain HTTP/1.1 GET of `http://<addr>/metrics`.
+fn reqwest_free_get(addr: &str) -> String {
+    use std::io::{Read, Write};
+    let addr = addr
+        .trim_start_matches("http://")
+        .trim_end_matches("/metrics");
+    let mut c = std::net::TcpStream::connect(addr).unwrap();
+    write!(
+        c,
+        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut out = String::new();
+    c.read_to_string(&mut out).unwrap();
+    out
+}

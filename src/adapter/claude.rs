@@ -236,6 +236,20 @@ pub(super) fn hook_event(
                 .take(64)
                 .collect(),
         }),
+        // A dialog waiting for a human (a tool outside the allow list, an MCP elicitation);
+        // its other notifications (idle at the prompt, a finished subagent) are not.
+        ("notification", Some("Notification")) => match payload["notification_type"].as_str() {
+            Some(
+                kind @ ("permission_prompt" | "worker_permission_prompt" | "elicitation_dialog"
+                | "agent_needs_input"),
+            ) => Ok(HookEvent::WaitingForInput {
+                prompt: format!(
+                    "{kind}: {}",
+                    payload["message"].as_str().unwrap_or_default()
+                ),
+            }),
+            _ => Ok(HookEvent::Ignored),
+        },
         ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
             reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
         }),

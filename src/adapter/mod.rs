@@ -179,6 +179,9 @@ pub enum HookEvent {
     /// nothing — no ACK, no continuation's result — and no continuation can be given at it
     /// (its hook's output is not read).
     TurnFailed { error: String },
+    /// The harness shows a prompt only a human can answer (Claude Code's permission or
+    /// elicitation dialog): the work waits for someone. `prompt` is what it shows.
+    WaitingForInput { prompt: String },
     /// A turn started: the harness took a submitted prompt (advisory; tells the
     /// supervisor its typed line was taken, and which turn ends answer the challenge).
     TurnStarted,

@@ -16,6 +16,8 @@ use serde_json::{json, Value};
 pub enum Answer {
     Text(String),
     Shell(String),
+    /// A call of the named tool with these arguments (a tool other than the shell).
+    Call(String, Value),
 }
 
 /// The API a request speaks, from its path.
@@ -139,6 +141,15 @@ pub fn contract_key(body: &Value) -> Option<String> {
     })
 }
 
+/// The tool an answer calls and its arguments (`Text` calls none: an empty name).
+fn tool_call(api: Api, body: &Value, answer: &Answer) -> (String, Value) {
+    match answer {
+        Answer::Shell(cmd) => shell_call(api, body, cmd),
+        Answer::Call(name, input) => (name.clone(), input.clone()),
+        Answer::Text(_) => (String::new(), Value::Null),
+    }
+}
+
 /// The name and arguments of the shell tool as each harness declares it, found in the
 /// request's tool list (so the call is one the harness really offers).
 pub fn shell_call(api: Api, body: &Value, cmd: &str) -> (String, Value) {
@@ -226,8 +237,8 @@ pub fn encode(
                     "end_turn",
                     json!([{"type":"text","text":t}]),
                 ),
-                Answer::Shell(cmd) => {
-                    let (name, input) = shell_call(api, body, cmd);
+                Answer::Shell(_) | Answer::Call(..) => {
+                    let (name, input) = tool_call(api, body, answer);
                     let tid = format!("toolu_{n}");
                     (
                         vec![
@@ -279,8 +290,8 @@ pub fn encode(
                     "stop",
                     json!({"role":"assistant","content":t}),
                 ),
-                Answer::Shell(cmd) => {
-                    let (name, args) = shell_call(api, body, cmd);
+                Answer::Shell(_) | Answer::Call(..) => {
+                    let (name, args) = tool_call(api, body, answer);
                     let call = json!([{"index":0,"id":format!("call_{n}"),"type":"function",
                         "function":{"name":name,"arguments":args.to_string()}}]);
                     (
@@ -311,8 +322,8 @@ pub fn encode(
                     json!({"type":"message","id":format!("msg_{n}"),"role":"assistant",
                     "status":"completed","content":[{"type":"output_text","text":t,"annotations":[]}]})
                 }
-                Answer::Shell(cmd) => {
-                    let (name, args) = shell_call(api, body, cmd);
+                Answer::Shell(_) | Answer::Call(..) => {
+                    let (name, args) = tool_call(api, body, answer);
                     json!({"type":"function_call","id":format!("fc_{n}"),"call_id":format!("call_{n}"),
                         "name":name,"arguments":args.to_string(),"status":"completed"})
                 }

@@ -38,8 +38,18 @@ pub struct RuntimeDirection {
     pub direction: String,
 }
 
+/// A runtime and a blocker code.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RuntimeCode {
+    pub runtime: String,
+    pub code: String,
+}
+
 pub struct HostMetrics {
     pub registry: Arc<Registry>,
+    /// Work this host's harnesses reported blocked, by runtime and code (`rate-limited`,
+    /// `waiting-for-input`, …).
+    pub harness_blocked: Family<RuntimeCode, Counter>,
     pub active_generation: Family<Lane, Gauge>,
     pub generation_starts: Family<Lane, Counter>,
     pub replacements: Family<Lane, Counter>,
@@ -86,6 +96,7 @@ impl HostMetrics {
         let lanes = Gauge::default();
         let gateway_requests = Family::<RuntimeOutcome, Counter>::default();
         let provider_tokens = Family::<RuntimeDirection, Counter>::default();
+        let harness_blocked = Family::<RuntimeCode, Counter>::default();
         let receipts_not_durable = Gauge::default();
         let clock_offset_ms = Gauge::default();
         let clock_skew_refusals = Counter::default();
@@ -152,6 +163,11 @@ impl HostMetrics {
             provider_tokens.clone(),
         );
         r.register(
+            "harness_blocked",
+            "Work a harness of this host was reported blocked for, by runtime and code (rate-limited: the provider's own 429; waiting-for-input: a prompt waiting for a human)",
+            harness_blocked.clone(),
+        );
+        r.register(
             "receipts_not_durable",
             "Observed generation ends whose receipt or record could not be written yet (full or read-only state filesystem), held in memory and written again",
             receipts_not_durable.clone(),
@@ -168,6 +184,7 @@ impl HostMetrics {
         );
         Self {
             registry: Arc::new(r),
+            harness_blocked,
             active_generation,
             generation_starts,
             replacements,

@@ -161,6 +161,19 @@ impl Up {
         common::require_host();
         let db = pg::TestDb::new();
         let dir = std::env::temp_dir().join(format!("mosaic-hc-{}", uuid::Uuid::new_v4().simple()));
+        // The coordinator's notification command: appends each event to `notified.jsonl`
+        // beside the state directory (`Up::notified`).
+        let notify = dir.with_extension("notify.sh");
+        std::fs::write(
+            &notify,
+            format!(
+                "#!/bin/sh\ncat >> {0}\necho >> {0}\n",
+                dir.with_extension("notified.jsonl").display()
+            ),
+        )
+        .unwrap();
+        std::fs::set_permissions(&notify, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+            .unwrap();
         let mut cmd = Command::new(common::MOSAIC);
         cmd.args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
             .arg(&dir)
@@ -169,7 +182,9 @@ impl Up {
             .arg("--credentials")
             .arg(format!("{runtime}={}", credentials.display()))
             .arg("--provider")
-            .arg(format!("{runtime}={provider}"));
+            .arg(format!("{runtime}={provider}"))
+            .arg("--notify-command")
+            .arg(&notify);
         if let Some(r) = registry {
             cmd.arg("--registry-dir").arg(r);
         }
@@ -230,6 +245,15 @@ impl Up {
         } else {
             Err(String::from_utf8_lossy(&out.stderr).into_owned())
         }
+    }
+
+    /// The events the coordinator's notification command was given, in order.
+    pub fn notified(&self) -> Vec<Value> {
+        std::fs::read_to_string(self.dir.with_extension("notified.jsonl"))
+            .unwrap_or_default()
+            .lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
     }
 
     pub fn lane(&self) -> String {
@@ -376,6 +400,8 @@ impl Drop for Up {
         }
         common::terminate(&mut self.child, Duration::from_secs(30));
         let _ = std::fs::remove_dir_all(&self.dir);
+        let _ = std::fs::remove_file(self.dir.with_extension("notify.sh"));
+        let _ = std::fs::remove_file(self.dir.with_extension("notified.jsonl"));
         if !std::thread::panicking() {
             let _ = std::fs::remove_file(self.dir.with_extension("log"));
         } else {

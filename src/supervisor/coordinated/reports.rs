@@ -60,14 +60,25 @@ impl CoordinatedHost {
                     evidence_digest,
                     next_action,
                     resume_after_ms,
-                } => FromHostChain::Blocked(wire::Blocked {
-                    chain,
-                    bound,
-                    blocker_code: code,
-                    blocker_evidence_digest: evidence_digest,
-                    next_action,
-                    resume_after_ms,
-                }),
+                } => {
+                    self.sup
+                        .inner
+                        .metrics
+                        .harness_blocked
+                        .get_or_create(&crate::supervisor::metrics::RuntimeCode {
+                            runtime: ctx.runtime.clone(),
+                            code: code.clone(),
+                        })
+                        .inc();
+                    FromHostChain::Blocked(wire::Blocked {
+                        chain,
+                        bound,
+                        blocker_code: code,
+                        blocker_evidence_digest: evidence_digest,
+                        next_action,
+                        resume_after_ms,
+                    })
+                }
             };
             let t = m.message_type();
             tracing::info!(

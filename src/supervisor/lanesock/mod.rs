@@ -169,6 +169,8 @@ pub struct Observed {
     /// Turn ends (Stop / idle / settled events) seen.
     pub settled: u64,
     pub last_settled_at: Option<String>,
+    /// Prompts the harness showed that wait for a human (reported as blocked work).
+    pub waiting_for_input: u64,
     /// Turns that ended in an error instead of an answer (a provider's refusal).
     pub turns_failed: u64,
     /// ACK answers that did not bind the challenge (refused).

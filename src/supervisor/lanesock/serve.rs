@@ -467,6 +467,11 @@ pub(super) async fn hook(
             settled::turn_failed(s);
             LaneResponse::ok("turn failure noted")
         }
+        HookEvent::WaitingForInput { prompt } => {
+            s.observe(|o| o.waiting_for_input += 1);
+            settled::waiting_for_input(s, &prompt);
+            LaneResponse::ok("waiting for input noted")
+        }
         HookEvent::AwaitContinuation => settled::asked(s, adapter).await,
         HookEvent::SessionEnd { reason } => {
             // Claude Code's `/clear` (no hook can stop it) ends the conversation and starts

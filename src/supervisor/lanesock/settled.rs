@@ -244,6 +244,25 @@ pub(super) async fn at_settled(
     }
 }
 
+/// The harness shows a prompt only a human can answer: the work is reported blocked with
+/// code `waiting-for-input`, the prompt's digest its evidence (the operator is notified by
+/// the coordinator). Whoever answers it in the lane unblocks the work (`mosaic unblock`).
+pub(super) fn waiting_for_input(s: &GenSession, prompt: &str) {
+    if !matches!(*s.activation.borrow(), Some(Ok(()))) {
+        return; // before activation nothing of the work runs
+    }
+    tracing::warn!(
+        "the harness waits for a human's answer to a prompt; reporting the work blocked"
+    );
+    let _ = s.reports.send(HarnessReport::Blocked {
+        code: "waiting-for-input".into(),
+        evidence_digest: evidence_digest("blocker", prompt.as_bytes()),
+        next_action: "answer the harness's prompt in its lane (mosaic attach), then mosaic unblock"
+            .into(),
+        resume_after_ms: None,
+    });
+}
+
 /// A turn ended in an error: a continuation given for it gets no result from it (nor from
 /// a later turn, which answers something else): it stays unanswered, and the coordinator
 /// abandons it at its deadline.
