@@ -5,9 +5,14 @@ ALTER TABLE assignments ADD COLUMN blocked_until timestamptz;
 
 -- Only blocked work waits for a time: any other status clears it. Named to run after
 -- `work_record` (BEFORE triggers fire in name order), which settles the status first.
+-- Another block (other evidence: a quarantine, an operator's block, an ending's) set by a
+-- statement that does not name the time does not inherit it either.
 CREATE FUNCTION mosaic_blocked_until() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     IF NEW.work_status <> 'blocked' THEN
+        NEW.blocked_until := NULL;
+    ELSIF TG_OP = 'UPDATE' AND NEW.blocker_evidence_digest IS DISTINCT FROM OLD.blocker_evidence_digest
+          AND NEW.blocked_until IS NOT DISTINCT FROM OLD.blocked_until THEN
         NEW.blocked_until := NULL;
     END IF;
     RETURN NEW;

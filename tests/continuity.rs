@@ -649,3 +649,55 @@ async fn a_block_with_a_known_end_resumes_only_at_that_end_and_only_that_block()
     assert_eq!(next, mosaic::coordinator::resume::RESUMED);
     assert!(s.due_resumes().await.unwrap().is_empty());
 }
+
+/// The time a block names belongs to that block alone: any other evidence set over it (a
+/// quarantine, an ending's block) clears it, so the watchdog never resumes a block that
+/// was not the one with a known end.
+#[tokio::test]
+async fn a_blocks_end_does_not_outlive_its_evidence() {
+    use mosaic::coordinator::continuity::{Blockage, Blocker};
+    let f = fx().await;
+    let (s, l) = (&f.store, &f.leader);
+    let r = running(s, l, &f.lane.lane_incarnation_id).await;
+    let asg = r.chain().assignment_id.clone();
+    let ev = d('a');
+    s.block(
+        l,
+        &asg,
+        &Blocker::Operator,
+        &Blockage {
+            resume_after_ms: Some(60_000),
+            ..Blockage::new("rate-limited", &ev, "wait")
+        },
+    )
+    .await
+    .unwrap();
+    let (c, conn) = tokio_postgres::connect(&f.db.url, tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    async fn until(c: &tokio_postgres::Client, asg: &str) -> bool {
+        c.query_one(
+            "SELECT blocked_until IS NOT NULL FROM assignments WHERE assignment_id = $1",
+            &[&asg],
+        )
+        .await
+        .unwrap()
+        .get::<_, bool>(0)
+    }
+    assert!(until(&c, &asg).await);
+    // Another block's evidence written straight over it (the receipt check set aside for
+    // this statement alone: the rule under test is the row's own).
+    c.batch_execute(&format!(
+        "BEGIN; ALTER TABLE assignments DISABLE TRIGGER assignments_requires_receipt; \
+         UPDATE assignments SET blocker_code = 'needs-review', blocker_evidence_digest = '{}' WHERE assignment_id = '{asg}'; \
+         ALTER TABLE assignments ENABLE TRIGGER assignments_requires_receipt; COMMIT",
+        d('b')
+    ))
+    .await
+    .unwrap();
+    assert!(
+        !until(&c, &asg).await,
+        "another block kept the first one's end"
+    );
+}

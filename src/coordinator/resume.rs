@@ -43,7 +43,11 @@ impl Store {
                  WHERE work_status = ",
                 WorkStatus::Blocked.sql(),
                 " AND blocked_until <= clock_timestamp() AND requested_outcome IS NULL \
-                 ORDER BY blocked_until LIMIT 100"
+                 AND lifecycle IN (",
+                Lifecycle::Active.sql(),
+                ", ",
+                Lifecycle::Recovery.sql(),
+                ") ORDER BY blocked_until LIMIT 100"
             ),
             &[],
         )

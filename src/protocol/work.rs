@@ -9,6 +9,12 @@
 /// (the bytes of a test report).
 pub const EVIDENCE_KINDS: [&str; 3] = ["commit", "file-set", "test-result"];
 
+/// Blocker codes only the supervisor reports for a real harness, from what it observed
+/// itself (a provider's 429, a prompt its hook showed, a replaced conversation): a
+/// harness's own `mosaic lane blocked` may not claim them.
+pub const SUPERVISOR_BLOCKER_CODES: [&str; 3] =
+    ["rate-limited", "waiting-for-input", "conversation-replaced"];
+
 /// The most evidence one report may carry (it is digested, not stored).
 pub const MAX_EVIDENCE_BYTES: usize = 1024 * 1024;
 

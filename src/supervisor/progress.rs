@@ -36,8 +36,12 @@ use serde::{Deserialize, Serialize};
 /// The declared path of a harness's test result, relative to its working directory.
 pub const TEST_RESULT: &str = ".mosaic/test-result";
 
-/// Most files one observation digests.
-const MAX_FILES: usize = 100_000;
+/// Most directory entries one observation looks at (files, directories, anything else).
+const MAX_ENTRIES: usize = 200_000;
+/// Most bytes of paths one observation keeps.
+const MAX_PATH_BYTES: usize = 64 << 20;
+/// Longest path kept (a longer one is not a file a harness's work is judged by).
+const MAX_PATH: usize = 4096;
 /// Most bytes one observation reads (unchanged files are not read again).
 const MAX_BYTES: u64 = 1 << 30;
 /// Deepest directory one observation descends into.
@@ -65,8 +69,10 @@ struct Seen {
 /// restart: the baseline is the generation's activation, not the restart).
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 struct Kept {
-    /// Path → contents digest at the baseline.
-    baseline: BTreeMap<String, String>,
+    /// Path → contents digest at the baseline; `None` when the working directory was too
+    /// large to read then (no file set is ever evidence for it; test results and commits
+    /// still are).
+    baseline: Option<BTreeMap<String, String>>,
     baseline_head: Option<String>,
     /// The last evidence digests reported, per kind (nothing is reported twice in a row).
     reported: BTreeMap<String, String>,
@@ -97,8 +103,13 @@ impl Observer {
                     .map_err(|e| format!("{}: {e}", kept_at.display()))?;
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                let files = o.scan()?;
-                o.kept.baseline = files;
+                o.kept.baseline = match o.scan() {
+                    Ok(files) => Some(files),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the working directory cannot be read whole: its file set is never evidence (test results and commits still are)");
+                        None
+                    }
+                };
                 o.kept.baseline_head = o.head();
                 o.keep()?;
             }
@@ -116,16 +127,23 @@ impl Observer {
     /// The evidence new since the last observation (nothing when nothing changed).
     pub fn observe(&mut self) -> Result<Vec<Evidence>, String> {
         let mut out = Vec::new();
-        let files = self.scan()?;
         let mut listing: Vec<(String, Option<String>)> = Vec::new();
-        for (p, d) in &files {
-            if self.kept.baseline.get(p) != Some(d) {
-                listing.push((p.clone(), Some(d.clone())));
-            }
-        }
-        for p in self.kept.baseline.keys() {
-            if !files.contains_key(p) {
-                listing.push((p.clone(), None));
+        if let Some(baseline) = self.kept.baseline.clone() {
+            match self.scan() {
+                Ok(files) => {
+                    for (p, d) in &files {
+                        if baseline.get(p) != Some(d) {
+                            listing.push((p.clone(), Some(d.clone())));
+                        }
+                    }
+                    for p in baseline.keys() {
+                        if !files.contains_key(p) {
+                            listing.push((p.clone(), None));
+                        }
+                    }
+                }
+                // Grown past the limits: no file set this time; the rest is still looked at.
+                Err(e) => tracing::warn!(error = %e, "the working directory cannot be read whole"),
             }
         }
         listing.sort();
@@ -151,7 +169,9 @@ impl Observer {
                 bytes: head.into_bytes(),
             });
         }
-        // Only what differs from the last report of its kind.
+        // Only what differs from the last report of its kind; kept durably before it is
+        // reported (a write that fails reports nothing, and the next look finds it again).
+        let before = self.kept.reported.clone();
         let mut new = Vec::new();
         for e in out {
             let digest = crate::protocol::work::evidence_digest(e.kind, &e.bytes);
@@ -161,7 +181,10 @@ impl Observer {
             }
         }
         if !new.is_empty() {
-            self.keep()?;
+            if let Err(e) = self.keep() {
+                self.kept.reported = before;
+                return Err(e);
+            }
         }
         Ok(new)
     }
@@ -176,21 +199,38 @@ impl Observer {
     }
 
     /// Every regular file under the directory (but the root's `.git` and `.mosaic`), with
-    /// its contents' digest.
+    /// its contents' digest. Depth first, holding no more than the directory being read and
+    /// the entry being looked at open (each reopened beneath the root, never across a link);
+    /// bounded in entries, path bytes and bytes read. The stat cache survives a failed scan.
     fn scan(&mut self) -> Result<BTreeMap<String, String>, String> {
         let root = self.root()?;
         let mut files = BTreeMap::new();
-        let mut bytes = 0u64;
-        let mut stack: Vec<(OwnedFd, String, usize)> = vec![(root, String::new(), 0)];
-        let mut cache = std::mem::take(&mut self.cache);
+        let (mut bytes, mut entries, mut path_bytes) = (0u64, 0usize, 0usize);
+        let mut stack: Vec<(String, usize)> = vec![(String::new(), 0)];
         let mut fresh = BTreeMap::new();
-        while let Some((fd, rel, depth)) = stack.pop() {
-            let dir = rustix::fs::Dir::read_from(&fd).map_err(|e| format!("{rel}: {e}"))?;
+        while let Some((rel, depth)) = stack.pop() {
+            let fd = if rel.is_empty() {
+                rustix::io::dup(&root).map_err(|e| e.to_string())?
+            } else {
+                match open_beneath(&root, &rel)? {
+                    Some(fd) => fd,
+                    None => continue, // gone, or swapped for a link meanwhile
+                }
+            };
+            let Ok(dir) = rustix::fs::Dir::read_from(&fd) else {
+                continue; // no longer a directory (swapped meanwhile)
+            };
             for entry in dir {
                 let entry = entry.map_err(|e| format!("{rel}: {e}"))?;
                 let raw = entry.file_name().to_bytes();
                 if raw == b"." || raw == b".." {
                     continue;
+                }
+                entries += 1;
+                if entries > MAX_ENTRIES {
+                    return Err(format!(
+                        "the working directory holds more than {MAX_ENTRIES} entries"
+                    ));
                 }
                 let name = String::from_utf8_lossy(raw).into_owned();
                 if rel.is_empty() && (name == ".git" || name == ".mosaic") {
@@ -201,20 +241,20 @@ impl Observer {
                 } else {
                     format!("{rel}/{name}")
                 };
+                if path.len() > MAX_PATH {
+                    continue;
+                }
+                path_bytes += path.len();
+                if path_bytes > MAX_PATH_BYTES {
+                    return Err("the working directory's paths are too many to keep".into());
+                }
                 let Some(child) = beneath(&fd, entry.file_name())? else {
                     continue;
                 };
                 let st = rustix::fs::fstat(&child).map_err(|e| format!("{path}: {e}"))?;
                 match FileType::from_raw_mode(st.st_mode) {
-                    FileType::Directory if depth < MAX_DEPTH => {
-                        stack.push((child, path, depth + 1));
-                    }
+                    FileType::Directory if depth < MAX_DEPTH => stack.push((path, depth + 1)),
                     FileType::RegularFile => {
-                        if files.len() >= MAX_FILES {
-                            return Err(format!(
-                                "the working directory holds more than {MAX_FILES} files"
-                            ));
-                        }
                         let seen = Seen {
                             len: st.st_size.max(0) as u64,
                             mtime_ns: st.st_mtime as i128 * 1_000_000_000
@@ -224,14 +264,14 @@ impl Observer {
                             ino: st.st_ino,
                             digest: String::new(),
                         };
-                        let digest = match cache.remove(&path) {
+                        let digest = match self.cache.get(&path) {
                             Some(c)
                                 if Seen {
                                     digest: c.digest.clone(),
                                     ..seen.clone()
-                                } == c =>
+                                } == *c =>
                             {
-                                c.digest
+                                c.digest.clone()
                             }
                             _ => {
                                 bytes = bytes.saturating_add(seen.len);

@@ -1,13 +1,17 @@
 //! A provider's rate limit, as the gateway sees it in the provider's own answer (issue 23
 //! part 5): status 429 and the headers that say when the limit resets. The supervisor,
 //! not the harness, observes it — every model request of a confined generation passes
-//! through its gateway — so no harness's word and no family-specific signal is needed, and
-//! a harness's shell tool cannot forge one (its traffic never takes the provider path).
+//! through its gateway — so no harness's word and no family-specific signal is needed. It is
+//! the provider's own answer: a harness's shell tool, which can reach the same provider
+//! path, can provoke one (and a block of its own work), never forge one.
 //!
-//! When the limit resets is the latest of the hints present: `retry-after-ms`,
-//! `retry-after` (seconds), Anthropic's `anthropic-ratelimit-*-reset` (RFC 3339) and
-//! `anthropic-ratelimit-unified-reset` (Unix seconds), OpenAI's `x-ratelimit-reset-*`
-//! (durations such as `6m0s`). Without any, [`DEFAULT_WAIT`]. The evidence is the status,
+//! When the limit resets: the provider's retry hint (`retry-after-ms`, `retry-after` in
+//! seconds) when it gives one; else the reset of each bucket it says is exhausted
+//! (Anthropic's `anthropic-ratelimit-<bucket>-reset`, RFC 3339, with `-remaining: 0`, and
+//! `-unified-reset`, Unix seconds, with `-unified-status: rejected`; OpenAI's
+//! `x-ratelimit-reset-<bucket>`, a duration such as `6m0s`, with
+//! `x-ratelimit-remaining-<bucket>: 0`) — a 429 carries every bucket's reset, most not the
+//! limit; else the latest reset named; else [`DEFAULT_WAIT`]. The evidence is the status,
 //! those headers and when it was seen, canonically encoded; only its digest leaves the host.
 //!
 //! **Never:** takes a hint from the request or the body; keeps a header not listed here
@@ -32,12 +36,34 @@ pub struct Limited {
     pub evidence: Vec<u8>,
 }
 
-/// The headers a reset hint is read from (and the only ones the evidence keeps).
+/// The headers a reset hint is read from (and the only ones the evidence keeps): the
+/// retry hints, and each bucket's reset and remaining count.
 fn relevant(name: &str) -> bool {
     name == "retry-after"
         || name == "retry-after-ms"
-        || (name.starts_with("anthropic-ratelimit-") && name.ends_with("-reset"))
+        || (name.starts_with("anthropic-ratelimit-")
+            && (name.ends_with("-reset")
+                || name.ends_with("-remaining")
+                || name.ends_with("-status")))
         || name.starts_with("x-ratelimit-reset-")
+        || name.starts_with("x-ratelimit-remaining-")
+}
+
+/// The bucket a reset header is for, and the header that says the bucket is exhausted.
+fn exhausted_by(reset: &str) -> Option<(String, &'static str)> {
+    if let Some(b) = reset
+        .strip_prefix("anthropic-ratelimit-")
+        .and_then(|r| r.strip_suffix("-reset"))
+    {
+        return Some(if b == "unified" {
+            ("anthropic-ratelimit-unified-status".into(), "rejected")
+        } else {
+            (format!("anthropic-ratelimit-{b}-remaining"), "0")
+        });
+    }
+    reset
+        .strip_prefix("x-ratelimit-reset-")
+        .map(|b| (format!("x-ratelimit-remaining-{b}"), "0"))
 }
 
 /// What an answer with `status` and `headers` (names lower-case) says of a rate limit, at
@@ -51,19 +77,28 @@ pub fn of_answer<'a>(
         return None;
     }
     let mut kept = std::collections::BTreeMap::new();
-    let mut wait: Option<Duration> = None;
     for (name, value) in headers {
         let name = name.to_ascii_lowercase();
-        if !relevant(&name) {
-            continue;
+        if relevant(&name) {
+            kept.insert(name, value.trim().chars().take(200).collect::<String>());
         }
-        let value = value.trim();
-        if let Some(w) = hint(&name, value, now) {
-            wait = Some(wait.map_or(w, |x| x.max(w)));
-        }
-        kept.insert(name, value.chars().take(200).collect::<String>());
     }
-    let wait = wait.unwrap_or(DEFAULT_WAIT).min(MAX_WAIT);
+    // The provider's own retry hint when it gives one; else the reset of the buckets it
+    // says are exhausted (a 429 carries every bucket's reset, most of them not the limit);
+    // else the latest reset named; else the default.
+    let latest = |names: &mut dyn Iterator<Item = &String>| {
+        names.filter_map(|n| hint(n, &kept[n], now)).max()
+    };
+    let retry = latest(&mut kept.keys().filter(|n| n.starts_with("retry-after")));
+    let exhausted = latest(&mut kept.keys().filter(|n| {
+        exhausted_by(n).is_some_and(|(flag, v)| kept.get(&flag).map(String::as_str) == Some(v))
+    }));
+    let any = latest(&mut kept.keys());
+    let wait = retry
+        .or(exhausted)
+        .or(any)
+        .unwrap_or(DEFAULT_WAIT)
+        .min(MAX_WAIT);
     // When it was seen (host time, advisory): two limits with the same headers are two
     // pieces of evidence, each its own block.
     let seen = humantime::format_rfc3339_micros(now).to_string();

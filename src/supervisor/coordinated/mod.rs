@@ -67,6 +67,9 @@ struct ChainCtx {
     active: std::sync::atomic::AtomicBool,
     /// The coordinator ordered it ended: nothing more of it is dispatched.
     stopping: std::sync::atomic::AtomicBool,
+    /// Its progress observer runs (started once: an activation re-sent, or a re-adoption,
+    /// starts no second one).
+    observing: std::sync::atomic::AtomicBool,
 }
 
 /// What every report of a generation repeats (known once its contract is; restored from
@@ -305,6 +308,7 @@ impl CoordinatedHost {
                         active: std::sync::atomic::AtomicBool::new(activated && restored.is_some()),
                         report_base: Mutex::new(restored),
                         stopping: std::sync::atomic::AtomicBool::new(false),
+                        observing: std::sync::atomic::AtomicBool::new(false),
                     });
                     if let Ok(mut m) = host.chains.lock() {
                         m.insert(lane.lane_id.clone(), ctx.clone());

@@ -15,6 +15,10 @@ use crate::supervisor::progress::Observer;
 
 /// How often a running turn's working directory is looked at between settled boundaries.
 const EVERY: Duration = Duration::from_secs(60);
+/// The least time between two looks, however often turns end or the harness asks (its
+/// hook events can be forged by its own tools): a harness cannot keep the supervisor
+/// scanning.
+const MIN_GAP: Duration = Duration::from_secs(5);
 
 impl CoordinatedHost {
     /// Starts observing the activated generation of `ctx` (a real harness's).
@@ -28,6 +32,12 @@ impl CoordinatedHost {
             .is_some_and(|f| f.adapter().observes_progress())
         {
             return;
+        }
+        if ctx
+            .observing
+            .swap(true, std::sync::atomic::Ordering::SeqCst)
+        {
+            return; // already observed (an activation re-sent, a re-adoption)
         }
         let inner = &self.sup.inner;
         let b = &ctx.binding;
@@ -43,6 +53,7 @@ impl CoordinatedHost {
         let (weak_ctx, weak_session): (Weak<ChainCtx>, Weak<GenSession>) =
             (Arc::downgrade(ctx), Arc::downgrade(session));
         let mut busy = session.busy.subscribe();
+        let look = session.look.clone();
         let generation = ctx.generation;
         tokio::spawn(async move {
             let started = tokio::task::spawn_blocking(move || Observer::start(&dir, &kept)).await;
@@ -54,6 +65,7 @@ impl CoordinatedHost {
                 }
                 Err(_) => return,
             };
+            let mut last = std::time::Instant::now();
             loop {
                 tokio::select! {
                     r = busy.changed() => {
@@ -64,8 +76,13 @@ impl CoordinatedHost {
                             continue; // a turn started: its end is the next look
                         }
                     }
+                    _ = look.notified() => {}
                     _ = tokio::time::sleep(EVERY) => {}
                 }
+                if let Some(rest) = MIN_GAP.checked_sub(last.elapsed()) {
+                    tokio::time::sleep(rest).await;
+                }
+                last = std::time::Instant::now();
                 let (Some(ctx), Some(session)) = (weak_ctx.upgrade(), weak_session.upgrade())
                 else {
                     return;

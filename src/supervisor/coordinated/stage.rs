@@ -123,6 +123,7 @@ impl CoordinatedHost {
             report_base: Mutex::new(None),
             active: std::sync::atomic::AtomicBool::new(false),
             stopping: std::sync::atomic::AtomicBool::new(false),
+            observing: std::sync::atomic::AtomicBool::new(false),
         });
         if let Ok(mut m) = self.chains.lock() {
             m.insert(lane_id.clone(), ctx.clone());

@@ -138,6 +138,9 @@ pub struct GenSession {
     /// The harness's checkpoint requests, each with where its answer goes, for the chain
     /// driver (which knows the generation's lane and chain).
     pub checkpoints: tokio::sync::mpsc::UnboundedSender<CheckpointAsk>,
+    /// Asks the progress observer (`coordinated::observe`) to look now: the harness called
+    /// `mosaic lane progress`.
+    pub look: Arc<tokio::sync::Notify>,
     /// The provider's rate limit last seen by the gateway for this generation, until an
     /// answer ends it (`ratelimit`); reported as blocked work once.
     pub provider_limit: std::sync::Mutex<Option<ProviderLimit>>,
@@ -219,6 +222,7 @@ impl GenSession {
             observed: std::sync::Mutex::new(Observed::default()),
             answer_turns_after: std::sync::atomic::AtomicU64::new(u64::MAX),
             provider_limit: std::sync::Mutex::new(None),
+            look: Arc::new(tokio::sync::Notify::new()),
             push: std::sync::OnceLock::new(),
             assignment_id: std::sync::OnceLock::new(),
             checkpoints: ctx,
@@ -366,7 +370,10 @@ impl GenSession {
             *g = None;
             return;
         };
-        let reported = g.as_ref().is_some_and(|p| p.reported);
+        // Reported while the limit it reported lasts; a 429 after that is a new limit.
+        let reported = g
+            .as_ref()
+            .is_some_and(|p| p.reported && p.since.elapsed() < p.limited.wait);
         let at_once = l.wait >= crate::supervisor::ratelimit::BLOCK_AT_ONCE;
         if at_once && !reported {
             self.report_limit(&l.evidence, l.wait);
@@ -378,13 +385,18 @@ impl GenSession {
         });
     }
 
-    /// The harness's turn ended: a limit still in force and not reported yet (the harness
-    /// gave up on it) blocks the work until it resets.
+    /// The harness's turn ended without an answer (it failed, or its last message is
+    /// empty): a limit still in force and not reported yet (the harness gave up on it)
+    /// blocks the work until it resets. A turn that answered is not blocked for a limit a
+    /// side request met.
     pub fn limit_at_settled(&self) {
         let Ok(mut g) = self.provider_limit.lock() else {
             return;
         };
-        if let Some(p) = g.as_mut().filter(|p| !p.reported) {
+        if let Some(p) = g
+            .as_mut()
+            .filter(|p| !p.reported && p.since.elapsed() < p.limited.wait)
+        {
             p.reported = true;
             let left = p.limited.wait.saturating_sub(p.since.elapsed());
             self.report_limit(&p.limited.evidence, left);

@@ -400,6 +400,9 @@ pub(super) async fn hook(
             LaneResponse::ok("turn started")
         }
         HookEvent::Settled { last_message } => {
+            let answered = last_message
+                .as_deref()
+                .is_some_and(|m| !m.trim().is_empty());
             s.observe(|o| {
                 o.settled += 1;
                 o.busy = false;
@@ -447,8 +450,11 @@ pub(super) async fn hook(
                 // Not a check's answer: perhaps a continuation's result.
                 (_, _, _, m) => ("settled", m),
             };
-            // A turn that ended under a provider's rate limit the harness gave up on.
-            s.limit_at_settled();
+            // A turn that ended under a provider's rate limit the harness gave up on (no
+            // answer: a turn that answered met the limit only on a side request).
+            if !answered {
+                s.limit_at_settled();
+            }
             // A Stop that follows a block decision (Claude Code and Codex say so).
             let chained = payload["stop_hook_active"].as_bool() == Some(true);
             settled::at_settled(s, adapter, result.as_deref(), chained, state).await
@@ -549,7 +555,23 @@ pub(super) fn report(s: &GenSession, r: LaneRequest) -> LaneResponse {
             _ => Err("evidence is required (non-empty)".into()),
         }
     };
+    // A harness whose progress the supervisor observes itself: its word is never evidence.
+    // Asking is a request to look now; what the supervisor finds is reported, if anything.
+    let observed = s.family().is_some_and(|f| f.adapter().observes_progress());
     let report = match r {
+        LaneRequest::Progress { .. } if observed => {
+            s.look.notify_one();
+            return LaneResponse::ok(
+                "the supervisor observes this harness's progress in its working directory itself: it looks now",
+            );
+        }
+        LaneRequest::Blocked { code, .. }
+            if observed && work::SUPERVISOR_BLOCKER_CODES.contains(&code.as_str()) =>
+        {
+            return err(&format!(
+                "blocker code {code} is the supervisor's own observation, never a harness's report"
+            ));
+        }
         LaneRequest::Progress {
             kind,
             evidence_hex,

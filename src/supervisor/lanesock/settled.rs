@@ -624,4 +624,49 @@ mod tests {
         s.limit_at_settled();
         assert!(next_report(&s).is_none());
     }
+
+    /// A real harness's own word is never progress (nor a blocker the supervisor observes
+    /// itself): its `lane progress` asks the observer to look and queues nothing; the fake
+    /// harness's report is still taken.
+    #[test]
+    fn a_real_harness_cannot_report_progress_or_the_supervisors_own_blocks() {
+        let progress = || LaneRequest::Progress {
+            kind: "commit".into(),
+            evidence_hex: hex::encode("ab".repeat(20)),
+            next_action: None,
+        };
+        let blocked = |code: &str| LaneRequest::Blocked {
+            code: code.into(),
+            evidence_hex: hex::encode("a 429"),
+            next_action: "wait".into(),
+        };
+        rt().block_on(async {
+            let s = active(Family::ClaudeCode);
+            let looked = s.look.clone();
+            let r = report(&s, progress());
+            assert!(r.ok, "{r:?}");
+            assert!(
+                next_report(&s).is_none(),
+                "a harness's word counted as progress"
+            );
+            tokio::time::timeout(Duration::from_secs(1), looked.notified())
+                .await
+                .expect("the observer was not asked to look");
+            for code in crate::protocol::work::SUPERVISOR_BLOCKER_CODES {
+                assert!(
+                    !report(&s, blocked(code)).ok,
+                    "{code} taken from the harness"
+                );
+            }
+            assert!(next_report(&s).is_none());
+            assert!(report(&s, blocked("needs-credentials")).ok);
+            assert!(next_report(&s).is_some());
+            let fake = active(Family::Fake);
+            assert!(report(&fake, progress()).ok);
+            assert!(matches!(
+                next_report(&fake),
+                Some(HarnessReport::Progress { .. })
+            ));
+        });
+    }
 }
