@@ -201,6 +201,21 @@ fn opencode_takes_continuations_through_its_plugin() {
     continuations(&OPENCODE);
 }
 
+/// The result recorded for continuation `cn` is the digest of the harness's `answer`.
+fn assert_result(up: &Up, cn: &str, answer: &str) {
+    assert_eq!(
+        up.sql(
+            "SELECT result_evidence_digest FROM continuations WHERE continuation_id = $1",
+            cn
+        ),
+        Some(mosaic::protocol::work::evidence_digest(
+            "continuation-result",
+            answer.as_bytes()
+        )),
+        "the recorded result of {cn} is not the harness's answer"
+    );
+}
+
 /// Gives one continuation to the running work `id` and waits for its result; returns its
 /// id.
 fn continue_once(up: &Up, id: &str, answer: &str) -> String {
@@ -278,16 +293,7 @@ fn pi_keeps_its_conversation_and_its_continuations_across_its_session_commands()
         carrying.contains("CONTINUITY-PI:"),
         "the contract is missing after the reload"
     );
-    assert_eq!(
-        up.sql(
-            "SELECT result_evidence_digest FROM continuations WHERE continuation_id = $1",
-            &cn
-        ),
-        Some(mosaic::protocol::work::evidence_digest(
-            "continuation-result",
-            answer.as_bytes()
-        ))
-    );
+    assert_result(&up, &cn, &answer);
 }
 
 /// Claude Code's `/clear` cannot be refused by any hook (2.1.332 runs no UserPromptSubmit
@@ -470,16 +476,7 @@ fn handoff(f: &Family) {
     let answer = format!("after-the-handoff-{}", uuid::Uuid::new_v4().simple());
     let cn = continue_once(&up, &id, &answer);
     assert_eq!(turns_carrying(&model, &cn), 1);
-    assert_eq!(
-        up.sql(
-            "SELECT result_evidence_digest FROM continuations WHERE continuation_id = $1",
-            &cn
-        ),
-        Some(mosaic::protocol::work::evidence_digest(
-            "continuation-result",
-            answer.as_bytes()
-        ))
-    );
+    assert_result(&up, &cn, &answer);
 }
 
 #[test]

@@ -337,12 +337,35 @@ impl GenSession {
     /// was taken; an answer given before the challenge, or one that does not carry the
     /// phrase, is refused (and counted).
     fn take_answer(&self, answer: &str) -> Result<(), &'static str> {
+        self.take_check_answer(crate::adapter::Check::Activation, answer)
+    }
+
+    /// Takes `answer` as this generation's handoff ACK (a harness answering in its own
+    /// turns) if it binds the handoff check; an activation answer never passes.
+    fn take_handoff_answer(&self, answer: &str) -> Result<(), &'static str> {
+        self.take_check_answer(crate::adapter::Check::Handoff, answer)
+    }
+
+    /// `answer` passes `check` only with that check's phrase and form and the contract key;
+    /// refused (and counted) otherwise. Passing it is the harness's request to acknowledge.
+    fn take_check_answer(
+        &self,
+        check: crate::adapter::Check,
+        answer: &str,
+    ) -> Result<(), &'static str> {
+        use crate::adapter::Check;
         if self.delivered.borrow().is_none() {
             return Err("fetch the contract before acknowledging it");
         }
-        let phrase = self.phrase.borrow().clone();
+        let (phrase, asked) = match check {
+            Check::Activation => (self.phrase.borrow().clone(), &self.ack_requested),
+            Check::Handoff => (
+                self.handoff_phrase.borrow().clone(),
+                &self.handoff_ack_requested,
+            ),
+        };
         let Some(phrase) = phrase else {
-            return Err("no activation challenge has been issued to this generation yet");
+            return Err("no such check has been issued to this generation yet");
         };
         let key = self
             .contract
@@ -350,11 +373,11 @@ impl GenSession {
             .as_ref()
             .map(|c| c.key.clone())
             .unwrap_or_default();
-        if key.is_empty() || !crate::adapter::answer_binds(answer, &phrase, &key) {
+        if key.is_empty() || !check.binds(answer, &phrase, &key) {
             self.observe(|o| o.ack_refused += 1);
-            return Err("the answer does not bind this generation's challenge");
+            return Err("the answer does not bind this generation's check");
         }
-        self.ack_requested.send_replace(true);
+        asked.send_replace(true);
         Ok(())
     }
 
@@ -424,30 +447,6 @@ impl GenSession {
             ),
             resume_after_ms: Some(ms),
         });
-    }
-
-    /// Takes `answer` as this generation's handoff ACK (a harness answering in its own
-    /// turns) if it binds the handoff check's phrase under the contract key; refused (and
-    /// counted) otherwise — an activation answer never passes.
-    fn take_handoff_answer(&self, answer: &str) -> Result<(), &'static str> {
-        if self.delivered.borrow().is_none() {
-            return Err("fetch the contract before acknowledging a handoff");
-        }
-        let Some(phrase) = self.handoff_phrase.borrow().clone() else {
-            return Err("no handoff check has been issued to this generation");
-        };
-        let key = self
-            .contract
-            .borrow()
-            .as_ref()
-            .map(|c| c.key.clone())
-            .unwrap_or_default();
-        if key.is_empty() || !crate::adapter::Check::Handoff.binds(answer, &phrase, &key) {
-            self.observe(|o| o.ack_refused += 1);
-            return Err("the answer does not bind this generation's handoff check");
-        }
-        self.handoff_ack_requested.send_replace(true);
-        Ok(())
     }
 }
 
