@@ -248,7 +248,7 @@ impl Observer {
                 if path_bytes > MAX_PATH_BYTES {
                     return Err("the working directory's paths are too many to keep".into());
                 }
-                let Some(child) = beneath(&fd, entry.file_name())? else {
+                let Some(child) = open_beneath(&fd, entry.file_name())? else {
                     continue;
                 };
                 let st = rustix::fs::fstat(&child).map_err(|e| format!("{path}: {e}"))?;
@@ -348,28 +348,13 @@ impl Observer {
     }
 }
 
-/// `name` in the directory `dir`, opened without crossing a link; `None` if it is gone
-/// or a link.
-fn beneath(dir: &OwnedFd, name: &std::ffi::CStr) -> Result<Option<OwnedFd>, String> {
-    match rustix::fs::openat2(
-        dir,
-        name,
-        OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC | OFlags::NONBLOCK,
-        Mode::empty(),
-        ResolveFlags::BENEATH | ResolveFlags::NO_SYMLINKS | ResolveFlags::NO_MAGICLINKS,
-    ) {
-        Ok(fd) => Ok(Some(fd)),
-        Err(rustix::io::Errno::NOENT | rustix::io::Errno::LOOP | rustix::io::Errno::XDEV) => {
-            Ok(None)
-        }
-        // A socket cannot be opened: not a file.
-        Err(rustix::io::Errno::NXIO) => Ok(None),
-        Err(e) => Err(format!("{}: {e}", name.to_string_lossy())),
-    }
-}
-
-/// The relative path `rel` beneath `root`, never crossing a link.
-fn open_beneath(root: &OwnedFd, rel: &str) -> Result<Option<OwnedFd>, String> {
+/// The relative path `rel` beneath `root` (a name in it, or a path below it), opened
+/// non-blocking and never crossing a link; `None` if it is gone, a link, or not reachable
+/// as a file (a socket, a path through a non-directory).
+fn open_beneath<P: rustix::path::Arg + Copy + std::fmt::Debug>(
+    root: &OwnedFd,
+    rel: P,
+) -> Result<Option<OwnedFd>, String> {
     match rustix::fs::openat2(
         root,
         rel,
@@ -385,7 +370,7 @@ fn open_beneath(root: &OwnedFd, rel: &str) -> Result<Option<OwnedFd>, String> {
             | rustix::io::Errno::NOTDIR
             | rustix::io::Errno::NXIO,
         ) => Ok(None),
-        Err(e) => Err(format!("{rel}: {e}")),
+        Err(e) => Err(format!("{rel:?}: {e}")),
     }
 }
 

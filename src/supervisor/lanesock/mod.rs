@@ -282,12 +282,10 @@ impl GenSession {
 
     /// Whether a continuation accepted here waits to be given.
     pub fn on_its_way_accepted(&self) -> bool {
-        self.next.borrow().as_ref().is_some_and(|c| {
-            self.visible
-                .lock()
-                .map(|v| !v.contains(&c.continuation_id))
-                .unwrap_or(false)
-        })
+        self.next
+            .borrow()
+            .as_ref()
+            .is_some_and(|c| !self.given(&c.continuation_id))
     }
 
     /// Whether `continuation_id` was already given to the harness.
@@ -326,6 +324,17 @@ impl GenSession {
         if let Ok(mut o) = self.observed.lock() {
             f(&mut o);
         }
+    }
+
+    /// A turn ended (settled, or failed): the harness is idle again.
+    fn turn_ended(&self, failed: bool) {
+        self.observe(|o| {
+            o.settled += 1;
+            o.busy = false;
+            o.turns_failed += u64::from(failed);
+            o.last_settled_at = Some(crate::util::now_rfc3339());
+        });
+        self.busy.send_replace(false);
     }
 
     /// The advisory observations so far.

@@ -403,12 +403,7 @@ pub(super) async fn hook(
             let answered = last_message
                 .as_deref()
                 .is_some_and(|m| !m.trim().is_empty());
-            s.observe(|o| {
-                o.settled += 1;
-                o.busy = false;
-                o.last_settled_at = Some(crate::util::now_rfc3339());
-            });
-            s.busy.send_replace(false);
+            s.turn_ended(false);
             // Only the end of a turn that started after the activation check was submitted
             // answers it (a turn already running then, like Codex's bootstrap, does not).
             let after = s
@@ -460,13 +455,7 @@ pub(super) async fn hook(
             settled::at_settled(s, adapter, result.as_deref(), chained, state).await
         }
         HookEvent::TurnFailed { error } => {
-            s.observe(|o| {
-                o.settled += 1;
-                o.busy = false;
-                o.turns_failed += 1;
-                o.last_settled_at = Some(crate::util::now_rfc3339());
-            });
-            s.busy.send_replace(false);
+            s.turn_ended(true);
             tracing::warn!(error = %error, "the harness's turn ended in an error, not an answer");
             // A rate limit the harness gave up on blocks the work until it resets.
             s.limit_at_settled();

@@ -46,14 +46,8 @@ async fn wait_continuation(s: &GenSession, follow_turns: bool) -> Option<Continu
         }
     }
     let waiting = Waiting(&s.settled);
-    let available = |c: &Option<Continuation>| {
-        c.as_ref().is_some_and(|c| {
-            s.visible
-                .lock()
-                .map(|v| !v.contains(&c.continuation_id))
-                .unwrap_or(false)
-        })
-    };
+    let available =
+        |c: &Option<Continuation>| c.as_ref().is_some_and(|c| !s.given(&c.continuation_id));
     let got = loop {
         if follow_turns && *busy.borrow_and_update() {
             s.settled.send_replace(false);
