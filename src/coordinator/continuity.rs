@@ -246,6 +246,23 @@ impl<'a> Blockage<'a> {
     }
 }
 
+/// What blocked work becomes when it is unblocked or resumed (the `SET` list over
+/// `assignments a` joined with its `inactivity_policies pol`): active, a fresh inactivity
+/// period from now, and work in recovery handed to the watchdog's next attempt.
+pub(super) const ACTIVE_AGAIN: &str = concatcp!(
+    "work_status = ",
+    WorkStatus::Active.sql(),
+    ", inactivity_base_at = clock_timestamp(), \
+     inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
+     watchdog_step = CASE WHEN a.lifecycle = ",
+    Lifecycle::Recovery.sql(),
+    " THEN ",
+    WatchdogStep::Replacing.sql(),
+    " ELSE ",
+    WatchdogStep::None.sql(),
+    " END"
+);
+
 /// The furthest a block may name its own end (a provider's reset time): 7 days.
 pub const MAX_RESUME_AFTER_MS: i64 = 7 * 86_400_000;
 
@@ -564,9 +581,7 @@ impl Store {
             &step,
             body!([asg, next] |f| {
                 let d = f.cas(
-                    concatcp!("UPDATE assignments a SET work_status = ", WorkStatus::Active.sql(), ", next_action = $2, inactivity_base_at = clock_timestamp(), \
-                            inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
-                            watchdog_step = CASE WHEN a.lifecycle = ", Lifecycle::Recovery.sql(), " THEN ", WatchdogStep::Replacing.sql(), " ELSE ", WatchdogStep::None.sql(), " END, \
+                    concatcp!("UPDATE assignments a SET ", ACTIVE_AGAIN, ", next_action = $2, \
                             attempts_before_budget = (SELECT count(*) FROM attempts t WHERE t.assignment_id = a.assignment_id) \
                      FROM inactivity_policies pol \
                      WHERE a.assignment_id = $1 AND a.work_status = ", WorkStatus::Blocked.sql(), " AND a.lifecycle IN (", Lifecycle::Active.sql(), ", ", Lifecycle::Recovery.sql(), ") \

@@ -13,10 +13,11 @@
 use const_format::concatcp;
 use serde_json::json;
 
+use super::continuity::ACTIVE_AGAIN;
 use super::error::{AuthorityError, Category};
 use super::leader::Leader;
 use super::rows::RowExt;
-use super::states::{Lifecycle, WatchdogStep, WorkStatus};
+use super::states::{Lifecycle, WorkStatus};
 use super::store::Store;
 use super::txn::{body, request_digest, Receipt, Step};
 
@@ -90,10 +91,7 @@ impl Store {
             &step,
             body!([asg, ev, code] |f| {
                 let d = f.cas(
-                    concatcp!("UPDATE assignments a SET work_status = ", WorkStatus::Active.sql(), ", next_action = $3, \
-                            inactivity_base_at = clock_timestamp(), \
-                            inactivity_deadline = clock_timestamp() + pol.replace_after_ms * interval '1 millisecond', \
-                            watchdog_step = CASE WHEN a.lifecycle = ", Lifecycle::Recovery.sql(), " THEN ", WatchdogStep::Replacing.sql(), " ELSE ", WatchdogStep::None.sql(), " END \
+                    concatcp!("UPDATE assignments a SET ", ACTIVE_AGAIN, ", next_action = $3 \
                      FROM inactivity_policies pol \
                      WHERE a.assignment_id = $1 AND a.work_status = ", WorkStatus::Blocked.sql(), " AND a.blocker_evidence_digest = $2 \
                        AND a.blocked_until <= clock_timestamp() AND a.requested_outcome IS NULL \
