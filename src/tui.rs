@@ -3,13 +3,21 @@
 //! The view follows the coordinator through its `watch` operator call (it answers when
 //! anything changes, or after 20 s), so it is current without polling. Enter attaches to
 //! the selected lane's tmux session when the lane runs on this machine (its supervisor's
-//! control socket is under the state dir) and returns to the view on detach.
+//! control socket is under the state dir) and returns to the view on detach; the bottom
+//! pane previews that session live without attaching (`preview`).
 //!
-//! **Never:** shows task text, fence material or keys (the operator API does not hand them
-//! out), or acts without the operator pressing a key for it.
+//! Lanes that wait on the operator are marked (`view::mark`): a quarantined lane or host,
+//! work in recovery, blocked work (a human prompt as "waiting for input") — the same states
+//! the notifier announces. `n` selects the next one.
+//!
+//! **Never:** shows fence material or keys (the operator API does not hand them out), shows
+//! of a lane more than attaching would, lets the harness's output drive the operator's
+//! terminal, or acts without the operator pressing a key for it.
 
-use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
+mod preview;
+mod view;
+
+use std::path::PathBuf;
 use std::sync::mpsc;
 use std::time::Duration;
 
@@ -20,11 +28,13 @@ use ratatui::crossterm::terminal::{
 use ratatui::crossterm::ExecutableCommand;
 use ratatui::layout::{Constraint, Layout};
 use ratatui::style::{Color, Modifier, Style};
-use ratatui::text::Line;
+use ratatui::text::{Line, Span};
 use ratatui::widgets::{Block, Borders, Cell, Paragraph, Row, Table, TableState};
 use serde_json::Value;
 
 use crate::coordinator::service::{operator_request, OperatorRequest, OperatorTarget};
+use preview::{local_lanes, Preview, Shot};
+use view::{s, snapshot, LaneRow, Mark, Snapshot};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TuiError {
@@ -40,127 +50,25 @@ pub struct TuiOptions {
     pub tmux: PathBuf,
 }
 
-/// One row of the lane table.
-#[derive(Debug, Clone, Default)]
-struct LaneRow {
-    lane_id: String,
-    state: String,
-    runtime: String,
-    generation: String,
-    assignment: String,
-    lifecycle: String,
-    /// The work record's status where it says more than the lifecycle: blocked (with its
-    /// code), handoff, or the watchdog's step.
-    work: String,
-    owner: String,
-    since: String,
-    last_receipt: String,
-}
-
-#[derive(Default)]
-struct Snapshot {
-    rows: Vec<LaneRow>,
-    leadership: String,
-    hosts: String,
-    receipts: Vec<String>,
-}
-
-fn s(v: &Value) -> String {
-    match v {
-        Value::String(x) => x.clone(),
-        Value::Null => String::new(),
-        other => other.to_string(),
-    }
-}
-
-fn snapshot(v: &Value) -> Snapshot {
-    let mut by_lane: BTreeMap<String, LaneRow> = BTreeMap::new();
-    for l in v["lanes"].as_array().into_iter().flatten() {
-        let id = s(&l["lane_id"]);
-        by_lane.insert(
-            id.clone(),
-            LaneRow {
-                lane_id: id,
-                state: s(&l["state"]),
-                generation: s(&l["unended_generation"]),
-                since: s(&l["since"]).get(11..19).unwrap_or("").to_string(),
-                ..Default::default()
-            },
-        );
-    }
-    // The assignment holding each lane (its lane_state is set only while it does).
-    for a in v["assignments"].as_array().into_iter().flatten() {
-        let Some(row) = by_lane.get_mut(&s(&a["lane_id"])) else {
-            continue;
-        };
-        let holds = !a["lane_state"].is_null();
-        let recovering = a["state"] == "RECOVERY";
-        if holds || (recovering && row.assignment.is_empty()) {
-            row.assignment = s(&a["assignment_id"]);
-            row.lifecycle = s(&a["state"]);
-            row.work = match (
-                s(&a["work_status"]).as_str(),
-                s(&a["watchdog_step"]).as_str(),
-            ) {
-                ("blocked", _) => format!("blocked: {}", s(&a["blocker_code"])),
-                ("handoff", _) => format!("handoff → {}", s(&a["pending_target"])),
-                (_, "none" | "") => String::new(),
-                (_, step) => step.to_string(),
-            };
-            row.runtime = s(&a["runtime_id"]);
-            row.owner = s(&a["execution_owner"]);
-            if row.generation.is_empty() && holds {
-                row.generation = s(&a["generation"]);
-            }
-        }
-    }
-    for r in v["last_receipts"].as_array().into_iter().flatten() {
-        if let Some(row) = by_lane.get_mut(&s(&r["lane_id"])) {
-            row.last_receipt = format!(
-                "gen {} {} ({})",
-                s(&r["generation"]),
-                s(&r["reason"]),
-                s(&r["reconciliation"])
-            );
-        }
-    }
-    let lead = &v["leadership"];
-    Snapshot {
-        rows: by_lane.into_values().collect(),
-        leadership: format!(
-            "{} epoch {} (losses {})",
-            s(&lead["state"]),
-            s(&v["coordinator_epoch"]),
-            s(&lead["losses"])
-        ),
-        hosts: v["hosts_connected"]
-            .as_array()
-            .map(|h| h.iter().map(s).collect::<Vec<_>>().join(" "))
-            .unwrap_or_default(),
-        receipts: v["last_receipts"]
-            .as_array()
-            .into_iter()
-            .flatten()
-            .map(|r| {
-                format!(
-                    "{}  {}  gen {}  {} / {}  → {}",
-                    s(&r["at"]),
-                    s(&r["lane_id"]),
-                    s(&r["generation"]),
-                    s(&r["source"]),
-                    s(&r["reason"]),
-                    s(&r["reconciliation"])
-                )
-            })
-            .collect(),
-    }
-}
-
-/// What the bottom pane shows.
+/// What the bottom pane shows; Tab goes to the next.
 #[derive(Clone, Copy, PartialEq)]
 enum Pane {
+    /// The selected lane's own pane, live.
+    Preview,
     Receipts,
     Audit,
+    Notifications,
+}
+
+impl Pane {
+    fn next(self) -> Self {
+        match self {
+            Pane::Preview => Pane::Receipts,
+            Pane::Receipts => Pane::Audit,
+            Pane::Audit => Pane::Notifications,
+            Pane::Notifications => Pane::Preview,
+        }
+    }
 }
 
 enum Mode {
@@ -174,6 +82,9 @@ struct App {
     table: TableState,
     pane: Pane,
     audit: Vec<String>,
+    notifications: Vec<String>,
+    /// The latest look at the selected lane's pane.
+    shot: Option<Shot>,
     message: String,
     mode: Mode,
 }
@@ -208,31 +119,6 @@ fn follow(target: OperatorTarget, tx: mpsc::Sender<Result<Value, String>>) {
     });
 }
 
-/// The tmux socket of each lane on this machine, from the supervisors under `state_dir`.
-fn local_lanes(state_dir: &Path) -> BTreeMap<String, (PathBuf, String)> {
-    let mut out = BTreeMap::new();
-    let run = state_dir.join("run");
-    let mut sockets = vec![run.join("control.sock")];
-    if let Ok(rd) = std::fs::read_dir(&run) {
-        for e in rd.flatten() {
-            sockets.push(e.path().join("control.sock"));
-        }
-    }
-    for sock in sockets.into_iter().filter(|p| p.exists()) {
-        if let Ok(st) =
-            crate::supervisor::control::call(&sock, &crate::supervisor::control::Request::Status)
-        {
-            for l in st["lanes"].as_array().into_iter().flatten() {
-                out.insert(
-                    s(&l["lane_id"]),
-                    (PathBuf::from(s(&l["tmux_socket"])), s(&l["lane"])),
-                );
-            }
-        }
-    }
-    out
-}
-
 type Term = ratatui::Terminal<ratatui::backend::CrosstermBackend<std::io::Stdout>>;
 
 fn enter() -> Result<Term, TuiError> {
@@ -252,12 +138,15 @@ fn leave() {
 pub fn run(opts: TuiOptions) -> Result<(), TuiError> {
     let (tx, rx) = mpsc::channel();
     follow(opts.target.clone(), tx);
+    let preview = Preview::start(opts.tmux.clone(), opts.state_dir.clone());
     let mut term = enter()?;
     let mut app = App {
         snap: Snapshot::default(),
         table: TableState::default(),
-        pane: Pane::Receipts,
+        pane: Pane::Preview,
         audit: Vec::new(),
+        notifications: Vec::new(),
+        shot: None,
         message: "connecting…".into(),
         mode: Mode::Browse,
     };
@@ -275,6 +164,13 @@ pub fn run(opts: TuiOptions) -> Result<(), TuiError> {
                         }
                     }
                     Err(e) => app.message = format!("coordinator: {e}"),
+                }
+            }
+            let selected = app.selected().map(|r| r.lane_id.clone());
+            preview.select(selected.as_deref().filter(|_| app.pane == Pane::Preview));
+            while let Ok(shot) = preview.shots.try_recv() {
+                if Some(&shot.lane_id) == selected.as_ref() {
+                    app.shot = Some(shot);
                 }
             }
             term.draw(|f| draw(f, &mut app))?;
@@ -327,13 +223,22 @@ fn key(app: &mut App, k: KeyEvent, opts: &TuiOptions, term: &mut Term) -> Result
                 .select(Some(app.table.selected().unwrap_or(0).saturating_sub(1)));
         }
         KeyCode::Tab => {
-            app.pane = if app.pane == Pane::Receipts {
-                Pane::Audit
-            } else {
-                Pane::Receipts
-            };
-            if app.pane == Pane::Audit {
-                refresh_audit(app, opts);
+            app.pane = app.pane.next();
+            match app.pane {
+                Pane::Audit => refresh_audit(app, opts),
+                Pane::Notifications => refresh_notifications(app, opts),
+                Pane::Preview | Pane::Receipts => {}
+            }
+        }
+        // The next lane (after the selected one, wrapping) that waits on the operator.
+        KeyCode::Char('n') if n > 0 => {
+            let from = app.table.selected().unwrap_or(0);
+            let next = (1..=n)
+                .map(|i| (from + i) % n)
+                .find(|&i| matches!(app.snap.rows[i].mark, Some(Mark::Needs(_))));
+            match next {
+                Some(i) => app.table.select(Some(i)),
+                None => app.message = "no lane needs you".into(),
             }
         }
         KeyCode::Char('a') if app.selected().is_some() => {
@@ -430,6 +335,34 @@ fn assign(app: &mut App, opts: &TuiOptions, input: &str, resume: Option<String>)
     };
 }
 
+fn refresh_notifications(app: &mut App, opts: &TuiOptions) {
+    match operator_request(&opts.target, &OperatorRequest::Notifications) {
+        Ok(v) => {
+            app.notifications = v
+                .as_array()
+                .into_iter()
+                .flatten()
+                .map(|r| {
+                    let b = &r["body"];
+                    format!(
+                        "{}  {}  {}{}  {}",
+                        s(&b["at"]),
+                        s(&r["kind"]),
+                        s(&b["lane_id"]),
+                        s(&b["target_lane_id"]),
+                        match (r["done"] == true, r["last_error"].as_str()) {
+                            (true, _) => "delivered".to_string(),
+                            (false, Some(e)) => format!("retrying ({e})"),
+                            (false, None) => "not delivered yet".to_string(),
+                        }
+                    )
+                })
+                .collect();
+        }
+        Err(e) => app.message = format!("notifications: {e}"),
+    }
+}
+
 fn refresh_audit(app: &mut App, opts: &TuiOptions) {
     match operator_request(&opts.target, &OperatorRequest::Audit { since: 0 }) {
         Ok(v) => {
@@ -494,18 +427,31 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
     let [head, table, bottom, foot] = Layout::vertical([
         Constraint::Length(1),
         Constraint::Min(6),
-        Constraint::Length(8),
+        Constraint::Percentage(45),
         Constraint::Length(2),
     ])
     .areas(f.area());
-    f.render_widget(
-        Paragraph::new(format!(
+    let needing = app.snap.needing();
+    let mut header = vec![Span::styled(
+        format!(
             " Mosaic — coordinator {} — hosts: {}",
             app.snap.leadership, app.snap.hosts
-        ))
-        .style(Style::default().add_modifier(Modifier::BOLD)),
-        head,
-    );
+        ),
+        Style::default().add_modifier(Modifier::BOLD),
+    )];
+    if needing > 0 {
+        header.push(Span::styled(
+            format!("  ! {needing} lane(s) need you (n: next)"),
+            Style::default().fg(Color::Red).add_modifier(Modifier::BOLD),
+        ));
+    }
+    if let Some(e) = &app.snap.unreachable {
+        header.push(Span::styled(
+            format!("  database unreachable: {e}"),
+            Style::default().fg(Color::Red),
+        ));
+    }
+    f.render_widget(Paragraph::new(Line::from(header)), head);
     let state_color = |st: &str| match st {
         "RUNNING" => Color::Green,
         "IDLE_CLEAN" => Color::Gray,
@@ -513,35 +459,44 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
         "DRAINING" | "RETIRING" => Color::Yellow,
         _ => Color::Cyan,
     };
-    let rows: Vec<Row> = app
-        .snap
-        .rows
-        .iter()
-        .map(|r| {
-            Row::new(vec![
-                Cell::from(r.lane_id.clone()),
-                Cell::from(r.state.clone()).style(Style::default().fg(state_color(&r.state))),
-                Cell::from(r.runtime.clone()),
-                Cell::from(r.generation.clone()),
-                Cell::from(r.assignment.clone()),
-                Cell::from(if r.work.is_empty() {
-                    r.lifecycle.clone()
-                } else {
-                    format!("{} · {}", r.lifecycle, r.work)
-                }),
-                Cell::from(r.owner.clone()),
-                Cell::from(r.since.clone()),
-                Cell::from(r.last_receipt.clone()),
-            ])
-        })
-        .collect();
+    let rows: Vec<Row> =
+        app.snap
+            .rows
+            .iter()
+            .map(|r| {
+                let mark = match &r.mark {
+                    Some(m @ Mark::Needs(_)) => Cell::from(format!("! {}", m.text()))
+                        .style(Style::default().fg(Color::Red).add_modifier(Modifier::BOLD)),
+                    Some(m @ Mark::Note(_)) => Cell::from(format!("· {}", m.text()))
+                        .style(Style::default().fg(Color::Yellow)),
+                    None => Cell::from(""),
+                };
+                Row::new(vec![
+                    Cell::from(r.lane_id.clone()),
+                    Cell::from(r.state.clone()).style(Style::default().fg(state_color(&r.state))),
+                    mark,
+                    Cell::from(r.runtime.clone()),
+                    Cell::from(r.generation.clone()),
+                    Cell::from(r.assignment.clone()),
+                    Cell::from(if r.work.is_empty() {
+                        r.lifecycle.clone()
+                    } else {
+                        format!("{} · {}", r.lifecycle, r.work)
+                    }),
+                    Cell::from(r.owner.clone()),
+                    Cell::from(r.since.clone()),
+                    Cell::from(r.last_receipt.clone()),
+                ])
+            })
+            .collect();
     let widths = [
         Constraint::Length(22),
-        Constraint::Length(18),
+        Constraint::Length(12),
+        Constraint::Length(28),
         Constraint::Length(12),
         Constraint::Length(4),
         Constraint::Length(36),
-        Constraint::Length(36),
+        Constraint::Length(30),
         Constraint::Length(18),
         Constraint::Length(9),
         Constraint::Min(20),
@@ -551,6 +506,7 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
             Row::new([
                 "lane",
                 "state",
+                "needs",
                 "runtime",
                 "gen",
                 "assignment",
@@ -564,26 +520,76 @@ fn draw(f: &mut ratatui::Frame, app: &mut App) {
         .block(Block::default().borders(Borders::ALL).title(" lanes "))
         .row_highlight_style(Style::default().add_modifier(Modifier::REVERSED));
     f.render_stateful_widget(t, table, &mut app.table);
-    let (title, lines) = match app.pane {
-        Pane::Receipts => (" last receipt per lane (Tab: audit) ", &app.snap.receipts),
-        Pane::Audit => (" audit, newest first (Tab: receipts) ", &app.audit),
+    let selected = app
+        .selected()
+        .map(|r| (r.lane_id.clone(), r.host_id.clone()));
+    let (title, lines): (String, Vec<String>) = match app.pane {
+        Pane::Preview => preview_lines(app, selected, bottom.height.saturating_sub(2)),
+        Pane::Receipts => (
+            " last receipt per lane (Tab: audit) ".into(),
+            app.snap.receipts.clone(),
+        ),
+        Pane::Audit => (
+            " audit, newest first (Tab: notifications) ".into(),
+            app.audit.clone(),
+        ),
+        Pane::Notifications => (
+            " notifications, newest first (Tab: preview) ".into(),
+            app.notifications.clone(),
+        ),
     };
     f.render_widget(
-        Paragraph::new(
-            lines
-                .iter()
-                .map(|l| Line::from(l.as_str()))
-                .collect::<Vec<_>>(),
-        )
-        .block(Block::default().borders(Borders::ALL).title(title)),
+        Paragraph::new(lines.into_iter().map(Line::from).collect::<Vec<_>>())
+            .block(Block::default().borders(Borders::ALL).title(title)),
         bottom,
     );
     let help = match &app.mode {
         Mode::Assign(text) => format!(" assign to {}: {text}▏ (runtime task…, Enter/Esc)", app.selected().map(|r| r.lane_id.as_str()).unwrap_or("")),
-        Mode::Browse => " ↑↓ select  Enter attach  a assign  s stop  R resume  r release  Tab receipts/audit  q quit".into(),
+        Mode::Browse => " ↑↓ select  n next needing you  Enter attach  a assign  s stop  R resume  r release  Tab preview/receipts/audit/notifications  q quit".into(),
     };
     f.render_widget(
         Paragraph::new(vec![Line::from(app.message.as_str()), Line::from(help)]),
         foot,
     );
+}
+
+/// The preview pane's title and lines: the last `height` lines of the selected lane's
+/// pane (trailing blank lines dropped), or why there is nothing to show.
+fn preview_lines(
+    app: &App,
+    selected: Option<(String, String)>,
+    height: u16,
+) -> (String, Vec<String>) {
+    let Some((lane_id, host_id)) = selected else {
+        return (" preview (Tab: receipts) ".into(), vec![]);
+    };
+    let shot = app.shot.as_ref().filter(|s| s.lane_id == lane_id);
+    let Some(shot) = shot else {
+        return (
+            format!(" {lane_id} on {host_id} (Tab: receipts) "),
+            vec!["looking…".into()],
+        );
+    };
+    let age = shot.at.elapsed().as_secs();
+    let stale = if age >= 3 {
+        format!(" — {age} s old")
+    } else {
+        String::new()
+    };
+    let title = format!(" {lane_id} on {host_id}, live{stale} (Tab: receipts) ");
+    match &shot.text {
+        Err(e) => (title, vec![e.clone()]),
+        Ok(text) => {
+            let lines: Vec<&str> = text.lines().collect();
+            let used = lines
+                .iter()
+                .rposition(|l| !l.trim().is_empty())
+                .map_or(0, |i| i + 1);
+            let from = used.saturating_sub(usize::from(height));
+            (
+                title,
+                lines[from..used].iter().map(|l| l.to_string()).collect(),
+            )
+        }
+    }
 }

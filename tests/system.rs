@@ -561,7 +561,7 @@ async fn metrics_agree_with_the_database_after_a_scripted_run() {
 }
 
 #[tokio::test(flavor = "multi_thread")]
-async fn the_tui_lists_attaches_detaches_and_stops_in_a_real_terminal() {
+async fn the_tui_lists_marks_previews_attaches_and_stops_in_a_real_terminal() {
     let up = Up::start(3);
     let l1 = up.lane_id(1);
     let a = up.assign(&l1, "print=hello-from-the-lane hang");
@@ -580,13 +580,35 @@ async fn the_tui_lists_attaches_detaches_and_stops_in_a_real_terminal() {
             && s.contains(&up.lane_id(2))
     });
     assert!(screen.contains("fake@1.0.0"), "{screen}");
-    tui.wait_for("the blocked work's reason", |s| {
+    // Lane 3's work waits on the operator: it is marked, counted in the header; lane 1 is not.
+    let screen = tui.wait_for("the blocked work's mark", |s| {
         s.lines()
-            .any(|l| l.contains(&l3) && l.contains("blocked: needs-review"))
+            .any(|l| l.contains(&l3) && l.contains("! blocked: needs-review"))
     });
-    // Enter attaches to the selected lane (the first): its pane shows the harness.
+    assert!(screen.contains("1 lane(s) need you"), "{screen}");
+    let lane1 = screen.lines().find(|l| l.contains(&l1)).unwrap();
+    assert!(!lane1.contains("! "), "lane 1 marked: {screen}");
+    // The selected lane's pane, live, without attaching.
+    tui.wait_for("lane 1's pane in the preview", |s| {
+        s.contains(" Mosaic — coordinator")
+            && s.contains(&format!("{l1} on "))
+            && s.contains("hello-from-the-lane")
+    });
+    // `n` selects the next lane needing the operator: the preview follows it.
+    tui.keys(&["n"]);
+    tui.wait_for("lane 3 previewed", |s| {
+        s.contains(&format!("{l3} on ")) && !s.contains("hello-from-the-lane")
+    });
+    tui.keys(&["k", "k"]);
+    tui.wait_for("lane 1 previewed again", |s| {
+        s.contains("hello-from-the-lane")
+    });
+    // Enter attaches to the selected lane (the first): its pane shows the harness, the
+    // view is gone.
     tui.keys(&["Enter"]);
-    tui.wait_for("the lane's own pane", |s| s.contains("hello-from-the-lane"));
+    tui.wait_for("the lane's own pane", |s| {
+        s.contains("hello-from-the-lane") && !s.contains(" Mosaic — coordinator")
+    });
     // Detach (the lane's tmux prefix, then d): back in the view.
     tui.keys(&["C-b", "d"]);
     tui.wait_for("the view again", |s| {
@@ -602,9 +624,13 @@ async fn the_tui_lists_attaches_detaches_and_stops_in_a_real_terminal() {
     // Assign from the prompt: `a`, then the runtime and task.
     tui.keys(&["a"]);
     tui.wait_for("the assign prompt", |s| s.contains("assign to"));
-    tui.keys(&["print=second hang", "Enter"]);
+    tui.keys(&["print=second-in-the-lane hang", "Enter"]);
     tui.wait_for("the new assignment running", |s| {
         s.lines().any(|l| l.contains(&l1) && l.contains("RUNNING"))
+    });
+    // The preview follows the lane's new generation with no key pressed.
+    tui.wait_for("the new generation's pane", |s| {
+        s.contains("second-in-the-lane")
     });
     tui.keys(&["q"]);
 }

@@ -303,6 +303,9 @@ pub struct AssignmentStatus {
     pub watchdog_step: WatchdogStep,
     pub blocker_code: Option<String>,
     pub blocker_evidence_digest: Option<String>,
+    /// When the watchdog resumes blocked work by itself (a rate limit's reset; database
+    /// time); `null` when only an operator can.
+    pub blocked_until: Option<String>,
     /// The accepted handoff that moved responsibility here, if any.
     pub handoff_ack: Option<String>,
     /// Continuations the assignment may still accept.
@@ -523,7 +526,7 @@ impl Store {
                         a.responsibility_owner, a.execution_owner, a.pending_target, a.next_action, a.requested_outcome, a.final_evidence_digest, \
                         a.work_status, a.inactivity_policy, a.inactivity_policy_digest, mosaic_ts(a.last_progress_at) AS last_progress_at, \
                         mosaic_ts(a.inactivity_deadline) AS inactivity_deadline, a.watchdog_step, a.blocker_code, a.blocker_evidence_digest, \
-                        a.handoff_ack, a.continuation_budget, \
+                        mosaic_ts(a.blocked_until) AS blocked_until, a.handoff_ack, a.continuation_budget, \
                         (SELECT jsonb_build_object('continuation_id', c.continuation_id, 'state', c.state, 'claims', c.attempts) \
                          FROM continuations c WHERE c.assignment_id = a.assignment_id ORDER BY c.created_at DESC LIMIT 1) AS continuation \
                  FROM assignments a JOIN lane_incarnations li USING (lane_incarnation_id) ORDER BY a.created_at"),
@@ -555,6 +558,7 @@ impl Store {
                     watchdog_step: r.col("watchdog_step")?,
                     blocker_code: r.col("blocker_code")?,
                     blocker_evidence_digest: r.col("blocker_evidence_digest")?,
+                    blocked_until: r.col("blocked_until")?,
                     handoff_ack: r.col("handoff_ack")?,
                     continuation_budget: r.col("continuation_budget")?,
                     continuation: r.col("continuation")?,
