@@ -637,3 +637,78 @@ async fn a_supervisor_killed_at_each_host_step_of_a_continuation_loses_nothing()
         w.stop_final(&id);
     }
 }
+
+/// A supervisor killed with the coordinator's activation in hand, before it recorded it
+/// (the coordinator has the generation RUNNING; the host's record says not activated):
+/// the restarted supervisor serves the generation's lane socket again from the chain
+/// fields it recorded at injection, takes the activation the coordinator sends again, and
+/// the generation takes a continuation once and has its result recorded. (It was once left
+/// running but unreachable: every continuation refused as for a generation it could not
+/// reach, until it expired.)
+#[tokio::test(flavor = "multi_thread")]
+async fn a_supervisor_killed_before_it_recorded_the_activation_serves_the_generation_again() {
+    let mut w = Split::new(1);
+    w.crash_supervisor();
+    w.sup[0].set_env("FAILPOINTS", Some("host:activate=return".into()));
+    w.start_supervisor();
+    w.wait_host_connected();
+    let a = w.assign(1, "take-continuations").unwrap();
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let start = Instant::now();
+    while w.sup[0].exited().is_none() {
+        assert!(
+            start.elapsed() < common::PATIENCE,
+            "the supervisor never reached the activation"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let generation = w
+        .sql()
+        .await
+        .query_one(
+            "SELECT max(generation) FROM reservations WHERE assignment_id = $1",
+            &[&id],
+        )
+        .await
+        .unwrap()
+        .get::<_, i64>(0) as u64;
+    w.sup[0].set_env("FAILPOINTS", None);
+    w.start_supervisor();
+    w.wait_host_connected();
+    assert_eq!(
+        w.host_generation(1),
+        Some(generation),
+        "the generation was replaced"
+    );
+    w.op(&OperatorRequest::Continue {
+        assignment_id: id.clone(),
+        next_action: "run the integration tests".into(),
+        within_ms: Some(30_000),
+        request_id: None,
+    })
+    .unwrap();
+    let got = once_answered(
+        &w,
+        &id,
+        "audit WHERE operation LIKE '%continuation-result%'",
+    )
+    .await;
+    assert_eq!(
+        got,
+        (1, 1, 1, 19, 0),
+        "(continuations, accepts, results, budget left, refused results)"
+    );
+    assert_eq!(
+        w.host_generation(1),
+        Some(generation),
+        "the generation was replaced"
+    );
+    let log = std::fs::read_to_string(w.supervisor_log(0)).unwrap();
+    assert!(log.contains("failpoint=host:activate"), "never fired");
+    assert!(
+        !log.contains("continuation-unreachable-generation"),
+        "the re-adopted generation was unreachable"
+    );
+    w.invariants().await;
+    w.stop_final(&id);
+}

@@ -788,3 +788,102 @@ fn reqwest_free_get(addr: &str) -> String {
     c.read_to_string(&mut out).unwrap();
     out
 }
+
+/// §17 Adapter restart duplicate suppression, through each real harness: `mosaic up`
+/// (supervisor and coordinator alike) is SIGKILLed at two points of a continuation, and
+/// restarted; its generation lives on in its lane and is re-adopted.
+/// - After the harness was shown the continuation and its result kept, before the result
+///   went out: the restarted supervisor submits the kept result, and the harness was shown
+///   the continuation once.
+/// - After the continuation's acceptance, before the harness was shown it: whether it was
+///   shown is unknown to the restarted supervisor, so it never shows it. The continuation
+///   is abandoned at its deadline, the generation replaced, and the work goes on in a fresh
+///   one that was never given it; the loop budget was debited once.
+fn restarts(f: &Family) {
+    let model = Model::start();
+    let (_creds, mut up, _token) = Up::for_family(f, &model, None);
+    let a = up
+        .assign(f.runtime, "CONTINUITY: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let budget_at_start = budget(&up, &id);
+    let accepts = |up: &Up, cn: &str| {
+        count(
+            up,
+            "SELECT count(*) FROM transition_receipts WHERE transition = 'continuation-accept' AND body->>'continuation_id' = $1",
+            cn,
+        )
+    };
+
+    // Shown, its result kept, killed before the result went out.
+    up.restart(Some("host:continuation-result=return"));
+    let kept = format!("result-kept-{}", uuid::Uuid::new_v4().simple());
+    let cn = continue_with(&up, &id, &format!("model:say[{kept}]"), None);
+    up.wait_exited("the crash after the result was kept");
+    up.restart(None);
+    up.wait_for("the kept result recorded", || {
+        (state_of(&up, &cn)? == "RESULT_RECORDED").then_some(())
+    });
+    assert_result(&up, &cn, &kept);
+    assert_eq!(turns_carrying(&model, &cn), 1, "{cn} shown other than once");
+    assert_eq!(accepts(&up, &cn), 1);
+
+    // Accepted, killed before the harness was shown it.
+    let first_generation = up.generation()["generation"].clone();
+    up.restart(Some("host:continuation-deliver=return"));
+    let lost = continue_with(&up, &id, "model:say[never-shown]", Some("10000"));
+    up.wait_exited("the crash between acceptance and visibility");
+    up.restart(None);
+    up.wait_for("the continuation abandoned", || {
+        (state_of(&up, &lost)? == "ABANDONED").then_some(())
+    });
+    assert_eq!(accepts(&up, &lost), 1);
+    assert_eq!(
+        budget(&up, &id),
+        budget_at_start - 2,
+        "the loop budget was debited once per accepted continuation"
+    );
+    up.wait_for("the work running in a fresh generation", || {
+        let g = up.generation();
+        (g["generation"].is_number() && g["generation"] != first_generation).then_some(())
+    });
+    up.wait_for("the work's fresh generation active", || {
+        (work(&up, &id)["lane_state"] == "RUNNING").then_some(())
+    });
+    let answer = format!("result-fresh-{}", uuid::Uuid::new_v4().simple());
+    let cn2 = continue_once(&up, &id, &answer);
+    assert_result(&up, &cn2, &answer);
+    assert_eq!(turns_carrying(&model, &cn2), 1);
+    assert_eq!(
+        turns_carrying(&model, &lost),
+        0,
+        "a continuation whose visibility was unknown was shown"
+    );
+    let log = std::fs::read_to_string(up.dir.with_extension("log")).unwrap();
+    for point in ["continuation-result", "continuation-deliver"] {
+        assert!(
+            log.contains(&format!("failpoint=host:{point}")),
+            "{point} never fired"
+        );
+    }
+}
+
+#[test]
+fn claude_code_never_shows_a_continuation_twice_across_restarts() {
+    restarts(&CLAUDE);
+}
+
+#[test]
+fn codex_never_shows_a_continuation_twice_across_restarts() {
+    restarts(&CODEX);
+}
+
+#[test]
+fn pi_never_shows_a_continuation_twice_across_restarts() {
+    restarts(&PI);
+}
+
+#[test]
+fn opencode_never_shows_a_continuation_twice_across_restarts() {
+    restarts(&OPENCODE);
+}

@@ -364,9 +364,10 @@ async fn reattach(
             graceful,
             grace,
             // A restarted supervisor does not resume a coordinated chain mid-way (the
-            // coordinator's expiry handles it), but an activated generation whose chain
-            // fields were recorded gets its lane socket served again, so its harness can
-            // go on reporting progress and taking continuations.
+            // coordinator's expiry handles it), but a generation whose chain fields were
+            // recorded (at injection) gets its lane socket served again: activated, its
+            // harness goes on reporting and taking continuations; not yet recorded as
+            // activated, it takes the activation the coordinator sends again.
             lane_server: reserve_lane_socket(inner, g),
             gateway,
         };
@@ -426,11 +427,15 @@ fn reserve_gateway(
     }
 }
 
-/// The lane socket of a re-adopted, activated coordinated generation, served again at the
-/// path its harness already knows, answering only that generation's cgroup. Nothing for a
-/// generation that was not activated or whose chain fields were never recorded.
+/// The lane socket of a re-adopted coordinated generation, served again at the path its
+/// harness already knows, answering only that generation's cgroup. Nothing for a
+/// generation whose chain fields were never recorded (its contract was never reported
+/// delivered, so it was never activated).
 fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanesock::LaneServer> {
-    let c = g.coord.as_ref().filter(|c| c.activated)?;
+    // Served whether or not the activation was recorded: a supervisor that died between
+    // the coordinator's activation and its own record takes the re-sent activation here
+    // (until then the session is not active, and the lane socket answers as before it).
+    let c = g.coord.as_ref()?;
     let digest = c
         .chain_fields
         .as_ref()?
@@ -444,6 +449,11 @@ fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanes
             .store
             .continuation_results_path(&g.lane_incarnation_id, g.generation),
     );
+    session.keep_conversation_at(
+        inner
+            .store
+            .conversation_path(&g.lane_incarnation_id, g.generation),
+    );
     if let Some(family) = crate::adapter::RuntimeRef::parse(&g.runtime)
         .ok()
         .and_then(|r| inner.registry.resolve(&r).ok().map(|e| e.family))
@@ -451,7 +461,9 @@ fn reserve_lane_socket(inner: &Arc<Inner>, g: &GenRecord) -> Option<super::lanes
         session.bind_harness(family, g.conversation_id.clone());
     }
     session.delivered.send_replace(Some(digest));
-    session.activation.send_replace(Some(Ok(())));
+    if c.activated {
+        session.activation.send_replace(Some(Ok(())));
+    }
     let _ = session.assignment_id.set(c.assignment_id.clone());
     if inner.cfg.confined(&g.lane) {
         let area = super::generation::harness_dir(inner, &g.lane_incarnation_id, g.generation);

@@ -40,6 +40,7 @@ impl Supervisor {
                 .store
                 .continuation_results_path(incarnation, generation),
         );
+        session.keep_conversation_at(self.inner.store.conversation_path(incarnation, generation));
         self.start_with(
             lane,
             runtime,
@@ -264,6 +265,42 @@ impl Supervisor {
             .as_ref()
             .filter(|g| g.record.generation == generation)
             .and_then(|g| g.session.clone())
+    }
+
+    /// Records (durably) the chain fields of the lane's live `generation` once its contract
+    /// is delivered, before the coordinator hears of it: a restarted supervisor serves the
+    /// generation's lane socket again from them, activated or not. Returns false when that
+    /// generation is not the live one, or is fenced; fields once recorded never change.
+    pub async fn record_chain_fields(
+        &self,
+        lane: &str,
+        generation: u64,
+        chain_fields: serde_json::Value,
+    ) -> Result<bool, SupervisorError> {
+        let name = LaneName::parse(lane)?;
+        let slot = self.inner.slot(&name)?;
+        let mut l = slot.lock().await;
+        let Some(live) = l
+            .live
+            .as_mut()
+            .filter(|g| g.record.generation == generation && !g.record.fenced)
+        else {
+            return Ok(false);
+        };
+        let Some(c) = live.record.coord.as_ref() else {
+            return Ok(false);
+        };
+        if c.chain_fields.is_some() {
+            return Ok(c.chain_fields.as_ref() == Some(&chain_fields));
+        }
+        // Saved first, then taken: a record that cannot be saved changes nothing here.
+        let mut record = live.record.clone();
+        if let Some(c) = record.coord.as_mut() {
+            c.chain_fields = Some(chain_fields);
+        }
+        self.inner.store.save_gen(&record)?;
+        live.record = record;
+        Ok(true)
     }
 
     /// Records (durably, before the harness is told) that the coordinator activated the

@@ -349,6 +349,13 @@ impl Store {
             .join(format!("gen-{generation}.continuation-results"))
     }
 
+    /// Where the conversation id a harness named at its first session is kept
+    /// (`GenSession::keep_conversation`).
+    pub fn conversation_path(&self, incarnation: &str, generation: u64) -> PathBuf {
+        self.gen_dir(incarnation)
+            .join(format!("gen-{generation}.conversation"))
+    }
+
     /// Where the progress the supervisor observes for a generation keeps its baseline
     /// (`supervisor::progress`; never in the harness's own areas, which it could rewrite).
     pub fn progress_path(&self, incarnation: &str, generation: u64) -> PathBuf {

@@ -92,6 +92,36 @@ pub struct Up {
     pub child: Child,
     pub dir: PathBuf,
     pub db: pg::TestDb,
+    /// `mosaic up`'s arguments, for a restart.
+    args: Vec<std::ffi::OsString>,
+}
+
+/// Starts `mosaic up` with `args`, its log appended beside `dir`, and waits until it serves.
+fn spawn_up(args: &[std::ffi::OsString], dir: &Path, failpoints: Option<&str>) -> Child {
+    let mut cmd = Command::new(common::MOSAIC);
+    cmd.args(args)
+        // MOSAIC_HARNESS_LOG=debug keeps the launch phases (benches/harnesses.rs).
+        .env(
+            "MOSAIC_LOG",
+            std::env::var("MOSAIC_HARNESS_LOG").unwrap_or_else(|_| "info".into()),
+        )
+        .stdout(Stdio::piped())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(dir.with_extension("log"))
+                .unwrap(),
+        );
+    match failpoints {
+        Some(f) => cmd.env("FAILPOINTS", f),
+        None => cmd.env_remove("FAILPOINTS"),
+    };
+    let mut child = cmd.spawn().unwrap();
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    common::read_until(&mut out, "Ctrl-C stops everything");
+    std::thread::spawn(move || for _ in out.lines() {});
+    child
 }
 
 impl Up {
@@ -174,44 +204,55 @@ impl Up {
         .unwrap();
         std::fs::set_permissions(&notify, std::os::unix::fs::PermissionsExt::from_mode(0o755))
             .unwrap();
-        let mut cmd = Command::new(common::MOSAIC);
-        cmd.args(["up", "--lanes", &lanes.to_string(), "--state-dir"])
-            .arg(&dir)
-            .args(["--database-url", &db.url, "--harness-root"])
-            .arg(harness_root())
-            .arg("--credentials")
-            .arg(format!("{runtime}={}", credentials.display()))
-            .arg("--provider")
-            .arg(format!("{runtime}={provider}"))
-            .arg("--notify-command")
-            .arg(&notify);
+        let mut args: Vec<std::ffi::OsString> = vec![
+            "up".into(),
+            "--lanes".into(),
+            lanes.to_string().into(),
+            "--state-dir".into(),
+            dir.clone().into(),
+            "--database-url".into(),
+            db.url.clone().into(),
+            "--harness-root".into(),
+            harness_root().into(),
+            "--credentials".into(),
+            format!("{runtime}={}", credentials.display()).into(),
+            "--provider".into(),
+            format!("{runtime}={provider}").into(),
+            "--notify-command".into(),
+            notify.into(),
+        ];
         if let Some(r) = registry {
-            cmd.arg("--registry-dir").arg(r);
+            args.extend(["--registry-dir".into(), r.into()]);
         }
         if let Some(o) = overlay {
-            cmd.arg("--harness-config")
-                .arg(format!("{runtime}={}", o.display()));
+            args.extend([
+                "--harness-config".into(),
+                format!("{runtime}={}", o.display()).into(),
+            ]);
         }
-        let mut child = cmd
-            // MOSAIC_HARNESS_LOG=debug keeps the launch phases (benches/harnesses.rs).
-            .env(
-                "MOSAIC_LOG",
-                std::env::var("MOSAIC_HARNESS_LOG").unwrap_or_else(|_| "info".into()),
-            )
-            .stdout(Stdio::piped())
-            .stderr(
-                std::fs::OpenOptions::new()
-                    .create(true)
-                    .append(true)
-                    .open(dir.with_extension("log"))
-                    .unwrap(),
-            )
-            .spawn()
-            .unwrap();
-        let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
-        common::read_until(&mut out, "Ctrl-C stops everything");
-        std::thread::spawn(move || for _ in out.lines() {});
-        Self { child, dir, db }
+        let child = spawn_up(&args, &dir, None);
+        Self {
+            child,
+            dir,
+            db,
+            args,
+        }
+    }
+
+    /// Ends `mosaic up` with SIGKILL — a crash: nothing is torn down, the lanes' tmux
+    /// servers and generations live on — unless it already died (a failpoint's own
+    /// SIGKILL), and starts it again on the same state dir and database, with `failpoints`
+    /// (`FAILPOINTS`) for the new process. The new one re-adopts every live generation.
+    pub fn restart(&mut self, failpoints: Option<&str>) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        self.child = spawn_up(&self.args, &self.dir, failpoints);
+    }
+
+    /// Waits for `mosaic up` to end by itself (a failpoint's SIGKILL).
+    pub fn wait_exited(&mut self, what: &str) {
+        let child = &mut self.child;
+        wait_for(what, common::PATIENCE, || child.try_wait().ok().flatten());
     }
 
     /// One text value from the authority's database.

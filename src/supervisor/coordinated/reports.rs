@@ -335,6 +335,8 @@ impl CoordinatedHost {
                 let Some(lane) = self.lane_name(&lane_id) else {
                     return;
                 };
+                // A host that dies with the activation in hand, before it recorded it.
+                crate::coordinator::failpoint::host("activate");
                 // Durable first: a restarted supervisor must know this generation runs.
                 let fields = ctx
                     .report_base

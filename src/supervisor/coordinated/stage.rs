@@ -185,6 +185,27 @@ impl CoordinatedHost {
         if let Ok(mut r) = ctx.report_base.lock() {
             *r = Some(base.clone());
         }
+        // Durable before the coordinator hears of the injection: a supervisor that dies
+        // after the coordinator activated the chain, before it recorded the activation,
+        // serves the generation's lane socket again from these (`adopt`) and takes the
+        // re-sent activation. Not recorded, the chain goes no further (it times out at
+        // the coordinator) rather than run a generation a restart could not reach.
+        let Some(lane) = self.lane_name(&stage.authority.lane_id) else {
+            return;
+        };
+        match self
+            .sup
+            .record_chain_fields(&lane, ctx.generation, base.to_record())
+            .await
+        {
+            Ok(true) => {}
+            Ok(false) => return,
+            Err(e) => {
+                tracing::error!(generation = ctx.generation, error = %e,
+                    "cannot record the chain's fields durably: the injection is not reported");
+                return;
+            }
+        }
         self.send(FromHostChain::Injected(wire::Injected {
             chain: base.chain.clone(),
             bound: base.bound.clone(),

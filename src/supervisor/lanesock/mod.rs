@@ -116,6 +116,10 @@ pub struct GenSession {
     pub results: std::sync::Mutex<std::collections::HashMap<String, String>>,
     /// Where `results` is kept for this generation (set at launch and at re-adoption).
     pub results_path: std::sync::OnceLock<std::path::PathBuf>,
+    /// Where the conversation id a harness names at its first session is kept
+    /// (`keep_conversation_at`), so a restarted supervisor binds the same one: the harness
+    /// names it only once.
+    conversation_path: std::sync::OnceLock<std::path::PathBuf>,
     /// Reports of the RUNNING harness, for the chain driver to sign and send.
     pub reports: tokio::sync::mpsc::UnboundedSender<HarnessReport>,
     /// The driver's end of `reports` (taken once).
@@ -215,6 +219,7 @@ impl GenSession {
             accepted_here: std::sync::Mutex::new(std::collections::HashSet::new()),
             results: std::sync::Mutex::new(std::collections::HashMap::new()),
             results_path: std::sync::OnceLock::new(),
+            conversation_path: std::sync::OnceLock::new(),
             reports: tx,
             reports_rx: std::sync::Mutex::new(Some(rx)),
             phrase: watch::channel(None).0,
@@ -246,6 +251,45 @@ impl GenSession {
             }
         }
         let _ = self.results_path.set(path);
+    }
+
+    /// Keeps the conversation id the harness names at `path` (and binds one kept there
+    /// before, at `bind_harness`). Call before binding the harness.
+    pub fn keep_conversation_at(&self, path: std::path::PathBuf) {
+        let _ = self.conversation_path.set(path);
+    }
+
+    /// Binds the conversation the harness names, when none is bound yet (its first naming
+    /// binds it; whether it did), and keeps it on disk (`keep_conversation`).
+    pub fn name_conversation(&self, named: &str) -> bool {
+        let bound = match self.harness.lock() {
+            Ok(mut h) => match h.as_mut() {
+                Some((_, c @ None)) => {
+                    *c = Some(named.to_string());
+                    true
+                }
+                _ => false,
+            },
+            Err(_) => false,
+        };
+        if bound {
+            self.keep_conversation(named);
+        }
+        bound
+    }
+
+    /// Writes the conversation id the harness just named where a restarted supervisor finds
+    /// it. One that cannot be written stays bound in memory; only a restart before it is
+    /// kept loses it (the harness's events are then refused as another conversation's, and
+    /// the inactivity watchdog replaces the generation — never a guessed conversation).
+    fn keep_conversation(&self, named: &str) {
+        let Some(path) = self.conversation_path.get() else {
+            return;
+        };
+        if let Err(e) = crate::util::durable::write_atomic(path, named.as_bytes()) {
+            tracing::error!(path = %path.display(), error = %e,
+                "cannot keep the harness's conversation id on disk; it is bound in memory");
+        }
     }
 
     /// Records the harness's result for `continuation_id`: in memory, then on disk. A result
@@ -298,6 +342,13 @@ impl GenSession {
 
     /// Records which family runs here and its conversation id (at launch or re-adoption).
     pub fn bind_harness(&self, family: Family, conversation: Option<String>) {
+        // One the harness named before a restart, kept (`keep_conversation`).
+        let conversation = conversation.or_else(|| {
+            let path = self.conversation_path.get()?;
+            let named = std::fs::read_to_string(path).ok()?;
+            let named = named.trim();
+            (!named.is_empty()).then(|| named.to_string())
+        });
         if let Ok(mut h) = self.harness.lock() {
             *h = Some((family, conversation));
         }
@@ -592,6 +643,30 @@ mod tests {
             std::env::temp_dir().join(format!("mosaic-lanesock-{}", uuid::Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).unwrap();
         (dir.clone(), Gone(dir))
+    }
+
+    /// The conversation a harness names binds once and is kept: a restarted supervisor's
+    /// session for the same generation binds the same one (the harness never names it
+    /// again), and a second naming changes neither.
+    #[test]
+    fn a_named_conversation_outlives_the_supervisor_process() {
+        let (dir, _gone) = temp_dir();
+        let path = dir.join("gen-1.conversation");
+        let first = GenSession::new();
+        first.keep_conversation_at(path.clone());
+        first.bind_harness(crate::adapter::Family::Codex, None);
+        assert!(first.name_conversation("thread-1"));
+        assert!(!first.name_conversation("thread-2"));
+        assert_eq!(first.conversation().as_deref(), Some("thread-1"));
+        let restarted = GenSession::new();
+        restarted.keep_conversation_at(path);
+        restarted.bind_harness(crate::adapter::Family::Codex, None);
+        assert_eq!(restarted.conversation().as_deref(), Some("thread-1"));
+        assert!(!restarted.name_conversation("thread-2"));
+        // Never kept where nothing asked for it.
+        let elsewhere = GenSession::new();
+        elsewhere.bind_harness(crate::adapter::Family::Codex, None);
+        assert_eq!(elsewhere.conversation(), None);
     }
 
     /// A request still waiting when the generation's socket is ended (its server task

@@ -254,7 +254,11 @@ pub(super) async fn challenge(s: &GenSession) -> LaneResponse {
             },
             _ => err("the generation ended"),
         },
-        r = act.wait_for(|a| matches!(a, Some(Err(_)))) => match r.map(|v| v.clone()) {
+        // Decided meanwhile: a restarted supervisor serving a generation whose activation
+        // it had not recorded yet (its check went to the previous process) takes the
+        // activation the coordinator sends again, and the waiting harness is active.
+        r = act.wait_for(|a| a.is_some()) => match r.map(|v| v.clone()) {
+            Ok(Some(Ok(()))) => LaneResponse::ok("active"),
             Ok(Some(Err(e))) => err(&e),
             _ => err("the generation ended"),
         },
@@ -305,11 +309,7 @@ pub(super) async fn hook(
     // A harness that names its own conversation: its first naming binds it.
     let conversation = match (conversation, adapter.names_conversation(event, payload)) {
         (None, Some(named)) => {
-            if let Ok(mut h) = s.harness.lock() {
-                if let Some((_, c @ None)) = h.as_mut() {
-                    *c = Some(named.clone());
-                }
-            }
+            s.name_conversation(&named);
             s.conversation()
         }
         (c, _) => c,
@@ -478,17 +478,7 @@ pub(super) async fn hook(
             LaneResponse::ok("session end noted")
         }
         HookEvent::Conversation { id } => {
-            let bound = match s.harness.lock() {
-                Ok(mut h) => match h.as_mut() {
-                    Some((_, c @ None)) => {
-                        *c = Some(id);
-                        true
-                    }
-                    _ => false,
-                },
-                Err(_) => false,
-            };
-            if bound {
+            if s.name_conversation(&id) {
                 LaneResponse::ok("conversation bound")
             } else {
                 s.observe(|o| o.refused_events += 1);
