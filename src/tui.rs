@@ -7,8 +7,8 @@
 //! pane previews that session live without attaching (`preview`).
 //!
 //! Lanes that wait on the operator are marked (`view::mark`): a quarantined lane or host,
-//! work in recovery, blocked work (a human prompt as "waiting for input") — the same states
-//! the notifier announces. `n` selects the next one.
+//! work in recovery, blocked work (a human prompt as "waiting for input"). `n` selects the
+//! next one; past events (a handoff expired) are in the notifications pane.
 //!
 //! **Never:** shows fence material or keys (the operator API does not hand them out), shows
 //! of a lane more than attaching would, lets the harness's output drive the operator's
@@ -155,7 +155,11 @@ pub fn run(opts: TuiOptions) -> Result<(), TuiError> {
             while let Ok(update) = rx.try_recv() {
                 match update {
                     Ok(v) => {
-                        app.snap = snapshot(&v);
+                        let now = std::time::SystemTime::now()
+                            .duration_since(std::time::UNIX_EPOCH)
+                            .map(|d| d.as_secs_f64())
+                            .unwrap_or(0.0);
+                        app.snap = snapshot(&v, now);
                         if app.table.selected().is_none() && !app.snap.rows.is_empty() {
                             app.table.select(Some(0));
                         }
@@ -168,7 +172,7 @@ pub fn run(opts: TuiOptions) -> Result<(), TuiError> {
             }
             let selected = app.selected().map(|r| r.lane_id.clone());
             preview.select(selected.as_deref().filter(|_| app.pane == Pane::Preview));
-            while let Ok(shot) = preview.shots.try_recv() {
+            if let Some(shot) = preview.take() {
                 if Some(&shot.lane_id) == selected.as_ref() {
                     app.shot = Some(shot);
                 }

@@ -203,11 +203,23 @@ pub enum ClientError {
 
 /// Sends one request and returns its result (blocking; for the CLI and tests).
 pub fn call(socket: &Path, req: &Request) -> Result<serde_json::Value, ClientError> {
+    call_within(socket, req, None)
+}
+
+/// [`call`], giving up (an I/O error) when the supervisor has not answered within
+/// `timeout`: for a view that must not hang on a wedged supervisor.
+pub fn call_within(
+    socket: &Path,
+    req: &Request,
+    timeout: Option<std::time::Duration>,
+) -> Result<serde_json::Value, ClientError> {
     let mut s =
         std::os::unix::net::UnixStream::connect(socket).map_err(|source| ClientError::Connect {
             path: socket.to_path_buf(),
             source,
         })?;
+    s.set_read_timeout(timeout)?;
+    s.set_write_timeout(timeout)?;
     let mut line = serde_json::to_vec(req).map_err(|e| ClientError::Malformed(e.to_string()))?;
     line.push(b'\n');
     s.write_all(&line)?;

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::sync::{mpsc, Arc, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use super::view::s;
@@ -39,9 +39,12 @@ pub(super) fn local_lanes(state_dir: &Path) -> BTreeMap<String, (PathBuf, String
         }
     }
     for sock in sockets.into_iter().filter(|p| p.exists()) {
-        if let Ok(st) =
-            crate::supervisor::control::call(&sock, &crate::supervisor::control::Request::Status)
-        {
+        // Bounded: a wedged supervisor costs the view one deadline, never the preview.
+        if let Ok(st) = crate::supervisor::control::call_within(
+            &sock,
+            &crate::supervisor::control::Request::Status,
+            Some(CAPTURE_TIMEOUT),
+        ) {
             for l in st["lanes"].as_array().into_iter().flatten() {
                 out.insert(
                     s(&l["lane_id"]),
@@ -53,26 +56,28 @@ pub(super) fn local_lanes(state_dir: &Path) -> BTreeMap<String, (PathBuf, String
     out
 }
 
-/// The preview's thread: told which lane is selected, it sends a `Shot` of it every
-/// half second.
+/// The preview's thread: told which lane is selected, it keeps the latest `Shot` of it,
+/// taken every half second (only the latest: a view that is not drawing — the operator
+/// attached to a lane — never piles them up).
 pub(super) struct Preview {
     want: Arc<Mutex<Option<String>>>,
-    pub shots: mpsc::Receiver<Shot>,
+    latest: Arc<Mutex<Option<Shot>>>,
 }
 
 impl Preview {
     pub(super) fn start(tmux: PathBuf, state_dir: Option<PathBuf>) -> Self {
         let want = Arc::new(Mutex::new(None::<String>));
-        let (tx, shots) = mpsc::channel();
-        let wanted = want.clone();
+        let latest = Arc::new(Mutex::new(None::<Shot>));
+        let (wanted, slot) = (want.clone(), latest.clone());
         std::thread::spawn(move || {
             let mut lanes = BTreeMap::new();
             let mut located: Option<Instant> = None;
             loop {
                 let lane = wanted.lock().map(|w| w.clone()).unwrap_or(None);
                 if let Some(lane_id) = lane {
-                    let stale = located.is_none_or(|t| t.elapsed() >= RELOCATE_EVERY);
-                    if stale || !lanes.contains_key(&lane_id) {
+                    // Asked again of the supervisors at most every few seconds, also for a
+                    // lane that is not here (it runs on another host).
+                    if located.is_none_or(|t| t.elapsed() >= RELOCATE_EVERY) {
                         if let Some(dir) = &state_dir {
                             lanes = local_lanes(dir);
                         }
@@ -90,23 +95,29 @@ impl Preview {
                         text,
                         at: Instant::now(),
                     };
-                    if tx.send(shot).is_err() {
-                        return;
+                    match slot.lock() {
+                        Ok(mut l) => *l = Some(shot),
+                        Err(_) => return,
                     }
                 }
                 std::thread::sleep(EVERY);
             }
         });
-        Self { want, shots }
+        Self { want, latest }
     }
 
-    /// Which lane to look at from now on.
+    /// Which lane to look at from now on (`None`: none, while the view is not shown).
     pub(super) fn select(&self, lane_id: Option<&str>) {
         if let Ok(mut w) = self.want.lock() {
             if w.as_deref() != lane_id {
                 *w = lane_id.map(str::to_string);
             }
         }
+    }
+
+    /// The latest look taken since the last call, if any.
+    pub(super) fn take(&self) -> Option<Shot> {
+        self.latest.lock().ok().and_then(|mut l| l.take())
     }
 }
 

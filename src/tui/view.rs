@@ -72,12 +72,23 @@ fn clock(v: &Value) -> String {
     s(v).get(11..19).unwrap_or("").to_string()
 }
 
-/// Whether the lane (and the assignment holding it, if any) waits on the operator.
+/// Seconds since the epoch of a database timestamp (`…Z`).
+fn epoch(v: &Value) -> Option<f64> {
+    let t = humantime::parse_rfc3339_weak(v.as_str()?.trim_end_matches('Z')).ok()?;
+    Some(t.duration_since(std::time::UNIX_EPOCH).ok()?.as_secs_f64())
+}
+
+/// How long past its end a block the watchdog should have resumed is still taken as on its
+/// way (its scan runs every few seconds), before it is shown as waiting on the operator.
+const RESUME_GRACE_S: f64 = 60.0;
+
+/// Whether the lane (and the assignment holding it, if any) waits on the operator, at
+/// `now` (seconds since the epoch, the view's clock).
 ///
 /// The order is the order of urgency: a quarantined lane or host first (nothing runs there
 /// until an operator clears it), then work in recovery (it waits for `resume` or `stop`),
 /// then blocked work, then a handoff on offer.
-pub(super) fn mark(lane: &Value, holding: Option<&Value>) -> Option<Mark> {
+pub(super) fn mark(lane: &Value, holding: Option<&Value>, now: f64) -> Option<Mark> {
     if lane["state"] == "QUARANTINED" {
         return Some(Mark::Needs("lane quarantined".into()));
     }
@@ -91,12 +102,16 @@ pub(super) fn mark(lane: &Value, holding: Option<&Value>) -> Option<Mark> {
     match s(&a["work_status"]).as_str() {
         "blocked" => {
             let code = s(&a["blocker_code"]);
+            let until = &a["blocked_until"];
+            // The end in UTC, with its date (a weekly cap is not later today).
+            let shown = s(until).get(..16).unwrap_or("").replace('T', " ") + "Z";
             Some(match code.as_str() {
                 "waiting-for-input" => Mark::Needs("waiting for input".into()),
                 // Only a block with an end resolves itself: the watchdog resumes it then.
-                _ if !a["blocked_until"].is_null() => {
-                    Mark::Note(format!("{code} until {}", clock(&a["blocked_until"])))
+                _ if epoch(until).is_some_and(|u| now <= u + RESUME_GRACE_S) => {
+                    Mark::Note(format!("{code} until {shown}"))
                 }
+                _ if !until.is_null() => Mark::Needs(format!("{code}: not resumed since {shown}")),
                 _ => Mark::Needs(format!("blocked: {code}")),
             })
         }
@@ -105,7 +120,8 @@ pub(super) fn mark(lane: &Value, holding: Option<&Value>) -> Option<Mark> {
     }
 }
 
-pub(super) fn snapshot(v: &Value) -> Snapshot {
+/// The lane table of one `watch` answer, marked as of `now` (seconds since the epoch).
+pub(super) fn snapshot(v: &Value, now: f64) -> Snapshot {
     let mut by_lane: BTreeMap<String, (LaneRow, &Value, Option<&Value>)> = BTreeMap::new();
     for l in v["lanes"].as_array().into_iter().flatten() {
         let id = s(&l["lane_id"]);
@@ -119,11 +135,17 @@ pub(super) fn snapshot(v: &Value) -> Snapshot {
         };
         by_lane.insert(id, (row, l, None));
     }
+    // Work in recovery no row shows (the lane went on to other work, or more than one):
+    // counted per lane, so it is never hidden.
+    let mut recovering: BTreeMap<String, usize> = BTreeMap::new();
     // The assignment holding each lane (its lane_state is set only while it does).
     for a in v["assignments"].as_array().into_iter().flatten() {
         let Some((row, _, holding)) = by_lane.get_mut(&s(&a["lane_id"])) else {
             continue;
         };
+        if a["state"] == "RECOVERY" {
+            *recovering.entry(s(&a["lane_id"])).or_default() += 1;
+        }
         let holds = !a["lane_state"].is_null();
         let recovering = a["state"] == "RECOVERY";
         if holds || (recovering && row.assignment.is_empty()) {
@@ -161,7 +183,15 @@ pub(super) fn snapshot(v: &Value) -> Snapshot {
         rows: by_lane
             .into_values()
             .map(|(mut row, lane, holding)| {
-                row.mark = mark(lane, holding);
+                row.mark = mark(lane, holding, now);
+                let shown = usize::from(holding.is_some_and(|a| a["state"] == "RECOVERY"));
+                let unshown = recovering.get(&row.lane_id).copied().unwrap_or(0) - shown;
+                if unshown > 0 {
+                    row.mark = Some(Mark::Needs(match &row.mark {
+                        Some(Mark::Needs(t)) => format!("{t} (+{unshown} more in recovery)"),
+                        _ => format!("{unshown} in recovery: resume or stop"),
+                    }));
+                }
                 row
             })
             .collect(),
@@ -200,6 +230,9 @@ mod tests {
     use super::*;
     use serde_json::json;
 
+    /// 2026-12-05T01:00:00Z.
+    const NOW: f64 = 1796432400.0;
+
     fn lane(id: &str, state: &str) -> Value {
         json!({ "lane_id": id, "host_id": "h1", "state": state, "host_quarantine_reason": null })
     }
@@ -216,7 +249,7 @@ mod tests {
 
     fn marks(lanes: Vec<Value>, assignments: Vec<Value>) -> Vec<(String, Option<Mark>)> {
         let v = json!({ "lanes": lanes, "assignments": assignments });
-        snapshot(&v)
+        snapshot(&v, NOW)
             .rows
             .into_iter()
             .map(|r| (r.lane_id, r.mark))
@@ -295,14 +328,70 @@ mod tests {
             vec![
                 (
                     "a".into(),
-                    Some(Mark::Note("rate-limited until 01:02:03".into()))
+                    Some(Mark::Note("rate-limited until 2026-12-05 01:02Z".into()))
                 ),
                 ("b".into(), Some(Mark::Note("handoff offered".into()))),
             ]
         );
         let v = json!({ "lanes": [lane("a", "RUNNING")], "assignments": [holding("a", json!({
             "work_status": "blocked", "blocker_code": "needs-review" }))] });
-        assert_eq!(snapshot(&v).needing(), 1);
+        assert_eq!(snapshot(&v, NOW).needing(), 1);
+    }
+
+    #[test]
+    fn a_block_not_resumed_well_after_its_end_needs_the_operator() {
+        let m = marks(
+            vec![lane("a", "RUNNING")],
+            vec![holding(
+                "a",
+                json!({ "work_status": "blocked", "blocker_code": "rate-limited",
+                        "blocked_until": "2026-12-05T00:58:00.000000Z" }),
+            )],
+        );
+        assert_eq!(
+            m,
+            vec![(
+                "a".into(),
+                Some(Mark::Needs(
+                    "rate-limited: not resumed since 2026-12-05 00:58Z".into()
+                ))
+            )]
+        );
+    }
+
+    #[test]
+    fn recovery_work_is_never_hidden_behind_newer_work_on_its_lane() {
+        let recovering = |id: &str| {
+            let mut a = holding("a", json!({ "state": "RECOVERY", "lane_state": null }));
+            a["assignment_id"] = json!(id);
+            a
+        };
+        // The lane runs newer work; two older assignments wait in recovery.
+        let m = marks(
+            vec![lane("a", "RUNNING")],
+            vec![recovering("r1"), recovering("r2"), holding("a", json!({}))],
+        );
+        assert_eq!(
+            m,
+            vec![(
+                "a".into(),
+                Some(Mark::Needs("2 in recovery: resume or stop".into()))
+            )]
+        );
+        // Idle, with two in recovery: one shown on the row, the other counted.
+        let m = marks(
+            vec![lane("a", "IDLE_CLEAN")],
+            vec![recovering("r1"), recovering("r2")],
+        );
+        assert_eq!(
+            m,
+            vec![(
+                "a".into(),
+                Some(Mark::Needs(
+                    "recovery: resume or stop (+1 more in recovery)".into()
+                ))
+            )]
+        );
     }
 
     #[test]

@@ -278,8 +278,8 @@ impl CoordinatedHost {
                         .as_ref()
                         .and_then(ReportBase::from_record);
                     let activated = binding.activated;
-                    // Served again by the re-adoption when it was activated and its fields
-                    // recorded (see `adopt::reserve_lane_socket`).
+                    // Served again by the re-adoption when its fields were recorded (at
+                    // injection; see `adopt::reserve_lane_socket`), activated or not.
                     let session = match &restored {
                         Some(_) => host.sup.session_of(&lane.lane, g.generation).await,
                         None => None,

@@ -212,6 +212,23 @@ impl CoordinatedHost {
                 .audit_stale(why, Some(&lane_id), Some(generation), message_id);
             return;
         }
+        // A re-adopted generation (this process never staged it) takes nothing of its
+        // chain's staging: its checks went to the previous process, and nothing here would
+        // sign their ACKs. Its activation, if the coordinator decided it, comes as such.
+        if ctx.stage.is_none()
+            && matches!(
+                msg,
+                ToHost::Contract(_) | ToHost::Challenge(_) | ToHost::HandoffChallenge(_)
+            )
+        {
+            self.sup.audit_stale(
+                "staging-message-for-a-readopted-generation",
+                Some(&lane_id),
+                Some(generation),
+                message_id,
+            );
+            return;
+        }
         match msg {
             ToHost::Contract(m) => {
                 let Some(session) = &ctx.session else { return };

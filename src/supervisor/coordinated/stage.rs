@@ -199,7 +199,11 @@ impl CoordinatedHost {
             .await
         {
             Ok(true) => {}
-            Ok(false) => return,
+            Ok(false) => {
+                tracing::warn!(generation = ctx.generation,
+                    "the chain's fields were not recorded (the generation is no longer the lane's live one, is fenced, or has other fields): the injection is not reported");
+                return;
+            }
             Err(e) => {
                 tracing::error!(generation = ctx.generation, error = %e,
                     "cannot record the chain's fields durably: the injection is not reported");

@@ -262,6 +262,15 @@ impl GenSession {
     /// Binds the conversation the harness names, when none is bound yet (its first naming
     /// binds it; whether it did), and keeps it on disk (`keep_conversation`).
     pub fn name_conversation(&self, named: &str) -> bool {
+        // An id as the harnesses make them (a UUID, `ses_…`): never blank, spaced or long,
+        // so the one kept on disk reads back exactly.
+        let well_formed = (1..=200).contains(&named.len())
+            && named
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if !well_formed {
+            return false;
+        }
         let bound = match self.harness.lock() {
             Ok(mut h) => match h.as_mut() {
                 Some((_, c @ None)) => {
@@ -346,8 +355,7 @@ impl GenSession {
         let conversation = conversation.or_else(|| {
             let path = self.conversation_path.get()?;
             let named = std::fs::read_to_string(path).ok()?;
-            let named = named.trim();
-            (!named.is_empty()).then(|| named.to_string())
+            (!named.is_empty()).then_some(named)
         });
         if let Ok(mut h) = self.harness.lock() {
             *h = Some((family, conversation));
@@ -658,6 +666,13 @@ mod tests {
         assert!(first.name_conversation("thread-1"));
         assert!(!first.name_conversation("thread-2"));
         assert_eq!(first.conversation().as_deref(), Some("thread-1"));
+        // A malformed id binds nothing.
+        let blank = GenSession::new();
+        blank.bind_harness(crate::adapter::Family::Codex, None);
+        for bad in ["", " ", "a b", "x\n", &"y".repeat(201)] {
+            assert!(!blank.name_conversation(bad), "{bad:?}");
+        }
+        assert_eq!(blank.conversation(), None);
         let restarted = GenSession::new();
         restarted.keep_conversation_at(path);
         restarted.bind_harness(crate::adapter::Family::Codex, None);

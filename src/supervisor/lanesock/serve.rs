@@ -482,7 +482,7 @@ pub(super) async fn hook(
                 LaneResponse::ok("conversation bound")
             } else {
                 s.observe(|o| o.refused_events += 1);
-                err("this generation's conversation is already bound")
+                err("this generation's conversation is already bound (or the id is malformed)")
             }
         }
         HookEvent::Ignored => LaneResponse::ok("noted"),

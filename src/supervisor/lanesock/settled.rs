@@ -78,6 +78,11 @@ async fn wait_continuation(s: &GenSession, follow_turns: bool) -> Option<Continu
         .lock()
         .map(|mut v| v.insert(c.continuation_id.clone()))
         .unwrap_or(false);
+    if fresh {
+        tracing::info!(continuation_id = %c.continuation_id,
+            family = s.family().map(|f| f.name()).unwrap_or("?"),
+            "continuation given to the harness at its settled boundary");
+    }
     fresh.then_some(c)
 }
 
@@ -175,8 +180,6 @@ async fn give(
             turns_at,
         });
     }
-    tracing::info!(continuation_id = %c.continuation_id, family = adapter.family().name(),
-        "continuation given to the harness at its settled boundary");
     let text = crate::adapter::continuation_text(&c.continuation_id, &c.next_action);
     LaneResponse {
         output: Some(adapter.render_continuation(&text)),
