@@ -24,7 +24,7 @@ use std::time::Instant;
 use up::Up;
 
 const LANES: u32 = 4;
-const ROUNDS: usize = 10;
+const ROUNDS: usize = 15;
 
 fn pct(v: &[f64], p: f64) -> f64 {
     let mut v = v.to_vec();
@@ -67,14 +67,40 @@ fn run(name: &'static str, command: Option<&str>) -> Run {
             .map(|n| {
                 let up = &up;
                 s.spawn(move || {
+                    let rt = tokio::runtime::Builder::new_current_thread()
+                        .enable_all()
+                        .build()
+                        .unwrap();
+                    let c = rt.block_on(async {
+                        let (c, conn) = tokio_postgres::connect(&up.db_url, tokio_postgres::NoTls)
+                            .await
+                            .unwrap();
+                        tokio::spawn(conn);
+                        c
+                    });
                     let lane = up.lane_id(n);
                     let mut times = Vec::new();
                     for _ in 0..ROUNDS {
                         let t = Instant::now();
                         let a = up.assign(&lane, "blocked=needs-review hang");
                         times.push(t.elapsed().as_secs_f64() * 1000.0);
-                        up.cli(&["stop", "--assignment", a["assignment_id"].as_str().unwrap()])
-                            .unwrap();
+                        let id = a["assignment_id"].as_str().unwrap().to_string();
+                        // Its work blocked (the notification recorded in that transition).
+                        rt.block_on(async {
+                            while c
+                                .query_one(
+                                    "SELECT work_status FROM assignments WHERE assignment_id = $1",
+                                    &[&id],
+                                )
+                                .await
+                                .unwrap()
+                                .get::<_, String>(0)
+                                != "blocked"
+                            {
+                                tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+                            }
+                        });
+                        up.cli(&["stop", "--assignment", &id]).unwrap();
                     }
                     times
                 })
@@ -120,16 +146,23 @@ fn run(name: &'static str, command: Option<&str>) -> Run {
 
 fn main() {
     common::require_host();
-    let runs = [
-        run("no notifier", None),
-        run("fast notifier", Some("cat > /dev/null")),
-        run("slow notifier (2 s)", Some("cat > /dev/null; sleep 2")),
+    let configs: [(&str, Option<&str>); 3] = [
+        ("no notifier", None),
+        ("fast notifier", Some("cat > /dev/null")),
+        ("slow notifier (2 s)", Some("cat > /dev/null; sleep 2")),
     ];
+    // Each configuration twice, in the order A B C C B A, so neither warm-up nor drift
+    // favours one.
+    let mut runs: Vec<Vec<Run>> = vec![Vec::new(), Vec::new(), Vec::new()];
+    for i in [0usize, 1, 2, 2, 1, 0] {
+        let (name, command) = configs[i];
+        runs[i].push(run(name, command));
+    }
     println!(
-        "Mosaic notifier cost — {LANES} lanes × {ROUNDS} assign→RUNNING→stop cycles, each work blocked at once (one notification), one run"
+        "Mosaic notifier cost — {LANES} lanes × {ROUNDS} assign→RUNNING→stop cycles, each work blocked at once (one notification); each configuration run twice (A B C C B A)"
     );
     println!(
-        "{:<22} {:>10} {:>14} {:>8} {:>22} {:>20} {:>22}",
+        "{:<22} {:>16} {:>20} {:>8} {:>22} {:>20} {:>22}",
         "notifier",
         "cycles/s",
         "transitions/s",
@@ -138,21 +171,33 @@ fn main() {
         "delivered/recorded",
         "delivery p50/p99 ms"
     );
-    let base = runs[0].transitions_per_s;
-    for r in &runs {
+    let mean = |rs: &[Run], f: fn(&Run) -> f64| rs.iter().map(f).sum::<f64>() / rs.len() as f64;
+    let base = mean(&runs[0], |r| r.transitions_per_s);
+    for rs in &runs {
+        let running: Vec<f64> = rs.iter().flat_map(|r| r.running.clone()).collect();
+        let latency: Vec<f64> = rs.iter().flat_map(|r| r.latency.clone()).collect();
+        let both = |f: fn(&Run) -> f64| {
+            rs.iter()
+                .map(|r| format!("{:.1}", f(r)))
+                .collect::<Vec<_>>()
+                .join(" / ")
+        };
         println!(
-            "{:<22} {:>10.2} {:>14.1} {:>8.2} {:>12.1} / {:>7.1} {:>20} {:>22}",
-            r.name,
-            r.cycles_per_s,
-            r.transitions_per_s,
-            r.transitions_per_s / base,
-            pct(&r.running, 0.5),
-            pct(&r.running, 0.99),
-            format!("{} / {}", r.delivered, r.recorded),
-            if r.latency.is_empty() {
+            "{:<22} {:>16} {:>20} {:>8.2} {:>12.1} / {:>7.1} {:>20} {:>22}",
+            rs[0].name,
+            both(|r| r.cycles_per_s),
+            both(|r| r.transitions_per_s),
+            mean(rs, |r| r.transitions_per_s) / base,
+            pct(&running, 0.5),
+            pct(&running, 0.99),
+            rs.iter()
+                .map(|r| format!("{}/{}", r.delivered, r.recorded))
+                .collect::<Vec<_>>()
+                .join(" "),
+            if latency.is_empty() {
                 "—".to_string()
             } else {
-                format!("{:.1} / {:.1}", pct(&r.latency, 0.5), pct(&r.latency, 0.99))
+                format!("{:.1} / {:.1}", pct(&latency, 0.5), pct(&latency, 0.99))
             }
         );
     }
