@@ -189,6 +189,81 @@ async fn each_operator_event_reaches_every_sink_once_and_a_refusal_is_retried() 
     );
 }
 
+/// Budget exhaustion: the acceptance that spends the last of an assignment's loop budget
+/// records one `exhausted` event (code `continuation-budget-exhausted`); the work goes on,
+/// the next continuation is refused, and nothing more is told.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_used_up_loop_budget_is_told_once() {
+    let dir = tempdir();
+    let up = Up::fleet_with(
+        1,
+        1,
+        &[
+            "--notify-command".into(),
+            command(&dir.0).display().to_string(),
+        ],
+    );
+    let a = up.assign(&up.lane_id(1), "take-continuations");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let budget = up
+        .count(&format!(
+            "SELECT continuation_budget::bigint FROM assignments WHERE assignment_id = '{id}'"
+        ))
+        .await;
+    assert!(budget > 0);
+    let exhausted = |events: &[Value]| {
+        events
+            .iter()
+            .filter(|e| want("exhausted", &id)(e))
+            .cloned()
+            .collect::<Vec<_>>()
+    };
+    for i in 0..budget {
+        let r = up
+            .cli(&[
+                "continue",
+                "--assignment",
+                &id,
+                "--next-action",
+                &format!("step {i}"),
+            ])
+            .unwrap_or_else(|e| panic!("continue {i}: {e}"));
+        let cn = r["continuation_id"].as_str().unwrap().to_string();
+        up.continuation_reaches(&cn, "RESULT_RECORDED", "the continuation's result")
+            .await;
+        if i + 1 < budget {
+            assert_eq!(
+                up.count(&format!(
+                    "SELECT count(*) FROM notifications WHERE kind = 'exhausted' AND body->>'assignment_id' = '{id}'"
+                ))
+                .await,
+                0,
+                "told before the budget was used up (after {} of {budget})",
+                i + 1
+            );
+        }
+    }
+    let refused = up.cli(&["continue", "--assignment", &id, "--next-action", "one more"]);
+    assert!(
+        refused.is_err(),
+        "a continuation past the budget: {refused:?}"
+    );
+    common::wait_until("the exhaustion told", || {
+        (!exhausted(&events(&dir.0)).is_empty()).then_some(())
+    });
+    let told = exhausted(&events(&dir.0));
+    assert_eq!(told.len(), 1, "{told:?}");
+    assert_eq!(told[0]["code"], "continuation-budget-exhausted");
+    assert_eq!(told[0]["lane_id"], up.lane_id(1).as_str());
+    assert_eq!(
+        up.count("SELECT count(*) FROM notifications WHERE kind = 'exhausted'")
+            .await,
+        1
+    );
+    // The work itself goes on.
+    assert_eq!(up.assignment(&id)["state"], "ACTIVE");
+}
+
 /// Whether `e` is the event of `kind` about `assignment`.
 fn want<'a>(kind: &'a str, assignment: &'a str) -> impl Fn(&Value) -> bool + 'a {
     move |e: &Value| e["kind"] == kind && e["assignment_id"] == assignment

@@ -51,6 +51,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0033_unreconciled_receipts.sql"),
     include_str!("../../migrations/0034_notifications.sql"),
     include_str!("../../migrations/0035_blocked_until.sql"),
+    include_str!("../../migrations/0036_budget_exhausted_notice.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
