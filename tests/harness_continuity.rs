@@ -887,3 +887,143 @@ fn pi_never_shows_a_continuation_twice_across_restarts() {
 fn opencode_never_shows_a_continuation_twice_across_restarts() {
     restarts(&OPENCODE);
 }
+
+/// The hostile tool, from inside each real harness's own shell tool: the lane socket is the
+/// tool's channel too, so everything a real harness must not say for itself is tried from
+/// there — the supervisor's own blocker codes, a handoff ACK, a continuation result, an
+/// activation answer, a continuation wait: each refused (read back from what the tool
+/// printed) — and a progress report, whose word is ignored (the supervisor only looks at
+/// the working directory). Nothing changed: the work is active, unblocked, with no
+/// reported progress but what the supervisor observed, no continuation, no handoff.
+fn hostile_tool(f: &Family) {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(f, &model, None);
+    let a = up
+        .assign(f.runtime, "HOSTILE: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    let g = up.generation();
+    let area = up
+        .dir
+        .join("supervisor/harness")
+        .join(g["lane_incarnation_id"].as_str().unwrap())
+        .join(format!("gen-{}", g["generation"]))
+        .join("work");
+    let tries = [
+        ("progress", "progress --kind test-result --evidence ev"),
+        (
+            "rate-limited",
+            "blocked --code rate-limited --evidence ev --next-action wait",
+        ),
+        (
+            "waiting-for-input",
+            "blocked --code waiting-for-input --evidence ev --next-action answer",
+        ),
+        ("handoff-ack", "handoff-ack"),
+        (
+            "continuation-result",
+            "continuation-result --id cn-forged --evidence ev",
+        ),
+        ("ack", "ack --response mosaic-ack:forged-forged"),
+        ("next", "next"),
+    ];
+    // The script is placed in the working directory (a turn that long is folded by the
+    // TUIs); the harness's own shell tool runs it.
+    let script: String = std::iter::once("printf forged > ev".to_string())
+        .chain(tries.iter().map(|(name, args)| {
+            format!("timeout 20 \"$MOSAIC_BIN\" lane {args} > try-{name} 2>&1; echo rc=$? >> try-{name}")
+        }))
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(area.join("hostile.sh"), script + "\n").unwrap();
+    std::fs::set_permissions(
+        area.join("hostile.sh"),
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    let settled = up.settled();
+    up.type_turn("model:run[sh hostile.sh]");
+    up.wait_for("every try made and the turn settled", || {
+        (up.settled() > settled
+            && tries
+                .iter()
+                .all(|(name, _)| area.join(format!("try-{name}")).exists()))
+        .then_some(())
+    });
+    for (name, _) in tries {
+        let out = std::fs::read_to_string(area.join(format!("try-{name}"))).unwrap();
+        if name == "progress" {
+            // Not refused: its word is ignored, and the supervisor looks for itself.
+            assert!(
+                out.contains("observes this harness's progress") && out.contains("rc=0"),
+                "{}: `progress` from the shell tool:\n{out}",
+                f.runtime
+            );
+            continue;
+        }
+        let rc = out
+            .lines()
+            .rev()
+            .find_map(|l| l.strip_prefix("rc="))
+            .unwrap_or("?");
+        // Refused by the supervisor: not a command that never ran, not a timeout.
+        assert!(
+            !matches!(rc, "0" | "124" | "126" | "127" | "?"),
+            "{}: `{name}` from the shell tool ended {rc}:\n{out}",
+            f.runtime
+        );
+        assert!(
+            out.contains("\"ok\":false,\"error\""),
+            "{}: `{name}` was not refused by the supervisor:\n{out}",
+            f.runtime
+        );
+    }
+    let w = work(&up, &id);
+    assert_eq!(w["work_status"], "active", "{w}");
+    assert_eq!(w["state"], "ACTIVE", "{w}");
+    assert_eq!(
+        count(
+            &up,
+            "SELECT count(*) FROM progress_receipts WHERE assignment_id = $1 AND evidence_kind <> 'file-set'",
+            &id
+        ),
+        0,
+        "progress reported from the shell tool"
+    );
+    assert_eq!(
+        count(
+            &up,
+            "SELECT count(*) FROM continuations WHERE assignment_id = $1",
+            &id
+        ),
+        0
+    );
+    assert_eq!(
+        count(
+            &up,
+            "SELECT count(*) FROM handoffs WHERE assignment_id = $1",
+            &id
+        ),
+        0
+    );
+}
+
+#[test]
+fn claude_code_refuses_what_its_shell_tool_says_for_it() {
+    hostile_tool(&CLAUDE);
+}
+
+#[test]
+fn codex_refuses_what_its_shell_tool_says_for_it() {
+    hostile_tool(&CODEX);
+}
+
+#[test]
+fn pi_refuses_what_its_shell_tool_says_for_it() {
+    hostile_tool(&PI);
+}
+
+#[test]
+fn opencode_refuses_what_its_shell_tool_says_for_it() {
+    hostile_tool(&OPENCODE);
+}
