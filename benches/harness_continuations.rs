@@ -44,16 +44,6 @@ fn epoch(rfc3339: &str) -> Option<f64> {
     Some(t.duration_since(UNIX_EPOCH).ok()?.as_secs_f64())
 }
 
-fn fake_family() -> Family {
-    Family {
-        runtime: "fake@1.0.0",
-        credentials: |_| "FAKE_UNUSED=1\n".into(),
-        comm: "mosaic-fake-har",
-        overlay: Vec::new,
-        interrupt_after_tool_kill: &[],
-    }
-}
-
 #[derive(Default)]
 struct Row {
     name: String,
@@ -85,17 +75,7 @@ fn bench(f: &Family) -> Row {
             .cli(&["continue", "--assignment", &id, "--next-action", &next])
             .expect("continue");
         let cn = r["continuation_id"].as_str().unwrap().to_string();
-        up.wait_for("the continuation's result", || {
-            let state = up.sql(
-                "SELECT state FROM continuations WHERE continuation_id = $1",
-                &cn,
-            )?;
-            assert!(
-                !matches!(state.as_str(), "EXPIRED" | "ABANDONED"),
-                "{cn} ended {state}"
-            );
-            (state == "RESULT_RECORDED").then_some(())
-        });
+        wait_result(&up, &cn);
         let times = up
             .sql(
                 "SELECT concat_ws(' ', extract(epoch FROM created_at), extract(epoch FROM accepted_at), \
@@ -135,7 +115,7 @@ fn bench(f: &Family) -> Row {
 fn main() {
     common::require_host();
     let only = std::env::var("MOSAIC_BENCH_ONLY").ok();
-    let families = [fake_family(), CLAUDE, CODEX, PI, OPENCODE];
+    let families = [FAKE, CLAUDE, CODEX, PI, OPENCODE];
     let rows: Vec<Row> = families
         .iter()
         .filter(|f| only.as_deref().is_none_or(|o| f.runtime.starts_with(o)))

@@ -62,16 +62,6 @@ struct Row {
     disk: u64,
 }
 
-fn fake_family() -> Family {
-    Family {
-        runtime: "fake@1.0.0",
-        credentials: |_| "FAKE_UNUSED=1\n".into(),
-        comm: "mosaic-fake-har",
-        overlay: Vec::new,
-        interrupt_after_tool_kill: &[],
-    }
-}
-
 fn bench(f: &Family) -> Row {
     let (name, _) = f.runtime.split_once('@').unwrap();
     let fake = name == "fake";
@@ -178,7 +168,7 @@ fn main() {
         "run with MOSAIC_HARNESS_LOG=debug: start→identity is read from the supervisor's launch phases"
     );
     let only = std::env::var("MOSAIC_BENCH_ONLY").ok();
-    let families = [fake_family(), CLAUDE, PI, OPENCODE, CODEX];
+    let families = [FAKE, CLAUDE, PI, OPENCODE, CODEX];
     let mut rows = Vec::new();
     for f in families
         .iter()

@@ -98,17 +98,7 @@ fn continuations(f: &Family) {
         let answer = format!("result-{round}-{}", uuid::Uuid::new_v4().simple());
         let next = format!("model:say[{answer}]");
         let cn = continue_with(&up, &id, &next, None);
-        up.wait_for("the continuation's result recorded", || {
-            let state = up.sql(
-                "SELECT state FROM continuations WHERE continuation_id = $1",
-                &cn,
-            )?;
-            assert!(
-                !matches!(state.as_str(), "EXPIRED" | "ABANDONED"),
-                "continuation {cn} ended {state}"
-            );
-            (state == "RESULT_RECORDED").then_some(())
-        });
+        wait_result(&up, &cn);
         // The result is the harness's own answer to it, digested by the supervisor.
         let recorded = up.sql(
             "SELECT result_evidence_digest FROM continuations WHERE continuation_id = $1",
@@ -220,14 +210,7 @@ fn assert_result(up: &Up, cn: &str, answer: &str) {
 /// id.
 fn continue_once(up: &Up, id: &str, answer: &str) -> String {
     let cn = continue_with(up, id, &format!("model:say[{answer}]"), None);
-    up.wait_for("the continuation's result recorded", || {
-        let state = state_of(up, &cn)?;
-        assert!(
-            !matches!(state.as_str(), "EXPIRED" | "ABANDONED"),
-            "continuation {cn} ended {state}"
-        );
-        (state == "RESULT_RECORDED").then_some(())
-    });
+    wait_result(up, &cn);
     cn
 }
 

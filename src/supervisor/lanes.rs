@@ -113,7 +113,7 @@ pub(crate) struct LiveGen {
     /// Re-adopted by a restarted supervisor.
     pub adopted: bool,
     /// The lane socket's hand-off state of a coordinated generation (served again after a
-    /// restart for an activated generation whose chain fields were recorded).
+    /// restart for a generation whose chain fields were recorded).
     pub session: Option<Arc<lanesock::GenSession>>,
     /// The counters of its provider gateway, if it has one.
     pub gateway: Option<super::gateway::GatewayHandle>,
@@ -126,6 +126,13 @@ pub(crate) struct Lane {
 }
 
 impl Lane {
+    /// The live generation, if it is `generation`.
+    pub(super) fn live_gen(&mut self, generation: u64) -> Option<&mut LiveGen> {
+        self.live
+            .as_mut()
+            .filter(|g| g.record.generation == generation)
+    }
+
     /// Folds a finished generation (and any quarantine it calls for) into the lane record.
     /// Idempotent: the watcher's applier task and a stop caller may both call it.
     pub(super) fn settle(

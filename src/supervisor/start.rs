@@ -260,11 +260,8 @@ impl Supervisor {
     ) -> Option<Arc<lanesock::GenSession>> {
         let name = LaneName::parse(lane).ok()?;
         let slot = self.inner.slot(&name).ok()?;
-        let l = slot.lock().await;
-        l.live
-            .as_ref()
-            .filter(|g| g.record.generation == generation)
-            .and_then(|g| g.session.clone())
+        let mut l = slot.lock().await;
+        l.live_gen(generation).and_then(|g| g.session.clone())
     }
 
     /// Records (durably) the chain fields of the lane's live `generation` once its contract
@@ -280,11 +277,7 @@ impl Supervisor {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
         let mut l = slot.lock().await;
-        let Some(live) = l
-            .live
-            .as_mut()
-            .filter(|g| g.record.generation == generation && !g.record.fenced)
-        else {
+        let Some(live) = l.live_gen(generation).filter(|g| !g.record.fenced) else {
             return Ok(false);
         };
         let Some(c) = live.record.coord.as_ref() else {
@@ -315,11 +308,7 @@ impl Supervisor {
         let name = LaneName::parse(lane)?;
         let slot = self.inner.slot(&name)?;
         let mut l = slot.lock().await;
-        let Some(live) = l
-            .live
-            .as_mut()
-            .filter(|g| g.record.generation == generation)
-        else {
+        let Some(live) = l.live_gen(generation) else {
             return Ok(false);
         };
         // Fenced meanwhile (the close holds this lock while it switches): not honoured.

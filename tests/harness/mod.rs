@@ -547,6 +547,31 @@ impl Family {
     }
 }
 
+/// The fake harness as a family, for benchmarks that run it beside the real ones.
+pub const FAKE: Family = Family {
+    runtime: "fake@1.0.0",
+    credentials: |_| "FAKE_UNUSED=1\n".into(),
+    comm: "mosaic-fake-har",
+    overlay: Vec::new,
+    interrupt_after_tool_kill: &[],
+};
+
+/// Waits until continuation `cn` has its result recorded; panics if it expired or was
+/// abandoned instead.
+pub fn wait_result(up: &Up, cn: &str) {
+    up.wait_for("the continuation's result recorded", || {
+        let state = up.sql(
+            "SELECT state FROM continuations WHERE continuation_id = $1",
+            cn,
+        )?;
+        assert!(
+            !matches!(state.as_str(), "EXPIRED" | "ABANDONED"),
+            "continuation {cn} ended {state}"
+        );
+        (state == "RESULT_RECORDED").then_some(())
+    });
+}
+
 pub const OPENCODE: Family = Family {
     runtime: "opencode@1.18.33",
     credentials: |token| format!("OC_TEST_API_KEY={token}\n"),
