@@ -43,6 +43,18 @@ fn marker<'a>(text: &'a str, open: &str, close: char) -> Option<&'a str> {
     Some(&rest[..end])
 }
 
+/// The last `model:call[<Tool>|<JSON>]` marker in `text`: the JSON is read as one value
+/// (its own brackets included), then the marker's `]` must follow.
+fn call_marker(text: &str) -> Option<(String, Value)> {
+    let start = text.rfind("model:call[")? + "model:call[".len();
+    let (name, rest) = text[start..].split_once('|')?;
+    let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+    let input = values.next()?.ok()?;
+    rest[values.byte_offset()..]
+        .starts_with(']')
+        .then(|| (name.to_string(), input))
+}
+
 /// Whether the request offers tools: the harness's main conversation (side requests, such
 /// as a title, offer none).
 fn offers_tools(body: &Value) -> bool {
@@ -106,12 +118,8 @@ pub fn decide(api: Api, body: &Value) -> Answer {
     // title generation, offer none).
     // `model:call[<Tool>|<JSON arguments>]`: a call of another tool (one that may need a
     // human's permission).
-    if let (Some(call), true) = (marker(&latest, "model:call[", ']'), offers_tools) {
-        if let Some((name, args)) = call.split_once('|') {
-            if let Ok(input) = serde_json::from_str(args) {
-                return Answer::Call(name.to_string(), input);
-            }
-        }
+    if let (Some((name, input)), true) = (call_marker(&latest), offers_tools) {
+        return Answer::Call(name, input);
     }
     if let (Some(cmd), true) = (marker(&latest, "model:run[", ']'), offers_tools) {
         return Answer::Shell(cmd.to_string());
@@ -381,6 +389,22 @@ mod tests {
             Answer::Text("mosaic-ack:0a1b".into())
         );
         assert_eq!(a("model:run[sleep 3; echo hi]"), Answer::Text("ok".into()));
+        // A call's arguments keep their own brackets.
+        let call = |text: &str| {
+            decide(
+                Api::AnthropicMessages,
+                &json!({"tools": [{"name": "question"}], "messages": [{"role": "user",
+                    "content": [{"type": "text", "text": text}]}]}),
+            )
+        };
+        assert_eq!(
+            call(r#"ask model:call[question|{"q":[{"o":["a","b"]}]}] now"#),
+            Answer::Call("question".into(), json!({"q":[{"o":["a","b"]}]}))
+        );
+        assert_eq!(
+            call(r#"model:call[question|{"q":[1]} ]"#),
+            Answer::Text("ok".into())
+        );
         assert_eq!(
             a("Next action: model:say[result-7f]"),
             Answer::Text("result-7f".into())

@@ -41,6 +41,15 @@ function inOrder(work) {
   return done;
 }
 
+// Each subagent's session, to the session it was started from: a prompt a subagent shows
+// waits on the same human as the conversation's own.
+const parents = new Map();
+function rootOf(sessionID) {
+  let id = sessionID;
+  for (let i = 0; i < 64 && parents.has(id); i++) id = parents.get(id);
+  return id;
+}
+
 export const MosaicPlugin = async ({ client }) => {
   let waiting = false;
 
@@ -101,7 +110,22 @@ export const MosaicPlugin = async ({ client }) => {
       } else if (event.type === "session.status" && p.status && p.status.type === "busy") {
         // A turn started: tells the supervisor its typed line was taken.
         await inOrder(() => forward("session-busy", { session_id: p.sessionID }));
+      } else if (event.type === "question.asked" || event.type === "permission.asked") {
+        // A question or a permission ask is on screen: it waits for a human.
+        const what =
+          event.type === "question.asked"
+            ? (p.questions || []).map((q) => q && q.question).join(" | ")
+            : `${p.permission} ${(p.patterns || []).join(", ")}`;
+        await inOrder(() =>
+          forward("waiting-for-input", {
+            session_id: rootOf(p.sessionID),
+            kind: event.type,
+            prompt: String(what).slice(0, 2000),
+          }),
+        );
       } else if (event.type === "session.created") {
+        const info = p.info || {};
+        if (info.id && info.parentID) parents.set(info.id, info.parentID);
         await inOrder(() =>
           forward("session-created", {
             session_id: (p.info && p.info.id) || p.sessionID,

@@ -143,6 +143,17 @@ export default function (pi) {
     waitForContinuation(sessionId);
   });
 
+  // An extension's dialog (an operator's permission gate, say) waits for a human: the
+  // supervisor reports the work waiting for input. Its end is not reported: whoever answers
+  // it unblocks the work.
+  pi.on("ui_prompt_start", async (event, ctx) => {
+    await forward("ui-prompt", {
+      session_id: ctx.sessionManager.getSessionId(),
+      kind: event.kind,
+      title: String(event.title || "").slice(0, 2000),
+    });
+  });
+
   pi.on("session_shutdown", async (event, ctx) => {
     // This instance is going (a reload imports a new one): its wait ends with it, so a
     // continuation is never handed to an instance that can no longer submit it.

@@ -50,6 +50,8 @@ impl Adapter for ClaudeCode {
             // Hooks are how the contract and the ACK travel; these switch them off.
             "--bare",
             "--safe-mode",
+            // The setting sources are Mosaic's to choose (prepare adds them).
+            "--setting-sources",
         ]
     }
 
@@ -126,8 +128,15 @@ impl Adapter for ClaudeCode {
         if let Some(url) = ctx.provider {
             env.push(("ANTHROPIC_BASE_URL".into(), url.to_string()));
         }
+        let mut argv = expand(&ctx.plan.template, &vars, &[]);
+        // The project's own settings (`.claude/settings.json`, `.claude/settings.local.json`,
+        // `.mcp.json` in the working directory) never load: they would add hooks and
+        // servers of the repository's own, change permissions, or ask a human at start
+        // (whether to use the project's servers) in a pane nobody watches. The user
+        // settings are the operator's overlay; Mosaic's come with `--settings`.
+        argv.extend(["--setting-sources".to_string(), "user".to_string()]);
         Ok(Prepared {
-            argv: expand(&ctx.plan.template, &vars, &[]),
+            argv,
             env,
             cwd: Some(work),
             conversation_id: Some(session_id),
@@ -241,7 +250,7 @@ pub(super) fn hook_event(
         ("notification", Some("Notification")) => match payload["notification_type"].as_str() {
             Some(
                 kind @ ("permission_prompt" | "worker_permission_prompt" | "elicitation_dialog"
-                | "agent_needs_input"),
+                | "elicitation_url_dialog" | "agent_needs_input"),
             ) => Ok(HookEvent::WaitingForInput {
                 prompt: format!(
                     "{kind}: {}",
@@ -250,6 +259,16 @@ pub(super) fn hook_event(
             }),
             _ => Ok(HookEvent::Ignored),
         },
+        // Codex asks a human to approve a tool call (a command it holds dangerous, an
+        // escalation out of its sandbox): its approval prompt is on screen. The hook's empty
+        // answer leaves the decision to whoever answers the prompt.
+        ("permission-request", Some("PermissionRequest")) => Ok(HookEvent::WaitingForInput {
+            prompt: format!(
+                "permission_request: {} {}",
+                payload["tool_name"].as_str().unwrap_or_default(),
+                payload["tool_input"]
+            ),
+        }),
         ("session-end", Some("SessionEnd")) => Ok(HookEvent::SessionEnd {
             reason: payload["reason"].as_str().unwrap_or("unknown").to_string(),
         }),
@@ -317,5 +336,44 @@ mod tests {
         let clear =
             json!({"session_id": "s1", "hook_event_name": "SessionStart", "source": "clear"});
         assert!(a.hook("session-start", &clear, Some("s1")).is_err());
+    }
+
+    #[test]
+    fn dialogs_and_approval_asks_wait_for_a_human_and_nothing_else_does() {
+        let a = ClaudeCode;
+        let note = |kind: &str| {
+            json!({"session_id": "s1", "hook_event_name": "Notification",
+                "notification_type": kind, "message": "m"})
+        };
+        for kind in [
+            "permission_prompt",
+            "worker_permission_prompt",
+            "elicitation_dialog",
+            "elicitation_url_dialog",
+            "agent_needs_input",
+        ] {
+            assert_eq!(
+                a.hook("notification", &note(kind), Some("s1")),
+                Ok(HookEvent::WaitingForInput {
+                    prompt: format!("{kind}: m")
+                }),
+                "{kind}"
+            );
+        }
+        for kind in ["idle_prompt", "agent_completed", "auth_success"] {
+            assert_eq!(
+                a.hook("notification", &note(kind), Some("s1")),
+                Ok(HookEvent::Ignored),
+                "{kind}"
+            );
+        }
+        // Codex's approval prompt, through the same hook protocol.
+        let ask = json!({"session_id": "s1", "hook_event_name": "PermissionRequest",
+            "tool_name": "Bash", "tool_input": {"command": "rm -rf x"}});
+        assert!(matches!(
+            a.hook("permission-request", &ask, Some("s1")),
+            Ok(HookEvent::WaitingForInput { .. })
+        ));
+        assert!(a.hook("permission-request", &ask, Some("s2")).is_err());
     }
 }

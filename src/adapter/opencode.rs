@@ -181,6 +181,22 @@ impl Adapter for OpenCode {
                 }
                 Ok(HookEvent::AwaitContinuation)
             }
+            // A question or permission ask on screen (the plugin names the conversation a
+            // subagent's ask belongs to).
+            "waiting-for-input" => {
+                if conversation.is_none() || conversation != sid {
+                    return Err(HookRefusal::OtherConversation(format!(
+                        "prompt about session {sid:?}, not this generation's conversation"
+                    )));
+                }
+                Ok(HookEvent::WaitingForInput {
+                    prompt: format!(
+                        "{}: {}",
+                        payload["kind"].as_str().unwrap_or("prompt"),
+                        payload["prompt"].as_str().unwrap_or_default()
+                    ),
+                })
+            }
             "session-idle" => {
                 if conversation.is_none() || conversation != sid {
                     return Err(HookRefusal::OtherConversation(format!(
@@ -221,6 +237,27 @@ impl Adapter for OpenCode {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_question_or_permission_ask_of_this_conversation_waits_for_a_human() {
+        let o = OpenCode;
+        let ask = json!({"session_id": "ses_1", "kind": "question.asked", "prompt": "Which?"});
+        assert_eq!(
+            o.hook("waiting-for-input", &ask, Some("ses_1")),
+            Ok(HookEvent::WaitingForInput {
+                prompt: "question.asked: Which?".into()
+            })
+        );
+        let category = |r: Result<HookEvent, HookRefusal>| r.map_err(|e| e.category());
+        assert_eq!(
+            category(o.hook("waiting-for-input", &ask, Some("ses_2"))),
+            Err("other-conversation")
+        );
+        assert_eq!(
+            category(o.hook("waiting-for-input", &ask, None)),
+            Err("other-conversation")
+        );
+    }
 
     #[test]
     fn the_first_top_level_session_is_the_conversation_and_the_only_one() {

@@ -37,6 +37,9 @@ impl Adapter for Pi {
             "-r",
             "--session",
             "--fork",
+            // Project-local resources are never trusted (prepare adds --no-approve).
+            "--approve",
+            "-a",
             // The extension is how the contract and the ACK travel.
             "--no-extensions",
             "-ne",
@@ -95,8 +98,13 @@ impl Adapter for Pi {
             ("PI_SKIP_VERSION_CHECK".into(), "1".into()),
             ("PI_TELEMETRY".into(), "0".into()),
         ];
+        let mut argv = expand(&ctx.plan.template, &vars, &[]);
+        // Project-local resources (the working directory's `.pi/`, an ancestor's
+        // `.agents/skills`) would make Pi ask at start whether to trust them, in a pane
+        // nobody watches, before the generation is active: never trusted, never asked.
+        argv.push("--no-approve".to_string());
         Ok(Prepared {
-            argv: expand(&ctx.plan.template, &vars, &[]),
+            argv,
             env,
             cwd: Some(work),
             conversation_id: Some(session_id),
@@ -134,6 +142,15 @@ impl Adapter for Pi {
                     .map(str::to_string),
             }),
             "next" => Ok(HookEvent::AwaitContinuation),
+            // An extension's dialog (a select, confirm, input, editor or custom screen)
+            // waits for a human: Pi's own `ui_prompt_start`.
+            "ui-prompt" => Ok(HookEvent::WaitingForInput {
+                prompt: format!(
+                    "{}: {}",
+                    payload["kind"].as_str().unwrap_or("prompt"),
+                    payload["title"].as_str().unwrap_or_default()
+                ),
+            }),
             // `/new`, `/resume` (session_before_switch), `/fork`, `/clone`
             // (session_before_fork): the extension cancelled them.
             "session-before-switch" | "session-before-fork" => {
@@ -203,6 +220,15 @@ mod tests {
             p.hook("agent-settled", &aborted, Some("s1")),
             Ok(HookEvent::Settled { last_message: None })
         );
+        // An extension's dialog waits for a human; about another conversation, refused.
+        let prompt = json!({"session_id": "s1", "kind": "select", "title": "Allow?"});
+        assert_eq!(
+            p.hook("ui-prompt", &prompt, Some("s1")),
+            Ok(HookEvent::WaitingForInput {
+                prompt: "select: Allow?".into()
+            })
+        );
+        assert!(p.hook("ui-prompt", &prompt, Some("s2")).is_err());
         let switch = json!({"session_id": "s1", "reason": "new"});
         assert!(matches!(
             p.hook("session-before-switch", &switch, Some("s1")),
