@@ -215,6 +215,62 @@ fn pi_waiting_for_a_human_is_blocked_counted_and_notified_once() {
     );
 }
 
+/// An operator's gate whose dialog closes itself after 2 s (Pi's `timeout` option) and
+/// denies the command: nobody needs to answer it.
+const TIMED_GATE: &str = r#"export default function (pi) {
+  pi.on("tool_call", async (event, ctx) => {
+    if (event.toolName !== "bash") return undefined;
+    const command = String(event.input.command || "");
+    if (!/\brm\s+-rf?\b/.test(command)) return undefined;
+    const ok = await ctx.ui.confirm("Timed gate", `Allow ${command}?`, { timeout: 2000 });
+    return ok ? undefined : { block: true, reason: "Not confirmed in time" };
+  });
+}
+"#;
+
+/// Pi with a gate whose dialog closes itself.
+const PI_TIMED: Family = Family {
+    overlay: || {
+        let mut files: Vec<(&'static str, String)> = (PI.overlay)()
+            .into_iter()
+            .filter(|(n, _)| *n != "settings.json")
+            .collect();
+        files.push((
+            "settings.json",
+            json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
+                "quietStartup": true, "extensions": ["timed-gate.js"]})
+            .to_string(),
+        ));
+        files.push(("timed-gate.js", TIMED_GATE.to_string()));
+        files
+    },
+    ..PI
+};
+
+/// A Pi dialog that closes itself within Claude Code's 6 s (a timed confirmation) waits
+/// for nobody: the work is never blocked, the operator never told, and it goes on.
+#[test]
+fn pi_does_not_report_a_dialog_that_closes_itself() {
+    let model = Model::start();
+    let (_creds, up, _token) = Up::for_family(&PI_TIMED, &model, None);
+    let a = up
+        .assign(PI.runtime, "TIMED: wait for your next action", true)
+        .expect("assign reaches RUNNING");
+    let id = a["assignment_id"].as_str().unwrap().to_string();
+    up.type_turn("model:run[rm -rf scratch]");
+    up.wait_for("the dialog shown", || {
+        up.screen().contains("Timed gate").then_some(())
+    });
+    up.wait_for("the dialog gone by itself", || {
+        (!up.screen().contains("Timed gate")).then_some(())
+    });
+    // Past the 6 s a dialog must stay open to be reported.
+    std::thread::sleep(std::time::Duration::from_secs(8));
+    assert_eq!(work(&up, &id)["work_status"], "active");
+    assert!(up.notified().is_empty(), "{:?}", up.notified());
+    continue_once(&up, &id, "after-the-timed-dialog");
+}
+
 /// A repository of `files` (path, text), committed on `main` beside `up`'s state
 /// directory, declared as `probe` on `up`'s host.
 fn repository(up: &Up, files: &[(&str, &str)]) -> std::path::PathBuf {
@@ -257,17 +313,32 @@ fn repository(up: &Up, files: &[(&str, &str)]) -> std::path::PathBuf {
 }
 
 /// A harness started in a clone of a repository holding `files` — the project's own
-/// settings for that harness, which would make it ask a human at start (whether to trust
+/// settings for that harness, which could make it ask a human at start (whether to trust
 /// the folder, whether to run the project's servers) in a pane nobody watches, before the
 /// generation is active, where the activation check would be typed into the question.
-/// Mosaic starts each family so that a project's own resources are never trusted or run,
-/// and nothing is asked: the generation starts in the clone, answers its checks and its
-/// continuation, nothing of the project's settings reaches the model (`probe` never shows
-/// in a request), and the operator is told nothing.
-fn repository_settings(f: &Family, files: &[(&str, &str)], probe: &str) {
+/// Mosaic starts each family so that it never asks: the generation starts in the clone,
+/// answers its checks and its continuation, and the operator is told nothing. `ignored`, if
+/// given, is carried by project settings Mosaic keeps from loading: it never shows in a
+/// request. The repository's instructions (`AGENTS.md`, or Claude Code's `CLAUDE.md`)
+/// reach the model where `instructions_load` (OpenCode skips them: see the README).
+fn repository_settings(
+    f: &Family,
+    files: &[(&str, &str)],
+    ignored: Option<&str>,
+    instructions_load: bool,
+) {
+    let instructions = format!("repo-instructions-{}", f.family_name());
+    let memory = if f.family_name() == "claude-code" {
+        "CLAUDE.md"
+    } else {
+        "AGENTS.md"
+    };
+    let text = format!("# Project rules\n\nAlways mention {instructions} when asked.\n");
+    let mut files = files.to_vec();
+    files.push((memory, &text));
     let model = Model::start();
     let (_creds, up, _token) = Up::for_family(f, &model, None);
-    let repo = repository(&up, files);
+    let repo = repository(&up, &files);
     let lane = up.lane();
     let a = up
         .cli(&[
@@ -287,17 +358,27 @@ fn repository_settings(f: &Family, files: &[(&str, &str)], probe: &str) {
     let id = a["assignment_id"].as_str().unwrap().to_string();
     // The project's files are there, in the harness's working directory.
     let workspace = up.dir.join("supervisor/workspaces").join(&id);
-    for (path, _) in files {
+    for (path, _) in &files {
         assert!(workspace.join(path).exists(), "{path} not in the workspace");
     }
-    continue_once(&up, &id, "project-settings-ignored");
+    continue_once(&up, &id, "project-settings-asked-nothing");
     let requests = model.requests();
     assert!(!requests.is_empty());
-    assert!(
+    if let Some(probe) = ignored {
+        assert!(
+            requests
+                .iter()
+                .all(|r| !r["body"].to_string().contains(probe)),
+            "the project's own settings reached the model"
+        );
+    }
+    assert_eq!(
         requests
             .iter()
-            .all(|r| !r["body"].to_string().contains(probe)),
-        "the project's own settings reached the model"
+            .any(|r| r["body"].to_string().contains(&instructions)),
+        instructions_load,
+        "the repository's instructions ({memory}) reached the model: {}",
+        !instructions_load
     );
     assert!(up.notified().is_empty(), "{:?}", up.notified());
     drop(up);
@@ -305,7 +386,8 @@ fn repository_settings(f: &Family, files: &[(&str, &str)], probe: &str) {
 }
 
 /// Pi: an `.agents/skills` in the working directory (or above it) or a `.pi/` makes Pi
-/// ask whether to trust the folder; its default answer is "Trust". `--no-approve`.
+/// ask whether to trust the folder; its default answer is "Trust". `--no-approve`: the
+/// project's skill never loads; its `AGENTS.md` does.
 #[test]
 fn pi_never_asks_whether_to_trust_a_repositorys_resources() {
     repository_settings(
@@ -317,12 +399,14 @@ fn pi_never_asks_whether_to_trust_a_repositorys_resources() {
             ),
             (".pi/settings.json", r#"{"theme": "light"}"#),
         ],
-        "untrusted-probe",
+        Some("untrusted-probe"),
+        true,
     );
 }
 
-/// Claude Code: a project's `.mcp.json` makes it ask whether to use the server; its
-/// `.claude/settings.json` would add hooks and permissions of the project's own.
+/// Claude Code: a project's `.mcp.json` makes it ask whether to use the server (Mosaic's
+/// settings approve a project's servers: they run confined, as its shell tool's commands
+/// do); its `.claude/settings.json` and `CLAUDE.md` load as the project's.
 #[test]
 fn claude_code_never_asks_about_a_repositorys_settings_or_servers() {
     repository_settings(
@@ -330,38 +414,35 @@ fn claude_code_never_asks_about_a_repositorys_settings_or_servers() {
         &[
             (
                 ".mcp.json",
-                r#"{"mcpServers": {"untrusted-probe": {"command": "sh", "args": ["-c", "sleep 600"]}}}"#,
+                r#"{"mcpServers": {"project-probe": {"command": "sh", "args": ["-c", "sleep 600"]}}}"#,
             ),
             (
                 ".claude/settings.json",
-                r#"{"env": {"UNTRUSTED_PROBE": "untrusted-probe"}, "permissions": {"allow": ["WebFetch"]}}"#,
+                r#"{"permissions": {"allow": ["WebFetch"]}}"#,
             ),
         ],
-        "untrusted-probe",
+        None,
+        true,
     );
 }
 
-/// Codex: a project's `.codex/config.toml` and `.codex/hooks.json` (servers and hooks of
-/// the project's own).
+/// Codex: its working directory is configured trusted, so it never asks whether to trust
+/// the folder; the project's `.codex/config.toml` and `AGENTS.md` load as the project's.
 #[test]
 fn codex_never_asks_about_a_repositorys_settings_or_servers() {
     repository_settings(
         &CODEX,
-        &[
-            (
-                ".codex/config.toml",
-                "[mcp_servers.untrusted-probe]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 600\"]\n",
-            ),
-            (
-                ".codex/hooks.json",
-                r#"{"hooks": {"SessionStart": [{"hooks": [{"type": "command", "command": "echo untrusted-probe"}]}]}}"#,
-            ),
-        ],
-        "untrusted-probe",
+        &[(
+            ".codex/config.toml",
+            "[mcp_servers.project-probe]\ncommand = \"sh\"\nargs = [\"-c\", \"sleep 600\"]\n",
+        )],
+        None,
+        true,
     );
 }
 
-/// OpenCode: a project's `opencode.json` and `.opencode/` (servers, agents, plugins).
+/// OpenCode: a project's `opencode.json` and `.opencode/` never load
+/// (`OPENCODE_DISABLE_PROJECT_CONFIG`), which also skips its `AGENTS.md`.
 #[test]
 fn opencode_never_asks_about_a_repositorys_settings_or_servers() {
     repository_settings(
@@ -371,12 +452,12 @@ fn opencode_never_asks_about_a_repositorys_settings_or_servers() {
                 "opencode.json",
                 r#"{"mcp": {"untrusted-probe": {"type": "local", "command": ["sh", "-c", "sleep 600"]}}, "instructions": ["untrusted-probe.md"]}"#,
             ),
-            ("untrusted-probe.md", "untrusted-probe: follow the project's rules.\n"),
             (
-                ".opencode/skills/untrusted-probe/SKILL.md",
-                "---\nname: untrusted-probe\ndescription: A project skill Mosaic never trusts.\n---\nDo nothing.\n",
+                "untrusted-probe.md",
+                "untrusted-probe: follow the project's rules.\n",
             ),
         ],
-        "untrusted-probe",
+        Some("untrusted-probe"),
+        false,
     );
 }

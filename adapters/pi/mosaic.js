@@ -144,14 +144,25 @@ export default function (pi) {
   });
 
   // An extension's dialog (an operator's permission gate, say) waits for a human: the
-  // supervisor reports the work waiting for input. Its end is not reported: whoever answers
-  // it unblocks the work.
+  // supervisor reports the work waiting for input once the dialog has stayed open 6 s (as
+  // Claude Code does), so a dialog that closes itself (a timeout, an answer at once) is not
+  // reported. Its end is not reported: whoever answers it unblocks the work.
+  let promptTimer = null;
   pi.on("ui_prompt_start", async (event, ctx) => {
-    await forward("ui-prompt", {
+    const payload = {
       session_id: ctx.sessionManager.getSessionId(),
       kind: event.kind,
       title: String(event.title || "").slice(0, 2000),
-    });
+    };
+    if (promptTimer) clearTimeout(promptTimer);
+    promptTimer = setTimeout(() => {
+      promptTimer = null;
+      forward("ui-prompt", payload);
+    }, 6000);
+  });
+  pi.on("ui_prompt_end", async () => {
+    if (promptTimer) clearTimeout(promptTimer);
+    promptTimer = null;
   });
 
   pi.on("session_shutdown", async (event, ctx) => {

@@ -50,8 +50,6 @@ impl Adapter for ClaudeCode {
             // Hooks are how the contract and the ACK travel; these switch them off.
             "--bare",
             "--safe-mode",
-            // The setting sources are Mosaic's to choose (prepare adds them).
-            "--setting-sources",
         ]
     }
 
@@ -123,18 +121,14 @@ impl Adapter for ClaudeCode {
             ("DISABLE_AUTOUPDATER".into(), "1".into()),
             ("DISABLE_TELEMETRY".into(), "1".into()),
             ("DISABLE_ERROR_REPORTING".into(), "1".into()),
+            // Its cost-threshold dialog waits for a person and sends no notification.
+            ("DISABLE_COST_WARNINGS".into(), "1".into()),
         ];
         let mut env = env;
         if let Some(url) = ctx.provider {
             env.push(("ANTHROPIC_BASE_URL".into(), url.to_string()));
         }
-        let mut argv = expand(&ctx.plan.template, &vars, &[]);
-        // The project's own settings (`.claude/settings.json`, `.claude/settings.local.json`,
-        // `.mcp.json` in the working directory) never load: they would add hooks and
-        // servers of the repository's own, change permissions, or ask a human at start
-        // (whether to use the project's servers) in a pane nobody watches. The user
-        // settings are the operator's overlay; Mosaic's come with `--settings`.
-        argv.extend(["--setting-sources".to_string(), "user".to_string()]);
+        let argv = expand(&ctx.plan.template, &vars, &[]);
         Ok(Prepared {
             argv,
             env,

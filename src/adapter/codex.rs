@@ -68,24 +68,9 @@ fn config_toml(
     let Some(projects) = projects.as_table_mut() else {
         return Err("config.toml: projects is not a table".into());
     };
-    // The working directory is a repository's clone: its own `.codex/` config, hooks and
-    // exec policies must never load (Mosaic's template bypasses hook review, so a trusted
-    // project's hooks would run unreviewed, and could answer the Stop hook Mosaic reads).
-    // Explicitly untrusted, Codex neither asks whether to trust it nor loads them (its
-    // skills still load: instructions, like its AGENTS.md).
-    let mut untrusted = toml::Table::new();
-    untrusted.insert(
-        "trust_level".into(),
-        toml::Value::String("untrusted".into()),
-    );
-    projects.insert(work.display().to_string(), toml::Value::Table(untrusted));
-    // An untrusted folder would otherwise bring stricter defaults (approval of every
-    // command, a read-only sandbox): the defaults of a trusted one, unless the operator
-    // chose.
-    t.entry("approval_policy")
-        .or_insert_with(|| toml::Value::String("on-request".into()));
-    t.entry("sandbox_mode")
-        .or_insert_with(|| toml::Value::String("workspace-write".into()));
+    let mut trusted = toml::Table::new();
+    trusted.insert("trust_level".into(), toml::Value::String("trusted".into()));
+    projects.insert(work.display().to_string(), toml::Value::Table(trusted));
     Ok(t.to_string())
 }
 
@@ -262,11 +247,7 @@ mod tests {
         assert_eq!(t["model"].as_str(), Some("m"));
         assert!(t.get("notify").is_none());
         assert_eq!(t["features"]["daemon_auto_start"].as_bool(), Some(false));
-        assert_eq!(
-            t["projects"]["/w"]["trust_level"].as_str(),
-            Some("untrusted")
-        );
-        assert_eq!(t["approval_policy"].as_str(), Some("on-request"));
+        assert_eq!(t["projects"]["/w"]["trust_level"].as_str(), Some("trusted"));
         assert_eq!(
             t["model_providers"]["p"]["base_url"].as_str(),
             Some("http://x")

@@ -370,7 +370,7 @@ impl Entry {
             let flag = arg.split('=').next().unwrap_or(arg);
             if adapter.forbidden_args().contains(&flag) {
                 return Err(self.bad(format!(
-                    "{arg:?} would resume, fork or continue an old session; a generation is always a fresh process"
+                    "{arg:?} is Mosaic's to decide: it would resume, fork or continue an old session, switch off the hooks or extensions the contract travels by, or trust what a repository brings; a generation is always a fresh process"
                 )));
             }
         }
