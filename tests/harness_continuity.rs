@@ -306,17 +306,6 @@ fn claude_code_reports_a_cleared_conversation_as_blocked() {
     assert_eq!(code, "conversation-replaced");
 }
 
-/// The work `id` as `mosaic status` shows it.
-fn work(up: &Up, id: &str) -> Value {
-    up.cli(&["status"]).unwrap()["assignments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["assignment_id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("no assignment {id} in the status"))
-}
-
 fn lane_state(up: &Up, lane: &str) -> String {
     up.cli(&["lanes"])
         .unwrap()

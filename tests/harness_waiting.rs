@@ -20,17 +20,6 @@ mod pg;
 use harness::*;
 use serde_json::{json, Value};
 
-/// The work `id` as `mosaic status` shows it.
-fn work(up: &Up, id: &str) -> Value {
-    up.cli(&["status"]).unwrap()["assignments"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .find(|a| a["assignment_id"] == id)
-        .cloned()
-        .unwrap_or_else(|| panic!("no assignment {id} in the status"))
-}
-
 /// Gives one continuation to the running work `id` and waits for its result.
 fn continue_once(up: &Up, id: &str, answer: &str) {
     let next = format!("model:say[{answer}]");
@@ -184,22 +173,25 @@ const PERMISSION_GATE: &str = r#"export default function (pi) {
 }
 "#;
 
+/// Pi's overlay with one more extension, `name` holding `js`, loaded from its settings.
+fn pi_with(name: &'static str, js: &str) -> Vec<(&'static str, String)> {
+    let mut files: Vec<(&'static str, String)> = (PI.overlay)()
+        .into_iter()
+        .filter(|(n, _)| *n != "settings.json")
+        .collect();
+    files.push((
+        "settings.json",
+        json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
+            "quietStartup": true, "extensions": [name]})
+        .to_string(),
+    ));
+    files.push((name, js.to_string()));
+    files
+}
+
 /// Pi with the operator's permission gate loaded from its settings.
 const PI_GATED: Family = Family {
-    overlay: || {
-        let mut files: Vec<(&'static str, String)> = (PI.overlay)()
-            .into_iter()
-            .filter(|(n, _)| *n != "settings.json")
-            .collect();
-        files.push((
-            "settings.json",
-            json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
-                "quietStartup": true, "extensions": ["permission-gate.js"]})
-            .to_string(),
-        ));
-        files.push(("permission-gate.js", PERMISSION_GATE.to_string()));
-        files
-    },
+    overlay: || pi_with("permission-gate.js", PERMISSION_GATE),
     ..PI
 };
 
@@ -230,20 +222,7 @@ const TIMED_GATE: &str = r#"export default function (pi) {
 
 /// Pi with a gate whose dialog closes itself.
 const PI_TIMED: Family = Family {
-    overlay: || {
-        let mut files: Vec<(&'static str, String)> = (PI.overlay)()
-            .into_iter()
-            .filter(|(n, _)| *n != "settings.json")
-            .collect();
-        files.push((
-            "settings.json",
-            json!({"defaultProvider": "mosaic-test", "defaultModel": "mosaic-test-model",
-                "quietStartup": true, "extensions": ["timed-gate.js"]})
-            .to_string(),
-        ));
-        files.push(("timed-gate.js", TIMED_GATE.to_string()));
-        files
-    },
+    overlay: || pi_with("timed-gate.js", TIMED_GATE),
     ..PI
 };
 

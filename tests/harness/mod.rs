@@ -556,6 +556,17 @@ pub const FAKE: Family = Family {
     interrupt_after_tool_kill: &[],
 };
 
+/// The work `id` as `mosaic status` shows it.
+pub fn work(up: &Up, id: &str) -> Value {
+    up.cli(&["status"]).unwrap()["assignments"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|a| a["assignment_id"] == id)
+        .cloned()
+        .unwrap_or_else(|| panic!("no assignment {id} in the status"))
+}
+
 /// Waits until continuation `cn` has its result recorded; panics if it expired or was
 /// abandoned instead.
 pub fn wait_result(up: &Up, cn: &str) {
