@@ -306,6 +306,17 @@ fn repository_settings(
     ignored: Option<&str>,
     instructions_load: bool,
 ) {
+    repository_settings_in(f, files, ignored, instructions_load, &[]);
+}
+
+/// [`repository_settings`] with more `mosaic up` arguments.
+fn repository_settings_in(
+    f: &Family,
+    files: &[(&str, &str)],
+    ignored: Option<&str>,
+    instructions_load: bool,
+    up_args: &[&str],
+) {
     let instructions = format!("repo-instructions-{}", f.family_name());
     let memory = if f.family_name() == "claude-code" {
         "CLAUDE.md"
@@ -316,7 +327,7 @@ fn repository_settings(
     let mut files = files.to_vec();
     files.push((memory, &text));
     let model = Model::start();
-    let (_creds, up, _token) = Up::for_family(f, &model, None);
+    let (_creds, up, _token) = Up::for_family_with(f, &model, None, 1, up_args);
     let repo = repository(&up, &files);
     let lane = up.lane();
     let a = up
@@ -439,4 +450,18 @@ fn opencode_never_asks_about_a_repositorys_settings_or_servers() {
         Some("untrusted-probe"),
         false,
     );
+}
+
+/// An unconfined lane (`--unconfined-lane`) works in the repository's workspace itself, not
+/// in the generation's private area: the trust Mosaic records at start must name that
+/// directory, or Claude Code asks whether to trust the folder before activation.
+#[test]
+fn claude_code_in_an_unconfined_lane_never_asks_about_its_repository() {
+    repository_settings_in(&CLAUDE, &[], None, true, &["--unconfined-lane", "lane-1"]);
+}
+
+/// The same for Codex (its trust record names the workspace too).
+#[test]
+fn codex_in_an_unconfined_lane_never_asks_about_its_repository() {
+    repository_settings_in(&CODEX, &[], None, true, &["--unconfined-lane", "lane-1"]);
 }

@@ -97,7 +97,7 @@ impl Adapter for ClaudeCode {
         write(
             &home,
             ".claude.json",
-            &claude_json(ctx, &work).map_err(&fail)?,
+            &claude_json(ctx, &ctx.working_dir(&work)).map_err(&fail)?,
             0o600,
         )
         .map_err(|e| io(".claude.json", e))?;
@@ -132,7 +132,7 @@ impl Adapter for ClaudeCode {
         Ok(Prepared {
             argv,
             env,
-            cwd: Some(work),
+            cwd: Some(ctx.working_dir(&work)),
             conversation_id: Some(session_id),
         })
     }

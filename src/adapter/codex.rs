@@ -144,7 +144,13 @@ impl Adapter for Codex {
                     .map_err(|err| fail(format!("config overlay: {err}")))?;
             }
         }
-        let config = config_toml(ctx.overlay, &work, ctx.confined, ctx.provider).map_err(&fail)?;
+        let config = config_toml(
+            ctx.overlay,
+            &ctx.working_dir(&work),
+            ctx.confined,
+            ctx.provider,
+        )
+        .map_err(&fail)?;
         write_new(&home, "config.toml", &config, 0o600)
             .map_err(|e| fail(format!("config.toml: {e}")))?;
         let state = Value::String(dir.display().to_string()).to_string();
@@ -173,7 +179,7 @@ impl Adapter for Codex {
                 ("HOME".into(), s(&home)),
                 ("TMPDIR".into(), s(&tmp)),
             ],
-            cwd: Some(work),
+            cwd: Some(ctx.working_dir(&work)),
             conversation_id: None,
         })
     }

@@ -53,7 +53,7 @@ impl Adapter for Fake {
         Ok(Prepared {
             argv: expand(&ctx.plan.template, &ctx.plan.vars, &ctx.plan.directives),
             env: vec![("HOME".into(), s(&home)), ("TMPDIR".into(), s(&tmp))],
-            cwd: Some(work),
+            cwd: Some(ctx.working_dir(&work)),
             conversation_id: None,
         })
     }

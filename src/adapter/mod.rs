@@ -62,6 +62,17 @@ pub struct PrepareCtx<'a> {
     /// when the runtime declares no provider. Written where the family reads it (Claude
     /// Code's `ANTHROPIC_BASE_URL`) and wherever a config overlay says `{mosaic-provider}`.
     pub provider: Option<&'a str>,
+    /// The working directory when it is not the private area's `work`: an unconfined
+    /// generation's repository workspace (a confined one has it bound over `work`). What
+    /// the adapter records as trusted, and the directory the harness starts in.
+    pub workspace: Option<&'a Path>,
+}
+
+impl PrepareCtx<'_> {
+    /// The directory the harness works in: the workspace, else `private` (the area's own).
+    pub fn working_dir(&self, private: &Path) -> std::path::PathBuf {
+        self.workspace.unwrap_or(private).to_path_buf()
+    }
 }
 
 /// What a config overlay writes where the harness's provider base URL goes.

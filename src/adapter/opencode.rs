@@ -127,7 +127,7 @@ impl Adapter for OpenCode {
         Ok(Prepared {
             argv: expand(&ctx.plan.template, &vars, &[]),
             env,
-            cwd: Some(work),
+            cwd: Some(ctx.working_dir(&work)),
             conversation_id: None,
         })
     }

@@ -106,7 +106,7 @@ impl Adapter for Pi {
         Ok(Prepared {
             argv,
             env,
-            cwd: Some(work),
+            cwd: Some(ctx.working_dir(&work)),
             conversation_id: Some(session_id),
         })
     }

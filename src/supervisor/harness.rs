@@ -89,6 +89,7 @@ pub(crate) fn prepare(
     plan: &LaunchPlan,
     rec: &GenRecord,
     provider: Option<&str>,
+    workspace: Option<&std::path::Path>,
 ) -> Result<crate::adapter::Prepared, String> {
     let dir = harness_dir(inner, &rec.lane_incarnation_id, rec.generation);
     if let Some(parent) = dir.parent() {
@@ -119,6 +120,7 @@ pub(crate) fn prepare(
                 .map(|p| p.as_path()),
             confined: inner.cfg.confined(&rec.lane),
             provider,
+            workspace,
         })
         .map_err(|e| e.to_string())?;
     if prepared.env.iter().any(|(k, _)| k == "MOSAIC_PROVIDER_URL") {

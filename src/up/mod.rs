@@ -64,6 +64,8 @@ pub struct UpOptions {
     /// The coordinator's notification sinks (`notify_command`, `notify_webhook`).
     pub notify_command: Option<PathBuf>,
     pub notify_webhook: Option<String>,
+    /// Lanes (by name) whose generations run outside the confinement.
+    pub unconfined_lanes: Vec<String>,
 }
 
 /// The harness root `up` and `mosaic harness` use when none is given.
@@ -92,6 +94,11 @@ fn harness_settings(opts: &UpOptions, f: &mut ConfigFile) -> Result<(), UpError>
     }
     for (rt, url) in &opts.providers {
         f.providers.insert(rt.clone(), url.clone());
+    }
+    for lane in &opts.unconfined_lanes {
+        if !f.unconfined_lanes.contains(lane) {
+            f.unconfined_lanes.push(lane.clone());
+        }
     }
     if let Some(d) = &opts.registry_dir {
         f.registry_dir =

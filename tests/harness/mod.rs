@@ -143,6 +143,17 @@ impl Up {
         registry: Option<&Path>,
         lanes: u32,
     ) -> (TempDir, Self, String) {
+        Self::for_family_with(f, model, registry, lanes, &[])
+    }
+
+    /// [`Up::for_family_lanes`] with more `mosaic up` arguments (`--unconfined-lane …`).
+    pub fn for_family_with(
+        f: &Family,
+        model: &Model,
+        registry: Option<&Path>,
+        lanes: u32,
+        extra: &[&str],
+    ) -> (TempDir, Self, String) {
         let name = f.family_name();
         let token = format!("mosaic-test-token-{}", uuid::Uuid::new_v4().simple());
         let creds_dir = TempDir::new("mosaic-creds");
@@ -159,13 +170,14 @@ impl Up {
             }
             d
         });
-        let up = Up::start_lanes(
+        let up = Up::start_with(
             name,
             &creds,
             overlay.as_deref(),
             registry,
             &format!("http://127.0.0.1:{}", model.port),
             lanes,
+            extra,
         );
         (creds_dir, up, token)
     }
@@ -187,6 +199,26 @@ impl Up {
         registry: Option<&Path>,
         provider: &str,
         lanes: u32,
+    ) -> Self {
+        Self::start_with(
+            runtime,
+            credentials,
+            overlay,
+            registry,
+            provider,
+            lanes,
+            &[],
+        )
+    }
+
+    pub fn start_with(
+        runtime: &str,
+        credentials: &Path,
+        overlay: Option<&Path>,
+        registry: Option<&Path>,
+        provider: &str,
+        lanes: u32,
+        extra: &[&str],
     ) -> Self {
         common::require_host();
         let db = pg::TestDb::new();
@@ -230,6 +262,7 @@ impl Up {
                 format!("{runtime}={}", o.display()).into(),
             ]);
         }
+        args.extend(extra.iter().map(std::ffi::OsString::from));
         let child = spawn_up(&args, &dir, None);
         Self {
             child,

@@ -767,6 +767,11 @@ pub(crate) struct UpArgs {
     /// A URL every operator event is POSTed to as JSON (http or https).
     #[arg(long)]
     pub(crate) notify_webhook: Option<String>,
+    /// A lane (its name, e.g. `lane-2`) whose generations run outside Mosaic's
+    /// confinement (`unconfined_lanes` in the supervisor config); repeatable. For harnesses
+    /// that need what the confinement denies; their own sandbox, if any, stays on.
+    #[arg(long = "unconfined-lane")]
+    pub(crate) unconfined_lanes: Vec<String>,
 }
 
 impl UpArgs {
@@ -784,6 +789,7 @@ impl UpArgs {
             providers: self.provider,
             notify_command: self.notify_command,
             notify_webhook: self.notify_webhook,
+            unconfined_lanes: self.unconfined_lanes,
         }
     }
 }
