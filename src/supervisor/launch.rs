@@ -383,9 +383,8 @@ impl Launching {
             }
         });
         let coordinated = matches!(origin, Origin::Coordinated { .. });
-        // Work in a repository: its own workspace, bound over a confined generation's
-        // working directory, or (unconfined) its working directory outright — made first,
-        // so the adapter records as trusted the directory the harness really starts in.
+        // Work in a repository: its workspace, bound over a confined generation's working
+        // directory or (unconfined) the adapter's, which records it as trusted.
         let lane = super::workspaces::Lane {
             name: &self.rec.lane,
             id: &self.rec.lane_id,
@@ -395,14 +394,10 @@ impl Launching {
         let repo_dir = super::workspaces::prepare(&inner, origin.binding(), lane)
             .await
             .map_err(|e| self.launch_error(e))?;
-        let prepared = super::harness::prepare(
-            &inner,
-            plan,
-            &self.rec,
-            provider_url.as_deref(),
-            repo_dir.as_deref().filter(|_| !confined),
-        )
-        .map_err(|detail| self.launch_error(detail))?;
+        let unconfined_workspace = repo_dir.as_deref().filter(|_| !confined);
+        let url = provider_url.as_deref();
+        let prepared = super::harness::prepare(&inner, plan, &self.rec, url, unconfined_workspace)
+            .map_err(|detail| self.launch_error(detail))?;
         // A confined, coordinated generation's workspace is read-only to it until its
         // activation commits (staging makes no effect); recorded before its shim starts,
         // so a restarted supervisor knows what to open or close.
