@@ -341,7 +341,7 @@ fn count(up: &Up, query: &str, id: &str) -> i64 {
 /// it. The target then runs the work, continuations included.
 fn handoff(f: &Family) {
     let model = Model::start();
-    let (_creds, up, _token) = Up::for_family_lanes(f, &model, None, 2);
+    let (_creds, up, _token) = Up::for_family_lanes(f, &model, None, 2, &[]);
     let (source, target) = (up.lane_n(1), up.lane_n(2));
     let a = up
         .assign(

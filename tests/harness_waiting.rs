@@ -327,7 +327,7 @@ fn repository_settings_in(
     let mut files = files.to_vec();
     files.push((memory, &text));
     let model = Model::start();
-    let (_creds, up, _token) = Up::for_family_with(f, &model, None, 1, up_args);
+    let (_creds, up, _token) = Up::for_family_lanes(f, &model, None, 1, up_args);
     let repo = repository(&up, &files);
     let lane = up.lane();
     let a = up

@@ -85,6 +85,8 @@ impl Adapter for ClaudeCode {
         if let Some(o) = ctx.overlay {
             copy_overlay(o, &home, ctx.provider).map_err(&fail)?;
         }
+        // The directory the harness starts in, which `.claude.json` records as trusted.
+        let cwd = ctx.working_dir(&work);
         let state = json_inner(&dir.display().to_string());
         write(dir, "hook.sh", HOOK_SH, 0o500).map_err(|e| io("hook.sh", e))?;
         write(
@@ -97,7 +99,7 @@ impl Adapter for ClaudeCode {
         write(
             &home,
             ".claude.json",
-            &claude_json(ctx, &ctx.working_dir(&work)).map_err(&fail)?,
+            &claude_json(ctx, &cwd).map_err(&fail)?,
             0o600,
         )
         .map_err(|e| io(".claude.json", e))?;
@@ -128,11 +130,10 @@ impl Adapter for ClaudeCode {
         if let Some(url) = ctx.provider {
             env.push(("ANTHROPIC_BASE_URL".into(), url.to_string()));
         }
-        let argv = expand(&ctx.plan.template, &vars, &[]);
         Ok(Prepared {
-            argv,
+            argv: expand(&ctx.plan.template, &vars, &[]),
             env,
-            cwd: Some(ctx.working_dir(&work)),
+            cwd: Some(cwd),
             conversation_id: Some(session_id),
         })
     }

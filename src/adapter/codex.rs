@@ -144,13 +144,9 @@ impl Adapter for Codex {
                     .map_err(|err| fail(format!("config overlay: {err}")))?;
             }
         }
-        let config = config_toml(
-            ctx.overlay,
-            &ctx.working_dir(&work),
-            ctx.confined,
-            ctx.provider,
-        )
-        .map_err(&fail)?;
+        // The directory the harness starts in, which the config records as trusted.
+        let cwd = ctx.working_dir(&work);
+        let config = config_toml(ctx.overlay, &cwd, ctx.confined, ctx.provider).map_err(&fail)?;
         write_new(&home, "config.toml", &config, 0o600)
             .map_err(|e| fail(format!("config.toml: {e}")))?;
         let state = Value::String(dir.display().to_string()).to_string();
@@ -179,7 +175,7 @@ impl Adapter for Codex {
                 ("HOME".into(), s(&home)),
                 ("TMPDIR".into(), s(&tmp)),
             ],
-            cwd: Some(ctx.working_dir(&work)),
+            cwd: Some(cwd),
             conversation_id: None,
         })
     }

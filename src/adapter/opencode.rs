@@ -139,6 +139,14 @@ impl Adapter for OpenCode {
         conversation: Option<&str>,
     ) -> Result<HookEvent, HookRefusal> {
         let sid = payload["session_id"].as_str();
+        // Every event but the plugin's start and a session's creation must be about the
+        // bound conversation.
+        let ours = |what: &str| match conversation {
+            Some(c) if sid == Some(c) => Ok(()),
+            _ => Err(HookRefusal::OtherConversation(format!(
+                "{what} about session {sid:?}, not this generation's conversation"
+            ))),
+        };
         match event {
             "session-start" => match payload["reason"].as_str() {
                 Some("startup") => Ok(HookEvent::SessionStart),
@@ -166,29 +174,17 @@ impl Adapter for OpenCode {
                 }
             }
             "session-busy" => {
-                if conversation.is_none() || conversation != sid {
-                    return Err(HookRefusal::OtherConversation(format!(
-                        "busy event about session {sid:?}, not this generation's conversation"
-                    )));
-                }
+                ours("busy event")?;
                 Ok(HookEvent::TurnStarted)
             }
             "next" => {
-                if conversation.is_none() || conversation != sid {
-                    return Err(HookRefusal::OtherConversation(format!(
-                        "continuation wait about session {sid:?}, not this generation's conversation"
-                    )));
-                }
+                ours("continuation wait")?;
                 Ok(HookEvent::AwaitContinuation)
             }
             // A question or permission ask on screen (the plugin names the conversation a
             // subagent's ask belongs to).
             "waiting-for-input" => {
-                if conversation.is_none() || conversation != sid {
-                    return Err(HookRefusal::OtherConversation(format!(
-                        "prompt about session {sid:?}, not this generation's conversation"
-                    )));
-                }
+                ours("prompt")?;
                 Ok(HookEvent::WaitingForInput {
                     prompt: format!(
                         "{}: {}",
@@ -198,11 +194,7 @@ impl Adapter for OpenCode {
                 })
             }
             "session-idle" => {
-                if conversation.is_none() || conversation != sid {
-                    return Err(HookRefusal::OtherConversation(format!(
-                        "idle event about session {sid:?}, not this generation's conversation"
-                    )));
-                }
+                ours("idle event")?;
                 Ok(HookEvent::Settled {
                     last_message: payload["last_assistant_message"]
                         .as_str()

@@ -133,21 +133,12 @@ impl Up {
         model: &Model,
         registry: Option<&Path>,
     ) -> (TempDir, Self, String) {
-        Self::for_family_lanes(f, model, registry, 1)
+        Self::for_family_lanes(f, model, registry, 1, &[])
     }
 
-    /// [`Up::for_family`] with `lanes` lanes.
+    /// [`Up::for_family`] with `lanes` lanes and more `mosaic up` arguments (`extra`, e.g.
+    /// `--unconfined-lane …`).
     pub fn for_family_lanes(
-        f: &Family,
-        model: &Model,
-        registry: Option<&Path>,
-        lanes: u32,
-    ) -> (TempDir, Self, String) {
-        Self::for_family_with(f, model, registry, lanes, &[])
-    }
-
-    /// [`Up::for_family_lanes`] with more `mosaic up` arguments (`--unconfined-lane …`).
-    pub fn for_family_with(
         f: &Family,
         model: &Model,
         registry: Option<&Path>,
@@ -170,7 +161,7 @@ impl Up {
             }
             d
         });
-        let up = Up::start_with(
+        let up = Up::start_lanes(
             name,
             &creds,
             overlay.as_deref(),
@@ -189,29 +180,10 @@ impl Up {
         registry: Option<&Path>,
         provider: &str,
     ) -> Self {
-        Self::start_lanes(runtime, credentials, overlay, registry, provider, 1)
+        Self::start_lanes(runtime, credentials, overlay, registry, provider, 1, &[])
     }
 
     pub fn start_lanes(
-        runtime: &str,
-        credentials: &Path,
-        overlay: Option<&Path>,
-        registry: Option<&Path>,
-        provider: &str,
-        lanes: u32,
-    ) -> Self {
-        Self::start_with(
-            runtime,
-            credentials,
-            overlay,
-            registry,
-            provider,
-            lanes,
-            &[],
-        )
-    }
-
-    pub fn start_with(
         runtime: &str,
         credentials: &Path,
         overlay: Option<&Path>,
