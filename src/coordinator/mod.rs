@@ -23,6 +23,7 @@ pub mod artifacts;
 pub mod audit;
 mod cas;
 pub mod chain;
+mod chain_reads;
 pub mod checkpoint_store;
 pub mod checkpoint_view;
 pub mod continuation;
@@ -68,7 +69,9 @@ pub use effects::{Admission, ClaimView, EffectClaim, Observed, UsageView};
 pub use ending::{EndCause, EndRequested, Reconciliation};
 pub use error::{AuthorityError, Category};
 pub use leader::{Candidate, Leader, LeadershipView};
-pub use model::{AssignmentStatus, AssignmentView, Chain, ChainRow, LaneView, Outcome};
+pub use model::{
+    AssignmentStatus, AssignmentView, Chain, ChainProgress, ChainRow, LaneView, Outcome,
+};
 pub use secret::{CoordinatorSecret, FenceToken};
 pub use store::Store;
 pub use txn::Receipt;

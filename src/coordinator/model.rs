@@ -153,27 +153,38 @@ fn repo_binding(r: &Row) -> Result<Option<crate::protocol::repo::RepoBinding>, A
     }))
 }
 
-const CHAIN_SELECT: &str = "SELECT li.lane_id, r.lane_incarnation_id, r.assignment_id, r.assignment_attempt_id, r.reservation_id, r.reservation_epoch, \
-        ln.host_id, li.state AS lane_state, li.retired_at IS NOT NULL AS lane_retired, a.lifecycle, a.runtime_id, a.scope_digest, \
-        a.holds_digest, a.completion_policy_digest, a.responsibility_owner, a.execution_owner, a.pending_target, a.requested_outcome, \
-        r.reservation_lease_id, mosaic_ts(r.deadline) AS reservation_deadline, r.released_at IS NULL AS reservation_open, \
-        r.coordinator_epoch AS reservation_coordinator_epoch, r.fence_salt, at.task_text, \
-        r.generation, g.state AS generation_state, g.stop_requested_at IS NOT NULL AS stop_requested, g.process_identity, r.contracts_digest, \
-        c.challenge_id, mosaic_ts(c.expires_at) AS challenge_expires_at, c.consumed_at IS NOT NULL AS challenge_consumed, k.ack_digest, \
-        (SELECT mosaic_ts(max(t.decided_at)) FROM transition_receipts t WHERE t.assignment_id = r.assignment_id) AS last_decided_at, \
-        a.repository, a.base_ref, rp.source_kind AS repository_kind, rp.source AS repository_source, \
-        rp.setup_copy, rp.setup_commands, rp.setup_timeout_s \
-     FROM reservations r \
-     JOIN lane_incarnations li ON li.lane_incarnation_id = r.lane_incarnation_id \
-     JOIN lanes ln ON ln.lane_id = li.lane_id \
-     JOIN assignments a ON a.assignment_id = r.assignment_id \
-     JOIN attempts at ON at.assignment_attempt_id = r.assignment_attempt_id \
-     LEFT JOIN generations g ON g.lane_incarnation_id = r.lane_incarnation_id AND g.generation = r.generation \
-     LEFT JOIN challenges c ON c.reservation_id = r.reservation_id \
-     LEFT JOIN ack_receipts k ON k.challenge_id = c.challenge_id \
-     LEFT JOIN repositories rp ON rp.name = a.repository";
+/// Where a chain stands for an operator waiting on it: its lane's state, whether its
+/// reservation is open, whether its lane is retired. The waiting hub reads only this for
+/// every waiter (two index probes each); a waiter reads its whole row once this satisfies it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainProgress {
+    pub lane_state: LaneState,
+    pub reservation_open: bool,
+    pub lane_retired: bool,
+}
+
+impl ChainProgress {
+    /// Decodes the columns `lane_state`, `reservation_open` and `lane_retired`, named alike
+    /// in `chain_reads::CHAIN_OF_ONE` and in the hub's narrower read.
+    pub(super) fn from_row(r: &Row) -> Result<Self, AuthorityError> {
+        Ok(ChainProgress {
+            lane_state: r.col("lane_state")?,
+            reservation_open: r.col("reservation_open")?,
+            lane_retired: r.col("lane_retired")?,
+        })
+    }
+}
 
 impl ChainRow {
+    /// Where it stands, as the waiting hub reads it.
+    pub fn progress(&self) -> ChainProgress {
+        ChainProgress {
+            lane_state: self.lane_state,
+            reservation_open: self.reservation_open,
+            lane_retired: self.lane_retired,
+        }
+    }
+
     /// Its work is offered to another lane while it runs (a handoff offer is open): its
     /// workspace is held read-only, as its effect admission is closed.
     pub fn workspace_held(&self) -> bool {
@@ -198,9 +209,9 @@ impl ChainRow {
             && self.lifecycle == Lifecycle::Active
     }
 
-    /// Decodes one row of `CHAIN_SELECT` by column name. The nullable sides of the left
+    /// Decodes one row of `chain_reads::CHAIN_OF_ONE` by column name. The nullable sides of the left
     /// joins (no generation or challenge yet) decode as absent or false.
-    fn from_row(r: &Row) -> Result<Self, AuthorityError> {
+    pub(super) fn from_row(r: &Row) -> Result<Self, AuthorityError> {
         Ok(ChainRow {
             chain: Chain::from_row(r)?,
             host_id: r.col("host_id")?,
@@ -336,100 +347,6 @@ fn lane_view(r: &Row) -> Result<LaneView, AuthorityError> {
 }
 
 impl Store {
-    async fn chain_query(
-        &self,
-        filter: &str,
-        params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
-    ) -> Result<Vec<ChainRow>, AuthorityError> {
-        let c = self.pool.get().await?;
-        let stmt = c
-            .prepare_cached(&format!("{CHAIN_SELECT} {filter}"))
-            .await?;
-        c.query(&stmt, params)
-            .await?
-            .iter()
-            .map(ChainRow::from_row)
-            .collect()
-    }
-
-    /// The chains of `reservations` that exist (one read however many are asked for).
-    pub async fn chains_by_reservations(
-        &self,
-        reservations: &[String],
-    ) -> Result<Vec<ChainRow>, AuthorityError> {
-        self.chain_query("WHERE r.reservation_id = ANY($1)", &[&reservations])
-            .await
-    }
-
-    /// The chain of a reservation.
-    pub async fn chain_by_reservation(&self, id: &str) -> Result<Option<ChainRow>, AuthorityError> {
-        Ok(self.chains_by_reservations(&[id.into()]).await?.pop())
-    }
-
-    /// The latest chain of an assignment.
-    pub async fn chain_of_assignment(
-        &self,
-        assignment_id: &str,
-    ) -> Result<Option<ChainRow>, AuthorityError> {
-        Ok(self
-            .chain_query(
-                "WHERE r.assignment_id = $1 ORDER BY r.created_at DESC LIMIT 1",
-                &[&assignment_id],
-            )
-            .await?
-            .into_iter()
-            .next())
-    }
-
-    /// The chains of these lane incarnations' generations, in one read.
-    pub async fn chains_of_generations(
-        &self,
-        of: &[(String, i64)],
-    ) -> Result<Vec<ChainRow>, AuthorityError> {
-        let (incs, gens): (Vec<&str>, Vec<i64>) = of.iter().map(|(i, g)| (i.as_str(), *g)).unzip();
-        self.chain_query(
-            "WHERE (r.lane_incarnation_id, r.generation) IN \
-             (SELECT * FROM unnest($1::text[], $2::int8[]))",
-            &[&incs, &gens],
-        )
-        .await
-    }
-
-    /// The running chains whose work is offered to another lane (`workspace_held`).
-    pub async fn held_sources(&self) -> Result<Vec<ChainRow>, AuthorityError> {
-        self.chain_query(
-            concatcp!(
-                "WHERE r.released_at IS NULL AND li.state = ",
-                LaneState::Running.sql(),
-                " AND a.pending_target IS NOT NULL AND a.pending_target <> li.lane_id \
-                 AND r.generation IS NOT NULL ORDER BY r.created_at"
-            ),
-            &[],
-        )
-        .await
-    }
-
-    /// Every chain that still needs something: an open reservation, or a generation not
-    /// yet seen to end (optionally only the lanes of one host).
-    pub async fn live_chains(
-        &self,
-        host_id: Option<&str>,
-    ) -> Result<Vec<ChainRow>, AuthorityError> {
-        self.chain_query(
-            concatcp!(
-                "WHERE ($1::text IS NULL OR ln.host_id = $1) AND li.retired_at IS NULL \
-               AND (r.released_at IS NULL OR (g.state IS NOT NULL AND g.state <> ",
-                GenState::Ended.sql(),
-                ") OR li.state = ",
-                LaneState::Retiring.sql(),
-                ") \
-             ORDER BY r.created_at"
-            ),
-            &[&host_id],
-        )
-        .await
-    }
-
     pub async fn lane(&self, lane_id: &str) -> Result<Option<LaneView>, AuthorityError> {
         let c = self.pool.get().await?;
         let stmt = c

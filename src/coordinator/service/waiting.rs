@@ -20,7 +20,7 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::Service;
-use crate::coordinator::{AssignmentView, AuthorityError, ChainRow};
+use crate::coordinator::{AssignmentView, AuthorityError, ChainProgress};
 
 /// A key's waiters: how many, and the sender of its newest row.
 type Entry<V> = (usize, watch::Sender<Option<Arc<V>>>);
@@ -108,8 +108,10 @@ impl<V> Drop for Waiter<V> {
 /// Who waits for what.
 #[derive(Default)]
 pub(crate) struct Hub {
-    /// By reservation id.
-    pub chains: Arc<Waiters<ChainRow>>,
+    /// By reservation id: where the chain stands (a waiter reads its whole row once this
+    /// satisfies it; reading whole rows for every waiter on every change cost about 120
+    /// chain rows per assignment in a 64-lane storm).
+    pub chains: Arc<Waiters<ChainProgress>>,
     /// By assignment id.
     pub assignments: Arc<Waiters<AssignmentView>>,
     /// A stopped assignment's lane after the stop, by [`lane_key`]: its state, or `None`
@@ -134,11 +136,7 @@ pub(crate) async fn run(svc: Arc<Service>, mut stop: crate::util::shutdown::Shut
             _ = stop.triggered() => return,
         }
         refresh(&w.chains, "chains", |keys| async move {
-            let rows = store.chains_by_reservations(&keys).await?;
-            Ok(rows
-                .into_iter()
-                .map(|c| (c.chain.reservation_id.clone(), c))
-                .collect())
+            store.chain_progress(&keys).await
         })
         .await;
         refresh(&w.assignments, "assignments", |keys| async move {

@@ -19,7 +19,7 @@ use tokio::io::{AsyncBufReadExt, AsyncWriteExt};
 
 use crate::coordinator::chain::ReserveRequest;
 use crate::coordinator::error::{AuthorityError, Category};
-use crate::coordinator::model::{ChainRow, Outcome};
+use crate::coordinator::model::{ChainProgress, ChainRow, Outcome};
 use crate::coordinator::requests::Opened;
 use crate::protocol::task;
 use crate::protocol::transport::{self, TlsIdentity};

@@ -736,32 +736,49 @@ impl Service {
     }
 
     /// Waits until the chain of `reservation` satisfies `done`: read once, then as the
-    /// waiting hub reads it for every waiter together (after every change this process
-    /// makes, and at least every 200 ms for changes made by another one).
+    /// waiting hub reads where it stands for every waiter together (after every change this
+    /// process makes, and at least every 200 ms for changes made by another one); its whole
+    /// row is read again once that satisfies `done`, and returned if it still does.
     pub(super) async fn wait_chain(
         &self,
         reservation: &str,
         within: Duration,
-        done: impl Fn(&ChainRow) -> bool,
+        done: impl Fn(&ChainProgress) -> bool,
     ) -> Result<ChainRow, OpError> {
         let deadline = tokio::time::Instant::now() + within;
         // Registered before the first read: every change after it reaches this waiter.
         let mut w = self.waiting.chains.join(reservation);
-        let mut c = self
-            .store
-            .chain_by_reservation(reservation)
-            .await?
-            .ok_or_else(|| {
-                OpError::new(Category::NotFound, format!("no reservation {reservation}"))
-            })?;
+        let read = || async {
+            self.store
+                .chain_by_reservation(reservation)
+                .await?
+                .ok_or_else(|| {
+                    OpError::new(Category::NotFound, format!("no reservation {reservation}"))
+                })
+        };
+        let mut c = read().await?;
+        let mut state = c.lane_state;
         loop {
-            if done(&c) {
+            if done(&c.progress()) {
                 return Ok(c);
             }
             tokio::select! {
-                row = w.next() => c = row,
+                p = w.next() => {
+                    state = p.lane_state;
+                    if done(&p) {
+                        // A failed re-read waits for the hub's next row (every 200 ms
+                        // at the latest) and reads again then.
+                        match read().await {
+                            Ok(row) => {
+                                c = row;
+                                state = c.lane_state;
+                            }
+                            Err(e) => tracing::debug!(reservation, error = %e.message, "chain re-read failed; waiting for the next change"),
+                        }
+                    }
+                }
                 _ = tokio::time::sleep_until(deadline) => {
-                    return Err(OpError::new(Category::Timeout, format!("no answer within {} s; the chain is {}", within.as_secs(), c.lane_state)));
+                    return Err(OpError::new(Category::Timeout, format!("no answer within {} s; the chain is {}", within.as_secs(), state)));
                 }
             }
         }
