@@ -165,6 +165,25 @@ impl World {
         (p, ordinary)
     }
 
+    /// Host B played by a raw client with one lane of its own (`lane-x`, a fresh
+    /// incarnation): its link parameters, signer and open session, once the coordinator
+    /// has registered the lane; and the lane's id.
+    async fn raw_lane(&self) -> (LinkParams, Arc<Signer>, HostSession, String) {
+        let inc = incarnation();
+        let (p, ordinary) = self.raw(1, vec![format!("lane-x@{inc}")]);
+        let hs = transport::connect(&p).await.unwrap();
+        let lane = self.lane(1, "lane-x");
+        common::wait_until("B's lane registered", || {
+            self.op(&OperatorRequest::Lanes)
+                .ok()?
+                .as_array()?
+                .iter()
+                .any(|l| l["lane_id"] == lane.as_str())
+                .then_some(())
+        });
+        (p, ordinary, hs, lane)
+    }
+
     fn coordinator_rss_kb(&self) -> u64 {
         let pid = self.coordinator_pid(0);
         let st = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
@@ -624,18 +643,7 @@ async fn a_second_session_or_a_replayed_hello_cannot_displace_the_live_one() {
 async fn a_replayed_host_envelope_is_refused_on_the_same_and_on_another_session() {
     let w = World::new(Opts::default());
     // Host B, played by the raw client, with a lane of its own; an operator assigns it.
-    let inc = incarnation();
-    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
-    let mut hs = transport::connect(&p).await.unwrap();
-    let lane = w.lane(1, "lane-x");
-    common::wait_until("B's lane registered", || {
-        w.op(&OperatorRequest::Lanes)
-            .ok()?
-            .as_array()?
-            .iter()
-            .any(|l| l["lane_id"] == lane.as_str())
-            .then_some(())
-    });
+    let (p, ordinary, mut hs, lane) = w.raw_lane().await;
     let a = w.assign(&lane, "hang", false).unwrap();
     let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
     let seal = |hs: &mut HostSession, t: MessageType, extra: Vec<(&'static str, Value)>| {
@@ -754,6 +762,54 @@ async fn a_replayed_host_envelope_is_refused_on_the_same_and_on_another_session(
 }
 
 /// Connects, retrying while the coordinator still sees the previous session as live.
+/// A chain waiting for its host is sent its message once per session (issue 22): any
+/// other caller that finds it waiting sends nothing more. Here the operator's `assign` is
+/// held right after its reservation commits; the watchdog drives the chain meanwhile and
+/// sends the stage; released, the operator's own drive finds the chain waiting and must
+/// not send it again. Only the watchdog's resend, `RESEND_AFTER` (5 s) after the first,
+/// sends it again, and it still does.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_waiting_chains_message_is_sent_once_per_session_until_its_resend() {
+    let mut w = World::new(Opts::default());
+    let go = w.dir.join("go-reserve");
+    w.crash_coordinator(0);
+    w.start_coordinator(
+        0,
+        Some(&format!(
+            "hold-after-commit:reserve=1*return({})",
+            go.display()
+        )),
+    );
+    w.wait_leading(0);
+    let (p, _ordinary, mut hs, lane) = w.raw_lane().await;
+    let (sock, req) = (
+        w.operator_socket(),
+        world::assign_request(&lane, "hang", None, false),
+    );
+    let held = std::thread::spawn(move || operator_call(&sock, &req));
+    // The watchdog's stage, while the operator's request is held.
+    let stage = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    std::fs::write(&go, b"").unwrap();
+    let answered = held.join().unwrap().unwrap();
+    let received = Instant::now();
+    assert_eq!(
+        authority(&stage).reservation_id,
+        answered["reservation_id"].as_str().unwrap()
+    );
+    let resent = next_of(&mut hs, &p, &[MessageType::Stage]).await;
+    assert_eq!(
+        authority(&resent).reservation_id,
+        authority(&stage).reservation_id
+    );
+    // The operator's duplicate would arrive at once; the resend only once the first is
+    // `RESEND_AFTER` old (measured here from after the operator's answer).
+    assert!(
+        received.elapsed() >= Duration::from_secs(3),
+        "a second stage {:?} after the operator's answer: a duplicate, not the watchdog's resend",
+        received.elapsed()
+    );
+}
+
 async fn common_retry_connect(p: &LinkParams) -> HostSession {
     let deadline = Instant::now() + common::PATIENCE;
     loop {
@@ -1114,18 +1170,7 @@ async fn malformed_names_cycling_sessions_and_a_host_that_refuses_the_coordinato
 #[tokio::test(flavor = "multi_thread")]
 async fn a_host_claim_is_checked_against_the_registry_its_key_and_its_scope() {
     let w = World::new(Opts::default());
-    let inc = incarnation();
-    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
-    let mut hs = transport::connect(&p).await.unwrap();
-    let lane = w.lane(1, "lane-x");
-    common::wait_until("B's lane registered", || {
-        w.op(&OperatorRequest::Lanes)
-            .ok()?
-            .as_array()?
-            .iter()
-            .any(|l| l["lane_id"] == lane.as_str())
-            .then_some(())
-    });
+    let (p, ordinary, mut hs, lane) = w.raw_lane().await;
     let a = w.assign(&lane, "hang", false).unwrap();
     let asg = a["assignment_id"].as_str().unwrap().to_string();
     let (rc, challenge) = RawChain::to_challenge(&mut hs, &p, &ordinary).await;
@@ -1376,19 +1421,8 @@ async fn another_host_can_neither_read_nor_write_a_checkpoint() {
 #[tokio::test(flavor = "multi_thread")]
 async fn a_requested_checkpoint_is_recorded_only_for_its_own_activated_work() {
     let w = World::new(Opts::default());
-    let inc = incarnation();
-    let (p, ordinary) = w.raw(1, vec![format!("lane-x@{inc}")]);
-    let mut hs = transport::connect(&p).await.unwrap();
-    let lane = w.lane(1, "lane-x");
+    let (p, ordinary, mut hs, lane) = w.raw_lane().await;
     let host = lane.split_once(':').unwrap().0.to_string();
-    common::wait_until("B's lane registered", || {
-        w.op(&OperatorRequest::Lanes)
-            .ok()?
-            .as_array()?
-            .iter()
-            .any(|l| l["lane_id"] == lane.as_str())
-            .then_some(())
-    });
     for name in ["demo", "other"] {
         w.op(&OperatorRequest::RepoAdd {
             name: name.into(),

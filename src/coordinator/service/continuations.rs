@@ -162,7 +162,7 @@ impl Service {
                     v.state
                 };
                 let state = state.as_str();
-                self.mark_sent(&key, state);
+                self.record_sent(&key, state, None);
             }
         }
         keys

@@ -41,10 +41,18 @@ enum Restore {
     Never(String, crate::coordinator::ending::EndCause),
 }
 
+/// A waiting chain's last message: the state it waited in, when, and exactly what (the
+/// message's subject and the host session it went to).
+struct Sent {
+    state: String,
+    at: Instant,
+    exact: Option<(String, Option<String>)>,
+}
+
 /// When each waiting chain was last sent its message (a cache for resends).
 #[derive(Default)]
 pub(crate) struct DriverState {
-    sent: Mutex<HashMap<String, (String, Instant)>>,
+    sent: Mutex<HashMap<String, Sent>>,
     /// The continuations a pass of `push_continuations` is working on right now: another
     /// pass skips them (see `continuations.rs`).
     pub(super) driving: Mutex<BTreeSet<String>>,
@@ -146,11 +154,22 @@ impl Service {
         Ok(self.store.chain_by_reservation(reservation_id).await?)
     }
 
-    /// Sends the message a chain waits for from its host, if any.
+    /// Sends the message a chain waits for from its host, if any — unless this very
+    /// message went to the host's current session less than `RESEND_AFTER` ago. Every
+    /// caller of `advance` that finds the chain waiting would send it again (the operator's
+    /// request, the host's next message, the watchdog's sweep, a report), and each copy
+    /// costs the host a duplicate to answer and the coordinator a replayed transition for
+    /// its answer (issue 22). The watchdog still resends after `RESEND_AFTER`, and a new
+    /// session is sent everything at once.
     pub(crate) async fn send_waiting(&self, l: &Leader, c: &ChainRow) {
+        let session = self.hosts.session_id(&c.host_id);
         // A generation the coordinator wants ended comes first, whatever the lane state.
         if c.stop_requested && c.generation_state != Some(GenState::Ended) {
             if let Some(g) = c.generation {
+                let exact = (format!("END/{g}"), session);
+                if self.sent_just_now(&c.chain.reservation_id, &exact) {
+                    return;
+                }
                 let mut lanes = BTreeMap::new();
                 lanes.insert(
                     c.chain.lane_id.clone(),
@@ -161,12 +180,22 @@ impl Service {
                     },
                 );
                 if self.push_reconcile(l, &c.host_id, &lanes).await {
-                    self.mark_sent(&c.chain.reservation_id, "END");
+                    self.record_sent(&c.chain.reservation_id, "END", Some(exact));
                 }
             }
             return;
         }
         if !c.reservation_open || c.reservation_coordinator_epoch != l.epoch() {
+            return;
+        }
+        let exact = (
+            format!(
+                "{}/{:?}/{:?}/{:?}",
+                c.lane_state, c.generation, c.contracts_digest, c.challenge_id
+            ),
+            session,
+        );
+        if self.sent_just_now(&c.chain.reservation_id, &exact) {
             return;
         }
         let sent = match c.lane_state {
@@ -179,24 +208,57 @@ impl Service {
             _ => false,
         };
         if sent {
-            self.mark_sent(&c.chain.reservation_id, c.lane_state.as_str());
+            self.record_sent(&c.chain.reservation_id, c.lane_state.as_str(), Some(exact));
         }
     }
 
-    pub(super) fn mark_sent(&self, reservation: &str, state: &str) {
+    /// Records that `key`'s message for `state` went out now (and, where known, exactly
+    /// which message to which session, for `sent_just_now`).
+    pub(super) fn record_sent(
+        &self,
+        key: &str,
+        state: &str,
+        exact: Option<(String, Option<String>)>,
+    ) {
         if let Ok(mut m) = self.driver.sent.lock() {
-            m.insert(reservation.to_string(), (state.to_string(), Instant::now()));
+            let at = Instant::now();
+            m.insert(
+                key.to_string(),
+                Sent {
+                    state: state.to_string(),
+                    at,
+                    exact,
+                },
+            );
         }
+    }
+
+    /// Whether exactly this message (subject and session) went out less than
+    /// `RESEND_AFTER` ago.
+    fn sent_just_now(&self, key: &str, exact: &(String, Option<String>)) -> bool {
+        exact.1.is_some()
+            && self.driver.sent.lock().is_ok_and(|m| {
+                m.get(key).is_some_and(|s| {
+                    s.exact.as_ref() == Some(exact) && s.at.elapsed() < RESEND_AFTER
+                })
+            })
     }
 
     /// Whether a chain waiting in `state` was sent its message longer ago than `after`.
     pub(crate) fn stale_since(&self, reservation: &str, state: &str, after: Duration) -> bool {
         match self.driver.sent.lock() {
             Ok(m) => match m.get(reservation) {
-                Some((st, at)) if st == state => at.elapsed() >= after,
+                Some(s) if s.state == state => s.at.elapsed() >= after,
                 _ => true,
             },
             Err(_) => true,
+        }
+    }
+
+    /// Forgets that `key`'s message was sent: the next pass sends it again.
+    pub(crate) fn forget_sent_of(&self, key: &str) {
+        if let Ok(mut m) = self.driver.sent.lock() {
+            m.remove(key);
         }
     }
 
