@@ -144,11 +144,30 @@ impl Service {
             self.store.record_host(host, &runtimes).await?;
             self.hosts.runtimes_recorded(host, &session_id, runtimes);
         }
+        // Lanes already registered as reported, with no lease waiting for them, need
+        // nothing here (unreadable: each lane takes the path below).
+        let known = match self.store.lanes_registered(host).await {
+            Ok(k) => k,
+            Err(e) => {
+                tracing::debug!(host, error = %e, "registered lanes unreadable; each reported lane is checked");
+                Default::default()
+            }
+        };
+        // `known` is read once, before any lane is taken in: it answers only for a lane's
+        // first mention (a report naming a lane twice has each later mention checked).
+        let mut mentioned = std::collections::HashSet::new();
         for lane in lanes {
             let Some((name, inc)) = lane.split_once('@') else {
                 continue;
             };
             let lane_id = format!("{host}:{name}");
+            if mentioned.insert(lane_id.clone())
+                && known
+                    .get(&lane_id)
+                    .is_some_and(|(i, waiting)| i.as_deref() == Some(inc) && !waiting)
+            {
+                continue;
+            }
             if let Err(e) = self
                 .store
                 .adopt_lane_incarnation(&l, host, &lane_id, inc)
