@@ -193,3 +193,32 @@ fn a_tmux_server_caught_while_it_exits_is_seen_gone() {
         assert_eq!(t.session_state("lane"), SessionState::Absent, "run {i}");
     }
 }
+
+/// `mosaic … | head -1`: a reader that closed its end before the answer was printed made
+/// the CLI panic (`println!` on EPIPE, exit 101) after its request had been decided. The
+/// answer is dropped quietly and the command's own exit code stands.
+#[test]
+fn a_closed_stdout_pipe_does_not_make_the_cli_panic() {
+    let dir = std::env::temp_dir().join(format!("mosaic-epipe-{}", std::process::id()));
+    // A pipe whose read end is closed before the command writes: every write is EPIPE.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = std::process::Command::new(MOSAIC)
+        .args(["pki", "init", "--dir"])
+        .arg(&dir)
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let made = dir.join("ca.pem").exists();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "exit {:?}, stderr: {stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    // It did its work: the CA is there.
+    assert!(made, "no ca.pem");
+}

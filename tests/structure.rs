@@ -288,3 +288,27 @@ fn secrets_are_compared_only_at_the_constant_time_boundary() {
         offenders.join("\n")
     );
 }
+
+/// The CLI prints its answers through `out::line`: `println!` panics when the reader has
+/// gone away (`mosaic … | head`), since the binary ignores SIGPIPE for its daemons.
+#[test]
+fn the_cli_prints_no_answer_with_println() {
+    let mut found = vec![];
+    for (f, text) in sources("bin/mosaic") {
+        for (n, line) in text.lines().enumerate() {
+            let code = line.split("//").next().unwrap_or("");
+            let bare = code
+                .match_indices("print!(")
+                .chain(code.match_indices("println!("))
+                .any(|(i, _)| !code[..i].ends_with('e'));
+            if bare {
+                found.push(format!("{}:{}: {}", f.display(), n + 1, line.trim()));
+            }
+        }
+    }
+    assert!(
+        found.is_empty(),
+        "print through out::line:\n{}",
+        found.join("\n")
+    );
+}

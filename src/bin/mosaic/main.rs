@@ -10,6 +10,7 @@ mod args;
 mod at;
 mod fleet;
 mod lease_args;
+mod out;
 mod work_args;
 
 use args::*;
@@ -462,15 +463,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()?;
             let r = rt.block_on(mosaic::doctor::coordinator(&path));
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                out::line(format_args!("{}", serde_json::to_string_pretty(&r)?));
             } else {
                 for c in &r.checks {
-                    println!(
+                    out::line(format_args!(
                         "{} {:<22} {}",
                         if c.ok { "ok  " } else { "FAIL" },
                         c.name,
                         c.detail
-                    );
+                    ));
                 }
             }
             Ok(if r.checks.iter().all(|c| c.ok) {
@@ -484,7 +485,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let r = mosaic::doctor::run(cgroup_root.as_deref());
             if json {
-                println!("{}", serde_json::to_string_pretty(&r)?);
+                out::line(format_args!("{}", serde_json::to_string_pretty(&r)?));
             } else {
                 mosaic::doctor::print_human(&r);
             }
@@ -501,7 +502,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 mosaic::sysdeps::Dep::PostgresServer,
                 mosaic::sysdeps::Dep::Npm,
             ])?;
-            println!("mosaic setup: tmux, git, the PostgreSQL server binaries and npm are present");
+            out::line(format_args!(
+                "mosaic setup: tmux, git, the PostgreSQL server binaries and npm are present"
+            ));
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Lane {
@@ -611,7 +614,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let socket = laneclient::socket_from_env()?;
             let out = laneclient::run(&socket, call, std::io::stdin().lock())?;
             if let Some(text) = &out.stdout {
-                println!("{text}");
+                out::line(format_args!("{text}"));
             }
             if let Some(text) = &out.stderr {
                 eprintln!("{text}");
@@ -652,7 +655,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             for rt in runtimes {
                 let r = RuntimeRef::parse(&rt)?;
-                install::install(&reg, &r, &paths, &|line| println!("mosaic harness: {line}"))?;
+                install::install(&reg, &r, &paths, &|line| {
+                    out::line(format_args!("mosaic harness: {line}"))
+                })?;
             }
             Ok(ExitCode::SUCCESS)
         }
@@ -668,15 +673,15 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     }
                     let recipient = mosaic::artifact_recovery::recovery_key(&out, true)
                         .map_err(anyhow::Error::msg)?;
-                    println!(
+                    out::line(format_args!(
                         "recovery identity {} (keep it secret); add to the coordinator's recovery_recipients: \"PRINCIPAL={recipient}\"",
                         out.display()
-                    );
+                    ));
                     return Ok(ExitCode::SUCCESS);
                 }
                 PkiOp::Init { dir, force } => {
                     let ca = pki::init(&dir, force)?;
-                    println!("CA certificate {}", ca.display());
+                    out::line(format_args!("CA certificate {}", ca.display()));
                     return Ok(ExitCode::SUCCESS);
                 }
                 PkiOp::IssueCoordinator {
@@ -720,12 +725,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     "operator",
                 ),
             };
-            println!(
+            out::line(format_args!(
                 "{what} {} certificate {} key {}",
                 issued.principal,
                 issued.cert.display(),
                 issued.key.display()
-            );
+            ));
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Host {
@@ -768,9 +773,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let v = control::call(&socket, &req)?;
             if json {
-                println!("{}", serde_json::to_string(&v)?);
+                out::line(format_args!("{}", serde_json::to_string(&v)?));
             } else {
-                println!("{}", serde_json::to_string_pretty(&v)?);
+                out::line(format_args!("{}", serde_json::to_string_pretty(&v)?));
             }
             Ok(ExitCode::SUCCESS)
         }
