@@ -473,9 +473,14 @@ impl Store {
             c,
             LaneState::Checkpointing,
             LaneState::Fenced,
-            concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), ") \
-             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL) \
-             AND NOT EXISTS (", UNCHECKPOINTED, " AND g.lane_incarnation_id = li.lane_incarnation_id)"),
+            // Each check is a subquery run for this one lane (`OFFSET 0` keeps it one: as
+            // an anti-join, the generic plan hashed every generation, reservation,
+            // assignment and receipt there is, and a fence cost O(history): 4.3 ms of
+            // server time per fence after 800 chains, 45 % of all the chains' statement
+            // time; issue 22).
+            concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), " OFFSET 0) \
+             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL OFFSET 0) \
+             AND NOT EXISTS (", UNCHECKPOINTED, " AND g.lane_incarnation_id = li.lane_incarnation_id OFFSET 0)"),
         )
         .await
     }
