@@ -674,28 +674,44 @@ pub(crate) async fn settle_at_end(
             )
             .await?;
     }
+    // Every executor's rule in one statement: an unobserved claim is reconciled for its
+    // executor's reason or left unknown for the operator (one round trip, not one per
+    // executor: issue 22).
+    let (mut executors, mut reconcile, mut why) = (vec![], vec![], vec![]);
     for executor in Executor::ALL {
-        let n = match executor.on_unknown() {
-            OnUnknown::ReconcileAtEnd(why) => {
-                d.exec(
-                    concatcp!("UPDATE effect_claims SET state = ", ClaimState::Reconciled.sql(), ", reconciliation = $4, resolved_at = clock_timestamp() \
-                     WHERE lane_incarnation_id = $1 AND generation = $2 AND executor = $3 AND state = ", ClaimState::Admitted.sql()),
-                    &[&inc, &generation, &executor.as_str(), &why],
-                )
-                .await?
+        executors.push(executor.as_str());
+        match executor.on_unknown() {
+            OnUnknown::ReconcileAtEnd(w) => {
+                reconcile.push(true);
+                why.push(Some(w));
             }
             OnUnknown::Operator => {
-                d.exec(
-                    concatcp!("UPDATE effect_claims SET state = ", ClaimState::Unknown.sql(), ", reconciliation_owner = $4 \
-                     WHERE lane_incarnation_id = $1 AND generation = $2 AND executor = $3 AND state = ", ClaimState::Admitted.sql()),
-                    &[&inc, &generation, &executor.as_str(), &effects::RECONCILIATION_OWNER],
-                )
-                .await?
+                reconcile.push(false);
+                why.push(None);
             }
-        };
-        match executor.on_unknown() {
-            OnUnknown::ReconcileAtEnd(_) => out.reconciled += n,
-            OnUnknown::Operator => out.unknown += n,
+        }
+    }
+    let settled = d
+        .query(
+            concatcp!(
+                "UPDATE effect_claims e SET \
+                   state = CASE WHEN x.reconcile THEN ", ClaimState::Reconciled.sql(), " ELSE ", ClaimState::Unknown.sql(), " END, \
+                   reconciliation = CASE WHEN x.reconcile THEN x.why ELSE e.reconciliation END, \
+                   reconciliation_owner = CASE WHEN x.reconcile THEN e.reconciliation_owner ELSE $6 END, \
+                   resolved_at = CASE WHEN x.reconcile THEN clock_timestamp() ELSE e.resolved_at END \
+                 FROM unnest($3::text[], $4::bool[], $5::text[]) AS x(executor, reconcile, why) \
+                 WHERE e.lane_incarnation_id = $1 AND e.generation = $2 AND e.executor = x.executor AND e.state = ",
+                ClaimState::Admitted.sql(),
+                " RETURNING x.reconcile"
+            ),
+            &[&inc, &generation, &executors, &reconcile, &why, &effects::RECONCILIATION_OWNER],
+        )
+        .await?;
+    for row in settled {
+        if row.col::<bool>("reconcile")? {
+            out.reconciled += 1;
+        } else {
+            out.unknown += 1;
         }
     }
     Ok(out)
