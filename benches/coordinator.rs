@@ -203,12 +203,89 @@ fn pct(v: &mut [Duration], p: f64) -> f64 {
     v[((v.len() as f64 - 1.0) * p).round() as usize].as_secs_f64() * 1000.0
 }
 
+/// CPU time (ms) a process and its reaped children have used (`/proc/PID/stat`).
+fn proc_cpu_ms(pid: &str) -> f64 {
+    let tick = nix::unistd::sysconf(nix::unistd::SysconfVar::CLK_TCK)
+        .ok()
+        .flatten()
+        .unwrap_or(100) as f64;
+    let Ok(st) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+        return 0.0;
+    };
+    // After the command's closing parenthesis: state is field 3, utime 14 … cstime 17.
+    let rest = st.rsplit_once(')').map_or("", |(_, r)| r);
+    let f: Vec<f64> = rest
+        .split_whitespace()
+        .map(|x| x.parse().unwrap_or(0.0))
+        .collect();
+    if f.len() < 15 {
+        return 0.0;
+    }
+    (f[11] + f[12] + f[13] + f[14]) * 1000.0 / tick
+}
+
+/// CPU time (ms) used so far by this benchmark's own process (the coordinator's store and
+/// its workers) and by PostgreSQL (the postmaster, its live backends and every backend it
+/// has reaped).
+fn cpu_split(cluster: &Cluster) -> (f64, f64) {
+    let me = proc_cpu_ms("self");
+    let Some(pm) = std::fs::read_to_string(cluster.data_dir().join("postmaster.pid"))
+        .ok()
+        .and_then(|t| t.lines().next().map(str::to_string))
+    else {
+        return (me, 0.0);
+    };
+    let mut pg = proc_cpu_ms(&pm);
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let pid = e.file_name().to_string_lossy().into_owned();
+        if !pid.bytes().all(|b| b.is_ascii_digit()) {
+            continue;
+        }
+        let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+            .ok()
+            .and_then(|st| {
+                st.rsplit_once(')')
+                    .and_then(|(_, r)| r.split_whitespace().nth(1).map(str::to_string))
+            });
+        if ppid.as_deref() == Some(pm.as_str()) {
+            pg += proc_cpu_ms(&pid);
+        }
+    }
+    (me, pg)
+}
+
+/// `MOSAIC_BENCH_STATEMENTS=N`: load pg_stat_statements (nested statements too, so
+/// triggers show) and print the N statements that took the most server time during the
+/// full chains. Off by default: the headline figures run without it.
+fn statements_wanted() -> Option<i64> {
+    std::env::var("MOSAIC_BENCH_STATEMENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+}
+
+async fn pg_client(cluster: &Cluster, db: &str) -> tokio_postgres::Client {
+    let (c, conn) = tokio_postgres::connect(&cluster.url(db), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(conn);
+    c
+}
+
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let dir =
         std::env::temp_dir().join(format!("mosaic-bench-pg-{}", uuid::Uuid::new_v4().simple()));
     let cluster = Cluster::at(&dir).expect("PostgreSQL server binaries");
     cluster.init().expect("initdb");
+    if statements_wanted().is_some() {
+        use std::io::Write;
+        let mut conf = std::fs::OpenOptions::new()
+            .append(true)
+            .open(cluster.data_dir().join("postgresql.auto.conf"))
+            .unwrap();
+        writeln!(conf, "shared_preload_libraries = 'pg_stat_statements'").unwrap();
+        writeln!(conf, "pg_stat_statements.track = all").unwrap();
+    }
     cluster.start(Durability::Durable).expect("start");
     let result = std::panic::AssertUnwindSafe(run(&cluster))
         .catch_unwind_compat()
@@ -265,6 +342,16 @@ async fn run(cluster: &Cluster) {
         }
     }
     println!("Mosaic coordinator benchmark — PostgreSQL {} with fsync on, {WORKERS} concurrent workers, {} chains", pg_version(cluster), WORKERS * CHAINS_PER_WORKER);
+    let top = statements_wanted();
+    if top.is_some() {
+        let c = pg_client(cluster, "mosaic").await;
+        c.batch_execute(
+            "CREATE EXTENSION IF NOT EXISTS pg_stat_statements; SELECT pg_stat_statements_reset()",
+        )
+        .await
+        .unwrap();
+    }
+    let cpu0 = cpu_split(cluster);
     let t0 = Instant::now();
     let mut tasks = Vec::new();
     for (lane, inc) in lanes {
@@ -284,10 +371,48 @@ async fn run(cluster: &Cluster) {
         }
     }
     let elapsed = t0.elapsed().as_secs_f64();
+    let cpu1 = cpu_split(cluster);
     let chains = (WORKERS * CHAINS_PER_WORKER) as f64;
     let transitions: usize = all.values().map(Vec::len).sum();
     println!();
     println!("  full chains (reserve → … → RUNNING → DRAINING → RETIRING → IDLE_CLEAN, {} transitions each): {:.1} chains/s, {:.0} authority transitions/s", transitions / (WORKERS * CHAINS_PER_WORKER), chains / elapsed, transitions as f64 / elapsed);
+    let per = |a: f64, b: f64| (b - a) / transitions as f64;
+    println!(
+        "  CPU per transition: {:.2} ms in PostgreSQL, {:.2} ms in the coordinator's store (this process); {:.0}% of the machine's {} cores busy with them",
+        per(cpu0.1, cpu1.1),
+        per(cpu0.0, cpu1.0),
+        100.0 * ((cpu1.0 - cpu0.0) + (cpu1.1 - cpu0.1)) / 1000.0
+            / elapsed
+            / std::thread::available_parallelism().map_or(1, |n| n.get()) as f64,
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    );
+    if let Some(n) = top {
+        let c = pg_client(cluster, "mosaic").await;
+        let rows = c
+            .query(
+                "SELECT s.calls, s.total_exec_time, s.rows, s.toplevel, \
+                        left(regexp_replace(s.query, '\\s+', ' ', 'g'), 150) AS q \
+                 FROM pg_stat_statements s JOIN pg_database d ON d.oid = s.dbid \
+                 WHERE d.datname = 'mosaic' ORDER BY s.total_exec_time DESC LIMIT $1",
+                &[&n],
+            )
+            .await
+            .unwrap();
+        println!();
+        println!(
+            "  server time by statement (pg_stat_statements, nested included; ms per transition):"
+        );
+        for r in rows {
+            let (calls, total, top): (i64, f64, bool) = (r.get(0), r.get(1), r.get(3));
+            println!(
+                "  {:>7.3} {:>7} calls {} {}",
+                total / transitions as f64,
+                calls,
+                if top { " " } else { "+" },
+                r.get::<_, String>(4)
+            );
+        }
+    }
     println!();
     println!("  {:<20} {:>9} {:>9}", "transition", "p50 ms", "p99 ms");
     for (name, mut v) in all {
