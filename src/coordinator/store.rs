@@ -53,6 +53,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0035_blocked_until.sql"),
     include_str!("../../migrations/0036_budget_exhausted_notice.sql"),
     include_str!("../../migrations/0037_chain_reads_by_key.sql"),
+    include_str!("../../migrations/0038_receipts_by_assignment.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
