@@ -224,6 +224,13 @@ fn proc_cpu_ms(pid: &str) -> f64 {
     (f[11] + f[12] + f[13] + f[14]) * 1000.0 / tick
 }
 
+/// CPU time (ms) of this process's waited-for children (pgbench).
+fn children_cpu_ms() -> f64 {
+    let u = nix::sys::resource::getrusage(nix::sys::resource::UsageWho::RUSAGE_CHILDREN).unwrap();
+    let ms = |t: nix::sys::time::TimeVal| t.tv_sec() as f64 * 1000.0 + t.tv_usec() as f64 / 1000.0;
+    ms(u.user_time()) + ms(u.system_time())
+}
+
 /// CPU time (ms) used so far by this benchmark's own process (the coordinator's store and
 /// its workers) and by PostgreSQL (the postmaster, its live backends and every backend it
 /// has reaped).
@@ -398,6 +405,19 @@ async fn run(cluster: &Cluster) {
             )
             .await
             .unwrap();
+        let executing: f64 = c
+            .query_one(
+                "SELECT coalesce(sum(s.total_exec_time), 0) AS t FROM pg_stat_statements s \
+                 JOIN pg_database d ON d.oid = s.dbid WHERE d.datname = 'mosaic' AND s.toplevel",
+                &[],
+            )
+            .await
+            .unwrap()
+            .get(0);
+        println!(
+            "  executing the statements (top-level, triggers within): {:.3} ms of server time per transition",
+            executing / transitions as f64
+        );
         println!();
         println!(
             "  server time by statement (pg_stat_statements, nested included; ms per transition):"
@@ -482,8 +502,15 @@ async fn run(cluster: &Cluster) {
         &cluster.url("pgbench"),
     ]);
     run_as_postgres(&mut b);
+    let (pg0, pgbench0) = (cpu_split(cluster).1, children_cpu_ms());
     let out = b.output().unwrap();
+    let (pg1, pgbench1) = (cpu_split(cluster).1, children_cpu_ms());
     let text = String::from_utf8_lossy(&out.stdout);
+    let processed: f64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|n| n.split('/').next()?.trim().parse().ok())
+        .unwrap_or(f64::NAN);
     let tps = text
         .lines()
         .find(|l| l.starts_with("tps"))
@@ -496,6 +523,12 @@ async fn run(cluster: &Cluster) {
         .unwrap_or(f64::NAN);
     println!();
     println!("  pgbench simple-update ({WORKERS} clients, 15 s): {tps}");
+    println!(
+        "  CPU per pgbench transaction: {:.2} ms in PostgreSQL, {:.2} ms in pgbench; a transition's PostgreSQL CPU is {:.1}× it",
+        (pg1 - pg0) / processed,
+        (pgbench1 - pgbench0) / processed,
+        (cpu1.1 - cpu0.1) / transitions as f64 / ((pg1 - pg0) / processed)
+    );
     let ours = transitions as f64 / elapsed;
     println!(
         "  ratio: authority transitions/s are {:.0}% of pgbench simple-update tps (one transition ≈ {:.2} simple-update transactions)",
