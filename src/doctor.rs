@@ -235,7 +235,10 @@ fn systemd_delegation(cgroup_root: Option<&std::path::Path>) -> Option<Check> {
     Some(check("systemd-delegation", cgroup_root.is_none(), r))
 }
 
-pub fn print_human(r: &Report) {
+/// The report as lines for a person (`ok`, `FAIL` or `warn` per check, then the verdict);
+/// the caller prints them (the CLI through its EPIPE-safe output).
+pub fn render_human(r: &Report) -> String {
+    let mut out = String::new();
     for c in &r.checks {
         let mark = if c.ok {
             "ok  "
@@ -244,16 +247,14 @@ pub fn print_human(r: &Report) {
         } else {
             "warn"
         };
-        println!("{mark} {:<18} {}", c.name, c.detail);
+        out.push_str(&format!("{mark} {:<18} {}\n", c.name, c.detail));
     }
-    println!(
-        "{}",
-        if r.can_run_supervisor {
-            "this host can run the Mosaic supervisor"
-        } else {
-            "this host cannot run the Mosaic supervisor (see FAIL lines)"
-        }
-    );
+    out.push_str(if r.can_run_supervisor {
+        "this host can run the Mosaic supervisor"
+    } else {
+        "this host cannot run the Mosaic supervisor (see FAIL lines)"
+    });
+    out
 }
 
 /// What `mosaic doctor --coordinator-config` found.

@@ -222,3 +222,31 @@ fn a_closed_stdout_pipe_does_not_make_the_cli_panic() {
     // It did its work: the CA is there.
     assert!(made, "no ca.pem");
 }
+
+/// The other side of the closed pipe: an answer that cannot be written for any other
+/// reason (here a full disk, `/dev/full`) fails the command, so a truncated answer never
+/// exits 0.
+#[test]
+fn an_answer_that_cannot_be_written_fails_the_command() {
+    let dir = std::env::temp_dir().join(format!("mosaic-enospc-{}", std::process::id()));
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = std::process::Command::new(MOSAIC)
+        .args(["pki", "init", "--dir"])
+        .arg(&dir)
+        .stdout(full)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "exit {:?}, stderr: {stderr}",
+        out.status
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(stderr.contains("writing the answer to stdout"), "{stderr}");
+}

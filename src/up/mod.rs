@@ -201,7 +201,7 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     // Everything `mosaic doctor` checks, before a cluster or a coordinator is started.
     let report = crate::doctor::run(cfg.cgroup_root.as_deref());
     if !report.can_run_supervisor {
-        crate::doctor::print_human(&report);
+        say!("{}", crate::doctor::render_human(&report));
         return Err(UpError::Usage(
             "this host cannot run the supervisor (see the failed checks above); nothing was started"
                 .into(),

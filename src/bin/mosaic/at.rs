@@ -147,9 +147,9 @@ impl CoordinatorAt {
             }
         };
         if self.json {
-            crate::out::line(format_args!("{}", serde_json::to_string(&out.0)?));
+            crate::out::line(format_args!("{}", serde_json::to_string(&out.0)?))?;
         } else {
-            crate::out::line(format_args!("{}", serde_json::to_string_pretty(&out.0)?));
+            crate::out::line(format_args!("{}", serde_json::to_string_pretty(&out.0)?))?;
         }
         Ok(out.1)
     }

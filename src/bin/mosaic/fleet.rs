@@ -164,7 +164,7 @@ pub(crate) enum DbOp {
 }
 
 fn print(v: &serde_json::Value) -> anyhow::Result<ExitCode> {
-    crate::out::line(format_args!("{}", serde_json::to_string_pretty(v)?));
+    crate::out::line(format_args!("{}", serde_json::to_string_pretty(v)?))?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -463,7 +463,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 .build()?;
             let r = rt.block_on(mosaic::doctor::coordinator(&path));
             if json {
-                out::line(format_args!("{}", serde_json::to_string_pretty(&r)?));
+                out::line(format_args!("{}", serde_json::to_string_pretty(&r)?))?;
             } else {
                 for c in &r.checks {
                     out::line(format_args!(
@@ -471,7 +471,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         if c.ok { "ok  " } else { "FAIL" },
                         c.name,
                         c.detail
-                    ));
+                    ))?;
                 }
             }
             Ok(if r.checks.iter().all(|c| c.ok) {
@@ -485,9 +485,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         } => {
             let r = mosaic::doctor::run(cgroup_root.as_deref());
             if json {
-                out::line(format_args!("{}", serde_json::to_string_pretty(&r)?));
+                out::line(format_args!("{}", serde_json::to_string_pretty(&r)?))?;
             } else {
-                mosaic::doctor::print_human(&r);
+                out::line(format_args!("{}", mosaic::doctor::render_human(&r)))?;
             }
             Ok(if r.can_run_supervisor {
                 ExitCode::SUCCESS
@@ -504,7 +504,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             ])?;
             out::line(format_args!(
                 "mosaic setup: tmux, git, the PostgreSQL server binaries and npm are present"
-            ));
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Lane {
@@ -614,7 +614,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             let socket = laneclient::socket_from_env()?;
             let out = laneclient::run(&socket, call, std::io::stdin().lock())?;
             if let Some(text) = &out.stdout {
-                out::line(format_args!("{text}"));
+                out::line(format_args!("{text}"))?;
             }
             if let Some(text) = &out.stderr {
                 eprintln!("{text}");
@@ -655,8 +655,10 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             for rt in runtimes {
                 let r = RuntimeRef::parse(&rt)?;
+                // A progress line that cannot be written is not the install's failure: its
+                // outcome is the command's result.
                 install::install(&reg, &r, &paths, &|line| {
-                    out::line(format_args!("mosaic harness: {line}"))
+                    let _ = out::line(format_args!("mosaic harness: {line}"));
                 })?;
             }
             Ok(ExitCode::SUCCESS)
@@ -676,12 +678,12 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     out::line(format_args!(
                         "recovery identity {} (keep it secret); add to the coordinator's recovery_recipients: \"PRINCIPAL={recipient}\"",
                         out.display()
-                    ));
+                    ))?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 PkiOp::Init { dir, force } => {
                     let ca = pki::init(&dir, force)?;
-                    out::line(format_args!("CA certificate {}", ca.display()));
+                    out::line(format_args!("CA certificate {}", ca.display()))?;
                     return Ok(ExitCode::SUCCESS);
                 }
                 PkiOp::IssueCoordinator {
@@ -730,7 +732,7 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                 issued.principal,
                 issued.cert.display(),
                 issued.key.display()
-            ));
+            ))?;
             Ok(ExitCode::SUCCESS)
         }
         Cmd::Host {
@@ -773,9 +775,9 @@ fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             };
             let v = control::call(&socket, &req)?;
             if json {
-                out::line(format_args!("{}", serde_json::to_string(&v)?));
+                out::line(format_args!("{}", serde_json::to_string(&v)?))?;
             } else {
-                out::line(format_args!("{}", serde_json::to_string_pretty(&v)?));
+                out::line(format_args!("{}", serde_json::to_string_pretty(&v)?))?;
             }
             Ok(ExitCode::SUCCESS)
         }
