@@ -188,14 +188,22 @@ impl Service {
         if !c.reservation_open || c.reservation_coordinator_epoch != l.epoch() {
             return;
         }
-        let exact = (
-            format!(
-                "{}/{:?}/{:?}/{:?}",
-                c.lane_state, c.generation, c.contracts_digest, c.challenge_id
-            ),
-            session,
-        );
-        if self.sent_just_now(&c.chain.reservation_id, &exact) {
+        // A handoff target's challenge (awaiting its ACK with no activation challenge) is
+        // not named by the row, so its message is never taken for one already sent.
+        let named = c.lane_state != LaneState::AwaitingAck || c.challenge_id.is_some();
+        let exact = named.then(|| {
+            (
+                format!(
+                    "{}/{:?}/{:?}/{:?}",
+                    c.lane_state, c.generation, c.contracts_digest, c.challenge_id
+                ),
+                session,
+            )
+        });
+        if exact
+            .as_ref()
+            .is_some_and(|e| self.sent_just_now(&c.chain.reservation_id, e))
+        {
             return;
         }
         let sent = match c.lane_state {
@@ -208,7 +216,7 @@ impl Service {
             _ => false,
         };
         if sent {
-            self.record_sent(&c.chain.reservation_id, c.lane_state.as_str(), Some(exact));
+            self.record_sent(&c.chain.reservation_id, c.lane_state.as_str(), exact);
         }
     }
 
@@ -252,13 +260,6 @@ impl Service {
                 _ => true,
             },
             Err(_) => true,
-        }
-    }
-
-    /// Forgets that `key`'s message was sent: the next pass sends it again.
-    pub(crate) fn forget_sent_of(&self, key: &str) {
-        if let Ok(mut m) = self.driver.sent.lock() {
-            m.remove(key);
         }
     }
 

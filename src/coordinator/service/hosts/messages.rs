@@ -9,28 +9,11 @@ use crate::protocol::messages::{
 };
 
 impl Service {
-    /// Routes one typed chain message to its handler. A host's answer to a waiting
-    /// chain's message that the coordinator failed to take in (the database unavailable,
-    /// an internal fault) forgets that the message was sent, so the next pass over the
-    /// chain sends it again at once instead of after `RESEND_AFTER`: the host answered
-    /// once and will not again unasked.
+    /// Routes one typed chain message to its handler. (An answer the coordinator fails to
+    /// take in is asked for again by the watchdog after `RESEND_AFTER`: forgetting the
+    /// send to ask at once would, under an overloaded database, turn each failure into a
+    /// resend every tick.)
     pub(super) async fn on_chain(&self, host: &str, m: FromHostChain) -> Result<(), OpError> {
-        let answered = match &m {
-            FromHostChain::Staged(Staged { chain, .. })
-            | FromHostChain::Injected(Injected { chain, .. })
-            | FromHostChain::Ack(Ack { chain, .. }) => Some(chain.reservation_id.clone()),
-            _ => None,
-        };
-        let r = self.route_chain(host, m).await;
-        if let (Err(e), Some(reservation)) = (&r, answered) {
-            if matches!(e.category, Category::Unavailable | Category::Internal) {
-                self.forget_sent_of(&reservation);
-            }
-        }
-        r
-    }
-
-    async fn route_chain(&self, host: &str, m: FromHostChain) -> Result<(), OpError> {
         match m {
             FromHostChain::Staged(m) => self.on_staged(host, m).await,
             FromHostChain::Injected(m) => self.on_injected(host, m).await,
