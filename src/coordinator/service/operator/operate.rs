@@ -708,12 +708,14 @@ impl Service {
             }
             return Ok(out);
         }
-        let c = self
+        let (c, seen) = self
             .wait_chain(&res, ASSIGN_WAIT, |c| {
                 c.lane_state == LaneState::Running || !c.reservation_open || c.lane_retired
             })
             .await?;
-        if c.lane_state == LaneState::Running && c.reservation_open {
+        // Decided on what was seen: a chain seen RUNNING reached it, even if it has ended
+        // by the time its row was read.
+        if seen.lane_state == LaneState::Running && seen.reservation_open {
             let mut out = base;
             out["state"] = json!(LaneState::Running);
             out["generation"] = json!(c.generation);
@@ -737,14 +739,17 @@ impl Service {
 
     /// Waits until the chain of `reservation` satisfies `done`: read once, then as the
     /// waiting hub reads where it stands for every waiter together (after every change this
-    /// process makes, and at least every 200 ms for changes made by another one); its whole
-    /// row is read again once that satisfies `done`, and returned if it still does.
+    /// process makes, and at least every 200 ms for changes made by another one). Returns
+    /// where it stood when it satisfied `done` — a committed state the database returned —
+    /// and its whole row, read after that (which may have moved on since: a chain seen
+    /// RUNNING may have ended by then, and it still reached RUNNING). A failed read of the
+    /// row waits for the hub's next reading (every 200 ms at the latest) and reads again.
     pub(super) async fn wait_chain(
         &self,
         reservation: &str,
         within: Duration,
         done: impl Fn(&ChainProgress) -> bool,
-    ) -> Result<ChainRow, OpError> {
+    ) -> Result<(ChainRow, ChainProgress), OpError> {
         let deadline = tokio::time::Instant::now() + within;
         // Registered before the first read: every change after it reaches this waiter.
         let mut w = self.waiting.chains.join(reservation);
@@ -756,24 +761,20 @@ impl Service {
                     OpError::new(Category::NotFound, format!("no reservation {reservation}"))
                 })
         };
-        let mut c = read().await?;
-        let mut state = c.lane_state;
+        let c = read().await?;
+        let first = c.progress();
+        if done(&first) {
+            return Ok((c, first));
+        }
+        let mut state = first.lane_state;
         loop {
-            if done(&c.progress()) {
-                return Ok(c);
-            }
             tokio::select! {
                 p = w.next() => {
                     state = p.lane_state;
                     if done(&p) {
-                        // A failed re-read waits for the hub's next row (every 200 ms
-                        // at the latest) and reads again then.
                         match read().await {
-                            Ok(row) => {
-                                c = row;
-                                state = c.lane_state;
-                            }
-                            Err(e) => tracing::debug!(reservation, error = %e.message, "chain re-read failed; waiting for the next change"),
+                            Ok(row) => return Ok((row, p)),
+                            Err(e) => tracing::debug!(reservation, error = %e.message, "chain re-read failed; waiting for the next reading"),
                         }
                     }
                 }
