@@ -349,6 +349,11 @@ impl Store {
         // Serialize concurrent migrators.
         tx.execute("SELECT pg_advisory_xact_lock(727332001)", &[])
             .await?;
+        // A migration may build an index over a table as long as the fleet's history: the
+        // pool's 10 s statement timeout would roll every attempt back and keep the
+        // coordinator from starting on a large database. The lock timeout stays: a
+        // migration that cannot get its locks fails loudly and is retried at the next start.
+        tx.batch_execute("SET LOCAL statement_timeout = 0").await?;
         let exists: bool = tx
             .query_one(
                 "SELECT to_regclass('public.mosaic_schema') IS NOT NULL AS present",
