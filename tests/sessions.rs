@@ -761,7 +761,6 @@ async fn a_replayed_host_envelope_is_refused_on_the_same_and_on_another_session(
     assert_eq!(w.count("SELECT count(*) FROM ack_receipts").await, 1);
 }
 
-/// Connects, retrying while the coordinator still sees the previous session as live.
 /// A chain waiting for its host is sent its message once per session (issue 22): any
 /// other caller that finds it waiting sends nothing more. Here the operator's `assign` is
 /// held right after its reservation commits; the watchdog drives the chain meanwhile and
@@ -810,6 +809,7 @@ async fn a_waiting_chains_message_is_sent_once_per_session_until_its_resend() {
     );
 }
 
+/// Connects, retrying while the coordinator still sees the previous session as live.
 async fn common_retry_connect(p: &LinkParams) -> HostSession {
     let deadline = Instant::now() + common::PATIENCE;
     loop {
