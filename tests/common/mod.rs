@@ -469,6 +469,27 @@ pub fn wait_until<T>(what: &str, mut f: impl FnMut() -> Option<T>) -> T {
     }
 }
 
+/// A file a generation appends to in its private area, opened once it exists and read
+/// through that descriptor from then on: the supervisor removes the area as soon as the
+/// generation has ended, and what was written before that stays readable here.
+pub struct Kept(std::fs::File);
+
+impl Kept {
+    pub fn open(what: &str, path: &Path) -> Kept {
+        Kept(wait_until(what, || std::fs::File::open(path).ok()))
+    }
+
+    /// Everything written so far.
+    pub fn text(&self) -> String {
+        use std::io::{Read, Seek, SeekFrom};
+        let mut f = &self.0;
+        f.seek(SeekFrom::Start(0)).unwrap();
+        let mut s = String::new();
+        f.read_to_string(&mut s).unwrap();
+        s
+    }
+}
+
 /// Members of a cgroup directory (absolute path), with their start times.
 pub fn members(cg: &Path) -> Vec<(i32, u64)> {
     std::fs::read_to_string(cg.join("cgroup.procs"))
