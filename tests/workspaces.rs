@@ -425,6 +425,18 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
         })
         .unwrap();
     assert_eq!(none.as_array().map(Vec::len), Some(0), "{none}");
+    // The debt is on the generation's row, and nothing but a checkpoint or the waiver
+    // clears it: the database refuses anyone else.
+    let owed = "SELECT count(*) FROM generations WHERE checkpoint_owed";
+    assert_eq!(tokio_block(async { w.count(owed).await }), 1);
+    let e = tokio_block(async {
+        w.sql()
+            .await
+            .execute("UPDATE generations SET checkpoint_owed = false", &[])
+            .await
+            .expect_err("cleared without a checkpoint")
+    });
+    assert_eq!(e.code().map(|c| c.code()), Some("MS003"), "{e:?}");
     w.op(&OperatorRequest::LaneRelease {
         lane_id: lane.clone(),
         request_id: None,
@@ -442,6 +454,7 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
             .get(0)
     });
     assert_eq!(waived, 1);
+    assert_eq!(tokio_block(async { w.count(owed).await }), 0);
     let b = assign_in(&w, &lane, "hang", None, None, None).unwrap();
     assert_eq!(b["state"], "RUNNING", "{b}");
     let out = stop(&w, b["assignment_id"].as_str().unwrap());
@@ -2310,6 +2323,15 @@ fn checkpoints_of_done_work_go_by_their_policy_with_a_receipt() {
         })
         .unwrap();
     assert_eq!(receipts.as_array().map(Vec::len), Some(4), "{receipts}");
+    // A checkpoint deleted is a debt once paid: both lanes, every generation's checkpoint
+    // of theirs gone, take new work (their fences pass).
+    for l in [&lane, &lane2] {
+        let n = assign_in(&w, l, "hang", Some("demo"), None, None)
+            .unwrap_or_else(|e| panic!("{l} after its checkpoints were deleted: {e:?}"));
+        assert_eq!(n["state"], "RUNNING", "{n}");
+        let asg = n["assignment_id"].as_str().unwrap().to_string();
+        assert_eq!(stop(&w, asg)["state"], "CANCELLED");
+    }
 }
 
 /// The first JSON line of `file` (a fake harness's answers), once it is there.

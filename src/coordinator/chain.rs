@@ -101,14 +101,22 @@ const STEP_PREDS: &[Pred] = &[
         detail: "the assignment is no longer advancing" },
 ];
 
-/// A step's whole table: the shared predicates, then its own (over `li`, `r`, `a`).
-fn step_preds(extra: &'static str) -> Vec<Pred> {
-    let mut preds = STEP_PREDS.to_vec();
-    preds.push(Pred {
-        sql: extra,
+/// A step's own predicates (over `li`, `r`, `a`), each with what its failure means.
+type Extra = &'static [Pred];
+
+/// A step's own predicate whose failure needs no words of its own.
+const fn own(sql: &'static str) -> Pred {
+    Pred {
+        sql,
         category: Category::Mismatch,
         detail: "a transition-specific precondition does not hold",
-    });
+    }
+}
+
+/// A step's whole table: the shared predicates, then its own.
+fn step_preds(extra: Extra) -> Vec<Pred> {
+    let mut preds = STEP_PREDS.to_vec();
+    preds.extend_from_slice(extra);
     preds
 }
 
@@ -117,7 +125,7 @@ const STEP_ROWS: &str =
     "li.lane_incarnation_id = $2 AND r.reservation_id = $4 AND a.assignment_id = r.assignment_id";
 
 /// Builds a step's CAS from its table.
-fn step_cas(extra: &'static str) -> String {
+fn step_cas(extra: Extra) -> String {
     format!(
         "UPDATE lane_incarnations li SET state = $1 FROM reservations r, assignments a \
          WHERE {STEP_ROWS} AND {} RETURNING li.lane_incarnation_id",
@@ -126,7 +134,7 @@ fn step_cas(extra: &'static str) -> String {
 }
 
 /// The predicate FENCED → STAGING adds: no generation allocated yet.
-const STAGE_EXTRA: &str = "r.generation IS NULL";
+const STAGE_EXTRA: Extra = &[own("r.generation IS NULL")];
 
 /// FENCED → STAGING also allocates the generation in the same row update: the number
 /// returned is the one the lane's counter moved past.
@@ -145,7 +153,7 @@ fn stage_cas() -> String {
 /// list.)
 pub(crate) async fn diagnose(
     u: Undecided<'_>,
-    extra: &'static str,
+    extra: Extra,
     params: &[&(dyn tokio_postgres::types::ToSql + Sync)],
 ) -> Result<AuthorityError, AuthorityError> {
     let preds = step_preds(extra);
@@ -166,23 +174,6 @@ fn chain_step(op: &'static str, l: &Leader, c: &Chain, key: String, parts: &[&st
     Step::new(op, l, key, request_digest(op, &refs))
         .about(Some(&c.assignment_id), Some(&c.lane_incarnation_id))
 }
-
-/// The ended generations that ran for work in a repository and have neither a recorded
-/// checkpoint nor the operator's waiver (`SELECT g.lane_incarnation_id, g.generation …
-/// WHERE …`: callers add their own condition on `g`). A generation that never ran a process wrote nothing.
-pub(crate) const UNCHECKPOINTED: &str = concatcp!(
-    "SELECT g.lane_incarnation_id, g.generation ",
-    UNCHECKPOINTED_FROM
-);
-/// Its `FROM … WHERE …`.
-const UNCHECKPOINTED_FROM: &str = "FROM generations g \
-     JOIN reservations rg ON rg.lane_incarnation_id = g.lane_incarnation_id AND rg.generation = g.generation \
-     JOIN assignments ag ON ag.assignment_id = rg.assignment_id \
-     JOIN termination_receipts tg ON tg.idempotency_key = g.end_receipt \
-     WHERE ag.repository IS NOT NULL AND g.checkpoint_waived_at IS NULL \
-       AND jsonb_typeof(tg.body->'process_identity') = 'object' \
-       AND NOT EXISTS (SELECT 1 FROM checkpoints k WHERE k.lane_incarnation_id = g.lane_incarnation_id AND k.generation = g.generation \
-                       AND k.termination_receipt IS NOT NULL)";
 
 impl Store {
     /// IDLE_CLEAN → RESERVED. Creates (or revives from recovery) the assignment with
@@ -411,7 +402,7 @@ impl Store {
         c: &Chain,
         from: LaneState,
         to: LaneState,
-        extra: &'static str,
+        extra: Extra,
     ) -> Result<Receipt, AuthorityError> {
         let step = chain_step(
             op,
@@ -458,7 +449,7 @@ impl Store {
             c,
             LaneState::Reserved,
             LaneState::Checkpointing,
-            "true",
+            &[],
         )
         .await
     }
@@ -473,14 +464,28 @@ impl Store {
             c,
             LaneState::Checkpointing,
             LaneState::Fenced,
-            // Each check is a subquery run for this one lane (`OFFSET 0` keeps it one: as
-            // an anti-join, the generic plan hashed every generation, reservation,
-            // assignment and receipt there is, and a fence cost O(history): 4.3 ms of
-            // server time per fence after 800 chains, 45 % of all the chains' statement
-            // time; issue 22).
-            concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), " OFFSET 0) \
-             AND NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL OFFSET 0) \
-             AND NOT EXISTS (", UNCHECKPOINTED, " AND g.lane_incarnation_id = li.lane_incarnation_id OFFSET 0)"),
+            // Each check is a subquery run for this one lane, on a partial index of what is
+            // still open (`OFFSET 0` keeps it one: as an anti-join, the generic plan hashed
+            // every generation and receipt there is, and a fence cost O(history); issue
+            // 22). A generation's checkpoint debt is kept on its row by the database
+            // (migration 0039).
+            &[
+                Pred {
+                    sql: concatcp!("NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.state <> ", GenState::Ended.sql(), " OFFSET 0)"),
+                    category: Category::Unreconciled,
+                    detail: "an earlier generation of the lane has not ended",
+                },
+                Pred {
+                    sql: "NOT EXISTS (SELECT 1 FROM termination_receipts t WHERE t.lane_incarnation_id = li.lane_incarnation_id AND t.reconciled_at IS NULL OFFSET 0)",
+                    category: Category::Unreconciled,
+                    detail: "a termination receipt of the lane is not reconciled yet",
+                },
+                Pred {
+                    sql: "NOT EXISTS (SELECT 1 FROM generations g WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.checkpoint_owed OFFSET 0)",
+                    category: Category::Unreconciled,
+                    detail: "an earlier generation of the lane owes its work's checkpoint (it lands with the generation's termination receipt; without one, the lane's quarantine release waives it)",
+                },
+            ],
         )
         .await
     }
@@ -568,10 +573,10 @@ impl Store {
                 let (task_text, scope, holds): (String, String, String) =
                     (t.col("task_text")?, t.col("scope_digest")?, t.col("holds_digest")?);
                 let cd = crate::protocol::contracts_digest(&task_text, &scope, &holds);
-                const EXTRA: &str = concatcp!("r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g \
+                const EXTRA: Extra = &[own(concatcp!("r.generation = $11 AND r.contracts_digest IS NULL AND EXISTS (SELECT 1 FROM generations g \
                     WHERE g.lane_incarnation_id = li.lane_incarnation_id AND g.generation = $11 AND g.state = ", GenState::Staging.sql(), " \
                     AND g.process_identity IS NULL AND g.stop_requested_at IS NULL) \
-                    AND r.restore_checkpoint_digest IS NOT DISTINCT FROM $12");
+                    AND r.restore_checkpoint_digest IS NOT DISTINCT FROM $12"))];
                 let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [&LaneState::ContractInjecting, &c.lane_incarnation_id, &c.lane_id,
                     &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::Staging, &epoch, &sot, &generation,
                     &restored];
@@ -633,7 +638,7 @@ impl Store {
             .transition(
                 &step,
                 body!([c, sot, delivered, id_text, ttl] |f| {
-                    const EXTRA: &str = "r.contracts_digest = $11 AND r.process_identity = $12::text::jsonb";
+                    const EXTRA: Extra = &[own("r.contracts_digest = $11 AND r.process_identity = $12::text::jsonb")];
                     let params: [&(dyn tokio_postgres::types::ToSql + Sync); 12] = [&LaneState::AwaitingAck, &c.lane_incarnation_id, &c.lane_id,
                         &c.reservation_id, &c.reservation_epoch, &c.assignment_id, &c.assignment_attempt_id, &LaneState::ContractInjecting,
                         &epoch, &sot, &delivered, &id_text];

@@ -352,8 +352,8 @@ impl Store {
                 // (work in a repository whose capture failed), which the fence would
                 // otherwise wait for; recorded per generation and in this receipt.
                 let waived = d.exec(
-                    concatcp!("UPDATE generations SET checkpoint_waived_at = clock_timestamp() \
-                     WHERE (lane_incarnation_id, generation) IN (", crate::coordinator::chain::UNCHECKPOINTED, " AND g.lane_incarnation_id = $1)"),
+                    "UPDATE generations SET checkpoint_waived_at = clock_timestamp() \
+                     WHERE lane_incarnation_id = $1 AND checkpoint_owed",
                     &[&inc],
                 ).await?;
                 d.decide(json!({ "lane_incarnation_id": inc, "to": LaneState::IdleClean, "checkpoints_waived": waived }))

@@ -54,6 +54,7 @@ const MIGRATIONS: &[&str] = &[
     include_str!("../../migrations/0036_budget_exhausted_notice.sql"),
     include_str!("../../migrations/0037_chain_reads_by_key.sql"),
     include_str!("../../migrations/0038_receipts_by_assignment.sql"),
+    include_str!("../../migrations/0039_checkpoint_debt.sql"),
 ];
 pub const SCHEMA_VERSION: i32 = MIGRATIONS.len() as i32;
 
