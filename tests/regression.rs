@@ -194,31 +194,34 @@ fn a_tmux_server_caught_while_it_exits_is_seen_gone() {
     }
 }
 
-/// `mosaic … | head -1`: a reader that closed its end before the answer was printed made
-/// the CLI panic (`println!` on EPIPE, exit 101) after its request had been decided. The
-/// answer is dropped quietly and the command's own exit code stands.
-#[test]
-fn a_closed_stdout_pipe_does_not_make_the_cli_panic() {
-    let dir = std::env::temp_dir().join(format!("mosaic-epipe-{}", std::process::id()));
-    // A pipe whose read end is closed before the command writes: every write is EPIPE.
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+/// `mosaic pki init` into a fresh directory, its answer written to `stdout`: (exit
+/// status, stderr, whether it made its CA).
+fn pki_init_into(tag: &str, stdout: impl Into<std::process::Stdio>) -> (bool, String, bool) {
+    let dir = std::env::temp_dir().join(format!("mosaic-{tag}-{}", std::process::id()));
     let out = std::process::Command::new(MOSAIC)
         .args(["pki", "init", "--dir"])
         .arg(&dir)
-        .stdout(writer)
+        .stdout(stdout)
         .stderr(std::process::Stdio::piped())
         .output()
         .unwrap();
     let made = dir.join("ca.pem").exists();
     let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success(),
-        "exit {:?}, stderr: {stderr}",
-        out.status
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
     assert!(!stderr.contains("panicked"), "{stderr}");
+    (out.status.success(), stderr, made)
+}
+
+/// `mosaic … | head -1`: a reader that closed its end before the answer was printed made
+/// the CLI panic (`println!` on EPIPE, exit 101) after its request had been decided. The
+/// answer is dropped quietly and the command's own exit code stands.
+#[test]
+fn a_closed_stdout_pipe_does_not_make_the_cli_panic() {
+    // A pipe whose read end is closed before the command writes: every write is EPIPE.
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let (ok, stderr, made) = pki_init_into("epipe", writer);
+    assert!(ok, "stderr: {stderr}");
     // It did its work: the CA is there.
     assert!(made, "no ca.pem");
 }
@@ -228,25 +231,11 @@ fn a_closed_stdout_pipe_does_not_make_the_cli_panic() {
 /// exits 0.
 #[test]
 fn an_answer_that_cannot_be_written_fails_the_command() {
-    let dir = std::env::temp_dir().join(format!("mosaic-enospc-{}", std::process::id()));
     let full = std::fs::OpenOptions::new()
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let out = std::process::Command::new(MOSAIC)
-        .args(["pki", "init", "--dir"])
-        .arg(&dir)
-        .stdout(full)
-        .stderr(std::process::Stdio::piped())
-        .output()
-        .unwrap();
-    let _ = std::fs::remove_dir_all(&dir);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "exit {:?}, stderr: {stderr}",
-        out.status
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
+    let (ok, stderr, _) = pki_init_into("enospc", full);
+    assert!(!ok, "stderr: {stderr}");
     assert!(stderr.contains("writing the answer to stdout"), "{stderr}");
 }

@@ -229,12 +229,11 @@ impl Service {
         exact: Option<(String, Option<String>)>,
     ) {
         if let Ok(mut m) = self.driver.sent.lock() {
-            let at = Instant::now();
             m.insert(
                 key.to_string(),
                 Sent {
                     state: state.to_string(),
-                    at,
+                    at: Instant::now(),
                     exact,
                 },
             );
