@@ -16,7 +16,8 @@ ALTER TABLE generations ADD COLUMN checkpoint_owed boolean NOT NULL DEFAULT fals
 
 -- What a generation owes when its end receipt `receipt` is recorded. (PL/pgSQL: its plan
 -- is cached per connection; as an SQL function called from a trigger it was planned again
--- on every call, 0.4 ms a receipt.)
+-- on every call, 0.4 ms a receipt.) An end checkpoint is the one with neither a handoff nor
+-- a request (`checkpoints_one_origin`): said so, the lookup uses its unique index.
 CREATE FUNCTION mosaic_checkpoint_owed(inc text, gen bigint, receipt text) RETURNS boolean
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
@@ -28,13 +29,21 @@ BEGIN
                      AND ag.repository IS NOT NULL)
        AND NOT EXISTS (SELECT 1 FROM checkpoints k
                        WHERE k.lane_incarnation_id = inc AND k.generation = gen
+                         AND k.handoff_id IS NULL AND k.request_seq IS NULL
                          AND k.termination_receipt IS NOT NULL);
 END $$;
 
--- On the generation's own row: a waiver pays; an end receipt recorded decides the debt;
--- nothing else may clear it but its checkpoint.
+-- On the generation's own row: its end receipt is written once; recording the operator's
+-- waiver pays the debt; the end receipt, once recorded, decides it; nothing else clears it
+-- but its checkpoint.
 CREATE FUNCTION mosaic_generation_checkpoint_debt() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
+    IF TG_OP = 'UPDATE' AND OLD.end_receipt IS NOT NULL
+       AND NEW.end_receipt IS DISTINCT FROM OLD.end_receipt THEN
+        RAISE EXCEPTION USING ERRCODE = 'MS003',
+            MESSAGE = format('mosaic: generation %s of %s has its end receipt already',
+                             NEW.generation, NEW.lane_incarnation_id);
+    END IF;
     IF NEW.checkpoint_waived_at IS NOT NULL THEN
         NEW.checkpoint_owed := false;
     ELSIF TG_OP = 'INSERT' OR NEW.end_receipt IS DISTINCT FROM OLD.end_receipt THEN
@@ -43,6 +52,7 @@ BEGIN
     ELSIF OLD.checkpoint_owed AND NOT NEW.checkpoint_owed AND NOT EXISTS (
             SELECT 1 FROM checkpoints k
             WHERE k.lane_incarnation_id = NEW.lane_incarnation_id AND k.generation = NEW.generation
+              AND k.handoff_id IS NULL AND k.request_seq IS NULL
               AND k.termination_receipt IS NOT NULL) THEN
         RAISE EXCEPTION USING ERRCODE = 'MS003',
             MESSAGE = format('mosaic: generation %s of %s owes a checkpoint; only its checkpoint or the operator''s waiver clears that',
@@ -79,15 +89,26 @@ CREATE TRIGGER checkpoints_pay_debt AFTER INSERT OR UPDATE OF termination_receip
     EXECUTE FUNCTION mosaic_checkpoint_pays_debt();
 
 -- The debts there are now: the old derivation, less every generation whose end checkpoint
--- was deleted (recorded in checkpoint_deletions: paid then). Outside any transition (the
--- schema's own change, not an authority change), so the receipt check is paused for it.
+-- was deleted (recorded in checkpoint_deletions: paid then; an end checkpoint's record has
+-- neither handoff nor request and its purpose, where a harness artifact's deletion has
+-- 'operator-recovery'). A function, so a test can run it over rows a real lane left.
+CREATE FUNCTION mosaic_backfill_checkpoint_debts() RETURNS bigint LANGUAGE plpgsql AS $$
+DECLARE n bigint;
+BEGIN
+    UPDATE generations g SET checkpoint_owed = true
+    WHERE g.checkpoint_waived_at IS NULL AND g.end_receipt IS NOT NULL AND NOT g.checkpoint_owed
+      AND mosaic_checkpoint_owed(g.lane_incarnation_id, g.generation, g.end_receipt)
+      AND NOT EXISTS (SELECT 1 FROM checkpoint_deletions d
+                      WHERE d.lane_incarnation_id = g.lane_incarnation_id AND d.generation = g.generation
+                        AND d.handoff_id IS NULL AND d.request_seq IS NULL
+                        AND d.purpose = 'same-assignment-recovery');
+    GET DIAGNOSTICS n = ROW_COUNT;
+    RETURN n;
+END $$;
+-- Outside any transition (the schema's own change, not an authority change), so the
+-- receipt check is paused for it.
 ALTER TABLE generations DISABLE TRIGGER generations_requires_receipt;
-UPDATE generations g SET checkpoint_owed = true
-WHERE g.checkpoint_waived_at IS NULL AND g.end_receipt IS NOT NULL
-  AND mosaic_checkpoint_owed(g.lane_incarnation_id, g.generation, g.end_receipt)
-  AND NOT EXISTS (SELECT 1 FROM checkpoint_deletions d
-                  WHERE d.lane_incarnation_id = g.lane_incarnation_id AND d.generation = g.generation
-                    AND d.handoff_id IS NULL AND d.request_seq IS NULL);
+SELECT mosaic_backfill_checkpoint_debts();
 ALTER TABLE generations ENABLE TRIGGER generations_requires_receipt;
 
 -- A fence finds its lane's unpaid debts by this index alone.

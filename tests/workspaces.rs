@@ -437,6 +437,61 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
             .expect_err("cleared without a checkpoint")
     });
     assert_eq!(e.code().map(|c| c.code()), Some("MS003"), "{e:?}");
+    // Nor can another end receipt replace the one that decided it.
+    let e = tokio_block(async {
+        w.sql()
+            .await
+            .execute("UPDATE generations SET end_receipt = 'tr-other'", &[])
+            .await
+            .expect_err("a second end receipt")
+    });
+    assert_eq!(e.code().map(|c| c.code()), Some("MS003"), "{e:?}");
+    // The migration's backfill, over the rows this lane left, with the flag cleared behind
+    // the triggers' back (in a transaction rolled back): it finds the debt; a harness
+    // artifact's deletion record changes nothing; a deleted end checkpoint's means paid.
+    let backfill = |purpose: Option<&str>| -> i64 {
+        tokio_block(async {
+            let c = w.sql().await;
+            c.batch_execute(
+                "BEGIN; SET LOCAL session_replication_role = replica; \
+                 UPDATE generations SET checkpoint_owed = false",
+            )
+            .await
+            .unwrap();
+            if let Some(purpose) = purpose {
+                c.execute(
+                    "INSERT INTO checkpoint_deletions (deletion_id, checkpoint_digest, assignment_id, \
+                       lane_incarnation_id, generation, purpose, retention_policy_digest, reason, scope, \
+                       objects_deleted, receipt_digest) \
+                     SELECT 'cd-' || md5(random()::text), 'sha256:' || repeat('a', 64), $1, \
+                       lane_incarnation_id, generation, $2, 'sha256:' || repeat('b', 64), 'operator', \
+                       'coordinator-store', '{}', 'sha256:' || repeat('c', 64) FROM generations",
+                    &[&asg, &purpose],
+                )
+                .await
+                .unwrap();
+            }
+            let n: i64 = c
+                .query_one("SELECT mosaic_backfill_checkpoint_debts()", &[])
+                .await
+                .unwrap()
+                .get(0);
+            c.batch_execute("ROLLBACK").await.unwrap();
+            n
+        })
+    };
+    assert_eq!(backfill(None), 1, "the debt the lane's rows show");
+    assert_eq!(
+        backfill(Some("operator-recovery")),
+        1,
+        "an artifact's deletion"
+    );
+    assert_eq!(
+        backfill(Some("same-assignment-recovery")),
+        0,
+        "its checkpoint's deletion"
+    );
+    assert_eq!(tokio_block(async { w.count(owed).await }), 1);
     w.op(&OperatorRequest::LaneRelease {
         lane_id: lane.clone(),
         request_id: None,

@@ -26,7 +26,8 @@ pub enum Category {
     FenceMismatch,
     /// Same idempotency key, different request.
     IdempotencyConflict,
-    /// The lane has a missing or unreconciled termination receipt or an unended generation.
+    /// The lane has a missing or unreconciled termination receipt, an unended generation,
+    /// or a generation that still owes its work's checkpoint.
     Unreconciled,
     /// Malformed input (digest format, empty owner, …).
     BadInput,
