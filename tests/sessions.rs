@@ -2296,3 +2296,25 @@ async fn ask_coord(
         .unwrap();
     typed(&next_of(hs, p, &[answer]).await)
 }
+
+/// A session the coordinator closes says why in the host's log: a coordinator shutting
+/// down sends its reason in the close frame, and the supervisor's "link down" line carries
+/// the close code and that reason (it used to say only "closed by the coordinator").
+#[test]
+fn the_host_logs_why_the_coordinator_closed_its_session() {
+    let mut w = World::new(Opts::default());
+    common::kill(w.coordinator_pid(0), nix::sys::signal::Signal::SIGTERM);
+    w.wait_coordinator_died(0, "its shutdown");
+    let log = w.supervisor_log(0);
+    let line = common::wait_until("the host's link-down line", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .lines()
+            .find(|l| l.contains("coordinator link down"))
+            .map(String::from)
+    });
+    assert!(
+        line.contains("closed by the coordinator (") && line.contains("coordinator shutting down"),
+        "{line}"
+    );
+}

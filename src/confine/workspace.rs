@@ -116,13 +116,16 @@ pub fn switch(pid: i32, start_time: u64, path: &Path, writable: bool) -> Result<
     };
     // The child's own stack (it shares our memory; we are suspended while it runs).
     let mut stack = vec![0u8; CHILD_STACK];
-    // SAFETY: `enter_and_switch` makes only raw system calls (setns, mount_setattr) on
+    // SAFETY: `enter_and_switch` makes two system calls through glibc's wrappers (setns,
+    // syscall; on error they write errno, this thread's, which nothing reads after) on
     // memory prepared before the clone, which stays alive and untouched until the child
     // has exited (CLONE_VFORK suspends this thread until then), and it never unwinds.
     // Every signal is blocked in this thread across the clone, so no handler of ours runs
     // on the child's stack; the child inherits that mask and needs no signal. Not a
     // `fork`: the supervisor's page tables are not copied (the fleet bench's profile: 17 %
     // of the supervisors' CPU went to copying them and to the copy-on-write faults after).
+    // Never add CLONE_FS (setns into a mount namespace refuses a shared fs: EINVAL) or
+    // CLONE_SIGHAND (a fault in the child would reset the supervisor's own handlers).
     unsafe {
         let mut all: libc::sigset_t = std::mem::zeroed();
         libc::sigfillset(&mut all);

@@ -317,7 +317,13 @@ impl Link<'_> {
                 Some(out) = outgoing.recv() => hs.send(out, &p.coordinator).await?,
                 frame = hs.ws.next() => {
                     let t = match frame {
-                        None | Some(Ok(Message::Close(_))) => return Err(TransportError::Ws("closed by the coordinator".into())),
+                        None => return Err(TransportError::Ws("closed by the coordinator".into())),
+                        // Its reason (a penalty, a newer session, a lost leadership) is what
+                        // the operator needs in the log line the caller writes.
+                        Some(Ok(Message::Close(f))) => return Err(TransportError::Ws(match f {
+                            Some(f) => format!("closed by the coordinator ({}): {}", u16::from(f.code), f.reason),
+                            None => "closed by the coordinator".into(),
+                        })),
                         Some(Err(e)) => return Err(TransportError::Ws(e.to_string())),
                         Some(Ok(Message::Text(t))) => { last_heard = Instant::now(); t }
                         Some(Ok(_)) => { last_heard = Instant::now(); continue } // pings (answered by tungstenite)

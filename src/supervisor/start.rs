@@ -340,7 +340,7 @@ impl Supervisor {
 
 /// Opens (`writable`) or closes the workspace of generation `g`, if it has one that
 /// switches (a confined, coordinated generation with a recorded harness): whether it did.
-/// Blocking work (a fork into its mount namespace) runs off the runtime's threads.
+/// Blocking work (a child entering its mount namespace) runs off the runtime's threads.
 pub(crate) async fn open_workspace(
     g: &super::state::GenRecord,
     writable: bool,

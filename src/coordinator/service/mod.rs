@@ -568,7 +568,10 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     let _ = stop.send(true);
     // The leadership loop releases the lease as it stops.
     svc.shut_down().await;
-    hosts.abort();
+    // Each host session sends its close frame ("coordinator shutting down") and reads the
+    // host's before the process goes (bounded inside `serve`); aborted, a session's socket
+    // was reset and its host logged "connection reset" instead.
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), hosts).await;
     ops.abort();
     if let Some(r) = remote {
         r.abort();

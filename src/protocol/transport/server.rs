@@ -261,15 +261,20 @@ pub async fn serve(
     let handshakes = Arc::new(tokio::sync::Semaphore::new(MAX_HANDSHAKES));
     let in_flight = Arc::new(InFlight::default());
     let refusals = Arc::new(RefusalAudit::new());
+    // Every connection's task, so a shutdown lets each session send its close frame and
+    // read the peer's (bounded) before the process goes: a task dropped mid-close resets
+    // the socket, and the host saw "connection reset" instead of why.
+    let mut sessions = tokio::task::JoinSet::new();
     loop {
         let (tcp, addr) = tokio::select! {
             r = listener.accept() => r?,
-            _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
+            Some(_) = sessions.join_next(), if !sessions.is_empty() => continue,
+            _ = crate::util::shutdown_signalled(&mut shutdown) => { closing(sessions).await; return Ok(()) }
         };
         // A connection flood waits here rather than growing memory without bound.
         let global = tokio::select! {
-            p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => return Ok(()) },
-            _ = crate::util::shutdown_signalled(&mut shutdown) => return Ok(()),
+            p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => { closing(sessions).await; return Ok(()) } },
+            _ = crate::util::shutdown_signalled(&mut shutdown) => { closing(sessions).await; return Ok(()) }
         };
         let Some(permit) = in_flight.claim(addr.ip(), global) else {
             let source = addr.ip().to_string();
@@ -293,7 +298,7 @@ pub async fn serve(
         // Envelopes are small and each one waits for an answer: Nagle's algorithm would hold
         // a frame written behind an unacknowledged one for the peer's delayed ACK (~40 ms).
         let _ = tcp.set_nodelay(true);
-        tokio::spawn(async move {
+        sessions.spawn(async move {
             if let Err((peer, e)) = session(tcp, acceptor, &params, handler, shutdown, permit).await
             {
                 // Keyed by principal once TLS named one, else by source address.
@@ -309,6 +314,19 @@ pub async fn serve(
             }
         });
     }
+}
+
+/// How long a shutdown waits for its sessions' closes: each sends its close frame (up to
+/// the liveness interval) and reads until the peer's (up to `CLOSE_DRAIN`).
+const SHUTDOWN_CLOSE: Duration = Duration::from_secs(5);
+
+/// Waits for every session to finish closing, for at most `SHUTDOWN_CLOSE`; what is left is
+/// dropped.
+async fn closing(mut sessions: tokio::task::JoinSet<()>) {
+    let _ = tokio::time::timeout(SHUTDOWN_CLOSE, async {
+        while sessions.join_next().await.is_some() {}
+    })
+    .await;
 }
 
 /// The host's offset from the coordinator's database time: its `host_clock` against the

@@ -96,25 +96,31 @@ impl Rate {
 /// How long a closed session's peer may go on sending before its socket is dropped.
 const CLOSE_DRAIN: Duration = Duration::from_secs(2);
 
-/// How many frames a closed session's peer may send before its socket is dropped. A peer
-/// that reads sends its own close after at most what it had in flight; a flood does not
-/// stop, and reading (decrypting) it for the whole of `CLOSE_DRAIN` cost the coordinator
-/// ~900 000 frames per abusive session in the fleet bench's flood.
+/// How many frames, and bytes, a closed session's peer may send before its socket is
+/// dropped. A peer that reads sends its own close after at most what it had in flight (a
+/// host's burst is bounded by its outbox: about a receipt per lane); a flood does not stop,
+/// and reading (decrypting) it for the whole of `CLOSE_DRAIN` cost the coordinator ~900 000
+/// frames per abusive session in the fleet bench's flood. Past either bound the socket is
+/// reset: a peer that was not reading loses the close frame, and a host resends what was
+/// not acknowledged (receipts are idempotent by key).
 pub(super) const CLOSE_DRAIN_FRAMES: usize = 1024;
+pub(super) const CLOSE_DRAIN_BYTES: usize = 4 << 20;
 
 /// After our close frame, reads (and drops) what the peer still sends until it closes too,
-/// for at most `CLOSE_DRAIN` and `CLOSE_DRAIN_FRAMES`. A socket closed with unread input is
-/// reset, and the reset can destroy the close frame — and the reason it carries — before
-/// the peer has read it: a peer sending a few frames more would then see "broken pipe"
-/// instead of why it was closed.
+/// for at most `CLOSE_DRAIN`, `CLOSE_DRAIN_FRAMES` and `CLOSE_DRAIN_BYTES`. A socket closed
+/// with unread input is reset, and the reset can destroy the close frame — and the reason
+/// it carries — before the peer has read it: a peer sending a few frames more would then
+/// see "broken pipe" instead of why it was closed.
 pub(super) async fn drain<S>(ws: &mut S)
 where
     S: futures_util::Stream<Item = Result<Message, tokio_tungstenite::tungstenite::Error>> + Unpin,
 {
     let _ = tokio::time::timeout(CLOSE_DRAIN, async {
-        let mut left = CLOSE_DRAIN_FRAMES;
-        while left > 0 && matches!(ws.next().await, Some(Ok(_))) {
-            left -= 1;
+        let (mut frames, mut bytes) = (CLOSE_DRAIN_FRAMES, CLOSE_DRAIN_BYTES);
+        while frames > 0 && bytes > 0 {
+            let Some(Ok(m)) = ws.next().await else { break };
+            frames -= 1;
+            bytes = bytes.saturating_sub(m.len());
         }
     })
     .await;
@@ -367,5 +373,21 @@ mod tests {
         drain(&mut flood).await;
         let left = flood.count().await;
         assert_eq!(sent - left, CLOSE_DRAIN_FRAMES, "frames read by the drain");
+    }
+
+    /// Large frames are cut by bytes before the frame bound.
+    #[tokio::test]
+    async fn a_closed_sessions_drain_stops_at_its_byte_bound() {
+        let frame = 256 * 1024;
+        let sent = CLOSE_DRAIN_BYTES / frame * 4;
+        let mut flood =
+            futures_util::stream::iter((0..sent).map(|_| Ok(Message::binary(vec![0u8; frame]))));
+        drain(&mut flood).await;
+        let left = flood.count().await;
+        assert_eq!(
+            sent - left,
+            CLOSE_DRAIN_BYTES / frame,
+            "frames read by the drain"
+        );
     }
 }
