@@ -429,23 +429,13 @@ fn a_missing_checkpoint_quarantines_until_the_operator_releases() {
     // clears it: the database refuses anyone else.
     let owed = "SELECT count(*) FROM generations WHERE checkpoint_owed";
     assert_eq!(tokio_block(async { w.count(owed).await }), 1);
-    let e = tokio_block(async {
-        w.sql()
-            .await
-            .execute("UPDATE generations SET checkpoint_owed = false", &[])
-            .await
-            .expect_err("cleared without a checkpoint")
-    });
-    assert_eq!(e.code().map(|c| c.code()), Some("MS003"), "{e:?}");
+    let refused = |sql: &str| {
+        let e = tokio_block(async { w.sql().await.execute(sql, &[]).await.expect_err(sql) });
+        assert_eq!(e.code().map(|c| c.code()), Some("MS003"), "{sql}: {e:?}");
+    };
+    refused("UPDATE generations SET checkpoint_owed = false");
     // Nor can another end receipt replace the one that decided it.
-    let e = tokio_block(async {
-        w.sql()
-            .await
-            .execute("UPDATE generations SET end_receipt = 'tr-other'", &[])
-            .await
-            .expect_err("a second end receipt")
-    });
-    assert_eq!(e.code().map(|c| c.code()), Some("MS003"), "{e:?}");
+    refused("UPDATE generations SET end_receipt = 'tr-other'");
     // The migration's backfill, over the rows this lane left, with the flag cleared behind
     // the triggers' back (in a transaction rolled back): it finds the debt; a harness
     // artifact's deletion record changes nothing; a deleted end checkpoint's means paid.
