@@ -2318,3 +2318,56 @@ fn the_host_logs_why_the_coordinator_closed_its_session() {
         "{line}"
     );
 }
+
+/// Sets `pid`'s open-file soft limit (`None`: leaves it); the limits it had.
+fn nofile(pid: i32, soft: Option<u64>) -> libc::rlimit {
+    let mut old = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    assert_eq!(
+        unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, std::ptr::null(), &mut old) },
+        0
+    );
+    if let Some(soft) = soft {
+        let new = libc::rlimit {
+            rlim_cur: soft,
+            rlim_max: old.rlim_max,
+        };
+        assert_eq!(
+            unsafe { libc::prlimit(pid, libc::RLIMIT_NOFILE, &new, std::ptr::null_mut()) },
+            0
+        );
+    }
+    old
+}
+
+/// An accept the kernel refuses (here: the coordinator out of descriptors, as a connection
+/// flood makes it) pauses the host listener. It used to end it: `serve` returned the error,
+/// and the coordinator ran on without serving any host again.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_host_listener_outlives_an_accept_the_kernel_refuses() {
+    let w = World::new(Opts::default());
+    let (p, _) = w.raw(1, vec![]);
+    let pid = w.coordinator_pid(0);
+    let log = w.coordinator_log(0);
+    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .count() as u64;
+    // Room for one more descriptor: the first connection takes it, the next accept fails.
+    let before = nofile(pid, Some(open + 1));
+    let flood: Vec<std::net::TcpStream> = (0..4)
+        .map(|_| std::net::TcpStream::connect(&p.addr).unwrap())
+        .collect();
+    common::wait_until("the coordinator's refused accept in its log", || {
+        std::fs::read_to_string(&log)
+            .ok()?
+            .contains("cannot accept a connection")
+            .then_some(())
+    });
+    drop(flood);
+    nofile(pid, Some(before.rlim_cur));
+    // Served again: a host's session is admitted.
+    let hs = common_retry_connect(&p).await;
+    assert!(!hs.session_id.is_empty());
+}

@@ -215,18 +215,9 @@ pub(crate) fn spawn_applier(inner: Arc<Inner>, lane: String, live: &LiveGen) {
 /// Runs the supervisor daemon until SIGTERM or SIGINT.
 pub async fn run_daemon(cfg: Config) -> Result<(), SupervisorError> {
     decommission::refuse_if_decommissioned(&cfg.state_dir)?;
-    // Every lane's gateway holds descriptors for its connections: the soft limit (often
-    // 1024) goes up towards the hard one (at most 65536, which every child inherits), so a
-    // few busy lanes cannot starve the rest.
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
-        let want = hard.min(65_536);
-        if soft < want {
-            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, want, hard) {
-                tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
-            }
-        }
-    }
+    // Every lane's gateway holds descriptors for its connections: a few busy lanes must
+    // not starve the rest.
+    crate::util::raise_open_file_limit();
     // Everything `mosaic doctor` checks, before anything is created.
     let report = crate::doctor::run(cfg.cgroup_root.as_deref());
     if !report.can_run_supervisor {

@@ -173,6 +173,9 @@ pub async fn run(opts: UpOptions) -> Result<(), UpError> {
     if opts.hosts == 0 || opts.hosts > 16 {
         return Err(UpError::Usage("--hosts must be between 1 and 16".into()));
     }
+    // The coordinator's sessions and the supervisors' gateways, in this process and its
+    // children.
+    crate::util::raise_open_file_limit();
     crate::coordinator::service::notifier::Sinks::configured(
         opts.notify_command.as_deref(),
         opts.notify_webhook.as_deref(),
@@ -281,7 +284,7 @@ async fn run_with(
         cert: prov.coordinator.cert.clone(),
         key: prov.coordinator.key.clone(),
     };
-    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls, hosts_rx));
+    let hosts = svc.spawn_hosts(listener, tls, hosts_rx);
     let ops_listener =
         crate::coordinator::service::bind_operators(&prov.coordinator.operator_socket)
             .map_err(|e| usage(&e))?;
@@ -312,7 +315,7 @@ async fn run_with(
         .await;
         let _ = stop_hosts.send(true);
         svc.shut_down().await;
-        hosts.abort();
+        hosts.closed().await;
         ops.abort();
         let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
         return outcome;
@@ -396,7 +399,7 @@ async fn run_with(
     teardown(&sup, &origin).await;
     let _ = stop_hosts.send(true);
     svc.shut_down().await;
-    hosts.abort();
+    hosts.closed().await;
     ops.abort();
     let _ = std::fs::remove_file(&prov.coordinator.operator_socket);
     outcome

@@ -105,3 +105,19 @@ pub fn run_bounded(
         stderr,
     })
 }
+
+/// Raises the open-file soft limit towards the hard one (at most 65536, which every child
+/// inherits): a daemon's descriptors are its connections (the supervisor's gateways, the
+/// coordinator's host sessions and pending handshakes), and the usual soft default of 1024
+/// is below what a flood or a busy host can hold.
+pub fn raise_open_file_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    if let Ok((soft, hard)) = getrlimit(Resource::RLIMIT_NOFILE) {
+        let want = hard.min(65_536);
+        if soft < want {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, want, hard) {
+                tracing::warn!(error = %e, soft, hard, "cannot raise the open-file limit");
+            }
+        }
+    }
+}

@@ -393,6 +393,19 @@ impl Service {
         Ok(bound)
     }
 
+    /// Serves host sessions on `listener` until `shutdown` flips, in a task of its own; the
+    /// handle is how the process waits for the sessions' closes before it goes.
+    pub fn spawn_hosts(
+        self: &Arc<Self>,
+        listener: tokio::net::TcpListener,
+        tls: TlsIdentity,
+        shutdown: watch::Receiver<bool>,
+    ) -> HostListener {
+        HostListener(tokio::spawn(
+            self.clone().serve_hosts(listener, tls, shutdown),
+        ))
+    }
+
     /// Serves host sessions on `listener` until `shutdown`.
     pub async fn serve_hosts(
         self: Arc<Self>,
@@ -526,8 +539,45 @@ fn wire_category(v: &transport::Violation) -> Category {
     }
 }
 
+/// The host listener's task ([`Service::spawn_hosts`]).
+pub struct HostListener(tokio::task::JoinHandle<Result<(), ServiceError>>);
+
+impl HostListener {
+    /// Once the shutdown flipped: waits until every host session sent its close frame
+    /// ("coordinator shutting down") and read the host's, bounded inside `serve`. Aborted
+    /// instead, a session's socket was reset, and its host logged "connection reset" rather
+    /// than why.
+    pub async fn closed(self) {
+        match self.0.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => tracing::error!(error = %e, "the host listener ended with an error"),
+            Err(e) => tracing::error!(error = %e, "the host listener's task failed"),
+        }
+    }
+
+    /// Resolves only if the listener ends before the shutdown (it cannot serve): the
+    /// process must not run on without it.
+    pub async fn failed(&mut self) -> ServiceError {
+        match (&mut self.0).await {
+            Ok(Err(e)) => e,
+            Ok(Ok(())) => ServiceError::Serve {
+                what: "host sessions",
+                at: "its listener".into(),
+                detail: "the listener stopped".into(),
+            },
+            Err(e) => ServiceError::Serve {
+                what: "host sessions",
+                at: "its listener".into(),
+                detail: format!("its task failed: {e}"),
+            },
+        }
+    }
+}
+
 pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     preflight(&cfg)?;
+    // Each host session and each pending handshake (up to 512) is a descriptor.
+    crate::util::raise_open_file_limit();
     let svc = Service::start(&cfg).await?;
     let listener = tokio::net::TcpListener::bind(&cfg.listen).await?;
     let (stop, rx) = watch::channel(false);
@@ -536,7 +586,7 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
         cert: cfg.cert.clone(),
         key: cfg.key.clone(),
     };
-    let hosts = tokio::spawn(svc.clone().serve_hosts(listener, tls.clone(), rx.clone()));
+    let mut hosts = svc.spawn_hosts(listener, tls.clone(), rx.clone());
     if let Some(addr) = &cfg.metrics_listen {
         svc.serve_metrics(addr, rx).await?;
     }
@@ -560,24 +610,24 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     }
     tokio::spawn(trust::reload_on_hangup(svc.clone()));
     let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-    tokio::select! {
-        _ = term.recv() => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let outcome = tokio::select! {
+        _ = term.recv() => Ok(()),
+        _ = tokio::signal::ctrl_c() => Ok(()),
+        e = hosts.failed() => Err(e),
+    };
     crate::systemd::stopping();
     let _ = stop.send(true);
     // The leadership loop releases the lease as it stops.
     svc.shut_down().await;
-    // Each host session sends its close frame ("coordinator shutting down") and reads the
-    // host's before the process goes (bounded inside `serve`); aborted, a session's socket
-    // was reset and its host logged "connection reset" instead.
-    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), hosts).await;
+    if outcome.is_ok() {
+        hosts.closed().await;
+    }
     ops.abort();
     if let Some(r) = remote {
         r.abort();
     }
     let _ = std::fs::remove_file(&cfg.operator_socket);
-    Ok(())
+    outcome
 }
 
 #[cfg(test)]

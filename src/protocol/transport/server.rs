@@ -267,14 +267,27 @@ pub async fn serve(
     let mut sessions = tokio::task::JoinSet::new();
     loop {
         let (tcp, addr) = tokio::select! {
-            r = listener.accept() => r?,
+            r = listener.accept() => match r {
+                Ok(a) => a,
+                // Out of descriptors (a connection flood), or a connection the kernel
+                // aborted: the listener stays. Returning the error stopped serving hosts
+                // for good while the process ran on. The pause keeps an exhausted
+                // descriptor table from spinning the loop (and the log).
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot accept a connection; trying again in a second");
+                    tokio::select! {
+                        _ = tokio::time::sleep(ACCEPT_PAUSE) => continue,
+                        _ = crate::util::shutdown_signalled(&mut shutdown) => break,
+                    }
+                }
+            },
             Some(_) = sessions.join_next(), if !sessions.is_empty() => continue,
-            _ = crate::util::shutdown_signalled(&mut shutdown) => { closing(sessions).await; return Ok(()) }
+            _ = crate::util::shutdown_signalled(&mut shutdown) => break,
         };
         // A connection flood waits here rather than growing memory without bound.
         let global = tokio::select! {
-            p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => { closing(sessions).await; return Ok(()) } },
-            _ = crate::util::shutdown_signalled(&mut shutdown) => { closing(sessions).await; return Ok(()) }
+            p = handshakes.clone().acquire_owned() => match p { Ok(p) => p, Err(_) => break },
+            _ = crate::util::shutdown_signalled(&mut shutdown) => break,
         };
         let Some(permit) = in_flight.claim(addr.ip(), global) else {
             let source = addr.ip().to_string();
@@ -314,7 +327,12 @@ pub async fn serve(
             }
         });
     }
+    closing(sessions).await;
+    Ok(())
 }
+
+/// How long the listener pauses after an accept the kernel refused.
+const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 
 /// How long a shutdown waits for its sessions' closes: each sends its close frame (up to
 /// the liveness interval) and reads until the peer's (up to `CLOSE_DRAIN`).
