@@ -2343,31 +2343,36 @@ fn nofile(pid: i32, soft: Option<u64>) -> libc::rlimit {
 }
 
 /// An accept the kernel refuses (here: the coordinator out of descriptors, as a connection
-/// flood makes it) pauses the host listener. It used to end it: `serve` returned the error,
-/// and the coordinator ran on without serving any host again.
+/// flood makes it) pauses the host listener and the operator socket. It used to end them:
+/// each returned the error, and the coordinator ran on without serving any host (or
+/// operator) again.
 #[tokio::test(flavor = "multi_thread")]
 async fn the_host_listener_outlives_an_accept_the_kernel_refuses() {
     let w = World::new(Opts::default());
     let (p, _) = w.raw(1, vec![]);
     let pid = w.coordinator_pid(0);
     let log = w.coordinator_log(0);
-    let open = std::fs::read_dir(format!("/proc/{pid}/fd"))
-        .unwrap()
-        .count() as u64;
-    // Room for one more descriptor: the first connection takes it, the next accept fails.
-    let before = nofile(pid, Some(open + 1));
+    // No new descriptor at all (those it has stay open), whatever closes meanwhile.
+    let before = nofile(pid, Some(0));
     let flood: Vec<std::net::TcpStream> = (0..4)
         .map(|_| std::net::TcpStream::connect(&p.addr).unwrap())
         .collect();
-    common::wait_until("the coordinator's refused accept in its log", || {
-        std::fs::read_to_string(&log)
-            .ok()?
-            .contains("cannot accept a connection")
-            .then_some(())
+    let operators: Vec<std::os::unix::net::UnixStream> = (0..2)
+        .map(|_| std::os::unix::net::UnixStream::connect(w.socket(0)).unwrap())
+        .collect();
+    common::wait_until("both refused accepts in the coordinator's log", || {
+        let text = std::fs::read_to_string(&log).ok()?;
+        let refused = |listener: &str| {
+            text.lines()
+                .any(|l| l.contains("cannot accept a connection") && l.contains(listener))
+        };
+        (refused("host sessions") && refused("operator socket")).then_some(())
     });
-    drop(flood);
+    drop((flood, operators));
     nofile(pid, Some(before.rlim_cur));
-    // Served again: a host's session is admitted.
+    // Served again: a host's session is admitted, an operator answered.
     let hs = common_retry_connect(&p).await;
     assert!(!hs.session_id.is_empty());
+    // (Leading again: its renewals could not connect either.)
+    w.wait_leading(0);
 }

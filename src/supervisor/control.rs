@@ -104,14 +104,13 @@ pub fn bind(path: &Path) -> Result<UnixListener, SupervisorError> {
 
 pub async fn serve(sup: Supervisor, listener: UnixListener) -> Result<(), SupervisorError> {
     loop {
-        let (stream, _) = listener
-            .accept()
-            .await
-            .map_err(|source| SupervisorError::Io {
-                what: "accept",
-                path: sup.config().control_socket(),
-                source,
-            })?;
+        let (stream, _) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                crate::util::accept_refused("control socket", &e).await;
+                continue;
+            }
+        };
         // A confined generation (or any tool it runs) never drives its own supervisor.
         let peer = stream.peer_cred().ok().and_then(|c| c.pid());
         if crate::confine::refuse_peer(peer) {

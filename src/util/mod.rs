@@ -121,3 +121,12 @@ pub fn raise_open_file_limit() {
         }
     }
 }
+
+/// After an accept the kernel refused (out of descriptors, a connection it aborted): logs
+/// it and pauses, so the caller's loop goes on serving rather than ending its listener —
+/// an ended listener left its daemon running and unreachable — and an exhausted descriptor
+/// table neither spins the loop nor floods the log.
+pub async fn accept_refused(listener: &str, e: &std::io::Error) {
+    tracing::warn!(listener, error = %e, "cannot accept a connection; trying again in a second");
+    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
+}

@@ -269,14 +269,10 @@ pub async fn serve(
         let (tcp, addr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(a) => a,
-                // Out of descriptors (a connection flood), or a connection the kernel
-                // aborted: the listener stays. Returning the error stopped serving hosts
-                // for good while the process ran on. The pause keeps an exhausted
-                // descriptor table from spinning the loop (and the log).
+                // Out of descriptors (a connection flood): the listener stays.
                 Err(e) => {
-                    tracing::warn!(error = %e, "cannot accept a connection; trying again in a second");
                     tokio::select! {
-                        _ = tokio::time::sleep(ACCEPT_PAUSE) => continue,
+                        _ = crate::util::accept_refused("host sessions", &e) => continue,
                         _ = crate::util::shutdown_signalled(&mut shutdown) => break,
                     }
                 }
@@ -330,9 +326,6 @@ pub async fn serve(
     closing(sessions).await;
     Ok(())
 }
-
-/// How long the listener pauses after an accept the kernel refused.
-const ACCEPT_PAUSE: Duration = Duration::from_secs(1);
 
 /// How long a shutdown waits for its sessions' closes: each sends its close frame (up to
 /// the liveness interval) and reads until the peer's (up to `CLOSE_DRAIN`).

@@ -74,7 +74,13 @@ pub async fn serve_operators(
     listener: tokio::net::UnixListener,
 ) -> Result<(), ServiceError> {
     loop {
-        let (stream, _) = listener.accept().await?;
+        let (stream, _) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                crate::util::accept_refused("operator socket", &e).await;
+                continue;
+            }
+        };
         // A confined generation (or any tool it runs) on this host is never an operator.
         let cred = stream.peer_cred().ok();
         let peer = cred.and_then(|c| c.pid());
@@ -99,7 +105,13 @@ pub async fn serve_remote_operators(
 ) -> Result<(), ServiceError> {
     let acceptor = tokio_rustls::TlsAcceptor::from(transport::server_tls(&tls)?);
     loop {
-        let (tcp, addr) = listener.accept().await?;
+        let (tcp, addr) = match listener.accept().await {
+            Ok(a) => a,
+            Err(e) => {
+                crate::util::accept_refused("remote operators", &e).await;
+                continue;
+            }
+        };
         let _ = tcp.set_nodelay(true);
         let (svc, acceptor) = (svc.clone(), acceptor.clone());
         tokio::spawn(async move {
