@@ -751,3 +751,55 @@ async fn a_peer_that_stops_reading_loses_its_session_within_the_liveness_limit()
         "closed for {closed:?} after {sent} receipts"
     );
 }
+
+/// A backlog of receipts larger than the coordinator's frame burst drains without the
+/// session being closed as abusive: the link paces receipts to half the session's budget.
+/// It sent the whole backlog at once, and past the burst every reconnect was closed again.
+#[tokio::test]
+async fn a_receipt_backlog_past_the_frame_burst_drains_without_an_abusive_close() {
+    let w = World::new();
+    let state = tempdir("link-backlog");
+    let outbox = mosaic::supervisor::outbox::Outbox::open(&state).unwrap();
+    // Twice the burst: unpaced, the collector (which answers at once) took them at about
+    // 700 a second, past the burst after ~3000 whatever the sustained rate gave back.
+    let n = 2 * u64::from(transport::Limits::default().burst);
+    for g in 1..=n {
+        outbox.write(&receipt("h1:w1", g)).unwrap();
+    }
+    let addr = format!("127.0.0.1:{}", common::free_port());
+    let (_, _stop) = w.serve_on(&addr).await;
+    let (link_stop, link_rx) = watch::channel(false);
+    let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(&state).unwrap());
+    let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
+        w.link(&addr, &w.host),
+        outbox.clone(),
+        fence,
+        link_rx,
+    ));
+    // Paced, the last of them goes out about (n - burst/2) / (rate/2) seconds in.
+    let deadline = std::time::Instant::now() + Duration::from_secs(120);
+    while !outbox.list(false).unwrap().is_empty() {
+        let abusive: Vec<String> = w
+            .collector
+            .closed
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|(_, abusive)| *abusive)
+            .map(|(r, _)| r.clone())
+            .collect();
+        assert!(
+            abusive.is_empty(),
+            "the host's session was closed as abusive: {abusive:?}"
+        );
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} of {n} receipts still unacknowledged",
+            outbox.list(false).unwrap().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(w.collector.receipts.lock().unwrap().len() as u64, n);
+    link_stop.send(true).unwrap();
+    let _ = link.await;
+}

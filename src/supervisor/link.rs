@@ -281,6 +281,7 @@ impl Link<'_> {
             s.send_replace(Some(self.attempt));
         }
         let mut sent: HashMap<String, Resend> = HashMap::new();
+        let mut pace = Pace::of(&crate::protocol::transport::Limits::default());
         // Receipts go out as soon as they are durable (the outbox signals each write); the
         // tick is the safety net for anything written while a send was in flight.
         let mut tick = tokio::time::interval(Duration::from_millis(100));
@@ -290,8 +291,8 @@ impl Link<'_> {
         let written = self.outbox.written();
         loop {
             tokio::select! {
-                _ = tick.tick() => self.send_pending(&mut hs, &mut sent).await?,
-                _ = written.notified() => self.send_pending(&mut hs, &mut sent).await?,
+                _ = tick.tick() => self.send_pending(&mut hs, &mut sent, &mut pace).await?,
+                _ = written.notified() => self.send_pending(&mut hs, &mut sent, &mut pace).await?,
                 _ = heartbeat.tick() => {
                     if last_heard.elapsed() > p.liveness.limit {
                         return Err(TransportError::Timeout("coordinator silent past the liveness limit"));
@@ -396,11 +397,12 @@ impl Link<'_> {
     }
 
     /// Sends every unacknowledged receipt not sent on this session yet, or whose backoff ran
-    /// out since it was last sent.
+    /// out since it was last sent, as far as `pace` allows (the rest at a later call).
     async fn send_pending(
         &self,
         hs: &mut HostSession,
         sent: &mut HashMap<String, Resend>,
+        pace: &mut Pace,
     ) -> Result<(), TransportError> {
         for r in self
             .outbox
@@ -413,6 +415,9 @@ impl Link<'_> {
                 Some(_) => None,
             };
             let Some(backoff) = due else { continue };
+            if !pace.take() {
+                break;
+            }
             let env = receipt_outgoing(self.p, &hs.session_id, &r)?;
             hs.send(env, &self.p.coordinator).await?;
             sent.insert(
@@ -424,6 +429,44 @@ impl Link<'_> {
             );
         }
         Ok(())
+    }
+}
+
+/// The share of the coordinator's per-session frame budget (`Limits`) receipts may use:
+/// half its burst and half its sustained rate. A backlog — a host away while many of its
+/// generations ended — used to go out in one burst, and past the coordinator's burst the
+/// session was closed as abusive, on every reconnect. The other half stays for the
+/// chain's messages, reports and heartbeats.
+struct Pace {
+    tokens: f64,
+    at: Instant,
+    per_second: f64,
+    cap: f64,
+}
+
+impl Pace {
+    fn of(l: &crate::protocol::transport::Limits) -> Self {
+        let cap = f64::from(l.burst / 2).max(1.0);
+        Self {
+            tokens: cap,
+            at: Instant::now(),
+            per_second: f64::from(l.frames_per_second / 2).max(1.0),
+            cap,
+        }
+    }
+
+    /// Spends one frame's budget if there is one.
+    fn take(&mut self) -> bool {
+        let now = Instant::now();
+        let earned = now.duration_since(self.at).as_secs_f64() * self.per_second;
+        self.tokens = (self.tokens + earned).min(self.cap);
+        self.at = now;
+        if self.tokens >= 1.0 {
+            self.tokens -= 1.0;
+            true
+        } else {
+            false
+        }
     }
 }
 
