@@ -584,6 +584,69 @@ async fn a_leader_cut_off_from_its_database_stops_believing_it_leads_when_its_le
     w.usable(1).await;
 }
 
+/// A leader whose renewals go unanswered on a connection that stays open (the backend
+/// serving them is stopped: what a black-holed network or a hung server looks like) stops
+/// believing it leads when its lease runs out, and leads again only under a new epoch. Its
+/// renewal used to wait on that connection for as long as TCP kept it, answering `leading`
+/// under the old epoch, and holding its hosts, all the while.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_leader_whose_renewal_goes_unanswered_steps_down_when_its_lease_runs_out() {
+    let w = Split::new(1);
+    w.wait_host_connected();
+    let epoch = w.status()["coordinator_epoch"].as_i64().unwrap();
+    let renewals = format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = '{}' \
+         AND query LIKE 'UPDATE leadership SET lease_expires_at%'",
+        w.db.name
+    );
+    let c = w.sql().await;
+    let mut pids: Vec<i32> = Vec::new();
+    for _ in 0..200 {
+        pids = c
+            .query(&renewals, &[])
+            .await
+            .unwrap()
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        if !pids.is_empty() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(!pids.is_empty(), "no connection renewing the lease");
+    /// Lets the stopped backends go on however the test ends.
+    struct Stopped(Vec<i32>);
+    impl Drop for Stopped {
+        fn drop(&mut self) {
+            for p in &self.0 {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(*p),
+                    nix::sys::signal::Signal::SIGCONT,
+                );
+            }
+        }
+    }
+    let stopped = Stopped(pids.clone());
+    for p in &pids {
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(*p),
+            nix::sys::signal::Signal::SIGSTOP,
+        )
+        .unwrap();
+    }
+    // Stepped down (the old epoch is gone) and acquired again on other connections.
+    let now = common::wait_until("a new epoch while the renewals' backend is stopped", || {
+        w.status()["coordinator_epoch"]
+            .as_i64()
+            .filter(|e| *e > epoch)
+    });
+    assert!(now > epoch);
+    drop(stopped);
+    w.wait_host_connected();
+    w.usable(1).await;
+}
+
 /// §17 Leadership expiry at mutation: the leader paused (SIGSTOP past its lease) with each
 /// mutation class's transaction open, its commit still ahead — every chain step and the
 /// stop's two, the work's lease renewal, a continuation's claim, acceptance and result, and a

@@ -238,18 +238,36 @@ async fn lead(
             .await;
             continue;
         }
+        // Neither the connect nor the renewal may outlast the belief: a connection the
+        // database stopped answering without closing it (a black-holed network, a stopped
+        // server) held the loop for as long as TCP retried, while this process went on
+        // answering `leading` past its lease and kept its hosts from failing over.
         if client.as_ref().is_none_or(|c| c.is_closed()) {
-            client = match svc.store.dedicated().await {
-                Ok(c) => Some(c),
-                Err(e) => {
+            client = match tokio::time::timeout_at(believed_until, svc.store.dedicated()).await {
+                Ok(Ok(c)) => Some(c),
+                Ok(Err(e)) => {
                     tracing::warn!(error = %e, "leadership connection unavailable");
+                    None
+                }
+                Err(_) => {
+                    tracing::warn!("leadership connection unavailable: the database did not answer before the lease's end");
                     None
                 }
             };
         }
         let Some(c) = &client else { continue };
         let sent = tokio::time::Instant::now();
-        match svc.store.renew_on(c, &mut l, lease_ms).await {
+        let renewal =
+            tokio::time::timeout_at(believed_until, svc.store.renew_on(c, &mut l, lease_ms)).await;
+        let Ok(renewal) = renewal else {
+            // Past the lease: the next turn steps down; this connection is not used again.
+            tracing::warn!(
+                "leadership renewal unanswered until the lease's end; dropping its connection"
+            );
+            client = None;
+            continue;
+        };
+        match renewal {
             Ok(()) => {
                 believed_until = sent + lease;
                 svc.leadership.renewed(l).await
