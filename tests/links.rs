@@ -155,6 +155,44 @@ async fn receipts_written_while_the_link_is_down_arrive_once_after_it_is_restore
     w.usable(1).await;
 }
 
+/// A pending receipt that does not parse is set aside for an operator, and nothing else
+/// stops. It failed every read of the outbox: the link dropped each session within 100 ms
+/// of opening it, and a restarted supervisor gave up rebuilding its chains, so its
+/// re-adopted generations ran on with no authority to report or be stopped through.
+#[tokio::test(flavor = "multi_thread")]
+async fn a_pending_receipt_that_does_not_parse_is_set_aside_and_nothing_else_stops() {
+    let mut w = Split::new(1);
+    w.wait_host_connected();
+    let a = w.assign(1, "hang").unwrap();
+    assert_eq!(a["state"], "RUNNING");
+    // The supervisor comes back to a torn receipt in its outbox.
+    w.crash_supervisor();
+    let name = format!("tr-{}.json", "0".repeat(40));
+    std::fs::write(
+        w.state_dir(0).join("outbox").join(&name),
+        b"{\"receipt_id\": ",
+    )
+    .unwrap();
+    w.start_supervisor();
+    let aside = w.state_dir(0).join("outbox-unreadable").join(&name);
+    common::wait_until("the torn receipt set aside", || {
+        aside.exists().then_some(())
+    });
+    assert!(!w.state_dir(0).join("outbox").join(&name).exists());
+    w.wait_host_connected();
+    // The re-adopted generation's chain was rebuilt: the stop reaches it, and its receipt
+    // arrives exactly once.
+    let out = w.stop_final(a["assignment_id"].as_str().unwrap());
+    assert_eq!(out["state"], "CANCELLED", "{out}");
+    assert_eq!(
+        w.count("SELECT count(*) FROM termination_receipts").await,
+        1,
+        "exactly once"
+    );
+    w.invariants().await;
+    w.usable(1).await;
+}
+
 #[tokio::test(flavor = "multi_thread")]
 async fn lanes_created_or_recreated_on_a_connected_host_are_registered_on_the_same_session() {
     use mosaic::supervisor::control::{call, Request};

@@ -63,6 +63,13 @@ impl Outbox {
         })
     }
 
+    /// Where a pending receipt that does not parse is set aside (for an operator; never
+    /// read as a receipt again). Not one of the places `write` and `contains` look, so the
+    /// supervisor's reconciliation can record what it still knows of that generation.
+    fn unreadable(&self) -> PathBuf {
+        self.pending.with_file_name("outbox-unreadable")
+    }
+
     fn name(key: &str) -> String {
         format!("{key}.json")
     }
@@ -137,9 +144,9 @@ impl Outbox {
 
     /// Unacknowledged receipts, oldest first; with `include_acked`, acknowledged ones too.
     pub fn list(&self, include_acked: bool) -> Result<Vec<TerminationReceipt>, OutboxError> {
-        let mut out = read_all(&self.pending)?;
+        let mut out = read_all(&self.pending, Some(&self.unreadable()))?;
         if include_acked {
-            out.extend(read_all(&self.acked)?);
+            out.extend(read_all(&self.acked, None)?);
         }
         out.sort_by(|a, b| a.written_at.cmp(&b.written_at));
         Ok(out)
@@ -163,7 +170,12 @@ impl Outbox {
     }
 }
 
-fn read_all(dir: &Path) -> Result<Vec<TerminationReceipt>, OutboxError> {
+/// The receipts in `dir`. One that does not parse is moved to `set_aside` (when given)
+/// and left out: kept in the list, it failed every reader — the link dropped its session
+/// every 100 ms, and a restarted supervisor could not rebuild its chains. A file that
+/// cannot be read now (an I/O error) fails the whole read: a reader must not take a
+/// partial outbox for the whole one.
+fn read_all(dir: &Path, set_aside: Option<&Path>) -> Result<Vec<TerminationReceipt>, OutboxError> {
     let rd = std::fs::read_dir(dir).map_err(|source| DurableError::Io {
         op: "read dir",
         path: dir.to_path_buf(),
@@ -180,12 +192,20 @@ fn read_all(dir: &Path) -> Result<Vec<TerminationReceipt>, OutboxError> {
             path: p.clone(),
             source,
         })?;
-        out.push(
-            serde_json::from_slice(&bytes).map_err(|e| OutboxError::Corrupt {
-                path: p.clone(),
-                detail: e.to_string(),
-            })?,
-        );
+        match serde_json::from_slice(&bytes) {
+            Ok(r) => out.push(r),
+            Err(err) => {
+                let Some(aside) = set_aside else {
+                    tracing::error!(path = %p.display(), error = %err, "a receipt file does not parse; left out");
+                    continue;
+                };
+                let to = aside.join(e.file_name());
+                durable::ensure_dir(aside, 0o700)?;
+                durable::move_file(&p, &to)?;
+                tracing::error!(path = %p.display(), moved_to = %to.display(), error = %err,
+                    "a pending receipt does not parse: set aside for an operator, never sent");
+            }
+        }
     }
     Ok(out)
 }

@@ -266,64 +266,70 @@ impl CoordinatedHost {
         });
         tokio::spawn(Self::resend_results(Arc::downgrade(&host)));
         tokio::spawn(Self::upload_loop(Arc::downgrade(&host)));
-        match host.sup.status().await {
-            Ok(st) => {
-                for lane in st.lanes {
-                    let Some(g) = lane.generation else { continue };
-                    let Some(binding) = host.sup.binding(&lane.lane, g.generation).await else {
-                        continue;
-                    };
-                    let restored = binding
-                        .chain_fields
-                        .as_ref()
-                        .and_then(ReportBase::from_record);
-                    let activated = binding.activated;
-                    // Served again by the re-adoption when its fields were recorded (at
-                    // injection; see `adopt::reserve_lane_socket`), activated or not.
-                    let session = match &restored {
-                        Some(_) => host.sup.session_of(&lane.lane, g.generation).await,
-                        None => None,
-                    };
-                    if let Ok(mut gate) = host.gate.lock() {
-                        let _ =
-                            gate.advance(&lane.lane_id, &lane.lane_incarnation_id, g.generation);
-                    }
-                    let ctx = Arc::new(ChainCtx {
-                        lane_incarnation_id: lane.lane_incarnation_id.clone(),
-                        generation: g.generation,
-                        runtime: g.runtime.clone(),
-                        binding,
-                        stage: None,
-                        restored: None,
-                        session: session.clone(),
-                        identity: g
-                            .process_identity
-                            .as_ref()
-                            .map(identity_value)
-                            .unwrap_or(Value::Null),
-                        contract: Mutex::new(None),
-                        challenge: tokio::sync::watch::channel(None).0,
-                        handoff: tokio::sync::watch::channel(None).0,
-                        offers: Mutex::new(Default::default()),
-                        active: std::sync::atomic::AtomicBool::new(activated && restored.is_some()),
-                        report_base: Mutex::new(restored),
-                        stopping: std::sync::atomic::AtomicBool::new(false),
-                        observing: std::sync::atomic::AtomicBool::new(false),
-                    });
-                    if let Ok(mut m) = host.chains.lock() {
-                        m.insert(lane.lane_id.clone(), ctx.clone());
-                    }
-                    if let Some(session) = session {
-                        tracing::info!(lane_id = %lane.lane_id, generation = g.generation,
-                            "re-adopted generation: its lane socket is served again");
-                        if ctx.active.load(std::sync::atomic::Ordering::SeqCst) {
-                            host.observe_progress(&ctx, &session);
-                        }
-                        tokio::spawn(host.clone().report_loop(ctx, session));
-                    }
+        // Until the lanes' state can be read: given up after one failure, every re-adopted
+        // generation ran on with no chain (its broker refused everything, its reports were
+        // dropped) for the rest of its life.
+        let st = loop {
+            match host.sup.status().await {
+                Ok(st) => break st,
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot read the lanes' state to rebuild the coordinated chain state; trying again in a second");
+                    tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }
             }
-            Err(e) => tracing::error!(error = %e, "cannot rebuild the coordinated chain state"),
+        };
+        for lane in st.lanes {
+            let Some(g) = lane.generation else { continue };
+            let Some(binding) = host.sup.binding(&lane.lane, g.generation).await else {
+                continue;
+            };
+            let restored = binding
+                .chain_fields
+                .as_ref()
+                .and_then(ReportBase::from_record);
+            let activated = binding.activated;
+            // Served again by the re-adoption when its fields were recorded (at
+            // injection; see `adopt::reserve_lane_socket`), activated or not.
+            let session = match &restored {
+                Some(_) => host.sup.session_of(&lane.lane, g.generation).await,
+                None => None,
+            };
+            if let Ok(mut gate) = host.gate.lock() {
+                let _ = gate.advance(&lane.lane_id, &lane.lane_incarnation_id, g.generation);
+            }
+            let ctx = Arc::new(ChainCtx {
+                lane_incarnation_id: lane.lane_incarnation_id.clone(),
+                generation: g.generation,
+                runtime: g.runtime.clone(),
+                binding,
+                stage: None,
+                restored: None,
+                session: session.clone(),
+                identity: g
+                    .process_identity
+                    .as_ref()
+                    .map(identity_value)
+                    .unwrap_or(Value::Null),
+                contract: Mutex::new(None),
+                challenge: tokio::sync::watch::channel(None).0,
+                handoff: tokio::sync::watch::channel(None).0,
+                offers: Mutex::new(Default::default()),
+                active: std::sync::atomic::AtomicBool::new(activated && restored.is_some()),
+                report_base: Mutex::new(restored),
+                stopping: std::sync::atomic::AtomicBool::new(false),
+                observing: std::sync::atomic::AtomicBool::new(false),
+            });
+            if let Ok(mut m) = host.chains.lock() {
+                m.insert(lane.lane_id.clone(), ctx.clone());
+            }
+            if let Some(session) = session {
+                tracing::info!(lane_id = %lane.lane_id, generation = g.generation,
+                    "re-adopted generation: its lane socket is served again");
+                if ctx.active.load(std::sync::atomic::Ordering::SeqCst) {
+                    host.observe_progress(&ctx, &session);
+                }
+                tokio::spawn(host.clone().report_loop(ctx, session));
+            }
         }
         // Installed once every re-adopted chain is known: a gateway that waits for the
         // broker (`BrokerSlot::ready`) never asks it about a generation it does not know
