@@ -799,6 +799,15 @@ async fn a_receipt_backlog_past_the_frame_burst_drains_without_an_abusive_close(
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    assert!(
+        !w.collector
+            .closed
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|(_, abusive)| *abusive),
+        "the host's session was closed as abusive"
+    );
     assert_eq!(w.collector.receipts.lock().unwrap().len() as u64, n);
     link_stop.send(true).unwrap();
     let _ = link.await;

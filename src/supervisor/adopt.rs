@@ -216,10 +216,19 @@ async fn reattach(
         tokio::time::Instant::now() + Duration::from_millis(inner.cfg.reattach_timeout_ms);
     let mut last = String::from("the shim did not reconnect");
     loop {
-        let accepted = tokio::time::timeout_at(deadline, listener.accept()).await;
-        let Ok(Ok((stream, _))) = accepted else {
-            let _ = std::fs::remove_file(&g.socket);
-            return Err(last);
+        let stream = match tokio::time::timeout_at(deadline, listener.accept()).await {
+            Ok(Ok((stream, _))) => stream,
+            // Refused by the kernel (out of descriptors): not the shim's failure, so not
+            // a reason to judge a live generation unverifiable before the deadline.
+            Ok(Err(e)) => {
+                last = format!("accepting its connection: {e}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+            Err(_) => {
+                let _ = std::fs::remove_file(&g.socket);
+                return Err(last);
+            }
         };
         let mut link = Link::from_stream(stream);
         let hello = tokio::time::timeout_at(deadline, link.recv()).await;

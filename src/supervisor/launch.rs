@@ -737,18 +737,22 @@ async fn attach_new(
 ) -> Result<(Link, OwnedFd, identity::Observed), SupervisorError> {
     let deadline = tokio::time::Instant::now() + ATTACH_TIMEOUT;
     loop {
-        let (stream, _) = tokio::time::timeout_at(deadline, listener.accept())
+        let accepted = tokio::time::timeout_at(deadline, listener.accept())
             .await
             .map_err(|_| SupervisorError::Launch {
                 lane: rec.lane_id.clone(),
                 generation: rec.generation,
                 detail: "the shim did not attach in time".into(),
-            })?
-            .map_err(|source| SupervisorError::Io {
-                what: "accept",
-                path: rec.socket.clone(),
-                source,
             })?;
+        // Refused by the kernel (out of descriptors): tried again until the deadline.
+        let (stream, _) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
+                tracing::warn!(lane_id = %rec.lane_id, generation = rec.generation, error = %e, "cannot accept the shim's connection; trying again");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
         let mut link = Link::from_stream(stream);
         let hello = tokio::time::timeout_at(deadline, link.recv()).await;
         let verdict = match hello {

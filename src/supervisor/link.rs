@@ -397,24 +397,44 @@ impl Link<'_> {
     }
 
     /// Sends every unacknowledged receipt not sent on this session yet, or whose backoff ran
-    /// out since it was last sent, as far as `pace` allows (the rest at a later call).
+    /// out since it was last sent, as far as `pace` and the in-flight bound allow (the rest
+    /// at a later call). Never-sent receipts go first: a backlog the coordinator keeps
+    /// answering "retry" must not keep newer ones from being sent at all.
     async fn send_pending(
         &self,
         hs: &mut HostSession,
         sent: &mut HashMap<String, Resend>,
         pace: &mut Pace,
     ) -> Result<(), TransportError> {
-        for r in self
+        if !pace.ready() {
+            return Ok(());
+        }
+        let pending = self
             .outbox
             .list(false)
-            .map_err(|e| TransportError::Refused(e.to_string()))?
-        {
-            let due = match sent.get(&r.idempotency_key) {
-                None => Some(FIRST_RESEND),
-                Some(s) if s.at.elapsed() >= s.backoff => Some((s.backoff * 2).min(MAX_RESEND)),
-                Some(_) => None,
-            };
-            let Some(backoff) = due else { continue };
+            .map_err(|e| TransportError::Refused(e.to_string()))?;
+        let mut fresh = Vec::new();
+        let mut due = Vec::new();
+        for r in pending {
+            match sent.get(&r.idempotency_key) {
+                None => fresh.push((r, FIRST_RESEND)),
+                Some(s) if s.at.elapsed() >= s.backoff => {
+                    let backoff = (s.backoff * 2).min(MAX_RESEND);
+                    due.push((r, backoff))
+                }
+                Some(_) => {}
+            }
+        }
+        let mut room =
+            RECEIPTS_IN_FLIGHT.saturating_sub(sent.values().filter(|s| s.awaiting).count());
+        for (r, backoff) in fresh.into_iter().chain(due) {
+            let was_awaiting = sent.get(&r.idempotency_key).is_some_and(|s| s.awaiting);
+            if !was_awaiting {
+                if room == 0 {
+                    continue;
+                }
+                room -= 1;
+            }
             if !pace.take() {
                 break;
             }
@@ -425,12 +445,19 @@ impl Link<'_> {
                 Resend {
                     at: Instant::now(),
                     backoff,
+                    awaiting: true,
                 },
             );
         }
         Ok(())
     }
 }
+
+/// Receipts sent on a session and not answered yet, at most. The coordinator reads a
+/// session's frames as it handles them (each receipt is a transaction) and charges its
+/// frame budget as it reads: what the pace let out during a database stall would
+/// otherwise be read in one burst when it ends.
+const RECEIPTS_IN_FLIGHT: usize = 256;
 
 /// The share of the coordinator's per-session frame budget (`Limits`) receipts may use:
 /// half its burst and half its sustained rate. A backlog — a host away while many of its
@@ -455,12 +482,22 @@ impl Pace {
         }
     }
 
-    /// Spends one frame's budget if there is one.
-    fn take(&mut self) -> bool {
+    fn refill(&mut self) {
         let now = Instant::now();
         let earned = now.duration_since(self.at).as_secs_f64() * self.per_second;
         self.tokens = (self.tokens + earned).min(self.cap);
         self.at = now;
+    }
+
+    /// Whether a frame's budget is there (spends nothing).
+    fn ready(&mut self) -> bool {
+        self.refill();
+        self.tokens >= 1.0
+    }
+
+    /// Spends one frame's budget if there is one.
+    fn take(&mut self) -> bool {
+        self.refill();
         if self.tokens >= 1.0 {
             self.tokens -= 1.0;
             true
@@ -475,6 +512,8 @@ impl Pace {
 struct Resend {
     at: Instant,
     backoff: Duration,
+    /// Sent and not answered yet (a "retry" answer clears it until the next send).
+    awaiting: bool,
 }
 
 const FIRST_RESEND: Duration = Duration::from_secs(2);
@@ -503,6 +542,9 @@ fn answered(
             category,
             "the coordinator could not ingest this receipt yet; sending it again later"
         );
+        if let Some(s) = sent.get_mut(key) {
+            s.awaiting = false;
+        }
     } else {
         if let Err(e) = outbox.ack(key) {
             tracing::warn!(receipt_key = %key, error = %e, "receipt ack for an unknown receipt");

@@ -127,6 +127,15 @@ pub fn raise_open_file_limit() {
 /// an ended listener left its daemon running and unreachable — and an exhausted descriptor
 /// table neither spins the loop nor floods the log.
 pub async fn accept_refused(listener: &str, e: &std::io::Error) {
+    // A connection that failed on its own before it was accepted (aborted by its peer, a
+    // protocol error, a firewall rule) says nothing about the listener: the next one.
+    if matches!(
+        e.raw_os_error(),
+        Some(libc::ECONNABORTED | libc::EPROTO | libc::EPERM | libc::EINTR)
+    ) {
+        tracing::debug!(listener, error = %e, "a connection failed before it was accepted");
+        return;
+    }
     tracing::warn!(listener, error = %e, "cannot accept a connection; trying again in a second");
     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
 }

@@ -401,9 +401,9 @@ impl Service {
         tls: TlsIdentity,
         shutdown: watch::Receiver<bool>,
     ) -> HostListener {
-        HostListener(tokio::spawn(
+        HostListener(Some(tokio::spawn(
             self.clone().serve_hosts(listener, tls, shutdown),
-        ))
+        )))
     }
 
     /// Serves host sessions on `listener` until `shutdown`.
@@ -540,15 +540,16 @@ fn wire_category(v: &transport::Violation) -> Category {
 }
 
 /// The host listener's task ([`Service::spawn_hosts`]).
-pub struct HostListener(tokio::task::JoinHandle<Result<(), ServiceError>>);
+pub struct HostListener(Option<tokio::task::JoinHandle<Result<(), ServiceError>>>);
 
 impl HostListener {
     /// Once the shutdown flipped: waits until every host session sent its close frame
     /// ("coordinator shutting down") and read the host's, bounded inside `serve`. Aborted
     /// instead, a session's socket was reset, and its host logged "connection reset" rather
-    /// than why.
-    pub async fn closed(self) {
-        match self.0.await {
+    /// than why. Returns at once if the listener already ended.
+    pub async fn closed(mut self) {
+        let Some(task) = self.0.take() else { return };
+        match task.await {
             Ok(Ok(())) => {}
             Ok(Err(e)) => tracing::error!(error = %e, "the host listener ended with an error"),
             Err(e) => tracing::error!(error = %e, "the host listener's task failed"),
@@ -556,9 +557,14 @@ impl HostListener {
     }
 
     /// Resolves only if the listener ends before the shutdown (it cannot serve): the
-    /// process must not run on without it.
+    /// process must not run on without it. Pending for good once it has resolved.
     pub async fn failed(&mut self) -> ServiceError {
-        match (&mut self.0).await {
+        let Some(task) = self.0.as_mut() else {
+            return std::future::pending().await;
+        };
+        let ended = task.await;
+        self.0 = None;
+        match ended {
             Ok(Err(e)) => e,
             Ok(Ok(())) => ServiceError::Serve {
                 what: "host sessions",
@@ -619,9 +625,7 @@ pub async fn run_daemon(cfg: CoordinatorConfig) -> Result<(), ServiceError> {
     let _ = stop.send(true);
     // The leadership loop releases the lease as it stops.
     svc.shut_down().await;
-    if outcome.is_ok() {
-        hosts.closed().await;
-    }
+    hosts.closed().await;
     ops.abort();
     if let Some(r) = remote {
         r.abort();

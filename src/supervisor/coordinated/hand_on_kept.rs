@@ -129,10 +129,17 @@ impl CoordinatedHost {
             if self.running_hand_on(id) {
                 continue;
             }
-            let s = match std::fs::read(&path)
-                .map_err(|e| e.to_string())
-                .and_then(|b| serde_json::from_slice::<Settlement>(&b).map_err(|e| e.to_string()))
-            {
+            // A file that cannot be read now (out of descriptors, an I/O error) is read
+            // again next round; only one that does not parse is set aside: set aside, its
+            // effect stayed admitted until an operator resolved it by hand.
+            let bytes = match std::fs::read(&path) {
+                Ok(b) => b,
+                Err(e) => {
+                    tracing::warn!(path = %path.display(), error = %e, "cannot read a kept settlement; trying again next round");
+                    continue;
+                }
+            };
+            let s = match serde_json::from_slice::<Settlement>(&bytes).map_err(|e| e.to_string()) {
                 Ok(s) if HandOnOutcome::parse(&s.outcome).is_some() && s.effect_id == id => s,
                 Ok(_) => {
                     set_aside(&path, "an outcome this build does not know");
@@ -152,12 +159,16 @@ impl CoordinatedHost {
     /// An intent with no settlement: its process died between the admission and the
     /// report. Settled by what the remote shows now.
     async fn settle_intent(&self, path: &Path) {
-        let intent = match std::fs::read(path)
-            .map_err(|e| e.to_string())
-            .and_then(|b| serde_json::from_slice::<Intent>(&b).map_err(|e| e.to_string()))
-        {
+        let bytes = match std::fs::read(path) {
+            Ok(b) => b,
+            Err(e) => {
+                tracing::warn!(path = %path.display(), error = %e, "cannot read a kept intent; trying again next round");
+                return;
+            }
+        };
+        let intent = match serde_json::from_slice::<Intent>(&bytes) {
             Ok(i) => i,
-            Err(e) => return set_aside(path, &e),
+            Err(e) => return set_aside(path, &e.to_string()),
         };
         let cfg = &self.sup.inner.cfg;
         let Some(repo) = cfg.repositories.get(&intent.repository) else {
