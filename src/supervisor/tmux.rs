@@ -237,8 +237,10 @@ impl Tmux {
 
     /// Presses Enter until `taken` says the harness took the line. A TUI that is still
     /// starting may show typed text yet drop the Enter after it, so Enter is pressed again
-    /// every two seconds until then (an Enter on an empty prompt does nothing in any of the
-    /// harnesses), at most ten times, and then only waited on.
+    /// until then (an Enter on an empty prompt does nothing in any of the harnesses): after
+    /// a quarter of a second, the wait doubling up to two seconds, at most twelve times,
+    /// and then only waited on. (A fixed two seconds put most of that on every Codex
+    /// start: its composer shows the bootstrap line well before it takes the Enter.)
     fn press_enter(
         &self,
         target: &str,
@@ -247,14 +249,16 @@ impl Tmux {
         taken: &dyn Fn() -> bool,
     ) -> Result<(), SupervisorError> {
         let mut presses = 0;
+        let mut wait = std::time::Duration::from_millis(250);
         loop {
-            if presses < 10 {
+            if presses < 12 {
                 let mut c = self.cmd();
                 c.args(["send-keys", "-t", target, "Enter"]);
                 self.run("send-keys", c)?;
                 presses += 1;
             }
-            let until = std::time::Instant::now() + std::time::Duration::from_secs(2);
+            let until = std::time::Instant::now() + wait;
+            wait = (wait * 2).min(std::time::Duration::from_secs(2));
             while std::time::Instant::now() < until {
                 if taken() {
                     return Ok(());

@@ -495,55 +495,68 @@ async fn fleet(
             child: None,
         });
     }
+    // From the first spawn on, every way out goes through the teardown below: returned
+    // early (a spawn that failed), the supervisors already running went on with their
+    // lanes, orphaned.
+    let mut outcome = Ok(());
     for m in &mut members {
-        m.spawn()?;
-    }
-    let want = host_ids.len() * opts.lanes as usize;
-    for _ in 0..400 {
-        if svc.store.lanes().await.map(|l| l.len()).unwrap_or(0) >= want {
+        if let Err(e) = m.spawn() {
+            outcome = Err(e);
             break;
         }
-        tokio::time::sleep(Duration::from_millis(25)).await;
     }
-    let sd = state_dir.display();
-    say!(
-        "Mosaic is up: coordinator (epoch {epoch}) + {} supervisors as separate processes, {} lane(s) each",
-        members.len(),
-        opts.lanes
-    );
-    say!("  state dir    {sd}");
-    say!("  metrics      coordinator http://{coord_metrics}/metrics; each supervisor's address in run/h<k>/metrics.addr");
-    for m in &members {
-        say!(
-            "  host {:<20} config {}  log {}",
-            m.host_id,
-            m.config.display(),
-            m.log.display()
-        );
-    }
-    say!("  {} assign --state-dir {sd} --lane {}:lane-1 --runtime fake@1.0.0 --task hang --wait running", std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "mosaic".into()), host_ids[0]);
-    say!("Ctrl-C stops everything this command started.");
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(|e| UpError::Usage(format!("cannot watch SIGTERM: {e}")))?;
-    let mut tick = tokio::time::interval(Duration::from_secs(1));
-    loop {
-        tokio::select! {
-            _ = term.recv() => break,
-            _ = tokio::signal::ctrl_c() => break,
-            _ = tick.tick() => {
-                for m in &mut members {
-                    let exited = match m.child.as_mut().map(|c| c.try_wait()) {
-                        Some(Ok(Some(status))) => Some(status.to_string()),
-                        Some(Err(e)) => Some(e.to_string()),
-                        _ => None,
-                    };
-                    if let Some(status) = exited {
-                        esay!("mosaic up: the supervisor of {} exited ({status}); starting it again", m.host_id);
-                        m.spawn()?;
+    if outcome.is_ok() {
+        outcome = async {
+            let want = host_ids.len() * opts.lanes as usize;
+            for _ in 0..400 {
+                if svc.store.lanes().await.map(|l| l.len()).unwrap_or(0) >= want {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+            let sd = state_dir.display();
+            say!(
+                "Mosaic is up: coordinator (epoch {epoch}) + {} supervisors as separate processes, {} lane(s) each",
+                members.len(),
+                opts.lanes
+            );
+            say!("  state dir    {sd}");
+            say!("  metrics      coordinator http://{coord_metrics}/metrics; each supervisor's address in run/h<k>/metrics.addr");
+            for m in &members {
+                say!(
+                    "  host {:<20} config {}  log {}",
+                    m.host_id,
+                    m.config.display(),
+                    m.log.display()
+                );
+            }
+            say!("  {} assign --state-dir {sd} --lane {}:lane-1 --runtime fake@1.0.0 --task hang --wait running", std::env::current_exe().map(|p| p.display().to_string()).unwrap_or_else(|_| "mosaic".into()), host_ids[0]);
+            say!("Ctrl-C stops everything this command started.");
+            let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+                .map_err(|e| UpError::Usage(format!("cannot watch SIGTERM: {e}")))?;
+            let mut tick = tokio::time::interval(Duration::from_secs(1));
+            loop {
+                tokio::select! {
+                    _ = term.recv() => break,
+                    _ = tokio::signal::ctrl_c() => break,
+                    _ = tick.tick() => {
+                        for m in &mut members {
+                            let exited = match m.child.as_mut().map(|c| c.try_wait()) {
+                                Some(Ok(Some(status))) => Some(status.to_string()),
+                                Some(Err(e)) => Some(e.to_string()),
+                                _ => None,
+                            };
+                            if let Some(status) = exited {
+                                esay!("mosaic up: the supervisor of {} exited ({status}); starting it again", m.host_id);
+                                m.spawn()?;
+                            }
+                        }
                     }
                 }
             }
+            Ok::<(), UpError>(())
         }
+        .await;
     }
     say!("mosaic up: stopping everything it started");
     for m in &mut members {
@@ -582,7 +595,7 @@ async fn fleet(
         }
         let _ = std::fs::remove_file(&sock);
     }
-    Ok(())
+    outcome
 }
 
 async fn teardown(sup: &Supervisor, origin: &str) {
