@@ -195,8 +195,9 @@ impl Tmux {
     /// Submits `text` as one line of input to the program in the lane's pane, the way an
     /// operator typing would: types it literally, waits until the pane shows `marker`
     /// (a TUI that is still starting drops keys, so an unseen line is cleared and typed
-    /// again), then presses Enter until `taken` (see `press_enter`). Gives up at
-    /// `deadline`, or as soon as `still_wanted` turns false.
+    /// again: after half a second, the wait doubling up to three), then presses Enter
+    /// until `taken` (see `press_enter`). Gives up at `deadline`, or as soon as
+    /// `still_wanted` turns false.
     pub fn submit_line(
         &self,
         session: &str,
@@ -207,6 +208,9 @@ impl Tmux {
         taken: &dyn Fn() -> bool,
     ) -> Result<(), SupervisorError> {
         let target = format!("={session}:");
+        // A fixed three seconds put most of that on every OpenCode start: its TUI takes
+        // keys a few seconds after it starts, the line typed first is lost.
+        let mut shown_within = std::time::Duration::from_millis(500);
         loop {
             if !still_wanted() {
                 return Err(err("submit", "the generation is no longer waiting for it"));
@@ -214,7 +218,8 @@ impl Tmux {
             let mut c = self.cmd();
             c.args(["send-keys", "-t", &target, "-l", "--", text]);
             self.run("send-keys", c)?;
-            let typed_until = std::time::Instant::now() + std::time::Duration::from_secs(3);
+            let typed_until = std::time::Instant::now() + shown_within;
+            shown_within = (shown_within * 2).min(std::time::Duration::from_secs(3));
             while std::time::Instant::now() < typed_until.min(deadline) {
                 std::thread::sleep(std::time::Duration::from_millis(100));
                 let mut c = self.cmd();
