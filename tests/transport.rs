@@ -520,6 +520,24 @@ async fn an_oversized_frame_or_an_invalid_frame_flood_closes_the_session() {
     assert!(w.collector.receipts.lock().unwrap().is_empty());
 }
 
+/// The host's receipt link to `addr`, running until the returned switch flips.
+fn receipt_link(
+    w: &World,
+    addr: &str,
+    state: &Path,
+    outbox: &mosaic::supervisor::outbox::Outbox,
+) -> (watch::Sender<bool>, tokio::task::JoinHandle<()>) {
+    let (stop, rx) = watch::channel(false);
+    let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(state).unwrap());
+    let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
+        w.link(addr, &w.host),
+        outbox.clone(),
+        fence,
+        rx,
+    ));
+    (stop, link)
+}
+
 #[tokio::test]
 async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
     let w = World::new();
@@ -534,14 +552,7 @@ async fn receipts_are_redelivered_across_a_dropped_link_until_acknowledged() {
     // Reserve a port, then start the link before any server exists: it must keep trying.
     let port = common::free_port();
     let addr = format!("127.0.0.1:{port}");
-    let (link_stop, link_rx) = watch::channel(false);
-    let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(&state).unwrap());
-    let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
-        w.link(&addr, &w.host),
-        outbox.clone(),
-        fence,
-        link_rx,
-    ));
+    let (link_stop, link) = receipt_link(&w, &addr, &state, &outbox);
     tokio::time::sleep(Duration::from_millis(300)).await;
     let (_, stop_a) = w.serve_on(&addr).await;
     eventually("first three acknowledged", || {
@@ -768,14 +779,7 @@ async fn a_receipt_backlog_past_the_frame_burst_drains_without_an_abusive_close(
     }
     let addr = format!("127.0.0.1:{}", common::free_port());
     let (_, _stop) = w.serve_on(&addr).await;
-    let (link_stop, link_rx) = watch::channel(false);
-    let fence = Arc::new(mosaic::supervisor::authority::AuthorityFence::load(&state).unwrap());
-    let link = tokio::spawn(mosaic::supervisor::link::run_receipt_link(
-        w.link(&addr, &w.host),
-        outbox.clone(),
-        fence,
-        link_rx,
-    ));
+    let (link_stop, link) = receipt_link(&w, &addr, &state, &outbox);
     // Paced, the last of them goes out about (n - burst/2) / (rate/2) seconds in.
     let deadline = std::time::Instant::now() + Duration::from_secs(120);
     while !outbox.list(false).unwrap().is_empty() {
