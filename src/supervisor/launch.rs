@@ -745,13 +745,11 @@ async fn attach_new(
                 detail: "the shim did not attach in time".into(),
             })?;
         // Refused by the kernel (out of descriptors): tried again until the deadline.
-        let (stream, _) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                tracing::warn!(lane_id = %rec.lane_id, generation = rec.generation, error = %e, "cannot accept the shim's connection; trying again");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
+        let Ok((stream, _)) = accepted.inspect_err(|e| tracing::warn!(lane_id = %rec.lane_id,
+            generation = rec.generation, error = %e, "cannot accept the shim's connection; trying again"))
+        else {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            continue;
         };
         let mut link = Link::from_stream(stream);
         let hello = tokio::time::timeout_at(deadline, link.recv()).await;
