@@ -594,27 +594,6 @@ async fn a_leader_whose_renewal_goes_unanswered_steps_down_when_its_lease_runs_o
     let w = Split::new(1);
     w.wait_host_connected();
     let epoch = w.status()["coordinator_epoch"].as_i64().unwrap();
-    let renewals = format!(
-        "SELECT pid FROM pg_stat_activity WHERE datname = '{}' \
-         AND query LIKE 'UPDATE leadership SET lease_expires_at%'",
-        w.db.name
-    );
-    let c = w.sql().await;
-    let mut pids: Vec<i32> = Vec::new();
-    for _ in 0..200 {
-        pids = c
-            .query(&renewals, &[])
-            .await
-            .unwrap()
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        if !pids.is_empty() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    assert!(!pids.is_empty(), "no connection renewing the lease");
     /// Lets the stopped backends go on however the test ends.
     struct Stopped(Vec<i32>);
     impl Drop for Stopped {
@@ -627,14 +606,39 @@ async fn a_leader_whose_renewal_goes_unanswered_steps_down_when_its_lease_runs_o
             }
         }
     }
-    let stopped = Stopped(pids.clone());
-    for p in &pids {
-        nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(*p),
-            nix::sys::signal::Signal::SIGSTOP,
-        )
-        .unwrap();
+    // Between renewals (idle): stopped mid-UPDATE, it would hold the leadership row's lock
+    // and keep the next acquisition waiting too.
+    let renewals = format!(
+        "SELECT pid FROM pg_stat_activity WHERE datname = '{}' AND state = 'idle' \
+         AND query LIKE 'UPDATE leadership SET lease_expires_at%'",
+        w.db.name
+    );
+    let c = w.sql().await;
+    let idle = || async {
+        let rows = c.query(&renewals, &[]).await.unwrap();
+        rows.iter().map(|r| r.get(0)).collect::<Vec<i32>>()
+    };
+    let mut stopped = None;
+    for _ in 0..200 {
+        let pids = idle().await;
+        let guard = Stopped(pids.clone());
+        for p in &pids {
+            nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(*p),
+                nix::sys::signal::Signal::SIGSTOP,
+            )
+            .unwrap();
+        }
+        // Stopped, a backend cannot change its state: still idle, or let go and tried again.
+        let still = idle().await;
+        if !pids.is_empty() && pids.iter().all(|p| still.contains(p)) {
+            stopped = Some(guard);
+            break;
+        }
+        drop(guard);
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let stopped = stopped.expect("no idle connection renewing the lease");
     // Stepped down (the old epoch is gone) and acquired again on other connections.
     let now = common::wait_until("a new epoch while the renewals' backend is stopped", || {
         w.status()["coordinator_epoch"]

@@ -413,6 +413,8 @@ impl Link<'_> {
             .outbox
             .list(false)
             .map_err(|e| TransportError::Refused(e.to_string()))?;
+        // What left the outbox otherwise (an operator's acknowledgement) awaits nothing.
+        sent.retain(|k, _| pending.iter().any(|r| &r.idempotency_key == k));
         let mut fresh = Vec::new();
         let mut due = Vec::new();
         for r in pending {

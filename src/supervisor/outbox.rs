@@ -64,8 +64,8 @@ impl Outbox {
     }
 
     /// Where a pending receipt that does not parse is set aside (for an operator; never
-    /// read as a receipt again). Not one of the places `write` and `contains` look, so the
-    /// supervisor's reconciliation can record what it still knows of that generation.
+    /// read as a receipt again). `write` and `contains` look there too: its key stays
+    /// taken, so no second receipt with other content is ever written under it.
     fn unreadable(&self) -> PathBuf {
         self.pending.with_file_name("outbox-unreadable")
     }
@@ -80,7 +80,10 @@ impl Outbox {
             return Err(OutboxError::BadKey(r.idempotency_key.clone()));
         }
         let name = Self::name(&r.idempotency_key);
-        if self.acked.join(&name).exists() || self.refused.join(&name).exists() {
+        if self.acked.join(&name).exists()
+            || self.refused.join(&name).exists()
+            || self.unreadable().join(&name).exists()
+        {
             return Ok(Written::AlreadyPresent);
         }
         let bytes = serde_json::to_vec_pretty(r).map_err(|e| OutboxError::Corrupt {
@@ -110,6 +113,7 @@ impl Outbox {
         self.pending.join(&name).exists()
             || self.acked.join(&name).exists()
             || self.refused.join(&name).exists()
+            || self.unreadable().join(&name).exists()
     }
 
     /// The coordinator refused `key` for good: keep it aside, durably, for an operator.
@@ -187,11 +191,15 @@ fn read_all(dir: &Path, set_aside: Option<&Path>) -> Result<Vec<TerminationRecei
         if p.extension().is_none_or(|x| x != "json") {
             continue; // in-flight temp files
         }
-        let bytes = std::fs::read(&p).map_err(|source| DurableError::Io {
-            op: "read",
-            path: p.clone(),
-            source,
-        })?;
+        // Gone since the listing (acknowledged, or set aside by a concurrent reader).
+        let bytes = match std::fs::read(&p) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            r => r.map_err(|source| DurableError::Io {
+                op: "read",
+                path: p.clone(),
+                source,
+            })?,
+        };
         match serde_json::from_slice(&bytes) {
             Ok(r) => out.push(r),
             Err(err) => {
@@ -201,7 +209,14 @@ fn read_all(dir: &Path, set_aside: Option<&Path>) -> Result<Vec<TerminationRecei
                 };
                 let to = aside.join(e.file_name());
                 durable::ensure_dir(aside, 0o700)?;
-                durable::move_file(&p, &to)?;
+                match durable::move_file(&p, &to) {
+                    Err(DurableError::Io { source, .. })
+                        if source.kind() == std::io::ErrorKind::NotFound =>
+                    {
+                        continue
+                    }
+                    r => r?,
+                }
                 tracing::error!(path = %p.display(), moved_to = %to.display(), error = %err,
                     "a pending receipt does not parse: set aside for an operator, never sent");
             }

@@ -234,6 +234,9 @@ impl Tmux {
                 return Err(err("submit", "the pane never showed the typed line"));
             }
             // Not shown: the program was not reading yet. Clear whatever arrived, retype.
+            if !still_wanted() {
+                return Err(err("submit", "the generation is no longer waiting for it"));
+            }
             let mut c = self.cmd();
             c.args(["send-keys", "-t", &target, "C-u"]);
             self.run("send-keys", c)?;
@@ -256,6 +259,14 @@ impl Tmux {
         let mut presses = 0;
         let mut wait = std::time::Duration::from_millis(250);
         loop {
+            // Asked again right before every press: a line taken during the last wait
+            // must get no further Enter (it would land in the turn it started).
+            if taken() {
+                return Ok(());
+            }
+            if !still_wanted() || std::time::Instant::now() >= deadline {
+                return Err(err("submit", "the harness never took the line"));
+            }
             if presses < 12 {
                 let mut c = self.cmd();
                 c.args(["send-keys", "-t", target, "Enter"]);

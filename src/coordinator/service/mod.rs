@@ -234,7 +234,10 @@ impl Service {
         });
         // Leadership runs on a thread and runtime of its own: no amount of host-session or
         // operator work on the main runtime can delay a renewal past the lease.
+        // A runtime that cannot be built fails the start: the thread used to end with a log
+        // line, and the coordinator stood by for good, never leading.
         let (l_svc, lease_ms, l_stop) = (svc.clone(), timing.lease_ms, svc.shutdown.signal());
+        let (built_tx, built) = tokio::sync::oneshot::channel();
         let leadership = std::thread::Builder::new()
             .name("mosaic-leadership".into())
             .spawn(move || {
@@ -242,11 +245,27 @@ impl Service {
                     .enable_all()
                     .build()
                 {
-                    Ok(rt) => rt.block_on(leadership::run(l_svc, cand, lease_ms, l_stop)),
-                    Err(e) => tracing::error!(error = %e, "cannot start the leadership runtime; this coordinator never leads"),
+                    Ok(rt) => {
+                        let _ = built_tx.send(Ok(()));
+                        rt.block_on(leadership::run(l_svc, cand, lease_ms, l_stop))
+                    }
+                    Err(e) => {
+                        let _ = built_tx.send(Err(e));
+                    }
                 }
             })
             .map_err(ServiceError::Io)?;
+        match built.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => return Err(ServiceError::Io(e)),
+            Err(_) => {
+                return Err(ServiceError::Serve {
+                    what: "leadership",
+                    at: "its thread".into(),
+                    detail: "the thread ended before its runtime was built".into(),
+                })
+            }
+        }
         let watchdog = tokio::spawn(watchdog::run(svc.clone(), svc.shutdown.signal()));
         tokio::spawn(trust::watch(svc.clone(), svc.shutdown.signal()));
         tokio::spawn(waiting::run(svc.clone(), svc.shutdown.signal()));

@@ -266,19 +266,26 @@ impl CoordinatedHost {
         });
         tokio::spawn(Self::resend_results(Arc::downgrade(&host)));
         tokio::spawn(Self::upload_loop(Arc::downgrade(&host)));
-        // Until the lanes' state can be read: given up after one failure, every re-adopted
-        // generation ran on with no chain (its broker refused everything, its reports were
-        // dropped) for the rest of its life.
+        // Tried for half a minute: given up after one failure, every re-adopted generation
+        // ran on with no chain (its broker refused everything, its reports were dropped)
+        // for the rest of its life. Not forever: a state that stays unreadable must not
+        // keep the link (and with it the coordinator's view of this host) from starting.
+        let mut tries = 0;
         let st = loop {
             match host.sup.status().await {
-                Ok(st) => break st,
-                Err(e) => {
+                Ok(st) => break Some(st),
+                Err(e) if tries < 30 => {
+                    tries += 1;
                     tracing::error!(error = %e, "cannot read the lanes' state to rebuild the coordinated chain state; trying again in a second");
                     tokio::time::sleep(std::time::Duration::from_secs(1)).await;
                 }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot rebuild the coordinated chain state: re-adopted generations run without their chains (nothing they ask for is admitted)");
+                    break None;
+                }
             }
         };
-        for lane in st.lanes {
+        for lane in st.map(|s| s.lanes).unwrap_or_default() {
             let Some(g) = lane.generation else { continue };
             let Some(binding) = host.sup.binding(&lane.lane, g.generation).await else {
                 continue;

@@ -56,14 +56,22 @@ impl CoordinatedHost {
         let look = session.look.clone();
         let generation = ctx.generation;
         tokio::spawn(async move {
-            let started = tokio::task::spawn_blocking(move || Observer::start(&dir, &kept)).await;
-            let mut observer = match started {
-                Ok(Ok(o)) => o,
-                Ok(Err(e)) => {
-                    tracing::warn!(generation, error = %e, "cannot observe the generation's progress");
+            // Until it can start (its baseline written) or the generation is gone: given up
+            // after one failure (a full state disk), the generation went unobserved for its
+            // whole life, and its progress was never reported.
+            let mut observer = loop {
+                let (d, k) = (dir.clone(), kept.clone());
+                match tokio::task::spawn_blocking(move || Observer::start(&d, &k)).await {
+                    Ok(Ok(o)) => break o,
+                    Ok(Err(e)) => {
+                        tracing::warn!(generation, error = %e, "cannot observe the generation's progress yet; trying again");
+                    }
+                    Err(_) => return,
+                }
+                if weak_session.upgrade().is_none() {
                     return;
                 }
-                Err(_) => return,
+                tokio::time::sleep(Duration::from_secs(5)).await;
             };
             let mut last = std::time::Instant::now();
             loop {
