@@ -414,7 +414,9 @@ impl Link<'_> {
             .list(false)
             .map_err(|e| TransportError::Refused(e.to_string()))?;
         // What left the outbox otherwise (an operator's acknowledgement) awaits nothing.
-        sent.retain(|k, _| pending.iter().any(|r| &r.idempotency_key == k));
+        let keys: std::collections::HashSet<&str> =
+            pending.iter().map(|r| r.idempotency_key.as_str()).collect();
+        sent.retain(|k, _| keys.contains(k.as_str()));
         let mut fresh = Vec::new();
         let mut due = Vec::new();
         for r in pending {
